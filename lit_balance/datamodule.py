@@ -1,0 +1,222 @@
+"""BalancedTextDataModule: tokenize a corpus once, feed every rank token-budgeted micro-batches."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from lit_balance.collate import PadCollator
+from lit_balance.corpus import TokenizedCorpus, default_cache_dir, load_or_build, resolve_corpus, resolve_tokenizer
+from lit_balance.dataset import TokenDataset
+from lit_balance.sampler import TOO_LONG_POLICIES, BalancedBatchSampler
+
+__all__ = ["BalancedTextDataModule"]
+
+
+class BalancedTextDataModule(L.LightningDataModule):
+    """A LightningDataModule that tokenizes a corpus and feeds each rank token-budgeted micro-batches.
+
+    With no arguments it uses the built-in corpus (the docstrings of the running Python's standard
+    library, about 11k documents) and the built-in BERT-uncased WordPiece tokenizer (30,522 tokens).
+
+    Data flow: ``prepare_data`` (one process per node) tokenizes the corpus into a cache of plain
+    arrays keyed by corpus and tokenizer; ``setup`` loads it on every rank, splits documents into train
+    and validation (a permutation seeded by ``seed``), truncates each to ``max_length`` tokens, and
+    builds one :class:`BalancedBatchSampler` per split from ``trainer.world_size`` and
+    ``trainer.global_rank``. Loaders are ``DataLoader(dataset, sampler=sampler, batch_size=None)``:
+    because the sampler is a ``DistributedSampler``, Lightning calls its ``set_epoch`` every epoch and
+    leaves it in place under either value of ``Trainer(use_distributed_sampler=...)``.
+
+    Batches are those of :class:`PadCollator`: ``input_ids``, ``attention_mask``, ``labels`` ``[B, T]``,
+    ``indices``, ``is_fill`` ``[B]``, ``num_real_tokens``, ``num_padded_tokens`` (per rank).
+
+    Args:
+        corpus: None or ``"stdlib_docstrings"`` for the built-in corpus; a list of strings (documents);
+            a path or list of paths to UTF-8 text files (one document per non-blank line) or ``.jsonl``
+            files (one object per line, text under ``text_key``); or a list of token-id sequences.
+        tokenizer: None for the built-in tokenizer, a ``tokenizers.Tokenizer``, a Hugging Face tokenizer
+            object, or a path to a ``tokenizer.json``. Ignored for token-id corpora unless given.
+        max_tokens: padded token slots per micro-batch, per rank (the memory budget).
+        max_length: keep at most this many tokens of each document (truncation), or None.
+        val_fraction: share of documents held out for validation, in ``[0, 1)``; 0 disables validation.
+        seed: seed of the train/validation split and of the samplers (the same on every rank).
+        num_workers: DataLoader worker processes per rank.
+        shuffle: reshuffle training micro-batches every epoch.
+        drop_last: see :class:`BalancedBatchSampler`.
+        too_long: see :class:`BalancedBatchSampler`; only matters when ``max_length`` exceeds ``max_tokens``.
+        pad_to_multiple_of: rows are padded to a multiple of this many tokens.
+        max_batch_size: maximum rows per micro-batch, or None.
+        text_key: field holding the text in ``.jsonl`` files.
+        pad_token_id: padding id for tokenizers or token-id corpora that do not define one (default 0
+            for token-id corpora).
+        vocab_size: vocabulary size for token-id corpora without a tokenizer (default: largest id + 1).
+        cache_dir: where tokenized corpora are cached (default ``$LIT_BALANCE_CACHE`` or
+            ``~/.cache/lit_balance``).
+        pin_memory: passed to the DataLoaders.
+
+    Attributes:
+        vocab_size: number of token ids, known at construction.
+        pad_token_id: padding token id, known at construction.
+
+    Raises:
+        FileNotFoundError: a corpus path does not exist.
+        ValueError: a bad setting (with the value), an unreadable, non-UTF-8 or empty corpus.
+        TypeError: a corpus or tokenizer of an unsupported type.
+
+    Example:
+        >>> dm = BalancedTextDataModule(["the cat sat", "a dog ran far away"], max_tokens=64, val_fraction=0,
+        ...                             cache_dir=getfixture("tmp_path"))
+        >>> dm.prepare_data(); dm.setup("fit")
+        >>> batch = next(iter(dm.train_dataloader()))
+        >>> sorted(batch["indices"].tolist()), dm.vocab_size
+        ([0, 1], 30522)
+    """
+
+    def __init__(
+        self,
+        corpus: Any = None,
+        tokenizer: Any = None,
+        *,
+        max_tokens: int = 4096,
+        max_length: int | None = 512,
+        val_fraction: float = 0.05,
+        seed: int = 0,
+        num_workers: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        too_long: str = "error",
+        pad_to_multiple_of: int = 1,
+        max_batch_size: int | None = None,
+        text_key: str = "text",
+        pad_token_id: int | None = None,
+        vocab_size: int | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        pin_memory: bool = False,
+    ) -> None:
+        super().__init__()
+        if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
+            raise ValueError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+            raise ValueError(f"max_length must be an int >= 1 (tokens per document) or None, got {max_length!r}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
+        if too_long not in TOO_LONG_POLICIES:
+            raise ValueError(f"too_long must be one of {TOO_LONG_POLICIES}, got {too_long!r}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1 (padded token slots per micro-batch), got {max_tokens!r}")
+        self.source = resolve_corpus(corpus, text_key=text_key)
+        if self.source.kind == "token_ids" and tokenizer is None:
+            self.tokenizer = None
+            self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
+            largest = max((int(np.max(d)) for d in self.source.load_token_ids() if len(d)), default=0)
+            self.vocab_size = int(vocab_size) if vocab_size is not None else max(largest, self.pad_token_id) + 1
+            if largest >= self.vocab_size:
+                raise ValueError(f"token id {largest} is outside vocab_size={self.vocab_size}; raise vocab_size")
+        else:
+            self.tokenizer = resolve_tokenizer(tokenizer, pad_token_id=pad_token_id)
+            self.pad_token_id = self.tokenizer.pad_token_id
+            self.vocab_size = self.tokenizer.vocab_size
+        self.max_tokens = max_tokens
+        self.max_length = max_length
+        self.val_fraction = float(val_fraction)
+        self.seed = seed
+        self.num_workers = num_workers
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.too_long = too_long
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.max_batch_size = max_batch_size
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.pin_memory = pin_memory
+        self.corpus: TokenizedCorpus | None = None
+        self.train_dataset: TokenDataset | None = None
+        self.val_dataset: TokenDataset | None = None
+        self.train_sampler: BalancedBatchSampler | None = None
+        self.val_sampler: BalancedBatchSampler | None = None
+        # Fails now, not at the first batch, on a setting the sampler rejects.
+        BalancedBatchSampler([1], max_tokens, num_replicas=1, rank=0, pad_to_multiple_of=pad_to_multiple_of,
+                             max_batch_size=max_batch_size, seed=seed)
+
+    # ------------------------------------------------------------------------------------------------
+    def _tokenized(self) -> TokenizedCorpus:
+        return load_or_build(self.source, self._adapter(), self.cache_dir, progress=True)
+
+    def _adapter(self) -> Any:
+        if self.tokenizer is not None:
+            return self.tokenizer
+        from lit_balance.corpus import TokenizerAdapter
+
+        return TokenizerAdapter.for_token_ids(vocab_size=self.vocab_size, pad_token_id=self.pad_token_id)
+
+    def prepare_data(self) -> None:
+        """Tokenize the corpus into the cache (once per node; other ranks wait at Lightning's barrier)."""
+        self._tokenized()
+
+    def _world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        if trainer is not None:
+            return trainer.world_size, trainer.global_rank
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size(), dist.get_rank()
+        return 1, 0
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load the cache, split train/validation and build the samplers for this rank.
+
+        Raises:
+            ValueError: the corpus is too small for the requested validation split.
+        """
+        self.corpus = self._tokenized()
+        num_docs = len(self.corpus)
+        num_val = int(round(self.val_fraction * num_docs))
+        if self.val_fraction > 0:
+            num_val = max(num_val, 1)
+        if num_docs - num_val < 1:
+            raise ValueError(
+                f"the corpus has {num_docs} document(s); val_fraction={self.val_fraction} leaves none for training; "
+                "lower val_fraction or add documents"
+            )
+        perm = np.random.default_rng(np.random.SeedSequence([int(self.seed), 0x5EED])).permutation(num_docs)
+        val_docs, train_docs = np.sort(perm[:num_val]), np.sort(perm[num_val:])
+        world_size, rank = self._world()
+        args = dict(num_replicas=world_size, rank=rank, seed=self.seed, too_long=self.too_long,
+                    pad_to_multiple_of=self.pad_to_multiple_of, max_batch_size=self.max_batch_size)
+        self.train_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, train_docs, self.max_length)
+        self.train_sampler = BalancedBatchSampler(self.train_dataset.lengths, self.max_tokens, shuffle=self.shuffle,
+                                                  drop_last=self.drop_last, **args)
+        self.val_dataset = self.val_sampler = None
+        if num_val:
+            self.val_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, val_docs, self.max_length)
+            self.val_sampler = BalancedBatchSampler(self.val_dataset.lengths, self.max_tokens, shuffle=False,
+                                                    drop_last=False, **args)
+        truncate = self.train_sampler.truncate_to if self.too_long == "truncate" else None
+        self.collator = PadCollator(self.pad_token_id, self.pad_to_multiple_of, max_length=truncate)
+
+    def _loader(self, dataset: TokenDataset | None, sampler: BalancedBatchSampler | None) -> DataLoader:
+        if dataset is None or sampler is None:
+            raise RuntimeError("call setup() before asking for a dataloader")
+        return DataLoader(
+            dataset,
+            sampler=sampler,
+            batch_size=None,
+            collate_fn=self.collator,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=self.pin_memory,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """Training micro-batches of this rank; ``len()`` is the same on every rank."""
+        return self._loader(self.train_dataset, self.train_sampler)
+
+    def val_dataloader(self) -> DataLoader | list:
+        """Validation micro-batches of this rank (unshuffled), or ``[]`` when ``val_fraction == 0``."""
+        if self.val_fraction == 0:
+            return []
+        return self._loader(self.val_dataset, self.val_sampler)

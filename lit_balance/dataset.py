@@ -1,0 +1,76 @@
+"""A map-style dataset over tokenized documents stored as one flat array plus offsets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from lit_balance.sampler import MicroBatch
+
+__all__ = ["TokenDataset"]
+
+
+class TokenDataset(Dataset):
+    """Documents ``doc_ids`` of a flat token array, each truncated to ``max_length`` tokens.
+
+    Item ``i`` is ``{"input_ids": int32 ndarray [len_i], "index": i, "is_fill": False}``. Indexing with
+    a list of indices (or a :class:`lit_balance.MicroBatch`, whose fill mask is carried into
+    ``is_fill``) returns the list of items, so the dataset works both with
+    ``DataLoader(batch_sampler=...)`` and with ``DataLoader(sampler=..., batch_size=None)``.
+
+    Args:
+        token_ids: int ``[num_tokens]``, all documents concatenated.
+        offsets: int ``[num_docs + 1]``; document ``d`` is ``token_ids[offsets[d]:offsets[d + 1]]``.
+        doc_ids: int ``[len(self)]``, which documents this dataset holds (e.g. a train split).
+        max_length: keep at most this many tokens per document, or None.
+
+    Raises:
+        ValueError: ``doc_ids`` out of range or ``max_length < 1``.
+
+    Example:
+        >>> ds = TokenDataset(np.array([1, 2, 3, 4, 5]), np.array([0, 3, 5]), np.array([1, 0]), max_length=2)
+        >>> ds.lengths.tolist(), ds[1]["input_ids"].tolist()
+        ([2, 2], [1, 2])
+    """
+
+    def __init__(
+        self,
+        token_ids: np.ndarray,
+        offsets: np.ndarray,
+        doc_ids: np.ndarray,
+        max_length: int | None = None,
+    ) -> None:
+        self.token_ids = token_ids
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.doc_ids = np.asarray(doc_ids, dtype=np.int64)
+        num_docs = self.offsets.shape[0] - 1
+        if self.doc_ids.size and (self.doc_ids.min() < 0 or self.doc_ids.max() >= num_docs):
+            raise ValueError(f"doc_ids must lie in [0, {num_docs}), got min {self.doc_ids.min()} max {self.doc_ids.max()}")
+        if max_length is not None and max_length < 1:
+            raise ValueError(f"max_length must be >= 1 or None, got {max_length}")
+        self.max_length = max_length
+        full = self.offsets[self.doc_ids + 1] - self.offsets[self.doc_ids]
+        #: int64 ``[len(self)]``: tokens per item after truncation.
+        self.lengths = full if max_length is None else np.minimum(full, max_length)
+
+    def __len__(self) -> int:
+        return int(self.doc_ids.shape[0])
+
+    def _item(self, i: int, is_fill: bool = False) -> dict[str, Any]:
+        if not 0 <= i < len(self):
+            raise IndexError(f"index {i} out of range for a dataset of {len(self)} documents")
+        start = int(self.offsets[self.doc_ids[i]])
+        return {"input_ids": np.asarray(self.token_ids[start : start + int(self.lengths[i])]), "index": i,
+                "is_fill": is_fill}
+
+    def __getitem__(self, index: int | Sequence[int]) -> Any:
+        if isinstance(index, (int, np.integer)):
+            return self._item(int(index))
+        return self.__getitems__(index)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        fill = indices.fill if isinstance(indices, MicroBatch) else (False,) * len(indices)
+        return [self._item(int(i), bool(f)) for i, f in zip(indices, fill)]

@@ -1,0 +1,106 @@
+"""A small causal transformer language model for demos, recipes and tests."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lit_balance.collate import IGNORE_INDEX
+
+__all__ = ["TransformerLM"]
+
+
+def _sinusoidal(length: int, dim: int, device: torch.device) -> torch.Tensor:
+    """Sinusoidal position encodings ``[length, dim]`` (Vaswani et al., 2017, "Attention Is All You Need")."""
+    pos = torch.arange(length, device=device, dtype=torch.float32).unsqueeze(1)
+    freq = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    enc = torch.zeros(length, dim, device=device)
+    enc[:, 0::2] = torch.sin(pos * freq)
+    enc[:, 1::2] = torch.cos(pos * freq[: dim // 2])
+    return enc
+
+
+class TransformerLM(L.LightningModule):
+    """A pre-norm causal transformer LM trained on the batches of :class:`lit_balance.PadCollator`.
+
+    Positions use sinusoidal encodings, so any row length works (batches are padded only to their
+    longest row). The loss is next-token cross-entropy averaged over the micro-batch's supervised tokens
+    (labels other than -100); a micro-batch without any (only fill rows) contributes a zero loss.
+
+    Args:
+        vocab_size: number of token ids.
+        d_model: hidden size.
+        num_heads: attention heads (must divide ``d_model``).
+        num_layers: transformer blocks.
+        dim_feedforward: feed-forward hidden size.
+        dropout: dropout probability.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+
+    Shapes: ``forward(input_ids [B, T], attention_mask [B, T]) -> logits [B, T, vocab_size]``.
+
+    Raises:
+        ValueError: ``d_model`` not divisible by ``num_heads``, or a size < 1.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 128,
+        num_heads: int = 4,
+        num_layers: int = 2,
+        dim_feedforward: int = 512,
+        dropout: float = 0.0,
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+    ) -> None:
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads),
+                            ("num_layers", num_layers), ("dim_feedforward", dim_feedforward)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if d_model % num_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        self.save_hyperparameters()
+        self.embed = nn.Embedding(vocab_size, d_model)
+        layer = nn.TransformerEncoderLayer(
+            d_model, num_heads, dim_feedforward, dropout, batch_first=True, norm_first=True
+        )
+        self.blocks = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        self.head.weight = self.embed.weight  # tied input and output embeddings
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        t = input_ids.shape[1]
+        x = self.embed(input_ids) * math.sqrt(self.hparams.d_model) + _sinusoidal(t, self.hparams.d_model, input_ids.device)
+        causal = nn.Transformer.generate_square_subsequent_mask(t, device=input_ids.device, dtype=x.dtype)
+        padding = torch.zeros_like(attention_mask, dtype=x.dtype).masked_fill(attention_mask == 0, float("-inf"))
+        x = self.blocks(x, mask=causal, src_key_padding_mask=padding, is_causal=True)
+        return self.head(self.norm(x))
+
+    def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        logits = self(batch["input_ids"], batch["attention_mask"])
+        targets = batch["labels"][:, 1:]
+        if not bool((targets != IGNORE_INDEX).any()):
+            return logits.sum() * 0.0  # keeps the graph (DDP needs every parameter used) and never NaN
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                               ignore_index=IGNORE_INDEX)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        # weighted by supervised tokens, so the epoch value is the mean over all of them on all ranks
+        supervised = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+        self.log("val/loss", self._loss(batch), sync_dist=True, batch_size=supervised)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)

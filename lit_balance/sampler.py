@@ -1,0 +1,275 @@
+"""BalancedBatchSampler: token-budgeted, rank-balanced micro-batches for DDP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data.distributed import DistributedSampler
+
+from lit_balance.planning import EpochPlan, padded_lengths, plan_epoch
+
+__all__ = ["BalancedBatchSampler", "MicroBatch", "TOO_LONG_POLICIES"]
+
+TOO_LONG_POLICIES = ("error", "skip", "truncate")
+
+
+class MicroBatch(list):
+    """A micro-batch: a ``list[int]`` of dataset indices that also carries its fill-row mask.
+
+    Attributes:
+        fill: ``tuple[bool, ...]`` of the same length; True marks a fill row, a duplicate that exists
+            only to give every rank the same number of micro-batches. Its labels must be ignored.
+
+    It compares equal to the plain list of its indices and survives pickling into DataLoader workers.
+    """
+
+    def __init__(self, indices: Sequence[int] = (), fill: Sequence[bool] | None = None) -> None:
+        super().__init__(int(i) for i in indices)
+        self.fill = tuple(bool(f) for f in fill) if fill is not None else (False,) * len(self)
+        if len(self.fill) != len(self):
+            raise ValueError(f"fill mask has {len(self.fill)} entries but the micro-batch has {len(self)} indices")
+
+
+def _check_int(name: str, value: Any, minimum: int, hint: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} of type {type(value).__name__}; {hint}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}; {hint}")
+    return int(value)
+
+
+def _validate_lengths(lengths: Any) -> np.ndarray:
+    """Return ``lengths`` as int64 ``[num_samples]`` or raise ValueError naming the offending values."""
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.detach().cpu().numpy()
+    try:
+        arr = np.asarray(lengths)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"lengths must be a 1-D sequence of ints (tokens per sample); could not read it: {exc}") from exc
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be 1-D (tokens per sample), got an array of shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError("lengths is empty: expected at least one sample length (tokens per sample), got []")
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+        if arr.dtype != bool and (np.issubdtype(arr.dtype, np.floating) or arr.dtype == object):
+            for i, v in enumerate(arr.tolist()):
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or float(v) != int(v):
+                    raise ValueError(
+                        f"lengths must be integers (tokens per sample); index {i} holds {v!r} "
+                        f"(dtype {arr.dtype}); pass an integer array, e.g. np.asarray(lengths, dtype=np.int64)"
+                    )
+            raise ValueError(
+                f"lengths must be integers (tokens per sample), got dtype {arr.dtype} (first value {arr[0]!r}); "
+                "pass an integer array, e.g. np.asarray(lengths, dtype=np.int64)"
+            )
+        raise ValueError(f"lengths must be integers (tokens per sample), got dtype {arr.dtype} (first value {arr[0]!r})")
+    arr = arr.astype(np.int64)
+    bad = np.flatnonzero(arr < 1)
+    if bad.size:
+        shown = ", ".join(f"index {i}: {arr[i]}" for i in bad[:5])
+        raise ValueError(
+            f"every length must be >= 1 token; {bad.size} are not ({shown}{', ...' if bad.size > 5 else ''}); "
+            "remove empty samples before building the sampler"
+        )
+    return arr
+
+
+class BalancedBatchSampler(DistributedSampler):
+    """Token-budgeted, length-bucketed micro-batches with the same count on every rank.
+
+    Yields, for this ``rank``, one micro-batch (a :class:`MicroBatch`, i.e. ``list[int]`` of dataset
+    indices) per step. Use it as ``DataLoader(dataset, batch_sampler=sampler)`` or, so that Lightning
+    neither replaces it nor forgets ``set_epoch`` under the default ``use_distributed_sampler=True``,
+    as ``DataLoader(dataset, sampler=sampler, batch_size=None)`` with a dataset whose ``__getitem__``
+    accepts a list of indices. It subclasses :class:`~torch.utils.data.distributed.DistributedSampler`
+    because it already shards the data over ranks, which is how Lightning and Fabric recognise such a
+    sampler; it calls none of the parent's code.
+
+    Guarantees, per epoch:
+
+    * **Budget.** Every micro-batch ``b`` has ``len(b) * padded(max(lengths[b])) <= max_tokens``, where
+      ``padded`` rounds up to a multiple of ``pad_to_multiple_of``; ``max_tokens`` counts padded slots.
+    * **Equal counts.** Every rank yields exactly ``len(self)`` micro-batches.
+    * **Nothing lost.** With ``drop_last=False`` every eligible index appears on some rank; duplicates
+      (fill rows, marked in :attr:`MicroBatch.fill`) appear only when there are fewer samples than
+      micro-batches needed, at most ``num_replicas - 1`` per epoch. With ``drop_last=True`` there are no
+      duplicates and only the samples that cannot be placed are dropped (:attr:`num_dropped`).
+    * **Determinism.** The plan depends only on (lengths, arguments, epoch), never on global RNG state
+      or the process; every rank computes the same global plan and keeps its own column.
+
+    Planning (see :mod:`lit_balance.planning`): samples sorted by padded length (ties in random order
+    when ``shuffle``) are cut into the fewest contiguous micro-batches that fit the budget, as in
+    fairseq's ``batch_by_size``; micro-batches are split in half until their count is a multiple of
+    ``num_replicas``; consecutive micro-batches of similar cost form one step, one per rank.
+
+    Args:
+        lengths: 1-D sequence, array or tensor of ints ``[num_samples]``: tokens per sample.
+        max_tokens: padded token slots per micro-batch (rows x longest padded row), per rank.
+        num_replicas: number of ranks; defaults to the initialised process group's world size, else 1.
+        rank: this process's rank in ``[0, num_replicas)``; defaults to the process group's rank, else 0.
+        shuffle: change batch composition and order every epoch (see :meth:`set_epoch`).
+        seed: base seed, the same on every rank.
+        drop_last: drop instead of duplicate when samples are too few for equal counts.
+        too_long: what to do with a sample whose padded length exceeds ``max_tokens``: ``"error"``
+            raises at construction, ``"skip"`` leaves it out (:attr:`num_skipped`), ``"truncate"`` keeps it
+            at the largest multiple of ``pad_to_multiple_of`` that fits (:attr:`truncate_to` tokens; the
+            collator must truncate it too).
+        pad_to_multiple_of: rows are padded to a multiple of this many tokens.
+        max_batch_size: maximum rows per micro-batch, or None.
+
+    Raises:
+        ValueError: ``lengths`` empty, not 1-D, not integers, or with a value < 1; ``max_tokens < 1``;
+            ``rank`` outside ``[0, num_replicas)``; unknown ``too_long``; a too-long sample with
+            ``too_long="error"`` (naming its index, length and ``max_tokens``); ``pad_to_multiple_of`` above
+            ``max_tokens``; no sample left to plan.
+        TypeError: an argument of the wrong type.
+
+    Example:
+        >>> sampler = BalancedBatchSampler([95] * 5 + [20] * 5, max_tokens=100, num_replicas=2, rank=0,
+        ...                                shuffle=False)
+        >>> len(sampler), list(sampler)
+        (3, [[5, 6, 7, 8, 9], [1], [3]])
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int] | np.ndarray | torch.Tensor,
+        max_tokens: int,
+        *,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        too_long: str = "error",
+        pad_to_multiple_of: int = 1,
+        max_batch_size: int | None = None,
+    ) -> None:
+        lengths_arr = _validate_lengths(lengths)
+        max_tokens = _check_int("max_tokens", max_tokens, 1, "set max_tokens to the padded token slots per micro-batch")
+        pad_to_multiple_of = _check_int("pad_to_multiple_of", pad_to_multiple_of, 1, "use 1 for no rounding")
+        if pad_to_multiple_of > max_tokens:
+            raise ValueError(
+                f"pad_to_multiple_of ({pad_to_multiple_of}) exceeds max_tokens ({max_tokens}): no row would fit; "
+                "lower pad_to_multiple_of or raise max_tokens"
+            )
+        if max_batch_size is not None:
+            max_batch_size = _check_int("max_batch_size", max_batch_size, 1, "or pass None for no row cap")
+        if too_long not in TOO_LONG_POLICIES:
+            raise ValueError(f"too_long must be one of {TOO_LONG_POLICIES}, got {too_long!r}")
+        seed = _check_int("seed", seed, -(2**63), "pass an int seed")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        if num_replicas is None:
+            num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if rank is None:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        num_replicas = _check_int("num_replicas", num_replicas, 1, "pass the world size")
+        rank = _check_int("rank", rank, 0, "pass this process's global rank")
+        if rank >= num_replicas:
+            raise ValueError(f"rank must be in [0, num_replicas) = [0, {num_replicas}), got rank={rank}")
+
+        self.max_tokens = max_tokens
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.shuffle = bool(shuffle)
+        self.seed = seed
+        self.drop_last = bool(drop_last)
+        self.too_long = too_long
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.max_batch_size = max_batch_size
+        self.epoch = 0
+        self.dataset = None  # DistributedSampler attribute; this sampler works on lengths only
+        #: Longest length (tokens) that fits the budget once padded: max_tokens rounded down to the multiple.
+        self.truncate_to = (max_tokens // pad_to_multiple_of) * pad_to_multiple_of
+
+        too_long_mask = padded_lengths(lengths_arr, pad_to_multiple_of) > max_tokens
+        self._eligible: np.ndarray | None = None
+        if too_long_mask.any():
+            bad = np.flatnonzero(too_long_mask)
+            if too_long == "error":
+                shown = ", ".join(f"index {i}: {lengths_arr[i]} tokens" for i in bad[:5])
+                raise ValueError(
+                    f"{bad.size} sample(s) exceed max_tokens={max_tokens} padded token slots "
+                    f"(pad_to_multiple_of={pad_to_multiple_of}): {shown}{', ...' if bad.size > 5 else ''}; "
+                    'raise max_tokens, truncate the data, or pass too_long="skip" or "truncate"'
+                )
+            if too_long == "skip":
+                self._eligible = ~too_long_mask
+            else:
+                lengths_arr = np.minimum(lengths_arr, self.truncate_to)
+        #: int64 ``[num_samples]``: tokens per sample as planned (after truncation).
+        self.lengths = lengths_arr
+        #: int64 indices of samples left out by ``too_long="skip"`` (every epoch).
+        self.skipped_indices = np.flatnonzero(too_long_mask) if too_long == "skip" else np.empty(0, np.int64)
+        if self.skipped_indices.size == lengths_arr.size:
+            raise ValueError(
+                f"all {lengths_arr.size} samples exceed max_tokens={max_tokens} and too_long='skip' leaves none; "
+                "raise max_tokens"
+            )
+        self._cached: tuple[int, EpochPlan] | None = None
+        if len(self) == 0:
+            raise ValueError(
+                f"drop_last=True with {lengths_arr.size - self.skipped_indices.size} sample(s) and "
+                f"num_replicas={num_replicas} leaves no micro-batch for any rank; set drop_last=False"
+            )
+
+    # ----------------------------------------------------------------------------------------------
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """Return the global plan (all ranks) of ``epoch`` (default: the current epoch)."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        if self._cached is None or self._cached[0] != epoch:
+            plan = plan_epoch(
+                self.lengths,
+                self.max_tokens,
+                num_replicas=self.num_replicas,
+                seed=self.seed,
+                epoch=epoch,
+                shuffle=self.shuffle,
+                drop_last=self.drop_last,
+                pad_to_multiple_of=self.pad_to_multiple_of,
+                max_batch_size=self.max_batch_size,
+                eligible=self._eligible,
+            )
+            self._cached = (epoch, plan)
+        return self._cached[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch to plan; with ``shuffle=True`` each epoch has its own composition and order.
+
+        Raises:
+            ValueError: ``epoch`` is negative.
+        """
+        epoch = _check_int("epoch", epoch, 0, "epochs count from 0")
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        """Micro-batches this rank yields in the current epoch (the same on every rank)."""
+        return self.plan().num_steps
+
+    def __iter__(self) -> Iterator[MicroBatch]:
+        plan = self.plan()
+        column = plan.assignment[:, self.rank]
+        for b in column:
+            idx, fill = plan.batch(int(b))
+            yield MicroBatch(idx.tolist(), fill.tolist())
+
+    # ----------------------------------------------------------------------------------------------
+    @property
+    def num_skipped(self) -> int:
+        """Samples left out every epoch by ``too_long="skip"`` (global count)."""
+        return int(self.skipped_indices.size)
+
+    @property
+    def num_dropped(self) -> int:
+        """Samples dropped in the current epoch by ``drop_last=True`` (global count)."""
+        return int(self.plan().dropped.size)
+
+    @property
+    def num_fill_rows(self) -> int:
+        """Fill rows (marked duplicates) in the current epoch over all ranks (at most ``num_replicas - 1``)."""
+        return int(self.plan().is_fill.sum())
