@@ -198,6 +198,17 @@ class BalancedTextDataModule(L.LightningDataModule):
         truncate = self.train_sampler.truncate_to if self.too_long == "truncate" else None
         self.collator = PadCollator(self.pad_token_id, self.pad_to_multiple_of, max_length=truncate)
 
+    @property
+    def num_empty_documents(self) -> int:
+        """Documents dropped because they were empty after tokenization (global count; after ``setup``).
+
+        Raises:
+            RuntimeError: called before ``setup``.
+        """
+        if self.corpus is None:
+            raise RuntimeError("num_empty_documents is known after setup(); call setup() first")
+        return int(self.corpus.num_empty)
+
     def _loader(self, dataset: TokenDataset | None, sampler: BalancedBatchSampler | None) -> DataLoader:
         if dataset is None or sampler is None:
             raise RuntimeError("call setup() before asking for a dataloader")

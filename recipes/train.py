@@ -47,9 +47,13 @@ def main(argv: list[str] | None = None) -> RunSummary:
     trainer.fit(model, datamodule=dm)
     if trainer.is_global_zero:
         sampler = dm.train_sampler
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         print(
-            f"train documents {len(dm.train_dataset)} | micro-batches per rank per epoch {len(sampler)} | "
-            f"fill rows this epoch {sampler.num_fill_rows} | script wall time {time.perf_counter() - start:.1f} s",
+            f"train documents {len(dm.train_dataset)} (empty after tokenization, dropped: {dm.num_empty_documents}) | "
+            f"micro-batches per rank per epoch {len(sampler)} | fill rows this epoch {sampler.num_fill_rows} | "
+            f"last train/loss {metrics.get('train/loss', float('nan')):.3f} | "
+            f"val/loss {metrics.get('val/loss', float('nan')):.3f} | "
+            f"script wall time {time.perf_counter() - start:.1f} s",
             flush=True,
         )
     return summary
