@@ -12,7 +12,14 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from lit_balance.collate import PadCollator
-from lit_balance.corpus import TokenizedCorpus, default_cache_dir, load_or_build, resolve_corpus, resolve_tokenizer
+from lit_balance.corpus import (
+    TokenizedCorpus,
+    TokenizerAdapter,
+    default_cache_dir,
+    load_or_build,
+    resolve_corpus,
+    resolve_tokenizer,
+)
 from lit_balance.dataset import TokenDataset
 from lit_balance.sampler import TOO_LONG_POLICIES, BalancedBatchSampler
 
@@ -23,7 +30,7 @@ class BalancedTextDataModule(L.LightningDataModule):
     """A LightningDataModule that tokenizes a corpus and feeds each rank token-budgeted micro-batches.
 
     With no arguments it uses the built-in corpus (the docstrings of the running Python's standard
-    library, about 11k documents) and the built-in BERT-uncased WordPiece tokenizer (30,522 tokens).
+    library, about 8.6k documents on CPython 3.11) and the built-in BERT-uncased WordPiece tokenizer (30,522 tokens).
 
     Data flow: ``prepare_data`` (one process per node) tokenizes the corpus into a cache of plain
     arrays keyed by corpus and tokenizer; ``setup`` loads it on every rank, splits documents into train
@@ -111,17 +118,21 @@ class BalancedTextDataModule(L.LightningDataModule):
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1 (padded token slots per micro-batch), got {max_tokens!r}")
         self.source = resolve_corpus(corpus, text_key=text_key)
+        if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)):
+            raise TypeError(f"pad_token_id must be an int or None, got {type(pad_token_id).__name__} {pad_token_id!r}")
         if self.source.kind == "token_ids" and tokenizer is None:
-            self.tokenizer = None
-            self.pad_token_id = 0 if pad_token_id is None else int(pad_token_id)
+            pad = 0 if pad_token_id is None else pad_token_id
             largest = max((int(np.max(d)) for d in self.source.load_token_ids() if len(d)), default=0)
-            self.vocab_size = int(vocab_size) if vocab_size is not None else max(largest, self.pad_token_id) + 1
-            if largest >= self.vocab_size:
-                raise ValueError(f"token id {largest} is outside vocab_size={self.vocab_size}; raise vocab_size")
+            if vocab_size is None:
+                vocab_size = max(largest, pad) + 1
+            # validates vocab_size and pad_token_id now, not at prepare_data
+            self.tokenizer = TokenizerAdapter.for_token_ids(vocab_size=vocab_size, pad_token_id=pad)
+            if largest >= self.tokenizer.vocab_size:
+                raise ValueError(f"token id {largest} is outside vocab_size={vocab_size}; raise vocab_size")
         else:
             self.tokenizer = resolve_tokenizer(tokenizer, pad_token_id=pad_token_id)
-            self.pad_token_id = self.tokenizer.pad_token_id
-            self.vocab_size = self.tokenizer.vocab_size
+        self.pad_token_id = self.tokenizer.pad_token_id
+        self.vocab_size = self.tokenizer.vocab_size
         self.max_tokens = max_tokens
         self.max_length = max_length
         self.val_fraction = float(val_fraction)
@@ -145,14 +156,7 @@ class BalancedTextDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------------------------------------
     def _tokenized(self) -> TokenizedCorpus:
-        return load_or_build(self.source, self._adapter(), self.cache_dir, progress=True)
-
-    def _adapter(self) -> Any:
-        if self.tokenizer is not None:
-            return self.tokenizer
-        from lit_balance.corpus import TokenizerAdapter
-
-        return TokenizerAdapter.for_token_ids(vocab_size=self.vocab_size, pad_token_id=self.pad_token_id)
+        return load_or_build(self.source, self.tokenizer, self.cache_dir, progress=True)
 
     def prepare_data(self) -> None:
         """Tokenize the corpus into the cache (once per node; other ranks wait at Lightning's barrier)."""
