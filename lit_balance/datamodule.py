@@ -11,17 +11,12 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from lit_balance.cache import TokenizedCorpus, default_cache_dir, load_or_build
 from lit_balance.collate import PadCollator
-from lit_balance.corpus import (
-    TokenizedCorpus,
-    TokenizerAdapter,
-    default_cache_dir,
-    load_or_build,
-    resolve_corpus,
-    resolve_tokenizer,
-)
+from lit_balance.corpus import resolve_corpus
 from lit_balance.dataset import TokenDataset
 from lit_balance.sampler import TOO_LONG_POLICIES, BalancedBatchSampler
+from lit_balance.tokenizer import TokenizerAdapter, resolve_tokenizer
 
 __all__ = ["BalancedTextDataModule"]
 

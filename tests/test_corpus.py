@@ -17,22 +17,23 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lit_balance import cache as cache_module
 from lit_balance import corpus as corpus_module
-from lit_balance.corpus import (
-    BUILTIN_CORPUS,
-    CorpusSource,
+from lit_balance.cache import (
     TokenizedCorpus,
-    TokenizerAdapter,
     build_cache,
-    builtin_tokenizer,
     cache_key,
     default_cache_dir,
     load_cache,
     load_or_build,
+)
+from lit_balance.corpus import (
+    BUILTIN_CORPUS,
+    CorpusSource,
     resolve_corpus,
-    resolve_tokenizer,
     stdlib_docstrings,
 )
+from lit_balance.tokenizer import TokenizerAdapter, builtin_tokenizer, resolve_tokenizer
 
 HELLO_WORLD = [7592, 2088]
 
@@ -464,14 +465,14 @@ def _inconsistent_offsets(entry: Path) -> None:
     # valid checksum, wrong content: offsets decrease
     np.save(entry / "offsets.npy", np.array([0, 3, 1, 4], dtype=np.int64))
     meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
-    meta["sha256"]["offsets.npy"] = corpus_module._file_sha256(entry / "offsets.npy")
+    meta["sha256"]["offsets.npy"] = cache_module._file_sha256(entry / "offsets.npy")
     (entry / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
 def _wrong_dtype(entry: Path) -> None:
     np.save(entry / "token_ids.npy", np.load(entry / "token_ids.npy").astype(np.int64))
     meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
-    meta["sha256"]["token_ids.npy"] = corpus_module._file_sha256(entry / "token_ids.npy")
+    meta["sha256"]["token_ids.npy"] = cache_module._file_sha256(entry / "token_ids.npy")
     (entry / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
@@ -557,19 +558,17 @@ def test_token_id_round_trip(docs):
         assert [corpus.document(j).tolist() for j in range(len(corpus))] == [docs[i] for i in kept]
 
 
-# Runs in a spawned child through builtins.exec. The child loads corpus.py on its own (not the whole
-# package, whose import is slow) and the tokenizer from its file; the parent checks it got the same key.
+# Runs in a spawned child through builtins.exec; the tokenizer comes from its file, and the parent
+# checks that both children got the entry of the same key.
 _CONCURRENT_WORKER = """
-import importlib.util, sys
 import numpy as np
-spec = importlib.util.spec_from_file_location("_corpus_child", module_path)
-corpus = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = corpus
-spec.loader.exec_module(corpus)
-source = corpus.resolve_corpus(texts)
-tokenizer = corpus.resolve_tokenizer(tokenizer_path)
+from lit_balance.cache import load_or_build
+from lit_balance.corpus import resolve_corpus
+from lit_balance.tokenizer import resolve_tokenizer
+source = resolve_corpus(texts)
+tokenizer = resolve_tokenizer(tokenizer_path)
 barrier.wait(timeout=60)
-result = corpus.load_or_build(source, tokenizer, cache_dir)
+result = load_or_build(source, tokenizer, cache_dir)
 np.savez(out, token_ids=result.token_ids, offsets=result.offsets, source_index=result.source_index)
 """
 
@@ -579,11 +578,10 @@ def test_concurrent_builders_agree(tmp_path, tok):
     barrier = ctx.Barrier(2)
     texts = [f"document number {i} " * (i % 7 + 1) for i in range(3000)] + [""]
     cache_dir = tmp_path / "cache"
-    module_path = Path(corpus_module.__file__)
+    module_path = Path(cache_module.__file__)
     outs = [tmp_path / f"out{i}.npz" for i in range(2)]
     procs = [
         ctx.Process(target=exec, args=(_CONCURRENT_WORKER, {
-            "module_path": str(module_path),
             "tokenizer_path": str(module_path.parent / "data/tokenizer/tokenizer.json"),
             "texts": texts, "cache_dir": str(cache_dir), "out": str(out), "barrier": barrier}))
         for out in outs

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from lit_balance import IGNORE_INDEX, BalancedTextDataModule, TransformerLM
 from lit_balance import corpus as corpus_module
-from lit_balance.corpus import TokenizerAdapter, builtin_tokenizer
+from lit_balance.tokenizer import TokenizerAdapter, builtin_tokenizer
 
 BATCH_KEYS = {"input_ids", "attention_mask", "labels", "indices", "is_fill", "num_real_tokens", "num_padded_tokens"}
 

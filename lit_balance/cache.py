@@ -1,0 +1,368 @@
+"""The on-disk cache of tokenized corpora: flat arrays, written atomically, checked on load.
+
+An entry ``<cache_dir>/<key>/`` holds ``token_ids.npy``, ``offsets.npy``, ``source_index.npy`` (plain
+arrays, no pickle) and ``meta.json`` (key, format, counts and the sha256 of each array file). It is
+written into a temporary directory and renamed into place, so concurrent processes never read a
+half-written entry; a stale or corrupt entry is detected, set aside and rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lit_balance._fingerprint import sha256_of as _sha256
+from lit_balance.corpus import CorpusSource
+from lit_balance.tokenizer import TokenizerAdapter
+
+__all__ = ["TokenizedCorpus", "build_cache", "cache_key", "default_cache_dir", "load_cache", "load_or_build"]
+
+_CACHE_FORMAT = 1  # bump when the layout of a cache entry changes
+_ENCODE_CHUNK = 1024
+_ARRAYS = {"token_ids": np.int32, "offsets": np.int64, "source_index": np.int64}
+
+
+@dataclass(frozen=True, eq=False)
+class TokenizedCorpus:
+    """A tokenized corpus as flat arrays: document ``i`` is ``token_ids[offsets[i]:offsets[i + 1]]``.
+
+    Arrays loaded from the cache are read-only memory maps.
+
+    Attributes:
+        token_ids: int32 ``[num_tokens]``, all kept documents concatenated.
+        offsets: int64 ``[num_docs + 1]``, non-decreasing, from 0 to ``num_tokens``.
+        source_index: int64 ``[num_docs]``, index of each kept document in the source corpus.
+        num_empty: documents dropped because they were empty after tokenization.
+        vocab_size: number of token ids of the tokenizer.
+        pad_token_id: the tokenizer's padding id.
+
+    Raises:
+        ValueError: the arrays have the wrong dtype or shape, or inconsistent offsets.
+
+    Example:
+        >>> corpus = TokenizedCorpus(np.array([5, 6, 7], np.int32), np.array([0, 2, 3]),
+        ...                          np.array([0, 2]), num_empty=1, vocab_size=10, pad_token_id=0)
+        >>> len(corpus), corpus.lengths.tolist(), corpus.document(1).tolist()
+        (2, [2, 1], [7])
+    """
+
+    token_ids: np.ndarray
+    offsets: np.ndarray
+    source_index: np.ndarray
+    num_empty: int
+    vocab_size: int
+    pad_token_id: int
+
+    def __post_init__(self) -> None:
+        for name, dtype in _ARRAYS.items():
+            array = getattr(self, name)
+            if not isinstance(array, np.ndarray) or array.dtype != dtype or array.ndim != 1:
+                got = (f"{array.dtype} with shape {array.shape}" if isinstance(array, np.ndarray)
+                       else type(array).__name__)
+                raise ValueError(f"{name} must be a 1-D {np.dtype(dtype)} array, got {got}")
+        offsets = self.offsets
+        if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(self.token_ids):
+            raise ValueError(f"offsets must run from 0 to len(token_ids)={len(self.token_ids)}, "
+                             f"got {offsets[:1].tolist()}..{offsets[-1:].tolist()}")
+        if np.any(np.diff(offsets) < 0):
+            raise ValueError("offsets must be non-decreasing")
+        if len(self.source_index) != len(offsets) - 1:
+            raise ValueError(f"source_index has {len(self.source_index)} entries, expected {len(offsets) - 1}")
+        if self.num_empty < 0:
+            raise ValueError(f"num_empty must be >= 0, got {self.num_empty}")
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """int64 ``[num_docs]``: tokens per document."""
+        return np.diff(np.asarray(self.offsets))
+
+    @property
+    def num_tokens(self) -> int:
+        """Total number of tokens."""
+        return len(self.token_ids)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def document(self, i: int) -> np.ndarray:
+        """Return the token ids of document ``i`` (a view; negative indices count from the end).
+
+        Raises:
+            IndexError: ``i`` is outside ``[-len, len)``.
+        """
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"document index {i} is out of range for {n} documents")
+        i %= n
+        return self.token_ids[self.offsets[i]:self.offsets[i + 1]]
+
+
+def cache_key(source: CorpusSource, tokenizer: TokenizerAdapter) -> str:
+    """Return the sha256 hex key of the cache entry for a corpus and tokenizer.
+
+    Example:
+        >>> from lit_balance.corpus import resolve_corpus
+        >>> from lit_balance.tokenizer import resolve_tokenizer
+        >>> len(cache_key(resolve_corpus(["a"]), resolve_tokenizer()))
+        64
+    """
+    _check_types(source, tokenizer)
+    return _sha256("cache", str(_CACHE_FORMAT), source.kind, source.fingerprint, tokenizer.fingerprint)
+
+
+def default_cache_dir() -> Path:
+    """Return ``$LIT_BALANCE_CACHE``, else ``$XDG_CACHE_HOME/lit_balance``, else ``~/.cache/lit_balance``.
+
+    Example:
+        >>> isinstance(default_cache_dir(), Path)
+        True
+    """
+    if os.environ.get("LIT_BALANCE_CACHE"):
+        return Path(os.environ["LIT_BALANCE_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "lit_balance"
+    return Path.home() / ".cache" / "lit_balance"
+
+
+def _check_types(source: Any, tokenizer: Any) -> None:
+    if not isinstance(source, CorpusSource):
+        raise TypeError(f"source must be a CorpusSource (from resolve_corpus), got {type(source).__name__}")
+    if not isinstance(tokenizer, TokenizerAdapter):
+        raise TypeError(f"tokenizer must be a TokenizerAdapter (from resolve_tokenizer), "
+                        f"got {type(tokenizer).__name__}")
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _tokenize(source: CorpusSource, tokenizer: TokenizerAdapter, progress: bool) -> tuple[list[np.ndarray], int]:
+    if source.kind == "token_ids":
+        docs: list[Any] = source.load_token_ids()
+        chunks: Any = (docs[i:i + _ENCODE_CHUNK] for i in range(0, len(docs), _ENCODE_CHUNK))
+    else:
+        docs = source.load_texts()
+        chunks = (tokenizer.encode_batch(docs[i:i + _ENCODE_CHUNK]) for i in range(0, len(docs), _ENCODE_CHUNK))
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(docs), unit="doc", desc=f"Tokenizing {source.description}")
+    lengths, flats, start = [], [], 0
+    try:
+        for chunk in chunks:
+            sizes = np.fromiter((len(ids) for ids in chunk), dtype=np.int64, count=len(chunk))
+            if source.kind == "token_ids":
+                flat = np.concatenate(chunk) if chunk else np.zeros(0, dtype=np.int64)
+            else:
+                flat = np.fromiter(itertools.chain.from_iterable(chunk), dtype=np.int64, count=int(sizes.sum()))
+            if flat.size and (flat.min() < 0 or flat.max() >= tokenizer.vocab_size):
+                bad = flat[(flat < 0) | (flat >= tokenizer.vocab_size)][0]
+                doc = start + int(np.searchsorted(np.cumsum(sizes), np.flatnonzero(flat == bad)[0], side="right"))
+                raise ValueError(f"document {doc} holds the token id {int(bad)}, outside [0, vocab_size="
+                                 f"{tokenizer.vocab_size}); pass a tokenizer or vocab_size that covers it")
+            lengths.append(sizes)
+            flats.append(flat.astype(np.int32))
+            start += len(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+    finally:
+        if bar is not None:
+            bar.close()
+    return [np.concatenate(lengths), np.concatenate(flats)], len(docs)
+
+
+def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: str | os.PathLike,
+                *, progress: bool = False) -> Path:
+    """Tokenize a corpus and write it atomically as the cache entry ``<cache_dir>/<key>/``.
+
+    The entry (``token_ids.npy``, ``offsets.npy``, ``source_index.npy``, ``meta.json``) is written to
+    a temporary directory inside ``cache_dir`` and renamed into place; if another process placed a
+    valid entry first, this one is discarded. Documents empty after tokenization are dropped and
+    counted.
+
+    Args:
+        source: the corpus, from :func:`resolve_corpus`.
+        tokenizer: the tokenizer, from :func:`resolve_tokenizer` (for token-id corpora it only
+            supplies ``vocab_size`` and ``pad_token_id``).
+        cache_dir: directory holding cache entries (created if missing).
+        progress: show a progress bar over documents.
+
+    Returns:
+        The entry directory.
+
+    Raises:
+        ValueError: every document is empty after tokenization, a token id is outside the
+            vocabulary, or the corpus cannot be read.
+        TypeError: ``source`` or ``tokenizer`` is not a resolved object.
+
+    Example:
+        >>> from lit_balance.corpus import resolve_corpus
+        >>> from lit_balance.tokenizer import resolve_tokenizer
+        >>> entry = build_cache(resolve_corpus(["hello world"]), resolve_tokenizer(), getfixture("tmp_path"))
+        >>> sorted(p.name for p in entry.iterdir())
+        ['meta.json', 'offsets.npy', 'source_index.npy', 'token_ids.npy']
+    """
+    key = cache_key(source, tokenizer)
+    (all_lengths, token_ids), num_docs = _tokenize(source, tokenizer, progress)
+    source_index = np.flatnonzero(all_lengths > 0).astype(np.int64)
+    if not len(source_index):
+        raise ValueError(f"all {num_docs} documents of the corpus ({source.description}) are empty after tokenization")
+    offsets = np.zeros(len(source_index) + 1, dtype=np.int64)
+    np.cumsum(all_lengths[source_index], out=offsets[1:])
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    target = cache_dir / key
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:16]}-", dir=cache_dir))
+    try:
+        digests = {}
+        for name, array in (("token_ids", token_ids), ("offsets", offsets), ("source_index", source_index)):
+            np.save(tmp / f"{name}.npy", array, allow_pickle=False)
+            digests[f"{name}.npy"] = _file_sha256(tmp / f"{name}.npy")
+        meta = {"key": key, "format": _CACHE_FORMAT, "num_docs": len(source_index), "num_tokens": len(token_ids),
+                "num_empty": num_docs - len(source_index), "vocab_size": tokenizer.vocab_size,
+                "pad_token_id": tokenizer.pad_token_id, "description": source.description, "sha256": digests}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        for _ in range(3):
+            try:
+                os.replace(tmp, target)
+                return target
+            except OSError:
+                try:
+                    inode = target.stat().st_ino
+                except OSError:
+                    continue  # removed meanwhile: try again
+                if _read_entry(target, key, tokenizer) is not None:
+                    return target  # another process won the race with a valid entry
+                _discard(target, inode)
+        raise RuntimeError(f"could not place the cache entry {str(target)!r}; check permissions of {str(cache_dir)!r}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _discard(entry: Path, inode: int) -> None:
+    # Move the entry aside first so that a valid entry placed meanwhile by another process survives.
+    trash = entry.with_name(f".trash-{entry.name[:16]}-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        os.rename(entry, trash)
+    except OSError:
+        return
+    try:
+        moved = trash.stat().st_ino
+    except OSError:
+        return
+    if moved != inode:
+        try:
+            os.rename(trash, entry)  # not the entry found broken: put it back
+            return
+        except OSError:
+            pass
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _read_entry(entry: Path, key: str, tokenizer: TokenizerAdapter) -> TokenizedCorpus | None:
+    try:
+        meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
+        if meta["key"] != key or meta["format"] != _CACHE_FORMAT:
+            return None
+        if (meta["vocab_size"], meta["pad_token_id"]) != (tokenizer.vocab_size, tokenizer.pad_token_id):
+            return None
+        arrays = {}
+        for name in _ARRAYS:
+            path = entry / f"{name}.npy"
+            if _file_sha256(path) != meta["sha256"][f"{name}.npy"]:
+                return None
+            arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
+        corpus = TokenizedCorpus(num_empty=int(meta["num_empty"]), vocab_size=tokenizer.vocab_size,
+                                 pad_token_id=tokenizer.pad_token_id, **arrays)
+        if (len(corpus), corpus.num_tokens) != (meta["num_docs"], meta["num_tokens"]):
+            return None
+        return corpus
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def load_cache(source: CorpusSource, tokenizer: TokenizerAdapter,
+               cache_dir: str | os.PathLike | None) -> TokenizedCorpus | None:
+    """Load the cache entry of a corpus and tokenizer, or None if it is missing or broken.
+
+    Broken entries (unreadable or mismatching ``meta.json``, checksum mismatch, arrays of the wrong
+    dtype or shape, inconsistent offsets) are removed.
+
+    Args:
+        source: the corpus, from :func:`resolve_corpus`.
+        tokenizer: the tokenizer, from :func:`resolve_tokenizer`.
+        cache_dir: directory holding cache entries (None: :func:`default_cache_dir`).
+
+    Returns:
+        The tokenized corpus (read-only memory-mapped arrays), or None.
+
+    Raises:
+        TypeError: ``source`` or ``tokenizer`` is not a resolved object.
+
+    Example:
+        >>> from lit_balance.corpus import resolve_corpus
+        >>> from lit_balance.tokenizer import resolve_tokenizer
+        >>> load_cache(resolve_corpus(["never built"]), resolve_tokenizer(), getfixture("tmp_path")) is None
+        True
+    """
+    key = cache_key(source, tokenizer)
+    entry = Path(cache_dir if cache_dir is not None else default_cache_dir()) / key
+    try:
+        inode = entry.stat().st_ino
+    except OSError:
+        return None
+    corpus = _read_entry(entry, key, tokenizer)
+    if corpus is None:
+        _discard(entry, inode)
+    return corpus
+
+
+def load_or_build(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: str | os.PathLike | None = None,
+                  *, progress: bool = False) -> TokenizedCorpus:
+    """Load the cached tokenized corpus, building the entry first if needed.
+
+    Args:
+        source: the corpus, from :func:`resolve_corpus`.
+        tokenizer: the tokenizer, from :func:`resolve_tokenizer`.
+        cache_dir: directory holding cache entries (None: :func:`default_cache_dir`).
+        progress: show a progress bar while tokenizing.
+
+    Returns:
+        The tokenized corpus.
+
+    Raises:
+        ValueError: see :func:`build_cache`.
+        RuntimeError: the entry cannot be read back after building it.
+
+    Example:
+        >>> from lit_balance.corpus import resolve_corpus
+        >>> from lit_balance.tokenizer import resolve_tokenizer
+        >>> corpus = load_or_build(resolve_corpus(["hello world", ""]), resolve_tokenizer(), getfixture("tmp_path"))
+        >>> corpus.document(0).tolist(), corpus.num_empty
+        ([7592, 2088], 1)
+    """
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    corpus = load_cache(source, tokenizer, cache_dir)
+    for _ in range(2):
+        if corpus is not None:
+            return corpus
+        build_cache(source, tokenizer, cache_dir, progress=progress)
+        corpus = load_cache(source, tokenizer, cache_dir)
+    if corpus is None:
+        raise RuntimeError(f"the cache entry for {source.description} in {str(cache_dir)!r} "
+                           "cannot be read back after building it; check the disk and permissions")
+    return corpus

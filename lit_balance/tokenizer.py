@@ -1,0 +1,206 @@
+"""Tokenizers reduced to what the cache needs: ids, vocabulary size, padding id and a fingerprint."""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tokenizers
+
+from lit_balance._fingerprint import sha256_of as _sha256
+
+__all__ = ["TokenizerAdapter", "builtin_tokenizer", "resolve_tokenizer"]
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_tokenizer_json() -> str:
+    return (importlib.resources.files("lit_balance") / "data/tokenizer/tokenizer.json").read_text("utf-8")
+
+
+def _plain_copy(tokenizer: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
+    copy = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    return copy
+
+
+def builtin_tokenizer() -> tokenizers.Tokenizer:
+    """Return the vendored BERT-uncased WordPiece tokenizer, truncation and padding disabled.
+
+    Returns:
+        A fresh ``tokenizers.Tokenizer`` (30,522 tokens, ``[PAD]`` = 0); callers may mutate it.
+
+    Example:
+        >>> builtin_tokenizer().encode("hello world", add_special_tokens=False).ids
+        [7592, 2088]
+    """
+    return _plain_copy(tokenizers.Tokenizer.from_str(_builtin_tokenizer_json()))
+
+
+@dataclass(frozen=True)
+class TokenizerAdapter:
+    """A tokenizer reduced to what the cache needs: ids, vocabulary size, padding id, fingerprint.
+
+    Build one with :func:`resolve_tokenizer` (or :meth:`for_token_ids` for pre-tokenized corpora).
+
+    Attributes:
+        vocab_size: number of token ids, added tokens included; every id is in ``[0, vocab_size)``.
+        pad_token_id: id used for padding, in ``[0, vocab_size)``.
+        fingerprint: sha256 hex identifying the tokenizer's behaviour (and the two numbers above).
+        backend: the wrapped ``tokenizers.Tokenizer`` or Hugging Face tokenizer, or None when the
+            adapter only describes pre-tokenized ids.
+
+    Example:
+        >>> adapter = resolve_tokenizer()
+        >>> adapter.vocab_size, adapter.pad_token_id, adapter.encode_batch(["hello world"])
+        (30522, 0, [[7592, 2088]])
+    """
+
+    vocab_size: int
+    pad_token_id: int
+    fingerprint: str
+    backend: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "pad_token_id"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+            object.__setattr__(self, name, int(value))
+        if not 1 <= self.vocab_size <= 2**31:
+            raise ValueError(f"vocab_size must be in [1, 2**31], got {self.vocab_size}")
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(
+                f"pad_token_id must be in [0, vocab_size={self.vocab_size}), got {self.pad_token_id}; "
+                "pass a pad_token_id inside the vocabulary"
+            )
+        if not isinstance(self.fingerprint, str) or not self.fingerprint:
+            raise TypeError(f"fingerprint must be a non-empty str, got {self.fingerprint!r}")
+
+    @classmethod
+    def for_token_ids(cls, vocab_size: int, pad_token_id: int = 0) -> TokenizerAdapter:
+        """Describe pre-tokenized ids that come with no tokenizer.
+
+        Args:
+            vocab_size: number of token ids; every id in the corpus must be below it.
+            pad_token_id: padding id, in ``[0, vocab_size)``.
+
+        Returns:
+            An adapter with no backend; its :meth:`encode_batch` raises.
+
+        Example:
+            >>> TokenizerAdapter.for_token_ids(vocab_size=100).pad_token_id
+            0
+        """
+        return cls(vocab_size, pad_token_id, _sha256("token_ids", str(vocab_size), str(pad_token_id)))
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Tokenize texts without special tokens, truncation or padding.
+
+        Args:
+            texts: the documents.
+
+        Returns:
+            One list of token ids per text (possibly empty).
+
+        Raises:
+            TypeError: the adapter has no tokenizer (it was made for pre-tokenized ids).
+
+        Example:
+            >>> resolve_tokenizer().encode_batch(["hello", ""])
+            [[7592], []]
+        """
+        if self.backend is None:
+            raise TypeError("this TokenizerAdapter describes pre-tokenized ids and cannot encode text; "
+                            "pass a tokenizer to resolve_tokenizer()")
+        texts = list(texts)
+        if isinstance(self.backend, tokenizers.Tokenizer):
+            encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+            return [encoding.ids for encoding in encode(texts, add_special_tokens=False)]
+        out = self.backend(texts, add_special_tokens=False, truncation=False, padding=False,
+                           return_attention_mask=False, return_token_type_ids=False)
+        return [list(ids) for ids in out["input_ids"]]
+
+
+def _looks_like_hf(obj: Any) -> bool:
+    return callable(obj) and hasattr(obj, "get_vocab") and hasattr(obj, "pad_token_id") and hasattr(obj, "__len__")
+
+
+def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None) -> TokenizerAdapter:
+    """Wrap a tokenizer into a :class:`TokenizerAdapter`.
+
+    The padding id is, in order: the ``pad_token_id`` argument; the tokenizer's own (for
+    ``tokenizers.Tokenizer``: its padding ``pad_id`` if padding is configured, else the id of
+    ``[PAD]`` or ``<pad>``; for Hugging Face tokenizers: ``pad_token_id``).
+
+    Args:
+        tokenizer: None for :func:`builtin_tokenizer`; a ``tokenizers.Tokenizer`` (copied, never
+            mutated); a Hugging Face ``transformers`` tokenizer, fast or slow; a path (str or
+            ``os.PathLike``) to a ``tokenizer.json``; or a :class:`TokenizerAdapter` (returned as is).
+        pad_token_id: padding id to use; required when the tokenizer defines none.
+
+    Returns:
+        The adapter.
+
+    Raises:
+        FileNotFoundError: the tokenizer path does not exist.
+        ValueError: the file is not a valid tokenizer, no padding id is known, or ``pad_token_id``
+            conflicts with a given adapter or lies outside the vocabulary.
+        TypeError: the tokenizer is of an unsupported type.
+
+    Example:
+        >>> resolve_tokenizer(None).vocab_size
+        30522
+    """
+    if isinstance(tokenizer, TokenizerAdapter):
+        if pad_token_id is not None and pad_token_id != tokenizer.pad_token_id:
+            raise ValueError(f"pad_token_id={pad_token_id!r} conflicts with the given TokenizerAdapter's "
+                             f"pad_token_id={tokenizer.pad_token_id}; drop one of them")
+        return tokenizer
+    if tokenizer is None:
+        tokenizer = builtin_tokenizer()
+    elif isinstance(tokenizer, (str, os.PathLike)):
+        path = Path(tokenizer)
+        if path.is_dir():
+            raise ValueError(f"tokenizer path {str(path)!r} is a directory; pass the tokenizer.json inside it")
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer file {str(path)!r} does not exist (expected a tokenizer.json)")
+        try:
+            tokenizer = tokenizers.Tokenizer.from_file(str(path))
+        except Exception as error:
+            raise ValueError(f"tokenizer file {str(path)!r} is not a valid tokenizer.json: {error}") from error
+    if isinstance(tokenizer, tokenizers.Tokenizer):
+        backend = _plain_copy(tokenizer)
+        vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        found = tokenizer.padding["pad_id"] if tokenizer.padding else None
+        for token in ("[PAD]", "<pad>"):
+            found = backend.token_to_id(token) if found is None else found
+        identity = ["tokenizers", backend.to_str()]
+    elif _looks_like_hf(tokenizer):
+        backend = tokenizer
+        vocab_size = len(tokenizer)
+        found = tokenizer.pad_token_id
+        inner = getattr(tokenizer, "backend_tokenizer", None)
+        if isinstance(inner, tokenizers.Tokenizer):
+            identity = ["hf-fast", type(tokenizer).__name__, _plain_copy(inner).to_str()]
+        else:
+            vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False)
+            identity = ["hf-slow", type(tokenizer).__name__, vocab]
+    else:
+        raise TypeError(
+            f"tokenizer must be None, a tokenizers.Tokenizer, a Hugging Face tokenizer, a path to a "
+            f"tokenizer.json or a TokenizerAdapter, got {type(tokenizer).__module__}.{type(tokenizer).__qualname__}"
+        )
+    pad = pad_token_id if pad_token_id is not None else found
+    if pad is None:
+        raise ValueError(f"the tokenizer ({type(tokenizer).__name__}) defines no padding token; pass pad_token_id=")
+    if isinstance(pad, bool) or not isinstance(pad, (int, np.integer)):
+        raise TypeError(f"pad_token_id must be an int, got {type(pad).__name__} {pad!r}")
+    fingerprint = _sha256(*identity, str(vocab_size), str(int(pad)))
+    return TokenizerAdapter(vocab_size, int(pad), fingerprint, backend)
