@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import gc
+import glob
 import hashlib
 import inspect
 import json
@@ -111,10 +112,10 @@ def _read_utf8(path: Path) -> str:
 
 
 def _file_documents(path: Path, text_key: str) -> list[str]:
-    lines = _read_utf8(path).split("\n")
+    # universal newlines: \r\n, \r and \n all end a line
+    lines = _read_utf8(path).replace("\r\n", "\n").replace("\r", "\n").split("\n")
     docs = []
     for number, line in enumerate(lines, start=1):
-        line = line.removesuffix("\r")
         if not line.strip():
             continue
         if path.suffix.lower() != ".jsonl":
@@ -281,8 +282,11 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text") -> CorpusSourc
     Rules, in order:
 
     * ``None`` or ``"stdlib_docstrings"``: the built-in corpus (:func:`stdlib_docstrings`).
-    * A single ``str`` or ``os.PathLike``: one file, which must exist.
-    * A list/tuple of ``str``: in-memory documents (never paths, even if they name files).
+    * A single ``str`` or ``os.PathLike``: one file, which must exist; a ``str`` holding ``*``, ``?``
+      or ``[`` is a glob pattern (e.g. ``"data/*.jsonl"``), expanded in sorted order.
+    * A list/tuple of ``str``: in-memory documents. A list whose items all name existing files is
+      refused (pass ``pathlib.Path`` objects or a glob pattern for files), so that paths are never
+      trained on as text.
     * A list/tuple of ``os.PathLike`` (e.g. ``pathlib.Path``): files.
     * A list/tuple of int sequences (lists, tuples, 1-D integer numpy arrays or torch tensors):
       pre-tokenized documents, every id ``>= 0``.
@@ -299,9 +303,9 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text") -> CorpusSourc
         The source.
 
     Raises:
-        FileNotFoundError: a path does not exist.
-        ValueError: a directory or ``.json`` file, an unreadable file, a negative token id, or an
-            empty corpus.
+        FileNotFoundError: a path does not exist, or a glob pattern matches no file.
+        ValueError: a directory or ``.json`` file, an unreadable file, a negative token id, an
+            empty corpus or path, or a list of ``str`` that all name existing files.
         TypeError: an unsupported type, or a list mixing item kinds.
 
     Example:
@@ -317,6 +321,14 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text") -> CorpusSourc
         parts = ("builtin", str(_BUILTIN_VERSION), sys.implementation.name, sys.version, stdlib)
         description = f"Python {platform.python_version()} standard library docstrings"
         return CorpusSource("builtin", _sha256(*parts), description)
+    if isinstance(corpus, str) and not corpus.strip():
+        raise ValueError("corpus is an empty string; pass a file path, a glob pattern, a list of documents, "
+                         "or None for the built-in corpus")
+    if isinstance(corpus, str) and any(c in corpus for c in "*?["):
+        matches = sorted(p for p in glob.glob(os.path.expanduser(corpus), recursive=True) if os.path.isfile(p))
+        if not matches:
+            raise FileNotFoundError(f"corpus glob pattern {corpus!r} matches no file")
+        return _files_source(matches, text_key)
     if isinstance(corpus, (str, os.PathLike)):
         return _files_source([corpus], text_key)
     if not isinstance(corpus, (list, tuple)):
@@ -333,6 +345,13 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text") -> CorpusSourc
         return _files_source(list(corpus), text_key)
     if kinds[0] == "texts":
         texts = tuple(corpus)
+        if all("\n" not in t and len(t) < 4096 and os.path.isfile(t) for t in texts):
+            shown = ", ".join(repr(t) for t in texts[:3]) + (", ..." if len(texts) > 3 else "")
+            raise ValueError(
+                f"corpus is a list of {len(texts)} str that all name existing files ({shown}); a list of str is "
+                "read as the documents themselves. To read the files, pass pathlib.Path objects or a glob "
+                "pattern such as 'data/*.txt'"
+            )
         return CorpusSource("texts", _sha256("texts", *texts), f"{len(texts)} text documents", texts)
     arrays = tuple(_as_ids(item, index) for index, item in enumerate(corpus))
     digest = hashlib.sha256(b"token_ids")

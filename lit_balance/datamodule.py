@@ -11,6 +11,7 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from lit_balance._validate import check_bool, check_int
 from lit_balance.cache import TokenizedCorpus, default_cache_dir, load_or_build
 from lit_balance.collate import PadCollator
 from lit_balance.corpus import resolve_corpus
@@ -104,14 +105,15 @@ class BalancedTextDataModule(L.LightningDataModule):
         super().__init__()
         if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
             raise ValueError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
-        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
-            raise ValueError(f"max_length must be an int >= 1 (tokens per document) or None, got {max_length!r}")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
+        max_tokens = check_int("max_tokens", max_tokens, 1, "set the padded token slots per micro-batch, per rank")
+        if max_length is not None:
+            max_length = check_int("max_length", max_length, 1, "tokens kept per document, or None for no truncation")
+        num_workers = check_int("num_workers", num_workers, 0, "DataLoader worker processes per rank")
+        shuffle, drop_last = check_bool("shuffle", shuffle), check_bool("drop_last", drop_last)
         if too_long not in TOO_LONG_POLICIES:
             raise ValueError(f"too_long must be one of {TOO_LONG_POLICIES}, got {too_long!r}")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1 (padded token slots per micro-batch), got {max_tokens!r}")
+        if cache_dir is not None and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
+            raise ValueError(f"cache_dir {str(cache_dir)!r} exists and is not a directory; pass a directory path")
         self.source = resolve_corpus(corpus, text_key=text_key)
         if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)):
             raise TypeError(f"pad_token_id must be an int or None, got {type(pad_token_id).__name__} {pad_token_id!r}")
@@ -169,7 +171,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         """Load the cache, split train/validation and build the samplers for this rank.
 
         Raises:
-            ValueError: the corpus is too small for the requested validation split.
+            ValueError: the corpus is too small for the requested validation split; with
+                ``too_long="error"``, a document longer than ``max_tokens`` after ``max_length``
+                truncation (naming its index in the corpus); a split the sampler cannot plan.
         """
         self.corpus = self._tokenized()
         num_docs = len(self.corpus)
@@ -184,16 +188,16 @@ class BalancedTextDataModule(L.LightningDataModule):
         perm = np.random.default_rng(np.random.SeedSequence([int(self.seed), 0x5EED])).permutation(num_docs)
         val_docs, train_docs = np.sort(perm[:num_val]), np.sort(perm[num_val:])
         world_size, rank = self._world()
+        self._check_too_long()
         args = dict(num_replicas=world_size, rank=rank, seed=self.seed, too_long=self.too_long,
                     pad_to_multiple_of=self.pad_to_multiple_of, max_batch_size=self.max_batch_size)
         self.train_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, train_docs, self.max_length)
-        self.train_sampler = BalancedBatchSampler(self.train_dataset.lengths, self.max_tokens, shuffle=self.shuffle,
-                                                  drop_last=self.drop_last, **args)
+        self.train_sampler = self._sampler("training", self.train_dataset, shuffle=self.shuffle,
+                                           drop_last=self.drop_last, **args)
         self.val_dataset = self.val_sampler = None
         if num_val:
             self.val_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, val_docs, self.max_length)
-            self.val_sampler = BalancedBatchSampler(self.val_dataset.lengths, self.max_tokens, shuffle=False,
-                                                    drop_last=False, **args)
+            self.val_sampler = self._sampler("validation", self.val_dataset, shuffle=False, drop_last=False, **args)
         truncate = self.train_sampler.truncate_to if self.too_long == "truncate" else None
         self.collator = PadCollator(self.pad_token_id, self.pad_to_multiple_of, max_length=truncate)
 
@@ -207,6 +211,29 @@ class BalancedTextDataModule(L.LightningDataModule):
         if self.corpus is None:
             raise RuntimeError("num_empty_documents is known after setup(); call setup() first")
         return int(self.corpus.num_empty)
+
+    def _check_too_long(self) -> None:
+        """With ``too_long="error"``, name the corpus documents (source indices) that cannot fit."""
+        if self.too_long != "error":
+            return
+        lengths = self.corpus.lengths if self.max_length is None else np.minimum(self.corpus.lengths, self.max_length)
+        m = self.pad_to_multiple_of
+        bad = np.flatnonzero(-(-lengths // m) * m > self.max_tokens)
+        if bad.size:
+            shown = ", ".join(f"document {self.corpus.source_index[d]}: {lengths[d]} tokens" for d in bad[:5])
+            raise ValueError(
+                f"{bad.size} corpus document(s) are longer than max_tokens={self.max_tokens} padded token slots "
+                f"(max_length={self.max_length}, pad_to_multiple_of={m}): {shown}{', ...' if bad.size > 5 else ''}; "
+                f"set max_length <= {(self.max_tokens // m) * m} to truncate documents, raise max_tokens, or pass "
+                'too_long="skip" or "truncate"'
+            )
+
+    def _sampler(self, split: str, dataset: TokenDataset, **kwargs: Any) -> BalancedBatchSampler:
+        try:
+            return BalancedBatchSampler(dataset.lengths, self.max_tokens, **kwargs)
+        except ValueError as error:
+            raise ValueError(f"{split} split ({len(dataset)} documents, val_fraction={self.val_fraction}): "
+                             f"{error}") from error
 
     def _loader(self, dataset: TokenDataset | None, sampler: BalancedBatchSampler | None) -> DataLoader:
         if dataset is None or sampler is None:

@@ -75,6 +75,9 @@ class TransformerLM(L.LightningModule):
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied input and output embeddings
+        # std d_model**-0.5: output logits start near unit scale (initial loss ~ ln(vocab_size)), and the
+        # sqrt(d_model) input scaling in forward() gives unit-scale token embeddings
+        nn.init.normal_(self.embed.weight, std=d_model**-0.5)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         t = input_ids.shape[1]

@@ -71,39 +71,58 @@ def padded_lengths(lengths: np.ndarray, pad_to_multiple_of: int) -> np.ndarray:
     return -(-lengths // pad_to_multiple_of) * pad_to_multiple_of
 
 
-def _form_batches(order: np.ndarray, padded: np.ndarray, max_tokens: int, max_batch_size: int) -> list[np.ndarray]:
-    """Cut ``order`` (sample indices, longest first) into contiguous micro-batches within the budget.
+def _cut_points(pl: np.ndarray, max_tokens: int, max_batch_size: int) -> np.ndarray:
+    """End offsets of the micro-batches of ``pl`` (padded lengths, longest first) within the budget.
 
     A micro-batch starting at a row of padded length ``L`` takes ``min(max_tokens // L, max_batch_size)``
     rows; since later rows are no longer, the budget holds. Contiguous cuts of a length-sorted order are
-    the fewest micro-batches possible for this budget.
+    the fewest micro-batches possible for this budget. Runs of equal length are cut in one vectorised
+    step, so the Python loop runs about twice per distinct length, not once per micro-batch.
     """
-    batches = []
-    i, n = 0, order.shape[0]
+    n = pl.shape[0]
+    caps = np.minimum(max_tokens // pl, max_batch_size)
+    run_ends = np.append(np.flatnonzero(pl[1:] != pl[:-1]) + 1, n)
+    ends: list[np.ndarray] = []
+    i = r = 0
     while i < n:
-        take = min(max_tokens // int(padded[order[i]]), max_batch_size)
-        batches.append(order[i : i + take])
-        i += take
-    return batches
+        while run_ends[r] <= i:
+            r += 1
+        take, run_end = int(caps[i]), int(run_ends[r])
+        full = (run_end - i) // take  # micro-batches that lie wholly inside this run of equal lengths
+        if full:
+            ends.append(np.arange(i + take, i + full * take + 1, take))
+            i += full * take
+        if i < run_end:  # one micro-batch that starts here and runs into the shorter rows after
+            i = min(i + take, n)
+            ends.append(np.array([i]))
+    return np.concatenate(ends) if ends else np.empty(0, dtype=np.int64)
 
 
-def _split_to(batches: list[np.ndarray], target: int) -> list[np.ndarray]:
-    """Split the micro-batches with the most rows in half until there are ``target`` (or all are single)."""
-    heap = [(-len(b), k) for k, b in enumerate(batches)]
+def _split_to(starts: np.ndarray, ends: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split the micro-batches with the most rows in half until there are ``target`` (or all are single).
+
+    Only the ``target - len(starts)`` largest micro-batches can take part (each split takes the largest,
+    ties to the earliest), so only they enter the heap.
+    """
+    need = target - starts.shape[0]
+    if need <= 0:
+        return starts, ends
+    sizes = ends - starts
+    top = np.argsort(-sizes, kind="stable")[:need]
+    heap = [(-int(sizes[k]), int(starts[k]), int(ends[k])) for k in top]
     heapq.heapify(heap)
-    pieces: dict[int, np.ndarray] = dict(enumerate(batches))
-    next_key = len(batches)
-    count = len(batches)
-    while count < target and heap and -heap[0][0] >= 2:
-        _, k = heapq.heappop(heap)
-        b = pieces.pop(k)
-        half = (len(b) + 1) // 2
-        for part in (b[:half], b[half:]):
-            pieces[next_key] = part
-            heapq.heappush(heap, (-len(part), next_key))
-            next_key += 1
-        count += 1
-    return [pieces[k] for k in sorted(pieces)]
+    while need and heap and -heap[0][0] >= 2:
+        size, lo, hi = heapq.heappop(heap)
+        mid = lo + (-size + 1) // 2
+        heapq.heappush(heap, (lo - mid, lo, mid))
+        heapq.heappush(heap, (mid - hi, mid, hi))
+        need -= 1
+    keep = np.ones(starts.shape[0], dtype=bool)
+    keep[top] = False
+    new_starts = np.concatenate([starts[keep], np.array([h[1] for h in heap], dtype=np.int64)])
+    new_ends = np.concatenate([ends[keep], np.array([h[2] for h in heap], dtype=np.int64)])
+    order = np.argsort(new_starts, kind="stable")
+    return new_starts[order], new_ends[order]
 
 
 def plan_epoch(
@@ -150,49 +169,47 @@ def plan_epoch(
     if rng is not None:
         candidates = rng.permutation(candidates)
     order = candidates[np.argsort(-padded[candidates], kind="stable")]
-    batches = _form_batches(order, padded, max_tokens, cap)
+    ends = _cut_points(padded[order], max_tokens, cap)
+    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64) if ends.size else np.empty(0, dtype=np.int64)
 
     # Equal counts: a multiple of num_replicas micro-batches, splitting before duplicating.
-    target = -(-len(batches) // num_replicas) * num_replicas
-    batches = _split_to(batches, target)
-    fills: list[np.ndarray] = []
+    target = -(-starts.shape[0] // num_replicas) * num_replicas
+    starts, ends = _split_to(starts, ends, target)
+    rows, offsets = order, np.append(starts, order.shape[0])
+    num_fill = 0
     dropped = np.empty(0, dtype=np.int64)
-    if len(batches) < target:  # every micro-batch is a single row: too few samples
-        singles = np.concatenate(batches) if batches else np.empty(0, dtype=np.int64)
+    if starts.shape[0] < target:  # every micro-batch is a single row: too few samples
         if drop_last:
-            keep = (len(singles) // num_replicas) * num_replicas
-            # drop at random (shuffle) or, without shuffle, the highest-cost rows
-            perm = rng.permutation(len(singles)) if rng is not None else np.argsort(-padded[singles], kind="stable")
-            dropped = np.sort(singles[perm[keep:]])
-            keep_mask = np.ones(len(singles), dtype=bool)
+            keep = (order.shape[0] // num_replicas) * num_replicas
+            # drop at random (shuffle) or, without shuffle, the highest-cost rows (order is longest first)
+            perm = rng.permutation(order.shape[0]) if rng is not None else np.arange(order.shape[0])[::-1]
+            keep_mask = np.ones(order.shape[0], dtype=bool)
             keep_mask[perm[keep:]] = False
-            batches = [singles[k : k + 1] for k in np.flatnonzero(keep_mask)]
+            dropped = np.sort(order[~keep_mask])
+            rows = order[keep_mask]
         else:
-            short_first = singles[np.argsort(padded[singles], kind="stable")]  # cheapest rows make the fills
-            need = target - len(batches)
-            fills = [short_first[k % len(short_first) : k % len(short_first) + 1] for k in range(need)]
+            num_fill = target - starts.shape[0]  # at most num_replicas - 1
+            cheapest_first = order[::-1]
+            rows = np.concatenate([order, cheapest_first[np.arange(num_fill) % order.shape[0]]])
+        offsets = np.arange(rows.shape[0] + 1, dtype=np.int64)
+    is_fill = np.zeros(rows.shape[0], dtype=bool)
+    if num_fill:
+        is_fill[-num_fill:] = True
+    num_batches = offsets.shape[0] - 1
+    num_steps = num_batches // num_replicas
 
-    all_batches = batches + fills
-    fill_flags = [False] * len(batches) + [True] * len(fills)
-    num_steps = len(all_batches) // num_replicas
-
-    # Balance: most costly first, then consecutive groups of num_replicas form a step.
-    cost = np.array([len(b) * int(padded[b].max()) for b in all_batches], dtype=np.int64)
-    by_cost = np.argsort(-cost, kind="stable")
-    assignment = by_cost.reshape(num_steps, num_replicas) if num_steps else np.empty((0, num_replicas), np.int64)
+    # Balance: most costly first, then consecutive groups of num_replicas form a step. A micro-batch's
+    # first row is its longest, so its cost in padded slots is rows x that row's padded length.
+    cost = np.diff(offsets) * padded[rows[offsets[:-1]]] if num_batches else np.empty(0, dtype=np.int64)
+    assignment = np.argsort(-cost, kind="stable").reshape(num_steps, num_replicas)
     if rng is not None and num_steps:
         assignment = rng.permuted(assignment, axis=1)  # which rank gets which micro-batch in a step
         assignment = assignment[rng.permutation(num_steps)]  # step order
 
-    sizes = np.array([len(b) for b in all_batches], dtype=np.int64)
-    offsets = np.zeros(len(all_batches) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    rows = np.concatenate(all_batches) if all_batches else np.empty(0, dtype=np.int64)
-    is_fill = np.repeat(np.array(fill_flags, dtype=bool), sizes)
     return EpochPlan(
         rows=rows.astype(np.int64),
         is_fill=is_fill,
-        batch_offsets=offsets,
+        batch_offsets=offsets.astype(np.int64),
         assignment=np.ascontiguousarray(assignment, dtype=np.int64),
         dropped=dropped,
     )

@@ -10,9 +10,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler
 
+from lit_balance._validate import check_bool as _check_bool
+from lit_balance._validate import check_int as _check_int
 from lit_balance.planning import EpochPlan, padded_lengths, plan_epoch
 
-__all__ = ["BalancedBatchSampler", "MicroBatch", "TOO_LONG_POLICIES"]
+__all__ = ["MAX_TOKENS_LIMIT", "TOO_LONG_POLICIES", "BalancedBatchSampler", "MicroBatch"]
 
 TOO_LONG_POLICIES = ("error", "skip", "truncate")
 
@@ -34,18 +36,20 @@ class MicroBatch(list):
             raise ValueError(f"fill mask has {len(self.fill)} entries but the micro-batch has {len(self)} indices")
 
 
-def _check_int(name: str, value: Any, minimum: int, hint: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} of type {type(value).__name__}; {hint}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}; {hint}")
-    return int(value)
+#: Largest accepted sample length and ``max_tokens`` (tokens); larger values are not token counts.
+MAX_TOKENS_LIMIT = 2**40
 
 
 def _validate_lengths(lengths: Any) -> np.ndarray:
     """Return ``lengths`` as int64 ``[num_samples]`` or raise ValueError naming the offending values."""
+    hint = "pass integer token counts, e.g. np.asarray(lengths, dtype=np.int64)"
     if isinstance(lengths, torch.Tensor):
-        lengths = lengths.detach().cpu().numpy()
+        t = lengths.detach().cpu()
+        lengths = t.numpy() if not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool) else t.tolist()
+    if isinstance(lengths, (list, tuple)):
+        for i, v in enumerate(lengths):
+            if isinstance(v, (bool, np.bool_)):
+                raise ValueError(f"lengths must be integers (tokens per sample); index {i} holds the bool {v!r}; {hint}")
     try:
         arr = np.asarray(lengths)
     except (ValueError, TypeError) as exc:
@@ -54,28 +58,32 @@ def _validate_lengths(lengths: Any) -> np.ndarray:
         raise ValueError(f"lengths must be 1-D (tokens per sample), got an array of shape {arr.shape}")
     if arr.size == 0:
         raise ValueError("lengths is empty: expected at least one sample length (tokens per sample), got []")
-    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
-        if arr.dtype != bool and (np.issubdtype(arr.dtype, np.floating) or arr.dtype == object):
-            for i, v in enumerate(arr.tolist()):
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or float(v) != int(v):
-                    raise ValueError(
-                        f"lengths must be integers (tokens per sample); index {i} holds {v!r} "
-                        f"(dtype {arr.dtype}); pass an integer array, e.g. np.asarray(lengths, dtype=np.int64)"
-                    )
+    if arr.dtype.kind not in "iu":  # floats, bools, objects: accept only Python/numpy ints, name the first other
+        values = arr.tolist()
+        integral = [not isinstance(v, bool) and (isinstance(v, int) or (isinstance(v, float) and v.is_integer()))
+                    for v in values]
+        i = integral.index(False) if False in integral else next(
+            (k for k, v in enumerate(values) if not isinstance(v, int)), None)
+        if i is not None:  # the first non-integral value, else the first integral float
             raise ValueError(
-                f"lengths must be integers (tokens per sample), got dtype {arr.dtype} (first value {arr[0]!r}); "
-                "pass an integer array, e.g. np.asarray(lengths, dtype=np.int64)"
+                f"lengths must be integers (tokens per sample); index {i} holds {values[i]!r} "
+                f"({type(values[i]).__name__}, array dtype {arr.dtype}); {hint}"
             )
-        raise ValueError(f"lengths must be integers (tokens per sample), got dtype {arr.dtype} (first value {arr[0]!r})")
-    arr = arr.astype(np.int64)
-    bad = np.flatnonzero(arr < 1)
+        for i, v in enumerate(values):
+            if not 1 <= v <= MAX_TOKENS_LIMIT:
+                break
+        else:
+            return np.asarray(values, dtype=np.int64)
+        raise ValueError(f"every length must be in [1, {MAX_TOKENS_LIMIT}] tokens; index {i} holds {v}")
+    bad = np.flatnonzero((arr < 1) | (arr > MAX_TOKENS_LIMIT))
     if bad.size:
         shown = ", ".join(f"index {i}: {arr[i]}" for i in bad[:5])
         raise ValueError(
-            f"every length must be >= 1 token; {bad.size} are not ({shown}{', ...' if bad.size > 5 else ''}); "
-            "remove empty samples before building the sampler"
+            f"every length must be in [1, {MAX_TOKENS_LIMIT}] tokens; {bad.size} are not "
+            f"({shown}{', ...' if bad.size > 5 else ''}); a length counts tokens per sample: "
+            "drop empty samples, check the array"
         )
-    return arr
+    return arr.astype(np.int64)
 
 
 class BalancedBatchSampler(DistributedSampler):
@@ -123,10 +131,11 @@ class BalancedBatchSampler(DistributedSampler):
 
     Raises:
         ValueError: ``lengths`` empty, not 1-D, not integers, or with a value < 1; ``max_tokens < 1``;
-            ``rank`` outside ``[0, num_replicas)``; unknown ``too_long``; a too-long sample with
+            ``rank`` outside ``[0, num_replicas)``; unknown ``too_long``; a length or ``max_tokens`` above
+            :data:`MAX_TOKENS_LIMIT`; a negative ``seed``; a too-long sample with
             ``too_long="error"`` (naming its index, length and ``max_tokens``); ``pad_to_multiple_of`` above
             ``max_tokens``; no sample left to plan.
-        TypeError: an argument of the wrong type.
+        TypeError: an argument of the wrong type (e.g. ``shuffle="false"``).
 
     Example:
         >>> sampler = BalancedBatchSampler([95] * 5 + [20] * 5, max_tokens=100, num_replicas=2, rank=0,
@@ -150,7 +159,8 @@ class BalancedBatchSampler(DistributedSampler):
         max_batch_size: int | None = None,
     ) -> None:
         lengths_arr = _validate_lengths(lengths)
-        max_tokens = _check_int("max_tokens", max_tokens, 1, "set max_tokens to the padded token slots per micro-batch")
+        max_tokens = _check_int("max_tokens", max_tokens, 1, "set max_tokens to the padded token slots per micro-batch",
+                                MAX_TOKENS_LIMIT)
         pad_to_multiple_of = _check_int("pad_to_multiple_of", pad_to_multiple_of, 1, "use 1 for no rounding")
         if pad_to_multiple_of > max_tokens:
             raise ValueError(
@@ -161,9 +171,9 @@ class BalancedBatchSampler(DistributedSampler):
             max_batch_size = _check_int("max_batch_size", max_batch_size, 1, "or pass None for no row cap")
         if too_long not in TOO_LONG_POLICIES:
             raise ValueError(f"too_long must be one of {TOO_LONG_POLICIES}, got {too_long!r}")
-        seed = _check_int("seed", seed, -(2**63), "pass an int seed")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
+        seed = _check_int("seed", seed, 0, "pass a non-negative int seed, the same on every rank")
+        shuffle = _check_bool("shuffle", shuffle)
+        drop_last = _check_bool("drop_last", drop_last)
         if num_replicas is None:
             num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         if rank is None:
@@ -176,9 +186,9 @@ class BalancedBatchSampler(DistributedSampler):
         self.max_tokens = max_tokens
         self.num_replicas = num_replicas
         self.rank = rank
-        self.shuffle = bool(shuffle)
+        self.shuffle = shuffle
         self.seed = seed
-        self.drop_last = bool(drop_last)
+        self.drop_last = drop_last
         self.too_long = too_long
         self.pad_to_multiple_of = pad_to_multiple_of
         self.max_batch_size = max_batch_size
@@ -221,7 +231,7 @@ class BalancedBatchSampler(DistributedSampler):
     # ----------------------------------------------------------------------------------------------
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """Return the global plan (all ranks) of ``epoch`` (default: the current epoch)."""
-        epoch = self.epoch if epoch is None else int(epoch)
+        epoch = self.epoch if epoch is None else _check_int("epoch", epoch, 0, "epochs count from 0")
         if self._cached is None or self._cached[0] != epoch:
             plan = plan_epoch(
                 self.lengths,

@@ -607,3 +607,14 @@ def test_concurrent_builders_agree(tmp_path, tok):
 def test_corpus_source_rejects_unknown_kind():
     with pytest.raises(ValueError, match="kind must be one of"):
         CorpusSource("web", "0" * 64, "x")
+
+
+def test_glob_pattern_and_universal_newlines(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"first\rsecond\r\nthird\n")
+    (tmp_path / "b.txt").write_text("fourth\n", encoding="utf-8")
+    source = resolve_corpus(str(tmp_path / "*.txt"))
+    assert source.kind == "files" and source.load_texts() == ["first", "second", "third", "fourth"]
+    with pytest.raises(FileNotFoundError, match="matches no file"):
+        resolve_corpus(str(tmp_path / "*.jsonl"))
+    with pytest.raises(ValueError, match="corpus is an empty string"):
+        resolve_corpus("")

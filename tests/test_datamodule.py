@@ -767,3 +767,61 @@ def test_short_fit(tmp_path):
     dm.train_sampler.set_epoch(0)
     planned = [b["indices"].tolist() for b in list(dm.train_dataloader())[:3]]
     assert [indices for indices, _ in model.seen] == planned
+
+
+# ---------------------------------------------------------------------------------------------------
+# Errors that name the corpus document and the setting to change
+
+
+def test_too_long_error_names_corpus_document_and_max_length(tmp_path):
+    docs = [("w " * (i % 7 + 1)).strip() for i in range(20)]
+    docs[13] = "long " * 50
+    dm = BalancedTextDataModule(docs, max_tokens=16, max_length=None, val_fraction=0.25, cache_dir=tmp_path)
+    dm.prepare_data()
+    with pytest.raises(ValueError, match=r"document 13: 50 tokens.*set max_length <= 16"):
+        dm.setup("fit")
+    # with max_length the same corpus fits
+    dm = ready(BalancedTextDataModule(docs, max_tokens=16, max_length=16, val_fraction=0.25, cache_dir=tmp_path))
+    assert int(dm.train_dataset.lengths.max()) <= 16
+
+
+def test_unplannable_validation_split_is_named(tmp_path):
+    docs = ["a b"] * 19 + ["x " * 100]
+    dm = BalancedTextDataModule(docs, max_tokens=16, max_length=None, too_long="skip", val_fraction=0.05,
+                                seed=31, cache_dir=tmp_path)
+    dm.prepare_data()
+    held_out = np.random.default_rng(np.random.SeedSequence([31, 0x5EED])).permutation(20)[:1]
+    assert held_out.tolist() == [19]  # the seed puts the long document alone in validation
+    with pytest.raises(ValueError, match=r"validation split \(1 documents, val_fraction=0.05\).*exceed max_tokens"):
+        dm.setup("fit")
+
+
+def test_numpy_int_settings_and_cache_dir_that_is_a_file(tmp_path):
+    dm = BalancedTextDataModule(["a b c"], max_tokens=np.int64(64), max_length=np.int32(8), val_fraction=0,
+                                cache_dir=tmp_path)
+    assert dm.max_tokens == 64 and dm.max_length == 8
+    a_file = tmp_path / "not_a_dir"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match="cache_dir .*not_a_dir.* is not a directory"):
+        BalancedTextDataModule(["a"], cache_dir=a_file)
+    with pytest.raises(TypeError, match="shuffle must be True or False, got 'false'"):
+        BalancedTextDataModule(["a"], shuffle="false", cache_dir=tmp_path)
+
+
+def test_list_of_file_paths_is_refused_not_trained_as_text(tmp_path):
+    paths = []
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_text("one line\nanother line\n")
+        paths.append(str(tmp_path / name))
+    with pytest.raises(ValueError, match="all name existing files.*pathlib.Path objects or a glob"):
+        BalancedTextDataModule(paths, cache_dir=tmp_path)
+    dm = ready(BalancedTextDataModule(str(tmp_path / "*.txt"), val_fraction=0, cache_dir=tmp_path / "cache"))
+    assert len(dm.corpus) == 4
+
+
+def test_demo_model_starts_near_uniform_loss():
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=30522)
+    ids = torch.randint(0, 30522, (4, 32))
+    loss = model._loss({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
+    assert abs(float(loss) - math.log(30522)) < 1.5
