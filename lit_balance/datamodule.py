@@ -55,6 +55,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         too_long: see :class:`BalancedBatchSampler`; only matters when ``max_length`` exceeds ``max_tokens``.
         pad_to_multiple_of: rows are padded to a multiple of this many tokens.
         max_batch_size: maximum rows per micro-batch, or None.
+        length_tolerance: see :class:`BalancedBatchSampler` (training split; validation is unshuffled).
         text_key: field holding the text in ``.jsonl`` files.
         pad_token_id: padding id for tokenizers or token-id corpora that do not define one (default 0
             for token-id corpora).
@@ -96,6 +97,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         too_long: str = "error",
         pad_to_multiple_of: int = 1,
         max_batch_size: int | None = None,
+        length_tolerance: float = 0.03,
         text_key: str = "text",
         pad_token_id: int | None = None,
         vocab_size: int | None = None,
@@ -140,6 +142,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.too_long = too_long
         self.pad_to_multiple_of = pad_to_multiple_of
         self.max_batch_size = max_batch_size
+        self.length_tolerance = length_tolerance
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.pin_memory = pin_memory
         self.corpus: TokenizedCorpus | None = None
@@ -149,7 +152,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.val_sampler: BalancedBatchSampler | None = None
         # Fails now, not at the first batch, on a setting the sampler rejects.
         BalancedBatchSampler([1], max_tokens, num_replicas=1, rank=0, pad_to_multiple_of=pad_to_multiple_of,
-                             max_batch_size=max_batch_size, seed=seed)
+                             max_batch_size=max_batch_size, seed=seed, length_tolerance=length_tolerance)
 
     # ------------------------------------------------------------------------------------------------
     def _tokenized(self) -> TokenizedCorpus:
@@ -190,7 +193,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         world_size, rank = self._world()
         self._check_too_long()
         args = dict(num_replicas=world_size, rank=rank, seed=self.seed, too_long=self.too_long,
-                    pad_to_multiple_of=self.pad_to_multiple_of, max_batch_size=self.max_batch_size)
+                    pad_to_multiple_of=self.pad_to_multiple_of, max_batch_size=self.max_batch_size,
+                    length_tolerance=self.length_tolerance)
         self.train_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, train_docs, self.max_length)
         self.train_sampler = self._sampler("training", self.train_dataset, shuffle=self.shuffle,
                                            drop_last=self.drop_last, **args)

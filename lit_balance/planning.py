@@ -98,6 +98,21 @@ def _cut_points(pl: np.ndarray, max_tokens: int, max_batch_size: int) -> np.ndar
     return np.concatenate(ends) if ends else np.empty(0, dtype=np.int64)
 
 
+def _bucket_upper(padded: np.ndarray, candidates: np.ndarray, tolerance: float) -> np.ndarray:
+    """Per sample, the longest padded length among the candidates of its length bucket.
+
+    Buckets are geometric: ``floor(log(L) / log(1 + tolerance))``, so lengths in one bucket differ by
+    less than a factor ``1 + tolerance``. Samples outside ``candidates`` keep their own length.
+    """
+    bucket = np.floor(np.log(padded[candidates]) / np.log1p(tolerance)).astype(np.int64)
+    ids, inverse = np.unique(bucket, return_inverse=True)
+    longest = np.zeros(ids.shape[0], dtype=np.int64)
+    np.maximum.at(longest, inverse, padded[candidates])
+    upper = padded.copy()
+    upper[candidates] = longest[inverse]
+    return upper
+
+
 def _split_to(starts: np.ndarray, ends: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray]:
     """Split the micro-batches with the most rows in half until there are ``target`` (or all are single).
 
@@ -137,6 +152,7 @@ def plan_epoch(
     pad_to_multiple_of: int = 1,
     max_batch_size: int | None = None,
     eligible: np.ndarray | None = None,
+    length_tolerance: float = 0.0,
 ) -> EpochPlan:
     """Plan one epoch for all ranks (pure: the same inputs give the same plan on every rank).
 
@@ -147,12 +163,18 @@ def plan_epoch(
         num_replicas: number of ranks; the plan has ``num_steps x num_replicas`` micro-batches.
         seed: base seed; randomness comes from a local generator seeded by ``(seed, epoch)``.
         epoch: epoch number; changes tie-breaking, rank assignment and step order when ``shuffle``.
-        shuffle: randomise within equal lengths and the order of steps; otherwise fully ordered.
+        shuffle: randomise the order within a length bucket (see ``length_tolerance``), the rank of each
+            micro-batch within its step and the order of steps; otherwise fully ordered.
         drop_last: when the samples are too few to give every rank a micro-batch at every step without
             duplicates, drop the fewest samples instead of adding fill rows.
         pad_to_multiple_of: padded length is the length rounded up to this multiple (tokens).
         max_batch_size: cap on rows per micro-batch, or None for no cap.
         eligible: bool ``[num_samples]`` mask of samples to plan (others are skipped), or None for all.
+        length_tolerance: with ``shuffle``, padded lengths within a factor ``1 + length_tolerance`` of each
+            other fall into one bucket and are shuffled together, so batch composition changes between
+            epochs even when no two lengths are equal; a micro-batch then takes as many rows as its
+            bucket's longest length allows. It trades padding (at most about ``length_tolerance`` of the
+            slots) for randomness; 0 shuffles only equal lengths. Ignored without ``shuffle``.
 
     Returns:
         The :class:`EpochPlan` of the epoch.
@@ -165,11 +187,14 @@ def plan_epoch(
     cap = max_batch_size if max_batch_size is not None else max_tokens
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch)])) if shuffle else None
 
-    # Longest first; ties broken at random (shuffle) or by index.
+    # Longest bucket first, in random order within a bucket (shuffle), else longest first by index.
+    upper = padded
     if rng is not None:
         candidates = rng.permutation(candidates)
-    order = candidates[np.argsort(-padded[candidates], kind="stable")]
-    ends = _cut_points(padded[order], max_tokens, cap)
+        if length_tolerance > 0 and candidates.size:
+            upper = _bucket_upper(padded, candidates, length_tolerance)
+    order = candidates[np.argsort(-upper[candidates], kind="stable")]
+    ends = _cut_points(upper[order], max_tokens, cap)
     starts = np.concatenate([[0], ends[:-1]]).astype(np.int64) if ends.size else np.empty(0, dtype=np.int64)
 
     # Equal counts: a multiple of num_replicas micro-batches, splitting before duplicating.
@@ -199,8 +224,9 @@ def plan_epoch(
     num_steps = num_batches // num_replicas
 
     # Balance: most costly first, then consecutive groups of num_replicas form a step. A micro-batch's
-    # first row is its longest, so its cost in padded slots is rows x that row's padded length.
-    cost = np.diff(offsets) * padded[rows[offsets[:-1]]] if num_batches else np.empty(0, dtype=np.int64)
+    # cost in padded slots is its rows x its longest row's padded length.
+    cost = (np.diff(offsets) * np.maximum.reduceat(padded[rows], offsets[:-1]) if num_batches
+            else np.empty(0, dtype=np.int64))
     assignment = np.argsort(-cost, kind="stable").reshape(num_steps, num_replicas)
     if rng is not None and num_steps:
         assignment = rng.permuted(assignment, axis=1)  # which rank gets which micro-batch in a step

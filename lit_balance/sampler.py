@@ -109,9 +109,9 @@ class BalancedBatchSampler(DistributedSampler):
     * **Determinism.** The plan depends only on (lengths, arguments, epoch), never on global RNG state
       or the process; every rank computes the same global plan and keeps its own column.
 
-    Planning (see :mod:`lit_balance.planning`): samples sorted by padded length (ties in random order
-    when ``shuffle``) are cut into the fewest contiguous micro-batches that fit the budget, as in
-    fairseq's ``batch_by_size``; micro-batches are split in half until their count is a multiple of
+    Planning (see :mod:`lit_balance.planning`): samples sorted by padded length (with ``shuffle``, in
+    random order within buckets of ``length_tolerance``) are cut into the fewest contiguous micro-batches
+    that fit the budget at each bucket's longest length, as in fairseq's ``batch_by_size``; micro-batches are split in half until their count is a multiple of
     ``num_replicas``; consecutive micro-batches of similar cost form one step, one per rank.
 
     Args:
@@ -128,6 +128,9 @@ class BalancedBatchSampler(DistributedSampler):
             collator must truncate it too).
         pad_to_multiple_of: rows are padded to a multiple of this many tokens.
         max_batch_size: maximum rows per micro-batch, or None.
+        length_tolerance: with ``shuffle``, lengths within a factor ``1 + length_tolerance`` are shuffled
+            together before micro-batches are cut, so composition changes every epoch even when no two
+            lengths are equal; costs at most about that share of padding. 0 shuffles only equal lengths.
 
     Raises:
         ValueError: ``lengths`` empty, not 1-D, not integers, or with a value < 1; ``max_tokens < 1``;
@@ -157,6 +160,7 @@ class BalancedBatchSampler(DistributedSampler):
         too_long: str = "error",
         pad_to_multiple_of: int = 1,
         max_batch_size: int | None = None,
+        length_tolerance: float = 0.03,
     ) -> None:
         lengths_arr = _validate_lengths(lengths)
         max_tokens = _check_int("max_tokens", max_tokens, 1, "set max_tokens to the padded token slots per micro-batch",
@@ -167,6 +171,9 @@ class BalancedBatchSampler(DistributedSampler):
                 f"pad_to_multiple_of ({pad_to_multiple_of}) exceeds max_tokens ({max_tokens}): no row would fit; "
                 "lower pad_to_multiple_of or raise max_tokens"
             )
+        if (isinstance(length_tolerance, (bool, np.bool_)) or not isinstance(length_tolerance, (int, float, np.floating))
+                or not 0 <= length_tolerance <= 1):
+            raise ValueError(f"length_tolerance must be a number in [0, 1], got {length_tolerance!r}")
         if max_batch_size is not None:
             max_batch_size = _check_int("max_batch_size", max_batch_size, 1, "or pass None for no row cap")
         if too_long not in TOO_LONG_POLICIES:
@@ -192,6 +199,7 @@ class BalancedBatchSampler(DistributedSampler):
         self.too_long = too_long
         self.pad_to_multiple_of = pad_to_multiple_of
         self.max_batch_size = max_batch_size
+        self.length_tolerance = float(length_tolerance)
         self.epoch = 0
         self.dataset = None  # DistributedSampler attribute; this sampler works on lengths only
         #: Longest length (tokens) that fits the budget once padded: max_tokens rounded down to the multiple.
@@ -244,6 +252,7 @@ class BalancedBatchSampler(DistributedSampler):
                 pad_to_multiple_of=self.pad_to_multiple_of,
                 max_batch_size=self.max_batch_size,
                 eligible=self._eligible,
+                length_tolerance=self.length_tolerance,
             )
             self._cached = (epoch, plan)
         return self._cached[1]

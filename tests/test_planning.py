@@ -93,3 +93,27 @@ def test_limits_on_max_tokens_and_epoch():
     sampler = BalancedBatchSampler([3], 10, num_replicas=1, rank=0)
     with pytest.raises(ValueError, match="epoch must be >= 0, got -5"):
         sampler.plan(-5)
+
+
+def _compositions(sampler, epoch):
+    sampler.set_epoch(epoch)
+    return {frozenset(b) for b in sampler}
+
+
+def test_length_tolerance_changes_composition_of_distinct_lengths():
+    lengths = np.arange(100, 400)  # no two lengths equal
+    moving = BalancedBatchSampler(lengths, 2048, num_replicas=1, rank=0, seed=3)
+    frozen = BalancedBatchSampler(lengths, 2048, num_replicas=1, rank=0, seed=3, length_tolerance=0.0)
+    assert _compositions(moving, 0) != _compositions(moving, 1)
+    assert _compositions(frozen, 0) == _compositions(frozen, 1)  # only the order of steps changes
+    for sampler in (moving, frozen):
+        for epoch in (0, 1):
+            sampler.set_epoch(epoch)
+            assert all(len(b) * int(lengths[b].max()) <= 2048 for b in sampler)
+            assert sorted(i for b in sampler for i in b) == list(range(300))
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, True, "0.1"])
+def test_length_tolerance_rejects_bad_values(value):
+    with pytest.raises(ValueError, match="length_tolerance must be a number in"):
+        BalancedBatchSampler([3, 4], 10, num_replicas=1, rank=0, length_tolerance=value)
