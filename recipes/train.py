@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> RunSummary:
         print(
             f"train documents {len(dm.train_dataset)} (empty after tokenization, dropped: {dm.num_empty_documents}) | "
             f"micro-batches per rank per epoch {len(sampler)} | fill rows this epoch {sampler.num_fill_rows} | "
-            f"last train/loss {metrics.get('train/loss', float('nan')):.3f} | "
-            f"val/loss {metrics.get('val/loss', float('nan')):.3f} | "
-            f"script wall time {time.perf_counter() - start:.1f} s",
+            f"last train/loss {metrics['train/loss']:.3f} | "
+            + (f"val/loss {metrics['val/loss']:.3f} | " if "val/loss" in metrics else "validation not run | ")
+            + f"script wall time {time.perf_counter() - start:.1f} s",
             flush=True,
         )
     return summary
