@@ -48,7 +48,9 @@ class TokenDataset(Dataset):
         self.doc_ids = np.asarray(doc_ids, dtype=np.int64)
         num_docs = self.offsets.shape[0] - 1
         if self.doc_ids.size and (self.doc_ids.min() < 0 or self.doc_ids.max() >= num_docs):
-            raise ValueError(f"doc_ids must lie in [0, {num_docs}), got min {self.doc_ids.min()} max {self.doc_ids.max()}")
+            raise ValueError(
+                f"doc_ids must lie in [0, {num_docs}), got min {self.doc_ids.min()} max {self.doc_ids.max()}"
+            )
         if max_length is not None and max_length < 1:
             raise ValueError(f"max_length must be >= 1 or None, got {max_length}")
         self.max_length = max_length

@@ -81,7 +81,8 @@ class TransformerLM(L.LightningModule):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         t = input_ids.shape[1]
-        x = self.embed(input_ids) * math.sqrt(self.hparams.d_model) + _sinusoidal(t, self.hparams.d_model, input_ids.device)
+        d_model = self.hparams.d_model
+        x = self.embed(input_ids) * math.sqrt(d_model) + _sinusoidal(t, d_model, input_ids.device)
         causal = nn.Transformer.generate_square_subsequent_mask(t, device=input_ids.device, dtype=x.dtype)
         padding = torch.zeros_like(attention_mask, dtype=x.dtype).masked_fill(attention_mask == 0, float("-inf"))
         x = self.blocks(x, mask=causal, src_key_padding_mask=padding, is_causal=True)

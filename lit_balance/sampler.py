@@ -49,11 +49,15 @@ def _validate_lengths(lengths: Any) -> np.ndarray:
     if isinstance(lengths, (list, tuple)):
         for i, v in enumerate(lengths):
             if isinstance(v, (bool, np.bool_)):
-                raise ValueError(f"lengths must be integers (tokens per sample); index {i} holds the bool {v!r}; {hint}")
+                raise ValueError(
+                    f"lengths must be integers (tokens per sample); index {i} holds the bool {v!r}; {hint}"
+                )
     try:
         arr = np.asarray(lengths)
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"lengths must be a 1-D sequence of ints (tokens per sample); could not read it: {exc}") from exc
+        raise ValueError(
+            f"lengths must be a 1-D sequence of ints (tokens per sample); could not read it: {exc}"
+        ) from exc
     if arr.ndim != 1:
         raise ValueError(f"lengths must be 1-D (tokens per sample), got an array of shape {arr.shape}")
     if arr.size == 0:
@@ -111,8 +115,9 @@ class BalancedBatchSampler(DistributedSampler):
 
     Planning (see :mod:`lit_balance.planning`): samples sorted by padded length (with ``shuffle``, in
     random order within buckets of ``length_tolerance``) are cut into the fewest contiguous micro-batches
-    that fit the budget at each bucket's longest length, as in fairseq's ``batch_by_size``; micro-batches are split in half until their count is a multiple of
-    ``num_replicas``; consecutive micro-batches of similar cost form one step, one per rank.
+    that fit the budget at each bucket's longest length, as in fairseq's ``batch_by_size``; micro-batches
+    are split in half until their count is a multiple of ``num_replicas``; consecutive micro-batches of
+    similar cost (padded slots) form one step, one per rank.
 
     Args:
         lengths: 1-D sequence, array or tensor of ints ``[num_samples]``: tokens per sample.
@@ -171,8 +176,8 @@ class BalancedBatchSampler(DistributedSampler):
                 f"pad_to_multiple_of ({pad_to_multiple_of}) exceeds max_tokens ({max_tokens}): no row would fit; "
                 "lower pad_to_multiple_of or raise max_tokens"
             )
-        if (isinstance(length_tolerance, (bool, np.bool_)) or not isinstance(length_tolerance, (int, float, np.floating))
-                or not 0 <= length_tolerance <= 1):
+        if (isinstance(length_tolerance, (bool, np.bool_))
+                or not isinstance(length_tolerance, (int, float, np.floating)) or not 0 <= length_tolerance <= 1):
             raise ValueError(f"length_tolerance must be a number in [0, 1], got {length_tolerance!r}")
         if max_batch_size is not None:
             max_batch_size = _check_int("max_batch_size", max_batch_size, 1, "or pass None for no row cap")

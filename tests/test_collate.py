@@ -55,7 +55,9 @@ def test_pads_to_longest_not_to_a_fixed_maximum():
     assert collate([sample([5], 0)])["input_ids"].shape == (1, 1)
 
 
-@pytest.mark.parametrize(("lengths", "multiple", "width"), [([3, 5], 4, 8), ([8, 1], 8, 8), ([9], 8, 16), ([1], 64, 64)])
+@pytest.mark.parametrize(
+    ("lengths", "multiple", "width"), [([3, 5], 4, 8), ([8, 1], 8, 8), ([9], 8, 16), ([1], 64, 64)]
+)
 def test_pad_to_multiple_of(lengths, multiple, width):
     collate = PadCollator(0, pad_to_multiple_of=multiple)
     batch = collate([sample(list(range(1, n + 1)), i) for i, n in enumerate(lengths)])

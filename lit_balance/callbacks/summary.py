@@ -67,7 +67,8 @@ class RunSummary(L.Callback):
 
     def format_table(self) -> str:
         """The per-rank table and its total line, as text."""
-        head = f"{'rank':>6} {'micro-batches':>14} {'real tokens':>12} {'padded slots':>13} {'padding ratio':>14} {'wall s':>8}"
+        head = (f"{'rank':>6} {'micro-batches':>14} {'real tokens':>12} {'padded slots':>13} "
+                f"{'padding ratio':>14} {'wall s':>8}")
         lines = [head]
         for r in [*self.rows, {**self.total, "rank": "total"}]:
             lines.append(
