@@ -16,6 +16,7 @@ from lit_balance.cache import TokenizedCorpus, default_cache_dir, load_or_build
 from lit_balance.collate import PadCollator
 from lit_balance.corpus import resolve_corpus
 from lit_balance.dataset import TokenDataset
+from lit_balance.planning import padded_lengths
 from lit_balance.sampler import TOO_LONG_POLICIES, BalancedBatchSampler
 from lit_balance.tokenizer import TokenizerAdapter, resolve_tokenizer
 
@@ -222,7 +223,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             return
         lengths = self.corpus.lengths if self.max_length is None else np.minimum(self.corpus.lengths, self.max_length)
         m = self.pad_to_multiple_of
-        bad = np.flatnonzero(-(-lengths // m) * m > self.max_tokens)
+        bad = np.flatnonzero(padded_lengths(lengths, m) > self.max_tokens)
         if bad.size:
             shown = ", ".join(f"document {self.corpus.source_index[d]}: {lengths[d]} tokens" for d in bad[:5])
             raise ValueError(

@@ -72,11 +72,12 @@ def padded_lengths(lengths: np.ndarray, pad_to_multiple_of: int) -> np.ndarray:
 
 
 def _cut_points(pl: np.ndarray, max_tokens: int, max_batch_size: int) -> np.ndarray:
-    """End offsets of the micro-batches of ``pl`` (padded lengths, longest first) within the budget.
+    """End offsets of the micro-batches of ``pl`` (non-increasing per-row caps) within the budget.
 
-    A micro-batch starting at a row of padded length ``L`` takes ``min(max_tokens // L, max_batch_size)``
-    rows; since later rows are no longer, the budget holds. Contiguous cuts of a length-sorted order are
-    the fewest micro-batches possible for this budget. Runs of equal length are cut in one vectorised
+    ``pl[i]`` is row ``i``'s padded length, or the longest padded length of its length bucket (see
+    :func:`_bucket_upper`); either way no later row is longer. A micro-batch starting at a row with
+    cap ``L`` takes ``min(max_tokens // L, max_batch_size)`` rows; since later rows are no longer, the
+    budget holds. Contiguous cuts of a sorted order are the fewest micro-batches possible for these caps. Runs of equal length are cut in one vectorised
     step, so the Python loop runs about twice per distinct length, not once per micro-batch.
     """
     n = pl.shape[0]
