@@ -77,8 +77,9 @@ def _cut_points(pl: np.ndarray, max_tokens: int, max_batch_size: int) -> np.ndar
     ``pl[i]`` is row ``i``'s padded length, or the longest padded length of its length bucket (see
     :func:`_bucket_upper`); either way no later row is longer. A micro-batch starting at a row with
     cap ``L`` takes ``min(max_tokens // L, max_batch_size)`` rows; since later rows are no longer, the
-    budget holds. Contiguous cuts of a sorted order are the fewest micro-batches possible for these caps. Runs of equal length are cut in one vectorised
-    step, so the Python loop runs about twice per distinct length, not once per micro-batch.
+    budget holds. Contiguous cuts of a sorted order are the fewest micro-batches possible for these
+    caps. Runs of equal caps are cut in one vectorised step, so the Python loop runs about twice per
+    distinct cap, not once per micro-batch.
     """
     n = pl.shape[0]
     caps = np.minimum(max_tokens // pl, max_batch_size)
