@@ -1,0 +1,142 @@
+"""Cost models: what one micro-batch costs a rank, in padded tokens or (once fitted) seconds."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CostModel"]
+
+
+def _check_coef(name: str, value: Any) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"CostModel.{name} must be a number >= 0, got {value!r} of type {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"CostModel.{name} must be a finite number >= 0, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Cost of a micro-batch of ``rows`` rows padded to ``L`` tokens.
+
+    ``cost = per_batch + rows * (linear * L + quadratic * L**2)``
+
+    The linear term counts padded token slots (embeddings, MLPs, the LM head); the quadratic term models
+    self-attention, whose work per row grows with the square of its padded length; ``per_batch`` is a fixed
+    overhead per micro-batch (kernel launches, optimizer-free bookkeeping). The unit is whatever the
+    coefficients make it: the default ``CostModel()`` counts padded token slots; a model fitted from measured
+    timings (see :meth:`fit`) gives seconds. The quadratic coefficient of a transformer is roughly
+    ``1 / (6 * d_model)`` relative to the linear one at equal FLOPs (attention scores and values: ``4 L^2 d``
+    per layer against ``24 L d^2`` for the projections and MLP), e.g. about ``1e-3`` at ``d_model = 128``.
+
+    Args:
+        linear: cost per padded token slot (>= 0).
+        quadratic: cost per squared padded length per row (>= 0).
+        per_batch: cost per micro-batch (>= 0).
+
+    Raises:
+        TypeError: a coefficient that is not a number.
+        ValueError: a negative, NaN or infinite coefficient, or all three zero.
+
+    Example:
+        >>> CostModel().batch_cost(4, 100)
+        400.0
+        >>> CostModel(linear=1.0, quadratic=1e-3, per_batch=5.0).batch_cost(4, 100)
+        445.0
+    """
+
+    linear: float = 1.0
+    quadratic: float = 0.0
+    per_batch: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("linear", "quadratic", "per_batch"):
+            object.__setattr__(self, name, _check_coef(name, getattr(self, name)))
+        if self.linear == 0 and self.quadratic == 0:
+            raise ValueError(
+                "CostModel needs linear > 0 or quadratic > 0 (the cost must grow with tokens), got "
+                f"linear={self.linear}, quadratic={self.quadratic}"
+            )
+
+    def row_cost(self, padded_length: Any) -> np.ndarray:
+        """Cost of one row padded to ``padded_length`` tokens, without ``per_batch`` (float64, same shape)."""
+        length = np.asarray(padded_length, dtype=np.float64)
+        return self.linear * length + self.quadratic * length * length
+
+    def batch_cost(self, rows: Any, padded_length: Any) -> np.ndarray | float:
+        """Cost of micro-batches of ``rows`` rows padded to ``padded_length`` tokens (broadcasts; float64)."""
+        cost = self.per_batch + np.asarray(rows, dtype=np.float64) * self.row_cost(padded_length)
+        return float(cost) if np.ndim(cost) == 0 else cost
+
+    def real_cost(self, lengths: Any) -> np.ndarray:
+        """Cost of the real tokens of samples of ``lengths`` tokens, as if unpadded and free of overhead.
+
+        This is the useful part of a micro-batch's cost: ``linear * l + quadratic * l**2`` per sample.
+        """
+        return self.row_cost(lengths)
+
+    def to_dict(self) -> dict[str, float]:
+        """Plain-float dict (``linear``, ``quadratic``, ``per_batch``), e.g. for a ``state_dict``."""
+        return asdict(self)
+
+    @classmethod
+    def fit(
+        cls,
+        rows: Any,
+        padded_length: Any,
+        seconds: Any,
+        *,
+        min_samples: int = 3,
+    ) -> CostModel:
+        """Fit seconds per micro-batch as ``per_batch + rows * (linear * L + quadratic * L**2)``.
+
+        Non-negative least squares over the three coefficients (each coefficient is kept at 0 when the fit
+        would make it negative: every subset of the three is tried, the best non-negative one is kept).
+
+        Args:
+            rows: ``[n]`` rows of each timed micro-batch.
+            padded_length: ``[n]`` padded length of each (tokens).
+            seconds: ``[n]`` measured compute seconds of each.
+            min_samples: fewest observations accepted.
+
+        Returns:
+            A :class:`CostModel` in seconds.
+
+        Raises:
+            ValueError: arrays of different shapes, fewer than ``min_samples`` observations, non-finite or
+                negative values, or timings that no positive token coefficient explains.
+        """
+        r = np.asarray(rows, dtype=np.float64).reshape(-1)
+        length = np.asarray(padded_length, dtype=np.float64).reshape(-1)
+        t = np.asarray(seconds, dtype=np.float64).reshape(-1)
+        if not (r.shape == length.shape == t.shape):
+            raise ValueError(
+                f"rows, padded_length and seconds must have the same length, got {r.size}, {length.size}, {t.size}"
+            )
+        if r.size < min_samples:
+            raise ValueError(f"CostModel.fit needs at least {min_samples} timed micro-batches, got {r.size}")
+        for name, a in (("rows", r), ("padded_length", length), ("seconds", t)):
+            if not np.all(np.isfinite(a)) or np.any(a < 0):
+                raise ValueError(f"CostModel.fit: {name} must be finite and >= 0")
+        columns = np.stack([r * length, r * length * length, np.ones_like(r)], axis=1)
+        scale = np.maximum(np.abs(columns).max(axis=0), 1e-300)
+        best: tuple[float, np.ndarray] | None = None
+        for subset in ((0, 1, 2), (0, 2), (1, 2), (0, 1), (0,), (1,)):
+            a = columns[:, subset] / scale[list(subset)]
+            coef, *_ = np.linalg.lstsq(a, t, rcond=None)
+            if np.any(coef < 0):
+                continue
+            resid = float(np.sum((a @ coef - t) ** 2))
+            if best is None or resid < best[0] - 1e-15:
+                full = np.zeros(3)
+                full[list(subset)] = coef / scale[list(subset)]
+                best = (resid, full)
+        if best is None or (best[1][0] == 0 and best[1][1] == 0):
+            raise ValueError("CostModel.fit: the timings do not grow with tokens; time more (or longer) micro-batches")
+        linear, quadratic, per_batch = (float(x) for x in best[1])
+        return cls(linear=linear, quadratic=quadratic, per_batch=per_batch)
