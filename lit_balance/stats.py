@@ -9,7 +9,7 @@ import numpy as np
 from lit_balance.cost import CostModel
 from lit_balance.planning import EpochPlan, padded_lengths
 
-__all__ = ["PlanStats", "plan_stats"]
+__all__ = ["PlanStats", "batch_persistence", "plan_stats"]
 
 
 @dataclass(frozen=True)
@@ -105,3 +105,35 @@ def plan_stats(
         real_cost=float(cost_model.real_cost(lengths[plan.rows[real_rows]]).sum()),
         max_batch_tokens=int((sizes * width).max()) if num_batches else 0,
     )
+
+
+def batch_persistence(plan_a: EpochPlan, plan_b: EpochPlan) -> float:
+    """Mean over samples of the share of their batch-mates in ``plan_a`` that are batch-mates again in ``plan_b``.
+
+    0 means every sample meets new batch-mates; 1 means batch composition is frozen. Samples alone in their
+    micro-batch in ``plan_a`` (no batch-mates) are left out of the mean; fill rows are ignored. Typically
+    ``plan_a`` and ``plan_b`` are two consecutive epochs of one sampler.
+
+    Returns:
+        The mean share in [0, 1], or 0.0 when no sample has a batch-mate in ``plan_a``.
+    """
+
+    def batch_of(plan: EpochPlan, num_samples: int) -> np.ndarray:
+        out = np.full(num_samples, -1, dtype=np.int64)
+        real = ~plan.is_fill
+        row_batch = np.repeat(np.arange(plan.num_batches), np.diff(plan.batch_offsets))
+        out[plan.rows[real]] = row_batch[real]
+        return out
+
+    n = int(max(plan_a.rows.max(initial=-1), plan_b.rows.max(initial=-1))) + 1
+    a, b = batch_of(plan_a, n), batch_of(plan_b, n)
+    present = (a >= 0) & (b >= 0)
+    size_a = np.bincount(a[a >= 0], minlength=plan_a.num_batches)
+    a, b = a[present], b[present]
+    keys = a * (plan_b.num_batches + 1) + b
+    _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    mates_a = size_a[a] - 1
+    has_mates = mates_a > 0
+    if not has_mates.any():
+        return 0.0
+    return float(np.mean((counts[inverse] - 1)[has_mates] / mates_a[has_mates]))
