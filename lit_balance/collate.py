@@ -32,6 +32,12 @@ class PadCollator:
     * ``num_padded_tokens``: int, padded token slots ``B * T`` (real plus padding), per rank; the
       micro-batch's padding ratio is ``1 - num_real_tokens / num_padded_tokens``.
 
+    When the samples carry the plan's ``step_real_tokens`` and ``step_rows`` (see
+    :class:`lit_balance.TokenDataset`), the batch also carries them (ints, global: all ranks and all
+    micro-batches of the micro-batch's optimizer step, fill rows excluded) and
+    ``step_supervised_tokens = step_real_tokens - step_rows``: the tokens with a next-token target in that
+    step (a row of ``l`` tokens supervises ``l - 1``), the divisor of :class:`lit_balance.loss.StepTokenLoss`.
+
     Args:
         pad_token_id: token id written into padding positions.
         pad_to_multiple_of: ``T`` is rounded up to a multiple of this (tokens), e.g. 8 for tensor cores.
@@ -81,7 +87,7 @@ class PadCollator:
         is_fill = torch.tensor([bool(s.get("is_fill", False)) for s in samples], dtype=torch.bool)
         labels = input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
         labels[is_fill] = IGNORE_INDEX
-        return {
+        batch = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "labels": labels,
@@ -90,3 +96,9 @@ class PadCollator:
             "num_real_tokens": int(lengths.sum()),
             "num_padded_tokens": batch_size * width,
         }
+        first = samples[0]
+        if "step_real_tokens" in first and "step_rows" in first:
+            batch["step_real_tokens"] = int(first["step_real_tokens"])
+            batch["step_rows"] = int(first["step_rows"])
+            batch["step_supervised_tokens"] = batch["step_real_tokens"] - batch["step_rows"]
+        return batch

@@ -12,6 +12,8 @@ from lit_balance.sampler import MicroBatch
 
 __all__ = ["TokenDataset"]
 
+_STEP_KEYS = ("step_real_tokens", "step_rows")
+
 
 class TokenDataset(Dataset):
     """Documents ``doc_ids`` of a flat token array, each truncated to ``max_length`` tokens.
@@ -19,7 +21,9 @@ class TokenDataset(Dataset):
     Item ``i`` is ``{"input_ids": int32 ndarray [len_i], "index": i, "is_fill": False}``. Indexing with
     a list of indices (or a :class:`lit_balance.MicroBatch`, whose fill mask is carried into
     ``is_fill``) returns the list of items, so the dataset works both with
-    ``DataLoader(batch_sampler=...)`` and with ``DataLoader(sampler=..., batch_size=None)``.
+    ``DataLoader(batch_sampler=...)`` and with ``DataLoader(sampler=..., batch_size=None)``. When the
+    micro-batch carries the plan's ``step_real_tokens`` and ``step_rows`` (ints, over all ranks and
+    micro-batches of its optimizer step), every item of the list carries them too.
 
     Args:
         token_ids: int ``[num_tokens]``, all documents concatenated.
@@ -75,4 +79,10 @@ class TokenDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         fill = indices.fill if isinstance(indices, MicroBatch) else (False,) * len(indices)
-        return [self._item(int(i), bool(f)) for i, f in zip(indices, fill)]
+        items = [self._item(int(i), bool(f)) for i, f in zip(indices, fill)]
+        # the plan's per-optimizer-step totals (global ints), when the sampler attaches them to the micro-batch
+        step = {k: int(getattr(indices, k)) for k in _STEP_KEYS if getattr(indices, k, None) is not None}
+        if step:
+            for item in items:
+                item.update(step)
+        return items

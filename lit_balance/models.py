@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lit_balance.collate import IGNORE_INDEX
+from lit_balance.loss import StepTokenLoss, token_loss_sum
 
 __all__ = ["TransformerLM"]
 
@@ -29,8 +30,11 @@ class TransformerLM(L.LightningModule):
     """A pre-norm causal transformer LM trained on the batches of :class:`lit_balance.PadCollator`.
 
     Positions use sinusoidal encodings, so any row length works (batches are padded only to their
-    longest row). The loss is next-token cross-entropy averaged over the micro-batch's supervised tokens
-    (labels other than -100); a micro-batch without any (only fill rows) contributes a zero loss.
+    longest row). The training loss is token-weighted (:class:`lit_balance.loss.StepTokenLoss`): each
+    optimizer step's gradient and its logged ``train/loss`` are those of the mean next-token cross-entropy over
+    all supervised tokens (labels other than -100) of all ranks and micro-batches of the step; a micro-batch
+    without any (only fill rows) contributes zero, never NaN. ``val/loss`` is the mean over all validation
+    tokens of all ranks.
 
     Args:
         vocab_size: number of token ids.
@@ -78,6 +82,7 @@ class TransformerLM(L.LightningModule):
         # std d_model**-0.5: output logits start near unit scale (initial loss ~ ln(vocab_size)), and the
         # sqrt(d_model) input scaling in forward() gives unit-scale token embeddings
         nn.init.normal_(self.embed.weight, std=d_model**-0.5)
+        self.step_loss = StepTokenLoss()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         t = input_ids.shape[1]
@@ -97,9 +102,13 @@ class TransformerLM(L.LightningModule):
                                ignore_index=IGNORE_INDEX)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        loss = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
-        return loss
+        loss_sum, n = token_loss_sum(self(batch["input_ids"], batch["attention_mask"]), batch["labels"])
+        return self.step_loss.micro_batch(self, batch, loss_sum, n)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # once per optimizer step, after the last micro-batch's backward and before gradient clipping
+        loss = self.step_loss.finish_step(self)
+        self.log("train/loss", loss.float(), prog_bar=True, batch_size=1)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         # weighted by supervised tokens, so the epoch value is the mean over all of them on all ranks

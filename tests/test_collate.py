@@ -177,3 +177,14 @@ def test_property_collate(rows, fills, multiple, max_length, pad_id):
         else:
             assert batch["labels"][i, :n].tolist() == r
             assert (batch["labels"][i, n:] == IGNORE_INDEX).all()
+
+
+def test_step_totals_of_the_plan_reach_the_batch():
+    from lit_balance.collate import PadCollator
+
+    collate = PadCollator(pad_token_id=0)
+    samples = [{"input_ids": [5, 6, 7], "index": 0, "step_real_tokens": 40, "step_rows": 6},
+               {"input_ids": [8], "index": 1, "step_real_tokens": 40, "step_rows": 6}]
+    batch = collate(samples)
+    assert (batch["step_real_tokens"], batch["step_rows"], batch["step_supervised_tokens"]) == (40, 6, 34)
+    assert "step_supervised_tokens" not in collate([{"input_ids": [5], "index": 0}])

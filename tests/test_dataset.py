@@ -136,3 +136,18 @@ def test_property_items_match_documents(doc_lengths, data, max_length):
     if len(ds):
         batch = PadCollator(0)(ds[list(range(len(ds)))])
         assert batch["num_real_tokens"] == int(ds.lengths.sum())
+
+
+def test_micro_batch_step_totals_are_carried_into_items():
+    import numpy as np
+
+    from lit_balance.dataset import TokenDataset
+    from lit_balance.sampler import MicroBatch
+
+    ds = TokenDataset(np.arange(10), np.array([0, 4, 10]), np.array([0, 1]))
+    mb = MicroBatch([1, 0], [False, True])
+    mb.step_real_tokens, mb.step_rows = 17, 3
+    items = ds[mb]
+    assert [(i["index"], i["is_fill"], i["step_real_tokens"], i["step_rows"]) for i in items] == [
+        (1, False, 17, 3), (0, True, 17, 3)]
+    assert "step_rows" not in ds[[0]][0]
