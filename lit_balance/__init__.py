@@ -3,6 +3,8 @@
 from lit_balance.collate import IGNORE_INDEX, PadCollator
 from lit_balance.datamodule import BalancedTextDataModule
 from lit_balance.dataset import TokenDataset
+from lit_balance.loss import StepTokenLoss, token_loss_sum
+from lit_balance.metrics import PaddingRatio
 from lit_balance.models import TransformerLM
 from lit_balance.planning import EpochPlan, plan_epoch
 from lit_balance.sampler import BalancedBatchSampler, MicroBatch
@@ -16,8 +18,11 @@ __all__ = [
     "EpochPlan",
     "MicroBatch",
     "PadCollator",
+    "PaddingRatio",
+    "StepTokenLoss",
     "TokenDataset",
     "TransformerLM",
     "__version__",
     "plan_epoch",
+    "token_loss_sum",
 ]

@@ -1,0 +1,38 @@
+"""Helpers shared by the callbacks: sending exact values to every logger, gathering small tensors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+
+
+def emit(trainer: L.Trainer, metrics: dict[str, float]) -> None:
+    """Send ``metrics`` (the same on every rank) to every logger, at ``trainer.global_step``, from rank 0.
+
+    Values go straight to ``Logger.log_metrics`` (not through ``LightningModule.log``), so they are logged
+    exactly as computed, whatever ``log_every_n_steps`` says; they also appear in ``trainer.callback_metrics``.
+    """
+    if not metrics:
+        return
+    if trainer.is_global_zero:
+        for logger in trainer.loggers:
+            logger.log_metrics(dict(metrics), step=trainer.global_step)
+    callback_metrics = trainer.callback_metrics
+    for k, v in metrics.items():
+        callback_metrics[k] = torch.tensor(float(v))
+
+
+def gather(trainer: L.Trainer, pl_module: L.LightningModule, local: torch.Tensor) -> torch.Tensor:
+    """All-gather a small float64 tensor from every rank: ``[world_size, *local.shape]`` on the CPU."""
+    if trainer.world_size == 1:
+        return local.unsqueeze(0).clone()
+    out = trainer.strategy.all_gather(local.to(pl_module.device))
+    return out.cpu().reshape(trainer.world_size, *local.shape)
+
+
+def train_sampler(trainer: L.Trainer) -> Any:
+    """The training loader's ``sampler`` (the :class:`lit_balance.BalancedBatchSampler`), or None."""
+    loader = getattr(trainer, "train_dataloader", None)
+    return getattr(loader, "sampler", None)

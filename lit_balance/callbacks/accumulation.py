@@ -1,0 +1,224 @@
+"""AdaptiveGradAccumulation: keep the global real tokens per optimizer step near a target."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+
+from lit_balance.callbacks._common import emit, train_sampler
+from lit_balance.callbacks.straggler import COMPUTE, StragglerMonitor, step_imbalance
+
+__all__ = ["AdaptiveGradAccumulation", "plan_step_tokens"]
+
+
+def plan_step_tokens(sampler: Any) -> np.ndarray | None:
+    """Global real tokens of each micro-step of the sampler's current epoch (fill rows excluded), or None.
+
+    ``out[s]`` sums, over all ranks, the real tokens of the micro-batch each rank runs at step ``s`` of
+    ``sampler.plan()`` (int64 ``[len(sampler)]``). Every rank computes it alike, without communication.
+    """
+    if not (hasattr(sampler, "plan") and hasattr(sampler, "lengths")):
+        return None
+    plan = sampler.plan()
+    lengths = np.asarray(sampler.lengths, dtype=np.int64)
+    sizes = np.diff(plan.batch_offsets)
+    row_batch = np.repeat(np.arange(plan.num_batches), sizes)
+    real = ~plan.is_fill
+    per_batch = np.bincount(row_batch[real], weights=lengths[plan.rows[real]], minlength=plan.num_batches)
+    return per_batch[plan.assignment].sum(axis=1).astype(np.int64)
+
+
+class AdaptiveGradAccumulation(L.Callback):
+    """Set ``trainer.accumulate_grad_batches`` so each optimizer step sees about ``target_tokens_per_step``
+    real tokens over all ranks, changing it only where Lightning's accumulation stays aligned.
+
+    **When it may change.** Lightning (2.6, ``training_epoch_loop`` and ``optimization/automatic``) zeroes
+    gradients before micro-batch ``batch_idx`` when ``batch_idx % accumulate_grad_batches == 0``, steps after
+    it when ``(batch_idx + 1) % accumulate_grad_batches == 0`` or at the epoch's last batch (the epoch-end
+    flush), runs the other micro-batches under DDP ``no_sync`` and divides the loss by the current value. So
+    a new value ``k`` is set only in ``on_train_batch_start`` of a batch that opens a window (right after an
+    optimizer step, or the epoch's first batch) and only if ``batch_idx % k == 0``; otherwise the change
+    waits for the next window start where that holds (at the latest the next epoch's first batch). Windows
+    therefore always start at multiples of the current value: zeroing, ``no_sync`` and the step stay aligned,
+    and the epoch-end flush only shortens the last window, as it does without this callback.
+
+    **Same value on every rank.** Decisions use only what every rank knows alike: the sampler's global plan
+    (real tokens of every rank's micro-batch at every step, :func:`plan_step_tokens`), and the timings that
+    :class:`StragglerMonitor` has gathered (identical on every rank). A sampler without a plan falls back to
+    the real tokens actually seen, summed over ranks by one all-reduce per optimizer step.
+
+    **Policy.** Let ``m`` be the mean global real tokens per micro-step over the next ``lookahead``
+    micro-steps. Tokens alone ask for ``k_tok = round(target / m)``. Ranks wait for each other only once per
+    optimizer step (micro-batches in between run under ``no_sync``), so a rank that is slow on one micro-batch
+    and fast on the next loses nothing: per-micro-batch imbalance averages out over the step. With a
+    StragglerMonitor in the callbacks, the latest gathered window of per-micro-batch compute seconds
+    ``[world_size, n]`` gives the imbalance of steps of ``k`` micro-batches (:func:`step_imbalance`: sum of
+    the slowest rank's time over sum of the median rank's). If ``k_tok`` gives more than
+    ``target_straggler_ratio``, the smallest ``k`` up to ``max_overshoot * k_tok`` that meets it is taken (or
+    the best one there): the token target is then a floor, exceeded by at most ``max_overshoot``. The same
+    reasoning favours a smaller ``max_tokens`` per micro-batch with more accumulation when ranks straggle:
+    the tokens per step stay at the target, and more, smaller micro-batches average out. (Lightning >= 2.5
+    broadcasts a SIGTERM flag from rank 0 before every micro-batch, so ranks slower than rank 0 still
+    average out, but a rank-0 delay holds the others back at once.) **Hysteresis**: the value changes only
+    when the wanted one differs from the current one by at least ``max(1, tolerance * current)``.
+
+    Logs, at every optimizer step, ``balance/accumulate_grad_batches`` (micro-batches in that step) and
+    ``balance/tokens_per_optimizer_step`` (global real tokens of that step); :attr:`history` keeps
+    ``(epoch, first batch_idx, accumulate_grad_batches, tokens)`` per step. The Trainer's value is restored
+    at the end of fit. Schedulers sized by ``trainer.estimated_stepping_batches`` see the starting value only.
+
+    Args:
+        target_tokens_per_step: real tokens per optimizer step, over all ranks and micro-batches.
+        tolerance: hysteresis, a share of the current value.
+        max_accumulate_grad_batches: largest value it sets.
+        lookahead: micro-steps of the plan averaged for ``m``.
+        target_straggler_ratio: wanted step imbalance (>= 1); None ignores straggler timings.
+        max_overshoot: how far above ``k_tok`` straggler timings may push the value (>= 1).
+
+    Raises:
+        ValueError: a bad argument; (at fit start) ``Trainer(accumulate_grad_batches != 1)``.
+        RuntimeError: (at fit start) manual optimization; a strategy that handles accumulation itself
+            (DeepSpeed); another callback that sets ``accumulate_grad_batches``.
+
+    Example:
+        >>> cb = AdaptiveGradAccumulation(target_tokens_per_step=32768)
+    """
+
+    def __init__(
+        self,
+        target_tokens_per_step: int,
+        *,
+        tolerance: float = 0.25,
+        max_accumulate_grad_batches: int = 64,
+        lookahead: int = 64,
+        target_straggler_ratio: float | None = 1.05,
+        max_overshoot: float = 2.0,
+    ) -> None:
+        for name, value in (("target_tokens_per_step", target_tokens_per_step),
+                            ("max_accumulate_grad_batches", max_accumulate_grad_batches), ("lookahead", lookahead)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
+            raise ValueError(f"tolerance must be a number in [0, 1), got {tolerance!r}")
+        if target_straggler_ratio is not None and not (isinstance(target_straggler_ratio, (int, float))
+                                                       and target_straggler_ratio >= 1):
+            raise ValueError(f"target_straggler_ratio must be a number >= 1 or None, got {target_straggler_ratio!r}")
+        if isinstance(max_overshoot, bool) or not isinstance(max_overshoot, (int, float)) or max_overshoot < 1:
+            raise ValueError(f"max_overshoot must be a number >= 1, got {max_overshoot!r}")
+        self.target_tokens_per_step = int(target_tokens_per_step)
+        self.tolerance = float(tolerance)
+        self.max_accumulate_grad_batches = int(max_accumulate_grad_batches)
+        self.lookahead = int(lookahead)
+        self.target_straggler_ratio = None if target_straggler_ratio is None else float(target_straggler_ratio)
+        self.max_overshoot = float(max_overshoot)
+        #: ``(epoch, first batch_idx, accumulate_grad_batches, global real tokens)`` of every optimizer step.
+        self.history: list[tuple[int, int, int, int]] = []
+        self._original: int | None = None
+        self._monitor: StragglerMonitor | None = None
+        self._tokens: np.ndarray | None = None
+        self._tokens_epoch: int | None = None
+        self._measured_mean: float | None = None
+        self._window_start = 0
+        self._window_local = 0
+
+    # -- checks ------------------------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not pl_module.automatic_optimization:
+            raise RuntimeError("AdaptiveGradAccumulation needs automatic optimization; with manual optimization "
+                               "accumulate in training_step yourself, or remove the callback")
+        if trainer.strategy.handles_gradient_accumulation:
+            raise RuntimeError(f"the {type(trainer.strategy).__name__} strategy manages gradient accumulation "
+                               "itself; remove AdaptiveGradAccumulation or use strategy='ddp'")
+        if trainer.accumulate_grad_batches != 1:
+            raise ValueError(f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) conflicts with "
+                             "AdaptiveGradAccumulation, which sets it; leave the Trainer's value at 1")
+        others = [type(c).__name__ for c in trainer.callbacks
+                  if c is not self and (isinstance(c, AdaptiveGradAccumulation)
+                                        or type(c).__name__ == "GradientAccumulationScheduler")]
+        if others:
+            raise RuntimeError(f"{others} also set accumulate_grad_batches; keep only one AdaptiveGradAccumulation")
+        self._original = trainer.accumulate_grad_batches
+        monitors = [c for c in trainer.callbacks if isinstance(c, StragglerMonitor)]
+        self._monitor = monitors[0] if monitors and self.target_straggler_ratio is not None else None
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._original is not None:
+            trainer.accumulate_grad_batches = self._original
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.on_train_end(trainer, pl_module)
+
+    # -- decisions ---------------------------------------------------------------------------------------
+    def _mean_tokens(self, trainer: L.Trainer, batch_idx: int) -> float | None:
+        sampler = train_sampler(trainer)
+        epoch = getattr(sampler, "epoch", None)
+        if self._tokens is None or self._tokens_epoch != epoch:
+            self._tokens = plan_step_tokens(sampler)
+            self._tokens_epoch = epoch
+        if self._tokens is None or self._tokens.size == 0:
+            return self._measured_mean
+        ahead = self._tokens[batch_idx : batch_idx + self.lookahead]
+        return float(ahead.mean()) if ahead.size else float(self._tokens.mean())
+
+    def _straggler_compute(self) -> np.ndarray | None:
+        monitor = self._monitor
+        if monitor is None or monitor.last_window is None:
+            return None
+        return monitor.last_window[:, :, COMPUTE]
+
+    def wanted(self, mean_tokens: float, compute_s: np.ndarray | None = None) -> int:
+        """The value the policy wants, before hysteresis and alignment (see the class docstring).
+
+        Args:
+            mean_tokens: global real tokens per micro-step (> 0).
+            compute_s: float ``[world_size, n]`` per-micro-batch compute seconds, or None.
+        """
+        cap = self.max_accumulate_grad_batches
+        k_tok = min(max(int(round(self.target_tokens_per_step / mean_tokens)), 1), cap)
+        if compute_s is None or self.target_straggler_ratio is None or compute_s.shape[1] < 2:
+            return k_tok
+        hi = min(cap, int(math.floor(self.max_overshoot * k_tok)), compute_s.shape[1])
+        imbalance = {k: step_imbalance(compute_s, k) for k in range(k_tok, max(hi, k_tok) + 1)}
+        if imbalance[k_tok] <= self.target_straggler_ratio:
+            return k_tok
+        meeting = [k for k, v in imbalance.items() if v <= self.target_straggler_ratio]
+        return meeting[0] if meeting else min(imbalance, key=lambda k: (imbalance[k], k))
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        current = int(trainer.accumulate_grad_batches)
+        if batch_idx % current:
+            return  # inside a window: never change here
+        self._window_start, self._window_local = batch_idx, 0
+        mean = self._mean_tokens(trainer, batch_idx)
+        if mean is None or mean <= 0:
+            return
+        want = self.wanted(mean, self._straggler_compute())
+        if abs(want - current) < max(1.0, self.tolerance * current):
+            return  # hysteresis
+        if batch_idx % want == 0:  # aligned: zeroing, no_sync and the step all follow the new value
+            trainer.accumulate_grad_batches = want
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._window_local += int(batch["num_real_tokens"]) if isinstance(batch, dict) else 0
+        acc = int(trainer.accumulate_grad_batches)
+        last = trainer.num_training_batches
+        if (batch_idx + 1) % acc and not (isinstance(last, int) and batch_idx + 1 >= last):
+            return  # not the step's last micro-batch
+        micro_batches = batch_idx + 1 - self._window_start
+        if self._tokens is not None and self._tokens_epoch == getattr(train_sampler(trainer), "epoch", None):
+            tokens = int(self._tokens[self._window_start : batch_idx + 1].sum())
+        else:  # no plan: sum the real tokens actually seen over ranks (one all-reduce per optimizer step)
+            local = torch.tensor(float(self._window_local), dtype=torch.float64)
+            if trainer.world_size > 1:
+                local = trainer.strategy.reduce(local.to(pl_module.device), reduce_op="sum").cpu()
+            tokens = int(round(float(local)))
+            self._measured_mean = tokens / micro_batches
+        self.history.append((int(trainer.current_epoch), self._window_start, micro_batches, tokens))
+        emit(trainer, {"balance/accumulate_grad_batches": float(micro_batches),
+                       "balance/tokens_per_optimizer_step": float(tokens)})

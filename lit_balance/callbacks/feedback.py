@@ -1,0 +1,132 @@
+"""CostModelFeedback: fit the sampler's cost model and rank speeds from measured timings, once per epoch."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+
+from lit_balance.callbacks._common import emit, train_sampler
+from lit_balance.callbacks.straggler import COMPUTE, LENGTH, ROWS, StragglerMonitor
+from lit_balance.cost import CostModel
+
+__all__ = ["CostModelFeedback", "fit_cost_and_speeds"]
+
+
+def fit_cost_and_speeds(window: np.ndarray, *, iterations: int = 5,
+                        min_samples: int = 3) -> tuple[CostModel, list[float]]:
+    """Fit a :class:`CostModel` in seconds and each rank's relative speed from timed micro-batches.
+
+    Model: rank ``r`` runs a micro-batch of ``rows`` rows padded to ``L`` tokens in
+    ``cost(rows, L) / speed[r]`` seconds. Alternating least squares: with speeds fixed, fit the cost model to
+    the speed-corrected seconds (:meth:`CostModel.fit`); with the cost model fixed, ``speed[r]`` is rank
+    ``r``'s predicted over measured seconds. Speeds are scaled so the fastest rank has 1.0.
+
+    Args:
+        window: float ``[world_size, n, 6]`` (columns of :data:`lit_balance.callbacks.straggler.FIELDS`), e.g.
+            the concatenated :attr:`StragglerMonitor.epoch_windows`.
+        iterations: alternations.
+        min_samples: fewest micro-batches per rank.
+
+    Returns:
+        ``(cost_model, rank_speeds)``: cost in (forward) seconds and ``world_size`` floats in ``(0, 1]``.
+
+    Raises:
+        ValueError: fewer than ``min_samples`` micro-batches, or timings that do not grow with tokens.
+    """
+    w = np.asarray(window, dtype=np.float64)
+    if w.ndim != 3 or w.shape[1] < min_samples:
+        raise ValueError(f"need at least {min_samples} timed micro-batches per rank, got window shape {w.shape}")
+    rows, length, seconds = w[:, :, ROWS], w[:, :, LENGTH], w[:, :, COMPUTE]
+    speeds = np.ones(w.shape[0])
+    cost = CostModel()
+    for _ in range(iterations):
+        cost = CostModel.fit(rows.ravel(), length.ravel(), (seconds * speeds[:, None]).ravel(),
+                             min_samples=min_samples)
+        predicted = cost.batch_cost(rows, length)
+        measured = seconds.sum(axis=1)
+        speeds = np.where(measured > 0, predicted.sum(axis=1) / np.maximum(measured, 1e-300), 1.0)
+        speeds = speeds / speeds.max()
+    return cost, [float(s) for s in speeds]
+
+
+class CostModelFeedback(L.Callback):
+    """At the end of each training epoch, plan the next epoch with measured seconds instead of assumed cost.
+
+    Takes the epoch's micro-batch timings gathered by a :class:`StragglerMonitor` (which must be in the
+    Trainer's callbacks; its windows are the same on every rank), fits a cost model in seconds and each
+    rank's relative speed (:func:`fit_cost_and_speeds`) on rank 0, broadcasts them (one broadcast per
+    epoch, so every rank hands the sampler bit-identical numbers and computes the same plan), and calls
+    ``sampler.set_cost_model(cost_model, rank_speeds)`` on the training sampler
+    (``trainer.train_dataloader.sampler``). The sampler uses them from the next epoch's plan on; the
+    current epoch's plan never changes, so mid-epoch resume stays exact.
+
+    Logs ``balance/rank_speed_rank{r}`` and ``balance/cost_linear``, ``balance/cost_quadratic``,
+    ``balance/cost_per_batch`` (seconds per padded token, per squared length per row, per micro-batch).
+
+    Args:
+        min_samples: fewest timed micro-batches per rank in an epoch before fitting.
+        fit_speeds: also hand the sampler rank speeds (else only the cost model).
+
+    Raises:
+        RuntimeError: (at fit start) no StragglerMonitor in the Trainer's callbacks.
+    """
+
+    def __init__(self, min_samples: int = 8, fit_speeds: bool = True) -> None:
+        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 3:
+            raise ValueError(f"min_samples must be an int >= 3, got {min_samples!r}")
+        self.min_samples = min_samples
+        self.fit_speeds = bool(fit_speeds)
+        #: ``(cost_model, rank_speeds)`` handed to the sampler at the last epoch end, or None.
+        self.last_fit: tuple[CostModel, list[float] | None] | None = None
+        self._monitor: StragglerMonitor | None = None
+        self._warned = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        monitors = [c for c in trainer.callbacks if isinstance(c, StragglerMonitor)]
+        if not monitors:
+            raise RuntimeError("CostModelFeedback needs a StragglerMonitor in Trainer(callbacks=[...]); add one")
+        self._monitor = monitors[0]
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        monitor = self._monitor
+        if monitor is None:
+            return
+        monitor.flush(trainer, pl_module)  # the epoch's last partial window, if the monitor has not yet
+        if not monitor.epoch_windows:
+            return
+        window = np.concatenate(monitor.epoch_windows, axis=1)
+        payload = torch.zeros(3 + window.shape[0], dtype=torch.float64)
+        ok = False
+        if trainer.is_global_zero:
+            try:
+                cost, speeds = fit_cost_and_speeds(window, min_samples=self.min_samples)
+                payload = torch.tensor([cost.linear, cost.quadratic, cost.per_batch, *speeds], dtype=torch.float64)
+                ok = True
+            except ValueError as error:
+                warnings.warn(f"CostModelFeedback: no fit this epoch: {error}", RuntimeWarning, stacklevel=2)
+        if trainer.world_size > 1:
+            payload = trainer.strategy.broadcast(payload, src=0)
+        values = payload.tolist()
+        ok = values[0] > 0 or values[1] > 0
+        if not ok:
+            return
+        cost = CostModel(linear=values[0], quadratic=values[1], per_batch=values[2])
+        speeds = values[3:] if self.fit_speeds else None
+        sampler = train_sampler(trainer)
+        if not hasattr(sampler, "set_cost_model"):
+            if not self._warned and trainer.is_global_zero:
+                warnings.warn(f"CostModelFeedback: the training sampler ({type(sampler).__name__}) has no "
+                              "set_cost_model(); timings are measured but not fed back", RuntimeWarning, stacklevel=2)
+            self._warned = True
+            return
+        sampler.set_cost_model(cost, speeds)
+        self.last_fit = (cost, speeds)
+        metrics = {"balance/cost_linear": cost.linear, "balance/cost_quadratic": cost.quadratic,
+                   "balance/cost_per_batch": cost.per_batch}
+        for r, s in enumerate(values[3:]):
+            metrics[f"balance/rank_speed_rank{r}"] = s
+        emit(trainer, metrics)

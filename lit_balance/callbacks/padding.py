@@ -1,0 +1,93 @@
+"""PaddingRatioMonitor: the padding ratio over the epoch so far (global and per rank) and real tokens per second."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+
+from lit_balance.callbacks._common import emit, gather
+from lit_balance.metrics import PaddingRatio
+
+__all__ = ["PaddingRatioMonitor"]
+
+
+class PaddingRatioMonitor(L.Callback):
+    """Log the padding ratio of the training micro-batches seen this epoch, over all ranks and per rank.
+
+    Every rank counts real tokens and padded slots of each training micro-batch (the ``num_real_tokens``
+    and ``num_padded_tokens`` of :class:`lit_balance.PadCollator` batches) in a
+    :class:`lit_balance.metrics.PaddingRatio`. Every ``log_every_n_steps`` micro-batches (the same batches on
+    every rank) and at the end of each training epoch, the ranks take part in one ``all_gather`` of four
+    numbers each, and rank 0 logs:
+
+    * ``balance/padding_ratio``: ``1 - sum(real) / sum(padded)`` over all ranks, this epoch so far.
+    * ``balance/padding_ratio_rank{r}``: the same over rank ``r``'s micro-batches.
+    * ``balance/real_tokens_per_s``: real tokens of all ranks since the previous log, divided by the wall
+      seconds since then (the slowest rank's; the interval covers everything: data, compute, waits).
+
+    Args:
+        log_every_n_steps: micro-batches between logs; None uses the Trainer's ``log_every_n_steps``.
+        clock: seconds, monotonic (default :func:`time.perf_counter`); tests inject a fake one.
+
+    Raises:
+        ValueError: ``log_every_n_steps < 1``.
+        KeyError: a training batch lacks ``num_real_tokens`` or ``num_padded_tokens``.
+    """
+
+    def __init__(self, log_every_n_steps: int | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        if log_every_n_steps is not None and (isinstance(log_every_n_steps, bool)
+                                              or not isinstance(log_every_n_steps, int) or log_every_n_steps < 1):
+            raise ValueError(f"log_every_n_steps must be an int >= 1 or None, got {log_every_n_steps!r}")
+        self.log_every_n_steps = log_every_n_steps
+        self.clock = clock
+        self.metric = PaddingRatio(sync_on_compute=False)
+        #: The last values logged (the same on every rank).
+        self.last_metrics: dict[str, float] = {}
+        self._since_real = 0
+        self._since_batches = 0
+        self._last_time = 0.0
+        self._batches = 0
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.metric.reset()
+        self._since_real = 0
+        self._since_batches = 0
+        self._last_time = self.clock()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        real, padded = int(batch["num_real_tokens"]), int(batch["num_padded_tokens"])
+        self.metric.update(real, padded)
+        self._since_real += real
+        self._since_batches += 1
+        self._batches += 1
+        every = self.log_every_n_steps or max(int(trainer.log_every_n_steps), 1)
+        if self._batches % every == 0:
+            self._log(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._since_batches:
+            self._log(trainer, pl_module)
+
+    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        now = self.clock()
+        local = torch.tensor([float(self.metric.real_tokens), float(self.metric.padded_tokens),
+                              float(self._since_real), now - self._last_time], dtype=torch.float64)
+        g = gather(trainer, pl_module, local)
+        self._since_real, self._since_batches, self._last_time = 0, 0, now
+        real, padded = g[:, 0], g[:, 1]
+        metrics = {"balance/padding_ratio": _ratio(float(real.sum()), float(padded.sum()))}
+        for r in range(g.shape[0]):
+            metrics[f"balance/padding_ratio_rank{r}"] = _ratio(float(real[r]), float(padded[r]))
+        elapsed = float(g[:, 3].max())
+        metrics["balance/real_tokens_per_s"] = float(g[:, 2].sum()) / elapsed if elapsed > 0 else 0.0
+        self.last_metrics = metrics
+        emit(trainer, metrics)
+
+
+def _ratio(real: float, padded: float) -> float:
+    return 1.0 - real / padded if padded > 0 else 0.0

@@ -1,0 +1,216 @@
+"""StragglerMonitor: per-rank compute and data-wait time of every micro-batch, gathered every N micro-batches."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+
+from lit_balance.callbacks._common import emit, gather, train_sampler
+from lit_balance.cost import CostModel
+
+__all__ = ["StragglerMonitor", "step_imbalance"]
+
+#: Columns of one timed micro-batch, in the gathered tensor ``[world_size, n, len(FIELDS)]``.
+FIELDS = ("compute_s", "data_wait_s", "rows", "padded_length", "real_tokens", "cost")
+COMPUTE, DATA_WAIT, ROWS, LENGTH, REAL, COST = range(len(FIELDS))
+
+
+def step_imbalance(compute_s: np.ndarray, accumulate_grad_batches: int) -> float:
+    """Straggler ratio of optimizer steps of ``accumulate_grad_batches`` consecutive micro-batches.
+
+    Ranks wait for each other once per optimizer step (DDP's gradient all-reduce), so what a step costs is
+    its slowest rank's summed compute. Returns ``sum over steps of max over ranks / sum over steps of the
+    median over ranks`` of the per-step compute seconds (>= 1; 1.0 when no rank ever waits).
+
+    Args:
+        compute_s: float ``[world_size, n]``: compute seconds of ``n`` consecutive micro-batches per rank.
+        accumulate_grad_batches: micro-batches per optimizer step (the last step may be shorter).
+    """
+    c = np.asarray(compute_s, dtype=np.float64)
+    n = c.shape[1]
+    groups = np.arange(n) // int(accumulate_grad_batches)
+    sums = np.zeros((c.shape[0], int(groups[-1]) + 1 if n else 0))
+    np.add.at(sums, (slice(None), groups), c)
+    med = float(np.median(sums, axis=0).sum())
+    return float(sums.max(axis=0).sum()) / med if med > 0 else 1.0
+
+
+class StragglerMonitor(L.Callback):
+    """Time every rank's compute and data wait per micro-batch; every N micro-batches, compare the ranks.
+
+    **Timed interval (compute).** From ``on_train_batch_start`` to ``on_before_backward``: the forward pass
+    and the loss of ``training_step``, on this rank. It deliberately stops before backward: under DDP the
+    gradient all-reduce runs *inside* backward (bucket hooks overlap it with the gradient computation, and
+    the last bucket waits for the slowest rank), so a backward-inclusive interval would charge the fast ranks
+    with waiting for the slow one. The forward pass contains no collective when the module has no buffers
+    (DDP broadcasts buffers before forward only when there are some and ``broadcast_buffers=True``; pass
+    ``DDPStrategy(broadcast_buffers=False)`` otherwise). Forward seconds are a fixed share of a
+    micro-batch's compute, which is all that ranking ranks and fitting relative costs need. If
+    ``on_before_backward`` is not reached (no loss), the interval ends at ``on_train_batch_end``.
+
+    **Data wait.** From the previous ``on_train_batch_end`` (or ``on_train_epoch_start``) to
+    ``on_train_batch_start``: fetching and transferring the batch, plus Lightning's per-batch SIGTERM broadcast
+    from rank 0 (a collective when ``world_size > 1``), so it is reported apart from compute.
+
+    With ``synchronize=True`` on a CUDA device, both ends of the compute interval call
+    ``torch.cuda.synchronize()`` so that asynchronous kernels are counted.
+
+    Every ``every_n_steps`` micro-batches (the same batches on every rank, since every rank runs the same
+    number) and at the end of each training epoch, the ranks take part in one ``all_gather`` of a
+    ``[n, 6]`` float64 tensor (compute s, data wait s, rows, padded length, real tokens, cost per micro-batch)
+    and rank 0 logs, over that window:
+
+    * ``balance/straggler_ratio``: max over ranks / median over ranks of the summed compute seconds.
+    * ``balance/straggler_gap_s``: max minus median of the same (seconds).
+    * ``balance/slowest_rank``: the rank with the most compute seconds.
+    * ``balance/compute_s_rank{r}``, ``balance/data_wait_s_rank{r}`` (seconds), ``balance/real_tokens_rank{r}``
+      (tokens) and ``balance/cost_rank{r}`` (the sampler's cost model's unit) per rank.
+
+    It warns when the same rank is the slowest, with a ratio above ``warn_ratio``, for more than
+    ``warn_after`` windows in a row. The gathered windows of the current epoch stay in :attr:`epoch_windows`
+    (the same on every rank), for :class:`lit_balance.callbacks.CostModelFeedback` and
+    :class:`lit_balance.callbacks.AdaptiveGradAccumulation`.
+
+    Args:
+        every_n_steps: micro-batches per window.
+        warn_ratio: straggler ratio above which a window counts towards the warning.
+        warn_after: windows in a row with the same slowest rank above ``warn_ratio`` before warning.
+        cost_model: cost of a micro-batch for ``balance/cost_rank{r}``; default: the sampler's
+            ``cost_model`` if it has one, else :class:`lit_balance.cost.CostModel()` (padded slots).
+        synchronize: synchronize CUDA at the ends of the compute interval.
+        clock: seconds, monotonic (default :func:`time.perf_counter`); tests inject a fake one.
+
+    Raises:
+        ValueError: ``every_n_steps < 1``, ``warn_after < 1`` or ``warn_ratio < 1``.
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 50,
+        *,
+        warn_ratio: float = 1.2,
+        warn_after: int = 3,
+        cost_model: CostModel | None = None,
+        synchronize: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        for name, value in (("every_n_steps", every_n_steps), ("warn_after", warn_after)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if isinstance(warn_ratio, bool) or not isinstance(warn_ratio, (int, float)) or not warn_ratio >= 1:
+            raise ValueError(f"warn_ratio must be a number >= 1 (max / median), got {warn_ratio!r}")
+        self.every_n_steps = every_n_steps
+        self.warn_ratio = float(warn_ratio)
+        self.warn_after = warn_after
+        self.cost_model = cost_model
+        self.synchronize = synchronize
+        self.clock = clock
+        #: Gathered windows of the current epoch: float64 arrays ``[world_size, n, 6]`` (columns :data:`FIELDS`).
+        self.epoch_windows: list[np.ndarray] = []
+        #: The last gathered window, kept across epochs (None before the first).
+        self.last_window: np.ndarray | None = None
+        #: Number of windows gathered so far in this fit (the same on every rank).
+        self.num_windows = 0
+        #: The last values logged (the same on every rank).
+        self.last_metrics: dict[str, float] = {}
+        self._records: list[list[float]] = []
+        self._start = 0.0
+        self._prev_end: float | None = None
+        self._pending: list[float] | None = None
+        self._slowest_run = (-1, 0)
+
+    # -- timing ------------------------------------------------------------------------------------------
+    def _now(self, pl_module: L.LightningModule) -> float:
+        if self.synchronize and pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        return self.clock()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.epoch_windows = []
+        self._records = []
+        self._prev_end = self.clock()
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._start = self._now(pl_module)
+        wait = self._start - self._prev_end if self._prev_end is not None else 0.0
+        self._pending = [0.0, wait, *self._shape(trainer, batch)]
+        self._timed = False
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        if self._pending is not None and not self._timed:
+            self._pending[COMPUTE] = self._now(pl_module) - self._start
+            self._timed = True
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        end = self.clock()
+        if self._pending is not None:
+            if not self._timed:
+                self._pending[COMPUTE] = end - self._start
+            self._records.append(self._pending)
+            self._pending = None
+        if len(self._records) >= self.every_n_steps:
+            self._gather(trainer, pl_module)
+        self._prev_end = self.clock()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.flush(trainer, pl_module)
+
+    def flush(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Gather and log the micro-batches timed since the last window (all ranks must call it together)."""
+        if self._records:
+            self._gather(trainer, pl_module)
+
+    def _shape(self, trainer: L.Trainer, batch: Any) -> list[float]:
+        rows, length = (int(s) for s in batch["input_ids"].shape[:2])
+        cost_model = self.cost_model or getattr(train_sampler(trainer), "cost_model", None) or CostModel()
+        return [float(rows), float(length), float(batch["num_real_tokens"]), float(cost_model.batch_cost(rows, length))]
+
+    # -- gathering ---------------------------------------------------------------------------------------
+    def _gather(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        local = torch.tensor(self._records, dtype=torch.float64)
+        self._records = []
+        window = gather(trainer, pl_module, local).numpy()
+        self.epoch_windows.append(window)
+        self.last_window = window
+        self.num_windows += 1
+        per_rank = window.sum(axis=1)  # [world_size, 6]
+        compute = per_rank[:, COMPUTE]
+        median = float(np.median(compute))
+        slowest = int(np.argmax(compute))
+        metrics = {
+            "balance/straggler_ratio": float(compute.max()) / median if median > 0 else 1.0,
+            "balance/straggler_gap_s": float(compute.max()) - median,
+            "balance/slowest_rank": float(slowest),
+        }
+        for r in range(window.shape[0]):
+            metrics[f"balance/compute_s_rank{r}"] = float(per_rank[r, COMPUTE])
+            metrics[f"balance/data_wait_s_rank{r}"] = float(per_rank[r, DATA_WAIT])
+            metrics[f"balance/real_tokens_rank{r}"] = float(per_rank[r, REAL])
+            metrics[f"balance/cost_rank{r}"] = float(per_rank[r, COST])
+        self.last_metrics = metrics
+        emit(trainer, metrics)
+        self._check_warn(trainer, slowest, metrics["balance/straggler_ratio"])
+
+    def _check_warn(self, trainer: L.Trainer, slowest: int, ratio: float) -> None:
+        if ratio <= self.warn_ratio:
+            self._slowest_run = (-1, 0)
+            return
+        run = self._slowest_run[1] + 1 if self._slowest_run[0] == slowest else 1
+        self._slowest_run = (slowest, run)
+        if run == self.warn_after + 1 and trainer.is_global_zero:
+            warnings.warn(
+                f"rank {slowest} has been the slowest for {run} windows of {self.every_n_steps} micro-batches "
+                f"(straggler ratio {ratio:.3f} > warn_ratio {self.warn_ratio}); its micro-batches take longer "
+                "than the others' at equal planned cost: check that rank's device, or add CostModelFeedback so "
+                "the sampler plans with measured rank speeds",
+                RuntimeWarning,
+                stacklevel=2,
+            )
