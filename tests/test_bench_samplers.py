@@ -1,0 +1,261 @@
+"""recipes/bench_samplers.py: the generic metrics on hand-made cases, cross-checks against lit_balance.stats, peers.
+
+Run:
+    python -m pytest tests/test_bench_samplers.py -q
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import math
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lit_balance import BalancedBatchSampler
+from lit_balance.cost import CostModel
+from lit_balance.stats import batch_persistence as plan_batch_persistence
+from lit_balance.stats import plan_stats
+
+SCRIPT = Path(__file__).resolve().parents[1] / "recipes" / "bench_samplers.py"
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("bench_samplers", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_samplers"] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+# Hand-made: 6 samples, 2 ranks, rank 1 has one micro-batch more; sample 4 and 1 repeat, sample 5 never appears.
+LENGTHS = np.array([4, 2, 2, 1, 3, 5])
+RANK_BATCHES = [
+    [[0, 1], [3]],  # rank 0: 2 x 4 = 8 slots (real 6); 1 slot (real 1)
+    [[2], [4, 4], [1]],  # rank 1: 2 slots (real 2); 2 x 3 = 6 slots (real 3, one repeat); 2 slots (a repeat)
+]
+
+
+def test_plan_stats_of_hand_made_token_cost():
+    st = bench.plan_stats_of(RANK_BATCHES, LENGTHS, CostModel())
+    np.testing.assert_array_equal(st.rank_cost, [[8, 2], [1, 6], [0, 2]])  # rank 0 has nothing at step 2: 0
+    assert st.padding_ratio == pytest.approx(1 - 12 / 19)  # real tokens of samples 0..4 once: 12; slots: 19
+    np.testing.assert_allclose(st.step_imbalance, [8 / 5, 6 / 3.5, 2 / 1])
+    assert st.useful_fraction == pytest.approx(12 / (2 * (8 + 6 + 2)))
+    assert st.max_batch_tokens == 8
+    np.testing.assert_array_equal(st.rank_micro_batches, [2, 3])
+
+
+def test_plan_stats_of_hand_made_quadratic_cost():
+    st = bench.plan_stats_of(RANK_BATCHES, LENGTHS, CostModel(linear=0, quadratic=1))
+    np.testing.assert_allclose(st.rank_cost, [[32, 4], [1, 18], [0, 4]])  # rows x L^2
+    assert st.real_cost == pytest.approx(16 + 4 + 4 + 1 + 9)
+    assert st.useful_fraction == pytest.approx(34 / (2 * (32 + 18 + 4)))
+
+
+def test_counts_and_budget_hand_made():
+    assert bench.sample_counts(RANK_BATCHES, 6) == (1, 2)  # sample 5 dropped; 4 and 1 repeated once each
+    assert bench.over_budget_ratio(RANK_BATCHES, LENGTHS, 6) == pytest.approx(1 / 5)  # only the 8-slot batch
+    assert bench.over_budget_ratio(RANK_BATCHES, LENGTHS, 8) == 0.0
+    with pytest.raises(ValueError, match="outside"):
+        bench.sample_counts(RANK_BATCHES, 4)  # index 4 is outside [0, 4)
+
+
+def test_sampler_metrics_hand_made():
+    run = bench.StrategyRun({0: RANK_BATCHES, 1: RANK_BATCHES}, rank_plan_s=[0.25, 0.5])
+    m = bench.sampler_metrics(run, LENGTHS, max_tokens=6)
+    assert (m["steps"], m["batches_per_rank_min"], m["batches_per_rank_max"], m["uneven_batch_counts"]) == (3, 2, 3, True)
+    assert m["micro_batches"] == 5 and m["budget_fill_ratio"] == pytest.approx(19 / 30)
+    assert m["padding_ratio"] == pytest.approx(7 / 19) and m["over_budget_ratio"] == pytest.approx(0.2)
+    imbalance = [8 / 5, 6 / 3.5, 2.0]
+    assert m["imbalance_tokens_mean"] == pytest.approx(np.mean(imbalance))
+    assert m["imbalance_tokens_p99"] == pytest.approx(6 / 3.5 + 0.98 * (2.0 - 6 / 3.5))  # linear interpolation
+    assert m["useful_fraction_tokens"] == pytest.approx(0.375)
+    attention = [2 * (4 + 1e-3 * 16), 1 * (2 + 1e-3 * 4)], [1 * (1 + 1e-3), 2 * (3 + 9e-3)], [0, 2 + 4e-3]
+    slowest = sum(max(step) for step in attention)
+    real = sum(n + 1e-3 * n * n for n in (4, 2, 2, 1, 3))
+    assert m["useful_fraction_attention"] == pytest.approx(real / (2 * slowest))
+    assert (m["dropped"], m["duplicated"]) == (1, 2)
+    assert m["persistence"] == 1.0  # same batches in both epochs; 0 and 1 are the only samples with batch-mates
+    assert (m["plan_s"], m["plan_rank_s"]) == (0.75, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ([[0, 1, 2, 3]], [[0, 1], [2, 3]], 1 / 3),  # each keeps 1 of its 3 batch-mates
+        ([[0, 1], [2, 3]], [[0, 2], [1, 3]], 0.0),
+        ([[0, 1], [2, 3]], [[3, 2], [1, 0]], 1.0),  # order within and between batches does not matter
+        ([[0, 1, 2]], [[0, 1]], 0.5),  # 2 is missing from b: left out of the mean, still a batch-mate in a
+        ([[0], [1]], [[0, 1]], 0.0),  # nobody has batch-mates in a
+        ([[0, 1], [1, 2]], [[0, 1], [2]], 1.0),  # the repeat of 1 is ignored: 2 is alone in a
+    ],
+)
+def test_batch_persistence_hand_made(a, b, expected):
+    assert bench.batch_persistence(a, b, 4) == pytest.approx(expected)
+
+
+def _fortunes(n: int, cap: int = 64) -> np.ndarray:
+    return bench.load_lengths("fortunes", cap, n)
+
+
+def test_generic_metrics_equal_lit_balance_stats_on_our_plan():
+    lengths = _fortunes(3000)
+    samplers = [BalancedBatchSampler(lengths, 512, num_replicas=4, rank=r, seed=3) for r in range(4)]
+    plans = {e: samplers[0].plan(e) for e in (0, 1)}
+
+    def all_batches(plan):
+        return [plan.batch(b)[0].tolist() for b in range(plan.num_batches)]
+
+    ours = plan_batch_persistence(plans[0], plans[1])
+    assert 0 < ours < 1
+    assert bench.batch_persistence(all_batches(plans[0]), all_batches(plans[1]), lengths.size) == pytest.approx(ours)
+
+    rank_batches = [[list(b) for b in s] for s in samplers]  # what each rank yields
+    for cm in bench.COST_MODELS.values():
+        generic = bench.plan_stats_of(rank_batches, lengths, cm)
+        expected = plan_stats(plans[0], samplers[0].lengths, cm)
+        assert generic.padding_ratio == pytest.approx(expected.padding_ratio)
+        assert generic.useful_fraction == pytest.approx(expected.useful_fraction)
+        np.testing.assert_allclose(np.sort(generic.step_imbalance), np.sort(expected.step_imbalance))
+
+
+def test_sort_fill_batches_fill_real_tokens_and_keep_every_sample():
+    lengths = _fortunes(2000)
+    batches = bench.sort_fill_batches(lengths, 300, seed=1, epoch=0)
+    assert sorted(i for b in batches for i in b) == list(range(lengths.size))
+    sums = [int(lengths[b].sum()) for b in batches]
+    assert all(s <= 300 for s in sums)
+    by_length = sorted(batches, key=lambda b: (lengths[b].min(), lengths[b].max()))
+    assert all(lengths[x].max() <= lengths[y].min() for x, y in itertools.pairwise(by_length))  # contiguous in length
+    # a micro-batch is cut only when the next sample would pass the budget (all but the last one)
+    assert sum(int(lengths[x].sum() + lengths[y].min()) <= 300 for x, y in itertools.pairwise(by_length)) <= 1
+    assert bench.sort_fill_batches(lengths, 300, seed=1, epoch=0) == batches
+    assert bench.sort_fill_batches(lengths, 300, seed=1, epoch=1) != batches
+
+
+def test_lit_balance_runner_passes_cost_model_only_when_accepted(monkeypatch):
+    seen = []
+
+    class WithCostModel(BalancedBatchSampler):
+        def __init__(self, *args, cost_model=None, **kwargs):
+            seen.append(cost_model)
+            super().__init__(*args, **kwargs)
+
+    class WithoutCostModel(BalancedBatchSampler):
+        def __init__(self, *args, **kwargs):
+            seen.append(kwargs.get("cost_model", "absent"))
+            kwargs.pop("cost_model", None)
+            super().__init__(*args, **kwargs)
+
+    cfg = bench.BenchConfig(max_tokens=256, seed=0, fixed_batch_size=4)
+    lengths = _fortunes(300)
+    monkeypatch.setattr(bench, "BalancedBatchSampler", WithCostModel)
+    run = bench.run_lit_balance_attention(lengths, 2, cfg)
+    assert seen == [bench.ATTENTION_COST] * 2 and "cost_model=" in run.notes[0]
+    seen.clear()
+    monkeypatch.setattr(bench, "BalancedBatchSampler", WithoutCostModel)
+    run = bench.run_lit_balance_attention(lengths, 2, cfg)
+    assert seen == ["absent"] * 2 and "no cost_model argument" in run.notes[0]
+
+
+def test_hf_batch_rebalance_columns_equal_per_rank_samplers():
+    pt_utils = pytest.importorskip("transformers.trainer_pt_utils")
+    if not hasattr(pt_utils, "BatchRebalanceSampler"):
+        pytest.skip("this transformers has no BatchRebalanceSampler")
+    lengths = _fortunes(301)
+    cfg = bench.BenchConfig(max_tokens=256, seed=5, fixed_batch_size=4)
+    run = bench.run_hf_batch_rebalance(lengths, 3, cfg)
+    for epoch in (0, 1):
+        for rank in range(3):
+            s = pt_utils.BatchRebalanceSampler(lengths.tolist(), effective_batch_size=12, dp_size=3, grad_accum=1,
+                                               seed=5, rank=rank, drop_last=False)
+            s.set_epoch(epoch)
+            assert run.batches[epoch][rank] == [list(map(int, b)) for b in s]
+    # 301 = 25 x 12 + 1: the last global batch of 1 sample is padded with 2 repeats to give each rank one row
+    assert bench.sample_counts(run.batches[0], lengths.size) == (0, 2)
+
+
+def test_lhotse_columns_equal_per_rank_samplers():
+    pytest.importorskip("lhotse")
+    from lhotse.dataset import DynamicBucketingSampler
+
+    lengths = _fortunes(700)
+    cfg = bench.BenchConfig(max_tokens=256, seed=2, fixed_batch_size=4)
+    cuts = bench._lhotse_cuts(lengths)
+    run = bench.run_lhotse_dynamic(lengths, 3, cfg, cuts=cuts)
+    for epoch in (0, 1):
+        for rank in range(3):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # eagerly read CutSet
+                s = DynamicBucketingSampler(cuts, max_duration=256.0, shuffle=True, drop_last=False, world_size=3,
+                                            rank=rank, seed=2)
+            s.set_epoch(epoch)
+            assert run.batches[epoch][rank] == [[int(c.id.split("_")[0]) for c in b] for b in s]
+    dropped, duplicated = bench.sample_counts(run.batches[0], lengths.size)
+    assert dropped == 0 and duplicated < 3  # lhotse repeats at most world_size - 1 cuts to give every rank one
+
+
+def _main(tmp_path, *extra):
+    return bench.main(["--ranks", "2", "3", "--max-tokens", "256", "--max-length", "64", "--distributions",
+                       "fortunes", "--num-samples", "400", "--output-dir", str(tmp_path), *extra])
+
+
+def test_main_smoke_with_installed_peers(tmp_path, capsys):
+    strategies = [s for s in bench.STRATEGIES if s != "lhotse_dynamic"]
+    results = _main(tmp_path, "--strategies", *strategies)
+    out = capsys.readouterr().out
+    rows = {(r["strategy"], r["ranks"]): r for r in results["rows"]}
+    assert set(rows) == {(s, r) for s in strategies for r in (2, 3)}
+    assert json.loads((tmp_path / "results.json").read_text())["rows"] == json.loads(json.dumps(results["rows"]))
+    for (strategy, ranks), row in rows.items():
+        assert f"| {strategy} | {ranks} |" in out
+        if strategy.startswith("hf_") and row["status"] == "not installed":
+            continue
+        assert row["status"] == "ok", row
+        assert 0 <= row["padding_ratio"] < 1 and 0 < row["useful_fraction_tokens"] <= 1
+        assert row["imbalance_tokens_mean"] >= 1 and row["imbalance_tokens_p99"] >= row["imbalance_tokens_mean"] - 1e-9
+    for ranks in (2, 3):
+        ours = rows[("lit_balance", ranks)]
+        assert (ours["over_budget_ratio"], ours["dropped"], ours["uneven_batch_counts"]) == (0.0, 0, False)
+        fixed = rows[("distributed_fixed", ranks)]
+        assert fixed["batches_per_rank_max"] == math.ceil(math.ceil(400 / ranks) / 4)  # batch size 4
+        assert (fixed["dropped"], fixed["duplicated"]) == (0, (ranks - 400 % ranks) % ranks)
+        assert fixed["over_budget_ratio"] == 0.0 and fixed["fixed_batch_size"] == 4
+        assert (rows[("sort_fill", ranks)]["dropped"], rows[("sort_fill", ranks)]["duplicated"]) == (0, 0)
+
+
+def test_main_lhotse_row(tmp_path):
+    pytest.importorskip("lhotse")
+    (row,) = _main(tmp_path, "--ranks", "3", "--strategies", "lhotse_dynamic")["rows"]
+    assert row["status"] == "ok" and row["dropped"] == 0 and row["batches_per_rank_min"] >= 1
+
+
+def test_missing_peers_are_rows_not_crashes(tmp_path, monkeypatch):
+    for name in ("lhotse", "lhotse.dataset", "transformers", "transformers.trainer_pt_utils"):
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
+    rows = _main(tmp_path, "--ranks", "2", "--strategies", "lhotse_dynamic", "hf_length_grouped",
+                 "hf_batch_rebalance", "lit_balance")["rows"]
+    assert [r["status"] for r in rows] == ["not installed"] * 3 + ["ok"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-length", "300"], "--max-length (300) must be <= --max-tokens (256)"),
+        (["--ranks", "0"], "expected a positive integer, got 0"),
+        (["--seed", "-1"], "--seed must be >= 0"),
+        (["--distributions", "nope"], "invalid choice: 'nope'"),
+    ],
+)
+def test_bad_arguments_exit_with_a_clear_message(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit):
+        _main(tmp_path, *args)
+    assert message in capsys.readouterr().err
