@@ -1,0 +1,82 @@
+"""Fakes for callback tests: a trainer with a recording logger, a scripted clock and simulated ranks."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+
+class RecordingLogger:
+    """Records every ``log_metrics`` call exactly."""
+
+    def __init__(self):
+        self.calls = []
+
+    def log_metrics(self, metrics, step=None):
+        self.calls.append((step, dict(metrics)))
+
+    def merged(self):
+        out = {}
+        for _, m in self.calls:
+            out.update(m)
+        return out
+
+
+class FakeStrategy:
+    """all_gather stacks this rank's tensor with the other ranks' tensors, given by ``others(local)``."""
+
+    def __init__(self, rank, world_size, others=None):
+        self.rank, self.world_size = rank, world_size
+        self.others = others or (lambda local: [local] * (world_size - 1))
+        self.gathers = 0
+        self.handles_gradient_accumulation = False
+
+    def all_gather(self, tensor):
+        self.gathers += 1
+        rest = list(self.others(tensor))
+        return torch.stack([*rest[: self.rank], tensor, *rest[self.rank:]])
+
+    def reduce(self, tensor, reduce_op="sum"):
+        return tensor * self.world_size
+
+    def broadcast(self, obj, src=0):
+        return obj
+
+
+class Clock:
+    """A clock that advances only when told to."""
+
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+    def tick(self, seconds):
+        self.t += seconds
+
+
+def make_trainer(*, rank=0, world_size=1, others=None, sampler=None, callbacks=(), log_every_n_steps=50,
+                 num_training_batches=1000):
+    logger = RecordingLogger()
+    trainer = SimpleNamespace(
+        world_size=world_size, global_rank=rank, is_global_zero=rank == 0, global_step=0,
+        loggers=[logger], logger=logger, callback_metrics={}, log_every_n_steps=log_every_n_steps,
+        strategy=FakeStrategy(rank, world_size, others), train_dataloader=SimpleNamespace(sampler=sampler),
+        callbacks=list(callbacks), accumulate_grad_batches=1, current_epoch=0,
+        num_training_batches=num_training_batches,
+    )
+    return trainer, logger
+
+
+def batch(rows, width, real):
+    return {"input_ids": torch.zeros(rows, width, dtype=torch.long), "num_real_tokens": real,
+            "num_padded_tokens": rows * width}
+
+
+MODULE = SimpleNamespace(device=torch.device("cpu"), automatic_optimization=True)
+
+
+@pytest.fixture
+def clock():
+    return Clock()

@@ -1,0 +1,108 @@
+"""StragglerMonitor: the timed intervals, the gathered window and the exact logged values."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import MODULE, batch, make_trainer
+
+from lit_balance.callbacks import StragglerMonitor
+from lit_balance.callbacks.straggler import step_imbalance
+from lit_balance.cost import CostModel
+
+
+def drive(cb, trainer, clock, steps):
+    """steps: (data wait s, forward s, backward s, rows, width, real) per micro-batch."""
+    cb.on_train_epoch_start(trainer, MODULE)
+    for i, (wait, fwd, bwd, rows, width, real) in enumerate(steps):
+        clock.tick(wait)
+        b = batch(rows, width, real)
+        cb.on_train_batch_start(trainer, MODULE, b, i)
+        clock.tick(fwd)
+        cb.on_before_backward(trainer, MODULE, torch.tensor(1.0))
+        clock.tick(bwd)  # backward, where DDP's all-reduce waits: not counted
+        cb.on_train_batch_end(trainer, MODULE, None, b, i)
+
+
+def test_window_gathers_forward_time_and_data_wait_and_logs_exact_values(clock):
+    # rank 1's window: 2 micro-batches, compute 1.0 + 2.0 s, data wait 0.5 s, 10 + 20 real tokens, cost 40 + 40
+    other = torch.tensor([[1.0, 0.25, 2, 20, 10, 40], [2.0, 0.25, 4, 10, 20, 40]], dtype=torch.float64)
+    trainer, logger = make_trainer(world_size=2, others=lambda local: [other])
+    cb = StragglerMonitor(every_n_steps=2, clock=clock, cost_model=CostModel())
+    drive(cb, trainer, clock, [(0.1, 0.5, 9.0, 2, 8, 12), (0.2, 0.25, 9.0, 3, 4, 10)])
+    assert len(logger.calls) == 1
+    # rank 0: 0.75 s compute, rank 1: 3.0 s; median of two = their mean 1.875
+    assert logger.calls[0][1] == {
+        "balance/straggler_ratio": 3.0 / 1.875,
+        "balance/straggler_gap_s": 3.0 - 1.875,
+        "balance/slowest_rank": 1.0,
+        "balance/compute_s_rank0": 0.75, "balance/compute_s_rank1": 3.0,
+        "balance/data_wait_s_rank0": pytest.approx(0.1 + 0.2), "balance/data_wait_s_rank1": 0.5,
+        "balance/real_tokens_rank0": 22.0, "balance/real_tokens_rank1": 30.0,
+        "balance/cost_rank0": 16.0 + 12.0, "balance/cost_rank1": 80.0,
+    }
+    window = cb.epoch_windows[0]
+    assert window.shape == (2, 2, 6)
+    np.testing.assert_allclose(window[0, :, 0], [0.5, 0.25])  # forward only, never the 9 s backward
+    assert cb.last_window is window
+
+
+def test_three_ranks_median_and_epoch_end_flush(clock):
+    rows = {1: 4.0, 2: 1.0}  # compute seconds of ranks 1 and 2 in the one-batch window
+
+    def others(local):
+        out = []
+        for r in (1, 2):
+            t = local.clone()
+            t[:, 0] = rows[r]
+            out.append(t)
+        return out
+
+    trainer, logger = make_trainer(world_size=3, others=others)
+    cb = StragglerMonitor(every_n_steps=10, clock=clock)
+    drive(cb, trainer, clock, [(0.0, 2.0, 0.0, 1, 4, 4)])
+    assert logger.calls == []
+    cb.on_train_epoch_end(trainer, MODULE)  # partial window flushed at epoch end
+    m = logger.calls[0][1]
+    assert (m["balance/straggler_ratio"], m["balance/straggler_gap_s"], m["balance/slowest_rank"]) == (2.0, 2.0, 1.0)
+
+
+def test_without_backward_the_interval_ends_at_batch_end(clock):
+    trainer, logger = make_trainer()
+    cb = StragglerMonitor(every_n_steps=1, clock=clock)
+    cb.on_train_epoch_start(trainer, MODULE)
+    b = batch(1, 4, 4)
+    cb.on_train_batch_start(trainer, MODULE, b, 0)
+    clock.tick(0.75)
+    cb.on_train_batch_end(trainer, MODULE, None, b, 0)
+    assert logger.calls[0][1]["balance/compute_s_rank0"] == 0.75
+
+
+def test_warns_when_one_rank_stays_slowest(clock):
+    trainer, _ = make_trainer(world_size=2, others=lambda local: [local * torch.tensor([3.0, 1, 1, 1, 1, 1])])
+    cb = StragglerMonitor(every_n_steps=1, warn_after=2, warn_ratio=1.2, clock=clock)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        drive(cb, trainer, clock, [(0.0, 1.0, 0.0, 1, 4, 4)] * 2)
+        assert not [w for w in caught if "slowest" in str(w.message)]
+        drive(cb, trainer, clock, [(0.0, 1.0, 0.0, 1, 4, 4)])
+        msgs = [str(w.message) for w in caught if "slowest" in str(w.message)]
+    assert len(msgs) == 1 and msgs[0].startswith("rank 1 has been the slowest for 3 windows")
+
+
+def test_step_imbalance_averages_out_over_accumulation():
+    # rank 0 is slow on even micro-batches, rank 1 on odd ones: each micro-batch is 2x imbalanced,
+    # but steps of 2 micro-batches are perfectly balanced
+    c = np.array([[2.0, 1.0] * 4, [1.0, 2.0] * 4])
+    assert step_imbalance(c, 1) == pytest.approx(2.0 / 1.5)
+    assert step_imbalance(c, 2) == 1.0
+    assert step_imbalance(c, 3) == pytest.approx((5 + 5 + 3) / (4.5 + 4.5 + 3))
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [({"every_n_steps": 0}, "every_n_steps"),
+                                               ({"warn_after": 0}, "warn_after"),
+                                               ({"warn_ratio": 0.5}, "warn_ratio")])
+def test_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        StragglerMonitor(**kwargs)
