@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from torch.utils.data import DataLoader
 from lit_balance._validate import check_bool, check_int
 from lit_balance.cache import TokenizedCorpus, default_cache_dir, load_or_build
 from lit_balance.collate import PadCollator
+from lit_balance.cost import CostModel
 from lit_balance.corpus import resolve_corpus
 from lit_balance.dataset import TokenDataset
 from lit_balance.planning import padded_lengths
@@ -56,7 +58,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         too_long: see :class:`BalancedBatchSampler`; only matters when ``max_length`` exceeds ``max_tokens``.
         pad_to_multiple_of: rows are padded to a multiple of this many tokens.
         max_batch_size: maximum rows per micro-batch, or None.
-        length_tolerance: see :class:`BalancedBatchSampler` (training split; validation is unshuffled).
+        shuffle_window: see :class:`BalancedBatchSampler` (training split; validation is unshuffled).
+        cost_model: see :class:`BalancedBatchSampler` (training split); default: padded tokens.
+        largest_first: see :class:`BalancedBatchSampler` (training split).
         text_key: field holding the text in ``.jsonl`` files.
         pad_token_id: padding id for tokenizers or token-id corpora that do not define one (default 0
             for token-id corpora).
@@ -98,7 +102,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         too_long: str = "error",
         pad_to_multiple_of: int = 1,
         max_batch_size: int | None = None,
-        length_tolerance: float = 0.03,
+        shuffle_window: float = 0.25,
+        cost_model: CostModel | None = None,
+        largest_first: bool = False,
         text_key: str = "text",
         pad_token_id: int | None = None,
         vocab_size: int | None = None,
@@ -143,7 +149,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.too_long = too_long
         self.pad_to_multiple_of = pad_to_multiple_of
         self.max_batch_size = max_batch_size
-        self.length_tolerance = length_tolerance
+        self.shuffle_window = shuffle_window
+        self.cost_model = cost_model
+        self.largest_first = largest_first
+        self._train_sampler_state: dict[str, Any] | None = None
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.pin_memory = pin_memory
         self.corpus: TokenizedCorpus | None = None
@@ -153,7 +162,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.val_sampler: BalancedBatchSampler | None = None
         # Fails now, not at the first batch, on a setting the sampler rejects.
         BalancedBatchSampler([1], max_tokens, num_replicas=1, rank=0, pad_to_multiple_of=pad_to_multiple_of,
-                             max_batch_size=max_batch_size, seed=seed, length_tolerance=length_tolerance)
+                             max_batch_size=max_batch_size, seed=seed, shuffle_window=shuffle_window,
+                             cost_model=cost_model, largest_first=largest_first)
 
     # ------------------------------------------------------------------------------------------------
     def _tokenized(self) -> TokenizedCorpus:
@@ -195,10 +205,14 @@ class BalancedTextDataModule(L.LightningDataModule):
         self._check_too_long()
         args = dict(num_replicas=world_size, rank=rank, seed=self.seed, too_long=self.too_long,
                     pad_to_multiple_of=self.pad_to_multiple_of, max_batch_size=self.max_batch_size,
-                    length_tolerance=self.length_tolerance)
+                    shuffle_window=self.shuffle_window)
+        # The plan balances each optimizer step: Lightning's accumulate_grad_batches at setup time.
+        accumulate = int(getattr(self.trainer, "accumulate_grad_batches", 1) or 1) if self.trainer else 1
         self.train_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, train_docs, self.max_length)
         self.train_sampler = self._sampler("training", self.train_dataset, shuffle=self.shuffle,
-                                           drop_last=self.drop_last, **args)
+                                           drop_last=self.drop_last, cost_model=self.cost_model,
+                                           largest_first=self.largest_first, accumulate_grad_batches=accumulate,
+                                           **args)
         self.val_dataset = self.val_sampler = None
         if num_val:
             self.val_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, val_docs, self.max_length)
@@ -254,8 +268,47 @@ class BalancedTextDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        """Training micro-batches of this rank; ``len()`` is the same on every rank."""
+        """Training micro-batches of this rank; ``len()`` is the same on every rank.
+
+        After a checkpoint is restored (:meth:`load_state_dict`), the sampler continues the saved epoch.
+        """
+        if self._train_sampler_state is not None and self.train_sampler is not None:
+            self.train_sampler.load_state_dict(self._train_sampler_state)
+            self._train_sampler_state = None
         return self._loader(self.train_dataset, self.train_sampler)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training sampler's position, for Lightning checkpoints (rank-independent, plain types).
+
+        The position counts micro-batches *consumed by training* in the current epoch (Lightning's
+        ``fit_loop.epoch_loop.batch_progress.current.ready``), not those the DataLoader's workers fetched
+        ahead. Empty before ``setup``.
+        """
+        if self.train_sampler is None:
+            return {}
+        consumed = None
+        trainer = self._trainer
+        if trainer is not None and trainer.training:
+            consumed = int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+            consumed = min(consumed, len(self.train_sampler))
+        return {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the training sampler's position; applied when ``train_dataloader()`` is next called.
+
+        The next training epoch then replays no micro-batch and skips none (see
+        :meth:`BalancedBatchSampler.load_state_dict`, which also covers a different number of ranks).
+
+        Raises:
+            ValueError: keys other than ``train_sampler``.
+        """
+        unknown = set(state_dict) - {"train_sampler"}
+        if unknown:
+            raise ValueError(f"BalancedTextDataModule state_dict has unknown keys {sorted(unknown)}")
+        self._train_sampler_state = state_dict.get("train_sampler")
+        if self._train_sampler_state is not None:
+            # Lightning cannot see that this DataLoader resumes through its sampler; it does.
+            warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable.*")
 
     def val_dataloader(self) -> DataLoader | list:
         """Validation micro-batches of this rank (unshuffled), or ``[]`` when ``val_fraction == 0``."""

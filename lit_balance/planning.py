@@ -1,21 +1,40 @@
-"""Pure epoch planning: lengths -> token-budgeted micro-batches -> steps x ranks.
+"""Pure epoch planning: lengths -> equal-cost micro-batches within the budget -> optimizer steps x ranks.
 
 Everything here is a pure function of its arguments. Every rank computes the same plan locally, with
 no communication, and keeps its own column of it.
 
-Worked example (``max_tokens=100``, ``num_replicas=2``, ``shuffle=False``)::
+Worked example (``max_tokens=100``, ``num_replicas=2``, ``shuffle=False``, padded-token cost)::
 
     lengths = [95, 95, 95, 95, 95, 20, 20, 20, 20, 20]
-    # sorted by length, longest first; a micro-batch takes as many rows as the budget allows at the
-    # length of its first (longest) row:  95 -> 100 // 95 = 1 row,  20 -> 100 // 20 = 5 rows
-    # micro-batches: [0] [1] [2] [3] [4] [5 6 7 8 9]        -> 6, already a multiple of 2
-    # costs in padded slots: 95 95 95 95 95 100; most costly first, two per step (rank 0, rank 1):
+    # sorted longest first. Filling each micro-batch to the budget gives [0] [1] [2] [3] [4] [5 6 7 8 9]:
+    # 6 micro-batches, already a multiple of 2; the cost cap that still gives 6 is 100 padded slots.
+    # costs: 95 95 95 95 95 100; most costly first, two per optimizer step (one per rank):
     #   step 0: [5 6 7 8 9] [0]   step 1: [1] [2]   step 2: [3] [4]
 
-Sources: forming micro-batches from length-sorted samples under a padded-token budget follows
-fairseq's ``batch_by_size`` and lhotse's ``DynamicBucketingSampler``; giving every rank the same number
-of micro-batches by splitting before duplicating follows the equal-count rule of PyTorch's
-``DistributedSampler``.
+The plan is made in four stages:
+
+1. **Order.** Samples are sorted by padded length, longest first. With ``shuffle``, ties are broken at
+   random and every sample's sort position is moved later by a random amount of up to ``shuffle_window``
+   micro-batches' worth of tokens, so batch-mates change between epochs; this is the one knob that trades
+   padding for randomness (the "sortish" idea of fastai's ``SortishSampler`` and of Hugging Face's
+   ``group_by_length`` megabatches, applied as a noisy sort key in token space).
+2. **Micro-batches of equal cost.** The number of micro-batches is chosen first: the smallest multiple of
+   ``num_replicas`` not below what filling every micro-batch to ``max_tokens`` would need. Then one cost cap
+   is found by bisection such that cutting the sorted order greedily, each micro-batch taking rows while its
+   cost stays under the cap (and its padded slots under ``max_tokens``), gives exactly that many
+   micro-batches, all of about the same cost (fairseq's ``batch_by_size`` cuts a sorted order the same way,
+   with the budget as the only cap). A micro-batch's cost comes from :class:`~lit_balance.cost.CostModel`.
+   With per-rank speeds, the caps cycle over the ranks in proportion to their speeds.
+3. **Steps.** Micro-batches in descending cost order are taken ``num_replicas * accumulate_grad_batches``
+   at a time (one optimizer step) and spread over the ranks with the Longest Processing Time rule
+   restricted to ``accumulate_grad_batches`` micro-batches per rank (Graham, "Bounds on multiprocessing
+   timing anomalies", SIAM J. Appl. Math. 17, 1969; with speeds, the rank that would finish earliest takes
+   the next micro-batch, the LPT rule for uniform machines of Gonzalez, Ibarra and Sahni, SIAM J. Comput. 6,
+   1977). Ranks only wait for each other once per optimizer step, so this balances each rank's summed cost
+   per step.
+4. **Order of steps.** With ``shuffle``, optimizer steps run in random order, and ranks are permuted within
+   a step (uniform speeds only); ``largest_first`` moves the step holding the epoch's longest sample to the
+   front, so an out-of-memory error shows at the first step.
 """
 
 from __future__ import annotations
@@ -24,6 +43,8 @@ import heapq
 from dataclasses import dataclass
 
 import numpy as np
+
+from lit_balance.cost import CostModel
 
 __all__ = ["EpochPlan", "padded_lengths", "plan_epoch"]
 
@@ -39,8 +60,10 @@ class EpochPlan:
         batch_offsets: int64 ``[num_batches + 1]``; micro-batch ``b`` is
             ``rows[batch_offsets[b]:batch_offsets[b + 1]]``.
         assignment: int64 ``[num_steps, num_replicas]``; ``assignment[s, r]`` is the micro-batch that
-            rank ``r`` runs at step ``s``.
+            rank ``r`` runs at micro-step ``s``. Optimizer step ``g`` is micro-steps
+            ``[g * accumulate_grad_batches, (g + 1) * accumulate_grad_batches)``.
         dropped: int64, sample indices left out this epoch by ``drop_last=True`` (global).
+        accumulate_grad_batches: micro-batches per rank per optimizer step the plan was balanced for.
     """
 
     rows: np.ndarray
@@ -48,6 +71,7 @@ class EpochPlan:
     batch_offsets: np.ndarray
     assignment: np.ndarray
     dropped: np.ndarray
+    accumulate_grad_batches: int = 1
 
     @property
     def num_steps(self) -> int:
@@ -64,6 +88,12 @@ class EpochPlan:
         lo, hi = self.batch_offsets[b], self.batch_offsets[b + 1]
         return self.rows[lo:hi], self.is_fill[lo:hi]
 
+    def batch_widths(self, padded: np.ndarray) -> np.ndarray:
+        """int64 ``[num_batches]``: each micro-batch's longest padded row, given padded lengths of all samples."""
+        if not self.num_batches:
+            return np.zeros(0, dtype=np.int64)
+        return np.maximum.reduceat(padded[self.rows], self.batch_offsets[:-1])
+
 
 def padded_lengths(lengths: np.ndarray, pad_to_multiple_of: int) -> np.ndarray:
     """Round each length up to a multiple of ``pad_to_multiple_of`` (tokens, int64)."""
@@ -71,48 +101,46 @@ def padded_lengths(lengths: np.ndarray, pad_to_multiple_of: int) -> np.ndarray:
     return -(-lengths // pad_to_multiple_of) * pad_to_multiple_of
 
 
-def _cut_points(pl: np.ndarray, max_tokens: int, max_batch_size: int) -> np.ndarray:
-    """End offsets of the micro-batches of ``pl`` (non-increasing per-row caps) within the budget.
+def _cut_points(take: np.ndarray, run_ends: np.ndarray) -> np.ndarray:
+    """End offsets of greedy contiguous micro-batches: one starting at row ``i`` has ``take[i]`` rows.
 
-    ``pl[i]`` is row ``i``'s padded length, or the longest padded length of its length bucket (see
-    :func:`_bucket_upper`); either way no later row is longer. A micro-batch starting at a row with
-    cap ``L`` takes ``min(max_tokens // L, max_batch_size)`` rows; since later rows are no longer, the
-    budget holds. Contiguous cuts of a sorted order are the fewest micro-batches possible for these
-    caps. Runs of equal caps are cut in one vectorised step, so the Python loop runs about twice per
-    distinct cap, not once per micro-batch.
+    ``take`` is constant on each run of rows ending at ``run_ends`` (runs of equal caps). Runs are cut in
+    one vectorised step each, so the Python loop runs about twice per run, not once per micro-batch.
     """
-    n = pl.shape[0]
-    caps = np.minimum(max_tokens // pl, max_batch_size)
-    run_ends = np.append(np.flatnonzero(pl[1:] != pl[:-1]) + 1, n)
+    n = take.shape[0]
     ends: list[np.ndarray] = []
     i = r = 0
     while i < n:
         while run_ends[r] <= i:
             r += 1
-        take, run_end = int(caps[i]), int(run_ends[r])
-        full = (run_end - i) // take  # micro-batches that lie wholly inside this run of equal lengths
+        step, run_end = int(take[i]), int(run_ends[r])
+        full = (run_end - i) // step  # micro-batches that lie wholly inside this run
         if full:
-            ends.append(np.arange(i + take, i + full * take + 1, take))
-            i += full * take
+            ends.append(np.arange(i + step, i + full * step + 1, step))
+            i += full * step
         if i < run_end:  # one micro-batch that starts here and runs into the shorter rows after
-            i = min(i + take, n)
+            i = min(i + step, n)
             ends.append(np.array([i]))
     return np.concatenate(ends) if ends else np.empty(0, dtype=np.int64)
 
 
-def _bucket_upper(padded: np.ndarray, candidates: np.ndarray, tolerance: float) -> np.ndarray:
-    """Per sample, the longest padded length among the candidates of its length bucket.
-
-    Buckets are geometric: ``floor(log(L) / log(1 + tolerance))``, so lengths in one bucket differ by
-    less than a factor ``1 + tolerance``. Samples outside ``candidates`` keep their own length.
-    """
-    bucket = np.floor(np.log(padded[candidates]) / np.log1p(tolerance)).astype(np.int64)
-    ids, inverse = np.unique(bucket, return_inverse=True)
-    longest = np.zeros(ids.shape[0], dtype=np.int64)
-    np.maximum.at(longest, inverse, padded[candidates])
-    upper = padded.copy()
-    upper[candidates] = longest[inverse]
-    return upper
+def _count_batches(take: np.ndarray, run_ends: np.ndarray, limit: int) -> int:
+    """Number of micro-batches :func:`_cut_points` would make, stopping early past ``limit``."""
+    n = take.shape[0]
+    count = i = r = 0
+    while i < n:
+        while run_ends[r] <= i:
+            r += 1
+        step, run_end = int(take[i]), int(run_ends[r])
+        full = (run_end - i) // step
+        count += full
+        i += full * step
+        if i < run_end:
+            i = min(i + step, n)
+            count += 1
+        if count > limit:
+            return count
+    return count
 
 
 def _split_to(starts: np.ndarray, ends: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray]:
@@ -142,6 +170,42 @@ def _split_to(starts: np.ndarray, ends: np.ndarray, target: int) -> tuple[np.nda
     return new_starts[order], new_ends[order]
 
 
+def _order(padded: np.ndarray, candidates: np.ndarray, max_tokens: int, window: float,
+           rng: np.random.Generator | None) -> np.ndarray:
+    """Candidates longest first; with ``rng``, random ties and sort positions moved by up to ``window`` batches."""
+    if rng is None:
+        return candidates[np.argsort(-padded[candidates], kind="stable")]
+    perm = rng.permutation(candidates)
+    order = perm[np.argsort(-padded[perm], kind="stable")]
+    if window > 0 and order.size:
+        position = (np.cumsum(padded[order]) - padded[order]) / max_tokens  # in full micro-batches
+        order = order[np.argsort(position + rng.uniform(0.0, window, order.size), kind="stable")]
+    return order
+
+
+def _lpt(costs: np.ndarray, speeds: np.ndarray, per_rank: int) -> np.ndarray:
+    """Assign ``costs`` (descending) to ranks, ``per_rank`` each: each goes where it would finish first.
+
+    Returns int64 ``[per_rank, num_ranks]`` of indices into ``costs``. Graham's LPT rule with a cardinality
+    limit; with unequal ``speeds`` (relative throughput), finishing time is ``load / speed``.
+    """
+    num_ranks = speeds.shape[0]
+    if per_rank == 1:  # one each: the most costly on the fastest rank
+        out = np.empty(num_ranks, dtype=np.int64)
+        out[np.argsort(-speeds, kind="stable")] = np.argsort(-costs, kind="stable")
+        return out[None, :]
+    load = np.zeros(num_ranks)
+    count = np.zeros(num_ranks, dtype=np.int64)
+    slots = np.empty((per_rank, num_ranks), dtype=np.int64)
+    for k in np.argsort(-costs, kind="stable"):
+        finish = np.where(count < per_rank, (load + costs[k]) / speeds, np.inf)
+        r = int(np.argmin(finish))
+        slots[count[r], r] = k
+        load[r] += costs[k]
+        count[r] += 1
+    return slots
+
+
 def plan_epoch(
     lengths: np.ndarray,
     max_tokens: int,
@@ -154,7 +218,11 @@ def plan_epoch(
     pad_to_multiple_of: int = 1,
     max_batch_size: int | None = None,
     eligible: np.ndarray | None = None,
-    length_tolerance: float = 0.0,
+    shuffle_window: float = 0.0,
+    cost_model: CostModel | None = None,
+    accumulate_grad_batches: int = 1,
+    rank_speeds: np.ndarray | None = None,
+    largest_first: bool = False,
 ) -> EpochPlan:
     """Plan one epoch for all ranks (pure: the same inputs give the same plan on every rank).
 
@@ -164,60 +232,96 @@ def plan_epoch(
         max_tokens: padded token slots (rows x longest padded row) allowed per micro-batch, per rank.
         num_replicas: number of ranks; the plan has ``num_steps x num_replicas`` micro-batches.
         seed: base seed; randomness comes from a local generator seeded by ``(seed, epoch)``.
-        epoch: epoch number; changes tie-breaking, rank assignment and step order when ``shuffle``.
-        shuffle: randomise the order within a length bucket (see ``length_tolerance``), the rank of each
-            micro-batch within its step and the order of steps; otherwise fully ordered.
+        epoch: epoch number; changes batch composition, rank assignment and step order when ``shuffle``.
+        shuffle: randomise the sort order (see ``shuffle_window``), the rank of each micro-batch within its
+            step and the order of steps; otherwise fully ordered.
         drop_last: when the samples are too few to give every rank a micro-batch at every step without
             duplicates, drop the fewest samples instead of adding fill rows.
         pad_to_multiple_of: padded length is the length rounded up to this multiple (tokens).
         max_batch_size: cap on rows per micro-batch, or None for no cap.
         eligible: bool ``[num_samples]`` mask of samples to plan (others are skipped), or None for all.
-        length_tolerance: with ``shuffle``, padded lengths within a factor ``1 + length_tolerance`` of each
-            other fall into one bucket and are shuffled together, so batch composition changes between
-            epochs even when no two lengths are equal; a micro-batch then takes as many rows as its
-            bucket's longest length allows. It trades padding (at most about ``length_tolerance`` of the
-            slots) for randomness; 0 shuffles only equal lengths. Ignored without ``shuffle``.
+        shuffle_window: with ``shuffle``, each sample's position in the longest-first order moves later by a
+            uniform random amount of up to this many micro-batches' worth of tokens (``max_tokens`` each)
+            before micro-batches are cut. 0 shuffles only equal lengths; larger values change batch-mates
+            more between epochs and cost more padding.
+        cost_model: cost of a micro-batch (default: padded token slots).
+        accumulate_grad_batches: micro-batches per rank per optimizer step; ranks are balanced on their
+            summed cost per optimizer step.
+        rank_speeds: float ``[num_replicas]`` relative throughput of each rank (None: all equal); a rank
+            with half the speed gets about half the cost per optimizer step.
+        largest_first: put the optimizer step holding the epoch's longest sample first (its micro-batch
+            first on its rank).
 
     Returns:
         The :class:`EpochPlan` of the epoch.
     """
+    cost_model = cost_model or CostModel()
     lengths = np.asarray(lengths, dtype=np.int64)
     padded = padded_lengths(lengths, pad_to_multiple_of)
     candidates = np.arange(lengths.shape[0], dtype=np.int64)
     if eligible is not None:
         candidates = candidates[eligible]
-    cap = max_batch_size if max_batch_size is not None else max_tokens
+    row_cap = max_batch_size if max_batch_size is not None else max_tokens
+    speeds = np.ones(num_replicas) if rank_speeds is None else np.asarray(rank_speeds, dtype=np.float64)
+    uniform = bool(np.all(speeds == speeds[0]))
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch)])) if shuffle else None
 
-    # Longest bucket first, in random order within a bucket (shuffle), else longest first by index.
-    upper = padded
-    if rng is not None:
-        candidates = rng.permutation(candidates)
-        if length_tolerance > 0 and candidates.size:
-            upper = _bucket_upper(padded, candidates, length_tolerance)
-    order = candidates[np.argsort(-upper[candidates], kind="stable")]
-    ends = _cut_points(upper[order], max_tokens, cap)
-    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64) if ends.size else np.empty(0, dtype=np.int64)
+    order = _order(padded, candidates, max_tokens, shuffle_window, rng)
+    n = order.shape[0]
+    # Each row's cap: the longest padded length from it to the end of the order (non-increasing), which
+    # bounds the longest row of any micro-batch that starts there.
+    caps = np.maximum.accumulate(padded[order][::-1])[::-1] if n else np.zeros(0, dtype=np.int64)
+    run_ends = np.append(np.flatnonzero(caps[1:] != caps[:-1]) + 1, n)
+    row_cost = cost_model.row_cost(caps)
+    budget_take = np.minimum(max_tokens // np.maximum(caps, 1), row_cap)
 
-    # Equal counts: a multiple of num_replicas micro-batches, splitting before duplicating.
-    target = -(-starts.shape[0] // num_replicas) * num_replicas
+    # Number of micro-batches: the smallest multiple of num_replicas not below the budget-filling count.
+    fill_count = _count_batches(budget_take, run_ends, n)
+    target = -(-fill_count // num_replicas) * num_replicas
+    weight = speeds / speeds.max()  # cost caps cycle over ranks in proportion to their speeds
+
+    def takes(cap: float) -> np.ndarray:
+        by_cost = np.floor((cap - cost_model.per_batch) / row_cost + 1e-9).astype(np.int64)
+        return np.clip(np.minimum(by_cost, budget_take), 1, None)
+
+    if n and uniform:
+        # Bisection on the cost cap: the fewest micro-batches <= target with the lowest cap.
+        hi = float(cost_model.batch_cost(budget_take, caps).max()) if n else 0.0
+        lo = hi / 2 if fill_count else 0.0
+        while _count_batches(takes(lo), run_ends, target) <= target and lo > 1e-12:
+            hi, lo = lo, lo / 2
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            if _count_batches(takes(mid), run_ends, target) <= target:
+                hi = mid
+            else:
+                lo = mid
+            if hi - lo <= 1e-6 * hi:
+                break
+        ends = _cut_points(takes(hi), run_ends)
+    elif n:
+        ends = _cut_weighted(takes, run_ends, weight, target, cost_model, caps, budget_take, n)
+    else:
+        ends = np.empty(0, dtype=np.int64)
+    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64) if ends.size else np.empty(0, dtype=np.int64)
     starts, ends = _split_to(starts, ends, target)
-    rows, offsets = order, np.append(starts, order.shape[0])
+
+    rows, offsets = order, np.append(starts, n)
     num_fill = 0
     dropped = np.empty(0, dtype=np.int64)
     if starts.shape[0] < target:  # every micro-batch is a single row: too few samples
         if drop_last:
-            keep = (order.shape[0] // num_replicas) * num_replicas
+            keep = (n // num_replicas) * num_replicas
             # drop at random (shuffle) or, without shuffle, the highest-cost rows (order is longest first)
-            perm = rng.permutation(order.shape[0]) if rng is not None else np.arange(order.shape[0])[::-1]
-            keep_mask = np.ones(order.shape[0], dtype=bool)
+            perm = rng.permutation(n) if rng is not None else np.arange(n)[::-1]
+            keep_mask = np.ones(n, dtype=bool)
             keep_mask[perm[keep:]] = False
             dropped = np.sort(order[~keep_mask])
             rows = order[keep_mask]
         else:
             num_fill = target - starts.shape[0]  # at most num_replicas - 1
             cheapest_first = order[::-1]
-            rows = np.concatenate([order, cheapest_first[np.arange(num_fill) % order.shape[0]]])
+            rows = np.concatenate([order, cheapest_first[np.arange(num_fill) % n]])
         offsets = np.arange(rows.shape[0] + 1, dtype=np.int64)
     is_fill = np.zeros(rows.shape[0], dtype=bool)
     if num_fill:
@@ -225,14 +329,11 @@ def plan_epoch(
     num_batches = offsets.shape[0] - 1
     num_steps = num_batches // num_replicas
 
-    # Balance: most costly first, then consecutive groups of num_replicas form a step. A micro-batch's
-    # cost in padded slots is its rows x its longest row's padded length.
-    cost = (np.diff(offsets) * np.maximum.reduceat(padded[rows], offsets[:-1]) if num_batches
-            else np.empty(0, dtype=np.int64))
-    assignment = np.argsort(-cost, kind="stable").reshape(num_steps, num_replicas)
-    if rng is not None and num_steps:
-        assignment = rng.permuted(assignment, axis=1)  # which rank gets which micro-batch in a step
-        assignment = assignment[rng.permutation(num_steps)]  # step order
+    widths = np.maximum.reduceat(padded[rows], offsets[:-1]) if num_batches else np.zeros(0, np.int64)
+    cost = np.asarray(cost_model.batch_cost(np.diff(offsets), widths), dtype=np.float64).reshape(-1)
+    assignment = _assign(cost, num_steps, num_replicas, accumulate_grad_batches, speeds, uniform, rng)
+    if largest_first and num_steps:
+        assignment = _longest_first(assignment, offsets, padded[rows], accumulate_grad_batches)
 
     return EpochPlan(
         rows=rows.astype(np.int64),
@@ -240,4 +341,71 @@ def plan_epoch(
         batch_offsets=offsets.astype(np.int64),
         assignment=np.ascontiguousarray(assignment, dtype=np.int64),
         dropped=dropped,
+        accumulate_grad_batches=int(accumulate_grad_batches),
     )
+
+
+def _cut_weighted(takes, run_ends, weight, target, cost_model, caps, budget_take, n) -> np.ndarray:
+    """Greedy cuts whose cost caps cycle over ranks as ``weight * cap``; bisection on ``cap`` to hit ``target``."""
+    num_ranks = weight.shape[0]
+
+    def cut(cap: float, limit: int) -> np.ndarray:
+        tk = [takes(cap * w) for w in weight]
+        ends = []
+        i = k = 0
+        while i < n and len(ends) <= limit:
+            i = min(i + int(tk[k % num_ranks][i]), n)
+            ends.append(i)
+            k += 1
+        return np.asarray(ends, dtype=np.int64)
+
+    hi = float(cost_model.batch_cost(budget_take, caps).max())
+    lo = 0.0
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        if cut(mid, target).shape[0] <= target:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-6 * hi:
+            break
+    return cut(hi, n)
+
+
+def _assign(cost: np.ndarray, num_steps: int, num_replicas: int, accumulate: int, speeds: np.ndarray,
+            uniform: bool, rng: np.random.Generator | None) -> np.ndarray:
+    """Micro-steps x ranks: optimizer steps of similar-cost micro-batches, LPT within each step."""
+    if num_steps == 0:
+        return np.empty((0, num_replicas), dtype=np.int64)
+    by_cost = np.argsort(-cost, kind="stable")
+    groups = []
+    for lo in range(0, num_steps, accumulate):
+        steps_here = min(accumulate, num_steps - lo)
+        members = by_cost[lo * num_replicas:(lo + steps_here) * num_replicas]
+        slots = members[_lpt(cost[members], speeds, steps_here)]  # [steps_here, R]
+        if rng is not None and uniform:
+            slots = slots[:, rng.permutation(num_replicas)]
+        groups.append(slots)
+    if rng is not None:  # a shorter last group stays last, so accumulation windows stay aligned
+        full = len(groups) - (1 if num_steps % accumulate else 0)
+        groups = [groups[g] for g in rng.permutation(full)] + groups[full:]
+    return np.concatenate(groups, axis=0)
+
+
+def _longest_first(assignment: np.ndarray, offsets: np.ndarray, row_padded: np.ndarray,
+                   accumulate: int) -> np.ndarray:
+    """Move the optimizer step with the longest row to the front, its micro-batch first on its rank."""
+    widths = np.maximum.reduceat(row_padded, offsets[:-1])
+    longest = int(np.argmax(widths))
+    step, rank = (int(x[0]) for x in np.nonzero(assignment == longest))
+    g0 = (step // accumulate) * accumulate
+    g1 = min(g0 + accumulate, assignment.shape[0])
+    if g1 - g0 < accumulate:  # the shorter last group must stay last: swap the micro-batch into step 0 instead
+        out = assignment.copy()
+        out[[0, step], rank] = out[[step, 0], rank]
+        return out
+    group = assignment[g0:g1].copy()
+    within = step - g0
+    group[[0, within], rank] = group[[within, 0], rank]  # its micro-batch first on its rank
+    rest = np.concatenate([assignment[:g0], assignment[g1:]], axis=0)
+    return np.concatenate([group, rest], axis=0)
