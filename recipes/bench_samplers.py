@@ -21,8 +21,8 @@ Strategies (lengths capped at ``--max-length``; budget ``--max-tokens`` padded s
   configured as the Trainer does: ``effective_batch_size = fixed batch size x ranks``, ``grad_accum=1``,
   ``drop_last=False``. Its micro-batch sizes vary; the budget is not one of its inputs.
 * ``lhotse_dynamic``: lhotse ``DynamicBucketingSampler`` over cuts whose duration is the token count,
-  ``max_duration=max_tokens`` (lhotse >= 1.4 counts ``rows x longest``, i.e. padded slots), per rank
-  ``world_size``/``rank``.
+  ``max_duration=max_tokens`` (lhotse >= 1.4 counts ``rows x longest``, i.e. padded slots, but checks after
+  adding a cut, so a longer last cut can overshoot), per rank ``world_size``/``rank``.
 * ``sort_fill``: sort by length (random tie order), fill each micro-batch while the summed *real* length stays
   within the budget, shuffle the micro-batch order, deal round-robin to ranks (fairseq-style ``batch_by_size``
   on real tokens).
@@ -44,6 +44,7 @@ import inspect
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 import warnings
@@ -340,8 +341,12 @@ def run_hf_length_grouped(lengths: np.ndarray, num_replicas: int, cfg: BenchConf
         batches[0].append(b0)
         batches[1].append(epoch(1, pair))
         times.append(seconds)
+    mega = max(min(lengths.shape[0] // (cfg.fixed_batch_size * 4), 50), 1) * cfg.fixed_batch_size
     notes = [(f"batch size {cfg.fixed_batch_size}; drop_last=False pads like DistributedSampler; the Trainer of "
-             "transformers 5 uses LengthGroupedSampler + accelerate sharding instead of this class")]
+              "transformers 5 uses LengthGroupedSampler + accelerate sharding instead of this class; length-sorted "
+              f"mega-batches of {mega} are dealt with stride {num_replicas}, so a micro-batch spans "
+              f"{cfg.fixed_batch_size * num_replicas} sorted positions"
+              + (" and mixes mega-batches" if mega < cfg.fixed_batch_size * num_replicas else ""))]
     return StrategyRun(batches, times, notes=notes)
 
 
@@ -442,8 +447,9 @@ def run_lhotse_dynamic(lengths: np.ndarray, num_replicas: int, cfg: BenchConfig,
     batches: dict[int, RankBatches] = {}
     (leader, batches[0]), seconds = _timed(lambda: (s := make(0), epoch(0, s)))
     batches[1] = epoch(1, leader)
-    notes = [("max_duration counts rows x longest (padded slots); the last global batches are redistributed "
-             "over ranks, which can exceed the budget")]
+    notes = [("max_duration counts rows x longest (padded slots), but a cut is added before the check, so a "
+              "longer cut arriving last can push a micro-batch past it; the last global batches are redistributed "
+              "over ranks")]
     return StrategyRun(batches, [seconds] * num_replicas, timing="rank 0 timed, x ranks", notes=notes)
 
 
@@ -611,6 +617,19 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _source_state() -> dict[str, Any]:
+    """Commit of the checkout this ran from and whether ``lit_balance/`` had uncommitted changes (None: no git)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10,
+                                check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--", "lit_balance"], cwd=root, capture_output=True,
+                                 text=True, timeout=10, check=True).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "lit_balance_uncommitted_files": None}
+    return {"commit": commit, "lit_balance_uncommitted_files": len(changed)}
+
+
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__,
            "lit_balance": lit_balance.__version__}
@@ -676,12 +695,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       f"{row['batches_per_rank_max']} micro-batches; DDP would hang at the end of the epoch")
         rows += dist_rows
         print()
+    notes = {}
+    for row in rows:
+        if row["status"] == "ok" and row["notes"]:
+            notes.setdefault(row["strategy"], f"{row['notes'][0]} (at {row['ranks']} ranks)")
+    print("Notes:\n" + "\n".join(f"- {name}: {note}" for name, note in notes.items()) + "\n")
     elapsed = time.perf_counter() - start
     results = {
         "command": " ".join(["python", "recipes/bench_samplers.py", *(argv if argv is not None else sys.argv[1:])]),
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count()},
         "versions": _versions(),
+        "source": _source_state(),
         "config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                    "cost_models": {k: asdict(v) for k, v in COST_MODELS.items()},
                    "lit_balance_accepts_cost_model": _accepts_cost_model()},
