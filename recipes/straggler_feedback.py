@@ -1,0 +1,134 @@
+"""Show measured-time feedback closing the straggler gap: 2 CPU ranks, one made slower on purpose.
+
+Run:
+    python recipes/straggler_feedback.py                       # 2 ranks, 3 epochs, rank 1 1.5x slower
+    python recipes/straggler_feedback.py --epochs 2 --num-docs 300 --json out.json
+
+Rank ``--slow-rank`` is slowed down by a demo-only model hook: after its forward pass and loss, it sleeps
+``--slowdown`` times the seconds they took (0.5: 1.5x slower), inside StragglerMonitor's timed interval.
+Epoch 0 is planned with the default cost model (padded token slots, equal ranks). At each epoch end,
+CostModelFeedback fits seconds per padded token / squared length / micro-batch and each rank's speed from
+the gathered timings and hands them to the sampler, which plans the next epoch with them. Prints, per
+epoch, the straggler gap (max minus median over ranks of the epoch's summed compute seconds), the ratio,
+each rank's compute and cost, and the fitted speeds; then the gap after feedback over the gap before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.data import DataLoader
+
+from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset, TransformerLM
+from lit_balance.callbacks import CostModelFeedback, StragglerMonitor
+from lit_balance.callbacks.straggler import COMPUTE, COST
+
+LENGTHS = Path(__file__).resolve().parents[1] / "lit_balance/data/lengths/lengths_fortunes.npy"
+
+
+class SyntheticText(L.LightningDataModule):
+    """Random token ids with real document lengths (fortunes corpus), one BalancedBatchSampler per rank."""
+
+    def __init__(self, num_docs: int, max_tokens: int, vocab_size: int) -> None:
+        super().__init__()
+        rng = np.random.default_rng(0)
+        lengths = np.minimum(np.load(LENGTHS)[:num_docs].astype(np.int64), max_tokens)
+        self.tokens = rng.integers(1, vocab_size, size=int(lengths.sum()))
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)])
+        self.max_tokens = max_tokens
+
+    def setup(self, stage: str | None = None) -> None:
+        self.dataset = TokenDataset(self.tokens, self.offsets, np.arange(len(self.offsets) - 1))
+        self.sampler = BalancedBatchSampler(self.dataset.lengths, self.max_tokens, num_replicas=self.trainer.world_size,
+                                            rank=self.trainer.global_rank, seed=0)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.dataset, sampler=self.sampler, batch_size=None, collate_fn=PadCollator(0))
+
+
+class SlowRankLM(TransformerLM):
+    """TransformerLM whose rank ``slow_rank`` sleeps ``slowdown`` x its forward+loss time (demo only)."""
+
+    def __init__(self, slow_rank: int, slowdown: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.slow_rank, self.slowdown = slow_rank, slowdown
+
+    def training_step(self, batch, batch_idx):
+        start = time.perf_counter()
+        loss = super().training_step(batch, batch_idx)
+        if self.global_rank == self.slow_rank and self.slowdown > 0:
+            time.sleep(self.slowdown * (time.perf_counter() - start))
+        return loss
+
+
+class EpochGap(L.Callback):
+    """Per epoch: each rank's summed compute seconds and cost (from the monitor's windows) and the gap."""
+
+    def __init__(self, monitor: StragglerMonitor) -> None:
+        self.monitor = monitor
+        self.epochs: list[dict] = []
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.monitor.flush(trainer, pl_module)
+        window = np.concatenate(self.monitor.epoch_windows, axis=1)
+        compute = window[:, :, COMPUTE].sum(axis=1)
+        median = float(np.median(compute))
+        sampler = trainer.train_dataloader.sampler
+        self.epochs.append({
+            "epoch": trainer.current_epoch, "compute_s": compute.tolist(), "gap_s": float(compute.max()) - median,
+            "ratio": float(compute.max()) / median, "cost": window[:, :, COST].sum(axis=1).tolist(),
+            "micro_batches": int(window.shape[1]),
+            "rank_speeds": None if sampler.rank_speeds is None else [float(s) for s in sampler.rank_speeds],
+        })
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--devices", type=int, default=2, help="CPU ranks (default: %(default)s)")
+    p.add_argument("--epochs", type=int, default=3, help="epochs; feedback applies from epoch 1 (default: %(default)s)")
+    p.add_argument("--num-docs", type=int, default=1200, help="documents (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="padded slots per micro-batch, per rank")
+    p.add_argument("--slow-rank", type=int, default=1, help="the rank made slower (default: %(default)s)")
+    p.add_argument("--slowdown", type=float, default=0.5, help="extra share of compute slept (0.5: 1.5x slower)")
+    p.add_argument("--json", type=Path, default=None, help="write the per-epoch figures here (rank 0)")
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    data = SyntheticText(args.num_docs, args.max_tokens, vocab_size=512)
+    model = SlowRankLM(args.slow_rank, args.slowdown, vocab_size=512, d_model=64, num_heads=4, num_layers=2,
+                       dim_feedforward=256)
+    monitor = StragglerMonitor(every_n_steps=1000, warn_ratio=10.0)
+    gap = EpochGap(monitor)
+    trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=DDPStrategy(timeout=timedelta(seconds=120)),
+                        callbacks=[monitor, gap, CostModelFeedback()], max_epochs=args.epochs,
+                        use_distributed_sampler=False, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, datamodule=data)
+    if trainer.global_rank != 0:
+        return
+    print(f"world size {trainer.world_size}, rank {args.slow_rank} slowed {1 + args.slowdown:.2f}x, "
+          f"max_tokens {args.max_tokens} per micro-batch per rank")
+    print(f"{'epoch':>5} {'micro-batches':>13} {'compute s per rank':>24} {'gap s':>7} {'ratio':>6} "
+          f"{'cost per rank':>20} planned speeds")
+    for e in gap.epochs:
+        comp = " ".join(f"{c:.3f}" for c in e["compute_s"])
+        cost = " ".join(f"{c:.3g}" for c in e["cost"])
+        speeds = "equal" if e["rank_speeds"] is None else " ".join(f"{s:.3f}" for s in e["rank_speeds"])
+        print(f"{e['epoch']:>5} {e['micro_batches']:>13} {comp:>24} {e['gap_s']:>7.3f} {e['ratio']:>6.3f} "
+              f"{cost:>20} {speeds}")
+    before, after = gap.epochs[0]["gap_s"], gap.epochs[-1]["gap_s"]
+    print(f"straggler gap before feedback {before:.3f} s, after {after:.3f} s: after/before = {after / before:.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"epochs": gap.epochs, "before_gap_s": before, "after_gap_s": after}))
+
+
+if __name__ == "__main__":
+    main()

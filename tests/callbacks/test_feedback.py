@@ -1,0 +1,92 @@
+"""CostModelFeedback: fitting seconds and rank speeds from gathered timings, and handing them to the sampler."""
+
+import warnings
+
+import numpy as np
+import pytest
+from conftest import MODULE, make_trainer
+
+from lit_balance.callbacks import CostModelFeedback, StragglerMonitor
+from lit_balance.callbacks.feedback import fit_cost_and_speeds
+from lit_balance.cost import CostModel
+
+
+def synthetic_window(speeds, cost=CostModel(linear=2e-5, quadratic=1e-7, per_batch=3e-3), n=40, seed=0):
+    """[R, n, 6] timings of micro-batches that take cost(rows, L) / speed[r] seconds exactly."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((len(speeds), n, 6))
+    for r, s in enumerate(speeds):
+        length = rng.integers(8, 512, n).astype(float)
+        rows = np.maximum(np.floor(1024 / length), 1)
+        out[r, :, 0] = cost.batch_cost(rows, length) / s
+        out[r, :, 2], out[r, :, 3] = rows, length
+    return out
+
+
+def test_recovers_cost_model_and_rank_speeds():
+    cost, speeds = fit_cost_and_speeds(synthetic_window([1.0, 2 / 3, 1.0]))
+    assert speeds == pytest.approx([1.0, 2 / 3, 1.0], rel=1e-6)
+    assert (cost.linear, cost.quadratic, cost.per_batch) == pytest.approx((2e-5, 1e-7, 3e-3), rel=1e-5)
+
+
+def test_too_few_timings_raise():
+    with pytest.raises(ValueError, match="at least 8 timed micro-batches"):
+        fit_cost_and_speeds(synthetic_window([1.0, 1.0], n=5), min_samples=8)
+
+
+class RecordingSampler:
+    def __init__(self):
+        self.calls = []
+
+    def set_cost_model(self, cost_model, rank_speeds=None):
+        self.calls.append((cost_model, rank_speeds))
+
+
+def test_hands_the_fit_to_the_sampler_and_logs_it():
+    sampler = RecordingSampler()
+    monitor = StragglerMonitor()
+    feedback = CostModelFeedback()
+    trainer, logger = make_trainer(world_size=2, sampler=sampler, callbacks=[monitor, feedback])
+    feedback.on_train_start(trainer, MODULE)
+    monitor.epoch_windows = [synthetic_window([1.0, 0.5], n=20, seed=1), synthetic_window([1.0, 0.5], n=20, seed=2)]
+    feedback.on_train_epoch_end(trainer, MODULE)
+    (cost, speeds), = sampler.calls
+    assert speeds == pytest.approx([1.0, 0.5], rel=1e-6)
+    assert cost.linear == pytest.approx(2e-5, rel=1e-5)
+    logged = logger.calls[-1][1]
+    assert logged["balance/rank_speed_rank1"] == pytest.approx(0.5, rel=1e-6)
+    assert logged["balance/cost_linear"] == cost.linear and logged["balance/cost_per_batch"] == cost.per_batch
+    # only the cost model when speeds are not wanted
+    only_cost = CostModelFeedback(fit_speeds=False)
+    only_cost.on_train_start(trainer, MODULE)
+    only_cost.on_train_epoch_end(trainer, MODULE)
+    assert sampler.calls[-1][1] is None
+
+
+def test_needs_a_monitor_and_warns_about_a_sampler_without_feedback():
+    feedback = CostModelFeedback()
+    trainer, _ = make_trainer(callbacks=[feedback])
+    with pytest.raises(RuntimeError, match="needs a StragglerMonitor"):
+        feedback.on_train_start(trainer, MODULE)
+    monitor = StragglerMonitor()
+    trainer, _ = make_trainer(world_size=2, sampler=object(), callbacks=[monitor, feedback])
+    feedback.on_train_start(trainer, MODULE)
+    monitor.epoch_windows = [synthetic_window([1.0, 1.0])]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        feedback.on_train_epoch_end(trainer, MODULE)
+    assert any("has no set_cost_model" in str(w.message) for w in caught)
+    assert feedback.last_fit is None
+
+
+def test_no_fit_from_too_few_timings_leaves_the_sampler_alone():
+    sampler = RecordingSampler()
+    monitor = StragglerMonitor()
+    feedback = CostModelFeedback(min_samples=8)
+    trainer, _ = make_trainer(world_size=2, sampler=sampler, callbacks=[monitor, feedback])
+    feedback.on_train_start(trainer, MODULE)
+    monitor.epoch_windows = [synthetic_window([1.0, 1.0], n=4)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        feedback.on_train_epoch_end(trainer, MODULE)
+    assert sampler.calls == [] and any("no fit this epoch" in str(w.message) for w in caught)
