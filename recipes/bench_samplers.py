@@ -295,6 +295,20 @@ def _as_lists(batches: Any) -> list[list[int]]:
     return [[int(i) for i in b] for b in batches]
 
 
+def _hf_class(name: str, hint: str) -> Any:
+    """``transformers.trainer_pt_utils.<name>``, or :class:`PeerUnavailable` saying why not."""
+    try:
+        import transformers
+        from transformers import trainer_pt_utils
+    except ImportError as exc:
+        raise PeerUnavailable("not installed", f"transformers ({exc}); pip install -e '.[bench]'") from exc
+    cls = getattr(trainer_pt_utils, name, None)
+    if cls is None:
+        raise PeerUnavailable("unavailable", f"transformers {transformers.__version__} has no "
+                              f"trainer_pt_utils.{name}; {hint}")
+    return cls
+
+
 def run_distributed_fixed(lengths: np.ndarray, num_replicas: int, cfg: BenchConfig) -> StrategyRun:
     """torch ``DistributedSampler`` (defaults: shuffle, ``drop_last=False``) + ``BatchSampler``."""
     batches: dict[int, RankBatches] = {e: [] for e in EPOCHS}
@@ -320,17 +334,16 @@ def run_distributed_fixed(lengths: np.ndarray, num_replicas: int, cfg: BenchConf
 
 def run_hf_length_grouped(lengths: np.ndarray, num_replicas: int, cfg: BenchConfig) -> StrategyRun:
     """Hugging Face ``DistributedLengthGroupedSampler`` + ``BatchSampler`` of the fixed batch size."""
-    try:
-        from transformers.trainer_pt_utils import DistributedLengthGroupedSampler
-    except ImportError as exc:
-        raise PeerUnavailable("not installed", f"transformers.trainer_pt_utils.DistributedLengthGroupedSampler: {exc}")
+    length_grouped_cls = _hf_class(
+        "DistributedLengthGroupedSampler", "the Trainer groups by length with LengthGroupedSampler and shards "
+        "with accelerate instead")
     length_list = lengths.tolist()
     batches: dict[int, RankBatches] = {e: [] for e in EPOCHS}
     times = []
     for rank in range(num_replicas):
         def build(rank: int = rank) -> tuple[Any, BatchSampler]:
-            sampler = DistributedLengthGroupedSampler(cfg.fixed_batch_size, lengths=length_list,
-                                                      num_replicas=num_replicas, rank=rank, seed=cfg.seed)
+            sampler = length_grouped_cls(cfg.fixed_batch_size, lengths=length_list, num_replicas=num_replicas,
+                                         rank=rank, seed=cfg.seed)
             return sampler, BatchSampler(sampler, cfg.fixed_batch_size, drop_last=False)
 
         def epoch(e: int, pair: tuple[Any, BatchSampler]) -> list[list[int]]:
@@ -357,19 +370,16 @@ def run_hf_batch_rebalance(lengths: np.ndarray, num_replicas: int, cfg: BenchCon
     ``_assign`` (the per-global-batch assignment of every rank) is recorded and each rank's column is read from
     it, which ``tests/test_bench_samplers.py`` checks equals building that rank's sampler.
     """
-    try:
-        from transformers.trainer_pt_utils import BatchRebalanceSampler
-    except ImportError as exc:
-        raise PeerUnavailable("not installed", f"transformers.trainer_pt_utils.BatchRebalanceSampler ({exc}); "
-                              "it is in transformers releases that include huggingface/transformers#47340")
+    rebalance_cls = _hf_class(
+        "BatchRebalanceSampler", "it came with huggingface/transformers#47340; transformers 5.24 has it")
     length_list = lengths.tolist()
     effective = cfg.fixed_batch_size * num_replicas
     batches: dict[int, RankBatches] = {}
     recorded: list[list[list[list[int]]]] = []
 
     def build() -> Any:
-        sampler = BatchRebalanceSampler(length_list, effective_batch_size=effective, dp_size=num_replicas,
-                                        grad_accum=1, shuffle=True, seed=cfg.seed, rank=0, drop_last=False)
+        sampler = rebalance_cls(length_list, effective_batch_size=effective, dp_size=num_replicas,
+                                grad_accum=1, shuffle=True, seed=cfg.seed, rank=0, drop_last=False)
         assign = sampler._assign
 
         def recording_assign(indices: list[int], lens: list[int]) -> Any:
@@ -412,7 +422,7 @@ def run_lhotse_dynamic(lengths: np.ndarray, num_replicas: int, cfg: BenchConfig,
     try:
         from lhotse.dataset import DynamicBucketingSampler
     except ImportError as exc:
-        raise PeerUnavailable("not installed", f"lhotse ({exc}); pip install lhotse")
+        raise PeerUnavailable("not installed", f"lhotse ({exc}); pip install -e '.[bench]'") from exc
     cuts = cuts if cuts is not None else _lhotse_cuts(lengths)
 
     def make(rank: int, bins: Any = None) -> Any:
@@ -459,7 +469,7 @@ def sort_fill_batches(lengths: np.ndarray, max_tokens: int, seed: int, epoch: in
 
     Example:
         >>> sort_fill_batches(np.array([3, 1, 2, 3]), max_tokens=4, seed=0, epoch=0)
-        [[0], [3], [1, 2]]
+        [[3], [0], [1, 2]]
     """
     rng = np.random.default_rng([seed, epoch])
     perm = rng.permutation(lengths.shape[0])
@@ -677,7 +687,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             try:
                                 cuts = _lhotse_cuts(lengths)
                             except ImportError as exc:
-                                raise PeerUnavailable("not installed", f"lhotse ({exc}); pip install lhotse") from exc
+                                raise PeerUnavailable("not installed",
+                                                      f"lhotse ({exc}); pip install -e '.[bench]'") from exc
                         run = run_lhotse_dynamic(lengths, num_replicas, cfg, cuts=cuts)
                     else:
                         run = RUNNERS[strategy](lengths, num_replicas, cfg)

@@ -246,6 +246,13 @@ def test_missing_peers_are_rows_not_crashes(tmp_path, monkeypatch):
     assert [r["status"] for r in rows] == ["not installed"] * 3 + ["ok"]
 
 
+def test_peer_class_missing_from_installed_package_is_unavailable(tmp_path, monkeypatch):
+    pt_utils = pytest.importorskip("transformers.trainer_pt_utils")
+    monkeypatch.delattr(pt_utils, "BatchRebalanceSampler", raising=False)
+    (row,) = _main(tmp_path, "--ranks", "2", "--strategies", "hf_batch_rebalance")["rows"]
+    assert row["status"] == "unavailable" and "has no trainer_pt_utils.BatchRebalanceSampler" in row["reason"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -259,3 +266,10 @@ def test_bad_arguments_exit_with_a_clear_message(tmp_path, capsys, args, message
     with pytest.raises(SystemExit):
         _main(tmp_path, *args)
     assert message in capsys.readouterr().err
+
+
+def test_docstring_examples_of_the_recipe_hold():
+    import doctest
+
+    result = doctest.testmod(bench)
+    assert result.attempted >= 1 and result.failed == 0
