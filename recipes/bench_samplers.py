@@ -655,6 +655,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; print one markdown table per distribution; write ``results.json``; return the results."""
     parser = _parser()
     args = parser.parse_args(argv)
+    args.ranks, args.distributions, args.strategies = (list(dict.fromkeys(v)) for v in  # drop repeats, keep order
+                                                       (args.ranks, args.distributions, args.strategies))
     if args.max_length > args.max_tokens:
         parser.error(f"--max-length ({args.max_length}) must be <= --max-tokens ({args.max_tokens}): a capped document "
                      "must fit one micro-batch; lower --max-length or raise --max-tokens")
