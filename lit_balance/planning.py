@@ -39,6 +39,7 @@ The plan is made in four stages:
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass
 
@@ -102,18 +103,19 @@ def padded_lengths(lengths: np.ndarray, pad_to_multiple_of: int) -> np.ndarray:
 
 
 def _cut_points(take: np.ndarray, run_ends: np.ndarray) -> np.ndarray:
-    """End offsets of greedy contiguous micro-batches: one starting at row ``i`` has ``take[i]`` rows.
+    """End offsets of greedy contiguous micro-batches: one starting in run ``r`` has ``take[r]`` rows.
 
-    ``take`` is constant on each run of rows ending at ``run_ends`` (runs of equal caps). Runs are cut in
-    one vectorised step each, so the Python loop runs about twice per run, not once per micro-batch.
+    ``run_ends`` are the end offsets of runs of rows with equal caps; ``take`` holds one value per run.
+    Runs are cut in one vectorised step each, so the Python loop runs about twice per run, not once per
+    micro-batch.
     """
-    n = take.shape[0]
+    n = int(run_ends[-1]) if run_ends.size else 0
     ends: list[np.ndarray] = []
     i = r = 0
     while i < n:
         while run_ends[r] <= i:
             r += 1
-        step, run_end = int(take[i]), int(run_ends[r])
+        step, run_end = int(take[r]), int(run_ends[r])
         full = (run_end - i) // step  # micro-batches that lie wholly inside this run
         if full:
             ends.append(np.arange(i + step, i + full * step + 1, step))
@@ -124,14 +126,14 @@ def _cut_points(take: np.ndarray, run_ends: np.ndarray) -> np.ndarray:
     return np.concatenate(ends) if ends else np.empty(0, dtype=np.int64)
 
 
-def _count_batches(take: np.ndarray, run_ends: np.ndarray, limit: int) -> int:
-    """Number of micro-batches :func:`_cut_points` would make, stopping early past ``limit``."""
-    n = take.shape[0]
+def _count_batches(take: list[int], run_ends: list[int], limit: int) -> int:
+    """Number of micro-batches :func:`_cut_points` would make (plain lists), stopping early past ``limit``."""
+    n = run_ends[-1] if run_ends else 0
     count = i = r = 0
     while i < n:
         while run_ends[r] <= i:
             r += 1
-        step, run_end = int(take[i]), int(run_ends[r])
+        step, run_end = take[r], run_ends[r]
         full = (run_end - i) // step
         count += full
         i += full * step
@@ -271,41 +273,52 @@ def plan_epoch(
     # Each row's cap: the longest padded length from it to the end of the order (non-increasing), which
     # bounds the longest row of any micro-batch that starts there.
     caps = np.maximum.accumulate(padded[order][::-1])[::-1] if n else np.zeros(0, dtype=np.int64)
-    run_ends = np.append(np.flatnonzero(caps[1:] != caps[:-1]) + 1, n)
-    row_cost = cost_model.row_cost(caps)
-    budget_take = np.minimum(max_tokens // np.maximum(caps, 1), row_cap)
+    run_ends = np.append(np.flatnonzero(caps[1:] != caps[:-1]) + 1, n) if n else np.zeros(0, dtype=np.int64)
+    run_caps = caps[run_ends - 1] if n else np.zeros(0, dtype=np.int64)
+    run_cost = cost_model.row_cost(run_caps)
+    run_take = np.minimum(max_tokens // np.maximum(run_caps, 1), row_cap)
+    budget_take = np.repeat(run_take, np.diff(np.concatenate([[0], run_ends])))
 
     # Number of micro-batches: the smallest multiple of num_replicas not below the budget-filling count.
-    fill_count = _count_batches(budget_take, run_ends, n)
+    fill_count = _count_batches(run_take.tolist(), run_ends.tolist(), n)
     target = -(-fill_count // num_replicas) * num_replicas
     weight = speeds / speeds.max()  # cost caps cycle over ranks in proportion to their speeds
 
-    def takes(cap: float) -> np.ndarray:
-        by_cost = np.floor((cap - cost_model.per_batch) / row_cost + 1e-9).astype(np.int64)
-        return np.clip(np.minimum(by_cost, budget_take), 1, None)
-
-    if n and uniform:
-        # Bisection on the cost cap: the fewest micro-batches <= target with the lowest cap.
-        hi = float(cost_model.batch_cost(budget_take, caps).max()) if n else 0.0
-        lo = hi / 2 if fill_count else 0.0
-        while _count_batches(takes(lo), run_ends, target) <= target and lo > 1e-12:
-            hi, lo = lo, lo / 2
-        for _ in range(40):
-            mid = 0.5 * (lo + hi)
-            if _count_batches(takes(mid), run_ends, target) <= target:
-                hi = mid
+    row_weight = cost_model.row_cost(caps) + cost_model.per_batch / np.maximum(budget_take, 1)
+    cum = np.concatenate([[0.0], np.cumsum(row_weight)]).tolist()
+    take_list = budget_take.tolist()
+    best: tuple[float, EpochPlan] | None = None
+    # Candidate cuts (greedy under a cost cap, or cumulative equal shares; with the fewest micro-batches or
+    # one more step of them); every one respects the budget, and the plan that wastes least is kept.
+    for method, k in (("greedy", target), ("cumulative", target), ("greedy", target + num_replicas)):
+        if not n:
+            ends = np.empty(0, dtype=np.int64)
+        elif method == "greedy" and uniform:
+            ends = _cut_greedy(run_cost, cost_model.per_batch, run_take, run_ends, k)
+        else:
+            for _ in range(3):  # more micro-batches while the budget makes them overflow (a few tries)
+                ends = _cut_equal(cum, take_list, np.resize(weight, k))
+                if ends[-1] == n:
+                    break
+                left = (cum[n] - cum[int(ends[-1])]) / (cum[n] / k) + 0.005 * k  # micro-batches still to place
+                k += int(np.ceil(left / num_replicas)) * num_replicas
             else:
-                lo = mid
-            if hi - lo <= 1e-6 * hi:
-                break
-        ends = _cut_points(takes(hi), run_ends)
-    elif n:
-        ends = _cut_weighted(takes, run_ends, weight, target, cost_model, caps, budget_take, n)
-    else:
-        ends = np.empty(0, dtype=np.int64)
+                continue  # this candidate does not fit; the greedy ones always do
+        plan = _finish(order, ends, k, padded, cost_model, num_replicas, accumulate_grad_batches, speeds,
+                       uniform, drop_last, largest_first,
+                       np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), 1])) if shuffle else None)
+        waste = _waste(plan, padded, cost_model, speeds)
+        if best is None or waste < best[0]:
+            best = (waste, plan)
+    return best[1]
+
+
+def _finish(order, ends, target, padded, cost_model, num_replicas, accumulate_grad_batches, speeds, uniform,
+            drop_last, largest_first, rng) -> EpochPlan:
+    """Split to ``target`` micro-batches (or fill / drop when too few samples), then assign steps and ranks."""
+    n = order.shape[0]
     starts = np.concatenate([[0], ends[:-1]]).astype(np.int64) if ends.size else np.empty(0, dtype=np.int64)
     starts, ends = _split_to(starts, ends, target)
-
     rows, offsets = order, np.append(starts, n)
     num_fill = 0
     dropped = np.empty(0, dtype=np.int64)
@@ -345,31 +358,72 @@ def plan_epoch(
     )
 
 
-def _cut_weighted(takes, run_ends, weight, target, cost_model, caps, budget_take, n) -> np.ndarray:
-    """Greedy cuts whose cost caps cycle over ranks as ``weight * cap``; bisection on ``cap`` to hit ``target``."""
-    num_ranks = weight.shape[0]
+def _cut_greedy(run_cost: np.ndarray, per_batch: float, run_take: np.ndarray, run_ends: np.ndarray,
+                target: int) -> np.ndarray:
+    """Greedy cuts under the lowest cost cap that still gives at most ``target`` micro-batches (bisection).
 
-    def cut(cap: float, limit: int) -> np.ndarray:
-        tk = [takes(cap * w) for w in weight]
-        ends = []
-        i = k = 0
-        while i < n and len(ends) <= limit:
-            i = min(i + int(tk[k % num_ranks][i]), n)
-            ends.append(i)
-            k += 1
-        return np.asarray(ends, dtype=np.int64)
+    A micro-batch starting in run ``r`` takes as many rows as keep ``per_batch + rows * run_cost[r]`` under
+    the cap, and never more than ``run_take[r]`` (the hard budget).
+    """
+    ends_list = run_ends.tolist()
 
-    hi = float(cost_model.batch_cost(budget_take, caps).max())
+    def takes(cap: float) -> np.ndarray:
+        by_cost = np.floor((cap - per_batch) / run_cost + 1e-9).astype(np.int64)
+        return np.clip(np.minimum(by_cost, run_take), 1, None)
+
+    hi = float((per_batch + run_take * run_cost).max())
     lo = 0.0
-    for _ in range(40):
+    for _ in range(50):
         mid = 0.5 * (lo + hi)
-        if cut(mid, target).shape[0] <= target:
+        if _count_batches(takes(mid).tolist(), ends_list, target) <= target:
             hi = mid
         else:
             lo = mid
         if hi - lo <= 1e-6 * hi:
             break
-    return cut(hi, n)
+    return _cut_points(takes(hi), run_ends)
+
+
+def _waste(plan: EpochPlan, padded: np.ndarray, cost_model: CostModel, speeds: np.ndarray) -> float:
+    """Sum over optimizer steps of (slowest rank's time x num_replicas) - real cost: what a plan wastes."""
+    if not plan.num_batches:
+        return 0.0
+    widths = plan.batch_widths(padded)
+    cost = np.asarray(cost_model.batch_cost(np.diff(plan.batch_offsets), widths), dtype=np.float64).reshape(-1)
+    a = plan.assignment
+    group = np.arange(a.shape[0]) // plan.accumulate_grad_batches
+    per_rank = np.zeros((int(group[-1]) + 1, a.shape[1]))
+    np.add.at(per_rank, group, cost[a] / speeds)
+    real = ~plan.is_fill
+    return float((per_rank.max(axis=1) * speeds.sum()).sum() - cost_model.real_cost(padded[plan.rows[real]]).sum())
+
+
+def _cut_equal(cum: list[float], take: list[int], weights: np.ndarray) -> np.ndarray:
+    """Cut the order into ``len(weights)`` contiguous micro-batches of about equal summed row weight.
+
+    ``cum`` is the cumulative row weight (``n + 1`` values from 0). Micro-batch ``k`` aims at the share
+    ``weights[k] / sum(weights[k:])`` of the weight still to place (so errors do not pile up at the end),
+    rounded to the nearest whole row, and never takes more than ``take[i]`` rows from its first row ``i`` (the
+    hard budget). Returns end offsets; the last is below ``n`` when the budget forces more micro-batches.
+    """
+    n = len(cum) - 1
+    total = cum[n]
+    suffix = np.cumsum(weights[::-1])[::-1].tolist()
+    w = weights.tolist()
+    ends = []
+    i = 0
+    for k in range(len(w)):
+        if i >= n:
+            break
+        goal = cum[i] + (total - cum[i]) * w[k] / suffix[k]
+        e = bisect.bisect_left(cum, goal, i + 1)
+        e = min(e, n)
+        if e > i + 1 and goal - cum[e - 1] < cum[e] - goal:
+            e -= 1
+        e = min(max(e, i + 1), i + take[i])
+        ends.append(e)
+        i = e
+    return np.asarray(ends, dtype=np.int64)
 
 
 def _assign(cost: np.ndarray, num_steps: int, num_replicas: int, accumulate: int, speeds: np.ndarray,
@@ -378,6 +432,15 @@ def _assign(cost: np.ndarray, num_steps: int, num_replicas: int, accumulate: int
     if num_steps == 0:
         return np.empty((0, num_replicas), dtype=np.int64)
     by_cost = np.argsort(-cost, kind="stable")
+    if accumulate == 1:  # one micro-batch per rank and step: vectorised LPT (most costly on the fastest rank)
+        steps = by_cost.reshape(num_steps, num_replicas)
+        out = np.empty_like(steps)
+        out[:, np.argsort(-speeds, kind="stable")] = steps
+        if rng is not None:
+            if uniform:
+                out = rng.permuted(out, axis=1)
+            out = out[rng.permutation(num_steps)]
+        return out
     groups = []
     for lo in range(0, num_steps, accumulate):
         steps_here = min(accumulate, num_steps - lo)

@@ -1,6 +1,7 @@
 """The vectorised planner against plain reference implementations, and bad-input regressions."""
 
 import heapq
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,15 +9,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lit_balance.planning import _cut_points, _split_to
+from lit_balance.planning import _count_batches, _cut_points, _lpt, _split_to, plan_epoch
 from lit_balance.sampler import MAX_TOKENS_LIMIT, BalancedBatchSampler
+from lit_balance.stats import batch_persistence, plan_stats
+
+LENGTHS = Path(__file__).resolve().parents[1] / "lit_balance" / "data" / "lengths"
 
 
-def _greedy_reference(pl, max_tokens, max_batch_size):
-    """One micro-batch at a time: take as many rows as the first (longest) row allows."""
+def _greedy_reference(take):
+    """One micro-batch at a time: a micro-batch starting at row i takes take[i] rows."""
     ends, i = [], 0
-    while i < len(pl):
-        i = min(i + min(max_tokens // int(pl[i]), max_batch_size), len(pl))
+    while i < len(take):
+        i = min(i + int(take[i]), len(take))
         ends.append(i)
     return ends
 
@@ -33,6 +37,19 @@ def _split_reference(starts, ends, target):
     return sorted((s, e) for _, s, e in heap)
 
 
+def _lpt_reference(costs, speeds, per_rank):
+    """Plain LPT with a cardinality limit: most costly first, to the rank that would finish first."""
+    load, count = [0.0] * len(speeds), [0] * len(speeds)
+    slots = [[None] * len(speeds) for _ in range(per_rank)]
+    for k in sorted(range(len(costs)), key=lambda k: -costs[k]):
+        best = min((r for r in range(len(speeds)) if count[r] < per_rank),
+                   key=lambda r: ((load[r] + costs[k]) / speeds[r], r))
+        slots[count[best]][best] = k
+        load[best] += costs[k]
+        count[best] += 1
+    return slots
+
+
 @settings(deadline=None, max_examples=300)
 @given(
     lengths=st.lists(st.integers(1, 64), min_size=1, max_size=300),
@@ -42,12 +59,45 @@ def _split_reference(starts, ends, target):
 )
 def test_vectorised_planner_matches_references(lengths, max_tokens, max_batch_size, num_replicas):
     pl = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
-    ends = _cut_points(pl, max_tokens, max_batch_size)
-    assert ends.tolist() == _greedy_reference(pl, max_tokens, max_batch_size)
+    run_ends = np.append(np.flatnonzero(pl[1:] != pl[:-1]) + 1, len(pl))
+    take = np.minimum(max_tokens // pl, max_batch_size)
+    ends = _cut_points(take, run_ends)
+    assert ends.tolist() == _greedy_reference(take)
+    assert _count_batches(take, run_ends, len(pl)) == len(ends)
     starts = np.concatenate([[0], ends[:-1]])
     target = -(-len(starts) // num_replicas) * num_replicas
     got_s, got_e = _split_to(starts, ends, target)
     assert list(zip(got_s.tolist(), got_e.tolist())) == _split_reference(starts.tolist(), ends.tolist(), target)
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    num_ranks=st.integers(1, 6),
+    per_rank=st.integers(1, 5),
+    data=st.data(),
+)
+def test_lpt_matches_reference_and_fills_every_rank(num_ranks, per_rank, data):
+    costs = np.asarray(data.draw(st.lists(st.integers(1, 1000), min_size=num_ranks * per_rank,
+                                          max_size=num_ranks * per_rank)), dtype=np.float64)
+    speeds = np.asarray(data.draw(st.lists(st.sampled_from([0.5, 1.0, 2.0]), min_size=num_ranks,
+                                           max_size=num_ranks)))
+    slots = _lpt(costs, speeds, per_rank)
+    assert sorted(slots.reshape(-1).tolist()) == list(range(len(costs)))
+    if per_rank > 1:
+        assert slots.tolist() == _lpt_reference(costs.tolist(), speeds.tolist(), per_rank)
+    else:  # one each: the k-th most costly on the k-th fastest rank
+        by_speed = np.argsort(-speeds, kind="stable")
+        assert (costs[slots[0, by_speed]] == np.sort(costs)[::-1]).all()
+
+
+def test_equal_lengths_make_equal_cost_steps():
+    # 1000 rows of 10 tokens, budget 128 -> 12 rows each would need 84 micro-batches; 4 ranks -> 84 is a
+    # multiple; equal cost: every micro-batch has 11 or 12 rows, and the plan balances each step
+    plan = plan_epoch(np.full(1000, 10), 128, num_replicas=4, seed=0, epoch=0, shuffle=True, drop_last=False)
+    sizes = np.diff(plan.batch_offsets)
+    assert plan.num_batches == 84 and sizes.max() * 10 <= 128 and sizes.max() - sizes.min() <= 1
+    stats = plan_stats(plan, np.full(1000, 10))
+    assert stats.step_imbalance.max() <= 12 / 11
 
 
 @pytest.mark.parametrize(
@@ -100,10 +150,10 @@ def _compositions(sampler, epoch):
     return {frozenset(b) for b in sampler}
 
 
-def test_length_tolerance_changes_composition_of_distinct_lengths():
+def test_shuffle_window_changes_composition_of_distinct_lengths():
     lengths = np.arange(100, 400)  # no two lengths equal
-    moving = BalancedBatchSampler(lengths, 2048, num_replicas=1, rank=0, seed=3)
-    frozen = BalancedBatchSampler(lengths, 2048, num_replicas=1, rank=0, seed=3, length_tolerance=0.0)
+    moving = BalancedBatchSampler(lengths, 2048, num_replicas=1, rank=0, seed=3, shuffle_window=1.0)
+    frozen = BalancedBatchSampler(lengths, 2048, num_replicas=1, rank=0, seed=3, shuffle_window=0.0)
     assert _compositions(moving, 0) != _compositions(moving, 1)
     assert _compositions(frozen, 0) == _compositions(frozen, 1)  # only the order of steps changes
     for sampler in (moving, frozen):
@@ -113,7 +163,16 @@ def test_length_tolerance_changes_composition_of_distinct_lengths():
             assert sorted(i for b in sampler for i in b) == list(range(300))
 
 
-@pytest.mark.parametrize("value", [-0.1, 1.5, True, "0.1"])
-def test_length_tolerance_rejects_bad_values(value):
-    with pytest.raises(ValueError, match="length_tolerance must be a number in"):
-        BalancedBatchSampler([3, 4], 10, num_replicas=1, rank=0, length_tolerance=value)
+def test_larger_shuffle_window_lowers_persistence():
+    lengths = np.minimum(np.load(LENGTHS / "lengths_fortunes.npy"), 512)
+    persistence = []
+    for window in (0.0, 1.0, 4.0):
+        sampler = BalancedBatchSampler(lengths, 4096, num_replicas=8, rank=0, shuffle_window=window)
+        persistence.append(batch_persistence(sampler.plan(0), sampler.plan(1)))
+    assert persistence[0] > persistence[1] > persistence[2]
+
+
+@pytest.mark.parametrize("value", [-0.1, float("nan"), float("inf"), True, "0.1"])
+def test_shuffle_window_rejects_bad_values(value):
+    with pytest.raises(ValueError, match="shuffle_window must be a finite number >= 0"):
+        BalancedBatchSampler([3, 4], 10, num_replicas=1, rank=0, shuffle_window=value)

@@ -417,9 +417,11 @@ def test_padding_multiple_counts_padded_length_for_too_long():
 
 
 def test_padding_multiple_limits_rows_per_batch():
-    # 10 samples of 9 tokens: 9 slots each unpadded (11 per batch of 100), 16 slots padded to 16 (6 per batch)
+    # 10 samples of 9 tokens padded to 16: at most 6 per batch of 100 slots, so 2 micro-batches of equal cost
     s = BalancedBatchSampler([9] * 10, 100, num_replicas=1, rank=0, shuffle=False, pad_to_multiple_of=16)
-    assert [len(b) for b in s] == [6, 4]
+    assert [len(b) for b in s] == [5, 5]
+    unpadded = BalancedBatchSampler([9] * 10, 100, num_replicas=1, rank=0, shuffle=False)
+    assert [len(b) for b in unpadded] == [10]  # 90 slots fit in one
     s = BalancedBatchSampler([9] * 10, 100, num_replicas=1, rank=0, shuffle=False)
     assert [len(b) for b in s] == [10]
 
