@@ -19,7 +19,11 @@ def emit(trainer: L.Trainer, metrics: dict[str, float]) -> None:
     if trainer.is_global_zero:
         for logger in trainer.loggers:
             logger.log_metrics(dict(metrics), step=trainer.global_step)
-    callback_metrics = trainer.callback_metrics
+    # the connector's dict itself: the public property recomputes every logged metric on each access
+    connector = getattr(trainer, "_logger_connector", None)
+    callback_metrics = getattr(connector, "_callback_metrics", None)
+    if callback_metrics is None:
+        callback_metrics = trainer.callback_metrics
     for k, v in metrics.items():
         callback_metrics[k] = torch.tensor(float(v))
 

@@ -121,6 +121,7 @@ class AdaptiveGradAccumulation(L.Callback):
         self._monitor: StragglerMonitor | None = None
         self._tokens: np.ndarray | None = None
         self._tokens_epoch: int | None = None
+        self._cum: np.ndarray | None = None
         self._measured_mean: float | None = None
         self._window_start = 0
         self._window_local = 0
@@ -159,10 +160,14 @@ class AdaptiveGradAccumulation(L.Callback):
         if self._tokens is None or self._tokens_epoch != epoch:
             self._tokens = plan_step_tokens(sampler)
             self._tokens_epoch = epoch
+            self._cum = None if self._tokens is None else np.concatenate([[0], np.cumsum(self._tokens)])
         if self._tokens is None or self._tokens.size == 0:
             return self._measured_mean
-        ahead = self._tokens[batch_idx : batch_idx + self.lookahead]
-        return float(ahead.mean()) if ahead.size else float(self._tokens.mean())
+        n = self._tokens.size
+        lo, hi = min(batch_idx, n), min(batch_idx + self.lookahead, n)
+        if hi > lo:
+            return float(self._cum[hi] - self._cum[lo]) / (hi - lo)
+        return float(self._cum[-1]) / n
 
     def _straggler_compute(self) -> np.ndarray | None:
         monitor = self._monitor
@@ -194,6 +199,8 @@ class AdaptiveGradAccumulation(L.Callback):
         if batch_idx % current:
             return  # inside a window: never change here
         self._window_start, self._window_local = batch_idx, 0
+        if batch_idx == 0:
+            self._tokens = None  # a new epoch: read its plan
         mean = self._mean_tokens(trainer, batch_idx)
         if mean is None or mean <= 0:
             return
@@ -211,8 +218,8 @@ class AdaptiveGradAccumulation(L.Callback):
         if (batch_idx + 1) % acc and not (isinstance(last, int) and batch_idx + 1 >= last):
             return  # not the step's last micro-batch
         micro_batches = batch_idx + 1 - self._window_start
-        if self._tokens is not None and self._tokens_epoch == getattr(train_sampler(trainer), "epoch", None):
-            tokens = int(self._tokens[self._window_start : batch_idx + 1].sum())
+        if self._cum is not None and batch_idx < self._tokens.size:  # this epoch's plan, read at its first batch
+            tokens = int(self._cum[batch_idx + 1] - self._cum[self._window_start])
         else:  # no plan: sum the real tokens actually seen over ranks (one all-reduce per optimizer step)
             local = torch.tensor(float(self._window_local), dtype=torch.float64)
             if trainer.world_size > 1:

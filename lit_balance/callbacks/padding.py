@@ -48,6 +48,7 @@ class PaddingRatioMonitor(L.Callback):
         #: The last values logged (the same on every rank).
         self.last_metrics: dict[str, float] = {}
         self._since_real = 0
+        self._since_padded = 0
         self._since_batches = 0
         self._last_time = 0.0
         self._batches = 0
@@ -55,13 +56,16 @@ class PaddingRatioMonitor(L.Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.metric.reset()
         self._since_real = 0
+        self._since_padded = 0
         self._since_batches = 0
         self._last_time = self.clock()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         real, padded = int(batch["num_real_tokens"]), int(batch["num_padded_tokens"])
-        self.metric.update(real, padded)
+        if not 0 <= real <= padded:
+            raise ValueError(f"expected 0 <= num_real_tokens <= num_padded_tokens, got {real} and {padded}")
+        self._since_padded += padded  # the metric takes the window's sums at the next log (cheaper per batch)
         self._since_real += real
         self._since_batches += 1
         self._batches += 1
@@ -75,10 +79,11 @@ class PaddingRatioMonitor(L.Callback):
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         now = self.clock()
+        self.metric.update(self._since_real, self._since_padded)
         local = torch.tensor([float(self.metric.real_tokens), float(self.metric.padded_tokens),
                               float(self._since_real), now - self._last_time], dtype=torch.float64)
         g = gather(trainer, pl_module, local)
-        self._since_real, self._since_batches, self._last_time = 0, 0, now
+        self._since_real, self._since_padded, self._since_batches, self._last_time = 0, 0, 0, now
         real, padded = g[:, 0], g[:, 1]
         metrics = {"balance/padding_ratio": _ratio(float(real.sum()), float(padded.sum()))}
         for r in range(g.shape[0]):

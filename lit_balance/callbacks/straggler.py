@@ -124,6 +124,7 @@ class StragglerMonitor(L.Callback):
         self._prev_end: float | None = None
         self._pending: list[float] | None = None
         self._slowest_run = (-1, 0)
+        self._coef = (1.0, 0.0, 0.0)
 
     # -- timing ------------------------------------------------------------------------------------------
     def _now(self, pl_module: L.LightningModule) -> float:
@@ -132,6 +133,8 @@ class StragglerMonitor(L.Callback):
         return self.clock()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        cost = self.cost_model or getattr(train_sampler(trainer), "cost_model", None) or CostModel()
+        self._coef = (float(cost.linear), float(cost.quadratic), float(cost.per_batch))
         self.epoch_windows = []
         self._records = []
         self._prev_end = self.clock()
@@ -169,9 +172,11 @@ class StragglerMonitor(L.Callback):
             self._gather(trainer, pl_module)
 
     def _shape(self, trainer: L.Trainer, batch: Any) -> list[float]:
-        rows, length = (int(s) for s in batch["input_ids"].shape[:2])
-        cost_model = self.cost_model or getattr(train_sampler(trainer), "cost_model", None) or CostModel()
-        return [float(rows), float(length), float(batch["num_real_tokens"]), float(cost_model.batch_cost(rows, length))]
+        shape = batch["input_ids"].shape
+        rows, length = float(shape[0]), float(shape[1])
+        linear, quadratic, per_batch = self._coef  # CostModel.batch_cost, in plain floats
+        cost = per_batch + rows * (linear * length + quadratic * length * length)
+        return [rows, length, float(batch["num_real_tokens"]), cost]
 
     # -- gathering ---------------------------------------------------------------------------------------
     def _gather(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -1,0 +1,119 @@
+"""Overhead of the measuring and adapting callbacks: the same small fit with and without them, side by side.
+
+Run:
+    python recipes/bench_callbacks.py                     # 5 interleaved pairs of 1-epoch fits, 1 CPU process
+    python recipes/bench_callbacks.py --reps 3 --num-docs 400
+
+Each repetition runs the fit without callbacks, then with PaddingRatioMonitor, StragglerMonitor,
+CostModelFeedback and AdaptiveGradAccumulation (its target set so that it keeps accumulate_grad_batches at 1,
+so both fits take the same optimizer steps), on the same data and initial weights. Two figures:
+
+* **hook time / fit time**: seconds spent inside the callbacks' own hooks (each hook wrapped with a pair of
+  clock reads) over the callback fit's time, as CPU seconds (``time.thread_time`` for the hooks,
+  ``time.process_time`` for the fit: immune to other processes preempting this one) and as wall seconds
+  (``time.perf_counter``). This is the overhead itself.
+* **fit time ratio**: median over repetitions of (fit with callbacks) / (fit without). End to end, but noisy
+  on a shared machine; repetitions are interleaved so drifts hit both arms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset, TransformerLM
+from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, PaddingRatioMonitor, StragglerMonitor
+
+LENGTHS = Path(__file__).resolve().parents[1] / "lit_balance/data/lengths/lengths_fortunes.npy"
+HOOKS = ("on_train_start", "on_train_epoch_start", "on_train_batch_start", "on_before_backward",
+         "on_train_batch_end", "on_train_epoch_end", "on_train_end")
+
+
+def loader(num_docs: int, max_tokens: int, vocab_size: int) -> DataLoader:
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(np.load(LENGTHS)[:num_docs].astype(np.int64), max_tokens)
+    tokens = rng.integers(1, vocab_size, size=int(lengths.sum()))
+    ds = TokenDataset(tokens, np.concatenate([[0], np.cumsum(lengths)]), np.arange(num_docs))
+    sampler = BalancedBatchSampler(ds.lengths, max_tokens, num_replicas=1, rank=0, seed=0)
+    return DataLoader(ds, sampler=sampler, batch_size=None, collate_fn=PadCollator(0))
+
+
+def timed(callbacks: list[L.Callback]) -> list[float]:
+    """Wrap every hook of ``callbacks``: its [wall, CPU] seconds add up in the returned two-element list."""
+    total = [0.0, 0.0]
+    for cb in callbacks:
+        for name in HOOKS:
+            method = getattr(cb, name)
+
+            @functools.wraps(method)
+            def wrapper(*args, _method=method, **kwargs):
+                start, cpu = time.perf_counter(), time.thread_time()
+                try:
+                    return _method(*args, **kwargs)
+                finally:
+                    total[0] += time.perf_counter() - start
+                    total[1] += time.thread_time() - cpu
+
+            setattr(cb, name, wrapper)
+    return total
+
+
+def fit(args, with_callbacks: bool) -> tuple[float, float, list[float], int]:
+    torch.manual_seed(0)
+    model = TransformerLM(vocab_size=512, d_model=args.d_model, num_heads=4, num_layers=2,
+                          dim_feedforward=4 * args.d_model)
+    callbacks: list[L.Callback] = []
+    hook_s = [0.0, 0.0]
+    if with_callbacks:
+        callbacks = [PaddingRatioMonitor(), StragglerMonitor(every_n_steps=50), CostModelFeedback(),
+                     AdaptiveGradAccumulation(target_tokens_per_step=1)]
+        hook_s = timed(callbacks)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, callbacks=callbacks, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    dl = loader(args.num_docs, args.max_tokens, 512)
+    start, cpu = time.perf_counter(), time.process_time()
+    trainer.fit(model, train_dataloaders=dl)
+    return time.perf_counter() - start, time.process_time() - cpu, hook_s, len(dl)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reps", type=int, default=5, help="interleaved pairs of fits (default: %(default)s)")
+    p.add_argument("--num-docs", type=int, default=1500, help="documents (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="padded slots per micro-batch (default: %(default)s)")
+    p.add_argument("--d-model", type=int, default=64, help="model width (default: %(default)s)")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    fit(args, False)  # warm-up: imports, allocator, kernels
+    base, with_cb, hooks_wall, hooks_cpu, cpu_ratios = [], [], [], [], []
+    for _ in range(args.reps):
+        t0, c0, _, steps = fit(args, False)
+        t1, c1, h, _ = fit(args, True)
+        base.append(t0)
+        with_cb.append(t1)
+        hooks_wall.append(h[0] / t1)
+        hooks_cpu.append(h[1] / c1)
+        cpu_ratios.append(c1 / c0)
+    ratios = [b / a for a, b in zip(base, with_cb)]
+    print(f"{steps} micro-batches per fit, {args.reps} interleaved pairs, 1 CPU thread")
+    print(f"fit s without callbacks: {' '.join(f'{t:.2f}' for t in base)}")
+    print(f"fit s with callbacks:    {' '.join(f'{t:.2f}' for t in with_cb)}")
+    print(f"step time without callbacks: {1e3 * statistics.median(base) / steps:.1f} ms (median)")
+    print(f"hook time / fit time, CPU s: median {100 * statistics.median(hooks_cpu):.3f} %, "
+          f"max {100 * max(hooks_cpu):.3f} %")
+    print(f"hook time / fit time, wall s: median {100 * statistics.median(hooks_wall):.3f} %, "
+          f"max {100 * max(hooks_wall):.3f} %")
+    print(f"fit time ratio (with / without), wall s: median {statistics.median(ratios):.4f} "
+          f"(min {min(ratios):.4f}, max {max(ratios):.4f}); CPU s: median {statistics.median(cpu_ratios):.4f}")
+
+
+if __name__ == "__main__":
+    main()
