@@ -1,4 +1,4 @@
-"""The main job, recipes/train.py, as a user runs it: 2 CPU DDP ranks on the built-in corpus."""
+"""The main job, recipes/train.py on conf/config.yaml, as a user runs it: 2 CPU DDP ranks on the built-in corpus."""
 
 import os
 import re
@@ -6,21 +6,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "train.py"
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "train.py"
 
 
 def test_train_recipe_prints_per_rank_summary(tmp_path):
-    env = {**os.environ, "LIT_BALANCE_CACHE": str(tmp_path / "cache")}
-    overrides = ["trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.limit_val_batches=1",
-                 "model.d_model=32", "model.num_heads=2", "model.num_layers=1", "model.dim_feedforward=64",
-                 "data.max_tokens=512"]
-    proc = subprocess.run([sys.executable, str(RECIPE), *overrides], capture_output=True, text=True, timeout=300,
-                          env=env, cwd=tmp_path)
+    python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "LIT_BALANCE_CACHE": str(tmp_path / "cache"), "PYTHONPATH": python_path}
+    # conf/experiment/smoke.yaml: 3 steps of a tiny model, max_tokens=512; a group choice and a key override
+    overrides = ["experiment=smoke", "callbacks=[run_summary]", "trainer.log_every_n_steps=1"]
+    proc = subprocess.run([sys.executable, str(RECIPE), *overrides], check=False, capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     out = proc.stdout
-    assert "world size 2" in out and "standard library docstrings" in out
+    assert "world size 2" in out and "standard library docstrings" in out and "per-rank budget 512 " in out
     rows = {m.group(1): m.groups()[1:] for m in re.finditer(
-        r"^\s*(0|1|total)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", out, flags=re.M)}
+        r"^\s*(0|1|total)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", out, flags=re.MULTILINE)}
     assert set(rows) == {"0", "1", "total"}
     for rank in ("0", "1"):
         micro, real, padded, ratio, _ = rows[rank]

@@ -1,0 +1,207 @@
+"""The ``lit-balance`` command: Lightning CLI subcommands (fit, validate, ...) and the ``plan`` dry run.
+
+Run:
+    lit-balance fit --config conf/cli/fit_cpu.yaml          # 2 CPU DDP ranks, BalancedTextDataModule + TransformerLM
+    lit-balance fit --print_config                          # every option with its default
+    lit-balance plan --lengths lit_balance/data/lengths/lengths_fortunes.npy --num-replicas 8 --max-tokens 2048
+    python -m lit_balance.cli plan --help                   # the same without the console script
+
+``fit``, ``validate``, ``test`` and ``predict`` are :class:`lightning.pytorch.cli.LightningCLI`'s: the model is
+:class:`~lit_balance.TransformerLM` (``--model.*``), the data :class:`~lit_balance.BalancedTextDataModule`
+(``--data.*``), ``model.vocab_size`` is taken from the built data module, and callbacks are set with
+``--trainer.callbacks`` (class paths and init args) in the config. ``plan`` plans one epoch without
+training and reports it (see :mod:`lit_balance.report`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from lit_balance.cost import CostModel
+from lit_balance.datamodule import BalancedTextDataModule
+from lit_balance.models import TransformerLM
+
+__all__ = ["LitBalanceCLI", "main", "plan_parser", "run_plan"]
+
+
+def plan_parser() -> ArgumentParser:
+    """The ``plan`` subcommand's parser (jsonargparse; ``--config`` reads the same options from YAML)."""
+    parser = ArgumentParser(description="Plan one epoch without training: per-rank micro-batches, tokens, padding "
+                                        "and cost, rank imbalance and useful compute fraction, against "
+                                        "DistributedSampler with a fixed batch size; writes a table, a JSON summary "
+                                        "and PNG plots.")
+    parser.add_argument("--config", action=ActionConfigFile, help="YAML file holding any of these options")
+    group = parser.add_argument_group("input: a lengths file, or a corpus and tokenizer as for BalancedTextDataModule")
+    group.add_argument("--lengths", type=Path | None, default=None,
+                       help="a .npy array or a text file (one integer per line) of tokens per sample; "
+                            "when given, the corpus options are not used")
+    group.add_argument("--corpus", type=str | None, default=None,
+                       help="null = the built-in corpus; or a path or glob of .txt / .jsonl files")
+    group.add_argument("--tokenizer", type=str | None, default=None,
+                       help="null = the built-in BERT-uncased WordPiece; or a tokenizer.json path")
+    group.add_argument("--text-key", type=str, default="text", help="JSONL field holding the text")
+    group.add_argument("--max-length", type=int | None, default=512,
+                       help="tokens kept per sample (truncation), also applied to --lengths; null = none")
+    group.add_argument("--val-fraction", type=float, default=0.05,
+                       help="share of corpus documents held out for validation (the plan covers the training split)")
+    group.add_argument("--cache-dir", type=str | None, default=None, help="tokenization cache directory")
+    group = parser.add_argument_group("sampler, as BalancedBatchSampler")
+    group.add_argument("--num-replicas", type=int, default=2, help="ranks (world size)")
+    group.add_argument("--max-tokens", type=int, default=4096, help="padded token slots per micro-batch, per rank")
+    group.add_argument("--shuffle", type=bool, default=True, help="shuffle within length buckets and steps")
+    group.add_argument("--seed", type=int, default=0, help="sampler seed, the same on every rank")
+    group.add_argument("--epoch", type=int, default=0, help="the epoch to plan (as set_epoch)")
+    group.add_argument("--drop-last", type=bool, default=False, help="drop instead of duplicating when too few")
+    group.add_argument("--pad-to-multiple-of", type=int, default=1, help="rows padded to a multiple of this (tokens)")
+    group.add_argument("--max-batch-size", type=int | None, default=None, help="rows per micro-batch cap; null = none")
+    group.add_argument("--length-tolerance", type=float, default=0.03,
+                       help="relative length difference shuffled together each epoch")
+    group.add_argument("--too-long", type=Literal["error", "skip", "truncate"], default="error",
+                       help="samples longer than max-tokens")
+    group.add_argument("--accumulate-grad-batches", type=int, default=1,
+                       help="micro-batches per rank per optimizer step (ranks wait once per optimizer step)")
+    group = parser.add_argument_group("cost model: cost = per_batch + rows * (linear * L + quadratic * L**2)")
+    group.add_argument("--linear", type=float, default=1.0, help="cost per padded token slot")
+    group.add_argument("--quadratic", type=float, default=0.0, help="cost per squared padded length, per row")
+    group.add_argument("--per-batch", type=float, default=0.0, help="cost per micro-batch")
+    parser.add_argument("--output-dir", type=Path, default=Path("plan_report"),
+                        help="where plan_table.txt, plan_summary.json and the PNG plots go")
+    parser.add_argument("--plots", type=bool, default=True, help="write the PNG plots")
+    return parser
+
+
+def _load_lengths(path: Path) -> np.ndarray:
+    if not path.is_file():
+        raise ValueError(f"--lengths {str(path)!r} is not a file; pass a .npy array or a text file of integers")
+    if path.suffix == ".npy":
+        lengths = np.load(path, allow_pickle=False)
+    else:
+        try:
+            lengths = np.loadtxt(path, dtype=np.int64, ndmin=1)
+        except ValueError as error:
+            raise ValueError(f"--lengths {str(path)!r}: expected one integer per line: {error}") from error
+    if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
+        raise ValueError(f"--lengths {str(path)!r}: expected a 1-D integer array, got dtype {lengths.dtype} "
+                         f"and shape {lengths.shape}")
+    return lengths.astype(np.int64)
+
+
+def _corpus_lengths(cfg: Namespace) -> tuple[np.ndarray, str]:
+    dm = BalancedTextDataModule(
+        cfg.corpus, cfg.tokenizer, max_tokens=cfg.max_tokens, max_length=cfg.max_length,
+        val_fraction=cfg.val_fraction, seed=cfg.seed, too_long=cfg.too_long, text_key=cfg.text_key,
+        pad_to_multiple_of=cfg.pad_to_multiple_of, max_batch_size=cfg.max_batch_size,
+        length_tolerance=cfg.length_tolerance, cache_dir=cfg.cache_dir,
+    )
+    dm.prepare_data()  # tokenizes into the cache, with a progress bar, unless cached
+    dm.setup("fit")
+    return np.asarray(dm.train_dataset.lengths, dtype=np.int64), (
+        f"{dm.source.description}, training split: {len(dm.train_dataset)} documents "
+        f"(val_fraction={dm.val_fraction}, max_length={dm.max_length})")
+
+
+def run_plan(cfg: Namespace) -> dict[str, Any]:
+    """Run the ``plan`` subcommand on parsed options; print the report and write it to ``--output-dir``.
+
+    Returns:
+        The report's summary (see :meth:`lit_balance.report.PlanReport.summary`).
+
+    Raises:
+        ValueError, TypeError: a bad option (the message names it).
+    """
+    from rich.console import Console
+
+    from lit_balance.report import format_report, plan_report, save_plots, write_summary
+
+    if cfg.lengths is not None:
+        lengths = _load_lengths(Path(cfg.lengths))
+        if cfg.max_length is not None:
+            lengths = np.minimum(lengths, cfg.max_length)
+        source = f"{cfg.lengths} ({lengths.size} samples, max_length={cfg.max_length})"
+    else:
+        lengths, source = _corpus_lengths(cfg)
+    report = plan_report(
+        lengths, cfg.max_tokens, num_replicas=cfg.num_replicas, shuffle=cfg.shuffle, seed=cfg.seed,
+        epoch=cfg.epoch, drop_last=cfg.drop_last, too_long=cfg.too_long, pad_to_multiple_of=cfg.pad_to_multiple_of,
+        max_batch_size=cfg.max_batch_size, length_tolerance=cfg.length_tolerance,
+        accumulate_grad_batches=cfg.accumulate_grad_batches,
+        cost_model=CostModel(linear=cfg.linear, quadratic=cfg.quadratic, per_batch=cfg.per_batch),
+    )
+    console = Console(record=True, width=max(Console().width, 110))
+    console.print(f"plan of {source}: {cfg.num_replicas} ranks, max_tokens={cfg.max_tokens} padded slots per "
+                  f"micro-batch per rank, epoch {cfg.epoch}", highlight=False)
+    for renderable in format_report(report):
+        console.print(renderable)
+    output_dir = Path(cfg.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    written = [write_summary(report, output_dir)]
+    if cfg.plots:
+        written += save_plots(report, output_dir)
+    table_path = output_dir / "plan_table.txt"
+    table_path.write_text(console.export_text(), encoding="utf-8")
+    console.print("wrote " + ", ".join(str(p) for p in [table_path, *written]), highlight=False)
+    return report.summary()
+
+
+class LitBalanceCLI(LightningCLI):
+    """LightningCLI for :class:`TransformerLM` on :class:`BalancedTextDataModule`, plus the ``plan`` subcommand.
+
+    ``model.vocab_size`` is linked to the instantiated data module's ``vocab_size``
+    (``link_arguments(..., apply_on="instantiate")``), so configs never repeat it.
+    """
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        parser._subcommands_action.add_subcommand(
+            "plan", plan_parser(), help="Plan one epoch without training and report padding, balance and cost")
+
+    def _set_seed(self) -> None:
+        if self.subcommand != "plan":
+            super()._set_seed()
+
+    def instantiate_classes(self) -> None:
+        if self.subcommand != "plan":
+            super().instantiate_classes()
+
+    def before_fit(self) -> None:
+        """Print the derived budget (rank 0) before training."""
+        trainer, dm = self.trainer, self.datamodule
+        if trainer.is_global_zero:
+            print(f"world size {trainer.world_size} | per-rank budget {dm.max_tokens} padded slots per micro-batch | "
+                  f"global budget {dm.max_tokens * trainer.world_size * trainer.accumulate_grad_batches} padded slots "
+                  f"per optimizer step | max_length {dm.max_length} tokens | corpus: {dm.source.description}",
+                  flush=True)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        if subcommand == "plan":
+            self.plan_summary = run_plan(self.config.plan)
+            return
+        super()._run_subcommand(subcommand)
+
+
+def main(args: list[str] | None = None) -> LitBalanceCLI:
+    """Entry point of the ``lit-balance`` console script (and of ``python -m lit_balance.cli``).
+
+    Args:
+        args: command-line arguments without the program name (default: ``sys.argv[1:]``).
+    """
+    return LitBalanceCLI(
+        TransformerLM,
+        BalancedTextDataModule,
+        seed_everything_default=0,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"prog": "lit-balance"},
+        args=args,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""The lit-balance command: LightningCLI fit on 2 CPU ranks, --print_config, and the plan report."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from lit_balance import BalancedBatchSampler, BalancedTextDataModule, TransformerLM
+from lit_balance.callbacks import RunSummary
+from lit_balance.cli import LitBalanceCLI, main
+from lit_balance.cost import CostModel
+from lit_balance.report import distributed_sampler_plan, plan_report
+from lit_balance.stats import plan_stats
+
+ROOT = Path(__file__).resolve().parents[1]
+FIT_CPU = ROOT / "conf" / "cli" / "fit_cpu.yaml"
+LENGTHS = ROOT / "lit_balance" / "data" / "lengths"
+
+
+@pytest.fixture(autouse=True)
+def _program_name_only(monkeypatch):
+    """In-process main(args) sees no pytest arguments in sys.argv (as when run from the shell)."""
+    monkeypatch.setattr(sys, "argv", ["lit-balance"])
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "LIT_BALANCE_CACHE": str(tmp_path / "cache")}
+
+
+def _run(args: list[str], tmp_path: Path, timeout: float) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "lit_balance.cli", *args], check=False, capture_output=True, text=True,
+                          timeout=timeout, env=_env(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def test_console_script_is_declared():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["scripts"]["lit-balance"] == "lit_balance.cli:main"
+    try:
+        scripts = metadata.entry_points(group="console_scripts", name="lit-balance")
+    except metadata.PackageNotFoundError:  # pragma: no cover - not installed
+        pytest.skip("lit_balance is not installed")
+    if scripts:  # installed with pip install -e . (an older install may predate the script)
+        assert next(iter(scripts)).value == "lit_balance.cli:main"
+
+
+def test_print_config_with_no_other_argument(tmp_path):
+    proc = _run(["fit", "--print_config"], tmp_path, timeout=180)
+    cfg = yaml.safe_load(proc.stdout)
+    assert cfg["data"]["max_tokens"] == 4096 and cfg["data"]["corpus"] is None
+    assert cfg["model"]["d_model"] == 128 and "vocab_size" not in cfg["model"]  # linked from the data module
+    assert "devices" in cfg["trainer"] and cfg["seed_everything"] == 0
+
+
+def test_fit_cpu_yaml_builds(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = LitBalanceCLI(TransformerLM, BalancedTextDataModule, args=["--config", str(FIT_CPU)], run=False,
+                        seed_everything_default=0)
+    assert isinstance(cli.datamodule, BalancedTextDataModule) and cli.datamodule.max_tokens == 1024
+    assert cli.model.hparams.vocab_size == cli.datamodule.vocab_size == 30522
+    assert cli.model.hparams.d_model == 128
+    assert cli.trainer.world_size == 2 and cli.trainer.max_steps == 40
+    assert any(isinstance(c, RunSummary) for c in cli.trainer.callbacks)
+
+
+def test_fit_two_steps_on_two_cpu_ranks(tmp_path):
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join(f"line {i} " + "some words here " * (i % 11 + 1) for i in range(120)), encoding="utf-8")
+    args = ["fit", "--config", str(FIT_CPU), "--trainer.max_steps=2", "--trainer.val_check_interval=2",
+            "--trainer.limit_val_batches=1", "--model.d_model=32", "--model.num_heads=2", "--model.num_layers=1",
+            "--model.dim_feedforward=64", f"--data.corpus={corpus}", "--data.max_tokens=256",
+            "--data.val_fraction=0.1"]
+    out = _run(args, tmp_path, timeout=300).stdout
+    assert "world size 2" in out and "per-rank budget 256" in out
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(
+        r"^\s*(0|1|total)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", out, flags=re.MULTILINE)}
+    assert set(rows) == {"0", "1", "total"}
+    for rank in ("0", "1"):
+        micro, real, padded = (int(x) for x in rows[rank][:3])
+        assert micro == 2 and 0 < real <= padded <= 2 * 256
+    saved = yaml.safe_load((tmp_path / "lightning_logs" / "fit_cpu" / "config.yaml").read_text())
+    assert saved["trainer"]["max_steps"] == 2 and saved["data"]["corpus"] == str(corpus)
+
+
+def test_plan_on_a_shipped_lengths_file(tmp_path):
+    lengths_file = LENGTHS / "lengths_fortunes.npy"
+    out_dir = tmp_path / "report"
+    proc = _run(["plan", "--lengths", str(lengths_file), "--num-replicas", "4", "--max-tokens", "2048",
+                 "--output-dir", str(out_dir)], tmp_path, timeout=180)
+    table = (out_dir / "plan_table.txt").read_text(encoding="utf-8")
+    assert "BalancedBatchSampler" in table and "DistributedSampler, batch_size=" in table
+    assert "useful compute fraction" in table and "useful compute fraction" in proc.stdout
+    for png in ("lengths_histogram.png", "step_cost.png"):
+        data = (out_dir / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and 5_000 < len(data) < 400_000
+    summary = json.loads((out_dir / "plan_summary.json").read_text(encoding="utf-8"))
+    lengths = np.minimum(np.load(lengths_file), 512)  # --max-length defaults to 512
+    for key in ("balanced", "distributed_sampler"):
+        fig = summary[key]
+        assert len(fig["ranks"]) == 4 and fig["max_batch_tokens"] <= 2048
+        assert sum(r["real_tokens"] for r in fig["ranks"]) == int(lengths.sum())  # nothing lost or duplicated
+        assert len({r["micro_batches"] for r in fig["ranks"]}) == 1
+    bal, base = summary["balanced"], summary["distributed_sampler"]
+    assert summary["baseline_batch_size"] == 2048 // int(lengths.max())
+    assert bal["padding_ratio"] < 0.05 < base["padding_ratio"]
+    assert bal["useful_fraction"] > base["useful_fraction"]
+    assert bal["micro_batches_per_rank"] < base["micro_batches_per_rank"]
+    # the per-rank table rows of the balanced plan, as printed
+    first = table.split("DistributedSampler, batch_size=")[0]
+    printed = re.findall(r"^\s*([0-3])\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.e+]+)\s*$", first, flags=re.MULTILINE)
+    assert [int(r[2]) for r in printed] == [r["real_tokens"] for r in bal["ranks"]]
+
+
+def test_plan_matches_plan_stats_and_the_cost_model(tmp_path):
+    lengths = np.load(LENGTHS / "lengths_stdlib_docstrings.npy")[:3000]
+    np.savetxt(tmp_path / "lengths.txt", lengths, fmt="%d")
+    cli = main(["plan", "--lengths", str(tmp_path / "lengths.txt"), "--num-replicas", "3", "--max-tokens", "1024",
+                "--max-length", "1000", "--quadratic", "0.001", "--per-batch", "50", "--seed", "7", "--epoch", "2",
+                "--plots", "false", "--output-dir", str(tmp_path / "out")])
+    summary = cli.plan_summary
+    cost_model = CostModel(linear=1.0, quadratic=0.001, per_batch=50.0)
+    sampler = BalancedBatchSampler(np.minimum(lengths, 1000), 1024, num_replicas=3, rank=0, seed=7)
+    sampler.set_epoch(2)
+    stats = plan_stats(sampler.plan(), sampler.lengths, cost_model)
+    assert summary["balanced"]["useful_fraction"] == pytest.approx(stats.useful_fraction)
+    assert [r["cost"] for r in summary["balanced"]["ranks"]] == pytest.approx(stats.rank_cost.sum(axis=0).tolist())
+    assert summary["cost_unit"] == "cost units" and summary["settings"]["cost_model"]["per_batch"] == 50.0
+    assert not (tmp_path / "out" / "step_cost.png").exists()
+
+
+def test_plan_on_a_corpus(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": "word " * (i % 50 + 1)}) for i in range(200)), encoding="utf-8")
+    cli = main(["plan", "--corpus", str(corpus), "--cache-dir", str(tmp_path / "cache"), "--val-fraction", "0.1",
+                "--max-tokens", "256", "--num-replicas", "2", "--plots", "false", "--output-dir", str(tmp_path / "o")])
+    assert cli.plan_summary["num_samples"] == 180
+
+
+@pytest.mark.parametrize("args,error,match", [
+    (["--lengths", "missing.npy"], ValueError, "is not a file"),
+    (["--max-tokens", "100"], ValueError, "exceed max_tokens=100"),
+    (["--linear", "0"], ValueError, "linear > 0 or quadratic > 0"),
+    (["--accumulate-grad-batches", "0"], ValueError, "accumulate_grad_batches"),
+])
+def test_plan_errors_name_the_option(tmp_path, monkeypatch, args, error, match):
+    monkeypatch.chdir(tmp_path)
+    np.save(tmp_path / "l.npy", np.array([5, 120, 30], dtype=np.int32))
+    base = ["plan", "--lengths", str(tmp_path / "l.npy"), "--plots", "false"]
+    with pytest.raises(error, match=match):
+        main([*base, *args] if args[0] != "--lengths" else ["plan", *args])
+
+
+def test_plan_rejects_a_bad_lengths_text_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "l.txt").write_text("12\nfoo\n")
+    with pytest.raises(ValueError, match="one integer per line"):
+        main(["plan", "--lengths", str(tmp_path / "l.txt")])
+
+
+def test_distributed_sampler_baseline_counts_fill_rows():
+    plan = distributed_sampler_plan(7, 2, num_replicas=3, shuffle=True, seed=1, epoch=0, drop_last=False)
+    assert plan.assignment.shape == (2, 3) and int(plan.is_fill.sum()) == 2  # 9 slots for 7 samples
+    assert sorted(plan.rows[~plan.is_fill].tolist()) == list(range(7))
+    report = plan_report([10, 20, 30, 40, 50, 60, 70], 140, num_replicas=3, length_tolerance=0)
+    assert report.baseline_batch_size == 2 and report.baseline.rank_real_tokens.sum() == 280
+    assert report.baseline.max_batch_tokens <= 140 and report.balanced.max_batch_tokens <= 140
