@@ -162,7 +162,7 @@ class StepTokenLoss:
         if reduce and trainer is not None and trainer.world_size > 1:
             device = module.device
             total = trainer.strategy.reduce(local.to(device), reduce_op="sum").cpu()
-        loss_sum, n = float(total[0]), int(round(float(total[1])))
+        loss_sum, n = float(total[0]), round(float(total[1]))
         if self.mode == ALL_REDUCE:
             world_size = trainer.world_size if trainer is not None else 1
             scale = world_size / n if n else 0.0

@@ -133,12 +133,12 @@ def test_errors_at_call_time():
 @pytest.mark.parametrize(
     ("kwargs", "pattern"),
     [
-        (dict(pad_token_id=-1), r"pad_token_id.*-1"),
-        (dict(pad_token_id=1.0), r"pad_token_id"),
-        (dict(pad_token_id=0, pad_to_multiple_of=0), r"pad_to_multiple_of.*0"),
-        (dict(pad_token_id=0, pad_to_multiple_of=True), r"pad_to_multiple_of"),
-        (dict(pad_token_id=0, max_length=0), r"max_length.*0"),
-        (dict(pad_token_id=0, max_length=2.5), r"max_length.*2\.5"),
+        ({"pad_token_id": -1}, r"pad_token_id.*-1"),
+        ({"pad_token_id": 1.0}, r"pad_token_id"),
+        ({"pad_token_id": 0, "pad_to_multiple_of": 0}, r"pad_to_multiple_of.*0"),
+        ({"pad_token_id": 0, "pad_to_multiple_of": True}, r"pad_to_multiple_of"),
+        ({"pad_token_id": 0, "max_length": 0}, r"max_length.*0"),
+        ({"pad_token_id": 0, "max_length": 2.5}, r"max_length.*2\.5"),
     ],
 )
 def test_bad_arguments(kwargs, pattern):

@@ -106,7 +106,7 @@ def test_each_token_weight_is_one_over_38():
 @pytest.mark.parametrize("use_plan", [True, False])
 def test_empty_micro_batch_adds_zero_never_nan_and_next_step_counts_its_own(use_plan):
     token_losses = [[[], [2.0, 4.0]], [[], []]]
-    logged, grads, losses = run_step(token_losses, use_plan=use_plan)
+    logged, grads, _ = run_step(token_losses, use_plan=use_plan)
     assert logged == pytest.approx([3.0, 3.0]) and grads == pytest.approx([3.0, 3.0])
     # a step with no supervised tokens at all: zero loss and gradient, no NaN
     logged, grads, _ = run_step([[[], []], [[], []]], use_plan=use_plan)

@@ -183,10 +183,10 @@ class AdaptiveGradAccumulation(L.Callback):
             compute_s: float ``[world_size, n]`` per-micro-batch compute seconds, or None.
         """
         cap = self.max_accumulate_grad_batches
-        k_tok = min(max(int(round(self.target_tokens_per_step / mean_tokens)), 1), cap)
+        k_tok = min(max(round(self.target_tokens_per_step / mean_tokens), 1), cap)
         if compute_s is None or self.target_straggler_ratio is None or compute_s.shape[1] < 2:
             return k_tok
-        hi = min(cap, int(math.floor(self.max_overshoot * k_tok)), compute_s.shape[1])
+        hi = min(cap, math.floor(self.max_overshoot * k_tok), compute_s.shape[1])
         imbalance = {k: step_imbalance(compute_s, k) for k in range(k_tok, max(hi, k_tok) + 1)}
         if imbalance[k_tok] <= self.target_straggler_ratio:
             return k_tok
@@ -224,7 +224,7 @@ class AdaptiveGradAccumulation(L.Callback):
             local = torch.tensor(float(self._window_local), dtype=torch.float64)
             if trainer.world_size > 1:
                 local = trainer.strategy.reduce(local.to(pl_module.device), reduce_op="sum").cpu()
-            tokens = int(round(float(local)))
+            tokens = round(float(local))
             self._measured_mean = tokens / micro_batches
         self.history.append((int(trainer.current_epoch), self._window_start, micro_batches, tokens))
         emit(trainer, {"balance/accumulate_grad_batches": float(micro_batches),

@@ -137,7 +137,7 @@ def test_straggler_timings_raise_accumulation_until_imbalance_averages_out():
 
 def test_without_a_plan_it_all_reduces_the_tokens_seen():
     cb = AdaptiveGradAccumulation(target_tokens_per_step=60)
-    trainer, logger = make_trainer(world_size=2, sampler=object(), callbacks=[cb])
+    trainer, _ = make_trainer(world_size=2, sampler=object(), callbacks=[cb])
     cb.on_train_start(trainer, MODULE)
     check_aligned(run_epoch(cb, trainer, 6))  # 10 tokens per rank per micro-batch: 20 global (fake reduce x2)
     assert cb.history[0] == (0, 0, 1, 20)  # nothing known before the first step

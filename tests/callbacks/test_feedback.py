@@ -10,8 +10,10 @@ from lit_balance.callbacks import CostModelFeedback, StragglerMonitor
 from lit_balance.callbacks.feedback import fit_cost_and_speeds
 from lit_balance.cost import CostModel
 
+COST = CostModel(linear=2e-5, quadratic=1e-7, per_batch=3e-3)
 
-def synthetic_window(speeds, cost=CostModel(linear=2e-5, quadratic=1e-7, per_batch=3e-3), n=40, seed=0):
+
+def synthetic_window(speeds, cost=COST, n=40, seed=0):
     """[R, n, 6] timings of micro-batches that take cost(rows, L) / speed[r] seconds exactly."""
     rng = np.random.default_rng(seed)
     out = np.zeros((len(speeds), n, 6))
