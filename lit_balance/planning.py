@@ -290,7 +290,11 @@ def plan_epoch(
     best: tuple[float, EpochPlan] | None = None
     # Candidate cuts (greedy under a cost cap, or cumulative equal shares; with the fewest micro-batches or
     # one more step of them); every one respects the budget, and the plan that wastes least is kept.
-    for method, k in (("greedy", target), ("cumulative", target), ("greedy", target + num_replicas)):
+    # One more step of micro-batches only helps ranks wait less for each other, so only with several ranks.
+    candidates = [("greedy", target), ("cumulative", target)]
+    if num_replicas > 1 and target + num_replicas <= n:  # never more micro-batches than samples (no fill rows)
+        candidates.append(("greedy", target + num_replicas))
+    for method, k in candidates:
         if not n:
             ends = np.empty(0, dtype=np.int64)
         elif method == "greedy" and uniform:

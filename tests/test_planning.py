@@ -60,10 +60,11 @@ def _lpt_reference(costs, speeds, per_rank):
 def test_vectorised_planner_matches_references(lengths, max_tokens, max_batch_size, num_replicas):
     pl = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
     run_ends = np.append(np.flatnonzero(pl[1:] != pl[:-1]) + 1, len(pl))
-    take = np.minimum(max_tokens // pl, max_batch_size)
-    ends = _cut_points(take, run_ends)
+    run_take = np.minimum(max_tokens // pl[run_ends - 1], max_batch_size)
+    take = np.repeat(run_take, np.diff(np.concatenate([[0], run_ends])))  # per row
+    ends = _cut_points(run_take, run_ends)
     assert ends.tolist() == _greedy_reference(take)
-    assert _count_batches(take, run_ends, len(pl)) == len(ends)
+    assert _count_batches(run_take.tolist(), run_ends.tolist(), len(pl)) == len(ends)
     starts = np.concatenate([[0], ends[:-1]])
     target = -(-len(starts) // num_replicas) * num_replicas
     got_s, got_e = _split_to(starts, ends, target)
