@@ -291,8 +291,9 @@ def plan_epoch(
     # Candidate cuts (greedy under a cost cap, or cumulative equal shares; with the fewest micro-batches or
     # one more step of them); every one respects the budget, and the plan that wastes least is kept.
     # One more step of micro-batches only helps ranks wait less for each other, so only with several ranks.
-    candidates = [("greedy", target), ("cumulative", target)]
-    if num_replicas > 1 and target + num_replicas <= n:  # never more micro-batches than samples (no fill rows)
+    # With unequal rank speeds, only the cumulative cut gives each rank its share.
+    candidates = [("greedy", target), ("cumulative", target)] if uniform else [("cumulative", target)]
+    if uniform and num_replicas > 1 and target + num_replicas <= n:  # never more micro-batches than samples (no fill rows)
         candidates.append(("greedy", target + num_replicas))
     for method, k in candidates:
         if not n:
@@ -300,14 +301,14 @@ def plan_epoch(
         elif method == "greedy" and uniform:
             ends = _cut_greedy(run_cost, cost_model.per_batch, run_take, run_ends, k)
         else:
-            for _ in range(3):  # more micro-batches while the budget makes them overflow (a few tries)
+            for _ in range(3 if uniform else n + 1):  # more micro-batches while the budget makes them overflow
                 ends = _cut_equal(cum, take_list, np.resize(weight, k))
                 if ends[-1] == n:
                     break
                 left = (cum[n] - cum[int(ends[-1])]) / (cum[n] / k) + 0.005 * k  # micro-batches still to place
                 k += int(np.ceil(left / num_replicas)) * num_replicas
             else:
-                continue  # this candidate does not fit; the greedy ones always do
+                continue  # this candidate does not fit in a few tries; the greedy ones always fit
         plan = _finish(order, ends, k, padded, cost_model, num_replicas, accumulate_grad_batches, speeds,
                        uniform, drop_last, largest_first,
                        np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), 1])) if shuffle else None)
@@ -436,6 +437,19 @@ def _assign(cost: np.ndarray, num_steps: int, num_replicas: int, accumulate: int
     if num_steps == 0:
         return np.empty((0, num_replicas), dtype=np.int64)
     by_cost = np.argsort(-cost, kind="stable")
+    if not uniform:
+        # Micro-batch k was cut for rank k % num_replicas (its share follows that rank's speed): each rank
+        # runs its own, most costly first, so the j-th of every rank share a step.
+        cls = np.arange(cost.shape[0]) % num_replicas
+        out = np.empty((num_steps, num_replicas), dtype=np.int64)
+        for r in range(num_replicas):
+            mine = np.flatnonzero(cls == r)
+            out[:, r] = mine[np.argsort(-cost[mine], kind="stable")]
+        if rng is not None:
+            groups = [out[g:g + accumulate] for g in range(0, num_steps, accumulate)]
+            full = len(groups) - (1 if num_steps % accumulate else 0)
+            out = np.concatenate([groups[g] for g in rng.permutation(full)] + groups[full:], axis=0)
+        return out
     if accumulate == 1:  # one micro-batch per rank and step: vectorised LPT (most costly on the fastest rank)
         steps = by_cost.reshape(num_steps, num_replicas)
         out = np.empty_like(steps)

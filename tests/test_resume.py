@@ -1,0 +1,187 @@
+"""Exact resume of BalancedBatchSampler: state_dict / load_state_dict, in one process (ranks simulated)."""
+
+import collections
+import io
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lit_balance import BalancedBatchSampler, CostModel
+
+lengths_st = st.lists(st.integers(1, 300), min_size=1, max_size=150)
+
+
+def _samplers(lengths, num_replicas, **kwargs):
+    return [BalancedBatchSampler(lengths, 512, num_replicas=num_replicas, rank=r, **kwargs) for r in range(num_replicas)]
+
+
+def _roundtrip(state):
+    """Through torch.save / torch.load(weights_only=True), as a Lightning checkpoint would go."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    lengths=lengths_st,
+    num_replicas=st.integers(1, 16),
+    epoch=st.integers(0, 3),
+    accumulate=st.integers(1, 3),
+    shuffle=st.booleans(),
+    cut=st.floats(0, 1),
+)
+def test_resume_yields_exactly_the_rest_then_full_epochs(lengths, num_replicas, epoch, accumulate, shuffle, cut):
+    kwargs = dict(shuffle=shuffle, seed=7, accumulate_grad_batches=accumulate, largest_first=True)
+    for rank in range(num_replicas):
+        reference = BalancedBatchSampler(lengths, 512, num_replicas=num_replicas, rank=rank, **kwargs)
+        reference.set_epoch(epoch)
+        full = list(reference)
+        k = int(cut * len(full))
+        run = BalancedBatchSampler(lengths, 512, num_replicas=num_replicas, rank=rank, **kwargs)
+        run.set_epoch(epoch)
+        iterator = iter(run)
+        head = [next(iterator) for _ in range(k)]
+        state = _roundtrip(run.state_dict())
+        fresh = BalancedBatchSampler(lengths, 512, num_replicas=num_replicas, rank=rank, **kwargs)
+        fresh.load_state_dict(state)
+        if k == len(full):  # a finished epoch is saved as the start of the next one
+            assert fresh.epoch == epoch + 1
+            continue
+        assert fresh.epoch == epoch and len(fresh) == len(full)
+        fresh.set_epoch(epoch)  # what Lightning does at the epoch start: changes nothing
+        rest = list(fresh)
+        assert head + rest == full
+        assert [b.fill for b in rest] == [b.fill for b in full[k:]]
+        fresh.set_epoch(epoch + 1)
+        reference.set_epoch(epoch + 1)
+        assert list(fresh) == list(reference)
+
+
+@settings(deadline=None, max_examples=60)
+@given(lengths=lengths_st, old=st.integers(1, 8), new=st.integers(1, 8), cut=st.floats(0, 1), epoch=st.integers(0, 2))
+def test_world_size_change_replans_the_rest_with_nothing_lost(lengths, old, new, cut, epoch):
+    before = _samplers(lengths, old, seed=3)
+    for s in before:
+        s.set_epoch(epoch)
+    k = int(cut * len(before[0]))
+    seen = collections.Counter()
+    for s in before:
+        iterator = iter(s)
+        for _ in range(k):
+            batch = next(iterator)
+            seen.update(i for i, f in zip(batch, batch.fill) if not f)
+    state = _roundtrip(before[0].state_dict())
+    if k == len(before[0]):
+        return  # the next epoch starts fresh on the new ranks
+    after = _samplers(lengths, new, seed=3)
+    for s in after:
+        s.load_state_dict(state)
+        s.set_epoch(epoch)
+    assert len({len(s) for s in after}) == 1  # equal counts on the new ranks
+    assert len(after[0]) == k + after[0].plan().num_steps  # Lightning counts from the epoch start
+    for s in after:
+        for batch in s:
+            assert len(batch) * max(lengths[i] for i in batch) <= 512
+            seen.update(i for i, f in zip(batch, batch.fill) if not f)
+    assert sorted(seen) == list(range(len(lengths)))  # every sample ...
+    assert set(seen.values()) == {1}  # ... exactly once (fill rows aside)
+    # a state saved again mid-way through the re-planned rest continues it exactly
+    mid = BalancedBatchSampler(lengths, 512, num_replicas=new, rank=0, seed=3)
+    mid.load_state_dict(state)
+    rest = list(mid)
+    if len(rest) > 1:  # (after the last one the state is the next epoch's start)
+        iterator = iter(mid)
+        next(iterator)
+        again = BalancedBatchSampler(lengths, 512, num_replicas=new, rank=0, seed=3)
+        again.load_state_dict(_roundtrip(mid.state_dict()))
+        assert list(again) == rest[1:]
+
+
+def test_full_scan_then_restart_does_not_shift_resume():
+    lengths = np.random.default_rng(0).integers(1, 200, 400)
+    probe = BalancedBatchSampler(lengths, 512, num_replicas=2, rank=1)
+    full = list(probe)  # an out-of-memory probe scans the epoch ...
+    iterator = iter(probe)  # ... then the epoch restarts
+    head = [next(iterator) for _ in range(3)]
+    state = probe.state_dict()
+    assert state["segments"] == [[2, 3]]
+    fresh = BalancedBatchSampler(lengths, 512, num_replicas=2, rank=1)
+    fresh.load_state_dict(state)
+    list(fresh)  # a scan after loading ...
+    assert head + list(fresh) == full  # ... and the next pass still starts after the 3 consumed
+
+
+def test_batches_consumed_overrides_the_prefetching_cursor():
+    lengths = np.random.default_rng(1).integers(1, 200, 400)
+    sampler = BalancedBatchSampler(lengths, 512, num_replicas=2, rank=0)
+    iterator = iter(sampler)
+    for _ in range(6):  # a DataLoader worker ran ahead to 6; training consumed 4
+        next(iterator)
+    assert sampler.state_dict()["segments"] == [[2, 6]]
+    assert sampler.state_dict(batches_consumed=4)["segments"] == [[2, 4]]
+    with pytest.raises(ValueError, match=r"batches_consumed must be in \[0, "):
+        sampler.state_dict(batches_consumed=len(sampler) + 1)
+
+
+def test_cost_model_handover_applies_next_epoch_and_survives_resume():
+    lengths = np.random.default_rng(2).integers(1, 300, 500)
+    a = BalancedBatchSampler(lengths, 1024, num_replicas=2, rank=0)
+    epoch0 = list(a)
+    fitted = CostModel(linear=2e-6, quadratic=1e-8, per_batch=1e-3)
+    a.set_cost_model(fitted, rank_speeds=[1.0, 0.5])
+    assert list(a) == epoch0  # the current epoch's plan never changes
+    state = _roundtrip(a.state_dict())
+    b = BalancedBatchSampler(lengths, 1024, num_replicas=2, rank=0)
+    b.load_state_dict(state)
+    for s in (a, b):
+        s.set_epoch(1)
+        assert s.cost_model == fitted and s.rank_speeds.tolist() == [1.0, 0.5]
+    assert list(a) == list(b)
+
+
+def test_rank_speeds_give_the_slower_rank_less_cost():
+    lengths = np.random.default_rng(3).integers(20, 300, 3000)
+    from lit_balance.stats import plan_stats
+
+    even = BalancedBatchSampler(lengths, 4096, num_replicas=2, rank=0).plan()
+    skewed = BalancedBatchSampler(lengths, 4096, num_replicas=2, rank=0, rank_speeds=[1.0, 1 / 1.5]).plan()
+    cost_even = plan_stats(even, lengths).rank_cost.sum(axis=0)
+    cost_skewed = plan_stats(skewed, lengths).rank_cost.sum(axis=0)
+    assert abs(cost_even[0] / cost_even[1] - 1) < 0.02
+    assert abs(cost_skewed[0] / cost_skewed[1] - 1.5) < 0.1  # time per rank about equal
+
+
+@pytest.mark.parametrize(
+    ("change", "pattern"),
+    [
+        (lambda s: s.pop("epoch"), r"missing \['epoch'\]"),
+        (lambda s: s.update(extra=1), r"unknown \['extra'\]"),
+        (lambda s: s.update(version=99), "version 99 is not supported"),
+        (lambda s: s["settings"].update(max_tokens=1000), "max_tokens: saved 1000, now 512"),
+        (lambda s: s["settings"].update(seed=5), "seed: saved 5, now 0"),
+        (lambda s: s.update(lengths_sha256="0" * 64), "other lengths"),
+        (lambda s: s.update(segments=[[2, 10**6]]), "consumed 1000000 micro-steps"),
+    ],
+)
+def test_load_state_dict_rejects_mismatches(change, pattern):
+    lengths = np.arange(1, 101)
+    state = BalancedBatchSampler(lengths, 512, num_replicas=2, rank=0).state_dict()
+    change(state)
+    with pytest.raises(ValueError, match=pattern):
+        BalancedBatchSampler(lengths, 512, num_replicas=2, rank=0).load_state_dict(state)
+
+
+def test_state_is_the_same_on_every_rank():
+    lengths = np.random.default_rng(4).integers(1, 300, 300)
+    samplers = _samplers(lengths, 4)
+    states = []
+    for s in samplers:
+        iterator = iter(s)
+        next(iterator)
+        states.append(s.state_dict())
+    assert all(state == states[0] for state in states)
