@@ -82,13 +82,16 @@ class StepTokenLoss:
         last_step_tokens: ``N`` of the last finished step (global, or this rank's with ``sync_log=False``).
 
     Raises:
-        RuntimeError: micro-batches of one optimizer step disagree on the path or on ``step_supervised_tokens``.
+        RuntimeError: micro-batches of one optimizer step disagree on the path or on ``step_supervised_tokens``
+            (the sampler's ``accumulate_grad_batches`` differs from the Trainer's).
     """
 
     def __init__(self, sync_log: bool = True) -> None:
         self.sync_log = bool(sync_log)
         self.mode: str | None = None
         self.last_step_tokens = 0
+        #: Plan-path steps whose gradients were rescaled to the tokens actually seen.
+        self.num_corrected_steps = 0
         self._open = False
         self._sum: torch.Tensor | float = 0.0
         self._count = 0
@@ -150,9 +153,10 @@ class StepTokenLoss:
             The step's loss, the mean over its supervised tokens (a float64 scalar tensor; global unless
             ``sync_log=False`` in the plan path).
 
-        Raises:
-            RuntimeError: the plan's ``step_supervised_tokens`` differs from the tokens actually seen
-                (e.g. ``limit_train_batches`` cut the step short).
+        In the plan path with ``sync_log=True``, a step whose ranks saw a different number of supervised
+        tokens than planned (``limit_train_batches`` or ``max_steps`` cut it short) has its gradients
+        rescaled by ``planned / seen``, which makes them exactly the mean over the tokens seen
+        (counted in :attr:`num_corrected_steps`).
         """
         trainer = getattr(module, "_trainer", None)
         local = torch.stack([torch.as_tensor(self._sum, dtype=torch.float64).cpu(),
@@ -163,17 +167,19 @@ class StepTokenLoss:
             device = module.device
             total = trainer.strategy.reduce(local.to(device), reduce_op="sum").cpu()
         loss_sum, n = float(total[0]), round(float(total[1]))
+        scale = None
         if self.mode == ALL_REDUCE:
             world_size = trainer.world_size if trainer is not None else 1
             scale = world_size / n if n else 0.0
+        elif reduce and self._planned is not None and n != self._planned:
+            # the step ran fewer micro-batches than planned (e.g. limit_train_batches cut it short):
+            # gradients were divided by the planned count; this makes them the mean over the tokens seen
+            scale = self._planned / n if n else 0.0
+            self.num_corrected_steps += 1
+        if scale is not None:
             for p in module.parameters():
                 if p.grad is not None:
                     p.grad.mul_(scale)
-        elif reduce and self._planned is not None and n != self._planned:
-            raise RuntimeError(
-                f"the plan said this optimizer step has {self._planned} supervised tokens but the ranks saw {n}: "
-                "keep limit_train_batches at 1.0 and the sampler's accumulate_grad_batches equal to the Trainer's"
-            )
         self.last_step_tokens = n
         self._sum, self._count, self._planned, self._open = 0.0, 0, None, False
         return torch.tensor(loss_sum / n if n else 0.0, dtype=torch.float64)

@@ -141,17 +141,21 @@ def test_equals_single_process_mean_in_loss_and_gradient(token_losses, use_plan)
     assert grads == pytest.approx([ref_grad] * len(token_losses), rel=1e-9, abs=1e-12)
 
 
-def test_plan_path_uses_no_collective_without_sync_log_and_checks_the_plan():
+def test_plan_path_uses_no_collective_without_sync_log_and_rescales_a_step_cut_short():
     token_losses = [[[1.0, 2.0]], [[3.0]]]
-    _, grads, _ = run_step(token_losses, use_plan=True, sync_log=False)
+    logged, grads, losses = run_step(token_losses, use_plan=True, sync_log=False)
     assert grads == pytest.approx([2.0, 2.0])
+    assert logged == [1.5, 3.0]  # each rank's own mean: no reduce was made
+    assert losses[0].last_step_tokens == 2
     strategy = FakeStrategy()
     module = FakeModule(2, 1, strategy)
     sl = StepTokenLoss()
     sl.micro_batch(module, {"step_supervised_tokens": 5}, module.theta * 1.0, 1)
-    strategy.total = torch.tensor([1.0, 4.0], dtype=torch.float64)  # the ranks saw 4 tokens, the plan said 5
-    with pytest.raises(RuntimeError, match="plan said this optimizer step has 5"):
-        sl.finish_step(module)
+    (module.theta * 2 / 5).backward()  # the gradient DDP leaves: token-loss sum over ranks (2) / planned (5)
+    # the ranks saw 4 tokens, summing to 2.0, where the plan said 5 (a step cut short): rescaled to the 4 seen
+    strategy.total = torch.tensor([2.0, 4.0], dtype=torch.float64)
+    assert float(sl.finish_step(module)) == 0.5
+    assert float(module.theta.grad) == pytest.approx(2 / 4) and sl.num_corrected_steps == 1
 
 
 def test_micro_batches_of_one_step_must_agree():

@@ -122,6 +122,7 @@ class AdaptiveGradAccumulation(L.Callback):
         self._tokens: np.ndarray | None = None
         self._tokens_epoch: int | None = None
         self._cum: np.ndarray | None = None
+        self._wanted_cache: tuple[tuple[int, int], int] | None = None
         self._measured_mean: float | None = None
         self._window_start = 0
         self._window_local = 0
@@ -204,7 +205,11 @@ class AdaptiveGradAccumulation(L.Callback):
         mean = self._mean_tokens(trainer, batch_idx)
         if mean is None or mean <= 0:
             return
-        want = self.wanted(mean, self._straggler_compute())
+        monitor = self._monitor
+        key = (round(self.target_tokens_per_step / mean), monitor.num_windows if monitor is not None else -1)
+        if self._wanted_cache is None or self._wanted_cache[0] != key:  # recomputed per new window or k_tok
+            self._wanted_cache = (key, self.wanted(mean, self._straggler_compute()))
+        want = self._wanted_cache[1]
         if abs(want - current) < max(1.0, self.tolerance * current):
             return  # hysteresis
         if batch_idx % want == 0:  # aligned: zeroing, no_sync and the step all follow the new value
