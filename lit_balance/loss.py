@@ -47,6 +47,12 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, *, shift: bool = 
 
     Returns:
         ``(loss_sum, num_tokens)``: a scalar tensor (0 with a graph when there are no supervised tokens) and an int.
+
+    Example:
+        >>> logits = torch.zeros(1, 3, 4)  # uniform over 4 ids: ln(4) per token
+        >>> loss_sum, n = token_loss_sum(logits, torch.tensor([[1, 2, -100]]))
+        >>> round(float(loss_sum), 4), n
+        (1.3863, 1)
     """
     if shift:
         logits, labels = logits[:, :-1], labels[:, 1:]

@@ -118,6 +118,8 @@ class AdaptiveGradAccumulation(L.Callback):
         #: ``(epoch, first batch_idx, accumulate_grad_batches, global real tokens)`` of every optimizer step.
         self.history: list[tuple[int, int, int, int]] = []
         self._original: int | None = None
+        self._restored: int | None = None
+        self._current = 1
         self._monitor: StragglerMonitor | None = None
         self._tokens: np.ndarray | None = None
         self._tokens_epoch: int | None = None
@@ -144,8 +146,28 @@ class AdaptiveGradAccumulation(L.Callback):
         if others:
             raise RuntimeError(f"{others} also set accumulate_grad_batches; keep only one AdaptiveGradAccumulation")
         self._original = trainer.accumulate_grad_batches
+        if self._restored is not None:  # resuming: windows continue where the checkpoint left them
+            trainer.accumulate_grad_batches = self._restored
+            self._restored = None
         monitors = [c for c in trainer.callbacks if isinstance(c, StragglerMonitor)]
         self._monitor = monitors[0] if monitors and self.target_straggler_ratio is not None else None
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"version": 1, "accumulate_grad_batches": the value in use}``, restored at the next fit start."""
+        return {"version": 1, "accumulate_grad_batches": int(self._current)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the value in use when the checkpoint was written.
+
+        Raises:
+            ValueError: unknown or missing keys, or a value < 1.
+        """
+        if set(state_dict) != {"version", "accumulate_grad_batches"}:
+            raise ValueError(f"expected keys ['accumulate_grad_batches', 'version'], got {sorted(state_dict)}")
+        value = state_dict["accumulate_grad_batches"]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"accumulate_grad_batches in the checkpoint must be an int >= 1, got {value!r}")
+        self._restored = self._current = value
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._original is not None:
@@ -213,7 +235,7 @@ class AdaptiveGradAccumulation(L.Callback):
         if abs(want - current) < max(1.0, self.tolerance * current):
             return  # hysteresis
         if batch_idx % want == 0:  # aligned: zeroing, no_sync and the step all follow the new value
-            trainer.accumulate_grad_batches = want
+            trainer.accumulate_grad_batches = self._current = want
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

@@ -22,7 +22,9 @@ def fit_cost_and_speeds(window: np.ndarray, *, iterations: int = 5,
     Model: rank ``r`` runs a micro-batch of ``rows`` rows padded to ``L`` tokens in
     ``cost(rows, L) / speed[r]`` seconds. Alternating least squares: with speeds fixed, fit the cost model to
     the speed-corrected seconds (:meth:`CostModel.fit`); with the cost model fixed, ``speed[r]`` is rank
-    ``r``'s predicted over measured seconds. Speeds are scaled so the fastest rank has 1.0.
+    ``r``'s median over its micro-batches of predicted / measured seconds (the median keeps a micro-batch
+    that was preempted or hit a page fault from moving the estimate). Speeds are scaled so the fastest rank
+    has 1.0.
 
     Args:
         window: float ``[world_size, n, 6]`` (columns of :data:`lit_balance.callbacks.straggler.FIELDS`), e.g.
@@ -45,10 +47,10 @@ def fit_cost_and_speeds(window: np.ndarray, *, iterations: int = 5,
     for _ in range(iterations):
         cost = CostModel.fit(rows.ravel(), length.ravel(), (seconds * speeds[:, None]).ravel(),
                              min_samples=min_samples)
-        predicted = cost.batch_cost(rows, length)
-        measured = seconds.sum(axis=1)
-        speeds = np.where(measured > 0, predicted.sum(axis=1) / np.maximum(measured, 1e-300), 1.0)
-        speeds = speeds / speeds.max()
+        predicted = np.asarray(cost.batch_cost(rows, length), dtype=np.float64)
+        ratio = np.where(seconds > 0, predicted / np.maximum(seconds, 1e-300), np.nan)
+        speeds = np.nan_to_num(np.nanmedian(ratio, axis=1), nan=1.0) if np.isfinite(ratio).any() else np.ones(len(w))
+        speeds = np.maximum(speeds, 1e-12) / max(float(speeds.max()), 1e-12)
     return cost, [float(s) for s in speeds]
 
 
@@ -66,17 +68,31 @@ class CostModelFeedback(L.Callback):
     Logs ``balance/rank_speed_rank{r}`` and ``balance/cost_linear``, ``balance/cost_quadratic``,
     ``balance/cost_per_batch`` (seconds per padded token, per squared length per row, per micro-batch).
 
+    From the second fit on, the handed-over values are ``smoothing * previous + (1 - smoothing) * new``
+    (coefficients and speeds alike): one epoch's timings are noisy on a busy machine, and a rank's speed
+    does not change from one epoch to the next. The first fit replaces the assumed cost outright.
+
     Args:
         min_samples: fewest timed micro-batches per rank in an epoch before fitting.
         fit_speeds: also hand the sampler rank speeds (else only the cost model).
+        smoothing: weight of the previous values, in ``[0, 1)``; 0 uses each epoch's fit alone.
 
     Raises:
+        ValueError: ``min_samples < 3``.
         RuntimeError: (at fit start) no StragglerMonitor in the Trainer's callbacks.
+
+    Example:
+        >>> from lit_balance.callbacks import StragglerMonitor
+        >>> trainer = L.Trainer(callbacks=[StragglerMonitor(), CostModelFeedback()], logger=False)
     """
 
-    def __init__(self, min_samples: int = 8, fit_speeds: bool = True) -> None:
+    def __init__(self, min_samples: int = 8, fit_speeds: bool = True, smoothing: float = 0.5) -> None:
         if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 3:
             raise ValueError(f"min_samples must be an int >= 3, got {min_samples!r}")
+        if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
+            raise ValueError(f"smoothing must be a number in [0, 1), got {smoothing!r}")
+        self.smoothing = float(smoothing)
+        self._previous: np.ndarray | None = None
         self.min_samples = min_samples
         self.fit_speeds = bool(fit_speeds)
         #: ``(cost_model, rank_speeds)`` handed to the sampler at the last epoch end, or None.
@@ -99,19 +115,21 @@ class CostModelFeedback(L.Callback):
             return
         window = np.concatenate(monitor.epoch_windows, axis=1)
         payload = torch.zeros(3 + window.shape[0], dtype=torch.float64)
-        ok = False
         if trainer.is_global_zero:
             try:
                 cost, speeds = fit_cost_and_speeds(window, min_samples=self.min_samples)
-                payload = torch.tensor([cost.linear, cost.quadratic, cost.per_batch, *speeds], dtype=torch.float64)
-                ok = True
+                new = np.array([cost.linear, cost.quadratic, cost.per_batch, *speeds])
+                if self._previous is not None and self._previous.shape == new.shape:
+                    new = self.smoothing * self._previous + (1 - self.smoothing) * new
+                    new[3:] /= new[3:].max()
+                self._previous = new
+                payload = torch.from_numpy(new.copy())
             except ValueError as error:
                 warnings.warn(f"CostModelFeedback: no fit this epoch: {error}", RuntimeWarning, stacklevel=2)
         if trainer.world_size > 1:
             payload = trainer.strategy.broadcast(payload, src=0)
         values = payload.tolist()
-        ok = values[0] > 0 or values[1] > 0
-        if not ok:
+        if not (values[0] > 0 or values[1] > 0):  # rank 0 could not fit this epoch
             return
         cost = CostModel(linear=values[0], quadratic=values[1], per_batch=values[2])
         speeds = values[3:] if self.fit_speeds else None

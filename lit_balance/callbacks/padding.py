@@ -34,8 +34,11 @@ class PaddingRatioMonitor(L.Callback):
         clock: seconds, monotonic (default :func:`time.perf_counter`); tests inject a fake one.
 
     Raises:
-        ValueError: ``log_every_n_steps < 1``.
+        ValueError: ``log_every_n_steps < 1``; a batch with more real tokens than padded slots.
         KeyError: a training batch lacks ``num_real_tokens`` or ``num_padded_tokens``.
+
+    Example:
+        >>> trainer = L.Trainer(callbacks=[PaddingRatioMonitor(log_every_n_steps=20)], logger=False)
     """
 
     def __init__(self, log_every_n_steps: int | None = None, clock: Callable[[], float] = time.perf_counter) -> None:

@@ -88,6 +88,9 @@ class StragglerMonitor(L.Callback):
 
     Raises:
         ValueError: ``every_n_steps < 1``, ``warn_after < 1`` or ``warn_ratio < 1``.
+
+    Example:
+        >>> trainer = L.Trainer(callbacks=[StragglerMonitor(every_n_steps=50)], logger=False)
     """
 
     def __init__(

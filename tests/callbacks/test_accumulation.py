@@ -179,3 +179,19 @@ def test_plan_step_tokens_excludes_fill_rows():
                            assignment=np.array([[0, 1], [2, 2]]))
     sampler = SimpleNamespace(plan=lambda: plan, lengths=np.array([5, 7, 11]))
     assert plan_step_tokens(sampler).tolist() == [12 + 11, 0 + 0]
+
+
+def test_state_dict_restores_the_value_in_use():
+    cb = AdaptiveGradAccumulation(target_tokens_per_step=400)
+    trainer, _ = make_trainer(world_size=2, sampler=fake_sampler([[50, 50]] * 8), callbacks=[cb])
+    cb.on_train_start(trainer, MODULE)
+    run_epoch(cb, trainer, 4)
+    state = cb.state_dict()
+    assert state == {"version": 1, "accumulate_grad_batches": 4}
+    fresh = AdaptiveGradAccumulation(target_tokens_per_step=400)
+    fresh.load_state_dict(state)
+    trainer, _ = make_trainer(world_size=2, sampler=fake_sampler([[50, 50]] * 8), callbacks=[fresh])
+    fresh.on_train_start(trainer, MODULE)
+    assert trainer.accumulate_grad_batches == 4
+    with pytest.raises(ValueError, match="expected keys"):
+        fresh.load_state_dict({"accumulate_grad_batches": 4})

@@ -92,3 +92,19 @@ def test_no_fit_from_too_few_timings_leaves_the_sampler_alone():
         warnings.simplefilter("always")
         feedback.on_train_epoch_end(trainer, MODULE)
     assert sampler.calls == [] and any("no fit this epoch" in str(w.message) for w in caught)
+
+
+def test_later_fits_are_smoothed_with_the_previous_ones():
+    sampler = RecordingSampler()
+    monitor = StragglerMonitor()
+    feedback = CostModelFeedback(smoothing=0.5)
+    trainer, _ = make_trainer(world_size=2, sampler=sampler, callbacks=[monitor, feedback])
+    feedback.on_train_start(trainer, MODULE)
+    for speeds in ([1.0, 0.5], [1.0, 0.7]):
+        monitor.epoch_windows = [synthetic_window(speeds)]
+        feedback.on_train_epoch_end(trainer, MODULE)
+    assert sampler.calls[0][1] == pytest.approx([1.0, 0.5])  # the first fit is taken as it is
+    assert sampler.calls[1][1] == pytest.approx([1.0, 0.6])
+    assert sampler.calls[1][0].linear == pytest.approx(2e-5, rel=1e-5)
+    with pytest.raises(ValueError, match="smoothing"):
+        CostModelFeedback(smoothing=1.0)
