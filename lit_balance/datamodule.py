@@ -287,7 +287,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         if self.train_sampler is None:
             return {}
         consumed = None
-        trainer = self._trainer
+        trainer = self.trainer
         if trainer is not None and trainer.training:
             consumed = int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
             consumed = min(consumed, len(self.train_sampler))

@@ -20,7 +20,8 @@ from lit_balance import IGNORE_INDEX, BalancedTextDataModule, TransformerLM
 from lit_balance import corpus as corpus_module
 from lit_balance.tokenizer import TokenizerAdapter, builtin_tokenizer
 
-BATCH_KEYS = {"input_ids", "attention_mask", "labels", "indices", "is_fill", "num_real_tokens", "num_padded_tokens"}
+BATCH_KEYS = {"input_ids", "attention_mask", "labels", "indices", "is_fill", "num_real_tokens", "num_padded_tokens",
+              "step_real_tokens", "step_rows", "step_supervised_tokens"}
 
 WORDS = (
     "the quick brown fox jumps over a lazy dog while small models read long documents about data and "
