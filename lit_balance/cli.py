@@ -59,12 +59,16 @@ def plan_parser() -> ArgumentParser:
     group.add_argument("--drop-last", type=bool, default=False, help="drop instead of duplicating when too few")
     group.add_argument("--pad-to-multiple-of", type=int, default=1, help="rows padded to a multiple of this (tokens)")
     group.add_argument("--max-batch-size", type=int | None, default=None, help="rows per micro-batch cap; null = none")
-    group.add_argument("--length-tolerance", type=float, default=0.03,
-                       help="relative length difference shuffled together each epoch")
+    group.add_argument("--shuffle-window", type=float, default=0.25,
+                       help="micro-batches' worth of tokens a sample may move in the length order each epoch "
+                            "(randomness for padding); 0 = least padding")
+    group.add_argument("--largest-first", type=bool, default=False,
+                       help="the optimizer step holding the longest sample runs first")
     group.add_argument("--too-long", type=Literal["error", "skip", "truncate"], default="error",
                        help="samples longer than max-tokens")
     group.add_argument("--accumulate-grad-batches", type=int, default=1,
-                       help="micro-batches per rank per optimizer step (ranks wait once per optimizer step)")
+                       help="micro-batches per rank per optimizer step, balanced together (ranks wait once per "
+                            "optimizer step)")
     group = parser.add_argument_group("cost model: cost = per_batch + rows * (linear * L + quadratic * L**2)")
     group.add_argument("--linear", type=float, default=1.0, help="cost per padded token slot")
     group.add_argument("--quadratic", type=float, default=0.0, help="cost per squared padded length, per row")
@@ -96,7 +100,7 @@ def _corpus_lengths(cfg: Namespace) -> tuple[np.ndarray, str]:
         cfg.corpus, cfg.tokenizer, max_tokens=cfg.max_tokens, max_length=cfg.max_length,
         val_fraction=cfg.val_fraction, seed=cfg.seed, too_long=cfg.too_long, text_key=cfg.text_key,
         pad_to_multiple_of=cfg.pad_to_multiple_of, max_batch_size=cfg.max_batch_size,
-        length_tolerance=cfg.length_tolerance, cache_dir=cfg.cache_dir,
+        shuffle_window=cfg.shuffle_window, cache_dir=cfg.cache_dir,
     )
     dm.prepare_data()  # tokenizes into the cache, with a progress bar, unless cached
     dm.setup("fit")
@@ -128,13 +132,13 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
     report = plan_report(
         lengths, cfg.max_tokens, num_replicas=cfg.num_replicas, shuffle=cfg.shuffle, seed=cfg.seed,
         epoch=cfg.epoch, drop_last=cfg.drop_last, too_long=cfg.too_long, pad_to_multiple_of=cfg.pad_to_multiple_of,
-        max_batch_size=cfg.max_batch_size, length_tolerance=cfg.length_tolerance,
-        accumulate_grad_batches=cfg.accumulate_grad_batches,
+        max_batch_size=cfg.max_batch_size, shuffle_window=cfg.shuffle_window,
+        accumulate_grad_batches=cfg.accumulate_grad_batches, largest_first=cfg.largest_first,
         cost_model=CostModel(linear=cfg.linear, quadratic=cfg.quadratic, per_batch=cfg.per_batch),
     )
-    console = Console(record=True, width=max(Console().width, 110))
+    console = Console(record=True, width=max(Console().width, 120))
     console.print(f"plan of {source}: {cfg.num_replicas} ranks, max_tokens={cfg.max_tokens} padded slots per "
-                  f"micro-batch per rank, epoch {cfg.epoch}", highlight=False)
+                  f"micro-batch per rank, epoch {cfg.epoch}", highlight=False, soft_wrap=True)
     for renderable in format_report(report):
         console.print(renderable)
     output_dir = Path(cfg.output_dir)
@@ -144,7 +148,7 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
         written += save_plots(report, output_dir)
     table_path = output_dir / "plan_table.txt"
     table_path.write_text(console.export_text(), encoding="utf-8")
-    console.print("wrote " + ", ".join(str(p) for p in [table_path, *written]), highlight=False)
+    console.print("wrote " + ", ".join(str(p) for p in [table_path, *written]), highlight=False, soft_wrap=True)
     return report.summary()
 
 

@@ -37,8 +37,9 @@ class PlanReport:
         baseline: :class:`PlanStats` of ``DistributedSampler`` with ``baseline_batch_size`` rows per batch.
         baseline_batch_size: the largest fixed batch size whose batches never exceed ``max_tokens``
             padded slots (rows), per rank.
-        bucket_edges: float64: the length-bucket edges (tokens) the planner shuffles within, from
-            ``length_tolerance``; empty when buckets are single lengths (no shuffle or tolerance 0).
+        bucket_edges: float64: the edges (tokens) of the budget's length buckets: samples longer than
+            ``max_tokens / (k + 1)`` and up to ``max_tokens / k`` take ``k`` rows per micro-batch; the edges of
+            ``k`` = 1, 2, 3, 4, 6, 8, 12, 16, ... that fall within the planned lengths.
         cost_unit: what a cost counts (``"padded slots"`` for the default cost model).
     """
 
@@ -132,13 +133,14 @@ def distributed_sampler_plan(num_samples: int, batch_size: int, *, num_replicas:
     )
 
 
-def _bucket_edges(lengths: np.ndarray, tolerance: float, shuffle: bool) -> np.ndarray:
-    """Geometric bucket edges ``(1 + tolerance) ** k`` covering ``lengths`` (the planner's length buckets)."""
-    if not shuffle or tolerance <= 0 or lengths.size == 0:
-        return np.zeros(0)
-    step = np.log1p(tolerance)
-    lo, hi = np.floor(np.log(lengths.min()) / step), np.floor(np.log(lengths.max()) / step) + 1
-    return np.exp(np.arange(lo, hi + 1) * step)
+def _bucket_edges(lengths: np.ndarray, max_tokens: int) -> np.ndarray:
+    """Edges ``max_tokens / k`` (tokens) of the rows-per-micro-batch buckets, for k = 1, 2, 3, 4, 6, 8, 12, ..."""
+    ks, k = [], 1
+    while max_tokens / k >= lengths.min() and k <= max_tokens:
+        ks.append(k)
+        k = k + 1 if k < 4 else (k * 3 // 2 if (k & (k - 1)) == 0 else k * 4 // 3)  # 4, 6, 8, 12, 16, 24, ...
+    edges = max_tokens / np.asarray(ks, dtype=np.float64)
+    return edges[(edges >= lengths.min()) & (edges <= lengths.max() * 1.1)]
 
 
 def plan_report(
@@ -153,9 +155,10 @@ def plan_report(
     too_long: str = "error",
     pad_to_multiple_of: int = 1,
     max_batch_size: int | None = None,
-    length_tolerance: float = 0.03,
+    shuffle_window: float = 0.25,
     accumulate_grad_batches: int = 1,
     cost_model: CostModel | None = None,
+    largest_first: bool = False,
 ) -> PlanReport:
     """Plan epoch ``epoch`` with :class:`BalancedBatchSampler` and with ``DistributedSampler``, and measure both.
 
@@ -168,11 +171,12 @@ def plan_report(
         lengths: int ``[num_samples]``: tokens per sample.
         max_tokens: padded token slots per micro-batch, per rank.
         num_replicas: number of ranks (world size).
-        shuffle, seed, epoch, drop_last, too_long, pad_to_multiple_of, max_batch_size, length_tolerance: as
-            for :class:`BalancedBatchSampler` (``epoch`` as passed to ``set_epoch``).
+        shuffle, seed, epoch, drop_last, too_long, pad_to_multiple_of, max_batch_size, shuffle_window,
+            largest_first: as for :class:`BalancedBatchSampler` (``epoch`` as passed to ``set_epoch``).
         accumulate_grad_batches: micro-batches per rank per optimizer step (ranks wait for each other once
-            per optimizer step).
-        cost_model: cost of a micro-batch; default :class:`CostModel()` (padded token slots).
+            per optimizer step); the sampler balances each optimizer step's micro-batches together.
+        cost_model: cost of a micro-batch, which the sampler balances and both plans are measured in;
+            default :class:`CostModel()` (padded token slots).
 
     Returns:
         The :class:`PlanReport`.
@@ -192,7 +196,8 @@ def plan_report(
     sampler = BalancedBatchSampler(
         lengths, max_tokens, num_replicas=num_replicas, rank=0, shuffle=shuffle, seed=seed, drop_last=drop_last,
         too_long=too_long, pad_to_multiple_of=pad_to_multiple_of, max_batch_size=max_batch_size,
-        length_tolerance=length_tolerance,
+        shuffle_window=shuffle_window, cost_model=cost_model, accumulate_grad_batches=accumulate_grad_batches,
+        largest_first=largest_first,
     )
     sampler.set_epoch(epoch)
     planned = sampler.lengths
@@ -211,12 +216,16 @@ def plan_report(
     settings = {"max_tokens": max_tokens, "num_replicas": num_replicas, "shuffle": shuffle, "seed": seed,
                 "epoch": epoch, "drop_last": drop_last, "too_long": too_long,
                 "pad_to_multiple_of": pad_to_multiple_of, "max_batch_size": max_batch_size,
-                "length_tolerance": float(length_tolerance), "accumulate_grad_batches": accumulate_grad_batches,
-                "cost_model": cost_model.to_dict()}
+                "shuffle_window": float(shuffle_window), "accumulate_grad_batches": accumulate_grad_batches,
+                "largest_first": largest_first, "cost_model": cost_model.to_dict()}
     unit = "padded slots" if cost_model == CostModel() else "cost units"
     return PlanReport(lengths=kept_lengths, settings=settings, balanced=balanced, baseline=baseline,
                       baseline_batch_size=batch_size,
-                      bucket_edges=_bucket_edges(kept_lengths, float(length_tolerance), shuffle), cost_unit=unit)
+                      bucket_edges=_bucket_edges(kept_lengths, max_tokens), cost_unit=unit)
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 1e4 else f"{value:.5g}"
 
 
 def format_report(report: PlanReport, title: str = "") -> list[Any]:
@@ -243,11 +252,11 @@ def format_report(report: PlanReport, title: str = "") -> list[Any]:
             table.add_column(col, justify="right")
         for r in fig["ranks"]:
             table.add_row(str(r["rank"]), str(r["micro_batches"]), str(r["real_tokens"]), str(r["padded_tokens"]),
-                          f"{r['padding_ratio']:.4f}", f"{r['cost']:.6g}")
+                          f"{r['padding_ratio']:.4f}", _number(r["cost"]))
         real = sum(r["real_tokens"] for r in fig["ranks"])
         padded = sum(r["padded_tokens"] for r in fig["ranks"])
         table.add_row("total", str(sum(r["micro_batches"] for r in fig["ranks"])), str(real), str(padded),
-                      f"{fig['padding_ratio']:.4f}", f"{sum(r['cost'] for r in fig['ranks']):.6g}", style="bold")
+                      f"{fig['padding_ratio']:.4f}", _number(sum(r["cost"] for r in fig["ranks"])), style="bold")
         out.append(table)
     comparison = Table(title=title or "epoch figures (global)", box=box.SIMPLE_HEAD, title_justify="left")
     comparison.add_column("figure")
@@ -255,12 +264,12 @@ def format_report(report: PlanReport, title: str = "") -> list[Any]:
     comparison.add_column(f"DistributedSampler (batch_size={report.baseline_batch_size})", justify="right")
     rows = (("padding ratio", "padding_ratio", "{:.4f}"),
             ("epoch rank imbalance (max/mean rank cost)", "epoch_rank_imbalance", "{:.4f}"),
-            ("mean step imbalance (max/mean per optimizer step)", "mean_step_imbalance", "{:.4f}"),
-            ("worst step imbalance", "max_step_imbalance", "{:.4f}"),
+            ("mean step imbalance (max/mean per step)", "mean_step_imbalance", "{:.4f}"),
+            ("worst step imbalance (max/mean per step)", "max_step_imbalance", "{:.4f}"),
             ("useful compute fraction", "useful_fraction", "{:.4f}"),
             ("micro-batches per rank", "micro_batches_per_rank", "{}"),
             ("optimizer steps", "optimizer_steps", "{}"),
-            (f"largest micro-batch (padded slots; budget {report.settings['max_tokens']})", "max_batch_tokens", "{}"))
+            (f"largest micro-batch (padded slots, budget {report.settings['max_tokens']})", "max_batch_tokens", "{}"))
     for label, key, fmt in rows:
         comparison.add_row(label, fmt.format(summary["balanced"][key]), fmt.format(summary["distributed_sampler"][key]))
     out.append(comparison)
@@ -270,8 +279,9 @@ def format_report(report: PlanReport, title: str = "") -> list[Any]:
 def save_plots(report: PlanReport, output_dir: str | Path, *, dpi: int = 80) -> list[Path]:
     """Write ``lengths_histogram.png`` and ``step_cost.png`` into ``output_dir`` (created if missing).
 
-    ``lengths_histogram.png``: samples per length (log-spaced bins, log axes) with the planner's length-bucket
-    edges (thinned to at most 40 lines) and the budget. ``step_cost.png``: each rank's cost in each optimizer
+    ``lengths_histogram.png``: samples per length (log-spaced bins, log axes) with the edges of the budget's
+    length buckets (``max_tokens / k``: ``k`` rows per micro-batch fit at or below the edge).
+    ``step_cost.png``: each rank's cost in each optimizer
     step for both plans (one line per rank up to 8 ranks, else the min-max band and the mean).
 
     Returns:
@@ -289,28 +299,26 @@ def save_plots(report: PlanReport, output_dir: str | Path, *, dpi: int = 80) -> 
     lo, hi = max(int(lengths.min()), 1), int(lengths.max())
     bins = np.unique(np.geomspace(lo, hi + 1, 60).astype(int)) if hi > lo else np.array([lo, lo + 1])
     ax.hist(lengths, bins=bins, color="#4878a8")
-    edges = report.bucket_edges
-    if edges.size:
-        every = max(1, -(-edges.size // 40))
-        for e in edges[::every]:
-            ax.axvline(e, color="#d08020", lw=0.5, alpha=0.6)
-        ax.plot([], [], color="#d08020", lw=0.8,
-                label=f"length buckets (length_tolerance={s['length_tolerance']:g}"
-                      + (f", every {every}th edge)" if every > 1 else ")"))
-    ax.axvline(s["max_tokens"], color="#b03030", ls="--", lw=1, label=f"max_tokens={s['max_tokens']}")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlim(lo * 0.9, max(hi, s["max_tokens"]) * 1.2)
-    ax.set_xlabel("tokens per sample (as planned)")
+    ax.set_xlim(lo * 0.9, hi * 1.15)
+    for edge in report.bucket_edges:
+        k = round(s["max_tokens"] / edge)
+        ax.axvline(edge, color="#d08020", lw=0.8, alpha=0.8)
+        ax.text(edge, 1.0, f"{k}", transform=ax.get_xaxis_transform(), ha="right", va="top", fontsize=7,
+                color="#a06010")
+    ax.set_xlabel("tokens per sample (as planned); orange: max_tokens / k, at or below which k rows fit (k on top)",
+                  fontsize=8)
     ax.set_ylabel("samples")
-    ax.set_title(f"{lengths.size} samples, p50 {int(np.median(lengths))}, max {hi} tokens", fontsize=10)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(f"{lengths.size} samples, p50 {int(np.median(lengths))}, p99 {int(np.percentile(lengths, 99))}, "
+                 f"max {hi} tokens; max_tokens={s['max_tokens']}", fontsize=10)
     hist_path = output_dir / "lengths_histogram.png"
-    fig.savefig(hist_path, dpi=dpi)
+    _save_png(fig, hist_path, dpi)
 
     fig = Figure(figsize=(8, 5), layout="constrained")
     axes = fig.subplots(2, 1, sharey=True)
     summary = report.summary()
+    top = 1.05 * max(float(report.balanced.rank_cost.max(initial=0)), float(report.baseline.rank_cost.max(initial=0)))
     for ax, stats, key, name in (
             (axes[0], report.balanced, "balanced", "BalancedBatchSampler"),
             (axes[1], report.baseline, "distributed_sampler",
@@ -327,14 +335,26 @@ def save_plots(report: PlanReport, output_dir: str | Path, *, dpi: int = 80) -> 
         ax.set_title(f"{name}: useful compute {fig_['useful_fraction']:.1%}, padding {fig_['padding_ratio']:.1%}, "
                      f"mean step imbalance {fig_['mean_step_imbalance']:.2f}", fontsize=9)
         ax.set_ylabel(f"cost ({report.cost_unit})", fontsize=8)
-        ax.set_yscale("log")
-        if cost.shape[1] <= 4 or cost.shape[1] > 8:
-            ax.legend(fontsize=7, loc="upper right")
+        ax.set_ylim(0, top or 1.0)
+    axes[0].legend(fontsize=7, loc="lower right", ncols=min(report.balanced.rank_cost.shape[1], 8))
     axes[1].set_xlabel("optimizer step")
     fig.suptitle(f"per-step, per-rank cost: {s['num_replicas']} ranks, max_tokens={s['max_tokens']}", fontsize=10)
     cost_path = output_dir / "step_cost.png"
-    fig.savefig(cost_path, dpi=dpi)
+    _save_png(fig, cost_path, dpi)
     return [hist_path, cost_path]
+
+
+def _save_png(fig: Any, path: Path, dpi: int) -> None:
+    """Save a figure as a small PNG: rendered at ``dpi``, then reduced to a 64-colour palette."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        image.convert("RGB").quantize(colors=64).save(path, optimize=True)
 
 
 def write_summary(report: PlanReport, output_dir: str | Path) -> Path:

@@ -131,7 +131,8 @@ def test_plan_matches_plan_stats_and_the_cost_model(tmp_path):
                 "--plots", "false", "--output-dir", str(tmp_path / "out")])
     summary = cli.plan_summary
     cost_model = CostModel(linear=1.0, quadratic=0.001, per_batch=50.0)
-    sampler = BalancedBatchSampler(np.minimum(lengths, 1000), 1024, num_replicas=3, rank=0, seed=7)
+    sampler = BalancedBatchSampler(np.minimum(lengths, 1000), 1024, num_replicas=3, rank=0, seed=7,
+                                   cost_model=cost_model)  # the sampler balances the same cost
     sampler.set_epoch(2)
     stats = plan_stats(sampler.plan(), sampler.lengths, cost_model)
     assert summary["balanced"]["useful_fraction"] == pytest.approx(stats.useful_fraction)
@@ -173,6 +174,6 @@ def test_distributed_sampler_baseline_counts_fill_rows():
     plan = distributed_sampler_plan(7, 2, num_replicas=3, shuffle=True, seed=1, epoch=0, drop_last=False)
     assert plan.assignment.shape == (2, 3) and int(plan.is_fill.sum()) == 2  # 9 slots for 7 samples
     assert sorted(plan.rows[~plan.is_fill].tolist()) == list(range(7))
-    report = plan_report([10, 20, 30, 40, 50, 60, 70], 140, num_replicas=3, length_tolerance=0)
+    report = plan_report([10, 20, 30, 40, 50, 60, 70], 140, num_replicas=3, shuffle_window=0)
     assert report.baseline_batch_size == 2 and report.baseline.rank_real_tokens.sum() == 280
     assert report.baseline.max_batch_tokens <= 140 and report.balanced.max_batch_tokens <= 140

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from lit_balance import BalancedTextDataModule, TransformerLM
 from lit_balance.callbacks import RunSummary
 from lit_balance.config import compose, instantiate, locate
+from lit_balance.cost import CostModel
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 HYDRA_GROUPS = ("data", "model", "trainer", "callbacks", "experiment")
@@ -106,6 +107,7 @@ def test_data_files_builds_and_tokenizes(tmp_path, corpus_file):
     dm.prepare_data()
     dm.setup("fit")
     assert dm.source.kind == "files" and len(dm.train_dataset) + len(dm.val_dataset) == 60
+    assert dm.cost_model == CostModel(linear=1.0, quadratic=0.001, per_batch=0.0)  # a nested _target_ node
 
 
 def test_dotlist_and_group_overrides():
@@ -201,7 +203,7 @@ def test_instantiate_errors(node, error, match):
         instantiate(node)
 
 
-def test_hydra_composes_and_instantiates_our_conf(tmp_path, monkeypatch):
+def test_hydra_composes_and_instantiates_our_conf(tmp_path, monkeypatch, corpus_file):
     hydra = pytest.importorskip("hydra")
     from hydra.utils import instantiate as hydra_instantiate
 
@@ -220,3 +222,9 @@ def test_hydra_composes_and_instantiates_our_conf(tmp_path, monkeypatch):
     assert isinstance(dm, BalancedTextDataModule) and dm.max_tokens == 512 and dm.seed == 0
     assert isinstance(model, TransformerLM) and model.hparams.d_model == 32
     assert isinstance(callbacks[0], RunSummary) and trainer.max_steps == 3
+    with hydra.initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = hydra.compose(config_name="config", overrides=["data=files", f"data.corpus={corpus_file}",
+                                                            "callbacks=[padding_monitor,straggler_monitor]"])
+    dm = hydra_instantiate(cfg.data, cache_dir=str(tmp_path / "cache"))
+    assert dm.cost_model == CostModel(linear=1.0, quadratic=0.001) and dm.source.kind == "files"
+    assert len(hydra_instantiate(cfg.callbacks)) == 2
