@@ -390,7 +390,10 @@ def _cut_greedy(run_cost: np.ndarray, per_batch: float, run_take: np.ndarray, ru
 
 
 def _waste(plan: EpochPlan, padded: np.ndarray, cost_model: CostModel, speeds: np.ndarray) -> float:
-    """Sum over optimizer steps of (slowest rank's time x num_replicas) - real cost: what a plan wastes."""
+    """Sum over optimizer steps of the slowest rank's time x total speed: the time the ranks are held.
+
+    Candidates plan the same samples, so the smallest value wastes least (padding, overhead and waiting).
+    """
     if not plan.num_batches:
         return 0.0
     widths = plan.batch_widths(padded)
@@ -399,8 +402,7 @@ def _waste(plan: EpochPlan, padded: np.ndarray, cost_model: CostModel, speeds: n
     group = np.arange(a.shape[0]) // plan.accumulate_grad_batches
     per_rank = np.zeros((int(group[-1]) + 1, a.shape[1]))
     np.add.at(per_rank, group, cost[a] / speeds)
-    real = ~plan.is_fill
-    return float((per_rank.max(axis=1) * speeds.sum()).sum() - cost_model.real_cost(padded[plan.rows[real]]).sum())
+    return float(per_rank.max(axis=1).sum() * speeds.sum())
 
 
 def _cut_equal(cum: list[float], take: list[int], weights: np.ndarray) -> np.ndarray:
