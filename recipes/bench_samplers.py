@@ -573,6 +573,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=_positive_int, default=None,
                    help="use only the first N documents of each distribution (quick runs)")
     p.add_argument("--seed", type=int, default=0, help="base seed of every sampler (>= 0)")
+    p.add_argument("--shuffle-windows", type=float, nargs="*", default=[0.0, 0.25, 1.0, 2.0, 4.0],
+                   help="lit_balance shuffle_window values for the padding / randomness trade-off table (none: skip)")
+    p.add_argument("--skip-million", action="store_true", help="skip the plan time of a million samples")
     p.add_argument("--output-dir", type=Path, default=Path("outputs/bench_samplers"),
                    help="results.json is written here")
     return p
@@ -651,6 +654,40 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def window_tradeoff(lengths: np.ndarray, ranks: Sequence[int], windows: Sequence[float], cfg: BenchConfig,
+                    ) -> list[dict[str, Any]]:
+    """``shuffle_window`` (the knob that trades padding for randomness): padding, U and persistence per value."""
+    from lit_balance.stats import batch_persistence as plan_persistence
+    from lit_balance.stats import plan_stats
+
+    rows = []
+    for num_replicas in ranks:
+        for window in windows:
+            sampler = BalancedBatchSampler(lengths, cfg.max_tokens, num_replicas=num_replicas, rank=0, seed=cfg.seed,
+                                           shuffle_window=window)
+            p0, p1 = sampler.plan(0), sampler.plan(1)
+            token, attention = plan_stats(p0, sampler.lengths, TOKEN_COST), plan_stats(p0, sampler.lengths,
+                                                                                       ATTENTION_COST)
+            rows.append({"ranks": num_replicas, "shuffle_window": window, "padding_ratio": token.padding_ratio,
+                         "U_token": token.useful_fraction, "U_attention_with_token_plan": attention.useful_fraction,
+                         "persistence": plan_persistence(p0, p1)})
+    return rows
+
+
+def plan_seconds_per_million(lengths: np.ndarray, ranks: Sequence[int], cfg: BenchConfig, repeats: int = 3,
+                             ) -> list[dict[str, Any]]:
+    """One rank's planning time for a million samples drawn from ``lengths`` (best of ``repeats``)."""
+    big = np.random.default_rng(cfg.seed).choice(lengths, 1_000_000)
+    rows = []
+    for num_replicas in ranks:
+        def plan(num_replicas: int = num_replicas) -> Any:
+            return BalancedBatchSampler(big, cfg.max_tokens, num_replicas=num_replicas, rank=0, seed=cfg.seed).plan(0)
+
+        best = min(_timed(plan)[1] for _ in range(repeats))
+        rows.append({"ranks": num_replicas, "plan_s_per_million": best})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; print one markdown table per distribution; write ``results.json``; return the results."""
     parser = _parser()
@@ -713,6 +750,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if row["status"] == "ok" and row["notes"]:
             notes.setdefault(row["strategy"], f"{row['notes'][0]} (at {row['ranks']} ranks)")
     print("Notes:\n" + "\n".join(f"- {name}: {note}" for name, note in notes.items()) + "\n")
+    tradeoff: list[dict[str, Any]] = []
+    if args.shuffle_windows:
+        print("## lit_balance shuffle_window: padding for randomness (token cost)\n")
+        print("| distribution | ranks | shuffle_window | padding | U tok | persistence |\n|---|---|---|---|---|---|")
+        for dist_name in args.distributions:
+            lengths = load_lengths(dist_name, args.max_length, args.num_samples)
+            cfg = BenchConfig(max_tokens=args.max_tokens, seed=args.seed, fixed_batch_size=1)
+            for row in window_tradeoff(lengths, args.ranks, args.shuffle_windows, cfg):
+                tradeoff.append({"distribution": dist_name, **row})
+                print(f"| {dist_name} | {row['ranks']} | {row['shuffle_window']:g} | {row['padding_ratio']:.3f} | "
+                      f"{row['U_token']:.3f} | {row['persistence']:.3f} |")
+        print()
+    million: list[dict[str, Any]] = []
+    if not args.skip_million:
+        lengths = load_lengths(args.distributions[-1], args.max_length)
+        cfg = BenchConfig(max_tokens=args.max_tokens, seed=args.seed, fixed_batch_size=1)
+        million = plan_seconds_per_million(lengths, args.ranks, cfg)
+        print("lit_balance plan time of 1,000,000 samples drawn from " + args.distributions[-1] + " (one rank; "
+              "every rank plans alone): " + ", ".join(f"{r['plan_s_per_million']:.2f} s at {r['ranks']} ranks"
+                                                     for r in million) + "\n")
     elapsed = time.perf_counter() - start
     results = {
         "command": " ".join(["python", "recipes/bench_samplers.py", *(argv if argv is not None else sys.argv[1:])]),
@@ -724,6 +781,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    "cost_models": {k: asdict(v) for k, v in COST_MODELS.items()},
                    "lit_balance_accepts_cost_model": _accepts_cost_model()},
         "rows": rows,
+        "shuffle_window_tradeoff": tradeoff,
+        "plan_seconds_per_million": million,
         "wall_s": elapsed,
     }
     args.output_dir.mkdir(parents=True, exist_ok=True)

@@ -205,7 +205,7 @@ def test_lhotse_columns_equal_per_rank_samplers():
 
 def _main(tmp_path, *extra):
     return bench.main(["--ranks", "2", "3", "--max-tokens", "256", "--max-length", "64", "--distributions",
-                       "fortunes", "--num-samples", "400", "--output-dir", str(tmp_path), *extra])
+                       "fortunes", "--num-samples", "400", "--output-dir", str(tmp_path), "--skip-million", *extra])
 
 
 def test_main_smoke_with_installed_peers(tmp_path, capsys):
@@ -273,3 +273,13 @@ def test_docstring_examples_of_the_recipe_hold():
 
     result = doctest.testmod(bench)
     assert result.attempted >= 1 and result.failed == 0
+
+
+def test_shuffle_window_table_trades_padding_for_randomness(tmp_path, capsys):
+    results = _main(tmp_path, "--strategies", "lit_balance", "--shuffle-windows", "0", "4")
+    rows = {(r["ranks"], r["shuffle_window"]): r for r in results["shuffle_window_tradeoff"]}
+    assert set(rows) == {(2, 0.0), (2, 4.0), (3, 0.0), (3, 4.0)}
+    for ranks in (2, 3):
+        assert rows[ranks, 4.0]["persistence"] < rows[ranks, 0.0]["persistence"]
+        assert rows[ranks, 4.0]["padding_ratio"] > rows[ranks, 0.0]["padding_ratio"]
+    assert "shuffle_window" in capsys.readouterr().out
