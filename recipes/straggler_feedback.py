@@ -4,8 +4,10 @@ Run:
     python recipes/straggler_feedback.py                       # 2 ranks, 3 epochs, rank 1 1.5x slower
     python recipes/straggler_feedback.py --epochs 2 --num-docs 300 --json out.json
 
-Rank ``--slow-rank`` is slowed down by a demo-only model hook: after its forward pass and loss, it sleeps
-``--slowdown`` times the seconds they took (0.5: 1.5x slower), inside StragglerMonitor's timed interval.
+Rank ``--slow-rank`` is slowed down by a demo-only model hook: after its forward pass and loss, it spins
+(busy-waits, as a slower device computes longer; a sleep would add the scheduler's wake-up delay on a
+busy machine) ``--slowdown`` times the seconds they took (0.5: 1.5x slower), inside StragglerMonitor's
+timed interval.
 Epoch 0 is planned with the default cost model (padded token slots, equal ranks). At each epoch end,
 CostModelFeedback fits seconds per padded token / squared length / micro-batch and each rank's speed from
 the gathered timings and hands them to the sampler, which plans the next epoch with them. Prints, per
@@ -55,7 +57,7 @@ class SyntheticText(L.LightningDataModule):
 
 
 class SlowRankLM(TransformerLM):
-    """TransformerLM whose rank ``slow_rank`` sleeps ``slowdown`` x its forward+loss time (demo only)."""
+    """TransformerLM whose rank ``slow_rank`` spins ``slowdown`` x its forward+loss time (demo only)."""
 
     def __init__(self, slow_rank: int, slowdown: float, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -65,7 +67,9 @@ class SlowRankLM(TransformerLM):
         start = time.perf_counter()
         loss = super().training_step(batch, batch_idx)
         if self.global_rank == self.slow_rank and self.slowdown > 0:
-            time.sleep(self.slowdown * (time.perf_counter() - start))
+            until = time.perf_counter() + self.slowdown * (time.perf_counter() - start)
+            while time.perf_counter() < until:
+                pass
         return loss
 
 

@@ -22,9 +22,9 @@ def fit_cost_and_speeds(window: np.ndarray, *, iterations: int = 5,
     Model: rank ``r`` runs a micro-batch of ``rows`` rows padded to ``L`` tokens in
     ``cost(rows, L) / speed[r]`` seconds. Alternating least squares: with speeds fixed, fit the cost model to
     the speed-corrected seconds (:meth:`CostModel.fit`); with the cost model fixed, ``speed[r]`` is rank
-    ``r``'s median over its micro-batches of predicted / measured seconds (the median keeps a micro-batch
-    that was preempted or hit a page fault from moving the estimate). Speeds are scaled so the fastest rank
-    has 1.0.
+    ``r``'s summed predicted over summed measured seconds (time-weighted, as the straggler gap is: what
+    matters is the rank's total time per step, not its typical micro-batch). Speeds are scaled so the
+    fastest rank has 1.0.
 
     Args:
         window: float ``[world_size, n, 6]`` (columns of :data:`lit_balance.callbacks.straggler.FIELDS`), e.g.
@@ -48,8 +48,8 @@ def fit_cost_and_speeds(window: np.ndarray, *, iterations: int = 5,
         cost = CostModel.fit(rows.ravel(), length.ravel(), (seconds * speeds[:, None]).ravel(),
                              min_samples=min_samples)
         predicted = np.asarray(cost.batch_cost(rows, length), dtype=np.float64)
-        ratio = np.where(seconds > 0, predicted / np.maximum(seconds, 1e-300), np.nan)
-        speeds = np.nan_to_num(np.nanmedian(ratio, axis=1), nan=1.0) if np.isfinite(ratio).any() else np.ones(len(w))
+        measured = seconds.sum(axis=1)
+        speeds = np.where(measured > 0, predicted.sum(axis=1) / np.maximum(measured, 1e-300), 1.0)
         speeds = np.maximum(speeds, 1e-12) / max(float(speeds.max()), 1e-12)
     return cost, [float(s) for s in speeds]
 
