@@ -26,7 +26,7 @@ from lit_balance.cost import CostModel
 from lit_balance.datamodule import BalancedTextDataModule
 from lit_balance.models import TransformerLM
 
-__all__ = ["LitBalanceCLI", "main", "plan_parser", "run_plan"]
+__all__ = ["LitBalanceCLI", "build_cli", "main", "plan_parser", "run_plan"]
 
 
 def plan_parser() -> ArgumentParser:
@@ -191,8 +191,11 @@ class LitBalanceCLI(LightningCLI):
         super()._run_subcommand(subcommand)
 
 
-def main(args: list[str] | None = None) -> LitBalanceCLI:
-    """Entry point of the ``lit-balance`` console script (and of ``python -m lit_balance.cli``).
+def build_cli(args: list[str] | None = None) -> LitBalanceCLI:
+    """Run the ``lit-balance`` command on ``args`` and return the :class:`LitBalanceCLI`.
+
+    The returned object holds what the subcommand built: ``trainer``, ``model`` and ``datamodule`` after
+    ``fit``, ``plan_summary`` after ``plan``.
 
     Args:
         args: command-line arguments without the program name (default: ``sys.argv[1:]``).
@@ -205,6 +208,15 @@ def main(args: list[str] | None = None) -> LitBalanceCLI:
         parser_kwargs={"prog": "lit-balance"},
         args=args,
     )
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of the ``lit-balance`` console script (and of ``python -m lit_balance.cli``).
+
+    Args:
+        args: command-line arguments without the program name (default: ``sys.argv[1:]``).
+    """
+    build_cli(args)
 
 
 if __name__ == "__main__":

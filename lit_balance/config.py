@@ -153,7 +153,8 @@ def compose(config_name: str = "config", overrides: Sequence[str] = (), *,
         TypeError: an override that is not a string.
 
     Example:
-        >>> cfg = compose("config", ["trainer.max_steps=5", "model.d_model=64"], config_dir="conf")
+        >>> conf = Path(__file__).resolve().parents[1] / "conf"  # the repository's conf/
+        >>> cfg = compose("config", ["trainer.max_steps=5", "model.d_model=64"], config_dir=conf)
         >>> cfg.trainer.max_steps, cfg.model.d_model, cfg.data._target_
         (5, 64, 'lit_balance.BalancedTextDataModule')
     """

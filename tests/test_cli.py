@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -16,7 +17,7 @@ import yaml
 
 from lit_balance import BalancedBatchSampler, BalancedTextDataModule, TransformerLM
 from lit_balance.callbacks import RunSummary
-from lit_balance.cli import LitBalanceCLI, main
+from lit_balance.cli import LitBalanceCLI, build_cli, main
 from lit_balance.cost import CostModel
 from lit_balance.report import distributed_sampler_plan, plan_report
 from lit_balance.stats import plan_stats
@@ -54,6 +55,20 @@ def test_console_script_is_declared():
         pytest.skip("lit_balance is not installed")
     if scripts:  # installed with pip install -e . (an older install may predate the script)
         assert next(iter(scripts)).value == "lit_balance.cli:main"
+
+
+def test_console_script_exits_zero(tmp_path):
+    script = shutil.which("lit-balance")
+    if script is None:
+        pytest.skip("the lit-balance console script is not installed (pip install -e .)")
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(n) for n in range(1, 200)), encoding="utf-8")
+    proc = subprocess.run([script, "plan", "--lengths", str(lengths), "--max-tokens", "512", "--plots", "false",
+                           "--output-dir", str(tmp_path / "out")], check=False, capture_output=True, text=True,
+                          timeout=180, env=_env(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "useful compute fraction" in proc.stdout and "LitBalanceCLI" not in proc.stdout + proc.stderr
+    assert main(["plan", "--lengths", str(lengths), "--plots", "false", "--output-dir", str(tmp_path / "o")]) is None
 
 
 def test_print_config_with_no_other_argument(tmp_path):
@@ -126,7 +141,7 @@ def test_plan_on_a_shipped_lengths_file(tmp_path):
 def test_plan_matches_plan_stats_and_the_cost_model(tmp_path):
     lengths = np.load(LENGTHS / "lengths_stdlib_docstrings.npy")[:3000]
     np.savetxt(tmp_path / "lengths.txt", lengths, fmt="%d")
-    cli = main(["plan", "--lengths", str(tmp_path / "lengths.txt"), "--num-replicas", "3", "--max-tokens", "1024",
+    cli = build_cli(["plan", "--lengths", str(tmp_path / "lengths.txt"), "--num-replicas", "3", "--max-tokens", "1024",
                 "--max-length", "1000", "--quadratic", "0.001", "--per-batch", "50", "--seed", "7", "--epoch", "2",
                 "--plots", "false", "--output-dir", str(tmp_path / "out")])
     summary = cli.plan_summary
@@ -144,7 +159,7 @@ def test_plan_matches_plan_stats_and_the_cost_model(tmp_path):
 def test_plan_on_a_corpus(tmp_path):
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("\n".join(json.dumps({"text": "word " * (i % 50 + 1)}) for i in range(200)), encoding="utf-8")
-    cli = main(["plan", "--corpus", str(corpus), "--cache-dir", str(tmp_path / "cache"), "--val-fraction", "0.1",
+    cli = build_cli(["plan", "--corpus", str(corpus), "--cache-dir", str(tmp_path / "cache"), "--val-fraction", "0.1",
                 "--max-tokens", "256", "--num-replicas", "2", "--plots", "false", "--output-dir", str(tmp_path / "o")])
     assert cli.plan_summary["num_samples"] == 180
 
