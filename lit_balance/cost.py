@@ -126,7 +126,7 @@ class CostModel:
         columns = np.stack([r * length, r * length * length, np.ones_like(r)], axis=1)
         scale = np.maximum(np.abs(columns).max(axis=0), 1e-300)
         best: tuple[float, np.ndarray] | None = None
-        for subset in ((0, 1, 2), (0, 2), (1, 2), (0, 1), (0,), (1,)):
+        for subset in ((0, 1, 2), (0, 2), (1, 2), (0, 1), (0,), (1,), (2,)):
             a = columns[:, subset] / scale[list(subset)]
             coef, *_ = np.linalg.lstsq(a, t, rcond=None)
             if np.any(coef < 0):
@@ -136,7 +136,8 @@ class CostModel:
                 full = np.zeros(3)
                 full[list(subset)] = coef / scale[list(subset)]
                 best = (resid, full)
-        if best is None or (best[1][0] == 0 and best[1][1] == 0):
+        token_part = 0.0 if best is None else float(np.mean(columns[:, :2] @ best[1][:2]))
+        if best is None or token_part <= 1e-6 * max(float(np.mean(t)), 1e-300):
             raise ValueError("CostModel.fit: the timings do not grow with tokens; time more (or longer) micro-batches")
         linear, quadratic, per_batch = (float(x) for x in best[1])
         return cls(linear=linear, quadratic=quadratic, per_batch=per_batch)

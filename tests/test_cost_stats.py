@@ -1,0 +1,136 @@
+"""CostModel, plan statistics and the planner's cost balance, with exact hand-computed cases."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lit_balance import BalancedBatchSampler, CostModel, EpochPlan
+from lit_balance.stats import batch_persistence, plan_stats
+
+
+def test_batch_cost_formula_and_broadcasting():
+    model = CostModel(linear=2.0, quadratic=0.5, per_batch=3.0)
+    assert model.batch_cost(4, 10) == 3 + 4 * (2 * 10 + 0.5 * 100)
+    assert model.batch_cost(np.array([1, 2]), np.array([2, 4])).tolist() == [3 + 4 + 2, 3 + 2 * (8 + 8)]
+    assert model.real_cost([3]).tolist() == [2 * 3 + 0.5 * 9]
+    assert model.to_dict() == {"linear": 2.0, "quadratic": 0.5, "per_batch": 3.0}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "pattern"),
+    [
+        ({"linear": -1.0}, ValueError, "linear must be a finite number >= 0, got -1.0"),
+        ({"quadratic": float("nan")}, ValueError, "quadratic must be a finite number"),
+        ({"per_batch": "1"}, TypeError, "per_batch must be a number"),
+        ({"linear": True}, TypeError, "linear must be a number"),
+        ({"linear": 0.0}, ValueError, "needs linear > 0 or quadratic > 0"),
+    ],
+)
+def test_cost_model_rejects_bad_coefficients(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        CostModel(**kwargs)
+
+
+def test_fit_recovers_known_coefficients():
+    rng = np.random.default_rng(0)
+    rows = rng.integers(1, 64, 200)
+    length = rng.integers(8, 512, 200)
+    seconds = 2e-3 + rows * (3e-6 * length + 4e-9 * length**2)
+    fitted = CostModel.fit(rows, length, seconds)
+    assert fitted.linear == pytest.approx(3e-6, rel=1e-6)
+    assert fitted.quadratic == pytest.approx(4e-9, rel=1e-5)
+    assert fitted.per_batch == pytest.approx(2e-3, rel=1e-6)
+
+
+def test_fit_keeps_coefficients_non_negative_and_checks_input():
+    rows, length = np.full(10, 4), np.arange(10, 20)
+    fitted = CostModel.fit(rows, length, rows * length * 1e-6 - 1e-9)  # a tiny negative intercept is clipped
+    assert fitted.per_batch == 0 and fitted.linear > 0
+    with pytest.raises(ValueError, match="at least 3 timed micro-batches, got 2"):
+        CostModel.fit([1, 2], [3, 4], [0.1, 0.2])
+    with pytest.raises(ValueError, match="same length, got 3, 3, 2"):
+        CostModel.fit([1, 2, 3], [3, 4, 5], [0.1, 0.2])
+    with pytest.raises(ValueError, match="do not grow with tokens"):
+        CostModel.fit([1, 2, 3, 4], [30, 20, 10, 40], [5.0, 5.0, 5.0, 5.0])
+
+
+def _plan(batches, assignment, fill=None):
+    rows = np.concatenate([np.asarray(b) for b in batches])
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in batches])])
+    is_fill = np.zeros(rows.size, dtype=bool) if fill is None else np.asarray(fill, dtype=bool)
+    return EpochPlan(rows=rows, is_fill=is_fill, batch_offsets=offsets, assignment=np.asarray(assignment),
+                     dropped=np.empty(0, dtype=np.int64))
+
+
+def test_plan_stats_exact_values():
+    lengths = np.array([4, 2, 3, 3, 1])
+    # batch 0 = [0, 1] -> 2 x 4 = 8 slots; batch 1 = [2, 3] -> 6; batch 2 = [4] -> 1; batch 3 = [4] (fill) -> 1
+    plan = _plan([[0, 1], [2, 3], [4], [4]], [[0, 1], [2, 3]], fill=[0, 0, 0, 0, 0, 1])
+    stats = plan_stats(plan, lengths)
+    assert stats.rank_cost.tolist() == [[8, 6], [1, 1]]
+    assert stats.rank_real_tokens.tolist() == [4 + 2 + 1, 3 + 3]
+    assert stats.rank_padded_tokens.tolist() == [9, 7]
+    assert stats.padding_ratio == pytest.approx(1 - 13 / 16)
+    assert stats.step_imbalance.tolist() == pytest.approx([8 / 7, 1.0])
+    assert stats.useful_fraction == pytest.approx(13 / (2 * 8 + 2 * 1))
+    assert stats.max_batch_tokens == 8
+    # two micro-batches per optimizer step: ranks wait once, on their sums 9 and 7
+    assert plan_stats(plan, lengths, accumulate_grad_batches=2).useful_fraction == pytest.approx(13 / (2 * 9))
+    attention = plan_stats(plan, lengths, CostModel(linear=1.0, quadratic=1.0))
+    assert attention.real_cost == sum(x + x * x for x in [4, 2, 3, 3, 1])
+
+
+def test_batch_persistence_exact_values():
+    a = _plan([[0, 1, 2], [3, 4]], [[0, 1]])
+    same = _plan([[3, 4], [0, 1, 2]], [[0, 1]])
+    # 0 keeps 1 of its 2 mates, 1 keeps 1 of 2, 2 keeps 0 of 2; 3 and 4 keep 0 of 1
+    moved = _plan([[0, 1, 3], [2, 4]], [[0, 1]])
+    assert batch_persistence(a, same) == 1.0
+    assert batch_persistence(a, moved) == pytest.approx((0.5 + 0.5 + 0 + 0 + 0) / 5)
+    assert batch_persistence(_plan([[0], [1]], [[0, 1]]), _plan([[0, 1]], [[0]])) == 0.0  # nobody had mates
+
+
+@settings(deadline=None, max_examples=80)
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=200),
+    num_replicas=st.integers(1, 8),
+    accumulate=st.integers(1, 3),
+    epoch=st.integers(0, 3),
+    quadratic=st.sampled_from([0.0, 1e-3]),
+)
+def test_largest_first_puts_the_longest_sample_in_step_zero(lengths, num_replicas, accumulate, epoch, quadratic):
+    sampler = BalancedBatchSampler(lengths, 512, num_replicas=num_replicas, rank=0, largest_first=True,
+                                   accumulate_grad_batches=accumulate, cost_model=CostModel(1.0, quadratic))
+    plan = sampler.plan(epoch)
+    first = {int(i) for b in plan.assignment[0] for i in plan.batch(int(b))[0]}
+    assert max(lengths[i] for i in first) == max(lengths)
+
+
+@settings(deadline=None, max_examples=60)
+@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=200), num_replicas=st.integers(1, 8),
+       accumulate=st.integers(1, 4), window=st.sampled_from([0.0, 0.25, 2.0]))
+def test_budget_counts_coverage_with_costs_and_accumulation(lengths, num_replicas, accumulate, window):
+    per_rank = []
+    for rank in range(num_replicas):
+        sampler = BalancedBatchSampler(lengths, 512, num_replicas=num_replicas, rank=rank, shuffle_window=window,
+                                       accumulate_grad_batches=accumulate, cost_model=CostModel(1.0, 1e-3, 5.0))
+        batches = list(sampler)
+        assert len(batches) == len(sampler)
+        assert all(len(b) * max(lengths[i] for i in b) <= 512 for b in batches)
+        # every micro-batch of an optimizer step carries the same global totals
+        for g in range(0, len(batches), accumulate):
+            assert len({(b.step_real_tokens, b.step_rows) for b in batches[g:g + accumulate]}) == 1
+        per_rank.append(batches)
+    assert len({len(b) for b in per_rank}) == 1
+    real = sorted(i for batches in per_rank for b in batches for i, f in zip(b, b.fill) if not f)
+    assert real == list(range(len(lengths)))
+    # the step totals add up to the epoch's real tokens and rows
+    groups = {}
+    for rank_batches in per_rank:
+        for s, b in enumerate(rank_batches):
+            groups.setdefault(s // accumulate, []).append(b)
+    assert sum(bs[0].step_real_tokens for bs in groups.values()) == sum(lengths)
+    assert sum(bs[0].step_rows for bs in groups.values()) == len(lengths)
+    for bs in groups.values():
+        assert bs[0].step_real_tokens == sum(lengths[i] for b in bs for i, f in zip(b, b.fill) if not f)
