@@ -1,6 +1,7 @@
 """lit_balance: token-budgeted, rank-balanced batches for PyTorch Lightning DDP on variable-length text."""
 
 from lit_balance.collate import IGNORE_INDEX, PadCollator
+from lit_balance.cost import CostModel
 from lit_balance.datamodule import BalancedTextDataModule
 from lit_balance.dataset import TokenDataset
 from lit_balance.loss import StepTokenLoss, token_loss_sum
@@ -15,6 +16,7 @@ __all__ = [
     "IGNORE_INDEX",
     "BalancedBatchSampler",
     "BalancedTextDataModule",
+    "CostModel",
     "EpochPlan",
     "MicroBatch",
     "PadCollator",
