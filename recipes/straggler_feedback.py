@@ -94,12 +94,29 @@ class EpochGap(L.Callback):
         })
 
 
+class FitLog(CostModelFeedback):
+    """CostModelFeedback that also keeps each epoch's handed-over cost model and speeds, for printing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fits: list[str] = []
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.last_fit = None
+        super().on_train_epoch_end(trainer, pl_module)
+        if self.last_fit is not None:
+            cost, speeds = self.last_fit
+            self.fits.append(f"{cost}, rank_speeds={[round(s, 3) for s in speeds]}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=int, default=2, help="CPU ranks (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=3, help="epochs; feedback applies from epoch 1 (default: %(default)s)")
     p.add_argument("--num-docs", type=int, default=1200, help="documents (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=1024, help="padded slots per micro-batch, per rank")
+    p.add_argument("--d-model", type=int, default=128, help="model width (default: %(default)s); a wider model "
+                   "spends more of each micro-batch per token, less per call, which the plan can shift")
     p.add_argument("--slow-rank", type=int, default=1, help="the rank made slower (default: %(default)s)")
     p.add_argument("--slowdown", type=float, default=0.5, help="extra share of compute slept (0.5: 1.5x slower)")
     p.add_argument("--json", type=Path, default=None, help="write the per-epoch figures here (rank 0)")
@@ -107,12 +124,13 @@ def main() -> None:
 
     torch.manual_seed(0)
     data = SyntheticText(args.num_docs, args.max_tokens, vocab_size=512)
-    model = SlowRankLM(args.slow_rank, args.slowdown, vocab_size=512, d_model=64, num_heads=4, num_layers=2,
-                       dim_feedforward=256)
+    model = SlowRankLM(args.slow_rank, args.slowdown, vocab_size=512, d_model=args.d_model, num_heads=4,
+                       num_layers=2, dim_feedforward=4 * args.d_model)
     monitor = StragglerMonitor(every_n_steps=1000, warn_ratio=10.0)
     gap = EpochGap(monitor)
+    feedback = FitLog()
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=DDPStrategy(timeout=timedelta(seconds=120)),
-                        callbacks=[monitor, gap, CostModelFeedback()], max_epochs=args.epochs,
+                        callbacks=[monitor, gap, feedback], max_epochs=args.epochs,
                         use_distributed_sampler=False, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, datamodule=data)
@@ -128,6 +146,8 @@ def main() -> None:
         speeds = "equal" if e["rank_speeds"] is None else " ".join(f"{s:.3f}" for s in e["rank_speeds"])
         print(f"{e['epoch']:>5} {e['micro_batches']:>13} {comp:>24} {e['gap_s']:>7.3f} {e['ratio']:>6.3f} "
               f"{cost:>20} {speeds}")
+    for e, fit in zip(gap.epochs, feedback.fits):
+        print(f"fitted at the end of epoch {e['epoch']}: {fit}")
     before, after = gap.epochs[0]["gap_s"], gap.epochs[-1]["gap_s"]
     print(f"straggler gap before feedback {before:.3f} s, after {after:.3f} s: after/before = {after / before:.3f}")
     if args.json:
