@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader
 from lit_balance._validate import check_bool, check_int
 from lit_balance.cache import TokenizedCorpus, default_cache_dir, load_or_build
 from lit_balance.collate import PadCollator
-from lit_balance.cost import CostModel
 from lit_balance.corpus import resolve_corpus
+from lit_balance.cost import CostModel
 from lit_balance.dataset import TokenDataset
 from lit_balance.planning import padded_lengths
 from lit_balance.sampler import TOO_LONG_POLICIES, BalancedBatchSampler
@@ -191,7 +191,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         """
         self.corpus = self._tokenized()
         num_docs = len(self.corpus)
-        num_val = int(round(self.val_fraction * num_docs))
+        num_val = round(self.val_fraction * num_docs)
         if self.val_fraction > 0:
             num_val = max(num_val, 1)
         if num_docs - num_val < 1:
@@ -203,9 +203,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         val_docs, train_docs = np.sort(perm[:num_val]), np.sort(perm[num_val:])
         world_size, rank = self._world()
         self._check_too_long()
-        args = dict(num_replicas=world_size, rank=rank, seed=self.seed, too_long=self.too_long,
-                    pad_to_multiple_of=self.pad_to_multiple_of, max_batch_size=self.max_batch_size,
-                    shuffle_window=self.shuffle_window)
+        args = {"num_replicas": world_size, "rank": rank, "seed": self.seed, "too_long": self.too_long,
+                    "pad_to_multiple_of": self.pad_to_multiple_of, "max_batch_size": self.max_batch_size,
+                    "shuffle_window": self.shuffle_window}
         # The plan balances each optimizer step: Lightning's accumulate_grad_batches at setup time.
         accumulate = int(getattr(self.trainer, "accumulate_grad_batches", 1) or 1) if self.trainer else 1
         self.train_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, train_docs, self.max_length)

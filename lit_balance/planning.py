@@ -225,6 +225,7 @@ def plan_epoch(
     accumulate_grad_batches: int = 1,
     rank_speeds: np.ndarray | None = None,
     largest_first: bool = False,
+    min_steps: int = 0,
 ) -> EpochPlan:
     """Plan one epoch for all ranks (pure: the same inputs give the same plan on every rank).
 
@@ -253,6 +254,8 @@ def plan_epoch(
             with half the speed gets about half the cost per optimizer step.
         largest_first: put the optimizer step holding the epoch's longest sample first (its micro-batch
             first on its rank).
+        min_steps: plan at least this many micro-steps (smaller micro-batches) where the samples allow, without
+            fill rows; used to re-plan the rest of an epoch on a new number of ranks.
 
     Returns:
         The :class:`EpochPlan` of the epoch.
@@ -268,54 +271,114 @@ def plan_epoch(
     uniform = bool(np.all(speeds == speeds[0]))
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch)])) if shuffle else None
 
-    order = _order(padded, candidates, max_tokens, shuffle_window, rng)
-    n = order.shape[0]
-    # Each row's cap: the longest padded length from it to the end of the order (non-increasing), which
-    # bounds the longest row of any micro-batch that starts there.
-    caps = np.maximum.accumulate(padded[order][::-1])[::-1] if n else np.zeros(0, dtype=np.int64)
-    run_ends = np.append(np.flatnonzero(caps[1:] != caps[:-1]) + 1, n) if n else np.zeros(0, dtype=np.int64)
-    run_caps = caps[run_ends - 1] if n else np.zeros(0, dtype=np.int64)
-    run_cost = cost_model.row_cost(run_caps)
-    run_take = np.minimum(max_tokens // np.maximum(run_caps, 1), row_cap)
-    budget_take = np.repeat(run_take, np.diff(np.concatenate([[0], run_ends])))
-
-    # Number of micro-batches: the smallest multiple of num_replicas not below the budget-filling count.
-    fill_count = _count_batches(run_take.tolist(), run_ends.tolist(), n)
-    target = -(-fill_count // num_replicas) * num_replicas
     weight = speeds / speeds.max()  # cost caps cycle over ranks in proportion to their speeds
-
-    row_weight = cost_model.row_cost(caps) + cost_model.per_batch / np.maximum(budget_take, 1)
-    cum = np.concatenate([[0.0], np.cumsum(row_weight)]).tolist()
-    take_list = budget_take.tolist()
+    k = _num_batches(padded, candidates, max_tokens, row_cap, num_replicas, shuffle_window if shuffle else 0.0,
+                     accumulate_grad_batches, largest_first)
+    if min_steps * num_replicas > k:
+        k = max(k, min(min_steps, candidates.shape[0] // num_replicas) * num_replicas)
+    order = _order(padded, candidates, max_tokens, shuffle_window, rng)
+    cuts = _Cuts(padded[order], max_tokens, row_cap, cost_model)
+    finish_rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), 1])) if shuffle else None
     best: tuple[float, EpochPlan] | None = None
-    # Candidate cuts (greedy under a cost cap, or cumulative equal shares; with the fewest micro-batches or
-    # one more step of them); every one respects the budget, and the plan that wastes least is kept.
-    # One more step of micro-batches only helps ranks wait less for each other, so only with several ranks.
-    # With unequal rank speeds, only the cumulative cut gives each rank its share.
-    candidates = [("greedy", target), ("cumulative", target)] if uniform else [("cumulative", target)]
-    if uniform and num_replicas > 1 and target + num_replicas <= n:  # never more micro-batches than samples (no fill rows)
-        candidates.append(("greedy", target + num_replicas))
-    for method, k in candidates:
-        if not n:
-            ends = np.empty(0, dtype=np.int64)
-        elif method == "greedy" and uniform:
-            ends = _cut_greedy(run_cost, cost_model.per_batch, run_take, run_ends, k)
-        else:
-            for _ in range(3 if uniform else n + 1):  # more micro-batches while the budget makes them overflow
-                ends = _cut_equal(cum, take_list, np.resize(weight, k))
-                if ends[-1] == n:
-                    break
-                left = (cum[n] - cum[int(ends[-1])]) / (cum[n] / k) + 0.005 * k  # micro-batches still to place
-                k += int(np.ceil(left / num_replicas)) * num_replicas
-            else:
-                continue  # this candidate does not fit in a few tries; the greedy ones always fit
-        plan = _finish(order, ends, k, padded, cost_model, num_replicas, accumulate_grad_batches, speeds,
-                       uniform, drop_last, largest_first,
-                       np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), 1])) if shuffle else None)
+    # Two ways to cut the order into k micro-batches within the budget (greedy under a cost cap, cumulative equal
+    # shares); the plan that holds the ranks for the least time is kept. With unequal rank speeds the cumulative
+    # cut gives each rank its share; the greedy one is the fallback that always fits.
+    for method in (("greedy", "cumulative") if uniform else ("cumulative", "greedy")):
+        if method == "greedy":
+            ends = cuts.greedy(k)
+        elif uniform:
+            ends = cuts.cumulative(k, np.resize(weight, k))
+        else:  # unequal speeds: the fast ranks' larger shares may need more micro-batches (a longer epoch)
+            ends = None
+            while ends is None and k <= max(cuts.n, num_replicas):
+                ends = cuts.cumulative(k, np.resize(weight, k))
+                k = k if ends is not None else k + num_replicas
+        if ends is None:
+            continue
+        plan = _finish(order, ends, k, padded, cost_model, num_replicas, accumulate_grad_batches, speeds, uniform,
+                       drop_last, largest_first, finish_rng)
         waste = _waste(plan, padded, cost_model, speeds)
         if best is None or waste < best[0]:
             best = (waste, plan)
+        if not uniform:
+            break
+    if best is None:  # not expected (see _num_batches); stay within the budget with more micro-batches
+        k = -(-cuts.fill_count() // num_replicas) * num_replicas
+        best = (0.0, _finish(order, cuts.greedy(k), k, padded, cost_model, num_replicas, accumulate_grad_batches,
+                             speeds, uniform, drop_last, largest_first, finish_rng))
     return best[1]
+
+
+class _Cuts:
+    """Contiguous cuts of one order (padded lengths ``pl`` in plan order) into micro-batches within the budget."""
+
+    def __init__(self, pl: np.ndarray, max_tokens: int, row_cap: int, cost_model: CostModel) -> None:
+        n = self.n = pl.shape[0]
+        # Each row's cap: the longest padded length from it to the end of the order (non-increasing), which
+        # bounds the longest row of any micro-batch that starts there.
+        caps = np.maximum.accumulate(pl[::-1])[::-1] if n else np.zeros(0, dtype=np.int64)
+        self.run_ends = np.append(np.flatnonzero(caps[1:] != caps[:-1]) + 1, n) if n else np.zeros(0, np.int64)
+        run_caps = caps[self.run_ends - 1] if n else np.zeros(0, dtype=np.int64)
+        self.run_cost = cost_model.row_cost(run_caps)
+        self.run_take = np.minimum(max_tokens // np.maximum(run_caps, 1), row_cap)
+        self.per_batch = cost_model.per_batch
+        self.budget_take = np.repeat(self.run_take, np.diff(np.concatenate([[0], self.run_ends])))
+        self.caps = caps
+        self.cost_model = cost_model
+
+    def fill_count(self) -> int:
+        """Micro-batches when every one is filled to the budget."""
+        return _count_batches(self.run_take.tolist(), self.run_ends.tolist(), self.n)
+
+    def greedy(self, k: int) -> np.ndarray | None:
+        if not self.n:
+            return np.empty(0, dtype=np.int64)
+        if self.fill_count() > k:
+            return None
+        return _cut_greedy(self.run_cost, self.per_batch, self.run_take, self.run_ends, k)
+
+    def cumulative(self, k: int, weights: np.ndarray) -> np.ndarray | None:
+        if not self.n:
+            return np.empty(0, dtype=np.int64)
+        row_weight = self.cost_model.row_cost(self.caps) + self.per_batch / np.maximum(self.budget_take, 1)
+        cum = np.concatenate([[0.0], np.cumsum(row_weight)]).tolist()
+        ends = _cut_equal(cum, self.budget_take.tolist(), weights)
+        return ends if ends.size and ends[-1] == self.n and ends.size == min(k, self.n) else None
+
+
+def _num_batches(padded: np.ndarray, candidates: np.ndarray, max_tokens: int, row_cap: int, num_replicas: int,
+                 window: float, accumulate: int, largest_first: bool) -> int:
+    """Micro-batches of every epoch: the same for all epochs, so the epoch length never changes.
+
+    The smallest multiple of ``num_replicas`` not below the budget-filling count of the noise-free longest-first
+    order with each row's cap raised to the length ``shuffle_window`` micro-batches earlier: no shuffled order
+    can need more (a sample only moves later, by at most that much). With several ranks, one more step of
+    micro-batches is taken when that holds the ranks for less time on the noise-free order (few steps: whole
+    rows make equal costs coarse), judged in padded tokens so that a new cost model or rank speeds never change
+    the epoch length.
+    """
+    cost_model = CostModel()
+    n = candidates.shape[0]
+    if not n:
+        return 0
+    order = candidates[np.argsort(-padded[candidates], kind="stable")]
+    pl = padded[order]
+    if window > 0:
+        position = np.cumsum(pl) - pl
+        earlier = np.searchsorted(position, position - window * max_tokens, side="left")
+        pl = pl[earlier]
+    target = -(-_Cuts(pl, max_tokens, row_cap, cost_model).fill_count() // num_replicas) * num_replicas
+    if num_replicas == 1 or target + num_replicas > n:
+        return target
+    plain = _Cuts(padded[order], max_tokens, row_cap, cost_model)
+    speeds = np.ones(num_replicas)
+    waste = []
+    for k in (target, target + num_replicas):
+        ends = plain.greedy(k)
+        plan = _finish(order, ends, k, padded, cost_model, num_replicas, accumulate, speeds, True, False,
+                       largest_first, None)
+        waste.append(_waste(plan, padded, cost_model, speeds))
+    return target if waste[0] <= waste[1] else target + num_replicas
 
 
 def _finish(order, ends, target, padded, cost_model, num_replicas, accumulate_grad_batches, speeds, uniform,

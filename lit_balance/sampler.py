@@ -314,7 +314,7 @@ class BalancedBatchSampler(DistributedSampler):
 
     # ----------------------------------------------------------------------------------------------
     def _plan_for(self, epoch: int, num_replicas: int, eligible: np.ndarray | None,
-                  speeds: np.ndarray | None) -> EpochPlan:
+                  speeds: np.ndarray | None, min_steps: int = 0) -> EpochPlan:
         return plan_epoch(
             self.lengths,
             self.max_tokens,
@@ -331,6 +331,7 @@ class BalancedBatchSampler(DistributedSampler):
             accumulate_grad_batches=self.accumulate_grad_batches,
             rank_speeds=speeds,
             largest_first=self.largest_first,
+            min_steps=min_steps,
         )
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
@@ -361,8 +362,14 @@ class BalancedBatchSampler(DistributedSampler):
             eligible = (np.ones_like(seen) if eligible is None else eligible) & ~seen
             if not eligible.any():
                 return _empty_plan(self.num_replicas, self.accumulate_grad_batches)
-        speeds = self.rank_speeds if len(segments) <= 1 else None
-        return self._plan_for(epoch, self.num_replicas, eligible, speeds)
+        if len(segments) <= 1:
+            return self._plan_for(epoch, self.num_replicas, eligible, self.rank_speeds)
+        # The rest of the epoch on new ranks: at least as many micro-steps as a whole epoch on them has, counting
+        # those consumed before, so the epoch is never shorter than the next (a training loop that fixed its
+        # epoch length at the resume keeps every micro-batch of later epochs).
+        full = self._plan_for(epoch, self.num_replicas, self._eligible, None).num_steps
+        earlier = sum(consumed for _, consumed in segments[:-1])
+        return self._plan_for(epoch, self.num_replicas, eligible, None, min_steps=full - earlier)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to plan; with ``shuffle=True`` each epoch has its own composition and order.

@@ -36,7 +36,7 @@ def _roundtrip(state):
     cut=st.floats(0, 1),
 )
 def test_resume_yields_exactly_the_rest_then_full_epochs(lengths, num_replicas, epoch, accumulate, shuffle, cut):
-    kwargs = dict(shuffle=shuffle, seed=7, accumulate_grad_batches=accumulate, largest_first=True)
+    kwargs = {"shuffle": shuffle, "seed": 7, "accumulate_grad_batches": accumulate, "largest_first": True}
     for rank in range(num_replicas):
         reference = BalancedBatchSampler(lengths, 512, num_replicas=num_replicas, rank=rank, **kwargs)
         reference.set_epoch(epoch)
@@ -83,7 +83,15 @@ def test_world_size_change_replans_the_rest_with_nothing_lost(lengths, old, new,
         s.load_state_dict(state)
         s.set_epoch(epoch)
     assert len({len(s) for s in after}) == 1  # equal counts on the new ranks
-    assert len(after[0]) == k + after[0].plan().num_steps  # Lightning counts from the epoch start
+    if new != old:  # the rest is re-planned; Lightning counts from the epoch start
+        assert len(after[0]) == k + after[0].plan().num_steps
+        full_epoch = BalancedBatchSampler(lengths, 512, num_replicas=new, rank=0, seed=3)
+        full_epoch.set_epoch(epoch + 1)
+        remaining = len(lengths) - len(seen)
+        # as long as a whole epoch on the new ranks, where the samples left allow (no fill rows for that)
+        assert len(after[0]) >= len(full_epoch) or remaining < new * (len(full_epoch) - k)
+    else:
+        assert len(after[0]) == len(before[0])
     for s in after:
         for batch in s:
             assert len(batch) * max(lengths[i] for i in batch) <= 512
@@ -185,3 +193,19 @@ def test_state_is_the_same_on_every_rank():
         next(iterator)
         states.append(s.state_dict())
     assert all(state == states[0] for state in states)
+
+
+@settings(deadline=None, max_examples=60)
+@given(lengths=lengths_st, num_replicas=st.integers(1, 16), window=st.sampled_from([0.0, 0.25, 1.0, 4.0]),
+       accumulate=st.integers(1, 3))
+def test_epoch_length_is_the_same_every_epoch_and_after_a_new_cost_model(lengths, num_replicas, window, accumulate):
+    # Lightning fixes the number of training batches at the first epoch (unless it reloads the dataloaders): with
+    # equal ranks it must never change. Unequal rank speeds may need a longer epoch (documented).
+    sampler = BalancedBatchSampler(lengths, 512, num_replicas=num_replicas, rank=0, shuffle_window=window,
+                                   accumulate_grad_batches=accumulate)
+    first = len(sampler)
+    for epoch in range(1, 4):
+        if epoch == 2:
+            sampler.set_cost_model(CostModel(1e-6, 1e-8, 1e-3))
+        sampler.set_epoch(epoch)
+        assert len(sampler) == first
