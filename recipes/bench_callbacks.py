@@ -77,6 +77,7 @@ def fit(args, with_callbacks: bool) -> tuple[float, float, list[float], int]:
                      AdaptiveGradAccumulation(target_tokens_per_step=1)]
         hook_s = timed(callbacks)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, callbacks=callbacks, logger=False,
+                        reload_dataloaders_every_n_epochs=1,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     dl = loader(args.num_docs, args.max_tokens, 512)
     start, cpu = time.perf_counter(), time.process_time()

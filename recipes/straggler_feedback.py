@@ -131,6 +131,7 @@ def main() -> None:
     feedback = FitLog()
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=DDPStrategy(timeout=timedelta(seconds=120)),
                         callbacks=[monitor, gap, feedback], max_epochs=args.epochs,
+                        reload_dataloaders_every_n_epochs=1,  # rank speeds can change the epoch length
                         use_distributed_sampler=False, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, datamodule=data)

@@ -77,13 +77,20 @@ class CostModelFeedback(L.Callback):
         fit_speeds: also hand the sampler rank speeds (else only the cost model).
         smoothing: weight of the previous values, in ``[0, 1)``; 0 uses each epoch's fit alone.
 
+    Unequal rank speeds can give the next epoch more micro-batches than the first (the fast ranks' larger shares
+    must stay within ``max_tokens``), and Lightning reads the epoch length only when it reloads the train
+    dataloader: with ``fit_speeds=True`` the Trainer must have ``reload_dataloaders_every_n_epochs=1`` (checked
+    at fit start), or Lightning would end the longer epoch early.
+
     Raises:
         ValueError: ``min_samples < 3``.
-        RuntimeError: (at fit start) no StragglerMonitor in the Trainer's callbacks.
+        RuntimeError: (at fit start) no StragglerMonitor in the Trainer's callbacks; ``fit_speeds=True`` without
+            ``Trainer(reload_dataloaders_every_n_epochs=1)``.
 
     Example:
         >>> from lit_balance.callbacks import StragglerMonitor
-        >>> trainer = L.Trainer(callbacks=[StragglerMonitor(), CostModelFeedback()], logger=False)
+        >>> trainer = L.Trainer(callbacks=[StragglerMonitor(), CostModelFeedback()], logger=False,
+        ...                     reload_dataloaders_every_n_epochs=1)
     """
 
     def __init__(self, min_samples: int = 8, fit_speeds: bool = True, smoothing: float = 0.5) -> None:
@@ -104,6 +111,14 @@ class CostModelFeedback(L.Callback):
         monitors = [c for c in trainer.callbacks if isinstance(c, StragglerMonitor)]
         if not monitors:
             raise RuntimeError("CostModelFeedback needs a StragglerMonitor in Trainer(callbacks=[...]); add one")
+        reload = getattr(trainer, "reload_dataloaders_every_n_epochs", 0)
+        if self.fit_speeds and reload != 1:
+            raise RuntimeError(
+                "CostModelFeedback(fit_speeds=True) plans unequal rank speeds, which can give an epoch more "
+                "micro-batches (the fast ranks' larger shares must stay within max_tokens); Lightning reads the "
+                f"epoch length only when it reloads the train dataloader, and reload_dataloaders_every_n_epochs is "
+                f"{reload}: pass Trainer(reload_dataloaders_every_n_epochs=1), or CostModelFeedback(fit_speeds=False)"
+            )
         self._monitor = monitors[0]
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -57,14 +57,14 @@ class Clock:
 
 
 def make_trainer(*, rank=0, world_size=1, others=None, sampler=None, callbacks=(), log_every_n_steps=50,
-                 num_training_batches=1000):
+                 num_training_batches=1000, reload_dataloaders_every_n_epochs=1):
     logger = RecordingLogger()
     trainer = SimpleNamespace(
         world_size=world_size, global_rank=rank, is_global_zero=rank == 0, global_step=0,
         loggers=[logger], logger=logger, callback_metrics={}, log_every_n_steps=log_every_n_steps,
         strategy=FakeStrategy(rank, world_size, others), train_dataloader=SimpleNamespace(sampler=sampler),
         callbacks=list(callbacks), accumulate_grad_batches=1, current_epoch=0,
-        num_training_batches=num_training_batches,
+        num_training_batches=num_training_batches, reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
     )
     return trainer, logger
 

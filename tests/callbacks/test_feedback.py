@@ -108,3 +108,13 @@ def test_later_fits_are_smoothed_with_the_previous_ones():
     assert sampler.calls[1][0].linear == pytest.approx(2e-5, rel=1e-5)
     with pytest.raises(ValueError, match="smoothing"):
         CostModelFeedback(smoothing=1.0)
+
+
+def test_speeds_need_the_trainer_to_reload_the_train_dataloader():
+    monitor = StragglerMonitor()
+    feedback = CostModelFeedback()
+    trainer, _ = make_trainer(world_size=2, sampler=RecordingSampler(), callbacks=[monitor, feedback],
+                              reload_dataloaders_every_n_epochs=0)
+    with pytest.raises(RuntimeError, match=r"reload_dataloaders_every_n_epochs is 0: pass Trainer\(reload_"):
+        feedback.on_train_start(trainer, MODULE)
+    CostModelFeedback(fit_speeds=False).on_train_start(trainer, MODULE)  # the cost model alone keeps the length
