@@ -182,7 +182,10 @@ class BalancedBatchSampler(DistributedSampler):
             (set it to the Trainer's value); each yielded micro-batch then also carries its optimizer step's
             global real tokens and rows.
         rank_speeds: ``[num_replicas]`` relative throughput of each rank (e.g. ``[1.0, 0.67]`` when rank 1
-            is 1.5x slower), or None for equal ranks.
+            is 1.5x slower), or None for equal ranks. With equal ranks the number of micro-batches per epoch
+            depends only on the lengths and settings (never on the epoch or the cost model); unequal speeds
+            can need more (the fast ranks' larger shares must stay within ``max_tokens``), so under
+            Lightning reload the train dataloader every epoch (``reload_dataloaders_every_n_epochs=1``).
         largest_first: put the optimizer step that holds the epoch's longest sample first, so that an
             out-of-memory error shows at the first step.
 
@@ -395,7 +398,8 @@ class BalancedBatchSampler(DistributedSampler):
 
         The current epoch's plan never changes mid-epoch, so resume stays exact; the new values apply at the
         next :meth:`set_epoch` to another epoch and are saved by :meth:`state_dict` meanwhile. Call it with the
-        same values on every rank (e.g. from timings gathered over all ranks).
+        same values on every rank (e.g. from timings gathered over all ranks). A new cost model keeps the epoch
+        length; unequal ``rank_speeds`` can lengthen it (see the class docstring).
 
         Args:
             cost_model: the cost of a micro-batch, e.g. :meth:`CostModel.fit` of measured seconds.
