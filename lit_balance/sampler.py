@@ -275,6 +275,7 @@ class BalancedBatchSampler(DistributedSampler):
         self.cost_model = _check_cost_model(cost_model)
         self.rank_speeds = _check_speeds(rank_speeds, num_replicas)
         self._pending: tuple[CostModel, np.ndarray | None] | None = None
+        self._first_speeds: np.ndarray | None = None  # speeds the epoch's first segment ran with, after a resize
         self.epoch = 0
         self.dataset = None  # DistributedSampler attribute; this sampler works on lengths only
         #: Longest length (tokens) that fits the budget once padded: max_tokens rounded down to the multiple.
@@ -346,33 +347,41 @@ class BalancedBatchSampler(DistributedSampler):
         epoch = self.epoch if epoch is None else _check_int("epoch", epoch, 0, "epochs count from 0")
         segments = self._segments if epoch == self.epoch else []
         key = (epoch, tuple(map(tuple, segments)), self.cost_model,
-               None if self.rank_speeds is None else tuple(self.rank_speeds))
+               None if self.rank_speeds is None else tuple(self.rank_speeds),
+               None if self._first_speeds is None else tuple(self._first_speeds))
         if self._cached is None or self._cached[0] != key:
             self._cached = (key, self._replay(epoch, segments))
         return self._cached[1]
 
+    def _segment_plan(self, epoch: int, segments: list[list[int]], i: int, eligible: np.ndarray | None) -> EpochPlan:
+        """The plan segment ``i`` of the epoch ran (or runs) on, given the samples still eligible then."""
+        replicas = segments[i][0]
+        if i == 0:
+            speeds = self.rank_speeds if len(segments) <= 1 else self._first_speeds
+            return self._plan_for(epoch, replicas, eligible, speeds)
+        # The rest of the epoch on new ranks: at least as many micro-steps as a whole epoch on them has, counting
+        # those consumed before, so the epoch is never shorter than the next (a training loop that fixed its
+        # epoch length at the resume keeps every micro-batch of later epochs).
+        full = self._plan_for(epoch, replicas, self._eligible, None).num_steps
+        earlier = sum(consumed for _, consumed in segments[:i])
+        return self._plan_for(epoch, replicas, eligible, None, min_steps=full - earlier)
+
     def _replay(self, epoch: int, segments: list[list[int]]) -> EpochPlan:
-        """Plan of the last segment: each earlier segment's consumed micro-steps remove their samples."""
+        """Plan of the last segment: each earlier segment's plan, rebuilt as it ran, removes what it consumed."""
+        segments = segments or [[self.num_replicas, 0]]
         eligible = self._eligible
-        for i, (replicas, consumed) in enumerate(segments[:-1]):
-            speeds = self.rank_speeds if i == 0 and replicas == self.num_replicas else None
-            plan = self._plan_for(epoch, replicas, eligible, speeds)
-            done = plan.assignment[:consumed].reshape(-1)
+        for i in range(len(segments)):
+            plan = self._segment_plan(epoch, segments, i, eligible)
+            if i == len(segments) - 1:
+                return plan
             seen = np.zeros(self.lengths.shape[0], dtype=bool)
-            for b in done:
+            for b in plan.assignment[:segments[i][1]].reshape(-1):
                 rows, fill = plan.batch(int(b))
                 seen[rows[~fill]] = True
             eligible = (np.ones_like(seen) if eligible is None else eligible) & ~seen
             if not eligible.any():
                 return _empty_plan(self.num_replicas, self.accumulate_grad_batches)
-        if len(segments) <= 1:
-            return self._plan_for(epoch, self.num_replicas, eligible, self.rank_speeds)
-        # The rest of the epoch on new ranks: at least as many micro-steps as a whole epoch on them has, counting
-        # those consumed before, so the epoch is never shorter than the next (a training loop that fixed its
-        # epoch length at the resume keeps every micro-batch of later epochs).
-        full = self._plan_for(epoch, self.num_replicas, self._eligible, None).num_steps
-        earlier = sum(consumed for _, consumed in segments[:-1])
-        return self._plan_for(epoch, self.num_replicas, eligible, None, min_steps=full - earlier)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to plan; with ``shuffle=True`` each epoch has its own composition and order.
@@ -387,6 +396,7 @@ class BalancedBatchSampler(DistributedSampler):
         epoch = _check_int("epoch", epoch, 0, "epochs count from 0")
         if epoch != self.epoch:
             self._segments = []
+            self._first_speeds = None
             self._cursor = 0
             if self._pending is not None:
                 self.cost_model, self.rank_speeds = self._pending
@@ -450,7 +460,7 @@ class BalancedBatchSampler(DistributedSampler):
 
         Returns:
             ``{"version", "epoch", "segments", "num_samples", "lengths_sha256", "settings", "cost_model",
-            "rank_speeds", "pending"}``: ``segments`` is the epoch's history as ``[num_replicas,
+            "rank_speeds", "first_rank_speeds", "pending"}``: ``segments`` is the epoch's history as ``[num_replicas,
             micro-steps consumed]`` pairs (more than one after a resume on a different number of ranks).
             Once the whole epoch is consumed, the state is the start of the next epoch. Loads with
             ``torch.load(weights_only=True)``.
@@ -470,8 +480,10 @@ class BalancedBatchSampler(DistributedSampler):
             current = batches_consumed - earlier
         segments = [list(seg) for seg in self._segments[:-1]] + [[self.num_replicas, int(current)]]
         epoch, cost_model, speeds, pending = self.epoch, self.cost_model, self.rank_speeds, self._pending
+        first_speeds = self._first_speeds if len(self._segments) > 1 else speeds
         if current >= self.plan().num_steps:  # the epoch is done: the state is the start of the next one
             epoch, segments = epoch + 1, [[self.num_replicas, 0]]
+            first_speeds = None
             if pending is not None:
                 (cost_model, speeds), pending = pending, None
 
@@ -487,6 +499,7 @@ class BalancedBatchSampler(DistributedSampler):
             "settings": {name: getattr(self, name) for name in _PLAN_SETTINGS},
             "cost_model": cost_model.to_dict(),
             "rank_speeds": plain(speeds),
+            "first_rank_speeds": plain(first_speeds),
             "pending": None if pending is None else {"cost_model": pending[0].to_dict(), "rank_speeds": plain(pending[1])},
         }
 
@@ -507,7 +520,7 @@ class BalancedBatchSampler(DistributedSampler):
             raise TypeError(f"state_dict must be a dict from BalancedBatchSampler.state_dict(), got "
                             f"{type(state_dict).__name__}")
         expected = {"version", "epoch", "segments", "num_samples", "lengths_sha256", "settings", "cost_model",
-                    "rank_speeds", "pending"}
+                    "rank_speeds", "first_rank_speeds", "pending"}
         if set(state_dict) != expected:
             missing, unknown = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
             raise ValueError(f"sampler state_dict keys do not match: missing {missing}, unknown {unknown}")
@@ -526,35 +539,51 @@ class BalancedBatchSampler(DistributedSampler):
         if diff:
             raise ValueError("cannot resume: the sampler's settings differ from the saved ones (" + "; ".join(diff)
                              + "); construct the sampler with the saved settings")
-        segments = [[int(r), int(c)] for r, c in state_dict["segments"]]
+        try:
+            segments = [[int(r), int(c)] for r, c in state_dict["segments"]]
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"sampler state_dict segments must be [num_replicas, consumed] int pairs, got "
+                             f"{state_dict['segments']!r}") from exc
         if not segments or any(r < 1 or c < 0 for r, c in segments):
             raise ValueError(f"sampler state_dict segments must be [num_replicas >= 1, consumed >= 0] pairs, got {segments}")
         epoch = _check_int("epoch", state_dict["epoch"], 0, "epochs count from 0")
-        cost_model = CostModel(**state_dict["cost_model"])
-        saved_replicas = segments[-1][0]
+        try:
+            cost_model = CostModel(**state_dict["cost_model"])
+            pending = state_dict["pending"]
+            pending_model = None if pending is None else CostModel(**pending["cost_model"])
+        except TypeError as exc:
+            raise ValueError(f"sampler state_dict cost_model must have keys linear, quadratic, per_batch: {exc}") from exc
         speeds = state_dict["rank_speeds"]
-        if saved_replicas != self.num_replicas:
+        first = state_dict["first_rank_speeds"]
+        first_speeds = None if first is None else _check_speeds(first, segments[0][0])
+        if segments[-1][0] != self.num_replicas:
+            if len(segments) == 1:
+                first_speeds = None if speeds is None else _check_speeds(speeds, segments[0][0])
             segments.append([self.num_replicas, 0])
-            speeds = None
-        pending = state_dict["pending"]
-        self.epoch = epoch
-        self.cost_model = cost_model
-        self.rank_speeds = _check_speeds(speeds, self.num_replicas)
-        self._pending = None
+            speeds = None  # the old ranks' speeds say nothing about the new ones
+        rank_speeds = _check_speeds(speeds, self.num_replicas)
+        pending_pair = None
         if pending is not None:
             pending_speeds = pending["rank_speeds"]
             if pending_speeds is not None and len(pending_speeds) != self.num_replicas:
                 pending_speeds = None
-            self._pending = (CostModel(**pending["cost_model"]), _check_speeds(pending_speeds, self.num_replicas))
-        self._segments = segments
-        self._cached = None
-        plan = self.plan()
-        if segments[-1][1] > plan.num_steps:
-            raise ValueError(
-                f"the saved state consumed {segments[-1][1]} micro-steps of epoch {epoch}, but its plan has only "
-                f"{plan.num_steps}: the state does not belong to this sampler's plan"
-            )
-        self._cursor = segments[-1][1]
+            pending_pair = (pending_model, _check_speeds(pending_speeds, self.num_replicas))
+        names = ("epoch", "cost_model", "rank_speeds", "_pending", "_segments", "_first_speeds", "_cached", "_cursor")
+        before = {name: getattr(self, name) for name in names}
+        try:  # all or nothing: a state that does not fit leaves the sampler as it was
+            self.epoch, self.cost_model, self.rank_speeds, self._pending = epoch, cost_model, rank_speeds, pending_pair
+            self._segments, self._first_speeds, self._cached = segments, first_speeds if len(segments) > 1 else None, None
+            plan = self.plan()
+            if segments[-1][1] > plan.num_steps:
+                raise ValueError(
+                    f"the saved state consumed {segments[-1][1]} micro-steps of epoch {epoch}, but its plan has only "
+                    f"{plan.num_steps}: the state does not belong to this sampler's plan"
+                )
+            self._cursor = segments[-1][1]
+        except Exception:
+            for name, value in before.items():
+                setattr(self, name, value)
+            raise
 
     # ----------------------------------------------------------------------------------------------
     @property

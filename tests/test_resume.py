@@ -209,3 +209,33 @@ def test_epoch_length_is_the_same_every_epoch_and_after_a_new_cost_model(lengths
             sampler.set_cost_model(CostModel(1e-6, 1e-8, 1e-3))
         sampler.set_epoch(epoch)
         assert len(sampler) == first
+
+
+@settings(deadline=None, max_examples=80)
+@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=120),
+       worlds=st.lists(st.integers(1, 6), min_size=2, max_size=4), cuts=st.lists(st.floats(0, 1), min_size=4, max_size=4),
+       speeds=st.booleans())
+def test_several_world_size_changes_in_one_epoch_lose_and_repeat_nothing(lengths, worlds, cuts, speeds):
+    seen = collections.Counter()
+    state = None
+    for stage, world in enumerate(worlds):
+        extra = {"rank_speeds": [1.0 / (1 + r) for r in range(world)]} if speeds and stage == 0 else {}
+        samplers = _samplers(lengths, world, seed=5, **extra)
+        if state is not None:
+            for s in samplers:
+                s.load_state_dict(_roundtrip(state))
+        earlier = sum(c for _, c in samplers[0]._segments[:-1])
+        start = samplers[0]._offset()
+        available = len(samplers[0]) - earlier - start
+        take = available if stage == len(worlds) - 1 else int(cuts[stage] * available)
+        for s in samplers:
+            iterator = iter(s)
+            for _ in range(take):
+                batch = next(iterator)
+                seen.update(i for i, f in zip(batch, batch.fill) if not f)
+        if stage < len(worlds) - 1:
+            state = samplers[0].state_dict(batches_consumed=earlier + start + take)
+            if state["epoch"] == 1:  # the epoch ended early in the chain
+                break
+    assert sorted(seen) == list(range(len(lengths)))  # every sample once over all stages
+    assert set(seen.values()) == {1}
