@@ -289,11 +289,14 @@ def plan_epoch(
         elif uniform:
             ends = cuts.cumulative(k, np.resize(weight, k))
         else:  # unequal speeds: the fast ranks' larger shares may need more micro-batches (a longer epoch)
-            ends = None
-            while ends is None and k <= max(cuts.n, num_replicas):
-                ends = cuts.cumulative(k, np.resize(weight, k))
-                k = k if ends is not None else k + num_replicas
-        if ends is None:
+            ends, tried = None, k
+            while ends is None and tried <= cuts.n:  # grow by ~10 % a time; never more micro-batches than samples
+                ends = cuts.cumulative(tried, np.resize(weight, tried))
+                if ends is None:
+                    tried = max(tried + num_replicas, -(-int(tried * 1.1) // num_replicas) * num_replicas)
+            if ends is not None:
+                k = tried
+        if ends is None or ends.size > k:  # (the second: float precision lost to an extreme cost model)
             continue
         plan = _finish(order, ends, k, padded, cost_model, num_replicas, accumulate_grad_batches, speeds, uniform,
                        drop_last, largest_first, finish_rng)
@@ -302,9 +305,10 @@ def plan_epoch(
             best = (waste, plan)
         if not uniform:
             break
-    if best is None:  # not expected (see _num_batches); stay within the budget with more micro-batches
-        k = -(-cuts.fill_count() // num_replicas) * num_replicas
-        best = (0.0, _finish(order, cuts.greedy(k), k, padded, cost_model, num_replicas, accumulate_grad_batches,
+    if best is None:  # micro-batches filled to the budget, split to the epoch's count: always fits
+        k = max(k, -(-cuts.fill_count() // num_replicas) * num_replicas)
+        ends = _cut_points(cuts.run_take, cuts.run_ends) if cuts.n else np.empty(0, dtype=np.int64)
+        best = (0.0, _finish(order, ends, k, padded, cost_model, num_replicas, accumulate_grad_batches,
                              speeds, uniform, drop_last, largest_first, finish_rng))
     return best[1]
 
@@ -436,8 +440,10 @@ def _cut_greedy(run_cost: np.ndarray, per_batch: float, run_take: np.ndarray, ru
     ends_list = run_ends.tolist()
 
     def takes(cap: float) -> np.ndarray:
-        by_cost = np.floor((cap - per_batch) / run_cost + 1e-9).astype(np.int64)
-        return np.clip(np.minimum(by_cost, run_take), 1, None)
+        with np.errstate(all="ignore"):  # extreme coefficients: inf / nan rows fall back to the budget
+            rows = np.floor((cap - per_batch) / run_cost + 1e-9)
+        rows = np.nan_to_num(rows, nan=1.0, posinf=float(run_take.max()), neginf=1.0)
+        return np.clip(np.minimum(rows, run_take), 1, None).astype(np.int64)
 
     hi = float((per_batch + run_take * run_cost).max())
     lo = 0.0
