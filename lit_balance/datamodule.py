@@ -288,7 +288,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             return {}
         consumed = None
         trainer = self.trainer
-        if trainer is not None and trainer.training:
+        if trainer is not None and trainer.state.fn == "fit":  # also while validating inside fit
             consumed = int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
             consumed = min(consumed, len(self.train_sampler))
         return {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed)}
