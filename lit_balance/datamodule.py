@@ -112,7 +112,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         pin_memory: bool = False,
     ) -> None:
         super().__init__()
-        if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
+        if (isinstance(val_fraction, (bool, np.bool_)) or not isinstance(val_fraction, (int, float, np.integer, np.floating))
+                or not 0 <= val_fraction < 1):
             raise ValueError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
         max_tokens = check_int("max_tokens", max_tokens, 1, "set the padded token slots per micro-batch, per rank")
         if max_length is not None:

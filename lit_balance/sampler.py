@@ -109,6 +109,10 @@ _PLAN_SETTINGS = ("max_tokens", "shuffle", "seed", "drop_last", "too_long", "pad
 def _check_speeds(rank_speeds: Any, num_replicas: int) -> np.ndarray | None:
     if rank_speeds is None:
         return None
+    if any(isinstance(x, (bool, np.bool_)) for x in np.asarray(rank_speeds, dtype=object).reshape(-1)):
+        raise TypeError(f"rank_speeds must be numbers (relative throughput per rank), got {rank_speeds!r}")
+    if np.ndim(rank_speeds) != 1:
+        raise ValueError(f"rank_speeds must be 1-D, one number per rank ({num_replicas}), got {rank_speeds!r}")
     try:
         speeds = np.asarray(rank_speeds, dtype=np.float64).reshape(-1)
     except (TypeError, ValueError) as exc:
