@@ -111,6 +111,8 @@ class CostModel:
             ValueError: arrays of different shapes, fewer than ``min_samples`` observations, non-finite or
                 negative values, or timings that no positive token coefficient explains.
         """
+        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
+            raise ValueError(f"min_samples must be an int >= 1, got {min_samples!r}")
         r = np.asarray(rows, dtype=np.float64).reshape(-1)
         length = np.asarray(padded_length, dtype=np.float64).reshape(-1)
         t = np.asarray(seconds, dtype=np.float64).reshape(-1)
@@ -128,7 +130,10 @@ class CostModel:
         best: tuple[float, np.ndarray] | None = None
         for subset in ((0, 1, 2), (0, 2), (1, 2), (0, 1), (0,), (1,), (2,)):
             a = columns[:, subset] / scale[list(subset)]
-            coef, *_ = np.linalg.lstsq(a, t, rcond=None)
+            try:
+                coef, *_ = np.linalg.lstsq(a, t, rcond=None)
+            except np.linalg.LinAlgError as exc:
+                raise ValueError(f"CostModel.fit: the timings cannot be fitted ({exc}); check for extreme values") from exc
             if np.any(coef < 0):
                 continue
             resid = float(np.sum((a @ coef - t) ** 2))

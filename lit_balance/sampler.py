@@ -52,6 +52,13 @@ MAX_TOKENS_LIMIT = 2**40
 def _validate_lengths(lengths: Any) -> np.ndarray:
     """Return ``lengths`` as int64 ``[num_samples]`` or raise ValueError naming the offending values."""
     hint = "pass integer token counts, e.g. np.asarray(lengths, dtype=np.int64)"
+    if np.ma.isMaskedArray(lengths):
+        raise ValueError("lengths is a masked array: fill or drop the masked entries first (tokens per sample)")
+    if isinstance(lengths, (str, bytes)) or (not hasattr(lengths, "__len__") and hasattr(lengths, "__iter__")):
+        raise ValueError(
+            f"lengths must be a 1-D sequence, array or tensor of ints (tokens per sample), got "
+            f"{type(lengths).__name__}; e.g. pass list(...) of a generator"
+        )
     if isinstance(lengths, torch.Tensor):
         t = lengths.detach().cpu()
         lengths = t.numpy() if not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool) else t.tolist()

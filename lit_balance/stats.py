@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lit_balance._validate import check_int
 from lit_balance.cost import CostModel
 from lit_balance.planning import EpochPlan, padded_lengths
 
@@ -75,12 +76,21 @@ def plan_stats(
             step may be shorter).
 
     Raises:
-        ValueError: ``accumulate_grad_batches < 1``.
+        ValueError: ``accumulate_grad_batches`` or ``pad_to_multiple_of`` < 1; ``lengths`` not 1-D or too short.
+        TypeError: a non-int ``accumulate_grad_batches`` / ``pad_to_multiple_of``; ``cost_model`` not a CostModel.
     """
-    if accumulate_grad_batches < 1:
-        raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
+    accumulate_grad_batches = check_int("accumulate_grad_batches", accumulate_grad_batches, 1,
+                                        "micro-batches per rank per optimizer step")
+    pad_to_multiple_of = check_int("pad_to_multiple_of", pad_to_multiple_of, 1, "use the sampler's value (1: none)")
     cost_model = cost_model or CostModel()
+    if not isinstance(cost_model, CostModel):
+        raise TypeError(f"cost_model must be a lit_balance.CostModel or None, got {type(cost_model).__name__}")
     lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.ndim != 1 or (plan.rows.size and int(plan.rows.max()) >= lengths.shape[0]):
+        raise ValueError(
+            f"lengths must be 1-D with an entry for every planned sample (the plan uses index "
+            f"{int(plan.rows.max()) if plan.rows.size else -1}), got shape {lengths.shape}; pass sampler.lengths"
+        )
     padded = padded_lengths(lengths, pad_to_multiple_of)
     offsets = plan.batch_offsets
     num_batches = plan.num_batches

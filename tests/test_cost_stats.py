@@ -134,3 +134,39 @@ def test_budget_counts_coverage_with_costs_and_accumulation(lengths, num_replica
     assert sum(bs[0].step_rows for bs in groups.values()) == len(lengths)
     for bs in groups.values():
         assert bs[0].step_real_tokens == sum(lengths[i] for b in bs for i, f in zip(b, b.fill) if not f)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "pattern"),
+    [
+        (np.ma.array([3, 4], mask=[0, 1]), "masked array"),
+        ((n for n in [3, 4]), "got generator"),
+        ("34", "got str"),
+    ],
+)
+def test_lengths_of_odd_containers_raise_clearly(lengths, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        BalancedBatchSampler(lengths, 10, num_replicas=1, rank=0)
+
+
+def test_plan_stats_checks_its_inputs():
+    sampler = BalancedBatchSampler([3, 4, 5], 10, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="pad_to_multiple_of must be >= 1, got 0"):
+        plan_stats(sampler.plan(), sampler.lengths, pad_to_multiple_of=0)
+    with pytest.raises(TypeError, match="accumulate_grad_batches must be an int >= 1, got 1.5"):
+        plan_stats(sampler.plan(), sampler.lengths, accumulate_grad_batches=1.5)
+    with pytest.raises(ValueError, match=r"the plan uses index 2\), got shape \(1,\)"):
+        plan_stats(sampler.plan(), [1])
+    with pytest.raises(TypeError, match="cost_model must be a lit_balance.CostModel"):
+        plan_stats(sampler.plan(), sampler.lengths, cost_model="tokens")
+    with pytest.raises(ValueError, match="min_samples must be an int >= 1, got 0"):
+        CostModel.fit([], [], [], min_samples=0)
+
+
+def test_rank_speeds_must_be_a_flat_list_of_numbers():
+    with pytest.raises(TypeError, match="rank_speeds must be numbers"):
+        BalancedBatchSampler([3, 4], 10, num_replicas=2, rank=0, rank_speeds=[True, True])
+    with pytest.raises(ValueError, match="rank_speeds must be 1-D"):
+        BalancedBatchSampler([3, 4], 10, num_replicas=2, rank=0, rank_speeds=[[1.0], [2.0]])
+    with pytest.raises(ValueError, match=r"rank_speeds must hold 2 finite numbers > 0"):
+        BalancedBatchSampler([3, 4], 10, num_replicas=2, rank=0, rank_speeds=[1.0, 0.0])
