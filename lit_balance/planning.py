@@ -18,22 +18,24 @@ The plan is made in four stages:
    micro-batches' worth of tokens, so batch-mates change between epochs; this is the one knob that trades
    padding for randomness (the "sortish" idea of fastai's ``SortishSampler`` and of Hugging Face's
    ``group_by_length`` megabatches, applied as a noisy sort key in token space).
-2. **Micro-batches of equal cost.** The number of micro-batches is chosen first: the smallest multiple of
-   ``num_replicas`` not below what filling every micro-batch to ``max_tokens`` would need. Then one cost cap
-   is found by bisection such that cutting the sorted order greedily, each micro-batch taking rows while its
-   cost stays under the cap (and its padded slots under ``max_tokens``), gives exactly that many
-   micro-batches, all of about the same cost (fairseq's ``batch_by_size`` cuts a sorted order the same way,
-   with the budget as the only cap). A micro-batch's cost comes from :class:`~lit_balance.cost.CostModel`.
-   With per-rank speeds, the caps cycle over the ranks in proportion to their speeds.
+2. **Micro-batches of equal cost.** The number of micro-batches is fixed first, from the lengths and settings
+   only, so every epoch has the same length: the smallest multiple of ``num_replicas`` not below what filling
+   every micro-batch to ``max_tokens`` needs for any shuffled order, plus one more step of them when that
+   wastes less on the unshuffled order (few steps). The order is then cut into that many contiguous
+   micro-batches of about equal cost, none over the budget, in two ways: greedily under one cost cap found
+   by bisection (fairseq's ``batch_by_size`` cuts a sorted order the same way, with the budget as the only
+   cap), and by cumulative equal shares of the cost still to place. The plan that holds the ranks for the
+   least time is kept. A micro-batch's cost comes from :class:`~lit_balance.cost.CostModel`. With unequal
+   rank speeds, the shares cycle over the ranks in proportion to their speeds, and the epoch grows by about
+   10 % at a time when the fast ranks' shares do not fit the budget.
 3. **Steps.** Micro-batches in descending cost order are taken ``num_replicas * accumulate_grad_batches``
    at a time (one optimizer step) and spread over the ranks with the Longest Processing Time rule
    restricted to ``accumulate_grad_batches`` micro-batches per rank (Graham, "Bounds on multiprocessing
-   timing anomalies", SIAM J. Appl. Math. 17, 1969; with speeds, the rank that would finish earliest takes
-   the next micro-batch, the LPT rule for uniform machines of Gonzalez, Ibarra and Sahni, SIAM J. Comput. 6,
-   1977). Ranks only wait for each other once per optimizer step, so this balances each rank's summed cost
-   per step.
+   timing anomalies", SIAM J. Appl. Math. 17, 1969). Ranks only wait for each other once per optimizer
+   step, so this balances each rank's summed cost per step. With unequal speeds, each rank runs the
+   micro-batches cut for its share, most costly first.
 4. **Order of steps.** With ``shuffle``, optimizer steps run in random order, and ranks are permuted within
-   a step (uniform speeds only); ``largest_first`` moves the step holding the epoch's longest sample to the
+   a step (equal speeds only); ``largest_first`` moves the step holding the epoch's longest sample to the
    front, so an out-of-memory error shows at the first step.
 """
 

@@ -309,24 +309,33 @@ def _hf_class(name: str, hint: str) -> Any:
     return cls
 
 
-def run_distributed_fixed(lengths: np.ndarray, num_replicas: int, cfg: BenchConfig) -> StrategyRun:
-    """torch ``DistributedSampler`` (defaults: shuffle, ``drop_last=False``) + ``BatchSampler``."""
+def _per_rank_epochs(num_replicas: int, build: Callable[[int], Any],
+                     epoch: Callable[[int, Any], list[list[int]]]) -> tuple[dict[int, RankBatches], list[float]]:
+    """Build each rank's sampler and draw epochs 0 and 1; time building plus epoch 0, per rank."""
     batches: dict[int, RankBatches] = {e: [] for e in EPOCHS}
     times = []
     for rank in range(num_replicas):
-        def build(rank: int = rank) -> tuple[DistributedSampler, BatchSampler]:
-            sampler = DistributedSampler(range(lengths.shape[0]), num_replicas=num_replicas, rank=rank,
-                                         shuffle=True, seed=cfg.seed)
-            return sampler, BatchSampler(sampler, cfg.fixed_batch_size, drop_last=False)
-
-        def epoch(e: int, pair: tuple[DistributedSampler, BatchSampler]) -> list[list[int]]:
-            pair[0].set_epoch(e)
-            return _as_lists(pair[1])
-
-        (pair, b0), seconds = _timed(lambda: (p := build(), epoch(0, p)))
+        (sampler, b0), seconds = _timed(lambda rank=rank: (s := build(rank), epoch(0, s)))
         batches[0].append(b0)
-        batches[1].append(epoch(1, pair))
+        batches[1].append(epoch(1, sampler))
         times.append(seconds)
+    return batches, times
+
+
+def _paired_epoch(e: int, pair: tuple[Any, BatchSampler]) -> list[list[int]]:
+    """Epoch ``e`` of a (sampler, BatchSampler) pair."""
+    pair[0].set_epoch(e)
+    return _as_lists(pair[1])
+
+
+def run_distributed_fixed(lengths: np.ndarray, num_replicas: int, cfg: BenchConfig) -> StrategyRun:
+    """torch ``DistributedSampler`` (defaults: shuffle, ``drop_last=False``) + ``BatchSampler``."""
+    def build(rank: int) -> tuple[DistributedSampler, BatchSampler]:
+        sampler = DistributedSampler(range(lengths.shape[0]), num_replicas=num_replicas, rank=rank,
+                                     shuffle=True, seed=cfg.seed)
+        return sampler, BatchSampler(sampler, cfg.fixed_batch_size, drop_last=False)
+
+    batches, times = _per_rank_epochs(num_replicas, build, _paired_epoch)
     notes = [(f"batch size {cfg.fixed_batch_size}; drop_last=False pads the index list with repeats to a multiple "
              "of the rank count; each rank's last micro-batch may be short")]
     return StrategyRun(batches, times, notes=notes)
@@ -338,22 +347,13 @@ def run_hf_length_grouped(lengths: np.ndarray, num_replicas: int, cfg: BenchConf
         "DistributedLengthGroupedSampler", "the Trainer groups by length with LengthGroupedSampler and shards "
         "with accelerate instead")
     length_list = lengths.tolist()
-    batches: dict[int, RankBatches] = {e: [] for e in EPOCHS}
-    times = []
-    for rank in range(num_replicas):
-        def build(rank: int = rank) -> tuple[Any, BatchSampler]:
-            sampler = length_grouped_cls(cfg.fixed_batch_size, lengths=length_list, num_replicas=num_replicas,
-                                         rank=rank, seed=cfg.seed)
-            return sampler, BatchSampler(sampler, cfg.fixed_batch_size, drop_last=False)
 
-        def epoch(e: int, pair: tuple[Any, BatchSampler]) -> list[list[int]]:
-            pair[0].set_epoch(e)
-            return _as_lists(pair[1])
+    def build(rank: int) -> tuple[Any, BatchSampler]:
+        sampler = length_grouped_cls(cfg.fixed_batch_size, lengths=length_list, num_replicas=num_replicas,
+                                     rank=rank, seed=cfg.seed)
+        return sampler, BatchSampler(sampler, cfg.fixed_batch_size, drop_last=False)
 
-        (pair, b0), seconds = _timed(lambda: (p := build(), epoch(0, p)))
-        batches[0].append(b0)
-        batches[1].append(epoch(1, pair))
-        times.append(seconds)
+    batches, times = _per_rank_epochs(num_replicas, build, _paired_epoch)
     mega = max(min(lengths.shape[0] // (cfg.fixed_batch_size * 4), 50), 1) * cfg.fixed_batch_size
     notes = [(f"batch size {cfg.fixed_batch_size}; drop_last=False pads like DistributedSampler; the Trainer of "
               "transformers 5 uses LengthGroupedSampler + accelerate sharding instead of this class; length-sorted "
@@ -504,21 +504,16 @@ def _accepts_cost_model() -> bool:
 
 def _run_lit_balance(lengths: np.ndarray, num_replicas: int, cfg: BenchConfig, cost_model: CostModel) -> StrategyRun:
     kwargs: dict[str, Any] = {"cost_model": cost_model} if _accepts_cost_model() else {}
-    batches: dict[int, RankBatches] = {e: [] for e in EPOCHS}
-    times = []
-    for rank in range(num_replicas):
-        def build(rank: int = rank) -> BalancedBatchSampler:
-            return BalancedBatchSampler(lengths, cfg.max_tokens, num_replicas=num_replicas, rank=rank,
-                                        seed=cfg.seed, **kwargs)
 
-        def epoch(e: int, sampler: BalancedBatchSampler) -> list[list[int]]:
-            sampler.set_epoch(e)
-            return _as_lists(sampler)
+    def build(rank: int) -> BalancedBatchSampler:
+        return BalancedBatchSampler(lengths, cfg.max_tokens, num_replicas=num_replicas, rank=rank, seed=cfg.seed,
+                                    **kwargs)
 
-        (sampler, b0), seconds = _timed(lambda: (s := build(), epoch(0, s)))
-        batches[0].append(b0)
-        batches[1].append(epoch(1, sampler))
-        times.append(seconds)
+    def epoch(e: int, sampler: BalancedBatchSampler) -> list[list[int]]:
+        sampler.set_epoch(e)
+        return _as_lists(sampler)
+
+    batches, times = _per_rank_epochs(num_replicas, build, epoch)
     notes = [(f"cost_model={cost_model}" if kwargs else
              "this BalancedBatchSampler has no cost_model argument: planned with its built-in padded-slot cost")]
     return StrategyRun(batches, times, notes=notes)
