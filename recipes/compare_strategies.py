@@ -1,0 +1,1067 @@
+"""End-to-end strategy benchmark: the same LM, corpus, real tokens and optimizer under five batching strategies.
+
+Run:
+    python recipes/compare_strategies.py --output-dir compare_out          # 2 CPU DDP ranks, every strategy
+    python recipes/compare_strategies.py --quick --output-dir compare_out  # under 10 minutes on 2 cores
+    python recipes/compare_strategies.py --accelerator gpu --devices 4 --model-size bert --precision bf16-mixed
+
+Every strategy trains :class:`lit_balance.TransformerLM` (token-weighted loss, AdamW with the same learning rate)
+for the same number of epochs over the same training documents of the built-in corpus (Python standard library
+docstrings, BERT-uncased WordPiece, truncated to ``--max-length`` tokens), with the same per-rank budget of
+``--max-tokens`` padded token slots per micro-batch, and is validated on the same held-out documents after every
+epoch. Each strategy runs as its own subprocess (this script again, with a hidden worker flag; under
+``strategy="ddp"`` Lightning re-runs that command line once per extra rank) with a timeout; the parent collects
+one JSON file per run.
+
+Strategies:
+
+* ``random``: torch ``DistributedSampler`` (shuffle, ``drop_last=True``) + ``BatchSampler`` of the largest fixed
+  batch size that never exceeds the budget, ``max_tokens // max_length`` rows.
+* ``sorted_buckets``: sort by length (random order among equal lengths), cut into batches of that fixed size,
+  shuffle the batch order every epoch, deal round-robin to ranks.
+* ``dynamic``: sort by length, fill each micro-batch up to ``max_tokens`` *real* tokens (fairseq-style
+  ``batch_by_size``; ``sort_fill_batches`` of ``recipes/bench_samplers.py``), shuffle, deal round-robin.
+* ``dynamic_accum``: the same micro-batches with ``Trainer(accumulate_grad_batches=--accumulate)``.
+* ``lit_balance``: :class:`lit_balance.BalancedBatchSampler` with
+  :class:`~lit_balance.callbacks.AdaptiveGradAccumulation` (target: ``--accumulate`` x ranks x ``max_tokens`` real
+  tokens per optimizer step, the nominal step of ``dynamic_accum``), :class:`~lit_balance.callbacks.StragglerMonitor`
+  and :class:`~lit_balance.callbacks.CostModelFeedback`.
+
+Equal micro-batch counts: ``random`` drops the last ``len(train) % ranks`` shuffled samples per epoch (what
+``DistributedSampler(drop_last=True)`` does); ``sorted_buckets`` and ``dynamic*`` drop the last
+``micro-batches % ranks`` micro-batches of the shuffled order per epoch (:func:`deal_even`). Dropped samples are
+never trained and never counted: real tokens are counted from the micro-batches that ran.
+
+Second scenario (``slowed_rank``): ``lit_balance`` with and without ``CostModelFeedback`` while rank
+``--slow-rank`` is made ``1 + --slowdown`` times slower by a demo-only hook (it busy-waits ``--slowdown`` x the
+wall time of its own forward+loss and of its own backward, as in ``recipes/straggler_feedback.py``).
+
+Measured per run (rank 0 writes it after one ``all_gather`` at the end of training):
+
+* ``real_tokens_per_s``: real (non-padding) training tokens of all ranks / seconds, the seconds being, per epoch,
+  the slowest rank's interval from its first ``on_train_batch_start`` to its last ``on_train_batch_end``
+  (start-up and validation excluded), over the epochs after the first (the headline: feedback needs one epoch to
+  fit); ``real_tokens_per_s_all_epochs`` over every epoch.
+* ``optimizer_steps_per_s`` over the same epochs; ``padding_ratio`` ``1 - real / padded slots`` (all ranks).
+* ``straggler_ratio``: max / median over ranks of the summed compute seconds (forward + loss, from
+  ``on_train_batch_start`` to ``on_before_backward``, the interval of StragglerMonitor: no collective inside);
+  ``step_straggler_ratio``: the same per optimizer step, summed over steps (what ranks wait for).
+* ``peak_memory_mb``: the largest rank's peak resident set size (``resource.getrusage``, whole process) on CPU,
+  ``torch.cuda.max_memory_allocated`` on CUDA; ``max_micro_batch_slots`` and ``over_budget_micro_batches``.
+* the loss of every optimizer step against global real tokens trained (``curves.json``), ``loss_step_noise``
+  (standard deviation of step-to-step loss differences over the second half of the steps, / sqrt 2), and
+  ``val_loss`` after every epoch: the mean over every validation token on all ranks.
+
+Outputs in ``--output-dir``: ``results.json`` (one object per run), ``curves.json``, ``summary.json`` (the target
+ratios and how val-loss noise was judged), ``results.md`` (the table), ``loss_vs_tokens.png``,
+``tokens_per_s.png``, and ``logs/<run>.log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta, timezone
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler
+
+import lit_balance
+from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset, TransformerLM
+from lit_balance.cache import load_or_build
+from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, StragglerMonitor
+from lit_balance.corpus import resolve_corpus
+from lit_balance.loss import token_loss_sum
+from lit_balance.tokenizer import resolve_tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_samplers import sort_fill_batches  # noqa: E402  (the "sort, fill by summed real length" batcher)
+
+ROOT = Path(__file__).resolve().parents[1]
+STRATEGIES = ("random", "sorted_buckets", "dynamic", "dynamic_accum", "lit_balance")
+SCENARIOS = ("main", "slowed_rank")
+#: TransformerLM sizes: ``small`` is the main job's model (4.3M parameters with the 30,522-token vocabulary),
+#: ``bert`` BERT-base's shape (about 110M), ``tiny`` for tests.
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"d_model": 32, "num_heads": 2, "num_layers": 1, "dim_feedforward": 64},
+    "small": {"d_model": 128, "num_heads": 4, "num_layers": 2, "dim_feedforward": 512},
+    "bert": {"d_model": 768, "num_heads": 12, "num_layers": 12, "dim_feedforward": 3072},
+}
+#: Per model size, ``(max_tokens, max_length)`` when not given: padded slots per micro-batch per rank, tokens kept.
+DEFAULT_BUDGET = {"tiny": (512, 128), "small": (1024, 256), "bert": (16384, 512)}
+#: Keys every object of results.json has.
+RESULT_KEYS = ("run", "strategy", "scenario", "seed", "status", "real_tokens_per_s", "real_tokens_per_s_all_epochs",
+               "optimizer_steps_per_s", "padding_ratio", "straggler_ratio", "step_straggler_ratio", "peak_memory_mb",
+               "val_loss", "train_real_tokens")
+#: ``--quick``: training documents, epochs and random-baseline seeds (about 8 minutes on 2 CPU cores).
+QUICK = {"num_docs": 1200, "epochs": 2, "random_seeds": 2}
+FULL = {"num_docs": None, "epochs": 2, "random_seeds": 3}
+_WORKER_FLAG = "--_worker"
+#: How the validation-loss target is judged against run-to-run noise.
+NOISE_RULE = ("noise = sample standard deviation (ddof=1) of the final validation loss over the `random` runs with "
+              "different seeds (model initialisation and data order both change), measured in the same invocation; "
+              "lit_balance is no worse beyond noise when its validation loss is at most the mean of those runs plus "
+              "twice that deviation")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Baseline batch builders: pure functions of (lengths, settings, seed, epoch), the same on every rank.
+
+
+def fixed_batch_size(max_tokens: int, max_length: int) -> int:
+    """Rows per micro-batch of the fixed-size baselines: the largest that never exceeds the budget.
+
+    Args:
+        max_tokens: padded token slots per micro-batch, per rank.
+        max_length: the longest a row can be (documents are truncated to it), tokens.
+
+    Raises:
+        ValueError: ``max_length > max_tokens`` (not even one row fits) or a value < 1.
+
+    Example:
+        >>> fixed_batch_size(1024, 256)
+        4
+    """
+    if max_tokens < 1 or max_length < 1:
+        raise ValueError(f"max_tokens and max_length must be >= 1, got {max_tokens} and {max_length}")
+    if max_length > max_tokens:
+        raise ValueError(f"max_length={max_length} exceeds max_tokens={max_tokens}: no fixed batch size fits the "
+                         "budget; lower --max-length or raise --max-tokens")
+    return max_tokens // max_length
+
+
+def sorted_bucket_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """Length-sorted buckets of a fixed size, in a shuffled order (global: every rank computes the same list).
+
+    Samples are sorted by length (random order among equal lengths, from ``(seed, epoch)``), cut into consecutive
+    batches of ``batch_size`` (the last may be shorter), and the batch order is shuffled.
+
+    Args:
+        lengths: int ``[num_samples]``, tokens per sample.
+        batch_size: rows per batch.
+        seed: base seed, the same on every rank.
+        epoch: epoch number; each epoch breaks ties and orders batches anew.
+
+    Returns:
+        Batches of dataset indices.
+
+    Example:
+        >>> sorted(map(sorted, sorted_bucket_batches(np.array([5, 1, 4, 2, 3]), 2, seed=0, epoch=0)))
+        [[0], [1, 3], [2, 4]]
+    """
+    lengths = np.asarray(lengths)
+    rng = np.random.default_rng([seed, epoch])
+    perm = rng.permutation(lengths.shape[0])
+    order = perm[np.argsort(lengths[perm], kind="stable")]
+    batches = [order[i:i + batch_size].tolist() for i in range(0, order.shape[0], batch_size)]
+    return [batches[k] for k in rng.permutation(len(batches))]
+
+
+def dynamic_batches(lengths: np.ndarray, max_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """Sort by length, fill each micro-batch up to ``max_tokens`` summed *real* tokens, shuffle the order.
+
+    This is ``sort_fill_batches`` of ``recipes/bench_samplers.py`` (fairseq's ``batch_by_size`` on real tokens):
+    rows x longest row can exceed ``max_tokens``.
+
+    Example:
+        >>> dynamic_batches(np.array([3, 1, 2, 3]), max_tokens=4, seed=0, epoch=0)
+        [[3], [0], [1, 2]]
+    """
+    return sort_fill_batches(np.asarray(lengths, dtype=np.int64), max_tokens, seed, epoch)
+
+
+def deal_even(batches: Sequence[list[int]], num_replicas: int) -> tuple[list[list[list[int]]], list[list[int]]]:
+    """Deal micro-batches round-robin to ranks, dropping the last ``len(batches) % num_replicas`` so counts match.
+
+    Args:
+        batches: the epoch's global micro-batches, in training order.
+        num_replicas: number of ranks.
+
+    Returns:
+        ``(per_rank, dropped)``: ``per_rank[r]`` is rank ``r``'s micro-batches (``batches[r::num_replicas]`` of the
+        kept ones, all ranks the same length); ``dropped`` the micro-batches left out (fewer than ``num_replicas``).
+
+    Raises:
+        ValueError: ``num_replicas < 1``.
+
+    Example:
+        >>> deal_even([[0], [1], [2], [3, 4], [5]], 2)
+        ([[[0], [2]], [[1], [3, 4]]], [[5]])
+    """
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+    keep = len(batches) - len(batches) % num_replicas
+    return [list(batches[r:keep:num_replicas]) for r in range(num_replicas)], list(batches[keep:])
+
+
+class EpochBatchSampler(Sampler):
+    """This rank's micro-batches of a global per-epoch batch list (:func:`deal_even`); a ``set_epoch`` sampler.
+
+    Use as ``DataLoader(dataset, sampler=sampler, batch_size=None)`` with a dataset that accepts index lists.
+
+    Args:
+        build: ``build(epoch) -> list of micro-batches`` (global, identical on every rank).
+        num_replicas: number of ranks.
+        rank: this rank, in ``[0, num_replicas)``.
+
+    Attributes:
+        epoch: the epoch ``set_epoch`` selected.
+
+    Raises:
+        ValueError: ``rank`` outside ``[0, num_replicas)``.
+    """
+
+    def __init__(self, build: Callable[[int], list[list[int]]], num_replicas: int, rank: int) -> None:
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
+        self.build, self.num_replicas, self.rank = build, num_replicas, rank
+        self.epoch = 0
+        self._cache: tuple[int, list[list[int]], list[list[int]]] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose micro-batches ``__iter__`` yields."""
+        self.epoch = int(epoch)
+
+    def _dealt(self) -> tuple[list[list[int]], list[list[int]]]:
+        if self._cache is None or self._cache[0] != self.epoch:
+            per_rank, dropped = deal_even(self.build(self.epoch), self.num_replicas)
+            self._cache = (self.epoch, per_rank[self.rank], dropped)
+        return self._cache[1], self._cache[2]
+
+    @property
+    def dropped(self) -> list[list[int]]:
+        """The current epoch's micro-batches that no rank trains on (global, fewer than ``num_replicas``)."""
+        return self._dealt()[1]
+
+    def __len__(self) -> int:
+        return len(self._dealt()[0])
+
+    def __iter__(self):
+        yield from self._dealt()[0]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Data, model and measurement of one run (inside the DDP processes).
+
+
+def split_documents(num_docs: int, val_fraction: float, num_train: int | None, seed: int = 0) -> tuple[np.ndarray,
+                                                                                                       np.ndarray]:
+    """``(train_docs, val_docs)``: a seeded split of corpus documents, the same for every strategy and run.
+
+    Args:
+        num_docs: documents in the corpus.
+        val_fraction: share held out for validation (at least one document).
+        num_train: keep this many training documents (a seeded subset), or None for all.
+        seed: data seed (independent of the run's seed, so every run sees the same documents).
+
+    Raises:
+        ValueError: nothing left for training, or ``num_train < 1``.
+    """
+    perm = np.random.default_rng([seed, 0xC0]).permutation(num_docs)
+    num_val = max(1, round(val_fraction * num_docs))
+    train = perm[num_val:]
+    if num_train is not None:
+        if num_train < 1:
+            raise ValueError(f"num_train must be >= 1, got {num_train}")
+        train = train[:num_train]
+    if train.size == 0:
+        raise ValueError(f"{num_docs} documents, val_fraction={val_fraction}: none left to train on")
+    return np.sort(train), np.sort(perm[:num_val])
+
+
+class CompareData(L.LightningDataModule):
+    """The built-in corpus split once; the training loader of one strategy, the same validation loader for all.
+
+    Args:
+        strategy: one of :data:`STRATEGIES`.
+        max_tokens: padded token slots per micro-batch, per rank.
+        max_length: tokens kept per document.
+        num_train: training documents (seeded subset), or None for all.
+        val_fraction: share of documents held out.
+        seed: seed of the samplers (the run's seed).
+        cache_dir: tokenization cache (None: lit_balance's default).
+    """
+
+    def __init__(self, strategy: str, max_tokens: int, max_length: int, num_train: int | None, val_fraction: float,
+                 seed: int, cache_dir: str | None = None) -> None:
+        super().__init__()
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        self.strategy, self.max_tokens, self.max_length = strategy, max_tokens, max_length
+        self.num_train, self.val_fraction, self.seed, self.cache_dir = num_train, val_fraction, seed, cache_dir
+        self.tokenizer = resolve_tokenizer(None)
+        self.source = resolve_corpus(None)
+        self.vocab_size = self.tokenizer.vocab_size
+        self.batch_size = fixed_batch_size(max_tokens, max_length)
+
+    def prepare_data(self) -> None:
+        load_or_build(self.source, self.tokenizer, self.cache_dir)
+
+    def setup(self, stage: str | None = None) -> None:
+        corpus = load_or_build(self.source, self.tokenizer, self.cache_dir)
+        train_docs, val_docs = split_documents(len(corpus), self.val_fraction, self.num_train)
+        self.train_dataset = TokenDataset(corpus.token_ids, corpus.offsets, train_docs, self.max_length)
+        self.val_dataset = TokenDataset(corpus.token_ids, corpus.offsets, val_docs, self.max_length)
+        world, rank = self.trainer.world_size, self.trainer.global_rank
+        lengths = self.train_dataset.lengths
+        self.collator = PadCollator(self.tokenizer.pad_token_id)
+        self.batch_sampler: Any = None
+        if self.strategy == "random":
+            self.sampler: Any = DistributedSampler(self.train_dataset, num_replicas=world, rank=rank, shuffle=True,
+                                                   seed=self.seed, drop_last=True)
+            self.batch_sampler = BatchSampler(self.sampler, self.batch_size, drop_last=False)
+        elif self.strategy == "sorted_buckets":
+            self.sampler = EpochBatchSampler(partial(sorted_bucket_batches, lengths, self.batch_size, self.seed),
+                                             world, rank)
+        elif self.strategy in ("dynamic", "dynamic_accum"):
+            self.sampler = EpochBatchSampler(partial(dynamic_batches, lengths, self.max_tokens, self.seed), world, rank)
+        else:
+            self.sampler = BalancedBatchSampler(lengths, self.max_tokens, num_replicas=world, rank=rank, seed=self.seed)
+        self.val_sampler = BalancedBatchSampler(self.val_dataset.lengths, self.max_tokens, num_replicas=world,
+                                                rank=rank, shuffle=False, seed=0)
+
+    def planned_tokens(self, epoch: int) -> tuple[int, int]:
+        """``(samples, real tokens)`` the strategy plans to train in ``epoch`` (global, after dropping for equal
+        counts); compared with what the run really trained."""
+        lengths = self.train_dataset.lengths
+        if self.strategy == "random":
+            kept = set()
+            for r in range(self.sampler.num_replicas):
+                other = DistributedSampler(self.train_dataset, num_replicas=self.sampler.num_replicas, rank=r,
+                                           shuffle=True, seed=self.seed, drop_last=True)
+                other.set_epoch(epoch)
+                kept.update(other)
+            idx = np.fromiter(kept, dtype=np.int64)
+        elif isinstance(self.sampler, EpochBatchSampler):
+            per_rank, _ = deal_even(self.sampler.build(epoch), self.sampler.num_replicas)
+            idx = np.array([i for batches in per_rank for b in batches for i in b], dtype=np.int64)
+        else:  # BalancedBatchSampler, drop_last=False: every sample every epoch, whatever the speeds
+            idx = np.arange(len(lengths), dtype=np.int64)
+        return int(idx.size), int(lengths[idx].sum())
+
+    def train_dataloader(self) -> DataLoader:
+        """A new loader every epoch (``reload_dataloaders_every_n_epochs=1``) over this rank's sampler.
+
+        Lightning (2.6, ``_FitLoop.on_advance_start``) reads the loader's length before it calls ``set_epoch``;
+        a :class:`BalancedBatchSampler` given new rank speeds by CostModelFeedback plans the next epoch with them
+        only at ``set_epoch``, and that plan can be longer, so Lightning would end the epoch early and skip its
+        last micro-batches. Selecting the epoch here first gives Lightning the right length (for every strategy
+        alike; Lightning's own ``set_epoch`` with the same epoch then changes nothing).
+        """
+        self.sampler.set_epoch(self.trainer.current_epoch)
+        if self.batch_sampler is not None:
+            return DataLoader(self.train_dataset, batch_sampler=self.batch_sampler, collate_fn=self.collator)
+        return DataLoader(self.train_dataset, sampler=self.sampler, batch_size=None, collate_fn=self.collator)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_dataset, sampler=self.val_sampler, batch_size=None, collate_fn=self.collator)
+
+
+def _spin(seconds: float) -> None:
+    """Busy-wait (a slower device computes longer; a sleep would add the scheduler's wake-up delay)."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+class CompareLM(TransformerLM):
+    """TransformerLM that records each optimizer step's loss and the exact validation loss; optionally slowed.
+
+    Args:
+        slow_rank: the rank slowed down by the demo-only hook, or None.
+        slowdown: extra share of its own forward+loss and backward wall time that rank busy-waits (0.5: 1.5x).
+        **kwargs: :class:`lit_balance.TransformerLM` arguments.
+    """
+
+    def __init__(self, slow_rank: int | None = None, slowdown: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.slow_rank, self.slowdown = slow_rank, float(slowdown)
+        #: ``(micro-batches trained so far on this rank, global step loss)`` per optimizer step.
+        self.step_losses: list[tuple[int, float]] = []
+        #: ``(epoch, micro-batches trained so far, validation loss)`` per validation.
+        self.val_losses: list[tuple[int, int, float]] = []
+        self.micro_batches = 0
+        self._backward_start = 0.0
+        self._val: list[torch.Tensor] = []
+
+    def _slowed(self) -> bool:
+        return self.slow_rank is not None and self.slowdown > 0 and self.global_rank == self.slow_rank
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        start = time.perf_counter()
+        loss = super().training_step(batch, batch_idx)
+        if self._slowed():
+            _spin(self.slowdown * (time.perf_counter() - start))
+        self.micro_batches += 1
+        return loss
+
+    def on_before_backward(self, loss: torch.Tensor) -> None:
+        self._backward_start = time.perf_counter()
+
+    def on_after_backward(self) -> None:
+        if self._slowed():
+            _spin(self.slowdown * (time.perf_counter() - self._backward_start))
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # a Python float (finish_step's value is already on the CPU): keeping a small tensor per step would pin
+        # freed heap memory between the large activation buffers and inflate the process's RSS step by step
+        self.step_losses.append((self.micro_batches, float(self.step_loss.finish_step(self))))
+
+    def on_validation_epoch_start(self) -> None:
+        self._val = [torch.zeros((), dtype=torch.float64, device=self.device), torch.zeros((), dtype=torch.float64,
+                                                                                          device=self.device)]
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        loss_sum, n = token_loss_sum(self(batch["input_ids"], batch["attention_mask"]), batch["labels"])
+        self._val[0] += loss_sum.detach().double()
+        self._val[1] += n
+
+    def on_validation_epoch_end(self) -> None:
+        total = torch.stack(self._val)
+        if self.trainer.world_size > 1:
+            total = self.trainer.strategy.reduce(total, reduce_op="sum")
+        loss = float(total[0] / total[1]) if float(total[1]) > 0 else float("nan")
+        self.val_losses.append((int(self.current_epoch), self.micro_batches, loss))
+
+
+# Columns of one micro-batch record in Meter.records.
+_EPOCH, _STEP, _COMPUTE, _REAL, _PADDED = range(5)
+
+
+class Meter(L.Callback):
+    """Per rank, per training micro-batch: epoch, optimizer step, compute seconds, real tokens, padded slots.
+
+    Compute is ``on_train_batch_start`` -> ``on_before_backward`` (forward + loss; CUDA synchronized), the interval
+    of :class:`lit_balance.callbacks.StragglerMonitor`, which holds no collective. Each epoch's training interval is
+    this rank's first ``on_train_batch_start`` to its last ``on_train_batch_end`` (validation runs after it).
+    Real tokens exclude fill rows. At ``on_train_end`` every rank takes part in one ``all_gather``; afterwards
+    :attr:`gathered` (``[world_size, n, 5]``), :attr:`epoch_intervals` (``[world_size, epochs, 2]``) and
+    :attr:`peak_memory_mb` (``[world_size]``) are set on every rank.
+    """
+
+    def __init__(self) -> None:
+        self.records: list[list[float]] = []
+        self.intervals: dict[int, list[float]] = {}
+        self._start = 0.0
+        self._compute: float | None = None
+        self.gathered: np.ndarray | None = None
+        self.epoch_intervals: np.ndarray | None = None
+        self.peak_memory_mb: np.ndarray | None = None
+
+    @staticmethod
+    def _now(pl_module: L.LightningModule) -> float:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        return time.perf_counter()
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._start = self._now(pl_module)
+        self._compute = None
+        self.intervals.setdefault(trainer.current_epoch, [self._start, self._start])
+        self._step = trainer.global_step
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        if self._compute is None:
+            self._compute = self._now(pl_module) - self._start
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        end = self._now(pl_module)
+        real = int(batch["attention_mask"][~batch["is_fill"]].sum())
+        compute = self._compute if self._compute is not None else end - self._start
+        self.records.append([trainer.current_epoch, self._step, compute, real, int(batch["num_padded_tokens"])])
+        self.intervals[trainer.current_epoch][1] = end
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if pl_module.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
+        else:  # ru_maxrss: KiB on Linux, bytes on macOS
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+        epochs = sorted(self.intervals)
+        local = torch.tensor([[peak, 0, 0, 0, 0], *self.records, *[[e, *self.intervals[e], 0, 0] for e in epochs]],
+                             dtype=torch.float64)
+        if trainer.world_size > 1:
+            out = trainer.strategy.all_gather(local.to(pl_module.device)).cpu().numpy()
+        else:
+            out = local.numpy()[None]
+        n = len(self.records)
+        self.peak_memory_mb = out[:, 0, 0]
+        self.gathered = out[:, 1:1 + n]
+        self.epoch_intervals = out[:, 1 + n:, 1:3]
+
+
+def _median_ratio(values: np.ndarray) -> float:
+    median = float(np.median(values))
+    return float(values.max()) / median if median > 0 else 1.0
+
+
+def run_stats(gathered: np.ndarray, epoch_intervals: np.ndarray, peak_memory_mb: np.ndarray, max_tokens: int,
+              headline_from_epoch: int = 1) -> dict[str, Any]:
+    """Throughput, padding, straggler and memory figures of one run from the gathered per-micro-batch records.
+
+    Args:
+        gathered: float ``[world_size, n, 5]`` (epoch, optimizer step, compute s, real tokens, padded slots) per
+            micro-batch and rank; every rank ran the same ``n`` micro-batches.
+        epoch_intervals: float ``[world_size, epochs, 2]``: each rank's first batch start and last batch end, s.
+        peak_memory_mb: ``[world_size]`` peak memory per rank, MiB.
+        max_tokens: the budget, padded slots per micro-batch per rank.
+        headline_from_epoch: the headline throughput counts epochs from this one on (all epochs if there are none).
+
+    Returns:
+        A dict of the figures documented in the module docstring.
+    """
+    g = np.asarray(gathered, dtype=np.float64)
+    epochs = g[0, :, _EPOCH].astype(int)
+    seconds = (epoch_intervals[:, :, 1] - epoch_intervals[:, :, 0]).max(axis=0)  # slowest rank per epoch
+    real_per_epoch = np.bincount(epochs, weights=g[:, :, _REAL].sum(axis=0), minlength=seconds.shape[0])
+    steps = g[0, :, _STEP].astype(int)
+    steps_per_epoch = np.array([np.unique(steps[epochs == e]).size for e in range(seconds.shape[0])])
+    head = np.arange(seconds.shape[0]) >= headline_from_epoch
+    if not head.any():
+        head[:] = True
+    compute = g[:, :, _COMPUTE]
+    step_sums = np.zeros((g.shape[0], int(steps.max()) + 1))
+    np.add.at(step_sums, (slice(None), steps), compute)
+    step_med = np.median(step_sums, axis=0)
+    padded = g[:, :, _PADDED]
+    return {
+        "real_tokens_per_s": float(real_per_epoch[head].sum() / seconds[head].sum()),
+        "real_tokens_per_s_all_epochs": float(real_per_epoch.sum() / seconds.sum()),
+        "optimizer_steps_per_s": float(steps_per_epoch[head].sum() / seconds[head].sum()),
+        "headline_epochs": [int(e) for e in np.flatnonzero(head)],
+        "epoch_train_s": [float(s) for s in seconds],
+        "epoch_real_tokens_per_s": [float(t / s) for t, s in zip(real_per_epoch, seconds)],
+        "real_tokens_per_epoch": [int(round(t)) for t in real_per_epoch],
+        "padding_ratio": float(1.0 - g[:, :, _REAL].sum() / padded.sum()),
+        "straggler_ratio": _median_ratio(compute.sum(axis=1)),
+        "step_straggler_ratio": float(step_sums.max(axis=0).sum() / step_med.sum()) if step_med.sum() > 0 else 1.0,
+        "compute_s_per_rank": [float(c) for c in compute.sum(axis=1)],
+        "compute_s_per_padded_slot_per_rank": [float(c / p) for c, p in zip(compute.sum(axis=1), padded.sum(axis=1))],
+        "peak_memory_mb": float(np.max(peak_memory_mb)),
+        "peak_memory_mb_per_rank": [float(m) for m in peak_memory_mb],
+        "train_real_tokens": int(g[:, :, _REAL].sum()),
+        "train_padded_slots": int(padded.sum()),
+        "micro_batches_per_rank": int(g.shape[1]),
+        "optimizer_steps": int(np.unique(steps).size),
+        "real_tokens_per_optimizer_step": float(g[:, :, _REAL].sum() / max(np.unique(steps).size, 1)),
+        "max_micro_batch_slots": int(padded.max()),
+        "over_budget_micro_batches": int((padded > max_tokens).sum()),
+    }
+
+
+def loss_curve(step_losses: Sequence[tuple[int, float]], gathered: np.ndarray) -> tuple[list[float], list[float]]:
+    """``(tokens, losses)``: each optimizer step's loss against the global real tokens trained up to it.
+
+    Args:
+        step_losses: ``(micro-batches trained so far, loss)`` per optimizer step.
+        gathered: see :func:`run_stats`.
+    """
+    cum = np.concatenate([[0.0], np.cumsum(np.asarray(gathered)[:, :, _REAL].sum(axis=0))])
+    return [float(cum[m]) for m, _ in step_losses], [float(v) for _, v in step_losses]
+
+
+def loss_step_noise(losses: Sequence[float]) -> float:
+    """Step-to-step variability of the loss: std of consecutive differences over the second half of steps / sqrt 2.
+
+    For independent noise of standard deviation ``s`` around a slowly moving mean this estimates ``s`` (nats).
+    Returns nan with fewer than 3 steps in the second half.
+    """
+    tail = np.asarray(losses[len(losses) // 2:], dtype=np.float64)
+    if tail.size < 3:
+        return float("nan")
+    return float(np.std(np.diff(tail), ddof=1) / math.sqrt(2))
+
+
+def run_worker(spec_path: Path) -> None:
+    """Train one strategy as described by the JSON spec at ``spec_path``; rank 0 writes ``spec["result_path"]``."""
+    spec = json.loads(Path(spec_path).read_text())
+    L.seed_everything(spec["seed"], verbose=False)
+    data = CompareData(spec["strategy"], spec["max_tokens"], spec["max_length"], spec["num_docs"],
+                       spec["val_fraction"], spec["seed"], spec.get("cache_dir"))
+    slowed = spec["scenario"] == "slowed_rank"
+    model = CompareLM(slow_rank=spec["slow_rank"] if slowed else None, slowdown=spec["slowdown"] if slowed else 0.0,
+                      vocab_size=data.vocab_size, lr=spec["lr"], **MODEL_SIZES[spec["model_size"]])
+    meter = Meter()
+    callbacks: list[L.Callback] = [meter]
+    accumulate = spec["accumulate"] if spec["strategy"] == "dynamic_accum" else 1
+    adaptive = None
+    if spec["strategy"] == "lit_balance":
+        adaptive = AdaptiveGradAccumulation(target_tokens_per_step=spec["target_tokens_per_step"])
+        callbacks += [StragglerMonitor(every_n_steps=50, warn_ratio=10.0), adaptive]
+        if spec["feedback"]:
+            callbacks.append(CostModelFeedback())
+    trainer = L.Trainer(
+        accelerator=spec["accelerator"], devices=spec["devices"], precision=spec["precision"],
+        strategy=DDPStrategy(timeout=timedelta(seconds=spec["ddp_timeout_s"])), max_epochs=spec["epochs"],
+        accumulate_grad_batches=accumulate, callbacks=callbacks, use_distributed_sampler=False,
+        reload_dataloaders_every_n_epochs=1,  # CostModelFeedback's rank speeds can lengthen an epoch; all alike
+        num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, datamodule=data)
+    if not trainer.is_global_zero:
+        return
+    stats = run_stats(meter.gathered, meter.epoch_intervals, meter.peak_memory_mb, spec["max_tokens"])
+    planned = [data.planned_tokens(e)[1] for e in range(spec["epochs"])]
+    if stats["real_tokens_per_epoch"] != planned:
+        print(f"WARNING: trained real tokens per epoch {stats['real_tokens_per_epoch']} differ from the planned "
+              f"{planned}", flush=True)
+    tokens, losses = loss_curve(model.step_losses, meter.gathered)
+    cum = np.concatenate([[0.0], np.cumsum(meter.gathered[:, :, _REAL].sum(axis=0))])
+    val = [{"epoch": e, "tokens": float(cum[m]), "val_loss": v} for e, m, v in model.val_losses]
+    result = {
+        **{k: spec[k] for k in ("run", "strategy", "scenario", "seed", "feedback")}, "status": "ok", **stats,
+        "val_loss": val[-1]["val_loss"] if val else float("nan"), "val_losses": val,
+        "loss_step_noise": loss_step_noise(losses), "final_train_loss": losses[-1] if losses else float("nan"),
+        "all_planned_tokens_trained": stats["real_tokens_per_epoch"] == planned,
+        "planned_real_tokens_per_epoch": planned, "trained_real_tokens_per_epoch": stats.pop("real_tokens_per_epoch"),
+        "dropped_samples_per_epoch": [len(data.train_dataset) - data.planned_tokens(e)[0]
+                                      for e in range(spec["epochs"])],
+        "dropped_tokens_per_epoch": [int(data.train_dataset.lengths.sum()) - t for t in planned],
+        "train_documents": len(data.train_dataset), "world_size": trainer.world_size,
+        "fixed_batch_size": data.batch_size if spec["strategy"] in ("random", "sorted_buckets") else None,
+        "accumulate_grad_batches": (sorted({h[2] for h in adaptive.history}) if adaptive is not None
+                                    else [accumulate]),
+        "curve": {"tokens": tokens, "loss": losses},
+    }
+    Path(spec["result_path"]).write_text(json.dumps(result))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The parent: plan the runs, launch each as a subprocess with a timeout, summarise, plot.
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {value}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (see the module docstring)."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output-dir", type=Path, default=Path("compare_strategies_out"),
+                   help="where results.json, the plots and logs go (default: %(default)s)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"smaller run: {QUICK['num_docs']} training documents, {QUICK['epochs']} epochs, "
+                        f"{QUICK['random_seeds']} random seeds (under 10 minutes on 2 CPU cores)")
+    p.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
+                   help="strategies of the main scenario (default: all)")
+    p.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS),
+                   help="main: every strategy; slowed_rank: lit_balance with/without feedback, one rank slowed")
+    p.add_argument("--accelerator", default="cpu", help="Lightning accelerator (default: %(default)s)")
+    p.add_argument("--devices", type=_positive_int, default=2, help="ranks (default: %(default)s)")
+    p.add_argument("--precision", default="32-true", help="Lightning precision, e.g. bf16-mixed on GPUs "
+                   "(default: %(default)s)")
+    p.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="small",
+                   help="small: the main job's 4.3M-parameter LM; bert: BERT-base's shape, for GPUs "
+                        "(default: %(default)s)")
+    p.add_argument("--max-tokens", type=_positive_int, default=None,
+                   help="padded token slots per micro-batch, per rank (default: 1024; bert: 16384)")
+    p.add_argument("--max-length", type=_positive_int, default=None,
+                   help="tokens kept per document (default: 256; bert: 512)")
+    p.add_argument("--num-docs", type=_positive_int, default=None,
+                   help="training documents, a seeded subset (default: all; --quick: "
+                        f"{QUICK['num_docs']})")
+    p.add_argument("--val-fraction", type=_fraction, default=0.05, help="documents held out (default: %(default)s)")
+    p.add_argument("--epochs", type=_positive_int, default=None,
+                   help=f"epochs of every run; >= 2 for the after-first-epoch headline (default: {FULL['epochs']})")
+    p.add_argument("--random-seeds", type=_positive_int, default=None,
+                   help="runs of `random` with seeds seed, seed+1, ...: their spread is the val-loss noise "
+                        f"(default: {FULL['random_seeds']}; --quick: {QUICK['random_seeds']})")
+    p.add_argument("--accumulate", type=_positive_int, default=4,
+                   help="dynamic_accum's accumulate_grad_batches; lit_balance targets this many global budgets "
+                        "of real tokens per optimizer step (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate of every run (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="model and sampler seed of every run (default: %(default)s)")
+    p.add_argument("--slowdown", type=_non_negative, default=0.5,
+                   help="slowed_rank: extra share of time the slowed rank busy-waits (0.5: 1.5x slower)")
+    p.add_argument("--slow-rank", type=int, default=1, help="slowed_rank: the rank slowed (default: %(default)s)")
+    p.add_argument("--timeout-s", type=_positive_int, default=3600,
+                   help="per-run subprocess timeout, seconds (default: %(default)s)")
+    p.add_argument("--cache-dir", default=None, help="tokenization cache (default: lit_balance's)")
+    p.add_argument(_WORKER_FLAG, dest="worker", type=Path, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def resolve_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Fill size- and mode-dependent defaults and check combinations; ``parser.error`` on bad input."""
+    preset = QUICK if args.quick else FULL
+    max_tokens, max_length = DEFAULT_BUDGET[args.model_size]
+    args.max_tokens = args.max_tokens or max_tokens
+    args.max_length = args.max_length or max_length
+    args.num_docs = args.num_docs or preset["num_docs"]
+    args.epochs = args.epochs or preset["epochs"]
+    args.random_seeds = args.random_seeds or preset["random_seeds"]
+    if args.max_length > args.max_tokens:
+        parser.error(f"--max-length {args.max_length} exceeds --max-tokens {args.max_tokens}: no fixed batch size "
+                     "fits the budget")
+    if not (args.lr > 0 and math.isfinite(args.lr)):
+        parser.error(f"--lr must be a finite number > 0, got {args.lr}")
+    if "slowed_rank" in args.scenarios:
+        if args.devices < 2:
+            parser.error("the slowed_rank scenario needs --devices >= 2; pass --scenarios main for one device")
+        if not 0 <= args.slow_rank < args.devices:
+            parser.error(f"--slow-rank must be in [0, {args.devices}), got {args.slow_rank}")
+    if args.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        parser.error(f"--accelerator {args.accelerator}: no CUDA device is available here; use --accelerator cpu")
+    args.strategies = list(dict.fromkeys(args.strategies))
+    args.scenarios = list(dict.fromkeys(args.scenarios))
+    return args
+
+
+def plan_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One spec per subprocess: the main strategies, extra `random` seeds (noise), the slowed-rank pair.
+
+    Order: the main strategies, one extra `random` seed, the slowed-rank pair, the other `random` seeds (so a
+    stretch of load on a shared machine does not hit all `random` runs).
+    """
+    common = {k: getattr(args, k) for k in ("accelerator", "devices", "precision", "model_size", "max_tokens",
+                                            "max_length", "num_docs", "val_fraction", "epochs", "accumulate", "lr",
+                                            "slowdown", "slow_rank", "cache_dir")}
+    common["target_tokens_per_step"] = args.accumulate * args.devices * args.max_tokens
+    common["ddp_timeout_s"] = min(args.timeout_s, 600)
+    runs, extra, slowed = [], [], []
+    if "main" in args.scenarios:
+        for s in args.strategies:
+            runs.append({**common, "run": s, "strategy": s, "scenario": "main", "seed": args.seed, "feedback": True})
+        if "random" in args.strategies:
+            extra = [{**common, "run": f"random_seed{args.seed + i}", "strategy": "random", "scenario": "main",
+                      "seed": args.seed + i, "feedback": True} for i in range(1, args.random_seeds)]
+    if "slowed_rank" in args.scenarios:
+        slowed = [{**common, "run": f"lit_balance_slowed_{'feedback' if feedback else 'no_feedback'}",
+                   "strategy": "lit_balance", "scenario": "slowed_rank", "seed": args.seed, "feedback": feedback}
+                  for feedback in (False, True)]
+    return runs + extra[:1] + slowed + extra[1:]
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # a fresh single-node job: no inherited distributed settings; the repository importable without installing
+    for key in ("LOCAL_RANK", "NODE_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def launch(spec: dict[str, Any], out_dir: Path, timeout_s: int) -> dict[str, Any]:
+    """Run one spec in a subprocess (its own process group, killed whole on timeout); return its result dict."""
+    runs_dir, logs_dir = out_dir / "runs", out_dir / "logs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    spec = {**spec, "result_path": str((runs_dir / f"{spec['run']}.json").resolve())}
+    Path(spec["result_path"]).unlink(missing_ok=True)
+    spec_path = runs_dir / f"{spec['run']}.spec.json"
+    spec_path.write_text(json.dumps(spec, indent=1))
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    status = "ok"
+    with open(logs_dir / f"{spec['run']}.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), _WORKER_FLAG, str(spec_path)],
+                                stdout=log, stderr=subprocess.STDOUT, env=_child_env(), cwd=str(out_dir),
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # rank 0 and the ranks it started
+            proc.wait()
+            rc, status = None, "timeout"
+    wall = time.perf_counter() - start
+    result_path = Path(spec["result_path"])
+    if status == "ok" and (rc != 0 or not result_path.exists()):
+        status = "failed"
+    if status != "ok":
+        tail = (logs_dir / f"{spec['run']}.log").read_text(errors="replace")[-2000:]
+        result: dict[str, Any] = {k: spec[k] for k in ("run", "strategy", "scenario", "seed", "feedback")}
+        result.update({"status": status, "returncode": rc, "log_tail": tail})
+        for key in RESULT_KEYS:
+            result.setdefault(key, None)
+    else:
+        result = json.loads(result_path.read_text())
+    result["subprocess_wall_s"] = wall
+    result["load_avg_1min_before"] = load_before
+    result["load_avg_1min_after"] = os.getloadavg()[0]
+    return result
+
+
+def _ok(results: list[dict[str, Any]], run: str) -> dict[str, Any] | None:
+    r = next((r for r in results if r["run"] == run), None)
+    return r if r is not None and r["status"] == "ok" else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def evaluate_targets(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The target ratios of the specification, each with its measured value and whether it was met.
+
+    Val-loss noise: :data:`NOISE_RULE`.
+    """
+    lb, rnd, dyn = _ok(results, "lit_balance"), _ok(results, "random"), _ok(results, "dynamic")
+    targets: dict[str, Any] = {}
+
+    def put(name: str, value: float | None, ok: bool | None, rule: str, **extra: Any) -> None:
+        targets[name] = {"value": value, "met": ok, "rule": rule, **extra}
+
+    if lb and rnd:
+        v = _ratio(lb["real_tokens_per_s"], rnd["real_tokens_per_s"])
+        put("tokens_per_s_vs_random", v, v >= 3.0, "lit_balance / random real tokens/s >= 3",
+            whole_run=_ratio(lb["real_tokens_per_s_all_epochs"], rnd["real_tokens_per_s_all_epochs"]))
+    if lb and dyn:
+        v = _ratio(lb["real_tokens_per_s"], dyn["real_tokens_per_s"])
+        put("tokens_per_s_vs_dynamic", v, v >= 1.05, "lit_balance / dynamic real tokens/s >= 1.05",
+            whole_run=_ratio(lb["real_tokens_per_s_all_epochs"], dyn["real_tokens_per_s_all_epochs"]))
+        v = _ratio(lb["peak_memory_mb"], dyn["peak_memory_mb"])
+        put("peak_memory_vs_dynamic", v, v <= 1.02, "lit_balance / dynamic peak memory <= 1.02")
+    if lb:
+        put("micro_batches_over_budget", lb["over_budget_micro_batches"], lb["over_budget_micro_batches"] == 0,
+            f"lit_balance micro-batches above {args.max_tokens} padded slots == 0",
+            max_micro_batch_slots=lb["max_micro_batch_slots"])
+        put("straggler_ratio", lb["straggler_ratio"], lb["straggler_ratio"] <= 1.05,
+            "lit_balance max/median per-rank compute s <= 1.05", step_straggler_ratio=lb["step_straggler_ratio"])
+    seeds = [r for r in results if r["strategy"] == "random" and r["scenario"] == "main" and r["status"] == "ok"]
+    if lb and len(seeds) >= 2:
+        vals = np.array([r["val_loss"] for r in seeds])
+        mean, std = float(vals.mean()), float(vals.std(ddof=1))
+        diff = lb["val_loss"] - mean
+        put("val_loss_vs_random", diff, diff <= 2 * std,
+            "lit_balance val_loss - mean(random seeds) <= 2 x std(random seeds)", random_val_losses=vals.tolist(),
+            random_mean=mean, random_std=std, lit_balance_val_loss=lb["val_loss"])
+    no_fb, fb = _ok(results, "lit_balance_slowed_no_feedback"), _ok(results, "lit_balance_slowed_feedback")
+    if no_fb and fb:
+        v = _ratio(fb["real_tokens_per_s"], no_fb["real_tokens_per_s"])
+        per_slot = no_fb["compute_s_per_padded_slot_per_rank"]
+        fast = min(per_slot)
+        slow = per_slot[args.slow_rank]
+        speed = fast / slow if slow > 0 else 1.0  # measured relative speed of the slowed rank (forward + loss)
+        n = len(per_slot)
+        ideal = (1 / speed) / (n / (n - 1 + speed))  # equal split vs split proportional to speed
+        put("feedback_vs_no_feedback", v, v >= 1.18, "slowed rank: feedback / no feedback real tokens/s >= 1.18 "
+            "(epochs after the first)", whole_run=_ratio(fb["real_tokens_per_s_all_epochs"],
+                                                          no_fb["real_tokens_per_s_all_epochs"]),
+            measured_slow_rank_speed=speed, ideal_for_measured_speed=ideal)
+    return targets
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(results: list[dict[str, Any]], max_tokens: int) -> str:
+    """The per-run table (Markdown), in run order."""
+    head = ["run", "scenario", "real tokens/s (epochs >= 1)", "real tokens/s (all)", "optimizer steps/s",
+            "padding ratio", "straggler ratio (run / per step)", f"peak memory MB (max rank)",
+            f"largest micro-batch (budget {max_tokens})", "loss step noise", "val loss", "train real tokens",
+            "optimizer steps", "accumulate"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        if r["status"] != "ok":
+            lines.append(f"| {r['run']} | {r['scenario']} | {r['status']} |" + " - |" * (len(head) - 3))
+            continue
+        acc = r.get("accumulate_grad_batches") or []
+        lines.append("| " + " | ".join([
+            r["run"], r["scenario"], _fmt(r["real_tokens_per_s"], 0), _fmt(r["real_tokens_per_s_all_epochs"], 0),
+            _fmt(r["optimizer_steps_per_s"], 2), _fmt(r["padding_ratio"]),
+            f"{_fmt(r['straggler_ratio'])} / {_fmt(r['step_straggler_ratio'])}", _fmt(r["peak_memory_mb"], 0),
+            f"{r['max_micro_batch_slots']} ({r['over_budget_micro_batches']} over)", _fmt(r["loss_step_noise"]),
+            _fmt(r["val_loss"]), f"{r['train_real_tokens']:,}", str(r["optimizer_steps"]),
+            "-".join(map(str, [min(acc), max(acc)])) if acc and min(acc) != max(acc) else str(acc[0] if acc else "-"),
+        ]) + " |")
+    return "\n".join(lines)
+
+
+def targets_text(targets: dict[str, Any]) -> str:
+    """One line per target: value, rule, met or not."""
+    lines = []
+    for name, t in targets.items():
+        met = {True: "met", False: "NOT met", None: "not judged"}[t["met"]]
+        extra = ", ".join(f"{k} {_fmt(v) if not isinstance(v, list) else [round(x, 3) for x in v]}"
+                          for k, v in t.items() if k not in ("value", "met", "rule"))
+        lines.append(f"- {name}: {_fmt(t['value'])} ({t['rule']}): {met}" + (f"; {extra}" if extra else ""))
+    return "\n".join(lines)
+
+
+COLORS = {"random": "tab:gray", "sorted_buckets": "tab:brown", "dynamic": "tab:orange", "dynamic_accum": "tab:red",
+          "lit_balance": "tab:blue"}
+
+
+def plot(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """``loss_vs_tokens.png`` (main scenario: step loss, smoothed, and validation loss after each epoch, against
+    global real training tokens) and ``tokens_per_s.png`` (real tokens/s of every run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in results if r["status"] == "ok"]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in (r for r in ok if r["scenario"] == "main"):
+        tokens, loss = np.array(r["curve"]["tokens"]), np.array(r["curve"]["loss"])
+        if tokens.size == 0:
+            continue
+        window = max(1, tokens.size // 40)  # a moving mean over 1/40 of the run's steps
+        smooth = np.convolve(loss, np.ones(window) / window, mode="valid")
+        extra = r["run"] != r["strategy"]
+        ax.plot(tokens[window - 1:], smooth, color=COLORS[r["strategy"]], alpha=0.45 if extra else 1.0,
+                lw=1.0 if extra else 1.6, label=r["run"])
+        ax.plot([v["tokens"] for v in r["val_losses"]], [v["val_loss"] for v in r["val_losses"]], "o",
+                color=COLORS[r["strategy"]], alpha=0.45 if extra else 1.0, ms=5)
+    ax.set_xlabel("real training tokens (all ranks)")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title("training loss (moving mean of optimizer steps) and validation loss (dots, epoch ends)")
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths = [out_dir / "loss_vs_tokens.png"]
+    fig.savefig(paths[0], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    labels = [r["run"] for r in ok]
+    head = [r["real_tokens_per_s"] for r in ok]
+    whole = [r["real_tokens_per_s_all_epochs"] for r in ok]
+    y = np.arange(len(ok))
+    ax.barh(y, head, color=[COLORS[r["strategy"]] for r in ok], label="epochs after the first")
+    ax.plot(whole, y, "k|", ms=14, label="all epochs")
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("real tokens / s (all ranks)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    paths.append(out_dir / "tokens_per_s.png")
+    fig.savefig(paths[1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def _machine() -> dict[str, Any]:
+    return {"platform": platform.platform(), "machine": platform.machine(), "processor": platform.processor(),
+            "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "lightning": L.__version__, "numpy": np.__version__, "lit_balance": lit_balance.__version__,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "recipes/compare_strategies.py",
+                                "lit_balance"], capture_output=True, text=True, timeout=10).stdout.strip()
+        return out + ("+local changes" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
+    """Parse the command line; run the benchmark (parent) or one run (hidden worker flag).
+
+    Returns:
+        The results list (parent), or None (worker).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.worker is not None:
+        run_worker(args.worker)
+        return None
+    args = resolve_args(args, parser)
+    start = time.perf_counter()
+    out_dir = args.output_dir.resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    command = "python " + " ".join([str(Path(sys.argv[0])), *(argv if argv is not None else sys.argv[1:])])
+    # tokenize once here, so the runs only load the cache
+    corpus = load_or_build(resolve_corpus(None), resolve_tokenizer(None), args.cache_dir)
+    train_docs, val_docs = split_documents(len(corpus), args.val_fraction, args.num_docs)
+    lengths = np.minimum(corpus.lengths, args.max_length)
+    print(f"world size {args.devices} ({args.accelerator}) | budget {args.max_tokens} padded slots per micro-batch "
+          f"per rank | max_length {args.max_length} | fixed batch size {fixed_batch_size(args.max_tokens, args.max_length)} "
+          f"rows | {len(train_docs)} training documents ({int(lengths[train_docs].sum()):,} tokens), "
+          f"{len(val_docs)} validation | {args.epochs} epochs | model {args.model_size} | lr {args.lr} | "
+          f"lit_balance target {args.accumulate * args.devices * args.max_tokens} real tokens per optimizer step",
+          flush=True)
+    results = []
+    for spec in plan_runs(args):
+        r = launch(spec, out_dir, args.timeout_s)
+        results.append(r)
+        if r["status"] == "ok":
+            print(f"{r['run']:>32}: {r['real_tokens_per_s']:8.0f} real tokens/s (all epochs "
+                  f"{r['real_tokens_per_s_all_epochs']:.0f}) | padding {r['padding_ratio']:.3f} | straggler "
+                  f"{r['straggler_ratio']:.3f} | peak {r['peak_memory_mb']:.0f} MB | val loss {r['val_loss']:.4f} | "
+                  f"{r['subprocess_wall_s']:.0f} s", flush=True)
+        else:
+            print(f"{r['run']:>32}: {r['status']} after {r['subprocess_wall_s']:.0f} s (see logs/{r['run']}.log)",
+                  flush=True)
+    curves = {r["run"]: r.pop("curve") for r in results if "curve" in r}
+    targets = evaluate_targets(results, args)
+    table = markdown_table(results, args.max_tokens)
+    wall = time.perf_counter() - start
+    summary = {
+        "command": command, "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": wall, "commit": _commit(), "machine": _machine(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "worker"},
+        "train_documents": int(len(train_docs)), "train_tokens_per_epoch": int(lengths[train_docs].sum()),
+        "validation_documents": int(len(val_docs)), "targets": targets,
+        "val_loss_noise": NOISE_RULE,
+    }
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    (out_dir / "curves.json").write_text(json.dumps({r: c for r, c in curves.items()}))
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    for r in results:
+        r["curve"] = curves.get(r["run"], {"tokens": [], "loss": []})
+    plot(results, out_dir)
+    for r in results:
+        r.pop("curve")
+    text = f"{table}\n\n{targets_text(targets)}\n"
+    (out_dir / "results.md").write_text(text)
+    print(text + f"\nwall time {wall:.0f} s; results in {out_dir}", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
