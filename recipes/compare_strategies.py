@@ -108,9 +108,11 @@ DEFAULT_BUDGET = {"tiny": (512, 128), "small": (1024, 256), "bert": (16384, 512)
 RESULT_KEYS = ("run", "strategy", "scenario", "seed", "status", "real_tokens_per_s", "real_tokens_per_s_all_epochs",
                "optimizer_steps_per_s", "padding_ratio", "straggler_ratio", "step_straggler_ratio", "peak_memory_mb",
                "val_loss", "train_real_tokens")
-#: ``--quick``: training documents, epochs and random-baseline seeds (about 8 minutes on 2 CPU cores).
-QUICK = {"num_docs": 1200, "epochs": 2, "random_seeds": 2}
-FULL = {"num_docs": None, "epochs": 2, "random_seeds": 3}
+#: Defaults of a run and of ``--quick`` (about 8 minutes on 2 CPU cores): training documents (a seeded subset of the
+#: built-in corpus's training split), share of documents held out, epochs of the main and of the slowed-rank
+#: scenario, and runs of `random` with different seeds.
+FULL = {"num_docs": 2000, "val_fraction": 0.05, "epochs": 2, "slowed_epochs": 3, "random_seeds": 3}
+QUICK = {"num_docs": 320, "val_fraction": 0.02, "epochs": 2, "slowed_epochs": 3, "random_seeds": 2}
 _WORKER_FLAG = "--_worker"
 #: How the validation-loss target is judged against run-to-run noise.
 NOISE_RULE = ("noise = sample standard deviation (ddof=1) of the final validation loss over the `random` runs with "
@@ -701,11 +703,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=_positive_int, default=None,
                    help="tokens kept per document (default: 256; bert: 512)")
     p.add_argument("--num-docs", type=_positive_int, default=None,
-                   help="training documents, a seeded subset (default: all; --quick: "
-                        f"{QUICK['num_docs']})")
-    p.add_argument("--val-fraction", type=_fraction, default=0.05, help="documents held out (default: %(default)s)")
+                   help=f"training documents, a seeded subset (default: {FULL['num_docs']}; --quick: "
+                        f"{QUICK['num_docs']}); more than the split holds means all")
+    p.add_argument("--val-fraction", type=_fraction, default=None,
+                   help=f"documents held out (default: {FULL['val_fraction']}; --quick: {QUICK['val_fraction']})")
     p.add_argument("--epochs", type=_positive_int, default=None,
-                   help=f"epochs of every run; >= 2 for the after-first-epoch headline (default: {FULL['epochs']})")
+                   help=f"epochs of every main-scenario run; >= 2 for the after-first-epoch headline (default: "
+                        f"{FULL['epochs']})")
+    p.add_argument("--slowed-epochs", type=_positive_int, default=None,
+                   help="epochs of the slowed-rank runs: feedback fits in the first, the headline counts the others "
+                        f"(default: {FULL['slowed_epochs']})")
     p.add_argument("--random-seeds", type=_positive_int, default=None,
                    help="runs of `random` with seeds seed, seed+1, ...: their spread is the val-loss noise "
                         f"(default: {FULL['random_seeds']}; --quick: {QUICK['random_seeds']})")
@@ -731,7 +738,9 @@ def resolve_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> a
     args.max_tokens = args.max_tokens or max_tokens
     args.max_length = args.max_length or max_length
     args.num_docs = args.num_docs or preset["num_docs"]
+    args.val_fraction = args.val_fraction or preset["val_fraction"]
     args.epochs = args.epochs or preset["epochs"]
+    args.slowed_epochs = args.slowed_epochs or preset["slowed_epochs"]
     args.random_seeds = args.random_seeds or preset["random_seeds"]
     if args.max_length > args.max_tokens:
         parser.error(f"--max-length {args.max_length} exceeds --max-tokens {args.max_tokens}: no fixed batch size "
@@ -769,7 +778,8 @@ def plan_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
             extra = [{**common, "run": f"random_seed{args.seed + i}", "strategy": "random", "scenario": "main",
                       "seed": args.seed + i, "feedback": True} for i in range(1, args.random_seeds)]
     if "slowed_rank" in args.scenarios:
-        slowed = [{**common, "run": f"lit_balance_slowed_{'feedback' if feedback else 'no_feedback'}",
+        slowed = [{**common, "epochs": args.slowed_epochs,
+                   "run": f"lit_balance_slowed_{'feedback' if feedback else 'no_feedback'}",
                    "strategy": "lit_balance", "scenario": "slowed_rank", "seed": args.seed, "feedback": feedback}
                   for feedback in (False, True)]
     return runs + extra[:1] + slowed + extra[1:]
@@ -1022,7 +1032,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     print(f"world size {args.devices} ({args.accelerator}) | budget {args.max_tokens} padded slots per micro-batch "
           f"per rank | max_length {args.max_length} | fixed batch size {fixed_batch_size(args.max_tokens, args.max_length)} "
           f"rows | {len(train_docs)} training documents ({int(lengths[train_docs].sum()):,} tokens), "
-          f"{len(val_docs)} validation | {args.epochs} epochs | model {args.model_size} | lr {args.lr} | "
+          f"{len(val_docs)} validation | {args.epochs} epochs ({args.slowed_epochs} slowed-rank) | model "
+          f"{args.model_size} | lr {args.lr} | "
           f"lit_balance target {args.accumulate * args.devices * args.max_tokens} real tokens per optimizer step",
           flush=True)
     results = []
