@@ -459,11 +459,17 @@ class Meter(L.Callback):
     def __init__(self) -> None:
         self.records: list[list[float]] = []
         self.intervals: dict[int, list[float]] = {}
+        #: ``{epoch: the rank speeds the training sampler planned that epoch with, or None}`` (lit_balance).
+        self.planned_speeds: dict[int, list[float] | None] = {}
         self._start = 0.0
         self._compute: float | None = None
         self.gathered: np.ndarray | None = None
         self.epoch_intervals: np.ndarray | None = None
         self.peak_memory_mb: np.ndarray | None = None
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        speeds = getattr(getattr(trainer.train_dataloader, "sampler", None), "rank_speeds", None)
+        self.planned_speeds[trainer.current_epoch] = None if speeds is None else [float(v) for v in speeds]
 
     @staticmethod
     def _now(pl_module: L.LightningModule) -> float:
@@ -640,6 +646,7 @@ def run_worker(spec_path: Path) -> None:
         "fixed_batch_size": data.batch_size if spec["strategy"] in ("random", "sorted_buckets") else None,
         "accumulate_grad_batches": (sorted({h[2] for h in adaptive.history}) if adaptive is not None
                                     else [accumulate]),
+        "planned_rank_speeds_per_epoch": [meter.planned_speeds.get(e) for e in range(spec["epochs"])],
         "curve": {"tokens": tokens, "loss": losses},
     }
     Path(spec["result_path"]).write_text(json.dumps(result))
@@ -878,6 +885,13 @@ def evaluate_targets(results: list[dict[str, Any]], args: argparse.Namespace) ->
         put("val_loss_vs_random", diff, diff <= 2 * std,
             "lit_balance val_loss - mean(random seeds) <= 2 x std(random seeds)", random_val_losses=vals.tolist(),
             random_mean=mean, random_std=std, lit_balance_val_loss=lb["val_loss"])
+    accum = _ok(results, "dynamic_accum")
+    if lb and accum and len(seeds) >= 2:  # not a target: the same real tokens per optimizer step, other batches
+        diff = lb["val_loss"] - accum["val_loss"]
+        put("val_loss_vs_dynamic_accum", diff, abs(diff) <= 2 * std, "informational, not a target: |lit_balance - "
+            "dynamic_accum val_loss| <= 2 x std(random seeds) (about the same real tokens per optimizer step)",
+            dynamic_accum_val_loss=accum["val_loss"], real_tokens_per_step=[lb.get("real_tokens_per_optimizer_step"),
+                                                                           accum.get("real_tokens_per_optimizer_step")])
     no_fb, fb = _ok(results, "lit_balance_slowed_no_feedback"), _ok(results, "lit_balance_slowed_feedback")
     if no_fb and fb:
         v = _ratio(fb["real_tokens_per_s"], no_fb["real_tokens_per_s"])
@@ -930,7 +944,7 @@ def targets_text(targets: dict[str, Any]) -> str:
     lines = []
     for name, t in targets.items():
         met = {True: "met", False: "NOT met", None: "not judged"}[t["met"]]
-        extra = ", ".join(f"{k} {_fmt(v) if not isinstance(v, list) else [round(x, 3) for x in v]}"
+        extra = ", ".join(f"{k} {_fmt(v) if not isinstance(v, list) else '[' + ', '.join(map(_fmt, v)) + ']'}"
                           for k, v in t.items() if k not in ("value", "met", "rule"))
         lines.append(f"- {name}: {_fmt(t['value'])} ({t['rule']}): {met}" + (f"; {extra}" if extra else ""))
     return "\n".join(lines)
