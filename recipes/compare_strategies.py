@@ -109,10 +109,14 @@ RESULT_KEYS = ("run", "strategy", "scenario", "seed", "status", "real_tokens_per
                "optimizer_steps_per_s", "padding_ratio", "straggler_ratio", "step_straggler_ratio", "peak_memory_mb",
                "val_loss", "train_real_tokens")
 #: Defaults of a run and of ``--quick`` (about 8 minutes on 2 CPU cores): training documents (a seeded subset of the
-#: built-in corpus's training split), share of documents held out, epochs of the main and of the slowed-rank
-#: scenario, and runs of `random` with different seeds.
-FULL = {"num_docs": 2000, "val_fraction": 0.05, "epochs": 2, "slowed_epochs": 3, "random_seeds": 3}
-QUICK = {"num_docs": 320, "val_fraction": 0.02, "epochs": 2, "slowed_epochs": 3, "random_seeds": 2}
+#: built-in corpus's training split), share of documents held out, epochs of the main scenario, runs of `random`
+#: with different seeds, and the slowed-rank scenario's epochs and documents (None: ``num_docs``). Feedback can
+#: only move work between ranks when an epoch has enough micro-batches: ``--quick`` gives its slowed-rank runs
+#: 640 documents (about 20 micro-batches per rank per epoch) and 2 epochs; with 320, 3 epochs it measured 1.00x.
+FULL = {"num_docs": 2000, "val_fraction": 0.05, "epochs": 2, "random_seeds": 3, "slowed_epochs": 3,
+        "slowed_num_docs": None}
+QUICK = {"num_docs": 320, "val_fraction": 0.02, "epochs": 2, "random_seeds": 2, "slowed_epochs": 2,
+         "slowed_num_docs": 640}
 _WORKER_FLAG = "--_worker"
 #: How the validation-loss target is judged against run-to-run noise.
 NOISE_RULE = ("noise = sample standard deviation (ddof=1) of the final validation loss over the `random` runs with "
@@ -719,7 +723,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{FULL['epochs']})")
     p.add_argument("--slowed-epochs", type=_positive_int, default=None,
                    help="epochs of the slowed-rank runs: feedback fits in the first, the headline counts the others "
-                        f"(default: {FULL['slowed_epochs']})")
+                        f"(default: {FULL['slowed_epochs']}; --quick: {QUICK['slowed_epochs']})")
+    p.add_argument("--slowed-num-docs", type=_positive_int, default=None,
+                   help="training documents of the slowed-rank runs (default: --num-docs; --quick: "
+                        f"{QUICK['slowed_num_docs']})")
     p.add_argument("--random-seeds", type=_positive_int, default=None,
                    help="runs of `random` with seeds seed, seed+1, ...: their spread is the val-loss noise "
                         f"(default: {FULL['random_seeds']}; --quick: {QUICK['random_seeds']})")
@@ -748,6 +755,7 @@ def resolve_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> a
     args.val_fraction = args.val_fraction or preset["val_fraction"]
     args.epochs = args.epochs or preset["epochs"]
     args.slowed_epochs = args.slowed_epochs or preset["slowed_epochs"]
+    args.slowed_num_docs = args.slowed_num_docs or preset["slowed_num_docs"] or args.num_docs
     args.random_seeds = args.random_seeds or preset["random_seeds"]
     if args.max_length > args.max_tokens:
         parser.error(f"--max-length {args.max_length} exceeds --max-tokens {args.max_tokens}: no fixed batch size "
@@ -785,7 +793,7 @@ def plan_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
             extra = [{**common, "run": f"random_seed{args.seed + i}", "strategy": "random", "scenario": "main",
                       "seed": args.seed + i, "feedback": True} for i in range(1, args.random_seeds)]
     if "slowed_rank" in args.scenarios:
-        slowed = [{**common, "epochs": args.slowed_epochs,
+        slowed = [{**common, "epochs": args.slowed_epochs, "num_docs": args.slowed_num_docs,
                    "run": f"lit_balance_slowed_{'feedback' if feedback else 'no_feedback'}",
                    "strategy": "lit_balance", "scenario": "slowed_rank", "seed": args.seed, "feedback": feedback}
                   for feedback in (False, True)]
@@ -1046,7 +1054,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     print(f"world size {args.devices} ({args.accelerator}) | budget {args.max_tokens} padded slots per micro-batch "
           f"per rank | max_length {args.max_length} | fixed batch size {fixed_batch_size(args.max_tokens, args.max_length)} "
           f"rows | {len(train_docs)} training documents ({int(lengths[train_docs].sum()):,} tokens), "
-          f"{len(val_docs)} validation | {args.epochs} epochs ({args.slowed_epochs} slowed-rank) | model "
+          f"{len(val_docs)} validation | {args.epochs} epochs | slowed-rank runs: {args.slowed_epochs} epochs, "
+          f"{args.slowed_num_docs} documents | model "
           f"{args.model_size} | lr {args.lr} | "
           f"lit_balance target {args.accumulate * args.devices * args.max_tokens} real tokens per optimizer step",
           flush=True)

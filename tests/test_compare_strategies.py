@@ -228,6 +228,30 @@ def test_evaluate_targets_ratios_and_noise_rule():
 # Command line
 
 
+def _args(argv):
+    parser = cs.build_parser()
+    return cs.resolve_args(parser.parse_args(argv), parser)
+
+
+def test_plan_runs_quick_and_full():
+    runs = cs.plan_runs(_args(["--quick"]))
+    assert [r["run"] for r in runs] == [*cs.STRATEGIES, "random_seed1", "lit_balance_slowed_no_feedback",
+                                        "lit_balance_slowed_feedback"]
+    main, slowed = runs[:6], runs[6:]
+    assert all(r["num_docs"] == 320 and r["epochs"] == 2 and r["scenario"] == "main" for r in main)
+    assert [r["seed"] for r in main] == [0] * 5 + [1]
+    assert all(r["num_docs"] == 640 and r["epochs"] == 2 and r["scenario"] == "slowed_rank" for r in slowed)
+    assert [r["feedback"] for r in slowed] == [False, True]
+    assert all(r["target_tokens_per_step"] == 4 * 2 * 1024 for r in runs)
+    full = cs.plan_runs(_args(["--seed", "5", "--strategies", "random", "lit_balance"]))
+    assert [r["run"] for r in full] == ["random", "lit_balance", "random_seed6", "lit_balance_slowed_no_feedback",
+                                        "lit_balance_slowed_feedback", "random_seed7"]
+    assert {r["num_docs"] for r in full} == {2000} and [r["epochs"] for r in full] == [2, 2, 2, 3, 3, 2]
+    assert [r["run"] for r in cs.plan_runs(_args(["--scenarios", "slowed_rank", "--slowed-num-docs", "50"]))] == [
+        "lit_balance_slowed_no_feedback", "lit_balance_slowed_feedback"]
+
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--max-tokens", "100", "--max-length", "200"], "--max-length 200 exceeds --max-tokens 100"),
     (["--devices", "0"], "expected a positive integer, got 0"),
