@@ -271,11 +271,19 @@ class BalancedTextDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """Training micro-batches of this rank; ``len()`` is the same on every rank.
 
-        After a checkpoint is restored (:meth:`load_state_dict`), the sampler continues the saved epoch.
+        After a checkpoint is restored (:meth:`load_state_dict`), the sampler continues the saved epoch. When
+        the trainer has moved on to a later epoch, the sampler is set to it here, before Lightning reads
+        ``len()`` (with ``reload_dataloaders_every_n_epochs=1``, the length then counts rank speeds handed over
+        by :class:`~lit_balance.callbacks.CostModelFeedback`).
         """
         if self._train_sampler_state is not None and self.train_sampler is not None:
             self.train_sampler.load_state_dict(self._train_sampler_state)
             self._train_sampler_state = None
+        trainer = self.trainer
+        if trainer is not None and self.train_sampler is not None and trainer.current_epoch > self.train_sampler.epoch:
+            # Lightning reads len(loader) before it calls set_epoch; select the new epoch first, so that its
+            # length counts a cost model or rank speeds handed over for it (unequal speeds can lengthen it).
+            self.train_sampler.set_epoch(int(trainer.current_epoch))
         return self._loader(self.train_dataset, self.train_sampler)
 
     def state_dict(self) -> dict[str, Any]:

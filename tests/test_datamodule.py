@@ -826,3 +826,23 @@ def test_demo_model_starts_near_uniform_loss():
     ids = torch.randint(0, 30522, (4, 32))
     loss = model._loss({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
     assert abs(float(loss) - math.log(30522)) < 1.5
+
+
+def test_train_dataloader_length_counts_rank_speeds_handed_over_for_the_new_epoch(tmp_path):
+    """Lightning reads len(loader) before set_epoch: a loader built for epoch 1 must already count its plan."""
+    from types import SimpleNamespace
+
+    dm = BalancedTextDataModule(synthetic_texts(400), max_tokens=256, val_fraction=0.0, cache_dir=tmp_path)
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=0, current_epoch=0)
+    ready(dm)
+    sampler = dm.train_sampler
+    before = len(dm.train_dataloader())
+    sampler.set_cost_model(sampler.cost_model, rank_speeds=[1.0, 0.1])  # applies from epoch 1
+    dm.trainer.current_epoch = 1
+    loader = dm.train_dataloader()
+    assert sampler.epoch == 1 and sampler.rank_speeds is not None
+    assert len(loader) == sampler.plan(1).num_steps == sum(1 for _ in loader)
+    assert len(loader) > before  # the slow rank's small share lengthens this epoch
+    dm.trainer.current_epoch = 0  # never moved back (a restored sampler can be ahead of the trainer)
+    dm.train_dataloader()
+    assert sampler.epoch == 1
