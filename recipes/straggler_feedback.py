@@ -53,6 +53,10 @@ class SyntheticText(L.LightningDataModule):
                                             rank=self.trainer.global_rank, seed=0)
 
     def train_dataloader(self) -> DataLoader:
+        # Lightning reads len(loader) before set_epoch: select the new epoch first so that its length counts the
+        # rank speeds handed over for it (as BalancedTextDataModule does)
+        if self.trainer.current_epoch > self.sampler.epoch:
+            self.sampler.set_epoch(self.trainer.current_epoch)
         return DataLoader(self.dataset, sampler=self.sampler, batch_size=None, collate_fn=PadCollator(0))
 
 
