@@ -765,6 +765,7 @@ def test_short_fit(tmp_path):
     assert math.isfinite(float(loss)) and float(loss) > 0
     assert len(model.seen) == 3
     assert all(padded <= 128 for _, padded in model.seen)
+    dm.trainer = None  # detached: train_dataloader() keeps the epoch set here (attached, it follows the trainer's)
     dm.train_sampler.set_epoch(0)
     planned = [b["indices"].tolist() for b in list(dm.train_dataloader())[:3]]
     assert [indices for indices, _ in model.seen] == planned
