@@ -90,7 +90,7 @@ from lit_balance.loss import token_loss_sum
 from lit_balance.tokenizer import resolve_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_samplers import sort_fill_batches  # noqa: E402  (the "sort, fill by summed real length" batcher)
+from bench_samplers import _positive_int, sort_fill_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ("random", "sorted_buckets", "dynamic", "dynamic_accum", "lit_balance")
@@ -660,34 +660,23 @@ def run_worker(spec_path: Path) -> None:
 # The parent: plan the runs, launch each as a subprocess with a timeout, summarise, plot.
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _number(check: Callable[[float], bool], expected: str) -> Callable[[str], float]:
+    """An argparse ``type`` that parses a float and raises ``ArgumentTypeError`` unless ``check`` holds."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        return value
+
+    return parse
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {value}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value}")
-    return value
+_fraction = _number(lambda v: 0 < v < 1, "a number in (0, 1)")
+_non_negative = _number(lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -927,7 +916,7 @@ def _fmt(value: Any, digits: int = 3) -> str:
 def markdown_table(results: list[dict[str, Any]], max_tokens: int) -> str:
     """The per-run table (Markdown), in run order."""
     head = ["run", "scenario", "real tokens/s (epochs >= 1)", "real tokens/s (all)", "optimizer steps/s",
-            "padding ratio", "straggler ratio (run / per step)", f"peak memory MB (max rank)",
+            "padding ratio", "straggler ratio (run / per step)", "peak memory MB (max rank)",
             f"largest micro-batch (budget {max_tokens})", "loss step noise", "val loss", "train real tokens",
             "optimizer steps", "accumulate"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -1079,8 +1068,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
         "command": command, "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "wall_s": wall, "commit": _commit(), "machine": _machine(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "worker"},
-        "train_documents": int(len(train_docs)), "train_tokens_per_epoch": int(lengths[train_docs].sum()),
-        "validation_documents": int(len(val_docs)), "targets": targets,
+        "train_documents": len(train_docs), "train_tokens_per_epoch": int(lengths[train_docs].sum()),
+        "validation_documents": len(val_docs), "targets": targets,
         "val_loss_noise": NOISE_RULE,
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
