@@ -26,14 +26,17 @@ The plan is made in four stages:
    by bisection (fairseq's ``batch_by_size`` cuts a sorted order the same way, with the budget as the only
    cap), and by cumulative equal shares of the cost still to place. The plan that holds the ranks for the
    least time is kept. A micro-batch's cost comes from :class:`~lit_balance.cost.CostModel`. With unequal
-   rank speeds, the shares cycle over the ranks in proportion to their speeds, and the epoch grows by about
-   10 % at a time when the fast ranks' shares do not fit the budget.
+   rank speeds, the cumulative shares cycle over the ranks in proportion to their speeds, on the fewest
+   micro-batches found for which the fast ranks' shares fit the budget (the epoch can grow); the greedy cut
+   keeps the epoch's count and its micro-batches go to ranks by speed, and again the plan that holds the ranks
+   for the least time under the cost model (with its per-micro-batch overhead) is kept.
 3. **Steps.** Micro-batches in descending cost order are taken ``num_replicas * accumulate_grad_batches``
    at a time (one optimizer step) and spread over the ranks with the Longest Processing Time rule
    restricted to ``accumulate_grad_batches`` micro-batches per rank (Graham, "Bounds on multiprocessing
    timing anomalies", SIAM J. Appl. Math. 17, 1969). Ranks only wait for each other once per optimizer
-   step, so this balances each rank's summed cost per step. With unequal speeds, each rank runs the
-   micro-batches cut for its share, most costly first.
+   step, so this balances each rank's summed cost per step (finishing times ``cost / speed`` with unequal
+   speeds). When the cut for unequal speeds is kept, each rank runs the micro-batches cut for its share, most
+   costly first.
 4. **Order of steps.** With ``shuffle``, optimizer steps run in random order, and ranks are permuted within
    a step (equal speeds only); ``largest_first`` moves the step holding the epoch's longest sample to the
    front, so an out-of-memory error shows at the first step.
@@ -285,34 +288,57 @@ def plan_epoch(
     # Two ways to cut the order into k micro-batches within the budget (greedy under a cost cap, cumulative equal
     # shares); the plan that holds the ranks for the least time is kept. With unequal rank speeds the cumulative
     # cut gives each rank its share; the greedy one is the fallback that always fits.
-    for method in (("greedy", "cumulative") if uniform else ("cumulative", "greedy")):
+    # With unequal speeds, the cumulative cut gives each rank micro-batches sized to its share, which can need
+    # more of them (a longer epoch); the greedy cut keeps the epoch's count and spreads equal-cost micro-batches
+    # by speed (LPT), which wins when the speeds are close and each extra micro-batch has an overhead.
+    for method in ("greedy", "cumulative"):
+        target = k
         if method == "greedy":
             ends = cuts.greedy(k)
         elif uniform:
             ends = cuts.cumulative(k, np.resize(weight, k))
-        else:  # unequal speeds: the fast ranks' larger shares may need more micro-batches (a longer epoch)
-            ends, tried = None, k
-            while ends is None and tried <= cuts.n:  # grow by ~10 % a time; never more micro-batches than samples
-                ends = cuts.cumulative(tried, np.resize(weight, tried))
-                if ends is None:
-                    tried = max(tried + num_replicas, -(-int(tried * 1.1) // num_replicas) * num_replicas)
-            if ends is not None:
-                k = tried
-        if ends is None or ends.size > k:  # (the second: float precision lost to an extreme cost model)
+        else:
+            target, ends = _cumulative_by_speed(cuts, weight, k, num_replicas)
+        if ends is None or ends.size > target:  # (the second: float precision lost to an extreme cost model)
             continue
-        plan = _finish(order, ends, k, padded, cost_model, num_replicas, accumulate_grad_batches, speeds, uniform,
-                       drop_last, largest_first, finish_rng)
+        plan = _finish(order, ends, target, padded, cost_model, num_replicas, accumulate_grad_batches, speeds,
+                       uniform or method == "greedy", uniform, drop_last, largest_first, finish_rng)
         waste = _waste(plan, padded, cost_model, speeds)
         if best is None or waste < best[0]:
             best = (waste, plan)
-        if not uniform:
-            break
     if best is None:  # micro-batches filled to the budget, split to the epoch's count: always fits
         k = max(k, -(-cuts.fill_count() // num_replicas) * num_replicas)
         ends = _cut_points(cuts.run_take, cuts.run_ends) if cuts.n else np.empty(0, dtype=np.int64)
         best = (0.0, _finish(order, ends, k, padded, cost_model, num_replicas, accumulate_grad_batches,
-                             speeds, uniform, drop_last, largest_first, finish_rng))
+                             speeds, True, uniform, drop_last, largest_first, finish_rng))
     return best[1]
+
+
+def _cumulative_by_speed(cuts: _Cuts, weight: np.ndarray, k: int, num_replicas: int) -> tuple[int, np.ndarray | None]:
+    """Cumulative cut with shares cycling over the ranks by speed, at the fewest micro-batches found to fit.
+
+    Starting from ``k``, the count grows by about 10 % (a multiple of ``num_replicas``) until the shares fit the
+    budget, then bisects back towards the last count that did not fit. Returns ``(count, ends)``, ends None when
+    no count up to the number of samples fits.
+    """
+    def attempt(count: int) -> np.ndarray | None:
+        return cuts.cumulative(count, np.resize(weight, count))
+
+    ends, tried, failed = attempt(k), k, None
+    while ends is None:
+        failed = tried
+        tried = max(tried + num_replicas, -(-int(tried * 1.1) // num_replicas) * num_replicas)
+        if tried > cuts.n:  # never more micro-batches than samples
+            return k, None
+        ends = attempt(tried)
+    while failed is not None and tried - failed > num_replicas:
+        mid = failed + (tried - failed) // (2 * num_replicas) * num_replicas
+        found = attempt(mid)
+        if found is None:
+            failed = mid
+        else:
+            tried, ends = mid, found
+    return tried, ends
 
 
 class _Cuts:
@@ -381,15 +407,19 @@ def _num_batches(padded: np.ndarray, candidates: np.ndarray, max_tokens: int, ro
     waste = []
     for k in (target, target + num_replicas):
         ends = plain.greedy(k)
-        plan = _finish(order, ends, k, padded, cost_model, num_replicas, accumulate, speeds, True, False,
+        plan = _finish(order, ends, k, padded, cost_model, num_replicas, accumulate, speeds, True, True, False,
                        largest_first, None)
         waste.append(_waste(plan, padded, cost_model, speeds))
     return target if waste[0] <= waste[1] else target + num_replicas
 
 
-def _finish(order, ends, target, padded, cost_model, num_replicas, accumulate_grad_batches, speeds, uniform,
-            drop_last, largest_first, rng) -> EpochPlan:
-    """Split to ``target`` micro-batches (or fill / drop when too few samples), then assign steps and ranks."""
+def _finish(order, ends, target, padded, cost_model, num_replicas, accumulate_grad_batches, speeds, by_lpt,
+            uniform, drop_last, largest_first, rng) -> EpochPlan:
+    """Split to ``target`` micro-batches (or fill / drop when too few samples), then assign steps and ranks.
+
+    ``by_lpt``: assign each step's micro-batches to ranks by LPT (else micro-batch ``k`` was cut for rank
+    ``k % num_replicas``); ``uniform``: equal speeds (ranks may be permuted within a step).
+    """
     n = order.shape[0]
     starts = np.concatenate([[0], ends[:-1]]).astype(np.int64) if ends.size else np.empty(0, dtype=np.int64)
     starts, ends = _split_to(starts, ends, target)
@@ -418,7 +448,7 @@ def _finish(order, ends, target, padded, cost_model, num_replicas, accumulate_gr
 
     widths = np.maximum.reduceat(padded[rows], offsets[:-1]) if num_batches else np.zeros(0, np.int64)
     cost = np.asarray(cost_model.batch_cost(np.diff(offsets), widths), dtype=np.float64).reshape(-1)
-    assignment = _assign(cost, num_steps, num_replicas, accumulate_grad_batches, speeds, uniform, rng)
+    assignment = _assign(cost, num_steps, num_replicas, accumulate_grad_batches, speeds, by_lpt, uniform, rng)
     if largest_first and num_steps:
         assignment = _longest_first(assignment, offsets, padded[rows], accumulate_grad_batches)
 
@@ -505,12 +535,15 @@ def _cut_equal(cum: list[float], take: list[int], weights: np.ndarray) -> np.nda
 
 
 def _assign(cost: np.ndarray, num_steps: int, num_replicas: int, accumulate: int, speeds: np.ndarray,
-            uniform: bool, rng: np.random.Generator | None) -> np.ndarray:
-    """Micro-steps x ranks: optimizer steps of similar-cost micro-batches, LPT within each step."""
+            by_lpt: bool, uniform: bool, rng: np.random.Generator | None) -> np.ndarray:
+    """Micro-steps x ranks: optimizer steps of similar-cost micro-batches, LPT within each step.
+
+    Without ``by_lpt``, micro-batch ``k`` runs on rank ``k % num_replicas`` (it was cut for that rank's share).
+    """
     if num_steps == 0:
         return np.empty((0, num_replicas), dtype=np.int64)
     by_cost = np.argsort(-cost, kind="stable")
-    if not uniform:
+    if not by_lpt:
         # Micro-batch k was cut for rank k % num_replicas (its share follows that rank's speed): each rank
         # runs its own, most costly first, so the j-th of every rank share a step.
         cls = np.arange(cost.shape[0]) % num_replicas

@@ -164,6 +164,30 @@ def test_rank_speeds_give_the_slower_rank_less_cost():
     assert abs(cost_skewed[0] / cost_skewed[1] - 1.5) < 0.1  # time per rank about equal
 
 
+@pytest.mark.parametrize("accumulate", [1, 4])
+def test_nearly_equal_rank_speeds_keep_the_epoch_length_when_micro_batches_have_an_overhead(accumulate):
+    # Shares cut to speeds 1 : 0.997 would need more, smaller micro-batches; with a per-micro-batch overhead
+    # (what CostModelFeedback fits in seconds) that holds the ranks longer than the equal-cost cut.
+    from lit_balance.planning import _Cuts, _cumulative_by_speed, _finish, _order, _waste, padded_lengths, plan_epoch
+
+    lengths = np.random.default_rng(4).integers(5, 257, 2000)
+    cost = CostModel(linear=1.0, quadratic=1e-3, per_batch=200.0)
+    args = dict(num_replicas=2, seed=0, epoch=1, shuffle=True, drop_last=False, shuffle_window=0.25,
+                cost_model=cost, accumulate_grad_batches=accumulate)
+    even = plan_epoch(lengths, 1024, **args)
+    speeds = np.array([0.997, 1.0])
+    near = plan_epoch(lengths, 1024, rank_speeds=speeds, **args)
+    assert near.num_batches == even.num_batches
+    # the cumulative cut for these speeds alone is longer and holds the ranks longer
+    padded = padded_lengths(lengths, 1)
+    rng = np.random.default_rng(np.random.SeedSequence([0, 1]))
+    order = _order(padded, np.arange(lengths.size), 1024, 0.25, rng)
+    count, ends = _cumulative_by_speed(_Cuts(padded[order], 1024, 1024, cost), speeds, even.num_batches, 2)
+    assert count > even.num_batches
+    split = _finish(order, ends, count, padded, cost, 2, accumulate, speeds, False, False, False, False, None)
+    assert _waste(split, padded, cost, speeds) > _waste(near, padded, cost, speeds)
+
+
 @pytest.mark.parametrize(
     ("change", "pattern"),
     [
