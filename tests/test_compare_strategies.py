@@ -136,7 +136,7 @@ def test_each_strategy_gives_ranks_equal_counts_and_yields_what_it_plans(strateg
     assert len(rows) == samples and int(lengths[rows].sum()) == tokens  # nothing repeated, planned == yielded
     dropped = len(lengths) - samples
     slots = [len(b) * int(lengths[b].max()) for rank in batches for b in rank]
-    if strategy == "random":  # DistributedSampler(drop_last=True): the last len % ranks shuffled samples
+    if strategy in ("random", "random_accum"):  # DistributedSampler(drop_last=True): the last len % ranks
         assert dropped == len(lengths) % 2 and max(len(b) for rank in batches for b in rank) == 4
         assert max(slots) <= 1024
     elif strategy == "lit_balance":
@@ -198,10 +198,12 @@ def _result(run, strategy, tps, val, **kw):
 def test_evaluate_targets_ratios_and_noise_rule():
     args = Namespace(max_tokens=1024, slow_rank=1)
     results = [
-        _result("random", "random", 100.0, 6.00), _result("random_seed1", "random", 100.0, 6.10),
-        _result("random_seed2", "random", 100.0, 6.20),  # mean 6.1, std 0.1: allowed up to 6.3
+        _result("random", "random", 100.0, 5.00),  # one micro-batch per step: not the val-loss reference
+        _result("random_accum", "random_accum", 110.0, 6.00), _result("random_accum_seed1", "random_accum", 110.0, 6.10),
+        _result("random_accum_seed2", "random_accum", 110.0, 6.20),  # mean 6.1, std 0.1: allowed up to 6.3
         _result("dynamic", "dynamic", 290.0, 6.5, peak_memory_mb=1000.0),
         _result("lit_balance", "lit_balance", 310.0, 6.29, peak_memory_mb=1019.0),
+        _result("dynamic_accum", "dynamic_accum", 300.0, 6.4),
         _result("lit_balance_slowed_no_feedback", "lit_balance", 200.0, 6.3, scenario="slowed_rank",
                 compute_s_per_padded_slot_per_rank=[1.0, 1.5]),
         _result("lit_balance_slowed_feedback", "lit_balance", 230.0, 6.3, scenario="slowed_rank"),
@@ -210,11 +212,13 @@ def test_evaluate_targets_ratios_and_noise_rule():
     assert t["tokens_per_s_vs_random"]["value"] == pytest.approx(3.1) and t["tokens_per_s_vs_random"]["met"]
     assert t["tokens_per_s_vs_dynamic"]["value"] == pytest.approx(310 / 290) and t["tokens_per_s_vs_dynamic"]["met"]
     assert t["peak_memory_vs_dynamic"]["met"] and t["micro_batches_over_budget"]["met"] and t["straggler_ratio"]["met"]
-    assert t["val_loss_vs_random"]["random_std"] == pytest.approx(0.1) and t["val_loss_vs_random"]["met"]
+    assert t["val_loss_vs_random"]["random_accum_std"] == pytest.approx(0.1) and t["val_loss_vs_random"]["met"]
+    assert t["val_loss_vs_random_run"]["value"] == pytest.approx(1.29) and t["val_loss_vs_random_run"]["met"] is None
+    assert t["val_loss_vs_dynamic_accum_run"]["value"] == pytest.approx(-0.11)
     fb = t["feedback_vs_no_feedback"]
     assert fb["value"] == pytest.approx(1.15) and fb["met"] is False
     assert fb["measured_slow_rank_speed"] == pytest.approx(2 / 3) and fb["ideal_for_measured_speed"] == pytest.approx(1.25)
-    results[4] = _result("lit_balance", "lit_balance", 299.0, 6.31, peak_memory_mb=1021.0, over_budget_micro_batches=1)
+    results[5] = _result("lit_balance", "lit_balance", 299.0, 6.31, peak_memory_mb=1021.0, over_budget_micro_batches=1)
     t = cs.evaluate_targets(results, args)
     assert not any(t[k]["met"] for k in ("tokens_per_s_vs_random", "tokens_per_s_vs_dynamic", "val_loss_vs_random",
                                          "micro_batches_over_budget"))
@@ -235,17 +239,18 @@ def _args(argv):
 
 def test_plan_runs_quick_and_full():
     runs = cs.plan_runs(_args(["--quick"]))
-    assert [r["run"] for r in runs] == [*cs.STRATEGIES, "random_seed1", "lit_balance_slowed_no_feedback",
+    assert [r["run"] for r in runs] == [*cs.STRATEGIES, "random_accum_seed1", "lit_balance_slowed_no_feedback",
                                         "lit_balance_slowed_feedback"]
-    main, slowed = runs[:6], runs[6:]
+    main, slowed = runs[:7], runs[7:]
     assert all(r["num_docs"] == 320 and r["epochs"] == 2 and r["scenario"] == "main" for r in main)
-    assert [r["seed"] for r in main] == [0] * 5 + [1]
+    assert [r["seed"] for r in main] == [0] * 6 + [1]
     assert all(r["num_docs"] == 640 and r["epochs"] == 2 and r["scenario"] == "slowed_rank" for r in slowed)
     assert [r["feedback"] for r in slowed] == [False, True]
     assert all(r["target_tokens_per_step"] == 4 * 2 * 1024 for r in runs)
-    full = cs.plan_runs(_args(["--seed", "5", "--strategies", "random", "lit_balance"]))
-    assert [r["run"] for r in full] == ["random", "lit_balance", "random_seed6", "lit_balance_slowed_no_feedback",
-                                        "lit_balance_slowed_feedback", "random_seed7"]
+    full = cs.plan_runs(_args(["--seed", "5", "--strategies", "random_accum", "lit_balance"]))
+    assert [r["run"] for r in full] == ["random_accum", "lit_balance", "random_accum_seed6",
+                                        "lit_balance_slowed_no_feedback", "lit_balance_slowed_feedback",
+                                        "random_accum_seed7"]
     assert {r["num_docs"] for r in full} == {2000} and [r["epochs"] for r in full] == [2, 2, 2, 3, 3, 2]
     assert [r["run"] for r in cs.plan_runs(_args(["--scenarios", "slowed_rank", "--slowed-num-docs", "50"]))] == [
         "lit_balance_slowed_no_feedback", "lit_balance_slowed_feedback"]
@@ -278,7 +283,7 @@ def test_bad_command_line_input_is_a_clear_error(argv, message, capsys):
 def _full_results():
     results = []
     for i, (run, strategy, scenario) in enumerate([(s, s, "main") for s in cs.STRATEGIES] + [
-            ("random_seed1", "random", "main"), ("lit_balance_slowed_no_feedback", "lit_balance", "slowed_rank"),
+            ("random_accum_seed1", "random_accum", "main"), ("lit_balance_slowed_no_feedback", "lit_balance", "slowed_rank"),
             ("lit_balance_slowed_feedback", "lit_balance", "slowed_rank")]):
         r = _result(run, strategy, 100.0 + i, 6.0 + i / 10, scenario=scenario, padding_ratio=0.1, optimizer_steps=10,
                     optimizer_steps_per_s=1.0, loss_step_noise=0.05, train_real_tokens=1000,
@@ -301,12 +306,24 @@ def test_table_and_plots_name_every_run(tmp_path):
     for r in results:
         assert f"| {r['run']} | {r['scenario']} |" in table
     assert "| sorted_buckets_seed9 | main | timeout |" in table
-    assert "| lit_balance | main | 104 |" in table and "| 1-4 |" in table
+    assert "| lit_balance | main | 105 |" in table and "| 1-4 |" in table
     paths = cs.plot(results, tmp_path)
     assert [p.name for p in paths] == ["loss_vs_tokens.png", "tokens_per_s.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
     text = cs.targets_text(cs.evaluate_targets(results, Namespace(max_tokens=1024, slow_rank=1)))
-    assert "tokens_per_s_vs_random: 1.040 (lit_balance / random real tokens/s >= 3): NOT met" in text
+    assert "tokens_per_s_vs_random: 1.050 (lit_balance / random real tokens/s >= 3): NOT met" in text
+
+
+@pytest.mark.parametrize(("code", "timeout_s", "status", "returncode"), [
+    ("sys.exit(3) if rank == 1 else time.sleep(120)", 60, "failed", 3),  # rank 0 would wait for rank 1 forever
+    ("time.sleep(120)", 3, "timeout", None),
+])
+def test_launch_stops_every_rank_when_one_fails_or_time_runs_out(tmp_path, code, timeout_s, status, returncode):
+    spec = {"run": "r", "strategy": "random", "scenario": "main", "seed": 0, "feedback": True, "devices": 2}
+    worker = [sys.executable, "-c", f"import os, sys, time; rank = int(os.environ['RANK']); {code}"]
+    r = cs.launch(spec, tmp_path, timeout_s, worker=worker)
+    assert r["status"] == status and r["returncode"] == returncode
+    assert r["subprocess_wall_s"] < timeout_s + 20 and r["real_tokens_per_s"] is None
 
 
 def test_end_to_end_small_run_writes_results_plots_and_table(tmp_path, cache_dir):
@@ -315,12 +332,19 @@ def test_end_to_end_small_run_writes_results_plots_and_table(tmp_path, cache_dir
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, str(SCRIPT), "--model-size", "tiny", "--num-docs", "60", "--epochs", "2",
-           "--val-fraction", "0.01", "--strategies", "lit_balance", "--scenarios", "main", "--random-seeds", "1",
+           "--val-fraction", "0.01", "--strategies", "lit_balance", "random_accum", "--scenarios", "main",
+           "--random-seeds", "1",
            "--timeout-s", "120", "--output-dir", str(out), "--cache-dir", str(cache_dir)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
-    assert isinstance(results, list) and [r["run"] for r in results] == ["lit_balance"], proc.stdout
+    assert isinstance(results, list) and [r["run"] for r in results] == ["lit_balance", "random_accum"], proc.stdout
+    control = results[1]  # random batches, accumulated to about lit_balance's target of real tokens per step
+    assert control["status"] == "ok", (out / "logs" / "random_accum.log").read_text()[-3000:]
+    dm = cs.CompareData("random_accum", 512, 128, 60, 0.01, seed=0, cache_dir=str(cache_dir))
+    mean_length = float(dm.datasets()[0].lengths.mean())
+    assert control["accumulate_grad_batches"] == [cs.matched_accumulate(4 * 2 * 512, 2, 4, mean_length)]
+    assert control["accumulate_grad_batches"][0] > 1 and control["fixed_batch_size"] == 4
     r = results[0]
     assert r["status"] == "ok", (out / "logs" / "lit_balance.log").read_text()[-3000:]
     assert set(cs.RESULT_KEYS) <= set(r) and r["strategy"] == "lit_balance" and r["scenario"] == "main"
@@ -341,6 +365,13 @@ def test_end_to_end_small_run_writes_results_plots_and_table(tmp_path, cache_dir
     for name in ("loss_vs_tokens.png", "tokens_per_s.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| lit_balance | main |" in (out / "results.md").read_text() and "wall time" in proc.stdout
+
+
+def test_matched_accumulate_rounds_to_the_nearest_count_and_never_below_one():
+    assert cs.matched_accumulate(8192, 2, 4, 47.8) == 21  # 8192 / 382.4 = 21.4
+    assert cs.matched_accumulate(8192, 2, 4, 44.0) == 23  # 8192 / 352 = 23.3
+    assert cs.matched_accumulate(100, 2, 4, 256.0) == 1  # one micro-batch already holds more
+    assert cs.matched_accumulate(100, 2, 4, 0.0) == 1
 
 
 def test_docstring_examples():
