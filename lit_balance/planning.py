@@ -291,14 +291,13 @@ def plan_epoch(
     # With unequal speeds, the cumulative cut gives each rank micro-batches sized to its share, which can need
     # more of them (a longer epoch); the greedy cut keeps the epoch's count and spreads equal-cost micro-batches
     # by speed (LPT), which wins when the speeds are close and each extra micro-batch has an overhead.
-    for method in ("greedy", "cumulative"):
-        target = k
-        if method == "greedy":
-            ends = cuts.greedy(k)
-        elif uniform:
-            ends = cuts.cumulative(k, np.resize(weight, k))
-        else:
-            target, ends = _cumulative_by_speed(cuts, weight, k, num_replicas)
+    candidates = [("greedy", k, cuts.greedy(k))]
+    if uniform:
+        candidates.append(("cumulative", k, cuts.cumulative(k, np.resize(weight, k))))
+    else:
+        candidates += [("cumulative", count, ends) for count, ends in _cumulative_by_speed(cuts, weight, k,
+                                                                                           num_replicas)]
+    for method, target, ends in candidates:
         if ends is None or ends.size > target:  # (the second: float precision lost to an extreme cost model)
             continue
         plan = _finish(order, ends, target, padded, cost_model, num_replicas, accumulate_grad_batches, speeds,
@@ -314,12 +313,14 @@ def plan_epoch(
     return best[1]
 
 
-def _cumulative_by_speed(cuts: _Cuts, weight: np.ndarray, k: int, num_replicas: int) -> tuple[int, np.ndarray | None]:
-    """Cumulative cut with shares cycling over the ranks by speed, at the fewest micro-batches found to fit.
+def _cumulative_by_speed(cuts: _Cuts, weight: np.ndarray, k: int,
+                         num_replicas: int) -> list[tuple[int, np.ndarray]]:
+    """Cumulative cuts with shares cycling over the ranks by speed, on counts of micro-batches that fit.
 
     Starting from ``k``, the count grows by about 10 % (a multiple of ``num_replicas``) until the shares fit the
-    budget, then bisects back towards the last count that did not fit. Returns ``(count, ends)``, ends None when
-    no count up to the number of samples fits.
+    budget, then bisects back towards the last count that did not fit. Returns ``(count, ends)`` for the first
+    count that fitted and, when smaller, the smallest found by bisection (fewer, fuller micro-batches; the larger
+    count balances more finely); empty when no count up to the number of samples fits.
     """
     def attempt(count: int) -> np.ndarray | None:
         return cuts.cumulative(count, np.resize(weight, count))
@@ -329,16 +330,19 @@ def _cumulative_by_speed(cuts: _Cuts, weight: np.ndarray, k: int, num_replicas: 
         failed = tried
         tried = max(tried + num_replicas, -(-int(tried * 1.1) // num_replicas) * num_replicas)
         if tried > cuts.n:  # never more micro-batches than samples
-            return k, None
+            return []
         ends = attempt(tried)
+    found = [(tried, ends)]
     while failed is not None and tried - failed > num_replicas:
         mid = failed + (tried - failed) // (2 * num_replicas) * num_replicas
-        found = attempt(mid)
-        if found is None:
+        cut = attempt(mid)
+        if cut is None:
             failed = mid
         else:
-            tried, ends = mid, found
-    return tried, ends
+            tried, ends = mid, cut
+    if tried < found[0][0]:
+        found.append((tried, ends))
+    return found
 
 
 class _Cuts:

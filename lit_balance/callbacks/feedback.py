@@ -23,8 +23,9 @@ def fit_cost_and_speeds(window: np.ndarray, *, iterations: int = 5,
     ``cost(rows, L) / speed[r]`` seconds. Alternating least squares: with speeds fixed, fit the cost model to
     the speed-corrected seconds (:meth:`CostModel.fit`); with the cost model fixed, ``speed[r]`` is rank
     ``r``'s summed predicted over summed measured seconds (time-weighted, as the straggler gap is: what
-    matters is the rank's total time per step, not its typical micro-batch). Speeds are scaled so the
-    fastest rank has 1.0.
+    matters is the rank's total time per step, not its typical micro-batch). The alternation starts from each
+    rank's padded slots per second, so a slow rank that ran smaller micro-batches is not mistaken for a
+    per-micro-batch cost. Speeds are scaled so the fastest rank has 1.0.
 
     Args:
         window: float ``[world_size, n, 6]`` (columns of :data:`lit_balance.callbacks.straggler.FIELDS`), e.g.
@@ -42,7 +43,12 @@ def fit_cost_and_speeds(window: np.ndarray, *, iterations: int = 5,
     if w.ndim != 3 or w.shape[1] < min_samples:
         raise ValueError(f"need at least {min_samples} timed micro-batches per rank, got window shape {w.shape}")
     rows, length, seconds = w[:, :, ROWS], w[:, :, LENGTH], w[:, :, COMPUTE]
-    speeds = np.ones(w.shape[0])
+    # Start from each rank's padded slots per second. Starting from equal speeds, the first cost fit explains a
+    # slow rank that ran smaller micro-batches (as the plan for its speed gives it) by a per-micro-batch cost, and
+    # the alternation stays near that wrong split.
+    slots, total = (rows * length).sum(axis=1), seconds.sum(axis=1)
+    speeds = np.where((slots > 0) & (total > 0), slots / np.maximum(total, 1e-300), 1.0)
+    speeds = np.maximum(speeds, 1e-12) / max(float(speeds.max()), 1e-12)
     cost = CostModel()
     for _ in range(iterations):
         cost = CostModel.fit(rows.ravel(), length.ravel(), (seconds * speeds[:, None]).ravel(),

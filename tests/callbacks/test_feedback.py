@@ -31,6 +31,22 @@ def test_recovers_cost_model_and_rank_speeds():
     assert (cost.linear, cost.quadratic, cost.per_batch) == pytest.approx((2e-5, 1e-7, 3e-3), rel=1e-5)
 
 
+def test_slow_rank_given_smaller_micro_batches_is_still_measured_slow():
+    # After feedback, the slow rank runs smaller micro-batches than the fast one. Rank time alone cannot tell a
+    # slow rank from a per-micro-batch cost then; the fit must not trade one for the other (linear truth, 5 % noise).
+    rng = np.random.default_rng(1)
+    n = 60
+    window = np.zeros((2, n, 6))
+    for r, (share, speed) in enumerate([(1.0, 1.0), (0.68, 0.68)]):
+        length = rng.integers(16, 257, n).astype(float)
+        rows = np.maximum(np.floor(share * 1024 / length), 1)
+        window[r, :, 0] = 5e-4 * rows * length / speed * rng.lognormal(0.0, 0.05, n)
+        window[r, :, 2], window[r, :, 3] = rows, length
+    cost, speeds = fit_cost_and_speeds(window)
+    assert speeds[1] == pytest.approx(0.68, abs=0.02)
+    assert cost.per_batch < 0.1 * cost.batch_cost(1, 512)  # not a large invented per-micro-batch cost
+
+
 def test_too_few_timings_raise():
     with pytest.raises(ValueError, match="at least 8 timed micro-batches"):
         fit_cost_and_speeds(synthetic_window([1.0, 1.0], n=5), min_samples=8)
