@@ -285,12 +285,11 @@ def plan_epoch(
     cuts = _Cuts(padded[order], max_tokens, row_cap, cost_model)
     finish_rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), 1])) if shuffle else None
     best: tuple[float, EpochPlan] | None = None
-    # Two ways to cut the order into k micro-batches within the budget (greedy under a cost cap, cumulative equal
-    # shares); the plan that holds the ranks for the least time is kept. With unequal rank speeds the cumulative
-    # cut gives each rank its share; the greedy one is the fallback that always fits.
-    # With unequal speeds, the cumulative cut gives each rank micro-batches sized to its share, which can need
-    # more of them (a longer epoch); the greedy cut keeps the epoch's count and spreads equal-cost micro-batches
-    # by speed (LPT), which wins when the speeds are close and each extra micro-batch has an overhead.
+    # Candidate cuts of the order within the budget (greedy under a cost cap, which always fits; cumulative equal
+    # shares); the plan that holds the ranks for the least time is kept. With unequal speeds, the cumulative cut
+    # gives each rank micro-batches sized to its share, which can need more of them (a longer epoch); the greedy
+    # cut keeps the epoch's count and spreads equal-cost micro-batches by speed (LPT), which wins when the speeds
+    # are close and each extra micro-batch has an overhead.
     candidates = [("greedy", k, cuts.greedy(k))]
     if uniform:
         candidates.append(("cumulative", k, cuts.cumulative(k, np.resize(weight, k))))
