@@ -199,7 +199,8 @@ def test_evaluate_targets_ratios_and_noise_rule():
     args = Namespace(max_tokens=1024, slow_rank=1)
     results = [
         _result("random", "random", 100.0, 5.00),  # one micro-batch per step: not the val-loss reference
-        _result("random_accum", "random_accum", 110.0, 6.00), _result("random_accum_seed1", "random_accum", 110.0, 6.10),
+        _result("random_accum", "random_accum", 110.0, 6.00),
+        _result("random_accum_seed1", "random_accum", 110.0, 6.10),
         _result("random_accum_seed2", "random_accum", 110.0, 6.20),  # mean 6.1, std 0.1: allowed up to 6.3
         _result("dynamic", "dynamic", 290.0, 6.5, peak_memory_mb=1000.0),
         _result("lit_balance", "lit_balance", 310.0, 6.29, peak_memory_mb=1019.0),
@@ -283,7 +284,8 @@ def test_bad_command_line_input_is_a_clear_error(argv, message, capsys):
 def _full_results():
     results = []
     for i, (run, strategy, scenario) in enumerate([(s, s, "main") for s in cs.STRATEGIES] + [
-            ("random_accum_seed1", "random_accum", "main"), ("lit_balance_slowed_no_feedback", "lit_balance", "slowed_rank"),
+            ("random_accum_seed1", "random_accum", "main"),
+            ("lit_balance_slowed_no_feedback", "lit_balance", "slowed_rank"),
             ("lit_balance_slowed_feedback", "lit_balance", "slowed_rank")]):
         r = _result(run, strategy, 100.0 + i, 6.0 + i / 10, scenario=scenario, padding_ratio=0.1, optimizer_steps=10,
                     optimizer_steps_per_s=1.0, loss_step_noise=0.05, train_real_tokens=1000,
