@@ -38,7 +38,9 @@ never trained and never counted: real tokens are counted from the micro-batches 
 
 Second scenario (``slowed_rank``): ``lit_balance`` with and without ``CostModelFeedback`` while rank
 ``--slow-rank`` is made ``1 + --slowdown`` times slower by a demo-only hook (it busy-waits ``--slowdown`` x the
-wall time of its own forward+loss and of its own backward, as in ``recipes/straggler_feedback.py``).
+wall time of its own compute: forward+loss, backward and the parameter update, but not its waits for the other
+ranks: the last backward of an optimizer step, which also waits in DDP's all-reduce, is slowed by the rank's own
+backward/forward ratio measured on its ``no_sync`` micro-batches).
 
 Measured per run (rank 0 writes it after one ``all_gather`` at the end of training):
 
@@ -422,7 +424,8 @@ class CompareLM(TransformerLM):
 
     Args:
         slow_rank: the rank slowed down by the demo-only hook, or None.
-        slowdown: extra share of its own forward+loss and backward wall time that rank busy-waits (0.5: 1.5x).
+        slowdown: extra share of its own compute time that rank busy-waits (0.5: 1.5x): forward+loss, backward
+            (the step's last backward without its wait for the other ranks' gradients) and the parameter update.
         **kwargs: :class:`lit_balance.TransformerLM` arguments.
     """
 
@@ -434,7 +437,8 @@ class CompareLM(TransformerLM):
         #: ``(epoch, micro-batches trained so far, validation loss)`` per validation.
         self.val_losses: list[tuple[int, int, float]] = []
         self.micro_batches = 0
-        self._backward_start = 0.0
+        self._backward_start = self._forward_s = self._forward_sum = self._backward_sum = 0.0
+        self._batch_idx = 0
         self._val: list[torch.Tensor] = []
 
     def _slowed(self) -> bool:
@@ -442,9 +446,10 @@ class CompareLM(TransformerLM):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         start = time.perf_counter()
-        loss = super().training_step(batch, batch_idx)
+        loss = super().training_step(batch, batch_idx)  # no collective inside (the plan's loss divisor)
+        self._forward_s, self._batch_idx = time.perf_counter() - start, batch_idx
         if self._slowed():
-            _spin(self.slowdown * (time.perf_counter() - start))
+            _spin(self.slowdown * self._forward_s)
         self.micro_batches += 1
         return loss
 
@@ -452,8 +457,35 @@ class CompareLM(TransformerLM):
         self._backward_start = time.perf_counter()
 
     def on_after_backward(self) -> None:
-        if self._slowed():
-            _spin(self.slowdown * (time.perf_counter() - self._backward_start))
+        if not self._slowed():
+            return
+        elapsed = time.perf_counter() - self._backward_start
+        trainer = self.trainer
+        last = trainer.num_training_batches
+        syncs = ((self._batch_idx + 1) % trainer.accumulate_grad_batches == 0
+                 or (isinstance(last, int) and self._batch_idx + 1 >= last))
+        if not syncs:  # inside no_sync: all compute; learn this rank's backward/forward ratio
+            self._backward_sum += elapsed
+            self._forward_sum += self._forward_s
+        elif self._forward_sum > 0:
+            # the step's last backward also waits for the other ranks' gradients (DDP all-reduce); a slower device
+            # computes longer but does not wait longer, so only its own compute, estimated from the ratio, is slowed
+            elapsed = min(elapsed, self._forward_s * self._backward_sum / self._forward_sum)
+        _spin(self.slowdown * elapsed)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        if not self._slowed():
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        marks: list[float] = []
+
+        def closure() -> Any:  # forward, backward, then Lightning's on_before_optimizer_step (a collective)
+            out = optimizer_closure()
+            marks.append(time.perf_counter())
+            return out
+
+        optimizer.step(closure=closure)
+        if marks:  # the parameter update after the closure, slowed like the rest of this rank's compute
+            _spin(self.slowdown * (time.perf_counter() - marks[-1]))
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # a Python float (finish_step's value is already on the CPU): keeping a small tensor per step would pin

@@ -134,3 +134,28 @@ def test_speeds_need_the_trainer_to_reload_the_train_dataloader():
     with pytest.raises(RuntimeError, match=r"reload_dataloaders_every_n_epochs is 0: pass Trainer\(reload_"):
         feedback.on_train_start(trainer, MODULE)
     CostModelFeedback(fit_speeds=False).on_train_start(trainer, MODULE)  # the cost model alone keeps the length
+
+
+@pytest.mark.parametrize("tolerance, handed", [(0.05, [1.0, 1.0, 1.0]), (0.0, [1.0, 0.97, 0.99])])
+def test_speeds_within_the_tolerance_are_planned_as_equal(tolerance, handed):
+    sampler = RecordingSampler()
+    monitor = StragglerMonitor()
+    feedback = CostModelFeedback(speed_tolerance=tolerance)
+    trainer, logger = make_trainer(world_size=3, sampler=sampler, callbacks=[monitor, feedback])
+    feedback.on_train_start(trainer, MODULE)
+    monitor.epoch_windows = [synthetic_window([1.0, 0.97, 0.99])]
+    feedback.on_train_epoch_end(trainer, MODULE)
+    assert sampler.calls[-1][1] == pytest.approx(handed, rel=1e-6)
+    assert logger.calls[-1][1]["balance/rank_speed_rank1"] == pytest.approx(0.97, rel=1e-6)  # the fitted value
+    # a gap beyond the tolerance is planned as measured
+    monitor.epoch_windows = [synthetic_window([1.0, 0.9, 1.0])]
+    fresh = CostModelFeedback(speed_tolerance=tolerance, smoothing=0.0)
+    fresh.on_train_start(trainer, MODULE)
+    fresh.on_train_epoch_end(trainer, MODULE)
+    assert sampler.calls[-1][1] == pytest.approx([1.0, 0.9, 1.0], rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, True, "0.05"])
+def test_speed_tolerance_is_checked(bad):
+    with pytest.raises(ValueError, match=r"speed_tolerance must be a number in \[0, 1\), got"):
+        CostModelFeedback(speed_tolerance=bad)
