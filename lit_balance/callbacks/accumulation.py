@@ -52,18 +52,24 @@ class AdaptiveGradAccumulation(L.Callback):
     the real tokens actually seen, summed over ranks by one all-reduce per optimizer step.
 
     **Policy.** Let ``m`` be the mean global real tokens per micro-step over the next ``lookahead``
-    micro-steps. Tokens alone ask for ``k_tok = round(target / m)``. Ranks wait for each other only once per
-    optimizer step (micro-batches in between run under ``no_sync``), so a rank that is slow on one micro-batch
-    and fast on the next loses nothing: per-micro-batch imbalance averages out over the step. With a
+    micro-steps. Tokens alone ask for ``k_tok = round(target / m)``; by default that is the value.
+
+    **Straggler timings (off by default).** Under DDP ``no_sync`` alone, ranks would wait for each other once
+    per optimizer step, and a rank slow on one micro-batch and fast on the next would lose nothing: longer
+    steps would average per-micro-batch imbalance out. With ``target_straggler_ratio`` set and a
     StragglerMonitor in the callbacks, the latest gathered window of per-micro-batch compute seconds
-    ``[world_size, n]`` gives the imbalance of steps of ``k`` micro-batches (:func:`step_imbalance`: sum of
-    the slowest rank's time over sum of the median rank's). If ``k_tok`` gives more than
+    ``[world_size, n]`` gives that imbalance for steps of ``k`` micro-batches (:func:`step_imbalance`: sum of
+    the slowest rank's time over sum of the median rank's); if ``k_tok`` gives more than
     ``target_straggler_ratio``, the smallest ``k`` up to ``max_overshoot * k_tok`` that meets it is taken (or
-    the best one there): the token target is then a floor, exceeded by at most ``max_overshoot``. The same
-    reasoning favours a smaller ``max_tokens`` per micro-batch with more accumulation when ranks straggle:
-    the tokens per step stay at the target, and more, smaller micro-batches average out. (Lightning >= 2.5
-    broadcasts a SIGTERM flag from rank 0 before every micro-batch, so ranks slower than rank 0 still
-    average out, but a rank-0 delay holds the others back at once.) **Hysteresis**: the value changes only
+    the best one there), and the token target becomes a floor exceeded by at most ``max_overshoot``. But
+    Lightning >= 2.5 (this package's requirement) broadcasts a SIGTERM flag from rank 0 before *every*
+    training micro-batch, and that broadcast returns on rank 0 only when every rank has reached it (gloo,
+    measured: rank 0 waited 0.5 s for a rank that arrived 0.5 s late; a slowed rank held rank 0 back by
+    about 9.5 s of a 41 s epoch between micro-batches). Every micro-batch is then a barrier, the ranks pay
+    ``sum over micro-batches of the slowest rank's time`` whatever ``k`` is, and raising ``k`` only adds
+    tokens per step. So the default is None: under Lightning, imbalance between ranks is removed by the
+    plan (equal-cost micro-batches per micro-step; rank speeds from :class:`CostModelFeedback`), not by
+    accumulation. **Hysteresis**: the value changes only
     when the wanted one differs from the current one by at least ``max(1, tolerance * current)``.
 
     Logs, at every optimizer step, ``balance/accumulate_grad_batches`` (micro-batches in that step) and
@@ -76,7 +82,8 @@ class AdaptiveGradAccumulation(L.Callback):
         tolerance: hysteresis, a share of the current value.
         max_accumulate_grad_batches: largest value it sets.
         lookahead: micro-steps of the plan averaged for ``m``.
-        target_straggler_ratio: wanted step imbalance (>= 1); None ignores straggler timings.
+        target_straggler_ratio: wanted step imbalance (>= 1); None (default) ignores straggler timings, which
+            cannot average out under Lightning's per-micro-batch broadcast (see above).
         max_overshoot: how far above ``k_tok`` straggler timings may push the value (>= 1).
 
     Raises:
@@ -95,7 +102,7 @@ class AdaptiveGradAccumulation(L.Callback):
         tolerance: float = 0.25,
         max_accumulate_grad_batches: int = 64,
         lookahead: int = 64,
-        target_straggler_ratio: float | None = 1.05,
+        target_straggler_ratio: float | None = None,
         max_overshoot: float = 2.0,
     ) -> None:
         for name, value in (("target_tokens_per_step", target_tokens_per_step),

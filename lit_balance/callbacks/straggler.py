@@ -24,8 +24,10 @@ COMPUTE, DATA_WAIT, ROWS, LENGTH, REAL, COST = range(len(FIELDS))
 def step_imbalance(compute_s: np.ndarray, accumulate_grad_batches: int) -> float:
     """Straggler ratio of optimizer steps of ``accumulate_grad_batches`` consecutive micro-batches.
 
-    Ranks wait for each other once per optimizer step (DDP's gradient all-reduce), so what a step costs is
-    its slowest rank's summed compute. Returns ``sum over steps of max over ranks / sum over steps of the
+    Ranks that wait for each other only once per optimizer step (DDP's gradient all-reduce, ``no_sync`` in
+    between) pay, per step, the slowest rank's summed compute. Lightning >= 2.5 also synchronises the ranks
+    before every training micro-batch (its SIGTERM broadcast; see :class:`AdaptiveGradAccumulation`); there
+    ``step_imbalance(compute_s, 1)`` is what they pay, whatever the accumulation. Returns ``sum over steps of max over ranks / sum over steps of the
     median over ranks`` of the per-step compute seconds (>= 1; 1.0 when no rank ever waits).
 
     Args:

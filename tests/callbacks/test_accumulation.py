@@ -127,12 +127,19 @@ def test_straggler_timings_raise_accumulation_until_imbalance_averages_out():
     # through the hooks: the monitor's last window is the input, and the change is logged
     monitor = StragglerMonitor(every_n_steps=16)
     monitor.last_window = np.stack([compute, compute, compute, compute, compute, compute], axis=2)
-    cb = AdaptiveGradAccumulation(target_tokens_per_step=100)
+    cb = AdaptiveGradAccumulation(target_tokens_per_step=100, target_straggler_ratio=1.05)
     trainer, logger = make_trainer(world_size=2, sampler=fake_sampler([[50, 50]] * 8), callbacks=[monitor, cb])
     cb.on_train_start(trainer, MODULE)
     check_aligned(run_epoch(cb, trainer, 8))
     assert [acc for _, _, acc, _ in cb.history] == [2, 2, 2, 2]
     assert logger.calls[0][1]["balance/tokens_per_optimizer_step"] == 200.0
+    # by default straggler timings are ignored (Lightning's per-micro-batch broadcast keeps them from averaging out)
+    default = AdaptiveGradAccumulation(target_tokens_per_step=100)
+    assert default.target_straggler_ratio is None and default.wanted(100.0, compute) == 1
+    trainer, _ = make_trainer(world_size=2, sampler=fake_sampler([[50, 50]] * 8), callbacks=[monitor, default])
+    default.on_train_start(trainer, MODULE)
+    check_aligned(run_epoch(default, trainer, 8))
+    assert [acc for _, _, acc, _ in default.history] == [1] * 8
 
 
 def test_without_a_plan_it_all_reduces_the_tokens_seen():
