@@ -380,3 +380,27 @@ def test_docstring_examples():
     import doctest
 
     assert doctest.testmod(cs, verbose=False).failed == 0
+
+
+def test_slowed_rank_hook_slows_own_compute_but_not_the_wait_for_other_ranks(monkeypatch):
+    spun = []
+    monkeypatch.setattr(cs, "_spin", spun.append)
+    clock = [100.0]
+    monkeypatch.setattr(cs.time, "perf_counter", lambda: clock[0])
+    model = cs.CompareLM(slow_rank=1, slowdown=0.5, vocab_size=16, d_model=8, num_heads=2, num_layers=1,
+                         dim_feedforward=16)
+    model.trainer = SimpleNamespace(global_rank=1, accumulate_grad_batches=2, num_training_batches=10)
+
+    def micro_batch(batch_idx, forward_s, backward_s):
+        model._forward_s, model._batch_idx = forward_s, batch_idx
+        model.on_before_backward(None)
+        clock[0] += backward_s
+        model.on_after_backward()
+
+    micro_batch(0, 1.0, 2.0)  # inside no_sync: all of it is compute
+    micro_batch(1, 1.0, 5.0)  # the step's last: 2 s of compute (the ratio), 3 s waiting in the all-reduce
+    micro_batch(9, 0.5, 1.0)  # the epoch's last batch also syncs; a wait shorter than the estimate is kept
+    assert spun == pytest.approx([1.0, 1.0, 0.5])
+    model.trainer = SimpleNamespace(global_rank=0, accumulate_grad_batches=2, num_training_batches=10)
+    micro_batch(0, 1.0, 2.0)  # not the slowed rank
+    assert len(spun) == 3
