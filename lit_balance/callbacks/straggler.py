@@ -27,8 +27,9 @@ def step_imbalance(compute_s: np.ndarray, accumulate_grad_batches: int) -> float
     Ranks that wait for each other only once per optimizer step (DDP's gradient all-reduce, ``no_sync`` in
     between) pay, per step, the slowest rank's summed compute. Lightning >= 2.5 also synchronises the ranks
     before every training micro-batch (its SIGTERM broadcast; see :class:`AdaptiveGradAccumulation`); there
-    ``step_imbalance(compute_s, 1)`` is what they pay, whatever the accumulation. Returns ``sum over steps of max over ranks / sum over steps of the
-    median over ranks`` of the per-step compute seconds (>= 1; 1.0 when no rank ever waits).
+    ``step_imbalance(compute_s, 1)`` is what they pay, whatever the accumulation. Returns ``sum over steps of
+    max over ranks / sum over steps of the median over ranks`` of the per-step compute seconds (>= 1; 1.0 when
+    no rank ever waits).
 
     Args:
         compute_s: float ``[world_size, n]``: compute seconds of ``n`` consecutive micro-batches per rank.
