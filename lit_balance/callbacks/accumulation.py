@@ -69,8 +69,10 @@ class AdaptiveGradAccumulation(L.Callback):
     ``sum over micro-batches of the slowest rank's time`` whatever ``k`` is, and raising ``k`` only adds
     tokens per step. So the default is None: under Lightning, imbalance between ranks is removed by the
     plan (equal-cost micro-batches per micro-step; rank speeds from :class:`CostModelFeedback`), not by
-    accumulation. **Hysteresis**: the value changes only
-    when the wanted one differs from the current one by at least ``max(1, tolerance * current)``.
+    accumulation.
+
+    **Hysteresis.** The value changes only when the wanted one differs from the current one by at least
+    ``max(1, tolerance * current)``.
 
     Logs, at every optimizer step, ``balance/accumulate_grad_batches`` (micro-batches in that step) and
     ``balance/tokens_per_optimizer_step`` (global real tokens of that step); :attr:`history` keeps
