@@ -108,14 +108,20 @@ class CostModel:
             A :class:`CostModel` in seconds.
 
         Raises:
+            TypeError: an array that is not of ints or floats (bools, strings, objects).
             ValueError: arrays of different shapes, fewer than ``min_samples`` observations, non-finite or
                 negative values, or timings that no positive token coefficient explains.
         """
         if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
             raise ValueError(f"min_samples must be an int >= 1, got {min_samples!r}")
-        r = np.asarray(rows, dtype=np.float64).reshape(-1)
-        length = np.asarray(padded_length, dtype=np.float64).reshape(-1)
-        t = np.asarray(seconds, dtype=np.float64).reshape(-1)
+        arrays = []
+        for name, value in (("rows", rows), ("padded_length", padded_length), ("seconds", seconds)):
+            a = np.asarray(value)
+            if a.dtype.kind not in "iuf":
+                raise TypeError(f"CostModel.fit: {name} must be numbers (an int or float array), got dtype {a.dtype} "
+                                f"(e.g. {a.reshape(-1)[:3].tolist()!r})")
+            arrays.append(a.astype(np.float64).reshape(-1))
+        r, length, t = arrays
         if not (r.shape == length.shape == t.shape):
             raise ValueError(
                 f"rows, padded_length and seconds must have the same length, got {r.size}, {length.size}, {t.size}"

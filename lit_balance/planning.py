@@ -294,8 +294,13 @@ def plan_epoch(
     if uniform:
         candidates.append(("cumulative", k, cuts.cumulative(k, np.resize(weight, k))))
     else:
-        candidates += [("cumulative", count, ends) for count, ends in _cumulative_by_speed(cuts, weight, k,
-                                                                                           num_replicas)]
+        found, floor = _cumulative_by_speed(cuts, weight, k, num_replicas), float(weight.min())
+        while not found and floor < 1.0:
+            # No count of micro-batches gives the slowest ranks a share of whole rows (their speed is a tiny
+            # fraction of the fastest): raise the smallest shares until one does, which still favours the fast ranks.
+            floor = min(1.0, floor * 4)
+            found = _cumulative_by_speed(cuts, np.maximum(weight, floor), k, num_replicas)
+        candidates += [("cumulative", count, ends) for count, ends in found]
     for method, target, ends in candidates:
         if ends is None or ends.size > target:  # (the second: float precision lost to an extreme cost model)
             continue

@@ -54,6 +54,9 @@ def _validate_lengths(lengths: Any) -> np.ndarray:
     hint = "pass integer token counts, e.g. np.asarray(lengths, dtype=np.int64)"
     if np.ma.isMaskedArray(lengths):
         raise ValueError("lengths is a masked array: fill or drop the masked entries first (tokens per sample)")
+    if lengths is None or isinstance(lengths, (dict, set, frozenset)):
+        raise ValueError(f"lengths must be a 1-D sequence, array or tensor of ints (tokens per sample), got "
+                         f"{type(lengths).__name__}{'' if lengths is None else ' (unordered or keyed)'}; {hint}")
     if isinstance(lengths, (str, bytes)) or (not hasattr(lengths, "__len__") and hasattr(lengths, "__iter__")):
         raise ValueError(
             f"lengths must be a 1-D sequence, array or tensor of ints (tokens per sample), got "
@@ -116,10 +119,15 @@ _PLAN_SETTINGS = ("max_tokens", "shuffle", "seed", "drop_last", "too_long", "pad
 def _check_speeds(rank_speeds: Any, num_replicas: int) -> np.ndarray | None:
     if rank_speeds is None:
         return None
-    if any(isinstance(x, (bool, np.bool_)) for x in np.asarray(rank_speeds, dtype=object).reshape(-1)):
-        raise TypeError(f"rank_speeds must be numbers (relative throughput per rank), got {rank_speeds!r}")
-    if np.ndim(rank_speeds) != 1:
+    try:
+        ndim = np.ndim(rank_speeds)
+    except ValueError:  # ragged nesting
+        ndim = -1
+    if ndim != 1:
         raise ValueError(f"rank_speeds must be 1-D, one number per rank ({num_replicas}), got {rank_speeds!r}")
+    if not all(isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+               for x in np.asarray(rank_speeds, dtype=object)):
+        raise TypeError(f"rank_speeds must be numbers (relative throughput per rank), got {rank_speeds!r}")
     try:
         speeds = np.asarray(rank_speeds, dtype=np.float64).reshape(-1)
     except (TypeError, ValueError) as exc:
@@ -385,6 +393,11 @@ class BalancedBatchSampler(DistributedSampler):
             plan = self._segment_plan(epoch, segments, i, eligible)
             if i == len(segments) - 1:
                 return plan
+            if segments[i][1] > plan.num_steps:
+                raise ValueError(
+                    f"the saved state consumed {segments[i][1]} micro-steps of epoch {epoch} on {segments[i][0]} "
+                    f"rank(s), but that plan has only {plan.num_steps}: the state does not belong to this sampler"
+                )
             seen = np.zeros(self.lengths.shape[0], dtype=bool)
             for b in plan.assignment[:segments[i][1]].reshape(-1):
                 rows, fill = plan.batch(int(b))
@@ -448,6 +461,12 @@ class BalancedBatchSampler(DistributedSampler):
         return earlier + self.plan().num_steps
 
     def __iter__(self) -> Iterator[MicroBatch]:
+        # The position moves back to the start now, so state_dict() of a fresh iterator is its start; the plan
+        # is read at the first next(), after any set_epoch() (Lightning creates the iterator before it).
+        self._cursor = self._offset()
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[MicroBatch]:
         plan = self.plan()
         column = plan.assignment[:, self.rank]
         start = self._offset()
@@ -550,24 +569,31 @@ class BalancedBatchSampler(DistributedSampler):
         if diff:
             raise ValueError("cannot resume: the sampler's settings differ from the saved ones (" + "; ".join(diff)
                              + "); construct the sampler with the saved settings")
-        try:
-            segments = [[int(r), int(c)] for r, c in state_dict["segments"]]
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"sampler state_dict segments must be [num_replicas, consumed] int pairs, got "
-                             f"{state_dict['segments']!r}") from exc
+        raw = state_dict["segments"]
+        if (not isinstance(raw, (list, tuple))
+                or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in raw)
+                or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                           for p in raw for v in p)):
+            raise ValueError(f"sampler state_dict segments must be a list of [num_replicas, consumed] int pairs, "
+                             f"got {raw!r}")
+        segments = [[int(r), int(c)] for r, c in raw]
         if not segments or any(r < 1 or c < 0 for r, c in segments):
             raise ValueError(f"sampler state_dict segments must be [num_replicas >= 1, consumed >= 0] pairs, got {segments}")
         epoch = _check_int("epoch", state_dict["epoch"], 0, "epochs count from 0")
+        pending = state_dict["pending"]
+        if pending is not None and (not isinstance(pending, dict) or set(pending) != {"cost_model", "rank_speeds"}):
+            raise ValueError(f"sampler state_dict pending must be None or a dict with keys cost_model, rank_speeds; "
+                             f"got {pending!r}")
         try:
             cost_model = CostModel(**state_dict["cost_model"])
-            pending = state_dict["pending"]
             pending_model = None if pending is None else CostModel(**pending["cost_model"])
         except TypeError as exc:
             raise ValueError(f"sampler state_dict cost_model must have keys linear, quadratic, per_batch: {exc}") from exc
         speeds = state_dict["rank_speeds"]
         first = state_dict["first_rank_speeds"]
         first_speeds = None if first is None else _check_speeds(first, segments[0][0])
-        if segments[-1][0] != self.num_replicas:
+        resized = segments[-1][0] != self.num_replicas
+        if resized:
             if len(segments) == 1:
                 first_speeds = None if speeds is None else _check_speeds(speeds, segments[0][0])
             segments.append([self.num_replicas, 0])
@@ -576,7 +602,7 @@ class BalancedBatchSampler(DistributedSampler):
         pending_pair = None
         if pending is not None:
             pending_speeds = pending["rank_speeds"]
-            if pending_speeds is not None and len(pending_speeds) != self.num_replicas:
+            if resized:  # speeds measured on the old ranks
                 pending_speeds = None
             pending_pair = (pending_model, _check_speeds(pending_speeds, self.num_replicas))
         names = ("epoch", "cost_model", "rank_speeds", "_pending", "_segments", "_first_speeds", "_cached", "_cursor")

@@ -170,3 +170,10 @@ def test_rank_speeds_must_be_a_flat_list_of_numbers():
         BalancedBatchSampler([3, 4], 10, num_replicas=2, rank=0, rank_speeds=[[1.0], [2.0]])
     with pytest.raises(ValueError, match=r"rank_speeds must hold 2 finite numbers > 0"):
         BalancedBatchSampler([3, 4], 10, num_replicas=2, rank=0, rank_speeds=[1.0, 0.0])
+
+
+@pytest.mark.parametrize(("rows", "dtype"), [(["a", "b", "c"], "<U1"), ([True, False, True], "bool"),
+                                             ([1, None, 2], "object")])
+def test_fit_rejects_arrays_that_are_not_numbers(rows, dtype):
+    with pytest.raises(TypeError, match=f"CostModel.fit: rows must be numbers .*got dtype {dtype}"):
+        CostModel.fit(rows, [10, 20, 30], [1.0, 2.0, 3.0])

@@ -2,6 +2,7 @@
 
 import collections
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,6 +165,20 @@ def test_rank_speeds_give_the_slower_rank_less_cost():
     assert abs(cost_skewed[0] / cost_skewed[1] - 1.5) < 0.1  # time per rank about equal
 
 
+@pytest.mark.parametrize("slow", [1e-3, 3e-4, 1e-6])
+def test_a_rank_far_slower_than_any_share_of_whole_rows_still_gets_the_least(slow):
+    # Below some speed no count of micro-batches gives the slow rank a share of whole rows; its share is raised
+    # until one does, instead of falling back to equal shares.
+    from lit_balance.stats import plan_stats
+
+    lengths = np.load(Path(__file__).parents[1] / "lit_balance" / "data" / "lengths" / "lengths_fortunes.npy")[:3000]
+    plan = BalancedBatchSampler(lengths, 4096, num_replicas=8, rank=0, rank_speeds=[1.0] * 7 + [slow]).plan()
+    cost = plan_stats(plan, lengths).rank_cost.sum(axis=0)
+    assert cost[7] < 0.05 * cost[:7].mean()
+    rows = np.concatenate([plan.batch(int(b))[0][~plan.batch(int(b))[1]] for b in plan.assignment.reshape(-1)])
+    assert np.array_equal(np.sort(rows), np.arange(lengths.size))  # nothing lost or repeated
+
+
 @pytest.mark.parametrize("accumulate", [1, 4])
 def test_nearly_equal_rank_speeds_keep_the_epoch_length_when_micro_batches_have_an_overhead(accumulate):
     # Shares cut to speeds 1 : 0.997 would need more, smaller micro-batches; with a per-micro-batch overhead
@@ -199,6 +214,12 @@ def test_nearly_equal_rank_speeds_keep_the_epoch_length_when_micro_batches_have_
         (lambda s: s["settings"].update(seed=5), "seed: saved 5, now 0"),
         (lambda s: s.update(lengths_sha256="0" * 64), "other lengths"),
         (lambda s: s.update(segments=[[2, 10**6]]), "consumed 1000000 micro-steps"),
+        (lambda s: s.update(segments=[[2, 1.7]]), r"segments must be a list of \[num_replicas, consumed\] int pairs"),
+        (lambda s: s.update(segments=[[2, True]]), r"int pairs, got \[\[2, True\]\]"),
+        (lambda s: s.update(segments=[[2]]), "int pairs"),
+        (lambda s: s.update(pending={"foo": 1}), r"pending must be None or a dict with keys cost_model, rank_speeds"),
+        (lambda s: s.update(pending={"cost_model": CostModel().to_dict(), "rank_speeds": [1.0]}),
+         "rank_speeds must hold 2 finite numbers"),
     ],
 )
 def test_load_state_dict_rejects_mismatches(change, pattern):
@@ -207,6 +228,37 @@ def test_load_state_dict_rejects_mismatches(change, pattern):
     change(state)
     with pytest.raises(ValueError, match=pattern):
         BalancedBatchSampler(lengths, 512, num_replicas=2, rank=0).load_state_dict(state)
+
+
+def test_load_state_dict_on_other_ranks_rejects_more_consumed_than_the_saved_plan_had():
+    lengths = np.arange(1, 60)
+    saved = BalancedBatchSampler(lengths, 100, num_replicas=1, rank=0)
+    state = saved.state_dict()
+    steps = saved.plan().num_steps
+    state["segments"] = [[1, steps + 5]]
+    resumed = BalancedBatchSampler(lengths, 100, num_replicas=2, rank=0)
+    before = resumed.state_dict()
+    with pytest.raises(ValueError, match=f"consumed {steps + 5} micro-steps of epoch 0 on 1 rank.*only {steps}"):
+        resumed.load_state_dict(state)
+    assert resumed.state_dict() == before  # all or nothing
+    state["segments"] = [[1, steps]]  # the whole epoch consumed on the old rank: the new ranks have nothing left
+    resumed.load_state_dict(state)
+    assert list(resumed) == []
+
+
+def test_a_fresh_iterator_after_a_full_pass_saves_the_start_of_its_epoch():
+    s = BalancedBatchSampler(np.arange(1, 60), 100, num_replicas=2, rank=0)
+    first = list(s)
+    assert s.state_dict()["epoch"] == 1  # a finished epoch resumes at the next one
+    again = iter(s)  # the same epoch again, not yet advanced
+    state = s.state_dict()
+    assert (state["epoch"], state["segments"]) == (0, [[2, 0]])
+    assert list(again) == first
+    it = iter(s)  # Lightning makes the epoch's iterator before it calls set_epoch
+    s.set_epoch(1)
+    expected = BalancedBatchSampler(np.arange(1, 60), 100, num_replicas=2, rank=0)
+    expected.set_epoch(1)
+    assert list(it) == list(expected) != first
 
 
 def test_state_is_the_same_on_every_rank():

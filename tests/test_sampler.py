@@ -795,3 +795,28 @@ def test_property_skip_and_truncate_agree_on_eligible_samples(lengths, max_token
         # nothing too long: the three policies give the identical plan
         assert out_s == out_t
         assert epoch_output(build_ranks(lengths, max_tokens, num_replicas, seed=seed)) == out_t
+
+
+@pytest.mark.parametrize(("lengths", "named"), [(None, "NoneType"), ({1: 5}, "dict"), ({5, 6}, "set")])
+def test_lengths_that_are_not_a_sequence_name_their_type(lengths, named):
+    with pytest.raises(ValueError, match=f"lengths must be a 1-D sequence.*got {named}"):
+        BalancedBatchSampler(lengths, 100, num_replicas=1, rank=0)
+
+
+@pytest.mark.parametrize(("speeds", "error", "pattern"), [
+    ([[1.0], [1.0, 2.0]], ValueError, "rank_speeds must be 1-D"),
+    (["1", "2"], TypeError, r"rank_speeds must be numbers .*'1', '2'"),
+    ([1.0, True], TypeError, "rank_speeds must be numbers"),
+])
+def test_rank_speeds_that_are_not_numbers_per_rank_are_rejected(speeds, error, pattern):
+    with pytest.raises(error, match=pattern):
+        BalancedBatchSampler([5, 6, 7, 8], 100, num_replicas=2, rank=0, rank_speeds=speeds)
+    s = BalancedBatchSampler([5, 6, 7, 8], 100, num_replicas=2, rank=0)
+    with pytest.raises(error, match=pattern):
+        s.set_cost_model(s.cost_model, speeds)
+
+
+@pytest.mark.parametrize("speeds", [[1, np.float32(0.5)], np.array([2.0, 1.0]), torch.tensor([2.0, 1.0])])
+def test_rank_speeds_accept_python_numpy_and_torch_numbers(speeds):
+    s = BalancedBatchSampler([5, 6, 7, 8], 100, num_replicas=2, rank=0, rank_speeds=speeds)
+    assert s.rank_speeds.tolist() == [1.0, 0.5]
