@@ -1,7 +1,8 @@
-"""Helpers shared by the callbacks: sending exact values to every logger, gathering small tensors."""
+"""Helpers shared by the callbacks: reading batch fields, sending exact values to every logger, gathering."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -40,3 +41,25 @@ def train_sampler(trainer: L.Trainer) -> Any:
     """The training loader's ``sampler`` (the :class:`lit_balance.BalancedBatchSampler`), or None."""
     loader = getattr(trainer, "train_dataloader", None)
     return getattr(loader, "sampler", None)
+
+
+def batch_fields(batch: Any, keys: tuple[str, ...], owner: str) -> list[Any]:
+    """``[batch[k] for k in keys]``, or a clear error naming the keys ``owner`` needs and the keys the batch has.
+
+    Raises:
+        KeyError: a dict-like batch that lacks some of ``keys``.
+        TypeError: a batch that is not dict-like (e.g. a tuple).
+    """
+    try:
+        return [batch[key] for key in keys]
+    except (KeyError, TypeError, IndexError):
+        if not isinstance(batch, Mapping):
+            raise TypeError(f"{owner} needs dict training batches with keys {list(keys)}, got a "
+                            f"{type(batch).__name__}; collate with lit_balance.PadCollator, which produces "
+                            "them, or remove the callback") from None
+        missing = [key for key in keys if key not in batch]
+        if not missing:
+            raise
+        raise KeyError(f"{owner} needs the training batch keys {list(keys)}, missing {missing}; the batch has "
+                       f"keys {sorted(map(str, batch))}; collate with lit_balance.PadCollator, which produces "
+                       "them, or remove the callback") from None

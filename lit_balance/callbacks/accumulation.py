@@ -9,7 +9,8 @@ import lightning as L
 import numpy as np
 import torch
 
-from lit_balance.callbacks._common import emit, train_sampler
+from lit_balance._validate import check_int, check_number
+from lit_balance.callbacks._common import batch_fields, emit, train_sampler
 from lit_balance.callbacks.straggler import COMPUTE, StragglerMonitor, step_imbalance
 
 __all__ = ["AdaptiveGradAccumulation", "plan_step_tokens"]
@@ -81,7 +82,7 @@ class AdaptiveGradAccumulation(L.Callback):
 
     Args:
         target_tokens_per_step: real tokens per optimizer step, over all ranks and micro-batches.
-        tolerance: hysteresis, a share of the current value.
+        tolerance: hysteresis, a share of the current value, in ``[0, 1)``.
         max_accumulate_grad_batches: largest value it sets.
         lookahead: micro-steps of the plan averaged for ``m``.
         target_straggler_ratio: wanted step imbalance (>= 1); None (default) ignores straggler timings, which
@@ -89,7 +90,11 @@ class AdaptiveGradAccumulation(L.Callback):
         max_overshoot: how far above ``k_tok`` straggler timings may push the value (>= 1).
 
     Raises:
-        ValueError: a bad argument; (at fit start) ``Trainer(accumulate_grad_batches != 1)``.
+        TypeError: ``target_tokens_per_step``, ``max_accumulate_grad_batches`` or ``lookahead`` not an int;
+            ``tolerance``, ``max_overshoot`` or ``target_straggler_ratio`` (unless None) not a real number.
+        ValueError: an int argument < 1; ``tolerance`` outside ``[0, 1)``; ``max_overshoot`` or
+            ``target_straggler_ratio`` < 1 or infinite; a NaN; (at fit start) ``Trainer(accumulate_grad_batches != 1)``.
+        KeyError: a dict training batch that lacks ``num_real_tokens``.
         RuntimeError: (at fit start) manual optimization; a strategy that handles accumulation itself
             (DeepSpeed); another callback that sets ``accumulate_grad_batches``.
 
@@ -107,23 +112,19 @@ class AdaptiveGradAccumulation(L.Callback):
         target_straggler_ratio: float | None = None,
         max_overshoot: float = 2.0,
     ) -> None:
-        for name, value in (("target_tokens_per_step", target_tokens_per_step),
-                            ("max_accumulate_grad_batches", max_accumulate_grad_batches), ("lookahead", lookahead)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
-            raise ValueError(f"tolerance must be a number in [0, 1), got {tolerance!r}")
-        if target_straggler_ratio is not None and not (isinstance(target_straggler_ratio, (int, float))
-                                                       and target_straggler_ratio >= 1):
-            raise ValueError(f"target_straggler_ratio must be a number >= 1 or None, got {target_straggler_ratio!r}")
-        if isinstance(max_overshoot, bool) or not isinstance(max_overshoot, (int, float)) or max_overshoot < 1:
-            raise ValueError(f"max_overshoot must be a number >= 1, got {max_overshoot!r}")
-        self.target_tokens_per_step = int(target_tokens_per_step)
-        self.tolerance = float(tolerance)
-        self.max_accumulate_grad_batches = int(max_accumulate_grad_batches)
-        self.lookahead = int(lookahead)
-        self.target_straggler_ratio = None if target_straggler_ratio is None else float(target_straggler_ratio)
-        self.max_overshoot = float(max_overshoot)
+        self.target_tokens_per_step = check_int("target_tokens_per_step", target_tokens_per_step, 1,
+                                                "set the real tokens per optimizer step, over all ranks")
+        self.tolerance = check_number("tolerance", tolerance, 0, 1, "set the hysteresis as a share of the current "
+                                      "value, e.g. 0.25", high_open=True)
+        self.max_accumulate_grad_batches = check_int("max_accumulate_grad_batches", max_accumulate_grad_batches, 1,
+                                                     "set the largest accumulate_grad_batches it may set")
+        self.lookahead = check_int("lookahead", lookahead, 1, "set the micro-steps of the plan to average")
+        if target_straggler_ratio is not None:
+            target_straggler_ratio = check_number("target_straggler_ratio", target_straggler_ratio, 1, None,
+                                                  "set the wanted step imbalance, or None to ignore timings")
+        self.target_straggler_ratio = target_straggler_ratio
+        self.max_overshoot = check_number("max_overshoot", max_overshoot, 1, None,
+                                          "set how far above the token-based value timings may push it, e.g. 2.0")
         #: ``(epoch, first batch_idx, accumulate_grad_batches, global real tokens)`` of every optimizer step.
         self.history: list[tuple[int, int, int, int]] = []
         self._original: int | None = None
@@ -248,7 +249,8 @@ class AdaptiveGradAccumulation(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        self._window_local += int(batch["num_real_tokens"]) if isinstance(batch, dict) else 0
+        if isinstance(batch, dict):
+            self._window_local += int(batch_fields(batch, ("num_real_tokens",), "AdaptiveGradAccumulation")[0])
         acc = int(trainer.accumulate_grad_batches)
         last = trainer.num_training_batches
         if (batch_idx + 1) % acc and not (isinstance(last, int) and batch_idx + 1 >= last):

@@ -8,6 +8,7 @@ import lightning as L
 import numpy as np
 import torch
 
+from lit_balance._validate import check_bool, check_int, check_number
 from lit_balance.callbacks._common import emit, train_sampler
 from lit_balance.callbacks.straggler import COMPUTE, LENGTH, ROWS, StragglerMonitor
 from lit_balance.cost import CostModel
@@ -96,7 +97,9 @@ class CostModelFeedback(L.Callback):
     at fit start), or Lightning would end the longer epoch early.
 
     Raises:
-        ValueError: ``min_samples < 3``; ``smoothing`` or ``speed_tolerance`` outside ``[0, 1)``.
+        TypeError: ``min_samples`` not an int; ``fit_speeds`` not a bool; ``smoothing`` or ``speed_tolerance`` not
+            a real number.
+        ValueError: ``min_samples < 3``; ``smoothing`` or ``speed_tolerance`` outside ``[0, 1)`` (or NaN).
         RuntimeError: (at fit start) no StragglerMonitor in the Trainer's callbacks; ``fit_speeds=True`` without
             ``Trainer(reload_dataloaders_every_n_epochs=1)``.
 
@@ -108,18 +111,13 @@ class CostModelFeedback(L.Callback):
 
     def __init__(self, min_samples: int = 8, fit_speeds: bool = True, smoothing: float = 0.5,
                  speed_tolerance: float = 0.05) -> None:
-        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 3:
-            raise ValueError(f"min_samples must be an int >= 3, got {min_samples!r}")
-        if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
-            raise ValueError(f"smoothing must be a number in [0, 1), got {smoothing!r}")
-        if (isinstance(speed_tolerance, bool) or not isinstance(speed_tolerance, (int, float))
-                or not 0 <= speed_tolerance < 1):
-            raise ValueError(f"speed_tolerance must be a number in [0, 1), got {speed_tolerance!r}")
-        self.smoothing = float(smoothing)
-        self.speed_tolerance = float(speed_tolerance)
+        self.min_samples = check_int("min_samples", min_samples, 3, "set the fewest timed micro-batches per rank")
+        self.fit_speeds = check_bool("fit_speeds", fit_speeds)
+        self.smoothing = check_number("smoothing", smoothing, 0, 1, "set the previous fit's weight, e.g. 0.5 "
+                                      "(0: each epoch's fit alone)", high_open=True)
+        self.speed_tolerance = check_number("speed_tolerance", speed_tolerance, 0, 1, "set the relative speed gap "
+                                            "planned as equal, e.g. 0.05 (0: plan every difference)", high_open=True)
         self._previous: np.ndarray | None = None
-        self.min_samples = min_samples
-        self.fit_speeds = bool(fit_speeds)
         #: ``(cost_model, rank_speeds)`` handed to the sampler at the last epoch end, or None.
         self.last_fit: tuple[CostModel, list[float] | None] | None = None
         self._monitor: StragglerMonitor | None = None

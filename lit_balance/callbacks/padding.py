@@ -9,7 +9,8 @@ from typing import Any
 import lightning as L
 import torch
 
-from lit_balance.callbacks._common import emit, gather
+from lit_balance._validate import check_callable, check_int
+from lit_balance.callbacks._common import batch_fields, emit, gather
 from lit_balance.metrics import PaddingRatio
 
 __all__ = ["PaddingRatioMonitor"]
@@ -34,6 +35,8 @@ class PaddingRatioMonitor(L.Callback):
         clock: seconds, monotonic (default :func:`time.perf_counter`); tests inject a fake one.
 
     Raises:
+        TypeError: ``log_every_n_steps`` neither an int nor None; a ``clock`` that is not callable; a training
+            batch that is not a dict.
         ValueError: ``log_every_n_steps < 1``; a batch with more real tokens than padded slots.
         KeyError: a training batch lacks ``num_real_tokens`` or ``num_padded_tokens``.
 
@@ -42,11 +45,11 @@ class PaddingRatioMonitor(L.Callback):
     """
 
     def __init__(self, log_every_n_steps: int | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
-        if log_every_n_steps is not None and (isinstance(log_every_n_steps, bool)
-                                              or not isinstance(log_every_n_steps, int) or log_every_n_steps < 1):
-            raise ValueError(f"log_every_n_steps must be an int >= 1 or None, got {log_every_n_steps!r}")
+        if log_every_n_steps is not None:
+            log_every_n_steps = check_int("log_every_n_steps", log_every_n_steps, 1,
+                                          "set the micro-batches between logs, or None for the Trainer's value")
         self.log_every_n_steps = log_every_n_steps
-        self.clock = clock
+        self.clock = check_callable("clock", clock, "pass a function returning seconds, or leave the default")
         self.metric = PaddingRatio(sync_on_compute=False)
         #: The last values logged (the same on every rank).
         self.last_metrics: dict[str, float] = {}
@@ -65,7 +68,7 @@ class PaddingRatioMonitor(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        real, padded = int(batch["num_real_tokens"]), int(batch["num_padded_tokens"])
+        real, padded = map(int, batch_fields(batch, ("num_real_tokens", "num_padded_tokens"), "PaddingRatioMonitor"))
         if not 0 <= real <= padded:
             raise ValueError(f"expected 0 <= num_real_tokens <= num_padded_tokens, got {real} and {padded}")
         self._since_padded += padded  # the metric takes the window's sums at the next log (cheaper per batch)

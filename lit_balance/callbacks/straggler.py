@@ -11,7 +11,8 @@ import lightning as L
 import numpy as np
 import torch
 
-from lit_balance.callbacks._common import emit, gather, train_sampler
+from lit_balance._validate import check_bool, check_callable, check_int, check_number
+from lit_balance.callbacks._common import batch_fields, emit, gather, train_sampler
 from lit_balance.cost import CostModel
 
 __all__ = ["StragglerMonitor", "step_imbalance"]
@@ -90,7 +91,11 @@ class StragglerMonitor(L.Callback):
         clock: seconds, monotonic (default :func:`time.perf_counter`); tests inject a fake one.
 
     Raises:
-        ValueError: ``every_n_steps < 1``, ``warn_after < 1`` or ``warn_ratio < 1``.
+        TypeError: ``every_n_steps`` or ``warn_after`` not an int; ``warn_ratio`` not a real number; ``cost_model``
+            neither a :class:`lit_balance.CostModel` nor None; ``synchronize`` not a bool; a ``clock`` that is not
+            callable; a training batch that is not a dict.
+        ValueError: ``every_n_steps < 1``, ``warn_after < 1``, ``warn_ratio < 1`` or not finite.
+        KeyError: a training batch lacks ``input_ids`` or ``num_real_tokens``.
 
     Example:
         >>> trainer = L.Trainer(callbacks=[StragglerMonitor(every_n_steps=50)], logger=False)
@@ -106,17 +111,17 @@ class StragglerMonitor(L.Callback):
         synchronize: bool = True,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        for name, value in (("every_n_steps", every_n_steps), ("warn_after", warn_after)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if isinstance(warn_ratio, bool) or not isinstance(warn_ratio, (int, float)) or not warn_ratio >= 1:
-            raise ValueError(f"warn_ratio must be a number >= 1 (max / median), got {warn_ratio!r}")
-        self.every_n_steps = every_n_steps
-        self.warn_ratio = float(warn_ratio)
-        self.warn_after = warn_after
+        if cost_model is not None and not isinstance(cost_model, CostModel):
+            raise TypeError(f"cost_model must be a lit_balance.CostModel or None, got {cost_model!r} of type "
+                            f"{type(cost_model).__name__}; pass e.g. CostModel(linear=1.0), or None for the "
+                            "sampler's cost model")
+        self.every_n_steps = check_int("every_n_steps", every_n_steps, 1, "set the micro-batches per window")
+        self.warn_ratio = check_number("warn_ratio", warn_ratio, 1, None,
+                                       "set the straggler ratio (max / median) above which to warn, e.g. 1.2")
+        self.warn_after = check_int("warn_after", warn_after, 1, "set the windows in a row before warning")
         self.cost_model = cost_model
-        self.synchronize = synchronize
-        self.clock = clock
+        self.synchronize = check_bool("synchronize", synchronize)
+        self.clock = check_callable("clock", clock, "pass a function returning seconds, or leave the default")
         #: Gathered windows of the current epoch: float64 arrays ``[world_size, n, 6]`` (columns :data:`FIELDS`).
         self.epoch_windows: list[np.ndarray] = []
         #: The last gathered window, kept across epochs (None before the first).
@@ -178,11 +183,11 @@ class StragglerMonitor(L.Callback):
             self._gather(trainer, pl_module)
 
     def _shape(self, trainer: L.Trainer, batch: Any) -> list[float]:
-        shape = batch["input_ids"].shape
-        rows, length = float(shape[0]), float(shape[1])
+        input_ids, real = batch_fields(batch, ("input_ids", "num_real_tokens"), "StragglerMonitor")
+        rows, length = float(input_ids.shape[0]), float(input_ids.shape[1])
         linear, quadratic, per_batch = self._coef  # CostModel.batch_cost, in plain floats
         cost = per_batch + rows * (linear * length + quadratic * length * length)
-        return [rows, length, float(batch["num_real_tokens"]), cost]
+        return [rows, length, float(real), cost]
 
     # -- gathering ---------------------------------------------------------------------------------------
     def _gather(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -8,6 +8,9 @@ from typing import Any
 import lightning as L
 import torch
 
+from lit_balance._validate import check_bool
+from lit_balance.callbacks._common import batch_fields
+
 __all__ = ["RunSummary"]
 
 _FIELDS = ("micro_batches", "real_tokens", "padded_tokens", "wall_s")
@@ -28,11 +31,12 @@ class RunSummary(L.Callback):
         print_table: print the table on rank 0 at the end of training.
 
     Raises:
+        TypeError: ``print_table`` not a bool; a training batch that is not a dict.
         KeyError: a training batch lacks ``num_real_tokens`` or ``num_padded_tokens``.
     """
 
     def __init__(self, print_table: bool = True) -> None:
-        self.print_table = print_table
+        self.print_table = check_bool("print_table", print_table)
         self.rows: list[dict[str, float]] = []
         self.total: dict[str, float] = {}
         self._counts = [0, 0, 0]
@@ -44,9 +48,10 @@ class RunSummary(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        real, padded = batch_fields(batch, ("num_real_tokens", "num_padded_tokens"), "RunSummary")
         self._counts[0] += 1
-        self._counts[1] += int(batch["num_real_tokens"])
-        self._counts[2] += int(batch["num_padded_tokens"])
+        self._counts[1] += int(real)
+        self._counts[2] += int(padded)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         local = torch.tensor([*self._counts, time.perf_counter() - self._start], dtype=torch.float64)

@@ -169,14 +169,15 @@ def test_refuses_what_it_cannot_drive():
         cb.on_train_start(trainer, MODULE)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"target_tokens_per_step": 0}, "target_tokens_per_step"), ({"target_tokens_per_step": 1.5}, "target_tokens"),
-    ({"target_tokens_per_step": 8, "tolerance": 1.0}, "tolerance"),
-    ({"target_tokens_per_step": 8, "max_overshoot": 0.5}, "max_overshoot"),
-    ({"target_tokens_per_step": 8, "target_straggler_ratio": 0.9}, "target_straggler_ratio"),
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"target_tokens_per_step": 0}, ValueError, "target_tokens_per_step"),
+    ({"target_tokens_per_step": 1.5}, TypeError, "target_tokens"),
+    ({"target_tokens_per_step": 8, "tolerance": 1.0}, ValueError, "tolerance"),
+    ({"target_tokens_per_step": 8, "max_overshoot": 0.5}, ValueError, "max_overshoot"),
+    ({"target_tokens_per_step": 8, "target_straggler_ratio": 0.9}, ValueError, "target_straggler_ratio"),
 ])
-def test_rejects_bad_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_rejects_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
         AdaptiveGradAccumulation(**kwargs)
 
 

@@ -155,7 +155,12 @@ def test_speeds_within_the_tolerance_are_planned_as_equal(tolerance, handed):
     assert sampler.calls[-1][1] == pytest.approx([1.0, 0.9, 1.0], rel=1e-6)
 
 
-@pytest.mark.parametrize("bad", [-0.1, 1.0, True, "0.05"])
-def test_speed_tolerance_is_checked(bad):
-    with pytest.raises(ValueError, match=r"speed_tolerance must be a number in \[0, 1\), got"):
+@pytest.mark.parametrize(("bad", "error", "match"), [
+    (-0.1, ValueError, r"speed_tolerance must be a finite number in \[0, 1\), got -0.1"),
+    (1.0, ValueError, r"speed_tolerance must be a finite number in \[0, 1\), got 1.0"),
+    (True, TypeError, r"speed_tolerance must be a real number in \[0, 1\), got True of type bool"),
+    ("0.05", TypeError, r"speed_tolerance must be a real number in \[0, 1\), got '0.05' of type str"),
+])
+def test_speed_tolerance_is_checked(bad, error, match):
+    with pytest.raises(error, match=match):
         CostModelFeedback(speed_tolerance=bad)

@@ -57,9 +57,9 @@ def test_uses_the_trainer_interval_by_default(clock):
     assert len(logger.calls) == 2
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
-def test_rejects_bad_interval(bad):
-    with pytest.raises(ValueError, match="log_every_n_steps"):
+@pytest.mark.parametrize(("bad", "error"), [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_rejects_bad_interval(bad, error):
+    with pytest.raises(error, match="log_every_n_steps"):
         PaddingRatioMonitor(log_every_n_steps=bad)
 
 
