@@ -15,6 +15,7 @@ training and reports it (see :mod:`lit_balance.report`).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +23,7 @@ import numpy as np
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from lit_balance._validate import check_int, check_number
 from lit_balance.cost import CostModel
 from lit_balance.datamodule import BalancedTextDataModule
 from lit_balance.models import TransformerLM
@@ -79,19 +81,85 @@ def plan_parser() -> ArgumentParser:
     return parser
 
 
+# plan options whose Python names (as in BalancedBatchSampler / BalancedTextDataModule messages) become flags
+_PLAN_FLAGS = ("max_tokens", "max_length", "too_long", "pad_to_multiple_of", "max_batch_size", "shuffle_window",
+               "num_replicas", "accumulate_grad_batches", "drop_last", "largest_first", "val_fraction", "text_key",
+               "cache_dir", "linear", "quadratic", "per_batch")
+_NAMES = "|".join(_PLAN_FLAGS)
+_QUOTED_RE = re.compile(rf"(?<![\w.-])({_NAMES})=([\"'])([\w-]+)\2(?: or ([\"'])([\w-]+)\4)?")
+_VALUE_RE = re.compile(rf"(?<![\w.-])({_NAMES})=([^\s,;:()\[\]]*)")
+_PATH_RE = re.compile(r"^(corpus|tokenizer) (file|path|glob pattern)\b")
+_NAME_RE = re.compile(rf"(?<![\w.-])({_NAMES})(?!\w)")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _flag_names(message: str) -> str:
+    """Rewrite library messages' Python argument names as flags: ``too_long="skip"`` -> ``--too-long skip``."""
+    def quoted(m: re.Match) -> str:
+        return f"{_flag(m[1])} {m[3]}" + (f" or {_flag(m[1])} {m[5]}" if m[5] else "")
+
+    def valued(m: re.Match) -> str:
+        value = {"True": "true", "False": "false", "None": "null"}.get(m[2], m[2])
+        return f"{_flag(m[1])} {value}".rstrip()
+
+    message = _PATH_RE.sub(r"--\1 \2", message)
+    message = _VALUE_RE.sub(valued, _QUOTED_RE.sub(quoted, message))
+    return _NAME_RE.sub(lambda m: _flag(m[1]), message)
+
+
+def _check_plan_options(cfg: Namespace) -> None:
+    """Check the numeric ``plan`` options up front, naming the flag (before any file is read)."""
+    if cfg.max_length is not None:
+        check_int("--max-length", cfg.max_length, 1, "pass --max-length N (tokens kept per sample) or null for none")
+    check_int("--max-tokens", cfg.max_tokens, 1, "pass the padded token slots per micro-batch, per rank")
+    check_int("--num-replicas", cfg.num_replicas, 1, "pass the number of ranks (world size)")
+    check_int("--pad-to-multiple-of", cfg.pad_to_multiple_of, 1, "pass 1 for no rounding")
+    if cfg.max_batch_size is not None:
+        check_int("--max-batch-size", cfg.max_batch_size, 1, "pass a row cap or null for none")
+    check_int("--seed", cfg.seed, 0, "pass a non-negative seed")
+    check_int("--epoch", cfg.epoch, 0, "epochs count from 0")
+    check_int("--accumulate-grad-batches", cfg.accumulate_grad_batches, 1, "pass 1 for one micro-batch per step")
+    check_number("--val-fraction", cfg.val_fraction, 0.0, 1.0, "change --val-fraction", high_open=True)
+    check_number("--shuffle-window", cfg.shuffle_window, 0.0, None, "change --shuffle-window")
+    for flag, value in (("--linear", cfg.linear), ("--quadratic", cfg.quadratic), ("--per-batch", cfg.per_batch)):
+        check_number(flag, value, 0.0, None, f"change {flag}")
+
+
 def _load_lengths(path: Path) -> np.ndarray:
+    expected = "a .npy file of integer token counts (np.save of a 1-D int array) or a text file of one integer per line"
     if not path.is_file():
-        raise ValueError(f"--lengths {str(path)!r} is not a file; pass a .npy array or a text file of integers")
+        raise ValueError(f"--lengths {str(path)!r} is not a file; pass {expected}")
     if path.suffix == ".npy":
-        lengths = np.load(path, allow_pickle=False)
+        try:
+            with open(path, "rb") as file:
+                head = file.read(6)
+        except OSError as error:
+            raise ValueError(f"--lengths {str(path)!r} cannot be read: {error}") from error
+        if head != b"\x93NUMPY":
+            raise ValueError(f"--lengths {str(path)!r} must be {expected}; got a file that is not a NumPy .npy "
+                             f"array (it starts with {head!r}, not the .npy header)")
+        try:
+            lengths = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as error:
+            got = ("an array of Python objects (dtype object, e.g. a ragged list)" if "Object arrays" in str(error)
+                   else f"a .npy file that cannot be read ({error})")
+            raise ValueError(f"--lengths {str(path)!r} must be {expected}; got {got}") from error
+        if not isinstance(lengths, np.ndarray):  # e.g. an .npz archive named .npy
+            raise ValueError(f"--lengths {str(path)!r} must be {expected}; got a {type(lengths).__name__}")
     else:
         try:
             lengths = np.loadtxt(path, dtype=np.int64, ndmin=1)
         except ValueError as error:
             raise ValueError(f"--lengths {str(path)!r}: expected one integer per line: {error}") from error
     if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
-        raise ValueError(f"--lengths {str(path)!r}: expected a 1-D integer array, got dtype {lengths.dtype} "
+        raise ValueError(f"--lengths {str(path)!r} must be {expected}; got dtype {lengths.dtype} "
                          f"and shape {lengths.shape}")
+    if lengths.size == 0 or lengths.min() < 1:
+        got = "no lengths" if lengths.size == 0 else f"the length {int(lengths.min())} at index {int(lengths.argmin())}"
+        raise ValueError(f"--lengths {str(path)!r} must hold token counts >= 1, got {got}; drop empty samples")
     return lengths.astype(np.int64)
 
 
@@ -116,26 +184,35 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
         The report's summary (see :meth:`lit_balance.report.PlanReport.summary`).
 
     Raises:
-        ValueError, TypeError: a bad option (the message names it).
+        ValueError, TypeError: a bad option or ``--lengths`` file (the message names the flag, e.g.
+            ``--max-length``, ``--too-long skip``).
+        FileNotFoundError: a ``--corpus`` or ``--tokenizer`` path does not exist.
     """
     from rich.console import Console
 
     from lit_balance.report import format_report, plan_report, save_plots, write_summary
 
-    if cfg.lengths is not None:
-        lengths = _load_lengths(Path(cfg.lengths))
-        if cfg.max_length is not None:
-            lengths = np.minimum(lengths, cfg.max_length)
-        source = f"{cfg.lengths} ({lengths.size} samples, max_length={cfg.max_length})"
-    else:
-        lengths, source = _corpus_lengths(cfg)
-    report = plan_report(
-        lengths, cfg.max_tokens, num_replicas=cfg.num_replicas, shuffle=cfg.shuffle, seed=cfg.seed,
-        epoch=cfg.epoch, drop_last=cfg.drop_last, too_long=cfg.too_long, pad_to_multiple_of=cfg.pad_to_multiple_of,
-        max_batch_size=cfg.max_batch_size, shuffle_window=cfg.shuffle_window,
-        accumulate_grad_batches=cfg.accumulate_grad_batches, largest_first=cfg.largest_first,
-        cost_model=CostModel(linear=cfg.linear, quadratic=cfg.quadratic, per_batch=cfg.per_batch),
-    )
+    _check_plan_options(cfg)
+    try:
+        if cfg.lengths is not None:
+            lengths = _load_lengths(Path(cfg.lengths))
+            if cfg.max_length is not None:
+                lengths = np.minimum(lengths, cfg.max_length)
+            source = f"{cfg.lengths} ({lengths.size} samples, max_length={cfg.max_length})"
+        else:
+            lengths, source = _corpus_lengths(cfg)
+        report = plan_report(
+            lengths, cfg.max_tokens, num_replicas=cfg.num_replicas, shuffle=cfg.shuffle, seed=cfg.seed,
+            epoch=cfg.epoch, drop_last=cfg.drop_last, too_long=cfg.too_long,
+            pad_to_multiple_of=cfg.pad_to_multiple_of, max_batch_size=cfg.max_batch_size,
+            shuffle_window=cfg.shuffle_window, accumulate_grad_batches=cfg.accumulate_grad_batches,
+            largest_first=cfg.largest_first,
+            cost_model=CostModel(linear=cfg.linear, quadratic=cfg.quadratic, per_batch=cfg.per_batch),
+        )
+    except (FileNotFoundError, TypeError, ValueError) as error:
+        # the library names its Python arguments (max_tokens, too_long="skip"); here they are flags
+        cls = next(c for c in (FileNotFoundError, TypeError, ValueError) if isinstance(error, c))
+        raise cls(_flag_names(str(error))) from error
     console = Console(record=True, width=max(Console().width, 120))
     console.print(f"plan of {source}: {cfg.num_replicas} ranks, max_tokens={cfg.max_tokens} padded slots per "
                   f"micro-batch per rank, epoch {cfg.epoch}", highlight=False, soft_wrap=True)
@@ -186,7 +263,14 @@ class LitBalanceCLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         if subcommand == "plan":
-            self.plan_summary = run_plan(self.config.plan)
+            try:
+                self.plan_summary = run_plan(self.config.plan)
+            except (FileNotFoundError, TypeError, ValueError) as error:
+                # a bad option or input file: usage and the message (naming the flag), exit status 2, no
+                # traceback (set JSONARGPARSE_DEBUG=1 to raise instead)
+                subcommands = getattr(self.parser, "_subcommands_action", None)
+                parser = getattr(subcommands, "_name_parser_map", {}).get("plan", self.parser)
+                parser.error(str(error), error)
             return
         super()._run_subcommand(subcommand)
 

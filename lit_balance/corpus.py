@@ -245,6 +245,20 @@ def _item_kind(item: Any, index: int) -> str:
                     "os.PathLike (a file) or a sequence of ints (token ids)")
 
 
+def _names_files(text: str) -> bool:
+    """Whether a str looks like a path rather than a document: an existing file, or a glob matching files."""
+    if "\n" in text or "\0" in text or len(text) >= 4096:
+        return False
+    if os.path.isfile(text):
+        return True
+    if not glob.has_magic(text):
+        return False
+    try:  # not recursive: a document holding "**" must not walk a directory tree
+        return any(os.path.isfile(p) for p in glob.iglob(os.path.expanduser(text)))
+    except (OSError, ValueError):
+        return False
+
+
 def _files_source(paths: list[Any], text_key: str) -> CorpusSource:
     resolved, parts, sizes = [], [], []
     for raw in paths:
@@ -284,9 +298,9 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text") -> CorpusSourc
     * ``None`` or ``"stdlib_docstrings"``: the built-in corpus (:func:`stdlib_docstrings`).
     * A single ``str`` or ``os.PathLike``: one file, which must exist; a ``str`` holding ``*``, ``?``
       or ``[`` is a glob pattern (e.g. ``"data/*.jsonl"``), expanded in sorted order.
-    * A list/tuple of ``str``: in-memory documents. A list whose items all name existing files is
-      refused (pass ``pathlib.Path`` objects or a glob pattern for files), so that paths are never
-      trained on as text.
+    * A list/tuple of ``str``: in-memory documents. A list whose items all name existing files, or
+      are glob patterns matching files, is refused (pass ``pathlib.Path`` objects or a single glob
+      pattern for files), so that paths are never trained on as text.
     * A list/tuple of ``os.PathLike`` (e.g. ``pathlib.Path``): files.
     * A list/tuple of int sequences (lists, tuples, 1-D integer numpy arrays or torch tensors):
       pre-tokenized documents, every id ``>= 0``.
@@ -305,7 +319,8 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text") -> CorpusSourc
     Raises:
         FileNotFoundError: a path does not exist, or a glob pattern matches no file.
         ValueError: a directory or ``.json`` file, an unreadable file, a negative token id, an
-            empty corpus or path, or a list of ``str`` that all name existing files.
+            empty corpus or path, or a list of ``str`` that all name existing files or are glob
+            patterns matching files.
         TypeError: an unsupported type, or a list mixing item kinds.
 
     Example:
@@ -345,12 +360,15 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text") -> CorpusSourc
         return _files_source(list(corpus), text_key)
     if kinds[0] == "texts":
         texts = tuple(corpus)
-        if all("\n" not in t and len(t) < 4096 and os.path.isfile(t) for t in texts):
+        if all(_names_files(t) for t in texts):
             shown = ", ".join(repr(t) for t in texts[:3]) + (", ..." if len(texts) > 3 else "")
+            patterns = [t for t in texts if glob.has_magic(t)]
+            what = "name existing files or are glob patterns matching files" if patterns else "name existing files"
+            single = f" (a single str, not a list: corpus={patterns[0]!r})" if len(patterns) == 1 else ""
             raise ValueError(
-                f"corpus is a list of {len(texts)} str that all name existing files ({shown}); a list of str is "
+                f"corpus is a list of {len(texts)} str that all {what} ({shown}); a list of str is "
                 "read as the documents themselves. To read the files, pass pathlib.Path objects or a glob "
-                "pattern such as 'data/*.txt'"
+                f"pattern such as 'data/*.txt'{single}"
             )
         return CorpusSource("texts", _sha256("texts", *texts), f"{len(texts)} text documents", texts)
     arrays = tuple(_as_ids(item, index) for index, item in enumerate(corpus))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +66,11 @@ class BalancedTextDataModule(L.LightningDataModule):
         pad_token_id: padding id for tokenizers or token-id corpora that do not define one (default 0
             for token-id corpora).
         vocab_size: vocabulary size for token-id corpora without a tokenizer (default: largest id + 1).
+            With a tokenizer (text corpora always have one) the vocabulary is the tokenizer's; a
+            ``vocab_size`` given then must equal it (leave it None).
         cache_dir: where tokenized corpora are cached (default ``$LIT_BALANCE_CACHE`` or
             ``~/.cache/lit_balance``).
-        pin_memory: passed to the DataLoaders.
+        pin_memory: passed to the DataLoaders (True or False).
 
     Attributes:
         vocab_size: number of token ids, known at construction.
@@ -75,8 +78,10 @@ class BalancedTextDataModule(L.LightningDataModule):
 
     Raises:
         FileNotFoundError: a corpus path does not exist.
-        ValueError: a bad setting (with the value), an unreadable, non-UTF-8 or empty corpus.
-        TypeError: a corpus or tokenizer of an unsupported type.
+        ValueError: a bad setting (with the value), e.g. a ``vocab_size`` that differs from the
+            tokenizer's; an unreadable, non-UTF-8 or empty corpus; a list of str that names files.
+        TypeError: a setting of the wrong type (e.g. ``pin_memory="yes"``, ``cache_dir=5``), or a
+            corpus or tokenizer of an unsupported type.
 
     Example:
         >>> dm = BalancedTextDataModule(["the cat sat", "a dog ran far away"], max_tokens=64, val_fraction=0,
@@ -122,6 +127,14 @@ class BalancedTextDataModule(L.LightningDataModule):
         shuffle, drop_last = check_bool("shuffle", shuffle), check_bool("drop_last", drop_last)
         if too_long not in TOO_LONG_POLICIES:
             raise ValueError(f"too_long must be one of {TOO_LONG_POLICIES}, got {too_long!r}")
+        pin_memory = check_bool("pin_memory", pin_memory)
+        if vocab_size is not None:
+            vocab_size = check_int("vocab_size", vocab_size, 1, "token ids of a token-id corpus without a "
+                                   "tokenizer, or None (the default: largest id + 1, or the tokenizer's)",
+                                   maximum=2**31)
+        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+            raise TypeError(f"cache_dir must be a directory path (str or os.PathLike) or None, got {cache_dir!r} "
+                            f"of type {type(cache_dir).__name__}")
         if cache_dir is not None and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
             raise ValueError(f"cache_dir {str(cache_dir)!r} exists and is not a directory; pass a directory path")
         self.source = resolve_corpus(corpus, text_key=text_key)
@@ -138,6 +151,13 @@ class BalancedTextDataModule(L.LightningDataModule):
                 raise ValueError(f"token id {largest} is outside vocab_size={vocab_size}; raise vocab_size")
         else:
             self.tokenizer = resolve_tokenizer(tokenizer, pad_token_id=pad_token_id)
+            if vocab_size is not None and vocab_size != self.tokenizer.vocab_size:
+                with_what = "the built-in tokenizer" if tokenizer is None else "the given tokenizer"
+                raise ValueError(
+                    f"vocab_size={vocab_size} conflicts with {with_what}'s vocabulary of {self.tokenizer.vocab_size} "
+                    f"token ids ({self.source.kind} corpus); the vocabulary is the tokenizer's, and vocab_size only "
+                    "sets it for token-id corpora without a tokenizer: leave vocab_size unset (None)"
+                )
         self.pad_token_id = self.tokenizer.pad_token_id
         self.vocab_size = self.tokenizer.vocab_size
         self.max_tokens = max_tokens
@@ -309,8 +329,12 @@ class BalancedTextDataModule(L.LightningDataModule):
         :meth:`BalancedBatchSampler.load_state_dict`, which also covers a different number of ranks).
 
         Raises:
+            TypeError: ``state_dict`` is not a dict (mapping).
             ValueError: keys other than ``train_sampler``.
         """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"BalancedTextDataModule.load_state_dict expects the dict returned by state_dict() "
+                            f"(key 'train_sampler'), got {state_dict!r} of type {type(state_dict).__name__}")
         unknown = set(state_dict) - {"train_sampler"}
         if unknown:
             raise ValueError(f"BalancedTextDataModule state_dict has unknown keys {sorted(unknown)}")

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lit_balance._validate import check_int, check_number
 from lit_balance.collate import IGNORE_INDEX
 from lit_balance.loss import StepTokenLoss, token_loss_sum
 
@@ -49,7 +50,10 @@ class TransformerLM(L.LightningModule):
     Shapes: ``forward(input_ids [B, T], attention_mask [B, T]) -> logits [B, T, vocab_size]``.
 
     Raises:
-        ValueError: ``d_model`` not divisible by ``num_heads``, or a size < 1.
+        TypeError: a size that is not an int (bools and floats such as ``2.0`` too), or a rate that is not
+            a real number.
+        ValueError: a size < 1, ``d_model`` not divisible by ``num_heads``, ``dropout`` outside ``[0, 1]``,
+            or ``lr`` / ``weight_decay`` negative or not finite.
     """
 
     def __init__(
@@ -64,12 +68,17 @@ class TransformerLM(L.LightningModule):
         weight_decay: float = 0.01,
     ) -> None:
         super().__init__()
-        for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads),
-                            ("num_layers", num_layers), ("dim_feedforward", dim_feedforward)):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+        vocab_size = check_int("vocab_size", vocab_size, 1, "pass the data module's vocab_size (token ids)")
+        d_model = check_int("d_model", d_model, 1, "set the hidden size, a multiple of num_heads")
+        num_heads = check_int("num_heads", num_heads, 1, "set the attention heads, a divisor of d_model")
+        num_layers = check_int("num_layers", num_layers, 1, "set the number of transformer blocks")
+        dim_feedforward = check_int("dim_feedforward", dim_feedforward, 1, "set the feed-forward hidden size")
         if d_model % num_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads}); change d_model or "
+                             "num_heads")
+        dropout = check_number("dropout", dropout, 0.0, 1.0, "set dropout to a probability, e.g. 0.0 or 0.1")
+        lr = check_number("lr", lr, 0.0, None, "set lr to the AdamW learning rate, e.g. 1e-3")
+        weight_decay = check_number("weight_decay", weight_decay, 0.0, None, "set weight_decay to the AdamW weight decay, e.g. 0.01")
         self.save_hyperparameters()
         self.embed = nn.Embedding(vocab_size, d_model)
         layer = nn.TransformerEncoderLayer(

@@ -17,7 +17,7 @@ import yaml
 
 from lit_balance import BalancedBatchSampler, BalancedTextDataModule, TransformerLM
 from lit_balance.callbacks import RunSummary
-from lit_balance.cli import LitBalanceCLI, build_cli, main
+from lit_balance.cli import LitBalanceCLI, build_cli, main, plan_parser, run_plan
 from lit_balance.cost import CostModel
 from lit_balance.report import distributed_sampler_plan, plan_report
 from lit_balance.stats import plan_stats
@@ -164,25 +164,92 @@ def test_plan_on_a_corpus(tmp_path):
     assert cli.plan_summary["num_samples"] == 180
 
 
-@pytest.mark.parametrize("args,error,match", [
-    (["--lengths", "missing.npy"], ValueError, "is not a file"),
-    (["--max-tokens", "100"], ValueError, "exceed max_tokens=100"),
-    (["--linear", "0"], ValueError, "linear > 0 or quadratic > 0"),
-    (["--accumulate-grad-batches", "0"], ValueError, "accumulate_grad_batches"),
+def _plan_error(args: list[str], capsys) -> str:
+    """Run ``plan`` in-process on bad input: it must exit with status 2 and print the message, no traceback."""
+    with pytest.raises(SystemExit) as excinfo:
+        main(["plan", "--plots", "false", *args])
+    assert excinfo.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error: " in err
+    return err.split("error: ", 1)[1]
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--lengths", "missing.npy"], "--lengths 'missing.npy' is not a file"),
+    (["--max-tokens", "100"], "exceed --max-tokens 100 .*or pass --too-long skip or --too-long truncate"),
+    (["--linear", "0"], "--linear > 0 or --quadratic > 0"),
+    (["--linear", "-1"], r"--linear must be a finite number >= 0.0, got -1.0"),
+    (["--accumulate-grad-batches", "0"], "--accumulate-grad-batches must be >= 1, got 0"),
+    (["--max-length", "0"], "--max-length must be >= 1, got 0"),
+    (["--max-length", "-5"], "--max-length must be >= 1, got -5"),
+    (["--num-replicas", "0"], "--num-replicas must be >= 1, got 0"),
+    (["--pad-to-multiple-of", "9000"], r"--pad-to-multiple-of \(9000\) exceeds --max-tokens \(4096\)"),
 ])
-def test_plan_errors_name_the_option(tmp_path, monkeypatch, args, error, match):
+def test_plan_errors_name_the_option(tmp_path, monkeypatch, capsys, args, match):
     monkeypatch.chdir(tmp_path)
     np.save(tmp_path / "l.npy", np.array([5, 120, 30], dtype=np.int32))
-    base = ["plan", "--lengths", str(tmp_path / "l.npy"), "--plots", "false"]
-    with pytest.raises(error, match=match):
-        main([*base, *args] if args[0] != "--lengths" else ["plan", *args])
+    base = ["--lengths", str(tmp_path / "l.npy")]
+    message = _plan_error([*base, *args] if args[0] != "--lengths" else args, capsys)
+    assert re.search(match, message), message
+    assert "max_tokens" not in message and 'too_long="' not in message and "every length" not in message
 
 
-def test_plan_rejects_a_bad_lengths_text_file(tmp_path, monkeypatch):
+def test_plan_run_plan_raises_with_flag_names(tmp_path):
+    np.save(tmp_path / "l.npy", np.array([5, 120, 30], dtype=np.int32))
+    cfg = plan_parser().parse_args(["--lengths", str(tmp_path / "l.npy"), "--max-tokens", "100", "--plots", "false"])
+    with pytest.raises(ValueError, match="--max-tokens 100.*--too-long skip"):
+        run_plan(cfg)
+    with pytest.raises(ValueError, match="--max-length must be >= 1, got 0"):
+        run_plan(plan_parser().parse_args(["--lengths", str(tmp_path / "l.npy"), "--max-length", "0"]))
+
+
+def test_plan_rejects_a_bad_lengths_text_file(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "l.txt").write_text("12\nfoo\n")
-    with pytest.raises(ValueError, match="one integer per line"):
-        main(["plan", "--lengths", str(tmp_path / "l.txt")])
+    assert "one integer per line" in _plan_error(["--lengths", str(tmp_path / "l.txt")], capsys)
+
+
+@pytest.mark.parametrize("kind,got", [
+    ("not_numpy", "not a NumPy .npy array"),
+    ("object", "array of Python objects"),
+    ("float", "dtype float64"),
+    ("zero", "token counts >= 1, got the length 0 at index 1"),
+])
+def test_plan_rejects_a_bad_npy_file_naming_lengths(tmp_path, monkeypatch, capsys, kind, got):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "bad.npy"
+    if kind == "not_numpy":
+        path.write_bytes(b"\x80\x04K\x05.")  # a pickle, not a .npy
+    elif kind == "object":
+        np.save(path, np.array([3, "a"], dtype=object), allow_pickle=True)
+    elif kind == "float":
+        np.save(path, np.array([3.5, 2.0]))
+    else:
+        np.save(path, np.array([3, 0, 2]))
+    message = _plan_error(["--lengths", str(path)], capsys)
+    assert f"--lengths {str(path)!r}" in message and got in message
+    if kind != "zero":
+        assert "integer token counts" in message
+    assert "allow_pickle" not in message and "pickled" not in message
+
+
+def test_plan_corpus_errors_name_the_flag(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"text": "a b c"}) + "\n", encoding="utf-8")
+    base = ["--corpus", str(corpus), "--cache-dir", str(tmp_path / "cache")]
+    assert "set --text-key" in _plan_error([*base, "--text-key", "body"], capsys)
+    assert "--val-fraction 0.5 leaves none" in _plan_error([*base, "--val-fraction", "0.5"], capsys)
+    assert "--corpus file" in _plan_error(["--corpus", str(tmp_path / "missing.txt")], capsys)
+
+
+def test_plan_bad_max_length_exits_without_traceback_in_a_process(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "lit_balance.cli", "plan", "--lengths",
+                           str(LENGTHS / "lengths_fortunes.npy"), "--max-length", "0", "--plots", "false"],
+                          check=False, capture_output=True, text=True, timeout=180, env=_env(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "--max-length must be >= 1, got 0" in proc.stderr
+    assert "every length" not in proc.stderr and not (tmp_path / "plan_report").exists()
 
 
 def test_distributed_sampler_baseline_counts_fill_rows():

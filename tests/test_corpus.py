@@ -618,3 +618,15 @@ def test_glob_pattern_and_universal_newlines(tmp_path):
         resolve_corpus(str(tmp_path / "*.jsonl"))
     with pytest.raises(ValueError, match="corpus is an empty string"):
         resolve_corpus("")
+
+
+def test_list_items_that_are_globs_matching_files_are_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.txt").write_text("x\n")
+    (tmp_path / "b.jsonl").write_text('{"text": "y"}\n')
+    for corpus in (["*.txt"], [str(tmp_path / "*.jsonl")], ("a.txt", "*.jsonl"), ["[ab].txt"]):
+        with pytest.raises(ValueError, match="glob patterns matching files.*pathlib.Path objects or a glob"):
+            resolve_corpus(corpus)
+    # globs matching nothing and documents that merely hold glob characters are documents
+    for corpus in (["*.csv"], ["see [1] and 2 * 3", "*.txt"], ["*\0"]):
+        assert resolve_corpus(corpus).kind == "texts"

@@ -847,3 +847,64 @@ def test_train_dataloader_length_counts_rank_speeds_handed_over_for_the_new_epoc
     dm.trainer.current_epoch = 0  # never moved back (a restored sampler can be ahead of the trainer)
     dm.train_dataloader()
     assert sampler.epoch == 1
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "vocab_size", "error", "words"),
+    [
+        (None, -3, ValueError, ["vocab_size", "-3"]),
+        (None, "x", TypeError, ["vocab_size", "'x'", "str"]),
+        (None, 2.0, TypeError, ["vocab_size", "2.0", "float"]),
+        (None, 5, ValueError, ["vocab_size=5", "conflicts", "30522", "leave vocab_size unset"]),
+        ("word_level", 7, ValueError, ["vocab_size=7", "conflicts", "given tokenizer"]),
+    ],
+)
+def test_vocab_size_is_checked_and_cannot_contradict_the_tokenizer(tmp_path, tokenizer, vocab_size, error, words):
+    tok = _word_level_tokenizer(pad_id=0) if tokenizer else None
+    with pytest.raises(error) as excinfo:
+        BalancedTextDataModule(["the cat sat", "a dog ran far away"], tok, vocab_size=vocab_size, cache_dir=tmp_path)
+    for word in words:
+        assert word in str(excinfo.value)
+
+
+def test_vocab_size_equal_to_the_tokenizers_is_accepted_and_token_ids_honour_it(tmp_path):
+    dm = BalancedTextDataModule(["the cat sat"], vocab_size=30522, val_fraction=0, cache_dir=tmp_path)
+    assert dm.vocab_size == 30522
+    assert BalancedTextDataModule([[1, 2], [3]], vocab_size=np.int64(64), cache_dir=tmp_path).vocab_size == 64
+    with pytest.raises(ValueError, match="vocab_size must be in .*got 0"):
+        BalancedTextDataModule([[1, 2], [3]], vocab_size=0, cache_dir=tmp_path)
+    with pytest.raises(TypeError, match="vocab_size must be an int .*got True"):
+        BalancedTextDataModule([[1, 2], [3]], vocab_size=True, cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"pin_memory": "yes"}, ["pin_memory", "True or False", "'yes'"]),
+    ({"pin_memory": 1}, ["pin_memory", "True or False", "int"]),
+    ({"cache_dir": 5}, ["cache_dir", "directory path", "5", "int"]),
+])
+def test_pin_memory_and_cache_dir_types(tmp_path, kwargs, words):
+    with pytest.raises(TypeError) as excinfo:
+        BalancedTextDataModule(["the dog"], **{"cache_dir": tmp_path, **kwargs})
+    for word in words:
+        assert word in str(excinfo.value)
+
+
+def test_load_state_dict_needs_a_dict(tmp_path):
+    dm = BalancedTextDataModule(["the dog"], val_fraction=0, cache_dir=tmp_path)
+    for bad in ([1, 2], "train_sampler", None):
+        with pytest.raises(TypeError, match=r"expects the dict returned by state_dict\(\).*got .* of type"):
+            dm.load_state_dict(bad)
+    with pytest.raises(ValueError, match="unknown keys"):
+        dm.load_state_dict({"other": 1})
+    dm.load_state_dict({})  # a state saved before setup
+
+
+def test_glob_pattern_in_a_list_is_refused_not_trained_as_text(tmp_path):
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(json.dumps({"text": "one document"}) + "\n", encoding="utf-8")
+    pattern = str(folder / "*.jsonl")
+    with pytest.raises(ValueError, match="glob patterns matching files.*a single str, not a list"):
+        BalancedTextDataModule([pattern], max_tokens=64, val_fraction=0, cache_dir=tmp_path / "cache")
+    dm = ready(BalancedTextDataModule(pattern, max_tokens=64, val_fraction=0, cache_dir=tmp_path / "cache"))
+    assert len(dm.corpus) == 1
