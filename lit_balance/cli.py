@@ -23,7 +23,7 @@ import numpy as np
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lit_balance._validate import check_int, check_number
+from lit_balance._validate import check_int
 from lit_balance.cost import CostModel
 from lit_balance.datamodule import BalancedTextDataModule
 from lit_balance.models import TransformerLM
@@ -84,11 +84,12 @@ def plan_parser() -> ArgumentParser:
 # plan options whose Python names (as in BalancedBatchSampler / BalancedTextDataModule messages) become flags
 _PLAN_FLAGS = ("max_tokens", "max_length", "too_long", "pad_to_multiple_of", "max_batch_size", "shuffle_window",
                "num_replicas", "accumulate_grad_batches", "drop_last", "largest_first", "val_fraction", "text_key",
-               "cache_dir", "linear", "quadratic", "per_batch")
+               "cache_dir", "linear", "quadratic", "per_batch", "seed", "epoch")
 _NAMES = "|".join(_PLAN_FLAGS)
 _QUOTED_RE = re.compile(rf"(?<![\w.-])({_NAMES})=([\"'])([\w-]+)\2(?: or ([\"'])([\w-]+)\4)?")
 _VALUE_RE = re.compile(rf"(?<![\w.-])({_NAMES})=([^\s,;:()\[\]]*)")
 _PATH_RE = re.compile(r"^(corpus|tokenizer) (file|path|glob pattern)\b")
+_COST_RE = re.compile(r"\bCostModel\.(?=linear|quadratic|per_batch)")
 _NAME_RE = re.compile(rf"(?<![\w.-])({_NAMES})(?!\w)")
 
 
@@ -105,27 +106,15 @@ def _flag_names(message: str) -> str:
         value = {"True": "true", "False": "false", "None": "null"}.get(m[2], m[2])
         return f"{_flag(m[1])} {value}".rstrip()
 
-    message = _PATH_RE.sub(r"--\1 \2", message)
+    message = _COST_RE.sub("", _PATH_RE.sub(r"--\1 \2", message))
     message = _VALUE_RE.sub(valued, _QUOTED_RE.sub(quoted, message))
     return _NAME_RE.sub(lambda m: _flag(m[1]), message)
 
 
-def _check_plan_options(cfg: Namespace) -> None:
-    """Check the numeric ``plan`` options up front, naming the flag (before any file is read)."""
+def _check_max_length(cfg: Namespace) -> None:
+    """``--max-length`` up front: with ``--lengths`` it only clips the array, so nothing downstream names it."""
     if cfg.max_length is not None:
         check_int("--max-length", cfg.max_length, 1, "pass --max-length N (tokens kept per sample) or null for none")
-    check_int("--max-tokens", cfg.max_tokens, 1, "pass the padded token slots per micro-batch, per rank")
-    check_int("--num-replicas", cfg.num_replicas, 1, "pass the number of ranks (world size)")
-    check_int("--pad-to-multiple-of", cfg.pad_to_multiple_of, 1, "pass 1 for no rounding")
-    if cfg.max_batch_size is not None:
-        check_int("--max-batch-size", cfg.max_batch_size, 1, "pass a row cap or null for none")
-    check_int("--seed", cfg.seed, 0, "pass a non-negative seed")
-    check_int("--epoch", cfg.epoch, 0, "epochs count from 0")
-    check_int("--accumulate-grad-batches", cfg.accumulate_grad_batches, 1, "pass 1 for one micro-batch per step")
-    check_number("--val-fraction", cfg.val_fraction, 0.0, 1.0, "change --val-fraction", high_open=True)
-    check_number("--shuffle-window", cfg.shuffle_window, 0.0, None, "change --shuffle-window")
-    for flag, value in (("--linear", cfg.linear), ("--quadratic", cfg.quadratic), ("--per-batch", cfg.per_batch)):
-        check_number(flag, value, 0.0, None, f"change {flag}")
 
 
 def _load_lengths(path: Path) -> np.ndarray:
@@ -192,7 +181,7 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
 
     from lit_balance.report import format_report, plan_report, save_plots, write_summary
 
-    _check_plan_options(cfg)
+    _check_max_length(cfg)
     try:
         if cfg.lengths is not None:
             lengths = _load_lengths(Path(cfg.lengths))
