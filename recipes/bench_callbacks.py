@@ -33,7 +33,7 @@ from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset, Transfo
 from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, PaddingRatioMonitor, StragglerMonitor
 
 LENGTHS = Path(__file__).resolve().parents[1] / "lit_balance/data/lengths/lengths_fortunes.npy"
-HOOKS = ("on_train_start", "on_train_epoch_start", "on_train_batch_start", "on_before_backward",
+HOOKS = ("on_train_start", "on_train_epoch_start", "on_train_batch_start", "on_before_backward", "on_after_backward",
          "on_train_batch_end", "on_train_epoch_end", "on_train_end")
 
 

@@ -437,7 +437,7 @@ class CompareLM(TransformerLM):
         #: ``(epoch, micro-batches trained so far, validation loss)`` per validation.
         self.val_losses: list[tuple[int, int, float]] = []
         self.micro_batches = 0
-        self._backward_start = self._forward_s = self._forward_sum = self._backward_sum = 0.0
+        self._forward_s = self._forward_sum = self._backward_sum = 0.0
         self._batch_idx = 0
         self._val: list[torch.Tensor] = []
 
@@ -453,13 +453,14 @@ class CompareLM(TransformerLM):
         self.micro_batches += 1
         return loss
 
-    def on_before_backward(self, loss: torch.Tensor) -> None:
-        self._backward_start = time.perf_counter()
-
-    def on_after_backward(self) -> None:
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        # the slowed rank's extra backward time lands inside backward, where a slower device spends it (and where
+        # StragglerMonitor's local-backward interval, on_before_backward -> on_after_backward, sees it)
+        start = time.perf_counter()
+        super().backward(loss, *args, **kwargs)
         if not self._slowed():
             return
-        elapsed = time.perf_counter() - self._backward_start
+        elapsed = time.perf_counter() - start
         trainer = self.trainer
         last = trainer.num_training_batches
         syncs = ((self._batch_idx + 1) % trainer.accumulate_grad_batches == 0

@@ -391,11 +391,15 @@ def test_slowed_rank_hook_slows_own_compute_but_not_the_wait_for_other_ranks(mon
                          dim_feedforward=16)
     model.trainer = SimpleNamespace(global_rank=1, accumulate_grad_batches=2, num_training_batches=10)
 
+    def backward_taking(seconds):
+        def backward(self, loss, *args, **kwargs):
+            clock[0] += seconds
+        return backward
+
     def micro_batch(batch_idx, forward_s, backward_s):
         model._forward_s, model._batch_idx = forward_s, batch_idx
-        model.on_before_backward(None)
-        clock[0] += backward_s
-        model.on_after_backward()
+        monkeypatch.setattr(cs.TransformerLM, "backward", backward_taking(backward_s))
+        model.backward(None)  # the spin happens inside backward, as on a slower device
 
     micro_batch(0, 1.0, 2.0)  # inside no_sync: all of it is compute
     micro_batch(1, 1.0, 5.0)  # the step's last: 2 s of compute (the ratio), 3 s waiting in the all-reduce

@@ -10,7 +10,7 @@ import torch
 
 from lit_balance._validate import check_bool, check_int, check_number
 from lit_balance.callbacks._common import emit, train_sampler
-from lit_balance.callbacks.straggler import COMPUTE, LENGTH, ROWS, StragglerMonitor
+from lit_balance.callbacks.straggler import BACKWARD, COMPUTE, LENGTH, ROWS, StragglerMonitor
 from lit_balance.cost import CostModel
 
 __all__ = ["CostModelFeedback", "fit_cost_and_speeds"]
@@ -28,22 +28,41 @@ def fit_cost_and_speeds(window: np.ndarray, *, iterations: int = 5,
     rank's padded slots per second, so a slow rank that ran smaller micro-batches is not mistaken for a
     per-micro-batch cost. Speeds are scaled so the fastest rank has 1.0.
 
+    **Which seconds.** Forward + backward of the micro-batches whose backward was local (column ``backward_s``
+    finite: inside DDP ``no_sync``, or a single process) when every rank has at least ``min_samples`` of them;
+    then only those micro-batches are used. Otherwise (e.g. ``accumulate_grad_batches=1`` under DDP, where every
+    backward waits in the all-reduce) forward seconds of every micro-batch. Backward is most of a micro-batch's
+    compute, and on a 2-rank CPU run with one rank slowed, forward alone put the slow rank's speed 0.03-0.06
+    above its forward + backward speed in some epochs.
+
     Args:
-        window: float ``[world_size, n, 6]`` (columns of :data:`lit_balance.callbacks.straggler.FIELDS`), e.g.
-            the concatenated :attr:`StragglerMonitor.epoch_windows`.
+        window: float ``[world_size, n, 7]`` (columns of :data:`lit_balance.callbacks.straggler.FIELDS`), e.g.
+            the concatenated :attr:`StragglerMonitor.epoch_windows`; ``[world_size, n, 6]`` (no backward column)
+            fits forward seconds.
         iterations: alternations.
         min_samples: fewest micro-batches per rank.
 
     Returns:
-        ``(cost_model, rank_speeds)``: cost in (forward) seconds and ``world_size`` floats in ``(0, 1]``.
+        ``(cost_model, rank_speeds)``: cost in seconds (of forward + backward, or of forward, as above) and
+        ``world_size`` floats in ``(0, 1]``.
 
     Raises:
         ValueError: fewer than ``min_samples`` micro-batches, or timings that do not grow with tokens.
     """
     w = np.asarray(window, dtype=np.float64)
-    if w.ndim != 3 or w.shape[1] < min_samples:
+    if w.ndim != 3 or w.shape[2] < BACKWARD:
+        raise ValueError(f"window must be [world_size, n, {BACKWARD + 1}] (columns of StragglerMonitor's FIELDS), "
+                         f"got shape {w.shape}")
+    if w.shape[1] < min_samples:
         raise ValueError(f"need at least {min_samples} timed micro-batches per rank, got window shape {w.shape}")
     rows, length, seconds = w[:, :, ROWS], w[:, :, LENGTH], w[:, :, COMPUTE]
+    use = np.ones(rows.shape, dtype=bool)
+    if w.shape[2] > BACKWARD:
+        local = np.isfinite(w[:, :, BACKWARD])
+        if (local.sum(axis=1) >= min_samples).all():
+            use = local
+            seconds = seconds + np.where(local, w[:, :, BACKWARD], 0.0)
+    rows, length, seconds = (np.where(use, a, 0.0) for a in (rows, length, seconds))
     # Start from each rank's padded slots per second. Starting from equal speeds, the first cost fit explains a
     # slow rank that ran smaller micro-batches (as the plan for its speed gives it) by a per-micro-batch cost, and
     # the alternation stays near that wrong split.
@@ -52,9 +71,8 @@ def fit_cost_and_speeds(window: np.ndarray, *, iterations: int = 5,
     speeds = np.maximum(speeds, 1e-12) / max(float(speeds.max()), 1e-12)
     cost = CostModel()
     for _ in range(iterations):
-        cost = CostModel.fit(rows.ravel(), length.ravel(), (seconds * speeds[:, None]).ravel(),
-                             min_samples=min_samples)
-        predicted = np.asarray(cost.batch_cost(rows, length), dtype=np.float64)
+        cost = CostModel.fit(rows[use], length[use], (seconds * speeds[:, None])[use], min_samples=min_samples)
+        predicted = np.where(use, np.asarray(cost.batch_cost(rows, length), dtype=np.float64), 0.0)
         measured = seconds.sum(axis=1)
         speeds = np.where(measured > 0, predicted.sum(axis=1) / np.maximum(measured, 1e-300), 1.0)
         speeds = np.maximum(speeds, 1e-12) / max(float(speeds.max()), 1e-12)

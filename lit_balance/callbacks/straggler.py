@@ -15,11 +15,27 @@ from lit_balance._validate import check_bool, check_callable, check_int, check_n
 from lit_balance.callbacks._common import batch_fields, emit, gather, train_sampler
 from lit_balance.cost import CostModel
 
-__all__ = ["StragglerMonitor", "step_imbalance"]
+__all__ = ["StragglerMonitor", "backward_is_local", "step_imbalance"]
 
 #: Columns of one timed micro-batch, in the gathered tensor ``[world_size, n, len(FIELDS)]``.
-FIELDS = ("compute_s", "data_wait_s", "rows", "padded_length", "real_tokens", "cost")
-COMPUTE, DATA_WAIT, ROWS, LENGTH, REAL, COST = range(len(FIELDS))
+FIELDS = ("compute_s", "data_wait_s", "rows", "padded_length", "real_tokens", "cost", "backward_s")
+COMPUTE, DATA_WAIT, ROWS, LENGTH, REAL, COST, BACKWARD = range(len(FIELDS))
+
+
+def backward_is_local(trainer: L.Trainer) -> bool:
+    """Whether the backward about to run holds no collective: a single process, or DDP inside ``no_sync``.
+
+    Lightning runs the micro-batches inside an accumulation window (all but the optimizer step's last) under
+    :meth:`torch.nn.parallel.DistributedDataParallel.no_sync`, which clears the wrapped model's
+    ``require_backward_grad_sync``; their backward computes gradients without the all-reduce. Any other
+    strategy (FSDP, DeepSpeed, ...) is assumed to communicate in backward.
+    """
+    if trainer.world_size <= 1:
+        return True
+    model = getattr(trainer.strategy, "model", None)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return not bool(model.require_backward_grad_sync)
+    return False
 
 
 def step_imbalance(compute_s: np.ndarray, accumulate_grad_batches: int) -> float:
@@ -55,8 +71,15 @@ class StragglerMonitor(L.Callback):
     with waiting for the slow one. The forward pass contains no collective when the module has no buffers
     (DDP broadcasts buffers before forward only when there are some and ``broadcast_buffers=True``; pass
     ``DDPStrategy(broadcast_buffers=False)`` otherwise). Forward seconds are a fixed share of a
-    micro-batch's compute, which is all that ranking ranks and fitting relative costs need. If
-    ``on_before_backward`` is not reached (no loss), the interval ends at ``on_train_batch_end``.
+    micro-batch's compute, which is all that ranking ranks needs. If ``on_before_backward`` is not reached
+    (no loss), the interval ends at ``on_train_batch_end``.
+
+    **Backward, where it is local.** From ``on_before_backward`` to ``on_after_backward`` (the LightningModule's
+    ``backward``), but only for a backward that holds no collective (:func:`backward_is_local`): every
+    micro-batch of a single process, and under DDP those inside an accumulation window (``no_sync``), but not
+    the optimizer step's last, whose backward waits in the gradient all-reduce. Other micro-batches get NaN.
+    :class:`lit_balance.callbacks.CostModelFeedback` fits rank speeds on forward + backward seconds where there
+    are enough of these, so a rank that is slow in backward only is seen too.
 
     **Data wait.** From the previous ``on_train_batch_end`` (or ``on_train_epoch_start``) to
     ``on_train_batch_start``: fetching and transferring the batch, plus Lightning's per-batch SIGTERM broadcast
@@ -67,8 +90,8 @@ class StragglerMonitor(L.Callback):
 
     Every ``every_n_steps`` micro-batches (the same batches on every rank, since every rank runs the same
     number) and at the end of each training epoch, the ranks take part in one ``all_gather`` of a
-    ``[n, 6]`` float64 tensor (compute s, data wait s, rows, padded length, real tokens, cost per micro-batch)
-    and rank 0 logs, over that window:
+    ``[n, 7]`` float64 tensor (compute s, data wait s, rows, padded length, real tokens, cost, local backward s
+    or NaN, per micro-batch) and rank 0 logs, over that window:
 
     * ``balance/straggler_ratio``: max over ranks / median over ranks of the summed compute seconds.
     * ``balance/straggler_gap_s``: max minus median of the same (seconds).
@@ -122,7 +145,7 @@ class StragglerMonitor(L.Callback):
         self.cost_model = cost_model
         self.synchronize = check_bool("synchronize", synchronize)
         self.clock = check_callable("clock", clock, "pass a function returning seconds, or leave the default")
-        #: Gathered windows of the current epoch: float64 arrays ``[world_size, n, 6]`` (columns :data:`FIELDS`).
+        #: Gathered windows of the current epoch: float64 arrays ``[world_size, n, 7]`` (columns :data:`FIELDS`).
         self.epoch_windows: list[np.ndarray] = []
         #: The last gathered window, kept across epochs (None before the first).
         self.last_window: np.ndarray | None = None
@@ -134,6 +157,7 @@ class StragglerMonitor(L.Callback):
         self._start = 0.0
         self._prev_end: float | None = None
         self._pending: list[float] | None = None
+        self._backward_start: float | None = None
         self._slowest_run = (-1, 0)
         self._coef = (1.0, 0.0, 0.0)
 
@@ -154,20 +178,37 @@ class StragglerMonitor(L.Callback):
                              batch_idx: int) -> None:
         self._start = self._now(pl_module)
         wait = self._start - self._prev_end if self._prev_end is not None else 0.0
-        self._pending = [0.0, wait, *self._shape(trainer, batch)]
+        self._pending = [0.0, wait, *self._shape(trainer, batch), 0.0]
         self._timed = False
+        self._backward_start = None
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
-        if self._pending is not None and not self._timed:
-            self._pending[COMPUTE] = self._now(pl_module) - self._start
+        if self._pending is None:
+            return
+        now = self._now(pl_module)
+        if not self._timed:
+            self._pending[COMPUTE] = now - self._start
             self._timed = True
+        # several backwards (manual optimization) add up; one that communicates makes the sum unusable
+        self._backward_start = now if backward_is_local(trainer) else None
+        if self._backward_start is None:
+            self._pending[BACKWARD] = float("nan")
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._pending is not None and self._backward_start is not None:
+            self._pending[BACKWARD] += self._now(pl_module) - self._backward_start
+        self._backward_start = None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         end = self.clock()
         if self._pending is not None:
+            if self._backward_start is not None:  # a backward that never reached on_after_backward
+                self._pending[BACKWARD] = float("nan")
+                self._backward_start = None
             if not self._timed:
                 self._pending[COMPUTE] = end - self._start
+                self._pending[BACKWARD] = float("nan")  # no backward ran
             self._records.append(self._pending)
             self._pending = None
         if len(self._records) >= self.every_n_steps:
@@ -197,7 +238,7 @@ class StragglerMonitor(L.Callback):
         self.epoch_windows.append(window)
         self.last_window = window
         self.num_windows += 1
-        per_rank = window.sum(axis=1)  # [world_size, 6]
+        per_rank = window.sum(axis=1)  # [world_size, 7] (the backward column may hold NaN; not logged)
         compute = per_rank[:, COMPUTE]
         median = float(np.median(compute))
         slowest = int(np.argmax(compute))

@@ -47,6 +47,48 @@ def test_slow_rank_given_smaller_micro_batches_is_still_measured_slow():
     assert cost.per_batch < 0.1 * cost.batch_cost(1, 512)  # not a large invented per-micro-batch cost
 
 
+def window_with_backward(forward_speeds, backward_speeds, local_every=(2, 2), n=40, seed=3):
+    """[R, n, 7]: forward takes cost/forward_speed, backward 2 x cost/backward_speed; every ``local_every[r]``-th
+    micro-batch of rank r syncs (its backward: NaN, its forward 10x too long, as if it had waited)."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((len(forward_speeds), n, 7))
+    for r, (fs, bs) in enumerate(zip(forward_speeds, backward_speeds)):
+        length = rng.integers(8, 512, n).astype(float)
+        rows = np.maximum(np.floor(1024 / length), 1)
+        cost = COST.batch_cost(rows, length)
+        out[r, :, 0], out[r, :, 6] = cost / fs, 2 * cost / bs
+        synced = np.arange(n) % local_every[r] == local_every[r] - 1
+        out[r, synced, 0] *= 10
+        out[r, synced, 6] = np.nan
+        out[r, :, 2], out[r, :, 3] = rows, length
+    return out
+
+
+def test_speeds_come_from_forward_and_backward_of_the_micro_batches_whose_backward_was_local():
+    # rank 1 is 0.8x as fast in forward and 0.5x in backward: forward + backward take 1/0.8 + 2/0.5 = 5.25 cost
+    # units on it against 3 on rank 0, a speed of 3 / 5.25 (forward alone would say 0.8)
+    cost, speeds = fit_cost_and_speeds(window_with_backward([1.0, 0.8], [1.0, 0.5]), min_samples=8)
+    assert speeds == pytest.approx([1.0, 3 / 5.25], rel=1e-6)
+    # the cost model is in forward + backward seconds of the fast rank: 3x the forward cost
+    assert (cost.linear, cost.quadratic, cost.per_batch) == pytest.approx((6e-5, 3e-7, 9e-3), rel=1e-3)
+
+
+def test_forward_seconds_of_every_micro_batch_when_a_rank_has_too_few_local_backwards():
+    # rank 1 syncs every micro-batch (accumulate_grad_batches=1): 0 local backwards, so forward only, all of them
+    window = window_with_backward([1.0, 0.8], [1.0, 0.5], local_every=(2, 1))
+    window[:, :, 0] = window[:, :, 0] / np.where(np.isnan(window[:, :, 6]), 10, 1)  # undo the waits
+    _, speeds = fit_cost_and_speeds(window, min_samples=8)
+    assert speeds == pytest.approx([1.0, 0.8], rel=1e-6)
+    # a six-column window (no backward timings) is fitted the same way
+    _, six = fit_cost_and_speeds(window[:, :, :6], min_samples=8)
+    assert six == pytest.approx(speeds, rel=1e-12)
+
+
+def test_a_window_of_the_wrong_shape_is_refused():
+    with pytest.raises(ValueError, match=r"window must be \[world_size, n, 7\]"):
+        fit_cost_and_speeds(np.zeros((2, 10, 3)))
+
+
 def test_too_few_timings_raise():
     with pytest.raises(ValueError, match="at least 8 timed micro-batches"):
         fit_cost_and_speeds(synthetic_window([1.0, 1.0], n=5), min_samples=8)

@@ -3,7 +3,7 @@
 Run: python tests/ddp/fit_callbacks.py OUT_DIR MODE
 MODE "adaptive": AdaptiveGradAccumulation (straggler timings on) + PaddingRatioMonitor + StragglerMonitor (all-reduce
 loss divisor).
-MODE "fixed": Trainer(accumulate_grad_batches=2) and a sampler planned for 2 (plan loss divisor).
+MODE "fixed": Trainer(accumulate_grad_batches=2) and a sampler planned for 2 (plan loss divisor), StragglerMonitor.
 Each rank writes OUT_DIR/rank{r}.json and, for the first optimizer step, OUT_DIR/step0_rank{r}.pt
 (its micro-batches and the gradients the optimizer saw); rank 0 writes OUT_DIR/init.pt (initial weights).
 """
@@ -105,12 +105,15 @@ def main():
     counter = Counter()
     callbacks = [counter]
     acc_cb = None
+    monitor = StragglerMonitor(every_n_steps=6)
     if adaptive:
         # straggler timings on (off by default): Model makes the ranks take turns being slow, so steps of an odd
         # number of micro-batches are imbalanced and the value changes mid-run, which is what this run checks
         acc_cb = AdaptiveGradAccumulation(target_tokens_per_step=900, lookahead=4, tolerance=0.0,
                                           target_straggler_ratio=1.05)
-        callbacks += [PaddingRatioMonitor(log_every_n_steps=5), StragglerMonitor(every_n_steps=6), acc_cb]
+        callbacks += [PaddingRatioMonitor(log_every_n_steps=5), monitor, acc_cb]
+    else:
+        callbacks.append(monitor)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=60)),
                         callbacks=callbacks, max_epochs=2, accumulate_grad_batches=1 if adaptive else 2,
                         use_distributed_sampler=False, logger=False, enable_checkpointing=False,
@@ -122,6 +125,8 @@ def main():
         "history": acc_cb.history if acc_cb else None,
         "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
         "final_accumulate_grad_batches": trainer.accumulate_grad_batches,
+        # the last epoch's gathered local-backward seconds, [world_size, micro-batches] (NaN: synced backward)
+        "backward_s": np.concatenate(monitor.epoch_windows, axis=1)[:, :, 6].tolist(),
     }
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -68,6 +69,21 @@ def test_micro_batches_per_optimizer_step_equal_accumulate_grad_batches_on_every
         assert m == ranks[1]["metrics"] or all(m[k] == ranks[1]["metrics"][k] for k in m if k.startswith("balance/"))
     else:
         assert {s[3] for s in ranks[0]["steps"]} == {2}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_backward_is_timed_on_every_rank_exactly_where_ddp_skipped_the_all_reduce(runs, mode):
+    _, ranks = runs[mode]
+    backward = np.array(ranks[0]["backward_s"])  # [2, micro-batches of the last epoch], the same on both ranks
+    np.testing.assert_array_equal(backward, np.array(ranks[1]["backward_s"]))
+    synced = np.zeros(backward.shape[1], dtype=bool)
+    for epoch, first, micro_batches, _ in ranks[0]["steps"]:
+        if epoch == 1:
+            synced[first + micro_batches - 1] = True  # the optimizer step's last backward all-reduces
+    assert synced.any() and not synced.all()
+    assert np.isnan(backward[:, synced]).all()
+    local = backward[:, ~synced]
+    assert np.isfinite(local).all() and (local > 0).all()
 
 
 @pytest.mark.parametrize(("mode", "divisor"), [("adaptive", "all_reduce"), ("fixed", "plan")])
