@@ -118,15 +118,15 @@ DEFAULT_BUDGET = {"tiny": (512, 128), "small": (1024, 256), "bert": (16384, 512)
 RESULT_KEYS = ("run", "strategy", "scenario", "seed", "status", "real_tokens_per_s", "real_tokens_per_s_all_epochs",
                "optimizer_steps_per_s", "padding_ratio", "straggler_ratio", "step_straggler_ratio", "peak_memory_mb",
                "val_loss", "train_real_tokens")
-#: Defaults of a run and of ``--quick`` (about 9 minutes on 2 CPU cores): training documents (a seeded subset of the
+#: Defaults of a run and of ``--quick`` (7.5-9 minutes on 2 CPU cores): training documents (a seeded subset of the
 #: built-in corpus's training split), share of documents held out, epochs of the main scenario, runs of
 #: ``random_accum`` with different seeds, and the slowed-rank scenario's epochs and documents (None: ``num_docs``).
 #: Feedback can only move work between ranks when an epoch has enough micro-batches: ``--quick`` gives its
 #: slowed-rank runs 640 documents (about 20 micro-batches per rank per epoch) and 2 epochs; with 320, 3 epochs it
-#: measured 1.00x.
+#: measured 1.00x. 320 main-scenario documents took 10 min 6 s on a slow day (2026-12-01), hence 256.
 FULL = {"num_docs": 2000, "val_fraction": 0.05, "epochs": 2, "random_seeds": 3, "slowed_epochs": 3,
         "slowed_num_docs": None}
-QUICK = {"num_docs": 320, "val_fraction": 0.02, "epochs": 2, "random_seeds": 2, "slowed_epochs": 2,
+QUICK = {"num_docs": 256, "val_fraction": 0.02, "epochs": 2, "random_seeds": 2, "slowed_epochs": 2,
          "slowed_num_docs": 640}
 _WORKER_FLAG = "--_worker"
 #: How the validation-loss target is judged against run-to-run noise.

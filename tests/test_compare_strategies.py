@@ -243,7 +243,7 @@ def test_plan_runs_quick_and_full():
     assert [r["run"] for r in runs] == [*cs.STRATEGIES, "random_accum_seed1", "lit_balance_slowed_no_feedback",
                                         "lit_balance_slowed_feedback"]
     main, slowed = runs[:7], runs[7:]
-    assert all(r["num_docs"] == 320 and r["epochs"] == 2 and r["scenario"] == "main" for r in main)
+    assert all(r["num_docs"] == 256 and r["epochs"] == 2 and r["scenario"] == "main" for r in main)
     assert [r["seed"] for r in main] == [0] * 6 + [1]
     assert all(r["num_docs"] == 640 and r["epochs"] == 2 and r["scenario"] == "slowed_rank" for r in slowed)
     assert [r["feedback"] for r in slowed] == [False, True]
