@@ -32,8 +32,8 @@ def fit_cost_and_speeds(window: np.ndarray, *, iterations: int = 5,
     finite: inside DDP ``no_sync``, or a single process) when every rank has at least ``min_samples`` of them;
     then only those micro-batches are used. Otherwise (e.g. ``accumulate_grad_batches=1`` under DDP, where every
     backward waits in the all-reduce) forward seconds of every micro-batch. Backward is most of a micro-batch's
-    compute, and on a 2-rank CPU run with one rank slowed, forward alone put the slow rank's speed 0.03-0.06
-    above its forward + backward speed in some epochs.
+    compute, and on a 2-rank CPU run with one rank slowed, forward alone put the slow rank's speed 0.01-0.03
+    above its forward + backward speed in 9 of 10 epochs.
 
     Args:
         window: float ``[world_size, n, 7]`` (columns of :data:`lit_balance.callbacks.straggler.FIELDS`), e.g.
