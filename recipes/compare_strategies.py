@@ -93,6 +93,7 @@ import lit_balance
 from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset, TransformerLM
 from lit_balance.cache import load_or_build
 from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, StragglerMonitor
+from lit_balance.callbacks.straggler import backward_is_local
 from lit_balance.corpus import resolve_corpus
 from lit_balance.loss import token_loss_sum
 from lit_balance.tokenizer import resolve_tokenizer
@@ -438,7 +439,6 @@ class CompareLM(TransformerLM):
         self.val_losses: list[tuple[int, int, float]] = []
         self.micro_batches = 0
         self._forward_s = self._forward_sum = self._backward_sum = 0.0
-        self._batch_idx = 0
         self._val: list[torch.Tensor] = []
 
     def _slowed(self) -> bool:
@@ -447,7 +447,7 @@ class CompareLM(TransformerLM):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         start = time.perf_counter()
         loss = super().training_step(batch, batch_idx)  # no collective inside (the plan's loss divisor)
-        self._forward_s, self._batch_idx = time.perf_counter() - start, batch_idx
+        self._forward_s = time.perf_counter() - start
         if self._slowed():
             _spin(self.slowdown * self._forward_s)
         self.micro_batches += 1
@@ -461,11 +461,7 @@ class CompareLM(TransformerLM):
         if not self._slowed():
             return
         elapsed = time.perf_counter() - start
-        trainer = self.trainer
-        last = trainer.num_training_batches
-        syncs = ((self._batch_idx + 1) % trainer.accumulate_grad_batches == 0
-                 or (isinstance(last, int) and self._batch_idx + 1 >= last))
-        if not syncs:  # inside no_sync: all compute; learn this rank's backward/forward ratio
+        if backward_is_local(self.trainer):  # inside no_sync: all compute; learn this rank's backward/forward ratio
             self._backward_sum += elapsed
             self._forward_sum += self._forward_s
         elif self._forward_sum > 0:

@@ -389,22 +389,24 @@ def test_slowed_rank_hook_slows_own_compute_but_not_the_wait_for_other_ranks(mon
     monkeypatch.setattr(cs.time, "perf_counter", lambda: clock[0])
     model = cs.CompareLM(slow_rank=1, slowdown=0.5, vocab_size=16, d_model=8, num_heads=2, num_layers=1,
                          dim_feedforward=16)
-    model.trainer = SimpleNamespace(global_rank=1, accumulate_grad_batches=2, num_training_batches=10)
+    ddp = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
+    model.trainer = SimpleNamespace(global_rank=1, world_size=2, strategy=SimpleNamespace(model=ddp))
 
     def backward_taking(seconds):
         def backward(self, loss, *args, **kwargs):
             clock[0] += seconds
         return backward
 
-    def micro_batch(batch_idx, forward_s, backward_s):
-        model._forward_s, model._batch_idx = forward_s, batch_idx
+    def micro_batch(syncs, forward_s, backward_s):
+        model._forward_s = forward_s
+        object.__setattr__(ddp, "require_backward_grad_sync", syncs)  # what DDP's no_sync() clears
         monkeypatch.setattr(cs.TransformerLM, "backward", backward_taking(backward_s))
         model.backward(None)  # the spin happens inside backward, as on a slower device
 
-    micro_batch(0, 1.0, 2.0)  # inside no_sync: all of it is compute
-    micro_batch(1, 1.0, 5.0)  # the step's last: 2 s of compute (the ratio), 3 s waiting in the all-reduce
-    micro_batch(9, 0.5, 1.0)  # the epoch's last batch also syncs; a wait shorter than the estimate is kept
+    micro_batch(False, 1.0, 2.0)  # inside no_sync: all of it is compute
+    micro_batch(True, 1.0, 5.0)  # the step's last: 2 s of compute (the ratio), 3 s waiting in the all-reduce
+    micro_batch(True, 0.5, 1.0)  # a wait shorter than the estimate is kept
     assert spun == pytest.approx([1.0, 1.0, 0.5])
-    model.trainer = SimpleNamespace(global_rank=0, accumulate_grad_batches=2, num_training_batches=10)
-    micro_batch(0, 1.0, 2.0)  # not the slowed rank
+    model.trainer = SimpleNamespace(global_rank=0, world_size=2, strategy=SimpleNamespace(model=ddp))
+    micro_batch(False, 1.0, 2.0)  # not the slowed rank
     assert len(spun) == 3
