@@ -1,9 +1,25 @@
 """The on-disk cache of tokenized corpora: flat arrays, written atomically, checked on load.
 
 An entry ``<cache_dir>/<key>/`` holds ``token_ids.npy``, ``offsets.npy``, ``source_index.npy`` (plain
-arrays, no pickle) and ``meta.json`` (key, format, counts and the sha256 of each array file). It is
-written into a temporary directory and renamed into place, so concurrent processes never read a
-half-written entry; a stale or corrupt entry is detected, set aside and rebuilt.
+arrays, no pickle) and ``meta.json`` (key, format, counts and the sha256 of each array file). The key
+hashes the corpus content (for files, their bytes: :meth:`CorpusSource.content_fingerprint`) with the
+tokenizer's fingerprint, so an edit that keeps a file's size and mtime still rebuilds.
+
+An entry is written into a temporary directory ``.tmp-<key>-<pid>-<random>`` inside ``cache_dir`` and
+renamed into place, so concurrent processes never read a half-written entry; a stale or corrupt entry is
+detected, set aside (``.trash-*``) and rebuilt. Directories and files are created with mode ``0o777`` /
+``0o666`` less the umask, so under ``umask 002`` a group can share one cache.
+
+Leftovers of killed builds are removed at the start of the next build in the same ``cache_dir``:
+
+* each temporary directory has a lock file beside it (``<name>.lock``) that its build holds with
+  ``flock`` until it ends; the operating system releases the lock when the process dies, so a
+  temporary directory whose lock can be taken belongs to a dead build and is removed, and one whose lock
+  is held (a live build, on this or, over NFS, another machine) is left alone;
+* a temporary directory without a lock file (written by an older version, or where ``flock`` is not
+  available) is removed once it is older than a day;
+* a ``.trash-*`` directory (an entry set aside whose removal was interrupted) is removed once it is older
+  than a minute (younger ones may still be moved back by the process that set them aside).
 """
 
 from __future__ import annotations
@@ -13,12 +29,17 @@ import itertools
 import json
 import os
 import shutil
-import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
 
 from lit_balance._fingerprint import sha256_of as _sha256
 from lit_balance.corpus import CorpusSource
@@ -29,6 +50,9 @@ __all__ = ["TokenizedCorpus", "build_cache", "cache_key", "default_cache_dir", "
 _CACHE_FORMAT = 1  # bump when the layout of a cache entry changes
 _ENCODE_CHUNK = 1024
 _ARRAYS = {"token_ids": np.int32, "offsets": np.int64, "source_index": np.int64}
+_TMP, _TRASH, _LOCK = ".tmp-", ".trash-", ".lock"
+_UNLOCKED_TMP_MAX_AGE_S = 24 * 3600  # a temporary directory without a lock file is a leftover after this
+_TRASH_MAX_AGE_S = 60  # a .trash-* directory is a leftover after this
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,6 +133,12 @@ class TokenizedCorpus:
 def cache_key(source: CorpusSource, tokenizer: TokenizerAdapter) -> str:
     """Return the sha256 hex key of the cache entry for a corpus and tokenizer.
 
+    For file corpora this reads (hashes) every file: see :meth:`CorpusSource.content_fingerprint`.
+
+    Raises:
+        TypeError: ``source`` or ``tokenizer`` is not a resolved object.
+        ValueError: a corpus file cannot be read.
+
     Example:
         >>> from lit_balance.corpus import resolve_corpus
         >>> from lit_balance.tokenizer import resolve_tokenizer
@@ -116,7 +146,7 @@ def cache_key(source: CorpusSource, tokenizer: TokenizerAdapter) -> str:
         64
     """
     _check_types(source, tokenizer)
-    return _sha256("cache", str(_CACHE_FORMAT), source.kind, source.fingerprint, tokenizer.fingerprint)
+    return _sha256("cache", str(_CACHE_FORMAT), source.kind, source.content_fingerprint(), tokenizer.fingerprint)
 
 
 def default_cache_dir() -> Path:
@@ -191,8 +221,9 @@ def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: st
 
     The entry (``token_ids.npy``, ``offsets.npy``, ``source_index.npy``, ``meta.json``) is written to
     a temporary directory inside ``cache_dir`` and renamed into place; if another process placed a
-    valid entry first, this one is discarded. Documents empty after tokenization are dropped and
-    counted.
+    valid entry first, this one is discarded. The temporary directory is created before tokenizing, so
+    a ``cache_dir`` that cannot be written fails at once; leftovers of killed builds are removed first
+    (see the module docstring). Documents empty after tokenization are dropped and counted.
 
     Args:
         source: the corpus, from :func:`resolve_corpus`.
@@ -205,9 +236,11 @@ def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: st
         The entry directory.
 
     Raises:
-        ValueError: every document is empty after tokenization, a token id is outside the
-            vocabulary, or the corpus cannot be read.
+        ValueError: ``cache_dir`` cannot be created or written (before tokenizing; the message names
+            ``cache_dir`` and ``LIT_BALANCE_CACHE``), every document is empty after tokenization, a token
+            id is outside the vocabulary, or the corpus cannot be read.
         TypeError: ``source`` or ``tokenizer`` is not a resolved object.
+        RuntimeError: the corpus files changed while they were tokenized.
 
     Example:
         >>> from lit_balance.corpus import resolve_corpus
@@ -217,17 +250,21 @@ def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: st
         ['meta.json', 'offsets.npy', 'source_index.npy', 'token_ids.npy']
     """
     key = cache_key(source, tokenizer)
-    (all_lengths, token_ids), num_docs = _tokenize(source, tokenizer, progress)
-    source_index = np.flatnonzero(all_lengths > 0).astype(np.int64)
-    if not len(source_index):
-        raise ValueError(f"all {num_docs} documents of the corpus ({source.description}) are empty after tokenization")
-    offsets = np.zeros(len(source_index) + 1, dtype=np.int64)
-    np.cumsum(all_lengths[source_index], out=offsets[1:])
     cache_dir = Path(cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    target = cache_dir / key
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:16]}-", dir=cache_dir))
+    tmp, lock_fd = _start_entry(cache_dir, key)  # before tokenizing: a cache_dir that is not writable fails now
     try:
+        _remove_leftovers(cache_dir)
+        (all_lengths, token_ids), num_docs = _tokenize(source, tokenizer, progress)
+        if cache_key(source, tokenizer) != key:
+            raise RuntimeError(f"the corpus ({source.description}) changed while it was tokenized; run again once "
+                               "its files no longer change")
+        source_index = np.flatnonzero(all_lengths > 0).astype(np.int64)
+        if not len(source_index):
+            raise ValueError(f"all {num_docs} documents of the corpus ({source.description}) are empty after "
+                             "tokenization")
+        offsets = np.zeros(len(source_index) + 1, dtype=np.int64)
+        np.cumsum(all_lengths[source_index], out=offsets[1:])
+        target = cache_dir / key
         digests = {}
         for name, array in (("token_ids", token_ids), ("offsets", offsets), ("source_index", source_index)):
             np.save(tmp / f"{name}.npy", array, allow_pickle=False)
@@ -251,6 +288,107 @@ def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: st
         raise RuntimeError(f"could not place the cache entry {str(target)!r}; check permissions of {str(cache_dir)!r}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        _release(tmp, lock_fd)
+
+
+def _not_writable(cache_dir: Path, error: OSError) -> ValueError:
+    return ValueError(
+        f"cache_dir {str(cache_dir)!r} is not writable ({error.strerror or error}), so the tokenized corpus cannot "
+        "be cached there; pass a writable directory as cache_dir= or set the environment variable "
+        "LIT_BALANCE_CACHE to one (cache_dir=None uses $LIT_BALANCE_CACHE, else $XDG_CACHE_HOME/lit_balance, "
+        "else ~/.cache/lit_balance)"
+    )
+
+
+def _start_entry(cache_dir: Path, key: str) -> tuple[Path, int | None]:
+    """Create ``cache_dir`` if needed, a locked ``.tmp-*.lock`` file and the temporary directory beside it.
+
+    The lock is held until :func:`_release`; see the module docstring for how leftovers are told apart.
+    """
+    for _ in range(3):
+        tmp = cache_dir / f"{_TMP}{key[:16]}-{os.getpid()}-{os.urandom(4).hex()}"
+        lock_path = tmp.with_name(tmp.name + _LOCK)
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as error:
+            raise _not_writable(cache_dir, error) from error
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                # a cleaner may have taken and removed the new lock file before flock: then start again
+                if os.fstat(fd).st_ino != os.stat(lock_path).st_ino:
+                    raise FileNotFoundError(lock_path)
+            os.mkdir(tmp, 0o777)  # the umask applies, as for the files written into it
+            return tmp, fd
+        except FileNotFoundError:
+            os.close(fd)
+            continue
+        except OSError as error:
+            _release(tmp, fd)
+            raise _not_writable(cache_dir, error) from error
+    raise RuntimeError(f"could not create a temporary directory in cache_dir {str(cache_dir)!r}: its lock files "
+                       "keep disappearing; is another program cleaning that directory?")
+
+
+def _release(tmp: Path, fd: int | None) -> None:
+    try:
+        os.unlink(tmp.with_name(tmp.name + _LOCK))
+    except OSError:
+        pass
+    if fd is not None:
+        os.close(fd)
+
+
+def _age_s(path: Path) -> float:
+    try:
+        return time.time() - path.lstat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _abandoned(lock_path: Path, tmp: Path) -> tuple[bool, int | None]:
+    """Whether the build of ``tmp`` is dead; if so, also the descriptor holding its lock (or None)."""
+    try:
+        fd = os.open(lock_path, os.O_RDWR)
+    except FileNotFoundError:
+        return _age_s(tmp) > _UNLOCKED_TMP_MAX_AGE_S, None
+    except OSError:
+        return False, None
+    if fcntl is None:
+        os.close(fd)
+        return _age_s(tmp) > _UNLOCKED_TMP_MAX_AGE_S, None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False, None  # held: a live build
+    return True, fd
+
+
+def _remove_leftovers(cache_dir: Path) -> None:
+    """Remove temporary and trash directories of killed builds (never those of a live build)."""
+    try:
+        names = sorted(os.listdir(cache_dir))
+    except OSError:
+        return
+    present = set(names)
+    for name in names:
+        path = cache_dir / name
+        if name.startswith(_TRASH):
+            if _age_s(path) > _TRASH_MAX_AGE_S:
+                shutil.rmtree(path, ignore_errors=True)
+        elif name.startswith(_TMP) and name.endswith(_LOCK):
+            if name[: -len(_LOCK)] not in present:  # a lock file whose directory is gone
+                dead, fd = _abandoned(path, path)
+                if dead and fd is not None:
+                    _release(path.with_name(name[: -len(_LOCK)]), fd)
+        elif name.startswith(_TMP):
+            dead, fd = _abandoned(path.with_name(name + _LOCK), path)
+            if dead:
+                shutil.rmtree(path, ignore_errors=True)
+                if fd is not None:
+                    _release(path, fd)
 
 
 def _discard(entry: Path, inode: int) -> None:

@@ -1,7 +1,9 @@
 """Corpus sources: the built-in corpus, in-memory texts, text/JSONL files and pre-tokenized ids.
 
-A corpus is resolved into a :class:`CorpusSource` that carries a content fingerprint; with a tokenizer's
-fingerprint it keys the tokenization cache (:mod:`lit_balance.cache`).
+A corpus is resolved into a :class:`CorpusSource`; its :meth:`CorpusSource.content_fingerprint` (for files:
+a sha256 of their bytes, read when the cache is consulted) with a tokenizer's fingerprint keys the tokenization
+cache (:mod:`lit_balance.cache`). Corpus files must be regular files: pipes, FIFOs, sockets and devices are
+refused, since the cache reads the files twice (to hash and to tokenize) and a pipe could block forever.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import inspect
 import json
 import os
 import platform
+import stat
 import sys
 import sysconfig
 import warnings
@@ -34,6 +37,9 @@ _KINDS = ("builtin", "texts", "files", "token_ids")
 _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 _DOC_NODES = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 _UTF8_BOM = b"\xef\xbb\xbf"
+_HASH_BLOCK = 1 << 22  # bytes read per update when hashing corpus files
+_FILE_TYPES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
 
 def _stdlib_files(root: Path) -> list[Path]:
@@ -97,11 +103,57 @@ def stdlib_docstrings() -> list[str]:
     return docs
 
 
-def _read_utf8(path: Path) -> str:
+def _not_regular(path: Path, mode: int) -> ValueError:
+    what = next((name for test, name in _FILE_TYPES if test(mode)), "not a regular file")
+    return ValueError(f"corpus file {str(path)!r} cannot be read: it is {what}, not a regular file; write the "
+                      "documents to a regular file first (the cache reads corpus files twice: to hash them and "
+                      "to tokenize them)")
+
+
+def _open_regular(path: Path) -> Any:
+    """Open a corpus file for binary reading; a FIFO, socket or device raises instead of blocking."""
     try:
-        data = path.read_bytes()
+        # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except OSError as error:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            mode = stat.S_IFREG
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            raise _not_regular(path, mode) from None
         raise ValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _file_sha256(path: Path) -> tuple[int, str]:
+    """Size in bytes and sha256 hex digest of a corpus file, read in blocks of ``_HASH_BLOCK`` bytes."""
+    digest, size = hashlib.sha256(), 0
+    with _open_regular(path) as handle:
+        try:
+            for block in iter(lambda: handle.read(_HASH_BLOCK), b""):
+                digest.update(block)
+                size += len(block)
+        except OSError as error:
+            raise ValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
+    return size, digest.hexdigest()
+
+
+def _read_utf8(path: Path) -> str:
+    with _open_regular(path) as handle:
+        try:
+            data = handle.read()
+        except OSError as error:
+            raise ValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
     skip = len(_UTF8_BOM) if data.startswith(_UTF8_BOM) else 0
     try:
         return data[skip:].decode("utf-8")
@@ -111,6 +163,10 @@ def _read_utf8(path: Path) -> str:
         ) from None
 
 
+def _file_format(path: Path) -> str:
+    return "jsonl" if path.suffix.lower() == ".jsonl" else "text"
+
+
 def _file_documents(path: Path, text_key: str) -> list[str]:
     # universal newlines: \r\n, \r and \n all end a line
     lines = _read_utf8(path).replace("\r\n", "\n").replace("\r", "\n").split("\n")
@@ -118,7 +174,7 @@ def _file_documents(path: Path, text_key: str) -> list[str]:
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        if path.suffix.lower() != ".jsonl":
+        if _file_format(path) != "jsonl":
             docs.append(line)
             continue
         where = f"corpus file {str(path)!r}, line {number}"
@@ -142,7 +198,8 @@ class CorpusSource:
 
     Attributes:
         kind: ``"builtin"``, ``"texts"``, ``"files"`` or ``"token_ids"``.
-        fingerprint: sha256 hex identifying the content (for files: resolved paths, sizes, mtimes).
+        fingerprint: sha256 hex identifying the corpus when it was resolved (for files: resolved paths,
+            sizes, mtimes; their content is only read by :meth:`content_fingerprint`).
         description: human-readable summary, e.g. ``"2 files: a.txt, b.jsonl"``.
 
     Example:
@@ -160,6 +217,30 @@ class CorpusSource:
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
             raise ValueError(f"kind must be one of {_KINDS}, got {self.kind!r}")
+
+    def content_fingerprint(self) -> str:
+        """Return a sha256 hex digest of what the documents are, the part of the cache key from the corpus.
+
+        For files it hashes their bytes now (streamed in blocks, each file's format, size and digest in
+        order; paths and mtimes do not count), so an edit that keeps a file's size and mtime (``cp -p``,
+        ``rsync -t``, ``os.utime``) gives another fingerprint, and a copy of the same files elsewhere the
+        same one. For the other kinds it is :attr:`fingerprint`.
+
+        Raises:
+            ValueError: a file cannot be read, or is no longer a regular file.
+
+        Example:
+            >>> source = resolve_corpus(["a", "b"])
+            >>> source.content_fingerprint() == source.fingerprint
+            True
+        """
+        if self.kind != "files":
+            return self.fingerprint
+        parts = ["files-content", self._text_key]
+        for path in self._payload:
+            size, digest = _file_sha256(path)
+            parts += [_file_format(path), str(size), digest]
+        return _sha256(*parts)
 
     def load_texts(self) -> list[str]:
         """Read the documents as strings.
@@ -272,16 +353,12 @@ def _files_source(paths: list[Any], text_key: str) -> CorpusSource:
         if path.suffix.lower() == ".json":
             raise ValueError(f"corpus file {str(path)!r}: .json is not supported; use .jsonl "
                              "(one JSON object per line) or plain text (one document per line)")
-        try:
-            with open(path, "rb"):
-                pass
-            stat = path.stat()
-        except OSError as error:
-            raise ValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
+        with _open_regular(path) as handle:  # refuses a FIFO, socket or device instead of blocking on it
+            info = os.fstat(handle.fileno())
         path = path.resolve()
         resolved.append(path)
-        parts += [str(path), str(stat.st_size), str(stat.st_mtime_ns)]
-        sizes.append(stat.st_size)
+        parts += [str(path), str(info.st_size), str(info.st_mtime_ns)]
+        sizes.append(info.st_size)
     if not any(sizes):
         raise ValueError(f"corpus is empty: every file is empty ({', '.join(map(str, resolved))})")
     names = [path.name for path in resolved]
