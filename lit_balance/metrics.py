@@ -1,4 +1,4 @@
-"""torchmetrics metrics of what training consumed: the padding ratio, kept as sums and divided in ``compute()``."""
+"""torchmetrics metrics kept as sums and divided once in ``compute()``: the padding ratio, the token-mean loss."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torchmetrics import Metric
 
-__all__ = ["PaddingRatio"]
+__all__ = ["PaddingRatio", "TokenMeanLoss"]
 
 
 class PaddingRatio(Metric):
@@ -57,3 +57,54 @@ class PaddingRatio(Metric):
         if float(self.padded_tokens) == 0:
             return torch.tensor(0.0, dtype=torch.float64)
         return 1.0 - self.real_tokens / self.padded_tokens
+
+
+class TokenMeanLoss(Metric):
+    """Mean loss per supervised token over every token of every rank: ``sum(token losses) / num_tokens``.
+
+    States are two sums, ``loss_sum`` and ``num_tokens`` (float64 scalars, ``dist_reduce_fx="sum"``), so the
+    synced value is the mean over all ranks' tokens however unequal their counts are; logging a per-rank mean
+    with ``self.log(..., batch_size=n, sync_dist=True)`` instead reduces through an integer ``batch_size`` and
+    comes out biased. With ``sync_on_compute=False`` it is this rank's own mean.
+
+    ``update(loss_sum, num_tokens)`` takes the summed loss (a scalar tensor or number, e.g. the first value of
+    :func:`lit_balance.loss.token_loss_sum`; detached here) and the number of tokens it sums over, of one or
+    more micro-batches.
+
+    ``compute()`` returns a float64 scalar tensor; NaN before any token was counted (a mean over no tokens).
+
+    Raises:
+        ValueError: (in ``update``) a negative or non-integral ``num_tokens``, a loss sum that is not finite,
+            or a non-zero loss sum over zero tokens.
+
+    Example:
+        >>> m = TokenMeanLoss()
+        >>> m.update(6.0, 3); m.update(1.0, 1)
+        >>> float(m.compute())
+        1.75
+    """
+
+    is_differentiable = False
+    higher_is_better = False
+    full_state_update = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("loss_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("num_tokens", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, loss_sum: Any, num_tokens: Any) -> None:
+        total = torch.as_tensor(loss_sum).detach().to(dtype=torch.float64, device=self.loss_sum.device).sum()
+        count = float(torch.as_tensor(num_tokens, dtype=torch.float64).sum())
+        if count < 0 or count != int(count):
+            raise ValueError(f"expected num_tokens to be an int >= 0, got {count:g}")
+        if not bool(torch.isfinite(total)) or (count == 0 and float(total) != 0):
+            raise ValueError(f"expected a finite loss_sum, 0 over 0 tokens; got loss_sum={float(total):g} over "
+                             f"num_tokens={count:g}")
+        self.loss_sum += total
+        self.num_tokens += count
+
+    def compute(self) -> torch.Tensor:
+        if float(self.num_tokens) == 0:
+            return torch.tensor(float("nan"), dtype=torch.float64)
+        return self.loss_sum / self.num_tokens

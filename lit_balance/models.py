@@ -7,12 +7,11 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lit_balance._validate import check_int, check_number
-from lit_balance.collate import IGNORE_INDEX
 from lit_balance.loss import StepTokenLoss, token_loss_sum
+from lit_balance.metrics import TokenMeanLoss
 
 __all__ = ["TransformerLM"]
 
@@ -34,8 +33,10 @@ class TransformerLM(L.LightningModule):
     longest row). The training loss is token-weighted (:class:`lit_balance.loss.StepTokenLoss`): each
     optimizer step's gradient and its logged ``train/loss`` are those of the mean next-token cross-entropy over
     all supervised tokens (labels other than -100) of all ranks and micro-batches of the step; a micro-batch
-    without any (only fill rows) contributes zero, never NaN. ``val/loss`` is the mean over all validation
-    tokens of all ranks.
+    without any (only fill rows) contributes zero, never NaN. ``val/loss`` is the exact mean next-token
+    cross-entropy over all supervised validation tokens of all ranks, logged once per validation epoch: sums
+    of token losses and token counts are kept in a :class:`lit_balance.metrics.TokenMeanLoss` (attribute
+    ``val_loss``), summed over ranks and divided once at epoch end.
 
     Args:
         vocab_size: number of token ids.
@@ -92,6 +93,7 @@ class TransformerLM(L.LightningModule):
         # sqrt(d_model) input scaling in forward() gives unit-scale token embeddings
         nn.init.normal_(self.embed.weight, std=d_model**-0.5)
         self.step_loss = StepTokenLoss()
+        self.val_loss = TokenMeanLoss()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         t = input_ids.shape[1]
@@ -101,14 +103,6 @@ class TransformerLM(L.LightningModule):
         padding = torch.zeros_like(attention_mask, dtype=x.dtype).masked_fill(attention_mask == 0, float("-inf"))
         x = self.blocks(x, mask=causal, src_key_padding_mask=padding, is_causal=True)
         return self.head(self.norm(x))
-
-    def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        logits = self(batch["input_ids"], batch["attention_mask"])
-        targets = batch["labels"][:, 1:]
-        if not bool((targets != IGNORE_INDEX).any()):
-            return logits.sum() * 0.0  # keeps the graph (DDP needs every parameter used) and never NaN
-        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                               ignore_index=IGNORE_INDEX)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss_sum, n = token_loss_sum(self(batch["input_ids"], batch["attention_mask"]), batch["labels"])
@@ -120,9 +114,10 @@ class TransformerLM(L.LightningModule):
         self.log("train/loss", loss.float(), prog_bar=True, batch_size=1)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        # weighted by supervised tokens, so the epoch value is the mean over all of them on all ranks
-        supervised = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
-        self.log("val/loss", self._loss(batch), sync_dist=True, batch_size=supervised)
+        # float sums over tokens, reduced over ranks and divided once when Lightning computes the epoch value
+        loss_sum, n = token_loss_sum(self(batch["input_ids"], batch["attention_mask"]), batch["labels"])
+        self.val_loss.update(loss_sum, n)
+        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
