@@ -104,6 +104,11 @@ class TransformerLM(L.LightningModule):
         x = self.blocks(x, mask=causal, src_key_padding_mask=padding, is_causal=True)
         return self.head(self.norm(x))
 
+    def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Mean next-token cross-entropy of one batch over its supervised tokens (0, with a graph, if none)."""
+        loss_sum, n = token_loss_sum(self(batch["input_ids"], batch["attention_mask"]), batch["labels"])
+        return loss_sum / max(n, 1)
+
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss_sum, n = token_loss_sum(self(batch["input_ids"], batch["attention_mask"]), batch["labels"])
         return self.step_loss.micro_batch(self, batch, loss_sum, n)
