@@ -38,7 +38,7 @@ _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle
 _DOC_NODES = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 _UTF8_BOM = b"\xef\xbb\xbf"
 _HASH_BLOCK = 1 << 22  # bytes read per update when hashing corpus files
-_FILE_TYPES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+_FILE_TYPES = ((stat.S_ISFIFO, "a pipe or FIFO"), (stat.S_ISSOCK, "a socket"),
                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
 

@@ -239,11 +239,24 @@ def _deadline(seconds: int):
 def test_a_fifo_as_the_corpus_is_refused_without_blocking(tmp_path, tok):
     fifo = tmp_path / "docs.txt"
     os.mkfifo(fifo)
-    with _deadline(10), pytest.raises(ValueError, match=r"docs\.txt.*cannot be read: it is a FIFO \(named pipe\), "
+    with _deadline(10), pytest.raises(ValueError, match=r"docs\.txt.*cannot be read: it is a pipe or FIFO, "
                                                         r"not a regular file"):
         resolve_corpus(fifo)
-    with _deadline(10), pytest.raises(ValueError, match="FIFO"):
+    with _deadline(10), pytest.raises(ValueError, match="pipe or FIFO"):
         resolve_corpus(str(fifo))
+
+
+def test_an_anonymous_pipe_as_the_corpus_is_refused_without_blocking():
+    read_end, write_end = os.pipe()  # e.g. what `--corpus <(zcat docs.txt.gz)` hands over as /dev/fd/N
+    try:
+        path = Path(f"/dev/fd/{read_end}")
+        if not path.exists():
+            pytest.skip("needs /dev/fd")
+        with _deadline(10), pytest.raises(ValueError, match=r"cannot be read: it is a pipe or FIFO"):
+            resolve_corpus(path)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
@@ -253,9 +266,9 @@ def test_a_file_replaced_by_a_fifo_after_resolving_is_refused_without_blocking(t
     source = resolve_corpus(path)
     path.unlink()
     os.mkfifo(path)
-    with _deadline(10), pytest.raises(ValueError, match="it is a FIFO"):
+    with _deadline(10), pytest.raises(ValueError, match="it is a pipe or FIFO"):
         load_or_build(source, tok, tmp_path / "cache")
-    with _deadline(10), pytest.raises(ValueError, match="it is a FIFO"):
+    with _deadline(10), pytest.raises(ValueError, match="it is a pipe or FIFO"):
         source.load_texts()
 
 

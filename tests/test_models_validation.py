@@ -1,4 +1,4 @@
-"""TransformerLM rejects bad sizes and rates at construction; its val/loss is the exact mean over all tokens of all ranks."""
+"""TransformerLM rejects bad sizes and rates at construction; val/loss is the exact mean over all ranks' tokens."""
 
 from __future__ import annotations
 
@@ -85,7 +85,8 @@ class RankValidationLM(TransformerLM):
     def val_dataloader(self):
         from torch.utils.data import DataLoader
 
-        batches = _rank_batches(0) + _rank_batches(1) if self.trainer.world_size == 1 else _rank_batches(self.global_rank)
+        world, rank = self.trainer.world_size, self.global_rank
+        batches = _rank_batches(0) + _rank_batches(1) if world == 1 else _rank_batches(rank)
         return DataLoader(batches, batch_size=None)  # each item is a batch; no sampler is injected (see _trainer)
 
 
