@@ -1,17 +1,16 @@
 """End-to-end strategy benchmark: the same LM, corpus, real tokens and optimizer under five batching strategies.
 
 Run:
-    python recipes/compare_strategies.py --output-dir compare_out          # 2 CPU DDP ranks, every strategy
-    python recipes/compare_strategies.py --quick --output-dir compare_out  # under 10 minutes on 2 cores
-    python recipes/compare_strategies.py --accelerator gpu --devices 4 --model-size bert --precision bf16-mixed
+    python -m benchmarks.compare_strategies --output-dir compare_out # 2 CPU DDP ranks, every strategy
+    python -m benchmarks.compare_strategies --quick --output-dir compare_out # under 10 minutes on 2 cores
+    python -m benchmarks.compare_strategies --accelerator gpu --devices 4 --model-size bert --precision bf16-mixed
 
 Every strategy trains :class:`lit_balance.TransformerLM` (token-weighted loss, AdamW with the same learning rate)
 for the same number of epochs over the same training documents of the built-in corpus (Python standard library
 docstrings, BERT-uncased WordPiece, truncated to ``--max-length`` tokens), with the same per-rank budget of
 ``--max-tokens`` padded token slots per micro-batch, and is validated on the same held-out documents after every
-epoch. Each strategy runs as one subprocess per rank (this script again, with a hidden worker flag), started
-together with the distributed environment set, as ``torchrun`` does, and with a timeout; the parent collects
-one JSON file per run.
+epoch. Each strategy runs under torch's own launcher (``python -m torch.distributed.run``, one process per rank
+running this module again with a hidden worker flag) with a timeout; the parent collects one JSON file per run.
 
 Strategies:
 
@@ -24,7 +23,7 @@ Strategies:
 * ``sorted_buckets``: sort by length (random order among equal lengths), cut into batches of that fixed size,
   shuffle the batch order every epoch, deal round-robin to ranks.
 * ``dynamic``: sort by length, fill each micro-batch up to ``max_tokens`` *real* tokens (fairseq-style
-  ``batch_by_size``; ``sort_fill_batches`` of ``recipes/bench_samplers.py``), shuffle, deal round-robin.
+  ``batch_by_size``; :func:`benchmarks.peers.sort_fill_batches`), shuffle, deal round-robin.
 * ``dynamic_accum``: the same micro-batches with ``Trainer(accumulate_grad_batches=--accumulate)``.
 * ``lit_balance``: :class:`lit_balance.BalancedBatchSampler` with
   :class:`~lit_balance.callbacks.AdaptiveGradAccumulation` (target: ``--accumulate`` x ranks x ``max_tokens`` real
@@ -72,12 +71,9 @@ import math
 import os
 import platform
 import resource
-import signal
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from functools import partial
 from pathlib import Path
@@ -87,9 +83,11 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.strategies import DDPStrategy
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 import lit_balance
+from benchmarks._harness import git_state, launch_ranks, non_negative, number, positive_int
+from benchmarks.peers import EpochBatchSampler, deal_even, fixed_batch_size, sort_fill_batches, sorted_bucket_batches
 from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset, TransformerLM
 from lit_balance.cache import load_or_build
 from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, StragglerMonitor
@@ -98,10 +96,6 @@ from lit_balance.corpus import resolve_corpus
 from lit_balance.loss import token_loss_sum
 from lit_balance.tokenizer import resolve_tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_samplers import _positive_int, sort_fill_batches
-
-ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ("random", "random_accum", "sorted_buckets", "dynamic", "dynamic_accum", "lit_balance")
 #: Strategies that draw micro-batches with torch's DistributedSampler and a fixed batch size.
 _DISTRIBUTED_SAMPLER = ("random", "random_accum")
@@ -138,31 +132,6 @@ NOISE_RULE = ("noise = sample standard deviation (ddof=1) of the final validatio
               "runs plus twice that deviation")
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Baseline batch builders: pure functions of (lengths, settings, seed, epoch), the same on every rank.
-
-
-def fixed_batch_size(max_tokens: int, max_length: int) -> int:
-    """Rows per micro-batch of the fixed-size baselines: the largest that never exceeds the budget.
-
-    Args:
-        max_tokens: padded token slots per micro-batch, per rank.
-        max_length: the longest a row can be (documents are truncated to it), tokens.
-
-    Raises:
-        ValueError: ``max_length > max_tokens`` (not even one row fits) or a value < 1.
-
-    Example:
-        >>> fixed_batch_size(1024, 256)
-        4
-    """
-    if max_tokens < 1 or max_length < 1:
-        raise ValueError(f"max_tokens and max_length must be >= 1, got {max_tokens} and {max_length}")
-    if max_length > max_tokens:
-        raise ValueError(f"max_length={max_length} exceeds max_tokens={max_tokens}: no fixed batch size fits the "
-                         "budget; lower --max-length or raise --max-tokens")
-    return max_tokens // max_length
-
 
 def matched_accumulate(target_tokens_per_step: int, num_replicas: int, batch_size: int, mean_length: float) -> int:
     """``random_accum``'s ``accumulate_grad_batches``: micro-batches per rank whose real tokens, over all ranks,
@@ -181,115 +150,6 @@ def matched_accumulate(target_tokens_per_step: int, num_replicas: int, batch_siz
     per_micro_step = num_replicas * batch_size * mean_length
     return max(1, round(target_tokens_per_step / per_micro_step)) if per_micro_step > 0 else 1
 
-
-def sorted_bucket_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
-    """Length-sorted buckets of a fixed size, in a shuffled order (global: every rank computes the same list).
-
-    Samples are sorted by length (random order among equal lengths, from ``(seed, epoch)``), cut into consecutive
-    batches of ``batch_size`` (the last may be shorter), and the batch order is shuffled.
-
-    Args:
-        lengths: int ``[num_samples]``, tokens per sample.
-        batch_size: rows per batch.
-        seed: base seed, the same on every rank.
-        epoch: epoch number; each epoch breaks ties and orders batches anew.
-
-    Returns:
-        Batches of dataset indices.
-
-    Example:
-        >>> sorted(map(sorted, sorted_bucket_batches(np.array([5, 1, 4, 2, 3]), 2, seed=0, epoch=0)))
-        [[0], [1, 3], [2, 4]]
-    """
-    lengths = np.asarray(lengths)
-    rng = np.random.default_rng([seed, epoch])
-    perm = rng.permutation(lengths.shape[0])
-    order = perm[np.argsort(lengths[perm], kind="stable")]
-    batches = [order[i:i + batch_size].tolist() for i in range(0, order.shape[0], batch_size)]
-    return [batches[k] for k in rng.permutation(len(batches))]
-
-
-def dynamic_batches(lengths: np.ndarray, max_tokens: int, seed: int, epoch: int) -> list[list[int]]:
-    """Sort by length, fill each micro-batch up to ``max_tokens`` summed *real* tokens, shuffle the order.
-
-    This is ``sort_fill_batches`` of ``recipes/bench_samplers.py`` (fairseq's ``batch_by_size`` on real tokens):
-    rows x longest row can exceed ``max_tokens``.
-
-    Example:
-        >>> dynamic_batches(np.array([3, 1, 2, 3]), max_tokens=4, seed=0, epoch=0)
-        [[3], [0], [1, 2]]
-    """
-    return sort_fill_batches(np.asarray(lengths, dtype=np.int64), max_tokens, seed, epoch)
-
-
-def deal_even(batches: Sequence[list[int]], num_replicas: int) -> tuple[list[list[list[int]]], list[list[int]]]:
-    """Deal micro-batches round-robin to ranks, dropping the last ``len(batches) % num_replicas`` so counts match.
-
-    Args:
-        batches: the epoch's global micro-batches, in training order.
-        num_replicas: number of ranks.
-
-    Returns:
-        ``(per_rank, dropped)``: ``per_rank[r]`` is rank ``r``'s micro-batches (``batches[r::num_replicas]`` of the
-        kept ones, all ranks the same length); ``dropped`` the micro-batches left out (fewer than ``num_replicas``).
-
-    Raises:
-        ValueError: ``num_replicas < 1``.
-
-    Example:
-        >>> deal_even([[0], [1], [2], [3, 4], [5]], 2)
-        ([[[0], [2]], [[1], [3, 4]]], [[5]])
-    """
-    if num_replicas < 1:
-        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    keep = len(batches) - len(batches) % num_replicas
-    return [list(batches[r:keep:num_replicas]) for r in range(num_replicas)], list(batches[keep:])
-
-
-class EpochBatchSampler(Sampler):
-    """This rank's micro-batches of a global per-epoch batch list (:func:`deal_even`); a ``set_epoch`` sampler.
-
-    Use as ``DataLoader(dataset, sampler=sampler, batch_size=None)`` with a dataset that accepts index lists.
-
-    Args:
-        build: ``build(epoch) -> list of micro-batches`` (global, identical on every rank).
-        num_replicas: number of ranks.
-        rank: this rank, in ``[0, num_replicas)``.
-
-    Attributes:
-        epoch: the epoch ``set_epoch`` selected.
-
-    Raises:
-        ValueError: ``rank`` outside ``[0, num_replicas)``.
-    """
-
-    def __init__(self, build: Callable[[int], list[list[int]]], num_replicas: int, rank: int) -> None:
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
-        self.build, self.num_replicas, self.rank = build, num_replicas, rank
-        self.epoch = 0
-        self._cache: tuple[int, list[list[int]], list[list[int]]] | None = None
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose micro-batches ``__iter__`` yields."""
-        self.epoch = int(epoch)
-
-    def _dealt(self) -> tuple[list[list[int]], list[list[int]]]:
-        if self._cache is None or self._cache[0] != self.epoch:
-            per_rank, dropped = deal_even(self.build(self.epoch), self.num_replicas)
-            self._cache = (self.epoch, per_rank[self.rank], dropped)
-        return self._cache[1], self._cache[2]
-
-    @property
-    def dropped(self) -> list[list[int]]:
-        """The current epoch's micro-batches that no rank trains on (global, fewer than ``num_replicas``)."""
-        return self._dealt()[1]
-
-    def __len__(self) -> int:
-        return len(self._dealt()[0])
-
-    def __iter__(self):
-        yield from self._dealt()[0]
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -370,7 +230,7 @@ class CompareData(L.LightningDataModule):
             self.sampler = EpochBatchSampler(partial(sorted_bucket_batches, lengths, self.batch_size, self.seed),
                                              world, rank)
         elif self.strategy in ("dynamic", "dynamic_accum"):
-            self.sampler = EpochBatchSampler(partial(dynamic_batches, lengths, self.max_tokens, self.seed), world, rank)
+            self.sampler = EpochBatchSampler(partial(sort_fill_batches, lengths, self.max_tokens, self.seed), world, rank)
         else:
             self.sampler = BalancedBatchSampler(lengths, self.max_tokens, num_replicas=world, rank=rank, seed=self.seed)
         self.val_sampler = BalancedBatchSampler(self.val_dataset.lengths, self.max_tokens, num_replicas=world,
@@ -723,29 +583,6 @@ def run_worker(spec_path: Path) -> None:
     Path(spec["result_path"]).write_text(json.dumps(result))
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# The parent: plan the runs, launch each as a subprocess with a timeout, summarise, plot.
-
-
-def _number(check: Callable[[float], bool], expected: str) -> Callable[[str], float]:
-    """An argparse ``type`` that parses a float and raises ``ArgumentTypeError`` unless ``check`` holds."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not check(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
-        return value
-
-    return parse
-
-
-_fraction = _number(lambda v: 0 < v < 1, "a number in (0, 1)")
-_non_negative = _number(lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -759,43 +596,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS),
                    help="main: every strategy; slowed_rank: lit_balance with/without feedback, one rank slowed")
     p.add_argument("--accelerator", default="cpu", help="Lightning accelerator (default: %(default)s)")
-    p.add_argument("--devices", type=_positive_int, default=2, help="ranks (default: %(default)s)")
+    p.add_argument("--devices", type=positive_int, default=2, help="ranks (default: %(default)s)")
     p.add_argument("--precision", default="32-true", help="Lightning precision, e.g. bf16-mixed on GPUs "
                    "(default: %(default)s)")
     p.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="small",
                    help="small: the main job's 4.3M-parameter LM; bert: BERT-base's shape, for GPUs "
                         "(default: %(default)s)")
-    p.add_argument("--max-tokens", type=_positive_int, default=None,
+    p.add_argument("--max-tokens", type=positive_int, default=None,
                    help="padded token slots per micro-batch, per rank (default: 1024; bert: 16384)")
-    p.add_argument("--max-length", type=_positive_int, default=None,
+    p.add_argument("--max-length", type=positive_int, default=None,
                    help="tokens kept per document (default: 256; bert: 512)")
-    p.add_argument("--num-docs", type=_positive_int, default=None,
+    p.add_argument("--num-docs", type=positive_int, default=None,
                    help=f"training documents, a seeded subset (default: {FULL['num_docs']}; --quick: "
                         f"{QUICK['num_docs']}); more than the split holds means all")
-    p.add_argument("--val-fraction", type=_fraction, default=None,
+    p.add_argument("--val-fraction", type=number(lambda v: 0 < v < 1, "a number in (0, 1)"), default=None,
                    help=f"documents held out (default: {FULL['val_fraction']}; --quick: {QUICK['val_fraction']})")
-    p.add_argument("--epochs", type=_positive_int, default=None,
+    p.add_argument("--epochs", type=positive_int, default=None,
                    help=f"epochs of every main-scenario run; >= 2 for the after-first-epoch headline (default: "
                         f"{FULL['epochs']})")
-    p.add_argument("--slowed-epochs", type=_positive_int, default=None,
+    p.add_argument("--slowed-epochs", type=positive_int, default=None,
                    help="epochs of the slowed-rank runs: feedback fits in the first, the headline counts the others "
                         f"(default: {FULL['slowed_epochs']}; --quick: {QUICK['slowed_epochs']})")
-    p.add_argument("--slowed-num-docs", type=_positive_int, default=None,
+    p.add_argument("--slowed-num-docs", type=positive_int, default=None,
                    help="training documents of the slowed-rank runs (default: --num-docs; --quick: "
                         f"{QUICK['slowed_num_docs']})")
-    p.add_argument("--random-seeds", type=_positive_int, default=None,
+    p.add_argument("--random-seeds", type=positive_int, default=None,
                    help="runs of `random_accum` with seeds seed, seed+1, ...: their spread is the val-loss noise "
                         f"(default: {FULL['random_seeds']}; --quick: {QUICK['random_seeds']})")
-    p.add_argument("--accumulate", type=_positive_int, default=4,
+    p.add_argument("--accumulate", type=positive_int, default=4,
                    help="dynamic_accum's accumulate_grad_batches; lit_balance targets this many global budgets "
                         "of real tokens per optimizer step, and random_accum accumulates to about as many "
                         "(default: %(default)s)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate of every run (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="model and sampler seed of every run (default: %(default)s)")
-    p.add_argument("--slowdown", type=_non_negative, default=0.5,
+    p.add_argument("--slowdown", type=non_negative, default=0.5,
                    help="slowed_rank: extra share of time the slowed rank busy-waits (0.5: 1.5x slower)")
     p.add_argument("--slow-rank", type=int, default=1, help="slowed_rank: the rank slowed (default: %(default)s)")
-    p.add_argument("--timeout-s", type=_positive_int, default=3600,
+    p.add_argument("--timeout-s", type=positive_int, default=3600,
                    help="per-run subprocess timeout, seconds (default: %(default)s)")
     p.add_argument("--cache-dir", default=None, help="tokenization cache (default: lit_balance's)")
     p.add_argument(_WORKER_FLAG, dest="worker", type=Path, default=None, help=argparse.SUPPRESS)
@@ -857,39 +694,15 @@ def plan_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
     return runs + extra[:1] + slowed + extra[1:]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
-    """Environment of one rank of a single-node job whose processes this script starts (as ``torchrun`` does;
-    Lightning then launches none itself), with the repository importable without installing."""
-    env = dict(os.environ)
-    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
-                "NODE_RANK": "0", "LOCAL_RANK": str(rank), "RANK": str(rank)})
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    return env
-
-
-def _kill(procs: Sequence[subprocess.Popen]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    for proc in procs:
-        proc.wait()
-
 
 def launch(spec: dict[str, Any], out_dir: Path, timeout_s: int, worker: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run one spec: one subprocess per rank, started together (each in its own process group; all are killed on
-    timeout or when one fails, so no rank waits forever for a collective); return its result dict.
+    """Run one spec as ``spec["devices"]`` ranks under ``torchrun`` (:func:`benchmarks._harness.launch_ranks`:
+    every rank is stopped when one fails or time runs out, so none waits forever for a collective); return its
+    result dict.
 
-    Starting the ranks here rather than letting Lightning start ranks 1.. from rank 0 overlaps their imports
-    (about 9 s each on the 2-core machine). ``worker``: the command of each rank, before the spec's path (default:
-    this script with the hidden worker flag).
+    ``worker``: what each rank runs, before the spec's path (default: this module with the hidden worker flag).
     """
-    worker = list(worker or [sys.executable, str(Path(__file__).resolve()), _WORKER_FLAG])
+    worker = list(worker or ["-m", "benchmarks.compare_strategies", _WORKER_FLAG])
     runs_dir, logs_dir = out_dir / "runs", out_dir / "logs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     logs_dir.mkdir(parents=True, exist_ok=True)
@@ -899,23 +712,8 @@ def launch(spec: dict[str, Any], out_dir: Path, timeout_s: int, worker: Sequence
     spec_path.write_text(json.dumps(spec, indent=1))
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
-    status = "ok"
-    port = _free_port()
-    with open(logs_dir / f"{spec['run']}.log", "w") as log:  # every rank writes to it
-        procs = [subprocess.Popen([*worker, str(spec_path)],
-                                  stdout=log, stderr=subprocess.STDOUT, env=_rank_env(rank, spec["devices"], port),
-                                  cwd=str(out_dir), start_new_session=True)
-                 for rank in range(spec["devices"])]
-        while any(proc.poll() is None for proc in procs):
-            if time.perf_counter() - start > timeout_s:
-                status = "timeout"
-                break
-            if any(proc.poll() not in (None, 0) for proc in procs):  # one rank failed: the others would hang
-                break
-            time.sleep(0.2)
-        codes = [proc.poll() for proc in procs]  # before the kill: the rank that failed first, not those killed
-        _kill(procs)
-        rc = None if status == "timeout" else next((c for c in codes if c not in (None, 0)), 0)
+    status, rc = launch_ranks([*worker, str(spec_path.resolve())], spec["devices"], logs_dir / f"{spec['run']}.log",
+                              out_dir, timeout_s)
     wall = time.perf_counter() - start
     result_path = Path(spec["result_path"])
     if status == "ok" and (rc != 0 or not result_path.exists()):
@@ -1112,14 +910,8 @@ def _machine() -> dict[str, Any]:
 
 
 def _commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "recipes/compare_strategies.py",
-                                "lit_balance"], capture_output=True, text=True, timeout=10).stdout.strip()
-        return out + ("+local changes" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
+    commit, dirty = git_state("benchmarks", "lit_balance")
+    return None if commit is None else commit[:7] + ("+local changes" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
