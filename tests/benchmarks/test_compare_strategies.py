@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from benchmarks import compare_strategies as cs
+from benchmarks import _training as training
 from benchmarks import peers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +158,7 @@ def test_run_stats_on_a_hand_made_run():
     r1 = [[0, 0, 1.0, 100, 100], [0, 0, 1.0, 100, 100], [1, 1, 1.0, 100, 100], [1, 2, 3.0, 100, 120]]
     gathered = np.array([r0, r1], dtype=float)
     intervals = np.array([[[0.0, 4.0], [5.0, 9.0]], [[0.0, 3.0], [5.0, 10.0]]])  # per-epoch slowest: 4 s, 5 s
-    st = cs.run_stats(gathered, intervals, np.array([700.0, 800.0]), max_tokens=100)
+    st = training.run_stats(gathered, intervals, np.array([700.0, 800.0]), max_tokens=100)
     assert st["real_tokens_per_s"] == pytest.approx(350 / 5)  # epoch 1 only
     assert st["real_tokens_per_s_all_epochs"] == pytest.approx(720 / 9)
     assert st["optimizer_steps_per_s"] == pytest.approx(2 / 5)
@@ -172,12 +173,12 @@ def test_run_stats_on_a_hand_made_run():
 def test_loss_curve_and_step_noise():
     gathered = np.zeros((2, 3, 5))
     gathered[:, :, 3] = [[10, 20, 30], [1, 2, 3]]
-    tokens, losses = cs.loss_curve([(2, 5.0), (3, 4.0)], gathered)
+    tokens, losses = training.loss_curve([(2, 5.0), (3, 4.0)], gathered)
     assert tokens == [33.0, 66.0] and losses == [5.0, 4.0]
     rng = np.random.default_rng(0)
     noisy = 3.0 + rng.normal(0, 0.1, 4000)
-    assert cs.loss_step_noise(noisy) == pytest.approx(0.1, rel=0.05)
-    assert math.isnan(cs.loss_step_noise([1.0, 2.0, 3.0]))
+    assert training.loss_step_noise(noisy) == pytest.approx(0.1, rel=0.05)
+    assert math.isnan(training.loss_step_noise([1.0, 2.0, 3.0]))
 
 
 def _result(run, strategy, tps, val, **kw):
@@ -389,15 +390,16 @@ def test_matched_accumulate_rounds_to_the_nearest_count_and_never_below_one():
 def test_docstring_examples():
     import doctest
 
-    assert doctest.testmod(cs, verbose=False).failed == 0
+    for module in (cs, peers, training):
+        assert doctest.testmod(module, verbose=False).failed == 0, module.__name__
 
 
 def test_slowed_rank_hook_slows_own_compute_but_not_the_wait_for_other_ranks(monkeypatch):
     spun = []
-    monkeypatch.setattr(cs, "_spin", spun.append)
+    monkeypatch.setattr(training, "_spin", spun.append)
     clock = [100.0]
-    monkeypatch.setattr(cs.time, "perf_counter", lambda: clock[0])
-    model = cs.CompareLM(slow_rank=1, slowdown=0.5, vocab_size=16, d_model=8, num_heads=2, num_layers=1,
+    monkeypatch.setattr(training.time, "perf_counter", lambda: clock[0])
+    model = training.CompareLM(slow_rank=1, slowdown=0.5, vocab_size=16, d_model=8, num_heads=2, num_layers=1,
                          dim_feedforward=16)
     ddp = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
     model.trainer = SimpleNamespace(global_rank=1, world_size=2, strategy=SimpleNamespace(model=ddp))
@@ -410,7 +412,7 @@ def test_slowed_rank_hook_slows_own_compute_but_not_the_wait_for_other_ranks(mon
     def micro_batch(syncs, forward_s, backward_s):
         model._forward_s = forward_s
         object.__setattr__(ddp, "require_backward_grad_sync", syncs)  # what DDP's no_sync() clears
-        monkeypatch.setattr(cs.TransformerLM, "backward", backward_taking(backward_s))
+        monkeypatch.setattr(training.TransformerLM, "backward", backward_taking(backward_s))
         model.backward(None)  # the spin happens inside backward, as on a slower device
 
     micro_batch(False, 1.0, 2.0)  # inside no_sync: all of it is compute
