@@ -7,8 +7,9 @@ Run:
 
 Ranks are simulated in one process: one sampler per rank, each asked for its micro-batches of epochs 0 and 1
 (no process group). Every strategy's output becomes the same thing, a list per rank of micro-batches (lists of
-dataset indices), and one code path measures all of them (:func:`sampler_metrics`, :func:`batch_persistence`),
-reusing :class:`lit_balance.stats.PlanStats` and :class:`lit_balance.cost.CostModel`.
+dataset indices), and the code path that measures lit_balance's own plans measures all of them
+(:func:`lit_balance.stats.plan_stats`, :func:`lit_balance.stats.batch_persistence`, via :func:`sampler_metrics`).
+The peers are in :mod:`benchmarks.peers`.
 
 Strategies (lengths capped at ``--max-length``; budget ``--max-tokens`` padded slots per micro-batch):
 
