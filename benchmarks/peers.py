@@ -39,6 +39,7 @@ __all__ = ["EPOCHS", "BenchConfig", "EpochBatchSampler", "PeerUnavailable", "Str
 #: The epochs every simulated strategy is drawn for (persistence compares them).
 EPOCHS = (0, 1)
 
+
 class PeerUnavailable(Exception):
     """A strategy that cannot run here; ``status`` is ``"not installed"`` or ``"unavailable"``."""
 
