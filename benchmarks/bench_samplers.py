@@ -416,13 +416,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if row["status"] == "ok" and row["notes"]:
             notes.setdefault(row["strategy"], f"{row['notes'][0]} (at {row['ranks']} ranks)")
     print("Notes:\n" + "\n".join(f"- {name}: {note}" for name, note in notes.items()) + "\n")
+    cfg = BenchConfig(max_tokens=args.max_tokens, seed=args.seed, fixed_batch_size=1)  # lit_balance alone below
     tradeoff: list[dict[str, Any]] = []
     if args.shuffle_windows:
         print("## lit_balance shuffle_window: padding for randomness (token cost)\n")
         print("| distribution | ranks | shuffle_window | padding | U tok | persistence |\n|---|---|---|---|---|---|")
         for dist_name in args.distributions:
             lengths = load_lengths(dist_name, args.max_length, args.num_samples)
-            cfg = BenchConfig(max_tokens=args.max_tokens, seed=args.seed, fixed_batch_size=1)
             for row in window_tradeoff(lengths, args.ranks, args.shuffle_windows, cfg):
                 tradeoff.append({"distribution": dist_name, **row})
                 print(f"| {dist_name} | {row['ranks']} | {row['shuffle_window']:g} | {row['padding_ratio']:.3f} | "
@@ -436,7 +436,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "|---|---|---|---|---|---|---|")
         for dist_name in args.distributions:
             lengths = load_lengths(dist_name, args.max_length, args.num_samples)
-            cfg = BenchConfig(max_tokens=args.max_tokens, seed=args.seed, fixed_batch_size=1)
             for row in persistence_bound_rows(lengths, args.ranks, cfg):
                 bound.append({"distribution": dist_name, **row})
                 need = row["pool_padding_for_0.2"]
@@ -447,7 +446,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     million: list[dict[str, Any]] = []
     if not args.skip_million:
         lengths = load_lengths(args.distributions[-1], args.max_length)
-        cfg = BenchConfig(max_tokens=args.max_tokens, seed=args.seed, fixed_batch_size=1)
         million = plan_seconds_per_million(lengths, args.ranks, cfg)
         print("lit_balance plan time of 1,000,000 samples drawn from " + args.distributions[-1] + " (one rank; "
               "every rank plans alone): " + ", ".join(f"{r['plan_s_per_million']:.2f} s at {r['ranks']} ranks"
