@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lit_balance import BalancedBatchSampler, CostModel, EpochPlan
@@ -177,3 +177,106 @@ def test_rank_speeds_must_be_a_flat_list_of_numbers():
 def test_fit_rejects_arrays_that_are_not_numbers(rows, dtype):
     with pytest.raises(TypeError, match=f"CostModel.fit: rows must be numbers .*got dtype {dtype}"):
         CostModel.fit(rows, [10, 20, 30], [1.0, 2.0, 3.0])
+
+
+# Per-rank lists of micro-batches (any sampler's output): 6 samples, 2 ranks, rank 1 has one micro-batch more;
+# samples 4 and 1 repeat, sample 5 never appears.
+LENGTHS = np.array([4, 2, 2, 1, 3, 5])
+RANK_BATCHES = [
+    [[0, 1], [3]],  # rank 0: 2 x 4 = 8 slots (real 6); 1 slot (real 1)
+    [[2], [4, 4], [1]],  # rank 1: 2 slots (real 2); 2 x 3 = 6 slots (real 3, one repeat); 2 slots (a repeat)
+]
+
+
+def test_plan_stats_of_rank_lists_token_cost():
+    stats = plan_stats(RANK_BATCHES, LENGTHS, CostModel())
+    np.testing.assert_array_equal(stats.rank_cost, [[8, 2], [1, 6], [0, 2]])  # rank 0 has nothing at step 2: 0
+    assert stats.padding_ratio == pytest.approx(1 - 12 / 19)  # real tokens of samples 0..4 once: 12; slots: 19
+    np.testing.assert_allclose(stats.step_imbalance, [8 / 5, 6 / 3.5, 2 / 1])
+    assert stats.useful_fraction == pytest.approx(12 / (2 * (8 + 6 + 2)))
+    assert stats.max_batch_tokens == 8
+    np.testing.assert_array_equal(stats.rank_micro_batches, [2, 3])
+    np.testing.assert_array_equal(stats.rank_real_tokens, [6 + 1, 2 + 3])  # repeats (rank 1's 4 and 1) excluded
+    assert (stats.dropped_samples, stats.duplicated_rows) == (1, 2)  # sample 5 dropped; 4 and 1 repeated once
+    assert stats.over_budget_ratio(6) == pytest.approx(1 / 5)  # only the 8-slot micro-batch of 5
+    assert stats.over_budget_ratio(8) == 0.0
+    assert stats.budget_fill_ratio(6) == pytest.approx(19 / (5 * 6))
+
+
+def test_plan_stats_of_rank_lists_quadratic_cost():
+    stats = plan_stats(RANK_BATCHES, LENGTHS, CostModel(linear=0, quadratic=1))
+    np.testing.assert_allclose(stats.rank_cost, [[32, 4], [1, 18], [0, 4]])  # rows x L^2
+    assert stats.real_cost == pytest.approx(16 + 4 + 4 + 1 + 9)
+    assert stats.useful_fraction == pytest.approx(34 / (2 * (32 + 18 + 4)))
+
+
+def test_plan_stats_of_rank_lists_checks_its_inputs():
+    with pytest.raises(ValueError, match=r"the plan uses index 4\), got shape \(4,\)"):
+        plan_stats(RANK_BATCHES, LENGTHS[:4])
+    with pytest.raises(ValueError, match="sample indices >= 0, got -1"):
+        plan_stats([[[0, -1]]], LENGTHS)
+    with pytest.raises(TypeError, match="got ndarray"):
+        plan_stats(np.zeros((2, 2, 2), dtype=int), LENGTHS)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ([[0, 1, 2, 3]], [[0, 1], [2, 3]], 1 / 3),  # each keeps 1 of its 3 batch-mates
+        ([[0, 1], [2, 3]], [[0, 2], [1, 3]], 0.0),
+        ([[0, 1], [2, 3]], [[3, 2], [1, 0]], 1.0),  # order within and between batches does not matter
+        ([[0, 1, 2]], [[0, 1]], 0.5),  # 2 is missing from b: left out of the mean, still a batch-mate in a
+        ([[0], [1]], [[0, 1]], 0.0),  # nobody has batch-mates in a
+        ([[0, 1], [1, 2]], [[0, 1], [2]], 1.0),  # the repeat of 1 is ignored: 2 is alone in a
+    ],
+)
+def test_batch_persistence_of_rank_lists(a, b, expected):
+    assert batch_persistence([a], [b]) == pytest.approx(expected)  # one rank
+    two_ranks = [a[0::2], a[1::2]]  # dealt to 2 ranks: step-major order is the same list of micro-batches
+    assert batch_persistence(two_ranks, [b]) == pytest.approx(expected)
+
+
+def _rank_lists(plan: EpochPlan) -> list[list[list[int]]]:
+    """The plan as each rank yields it: ``[rank][micro_step]`` -> indices."""
+    return [[plan.batch(int(b))[0].tolist() for b in plan.assignment[:, r]] for r in range(plan.assignment.shape[1])]
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=150),
+    num_replicas=st.integers(1, 6),
+    accumulate=st.integers(1, 3),
+    window=st.sampled_from([0.0, 0.25, 2.0]),
+    drop_last=st.booleans(),
+    pad=st.sampled_from([1, 8]),
+    quadratic=st.sampled_from([0.0, 1e-3]),
+)
+def test_figures_of_a_plan_and_of_its_rank_lists_agree(lengths, num_replicas, accumulate, window, drop_last, pad,
+                                                       quadratic):
+    cost = CostModel(1.0, quadratic, 2.0)
+    try:
+        sampler = BalancedBatchSampler(lengths, 512, num_replicas=num_replicas, rank=0, shuffle_window=window,
+                                       drop_last=drop_last, pad_to_multiple_of=pad,
+                                       accumulate_grad_batches=accumulate, cost_model=cost)
+    except ValueError:  # drop_last=True leaving no micro-batch for any rank
+        assume(False)
+    plans = sampler.plan(0), sampler.plan(1)
+    kwargs = {"pad_to_multiple_of": pad, "accumulate_grad_batches": accumulate}
+    ours, lists = plan_stats(plans[0], sampler.lengths, cost, **kwargs), plan_stats(
+        _rank_lists(plans[0]), sampler.lengths, cost, **kwargs)
+    np.testing.assert_allclose(lists.rank_cost, ours.rank_cost, rtol=1e-12)
+    for name in ("rank_padded_tokens", "rank_micro_batches", "batch_padded_tokens"):
+        assert sorted(getattr(lists, name).tolist()) == sorted(getattr(ours, name).tolist()), name
+    np.testing.assert_array_equal(lists.rank_padded_tokens, ours.rank_padded_tokens)
+    assert lists.rank_real_tokens.sum() == ours.rank_real_tokens.sum()  # a repeat may be counted on another rank
+    assert lists.real_cost == pytest.approx(ours.real_cost, rel=1e-12)
+    assert lists.padding_ratio == pytest.approx(ours.padding_ratio, abs=1e-12)
+    assert lists.useful_fraction == pytest.approx(ours.useful_fraction, rel=1e-12)
+    np.testing.assert_allclose(lists.step_imbalance, ours.step_imbalance, rtol=1e-12)
+    assert (lists.max_batch_tokens, lists.dropped_samples, lists.duplicated_rows) == (
+        ours.max_batch_tokens, ours.dropped_samples, ours.duplicated_rows)
+    assert ours.duplicated_rows == int(plans[0].is_fill.sum())
+    assert ours.dropped_samples == plans[0].dropped.size
+    assert lists.over_budget_ratio(512) == ours.over_budget_ratio(512) == 0.0
+    if not (plans[0].is_fill.any() or plans[1].is_fill.any()):  # else a list may keep another copy as the real one
+        assert batch_persistence(*map(_rank_lists, plans)) == pytest.approx(batch_persistence(*plans), abs=1e-12)

@@ -1,17 +1,16 @@
 """End-to-end strategy benchmark: the same LM, corpus, real tokens and optimizer under five batching strategies.
 
 Run:
-    python recipes/compare_strategies.py --output-dir compare_out          # 2 CPU DDP ranks, every strategy
-    python recipes/compare_strategies.py --quick --output-dir compare_out  # under 10 minutes on 2 cores
-    python recipes/compare_strategies.py --accelerator gpu --devices 4 --model-size bert --precision bf16-mixed
+    python -m benchmarks.compare_strategies --output-dir compare_out # 2 CPU DDP ranks, every strategy
+    python -m benchmarks.compare_strategies --quick --output-dir compare_out # under 10 minutes on 2 cores
+    python -m benchmarks.compare_strategies --accelerator gpu --devices 4 --model-size bert --precision bf16-mixed
 
 Every strategy trains :class:`lit_balance.TransformerLM` (token-weighted loss, AdamW with the same learning rate)
 for the same number of epochs over the same training documents of the built-in corpus (Python standard library
 docstrings, BERT-uncased WordPiece, truncated to ``--max-length`` tokens), with the same per-rank budget of
 ``--max-tokens`` padded token slots per micro-batch, and is validated on the same held-out documents after every
-epoch. Each strategy runs as one subprocess per rank (this script again, with a hidden worker flag), started
-together with the distributed environment set, as ``torchrun`` does, and with a timeout; the parent collects
-one JSON file per run.
+epoch. Each strategy runs under torch's own launcher (``python -m torch.distributed.run``, one process per rank
+running this module again with a hidden worker flag) with a timeout; the parent collects one JSON file per run.
 
 Strategies:
 
@@ -24,7 +23,7 @@ Strategies:
 * ``sorted_buckets``: sort by length (random order among equal lengths), cut into batches of that fixed size,
   shuffle the batch order every epoch, deal round-robin to ranks.
 * ``dynamic``: sort by length, fill each micro-batch up to ``max_tokens`` *real* tokens (fairseq-style
-  ``batch_by_size``; ``sort_fill_batches`` of ``recipes/bench_samplers.py``), shuffle, deal round-robin.
+  ``batch_by_size``; :func:`benchmarks.peers.sort_fill_batches`), shuffle, deal round-robin.
 * ``dynamic_accum``: the same micro-batches with ``Trainer(accumulate_grad_batches=--accumulate)``.
 * ``lit_balance``: :class:`lit_balance.BalancedBatchSampler` with
   :class:`~lit_balance.callbacks.AdaptiveGradAccumulation` (target: ``--accumulate`` x ranks x ``max_tokens`` real
@@ -71,13 +70,9 @@ import json
 import math
 import os
 import platform
-import resource
-import signal
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from functools import partial
 from pathlib import Path
@@ -87,21 +82,18 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.strategies import DDPStrategy
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 import lit_balance
-from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset, TransformerLM
+from benchmarks._harness import git_state, launch_ranks, non_negative, number, positive_int
+from benchmarks._training import REAL, CompareLM, Meter, loss_curve, loss_step_noise, run_stats
+from benchmarks.peers import EpochBatchSampler, deal_even, fixed_batch_size, sort_fill_batches, sorted_bucket_batches
+from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset
 from lit_balance.cache import load_or_build
 from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, StragglerMonitor
-from lit_balance.callbacks.straggler import backward_is_local
 from lit_balance.corpus import resolve_corpus
-from lit_balance.loss import token_loss_sum
 from lit_balance.tokenizer import resolve_tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_samplers import _positive_int, sort_fill_batches
-
-ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ("random", "random_accum", "sorted_buckets", "dynamic", "dynamic_accum", "lit_balance")
 #: Strategies that draw micro-batches with torch's DistributedSampler and a fixed batch size.
 _DISTRIBUTED_SAMPLER = ("random", "random_accum")
@@ -138,31 +130,6 @@ NOISE_RULE = ("noise = sample standard deviation (ddof=1) of the final validatio
               "runs plus twice that deviation")
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Baseline batch builders: pure functions of (lengths, settings, seed, epoch), the same on every rank.
-
-
-def fixed_batch_size(max_tokens: int, max_length: int) -> int:
-    """Rows per micro-batch of the fixed-size baselines: the largest that never exceeds the budget.
-
-    Args:
-        max_tokens: padded token slots per micro-batch, per rank.
-        max_length: the longest a row can be (documents are truncated to it), tokens.
-
-    Raises:
-        ValueError: ``max_length > max_tokens`` (not even one row fits) or a value < 1.
-
-    Example:
-        >>> fixed_batch_size(1024, 256)
-        4
-    """
-    if max_tokens < 1 or max_length < 1:
-        raise ValueError(f"max_tokens and max_length must be >= 1, got {max_tokens} and {max_length}")
-    if max_length > max_tokens:
-        raise ValueError(f"max_length={max_length} exceeds max_tokens={max_tokens}: no fixed batch size fits the "
-                         "budget; lower --max-length or raise --max-tokens")
-    return max_tokens // max_length
-
 
 def matched_accumulate(target_tokens_per_step: int, num_replicas: int, batch_size: int, mean_length: float) -> int:
     """``random_accum``'s ``accumulate_grad_batches``: micro-batches per rank whose real tokens, over all ranks,
@@ -182,118 +149,9 @@ def matched_accumulate(target_tokens_per_step: int, num_replicas: int, batch_siz
     return max(1, round(target_tokens_per_step / per_micro_step)) if per_micro_step > 0 else 1
 
 
-def sorted_bucket_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
-    """Length-sorted buckets of a fixed size, in a shuffled order (global: every rank computes the same list).
-
-    Samples are sorted by length (random order among equal lengths, from ``(seed, epoch)``), cut into consecutive
-    batches of ``batch_size`` (the last may be shorter), and the batch order is shuffled.
-
-    Args:
-        lengths: int ``[num_samples]``, tokens per sample.
-        batch_size: rows per batch.
-        seed: base seed, the same on every rank.
-        epoch: epoch number; each epoch breaks ties and orders batches anew.
-
-    Returns:
-        Batches of dataset indices.
-
-    Example:
-        >>> sorted(map(sorted, sorted_bucket_batches(np.array([5, 1, 4, 2, 3]), 2, seed=0, epoch=0)))
-        [[0], [1, 3], [2, 4]]
-    """
-    lengths = np.asarray(lengths)
-    rng = np.random.default_rng([seed, epoch])
-    perm = rng.permutation(lengths.shape[0])
-    order = perm[np.argsort(lengths[perm], kind="stable")]
-    batches = [order[i:i + batch_size].tolist() for i in range(0, order.shape[0], batch_size)]
-    return [batches[k] for k in rng.permutation(len(batches))]
-
-
-def dynamic_batches(lengths: np.ndarray, max_tokens: int, seed: int, epoch: int) -> list[list[int]]:
-    """Sort by length, fill each micro-batch up to ``max_tokens`` summed *real* tokens, shuffle the order.
-
-    This is ``sort_fill_batches`` of ``recipes/bench_samplers.py`` (fairseq's ``batch_by_size`` on real tokens):
-    rows x longest row can exceed ``max_tokens``.
-
-    Example:
-        >>> dynamic_batches(np.array([3, 1, 2, 3]), max_tokens=4, seed=0, epoch=0)
-        [[3], [0], [1, 2]]
-    """
-    return sort_fill_batches(np.asarray(lengths, dtype=np.int64), max_tokens, seed, epoch)
-
-
-def deal_even(batches: Sequence[list[int]], num_replicas: int) -> tuple[list[list[list[int]]], list[list[int]]]:
-    """Deal micro-batches round-robin to ranks, dropping the last ``len(batches) % num_replicas`` so counts match.
-
-    Args:
-        batches: the epoch's global micro-batches, in training order.
-        num_replicas: number of ranks.
-
-    Returns:
-        ``(per_rank, dropped)``: ``per_rank[r]`` is rank ``r``'s micro-batches (``batches[r::num_replicas]`` of the
-        kept ones, all ranks the same length); ``dropped`` the micro-batches left out (fewer than ``num_replicas``).
-
-    Raises:
-        ValueError: ``num_replicas < 1``.
-
-    Example:
-        >>> deal_even([[0], [1], [2], [3, 4], [5]], 2)
-        ([[[0], [2]], [[1], [3, 4]]], [[5]])
-    """
-    if num_replicas < 1:
-        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    keep = len(batches) - len(batches) % num_replicas
-    return [list(batches[r:keep:num_replicas]) for r in range(num_replicas)], list(batches[keep:])
-
-
-class EpochBatchSampler(Sampler):
-    """This rank's micro-batches of a global per-epoch batch list (:func:`deal_even`); a ``set_epoch`` sampler.
-
-    Use as ``DataLoader(dataset, sampler=sampler, batch_size=None)`` with a dataset that accepts index lists.
-
-    Args:
-        build: ``build(epoch) -> list of micro-batches`` (global, identical on every rank).
-        num_replicas: number of ranks.
-        rank: this rank, in ``[0, num_replicas)``.
-
-    Attributes:
-        epoch: the epoch ``set_epoch`` selected.
-
-    Raises:
-        ValueError: ``rank`` outside ``[0, num_replicas)``.
-    """
-
-    def __init__(self, build: Callable[[int], list[list[int]]], num_replicas: int, rank: int) -> None:
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
-        self.build, self.num_replicas, self.rank = build, num_replicas, rank
-        self.epoch = 0
-        self._cache: tuple[int, list[list[int]], list[list[int]]] | None = None
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose micro-batches ``__iter__`` yields."""
-        self.epoch = int(epoch)
-
-    def _dealt(self) -> tuple[list[list[int]], list[list[int]]]:
-        if self._cache is None or self._cache[0] != self.epoch:
-            per_rank, dropped = deal_even(self.build(self.epoch), self.num_replicas)
-            self._cache = (self.epoch, per_rank[self.rank], dropped)
-        return self._cache[1], self._cache[2]
-
-    @property
-    def dropped(self) -> list[list[int]]:
-        """The current epoch's micro-batches that no rank trains on (global, fewer than ``num_replicas``)."""
-        return self._dealt()[1]
-
-    def __len__(self) -> int:
-        return len(self._dealt()[0])
-
-    def __iter__(self):
-        yield from self._dealt()[0]
-
 
 # ------------------------------------------------------------------------------------------------------------------
-# Data, model and measurement of one run (inside the DDP processes).
+# Data of one run and the run itself (inside the DDP processes; what it measures: benchmarks._training).
 
 
 def split_documents(num_docs: int, val_fraction: float, num_train: int | None, seed: int = 0) -> tuple[np.ndarray,
@@ -370,7 +228,7 @@ class CompareData(L.LightningDataModule):
             self.sampler = EpochBatchSampler(partial(sorted_bucket_batches, lengths, self.batch_size, self.seed),
                                              world, rank)
         elif self.strategy in ("dynamic", "dynamic_accum"):
-            self.sampler = EpochBatchSampler(partial(dynamic_batches, lengths, self.max_tokens, self.seed), world, rank)
+            self.sampler = EpochBatchSampler(partial(sort_fill_batches, lengths, self.max_tokens, self.seed), world, rank)
         else:
             self.sampler = BalancedBatchSampler(lengths, self.max_tokens, num_replicas=world, rank=rank, seed=self.seed)
         self.val_sampler = BalancedBatchSampler(self.val_dataset.lengths, self.max_tokens, num_replicas=world,
@@ -412,253 +270,6 @@ class CompareData(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_dataset, sampler=self.val_sampler, batch_size=None, collate_fn=self.collator)
 
-
-def _spin(seconds: float) -> None:
-    """Busy-wait (a slower device computes longer; a sleep would add the scheduler's wake-up delay)."""
-    until = time.perf_counter() + seconds
-    while time.perf_counter() < until:
-        pass
-
-
-class CompareLM(TransformerLM):
-    """TransformerLM that records each optimizer step's loss and the exact validation loss; optionally slowed.
-
-    Args:
-        slow_rank: the rank slowed down by the demo-only hook, or None.
-        slowdown: extra share of its own compute time that rank busy-waits (0.5: 1.5x): forward+loss, backward
-            (the step's last backward without its wait for the other ranks' gradients) and the parameter update.
-        **kwargs: :class:`lit_balance.TransformerLM` arguments.
-    """
-
-    def __init__(self, slow_rank: int | None = None, slowdown: float = 0.0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.slow_rank, self.slowdown = slow_rank, float(slowdown)
-        #: ``(micro-batches trained so far on this rank, global step loss)`` per optimizer step.
-        self.step_losses: list[tuple[int, float]] = []
-        #: ``(epoch, micro-batches trained so far, validation loss)`` per validation.
-        self.val_losses: list[tuple[int, int, float]] = []
-        self.micro_batches = 0
-        self._forward_s = self._forward_sum = self._backward_sum = 0.0
-        self._val: list[torch.Tensor] = []
-
-    def _slowed(self) -> bool:
-        return self.slow_rank is not None and self.slowdown > 0 and self.global_rank == self.slow_rank
-
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        start = time.perf_counter()
-        loss = super().training_step(batch, batch_idx)  # no collective inside (the plan's loss divisor)
-        self._forward_s = time.perf_counter() - start
-        if self._slowed():
-            _spin(self.slowdown * self._forward_s)
-        self.micro_batches += 1
-        return loss
-
-    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        # the slowed rank's extra backward time lands inside backward, where a slower device spends it (and where
-        # StragglerMonitor's local-backward interval, on_before_backward -> on_after_backward, sees it)
-        start = time.perf_counter()
-        super().backward(loss, *args, **kwargs)
-        if not self._slowed():
-            return
-        elapsed = time.perf_counter() - start
-        if backward_is_local(self.trainer):  # inside no_sync: all compute; learn this rank's backward/forward ratio
-            self._backward_sum += elapsed
-            self._forward_sum += self._forward_s
-        elif self._forward_sum > 0:
-            # the step's last backward also waits for the other ranks' gradients (DDP all-reduce); a slower device
-            # computes longer but does not wait longer, so only its own compute, estimated from the ratio, is slowed
-            elapsed = min(elapsed, self._forward_s * self._backward_sum / self._forward_sum)
-        _spin(self.slowdown * elapsed)
-
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
-        if not self._slowed():
-            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        marks: list[float] = []
-
-        def closure() -> Any:  # forward, backward, then Lightning's on_before_optimizer_step (a collective)
-            out = optimizer_closure()
-            marks.append(time.perf_counter())
-            return out
-
-        optimizer.step(closure=closure)
-        if marks:  # the parameter update after the closure, slowed like the rest of this rank's compute
-            _spin(self.slowdown * (time.perf_counter() - marks[-1]))
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # a Python float (finish_step's value is already on the CPU): keeping a small tensor per step would pin
-        # freed heap memory between the large activation buffers and inflate the process's RSS step by step
-        self.step_losses.append((self.micro_batches, float(self.step_loss.finish_step(self))))
-
-    def on_validation_epoch_start(self) -> None:
-        self._val = [torch.zeros((), dtype=torch.float64, device=self.device), torch.zeros((), dtype=torch.float64,
-                                                                                          device=self.device)]
-
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        loss_sum, n = token_loss_sum(self(batch["input_ids"], batch["attention_mask"]), batch["labels"])
-        self._val[0] += loss_sum.detach().double()
-        self._val[1] += n
-
-    def on_validation_epoch_end(self) -> None:
-        total = torch.stack(self._val)
-        if self.trainer.world_size > 1:
-            total = self.trainer.strategy.reduce(total, reduce_op="sum")
-        loss = float(total[0] / total[1]) if float(total[1]) > 0 else float("nan")
-        self.val_losses.append((int(self.current_epoch), self.micro_batches, loss))
-
-
-# Columns of one micro-batch record in Meter.records.
-_EPOCH, _STEP, _COMPUTE, _REAL, _PADDED = range(5)
-
-
-class Meter(L.Callback):
-    """Per rank, per training micro-batch: epoch, optimizer step, compute seconds, real tokens, padded slots.
-
-    Compute is ``on_train_batch_start`` -> ``on_before_backward`` (forward + loss; CUDA synchronized), the interval
-    of :class:`lit_balance.callbacks.StragglerMonitor`, which holds no collective. Each epoch's training interval is
-    this rank's first ``on_train_batch_start`` to its last ``on_train_batch_end`` (validation runs after it).
-    Real tokens exclude fill rows. At ``on_train_end`` every rank takes part in one ``all_gather``; afterwards
-    :attr:`gathered` (``[world_size, n, 5]``), :attr:`epoch_intervals` (``[world_size, epochs, 2]``) and
-    :attr:`peak_memory_mb` (``[world_size]``) are set on every rank.
-    """
-
-    def __init__(self) -> None:
-        self.records: list[list[float]] = []
-        self.intervals: dict[int, list[float]] = {}
-        #: ``{epoch: the rank speeds the training sampler planned that epoch with, or None}`` (lit_balance).
-        self.planned_speeds: dict[int, list[float] | None] = {}
-        self._start = 0.0
-        self._compute: float | None = None
-        self.gathered: np.ndarray | None = None
-        self.epoch_intervals: np.ndarray | None = None
-        self.peak_memory_mb: np.ndarray | None = None
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        speeds = getattr(getattr(trainer.train_dataloader, "sampler", None), "rank_speeds", None)
-        self.planned_speeds[trainer.current_epoch] = None if speeds is None else [float(v) for v in speeds]
-
-    @staticmethod
-    def _now(pl_module: L.LightningModule) -> float:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
-        return time.perf_counter()
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        self._start = self._now(pl_module)
-        self._compute = None
-        self.intervals.setdefault(trainer.current_epoch, [self._start, self._start])
-        self._step = trainer.global_step
-
-    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
-        if self._compute is None:
-            self._compute = self._now(pl_module) - self._start
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        end = self._now(pl_module)
-        real = int(batch["attention_mask"][~batch["is_fill"]].sum())
-        compute = self._compute if self._compute is not None else end - self._start
-        self.records.append([trainer.current_epoch, self._step, compute, real, int(batch["num_padded_tokens"])])
-        self.intervals[trainer.current_epoch][1] = end
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if pl_module.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
-        else:  # ru_maxrss: KiB on Linux, bytes on macOS
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
-        epochs = sorted(self.intervals)
-        local = torch.tensor([[peak, 0, 0, 0, 0], *self.records, *[[e, *self.intervals[e], 0, 0] for e in epochs]],
-                             dtype=torch.float64)
-        if trainer.world_size > 1:
-            out = trainer.strategy.all_gather(local.to(pl_module.device)).cpu().numpy()
-        else:
-            out = local.numpy()[None]
-        n = len(self.records)
-        self.peak_memory_mb = out[:, 0, 0]
-        self.gathered = out[:, 1:1 + n]
-        self.epoch_intervals = out[:, 1 + n:, 1:3]
-
-
-def _median_ratio(values: np.ndarray) -> float:
-    median = float(np.median(values))
-    return float(values.max()) / median if median > 0 else 1.0
-
-
-def run_stats(gathered: np.ndarray, epoch_intervals: np.ndarray, peak_memory_mb: np.ndarray, max_tokens: int,
-              headline_from_epoch: int = 1) -> dict[str, Any]:
-    """Throughput, padding, straggler and memory figures of one run from the gathered per-micro-batch records.
-
-    Args:
-        gathered: float ``[world_size, n, 5]`` (epoch, optimizer step, compute s, real tokens, padded slots) per
-            micro-batch and rank; every rank ran the same ``n`` micro-batches.
-        epoch_intervals: float ``[world_size, epochs, 2]``: each rank's first batch start and last batch end, s.
-        peak_memory_mb: ``[world_size]`` peak memory per rank, MiB.
-        max_tokens: the budget, padded slots per micro-batch per rank.
-        headline_from_epoch: the headline throughput counts epochs from this one on (all epochs if there are none).
-
-    Returns:
-        A dict of the figures documented in the module docstring.
-    """
-    g = np.asarray(gathered, dtype=np.float64)
-    epochs = g[0, :, _EPOCH].astype(int)
-    seconds = (epoch_intervals[:, :, 1] - epoch_intervals[:, :, 0]).max(axis=0)  # slowest rank per epoch
-    real_per_epoch = np.bincount(epochs, weights=g[:, :, _REAL].sum(axis=0), minlength=seconds.shape[0])
-    steps = g[0, :, _STEP].astype(int)
-    steps_per_epoch = np.array([np.unique(steps[epochs == e]).size for e in range(seconds.shape[0])])
-    head = np.arange(seconds.shape[0]) >= headline_from_epoch
-    if not head.any():
-        head[:] = True
-    compute = g[:, :, _COMPUTE]
-    step_sums = np.zeros((g.shape[0], int(steps.max()) + 1))
-    np.add.at(step_sums, (slice(None), steps), compute)
-    step_med = np.median(step_sums, axis=0)
-    padded = g[:, :, _PADDED]
-    return {
-        "real_tokens_per_s": float(real_per_epoch[head].sum() / seconds[head].sum()),
-        "real_tokens_per_s_all_epochs": float(real_per_epoch.sum() / seconds.sum()),
-        "optimizer_steps_per_s": float(steps_per_epoch[head].sum() / seconds[head].sum()),
-        "headline_epochs": [int(e) for e in np.flatnonzero(head)],
-        "epoch_train_s": [float(s) for s in seconds],
-        "epoch_real_tokens_per_s": [float(t / s) for t, s in zip(real_per_epoch, seconds)],
-        "real_tokens_per_epoch": [int(round(t)) for t in real_per_epoch],
-        "padding_ratio": float(1.0 - g[:, :, _REAL].sum() / padded.sum()),
-        "straggler_ratio": _median_ratio(compute.sum(axis=1)),
-        "step_straggler_ratio": float(step_sums.max(axis=0).sum() / step_med.sum()) if step_med.sum() > 0 else 1.0,
-        "compute_s_per_rank": [float(c) for c in compute.sum(axis=1)],
-        "compute_s_per_padded_slot_per_rank": [float(c / p) for c, p in zip(compute.sum(axis=1), padded.sum(axis=1))],
-        "peak_memory_mb": float(np.max(peak_memory_mb)),
-        "peak_memory_mb_per_rank": [float(m) for m in peak_memory_mb],
-        "train_real_tokens": int(g[:, :, _REAL].sum()),
-        "train_padded_slots": int(padded.sum()),
-        "micro_batches_per_rank": int(g.shape[1]),
-        "optimizer_steps": int(np.unique(steps).size),
-        "real_tokens_per_optimizer_step": float(g[:, :, _REAL].sum() / max(np.unique(steps).size, 1)),
-        "max_micro_batch_slots": int(padded.max()),
-        "over_budget_micro_batches": int((padded > max_tokens).sum()),
-    }
-
-
-def loss_curve(step_losses: Sequence[tuple[int, float]], gathered: np.ndarray) -> tuple[list[float], list[float]]:
-    """``(tokens, losses)``: each optimizer step's loss against the global real tokens trained up to it.
-
-    Args:
-        step_losses: ``(micro-batches trained so far, loss)`` per optimizer step.
-        gathered: see :func:`run_stats`.
-    """
-    cum = np.concatenate([[0.0], np.cumsum(np.asarray(gathered)[:, :, _REAL].sum(axis=0))])
-    return [float(cum[m]) for m, _ in step_losses], [float(v) for _, v in step_losses]
-
-
-def loss_step_noise(losses: Sequence[float]) -> float:
-    """Step-to-step variability of the loss: std of consecutive differences over the second half of steps / sqrt 2.
-
-    For independent noise of standard deviation ``s`` around a slowly moving mean this estimates ``s`` (nats).
-    Returns nan with fewer than 3 steps in the second half.
-    """
-    tail = np.asarray(losses[len(losses) // 2:], dtype=np.float64)
-    if tail.size < 3:
-        return float("nan")
-    return float(np.std(np.diff(tail), ddof=1) / math.sqrt(2))
 
 
 def run_worker(spec_path: Path) -> None:
@@ -702,7 +313,7 @@ def run_worker(spec_path: Path) -> None:
         print(f"WARNING: trained real tokens per epoch {stats['real_tokens_per_epoch']} differ from the planned "
               f"{planned}", flush=True)
     tokens, losses = loss_curve(model.step_losses, meter.gathered)
-    cum = np.concatenate([[0.0], np.cumsum(meter.gathered[:, :, _REAL].sum(axis=0))])
+    cum = np.concatenate([[0.0], np.cumsum(meter.gathered[:, :, REAL].sum(axis=0))])
     val = [{"epoch": e, "tokens": float(cum[m]), "val_loss": v} for e, m, v in model.val_losses]
     result = {
         **{k: spec[k] for k in ("run", "strategy", "scenario", "seed", "feedback")}, "status": "ok", **stats,
@@ -723,29 +334,6 @@ def run_worker(spec_path: Path) -> None:
     Path(spec["result_path"]).write_text(json.dumps(result))
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# The parent: plan the runs, launch each as a subprocess with a timeout, summarise, plot.
-
-
-def _number(check: Callable[[float], bool], expected: str) -> Callable[[str], float]:
-    """An argparse ``type`` that parses a float and raises ``ArgumentTypeError`` unless ``check`` holds."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not check(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
-        return value
-
-    return parse
-
-
-_fraction = _number(lambda v: 0 < v < 1, "a number in (0, 1)")
-_non_negative = _number(lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -759,43 +347,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS),
                    help="main: every strategy; slowed_rank: lit_balance with/without feedback, one rank slowed")
     p.add_argument("--accelerator", default="cpu", help="Lightning accelerator (default: %(default)s)")
-    p.add_argument("--devices", type=_positive_int, default=2, help="ranks (default: %(default)s)")
+    p.add_argument("--devices", type=positive_int, default=2, help="ranks (default: %(default)s)")
     p.add_argument("--precision", default="32-true", help="Lightning precision, e.g. bf16-mixed on GPUs "
                    "(default: %(default)s)")
     p.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="small",
                    help="small: the main job's 4.3M-parameter LM; bert: BERT-base's shape, for GPUs "
                         "(default: %(default)s)")
-    p.add_argument("--max-tokens", type=_positive_int, default=None,
+    p.add_argument("--max-tokens", type=positive_int, default=None,
                    help="padded token slots per micro-batch, per rank (default: 1024; bert: 16384)")
-    p.add_argument("--max-length", type=_positive_int, default=None,
+    p.add_argument("--max-length", type=positive_int, default=None,
                    help="tokens kept per document (default: 256; bert: 512)")
-    p.add_argument("--num-docs", type=_positive_int, default=None,
+    p.add_argument("--num-docs", type=positive_int, default=None,
                    help=f"training documents, a seeded subset (default: {FULL['num_docs']}; --quick: "
                         f"{QUICK['num_docs']}); more than the split holds means all")
-    p.add_argument("--val-fraction", type=_fraction, default=None,
+    p.add_argument("--val-fraction", type=number(lambda v: 0 < v < 1, "a number in (0, 1)"), default=None,
                    help=f"documents held out (default: {FULL['val_fraction']}; --quick: {QUICK['val_fraction']})")
-    p.add_argument("--epochs", type=_positive_int, default=None,
+    p.add_argument("--epochs", type=positive_int, default=None,
                    help=f"epochs of every main-scenario run; >= 2 for the after-first-epoch headline (default: "
                         f"{FULL['epochs']})")
-    p.add_argument("--slowed-epochs", type=_positive_int, default=None,
+    p.add_argument("--slowed-epochs", type=positive_int, default=None,
                    help="epochs of the slowed-rank runs: feedback fits in the first, the headline counts the others "
                         f"(default: {FULL['slowed_epochs']}; --quick: {QUICK['slowed_epochs']})")
-    p.add_argument("--slowed-num-docs", type=_positive_int, default=None,
+    p.add_argument("--slowed-num-docs", type=positive_int, default=None,
                    help="training documents of the slowed-rank runs (default: --num-docs; --quick: "
                         f"{QUICK['slowed_num_docs']})")
-    p.add_argument("--random-seeds", type=_positive_int, default=None,
+    p.add_argument("--random-seeds", type=positive_int, default=None,
                    help="runs of `random_accum` with seeds seed, seed+1, ...: their spread is the val-loss noise "
                         f"(default: {FULL['random_seeds']}; --quick: {QUICK['random_seeds']})")
-    p.add_argument("--accumulate", type=_positive_int, default=4,
+    p.add_argument("--accumulate", type=positive_int, default=4,
                    help="dynamic_accum's accumulate_grad_batches; lit_balance targets this many global budgets "
                         "of real tokens per optimizer step, and random_accum accumulates to about as many "
                         "(default: %(default)s)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate of every run (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="model and sampler seed of every run (default: %(default)s)")
-    p.add_argument("--slowdown", type=_non_negative, default=0.5,
+    p.add_argument("--slowdown", type=non_negative, default=0.5,
                    help="slowed_rank: extra share of time the slowed rank busy-waits (0.5: 1.5x slower)")
     p.add_argument("--slow-rank", type=int, default=1, help="slowed_rank: the rank slowed (default: %(default)s)")
-    p.add_argument("--timeout-s", type=_positive_int, default=3600,
+    p.add_argument("--timeout-s", type=positive_int, default=3600,
                    help="per-run subprocess timeout, seconds (default: %(default)s)")
     p.add_argument("--cache-dir", default=None, help="tokenization cache (default: lit_balance's)")
     p.add_argument(_WORKER_FLAG, dest="worker", type=Path, default=None, help=argparse.SUPPRESS)
@@ -857,39 +445,15 @@ def plan_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
     return runs + extra[:1] + slowed + extra[1:]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
-    """Environment of one rank of a single-node job whose processes this script starts (as ``torchrun`` does;
-    Lightning then launches none itself), with the repository importable without installing."""
-    env = dict(os.environ)
-    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
-                "NODE_RANK": "0", "LOCAL_RANK": str(rank), "RANK": str(rank)})
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    return env
-
-
-def _kill(procs: Sequence[subprocess.Popen]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    for proc in procs:
-        proc.wait()
-
 
 def launch(spec: dict[str, Any], out_dir: Path, timeout_s: int, worker: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run one spec: one subprocess per rank, started together (each in its own process group; all are killed on
-    timeout or when one fails, so no rank waits forever for a collective); return its result dict.
+    """Run one spec as ``spec["devices"]`` ranks under ``torchrun`` (:func:`benchmarks._harness.launch_ranks`:
+    every rank is stopped when one fails or time runs out, so none waits forever for a collective); return its
+    result dict.
 
-    Starting the ranks here rather than letting Lightning start ranks 1.. from rank 0 overlaps their imports
-    (about 9 s each on the 2-core machine). ``worker``: the command of each rank, before the spec's path (default:
-    this script with the hidden worker flag).
+    ``worker``: what each rank runs, before the spec's path (default: this module with the hidden worker flag).
     """
-    worker = list(worker or [sys.executable, str(Path(__file__).resolve()), _WORKER_FLAG])
+    worker = list(worker or ["-m", "benchmarks.compare_strategies", _WORKER_FLAG])
     runs_dir, logs_dir = out_dir / "runs", out_dir / "logs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     logs_dir.mkdir(parents=True, exist_ok=True)
@@ -899,23 +463,8 @@ def launch(spec: dict[str, Any], out_dir: Path, timeout_s: int, worker: Sequence
     spec_path.write_text(json.dumps(spec, indent=1))
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
-    status = "ok"
-    port = _free_port()
-    with open(logs_dir / f"{spec['run']}.log", "w") as log:  # every rank writes to it
-        procs = [subprocess.Popen([*worker, str(spec_path)],
-                                  stdout=log, stderr=subprocess.STDOUT, env=_rank_env(rank, spec["devices"], port),
-                                  cwd=str(out_dir), start_new_session=True)
-                 for rank in range(spec["devices"])]
-        while any(proc.poll() is None for proc in procs):
-            if time.perf_counter() - start > timeout_s:
-                status = "timeout"
-                break
-            if any(proc.poll() not in (None, 0) for proc in procs):  # one rank failed: the others would hang
-                break
-            time.sleep(0.2)
-        codes = [proc.poll() for proc in procs]  # before the kill: the rank that failed first, not those killed
-        _kill(procs)
-        rc = None if status == "timeout" else next((c for c in codes if c not in (None, 0)), 0)
+    status, rc = launch_ranks([*worker, str(spec_path.resolve())], spec["devices"], logs_dir / f"{spec['run']}.log",
+                              out_dir, timeout_s)
     wall = time.perf_counter() - start
     result_path = Path(spec["result_path"])
     if status == "ok" and (rc != 0 or not result_path.exists()):
@@ -1112,14 +661,8 @@ def _machine() -> dict[str, Any]:
 
 
 def _commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "recipes/compare_strategies.py",
-                                "lit_balance"], capture_output=True, text=True, timeout=10).stdout.strip()
-        return out + ("+local changes" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
+    commit, dirty = git_state("benchmarks", "lit_balance")
+    return None if commit is None else commit[:7] + ("+local changes" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:

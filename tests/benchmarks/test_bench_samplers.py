@@ -1,41 +1,37 @@
-"""recipes/bench_samplers.py: the generic metrics on hand-made cases, cross-checks against lit_balance.stats, peers.
+"""benchmarks/bench_samplers.py and the peers it runs: the table's figures on a hand-made case, peers against their
+own per-rank samplers, the command line. The figures themselves are tested with lit_balance.stats
+(tests/test_cost_stats.py).
 
 Run:
-    python -m pytest tests/test_bench_samplers.py -q
+    python -m pytest tests/benchmarks/test_bench_samplers.py -q
 """
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
 import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks import bench_samplers as bench
+from benchmarks import peers
 from lit_balance import BalancedBatchSampler
-from lit_balance.cost import CostModel
-from lit_balance.stats import batch_persistence as plan_batch_persistence
 from lit_balance.stats import plan_stats
 
-SCRIPT = Path(__file__).resolve().parents[1] / "recipes" / "bench_samplers.py"
+pytestmark = pytest.mark.benchmark
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_samplers", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_samplers"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+def sample_counts(rank_batches, lengths):
+    """(dropped, duplicated) of one epoch of per-rank micro-batches."""
+    stats = plan_stats(rank_batches, lengths)
+    return stats.dropped_samples, stats.duplicated_rows
 
-
-bench = _load_bench()
 
 # Hand-made: 6 samples, 2 ranks, rank 1 has one micro-batch more; sample 4 and 1 repeat, sample 5 never appears.
 LENGTHS = np.array([4, 2, 2, 1, 3, 5])
@@ -43,31 +39,6 @@ RANK_BATCHES = [
     [[0, 1], [3]],  # rank 0: 2 x 4 = 8 slots (real 6); 1 slot (real 1)
     [[2], [4, 4], [1]],  # rank 1: 2 slots (real 2); 2 x 3 = 6 slots (real 3, one repeat); 2 slots (a repeat)
 ]
-
-
-def test_plan_stats_of_hand_made_token_cost():
-    st = bench.plan_stats_of(RANK_BATCHES, LENGTHS, CostModel())
-    np.testing.assert_array_equal(st.rank_cost, [[8, 2], [1, 6], [0, 2]])  # rank 0 has nothing at step 2: 0
-    assert st.padding_ratio == pytest.approx(1 - 12 / 19)  # real tokens of samples 0..4 once: 12; slots: 19
-    np.testing.assert_allclose(st.step_imbalance, [8 / 5, 6 / 3.5, 2 / 1])
-    assert st.useful_fraction == pytest.approx(12 / (2 * (8 + 6 + 2)))
-    assert st.max_batch_tokens == 8
-    np.testing.assert_array_equal(st.rank_micro_batches, [2, 3])
-
-
-def test_plan_stats_of_hand_made_quadratic_cost():
-    st = bench.plan_stats_of(RANK_BATCHES, LENGTHS, CostModel(linear=0, quadratic=1))
-    np.testing.assert_allclose(st.rank_cost, [[32, 4], [1, 18], [0, 4]])  # rows x L^2
-    assert st.real_cost == pytest.approx(16 + 4 + 4 + 1 + 9)
-    assert st.useful_fraction == pytest.approx(34 / (2 * (32 + 18 + 4)))
-
-
-def test_counts_and_budget_hand_made():
-    assert bench.sample_counts(RANK_BATCHES, 6) == (1, 2)  # sample 5 dropped; 4 and 1 repeated once each
-    assert bench.over_budget_ratio(RANK_BATCHES, LENGTHS, 6) == pytest.approx(1 / 5)  # only the 8-slot batch
-    assert bench.over_budget_ratio(RANK_BATCHES, LENGTHS, 8) == 0.0
-    with pytest.raises(ValueError, match="outside"):
-        bench.sample_counts(RANK_BATCHES, 4)  # index 4 is outside [0, 4)
 
 
 def test_sampler_metrics_hand_made():
@@ -89,49 +60,13 @@ def test_sampler_metrics_hand_made():
     assert (m["plan_s"], m["plan_rank_s"]) == (0.75, 0.5)
 
 
-@pytest.mark.parametrize(
-    ("a", "b", "expected"),
-    [
-        ([[0, 1, 2, 3]], [[0, 1], [2, 3]], 1 / 3),  # each keeps 1 of its 3 batch-mates
-        ([[0, 1], [2, 3]], [[0, 2], [1, 3]], 0.0),
-        ([[0, 1], [2, 3]], [[3, 2], [1, 0]], 1.0),  # order within and between batches does not matter
-        ([[0, 1, 2]], [[0, 1]], 0.5),  # 2 is missing from b: left out of the mean, still a batch-mate in a
-        ([[0], [1]], [[0, 1]], 0.0),  # nobody has batch-mates in a
-        ([[0, 1], [1, 2]], [[0, 1], [2]], 1.0),  # the repeat of 1 is ignored: 2 is alone in a
-    ],
-)
-def test_batch_persistence_hand_made(a, b, expected):
-    assert bench.batch_persistence(a, b, 4) == pytest.approx(expected)
-
-
 def _fortunes(n: int, cap: int = 64) -> np.ndarray:
     return bench.load_lengths("fortunes", cap, n)
 
 
-def test_generic_metrics_equal_lit_balance_stats_on_our_plan():
-    lengths = _fortunes(3000)
-    samplers = [BalancedBatchSampler(lengths, 512, num_replicas=4, rank=r, seed=3) for r in range(4)]
-    plans = {e: samplers[0].plan(e) for e in (0, 1)}
-
-    def all_batches(plan):
-        return [plan.batch(b)[0].tolist() for b in range(plan.num_batches)]
-
-    ours = plan_batch_persistence(plans[0], plans[1])
-    assert 0 < ours < 1
-    assert bench.batch_persistence(all_batches(plans[0]), all_batches(plans[1]), lengths.size) == pytest.approx(ours)
-
-    rank_batches = [[list(b) for b in s] for s in samplers]  # what each rank yields
-    for cm in bench.COST_MODELS.values():
-        generic = bench.plan_stats_of(rank_batches, lengths, cm)
-        expected = plan_stats(plans[0], samplers[0].lengths, cm)
-        assert generic.padding_ratio == pytest.approx(expected.padding_ratio)
-        assert generic.useful_fraction == pytest.approx(expected.useful_fraction)
-        np.testing.assert_allclose(np.sort(generic.step_imbalance), np.sort(expected.step_imbalance))
-
-
 def test_sort_fill_batches_fill_real_tokens_and_keep_every_sample():
     lengths = _fortunes(2000)
-    batches = bench.sort_fill_batches(lengths, 300, seed=1, epoch=0)
+    batches = peers.sort_fill_batches(lengths, 300, seed=1, epoch=0)
     assert sorted(i for b in batches for i in b) == list(range(lengths.size))
     sums = [int(lengths[b].sum()) for b in batches]
     assert all(s <= 300 for s in sums)
@@ -139,8 +74,8 @@ def test_sort_fill_batches_fill_real_tokens_and_keep_every_sample():
     assert all(lengths[x].max() <= lengths[y].min() for x, y in itertools.pairwise(by_length))  # contiguous in length
     # a micro-batch is cut only when the next sample would pass the budget (all but the last one)
     assert sum(int(lengths[x].sum() + lengths[y].min()) <= 300 for x, y in itertools.pairwise(by_length)) <= 1
-    assert bench.sort_fill_batches(lengths, 300, seed=1, epoch=0) == batches
-    assert bench.sort_fill_batches(lengths, 300, seed=1, epoch=1) != batches
+    assert peers.sort_fill_batches(lengths, 300, seed=1, epoch=0) == batches
+    assert peers.sort_fill_batches(lengths, 300, seed=1, epoch=1) != batches
 
 
 def test_lit_balance_runner_passes_cost_model_only_when_accepted(monkeypatch):
@@ -157,7 +92,7 @@ def test_lit_balance_runner_passes_cost_model_only_when_accepted(monkeypatch):
             kwargs.pop("cost_model", None)
             super().__init__(*args, **kwargs)
 
-    cfg = bench.BenchConfig(max_tokens=256, seed=0, fixed_batch_size=4)
+    cfg = peers.BenchConfig(max_tokens=256, seed=0, fixed_batch_size=4)
     lengths = _fortunes(300)
     monkeypatch.setattr(bench, "BalancedBatchSampler", WithCostModel)
     run = bench.run_lit_balance_attention(lengths, 2, cfg)
@@ -173,8 +108,8 @@ def test_hf_batch_rebalance_columns_equal_per_rank_samplers():
     if not hasattr(pt_utils, "BatchRebalanceSampler"):
         pytest.skip("this transformers has no BatchRebalanceSampler")
     lengths = _fortunes(301)
-    cfg = bench.BenchConfig(max_tokens=256, seed=5, fixed_batch_size=4)
-    run = bench.run_hf_batch_rebalance(lengths, 3, cfg)
+    cfg = peers.BenchConfig(max_tokens=256, seed=5, fixed_batch_size=4)
+    run = peers.run_hf_batch_rebalance(lengths, 3, cfg)
     for epoch in (0, 1):
         for rank in range(3):
             s = pt_utils.BatchRebalanceSampler(lengths.tolist(), effective_batch_size=12, dp_size=3, grad_accum=1,
@@ -182,7 +117,7 @@ def test_hf_batch_rebalance_columns_equal_per_rank_samplers():
             s.set_epoch(epoch)
             assert run.batches[epoch][rank] == [list(map(int, b)) for b in s]
     # 301 = 25 x 12 + 1: the last global batch of 1 sample is padded with 2 repeats to give each rank one row
-    assert bench.sample_counts(run.batches[0], lengths.size) == (0, 2)
+    assert sample_counts(run.batches[0], lengths) == (0, 2)
 
 
 def test_lhotse_columns_equal_per_rank_samplers():
@@ -190,9 +125,9 @@ def test_lhotse_columns_equal_per_rank_samplers():
     from lhotse.dataset import DynamicBucketingSampler
 
     lengths = _fortunes(700)
-    cfg = bench.BenchConfig(max_tokens=256, seed=2, fixed_batch_size=4)
-    cuts = bench._lhotse_cuts(lengths)
-    run = bench.run_lhotse_dynamic(lengths, 3, cfg, cuts=cuts)
+    cfg = peers.BenchConfig(max_tokens=256, seed=2, fixed_batch_size=4)
+    cuts = peers.lhotse_cuts(lengths)
+    run = peers.run_lhotse_dynamic(lengths, 3, cfg, cuts=cuts)
     for epoch in (0, 1):
         for rank in range(3):
             with warnings.catch_warnings():
@@ -201,7 +136,7 @@ def test_lhotse_columns_equal_per_rank_samplers():
                                             rank=rank, seed=2)
             s.set_epoch(epoch)
             assert run.batches[epoch][rank] == [[int(c.id.split("_")[0]) for c in b] for b in s]
-    dropped, duplicated = bench.sample_counts(run.batches[0], lengths.size)
+    dropped, duplicated = sample_counts(run.batches[0], lengths)
     assert dropped == 0 and duplicated < 3  # lhotse repeats at most world_size - 1 cuts to give every rank one
 
 
@@ -270,11 +205,11 @@ def test_bad_arguments_exit_with_a_clear_message(tmp_path, capsys, args, message
     assert message in capsys.readouterr().err
 
 
-def test_docstring_examples_of_the_recipe_hold():
+def test_docstring_examples_of_the_benchmark_hold():
     import doctest
 
-    result = doctest.testmod(bench)
-    assert result.attempted >= 1 and result.failed == 0
+    result = doctest.testmod(peers)
+    assert result.attempted >= 3 and result.failed == 0
 
 
 def test_shuffle_window_table_trades_padding_for_randomness(tmp_path, capsys):

@@ -1,13 +1,12 @@
-"""recipes/compare_strategies.py: the baseline batch builders, the figures of a run, the targets, the command line,
-and one small end-to-end run (2 CPU DDP ranks in subprocesses).
+"""benchmarks/compare_strategies.py: the baseline batch builders it trains with, the figures of a run, the targets,
+the command line, the torchrun launcher, and one small end-to-end run (2 CPU DDP ranks).
 
 Run:
-    python -m pytest tests/test_compare_strategies.py -q
+    python -m pytest tests/benchmarks/test_compare_strategies.py -q
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -21,20 +20,15 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "recipes" / "compare_strategies.py"
+from benchmarks import compare_strategies as cs
+from benchmarks import _training as training
+from benchmarks import peers
+
+ROOT = Path(__file__).resolve().parents[2]
 LENGTHS = np.minimum(np.load(ROOT / "lit_balance/data/lengths/lengths_stdlib_docstrings.npy")[:3000], 256)
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("compare_strategies", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["compare_strategies"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-cs = _load()
+pytestmark = pytest.mark.benchmark
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -42,10 +36,10 @@ cs = _load()
 
 
 def test_fixed_batch_size_is_the_largest_within_the_budget():
-    assert cs.fixed_batch_size(1024, 256) == 4
-    assert cs.fixed_batch_size(1000, 256) == 3  # 4 x 256 would pass 1000
+    assert peers.fixed_batch_size(1024, 256) == 4
+    assert peers.fixed_batch_size(1000, 256) == 3  # 4 x 256 would pass 1000
     with pytest.raises(ValueError, match="max_length=300 exceeds max_tokens=256"):
-        cs.fixed_batch_size(256, 300)
+        peers.fixed_batch_size(256, 300)
 
 
 def _flat(batches):
@@ -53,19 +47,19 @@ def _flat(batches):
 
 
 def test_sorted_bucket_batches_cover_every_sample_once_in_sorted_fixed_size_buckets():
-    batches = cs.sorted_bucket_batches(LENGTHS, 4, seed=0, epoch=0)
+    batches = peers.sorted_bucket_batches(LENGTHS, 4, seed=0, epoch=0)
     assert _flat(batches) == list(range(len(LENGTHS)))
     sizes = sorted(len(b) for b in batches)
     assert sizes[1:] == [4] * (len(batches) - 1) and 1 <= sizes[0] <= 4  # one shorter bucket at most
     # buckets are contiguous in the length order: sorted by their shortest row, their length ranges never overlap
     ranges = sorted((LENGTHS[b].min(), LENGTHS[b].max()) for b in batches)
     assert all(hi <= next_lo for (_, hi), (next_lo, _) in zip(ranges, ranges[1:]))
-    assert batches == cs.sorted_bucket_batches(LENGTHS, 4, seed=0, epoch=0)  # deterministic per (seed, epoch)
-    assert batches != cs.sorted_bucket_batches(LENGTHS, 4, seed=0, epoch=1)  # another order next epoch
+    assert batches == peers.sorted_bucket_batches(LENGTHS, 4, seed=0, epoch=0)  # deterministic per (seed, epoch)
+    assert batches != peers.sorted_bucket_batches(LENGTHS, 4, seed=0, epoch=1)  # another order next epoch
 
 
-def test_dynamic_batches_fill_real_tokens_up_to_the_budget_and_can_pass_it_in_padded_slots():
-    batches = cs.dynamic_batches(LENGTHS, 1024, seed=0, epoch=0)
+def test_sort_fill_batches_fill_real_tokens_up_to_the_budget_and_can_pass_it_in_padded_slots():
+    batches = peers.sort_fill_batches(LENGTHS, 1024, seed=0, epoch=0)
     assert _flat(batches) == list(range(len(LENGTHS)))
     real = np.array([LENGTHS[b].sum() for b in batches])
     assert (real <= 1024).all()  # every length <= 256 here, so no single row passes the budget
@@ -77,19 +71,19 @@ def test_dynamic_batches_fill_real_tokens_up_to_the_budget_and_can_pass_it_in_pa
 
 @pytest.mark.parametrize("num_replicas", [1, 2, 3, 8])
 def test_deal_even_gives_equal_counts_and_drops_fewer_than_the_rank_count(num_replicas):
-    batches = cs.dynamic_batches(LENGTHS, 1024, seed=0, epoch=0)
-    per_rank, dropped = cs.deal_even(batches, num_replicas)
+    batches = peers.sort_fill_batches(LENGTHS, 1024, seed=0, epoch=0)
+    per_rank, dropped = peers.deal_even(batches, num_replicas)
     assert len({len(r) for r in per_rank}) == 1
     assert len(dropped) == len(batches) % num_replicas < num_replicas
     assert sorted(map(tuple, [b for r in per_rank for b in r] + dropped)) == sorted(map(tuple, batches))
     assert per_rank[0][:2] == [batches[0], batches[num_replicas]]  # round-robin in training order
     with pytest.raises(ValueError, match="num_replicas must be >= 1"):
-        cs.deal_even(batches, 0)
+        peers.deal_even(batches, 0)
 
 
 def test_epoch_batch_sampler_ranks_yield_equal_counts_and_change_every_epoch():
-    build = lambda e: cs.dynamic_batches(LENGTHS, 1024, seed=0, epoch=e)  # noqa: E731
-    samplers = [cs.EpochBatchSampler(build, 3, r) for r in range(3)]
+    build = lambda e: peers.sort_fill_batches(LENGTHS, 1024, seed=0, epoch=e)  # noqa: E731
+    samplers = [peers.EpochBatchSampler(build, 3, r) for r in range(3)]
     for epoch in (0, 1):
         for s in samplers:
             s.set_epoch(epoch)
@@ -101,7 +95,7 @@ def test_epoch_batch_sampler_ranks_yield_equal_counts_and_change_every_epoch():
             first = out[0]
     assert out[0] != first
     with pytest.raises(ValueError, match="rank must be in"):
-        cs.EpochBatchSampler(build, 2, 2)
+        peers.EpochBatchSampler(build, 2, 2)
 
 
 def test_split_documents_is_seeded_disjoint_and_subsets_training_documents():
@@ -164,7 +158,7 @@ def test_run_stats_on_a_hand_made_run():
     r1 = [[0, 0, 1.0, 100, 100], [0, 0, 1.0, 100, 100], [1, 1, 1.0, 100, 100], [1, 2, 3.0, 100, 120]]
     gathered = np.array([r0, r1], dtype=float)
     intervals = np.array([[[0.0, 4.0], [5.0, 9.0]], [[0.0, 3.0], [5.0, 10.0]]])  # per-epoch slowest: 4 s, 5 s
-    st = cs.run_stats(gathered, intervals, np.array([700.0, 800.0]), max_tokens=100)
+    st = training.run_stats(gathered, intervals, np.array([700.0, 800.0]), max_tokens=100)
     assert st["real_tokens_per_s"] == pytest.approx(350 / 5)  # epoch 1 only
     assert st["real_tokens_per_s_all_epochs"] == pytest.approx(720 / 9)
     assert st["optimizer_steps_per_s"] == pytest.approx(2 / 5)
@@ -179,12 +173,12 @@ def test_run_stats_on_a_hand_made_run():
 def test_loss_curve_and_step_noise():
     gathered = np.zeros((2, 3, 5))
     gathered[:, :, 3] = [[10, 20, 30], [1, 2, 3]]
-    tokens, losses = cs.loss_curve([(2, 5.0), (3, 4.0)], gathered)
+    tokens, losses = training.loss_curve([(2, 5.0), (3, 4.0)], gathered)
     assert tokens == [33.0, 66.0] and losses == [5.0, 4.0]
     rng = np.random.default_rng(0)
     noisy = 3.0 + rng.normal(0, 0.1, 4000)
-    assert cs.loss_step_noise(noisy) == pytest.approx(0.1, rel=0.05)
-    assert math.isnan(cs.loss_step_noise([1.0, 2.0, 3.0]))
+    assert training.loss_step_noise(noisy) == pytest.approx(0.1, rel=0.05)
+    assert math.isnan(training.loss_step_noise([1.0, 2.0, 3.0]))
 
 
 def _result(run, strategy, tps, val, **kw):
@@ -316,16 +310,33 @@ def test_table_and_plots_name_every_run(tmp_path):
     assert "tokens_per_s_vs_random: 1.050 (lit_balance / random real tokens/s >= 3): NOT met" in text
 
 
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
 @pytest.mark.parametrize(("code", "timeout_s", "status", "returncode"), [
-    ("sys.exit(3) if rank == 1 else time.sleep(120)", 60, "failed", 3),  # rank 0 would wait for rank 1 forever
-    ("time.sleep(120)", 3, "timeout", None),
+    ("sys.exit(3) if rank == 1 else time.sleep(120)", 60, "failed", 1),  # rank 0 would wait for rank 1 forever
+    ("time.sleep(120)", 8, "timeout", None),
 ])
 def test_launch_stops_every_rank_when_one_fails_or_time_runs_out(tmp_path, code, timeout_s, status, returncode):
+    """Under torchrun: a failing rank stops the other (torchrun's exit code 1; the log names rank 1's code 3), and
+    the timeout stops every rank; no rank outlives launch()."""
     spec = {"run": "r", "strategy": "random", "scenario": "main", "seed": 0, "feedback": True, "devices": 2}
-    worker = [sys.executable, "-c", f"import os, sys, time; rank = int(os.environ['RANK']); {code}"]
-    r = cs.launch(spec, tmp_path, timeout_s, worker=worker)
-    assert r["status"] == status and r["returncode"] == returncode
-    assert r["subprocess_wall_s"] < timeout_s + 20 and r["real_tokens_per_s"] is None
+    script = tmp_path / "rank.py"
+    script.write_text("import os, pathlib, sys, time\nrank = int(os.environ['RANK'])\n"
+                      f"pathlib.Path({str(tmp_path)!r}, f'pid{{rank}}').write_text(str(os.getpid()))\n{code}\n")
+    r = cs.launch(spec, tmp_path, timeout_s, worker=[str(script)])
+    assert r["status"] == status and r["returncode"] == returncode, r.get("log_tail")
+    assert r["subprocess_wall_s"] < timeout_s + 40 and r["real_tokens_per_s"] is None
+    pids = [int((tmp_path / f"pid{rank}").read_text()) for rank in range(2)]
+    assert not any(_alive(pid) for pid in pids)
+    if status == "failed":
+        assert "exitcode  : 3" in r["log_tail"] or "exitcode: 3" in r["log_tail"], r["log_tail"]
 
 
 def test_end_to_end_small_run_writes_results_plots_and_table(tmp_path, cache_dir):
@@ -333,7 +344,7 @@ def test_end_to_end_small_run_writes_results_plots_and_table(tmp_path, cache_dir
     in a subprocess; the other strategies' loaders are checked above on simulated ranks."""
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, str(SCRIPT), "--model-size", "tiny", "--num-docs", "60", "--epochs", "2",
+    cmd = [sys.executable, "-m", "benchmarks.compare_strategies", "--model-size", "tiny", "--num-docs", "60", "--epochs", "2",
            "--val-fraction", "0.01", "--strategies", "lit_balance", "random_accum", "--scenarios", "main",
            "--random-seeds", "1",
            "--timeout-s", "120", "--output-dir", str(out), "--cache-dir", str(cache_dir)]
@@ -379,15 +390,16 @@ def test_matched_accumulate_rounds_to_the_nearest_count_and_never_below_one():
 def test_docstring_examples():
     import doctest
 
-    assert doctest.testmod(cs, verbose=False).failed == 0
+    for module in (cs, peers, training):
+        assert doctest.testmod(module, verbose=False).failed == 0, module.__name__
 
 
 def test_slowed_rank_hook_slows_own_compute_but_not_the_wait_for_other_ranks(monkeypatch):
     spun = []
-    monkeypatch.setattr(cs, "_spin", spun.append)
+    monkeypatch.setattr(training, "_spin", spun.append)
     clock = [100.0]
-    monkeypatch.setattr(cs.time, "perf_counter", lambda: clock[0])
-    model = cs.CompareLM(slow_rank=1, slowdown=0.5, vocab_size=16, d_model=8, num_heads=2, num_layers=1,
+    monkeypatch.setattr(training.time, "perf_counter", lambda: clock[0])
+    model = training.CompareLM(slow_rank=1, slowdown=0.5, vocab_size=16, d_model=8, num_heads=2, num_layers=1,
                          dim_feedforward=16)
     ddp = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
     model.trainer = SimpleNamespace(global_rank=1, world_size=2, strategy=SimpleNamespace(model=ddp))
@@ -400,7 +412,7 @@ def test_slowed_rank_hook_slows_own_compute_but_not_the_wait_for_other_ranks(mon
     def micro_batch(syncs, forward_s, backward_s):
         model._forward_s = forward_s
         object.__setattr__(ddp, "require_backward_grad_sync", syncs)  # what DDP's no_sync() clears
-        monkeypatch.setattr(cs.TransformerLM, "backward", backward_taking(backward_s))
+        monkeypatch.setattr(training.TransformerLM, "backward", backward_taking(backward_s))
         model.backward(None)  # the spin happens inside backward, as on a slower device
 
     micro_batch(False, 1.0, 2.0)  # inside no_sync: all of it is compute

@@ -1,8 +1,8 @@
 """Overhead of the measuring and adapting callbacks: the same small fit with and without them, side by side.
 
 Run:
-    python recipes/bench_callbacks.py                     # 5 interleaved pairs of 1-epoch fits, 1 CPU process
-    python recipes/bench_callbacks.py --reps 3 --num-docs 400
+    python -m benchmarks.bench_callbacks                  # 5 interleaved pairs of 1-epoch fits, 1 CPU process
+    python -m benchmarks.bench_callbacks --reps 3 --num-docs 400
 
 Each repetition runs the fit without callbacks, then with PaddingRatioMonitor, StragglerMonitor,
 CostModelFeedback and AdaptiveGradAccumulation (its target set so that it keeps accumulate_grad_batches at 1,
@@ -22,17 +22,17 @@ import argparse
 import functools
 import statistics
 import time
-from pathlib import Path
 
 import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from benchmarks._harness import ROOT, positive_int
 from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset, TransformerLM
 from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, PaddingRatioMonitor, StragglerMonitor
 
-LENGTHS = Path(__file__).resolve().parents[1] / "lit_balance/data/lengths/lengths_fortunes.npy"
+LENGTHS = ROOT / "lit_balance/data/lengths/lengths_fortunes.npy"
 HOOKS = ("on_train_start", "on_train_epoch_start", "on_train_batch_start", "on_before_backward", "on_after_backward",
          "on_train_batch_end", "on_train_epoch_end", "on_train_end")
 
@@ -85,13 +85,13 @@ def fit(args, with_callbacks: bool) -> tuple[float, float, list[float], int]:
     return time.perf_counter() - start, time.process_time() - cpu, hook_s, len(dl)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--reps", type=int, default=5, help="interleaved pairs of fits (default: %(default)s)")
-    p.add_argument("--num-docs", type=int, default=1500, help="documents (default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=1024, help="padded slots per micro-batch (default: %(default)s)")
-    p.add_argument("--d-model", type=int, default=64, help="model width (default: %(default)s)")
-    args = p.parse_args()
+    p.add_argument("--reps", type=positive_int, default=5, help="interleaved pairs of fits (default: %(default)s)")
+    p.add_argument("--num-docs", type=positive_int, default=1500, help="documents (default: %(default)s)")
+    p.add_argument("--max-tokens", type=positive_int, default=1024, help="padded slots per micro-batch (default: %(default)s)")
+    p.add_argument("--d-model", type=positive_int, default=64, help="model width (default: %(default)s)")
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
     fit(args, False)  # warm-up: imports, allocator, kernels
     base, with_cb, hooks_wall, hooks_cpu, cpu_ratios = [], [], [], [], []

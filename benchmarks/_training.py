@@ -1,0 +1,274 @@
+"""What a training benchmark measures inside its DDP ranks: a model hook, a metrics callback, and the figures of a run.
+
+:class:`CompareLM` records each optimizer step's loss and the exact validation loss (and can slow one rank down,
+a demonstration of a slower device); :class:`Meter` records every micro-batch's compute seconds, real tokens and
+padded slots on every rank and gathers them once at the end; :func:`run_stats`, :func:`loss_curve` and
+:func:`loss_step_noise` turn the records into the figures of ``benchmarks/compare_strategies.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+
+from lit_balance import TransformerLM
+from lit_balance.callbacks.straggler import backward_is_local
+from lit_balance.loss import token_loss_sum
+
+__all__ = ["REAL", "CompareLM", "Meter", "loss_curve", "loss_step_noise", "run_stats"]
+
+
+def _spin(seconds: float) -> None:
+    """Busy-wait (a slower device computes longer; a sleep would add the scheduler's wake-up delay)."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+class CompareLM(TransformerLM):
+    """TransformerLM that records each optimizer step's loss and the exact validation loss; optionally slowed.
+
+    Args:
+        slow_rank: the rank slowed down by the demo-only hook, or None.
+        slowdown: extra share of its own compute time that rank busy-waits (0.5: 1.5x): forward+loss, backward
+            (the step's last backward without its wait for the other ranks' gradients) and the parameter update.
+        **kwargs: :class:`lit_balance.TransformerLM` arguments.
+    """
+
+    def __init__(self, slow_rank: int | None = None, slowdown: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.slow_rank, self.slowdown = slow_rank, float(slowdown)
+        #: ``(micro-batches trained so far on this rank, global step loss)`` per optimizer step.
+        self.step_losses: list[tuple[int, float]] = []
+        #: ``(epoch, micro-batches trained so far, validation loss)`` per validation.
+        self.val_losses: list[tuple[int, int, float]] = []
+        self.micro_batches = 0
+        self._forward_s = self._forward_sum = self._backward_sum = 0.0
+        self._val: list[torch.Tensor] = []
+
+    def _slowed(self) -> bool:
+        return self.slow_rank is not None and self.slowdown > 0 and self.global_rank == self.slow_rank
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        start = time.perf_counter()
+        loss = super().training_step(batch, batch_idx)  # no collective inside (the plan's loss divisor)
+        self._forward_s = time.perf_counter() - start
+        if self._slowed():
+            _spin(self.slowdown * self._forward_s)
+        self.micro_batches += 1
+        return loss
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        # the slowed rank's extra backward time lands inside backward, where a slower device spends it (and where
+        # StragglerMonitor's local-backward interval, on_before_backward -> on_after_backward, sees it)
+        start = time.perf_counter()
+        super().backward(loss, *args, **kwargs)
+        if not self._slowed():
+            return
+        elapsed = time.perf_counter() - start
+        if backward_is_local(self.trainer):  # inside no_sync: all compute; learn this rank's backward/forward ratio
+            self._backward_sum += elapsed
+            self._forward_sum += self._forward_s
+        elif self._forward_sum > 0:
+            # the step's last backward also waits for the other ranks' gradients (DDP all-reduce); a slower device
+            # computes longer but does not wait longer, so only its own compute, estimated from the ratio, is slowed
+            elapsed = min(elapsed, self._forward_s * self._backward_sum / self._forward_sum)
+        _spin(self.slowdown * elapsed)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        if not self._slowed():
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        marks: list[float] = []
+
+        def closure() -> Any:  # forward, backward, then Lightning's on_before_optimizer_step (a collective)
+            out = optimizer_closure()
+            marks.append(time.perf_counter())
+            return out
+
+        optimizer.step(closure=closure)
+        if marks:  # the parameter update after the closure, slowed like the rest of this rank's compute
+            _spin(self.slowdown * (time.perf_counter() - marks[-1]))
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # a Python float (finish_step's value is already on the CPU): keeping a small tensor per step would pin
+        # freed heap memory between the large activation buffers and inflate the process's RSS step by step
+        self.step_losses.append((self.micro_batches, float(self.step_loss.finish_step(self))))
+
+    def on_validation_epoch_start(self) -> None:
+        self._val = [torch.zeros((), dtype=torch.float64, device=self.device), torch.zeros((), dtype=torch.float64,
+                                                                                          device=self.device)]
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        loss_sum, n = token_loss_sum(self(batch["input_ids"], batch["attention_mask"]), batch["labels"])
+        self._val[0] += loss_sum.detach().double()
+        self._val[1] += n
+
+    def on_validation_epoch_end(self) -> None:
+        total = torch.stack(self._val)
+        if self.trainer.world_size > 1:
+            total = self.trainer.strategy.reduce(total, reduce_op="sum")
+        loss = float(total[0] / total[1]) if float(total[1]) > 0 else float("nan")
+        self.val_losses.append((int(self.current_epoch), self.micro_batches, loss))
+
+
+# Columns of one micro-batch record in Meter.records.
+_EPOCH, _STEP, _COMPUTE, REAL, _PADDED = range(5)
+
+
+class Meter(L.Callback):
+    """Per rank, per training micro-batch: epoch, optimizer step, compute seconds, real tokens, padded slots.
+
+    Compute is ``on_train_batch_start`` -> ``on_before_backward`` (forward + loss; CUDA synchronized), the interval
+    of :class:`lit_balance.callbacks.StragglerMonitor`, which holds no collective. Each epoch's training interval is
+    this rank's first ``on_train_batch_start`` to its last ``on_train_batch_end`` (validation runs after it).
+    Real tokens exclude fill rows. At ``on_train_end`` every rank takes part in one ``all_gather``; afterwards
+    :attr:`gathered` (``[world_size, n, 5]``), :attr:`epoch_intervals` (``[world_size, epochs, 2]``) and
+    :attr:`peak_memory_mb` (``[world_size]``) are set on every rank.
+    """
+
+    def __init__(self) -> None:
+        self.records: list[list[float]] = []
+        self.intervals: dict[int, list[float]] = {}
+        #: ``{epoch: the rank speeds the training sampler planned that epoch with, or None}`` (lit_balance).
+        self.planned_speeds: dict[int, list[float] | None] = {}
+        self._start = 0.0
+        self._compute: float | None = None
+        self.gathered: np.ndarray | None = None
+        self.epoch_intervals: np.ndarray | None = None
+        self.peak_memory_mb: np.ndarray | None = None
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        speeds = getattr(getattr(trainer.train_dataloader, "sampler", None), "rank_speeds", None)
+        self.planned_speeds[trainer.current_epoch] = None if speeds is None else [float(v) for v in speeds]
+
+    @staticmethod
+    def _now(pl_module: L.LightningModule) -> float:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        return time.perf_counter()
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._start = self._now(pl_module)
+        self._compute = None
+        self.intervals.setdefault(trainer.current_epoch, [self._start, self._start])
+        self._step = trainer.global_step
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        if self._compute is None:
+            self._compute = self._now(pl_module) - self._start
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        end = self._now(pl_module)
+        real = int(batch["attention_mask"][~batch["is_fill"]].sum())
+        compute = self._compute if self._compute is not None else end - self._start
+        self.records.append([trainer.current_epoch, self._step, compute, real, int(batch["num_padded_tokens"])])
+        self.intervals[trainer.current_epoch][1] = end
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if pl_module.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
+        else:  # ru_maxrss: KiB on Linux, bytes on macOS
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+        epochs = sorted(self.intervals)
+        local = torch.tensor([[peak, 0, 0, 0, 0], *self.records, *[[e, *self.intervals[e], 0, 0] for e in epochs]],
+                             dtype=torch.float64)
+        if trainer.world_size > 1:
+            out = trainer.strategy.all_gather(local.to(pl_module.device)).cpu().numpy()
+        else:
+            out = local.numpy()[None]
+        n = len(self.records)
+        self.peak_memory_mb = out[:, 0, 0]
+        self.gathered = out[:, 1:1 + n]
+        self.epoch_intervals = out[:, 1 + n:, 1:3]
+
+
+def _median_ratio(values: np.ndarray) -> float:
+    median = float(np.median(values))
+    return float(values.max()) / median if median > 0 else 1.0
+
+
+def run_stats(gathered: np.ndarray, epoch_intervals: np.ndarray, peak_memory_mb: np.ndarray, max_tokens: int,
+              headline_from_epoch: int = 1) -> dict[str, Any]:
+    """Throughput, padding, straggler and memory figures of one run from the gathered per-micro-batch records.
+
+    Args:
+        gathered: float ``[world_size, n, 5]`` (epoch, optimizer step, compute s, real tokens, padded slots) per
+            micro-batch and rank; every rank ran the same ``n`` micro-batches.
+        epoch_intervals: float ``[world_size, epochs, 2]``: each rank's first batch start and last batch end, s.
+        peak_memory_mb: ``[world_size]`` peak memory per rank, MiB.
+        max_tokens: the budget, padded slots per micro-batch per rank.
+        headline_from_epoch: the headline throughput counts epochs from this one on (all epochs if there are none).
+
+    Returns:
+        A dict of the figures documented in the docstring of ``benchmarks/compare_strategies.py``.
+    """
+    g = np.asarray(gathered, dtype=np.float64)
+    epochs = g[0, :, _EPOCH].astype(int)
+    seconds = (epoch_intervals[:, :, 1] - epoch_intervals[:, :, 0]).max(axis=0)  # slowest rank per epoch
+    real_per_epoch = np.bincount(epochs, weights=g[:, :, REAL].sum(axis=0), minlength=seconds.shape[0])
+    steps = g[0, :, _STEP].astype(int)
+    steps_per_epoch = np.array([np.unique(steps[epochs == e]).size for e in range(seconds.shape[0])])
+    head = np.arange(seconds.shape[0]) >= headline_from_epoch
+    if not head.any():
+        head[:] = True
+    compute = g[:, :, _COMPUTE]
+    step_sums = np.zeros((g.shape[0], int(steps.max()) + 1))
+    np.add.at(step_sums, (slice(None), steps), compute)
+    step_med = np.median(step_sums, axis=0)
+    padded = g[:, :, _PADDED]
+    return {
+        "real_tokens_per_s": float(real_per_epoch[head].sum() / seconds[head].sum()),
+        "real_tokens_per_s_all_epochs": float(real_per_epoch.sum() / seconds.sum()),
+        "optimizer_steps_per_s": float(steps_per_epoch[head].sum() / seconds[head].sum()),
+        "headline_epochs": [int(e) for e in np.flatnonzero(head)],
+        "epoch_train_s": [float(s) for s in seconds],
+        "epoch_real_tokens_per_s": [float(t / s) for t, s in zip(real_per_epoch, seconds)],
+        "real_tokens_per_epoch": [int(round(t)) for t in real_per_epoch],
+        "padding_ratio": float(1.0 - g[:, :, REAL].sum() / padded.sum()),
+        "straggler_ratio": _median_ratio(compute.sum(axis=1)),
+        "step_straggler_ratio": float(step_sums.max(axis=0).sum() / step_med.sum()) if step_med.sum() > 0 else 1.0,
+        "compute_s_per_rank": [float(c) for c in compute.sum(axis=1)],
+        "compute_s_per_padded_slot_per_rank": [float(c / p) for c, p in zip(compute.sum(axis=1), padded.sum(axis=1))],
+        "peak_memory_mb": float(np.max(peak_memory_mb)),
+        "peak_memory_mb_per_rank": [float(m) for m in peak_memory_mb],
+        "train_real_tokens": int(g[:, :, REAL].sum()),
+        "train_padded_slots": int(padded.sum()),
+        "micro_batches_per_rank": int(g.shape[1]),
+        "optimizer_steps": int(np.unique(steps).size),
+        "real_tokens_per_optimizer_step": float(g[:, :, REAL].sum() / max(np.unique(steps).size, 1)),
+        "max_micro_batch_slots": int(padded.max()),
+        "over_budget_micro_batches": int((padded > max_tokens).sum()),
+    }
+
+
+def loss_curve(step_losses: Sequence[tuple[int, float]], gathered: np.ndarray) -> tuple[list[float], list[float]]:
+    """``(tokens, losses)``: each optimizer step's loss against the global real tokens trained up to it.
+
+    Args:
+        step_losses: ``(micro-batches trained so far, loss)`` per optimizer step.
+        gathered: see :func:`run_stats`.
+    """
+    cum = np.concatenate([[0.0], np.cumsum(np.asarray(gathered)[:, :, REAL].sum(axis=0))])
+    return [float(cum[m]) for m, _ in step_losses], [float(v) for _, v in step_losses]
+
+
+def loss_step_noise(losses: Sequence[float]) -> float:
+    """Step-to-step variability of the loss: std of consecutive differences over the second half of steps / sqrt 2.
+
+    For independent noise of standard deviation ``s`` around a slowly moving mean this estimates ``s`` (nats).
+    Returns nan with fewer than 3 steps in the second half.
+    """
+    tail = np.asarray(losses[len(losses) // 2:], dtype=np.float64)
+    if tail.size < 3:
+        return float("nan")
+    return float(np.std(np.diff(tail), ddof=1) / math.sqrt(2))
