@@ -21,6 +21,7 @@ rank reads relative paths (``data.corpus``, ``data.cache_dir``) from the launch 
 
 from __future__ import annotations
 
+import os
 import time
 
 import hydra
@@ -35,8 +36,10 @@ _START = time.perf_counter()
 def main(cfg: DictConfig) -> None:
     """Build the data module, model, callbacks and Trainer that ``cfg`` describes, and fit."""
     L.seed_everything(cfg.seed, verbose=False)
-    cache_dir = cfg.data.get("cache_dir")
-    dm = instantiate(cfg.data, **({"cache_dir": to_absolute_path(cache_dir)} if cache_dir else {}))
+    paths = {}
+    if cfg.data.get("cache_dir"):  # a relative one is read from the launch directory, even with hydra.job.chdir
+        paths["cache_dir"] = to_absolute_path(os.path.expanduser(cfg.data.cache_dir))
+    dm = instantiate(cfg.data, **paths)
     model = instantiate(cfg.model, vocab_size=dm.vocab_size)
     callbacks = list((instantiate(cfg.callbacks) or {}).values()) if cfg.get("callbacks") else []
     trainer = instantiate(cfg.trainer, callbacks=callbacks)
