@@ -1,12 +1,13 @@
 """Show measured-time feedback closing the straggler gap: 2 CPU ranks, one made slower on purpose.
 
 Run:
-    python recipes/straggler_feedback.py                       # 2 ranks, 3 epochs, rank 1 1.5x slower
-    python recipes/straggler_feedback.py --epochs 2 --num-docs 300 --json out.json
+    python recipes/straggler_feedback.py                       # conf/straggler_feedback.yaml: 2 ranks, 3 epochs
+    python recipes/straggler_feedback.py epochs=2 num_docs=300 json=out.json
 
-Rank ``--slow-rank`` is slowed down by a demo-only model hook: after its forward pass and loss, it spins
+A Hydra application on ``conf/straggler_feedback.yaml`` (``key=value`` overrides a key of it). Rank
+``slow_rank`` is slowed down by a demo-only model hook: after its forward pass and loss, it spins
 (busy-waits, as a slower device computes longer; a sleep would add the scheduler's wake-up delay on a
-busy machine) ``--slowdown`` times the seconds they took (0.5: 1.5x slower), inside StragglerMonitor's
+busy machine) ``slowdown`` times the seconds they took (0.5: 1.5x slower), inside StragglerMonitor's
 timed interval.
 Epoch 0 is planned with the default cost model (padded token slots, equal ranks). At each epoch end,
 CostModelFeedback fits seconds per padded token / squared length / micro-batch and each rank's speed from
@@ -17,16 +18,17 @@ each rank's compute and cost, and the fitted speeds; then the gap after feedback
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from datetime import timedelta
 from pathlib import Path
 
+import hydra
 import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.strategies import DDPStrategy
+from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset, TransformerLM
@@ -113,36 +115,26 @@ class FitLog(CostModelFeedback):
             self.fits.append(f"{cost}, rank_speeds={[round(s, 3) for s in speeds]}")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--devices", type=int, default=2, help="CPU ranks (default: %(default)s)")
-    p.add_argument("--epochs", type=int, default=3, help="epochs; feedback applies from epoch 1 (default: %(default)s)")
-    p.add_argument("--num-docs", type=int, default=1200, help="documents (default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=1024, help="padded slots per micro-batch, per rank")
-    p.add_argument("--d-model", type=int, default=128, help="model width (default: %(default)s); a wider model "
-                   "spends more of each micro-batch per token, less per call, which the plan can shift")
-    p.add_argument("--slow-rank", type=int, default=1, help="the rank made slower (default: %(default)s)")
-    p.add_argument("--slowdown", type=float, default=0.5, help="extra share of compute slept (0.5: 1.5x slower)")
-    p.add_argument("--json", type=Path, default=None, help="write the per-epoch figures here (rank 0)")
-    args = p.parse_args()
-
+@hydra.main(version_base="1.3", config_path="../conf", config_name="straggler_feedback")
+def main(cfg: DictConfig) -> None:
+    """Train ``cfg.epochs`` epochs with rank ``cfg.slow_rank`` slowed and print the straggler gap per epoch."""
     torch.manual_seed(0)
-    data = SyntheticText(args.num_docs, args.max_tokens, vocab_size=512)
-    model = SlowRankLM(args.slow_rank, args.slowdown, vocab_size=512, d_model=args.d_model, num_heads=4,
-                       num_layers=2, dim_feedforward=4 * args.d_model)
+    data = SyntheticText(cfg.num_docs, cfg.max_tokens, vocab_size=512)
+    model = SlowRankLM(cfg.slow_rank, cfg.slowdown, vocab_size=512, d_model=cfg.d_model, num_heads=4,
+                       num_layers=2, dim_feedforward=4 * cfg.d_model)
     monitor = StragglerMonitor(every_n_steps=1000, warn_ratio=10.0)
     gap = EpochGap(monitor)
     feedback = FitLog()
-    trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=DDPStrategy(timeout=timedelta(seconds=120)),
-                        callbacks=[monitor, gap, feedback], max_epochs=args.epochs,
+    trainer = L.Trainer(accelerator="cpu", devices=cfg.devices, strategy=DDPStrategy(timeout=timedelta(seconds=120)),
+                        callbacks=[monitor, gap, feedback], max_epochs=cfg.epochs,
                         reload_dataloaders_every_n_epochs=1,  # rank speeds can change the epoch length
                         use_distributed_sampler=False, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, datamodule=data)
     if trainer.global_rank != 0:
         return
-    print(f"world size {trainer.world_size}, rank {args.slow_rank} slowed {1 + args.slowdown:.2f}x, "
-          f"max_tokens {args.max_tokens} per micro-batch per rank")
+    print(f"world size {trainer.world_size}, rank {cfg.slow_rank} slowed {1 + cfg.slowdown:.2f}x, "
+          f"max_tokens {cfg.max_tokens} per micro-batch per rank")
     print(f"{'epoch':>5} {'micro-batches':>13} {'compute s per rank':>24} {'gap s':>7} {'ratio':>6} "
           f"{'cost per rank':>20} planned speeds")
     for e in gap.epochs:
@@ -155,8 +147,8 @@ def main() -> None:
         print(f"fitted at the end of epoch {e['epoch']}: {fit}")
     before, after = gap.epochs[0]["gap_s"], gap.epochs[-1]["gap_s"]
     print(f"straggler gap before feedback {before:.3f} s, after {after:.3f} s: after/before = {after / before:.3f}")
-    if args.json:
-        args.json.write_text(json.dumps({"epochs": gap.epochs, "before_gap_s": before, "after_gap_s": after}))
+    if cfg.json:
+        Path(cfg.json).write_text(json.dumps({"epochs": gap.epochs, "before_gap_s": before, "after_gap_s": after}))
 
 
 if __name__ == "__main__":

@@ -5,40 +5,43 @@ Run:
     python recipes/train.py trainer.devices=4 data.max_tokens=8192
     python recipes/train.py trainer=gpu_ddp experiment=budget_4k
     python recipes/train.py --config-dir my_conf --config-name config trainer.max_steps=100
+    python recipes/train.py --cfg job                        # print the composed config and exit
 
-Overrides use Hydra's syntax (see lit_balance.config): ``key=value`` for an existing key, ``group=option``
-to pick another file of ``conf/<group>/``, ``+key=value`` to add a key. Prints the derived budget first
-and, at the end, per rank and in total: micro-batches, real tokens, padded slots, padding ratio and
-wall time.
+A Hydra application (https://hydra.cc): ``key=value`` overrides an existing key, ``group=option`` picks
+another file of ``conf/<group>/``, ``+key=value`` adds a key; ``--config-dir``/``--config-name`` select
+another config. ``hydra.utils.instantiate`` builds each ``_target_`` node. Prints the derived budget first
+and, at the end, per rank and in total: micro-batches, real tokens, padded slots, padding ratio and wall
+time.
+
+With ``trainer.strategy=ddp`` Lightning re-runs this script once per extra rank, with the same overrides,
+in the launch directory, and points it at the same Hydra run directory
+(``lightning/fabric/strategies/launchers/subprocess_script.py``); ``hydra.job.chdir`` is false, so every
+rank reads relative paths (``data.corpus``, ``data.cache_dir``) from the launch directory.
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 import time
-from pathlib import Path
 
+import hydra
 import lightning as L
+from hydra.utils import instantiate, to_absolute_path
+from omegaconf import DictConfig
 
-from lit_balance.callbacks import RunSummary
-from lit_balance.config import compose, instantiate
-
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
+_START = time.perf_counter()
 
 
-def main(argv: list[str] | None = None) -> RunSummary | None:
-    start = time.perf_counter()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-dir", type=Path, default=CONFIG_DIR, help="config directory (default: %(default)s)")
-    parser.add_argument("--config-name", default="config", help="primary config, without .yaml (default: %(default)s)")
-    parser.add_argument("overrides", nargs="*", help="overrides, e.g. trainer.devices=4 or trainer=gpu_ddp")
-    args = parser.parse_args(argv)
-    cfg = compose(args.config_name, args.overrides, config_dir=args.config_dir)
-
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    """Build the data module, model, callbacks and Trainer that ``cfg`` describes, and fit."""
     L.seed_everything(cfg.seed, verbose=False)
-    dm = instantiate(cfg.data)
+    paths = {}
+    if cfg.data.get("cache_dir"):  # a relative one is read from the launch directory, even with hydra.job.chdir
+        paths["cache_dir"] = to_absolute_path(os.path.expanduser(cfg.data.cache_dir))
+    dm = instantiate(cfg.data, **paths)
     model = instantiate(cfg.model, vocab_size=dm.vocab_size)
-    callbacks = list((instantiate(cfg.callbacks) or {}).values()) if "callbacks" in cfg else []
+    callbacks = list((instantiate(cfg.callbacks) or {}).values()) if cfg.get("callbacks") else []
     trainer = instantiate(cfg.trainer, callbacks=callbacks)
     if trainer.is_global_zero:
         print(
@@ -57,10 +60,9 @@ def main(argv: list[str] | None = None) -> RunSummary | None:
             f"micro-batches per rank per epoch {len(sampler)} | fill rows this epoch {sampler.num_fill_rows} | "
             f"last train/loss {metrics['train/loss']:.3f} | "
             + (f"val/loss {metrics['val/loss']:.3f} | " if "val/loss" in metrics else "validation not run | ")
-            + f"script wall time {time.perf_counter() - start:.1f} s",
+            + f"script wall time {time.perf_counter() - _START:.1f} s",
             flush=True,
         )
-    return next((c for c in callbacks if isinstance(c, RunSummary)), None)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,22 @@
-"""Every YAML in conf/ loads and builds; composition, overrides and instantiate follow Hydra's semantics."""
+"""Every YAML in conf/ loads and builds with hydra-core's compose API and ``hydra.utils.instantiate``."""
 
 from __future__ import annotations
 
-import functools
 import re
 from pathlib import Path
 
 import lightning as L
 import pytest
 import yaml
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, InstantiationException, MissingConfigException
+from hydra.errors import OverrideParseException
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from lit_balance import BalancedTextDataModule, TransformerLM
 from lit_balance.callbacks import RunSummary
-from lit_balance.config import compose, instantiate, locate
 from lit_balance.cost import CostModel
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -27,6 +30,12 @@ def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
+def _compose(overrides=(), config_name: str = "config", **kwargs):
+    """``hydra.compose`` of ``conf/<config_name>.yaml``, as ``@hydra.main`` composes it for a recipe."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides), **kwargs)
+
+
 @pytest.fixture
 def corpus_file(tmp_path: Path) -> Path:
     path = tmp_path / "docs.txt"
@@ -34,12 +43,12 @@ def corpus_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_conf_has_the_groups_and_a_base_config():
-    assert (CONF / "config.yaml").is_file()
+def test_conf_has_the_groups_and_the_primary_configs():
+    assert (CONF / "config.yaml").is_file() and (CONF / "straggler_feedback.yaml").is_file()
     for group in HYDRA_GROUPS:
         assert _options(group), f"conf/{group}/ has no options"
     assert {"cpu_ddp", "gpu_ddp"} <= set(_options("trainer"))
-    assert (CONF / "cli" / "fit_cpu.yaml").is_file()
+    assert (CONF / "cli" / "fit_cpu.yaml").is_file()  # LightningCLI's; built by tests/test_cli.py
 
 
 @pytest.mark.parametrize("path", ALL_YAML, ids=lambda p: str(p.relative_to(CONF)))
@@ -55,18 +64,23 @@ def test_yaml_starts_with_its_command_and_comments_every_key(path: Path):
             assert "#" in line, f"{path.name}:{number}: every key needs a comment with its unit and scope: {line!r}"
 
 
+def test_experiments_are_global_packages():
+    # an experiment overrides keys of several groups, so Hydra must place it at the root
+    for option in _options("experiment"):
+        assert "# @package _global_" in (CONF / "experiment" / f"{option}.yaml").read_text().splitlines()[:2]
+
+
 def _build(cfg, tmp_path: Path):
     dm = instantiate(cfg.data, cache_dir=str(tmp_path / "cache"))
     model = instantiate(cfg.model, vocab_size=dm.vocab_size)
-    callbacks = list((instantiate(cfg.callbacks) or {}).values())
+    callbacks = list((instantiate(cfg.callbacks) or {}).values()) if cfg.get("callbacks") else []
     trainer = instantiate(cfg.trainer, callbacks=callbacks)
     return dm, model, callbacks, trainer
 
 
 def test_base_config_is_the_main_job(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg = compose("config", config_dir=CONF)
-    dm, model, callbacks, trainer = _build(cfg, tmp_path)
+    dm, model, callbacks, trainer = _build(_compose(), tmp_path)
     assert isinstance(dm, BalancedTextDataModule) and isinstance(model, TransformerLM)
     assert (dm.max_tokens, dm.max_length, dm.val_fraction, dm.seed) == (1024, 256, 0.02, 0)
     assert dm.source.kind == "builtin"
@@ -76,6 +90,16 @@ def test_base_config_is_the_main_job(tmp_path, monkeypatch):
     assert trainer.val_check_interval == 20 and trainer.limit_val_batches == 4
     assert trainer.logger is None and trainer.checkpoint_callback is None
     assert type(trainer.strategy).__name__ == "DDPStrategy" and trainer.strategy.root_device.type == "cpu"
+
+
+@pytest.mark.parametrize("config_name,run_dir", [("config", "outputs/train/"),
+                                                 ("straggler_feedback", "outputs/straggler_feedback/")])
+def test_hydra_runs_every_rank_in_the_launch_directory(config_name, run_dir):
+    # Lightning's DDP launcher starts the other ranks in the launch directory with hydra.run.dir of rank 0;
+    # chdir=false keeps rank 0 there too, so relative paths mean the same on every rank
+    hydra_cfg = _compose(config_name=config_name, return_hydra_config=True).hydra
+    assert hydra_cfg.job.chdir is False
+    assert OmegaConf.to_container(hydra_cfg.run)["dir"].startswith(run_dir)  # under the git-ignored outputs/
 
 
 # per group option: overrides that let it build on a CPU-only machine
@@ -91,8 +115,7 @@ def test_every_group_option_builds(group, option, tmp_path, monkeypatch, corpus_
                  *_CPU_OVERRIDES.get((group, option), [])]
     if group == "data" and OmegaConf.is_missing(OmegaConf.load(CONF / "data" / f"{option}.yaml"), "corpus"):
         overrides.append(f"data.corpus={corpus_file}")
-    cfg = compose("config", overrides, config_dir=CONF)
-    dm, model, callbacks, trainer = _build(cfg, tmp_path)
+    dm, model, callbacks, trainer = _build(_compose(overrides), tmp_path)
     assert isinstance(dm, BalancedTextDataModule) and isinstance(model, TransformerLM)
     assert isinstance(trainer, L.Trainer) and all(isinstance(c, L.Callback) for c in callbacks)
     if group == "callbacks":
@@ -101,8 +124,15 @@ def test_every_group_option_builds(group, option, tmp_path, monkeypatch, corpus_
         assert trainer.precision == "bf16-mixed" and trainer.max_steps == 1000
 
 
+def test_straggler_feedback_config_holds_the_demo_settings():
+    cfg = _compose(["epochs=2", "num_docs=300", "json=out.json"], config_name="straggler_feedback")
+    assert OmegaConf.to_container(cfg) == {"devices": 2, "epochs": 2, "num_docs": 300, "max_tokens": 1024,
+                                           "d_model": 128, "slow_rank": 1, "slowdown": 0.5, "json": "out.json"}
+    assert "data" not in _compose(config_name="straggler_feedback")  # no groups of the main job
+
+
 def test_data_files_builds_and_tokenizes(tmp_path, corpus_file):
-    cfg = compose("config", ["data=files", f"data.corpus={corpus_file}", "data.num_workers=0"], config_dir=CONF)
+    cfg = _compose(["data=files", f"data.corpus={corpus_file}", "data.num_workers=0"])
     dm = instantiate(cfg.data, cache_dir=str(tmp_path / "cache"))
     dm.prepare_data()
     dm.setup("fit")
@@ -110,121 +140,52 @@ def test_data_files_builds_and_tokenizes(tmp_path, corpus_file):
     assert dm.cost_model == CostModel(linear=1.0, quadratic=0.001, per_batch=0.0)  # a nested _target_ node
 
 
-def test_dotlist_and_group_overrides():
-    cfg = compose("config", ["trainer.devices=4", "data.max_tokens=8192"], config_dir=CONF)
+def test_mandatory_values_must_be_set(corpus_file):
+    with pytest.raises(MissingMandatoryValue, match="corpus"):
+        instantiate(_compose(["data=files"]).data)
+    with pytest.raises(MissingMandatoryValue, match="vocab_size"):
+        instantiate(_compose().model)  # the recipe passes vocab_size=dm.vocab_size
+
+
+def test_key_and_group_overrides():
+    cfg = _compose(["trainer.devices=4", "data.max_tokens=8192"])
     assert cfg.trainer.devices == 4 and cfg.data.max_tokens == 8192 and cfg.trainer.accelerator == "cpu"
-    cfg = compose("config", ["trainer=gpu_ddp", "trainer.devices=8", "trainer.num_nodes=2"], config_dir=CONF)
+    cfg = _compose(["trainer=gpu_ddp", "trainer.devices=8", "trainer.num_nodes=2"])
     assert (cfg.trainer.accelerator, cfg.trainer.devices, cfg.trainer.num_nodes) == ("gpu", 8, 2)
+    cfg = _compose(["trainer=gpu_ddp", "experiment=budget_4k"])
+    assert (cfg.trainer.accelerator, cfg.trainer.max_steps, cfg.data.max_tokens) == ("gpu", 20, 4096)
     # an experiment overrides the groups, the command line overrides the experiment, whatever the order
-    cfg = compose("config", ["trainer.max_steps=7", "experiment=smoke"], config_dir=CONF)
+    cfg = _compose(["trainer.max_steps=7", "experiment=smoke"])
     assert cfg.trainer.max_steps == 7 and cfg.model.d_model == 32 and cfg.data.max_tokens == 512
     assert cfg.data.max_length == 256  # untouched by the experiment
-    cfg = compose("config", ["callbacks=[]"], config_dir=CONF)
-    assert "callbacks" not in cfg or not cfg.callbacks
-    cfg = compose("config", ["+trainer.fast_dev_run=true", "++data.max_tokens=2048", "~trainer.logger",
-                             "+model.extra=[1,2]"], config_dir=CONF)
+    assert not _compose(["callbacks=[]"]).get("callbacks")
+    cfg = _compose(["callbacks=[run_summary,straggler_monitor,cost_feedback]"])
+    assert list(cfg.callbacks) == ["run_summary", "straggler_monitor", "cost_feedback"]  # named, in list order
+    cfg = _compose(["+trainer.fast_dev_run=true", "++data.max_tokens=2048", "~trainer.logger", "+model.extra=[1,2]"])
     assert cfg.trainer.fast_dev_run is True and cfg.data.max_tokens == 2048 and "logger" not in cfg.trainer
     assert list(cfg.model.extra) == [1, 2]
-    cfg = compose("config", ["data.corpus=null", "model.lr=3e-4"], config_dir=CONF)
-    assert cfg.data.corpus is None and cfg.model.lr == pytest.approx(3e-4)
-    assert compose("config", ["seed=5"], config_dir=CONF).data.seed == 5  # ${seed} interpolation
+    cfg = _compose(["data.corpus=null", "model.lr=3e-4", "data.corpus=data/*.jsonl"])
+    assert cfg.data.corpus == "data/*.jsonl" and cfg.model.lr == pytest.approx(3e-4)
+    assert _compose(["seed=5"]).data.seed == 5  # ${seed} interpolation
 
 
-@pytest.mark.parametrize("override,match", [
-    ("trainer.devicez=4", r"no such key.*\+trainer\.devicez=4"),
-    ("trainer=tpu_pod", r"no option 'tpu_pod' in config group 'trainer'.*cpu_ddp"),
-    ("+trainer=gpu_ddp", r"already in the defaults list"),
-    ("+seed=1", r"the key exists"),
-    ("devices", r"key=value"),
-    ("~trainer.nothing", r"cannot delete"),
+@pytest.mark.parametrize("override,error,match", [
+    ("trainer.devicez=4", ConfigCompositionException,
+     r"Could not override 'trainer\.devicez'(?s:.*)\+trainer\.devicez=4"),
+    ("trainer=tpu_pod", MissingConfigException, r"Could not find 'trainer/tpu_pod'(?s:.*)cpu_ddp"),
+    ("callbacks=[run_summary,nope]", MissingConfigException, r"Could not load 'callbacks/nope'"),
+    ("+trainer=gpu_ddp", ConfigCompositionException, r"Multiple values for trainer"),
+    ("+seed=1", ConfigCompositionException, r"An item is already at 'seed'"),
+    ("devices", OverrideParseException, r"Error parsing override 'devices'"),
+    ("~trainer.nothing", ConfigCompositionException, r"'trainer\.nothing' does not exist"),
 ])
-def test_bad_overrides_raise(override, match):
-    with pytest.raises(ValueError, match=match):
-        compose("config", [override], config_dir=CONF)
-
-
-def test_bad_config_dir_or_name_raise(tmp_path):
-    with pytest.raises(ValueError, match="primary config"):
-        compose("nope", config_dir=CONF)
-    (tmp_path / "g").mkdir()
-    (tmp_path / "config.yaml").write_text("defaults:\n  - g: a\n  - _self_\nx: 1\n")
-    (tmp_path / "g" / "a.yaml").write_text("defaults:\n  - override /h: b\n")
-    with pytest.raises(ValueError, match="defaults lists inside group files"):
-        compose("config", config_dir=tmp_path)
-    with pytest.raises(TypeError, match="override must be a string"):
-        compose("config", [3], config_dir=CONF)
-
-
-def test_self_position_decides_who_wins(tmp_path):
-    (tmp_path / "g").mkdir()
-    (tmp_path / "g" / "a.yaml").write_text("x: 1\ny: 1\n")
-    (tmp_path / "g" / "b.yaml").write_text("# @package _global_\ntop: 3\n")
-    (tmp_path / "first.yaml").write_text("defaults:\n  - _self_\n  - g: a\ng:\n  x: 2\n")
-    (tmp_path / "last.yaml").write_text("defaults:\n  - g: a\ng:\n  x: 2\n")  # no _self_: at the end
-    assert compose("first", config_dir=tmp_path).g.x == 1
-    assert compose("last", config_dir=tmp_path).g.x == 2
-    assert compose("last", ["g=b"], config_dir=tmp_path).top == 3
-
-
-class _Pair:
-    def __init__(self, a, b=0):
-        self.a, self.b = a, b
-
-
-def test_instantiate_semantics():
-    pair = f"{__name__}._Pair"
-    node = OmegaConf.create({"seed": 3, "obj": {"_target_": pair, "a": {"_target_": pair, "a": "${seed}"}, "b": [1]}})
-    obj = instantiate(node.obj)
-    assert isinstance(obj.a, _Pair) and obj.a.a == 3 and obj.b == [1] and type(obj.b) is list
-    flat = instantiate(node.obj, _recursive_=False)
-    assert flat.a == {"_target_": pair, "a": 3}
-    part = instantiate({"_target_": pair, "_partial_": True, "b": 2})
-    assert isinstance(part, functools.partial) and part(5).a == 5 and part(5).b == 2
-    assert instantiate({"_target_": pair, "_args_": [7]}).a == 7
-    assert instantiate({"_target_": pair}, 8, b=9).b == 9
-    built = instantiate({"x": {"_target_": pair, "a": 1}, "y": 2})
-    assert isinstance(built["x"], _Pair) and built["y"] == 2
-    assert instantiate(None) is None
-    assert locate("lightning.Trainer") is L.Trainer
-
-
-@pytest.mark.parametrize("node,error,match", [
-    ({"_target_": "lit_balance.NoSuchThing"}, ImportError, "no attribute 'NoSuchThing'"),
-    ({"_target_": "no_such_package_xyz.Thing"}, ImportError, "no module named"),
-    ({"_target_": f"{__name__}._Pair", "a": "???"}, ValueError, "mandatory"),
-    ({"_target_": f"{__name__}._Pair", "a": 1, "_convert_": "sometimes"}, ValueError, "_convert_"),
-    ({"_target_": f"{__name__}._Pair", "a": 1, "_partial_": "yes"}, TypeError, "_partial_"),
-    ({"_target_": f"{__name__}._Pair", "c": 1}, TypeError, r"while instantiating '.*_Pair'"),
-    ({"_target_": "lit_balance.TransformerLM", "vocab_size": 10, "d_model": 30, "num_heads": 4}, ValueError,
-     "divisible"),
-])
-def test_instantiate_errors(node, error, match):
+def test_bad_overrides_raise_hydras_errors(override, error, match):
     with pytest.raises(error, match=match):
-        instantiate(node)
+        _compose([override])
 
 
-def test_hydra_composes_and_instantiates_our_conf(tmp_path, monkeypatch, corpus_file):
-    hydra = pytest.importorskip("hydra")
-    from hydra.utils import instantiate as hydra_instantiate
-
-    monkeypatch.chdir(tmp_path)
-    for overrides in ([], ["trainer=gpu_ddp", "trainer.devices=4", "experiment=smoke", "data.max_tokens=2048"]):
-        with hydra.initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            theirs = hydra.compose(config_name="config", overrides=overrides)
-        ours = compose("config", overrides, config_dir=CONF)
-        assert OmegaConf.to_container(theirs, resolve=True) == OmegaConf.to_container(ours, resolve=True)
-    with hydra.initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = hydra.compose(config_name="config", overrides=["experiment=smoke"])
-    dm = hydra_instantiate(cfg.data, cache_dir=str(tmp_path / "cache"))
-    model = hydra_instantiate(cfg.model, vocab_size=dm.vocab_size)
-    callbacks = list(hydra_instantiate(cfg.callbacks).values())
-    trainer = hydra_instantiate(cfg.trainer, callbacks=callbacks)
-    assert isinstance(dm, BalancedTextDataModule) and dm.max_tokens == 512 and dm.seed == 0
-    assert isinstance(model, TransformerLM) and model.hparams.d_model == 32
-    assert isinstance(callbacks[0], RunSummary) and trainer.max_steps == 3
-    with hydra.initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = hydra.compose(config_name="config", overrides=["data=files", f"data.corpus={corpus_file}",
-                                                            "callbacks=[padding_monitor,straggler_monitor]"])
-    dm = hydra_instantiate(cfg.data, cache_dir=str(tmp_path / "cache"))
-    assert dm.cost_model == CostModel(linear=1.0, quadratic=0.001) and dm.source.kind == "files"
-    assert len(hydra_instantiate(cfg.callbacks)) == 2
+def test_a_target_rejecting_its_arguments_names_the_target():
+    cfg = _compose(["model.d_model=30"])  # num_heads=4 does not divide it
+    with pytest.raises(InstantiationException,
+                       match=r"Error in call to target 'lit_balance\.[\w.]+'(?s:.*)d_model \(30\) must be divisible"):
+        instantiate(cfg.model, vocab_size=10)
