@@ -30,9 +30,11 @@ class CostModel:
     self-attention, whose work per row grows with the square of its padded length; ``per_batch`` is a fixed
     overhead per micro-batch (kernel launches, optimizer-free bookkeeping). The unit is whatever the
     coefficients make it: the default ``CostModel()`` counts padded token slots; a model fitted from measured
-    timings (see :meth:`fit`) gives seconds. The quadratic coefficient of a transformer is roughly
-    ``1 / (6 * d_model)`` relative to the linear one at equal FLOPs (attention scores and values: ``4 L^2 d``
-    per layer against ``24 L d^2`` for the projections and MLP), e.g. about ``1e-3`` at ``d_model = 128``.
+    timings (see :meth:`fit`) gives seconds. Counting the FLOPs of one transformer block, the quadratic
+    coefficient is about ``1 / (6 * d_model)`` of the linear one (attention scores and values: ``4 L^2 d`` per
+    layer against ``24 L d^2`` for the projections and MLP), e.g. about ``1e-3`` at ``d_model = 128``. The
+    output layer (``2 d V`` per token for a vocabulary of ``V``) adds to the linear part only, so with a large
+    vocabulary and few layers the ratio is far smaller: fit it (:meth:`fit`) rather than assume it.
 
     Args:
         linear: cost per padded token slot (>= 0).
