@@ -98,10 +98,9 @@ def plan_stats(
     width = np.maximum.reduceat(padded[plan.rows], offsets[:-1]) if num_batches else np.zeros(0, np.int64)
     batch_cost = cost_model.batch_cost(sizes, width) if num_batches else np.zeros(0)
     real_rows = ~plan.is_fill
-    row_batch = np.repeat(np.arange(num_batches), sizes)
-    batch_real = np.bincount(row_batch[real_rows], weights=lengths[plan.rows[real_rows]], minlength=num_batches)
+    batch_real = plan.real_tokens_per_batch(lengths)
 
-    a = plan.assignment  # [num_steps, R]
+    a = plan.assignment  # [num_micro_steps, R]
     cost = np.asarray(batch_cost, dtype=np.float64)[a] if a.size else np.zeros(a.shape)
     groups = np.arange(a.shape[0]) // accumulate_grad_batches
     num_groups = int(groups[-1]) + 1 if a.shape[0] else 0
