@@ -35,19 +35,19 @@ _EXPORTS = {
 
 __all__ = sorted([*_EXPORTS, "__version__"])
 
-if TYPE_CHECKING:
-    from lit_balance.collate import IGNORE_INDEX, PadCollator
-    from lit_balance.cost import CostModel
-    from lit_balance.datamodule import BalancedTextDataModule
-    from lit_balance.dataset import TokenDataset
-    from lit_balance.loss import StepTokenLoss, token_loss_sum
-    from lit_balance.metrics import PaddingRatio
-    from lit_balance.models import TransformerLM
-    from lit_balance.planning import EpochPlan, MicroBatch, plan_epoch
-    from lit_balance.report import PlanReport, plan_report
-    from lit_balance.sampler import BalancedBatchSampler
-    from lit_balance.settings import BatchingSettings
-    from lit_balance.stats import PlanStats, plan_stats
+if TYPE_CHECKING:  # static names for type checkers and IDEs
+    from lit_balance.collate import IGNORE_INDEX, PadCollator  # noqa: F401
+    from lit_balance.cost import CostModel  # noqa: F401
+    from lit_balance.datamodule import BalancedTextDataModule  # noqa: F401
+    from lit_balance.dataset import TokenDataset  # noqa: F401
+    from lit_balance.loss import StepTokenLoss, token_loss_sum  # noqa: F401
+    from lit_balance.metrics import PaddingRatio  # noqa: F401
+    from lit_balance.models import TransformerLM  # noqa: F401
+    from lit_balance.planning import EpochPlan, MicroBatch, plan_epoch  # noqa: F401
+    from lit_balance.report import PlanReport, plan_report  # noqa: F401
+    from lit_balance.sampler import BalancedBatchSampler  # noqa: F401
+    from lit_balance.settings import BatchingSettings  # noqa: F401
+    from lit_balance.stats import PlanStats, plan_stats  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,7 @@ import dataclasses
 import re
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace

@@ -35,7 +35,7 @@ class BalancedTextDataModule(L.LightningDataModule):
     """A LightningDataModule that tokenizes a corpus and feeds each rank token-budgeted micro-batches.
 
     With no arguments it uses the built-in corpus (the docstrings of the running Python's standard
-    library, about 8.6k documents on CPython 3.11) and the built-in BERT-uncased WordPiece tokenizer (30,522 tokens).
+    library, so it needs no download) and the built-in BERT-uncased WordPiece tokenizer (30,522 tokens).
 
     Data flow: ``prepare_data`` (one process per node) tokenizes the corpus into a cache of plain
     arrays keyed by corpus and tokenizer; ``setup`` loads it on every rank, splits documents into train

@@ -82,7 +82,8 @@ class MicroBatch(list):
         super().__init__(int(i) for i in indices)
         self.is_fill = tuple(bool(f) for f in is_fill) if is_fill is not None else (False,) * len(self)
         if len(self.is_fill) != len(self):
-            raise ValueError(f"is_fill mask has {len(self.is_fill)} entries but the micro-batch has {len(self)} indices")
+            raise ValueError(f"is_fill mask has {len(self.is_fill)} entries but the micro-batch has {len(self)} "
+                             "indices")
         self.step_real_tokens = None if step_real_tokens is None else int(step_real_tokens)
         self.step_rows = None if step_rows is None else int(step_rows)
 

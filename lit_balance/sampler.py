@@ -309,7 +309,8 @@ class BalancedBatchSampler(DistributedSampler):
         before = {name: getattr(self, name) for name in names}
         try:  # all or nothing: a state that does not fit leaves the sampler as it was
             self.epoch, self.cost_model, self.rank_speeds = position.epoch, position.cost_model, position.rank_speeds
-            self._pending, self._segments, self._first_speeds = position.pending, position.segments, position.first_speeds
+            self._pending, self._segments = position.pending, position.segments
+            self._first_speeds = position.first_speeds
             self._cached = None
             plan, consumed = self.plan(), position.segments[-1][1]
             if consumed > plan.num_micro_steps:

@@ -94,13 +94,17 @@ def build_state(sampler: BalancedBatchSampler, current: int) -> dict[str, Any]:
 
 
 def _check_segments(raw: Any) -> list[list[int]]:
-    if (not isinstance(raw, (list, tuple))
-            or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in raw)
-            or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for p in raw for v in p)):
-        raise ValueError(f"sampler state_dict segments must be a list of [num_replicas, consumed] int pairs, got {raw!r}")
+    def is_int(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    if (not isinstance(raw, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in raw)
+            or not all(is_int(v) for p in raw for v in p)):
+        raise ValueError(f"sampler state_dict segments must be a list of [num_replicas, consumed] int pairs, "
+                         f"got {raw!r}")
     segments = [[int(r), int(c)] for r, c in raw]
     if not segments or any(r < 1 or c < 0 for r, c in segments):
-        raise ValueError(f"sampler state_dict segments must be [num_replicas >= 1, consumed >= 0] pairs, got {segments}")
+        raise ValueError(f"sampler state_dict segments must be [num_replicas >= 1, consumed >= 0] pairs, "
+                         f"got {segments}")
     return segments
 
 

@@ -67,10 +67,10 @@ class BatchingSettings:
         (0.0, 2)
         >>> BatchingSettings.from_dict(settings.to_dict()) == settings
         True
-        >>> BatchingSettings(max_tokens=0)
+        >>> BatchingSettings(max_tokens=0)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: max_tokens must be in [1, 1099511627776], got 0; set max_tokens to the padded token slots per micro-batch, per rank
+        ValueError: max_tokens must be in [1, 1099511627776], got 0; set max_tokens to the padded token slots ...
     """
 
     max_tokens: int = field(metadata=_help("padded token slots per micro-batch, per rank"))

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from lit_balance import BalancedBatchSampler, BalancedTextDataModule, BatchingSettings, CostModel, plan_epoch, plan_report
+from lit_balance import (BalancedBatchSampler, BalancedTextDataModule, BatchingSettings, CostModel, plan_epoch,
+                         plan_report)
 from lit_balance._validate import MAX_TOKENS_LIMIT
 from lit_balance.cli import _PLAN_FLAGS, plan_parser
 
