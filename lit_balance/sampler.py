@@ -91,6 +91,9 @@ class BalancedBatchSampler(DistributedSampler):
         ...                                shuffle=False)
         >>> len(sampler), list(sampler)
         (3, [[5, 6, 7, 8, 9], [1], [3]])
+        >>> settings = BatchingSettings(max_tokens=100, shuffle=False)  # the same plan, rank 1's column
+        >>> list(BalancedBatchSampler([95] * 5 + [20] * 5, settings=settings, num_replicas=2, rank=1))
+        [[0], [2], [4]]
     """
 
     def __init__(
