@@ -1,30 +1,63 @@
-"""lit_balance: token-budgeted, rank-balanced batches for PyTorch Lightning DDP on variable-length text."""
+"""lit_balance: token-budgeted, rank-balanced batches for PyTorch Lightning DDP on variable-length text.
 
-from lit_balance.collate import IGNORE_INDEX, PadCollator
-from lit_balance.cost import CostModel
-from lit_balance.datamodule import BalancedTextDataModule
-from lit_balance.dataset import TokenDataset
-from lit_balance.loss import StepTokenLoss, token_loss_sum
-from lit_balance.metrics import PaddingRatio
-from lit_balance.models import TransformerLM
-from lit_balance.planning import EpochPlan, plan_epoch
-from lit_balance.sampler import BalancedBatchSampler, MicroBatch
+Names are imported on first use (PEP 562), so that ``import lit_balance.planning`` (the pure planner) does not
+import Lightning; ``from lit_balance import BalancedBatchSampler`` works as usual.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "IGNORE_INDEX",
-    "BalancedBatchSampler",
-    "BalancedTextDataModule",
-    "CostModel",
-    "EpochPlan",
-    "MicroBatch",
-    "PadCollator",
-    "PaddingRatio",
-    "StepTokenLoss",
-    "TokenDataset",
-    "TransformerLM",
-    "__version__",
-    "plan_epoch",
-    "token_loss_sum",
-]
+# public name -> the module that defines it
+_EXPORTS = {
+    "IGNORE_INDEX": "lit_balance.collate",
+    "PadCollator": "lit_balance.collate",
+    "CostModel": "lit_balance.cost",
+    "BalancedTextDataModule": "lit_balance.datamodule",
+    "TokenDataset": "lit_balance.dataset",
+    "StepTokenLoss": "lit_balance.loss",
+    "token_loss_sum": "lit_balance.loss",
+    "PaddingRatio": "lit_balance.metrics",
+    "TransformerLM": "lit_balance.models",
+    "EpochPlan": "lit_balance.planning",
+    "MicroBatch": "lit_balance.planning",
+    "plan_epoch": "lit_balance.planning",
+    "PlanReport": "lit_balance.report",
+    "plan_report": "lit_balance.report",
+    "BalancedBatchSampler": "lit_balance.sampler",
+    "BatchingSettings": "lit_balance.settings",
+    "PlanStats": "lit_balance.stats",
+    "plan_stats": "lit_balance.stats",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+if TYPE_CHECKING:  # static names for type checkers and IDEs
+    from lit_balance.collate import IGNORE_INDEX, PadCollator  # noqa: F401
+    from lit_balance.cost import CostModel  # noqa: F401
+    from lit_balance.datamodule import BalancedTextDataModule  # noqa: F401
+    from lit_balance.dataset import TokenDataset  # noqa: F401
+    from lit_balance.loss import StepTokenLoss, token_loss_sum  # noqa: F401
+    from lit_balance.metrics import PaddingRatio  # noqa: F401
+    from lit_balance.models import TransformerLM  # noqa: F401
+    from lit_balance.planning import EpochPlan, MicroBatch, plan_epoch  # noqa: F401
+    from lit_balance.report import PlanReport, plan_report  # noqa: F401
+    from lit_balance.sampler import BalancedBatchSampler  # noqa: F401
+    from lit_balance.settings import BatchingSettings  # noqa: F401
+    from lit_balance.stats import PlanStats, plan_stats  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lit_balance' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

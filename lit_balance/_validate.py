@@ -7,8 +7,12 @@ import numbers
 from typing import Any
 
 import numpy as np
+import torch
 
-__all__ = ["check_bool", "check_callable", "check_int", "check_number"]
+from lit_balance.cost import CostModel
+
+__all__ = ["MAX_TOKENS_LIMIT", "check_bool", "check_callable", "check_cost_model", "check_int", "check_lengths",
+           "check_number", "check_speeds"]
 
 
 def check_int(name: str, value: Any, minimum: int, hint: str, maximum: int | None = None) -> int:
@@ -59,3 +63,101 @@ def check_callable(name: str, value: Any, hint: str) -> Any:
     if not callable(value):
         raise TypeError(f"{name} must be callable, got {value!r} of type {type(value).__name__}; {hint}")
     return value
+
+
+#: Largest accepted sample length and ``max_tokens`` (tokens); larger values are not token counts.
+MAX_TOKENS_LIMIT = 2**40
+
+
+def check_lengths(lengths: Any) -> np.ndarray:
+    """Return ``lengths`` as int64 ``[num_samples]`` or raise ValueError naming the offending values."""
+    hint = "pass integer token counts, e.g. np.asarray(lengths, dtype=np.int64)"
+    if np.ma.isMaskedArray(lengths):
+        raise ValueError("lengths is a masked array: fill or drop the masked entries first (tokens per sample)")
+    if lengths is None or isinstance(lengths, (dict, set, frozenset)):
+        raise ValueError(f"lengths must be a 1-D sequence, array or tensor of ints (tokens per sample), got "
+                         f"{type(lengths).__name__}{'' if lengths is None else ' (unordered or keyed)'}; {hint}")
+    if isinstance(lengths, (str, bytes)) or (not hasattr(lengths, "__len__") and hasattr(lengths, "__iter__")):
+        raise ValueError(
+            f"lengths must be a 1-D sequence, array or tensor of ints (tokens per sample), got "
+            f"{type(lengths).__name__}; e.g. pass list(...) of a generator"
+        )
+    if isinstance(lengths, torch.Tensor):
+        t = lengths.detach().cpu()
+        lengths = t.numpy() if not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool) else t.tolist()
+    if isinstance(lengths, (list, tuple)):
+        for i, v in enumerate(lengths):
+            if isinstance(v, (bool, np.bool_)):
+                raise ValueError(
+                    f"lengths must be integers (tokens per sample); index {i} holds the bool {v!r}; {hint}"
+                )
+    try:
+        arr = np.asarray(lengths)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f"lengths must be a 1-D sequence of ints (tokens per sample); could not read it: {exc}"
+        ) from exc
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be 1-D (tokens per sample), got an array of shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError("lengths is empty: expected at least one sample length (tokens per sample), got []")
+    if arr.dtype.kind not in "iu":  # floats, bools, objects: accept only Python/numpy ints, name the first other
+        values = arr.tolist()
+        integral = [not isinstance(v, bool) and (isinstance(v, int) or (isinstance(v, float) and v.is_integer()))
+                    for v in values]
+        i = integral.index(False) if False in integral else next(
+            (k for k, v in enumerate(values) if not isinstance(v, int)), None)
+        if i is not None:  # the first non-integral value, else the first integral float
+            raise ValueError(
+                f"lengths must be integers (tokens per sample); index {i} holds {values[i]!r} "
+                f"({type(values[i]).__name__}, array dtype {arr.dtype}); {hint}"
+            )
+        for i, v in enumerate(values):
+            if not 1 <= v <= MAX_TOKENS_LIMIT:
+                break
+        else:
+            return np.asarray(values, dtype=np.int64)
+        raise ValueError(f"every length must be in [1, {MAX_TOKENS_LIMIT}] tokens; index {i} holds {v}")
+    bad = np.flatnonzero((arr < 1) | (arr > MAX_TOKENS_LIMIT))
+    if bad.size:
+        shown = ", ".join(f"index {i}: {arr[i]}" for i in bad[:5])
+        raise ValueError(
+            f"every length must be in [1, {MAX_TOKENS_LIMIT}] tokens; {bad.size} are not "
+            f"({shown}{', ...' if bad.size > 5 else ''}); a length counts tokens per sample: "
+            "drop empty samples, check the array"
+        )
+    return arr.astype(np.int64)
+
+
+def check_speeds(rank_speeds: Any, num_replicas: int) -> np.ndarray | None:
+    """Return ``rank_speeds`` as float64 ``[num_replicas]`` scaled so the fastest is 1, or None for equal ranks."""
+    if rank_speeds is None:
+        return None
+    try:
+        ndim = np.ndim(rank_speeds)
+    except ValueError:  # ragged nesting
+        ndim = -1
+    if ndim != 1:
+        raise ValueError(f"rank_speeds must be 1-D, one number per rank ({num_replicas}), got {rank_speeds!r}")
+    if not all(isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+               for x in np.asarray(rank_speeds, dtype=object)):
+        raise TypeError(f"rank_speeds must be numbers (relative throughput per rank), got {rank_speeds!r}")
+    try:
+        speeds = np.asarray(rank_speeds, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"rank_speeds must be a sequence of {num_replicas} positive numbers, got {rank_speeds!r}") from exc
+    if speeds.shape[0] != num_replicas or not np.all(np.isfinite(speeds)) or np.any(speeds <= 0):
+        raise ValueError(
+            f"rank_speeds must hold {num_replicas} finite numbers > 0 (one relative throughput per rank), "
+            f"got {rank_speeds!r}; pass None for equal ranks"
+        )
+    return speeds / speeds.max()
+
+
+def check_cost_model(cost_model: Any) -> CostModel:
+    """Return ``cost_model``, or the default :class:`CostModel` (padded token slots) for None; TypeError otherwise."""
+    if cost_model is None:
+        return CostModel()
+    if not isinstance(cost_model, CostModel):
+        raise TypeError(f"cost_model must be a lit_balance.CostModel or None, got {type(cost_model).__name__}")
+    return cost_model

@@ -15,9 +15,11 @@ training and reports it (see :mod:`lit_balance.report`).
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
@@ -27,8 +29,16 @@ from lit_balance._validate import check_int
 from lit_balance.cost import CostModel
 from lit_balance.datamodule import BalancedTextDataModule
 from lit_balance.models import TransformerLM
+from lit_balance.settings import BatchingSettings
 
 __all__ = ["LitBalanceCLI", "build_cli", "main", "plan_parser", "run_plan"]
+
+
+_DEFAULT_MAX_TOKENS = 4096  # as BalancedTextDataModule's
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def plan_parser() -> ArgumentParser:
@@ -52,25 +62,14 @@ def plan_parser() -> ArgumentParser:
     group.add_argument("--val-fraction", type=float, default=0.05,
                        help="share of corpus documents held out for validation (the plan covers the training split)")
     group.add_argument("--cache-dir", type=str | None, default=None, help="tokenization cache directory")
-    group = parser.add_argument_group("sampler, as BalancedBatchSampler")
+    group = parser.add_argument_group("sampler, as BalancedBatchSampler (see lit_balance.BatchingSettings)")
     group.add_argument("--num-replicas", type=int, default=2, help="ranks (world size)")
-    group.add_argument("--max-tokens", type=int, default=4096, help="padded token slots per micro-batch, per rank")
-    group.add_argument("--shuffle", type=bool, default=True, help="shuffle within length buckets and steps")
-    group.add_argument("--seed", type=int, default=0, help="sampler seed, the same on every rank")
     group.add_argument("--epoch", type=int, default=0, help="the epoch to plan (as set_epoch)")
-    group.add_argument("--drop-last", type=bool, default=False, help="drop instead of duplicating when too few")
-    group.add_argument("--pad-to-multiple-of", type=int, default=1, help="rows padded to a multiple of this (tokens)")
-    group.add_argument("--max-batch-size", type=int | None, default=None, help="rows per micro-batch cap; null = none")
-    group.add_argument("--shuffle-window", type=float, default=0.25,
-                       help="micro-batches' worth of tokens a sample may move in the length order each epoch "
-                            "(randomness for padding); 0 = least padding")
-    group.add_argument("--largest-first", type=bool, default=False,
-                       help="the optimizer step holding the longest sample runs first")
-    group.add_argument("--too-long", type=Literal["error", "skip", "truncate"], default="error",
-                       help="samples longer than max-tokens")
-    group.add_argument("--accumulate-grad-batches", type=int, default=1,
-                       help="micro-batches per rank per optimizer step, balanced together (ranks wait once per "
-                            "optimizer step)")
+    hints = typing.get_type_hints(BatchingSettings)
+    for setting in dataclasses.fields(BatchingSettings):
+        default = _DEFAULT_MAX_TOKENS if setting.name == "max_tokens" else setting.default
+        group.add_argument(_flag(setting.name), type=hints[setting.name], default=default,
+                           help=setting.metadata["help"])
     group = parser.add_argument_group("cost model: cost = per_batch + rows * (linear * L + quadratic * L**2)")
     group.add_argument("--linear", type=float, default=1.0, help="cost per padded token slot")
     group.add_argument("--quadratic", type=float, default=0.0, help="cost per squared padded length, per row")
@@ -82,19 +81,14 @@ def plan_parser() -> ArgumentParser:
 
 
 # plan options whose Python names (as in BalancedBatchSampler / BalancedTextDataModule messages) become flags
-_PLAN_FLAGS = ("max_tokens", "max_length", "too_long", "pad_to_multiple_of", "max_batch_size", "shuffle_window",
-               "num_replicas", "accumulate_grad_batches", "drop_last", "largest_first", "val_fraction", "text_key",
-               "cache_dir", "linear", "quadratic", "per_batch", "seed", "epoch")
+_PLAN_FLAGS = (*BatchingSettings.names(), "max_length", "num_replicas", "val_fraction", "text_key", "cache_dir",
+               "linear", "quadratic", "per_batch", "epoch")
 _NAMES = "|".join(_PLAN_FLAGS)
 _QUOTED_RE = re.compile(rf"(?<![\w.-])({_NAMES})=([\"'])([\w-]+)\2(?: or ([\"'])([\w-]+)\4)?")
 _VALUE_RE = re.compile(rf"(?<![\w.-])({_NAMES})=([^\s,;:()\[\]]*)")
 _PATH_RE = re.compile(r"^(corpus|tokenizer) (file|path|glob pattern)\b")
 _COST_RE = re.compile(r"\bCostModel\.(?=linear|quadratic|per_batch)")
 _NAME_RE = re.compile(rf"(?<![\w.-])({_NAMES})(?!\w)")
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def _flag_names(message: str) -> str:
@@ -152,13 +146,9 @@ def _load_lengths(path: Path) -> np.ndarray:
     return lengths.astype(np.int64)
 
 
-def _corpus_lengths(cfg: Namespace) -> tuple[np.ndarray, str]:
-    dm = BalancedTextDataModule(
-        cfg.corpus, cfg.tokenizer, max_tokens=cfg.max_tokens, max_length=cfg.max_length,
-        val_fraction=cfg.val_fraction, seed=cfg.seed, too_long=cfg.too_long, text_key=cfg.text_key,
-        pad_to_multiple_of=cfg.pad_to_multiple_of, max_batch_size=cfg.max_batch_size,
-        shuffle_window=cfg.shuffle_window, cache_dir=cfg.cache_dir,
-    )
+def _corpus_lengths(cfg: Namespace, settings: BatchingSettings) -> tuple[np.ndarray, str]:
+    dm = BalancedTextDataModule(cfg.corpus, cfg.tokenizer, settings=settings, max_length=cfg.max_length,
+                                val_fraction=cfg.val_fraction, text_key=cfg.text_key, cache_dir=cfg.cache_dir)
     dm.prepare_data()  # tokenizes into the cache, with a progress bar, unless cached
     dm.setup("fit")
     return np.asarray(dm.train_dataset.lengths, dtype=np.int64), (
@@ -183,19 +173,16 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
 
     _check_max_length(cfg)
     try:
+        settings = BatchingSettings.from_dict({name: cfg[name] for name in BatchingSettings.names()})
         if cfg.lengths is not None:
             lengths = _load_lengths(Path(cfg.lengths))
             if cfg.max_length is not None:
                 lengths = np.minimum(lengths, cfg.max_length)
             source = f"{cfg.lengths} ({lengths.size} samples, max_length={cfg.max_length})"
         else:
-            lengths, source = _corpus_lengths(cfg)
+            lengths, source = _corpus_lengths(cfg, settings)
         report = plan_report(
-            lengths, cfg.max_tokens, num_replicas=cfg.num_replicas, shuffle=cfg.shuffle, seed=cfg.seed,
-            epoch=cfg.epoch, drop_last=cfg.drop_last, too_long=cfg.too_long,
-            pad_to_multiple_of=cfg.pad_to_multiple_of, max_batch_size=cfg.max_batch_size,
-            shuffle_window=cfg.shuffle_window, accumulate_grad_batches=cfg.accumulate_grad_batches,
-            largest_first=cfg.largest_first,
+            lengths, settings=settings, num_replicas=cfg.num_replicas, epoch=cfg.epoch,
             cost_model=CostModel(linear=cfg.linear, quadratic=cfg.quadratic, per_batch=cfg.per_batch),
         )
     except (FileNotFoundError, TypeError, ValueError) as error:

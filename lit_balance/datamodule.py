@@ -13,30 +13,37 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from lit_balance._validate import check_bool, check_int
+from lit_balance._validate import check_bool, check_cost_model, check_int
 from lit_balance.cache import TokenizedCorpus, default_cache_dir, load_or_build
 from lit_balance.collate import PadCollator
 from lit_balance.corpus import resolve_corpus
 from lit_balance.cost import CostModel
 from lit_balance.dataset import TokenDataset
 from lit_balance.planning import padded_lengths
-from lit_balance.sampler import TOO_LONG_POLICIES, BalancedBatchSampler
+from lit_balance.sampler import BalancedBatchSampler
+from lit_balance.settings import BatchingSettings, delegate_settings
 from lit_balance.tokenizer import TokenizerAdapter, resolve_tokenizer
 
 __all__ = ["BalancedTextDataModule"]
 
 
+_DEFAULT_MAX_TOKENS = 4096
+
+
+@delegate_settings
 class BalancedTextDataModule(L.LightningDataModule):
     """A LightningDataModule that tokenizes a corpus and feeds each rank token-budgeted micro-batches.
 
     With no arguments it uses the built-in corpus (the docstrings of the running Python's standard
-    library, about 8.6k documents on CPython 3.11) and the built-in BERT-uncased WordPiece tokenizer (30,522 tokens).
+    library, so it needs no download) and the built-in BERT-uncased WordPiece tokenizer (30,522 tokens).
 
     Data flow: ``prepare_data`` (one process per node) tokenizes the corpus into a cache of plain
     arrays keyed by corpus and tokenizer; ``setup`` loads it on every rank, splits documents into train
     and validation (a permutation seeded by ``seed``), truncates each to ``max_length`` tokens, and
     builds one :class:`BalancedBatchSampler` per split from ``trainer.world_size`` and
-    ``trainer.global_rank``. Loaders are ``DataLoader(dataset, sampler=sampler, batch_size=None)``:
+    ``trainer.global_rank``: the training split's with :attr:`settings` and the Trainer's
+    ``accumulate_grad_batches``, the validation split's unshuffled, without drop_last, largest_first or
+    accumulation, with the default cost model. Loaders are ``DataLoader(dataset, sampler=sampler, batch_size=None)``:
     because the sampler is a ``DistributedSampler``, Lightning calls its ``set_epoch`` every epoch and
     leaves it in place under either value of ``Trainer(use_distributed_sampler=...)``.
 
@@ -55,13 +62,13 @@ class BalancedTextDataModule(L.LightningDataModule):
         seed: seed of the train/validation split and of the samplers (the same on every rank).
         num_workers: DataLoader worker processes per rank.
         shuffle: reshuffle training micro-batches every epoch.
-        drop_last: see :class:`BalancedBatchSampler`.
-        too_long: see :class:`BalancedBatchSampler`; only matters when ``max_length`` exceeds ``max_tokens``.
-        pad_to_multiple_of: rows are padded to a multiple of this many tokens.
-        max_batch_size: maximum rows per micro-batch, or None.
-        shuffle_window: see :class:`BalancedBatchSampler` (training split; validation is unshuffled).
+        drop_last, too_long, pad_to_multiple_of, max_batch_size, shuffle_window, largest_first: batching
+            settings, see :class:`~lit_balance.BatchingSettings` (``too_long`` only matters when ``max_length``
+            exceeds ``max_tokens``).
+        settings: all batching settings as one :class:`~lit_balance.BatchingSettings` instead of the keywords
+            above (``max_tokens`` ... ``largest_first``), which must then be left at their defaults or agree with
+            it. Its ``accumulate_grad_batches`` is used only without a Trainer; with one, the Trainer's is.
         cost_model: see :class:`BalancedBatchSampler` (training split); default: padded tokens.
-        largest_first: see :class:`BalancedBatchSampler` (training split).
         text_key: field holding the text in ``.jsonl`` files.
         pad_token_id: padding id for tokenizers or token-id corpora that do not define one (default 0
             for token-id corpora).
@@ -73,6 +80,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         pin_memory: passed to the DataLoaders (True or False).
 
     Attributes:
+        settings: the :class:`~lit_balance.BatchingSettings`, built and checked at construction; its fields are
+            also readable as attributes (``dm.max_tokens``, ``dm.shuffle``, ...; read-only).
         vocab_size: number of token ids, known at construction.
         pad_token_id: padding token id, known at construction.
 
@@ -110,6 +119,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         shuffle_window: float = 0.25,
         cost_model: CostModel | None = None,
         largest_first: bool = False,
+        settings: BatchingSettings | None = None,
         text_key: str = "text",
         pad_token_id: int | None = None,
         vocab_size: int | None = None,
@@ -120,13 +130,16 @@ class BalancedTextDataModule(L.LightningDataModule):
         if (isinstance(val_fraction, (bool, np.bool_)) or not isinstance(val_fraction, (int, float, np.integer, np.floating))
                 or not 0 <= val_fraction < 1):
             raise ValueError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
-        max_tokens = check_int("max_tokens", max_tokens, 1, "set the padded token slots per micro-batch, per rank")
+        keywords = {"max_tokens": max_tokens, "shuffle": shuffle, "seed": seed, "drop_last": drop_last,
+                    "too_long": too_long, "pad_to_multiple_of": pad_to_multiple_of, "max_batch_size": max_batch_size,
+                    "shuffle_window": shuffle_window, "largest_first": largest_first}
+        if settings is not None:  # keywords left at their defaults say nothing
+            defaults = {**BatchingSettings(max_tokens=_DEFAULT_MAX_TOKENS).to_dict(), "max_tokens": _DEFAULT_MAX_TOKENS}
+            keywords = {k: v for k, v in keywords.items() if not (type(v) is type(defaults[k]) and v == defaults[k])}
+        self.settings = BatchingSettings.build(settings, keywords, owner="BalancedTextDataModule")
         if max_length is not None:
             max_length = check_int("max_length", max_length, 1, "tokens kept per document, or None for no truncation")
         num_workers = check_int("num_workers", num_workers, 0, "DataLoader worker processes per rank")
-        shuffle, drop_last = check_bool("shuffle", shuffle), check_bool("drop_last", drop_last)
-        if too_long not in TOO_LONG_POLICIES:
-            raise ValueError(f"too_long must be one of {TOO_LONG_POLICIES}, got {too_long!r}")
         pin_memory = check_bool("pin_memory", pin_memory)
         if vocab_size is not None:
             vocab_size = check_int("vocab_size", vocab_size, 1, "token ids of a token-id corpus without a "
@@ -160,19 +173,10 @@ class BalancedTextDataModule(L.LightningDataModule):
                 )
         self.pad_token_id = self.tokenizer.pad_token_id
         self.vocab_size = self.tokenizer.vocab_size
-        self.max_tokens = max_tokens
         self.max_length = max_length
         self.val_fraction = float(val_fraction)
-        self.seed = seed
         self.num_workers = num_workers
-        self.shuffle = shuffle
-        self.drop_last = drop_last
-        self.too_long = too_long
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.max_batch_size = max_batch_size
-        self.shuffle_window = shuffle_window
-        self.cost_model = cost_model
-        self.largest_first = largest_first
+        self.cost_model = None if cost_model is None else check_cost_model(cost_model)
         self._train_sampler_state: dict[str, Any] | None = None
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.pin_memory = pin_memory
@@ -181,10 +185,6 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.val_dataset: TokenDataset | None = None
         self.train_sampler: BalancedBatchSampler | None = None
         self.val_sampler: BalancedBatchSampler | None = None
-        # Fails now, not at the first batch, on a setting the sampler rejects.
-        BalancedBatchSampler([1], max_tokens, num_replicas=1, rank=0, pad_to_multiple_of=pad_to_multiple_of,
-                             max_batch_size=max_batch_size, seed=seed, shuffle_window=shuffle_window,
-                             cost_model=cost_model, largest_first=largest_first)
 
     # ------------------------------------------------------------------------------------------------
     def _tokenized(self) -> TokenizedCorpus:
@@ -224,20 +224,21 @@ class BalancedTextDataModule(L.LightningDataModule):
         val_docs, train_docs = np.sort(perm[:num_val]), np.sort(perm[num_val:])
         world_size, rank = self._world()
         self._check_too_long()
-        args = {"num_replicas": world_size, "rank": rank, "seed": self.seed, "too_long": self.too_long,
-                    "pad_to_multiple_of": self.pad_to_multiple_of, "max_batch_size": self.max_batch_size,
-                    "shuffle_window": self.shuffle_window}
         # The plan balances each optimizer step: Lightning's accumulate_grad_batches at setup time.
-        accumulate = int(getattr(self.trainer, "accumulate_grad_batches", 1) or 1) if self.trainer else 1
+        train_settings = self.settings
+        if self.trainer is not None:
+            accumulate = int(getattr(self.trainer, "accumulate_grad_batches", 1) or 1)
+            train_settings = train_settings.replace(accumulate_grad_batches=accumulate)
+        val_settings = self.settings.replace(shuffle=False, drop_last=False, largest_first=False,
+                                             accumulate_grad_batches=1)
+        world = {"num_replicas": world_size, "rank": rank}
         self.train_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, train_docs, self.max_length)
-        self.train_sampler = self._sampler("training", self.train_dataset, shuffle=self.shuffle,
-                                           drop_last=self.drop_last, cost_model=self.cost_model,
-                                           largest_first=self.largest_first, accumulate_grad_batches=accumulate,
-                                           **args)
+        self.train_sampler = self._sampler("training", self.train_dataset, train_settings, cost_model=self.cost_model,
+                                           **world)
         self.val_dataset = self.val_sampler = None
         if num_val:
             self.val_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, val_docs, self.max_length)
-            self.val_sampler = self._sampler("validation", self.val_dataset, shuffle=False, drop_last=False, **args)
+            self.val_sampler = self._sampler("validation", self.val_dataset, val_settings, **world)
         truncate = self.train_sampler.truncate_to if self.too_long == "truncate" else None
         self.collator = PadCollator(self.pad_token_id, self.pad_to_multiple_of, max_length=truncate)
 
@@ -268,9 +269,10 @@ class BalancedTextDataModule(L.LightningDataModule):
                 'too_long="skip" or "truncate"'
             )
 
-    def _sampler(self, split: str, dataset: TokenDataset, **kwargs: Any) -> BalancedBatchSampler:
+    def _sampler(self, split: str, dataset: TokenDataset, settings: BatchingSettings,
+                 **kwargs: Any) -> BalancedBatchSampler:
         try:
-            return BalancedBatchSampler(dataset.lengths, self.max_tokens, **kwargs)
+            return BalancedBatchSampler(dataset.lengths, settings=settings, **kwargs)
         except ValueError as error:
             raise ValueError(f"{split} split ({len(dataset)} documents, val_fraction={self.val_fraction}): "
                              f"{error}") from error

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from lit_balance.sampler import MicroBatch
+from lit_balance.planning import MicroBatch
 
 __all__ = ["TokenDataset"]
 
@@ -78,8 +78,8 @@ class TokenDataset(Dataset):
         return self.__getitems__(index)
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        fill = indices.fill if isinstance(indices, MicroBatch) else (False,) * len(indices)
-        items = [self._item(int(i), bool(f)) for i, f in zip(indices, fill)]
+        is_fill = indices.is_fill if isinstance(indices, MicroBatch) else (False,) * len(indices)
+        items = [self._item(int(i), bool(f)) for i, f in zip(indices, is_fill)]
         # the plan's per-optimizer-step totals (global ints), when the sampler attaches them to the micro-batch
         step = {k: int(getattr(indices, k)) for k in _STEP_KEYS if getattr(indices, k, None) is not None}
         if step:

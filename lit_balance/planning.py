@@ -46,13 +46,46 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from lit_balance._validate import check_cost_model
 from lit_balance.cost import CostModel
+from lit_balance.settings import BatchingSettings
 
-__all__ = ["EpochPlan", "padded_lengths", "plan_epoch"]
+__all__ = ["EpochPlan", "MicroBatch", "padded_lengths", "plan_epoch"]
+
+
+class MicroBatch(list):
+    """A micro-batch: a ``list[int]`` of dataset indices that also carries its fill-row mask.
+
+    Attributes:
+        is_fill: ``tuple[bool, ...]`` of the same length; True marks a fill row, a duplicate that exists
+            only to give every rank the same number of micro-batches. Its labels must be ignored.
+        step_real_tokens: real tokens (fill rows excluded) of all micro-batches of this micro-batch's
+            optimizer step, over all ranks (global, as planned), or None when not known.
+        step_rows: rows (fill rows excluded) of those micro-batches, global, or None. A causal language
+            model supervises ``step_real_tokens - step_rows`` tokens in that optimizer step.
+
+    It compares equal to the plain list of its indices and survives pickling into DataLoader workers.
+
+    Example:
+        >>> mb = MicroBatch([4, 7], is_fill=[False, True], step_real_tokens=30, step_rows=3)
+        >>> mb == [4, 7], mb.is_fill
+        (True, (False, True))
+    """
+
+    def __init__(self, indices: Sequence[int] = (), is_fill: Sequence[bool] | None = None,
+                 step_real_tokens: int | None = None, step_rows: int | None = None) -> None:
+        super().__init__(int(i) for i in indices)
+        self.is_fill = tuple(bool(f) for f in is_fill) if is_fill is not None else (False,) * len(self)
+        if len(self.is_fill) != len(self):
+            raise ValueError(f"is_fill mask has {len(self.is_fill)} entries but the micro-batch has {len(self)} "
+                             "indices")
+        self.step_real_tokens = None if step_real_tokens is None else int(step_real_tokens)
+        self.step_rows = None if step_rows is None else int(step_rows)
 
 
 @dataclass(frozen=True)
@@ -65,7 +98,7 @@ class EpochPlan:
             gets the same number of micro-batches; its labels must be ignored by the loss).
         batch_offsets: int64 ``[num_batches + 1]``; micro-batch ``b`` is
             ``rows[batch_offsets[b]:batch_offsets[b + 1]]``.
-        assignment: int64 ``[num_steps, num_replicas]``; ``assignment[s, r]`` is the micro-batch that
+        assignment: int64 ``[num_micro_steps, num_replicas]``; ``assignment[s, r]`` is the micro-batch that
             rank ``r`` runs at micro-step ``s``. Optimizer step ``g`` is micro-steps
             ``[g * accumulate_grad_batches, (g + 1) * accumulate_grad_batches)``.
         dropped: int64, sample indices left out this epoch by ``drop_last=True`` (global).
@@ -80,8 +113,8 @@ class EpochPlan:
     accumulate_grad_batches: int = 1
 
     @property
-    def num_steps(self) -> int:
-        """Micro-batches per rank in this epoch."""
+    def num_micro_steps(self) -> int:
+        """Micro-steps in this epoch: micro-batches per rank (the same on every rank)."""
         return int(self.assignment.shape[0])
 
     @property
@@ -99,6 +132,24 @@ class EpochPlan:
         if not self.num_batches:
             return np.zeros(0, dtype=np.int64)
         return np.maximum.reduceat(padded[self.rows], self.batch_offsets[:-1])
+
+    def _sum_per_batch(self, row_values: np.ndarray) -> np.ndarray:
+        """int64 ``[num_batches]``: ``row_values`` (one per row, int64) summed per micro-batch, exactly."""
+        cumulative = np.concatenate([[0], np.cumsum(row_values, dtype=np.int64)])
+        return cumulative[self.batch_offsets[1:]] - cumulative[self.batch_offsets[:-1]]
+
+    def real_tokens_per_batch(self, lengths: np.ndarray) -> np.ndarray:
+        """int64 ``[num_batches]``: real tokens of each micro-batch (fill rows excluded).
+
+        Args:
+            lengths: int ``[num_samples]``, tokens per sample as planned (e.g. ``sampler.lengths``).
+        """
+        lengths = np.asarray(lengths, dtype=np.int64)
+        return self._sum_per_batch(np.where(self.is_fill, 0, lengths[self.rows]))
+
+    def real_rows_per_batch(self) -> np.ndarray:
+        """int64 ``[num_batches]``: rows of each micro-batch that are not fill rows."""
+        return self._sum_per_batch((~self.is_fill).astype(np.int64))
 
 
 def padded_lengths(lengths: np.ndarray, pad_to_multiple_of: int) -> np.ndarray:
@@ -215,75 +266,71 @@ def _lpt(costs: np.ndarray, speeds: np.ndarray, per_rank: int) -> np.ndarray:
 
 def plan_epoch(
     lengths: np.ndarray,
-    max_tokens: int,
+    settings: BatchingSettings,
     *,
     num_replicas: int,
-    seed: int,
     epoch: int,
-    shuffle: bool,
-    drop_last: bool,
-    pad_to_multiple_of: int = 1,
-    max_batch_size: int | None = None,
     eligible: np.ndarray | None = None,
-    shuffle_window: float = 0.0,
     cost_model: CostModel | None = None,
-    accumulate_grad_batches: int = 1,
     rank_speeds: np.ndarray | None = None,
-    largest_first: bool = False,
     min_steps: int = 0,
 ) -> EpochPlan:
     """Plan one epoch for all ranks (pure: the same inputs give the same plan on every rank).
 
     Args:
         lengths: int ``[num_samples]``, tokens per sample, already truncated where that applies; every
-            eligible sample must satisfy ``padded(length) <= max_tokens``.
-        max_tokens: padded token slots (rows x longest padded row) allowed per micro-batch, per rank.
-        num_replicas: number of ranks; the plan has ``num_steps x num_replicas`` micro-batches.
-        seed: base seed; randomness comes from a local generator seeded by ``(seed, epoch)``.
-        epoch: epoch number; changes batch composition, rank assignment and step order when ``shuffle``.
-        shuffle: randomise the sort order (see ``shuffle_window``), the rank of each micro-batch within its
-            step and the order of steps; otherwise fully ordered.
-        drop_last: when the samples are too few to give every rank a micro-batch at every step without
-            duplicates, drop the fewest samples instead of adding fill rows.
-        pad_to_multiple_of: padded length is the length rounded up to this multiple (tokens).
-        max_batch_size: cap on rows per micro-batch, or None for no cap.
+            eligible sample must satisfy ``padded(length) <= settings.max_tokens``.
+        settings: the :class:`~lit_balance.BatchingSettings` (budget per rank, shuffle and its window, seed,
+            drop_last, padding multiple, row cap, accumulation, largest_first). ``too_long`` is not read here:
+            the caller has already truncated the lengths or excluded samples through ``eligible``.
+        num_replicas: number of ranks; the plan has ``num_micro_steps x num_replicas`` micro-batches.
+        epoch: epoch number; with ``settings.shuffle`` it changes batch composition, rank assignment and step
+            order (randomness comes from a local generator seeded by ``(settings.seed, epoch)``).
         eligible: bool ``[num_samples]`` mask of samples to plan (others are skipped), or None for all.
-        shuffle_window: with ``shuffle``, each sample's position in the longest-first order moves later by a
-            uniform random amount of up to this many micro-batches' worth of tokens (``max_tokens`` each)
-            before micro-batches are cut. 0 shuffles only equal lengths; larger values change batch-mates
-            more between epochs and cost more padding.
         cost_model: cost of a micro-batch (default: padded token slots).
-        accumulate_grad_batches: micro-batches per rank per optimizer step; ranks are balanced on their
-            summed cost per optimizer step.
         rank_speeds: float ``[num_replicas]`` relative throughput of each rank (None: all equal); a rank
             with half the speed gets about half the cost per optimizer step.
-        largest_first: put the optimizer step holding the epoch's longest sample first (its micro-batch
-            first on its rank).
         min_steps: plan at least this many micro-steps (smaller micro-batches) where the samples allow, without
             fill rows; used to re-plan the rest of an epoch on a new number of ranks.
 
     Returns:
         The :class:`EpochPlan` of the epoch.
+
+    Raises:
+        TypeError: ``settings`` is not a :class:`~lit_balance.BatchingSettings`, or ``cost_model`` not a
+            :class:`~lit_balance.CostModel`.
+
+    Example:
+        >>> plan = plan_epoch([95] * 5 + [20] * 5, BatchingSettings(max_tokens=100, shuffle=False), num_replicas=2,
+        ...                   epoch=0)
+        >>> plan.num_micro_steps, plan.assignment.tolist()
+        (3, [[5, 0], [1, 2], [3, 4]])
     """
-    cost_model = cost_model or CostModel()
+    if not isinstance(settings, BatchingSettings):
+        raise TypeError(f"settings must be a lit_balance.BatchingSettings, got {type(settings).__name__}")
+    cost_model = check_cost_model(cost_model)
     lengths = np.asarray(lengths, dtype=np.int64)
-    padded = padded_lengths(lengths, pad_to_multiple_of)
+    padded = padded_lengths(lengths, settings.pad_to_multiple_of)
     candidates = np.arange(lengths.shape[0], dtype=np.int64)
     if eligible is not None:
         candidates = candidates[eligible]
-    row_cap = max_batch_size if max_batch_size is not None else max_tokens
+    max_tokens = settings.max_tokens
+    row_cap = settings.max_batch_size if settings.max_batch_size is not None else max_tokens
     speeds = np.ones(num_replicas) if rank_speeds is None else np.asarray(rank_speeds, dtype=np.float64)
     uniform = bool(np.all(speeds == speeds[0]))
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch)])) if shuffle else None
+    seed, shuffle = int(settings.seed), settings.shuffle
+    rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch)])) if shuffle else None
 
     weight = speeds / speeds.max()  # cost caps cycle over ranks in proportion to their speeds
-    k = _num_batches(padded, candidates, max_tokens, row_cap, num_replicas, shuffle_window if shuffle else 0.0,
-                     accumulate_grad_batches, largest_first)
+    k = _num_batches(padded, candidates, settings, num_replicas, row_cap)
     if min_steps * num_replicas > k:
         k = max(k, min(min_steps, candidates.shape[0] // num_replicas) * num_replicas)
-    order = _order(padded, candidates, max_tokens, shuffle_window, rng)
+    order = _order(padded, candidates, max_tokens, settings.shuffle_window, rng)
     cuts = _Cuts(padded[order], max_tokens, row_cap, cost_model)
-    finish_rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), 1])) if shuffle else None
+    finish_rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch), 1])) if shuffle else None
+    layout = _Layout(padded=padded, cost_model=cost_model, num_replicas=num_replicas,
+                     accumulate_grad_batches=settings.accumulate_grad_batches, speeds=speeds, uniform=uniform,
+                     drop_last=settings.drop_last, largest_first=settings.largest_first, rng=finish_rng)
     best: tuple[float, EpochPlan] | None = None
     # Candidate cuts of the order within the budget (greedy under a cost cap, which always fits; cumulative equal
     # shares); the plan that holds the ranks for the least time is kept. With unequal speeds, the cumulative cut
@@ -304,16 +351,14 @@ def plan_epoch(
     for method, target, ends in candidates:
         if ends is None or ends.size > target:  # (the second: float precision lost to an extreme cost model)
             continue
-        plan = _finish(order, ends, target, padded, cost_model, num_replicas, accumulate_grad_batches, speeds,
-                       uniform or method == "greedy", uniform, drop_last, largest_first, finish_rng)
+        plan = layout.finish(order, ends, target, by_lpt=uniform or method == "greedy")
         waste = _waste(plan, padded, cost_model, speeds)
         if best is None or waste < best[0]:
             best = (waste, plan)
     if best is None:  # micro-batches filled to the budget, split to the epoch's count: always fits
         k = max(k, -(-cuts.fill_count() // num_replicas) * num_replicas)
         ends = _cut_points(cuts.run_take, cuts.run_ends) if cuts.n else np.empty(0, dtype=np.int64)
-        best = (0.0, _finish(order, ends, k, padded, cost_model, num_replicas, accumulate_grad_batches,
-                             speeds, True, uniform, drop_last, largest_first, finish_rng))
+        best = (0.0, layout.finish(order, ends, k, by_lpt=True))
     return best[1]
 
 
@@ -386,8 +431,8 @@ class _Cuts:
         return ends if ends.size and ends[-1] == self.n and ends.size == min(k, self.n) else None
 
 
-def _num_batches(padded: np.ndarray, candidates: np.ndarray, max_tokens: int, row_cap: int, num_replicas: int,
-                 window: float, accumulate: int, largest_first: bool) -> int:
+def _num_batches(padded: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, num_replicas: int,
+                 row_cap: int) -> int:
     """Micro-batches of every epoch: the same for all epochs, so the epoch length never changes.
 
     The smallest multiple of ``num_replicas`` not below the budget-filling count of the noise-free longest-first
@@ -398,6 +443,8 @@ def _num_batches(padded: np.ndarray, candidates: np.ndarray, max_tokens: int, ro
     the epoch length.
     """
     cost_model = CostModel()
+    max_tokens = settings.max_tokens
+    window = settings.shuffle_window if settings.shuffle else 0.0
     n = candidates.shape[0]
     if not n:
         return 0
@@ -412,62 +459,91 @@ def _num_batches(padded: np.ndarray, candidates: np.ndarray, max_tokens: int, ro
         return target
     plain = _Cuts(padded[order], max_tokens, row_cap, cost_model)
     speeds = np.ones(num_replicas)
+    layout = _Layout(padded=padded, cost_model=cost_model, num_replicas=num_replicas,
+                     accumulate_grad_batches=settings.accumulate_grad_batches, speeds=speeds, uniform=True,
+                     drop_last=False, largest_first=settings.largest_first, rng=None)
     waste = []
     for k in (target, target + num_replicas):
-        ends = plain.greedy(k)
-        plan = _finish(order, ends, k, padded, cost_model, num_replicas, accumulate, speeds, True, True, False,
-                       largest_first, None)
+        plan = layout.finish(order, plain.greedy(k), k, by_lpt=True)
         waste.append(_waste(plan, padded, cost_model, speeds))
     return target if waste[0] <= waste[1] else target + num_replicas
 
 
-def _finish(order, ends, target, padded, cost_model, num_replicas, accumulate_grad_batches, speeds, by_lpt,
-            uniform, drop_last, largest_first, rng) -> EpochPlan:
-    """Split to ``target`` micro-batches (or fill / drop when too few samples), then assign steps and ranks.
+@dataclass(frozen=True)
+class _Layout:
+    """What turns cut points into a plan, fixed for one epoch: costs, ranks, speeds and step settings.
 
-    ``by_lpt``: assign each step's micro-batches to ranks by LPT (else micro-batch ``k`` was cut for rank
-    ``k % num_replicas``); ``uniform``: equal speeds (ranks may be permuted within a step).
+    Attributes:
+        padded: int64 ``[num_samples]`` padded lengths (tokens).
+        cost_model: cost of a micro-batch.
+        num_replicas: number of ranks.
+        accumulate_grad_batches: micro-batches per rank per optimizer step.
+        speeds: float64 ``[num_replicas]`` relative rank speeds.
+        uniform: all speeds equal (ranks may be permuted within a step).
+        drop_last: drop samples instead of adding fill rows when too few.
+        largest_first: the step holding the longest row runs first.
+        rng: generator for drops, rank permutations and step order (None: no shuffle).
     """
-    n = order.shape[0]
-    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64) if ends.size else np.empty(0, dtype=np.int64)
-    starts, ends = _split_to(starts, ends, target)
-    rows, offsets = order, np.append(starts, n)
-    num_fill = 0
-    dropped = np.empty(0, dtype=np.int64)
-    if starts.shape[0] < target:  # every micro-batch is a single row: too few samples
-        if drop_last:
-            keep = (n // num_replicas) * num_replicas
-            # drop at random (shuffle) or, without shuffle, the highest-cost rows (order is longest first)
-            perm = rng.permutation(n) if rng is not None else np.arange(n)[::-1]
-            keep_mask = np.ones(n, dtype=bool)
-            keep_mask[perm[keep:]] = False
-            dropped = np.sort(order[~keep_mask])
-            rows = order[keep_mask]
-        else:
-            num_fill = target - starts.shape[0]  # at most num_replicas - 1
-            cheapest_first = order[::-1]
-            rows = np.concatenate([order, cheapest_first[np.arange(num_fill) % n]])
-        offsets = np.arange(rows.shape[0] + 1, dtype=np.int64)
-    is_fill = np.zeros(rows.shape[0], dtype=bool)
-    if num_fill:
-        is_fill[-num_fill:] = True
-    num_batches = offsets.shape[0] - 1
-    num_steps = num_batches // num_replicas
 
-    widths = np.maximum.reduceat(padded[rows], offsets[:-1]) if num_batches else np.zeros(0, np.int64)
-    cost = np.asarray(cost_model.batch_cost(np.diff(offsets), widths), dtype=np.float64).reshape(-1)
-    assignment = _assign(cost, num_steps, num_replicas, accumulate_grad_batches, speeds, by_lpt, uniform, rng)
-    if largest_first and num_steps:
-        assignment = _longest_first(assignment, offsets, padded[rows], accumulate_grad_batches)
+    padded: np.ndarray
+    cost_model: CostModel
+    num_replicas: int
+    accumulate_grad_batches: int
+    speeds: np.ndarray
+    uniform: bool
+    drop_last: bool
+    largest_first: bool
+    rng: np.random.Generator | None
 
-    return EpochPlan(
-        rows=rows.astype(np.int64),
-        is_fill=is_fill,
-        batch_offsets=offsets.astype(np.int64),
-        assignment=np.ascontiguousarray(assignment, dtype=np.int64),
-        dropped=dropped,
-        accumulate_grad_batches=int(accumulate_grad_batches),
-    )
+    def finish(self, order: np.ndarray, ends: np.ndarray, target: int, *, by_lpt: bool) -> EpochPlan:
+        """Split to ``target`` micro-batches (or fill / drop when too few samples), then assign steps and ranks.
+
+        ``order`` holds sample indices in plan order and ``ends`` the end offsets of its micro-batches.
+        ``by_lpt``: assign each step's micro-batches to ranks by LPT (else micro-batch ``k`` was cut for rank
+        ``k % num_replicas``).
+        """
+        num_replicas, rng, padded = self.num_replicas, self.rng, self.padded
+        accumulate = self.accumulate_grad_batches
+        n = order.shape[0]
+        starts = np.concatenate([[0], ends[:-1]]).astype(np.int64) if ends.size else np.empty(0, dtype=np.int64)
+        starts, ends = _split_to(starts, ends, target)
+        rows, offsets = order, np.append(starts, n)
+        num_fill = 0
+        dropped = np.empty(0, dtype=np.int64)
+        if starts.shape[0] < target:  # every micro-batch is a single row: too few samples
+            if self.drop_last:
+                keep = (n // num_replicas) * num_replicas
+                # drop at random (shuffle) or, without shuffle, the highest-cost rows (order is longest first)
+                perm = rng.permutation(n) if rng is not None else np.arange(n)[::-1]
+                keep_mask = np.ones(n, dtype=bool)
+                keep_mask[perm[keep:]] = False
+                dropped = np.sort(order[~keep_mask])
+                rows = order[keep_mask]
+            else:
+                num_fill = target - starts.shape[0]  # at most num_replicas - 1
+                cheapest_first = order[::-1]
+                rows = np.concatenate([order, cheapest_first[np.arange(num_fill) % n]])
+            offsets = np.arange(rows.shape[0] + 1, dtype=np.int64)
+        is_fill = np.zeros(rows.shape[0], dtype=bool)
+        if num_fill:
+            is_fill[-num_fill:] = True
+        num_batches = offsets.shape[0] - 1
+        num_steps = num_batches // num_replicas
+
+        widths = np.maximum.reduceat(padded[rows], offsets[:-1]) if num_batches else np.zeros(0, np.int64)
+        cost = np.asarray(self.cost_model.batch_cost(np.diff(offsets), widths), dtype=np.float64).reshape(-1)
+        assignment = _assign(cost, num_steps, num_replicas, accumulate, self.speeds, by_lpt, self.uniform, rng)
+        if self.largest_first and num_steps:
+            assignment = _longest_first(assignment, offsets, padded[rows], accumulate)
+
+        return EpochPlan(
+            rows=rows.astype(np.int64),
+            is_fill=is_fill,
+            batch_offsets=offsets.astype(np.int64),
+            assignment=np.ascontiguousarray(assignment, dtype=np.int64),
+            dropped=dropped,
+            accumulate_grad_batches=int(accumulate),
+        )
 
 
 def _cut_greedy(run_cost: np.ndarray, per_batch: float, run_take: np.ndarray, run_ends: np.ndarray,

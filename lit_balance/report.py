@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DistributedSampler
 
+from lit_balance._validate import check_cost_model
 from lit_balance.cost import CostModel
 from lit_balance.planning import EpochPlan, padded_lengths
 from lit_balance.sampler import BalancedBatchSampler
+from lit_balance.settings import BatchingSettings
 from lit_balance.stats import PlanStats, plan_stats
 
 __all__ = ["PlanReport", "distributed_sampler_plan", "format_report", "plan_report", "save_plots"]
@@ -32,7 +34,8 @@ class PlanReport:
 
     Attributes:
         lengths: int64 ``[num_samples]``: tokens per sample as planned (after truncation), global.
-        settings: the planning settings (plain values: ``max_tokens``, ``num_replicas``, ``seed``, ...).
+        settings: the planning settings as plain values: :meth:`BatchingSettings.to_dict` plus
+            ``num_replicas``, ``epoch`` and ``cost_model`` (:meth:`CostModel.to_dict`).
         balanced: :class:`PlanStats` of :class:`BalancedBatchSampler`'s plan.
         baseline: :class:`PlanStats` of ``DistributedSampler`` with ``baseline_batch_size`` rows per batch.
         baseline_batch_size: the largest fixed batch size whose batches never exceed ``max_tokens``
@@ -145,38 +148,32 @@ def _bucket_edges(lengths: np.ndarray, max_tokens: int) -> np.ndarray:
 
 def plan_report(
     lengths: Any,
-    max_tokens: int,
+    max_tokens: int | None = None,
     *,
+    settings: BatchingSettings | None = None,
     num_replicas: int,
-    shuffle: bool = True,
-    seed: int = 0,
     epoch: int = 0,
-    drop_last: bool = False,
-    too_long: str = "error",
-    pad_to_multiple_of: int = 1,
-    max_batch_size: int | None = None,
-    shuffle_window: float = 0.25,
-    accumulate_grad_batches: int = 1,
     cost_model: CostModel | None = None,
-    largest_first: bool = False,
+    **settings_kwargs: Any,
 ) -> PlanReport:
     """Plan epoch ``epoch`` with :class:`BalancedBatchSampler` and with ``DistributedSampler``, and measure both.
 
     The baseline batches the same samples (those the balanced plan keeps) with ``DistributedSampler`` and
     the largest fixed batch size ``max_tokens // longest padded length`` (capped by ``max_batch_size``),
     so neither plan ever exceeds ``max_tokens`` padded slots per micro-batch. Both are measured with
-    :func:`lit_balance.stats.plan_stats` under the same cost model.
+    :func:`lit_balance.stats.plan_stats` under the same cost model, per optimizer step of
+    ``settings.accumulate_grad_batches`` micro-batches per rank (ranks wait for each other once per step).
 
     Args:
         lengths: int ``[num_samples]``: tokens per sample.
-        max_tokens: padded token slots per micro-batch, per rank.
+        max_tokens: padded token slots per micro-batch, per rank (shorthand for ``settings.max_tokens``).
+        settings: the :class:`~lit_balance.BatchingSettings`; or give them as keywords (``**settings_kwargs``),
+            as for :class:`BalancedBatchSampler`.
         num_replicas: number of ranks (world size).
-        shuffle, seed, epoch, drop_last, too_long, pad_to_multiple_of, max_batch_size, shuffle_window,
-            largest_first: as for :class:`BalancedBatchSampler` (``epoch`` as passed to ``set_epoch``).
-        accumulate_grad_batches: micro-batches per rank per optimizer step (ranks wait for each other once
-            per optimizer step); the sampler balances each optimizer step's micro-batches together.
+        epoch: the epoch to plan (as passed to ``set_epoch``).
         cost_model: cost of a micro-batch, which the sampler balances and both plans are measured in;
             default :class:`CostModel()` (padded token slots).
+        **settings_kwargs: settings by name (``shuffle=False``, ``accumulate_grad_batches=2``, ...).
 
     Returns:
         The :class:`PlanReport`.
@@ -189,39 +186,31 @@ def plan_report(
         >>> report.baseline_batch_size, round(report.balanced.padding_ratio, 3), round(report.baseline.padding_ratio, 3)
         (1, 0.0, 0.0)
     """
-    cost_model = cost_model or CostModel()
-    if isinstance(accumulate_grad_batches, bool) or not isinstance(accumulate_grad_batches, int) \
-            or accumulate_grad_batches < 1:
-        raise ValueError(f"accumulate_grad_batches must be an int >= 1, got {accumulate_grad_batches!r}")
-    sampler = BalancedBatchSampler(
-        lengths, max_tokens, num_replicas=num_replicas, rank=0, shuffle=shuffle, seed=seed, drop_last=drop_last,
-        too_long=too_long, pad_to_multiple_of=pad_to_multiple_of, max_batch_size=max_batch_size,
-        shuffle_window=shuffle_window, cost_model=cost_model, accumulate_grad_batches=accumulate_grad_batches,
-        largest_first=largest_first,
-    )
+    cost_model = check_cost_model(cost_model)
+    sampler = BalancedBatchSampler(lengths, max_tokens, settings=settings, num_replicas=num_replicas, rank=0,
+                                   cost_model=cost_model, **settings_kwargs)
+    settings = sampler.settings
     sampler.set_epoch(epoch)
     planned = sampler.lengths
-    balanced = plan_stats(sampler.plan(), planned, cost_model, pad_to_multiple_of=pad_to_multiple_of,
-                          accumulate_grad_batches=accumulate_grad_batches)
+    pad, accumulate = settings.pad_to_multiple_of, settings.accumulate_grad_batches
+    balanced = plan_stats(sampler.plan(), planned, cost_model, pad_to_multiple_of=pad,
+                          accumulate_grad_batches=accumulate)
 
     kept = np.setdiff1d(np.arange(planned.size), sampler.skipped_indices)
     kept_lengths = planned[kept]
-    batch_size = max_tokens // int(padded_lengths(kept_lengths, pad_to_multiple_of).max())
-    if max_batch_size is not None:
-        batch_size = min(batch_size, max_batch_size)
-    base_plan = distributed_sampler_plan(kept.size, batch_size, num_replicas=num_replicas, shuffle=shuffle,
-                                         seed=seed, epoch=epoch, drop_last=drop_last)
-    baseline = plan_stats(base_plan, kept_lengths, cost_model, pad_to_multiple_of=pad_to_multiple_of,
-                          accumulate_grad_batches=accumulate_grad_batches)
-    settings = {"max_tokens": max_tokens, "num_replicas": num_replicas, "shuffle": shuffle, "seed": seed,
-                "epoch": epoch, "drop_last": drop_last, "too_long": too_long,
-                "pad_to_multiple_of": pad_to_multiple_of, "max_batch_size": max_batch_size,
-                "shuffle_window": float(shuffle_window), "accumulate_grad_batches": accumulate_grad_batches,
-                "largest_first": largest_first, "cost_model": cost_model.to_dict()}
+    batch_size = settings.max_tokens // int(padded_lengths(kept_lengths, pad).max())
+    if settings.max_batch_size is not None:
+        batch_size = min(batch_size, settings.max_batch_size)
+    base_plan = distributed_sampler_plan(kept.size, batch_size, num_replicas=num_replicas, shuffle=settings.shuffle,
+                                         seed=settings.seed, epoch=epoch, drop_last=settings.drop_last)
+    baseline = plan_stats(base_plan, kept_lengths, cost_model, pad_to_multiple_of=pad,
+                          accumulate_grad_batches=accumulate)
+    summary = {**settings.to_dict(), "num_replicas": sampler.num_replicas, "epoch": sampler.epoch,
+               "cost_model": cost_model.to_dict()}
     unit = "padded slots" if cost_model == CostModel() else "cost units"
-    return PlanReport(lengths=kept_lengths, settings=settings, balanced=balanced, baseline=baseline,
+    return PlanReport(lengths=kept_lengths, settings=summary, balanced=balanced, baseline=baseline,
                       baseline_batch_size=batch_size,
-                      bucket_edges=_bucket_edges(kept_lengths, max_tokens), cost_unit=unit)
+                      bucket_edges=_bucket_edges(kept_lengths, settings.max_tokens), cost_unit=unit)
 
 
 def _number(value: float) -> str:

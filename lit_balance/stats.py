@@ -39,6 +39,10 @@ class _Batches:
     def num_batches(self) -> int:
         return int(self.batch_offsets.shape[0] - 1)
 
+    # One implementation of per-batch sums: the plan's own (it reads only rows, is_fill and batch_offsets).
+    _sum_per_batch = EpochPlan._sum_per_batch
+    real_tokens_per_batch = EpochPlan.real_tokens_per_batch
+
     def row_batch(self) -> np.ndarray:
         """int64 ``[num_rows]``: the micro-batch of each row."""
         return np.repeat(np.arange(self.num_batches), np.diff(self.batch_offsets))
@@ -190,8 +194,7 @@ def plan_stats(
     slots = sizes * width
     batch_cost = np.where(filled, cost_model.batch_cost(sizes, width), 0.0) if num_batches else np.zeros(0)
     real_rows = ~p.is_fill
-    row_batch = p.row_batch()
-    batch_real = np.bincount(row_batch[real_rows], weights=lengths[p.rows[real_rows]], minlength=num_batches)
+    batch_real = p.real_tokens_per_batch(lengths)
 
     a = p.assignment  # [num_micro_steps, R]; -1 (no micro-batch) picks the appended zero
     cost = np.append(np.asarray(batch_cost, dtype=np.float64), 0.0)[a]

@@ -123,7 +123,7 @@ def test_budget_counts_coverage_with_costs_and_accumulation(lengths, num_replica
             assert len({(b.step_real_tokens, b.step_rows) for b in batches[g:g + accumulate]}) == 1
         per_rank.append(batches)
     assert len({len(b) for b in per_rank}) == 1
-    real = sorted(i for batches in per_rank for b in batches for i, f in zip(b, b.fill) if not f)
+    real = sorted(i for batches in per_rank for b in batches for i, f in zip(b, b.is_fill) if not f)
     assert real == list(range(len(lengths)))
     # the step totals add up to the epoch's real tokens and rows
     groups = {}
@@ -133,7 +133,7 @@ def test_budget_counts_coverage_with_costs_and_accumulation(lengths, num_replica
     assert sum(bs[0].step_real_tokens for bs in groups.values()) == sum(lengths)
     assert sum(bs[0].step_rows for bs in groups.values()) == len(lengths)
     for bs in groups.values():
-        assert bs[0].step_real_tokens == sum(lengths[i] for b in bs for i, f in zip(b, b.fill) if not f)
+        assert bs[0].step_real_tokens == sum(lengths[i] for b in bs for i, f in zip(b, b.is_fill) if not f)
 
 
 @pytest.mark.parametrize(

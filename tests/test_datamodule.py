@@ -842,7 +842,7 @@ def test_train_dataloader_length_counts_rank_speeds_handed_over_for_the_new_epoc
     dm.trainer.current_epoch = 1
     loader = dm.train_dataloader()
     assert sampler.epoch == 1 and sampler.rank_speeds is not None
-    assert len(loader) == sampler.plan(1).num_steps == sum(1 for _ in loader)
+    assert len(loader) == sampler.plan(1).num_micro_steps == sum(1 for _ in loader)
     assert len(loader) > before  # the slow rank's small share lengthens this epoch
     dm.trainer.current_epoch = 0  # never moved back (a restored sampler can be ahead of the trainer)
     dm.train_dataloader()

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from lit_balance.planning import _count_batches, _cut_points, _lpt, _split_to, plan_epoch
 from lit_balance.sampler import MAX_TOKENS_LIMIT, BalancedBatchSampler
+from lit_balance.settings import BatchingSettings
 from lit_balance.stats import batch_persistence, plan_stats
 
 LENGTHS = Path(__file__).resolve().parents[1] / "lit_balance" / "data" / "lengths"
@@ -94,7 +95,8 @@ def test_lpt_matches_reference_and_fills_every_rank(num_ranks, per_rank, data):
 def test_equal_lengths_make_equal_cost_steps():
     # 1000 rows of 10 tokens, budget 128 -> 12 rows each would need 84 micro-batches; 4 ranks -> 84 is a
     # multiple; equal cost: every micro-batch has 11 or 12 rows, and the plan balances each step
-    plan = plan_epoch(np.full(1000, 10), 128, num_replicas=4, seed=0, epoch=0, shuffle=True, drop_last=False)
+    plan = plan_epoch(np.full(1000, 10), BatchingSettings(max_tokens=128, seed=0, shuffle=True, drop_last=False),
+                      num_replicas=4, epoch=0)
     sizes = np.diff(plan.batch_offsets)
     assert plan.num_batches == 84 and sizes.max() * 10 <= 128 and sizes.max() - sizes.min() <= 1
     stats = plan_stats(plan, np.full(1000, 10))

@@ -57,7 +57,7 @@ def test_resume_yields_exactly_the_rest_then_full_epochs(lengths, num_replicas, 
         fresh.set_epoch(epoch)  # what Lightning does at the epoch start: changes nothing
         rest = list(fresh)
         assert head + rest == full
-        assert [b.fill for b in rest] == [b.fill for b in full[k:]]
+        assert [b.is_fill for b in rest] == [b.is_fill for b in full[k:]]
         fresh.set_epoch(epoch + 1)
         reference.set_epoch(epoch + 1)
         assert list(fresh) == list(reference)
@@ -75,7 +75,7 @@ def test_world_size_change_replans_the_rest_with_nothing_lost(lengths, old, new,
         iterator = iter(s)
         for _ in range(k):
             batch = next(iterator)
-            seen.update(i for i, f in zip(batch, batch.fill) if not f)
+            seen.update(i for i, f in zip(batch, batch.is_fill) if not f)
     state = _roundtrip(before[0].state_dict())
     if k == len(before[0]):
         return  # the next epoch starts fresh on the new ranks
@@ -85,7 +85,7 @@ def test_world_size_change_replans_the_rest_with_nothing_lost(lengths, old, new,
         s.set_epoch(epoch)
     assert len({len(s) for s in after}) == 1  # equal counts on the new ranks
     if new != old:  # the rest is re-planned; Lightning counts from the epoch start
-        assert len(after[0]) == k + after[0].plan().num_steps
+        assert len(after[0]) == k + after[0].plan().num_micro_steps
         full_epoch = BalancedBatchSampler(lengths, 512, num_replicas=new, rank=0, seed=3)
         full_epoch.set_epoch(epoch + 1)
         remaining = len(lengths) - len(seen)
@@ -96,7 +96,7 @@ def test_world_size_change_replans_the_rest_with_nothing_lost(lengths, old, new,
     for s in after:
         for batch in s:
             assert len(batch) * max(lengths[i] for i in batch) <= 512
-            seen.update(i for i, f in zip(batch, batch.fill) if not f)
+            seen.update(i for i, f in zip(batch, batch.is_fill) if not f)
     assert sorted(seen) == list(range(len(lengths)))  # every sample ...
     assert set(seen.values()) == {1}  # ... exactly once (fill rows aside)
     # a state saved again mid-way through the re-planned rest continues it exactly
@@ -183,15 +183,17 @@ def test_a_rank_far_slower_than_any_share_of_whole_rows_still_gets_the_least(slo
 def test_nearly_equal_rank_speeds_keep_the_epoch_length_when_micro_batches_have_an_overhead(accumulate):
     # Shares cut to speeds 1 : 0.997 would need more, smaller micro-batches; with a per-micro-batch overhead
     # (what CostModelFeedback fits in seconds) that holds the ranks longer than the equal-cost cut.
-    from lit_balance.planning import _Cuts, _cumulative_by_speed, _finish, _order, _waste, padded_lengths, plan_epoch
+    from lit_balance.planning import _Cuts, _cumulative_by_speed, _Layout, _order, _waste, padded_lengths, plan_epoch
+    from lit_balance.settings import BatchingSettings
 
     lengths = np.random.default_rng(4).integers(5, 257, 2000)
     cost = CostModel(linear=1.0, quadratic=1e-3, per_batch=200.0)
-    args = dict(num_replicas=2, seed=0, epoch=1, shuffle=True, drop_last=False, shuffle_window=0.25,
-                cost_model=cost, accumulate_grad_batches=accumulate)
-    even = plan_epoch(lengths, 1024, **args)
+    settings = BatchingSettings(max_tokens=1024, seed=0, shuffle=True, drop_last=False, shuffle_window=0.25,
+                                accumulate_grad_batches=accumulate)
+    args = dict(num_replicas=2, epoch=1, cost_model=cost)
+    even = plan_epoch(lengths, settings, **args)
     speeds = np.array([0.997, 1.0])
-    near = plan_epoch(lengths, 1024, rank_speeds=speeds, **args)
+    near = plan_epoch(lengths, settings, rank_speeds=speeds, **args)
     assert near.num_batches == even.num_batches
     # the cumulative cut for these speeds alone is longer and holds the ranks longer
     padded = padded_lengths(lengths, 1)
@@ -200,7 +202,9 @@ def test_nearly_equal_rank_speeds_keep_the_epoch_length_when_micro_batches_have_
     cuts = _cumulative_by_speed(_Cuts(padded[order], 1024, 1024, cost), speeds, even.num_batches, 2)
     assert cuts and all(count > even.num_batches for count, _ in cuts)
     for count, ends in cuts:
-        split = _finish(order, ends, count, padded, cost, 2, accumulate, speeds, False, False, False, False, None)
+        layout = _Layout(padded=padded, cost_model=cost, num_replicas=2, accumulate_grad_batches=accumulate,
+                         speeds=speeds, uniform=False, drop_last=False, largest_first=False, rng=None)
+        split = layout.finish(order, ends, count, by_lpt=False)
         assert _waste(split, padded, cost, speeds) > _waste(near, padded, cost, speeds)
 
 
@@ -234,7 +238,7 @@ def test_load_state_dict_on_other_ranks_rejects_more_consumed_than_the_saved_pla
     lengths = np.arange(1, 60)
     saved = BalancedBatchSampler(lengths, 100, num_replicas=1, rank=0)
     state = saved.state_dict()
-    steps = saved.plan().num_steps
+    steps = saved.plan().num_micro_steps
     state["segments"] = [[1, steps + 5]]
     resumed = BalancedBatchSampler(lengths, 100, num_replicas=2, rank=0)
     before = resumed.state_dict()
@@ -309,7 +313,7 @@ def test_several_world_size_changes_in_one_epoch_lose_and_repeat_nothing(lengths
             iterator = iter(s)
             for _ in range(take):
                 batch = next(iterator)
-                seen.update(i for i, f in zip(batch, batch.fill) if not f)
+                seen.update(i for i, f in zip(batch, batch.is_fill) if not f)
         if stage < len(worlds) - 1:
             state = samplers[0].state_dict(batches_consumed=earlier + start + take)
             if state["epoch"] == 1:  # the epoch ended early in the chain

@@ -22,6 +22,7 @@ from lit_balance.collate import IGNORE_INDEX, PadCollator
 from lit_balance.dataset import TokenDataset
 from lit_balance.planning import padded_lengths, plan_epoch
 from lit_balance.sampler import TOO_LONG_POLICIES, BalancedBatchSampler, MicroBatch
+from lit_balance.settings import BatchingSettings
 
 LENGTHS_DIR = Path(__file__).resolve().parents[1] / "lit_balance" / "data" / "lengths"
 
@@ -50,8 +51,8 @@ def epoch_output(samplers, epoch=None) -> list[list[tuple[list[int], tuple[bool,
         for b in s:
             assert isinstance(b, MicroBatch)
             assert all(type(i) is int for i in b)
-            assert len(b.fill) == len(b)
-            rank_out.append((list(b), tuple(b.fill)))
+            assert len(b.is_fill) == len(b)
+            rank_out.append((list(b), tuple(b.is_fill)))
         out.append(rank_out)
     return out
 
@@ -135,9 +136,9 @@ def test_case2_fewer_samples_than_ranks_uses_marked_fill_rows():
     for s in samplers:
         for mb in s:
             batch = collate(ds[mb])
-            assert batch["is_fill"].tolist() == list(mb.fill)
+            assert batch["is_fill"].tolist() == list(mb.is_fill)
             assert batch["indices"].tolist() == list(mb)
-            for row, fill in enumerate(mb.fill):
+            for row, fill in enumerate(mb.is_fill):
                 if fill:
                     seen_fill += 1
                     assert (batch["labels"][row] == IGNORE_INDEX).all()
@@ -164,7 +165,7 @@ def test_case3_ranks_built_under_different_global_seeds_cover_every_index_once()
         torch.manual_seed(100 + rank)
         np.random.seed(100 + rank)
         random.seed(100 + rank)
-        out.append([(list(b), tuple(b.fill)) for b in s])
+        out.append([(list(b), tuple(b.is_fill)) for b in s])
     assert_equal_counts(samplers, out)
     assert_budget(out, lengths, 1024)
     rows = all_rows(out)
@@ -358,22 +359,22 @@ def test_microbatch_list_semantics_and_pickling():
     assert [4, 2, 9] == mb
     assert mb != [4, 2]
     assert isinstance(mb, list)
-    assert mb.fill == (False, True, False)
+    assert mb.is_fill == (False, True, False)
     for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
         back = pickle.loads(pickle.dumps(mb, protocol=protocol))
         assert type(back) is MicroBatch
         assert back == [4, 2, 9]
-        assert back.fill == (False, True, False)
+        assert back.is_fill == (False, True, False)
     deep = copy.deepcopy(mb)
-    assert deep == mb and deep.fill == mb.fill
+    assert deep == mb and deep.is_fill == mb.is_fill
 
 
 def test_microbatch_defaults_and_validation():
     mb = MicroBatch(np.array([1, 2], dtype=np.int64))
-    assert mb.fill == (False, False)
+    assert mb.is_fill == (False, False)
     assert all(type(i) is int for i in mb)
-    assert MicroBatch() == [] and MicroBatch().fill == ()
-    with pytest.raises(ValueError, match=r"fill mask has 1 entries but the micro-batch has 2"):
+    assert MicroBatch() == [] and MicroBatch().is_fill == ()
+    with pytest.raises(ValueError, match=r"is_fill mask has 1 entries but the micro-batch has 2"):
         MicroBatch([1, 2], [True])
 
 
@@ -382,7 +383,7 @@ def test_sampler_batches_survive_pickling_with_fill():
     for s in samplers:
         for mb in s:
             back = pickle.loads(pickle.dumps(mb))
-            assert back == mb and back.fill == mb.fill
+            assert back == mb and back.is_fill == mb.is_fill
 
 
 # --------------------------------------------------------------------------------------------------
@@ -484,13 +485,13 @@ def test_no_shuffle_is_the_same_every_epoch():
 
 
 def test_plan_is_pure_function():
-    kwargs = dict(num_replicas=4, seed=3, epoch=2, shuffle=True, drop_last=False, pad_to_multiple_of=8)
-    p1 = plan_epoch(BIG, 2048, **kwargs)
+    settings = BatchingSettings(max_tokens=2048, seed=3, shuffle=True, drop_last=False, pad_to_multiple_of=8)
+    p1 = plan_epoch(BIG, settings, num_replicas=4, epoch=2)
     np.random.seed(0)
-    p2 = plan_epoch(BIG.tolist(), 2048, **kwargs)
+    p2 = plan_epoch(BIG.tolist(), settings, num_replicas=4, epoch=2)
     for name in ("rows", "is_fill", "batch_offsets", "assignment", "dropped"):
         assert np.array_equal(getattr(p1, name), getattr(p2, name))
-    assert p1.num_batches == p1.num_steps * 4
+    assert p1.num_batches == p1.num_micro_steps * 4
     assert padded_lengths(np.array([1, 8, 9, 16]), 8).tolist() == [8, 8, 16, 16]
 
 
@@ -499,7 +500,7 @@ def test_len_matches_iteration_each_epoch():
     for e in range(3):
         for s in samplers:
             s.set_epoch(e)
-            assert len(list(s)) == len(s) == s.plan().num_steps
+            assert len(list(s)) == len(s) == s.plan().num_micro_steps
 
 
 # --------------------------------------------------------------------------------------------------
@@ -759,11 +760,11 @@ def test_property_sampler_contract(cfg):
     random.seed(cfg["seed"] + 3)
     again = construct(cfg, 0)
     again.set_epoch(cfg["epoch"])
-    assert [(list(b), tuple(b.fill)) for b in again] == out[0]
+    assert [(list(b), tuple(b.is_fill)) for b in again] == out[0]
     samplers[0].set_epoch(cfg["epoch"] + 1)
-    other = [(list(b), tuple(b.fill)) for b in samplers[0]]
+    other = [(list(b), tuple(b.is_fill)) for b in samplers[0]]
     samplers[0].set_epoch(cfg["epoch"])
-    assert [(list(b), tuple(b.fill)) for b in samplers[0]] == out[0]
+    assert [(list(b), tuple(b.is_fill)) for b in samplers[0]] == out[0]
     if not cfg["shuffle"]:
         assert other == out[0]
 

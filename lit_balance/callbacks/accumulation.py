@@ -25,12 +25,7 @@ def plan_step_tokens(sampler: Any) -> np.ndarray | None:
     if not (hasattr(sampler, "plan") and hasattr(sampler, "lengths")):
         return None
     plan = sampler.plan()
-    lengths = np.asarray(sampler.lengths, dtype=np.int64)
-    sizes = np.diff(plan.batch_offsets)
-    row_batch = np.repeat(np.arange(plan.num_batches), sizes)
-    real = ~plan.is_fill
-    per_batch = np.bincount(row_batch[real], weights=lengths[plan.rows[real]], minlength=plan.num_batches)
-    return per_batch[plan.assignment].sum(axis=1).astype(np.int64)
+    return plan.real_tokens_per_batch(sampler.lengths)[plan.assignment].sum(axis=1).astype(np.int64)
 
 
 class AdaptiveGradAccumulation(L.Callback):

@@ -11,15 +11,15 @@ from hypothesis import strategies as st
 
 from lit_balance.callbacks import AdaptiveGradAccumulation, StragglerMonitor
 from lit_balance.callbacks.accumulation import plan_step_tokens
+from lit_balance.planning import EpochPlan
 
 
 def fake_sampler(tokens_per_rank):
     """A sampler whose plan gives rank r, at micro-step s, one row of tokens_per_rank[s][r] tokens."""
     t = np.asarray(tokens_per_rank, dtype=np.int64)
     steps, ranks = t.shape
-    plan = SimpleNamespace(rows=np.arange(t.size), is_fill=np.zeros(t.size, bool),
-                           batch_offsets=np.arange(t.size + 1), num_batches=t.size,
-                           assignment=np.arange(t.size).reshape(steps, ranks))
+    plan = EpochPlan(rows=np.arange(t.size), is_fill=np.zeros(t.size, bool), batch_offsets=np.arange(t.size + 1),
+                     assignment=np.arange(t.size).reshape(steps, ranks), dropped=np.zeros(0, np.int64))
     return SimpleNamespace(plan=lambda: plan, lengths=t.reshape(-1), epoch=0)
 
 
@@ -182,9 +182,9 @@ def test_rejects_bad_arguments(kwargs, error, match):
 
 
 def test_plan_step_tokens_excludes_fill_rows():
-    plan = SimpleNamespace(rows=np.array([0, 1, 2, 0]), is_fill=np.array([False, False, False, True]),
-                           batch_offsets=np.array([0, 2, 3, 4]), num_batches=3,
-                           assignment=np.array([[0, 1], [2, 2]]))
+    plan = EpochPlan(rows=np.array([0, 1, 2, 0]), is_fill=np.array([False, False, False, True]),
+                     batch_offsets=np.array([0, 2, 3, 4]), assignment=np.array([[0, 1], [2, 2]]),
+                     dropped=np.zeros(0, np.int64))
     sampler = SimpleNamespace(plan=lambda: plan, lengths=np.array([5, 7, 11]))
     assert plan_step_tokens(sampler).tolist() == [12 + 11, 0 + 0]
 

@@ -1,0 +1,220 @@
+"""Resume state of :class:`~lit_balance.BalancedBatchSampler`: the plain-dict round trip and segment replay.
+
+A sampler's position is its epoch and the epoch's history as *segments*, ``[num_replicas, micro-steps
+consumed]`` pairs: one segment for an epoch that ran on one world size, one more for each resume on a
+different number of ranks. The plan a segment ran is rebuilt from the same inputs (lengths, settings,
+epoch, ranks, speeds), so the state never stores indices; replaying the segments in turn removes what each
+one consumed and leaves the plan of the rest of the epoch.
+
+The state dict holds plain Python types only (it loads with ``torch.load(weights_only=True)``) and is the
+same on every rank. Layout (version :data:`STATE_VERSION`)::
+
+    {"version": 1, "epoch": int, "segments": [[num_replicas, consumed], ...],
+     "num_samples": int, "lengths_sha256": str, "settings": BatchingSettings.to_dict(),
+     "cost_model": CostModel.to_dict(), "rank_speeds": [float] | None, "first_rank_speeds": [float] | None,
+     "pending": None | {"cost_model": CostModel.to_dict(), "rank_speeds": [float] | None}}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lit_balance._validate import check_int, check_speeds
+from lit_balance.cost import CostModel
+from lit_balance.planning import EpochPlan
+from lit_balance.settings import BatchingSettings
+
+if TYPE_CHECKING:
+    from lit_balance.sampler import BalancedBatchSampler
+
+__all__ = ["STATE_KEYS", "STATE_VERSION", "Position", "build_state", "parse_state", "replay"]
+
+#: Version of the state dict's layout.
+STATE_VERSION = 1
+
+#: Keys of the state dict.
+STATE_KEYS = ("version", "epoch", "segments", "num_samples", "lengths_sha256", "settings", "cost_model",
+              "rank_speeds", "first_rank_speeds", "pending")
+
+@dataclass(frozen=True)
+class Position:
+    """Where a sampler stands and what its plans are made from: what :func:`parse_state` restores.
+
+    Attributes:
+        epoch: the current epoch.
+        segments: the epoch's history as ``[num_replicas, micro-steps consumed]`` pairs; the last is the
+            current world size's, its count the micro-steps of the current plan already consumed.
+        cost_model: cost model of the current epoch's plan.
+        rank_speeds: float64 ``[num_replicas]`` speeds of the current plan, or None for equal ranks.
+        first_speeds: speeds the epoch's first segment ran with when there are several segments, else None.
+        pending: ``(cost_model, rank_speeds)`` handed over for the next epoch, or None.
+    """
+
+    epoch: int
+    segments: list[list[int]]
+    cost_model: CostModel
+    rank_speeds: np.ndarray | None
+    first_speeds: np.ndarray | None
+    pending: tuple[CostModel, np.ndarray | None] | None
+
+
+def _plain(speeds: np.ndarray | None) -> list[float] | None:
+    return None if speeds is None else [float(x) for x in speeds]
+
+
+def build_state(sampler: BalancedBatchSampler, current: int) -> dict[str, Any]:
+    """The state dict of ``sampler`` with ``current`` micro-steps of its current plan consumed.
+
+    Once the whole epoch is consumed, the state is the start of the next epoch (with the pending cost model
+    and speeds applied).
+    """
+    segments = [list(seg) for seg in sampler._segments[:-1]] + [[sampler.num_replicas, int(current)]]
+    epoch, cost_model, speeds, pending = sampler.epoch, sampler.cost_model, sampler.rank_speeds, sampler._pending
+    first_speeds = sampler._first_speeds if len(sampler._segments) > 1 else speeds
+    if current >= sampler.plan().num_micro_steps:  # the epoch is done: the state is the start of the next one
+        epoch, segments = epoch + 1, [[sampler.num_replicas, 0]]
+        first_speeds = None
+        if pending is not None:
+            (cost_model, speeds), pending = pending, None
+    return {
+        "version": STATE_VERSION,
+        "epoch": int(epoch),
+        "segments": segments,
+        "num_samples": int(sampler.lengths.shape[0]),
+        "lengths_sha256": sampler._lengths_sha256,
+        "settings": sampler.settings.to_dict(),
+        "cost_model": cost_model.to_dict(),
+        "rank_speeds": _plain(speeds),
+        "first_rank_speeds": _plain(first_speeds),
+        "pending": None if pending is None else {"cost_model": pending[0].to_dict(), "rank_speeds": _plain(pending[1])},
+    }
+
+
+def _check_segments(raw: Any) -> list[list[int]]:
+    def is_int(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    if (not isinstance(raw, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in raw)
+            or not all(is_int(v) for p in raw for v in p)):
+        raise ValueError(f"sampler state_dict segments must be a list of [num_replicas, consumed] int pairs, "
+                         f"got {raw!r}")
+    segments = [[int(r), int(c)] for r, c in raw]
+    if not segments or any(r < 1 or c < 0 for r, c in segments):
+        raise ValueError(f"sampler state_dict segments must be [num_replicas >= 1, consumed >= 0] pairs, "
+                         f"got {segments}")
+    return segments
+
+
+def parse_state(state_dict: Any, *, num_samples: int, lengths_sha256: str, settings: BatchingSettings,
+                num_replicas: int) -> Position:
+    """Check a state dict against the sampler it is loaded into and return the position it describes.
+
+    Rule for a different ``num_replicas``: a new segment starts on the new ranks; the old ranks' speeds are
+    dropped (equal ranks), also those pending for the next epoch.
+
+    Raises:
+        TypeError: ``state_dict`` is not a dict.
+        ValueError: unknown or missing keys, another ``version``, different lengths (count or content) or
+            different settings (naming each one with both values), malformed values.
+    """
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"state_dict must be a dict from BalancedBatchSampler.state_dict(), got "
+                        f"{type(state_dict).__name__}")
+    expected = set(STATE_KEYS)
+    if set(state_dict) != expected:
+        missing, unknown = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
+        raise ValueError(f"sampler state_dict keys do not match: missing {missing}, unknown {unknown}")
+    if state_dict["version"] != STATE_VERSION:
+        raise ValueError(f"sampler state_dict version {state_dict['version']!r} is not supported "
+                         f"(this version reads {STATE_VERSION})")
+    if state_dict["num_samples"] != num_samples or state_dict["lengths_sha256"] != lengths_sha256:
+        raise ValueError(
+            f"the saved sampler planned {state_dict['num_samples']} samples with other lengths than this one "
+            f"({num_samples} samples): resume needs the same dataset and tokenization"
+        )
+    saved, now = state_dict["settings"], settings.to_dict()
+    if not isinstance(saved, dict) or set(saved) != set(now):
+        got = sorted(saved) if isinstance(saved, dict) else saved
+        raise ValueError(f"sampler state_dict settings must have keys {sorted(now)}, got {got}")
+    diff = [f"{k}: saved {saved[k]!r}, now {now[k]!r}" for k in now if saved[k] != now[k]]
+    if diff:
+        raise ValueError("cannot resume: the sampler's settings differ from the saved ones (" + "; ".join(diff)
+                         + "); construct the sampler with the saved settings")
+    segments = _check_segments(state_dict["segments"])
+    epoch = check_int("epoch", state_dict["epoch"], 0, "epochs count from 0")
+    pending = state_dict["pending"]
+    if pending is not None and (not isinstance(pending, dict) or set(pending) != {"cost_model", "rank_speeds"}):
+        raise ValueError(f"sampler state_dict pending must be None or a dict with keys cost_model, rank_speeds; "
+                         f"got {pending!r}")
+    try:
+        cost_model = CostModel(**state_dict["cost_model"])
+        pending_model = None if pending is None else CostModel(**pending["cost_model"])
+    except TypeError as exc:
+        raise ValueError(f"sampler state_dict cost_model must have keys linear, quadratic, per_batch: {exc}") from exc
+    speeds = state_dict["rank_speeds"]
+    first = state_dict["first_rank_speeds"]
+    first_speeds = None if first is None else check_speeds(first, segments[0][0])
+    resized = segments[-1][0] != num_replicas
+    if resized:
+        if len(segments) == 1:
+            first_speeds = None if speeds is None else check_speeds(speeds, segments[0][0])
+        segments.append([num_replicas, 0])
+        speeds = None  # the old ranks' speeds say nothing about the new ones
+    rank_speeds = check_speeds(speeds, num_replicas)
+    pending_pair = None
+    if pending is not None:  # speeds measured on the old ranks are dropped after a resize
+        pending_pair = (pending_model, check_speeds(None if resized else pending["rank_speeds"], num_replicas))
+    return Position(epoch=epoch, segments=segments, cost_model=cost_model, rank_speeds=rank_speeds,
+                    first_speeds=first_speeds if len(segments) > 1 else None, pending=pending_pair)
+
+
+def _empty_plan(num_replicas: int, accumulate: int) -> EpochPlan:
+    z = np.empty(0, dtype=np.int64)
+    return EpochPlan(rows=z, is_fill=np.empty(0, dtype=bool), batch_offsets=np.zeros(1, dtype=np.int64),
+                     assignment=np.empty((0, num_replicas), dtype=np.int64), dropped=z,
+                     accumulate_grad_batches=accumulate)
+
+
+def _segment_plan(sampler: BalancedBatchSampler, epoch: int, segments: list[list[int]], i: int,
+                  eligible: np.ndarray | None) -> EpochPlan:
+    """The plan segment ``i`` of the epoch ran (or runs) on, given the samples still eligible then."""
+    replicas = segments[i][0]
+    if i == 0:
+        speeds = sampler.rank_speeds if len(segments) <= 1 else sampler._first_speeds
+        return sampler._plan_for(epoch, replicas, eligible, speeds)
+    # The rest of the epoch on new ranks: at least as many micro-steps as a whole epoch on them has, counting
+    # those consumed before, so the epoch is never shorter than the next (a training loop that fixed its
+    # epoch length at the resume keeps every micro-batch of later epochs).
+    full = sampler._plan_for(epoch, replicas, sampler._eligible, None).num_micro_steps
+    earlier = sum(consumed for _, consumed in segments[:i])
+    return sampler._plan_for(epoch, replicas, eligible, None, min_steps=full - earlier)
+
+
+def replay(sampler: BalancedBatchSampler, epoch: int, segments: list[list[int]]) -> EpochPlan:
+    """Plan of the last segment: each earlier segment's plan, rebuilt as it ran, removes what it consumed.
+
+    Raises:
+        ValueError: a segment consumed more micro-steps than its plan has (the state is not this sampler's).
+    """
+    segments = segments or [[sampler.num_replicas, 0]]
+    eligible = sampler._eligible
+    for i in range(len(segments)):
+        plan = _segment_plan(sampler, epoch, segments, i, eligible)
+        if i == len(segments) - 1:
+            return plan
+        if segments[i][1] > plan.num_micro_steps:
+            raise ValueError(
+                f"the saved state consumed {segments[i][1]} micro-steps of epoch {epoch} on {segments[i][0]} "
+                f"rank(s), but that plan has only {plan.num_micro_steps}: the state does not belong to this sampler"
+            )
+        seen = np.zeros(sampler.lengths.shape[0], dtype=bool)
+        for b in plan.assignment[:segments[i][1]].reshape(-1):
+            rows, fill = plan.batch(int(b))
+            seen[rows[~fill]] = True
+        eligible = (np.ones_like(seen) if eligible is None else eligible) & ~seen
+        if not eligible.any():
+            return _empty_plan(sampler.num_replicas, sampler.accumulate_grad_batches)
+    raise AssertionError("unreachable")  # pragma: no cover
