@@ -105,13 +105,13 @@ def main():
     counter = Counter()
     callbacks = [counter]
     acc_cb = None
-    monitor = StragglerMonitor(every_n_steps=6)
+    monitor = StragglerMonitor(log_every_n_micro_batches=6)
     if adaptive:
         # straggler timings on (off by default): Model makes the ranks take turns being slow, so steps of an odd
         # number of micro-batches are imbalanced and the value changes mid-run, which is what this run checks
         acc_cb = AdaptiveGradAccumulation(target_tokens_per_step=900, lookahead=4, tolerance=0.0,
                                           target_straggler_ratio=1.05)
-        callbacks += [PaddingRatioMonitor(log_every_n_steps=5), monitor, acc_cb]
+        callbacks += [PaddingRatioMonitor(log_every_n_micro_batches=5), monitor, acc_cb]
     else:
         callbacks.append(monitor)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=60)),
