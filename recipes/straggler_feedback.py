@@ -130,7 +130,7 @@ def main() -> None:
     data = SyntheticText(args.num_docs, args.max_tokens, vocab_size=512)
     model = SlowRankLM(args.slow_rank, args.slowdown, vocab_size=512, d_model=args.d_model, num_heads=4,
                        num_layers=2, dim_feedforward=4 * args.d_model)
-    monitor = StragglerMonitor(every_n_steps=1000, warn_ratio=10.0)
+    monitor = StragglerMonitor(log_every_n_micro_batches=1000, warn_ratio=10.0)
     gap = EpochGap(monitor)
     feedback = FitLog()
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=DDPStrategy(timeout=timedelta(seconds=120)),
