@@ -6,3 +6,7 @@ from hypothesis import HealthCheck, settings
 # whose data generation is slow on a busy machine (too_slow). A test's own @settings only overrides what it names.
 settings.register_profile("lit_balance", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("lit_balance")
+
+# Two conftest.py files share the module name "conftest": keep --doctest-modules from importing them as modules
+# (pytest still loads both as conftests).
+collect_ignore = ["conftest.py", "callbacks/conftest.py"]
