@@ -122,7 +122,7 @@ def main(cfg: DictConfig) -> None:
     data = SyntheticText(cfg.num_docs, cfg.max_tokens, vocab_size=512)
     model = SlowRankLM(cfg.slow_rank, cfg.slowdown, vocab_size=512, d_model=cfg.d_model, num_heads=4,
                        num_layers=2, dim_feedforward=4 * cfg.d_model)
-    monitor = StragglerMonitor(every_n_steps=1000, warn_ratio=10.0)
+    monitor = StragglerMonitor(log_every_n_micro_batches=1000, warn_ratio=10.0)
     gap = EpochGap(monitor)
     feedback = FitLog()
     trainer = L.Trainer(accelerator="cpu", devices=cfg.devices, strategy=DDPStrategy(timeout=timedelta(seconds=120)),

@@ -13,7 +13,8 @@ def emit(trainer: L.Trainer, metrics: dict[str, float]) -> None:
     """Send ``metrics`` (the same on every rank) to every logger, at ``trainer.global_step``, from rank 0.
 
     Values go straight to ``Logger.log_metrics`` (not through ``LightningModule.log``), so they are logged
-    exactly as computed, whatever ``log_every_n_steps`` says; they also appear in ``trainer.callback_metrics``.
+    exactly as computed, whatever the Trainer's ``log_every_n_steps`` says; they also appear in
+    ``trainer.callback_metrics``.
     """
     if not metrics:
         return

@@ -59,9 +59,8 @@ class AdaptiveGradAccumulation(L.Callback):
     ``target_straggler_ratio``, the smallest ``k`` up to ``max_overshoot * k_tok`` that meets it is taken (or
     the best one there), and the token target becomes a floor exceeded by at most ``max_overshoot``. But
     Lightning >= 2.5 (this package's requirement) broadcasts a SIGTERM flag from rank 0 before *every*
-    training micro-batch, and that broadcast returns on rank 0 only when every rank has reached it (gloo,
-    measured: rank 0 waited 0.5 s for a rank that arrived 0.5 s late; a slowed rank held rank 0 back by
-    about 9.5 s of a 41 s epoch between micro-batches). Every micro-batch is then a barrier, the ranks pay
+    training micro-batch, and that broadcast returns on rank 0 only when every rank has reached it (the
+    measurements are in ``docs/callbacks.md``). Every micro-batch is then a barrier, the ranks pay
     ``sum over micro-batches of the slowest rank's time`` whatever ``k`` is, and raising ``k`` only adds
     tokens per step. So the default is None: under Lightning, imbalance between ranks is removed by the
     plan (equal-cost micro-batches per micro-step; rank speeds from :class:`CostModelFeedback`), not by

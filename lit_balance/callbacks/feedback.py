@@ -32,8 +32,7 @@ def fit_cost_and_speeds(window: np.ndarray, *, iterations: int = 5,
     finite: inside DDP ``no_sync``, or a single process) when every rank has at least ``min_samples`` of them;
     then only those micro-batches are used. Otherwise (e.g. ``accumulate_grad_batches=1`` under DDP, where every
     backward waits in the all-reduce) forward seconds of every micro-batch. Backward is most of a micro-batch's
-    compute, and on a 2-rank CPU run with one rank slowed, forward alone put the slow rank's speed 0.01-0.03
-    above its forward + backward speed in 9 of 10 epochs.
+    compute, and a rank can be slower in backward than in forward, so forward alone can overrate a slow rank.
 
     Args:
         window: float ``[world_size, n, 7]`` (columns of :data:`lit_balance.callbacks.straggler.FIELDS`), e.g.
@@ -105,9 +104,8 @@ class CostModelFeedback(L.Callback):
             (smoothed) speed is at least ``1 - speed_tolerance``, the sampler gets equal speeds (the logged
             ``balance/rank_speed_rank{r}`` stay the fitted ones). Planning for unequal speeds lengthens the epoch
             (the fast ranks' larger shares must stay within ``max_tokens``), and every extra micro-batch costs a
-            per-micro-batch overhead the fitted forward-time cost model does not see: on the 2-rank CPU benchmark
-            a fitted speed of 0.986 made the plan 62 micro-batches per rank instead of 51 to save 0.13 % of
-            predicted time. 0 plans every measured difference.
+            per-micro-batch overhead the fitted forward-time cost model does not see, so a small measured gap
+            can cost more than it saves. 0 plans every measured difference.
 
     Unequal rank speeds can give the next epoch more micro-batches than the first (the fast ranks' larger shares
     must stay within ``max_tokens``), and Lightning reads the epoch length only when it reloads the train

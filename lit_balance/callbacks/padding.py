@@ -21,7 +21,7 @@ class PaddingRatioMonitor(L.Callback):
 
     Every rank counts real tokens and padded slots of each training micro-batch (the ``num_real_tokens``
     and ``num_padded_tokens`` of :class:`lit_balance.PadCollator` batches) in a
-    :class:`lit_balance.metrics.PaddingRatio`. Every ``log_every_n_steps`` micro-batches (the same batches on
+    :class:`lit_balance.metrics.PaddingRatio`. Every ``log_every_n_micro_batches`` micro-batches (the same batches on
     every rank) and at the end of each training epoch, the ranks take part in one ``all_gather`` of four
     numbers each, and rank 0 logs:
 
@@ -31,24 +31,28 @@ class PaddingRatioMonitor(L.Callback):
       seconds since then (the slowest rank's; the interval covers everything: data, compute, waits).
 
     Args:
-        log_every_n_steps: micro-batches between logs; None uses the Trainer's ``log_every_n_steps``.
+        log_every_n_micro_batches: training micro-batches between logs, per rank (a micro-batch is one
+            ``training_step``, not an optimizer step); None (default) falls back to the Trainer's
+            ``log_every_n_steps``, read as micro-batches too.
         clock: seconds, monotonic (default :func:`time.perf_counter`); tests inject a fake one.
 
     Raises:
-        TypeError: ``log_every_n_steps`` neither an int nor None; a ``clock`` that is not callable; a training
+        TypeError: ``log_every_n_micro_batches`` neither an int nor None; a ``clock`` that is not callable; a training
             batch that is not a dict.
-        ValueError: ``log_every_n_steps < 1``; a batch with more real tokens than padded slots.
+        ValueError: ``log_every_n_micro_batches < 1``; a batch with more real tokens than padded slots.
         KeyError: a training batch lacks ``num_real_tokens`` or ``num_padded_tokens``.
 
     Example:
-        >>> trainer = L.Trainer(callbacks=[PaddingRatioMonitor(log_every_n_steps=20)], logger=False)
+        >>> trainer = L.Trainer(callbacks=[PaddingRatioMonitor(log_every_n_micro_batches=20)], logger=False)
     """
 
-    def __init__(self, log_every_n_steps: int | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
-        if log_every_n_steps is not None:
-            log_every_n_steps = check_int("log_every_n_steps", log_every_n_steps, 1,
-                                          "set the micro-batches between logs, or None for the Trainer's value")
-        self.log_every_n_steps = log_every_n_steps
+    def __init__(self, log_every_n_micro_batches: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if log_every_n_micro_batches is not None:
+            log_every_n_micro_batches = check_int(
+                "log_every_n_micro_batches", log_every_n_micro_batches, 1,
+                "set the training micro-batches between logs, or None for the Trainer's log_every_n_steps")
+        self.log_every_n_micro_batches = log_every_n_micro_batches
         self.clock = check_callable("clock", clock, "pass a function returning seconds, or leave the default")
         self.metric = PaddingRatio(sync_on_compute=False)
         #: The last values logged (the same on every rank).
@@ -75,7 +79,7 @@ class PaddingRatioMonitor(L.Callback):
         self._since_real += real
         self._since_batches += 1
         self._batches += 1
-        every = self.log_every_n_steps or max(int(trainer.log_every_n_steps), 1)
+        every = self.log_every_n_micro_batches or max(int(trainer.log_every_n_steps), 1)
         if self._batches % every == 0:
             self._log(trainer, pl_module)
 

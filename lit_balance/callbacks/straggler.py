@@ -88,7 +88,7 @@ class StragglerMonitor(L.Callback):
     With ``synchronize=True`` on a CUDA device, both ends of the compute interval call
     ``torch.cuda.synchronize()`` so that asynchronous kernels are counted.
 
-    Every ``every_n_steps`` micro-batches (the same batches on every rank, since every rank runs the same
+    Every ``log_every_n_micro_batches`` micro-batches (the same batches on every rank, since every rank runs the same
     number) and at the end of each training epoch, the ranks take part in one ``all_gather`` of a
     ``[n, 7]`` float64 tensor (compute s, data wait s, rows, padded length, real tokens, cost, local backward s
     or NaN, per micro-batch) and rank 0 logs, over that window:
@@ -105,7 +105,8 @@ class StragglerMonitor(L.Callback):
     :class:`lit_balance.callbacks.AdaptiveGradAccumulation`.
 
     Args:
-        every_n_steps: micro-batches per window.
+        log_every_n_micro_batches: training micro-batches per window (one ``all_gather`` and one log each), per rank;
+            a micro-batch is one ``training_step``, not an optimizer step.
         warn_ratio: straggler ratio above which a window counts towards the warning.
         warn_after: windows in a row with the same slowest rank above ``warn_ratio`` before warning.
         cost_model: cost of a micro-batch for ``balance/cost_rank{r}``; default: the sampler's
@@ -114,19 +115,19 @@ class StragglerMonitor(L.Callback):
         clock: seconds, monotonic (default :func:`time.perf_counter`); tests inject a fake one.
 
     Raises:
-        TypeError: ``every_n_steps`` or ``warn_after`` not an int; ``warn_ratio`` not a real number; ``cost_model``
-            neither a :class:`lit_balance.CostModel` nor None; ``synchronize`` not a bool; a ``clock`` that is not
-            callable; a training batch that is not a dict.
-        ValueError: ``every_n_steps < 1``, ``warn_after < 1``, ``warn_ratio < 1`` or not finite.
+        TypeError: ``log_every_n_micro_batches`` or ``warn_after`` not an int; ``warn_ratio`` not a real number;
+            ``cost_model`` neither a :class:`lit_balance.CostModel` nor None; ``synchronize`` not a bool; a
+            ``clock`` that is not callable; a training batch that is not a dict.
+        ValueError: ``log_every_n_micro_batches < 1``, ``warn_after < 1``, ``warn_ratio < 1`` or not finite.
         KeyError: a training batch lacks ``input_ids`` or ``num_real_tokens``.
 
     Example:
-        >>> trainer = L.Trainer(callbacks=[StragglerMonitor(every_n_steps=50)], logger=False)
+        >>> trainer = L.Trainer(callbacks=[StragglerMonitor(log_every_n_micro_batches=50)], logger=False)
     """
 
     def __init__(
         self,
-        every_n_steps: int = 50,
+        log_every_n_micro_batches: int = 50,
         *,
         warn_ratio: float = 1.2,
         warn_after: int = 3,
@@ -138,7 +139,8 @@ class StragglerMonitor(L.Callback):
             raise TypeError(f"cost_model must be a lit_balance.CostModel or None, got {cost_model!r} of type "
                             f"{type(cost_model).__name__}; pass e.g. CostModel(linear=1.0), or None for the "
                             "sampler's cost model")
-        self.every_n_steps = check_int("every_n_steps", every_n_steps, 1, "set the micro-batches per window")
+        self.log_every_n_micro_batches = check_int("log_every_n_micro_batches", log_every_n_micro_batches, 1,
+                                                   "set the micro-batches per window")
         self.warn_ratio = check_number("warn_ratio", warn_ratio, 1, None,
                                        "set the straggler ratio (max / median) above which to warn, e.g. 1.2")
         self.warn_after = check_int("warn_after", warn_after, 1, "set the windows in a row before warning")
@@ -211,7 +213,7 @@ class StragglerMonitor(L.Callback):
                 self._pending[BACKWARD] = float("nan")  # no backward ran
             self._records.append(self._pending)
             self._pending = None
-        if len(self._records) >= self.every_n_steps:
+        if len(self._records) >= self.log_every_n_micro_batches:
             self._gather(trainer, pl_module)
         self._prev_end = self.clock()
 
@@ -264,10 +266,10 @@ class StragglerMonitor(L.Callback):
         self._slowest_run = (slowest, run)
         if run == self.warn_after + 1 and trainer.is_global_zero:
             warnings.warn(
-                f"rank {slowest} has been the slowest for {run} windows of {self.every_n_steps} micro-batches "
-                f"(straggler ratio {ratio:.3f} > warn_ratio {self.warn_ratio}); its micro-batches take longer "
-                "than the others' at equal planned cost: check that rank's device, or add CostModelFeedback so "
-                "the sampler plans with measured rank speeds",
+                f"rank {slowest} has been the slowest for {run} windows of {self.log_every_n_micro_batches} "
+                f"micro-batches (straggler ratio {ratio:.3f} > warn_ratio {self.warn_ratio}); its micro-batches "
+                "take longer than the others' at equal planned cost: check that rank's device, or add "
+                "CostModelFeedback so the sampler plans with measured rank speeds",
                 RuntimeWarning,
                 stacklevel=2,
             )

@@ -125,7 +125,7 @@ def test_straggler_timings_raise_accumulation_until_imbalance_averages_out():
     capped = AdaptiveGradAccumulation(target_tokens_per_step=100, target_straggler_ratio=1.05, max_overshoot=1.0)
     assert capped.wanted(100.0, compute) == 1
     # through the hooks: the monitor's last window is the input, and the change is logged
-    monitor = StragglerMonitor(every_n_steps=16)
+    monitor = StragglerMonitor(log_every_n_micro_batches=16)
     monitor.last_window = np.stack([compute, compute, compute, compute, compute, compute], axis=2)
     cb = AdaptiveGradAccumulation(target_tokens_per_step=100, target_straggler_ratio=1.05)
     trainer, logger = make_trainer(world_size=2, sampler=fake_sampler([[50, 50]] * 8), callbacks=[monitor, cb])

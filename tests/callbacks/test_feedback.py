@@ -1,16 +1,22 @@
 """CostModelFeedback: fitting seconds and rank speeds from gathered timings, and handing them to the sampler."""
 
+import threading
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MODULE, make_trainer
+import torch
+from conftest import MODULE, Clock, batch, make_trainer
 
+from lit_balance import BalancedBatchSampler
 from lit_balance.callbacks import CostModelFeedback, StragglerMonitor
 from lit_balance.callbacks.feedback import fit_cost_and_speeds
+from lit_balance.callbacks.straggler import COMPUTE
 from lit_balance.cost import CostModel
 
 COST = CostModel(linear=2e-5, quadratic=1e-7, per_batch=3e-3)
+LENGTHS = Path(__file__).resolve().parents[2] / "lit_balance/data/lengths/lengths_fortunes.npy"
 
 
 def synthetic_window(speeds, cost=COST, n=40, seed=0):
@@ -206,3 +212,108 @@ def test_speeds_within_the_tolerance_are_planned_as_equal(tolerance, handed):
 def test_speed_tolerance_is_checked(bad, error, match):
     with pytest.raises(error, match=match):
         CostModelFeedback(speed_tolerance=bad)
+
+
+class ThreadedStrategy:
+    """all_gather and broadcast between ranks that run in threads of this process, through a barrier."""
+
+    def __init__(self, rank, exchange):
+        self.rank, self.exchange = rank, exchange
+
+    def _swap(self, value):
+        slots, barrier = self.exchange
+        slots[self.rank] = value
+        barrier.wait()
+        out = list(slots)
+        barrier.wait()  # nobody writes the next value before everyone has read this one
+        return out
+
+    def all_gather(self, tensor):
+        return torch.stack(self._swap(tensor.clone()))
+
+    def broadcast(self, obj, src=0):
+        return self._swap(obj)[src]
+
+
+def test_feedback_at_least_halves_the_straggler_gap():
+    # The loop of recipes/straggler_feedback.py on two simulated ranks (threads) with fixed clocks: a micro-batch of
+    # rows x L takes exactly true_cost.batch_cost(rows, L) * slowdown[r] seconds. Epoch 0 is planned on padded slots with
+    # equal ranks; CostModelFeedback fits seconds and speeds and the sampler plans epoch 1 with them. The costs are
+    # powers of two and the slowdown 1.5, so every clock reading, difference and sum is exact in float64.
+    true_cost = CostModel(linear=2.0**-20, quadratic=2.0**-30, per_batch=2.0**-14)
+    slowdown, max_tokens = (1.0, 1.5), 1024
+    lengths = np.minimum(np.load(LENGTHS)[:600].astype(np.int64), max_tokens)
+    exchange = ([None, None], threading.Barrier(2, timeout=60))
+    results, errors = [None, None], []
+
+    def run_rank(rank):
+        clock = Clock()
+        sampler = BalancedBatchSampler(lengths, max_tokens, num_replicas=2, rank=rank, seed=0)
+        monitor = StragglerMonitor(log_every_n_micro_batches=10_000, clock=clock)  # one window per epoch
+        feedback = CostModelFeedback()
+        trainer, logger = make_trainer(rank=rank, world_size=2, sampler=sampler, callbacks=[monitor, feedback])
+        trainer.strategy = ThreadedStrategy(rank, exchange)
+        feedback.on_train_start(trainer, MODULE)
+        seconds, logged = [], []
+        for epoch in (0, 1):
+            trainer.current_epoch = epoch
+            sampler.set_epoch(epoch)
+            monitor.on_train_epoch_start(trainer, MODULE)
+            total = 0.0
+            for i, micro_batch in enumerate(sampler):
+                rows, width = len(micro_batch), int(lengths[list(micro_batch)].max())
+                b = batch(rows, width, int(lengths[list(micro_batch)].sum()))
+                monitor.on_train_batch_start(trainer, MODULE, b, i)
+                took = float(true_cost.batch_cost(rows, width)) * slowdown[rank]
+                clock.tick(took)  # forward and loss: the monitor's compute interval
+                total += took
+                monitor.on_before_backward(trainer, MODULE, torch.tensor(1.0))
+                monitor.on_after_backward(trainer, MODULE)
+                monitor.on_train_batch_end(trainer, MODULE, None, b, i)
+            monitor.on_train_epoch_end(trainer, MODULE)
+            feedback.on_train_epoch_end(trainer, MODULE)
+            seconds.append(total)
+            logged.append(dict(monitor.last_metrics))
+            if epoch == 0:
+                window, fit = np.concatenate(monitor.epoch_windows, axis=1), feedback.last_fit
+        results[rank] = (seconds, logged, window, fit, logger.calls)
+
+    def guarded(rank):
+        try:
+            run_rank(rank)
+        except BaseException as error:  # re-raised below, in the test's thread
+            errors.append(error)
+            exchange[1].abort()
+
+    threads = [threading.Thread(target=guarded, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    if errors:
+        raise errors[0]
+    (seconds0, logged, window, fit, calls), (seconds1, logged1, window1, fit1, _) = results
+    # every rank gathered the same window, logged the same values and handed its sampler the same fit
+    np.testing.assert_array_equal(window, window1)
+    assert logged == logged1 and fit == fit1
+    # the sampler got the fit of epoch 0's window (the first fit: no smoothing), as logged
+    cost, planned = fit
+    expected_cost, expected_speeds = fit_cost_and_speeds(window, min_samples=8)
+    assert (cost.linear, cost.quadratic, cost.per_batch) == (expected_cost.linear, expected_cost.quadratic,
+                                                             expected_cost.per_batch)
+    assert planned == pytest.approx(expected_speeds, rel=1e-12, abs=0)
+    assert [m["balance/rank_speed_rank1"] for _, m in calls if "balance/rank_speed_rank1" in m][0] == planned[1]
+    assert planned[0] == 1.0 and planned[1] == pytest.approx(1 / 1.5, rel=1e-6)  # rank 1 measured 1.5x slower
+    gaps = []
+    for epoch in (0, 1):
+        compute = (seconds0[epoch], seconds1[epoch])
+        median = (compute[0] + compute[1]) / 2
+        m = logged[epoch]
+        assert (m["balance/compute_s_rank0"], m["balance/compute_s_rank1"]) == compute  # the clock's seconds
+        assert m["balance/straggler_gap_s"] == max(compute) - median
+        assert m["balance/straggler_ratio"] == max(compute) / median
+        gaps.append(max(compute) - median)
+    before, after = gaps
+    # epoch 0: equal shares of padded slots, so rank 1 runs 1.5x its cost; the gap is a fifth of rank 1's time
+    assert logged[0]["balance/slowest_rank"] == 1.0 and before > 0.15 * seconds1[0]
+    assert after <= 0.5 * before, (before, after)

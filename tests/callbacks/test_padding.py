@@ -14,7 +14,7 @@ def test_logs_global_and_per_rank_ratios_and_tokens_per_second(clock):
     # rank 1 reports [real, padded, real since last log, elapsed] = [30, 40, 30, 4.0] at the first log
     other = torch.tensor([30.0, 40.0, 30.0, 4.0], dtype=torch.float64)
     trainer, logger = make_trainer(rank=0, world_size=2, others=lambda local: [other])
-    cb = PaddingRatioMonitor(log_every_n_steps=2, clock=clock)
+    cb = PaddingRatioMonitor(log_every_n_micro_batches=2, clock=clock)
     cb.on_train_epoch_start(trainer, MODULE)
     clock.tick(1.0)
     cb.on_train_batch_end(trainer, MODULE, None, batch(2, 10, 15), 0)
@@ -41,7 +41,7 @@ def test_logs_global_and_per_rank_ratios_and_tokens_per_second(clock):
 
 def test_only_rank_zero_writes_but_every_rank_gathers(clock):
     trainer, logger = make_trainer(rank=1, world_size=2)
-    cb = PaddingRatioMonitor(log_every_n_steps=1, clock=clock)
+    cb = PaddingRatioMonitor(log_every_n_micro_batches=1, clock=clock)
     cb.on_train_epoch_start(trainer, MODULE)
     cb.on_train_batch_end(trainer, MODULE, None, batch(1, 4, 4), 0)
     assert logger.calls == [] and trainer.strategy.gathers == 1
@@ -59,8 +59,8 @@ def test_uses_the_trainer_interval_by_default(clock):
 
 @pytest.mark.parametrize(("bad", "error"), [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)])
 def test_rejects_bad_interval(bad, error):
-    with pytest.raises(error, match="log_every_n_steps"):
-        PaddingRatioMonitor(log_every_n_steps=bad)
+    with pytest.raises(error, match="log_every_n_micro_batches"):
+        PaddingRatioMonitor(log_every_n_micro_batches=bad)
 
 
 @settings(max_examples=50, deadline=None)

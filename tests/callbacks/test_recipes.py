@@ -22,7 +22,10 @@ def _run_demo(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProc
 
 
 @pytest.mark.ddp
+@pytest.mark.slow
 def test_feedback_demo_plans_the_second_epoch_with_fitted_speeds(tmp_path):
+    # How far the gap closes depends on this machine's speed and load; that the loop closes it is checked with
+    # fixed clocks in test_feedback.py::test_feedback_at_least_halves_the_straggler_gap.
     proc, result = _run_demo(tmp_path, "epochs=2", "num_docs=300")
     epochs = result["epochs"]
     info = json.dumps(epochs)
@@ -38,17 +41,3 @@ def test_feedback_demo_plans_the_second_epoch_with_fitted_speeds(tmp_path):
     assert out.startswith("world size 2, rank 1 slowed 1.50x, max_tokens 1024 per micro-batch per rank")
     assert "fitted at the end of epoch 0: CostModel(" in out and "straggler gap before feedback" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gaps.json", "outputs"]  # every rank in the launch dir
-
-
-@pytest.mark.benchmark
-def test_feedback_at_least_halves_the_straggler_gap(tmp_path):
-    # a measurement of wall-clock time: rank 1 spins 0.5x its own compute, so it is about 1.5x slower
-    _, result = _run_demo(tmp_path, "epochs=2", "num_docs=600")
-    before, after = result["before_gap_s"], result["after_gap_s"]
-    epochs = result["epochs"]
-    info = json.dumps(epochs)
-    assert epochs[0]["compute_s"][1] > 1.15 * epochs[0]["compute_s"][0], info  # 1.5x nominal; a shared machine blurs it
-    assert after <= 0.5 * before, f"gap before feedback {before:.3f} s, after {after:.3f} s: {info}"
-    # the slowed rank was measured slower (about 1 / 1.5; how much exactly depends on the machine's load)
-    speeds = epochs[1]["rank_speeds"]
-    assert speeds[0] == 1.0 and speeds[1] < 0.9, info

@@ -39,7 +39,7 @@ def test_window_gathers_forward_time_and_data_wait_and_logs_exact_values(clock):
     nan = float("nan")
     other = torch.tensor([[1.0, 0.25, 2, 20, 10, 40, nan], [2.0, 0.25, 4, 10, 20, 40, nan]], dtype=torch.float64)
     trainer, logger = make_trainer(world_size=2, others=lambda local: [other])
-    cb = StragglerMonitor(every_n_steps=2, clock=clock, cost_model=CostModel())
+    cb = StragglerMonitor(log_every_n_micro_batches=2, clock=clock, cost_model=CostModel())
     drive(cb, trainer, clock, [(0.1, 0.5, 9.0, 2, 8, 12), (0.2, 0.25, 9.0, 3, 4, 10)])
     assert len(logger.calls) == 1
     # rank 0: 0.75 s compute, rank 1: 3.0 s; median of two = their mean 1.875
@@ -69,7 +69,7 @@ def test_backward_is_timed_only_where_it_holds_no_collective(clock, world_size, 
     trainer, _ = make_trainer(world_size=world_size)
     if model is not None:
         trainer.strategy.model = fake_ddp(require_backward_grad_sync=model == "sync")
-    cb = StragglerMonitor(every_n_steps=10, clock=clock)
+    cb = StragglerMonitor(log_every_n_micro_batches=10, clock=clock)
     drive(cb, trainer, clock, [(0.1, 1.0, 2.0, 1, 4, 4), (0.1, 0.5, 3.0, 1, 4, 4)], after=7.0)
     cb.flush(trainer, MODULE)
     window = cb.epoch_windows[0]
@@ -80,7 +80,7 @@ def test_backward_is_timed_only_where_it_holds_no_collective(clock, world_size, 
 def test_backwards_add_up_and_one_that_communicates_spoils_the_sum(clock):
     trainer, _ = make_trainer(world_size=2)
     trainer.strategy.model = fake_ddp(require_backward_grad_sync=False)
-    cb = StragglerMonitor(every_n_steps=10, clock=clock)
+    cb = StragglerMonitor(log_every_n_micro_batches=10, clock=clock)
     cb.on_train_epoch_start(trainer, MODULE)
     for i, flags in enumerate([(False, False), (False, True), (False, None)]):
         b = batch(1, 4, 4)
@@ -108,7 +108,7 @@ def test_three_ranks_median_and_epoch_end_flush(clock):
         return out
 
     trainer, logger = make_trainer(world_size=3, others=others)
-    cb = StragglerMonitor(every_n_steps=10, clock=clock)
+    cb = StragglerMonitor(log_every_n_micro_batches=10, clock=clock)
     drive(cb, trainer, clock, [(0.0, 2.0, 0.0, 1, 4, 4)])
     assert logger.calls == []
     cb.on_train_epoch_end(trainer, MODULE)  # partial window flushed at epoch end
@@ -118,7 +118,7 @@ def test_three_ranks_median_and_epoch_end_flush(clock):
 
 def test_without_backward_the_interval_ends_at_batch_end(clock):
     trainer, logger = make_trainer()
-    cb = StragglerMonitor(every_n_steps=1, clock=clock)
+    cb = StragglerMonitor(log_every_n_micro_batches=1, clock=clock)
     cb.on_train_epoch_start(trainer, MODULE)
     b = batch(1, 4, 4)
     cb.on_train_batch_start(trainer, MODULE, b, 0)
@@ -129,7 +129,7 @@ def test_without_backward_the_interval_ends_at_batch_end(clock):
 
 def test_warns_when_one_rank_stays_slowest(clock):
     trainer, _ = make_trainer(world_size=2, others=lambda local: [local * torch.tensor([3.0, 1, 1, 1, 1, 1, 1])])
-    cb = StragglerMonitor(every_n_steps=1, warn_after=2, warn_ratio=1.2, clock=clock)
+    cb = StragglerMonitor(log_every_n_micro_batches=1, warn_after=2, warn_ratio=1.2, clock=clock)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         drive(cb, trainer, clock, [(0.0, 1.0, 0.0, 1, 4, 4)] * 2)
@@ -148,7 +148,7 @@ def test_step_imbalance_averages_out_over_accumulation():
     assert step_imbalance(c, 3) == pytest.approx((5 + 5 + 3) / (4.5 + 4.5 + 3))
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [({"every_n_steps": 0}, "every_n_steps"),
+@pytest.mark.parametrize(("kwargs", "match"), [({"log_every_n_micro_batches": 0}, "log_every_n_micro_batches"),
                                                ({"warn_after": 0}, "warn_after"),
                                                ({"warn_ratio": 0.5}, "warn_ratio")])
 def test_rejects_bad_arguments(kwargs, match):

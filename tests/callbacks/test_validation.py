@@ -45,11 +45,13 @@ def _accumulation(**kwargs):
     (_accumulation, {"tolerance": np.bool_(False)}, TypeError, ["tolerance must be a real number", "type bool"]),
     (_accumulation, {"max_overshoot": "2"}, TypeError, ["max_overshoot must be a real number", "'2' of type str"]),
     (_accumulation, {"target_tokens_per_step": True}, TypeError, ["target_tokens_per_step must be an int"]),
-    (StragglerMonitor, {"every_n_steps": 5.0}, TypeError, ["every_n_steps must be an int", "got 5.0 of type float"]),
+    (StragglerMonitor, {"log_every_n_micro_batches": 5.0}, TypeError,
+     ["log_every_n_micro_batches must be an int", "got 5.0 of type float"]),
     (StragglerMonitor, {"warn_ratio": True}, TypeError, ["warn_ratio must be a real number", "got True"]),
     (CostModelFeedback, {"min_samples": 8.0}, TypeError, ["min_samples must be an int", "of type float"]),
     (CostModelFeedback, {"smoothing": "0.5"}, TypeError, ["smoothing must be a real number", "'0.5' of type str"]),
-    (PaddingRatioMonitor, {"log_every_n_steps": np.float64(2)}, TypeError, ["log_every_n_steps must be an int"]),
+    (PaddingRatioMonitor, {"log_every_n_micro_batches": np.float64(2)}, TypeError,
+     ["log_every_n_micro_batches must be an int"]),
     # objects that would only fail at the first batch
     (StragglerMonitor, {"cost_model": {"linear": 1}}, TypeError,
      ["cost_model must be a lit_balance.CostModel or None", "{'linear': 1} of type dict"]),
@@ -70,8 +72,9 @@ def test_bad_arguments_raise_at_construction(make, kwargs, error, words):
 
 
 @pytest.mark.parametrize(("make", "kwargs", "expected"), [
-    (StragglerMonitor, {"every_n_steps": np.int64(5), "warn_after": np.int32(2), "warn_ratio": np.float32(1.5)},
-     {"every_n_steps": 5, "warn_after": 2, "warn_ratio": 1.5}),
+    (StragglerMonitor,
+     {"log_every_n_micro_batches": np.int64(5), "warn_after": np.int32(2), "warn_ratio": np.float32(1.5)},
+     {"log_every_n_micro_batches": 5, "warn_after": 2, "warn_ratio": 1.5}),
     (StragglerMonitor, {"synchronize": np.bool_(False)}, {"synchronize": False}),
     (CostModelFeedback, {"min_samples": np.int64(8), "smoothing": np.float32(0.5), "speed_tolerance": np.float64(0.1),
                          "fit_speeds": np.bool_(True)},
@@ -83,8 +86,8 @@ def test_bad_arguments_raise_at_construction(make, kwargs, error, words):
      {"target_tokens_per_step": 4096, "tolerance": 0.25, "max_accumulate_grad_batches": 8, "lookahead": 4,
       "target_straggler_ratio": 1.1, "max_overshoot": 3.0}),
     (_accumulation, {}, {"target_straggler_ratio": None, "max_overshoot": 2.0, "tolerance": 0.25}),
-    (PaddingRatioMonitor, {"log_every_n_steps": np.int64(3)}, {"log_every_n_steps": 3}),
-    (PaddingRatioMonitor, {}, {"log_every_n_steps": None}),
+    (PaddingRatioMonitor, {"log_every_n_micro_batches": np.int64(3)}, {"log_every_n_micro_batches": 3}),
+    (PaddingRatioMonitor, {}, {"log_every_n_micro_batches": None}),
     (RunSummary, {"print_table": np.bool_(False)}, {"print_table": False}),
 ])
 def test_numpy_scalars_are_accepted_and_stored_as_python_numbers(make, kwargs, expected):
@@ -120,7 +123,7 @@ NO_IDS = {"num_real_tokens": 5, "num_padded_tokens": 8}
 
 
 def _padding(trainer, batch):
-    cb = PaddingRatioMonitor(log_every_n_steps=1, clock=lambda: 0.0)
+    cb = PaddingRatioMonitor(log_every_n_micro_batches=1, clock=lambda: 0.0)
     cb.on_train_epoch_start(trainer, MODULE)
     cb.on_train_batch_end(trainer, MODULE, None, batch, 0)
 

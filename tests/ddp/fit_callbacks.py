@@ -6,11 +6,12 @@ loss divisor).
 MODE "fixed": Trainer(accumulate_grad_batches=2) and a sampler planned for 2 (plan loss divisor), StragglerMonitor.
 Each rank writes OUT_DIR/rank{r}.json and, for the first optimizer step, OUT_DIR/step0_rank{r}.pt
 (its micro-batches and the gradients the optimizer saw); rank 0 writes OUT_DIR/init.pt (initial weights).
+The monitors read a per-process scripted clock that only the model advances (forward + loss, backward), so
+the timings, and the accumulation values chosen from them, do not depend on the machine's speed.
 """
 
 import json
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,6 +23,22 @@ from torch.utils.data import DataLoader
 
 from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset, TransformerLM
 from lit_balance.callbacks import AdaptiveGradAccumulation, PaddingRatioMonitor, StragglerMonitor
+
+
+class ScriptedClock:
+    """Seconds that pass only when the model says so."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def tick(self, seconds):
+        self.t += seconds
+
+
+CLOCK = ScriptedClock()
 
 
 class Data(L.LightningDataModule):
@@ -56,11 +73,15 @@ class Model(TransformerLM):
             torch.save(self.state_dict(), self.out / "init.pt")
 
     def training_step(self, batch, batch_idx):
-        if self.trainer.world_size > 1 and (batch_idx + self.global_rank) % 2 == 0:
-            time.sleep(0.03)  # ranks take turns being slow: only steps of an even count of micro-batches balance
+        # forward + loss: ranks take turns being slow, so only steps of an even count of micro-batches balance
+        CLOCK.tick(0.04 if self.trainer.world_size > 1 and (batch_idx + self.global_rank) % 2 == 0 else 0.01)
         if self.trainer.global_step == 0 and self.trainer.current_epoch == 0:
             self.first_step_batches.append({k: batch[k].clone() for k in ("input_ids", "attention_mask", "labels")})
         return super().training_step(batch, batch_idx)
+
+    def backward(self, loss, *args, **kwargs):
+        super().backward(loss, *args, **kwargs)
+        CLOCK.tick(0.02)
 
     def on_before_optimizer_step(self, optimizer):
         mode = self.step_loss.mode
@@ -105,13 +126,13 @@ def main():
     counter = Counter()
     callbacks = [counter]
     acc_cb = None
-    monitor = StragglerMonitor(every_n_steps=6)
+    monitor = StragglerMonitor(log_every_n_micro_batches=6, clock=CLOCK)
     if adaptive:
         # straggler timings on (off by default): Model makes the ranks take turns being slow, so steps of an odd
         # number of micro-batches are imbalanced and the value changes mid-run, which is what this run checks
         acc_cb = AdaptiveGradAccumulation(target_tokens_per_step=900, lookahead=4, tolerance=0.0,
                                           target_straggler_ratio=1.05)
-        callbacks += [PaddingRatioMonitor(log_every_n_steps=5), monitor, acc_cb]
+        callbacks += [PaddingRatioMonitor(log_every_n_micro_batches=5, clock=CLOCK), monitor, acc_cb]
     else:
         callbacks.append(monitor)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=60)),

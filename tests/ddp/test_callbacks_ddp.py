@@ -13,6 +13,8 @@ import torch
 from lit_balance import TransformerLM
 from lit_balance.loss import token_loss_sum
 
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
+
 SCRIPT = Path(__file__).with_name("fit_callbacks.py")
 MODES = ("adaptive", "fixed")
 

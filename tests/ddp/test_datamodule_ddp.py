@@ -7,16 +7,36 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
+
 SCRIPT = Path(__file__).with_name("fit_record.py")
+SETTINGS = [(False, 0), (True, 2)]  # (use_distributed_sampler, num_workers)
 
 
-@pytest.mark.parametrize(("use_distributed_sampler", "num_workers"), [(False, 0), (True, 2)])
-def test_two_rank_fit_covers_each_epoch_once(tmp_path, use_distributed_sampler, num_workers):
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp_path), str(int(use_distributed_sampler)), str(num_workers)],
-        capture_output=True, text=True, timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Both settings, run side by side (each is 2 ranks); returns {setting: out_dir}."""
+    procs = {}
+    for use_distributed_sampler, num_workers in SETTINGS:
+        out = tmp_path_factory.mktemp(f"ds{int(use_distributed_sampler)}_w{num_workers}")
+        procs[use_distributed_sampler, num_workers] = (out, subprocess.Popen(
+            [sys.executable, str(SCRIPT), str(out), str(int(use_distributed_sampler)), str(num_workers)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = {}
+    for setting, (out, proc) in procs.items():
+        try:
+            log, _ = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        assert proc.returncode == 0, log[-8000:]
+        outs[setting] = out
+    return outs
+
+
+@pytest.mark.parametrize(("use_distributed_sampler", "num_workers"), SETTINGS)
+def test_two_rank_fit_covers_each_epoch_once(runs, use_distributed_sampler, num_workers):
+    tmp_path = runs[use_distributed_sampler, num_workers]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     num_train = ranks[0]["num_train"]
     assert [r["world_size"] for r in ranks] == [2, 2]

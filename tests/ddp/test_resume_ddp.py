@@ -1,20 +1,46 @@
 """Resume through a Lightning checkpoint taken mid-epoch, on real 2-process CPU DDP (gloo)."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
+
 SCRIPT = Path(__file__).with_name("fit_resume.py")
 
 
-def _run(out: Path, phase: str, devices: int, workers: int) -> list[dict]:
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), phase, str(devices), str(workers)],
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+def _start(out: Path, phase: str, devices: int, workers: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SCRIPT), str(out), phase, str(devices), str(workers)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait(proc: subprocess.Popen, out: Path, phase: str, devices: int) -> list[dict]:
+    try:
+        log, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 0, log[-8000:]
     return [json.loads((out / f"{phase}_rank{r}.json").read_text()) for r in range(devices)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One 2-rank run stopped mid-epoch (2 loader workers, which prefetch ahead of training), then, side by side,
+    its checkpoint resumed on 2 ranks (2 workers) and on 1 rank (no workers)."""
+    stop_dir = tmp_path_factory.mktemp("stop")
+    stopped = _wait(_start(stop_dir, "stop", 2, 2), stop_dir, "stop", 2)
+    procs = {}
+    for devices, workers in ((2, 2), (1, 0)):
+        out = tmp_path_factory.mktemp(f"resume{devices}")
+        shutil.copy(stop_dir / "mid.ckpt", out / "mid.ckpt")
+        procs[devices] = (out, _start(out, "resume", devices, workers))
+    resumed = {devices: _wait(proc, out, "resume", devices) for devices, (out, proc) in procs.items()}
+    return stopped, resumed, tmp_path_factory.mktemp("plan")
 
 
 def _uninterrupted(tmp_path: Path) -> list[dict]:
@@ -33,11 +59,10 @@ def _uninterrupted(tmp_path: Path) -> list[dict]:
     return [list(BalancedBatchSampler(dm.train_dataset.lengths, 256, num_replicas=2, rank=r, seed=7)) for r in (0, 1)]
 
 
-@pytest.mark.parametrize("workers", [2])
-def test_checkpoint_mid_epoch_resumes_exactly(tmp_path, workers):
-    stopped = _run(tmp_path, "stop", 2, workers)
-    resumed = _run(tmp_path, "resume", 2, workers)
-    expected0 = _uninterrupted(tmp_path)
+def test_checkpoint_mid_epoch_resumes_exactly(runs):
+    stopped, resumed, plan_dir = runs
+    resumed = resumed[2]
+    expected0 = _uninterrupted(plan_dir)
     num_train = stopped[0]["num_train"]
     for r in (0, 1):
         before = stopped[r]["epochs"]["0"]
@@ -52,9 +77,9 @@ def test_checkpoint_mid_epoch_resumes_exactly(tmp_path, workers):
         assert sorted(set(rows)) == list(range(num_train))
 
 
-def test_resume_on_one_rank_replans_the_rest(tmp_path):
-    stopped = _run(tmp_path, "stop", 2, 0)
-    resumed = _run(tmp_path, "resume", 1, 0)
+def test_resume_on_one_rank_replans_the_rest(runs):
+    stopped, resumed, _ = runs
+    resumed = resumed[1]
     num_train = stopped[0]["num_train"]
     seen = [i for rank in stopped for b in rank["epochs"]["0"] for i in b] + [
         i for b in resumed[0]["epochs"]["0"] for i in b]
