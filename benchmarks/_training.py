@@ -19,7 +19,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from lit_balance import TransformerLM
+from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks.straggler import backward_is_local
 from lit_balance.loss import token_loss_sum
 
@@ -33,14 +33,14 @@ def _spin(seconds: float) -> None:
         pass
 
 
-class CompareLM(TransformerLM):
-    """TransformerLM that records each optimizer step's loss and the exact validation loss; optionally slowed.
+class CompareLM(DemoTransformerLM):
+    """DemoTransformerLM that records each optimizer step's loss and the exact validation loss; optionally slowed.
 
     Args:
         slow_rank: the rank slowed down by the demo-only hook, or None.
         slowdown: extra share of its own compute time that rank busy-waits (0.5: 1.5x): forward+loss, backward
             (the step's last backward without its wait for the other ranks' gradients) and the parameter update.
-        **kwargs: :class:`lit_balance.TransformerLM` arguments.
+        **kwargs: :class:`lit_balance.demo.DemoTransformerLM` arguments.
     """
 
     def __init__(self, slow_rank: int | None = None, slowdown: float = 0.0, **kwargs: Any) -> None:

@@ -29,7 +29,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from benchmarks._harness import ROOT, positive_int
-from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset, TransformerLM
+from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset
+from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, PaddingRatioMonitor, StragglerMonitor
 
 LENGTHS = ROOT / "lit_balance/data/lengths/lengths_fortunes.npy"
@@ -68,12 +69,12 @@ def timed(callbacks: list[L.Callback]) -> list[float]:
 
 def fit(args, with_callbacks: bool) -> tuple[float, float, list[float], int]:
     torch.manual_seed(0)
-    model = TransformerLM(vocab_size=512, d_model=args.d_model, num_heads=4, num_layers=2,
+    model = DemoTransformerLM(vocab_size=512, d_model=args.d_model, num_heads=4, num_layers=2,
                           dim_feedforward=4 * args.d_model)
     callbacks: list[L.Callback] = []
     hook_s = [0.0, 0.0]
     if with_callbacks:
-        callbacks = [PaddingRatioMonitor(), StragglerMonitor(every_n_steps=50), CostModelFeedback(),
+        callbacks = [PaddingRatioMonitor(), StragglerMonitor(log_every_n_micro_batches=50), CostModelFeedback(),
                      AdaptiveGradAccumulation(target_tokens_per_step=1)]
         hook_s = timed(callbacks)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, callbacks=callbacks, logger=False,

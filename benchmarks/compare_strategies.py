@@ -5,7 +5,7 @@ Run:
     python -m benchmarks.compare_strategies --quick --output-dir compare_out # under 10 minutes on 2 cores
     python -m benchmarks.compare_strategies --accelerator gpu --devices 4 --model-size bert --precision bf16-mixed
 
-Every strategy trains :class:`lit_balance.TransformerLM` (token-weighted loss, AdamW with the same learning rate)
+Every strategy trains :class:`lit_balance.demo.DemoTransformerLM` (token-weighted loss, AdamW with the same learning rate)
 for the same number of epochs over the same training documents of the built-in corpus (Python standard library
 docstrings, BERT-uncased WordPiece, truncated to ``--max-length`` tokens), with the same per-rank budget of
 ``--max-tokens`` padded token slots per micro-batch, and is validated on the same held-out documents after every
@@ -98,7 +98,7 @@ STRATEGIES = ("random", "random_accum", "sorted_buckets", "dynamic", "dynamic_ac
 #: Strategies that draw micro-batches with torch's DistributedSampler and a fixed batch size.
 _DISTRIBUTED_SAMPLER = ("random", "random_accum")
 SCENARIOS = ("main", "slowed_rank")
-#: TransformerLM sizes: ``small`` is the main job's model (4.3M parameters with the 30,522-token vocabulary),
+#: DemoTransformerLM sizes: ``small`` is the main job's model (4.3M parameters with the 30,522-token vocabulary),
 #: ``bert`` BERT-base's shape (about 110M), ``tiny`` for tests.
 MODEL_SIZES: dict[str, dict[str, int]] = {
     "tiny": {"d_model": 32, "num_heads": 2, "num_layers": 1, "dim_feedforward": 64},
@@ -293,7 +293,7 @@ def run_worker(spec_path: Path) -> None:
     adaptive = None
     if spec["strategy"] == "lit_balance":
         adaptive = AdaptiveGradAccumulation(target_tokens_per_step=spec["target_tokens_per_step"])
-        callbacks += [StragglerMonitor(every_n_steps=50, warn_ratio=10.0), adaptive]
+        callbacks += [StragglerMonitor(log_every_n_micro_batches=50, warn_ratio=10.0), adaptive]
         if spec["feedback"]:
             callbacks.append(CostModelFeedback())
     trainer = L.Trainer(

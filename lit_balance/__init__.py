@@ -1,7 +1,8 @@
 """lit_balance: token-budgeted, rank-balanced batches for PyTorch Lightning DDP on variable-length text.
 
 Names are imported on first use (PEP 562), so that ``import lit_balance.planning`` (the pure planner) does not
-import Lightning; ``from lit_balance import BalancedBatchSampler`` works as usual.
+import Lightning; ``from lit_balance import BalancedBatchSampler`` works as usual. The demo model is
+``lit_balance.demo.DemoTransformerLM``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ _EXPORTS = {
     "StepTokenLoss": "lit_balance.loss",
     "token_loss_sum": "lit_balance.loss",
     "PaddingRatio": "lit_balance.metrics",
-    "TransformerLM": "lit_balance.models",
+    "TokenMeanLoss": "lit_balance.metrics",
     "EpochPlan": "lit_balance.planning",
     "MicroBatch": "lit_balance.planning",
     "plan_epoch": "lit_balance.planning",
@@ -41,8 +42,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs
     from lit_balance.datamodule import BalancedTextDataModule  # noqa: F401
     from lit_balance.dataset import TokenDataset  # noqa: F401
     from lit_balance.loss import StepTokenLoss, token_loss_sum  # noqa: F401
-    from lit_balance.metrics import PaddingRatio  # noqa: F401
-    from lit_balance.models import TransformerLM  # noqa: F401
+    from lit_balance.metrics import PaddingRatio, TokenMeanLoss  # noqa: F401
     from lit_balance.planning import EpochPlan, MicroBatch, plan_epoch  # noqa: F401
     from lit_balance.report import PlanReport, plan_report  # noqa: F401
     from lit_balance.sampler import BalancedBatchSampler  # noqa: F401

@@ -1,13 +1,13 @@
 """The ``lit-balance`` command: Lightning CLI subcommands (fit, validate, ...) and the ``plan`` dry run.
 
 Run:
-    lit-balance fit --config conf/cli/fit_cpu.yaml          # 2 CPU DDP ranks, BalancedTextDataModule + TransformerLM
+    lit-balance fit --config conf/cli/fit_cpu.yaml          # 2 CPU DDP ranks, BalancedTextDataModule + DemoTransformerLM
     lit-balance fit --print_config                          # every option with its default
     lit-balance plan --lengths lit_balance/data/lengths/lengths_fortunes.npy --num-replicas 8 --max-tokens 2048
     python -m lit_balance.cli plan --help                   # the same without the console script
 
 ``fit``, ``validate``, ``test`` and ``predict`` are :class:`lightning.pytorch.cli.LightningCLI`'s: the model is
-:class:`~lit_balance.TransformerLM` (``--model.*``), the data :class:`~lit_balance.BalancedTextDataModule`
+:class:`~lit_balance.demo.DemoTransformerLM` (``--model.*``), the data :class:`~lit_balance.BalancedTextDataModule`
 (``--data.*``), ``model.vocab_size`` is taken from the built data module, and callbacks are set with
 ``--trainer.callbacks`` (class paths and init args) in the config. ``plan`` plans one epoch without
 training and reports it (see :mod:`lit_balance.report`).
@@ -28,7 +28,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lit_balance._validate import check_int
 from lit_balance.cost import CostModel
 from lit_balance.datamodule import BalancedTextDataModule
-from lit_balance.models import TransformerLM
+from lit_balance.demo import DemoTransformerLM
 from lit_balance.settings import BatchingSettings
 
 __all__ = ["LitBalanceCLI", "build_cli", "main", "plan_parser", "run_plan"]
@@ -206,7 +206,7 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
 
 
 class LitBalanceCLI(LightningCLI):
-    """LightningCLI for :class:`TransformerLM` on :class:`BalancedTextDataModule`, plus the ``plan`` subcommand.
+    """LightningCLI for :class:`DemoTransformerLM` on :class:`BalancedTextDataModule`, plus the ``plan`` subcommand.
 
     ``model.vocab_size`` is linked to the instantiated data module's ``vocab_size``
     (``link_arguments(..., apply_on="instantiate")``), so configs never repeat it.
@@ -261,7 +261,7 @@ def build_cli(args: list[str] | None = None) -> LitBalanceCLI:
         args: command-line arguments without the program name (default: ``sys.argv[1:]``).
     """
     return LitBalanceCLI(
-        TransformerLM,
+        DemoTransformerLM,
         BalancedTextDataModule,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},

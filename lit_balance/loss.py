@@ -43,7 +43,7 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, *, shift: bool = 
     Args:
         logits: float ``[B, T, vocab]``.
         labels: int ``[B, T]``; ``-100`` marks tokens without a target (padding, fill rows).
-        shift: causal LM: position ``t`` predicts label ``t + 1`` (as in :class:`lit_balance.TransformerLM`).
+        shift: causal LM: position ``t`` predicts label ``t + 1`` (as in :class:`lit_balance.demo.DemoTransformerLM`).
 
     Returns:
         ``(loss_sum, num_tokens)``: a scalar tensor (0 with a graph when there are no supervised tokens) and an int.
@@ -68,7 +68,7 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, *, shift: bool = 
 class StepTokenLoss:
     """Scale each micro-batch's summed token loss so an optimizer step averages over all its supervised tokens.
 
-    Use from a LightningModule (see :class:`lit_balance.TransformerLM`)::
+    Use from a LightningModule (see :class:`lit_balance.demo.DemoTransformerLM`)::
 
         self.step_loss = StepTokenLoss()
         def training_step(self, batch, batch_idx):

@@ -31,7 +31,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset, TransformerLM
+from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset
+from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks import CostModelFeedback, StragglerMonitor
 from lit_balance.callbacks.straggler import COMPUTE, COST
 
@@ -62,8 +63,8 @@ class SyntheticText(L.LightningDataModule):
         return DataLoader(self.dataset, sampler=self.sampler, batch_size=None, collate_fn=PadCollator(0))
 
 
-class SlowRankLM(TransformerLM):
-    """TransformerLM whose rank ``slow_rank`` spins ``slowdown`` x its forward+loss time (demo only)."""
+class SlowRankLM(DemoTransformerLM):
+    """DemoTransformerLM whose rank ``slow_rank`` spins ``slowdown`` x its forward+loss time (demo only)."""
 
     def __init__(self, slow_rank: int, slowdown: float, **kwargs) -> None:
         super().__init__(**kwargs)

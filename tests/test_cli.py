@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import yaml
 
-from lit_balance import BalancedBatchSampler, BalancedTextDataModule, TransformerLM
+from lit_balance import BalancedBatchSampler, BalancedTextDataModule
+from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks import RunSummary
 from lit_balance.cli import LitBalanceCLI, build_cli, main, plan_parser, run_plan
 from lit_balance.cost import CostModel
@@ -81,7 +82,7 @@ def test_print_config_with_no_other_argument(tmp_path):
 
 def test_fit_cpu_yaml_builds(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cli = LitBalanceCLI(TransformerLM, BalancedTextDataModule, args=["--config", str(FIT_CPU)], run=False,
+    cli = LitBalanceCLI(DemoTransformerLM, BalancedTextDataModule, args=["--config", str(FIT_CPU)], run=False,
                         seed_everything_default=0)
     assert isinstance(cli.datamodule, BalancedTextDataModule) and cli.datamodule.max_tokens == 1024
     assert cli.model.hparams.vocab_size == cli.datamodule.vocab_size == 30522

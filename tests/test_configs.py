@@ -15,7 +15,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from lit_balance import BalancedTextDataModule, TransformerLM
+from lit_balance import BalancedTextDataModule
+from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks import RunSummary
 from lit_balance.cost import CostModel
 
@@ -81,7 +82,7 @@ def _build(cfg, tmp_path: Path):
 def test_base_config_is_the_main_job(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     dm, model, callbacks, trainer = _build(_compose(), tmp_path)
-    assert isinstance(dm, BalancedTextDataModule) and isinstance(model, TransformerLM)
+    assert isinstance(dm, BalancedTextDataModule) and isinstance(model, DemoTransformerLM)
     assert (dm.max_tokens, dm.max_length, dm.val_fraction, dm.seed) == (1024, 256, 0.02, 0)
     assert dm.source.kind == "builtin"
     assert model.hparams.vocab_size == dm.vocab_size == 30522 and model.hparams.d_model == 128
@@ -116,7 +117,7 @@ def test_every_group_option_builds(group, option, tmp_path, monkeypatch, corpus_
     if group == "data" and OmegaConf.is_missing(OmegaConf.load(CONF / "data" / f"{option}.yaml"), "corpus"):
         overrides.append(f"data.corpus={corpus_file}")
     dm, model, callbacks, trainer = _build(_compose(overrides), tmp_path)
-    assert isinstance(dm, BalancedTextDataModule) and isinstance(model, TransformerLM)
+    assert isinstance(dm, BalancedTextDataModule) and isinstance(model, DemoTransformerLM)
     assert isinstance(trainer, L.Trainer) and all(isinstance(c, L.Callback) for c in callbacks)
     if group == "callbacks":
         assert len(callbacks) == 1

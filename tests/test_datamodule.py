@@ -16,7 +16,8 @@ import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lit_balance import IGNORE_INDEX, BalancedTextDataModule, TransformerLM
+from lit_balance import IGNORE_INDEX, BalancedTextDataModule
+from lit_balance.demo import DemoTransformerLM
 from lit_balance import corpus as corpus_module
 from lit_balance.tokenizer import TokenizerAdapter, builtin_tokenizer
 
@@ -738,7 +739,7 @@ def test_worker_processes_give_the_same_batches(tmp_path):
     del loader
 
 
-class _RecordingLM(TransformerLM):
+class _RecordingLM(DemoTransformerLM):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.seen: list[tuple[list[int], int]] = []
@@ -823,7 +824,7 @@ def test_list_of_file_paths_is_refused_not_trained_as_text(tmp_path):
 
 def test_demo_model_starts_near_uniform_loss():
     torch.manual_seed(0)
-    model = TransformerLM(vocab_size=30522)
+    model = DemoTransformerLM(vocab_size=30522)
     ids = torch.randint(0, 30522, (4, 32))
     loss = model._loss({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
     assert abs(float(loss) - math.log(30522)) < 1.5

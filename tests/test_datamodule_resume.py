@@ -4,7 +4,8 @@ import lightning as L
 import numpy as np
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lit_balance import BalancedTextDataModule, TransformerLM
+from lit_balance import BalancedTextDataModule
+from lit_balance.demo import DemoTransformerLM
 
 
 class Recorder(L.Callback):
@@ -20,7 +21,7 @@ def _fit(tmp_path, *, ckpt_path=None, max_steps=-1, callbacks=()):
     docs = [rng.integers(1, 200, size=int(n)) for n in rng.integers(1, 40, 240)]
     dm = BalancedTextDataModule(docs, max_tokens=128, max_length=None, val_fraction=0.05, num_workers=2,
                                 cache_dir=tmp_path / "cache", seed=3)
-    model = TransformerLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
+    model = DemoTransformerLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
     rec = Recorder()
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=max_steps, val_check_interval=4,
                         limit_val_batches=1, logger=False, enable_progress_bar=False, enable_model_summary=False,

@@ -1,4 +1,4 @@
-"""TransformerLM rejects bad sizes and rates at construction; val/loss is the exact mean over all ranks' tokens."""
+"""DemoTransformerLM rejects bad sizes and rates at construction; val/loss is the exact mean over all ranks' tokens."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from lit_balance import TransformerLM
+from lit_balance.demo import DemoTransformerLM
 
 SMALL = {"vocab_size": 16, "d_model": 8, "num_heads": 2, "num_layers": 1, "dim_feedforward": 16}
 
@@ -32,14 +32,14 @@ SMALL = {"vocab_size": 16, "d_model": 8, "num_heads": 2, "num_layers": 1, "dim_f
 ])
 def test_bad_arguments_raise_at_construction(name, value, error, words):
     with pytest.raises(error) as excinfo:
-        TransformerLM(**{**SMALL, name: value})
+        DemoTransformerLM(**{**SMALL, name: value})
     message = str(excinfo.value)
     for word in words:
         assert word in message, message
 
 
 def test_valid_arguments_keep_their_values():
-    model = TransformerLM(vocab_size=np.int64(16), d_model=8, num_heads=np.int32(2), num_layers=1, dim_feedforward=16,
+    model = DemoTransformerLM(vocab_size=np.int64(16), d_model=8, num_heads=np.int32(2), num_layers=1, dim_feedforward=16,
                           dropout=0, lr=np.float32(0.5), weight_decay=0)
     assert dict(model.hparams) == {"vocab_size": 16, "d_model": 8, "num_heads": 2, "num_layers": 1,
                                    "dim_feedforward": 16, "dropout": 0.0, "lr": 0.5, "weight_decay": 0.0}
@@ -79,7 +79,7 @@ def _rank_batches(rank):
     return [_batch(lengths, seed=100 * rank + i) for i, lengths in enumerate(RANK_BATCHES[rank])]
 
 
-class RankValidationLM(TransformerLM):
+class RankValidationLM(DemoTransformerLM):
     """The demo model validating on its rank's batches of RANK_BATCHES (all of them on a single process)."""
 
     def val_dataloader(self):

@@ -78,7 +78,7 @@ def _epoch(make, num_replicas, epoch):
 
 
 def _real(batches):
-    return [i for b in batches for i, fill in zip(b, b.fill) if not fill]
+    return [i for b in batches for i, fill in zip(b, b.is_fill) if not fill]
 
 
 @pytest.mark.parametrize("cut", ["start", "one", "middle", "last"])
@@ -111,8 +111,8 @@ def test_resume_mid_epoch_continues_the_uninterrupted_run(make, old, new, cut):
         for r in range(old):
             assert len(after[r]) == n  # Lightning counts the epoch's batches from its start
             assert heads[r] + rests[r] == full[r]
-            assert [(b.fill, b.step_real_tokens, b.step_rows) for b in heads[r] + rests[r]] == [
-                (b.fill, b.step_real_tokens, b.step_rows) for b in full[r]]
+            assert [(b.is_fill, b.step_real_tokens, b.step_rows) for b in heads[r] + rests[r]] == [
+                (b.is_fill, b.step_real_tokens, b.step_rows) for b in full[r]]
     else:
         assert len(after[0]) == k + len(rests[0])
         padded = np.asarray(after[0].lengths)

@@ -61,7 +61,7 @@ def test_config_dir_and_config_name_select_another_config(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     cfg = yaml.safe_load(proc.stdout)
     assert cfg["seed"] == 7 and cfg["data"]["seed"] == "${seed}" and cfg["trainer"]["devices"] == 1
-    assert cfg["model"]["_target_"] == "lit_balance.TransformerLM" and list(cfg["callbacks"]) == ["run_summary"]
+    assert cfg["model"]["_target_"] == "lit_balance.demo.DemoTransformerLM" and list(cfg["callbacks"]) == ["run_summary"]
     assert not (tmp_path / "outputs").exists()  # --cfg prints and exits: no run
 
 

@@ -412,7 +412,7 @@ def test_slowed_rank_hook_slows_own_compute_but_not_the_wait_for_other_ranks(mon
     def micro_batch(syncs, forward_s, backward_s):
         model._forward_s = forward_s
         object.__setattr__(ddp, "require_backward_grad_sync", syncs)  # what DDP's no_sync() clears
-        monkeypatch.setattr(training.TransformerLM, "backward", backward_taking(backward_s))
+        monkeypatch.setattr(training.DemoTransformerLM, "backward", backward_taking(backward_s))
         model.backward(None)  # the spin happens inside backward, as on a slower device
 
     micro_batch(False, 1.0, 2.0)  # inside no_sync: all of it is compute

@@ -21,7 +21,8 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
-from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset, TransformerLM
+from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset
+from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks import AdaptiveGradAccumulation, PaddingRatioMonitor, StragglerMonitor
 
 
@@ -60,7 +61,7 @@ class Data(L.LightningDataModule):
         return DataLoader(self.ds, sampler=self.sampler, batch_size=None, collate_fn=PadCollator(0))
 
 
-class Model(TransformerLM):
+class Model(DemoTransformerLM):
     def __init__(self, out):
         super().__init__(vocab_size=100, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
         self.out = out

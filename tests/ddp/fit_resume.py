@@ -15,7 +15,8 @@ import lightning as L
 import numpy as np
 from lightning.pytorch.strategies import DDPStrategy
 
-from lit_balance import BalancedTextDataModule, TransformerLM
+from lit_balance import BalancedTextDataModule
+from lit_balance.demo import DemoTransformerLM
 
 STOP_AT = 3
 
@@ -38,7 +39,7 @@ def main() -> None:
     docs = [rng.integers(1, 200, size=min(int(n), 48)) for n in lengths]
     dm = BalancedTextDataModule(docs, max_tokens=256, max_length=None, val_fraction=0.0, num_workers=workers,
                                 cache_dir=out / "cache", seed=7)
-    model = TransformerLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
+    model = DemoTransformerLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
     rec = Recorder(out, stop=phase == "stop")
     strategy = DDPStrategy(timeout=timedelta(seconds=60)) if devices > 1 else "auto"
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, callbacks=[rec], max_epochs=2,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lit_balance import TransformerLM
+from lit_balance.demo import DemoTransformerLM
 from lit_balance.loss import token_loss_sum
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
@@ -92,7 +92,7 @@ def test_backward_is_timed_on_every_rank_exactly_where_ddp_skipped_the_all_reduc
 def test_step_loss_and_gradient_equal_one_process_over_the_same_tokens(runs, mode, divisor):
     out, ranks = runs[mode]
     assert set(ranks[0]["modes"]) == {divisor}
-    model = TransformerLM(vocab_size=100, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
+    model = DemoTransformerLM(vocab_size=100, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
     model.load_state_dict(torch.load(out / "init.pt", weights_only=True))
     steps = [torch.load(out / f"step0_rank{r}.pt", weights_only=True) for r in (0, 1)]
     assert len(steps[0]["batches"]) == ranks[0]["steps"][0][2] == len(steps[1]["batches"])

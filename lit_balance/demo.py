@@ -13,7 +13,7 @@ from lit_balance._validate import check_int, check_number
 from lit_balance.loss import StepTokenLoss, token_loss_sum
 from lit_balance.metrics import TokenMeanLoss
 
-__all__ = ["TransformerLM"]
+__all__ = ["DemoTransformerLM"]
 
 
 def _sinusoidal(length: int, dim: int, device: torch.device) -> torch.Tensor:
@@ -26,7 +26,7 @@ def _sinusoidal(length: int, dim: int, device: torch.device) -> torch.Tensor:
     return enc
 
 
-class TransformerLM(L.LightningModule):
+class DemoTransformerLM(L.LightningModule):
     """A pre-norm causal transformer LM trained on the batches of :class:`lit_balance.PadCollator`.
 
     Positions use sinusoidal encodings, so any row length works (batches are padded only to their
