@@ -77,7 +77,8 @@ class AdaptiveGradAccumulation(L.Callback):
 
     Logs, at every optimizer step, ``balance/accumulate_grad_batches`` (micro-batches in that step) and
     ``balance/tokens_per_optimizer_step`` (global real tokens of that step); :attr:`history` keeps
-    ``(epoch, first batch_idx, accumulate_grad_batches, tokens)`` per step. The Trainer's value is restored
+    ``(epoch, first batch_idx, accumulate_grad_batches, tokens)`` per step; a fit resumed inside a window closes
+    that window where Lightning does, and its entry counts the micro-batches run before the checkpoint too. The Trainer's value is restored
     at the end of fit. Schedulers sized by ``trainer.estimated_stepping_batches`` see the starting value only.
 
     Args:
@@ -138,7 +139,7 @@ class AdaptiveGradAccumulation(L.Callback):
         self._measured_mean: float | None = None
         self._window_start = 0
         self._window_local = 0
-        self._resumed = False  # the first batch of this fit is still to come
+        self._first_batch = False  # the first batch of this fit is still to come
 
     # -- checks ------------------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -157,7 +158,7 @@ class AdaptiveGradAccumulation(L.Callback):
         if others:
             raise RuntimeError(f"{others} also set accumulate_grad_batches; keep only one AdaptiveGradAccumulation")
         self._original = trainer.accumulate_grad_batches
-        self._resumed = True
+        self._first_batch = True
         if self._restored is not None:  # resuming: windows continue where the checkpoint left them
             trainer.accumulate_grad_batches = self._restored
             self._restored = None
@@ -231,8 +232,8 @@ class AdaptiveGradAccumulation(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         current = int(trainer.accumulate_grad_batches)
-        if self._resumed:  # the fit's first batch: a resume may start inside a window, which began earlier
-            self._resumed = False
+        if self._first_batch:  # the fit's first batch: a resume may start inside a window, which began earlier
+            self._first_batch = False
             self._tokens = None
             if batch_idx % current:
                 self._window_start, self._window_local = batch_idx - batch_idx % current, 0
