@@ -370,8 +370,8 @@ def test_world_size_change_keeps_every_lightning_window_and_its_step_totals(leng
 
 @settings(deadline=None, max_examples=60)
 @given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=120),
-       worlds=st.lists(st.integers(1, 6), min_size=2, max_size=4), cuts=st.lists(st.floats(0, 1), min_size=4, max_size=4),
-       accumulate=st.integers(1, 4))
+       worlds=st.lists(st.integers(1, 6), min_size=2, max_size=4),
+       cuts=st.lists(st.floats(0, 1), min_size=4, max_size=4), accumulate=st.integers(1, 4))
 def test_several_world_size_changes_keep_the_step_totals_of_every_lightning_window(lengths, worlds, cuts, accumulate):
     steps, ends, state = [], [], None  # steps[t]: every rank's micro-batch at epoch micro-step t; ends: per stage
     for stage, world in enumerate(worlds):

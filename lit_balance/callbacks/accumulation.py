@@ -78,8 +78,9 @@ class AdaptiveGradAccumulation(L.Callback):
     Logs, at every optimizer step, ``balance/accumulate_grad_batches`` (micro-batches in that step) and
     ``balance/tokens_per_optimizer_step`` (global real tokens of that step); :attr:`history` keeps
     ``(epoch, first batch_idx, accumulate_grad_batches, tokens)`` per step; a fit resumed inside a window closes
-    that window where Lightning does, and its entry counts the micro-batches run before the checkpoint too. The Trainer's value is restored
-    at the end of fit. Schedulers sized by ``trainer.estimated_stepping_batches`` see the starting value only.
+    that window where Lightning does, and its entry counts the micro-batches run before the checkpoint too. The
+    Trainer's value is restored at the end of fit. Schedulers sized by ``trainer.estimated_stepping_batches`` see
+    the starting value only.
 
     Args:
         target_tokens_per_step: real tokens per optimizer step, over all ranks and micro-batches.
