@@ -163,7 +163,7 @@ class BalancedBatchSampler(DistributedSampler):
         # Resume: the epoch's history as [num_replicas, micro-steps consumed] segments (see state_dict).
         self._segments: list[list[int]] = []
         self._cursor = 0  # micro-steps of the current plan yielded by the latest iterator
-        self._cached: tuple[tuple, EpochPlan] | None = None
+        self._cached: tuple[tuple, EpochPlan, np.ndarray, np.ndarray] | None = None
         if len(self) == 0:
             raise ValueError(
                 f"drop_last=True with {lengths_arr.size - self.skipped_indices.size} sample(s) and "
@@ -188,7 +188,7 @@ class BalancedBatchSampler(DistributedSampler):
                None if self.rank_speeds is None else tuple(self.rank_speeds),
                None if self._first_speeds is None else tuple(self._first_speeds))
         if self._cached is None or self._cached[0] != key:
-            self._cached = (key, sampler_state.replay(self, epoch, segments))
+            self._cached = (key, *sampler_state.replay_segments(self, epoch, segments))
         return self._cached[1]
 
     def set_epoch(self, epoch: int) -> None:
@@ -255,13 +255,13 @@ class BalancedBatchSampler(DistributedSampler):
         column = plan.assignment[:, self.rank]
         start = self._offset()
         self._cursor = start
-        step_tokens, step_rows = _step_totals(plan, self.lengths)
-        accumulate = plan.accumulate_grad_batches
+        # per epoch micro-step (plan step s is epoch step earlier + s): totals of its Lightning window
+        step_tokens, step_rows = sampler_state.window_totals(self)
+        earlier = step_tokens.shape[0] - plan.num_micro_steps
         for s in range(start, plan.num_micro_steps):
             idx, fill = plan.batch(int(column[s]))
-            group = s // accumulate
             self._cursor = s + 1
-            yield MicroBatch(idx.tolist(), fill.tolist(), int(step_tokens[group]), int(step_rows[group]))
+            yield MicroBatch(idx.tolist(), fill.tolist(), int(step_tokens[earlier + s]), int(step_rows[earlier + s]))
 
     # ----------------------------------------------------------------------------------------------
     def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
@@ -343,16 +343,3 @@ class BalancedBatchSampler(DistributedSampler):
         """Fill rows (marked duplicates) in the current epoch over all ranks (at most ``num_replicas - 1``)."""
         return int(self.plan().is_fill.sum())
 
-
-def _step_totals(plan: EpochPlan, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per optimizer step: real tokens and rows (fill rows excluded) over all ranks (int64 each)."""
-    if not plan.num_batches:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    tokens, rows = plan.real_tokens_per_batch(lengths), plan.real_rows_per_batch()
-    group = np.arange(plan.num_micro_steps) // plan.accumulate_grad_batches
-    num_groups = int(group[-1]) + 1 if group.size else 0
-    step_tokens = np.zeros(num_groups, dtype=np.int64)
-    step_rows = np.zeros(num_groups, dtype=np.int64)
-    np.add.at(step_tokens, group, tokens[plan.assignment].sum(axis=1))
-    np.add.at(step_rows, group, rows[plan.assignment].sum(axis=1))
-    return step_tokens, step_rows

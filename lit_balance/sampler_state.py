@@ -30,7 +30,8 @@ from lit_balance.settings import BatchingSettings
 if TYPE_CHECKING:
     from lit_balance.sampler import BalancedBatchSampler
 
-__all__ = ["STATE_KEYS", "STATE_VERSION", "Position", "build_state", "parse_state", "replay"]
+__all__ = ["STATE_KEYS", "STATE_VERSION", "Position", "build_state", "micro_step_totals", "parse_state", "replay",
+           "replay_segments", "window_totals"]
 
 #: Version of the state dict's layout.
 STATE_VERSION = 1
@@ -193,28 +194,96 @@ def _segment_plan(sampler: BalancedBatchSampler, epoch: int, segments: list[list
     return sampler._plan_for(epoch, replicas, eligible, None, min_steps=full - earlier)
 
 
-def replay(sampler: BalancedBatchSampler, epoch: int, segments: list[list[int]]) -> EpochPlan:
-    """Plan of the last segment: each earlier segment's plan, rebuilt as it ran, removes what it consumed.
+def _micro_step_sums(plan: EpochPlan, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int64 ``[num_micro_steps]`` each: real tokens and rows (fill rows excluded) of every rank's micro-batch
+    at each micro-step of ``plan``, summed over its ranks."""
+    tokens = plan.real_tokens_per_batch(lengths)[plan.assignment].sum(axis=1)
+    rows = plan.real_rows_per_batch()[plan.assignment].sum(axis=1)
+    return tokens.astype(np.int64), rows.astype(np.int64)
+
+
+def replay_segments(sampler: BalancedBatchSampler, epoch: int,
+                    segments: list[list[int]]) -> tuple[EpochPlan, np.ndarray, np.ndarray]:
+    """Plan of the last segment, and what the earlier segments ran before it.
+
+    Each earlier segment's plan, rebuilt as it ran, removes what it consumed from the samples still to plan.
+
+    Returns:
+        ``(plan, earlier_tokens, earlier_rows)``: the last segment's plan, and int64 ``[earlier micro-steps]``
+        each, the real tokens and rows (fill rows excluded, summed over that segment's ranks) of every
+        micro-step the earlier segments consumed, in epoch order (empty for an epoch of one segment).
 
     Raises:
         ValueError: a segment consumed more micro-steps than its plan has (the state is not this sampler's).
     """
     segments = segments or [[sampler.num_replicas, 0]]
     eligible = sampler._eligible
+    tokens: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
+    rows: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
     for i in range(len(segments)):
         plan = _segment_plan(sampler, epoch, segments, i, eligible)
         if i == len(segments) - 1:
-            return plan
-        if segments[i][1] > plan.num_micro_steps:
+            break
+        consumed = segments[i][1]
+        if consumed > plan.num_micro_steps:
             raise ValueError(
-                f"the saved state consumed {segments[i][1]} micro-steps of epoch {epoch} on {segments[i][0]} "
+                f"the saved state consumed {consumed} micro-steps of epoch {epoch} on {segments[i][0]} "
                 f"rank(s), but that plan has only {plan.num_micro_steps}: the state does not belong to this sampler"
             )
+        step_tokens, step_rows = _micro_step_sums(plan, sampler.lengths)
+        tokens.append(step_tokens[:consumed])
+        rows.append(step_rows[:consumed])
         seen = np.zeros(sampler.lengths.shape[0], dtype=bool)
-        for b in plan.assignment[:segments[i][1]].reshape(-1):
-            rows, fill = plan.batch(int(b))
-            seen[rows[~fill]] = True
+        for b in plan.assignment[:consumed].reshape(-1):
+            batch_rows, fill = plan.batch(int(b))
+            seen[batch_rows[~fill]] = True
         eligible = (np.ones_like(seen) if eligible is None else eligible) & ~seen
         if not eligible.any():
-            return _empty_plan(sampler.num_replicas, sampler.accumulate_grad_batches)
-    raise AssertionError("unreachable")  # pragma: no cover
+            plan = _empty_plan(sampler.num_replicas, sampler.accumulate_grad_batches)
+            break
+    return plan, np.concatenate(tokens), np.concatenate(rows)
+
+
+def replay(sampler: BalancedBatchSampler, epoch: int, segments: list[list[int]]) -> EpochPlan:
+    """Plan of the last segment: each earlier segment's plan, rebuilt as it ran, removes what it consumed.
+
+    Raises:
+        ValueError: a segment consumed more micro-steps than its plan has (the state is not this sampler's).
+    """
+    return replay_segments(sampler, epoch, segments)[0]
+
+
+def micro_step_totals(sampler: BalancedBatchSampler) -> tuple[np.ndarray, np.ndarray]:
+    """Real tokens and rows of every micro-step of the sampler's current epoch, as it runs over all its segments.
+
+    Returns:
+        int64 ``[len(sampler)]`` each: at epoch micro-step ``t`` (Lightning's ``batch_idx``), the real tokens and
+        rows (fill rows excluded) of every rank's micro-batch, summed over the ranks that ran (or run) it. Steps
+        consumed before a resume on another number of ranks come from the old ranks' plan.
+    """
+    plan = sampler.plan()
+    _, _, earlier_tokens, earlier_rows = sampler._cached
+    step_tokens, step_rows = _micro_step_sums(plan, sampler.lengths)
+    return np.concatenate([earlier_tokens, step_tokens]), np.concatenate([earlier_rows, step_rows])
+
+
+def window_totals(sampler: BalancedBatchSampler) -> tuple[np.ndarray, np.ndarray]:
+    """Global real tokens and rows of the optimizer step of every micro-step of the current epoch.
+
+    Optimizer steps are Lightning's accumulation windows of ``accumulate_grad_batches`` micro-steps, counted
+    from the epoch's start (the last one may be short), whatever resumes on other numbers of ranks cut them:
+    a window cut by one sums the micro-batches the old ranks ran before the cut and those the new ranks run
+    after it.
+
+    Returns:
+        int64 ``[len(sampler)]`` each: at epoch micro-step ``t``, the sums of :func:`micro_step_totals` over the
+        window ``t // accumulate_grad_batches``.
+    """
+    tokens, rows = micro_step_totals(sampler)
+    window = np.arange(tokens.shape[0]) // sampler.settings.accumulate_grad_batches
+    num_windows = int(window[-1]) + 1 if window.size else 0
+    window_tokens = np.zeros(num_windows, dtype=np.int64)
+    window_rows = np.zeros(num_windows, dtype=np.int64)
+    np.add.at(window_tokens, window, tokens)
+    np.add.at(window_rows, window, rows)
+    return window_tokens[window], window_rows[window]

@@ -194,3 +194,31 @@ def test_token_loss_sum_matches_cross_entropy_and_handles_no_targets():
     assert n0 == 0 and float(s0.detach()) == 0.0
     s0.backward()  # keeps the graph: every parameter gets a (zero) gradient, as DDP needs
     assert leaf.grad is not None and not torch.isnan(leaf.grad).any() and float(leaf.grad.abs().sum()) == 0.0
+
+
+def test_a_resume_on_fewer_ranks_inside_a_window_keeps_one_divisor_per_lightning_window():
+    """2 ranks stop 3 micro-batches into an epoch with accumulate_grad_batches=2 (inside the window [2, 4)); the
+    rest re-planned on 1 rank runs Lightning's windows from batch_idx 3: one divisor per window."""
+    from lit_balance import BalancedBatchSampler
+
+    lengths = [5 + (i * 37) % 120 for i in range(60)]
+    before = [BalancedBatchSampler(lengths, 256, num_replicas=2, rank=r, seed=1, accumulate_grad_batches=2)
+              for r in (0, 1)]
+    after = BalancedBatchSampler(lengths, 256, num_replicas=1, rank=0, seed=1, accumulate_grad_batches=2)
+    after.load_state_dict(before[0].state_dict(batches_consumed=3))
+    module = FakeModule(1, 2, FakeStrategy())
+    loss = StepTokenLoss()
+    n, steps = len(after), []
+    for batch_idx, mb in enumerate(after, start=3):
+        supervised = int(sum(after.lengths[mb])) - len(mb)  # a row of l tokens supervises l - 1
+        batch = {"step_supervised_tokens": mb.step_real_tokens - mb.step_rows}
+        out = loss.micro_batch(module, batch, module.theta * float(supervised), supervised)
+        (out / 2).backward()
+        if (batch_idx + 1) % 2 == 0 or batch_idx + 1 == n:  # Lightning steps here
+            steps.append((batch_idx, batch["step_supervised_tokens"], float(loss.finish_step(module))))
+            module.theta.grad = None
+    assert len(steps) == (n - 4 + 1) // 2 + 1
+    # the window cut by the resume counts the old ranks' micro-batch 2 too; its gradient, which the checkpoint
+    # did not keep, is left out by rescaling to the tokens seen after the resume
+    assert loss.num_corrected_steps == 1 and steps[0][0] == 3
+    assert all(value == pytest.approx(1.0) for *_, value in steps)  # every token's loss factor is 1

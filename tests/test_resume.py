@@ -320,3 +320,81 @@ def test_several_world_size_changes_in_one_epoch_lose_and_repeat_nothing(lengths
                 break
     assert sorted(seen) == list(range(len(lengths)))  # every sample once over all stages
     assert set(seen.values()) == {1}
+
+
+def _totals(batches, lengths):
+    """Real tokens and rows (fill rows excluded) of a list of micro-batches."""
+    real = [i for b in batches for i, f in zip(b, b.is_fill) if not f]
+    return int(np.asarray(lengths, dtype=np.int64)[real].sum()) if real else 0, len(real)
+
+
+@settings(deadline=None, max_examples=80)
+@given(lengths=lengths_st, old=st.integers(1, 8), new=st.integers(1, 8), accumulate=st.integers(1, 4),
+       cut=st.floats(0, 1), epoch=st.integers(0, 2), shuffle=st.booleans())
+def test_world_size_change_keeps_every_lightning_window_and_its_step_totals(lengths, old, new, accumulate, cut,
+                                                                            epoch, shuffle):
+    kwargs = {"seed": 3, "accumulate_grad_batches": accumulate, "shuffle": shuffle}
+    before = _samplers(lengths, old, **kwargs)
+    for s in before:
+        s.set_epoch(epoch)
+    k = int(cut * len(before[0]))
+    iterators = [iter(s) for s in before]
+    steps = [[next(it) for it in iterators] for _ in range(k)]  # epoch micro-step t -> every rank's micro-batch
+    state = _roundtrip(before[0].state_dict())
+    if k == len(before[0]):
+        return
+    after = _samplers(lengths, new, **kwargs)
+    for s in after:
+        s.load_state_dict(state)
+        s.set_epoch(epoch)
+    assert len({len(s) for s in after}) == 1
+    rest = [list(s) for s in after]
+    assert {len(r) for r in rest} == {len(after[0]) - k}
+    steps += [list(column) for column in zip(*rest)]
+    num_steps = len(after[0])
+    assert len(steps) == num_steps
+    # every remaining sample trained exactly once, none of those trained before again
+    planned = after[0].lengths
+    seen = collections.Counter(i for step in steps for b in step for i, f in zip(b, b.is_fill) if not f)
+    assert seen == collections.Counter(range(len(planned)))
+    # Lightning's windows, counted from the epoch start (the last one may be short): every micro-batch of a window
+    # carries the window's true totals over all ranks and micro-batches, before and after the cut. Micro-batches
+    # yielded before the cut were planned without knowing of it: they are checked for windows that end before it.
+    for lo in range(0, num_steps, accumulate):
+        hi = min(lo + accumulate, num_steps)
+        tokens, rows = _totals([b for step in steps[lo:hi] for b in step], planned)
+        for t in range(max(lo, k) if hi > k else lo, hi):
+            for b in steps[t]:
+                assert (b.step_real_tokens, b.step_rows) == (tokens, rows), (lo, hi, k, t)
+
+
+@settings(deadline=None, max_examples=60)
+@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=120),
+       worlds=st.lists(st.integers(1, 6), min_size=2, max_size=4),
+       cuts=st.lists(st.floats(0, 1), min_size=4, max_size=4), accumulate=st.integers(1, 4))
+def test_several_world_size_changes_keep_the_step_totals_of_every_lightning_window(lengths, worlds, cuts, accumulate):
+    steps, ends, state = [], [], None  # steps[t]: every rank's micro-batch at epoch micro-step t; ends: per stage
+    for stage, world in enumerate(worlds):
+        samplers = _samplers(lengths, world, seed=5, accumulate_grad_batches=accumulate)
+        if state is not None:
+            for s in samplers:
+                s.load_state_dict(_roundtrip(state))
+        done = len(steps)
+        available = len(samplers[0]) - done
+        take = available if stage == len(worlds) - 1 else int(cuts[stage] * available)
+        iterators = [iter(s) for s in samplers]
+        steps += [[next(it) for it in iterators] for _ in range(take)]
+        ends.append(len(steps))
+        if stage < len(worlds) - 1:
+            state = samplers[0].state_dict(batches_consumed=len(steps))
+            if state["epoch"] == 1:  # the epoch ended early in the chain
+                ends[-1] = len(steps) + 1  # nothing after it: every window it yielded is whole
+                break
+    planned = samplers[0].lengths
+    stage_of = [next(i for i, end in enumerate(ends) if t < end) for t in range(len(steps))]
+    for lo in range(0, len(steps), accumulate):
+        hi = min(lo + accumulate, len(steps))
+        tokens, rows = _totals([b for step in steps[lo:hi] for b in step], planned)
+        for t in range(lo, hi):
+            if hi <= ends[stage_of[t]] or stage_of[t] == len(ends) - 1:  # the stage knew the whole window
+                assert {(b.step_real_tokens, b.step_rows) for b in steps[t]} == {(tokens, rows)}, (lo, hi, t, ends)

@@ -12,6 +12,8 @@ import torch
 from lit_balance._validate import check_int, check_number
 from lit_balance.callbacks._common import batch_fields, emit, train_sampler
 from lit_balance.callbacks.straggler import COMPUTE, StragglerMonitor, step_imbalance
+from lit_balance.sampler import BalancedBatchSampler
+from lit_balance.sampler_state import micro_step_totals
 
 __all__ = ["AdaptiveGradAccumulation", "plan_step_tokens"]
 
@@ -19,9 +21,13 @@ __all__ = ["AdaptiveGradAccumulation", "plan_step_tokens"]
 def plan_step_tokens(sampler: Any) -> np.ndarray | None:
     """Global real tokens of each micro-step of the sampler's current epoch (fill rows excluded), or None.
 
-    ``out[s]`` sums, over all ranks, the real tokens of the micro-batch each rank runs at step ``s`` of
-    ``sampler.plan()`` (int64 ``[len(sampler)]``). Every rank computes it alike, without communication.
+    ``out[t]`` sums, over all ranks, the real tokens of the micro-batch each rank runs at micro-step ``t`` of
+    the epoch, Lightning's ``batch_idx`` (int64 ``[len(sampler)]``). After a resume on another number of
+    ranks, the micro-steps before the cut are those the old ranks ran. Every rank computes it alike, without
+    communication. Any other object with ``plan()`` and ``lengths`` is read from ``plan()`` alone.
     """
+    if isinstance(sampler, BalancedBatchSampler):
+        return micro_step_totals(sampler)[0]
     if not (hasattr(sampler, "plan") and hasattr(sampler, "lengths")):
         return None
     plan = sampler.plan()
@@ -71,8 +77,10 @@ class AdaptiveGradAccumulation(L.Callback):
 
     Logs, at every optimizer step, ``balance/accumulate_grad_batches`` (micro-batches in that step) and
     ``balance/tokens_per_optimizer_step`` (global real tokens of that step); :attr:`history` keeps
-    ``(epoch, first batch_idx, accumulate_grad_batches, tokens)`` per step. The Trainer's value is restored
-    at the end of fit. Schedulers sized by ``trainer.estimated_stepping_batches`` see the starting value only.
+    ``(epoch, first batch_idx, accumulate_grad_batches, tokens)`` per step; a fit resumed inside a window closes
+    that window where Lightning does, and its entry counts the micro-batches run before the checkpoint too. The
+    Trainer's value is restored at the end of fit. Schedulers sized by ``trainer.estimated_stepping_batches`` see
+    the starting value only.
 
     Args:
         target_tokens_per_step: real tokens per optimizer step, over all ranks and micro-batches.
@@ -132,6 +140,7 @@ class AdaptiveGradAccumulation(L.Callback):
         self._measured_mean: float | None = None
         self._window_start = 0
         self._window_local = 0
+        self._first_batch = False  # the first batch of this fit is still to come
 
     # -- checks ------------------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -150,6 +159,7 @@ class AdaptiveGradAccumulation(L.Callback):
         if others:
             raise RuntimeError(f"{others} also set accumulate_grad_batches; keep only one AdaptiveGradAccumulation")
         self._original = trainer.accumulate_grad_batches
+        self._first_batch = True
         if self._restored is not None:  # resuming: windows continue where the checkpoint left them
             trainer.accumulate_grad_batches = self._restored
             self._restored = None
@@ -223,6 +233,12 @@ class AdaptiveGradAccumulation(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         current = int(trainer.accumulate_grad_batches)
+        if self._first_batch:  # the fit's first batch: a resume may start inside a window, which began earlier
+            self._first_batch = False
+            self._tokens = None
+            if batch_idx % current:
+                self._window_start, self._window_local = batch_idx - batch_idx % current, 0
+                self._mean_tokens(trainer, batch_idx)  # reads the epoch's plan
         if batch_idx % current:
             return  # inside a window: never change here
         self._window_start, self._window_local = batch_idx, 0

@@ -203,3 +203,42 @@ def test_state_dict_restores_the_value_in_use():
     assert trainer.accumulate_grad_batches == 4
     with pytest.raises(ValueError, match="expected keys"):
         fresh.load_state_dict({"accumulate_grad_batches": 4})
+
+
+def _resumed_on_one_rank(lengths, cut, accumulate=1):
+    """Samplers of 2 ranks stopped after ``cut`` micro-batches, and the rest re-planned on 1 rank."""
+    from lit_balance import BalancedBatchSampler
+
+    before = [BalancedBatchSampler(lengths, 256, num_replicas=2, rank=r, seed=1,
+                                   accumulate_grad_batches=accumulate) for r in (0, 1)]
+    head = [[b for b, _ in zip(s, range(cut))] for s in before]
+    after = BalancedBatchSampler(lengths, 256, num_replicas=1, rank=0, seed=1, accumulate_grad_batches=accumulate)
+    after.load_state_dict(before[0].state_dict(batches_consumed=cut))
+    steps = [list(step) for step in zip(*head)] + [[b] for b in after]
+    tokens = [int(sum(after.lengths[i] for b in step for i, f in zip(b, b.is_fill) if not f)) for step in steps]
+    return after, steps, tokens
+
+
+LENGTHS = [5 + (i * 37) % 120 for i in range(60)]
+
+
+def test_plan_step_tokens_after_a_resume_on_other_ranks_counts_from_the_epoch_start():
+    sampler, _, tokens = _resumed_on_one_rank(LENGTHS, cut=3)
+    assert plan_step_tokens(sampler).tolist() == tokens  # micro-steps 0..2 ran on the 2 old ranks
+
+
+def test_a_resume_inside_a_window_closes_that_window_where_lightning_does():
+    sampler, steps, tokens = _resumed_on_one_rank(LENGTHS, cut=3)
+    cb = AdaptiveGradAccumulation(target_tokens_per_step=10**9, max_accumulate_grad_batches=2)
+    cb.load_state_dict({"version": 1, "accumulate_grad_batches": 2})
+    trainer, _ = make_trainer(sampler=sampler, callbacks=[cb], num_training_batches=len(sampler))
+    cb.on_train_start(trainer, MODULE)
+    for b in range(3, len(sampler)):  # Lightning resumes at batch_idx 3, inside the window [2, 4)
+        mb = steps[b][0]
+        real = int(sum(sampler.lengths[mb]))
+        cb.on_train_batch_start(trainer, MODULE, batch(len(mb), real, real), b)
+        cb.on_train_batch_end(trainer, MODULE, None, batch(len(mb), real, real), b)
+    n = len(sampler)
+    expected = [(0, 2, 2, tokens[2] + tokens[3])] + [
+        (0, lo, min(2, n - lo), sum(tokens[lo:lo + 2])) for lo in range(4, n, 2)]
+    assert cb.history == expected

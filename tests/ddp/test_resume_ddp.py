@@ -11,10 +11,12 @@ import pytest
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
 
 SCRIPT = Path(__file__).with_name("fit_resume.py")
+ACCUMULATE = 2  # the stop after 3 micro-batches falls inside an optimizer step's window
 
 
 def _start(out: Path, phase: str, devices: int, workers: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SCRIPT), str(out), phase, str(devices), str(workers)],
+    return subprocess.Popen([sys.executable, str(SCRIPT), str(out), phase, str(devices), str(workers),
+                             str(ACCUMULATE)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -30,8 +32,8 @@ def _wait(proc: subprocess.Popen, out: Path, phase: str, devices: int) -> list[d
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One 2-rank run stopped mid-epoch (2 loader workers, which prefetch ahead of training), then, side by side,
-    its checkpoint resumed on 2 ranks (2 workers) and on 1 rank (no workers)."""
+    """One 2-rank run stopped mid-epoch inside an accumulation window (2 loader workers, which prefetch ahead of
+    training), then, side by side, its checkpoint resumed on 2 ranks (2 workers) and on 1 rank (no workers)."""
     stop_dir = tmp_path_factory.mktemp("stop")
     stopped = _wait(_start(stop_dir, "stop", 2, 2), stop_dir, "stop", 2)
     procs = {}
@@ -56,7 +58,8 @@ def _uninterrupted(tmp_path: Path) -> list[dict]:
                                 seed=7)
     dm.prepare_data()
     dm.setup("fit")
-    return [list(BalancedBatchSampler(dm.train_dataset.lengths, 256, num_replicas=2, rank=r, seed=7)) for r in (0, 1)]
+    return [list(BalancedBatchSampler(dm.train_dataset.lengths, 256, num_replicas=2, rank=r, seed=7,
+                                      accumulate_grad_batches=ACCUMULATE)) for r in (0, 1)]
 
 
 def test_checkpoint_mid_epoch_resumes_exactly(runs):
@@ -86,3 +89,18 @@ def test_resume_on_one_rank_replans_the_rest(runs):
     # every training sample once in epoch 0 (fill rows may repeat one; the corpus here needs none)
     assert sorted(seen) == list(range(num_train))
     assert resumed[0]["epochs"]["1"] == resumed[0]["plans"]["1"][0]
+
+
+def test_resume_inside_an_accumulation_window_keeps_each_windows_divisor(runs):
+    """The rest re-planned on 1 rank continues Lightning's windows: every micro-batch of an optimizer step carries
+    the same step_supervised_tokens (the demo model's StepTokenLoss raises otherwise), also on 2 ranks."""
+    stopped, resumed, _ = runs
+    for devices, ranks in resumed.items():
+        for epoch in ("0", "1"):
+            windows = {}
+            for rank in ranks:
+                for batch_idx, tokens in rank["step_tokens"][epoch].items():
+                    windows.setdefault(int(batch_idx) // ACCUMULATE, set()).add(tokens)
+            assert all(len(v) == 1 for v in windows.values()), (devices, epoch, windows)
+    # resumed on the same world, the window the stop cut keeps its divisor across the cut
+    assert stopped[0]["step_tokens"]["0"]["2"] == resumed[2][0]["step_tokens"]["0"]["3"]
