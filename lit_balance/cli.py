@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
-from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_balance._validate import MAX_TOKENS_LIMIT, check_int
@@ -136,12 +136,7 @@ _INPUT_ERRORS = (FileNotFoundError, TypeError, ValueError)
 _DEBUG_ENV = "JSONARGPARSE_DEBUG"
 
 
-def _is_input_error(error: BaseException) -> bool:
-    """True for a lit_balance check rejecting an input: a ``raise`` statement in the package raised it.
-
-    A ValueError or TypeError from anywhere else (Python, NumPy, torch, or a line of lit_balance that is not
-    a ``raise``) is a bug or an unexpected input, and keeps its traceback.
-    """
+def _raised_by_a_check(error: BaseException) -> bool:
     if not isinstance(error, _INPUT_ERRORS) or error.__traceback__ is None:
         return False
     tb = error.__traceback__
@@ -149,6 +144,28 @@ def _is_input_error(error: BaseException) -> bool:
         tb = tb.tb_next
     path = Path(tb.tb_frame.f_code.co_filename).resolve()
     return _PACKAGE_DIR in path.parents and linecache.getline(str(path), tb.tb_lineno).lstrip().startswith("raise ")
+
+
+def _input_error(error: BaseException) -> BaseException | None:
+    """The lit_balance check that rejected an input in ``error`` (itself or its ``__cause__``), else None.
+
+    A check is a ``raise`` statement in the package; jsonargparse wraps those of classes built from a list
+    (``trainer.callbacks``) in its own ValueError, hence the ``__cause__`` chain. A ValueError or TypeError
+    from anywhere else (Python, NumPy, torch, or a line of lit_balance that is not a ``raise``) is a bug or
+    an unexpected input, and keeps its traceback.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if _raised_by_a_check(error):
+            return error
+        seen.add(id(error))
+        error = error.__cause__
+    return None
+
+
+def _is_input_error(error: BaseException) -> bool:
+    """True if a lit_balance check rejected an input (see :func:`_input_error`)."""
+    return _input_error(error) is not None
 
 
 def _frames(error: BaseException) -> Iterable[Any]:
@@ -159,13 +176,15 @@ def _frames(error: BaseException) -> Iterable[Any]:
 
 
 def _component(error: BaseException) -> tuple[str, Any] | None:
-    """``("data", the data module)`` or ``("model", the model)`` whose code raised ``error``, outermost first."""
-    for frame in _frames(error):
+    """``("data", the data module)``, ``("model", the model)`` or ``("callback", it)`` whose code raised ``error``."""
+    for frame in _frames(error):  # outermost first
         owner = frame.f_locals.get("self")
         if isinstance(owner, LightningDataModule):
             return "data", owner
         if isinstance(owner, LightningModule):
             return "model", owner
+        if isinstance(owner, Callback):
+            return "callback", owner
     return None
 
 
@@ -175,13 +194,17 @@ def _in_data_setup(error: BaseException) -> bool:
                and isinstance(frame.f_locals.get("self"), LightningDataModule) for frame in _frames(error))
 
 
-def _fit_flag_names(message: str, error: BaseException) -> str:
-    """Rewrite the data module's or model's argument names as LightningCLI flags: ``max_tokens=0`` ->
-    ``--data.max_tokens=0``."""
+def _fit_message(error: BaseException) -> str:
+    """The message of the check that rejected a setting, with the data module's or model's argument names as
+    LightningCLI flags (``max_tokens=0`` -> ``--data.max_tokens=0``) or naming the callback."""
+    error = _input_error(error) or error
+    message = str(error)
     found = _component(error)
     if found is None:
         return message
     key, owner = found
+    if key == "callback":
+        return f"{type(owner).__name__} in --trainer.callbacks: {message}"
     names = tuple(name for name, p in inspect.signature(type(owner).__init__).parameters.items()
                   if name not in ("self", "corpus", "tokenizer", "settings")
                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
@@ -375,7 +398,7 @@ class LitBalanceCLI(LightningCLI):
         except _INPUT_ERRORS as error:
             if self.subcommand is None or not _is_input_error(error):
                 raise
-            _exit_on_input_error(self.subcommand, _fit_flag_names(str(error), error), error)
+            _exit_on_input_error(self.subcommand, _fit_message(error), error)
 
     def before_fit(self) -> None:
         """Print the derived budget (rank 0) before training."""
@@ -400,9 +423,9 @@ class LitBalanceCLI(LightningCLI):
         try:
             super()._run_subcommand(subcommand)
         except _INPUT_ERRORS as error:
-            if not (_is_input_error(error) and _in_data_setup(error)):
+            if not (_is_input_error(error) and _in_data_setup(_input_error(error))):
                 raise
-            _exit_on_input_error(subcommand, _fit_flag_names(str(error), error), error)
+            _exit_on_input_error(subcommand, _fit_message(error), error)
 
 
 def build_cli(args: list[str] | None = None) -> LitBalanceCLI:

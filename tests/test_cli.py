@@ -291,6 +291,16 @@ def test_fit_setting_errors_are_one_line_naming_the_flag(tmp_path, monkeypatch, 
     assert re.search(match, message), message
 
 
+def test_fit_callback_setting_error_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "callbacks.yaml"
+    config.write_text("trainer:\n  callbacks:\n    - class_path: lit_balance.callbacks.PaddingRatioMonitor\n"
+                      "      init_args:\n        log_every_n_micro_batches: 0\n", encoding="utf-8")
+    message = _fit_error(["--config", str(config)], capsys)  # jsonargparse wraps the callback's ValueError
+    assert message.startswith("PaddingRatioMonitor in --trainer.callbacks: log_every_n_micro_batches must be >= 1, "
+                              "got 0"), message
+
+
 def test_fit_setup_error_names_the_flag(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LIT_BALANCE_CACHE", str(tmp_path / "cache"))
