@@ -16,16 +16,23 @@ training and reports it (see :mod:`lit_balance.report`).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
+import linecache
+import os
 import re
+import sys
 import typing
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lit_balance._validate import check_int
+from lit_balance._validate import MAX_TOKENS_LIMIT, check_int
 from lit_balance.cost import CostModel
 from lit_balance.datamodule import BalancedTextDataModule
 from lit_balance.demo import DemoTransformerLM
@@ -43,7 +50,7 @@ def _flag(name: str) -> str:
 
 def plan_parser() -> ArgumentParser:
     """The ``plan`` subcommand's parser (jsonargparse; ``--config`` reads the same options from YAML)."""
-    parser = ArgumentParser(description="Plan one epoch without training: per-rank micro-batches, tokens, padding "
+    parser = ArgumentParser(allow_abbrev=False, description="Plan one epoch without training: per-rank micro-batches, tokens, padding "
                                         "and cost, rank imbalance and useful compute fraction, against "
                                         "DistributedSampler with a fixed batch size; writes a table, a JSON summary "
                                         "and PNG plots.")
@@ -84,25 +91,136 @@ def plan_parser() -> ArgumentParser:
 _PLAN_FLAGS = (*BatchingSettings.names(), "max_length", "num_replicas", "val_fraction", "text_key", "cache_dir",
                "linear", "quadratic", "per_batch", "epoch")
 _NAMES = "|".join(_PLAN_FLAGS)
-_QUOTED_RE = re.compile(rf"(?<![\w.-])({_NAMES})=([\"'])([\w-]+)\2(?: or ([\"'])([\w-]+)\4)?")
-_VALUE_RE = re.compile(rf"(?<![\w.-])({_NAMES})=([^\s,;:()\[\]]*)")
 _PATH_RE = re.compile(r"^(corpus|tokenizer) (file|path|glob pattern)\b")
 _COST_RE = re.compile(r"\bCostModel\.(?=linear|quadratic|per_batch)")
-_NAME_RE = re.compile(rf"(?<![\w.-])({_NAMES})(?!\w)")
 
 
-def _flag_names(message: str) -> str:
-    """Rewrite library messages' Python argument names as flags: ``too_long="skip"`` -> ``--too-long skip``."""
+@functools.lru_cache(maxsize=8)
+def _name_patterns(names: tuple[str, ...]) -> tuple[re.Pattern, re.Pattern, re.Pattern]:
+    alternatives = "|".join(sorted(names, key=len, reverse=True))
+    return (re.compile(rf"(?<![\w.-])({alternatives})=([\"'])([\w-]+)\2(?: or ([\"'])([\w-]+)\4)?"),
+            re.compile(rf"(?<![\w.-])({alternatives})=([^\s,;:()\[\]]*)"),
+            re.compile(rf"(?<![\w.-])({alternatives})(?!\w)"))
+
+
+def _flag_names(message: str, names: Iterable[str] = _PLAN_FLAGS, flag: Callable[[str], str] = _flag,
+                sep: str = " ") -> str:
+    """Rewrite library messages' Python argument names as flags: ``too_long="skip"`` -> ``--too-long skip``.
+
+    Args:
+        message: the library's message.
+        names: the argument names to rewrite (``corpus`` and ``tokenizer`` only where a message starts
+            with "corpus file", "tokenizer path", ...).
+        flag: a name's flag, e.g. ``--too-long`` (``plan``) or ``--data.too_long`` (``fit``).
+        sep: between a flag and its value: ``" "`` (``plan``) or ``"="`` (``fit``).
+    """
+    quoted_re, value_re, name_re = _name_patterns(tuple(names))
+
     def quoted(m: re.Match) -> str:
-        return f"{_flag(m[1])} {m[3]}" + (f" or {_flag(m[1])} {m[5]}" if m[5] else "")
+        return f"{flag(m[1])}{sep}{m[3]}" + (f" or {flag(m[1])}{sep}{m[5]}" if m[5] else "")
 
     def valued(m: re.Match) -> str:
         value = {"True": "true", "False": "false", "None": "null"}.get(m[2], m[2])
-        return f"{_flag(m[1])} {value}".rstrip()
+        return f"{flag(m[1])}{sep}{value}" if value else flag(m[1])
 
-    message = _COST_RE.sub("", _PATH_RE.sub(r"--\1 \2", message))
-    message = _VALUE_RE.sub(valued, _QUOTED_RE.sub(quoted, message))
-    return _NAME_RE.sub(lambda m: _flag(m[1]), message)
+    message = _PATH_RE.sub(lambda m: f"{flag(m[1])} {m[2]}", message)
+    if flag is _flag:
+        message = _COST_RE.sub("", message)
+    message = value_re.sub(valued, quoted_re.sub(quoted, message))
+    return name_re.sub(lambda m: flag(m[1]), message)
+
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_INPUT_ERRORS = (FileNotFoundError, TypeError, ValueError)
+#: set to "true" to raise library input errors with their traceback instead of the one-line message (as jsonargparse)
+_DEBUG_ENV = "JSONARGPARSE_DEBUG"
+
+
+def _raised_by_a_check(error: BaseException) -> bool:
+    if not isinstance(error, _INPUT_ERRORS) or error.__traceback__ is None:
+        return False
+    tb = error.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    path = Path(tb.tb_frame.f_code.co_filename).resolve()
+    return _PACKAGE_DIR in path.parents and linecache.getline(str(path), tb.tb_lineno).lstrip().startswith("raise ")
+
+
+def _input_error(error: BaseException) -> BaseException | None:
+    """The lit_balance check that rejected an input in ``error`` (itself or its ``__cause__``), else None.
+
+    A check is a ``raise`` statement in the package; jsonargparse wraps those of classes built from a list
+    (``trainer.callbacks``) in its own ValueError, hence the ``__cause__`` chain. A ValueError or TypeError
+    from anywhere else (Python, NumPy, torch, or a line of lit_balance that is not a ``raise``) is a bug or
+    an unexpected input, and keeps its traceback.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if _raised_by_a_check(error):
+            return error
+        seen.add(id(error))
+        error = error.__cause__
+    return None
+
+
+def _is_input_error(error: BaseException) -> bool:
+    """True if a lit_balance check rejected an input (see :func:`_input_error`)."""
+    return _input_error(error) is not None
+
+
+def _frames(error: BaseException) -> Iterable[Any]:
+    tb = error.__traceback__
+    while tb is not None:
+        yield tb.tb_frame
+        tb = tb.tb_next
+
+
+def _component(error: BaseException) -> tuple[str, Any] | None:
+    """``("data", the data module)``, ``("model", the model)`` or ``("callback", it)`` whose code raised ``error``."""
+    for frame in _frames(error):  # outermost first
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, LightningDataModule):
+            return "data", owner
+        if isinstance(owner, LightningModule):
+            return "model", owner
+        if isinstance(owner, Callback):
+            return "callback", owner
+    return None
+
+
+def _in_data_setup(error: BaseException) -> bool:
+    """True if ``error`` was raised inside a data module's ``prepare_data`` or ``setup`` (called by the trainer)."""
+    return any(frame.f_code.co_name in ("prepare_data", "setup")
+               and isinstance(frame.f_locals.get("self"), LightningDataModule) for frame in _frames(error))
+
+
+def _fit_message(error: BaseException) -> str:
+    """The message of the check that rejected a setting, with the data module's or model's argument names as
+    LightningCLI flags (``max_tokens=0`` -> ``--data.max_tokens=0``) or naming the callback."""
+    error = _input_error(error) or error
+    message = str(error)
+    found = _component(error)
+    if found is None:
+        return message
+    key, owner = found
+    if key == "callback":
+        return f"{type(owner).__name__} in --trainer.callbacks: {message}"
+    names = tuple(name for name, p in inspect.signature(type(owner).__init__).parameters.items()
+                  if name not in ("self", "corpus", "tokenizer", "settings")
+                  and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+    if key == "data":
+        message = _PATH_RE.sub(lambda m: f"--data.{m[1]} {m[2]}", message)
+    return _flag_names(message, names, lambda name: f"--{key}.{name}", "=")
+
+
+def _exit_on_input_error(subcommand: str, message: str, error: BaseException) -> typing.NoReturn:
+    """Print ``lit-balance <subcommand>: error: <message>`` as one line on stderr and exit with status 2."""
+    if os.environ.get(_DEBUG_ENV, "").lower() == "true":  # as jsonargparse reads it
+        raise error
+    message = " ".join(message.split())
+    sys.stderr.write(f"lit-balance {subcommand}: error: {message}\n")
+    sys.stderr.flush()
+    raise SystemExit(2)
 
 
 def _check_max_length(cfg: Namespace) -> None:
@@ -136,14 +254,50 @@ def _load_lengths(path: Path) -> np.ndarray:
         try:
             lengths = np.loadtxt(path, dtype=np.int64, ndmin=1)
         except ValueError as error:
-            raise ValueError(f"--lengths {str(path)!r}: expected one integer per line: {error}") from error
+            raise ValueError(_text_lengths_error(path, error)) from error
     if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
         raise ValueError(f"--lengths {str(path)!r} must be {expected}; got dtype {lengths.dtype} "
                          f"and shape {lengths.shape}")
     if lengths.size == 0 or lengths.min() < 1:
         got = "no lengths" if lengths.size == 0 else f"the length {int(lengths.min())} at index {int(lengths.argmin())}"
         raise ValueError(f"--lengths {str(path)!r} must hold token counts >= 1, got {got}; drop empty samples")
+    too_long = np.flatnonzero(lengths > MAX_TOKENS_LIMIT)  # uint64 values >= 2**63 compare exactly here
+    if too_long.size:
+        i = int(too_long[0])
+        raise ValueError(f"--lengths {str(path)!r} must hold token counts <= {MAX_TOKENS_LIMIT} (2**40), got the "
+                         f"length {int(lengths[i])} at index {i} ({too_long.size} such); a length counts tokens "
+                         "per sample: check the file")
     return lengths.astype(np.int64)
+
+
+def _text_lengths_error(path: Path, error: ValueError) -> str:
+    """The message for a text ``--lengths`` file NumPy cannot read as int64: the first bad line, its index and value."""
+    index = 0
+    with open(path, encoding="utf-8", errors="replace") as file:
+        for number, line in enumerate(file, 1):
+            text = line.split("#", 1)[0].strip()  # np.loadtxt skips comments and blank lines
+            if not text:
+                continue
+            try:
+                value = int(text)
+            except ValueError:
+                return (f"--lengths {str(path)!r}: expected one integer per line; line {number} (index {index}) "
+                        f"holds {text[:40]!r}")
+            if not 1 <= value <= MAX_TOKENS_LIMIT:
+                return (f"--lengths {str(path)!r} must hold token counts in [1, {MAX_TOKENS_LIMIT}] (2**40), got "
+                        f"the length {value} on line {number} (index {index}); a length counts tokens per sample")
+            index += 1
+    return f"--lengths {str(path)!r}: expected one integer per line: {error}"
+
+
+def _check_output_dir(output_dir: Path) -> None:
+    """``--output-dir`` up front: it, or the first of its parents that exists, must be a directory."""
+    for path in (output_dir, *output_dir.parents):
+        if path.is_symlink() or path.exists():
+            if not path.is_dir():
+                raise ValueError(f"--output-dir {str(output_dir)!r}: expected a directory (created if missing), "
+                                 f"but {str(path)!r} is an existing file; pass a directory path")
+            return
 
 
 def _corpus_lengths(cfg: Namespace, settings: BatchingSettings) -> tuple[np.ndarray, str]:
@@ -163,8 +317,8 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
         The report's summary (see :meth:`lit_balance.report.PlanReport.summary`).
 
     Raises:
-        ValueError, TypeError: a bad option or ``--lengths`` file (the message names the flag, e.g.
-            ``--max-length``, ``--too-long skip``).
+        ValueError, TypeError: a bad option, ``--lengths`` file or ``--output-dir`` (the message names the
+            flag, e.g. ``--max-length``, ``--too-long skip``).
         FileNotFoundError: a ``--corpus`` or ``--tokenizer`` path does not exist.
     """
     from rich.console import Console
@@ -172,6 +326,7 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
     from lit_balance.report import format_report, plan_report, save_plots, write_summary
 
     _check_max_length(cfg)
+    _check_output_dir(Path(cfg.output_dir))
     try:
         settings = BatchingSettings.from_dict({name: cfg[name] for name in BatchingSettings.names()})
         if cfg.lengths is not None:
@@ -185,9 +340,11 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
             lengths, settings=settings, num_replicas=cfg.num_replicas, epoch=cfg.epoch,
             cost_model=CostModel(linear=cfg.linear, quadratic=cfg.quadratic, per_batch=cfg.per_batch),
         )
-    except (FileNotFoundError, TypeError, ValueError) as error:
+    except _INPUT_ERRORS as error:
+        if not _is_input_error(error):
+            raise
         # the library names its Python arguments (max_tokens, too_long="skip"); here they are flags
-        cls = next(c for c in (FileNotFoundError, TypeError, ValueError) if isinstance(error, c))
+        cls = next(c for c in _INPUT_ERRORS if isinstance(error, c))
         raise cls(_flag_names(str(error))) from error
     console = Console(record=True, width=max(Console().width, 120))
     console.print(f"plan of {source}: {cfg.num_replicas} ranks, max_tokens={cfg.max_tokens} padded slots per "
@@ -209,8 +366,17 @@ class LitBalanceCLI(LightningCLI):
     """LightningCLI for :class:`DemoTransformerLM` on :class:`BalancedTextDataModule`, plus the ``plan`` subcommand.
 
     ``model.vocab_size`` is linked to the instantiated data module's ``vocab_size``
-    (``link_arguments(..., apply_on="instantiate")``), so configs never repeat it.
+    (``link_arguments(..., apply_on="instantiate")``), so configs never repeat it. Flags cannot be
+    abbreviated. A setting rejected by lit_balance (building the data module or model, the data module's
+    ``setup``, or ``plan``) exits with status 2 and one stderr line naming the flag
+    (``lit-balance fit: error: --data.max_tokens must be ...``); other errors keep their traceback, and
+    ``JSONARGPARSE_DEBUG=true`` raises rejected settings too.
     """
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """The parsers of the command and of each subcommand; flags must be spelled out (no abbreviations)."""
+        kwargs.setdefault("allow_abbrev", False)  # else --data.max_token=2048 silently sets data.max_tokens
+        return super().init_parser(**kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
@@ -225,8 +391,14 @@ class LitBalanceCLI(LightningCLI):
             super()._set_seed()
 
     def instantiate_classes(self) -> None:
-        if self.subcommand != "plan":
+        if self.subcommand == "plan":
+            return
+        try:
             super().instantiate_classes()
+        except _INPUT_ERRORS as error:
+            if self.subcommand is None or not _is_input_error(error):
+                raise
+            _exit_on_input_error(self.subcommand, _fit_message(error), error)
 
     def before_fit(self) -> None:
         """Print the derived budget (rank 0) before training."""
@@ -238,17 +410,22 @@ class LitBalanceCLI(LightningCLI):
                   flush=True)
 
     def _run_subcommand(self, subcommand: str) -> None:
+        # a bad setting or input file (a lit_balance check raised): one line naming the flag, exit status 2, no
+        # traceback (JSONARGPARSE_DEBUG=true raises instead); any other error keeps its traceback
         if subcommand == "plan":
             try:
                 self.plan_summary = run_plan(self.config.plan)
-            except (FileNotFoundError, TypeError, ValueError) as error:
-                # a bad option or input file: usage and the message (naming the flag), exit status 2, no
-                # traceback (set JSONARGPARSE_DEBUG=1 to raise instead)
-                subcommands = getattr(self.parser, "_subcommands_action", None)
-                parser = getattr(subcommands, "_name_parser_map", {}).get("plan", self.parser)
-                parser.error(str(error), error)
+            except _INPUT_ERRORS as error:
+                if not _is_input_error(error):
+                    raise
+                _exit_on_input_error(subcommand, str(error), error)
             return
-        super()._run_subcommand(subcommand)
+        try:
+            super()._run_subcommand(subcommand)
+        except _INPUT_ERRORS as error:
+            if not (_is_input_error(error) and _in_data_setup(_input_error(error))):
+                raise
+            _exit_on_input_error(subcommand, _fit_message(error), error)
 
 
 def build_cli(args: list[str] | None = None) -> LitBalanceCLI:

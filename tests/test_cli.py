@@ -262,3 +262,121 @@ def test_distributed_sampler_baseline_counts_fill_rows():
     report = plan_report([10, 20, 30, 40, 50, 60, 70], 140, num_replicas=3, shuffle_window=0)
     assert report.baseline_batch_size == 2 and report.baseline.rank_real_tokens.sum() == 280
     assert report.baseline.max_batch_tokens <= 140 and report.balanced.max_batch_tokens <= 140
+
+
+def _fit_error(args: list[str], capsys) -> str:
+    """Run ``fit`` in-process on a bad setting: exit status 2 and the message as the last stderr line, no traceback.
+
+    Lightning's own lines ("Seed set to 0") and the tokenizing progress bar may come before it.
+    """
+    with pytest.raises(SystemExit) as excinfo:
+        main(["fit", "--config", str(FIT_CPU), *args])
+    assert excinfo.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and lines[-1].startswith("lit-balance fit: error: "), err[-3000:]
+    assert sum("error" in line for line in lines) == 1, err[-3000:]
+    return lines[-1].split("error: ", 1)[1]
+
+
+@pytest.mark.parametrize("arg,match", [
+    ("--data.max_tokens=0", r"^--data\.max_tokens must be .*got 0\b"),
+    ("--data.too_long=bogus", r"^--data\.too_long must be .*'bogus'"),
+    ("--data.val_fraction=2", r"^--data\.val_fraction must be .*got 2\.0"),
+    ("--data.pad_to_multiple_of=0", r"--data\.pad_to_multiple_of must be .*got 0\b"),
+])
+def test_fit_setting_errors_are_one_line_naming_the_flag(tmp_path, monkeypatch, capsys, arg, match):
+    monkeypatch.chdir(tmp_path)
+    message = _fit_error([arg], capsys)
+    assert re.search(match, message), message
+    name = arg[len("--data."):].split("=")[0]
+    assert re.search(rf"(?<![\w.-]){name}\b", message) is None, message  # every mention is the flag
+
+
+def test_fit_callback_setting_error_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "callbacks.yaml"
+    config.write_text("trainer:\n  callbacks:\n    - class_path: lit_balance.callbacks.PaddingRatioMonitor\n"
+                      "      init_args:\n        log_every_n_micro_batches: 0\n", encoding="utf-8")
+    message = _fit_error(["--config", str(config)], capsys)  # jsonargparse wraps the callback's ValueError
+    assert message.startswith("PaddingRatioMonitor in --trainer.callbacks: log_every_n_micro_batches must be >= 1, "
+                              "got 0"), message
+
+
+def test_fit_setup_error_names_the_flag(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LIT_BALANCE_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("one short line\nanother line\n", encoding="utf-8")
+    message = _fit_error([f"--data.corpus={corpus}", "--data.val_fraction=0.9", "--trainer.devices=1",
+                          "--trainer.strategy=auto"], capsys)  # raised in the data module's setup, not __init__
+    assert "--data.val_fraction=0.9" in message and "leaves none for training" in message, message
+    assert re.search(r"(?<![\w.-])val_fraction\b", message) is None, message
+
+
+def test_fit_bug_keeps_its_traceback(tmp_path, monkeypatch):
+    """An error that is not a library input check (here a TypeError outside lit_balance) is not turned into a line."""
+    monkeypatch.chdir(tmp_path)
+
+    def broken(*args, **kwargs):
+        return None + 1
+
+    monkeypatch.setattr("lit_balance.datamodule.resolve_corpus", broken)  # called in BalancedTextDataModule()
+    with pytest.raises(TypeError, match="unsupported operand"):
+        main(["fit", "--config", str(FIT_CPU)])
+
+
+def test_fit_debug_env_raises_the_setting_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("JSONARGPARSE_DEBUG", "true")
+    with pytest.raises(ValueError, match="^max_tokens must be in"):
+        main(["fit", "--config", str(FIT_CPU), "--data.max_tokens=0"])
+
+
+def test_fit_bad_setting_exits_without_traceback_in_a_process(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "lit_balance.cli", "fit", "--config", str(FIT_CPU),
+                           "--data.max_tokens=0"], check=False, capture_output=True, text=True, timeout=180,
+                          env=_env(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in proc.stderr and lines[-1].startswith("lit-balance fit: error: "), proc.stderr[-3000:]
+    assert sum("error" in line for line in lines) == 1, proc.stderr[-3000:]
+    assert "--data.max_tokens" in lines[-1] and "got 0" in lines[-1]
+    assert not (tmp_path / "lightning_logs").exists()  # failed before training started
+
+
+def test_abbreviated_flags_are_rejected(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as excinfo:
+        main(["fit", "--config", str(FIT_CPU), "--data.max_token=2048", "--print_config"])
+    assert excinfo.value.code == 2 and "--data.max_token=2048" in capsys.readouterr().err
+    np.save(tmp_path / "l.npy", np.array([5, 120, 30], dtype=np.int32))
+    with pytest.raises(SystemExit) as excinfo:
+        main(["plan", "--lengths", str(tmp_path / "l.npy"), "--max-token", "2048", "--plots", "false"])
+    assert excinfo.value.code == 2 and "--max-token" in capsys.readouterr().err
+    assert not (tmp_path / "plan_report").exists()
+
+
+def test_plan_output_dir_must_be_a_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    np.save(tmp_path / "l.npy", np.array([5, 120, 30], dtype=np.int32))
+    (tmp_path / "afile").write_text("x")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        message = _plan_error(["--lengths", str(tmp_path / "l.npy"), "--output-dir", str(out)], capsys)
+        assert f"--output-dir {str(out)!r}" in message and "expected a directory" in message, message
+        assert str(tmp_path / "afile") + "' is an existing file" in message, message
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+@pytest.mark.parametrize("kind", ["npy", "txt"])
+def test_plan_lengths_beyond_int64_name_index_and_value(tmp_path, monkeypatch, capsys, kind):
+    monkeypatch.chdir(tmp_path)
+    huge = 2**63 + 5
+    path = tmp_path / f"l.{kind}"
+    if kind == "npy":
+        np.save(path, np.array([5, huge, 7], dtype=np.uint64))
+    else:
+        path.write_text(f"5\n{huge}\n7\n", encoding="utf-8")
+    message = _plan_error(["--lengths", str(path)], capsys)
+    assert f"--lengths {str(path)!r}" in message and "index 1" in message and str(huge) in message, message
+    assert "-9223372036854775" not in message and "int64 at row" not in message
