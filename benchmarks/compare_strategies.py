@@ -1,8 +1,8 @@
-"""End-to-end strategy benchmark: the same LM, corpus, real tokens and optimizer under five batching strategies.
+"""End-to-end strategy benchmark: the same LM, corpus, real tokens and optimizer under six batching strategies.
 
 Run:
-    python -m benchmarks.compare_strategies --output-dir compare_out # 2 CPU DDP ranks, every strategy
-    python -m benchmarks.compare_strategies --quick --output-dir compare_out # under 10 minutes on 2 cores
+    python -m benchmarks.compare_strategies # 2 CPU DDP ranks, every strategy
+    python -m benchmarks.compare_strategies --quick # under 10 minutes on 2 cores
     python -m benchmarks.compare_strategies --accelerator gpu --devices 4 --model-size bert --precision bf16-mixed
 
 Every strategy trains :class:`lit_balance.demo.DemoTransformerLM` (token-weighted loss, AdamW with the same learning rate)
