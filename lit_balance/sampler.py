@@ -163,6 +163,8 @@ class BalancedBatchSampler(DistributedSampler):
         # Resume: the epoch's history as [num_replicas, micro-steps consumed] segments (see state_dict).
         self._segments: list[list[int]] = []
         self._cursor = 0  # micro-steps of the current plan yielded by the latest iterator
+        # A restored position is for the next pass that starts reading; later passes run the whole epoch.
+        self._resume_pending = False
         self._cached: tuple[tuple, EpochPlan] | None = None
         if len(self) == 0:
             raise ValueError(
@@ -206,6 +208,7 @@ class BalancedBatchSampler(DistributedSampler):
             self._segments = []
             self._first_speeds = None
             self._cursor = 0
+            self._resume_pending = False
             if self._pending is not None:
                 self.cost_model, self.rank_speeds = self._pending
                 self._pending = None
@@ -245,6 +248,15 @@ class BalancedBatchSampler(DistributedSampler):
         return earlier + self.plan().num_micro_steps
 
     def __iter__(self) -> Iterator[MicroBatch]:
+        """Iterate over this rank's micro-batches of the current epoch.
+
+        The first pass after :meth:`load_state_dict` continues from the restored position; a pass counts from
+        its first ``next()``, so an iterator that never yields leaves the position to the next one. Any later
+        pass over the same epoch (no :meth:`set_epoch` between) yields the whole epoch, as a fresh sampler does.
+        """
+        if self._segments and not self._resume_pending:  # an earlier pass ran from the restored position
+            self._segments = []
+            self._first_speeds = None
         # The position moves back to the start now, so state_dict() of a fresh iterator is its start; the plan
         # is read at the first next(), after any set_epoch() (Lightning creates the iterator before it).
         self._cursor = self._offset()
@@ -254,6 +266,7 @@ class BalancedBatchSampler(DistributedSampler):
         plan = self.plan()
         column = plan.assignment[:, self.rank]
         start = self._offset()
+        self._resume_pending = False
         self._cursor = start
         step_tokens, step_rows = _step_totals(plan, self.lengths)
         accumulate = plan.accumulate_grad_batches
@@ -296,6 +309,9 @@ class BalancedBatchSampler(DistributedSampler):
         """Continue from :meth:`state_dict`: the next iterator yields exactly the micro-batches an
         uninterrupted run would have yielded from there on, then full later epochs.
 
+        The restored position applies to one pass: iterating the same epoch again (without :meth:`set_epoch`)
+        yields the whole epoch, as on a fresh sampler.
+
         Rule for a different ``num_replicas``: the rest of the saved epoch is re-planned over the new ranks
         from the samples not yet consumed (nothing lost, nothing repeated beyond marked fill rows); rank
         speeds of the old ranks are dropped (equal ranks) until the next :meth:`set_cost_model`.
@@ -308,7 +324,8 @@ class BalancedBatchSampler(DistributedSampler):
         position = sampler_state.parse_state(state_dict, num_samples=int(self.lengths.shape[0]),
                                              lengths_sha256=self._lengths_sha256, settings=self.settings,
                                              num_replicas=self.num_replicas)
-        names = ("epoch", "cost_model", "rank_speeds", "_pending", "_segments", "_first_speeds", "_cached", "_cursor")
+        names = ("epoch", "cost_model", "rank_speeds", "_pending", "_segments", "_first_speeds", "_cached", "_cursor",
+                 "_resume_pending")
         before = {name: getattr(self, name) for name in names}
         try:  # all or nothing: a state that does not fit leaves the sampler as it was
             self.epoch, self.cost_model, self.rank_speeds = position.epoch, position.cost_model, position.rank_speeds
@@ -322,6 +339,7 @@ class BalancedBatchSampler(DistributedSampler):
                     f"only {plan.num_micro_steps}: the state does not belong to this sampler's plan"
                 )
             self._cursor = consumed
+            self._resume_pending = True
         except Exception:
             for name, value in before.items():
                 setattr(self, name, value)
