@@ -12,13 +12,14 @@ from torch.utils.data.distributed import DistributedSampler
 
 from lit_balance import sampler_state
 from lit_balance._fingerprint import sha256_of
-from lit_balance._validate import MAX_TOKENS_LIMIT, check_cost_model, check_int, check_lengths, check_speeds
+from lit_balance._validate import (MAX_TOKENS_LIMIT, MIN_RANK_SPEED_RATIO, check_cost_model, check_int, check_lengths,
+                                   check_speeds)
 from lit_balance.cost import CostModel
 from lit_balance.planning import EpochPlan, MicroBatch, padded_lengths, plan_epoch
 from lit_balance.sampler_state import STATE_VERSION
 from lit_balance.settings import TOO_LONG_POLICIES, BatchingSettings, delegate_settings
 
-__all__ = ["MAX_TOKENS_LIMIT", "STATE_VERSION", "TOO_LONG_POLICIES", "BalancedBatchSampler", "MicroBatch"]
+__all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "STATE_VERSION", "TOO_LONG_POLICIES", "BalancedBatchSampler", "MicroBatch"]
 
 
 @delegate_settings
@@ -70,7 +71,9 @@ class BalancedBatchSampler(DistributedSampler):
             is 1.5x slower), or None for equal ranks. With equal ranks the number of micro-batches per epoch
             depends only on the lengths and settings (never on the epoch or the cost model); unequal speeds
             can need more (the fast ranks' larger shares must stay within ``max_tokens``), so under
-            Lightning reload the train dataloader every epoch (``reload_dataloaders_every_n_epochs=1``).
+            Lightning reload the train dataloader every epoch (``reload_dataloaders_every_n_epochs=1``). A speed
+            below :data:`MIN_RANK_SPEED_RATIO` (a millionth) of the fastest is planned at that ratio, where the
+            rank already gets the least share, one row per micro-batch.
         **settings_kwargs: settings by name (``shuffle=False``, ``seed=3``, ...), as for ``settings``.
 
     Attributes:
@@ -224,7 +227,8 @@ class BalancedBatchSampler(DistributedSampler):
 
         Args:
             cost_model: the cost of a micro-batch, e.g. :meth:`CostModel.fit` of measured seconds.
-            rank_speeds: ``[num_replicas]`` relative throughput per rank, or None for equal ranks.
+            rank_speeds: ``[num_replicas]`` relative throughput per rank, or None for equal ranks; any positive
+                finite values (those below :data:`MIN_RANK_SPEED_RATIO` of the fastest are planned at that ratio).
 
         Raises:
             TypeError: ``cost_model`` is not a :class:`~lit_balance.cost.CostModel`.
