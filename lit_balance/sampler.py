@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -64,7 +65,14 @@ class BalancedBatchSampler(DistributedSampler):
             :attr:`truncate_to` tokens (the collator must truncate it too); ``too_long="skip"`` leaves it out
             (:attr:`num_skipped`). ``accumulate_grad_batches`` should be the Trainer's value: each yielded
             micro-batch then also carries its optimizer step's global real tokens and rows.
-        num_replicas: number of ranks; defaults to the initialised process group's world size, else 1.
+        num_replicas: number of ranks; defaults to the initialised process group's world size, else 1. Under
+            Lightning, build the sampler in ``setup()`` or ``train_dataloader()`` and pass
+            ``num_replicas=self.trainer.world_size, rank=self.trainer.global_rank`` (or use
+            :class:`~lit_balance.BalancedTextDataModule`): a sampler built before the process group exists (in a
+            DataModule's ``__init__``) cannot know its world. Left to the default then, it raises when the
+            environment says the run is distributed (``WORLD_SIZE``, ``srun``'s ``SLURM_STEP_NUM_TASKS``,
+            ``OMPI_COMM_WORLD_SIZE`` or ``PMI_SIZE`` above 1), and at the first ``next()`` when the process
+            group initialised since has another world size or rank. Explicit values are never checked.
         rank: this process's rank in ``[0, num_replicas)``; defaults to the process group's rank, else 0.
         cost_model: cost of a micro-batch (:class:`~lit_balance.cost.CostModel`); default: padded tokens.
         rank_speeds: ``[num_replicas]`` relative throughput of each rank (e.g. ``[1.0, 0.67]`` when rank 1
@@ -88,6 +96,8 @@ class BalancedBatchSampler(DistributedSampler):
             ``max_tokens``; ``shuffle_window`` negative or not finite; ``rank_speeds`` of the wrong length or
             not positive; no sample left to plan; a keyword that disagrees with ``settings``.
         TypeError: an argument of the wrong type (e.g. ``shuffle="false"``), an unknown keyword argument.
+        RuntimeError: ``num_replicas`` or ``rank`` left to the default in a distributed environment before the
+            process group is initialised (and, at iteration, defaults that disagree with the process group).
 
     Example:
         >>> sampler = BalancedBatchSampler([95] * 5 + [20] * 5, max_tokens=100, num_replicas=2, rank=0,
@@ -115,10 +125,15 @@ class BalancedBatchSampler(DistributedSampler):
         if max_tokens is not None or settings is None:
             settings_kwargs["max_tokens"] = max_tokens
         settings = BatchingSettings.build(settings, settings_kwargs, owner="BalancedBatchSampler")
+        # Defaults come from the process group; which of them did is checked again at the first next().
+        self._world_defaults = (num_replicas is None, rank is None)
+        if num_replicas is None or rank is None:
+            if _process_group() is None:
+                _refuse_distributed_environment(num_replicas, rank)
         if num_replicas is None:
-            num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+            num_replicas = dist.get_world_size() if _process_group() is not None else 1
         if rank is None:
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            rank = dist.get_rank() if _process_group() is not None else 0
         num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
         rank = check_int("rank", rank, 0, "pass this process's global rank")
         if rank >= num_replicas:
@@ -267,6 +282,7 @@ class BalancedBatchSampler(DistributedSampler):
         return self._iterate()
 
     def _iterate(self) -> Iterator[MicroBatch]:
+        self._check_world()
         plan = self.plan()
         column = plan.assignment[:, self.rank]
         start = self._offset()
@@ -279,6 +295,20 @@ class BalancedBatchSampler(DistributedSampler):
             group = s // accumulate
             self._cursor = s + 1
             yield MicroBatch(idx.tolist(), fill.tolist(), int(step_tokens[group]), int(step_rows[group]))
+
+    def _check_world(self) -> None:
+        """Raise when a defaulted ``num_replicas`` / ``rank`` disagrees with the initialised process group."""
+        replicas_defaulted, rank_defaulted = getattr(self, "_world_defaults", (False, False))
+        group = _process_group()
+        if group is None or not (replicas_defaulted or rank_defaulted):
+            return
+        world, rank = group
+        if (replicas_defaulted and world != self.num_replicas) or (rank_defaulted and rank != self.rank):
+            raise RuntimeError(
+                f"BalancedBatchSampler was built for num_replicas={self.num_replicas}, rank={self.rank} (the defaults, "
+                f"taken when it was constructed), but the initialised process group has world size {world} and this "
+                f"process is rank {rank}: iterating would not shard the epoch over the ranks. {_HOW_TO_PASS}"
+            )
 
     # ----------------------------------------------------------------------------------------------
     def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
@@ -364,6 +394,53 @@ class BalancedBatchSampler(DistributedSampler):
     def num_fill_rows(self) -> int:
         """Fill rows (marked duplicates) in the current epoch over all ranks (at most ``num_replicas - 1``)."""
         return int(self.plan().is_fill.sum())
+
+
+_HOW_TO_PASS = (
+    "Pass num_replicas and rank: under Lightning, build the sampler in LightningDataModule.setup() or "
+    "train_dataloader() with num_replicas=self.trainer.world_size, rank=self.trainer.global_rank (or use "
+    "lit_balance.BalancedTextDataModule, which does); elsewhere, the world size and this process's global rank."
+)
+
+
+def _process_group() -> tuple[int, int] | None:
+    """``(world_size, rank)`` of the initialised default process group, or None."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return None
+
+
+def _launch_environment() -> dict[str, str]:
+    """Variables by which a launcher says this process is one of several, as ``{name: value}`` (empty: one process).
+
+    torchrun and Lightning's DDP launcher set ``WORLD_SIZE``; ``srun`` sets ``SLURM_STEP_NUM_TASKS`` for the tasks
+    of a job step (``SLURM_NTASKS`` alone is also set in an ``sbatch`` script that runs one process); Open MPI
+    sets ``OMPI_COMM_WORLD_SIZE``, MPICH and Intel MPI ``PMI_SIZE``.
+    """
+    found = {}
+    for name in ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        value = os.environ.get(name, "")
+        if value.strip().isdigit() and int(value) > 1:
+            found[name] = value.strip()
+    if found:
+        for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+            if name in os.environ:
+                found[name] = os.environ[name]
+    return found
+
+
+def _refuse_distributed_environment(num_replicas: int | None, rank: int | None) -> None:
+    """Raise when defaults would be taken in a process that its launcher started as one of several."""
+    found = _launch_environment()
+    if not found:
+        return
+    shown = ", ".join(f"{k}={v}" for k, v in found.items())
+    defaulted = " and ".join(name for name, value in (("num_replicas", num_replicas), ("rank", rank)) if value is None)
+    raise RuntimeError(
+        f"BalancedBatchSampler was left to default {defaulted}, and the environment says this is a distributed "
+        f"run ({shown}), but no torch.distributed process group is initialised yet: the defaults would be "
+        f"num_replicas=1, rank=0 and every rank would train the whole epoch. {_HOW_TO_PASS}"
+    )
 
 
 def _step_totals(plan: EpochPlan, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
