@@ -11,8 +11,8 @@ import torch
 
 from lit_balance.cost import CostModel
 
-__all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "check_bool", "check_callable", "check_cost_model", "check_int", "check_lengths",
-           "check_number", "check_speeds"]
+__all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "check_bool", "check_callable", "check_cost_model", "check_int",
+           "check_lengths", "check_number", "check_speeds"]
 
 
 def check_int(name: str, value: Any, minimum: int, hint: str, maximum: int | None = None) -> int:

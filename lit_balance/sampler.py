@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -20,7 +21,8 @@ from lit_balance.planning import EpochPlan, MicroBatch, padded_lengths, plan_epo
 from lit_balance.sampler_state import STATE_VERSION
 from lit_balance.settings import TOO_LONG_POLICIES, BatchingSettings, delegate_settings
 
-__all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "STATE_VERSION", "TOO_LONG_POLICIES", "BalancedBatchSampler", "MicroBatch"]
+__all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "STATE_VERSION", "TOO_LONG_POLICIES", "BalancedBatchSampler",
+           "MicroBatch"]
 
 
 @delegate_settings
@@ -184,7 +186,10 @@ class BalancedBatchSampler(DistributedSampler):
         # A restored position is for the next pass that starts reading; later passes run the whole epoch.
         self._resume_pending = False
         self._cached: tuple[tuple, EpochPlan] | None = None
-        if len(self) == 0:
+        self._reported_length: int | None = None  # what len() last told a consumer (a training loop fixes it)
+        self._length_at_iter: int | None = None
+        self._warned_length = False
+        if self._epoch_length() == 0:
             raise ValueError(
                 f"drop_last=True with {lengths_arr.size - self.skipped_indices.size} sample(s) and "
                 f"num_replicas={num_replicas} leaves no micro-batch for any rank; set drop_last=False"
@@ -261,10 +266,36 @@ class BalancedBatchSampler(DistributedSampler):
         """Micro-batches this rank yields in the current epoch (the same on every rank).
 
         After a resume this counts the micro-batches consumed before the checkpoint too, so that a training
-        loop that counts batches from the start of the epoch ends it at the right place.
+        loop that counts batches from the start of the epoch ends it at the right place. A training loop that
+        reads it before :meth:`set_epoch` (Lightning does, when it loads the train dataloader) gets the previous
+        epoch's length; when the epoch that then runs is longer than the length reported before the pass began
+        (rank speeds from :meth:`set_cost_model`), its first ``next()`` warns once, naming the fix.
         """
+        length = self._epoch_length()
+        self._reported_length = length
+        return length
+
+    def _epoch_length(self) -> int:
         earlier = sum(consumed for _, consumed in self._segments[:-1])
         return earlier + self.plan().num_micro_steps
+
+    def _check_length(self) -> None:
+        """Warn (once) when the epoch about to run is longer than the ``len()`` reported before this pass began."""
+        reported, length = getattr(self, "_length_at_iter", None), self._epoch_length()
+        if reported is None or length <= reported or getattr(self, "_warned_length", False):
+            return
+        self._warned_length = True
+        warnings.warn(
+            f"BalancedBatchSampler: epoch {self.epoch} has {length} micro-batches on this rank, but len() reported "
+            f"{reported} before this pass began, for an earlier plan (e.g. before set_epoch({self.epoch}) applied the "
+            "rank speeds handed over by set_cost_model): a training loop that fixed the epoch's length from len() "
+            f"(Lightning does, when it loads the train dataloader) skips the last {length - reported}. Under "
+            "Lightning, pass Trainer(reload_dataloaders_every_n_epochs=1) and call "
+            "sampler.set_epoch(self.trainer.current_epoch) in train_dataloader() before returning the loader, as "
+            "lit_balance.BalancedTextDataModule does; "
+            "CostModelFeedback(fit_speeds=False) keeps the epoch's length",
+            RuntimeWarning, stacklevel=3,
+        )
 
     def __iter__(self) -> Iterator[MicroBatch]:
         """Iterate over this rank's micro-batches of the current epoch.
@@ -279,10 +310,14 @@ class BalancedBatchSampler(DistributedSampler):
         # The position moves back to the start now, so state_dict() of a fresh iterator is its start; the plan
         # is read at the first next(), after any set_epoch() (Lightning creates the iterator before it).
         self._cursor = self._offset()
+        # The length a training loop fixed for this pass is the one len() told it before the pass began: Lightning
+        # sets its limit when it loads the loader, and a len() it reads after iter() is capped by that limit.
+        self._length_at_iter = getattr(self, "_reported_length", None)
         return self._iterate()
 
     def _iterate(self) -> Iterator[MicroBatch]:
         self._check_world()
+        self._check_length()
         plan = self.plan()
         column = plan.assignment[:, self.rank]
         start = self._offset()
@@ -333,9 +368,10 @@ class BalancedBatchSampler(DistributedSampler):
         if batches_consumed is None:
             return sampler_state.build_state(self, self._cursor)
         batches_consumed = check_int("batches_consumed", batches_consumed, 0, "count from the epoch start")
-        if batches_consumed < earlier or batches_consumed > len(self):
+        length = self._epoch_length()
+        if batches_consumed < earlier or batches_consumed > length:
             raise ValueError(
-                f"batches_consumed must be in [{earlier}, {len(self)}] for epoch {self.epoch}, got {batches_consumed}"
+                f"batches_consumed must be in [{earlier}, {length}] for epoch {self.epoch}, got {batches_consumed}"
             )
         return sampler_state.build_state(self, batches_consumed - earlier)
 
