@@ -11,8 +11,8 @@ import torch
 
 from lit_balance.cost import CostModel
 
-__all__ = ["MAX_TOKENS_LIMIT", "check_bool", "check_callable", "check_cost_model", "check_int", "check_lengths",
-           "check_number", "check_speeds"]
+__all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "check_bool", "check_callable", "check_cost_model", "check_int",
+           "check_lengths", "check_number", "check_speeds"]
 
 
 def check_int(name: str, value: Any, minimum: int, hint: str, maximum: int | None = None) -> int:
@@ -129,8 +129,18 @@ def check_lengths(lengths: Any) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+#: Floor of a rank's speed relative to the fastest rank's: slower ranks are planned at this ratio. A rank at a
+#: millionth of the fastest one's speed already gets the least share a plan can give (one row per micro-batch:
+#: its share of a micro-batch within a budget of up to a million padded tokens is below one token), and the
+#: floor keeps the planner's ratios far from float underflow and overflow (speeds may span any range).
+MIN_RANK_SPEED_RATIO = 1e-6
+
+
 def check_speeds(rank_speeds: Any, num_replicas: int) -> np.ndarray | None:
-    """Return ``rank_speeds`` as float64 ``[num_replicas]`` scaled so the fastest is 1, or None for equal ranks."""
+    """Return ``rank_speeds`` as float64 ``[num_replicas]`` scaled so the fastest is 1, or None for equal ranks.
+
+    A speed below :data:`MIN_RANK_SPEED_RATIO` of the fastest one's is raised to that ratio.
+    """
     if rank_speeds is None:
         return None
     try:
@@ -151,7 +161,7 @@ def check_speeds(rank_speeds: Any, num_replicas: int) -> np.ndarray | None:
             f"rank_speeds must hold {num_replicas} finite numbers > 0 (one relative throughput per rank), "
             f"got {rank_speeds!r}; pass None for equal ranks"
         )
-    return speeds / speeds.max()
+    return np.maximum(speeds / speeds.max(), MIN_RANK_SPEED_RATIO)
 
 
 def check_cost_model(cost_model: Any) -> CostModel:

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lit_balance._validate import check_cost_model
+from lit_balance._validate import check_cost_model, check_speeds
 from lit_balance.cost import CostModel
 from lit_balance.settings import BatchingSettings
 
@@ -289,7 +289,9 @@ def plan_epoch(
         eligible: bool ``[num_samples]`` mask of samples to plan (others are skipped), or None for all.
         cost_model: cost of a micro-batch (default: padded token slots).
         rank_speeds: float ``[num_replicas]`` relative throughput of each rank (None: all equal); a rank
-            with half the speed gets about half the cost per optimizer step.
+            with half the speed gets about half the cost per optimizer step. Speeds below
+            :data:`~lit_balance._validate.MIN_RANK_SPEED_RATIO` (a millionth) of the fastest are planned at that
+            ratio, where such a rank already gets the least share, one row per micro-batch.
         min_steps: plan at least this many micro-steps (smaller micro-batches) where the samples allow, without
             fill rows; used to re-plan the rest of an epoch on a new number of ranks.
 
@@ -297,8 +299,9 @@ def plan_epoch(
         The :class:`EpochPlan` of the epoch.
 
     Raises:
-        TypeError: ``settings`` is not a :class:`~lit_balance.BatchingSettings`, or ``cost_model`` not a
-            :class:`~lit_balance.CostModel`.
+        TypeError: ``settings`` is not a :class:`~lit_balance.BatchingSettings`, ``cost_model`` not a
+            :class:`~lit_balance.CostModel`, or ``rank_speeds`` not numbers.
+        ValueError: ``rank_speeds`` of the wrong length, or not all finite and positive.
 
     Example:
         >>> plan = plan_epoch([95] * 5 + [20] * 5, BatchingSettings(max_tokens=100, shuffle=False), num_replicas=2,
@@ -316,7 +319,8 @@ def plan_epoch(
         candidates = candidates[eligible]
     max_tokens = settings.max_tokens
     row_cap = settings.max_batch_size if settings.max_batch_size is not None else max_tokens
-    speeds = np.ones(num_replicas) if rank_speeds is None else np.asarray(rank_speeds, dtype=np.float64)
+    speeds = check_speeds(rank_speeds, num_replicas)
+    speeds = np.ones(num_replicas) if speeds is None else speeds
     uniform = bool(np.all(speeds == speeds[0]))
     seed, shuffle = int(settings.seed), settings.shuffle
     rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch)])) if shuffle else None
@@ -596,15 +600,18 @@ def _cut_equal(cum: list[float], take: list[int], weights: np.ndarray) -> np.nda
     ``cum`` is the cumulative row weight (``n + 1`` values from 0). Micro-batch ``k`` aims at the share
     ``weights[k] / sum(weights[k:])`` of the weight still to place (so errors do not pile up at the end),
     rounded to the nearest whole row, and never takes more than ``take[i]`` rows from its first row ``i`` (the
-    hard budget). Returns end offsets; the last is below ``n`` when the budget forces more micro-batches.
+    hard budget), nor so many that a micro-batch still to cut would get no row (with a tiny weight next, the
+    share before it is nearly all that is left). Returns end offsets; the last is below ``n`` when the budget
+    forces more micro-batches.
     """
     n = len(cum) - 1
     total = cum[n]
     suffix = np.cumsum(weights[::-1])[::-1].tolist()
     w = weights.tolist()
+    count = len(w)
     ends = []
     i = 0
-    for k in range(len(w)):
+    for k in range(count):
         if i >= n:
             break
         goal = cum[i] + (total - cum[i]) * w[k] / suffix[k]
@@ -612,7 +619,7 @@ def _cut_equal(cum: list[float], take: list[int], weights: np.ndarray) -> np.nda
         e = min(e, n)
         if e > i + 1 and goal - cum[e - 1] < cum[e] - goal:
             e -= 1
-        e = min(max(e, i + 1), i + take[i])
+        e = min(max(e, i + 1), i + take[i], max(n - (count - k - 1), i + 1))
         ends.append(e)
         i = e
     return np.asarray(ends, dtype=np.int64)

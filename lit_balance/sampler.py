@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -12,13 +14,15 @@ from torch.utils.data.distributed import DistributedSampler
 
 from lit_balance import sampler_state
 from lit_balance._fingerprint import sha256_of
-from lit_balance._validate import MAX_TOKENS_LIMIT, check_cost_model, check_int, check_lengths, check_speeds
+from lit_balance._validate import (MAX_TOKENS_LIMIT, MIN_RANK_SPEED_RATIO, check_cost_model, check_int, check_lengths,
+                                   check_speeds)
 from lit_balance.cost import CostModel
 from lit_balance.planning import EpochPlan, MicroBatch, padded_lengths, plan_epoch
 from lit_balance.sampler_state import STATE_VERSION
 from lit_balance.settings import TOO_LONG_POLICIES, BatchingSettings, delegate_settings
 
-__all__ = ["MAX_TOKENS_LIMIT", "STATE_VERSION", "TOO_LONG_POLICIES", "BalancedBatchSampler", "MicroBatch"]
+__all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "STATE_VERSION", "TOO_LONG_POLICIES", "BalancedBatchSampler",
+           "MicroBatch"]
 
 
 @delegate_settings
@@ -63,14 +67,23 @@ class BalancedBatchSampler(DistributedSampler):
             :attr:`truncate_to` tokens (the collator must truncate it too); ``too_long="skip"`` leaves it out
             (:attr:`num_skipped`). ``accumulate_grad_batches`` should be the Trainer's value: each yielded
             micro-batch then also carries its optimizer step's global real tokens and rows.
-        num_replicas: number of ranks; defaults to the initialised process group's world size, else 1.
+        num_replicas: number of ranks; defaults to the initialised process group's world size, else 1. Under
+            Lightning, build the sampler in ``setup()`` or ``train_dataloader()`` and pass
+            ``num_replicas=self.trainer.world_size, rank=self.trainer.global_rank`` (or use
+            :class:`~lit_balance.BalancedTextDataModule`): a sampler built before the process group exists (in a
+            DataModule's ``__init__``) cannot know its world. Left to the default then, it raises when the
+            environment says the run is distributed (``WORLD_SIZE``, ``srun``'s ``SLURM_STEP_NUM_TASKS``,
+            ``OMPI_COMM_WORLD_SIZE`` or ``PMI_SIZE`` above 1), and at the first ``next()`` when the process
+            group initialised since has another world size or rank. Explicit values are never checked.
         rank: this process's rank in ``[0, num_replicas)``; defaults to the process group's rank, else 0.
         cost_model: cost of a micro-batch (:class:`~lit_balance.cost.CostModel`); default: padded tokens.
         rank_speeds: ``[num_replicas]`` relative throughput of each rank (e.g. ``[1.0, 0.67]`` when rank 1
             is 1.5x slower), or None for equal ranks. With equal ranks the number of micro-batches per epoch
             depends only on the lengths and settings (never on the epoch or the cost model); unequal speeds
             can need more (the fast ranks' larger shares must stay within ``max_tokens``), so under
-            Lightning reload the train dataloader every epoch (``reload_dataloaders_every_n_epochs=1``).
+            Lightning reload the train dataloader every epoch (``reload_dataloaders_every_n_epochs=1``). A speed
+            below :data:`MIN_RANK_SPEED_RATIO` (a millionth) of the fastest is planned at that ratio, where the
+            rank already gets the least share, one row per micro-batch.
         **settings_kwargs: settings by name (``shuffle=False``, ``seed=3``, ...), as for ``settings``.
 
     Attributes:
@@ -85,6 +98,8 @@ class BalancedBatchSampler(DistributedSampler):
             ``max_tokens``; ``shuffle_window`` negative or not finite; ``rank_speeds`` of the wrong length or
             not positive; no sample left to plan; a keyword that disagrees with ``settings``.
         TypeError: an argument of the wrong type (e.g. ``shuffle="false"``), an unknown keyword argument.
+        RuntimeError: ``num_replicas`` or ``rank`` left to the default in a distributed environment before the
+            process group is initialised (and, at iteration, defaults that disagree with the process group).
 
     Example:
         >>> sampler = BalancedBatchSampler([95] * 5 + [20] * 5, max_tokens=100, num_replicas=2, rank=0,
@@ -112,10 +127,15 @@ class BalancedBatchSampler(DistributedSampler):
         if max_tokens is not None or settings is None:
             settings_kwargs["max_tokens"] = max_tokens
         settings = BatchingSettings.build(settings, settings_kwargs, owner="BalancedBatchSampler")
+        # Defaults come from the process group; which of them did is checked again at the first next().
+        self._world_defaults = (num_replicas is None, rank is None)
+        if num_replicas is None or rank is None:
+            if _process_group() is None:
+                _refuse_distributed_environment(num_replicas, rank)
         if num_replicas is None:
-            num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+            num_replicas = dist.get_world_size() if _process_group() is not None else 1
         if rank is None:
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            rank = dist.get_rank() if _process_group() is not None else 0
         num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
         rank = check_int("rank", rank, 0, "pass this process's global rank")
         if rank >= num_replicas:
@@ -163,8 +183,13 @@ class BalancedBatchSampler(DistributedSampler):
         # Resume: the epoch's history as [num_replicas, micro-steps consumed] segments (see state_dict).
         self._segments: list[list[int]] = []
         self._cursor = 0  # micro-steps of the current plan yielded by the latest iterator
+        # A restored position is for the next pass that starts reading; later passes run the whole epoch.
+        self._resume_pending = False
         self._cached: tuple[tuple, EpochPlan, np.ndarray, np.ndarray] | None = None
-        if len(self) == 0:
+        self._reported_length: int | None = None  # what len() last told a consumer (a training loop fixes it)
+        self._length_at_iter: int | None = None
+        self._warned_length = False
+        if self._epoch_length() == 0:
             raise ValueError(
                 f"drop_last=True with {lengths_arr.size - self.skipped_indices.size} sample(s) and "
                 f"num_replicas={num_replicas} leaves no micro-batch for any rank; set drop_last=False"
@@ -206,6 +231,7 @@ class BalancedBatchSampler(DistributedSampler):
             self._segments = []
             self._first_speeds = None
             self._cursor = 0
+            self._resume_pending = False
             if self._pending is not None:
                 self.cost_model, self.rank_speeds = self._pending
                 self._pending = None
@@ -221,7 +247,8 @@ class BalancedBatchSampler(DistributedSampler):
 
         Args:
             cost_model: the cost of a micro-batch, e.g. :meth:`CostModel.fit` of measured seconds.
-            rank_speeds: ``[num_replicas]`` relative throughput per rank, or None for equal ranks.
+            rank_speeds: ``[num_replicas]`` relative throughput per rank, or None for equal ranks; any positive
+                finite values (those below :data:`MIN_RANK_SPEED_RATIO` of the fastest are planned at that ratio).
 
         Raises:
             TypeError: ``cost_model`` is not a :class:`~lit_balance.cost.CostModel`.
@@ -239,21 +266,62 @@ class BalancedBatchSampler(DistributedSampler):
         """Micro-batches this rank yields in the current epoch (the same on every rank).
 
         After a resume this counts the micro-batches consumed before the checkpoint too, so that a training
-        loop that counts batches from the start of the epoch ends it at the right place.
+        loop that counts batches from the start of the epoch ends it at the right place. A training loop that
+        reads it before :meth:`set_epoch` (Lightning does, when it loads the train dataloader) gets the previous
+        epoch's length; when the epoch that then runs is longer than the length reported before the pass began
+        (rank speeds from :meth:`set_cost_model`), its first ``next()`` warns once, naming the fix.
         """
+        length = self._epoch_length()
+        self._reported_length = length
+        return length
+
+    def _epoch_length(self) -> int:
         earlier = sum(consumed for _, consumed in self._segments[:-1])
         return earlier + self.plan().num_micro_steps
 
+    def _check_length(self) -> None:
+        """Warn (once) when the epoch about to run is longer than the ``len()`` reported before this pass began."""
+        reported, length = getattr(self, "_length_at_iter", None), self._epoch_length()
+        if reported is None or length <= reported or getattr(self, "_warned_length", False):
+            return
+        self._warned_length = True
+        warnings.warn(
+            f"BalancedBatchSampler: epoch {self.epoch} has {length} micro-batches on this rank, but len() reported "
+            f"{reported} before this pass began, for an earlier plan (e.g. before set_epoch({self.epoch}) applied the "
+            "rank speeds handed over by set_cost_model): a training loop that fixed the epoch's length from len() "
+            f"(Lightning does, when it loads the train dataloader) skips the last {length - reported}. Under "
+            "Lightning, pass Trainer(reload_dataloaders_every_n_epochs=1) and call "
+            "sampler.set_epoch(self.trainer.current_epoch) in train_dataloader() before returning the loader, as "
+            "lit_balance.BalancedTextDataModule does; "
+            "CostModelFeedback(fit_speeds=False) keeps the epoch's length",
+            RuntimeWarning, stacklevel=3,
+        )
+
     def __iter__(self) -> Iterator[MicroBatch]:
+        """Iterate over this rank's micro-batches of the current epoch.
+
+        The first pass after :meth:`load_state_dict` continues from the restored position; a pass counts from
+        its first ``next()``, so an iterator that never yields leaves the position to the next one. Any later
+        pass over the same epoch (no :meth:`set_epoch` between) yields the whole epoch, as a fresh sampler does.
+        """
+        if self._segments and not self._resume_pending:  # an earlier pass ran from the restored position
+            self._segments = []
+            self._first_speeds = None
         # The position moves back to the start now, so state_dict() of a fresh iterator is its start; the plan
         # is read at the first next(), after any set_epoch() (Lightning creates the iterator before it).
         self._cursor = self._offset()
+        # The length a training loop fixed for this pass is the one len() told it before the pass began: Lightning
+        # sets its limit when it loads the loader, and a len() it reads after iter() is capped by that limit.
+        self._length_at_iter = getattr(self, "_reported_length", None)
         return self._iterate()
 
     def _iterate(self) -> Iterator[MicroBatch]:
+        self._check_world()
+        self._check_length()
         plan = self.plan()
         column = plan.assignment[:, self.rank]
         start = self._offset()
+        self._resume_pending = False
         self._cursor = start
         # per epoch micro-step (plan step s is epoch step earlier + s): totals of its Lightning window
         step_tokens, step_rows = sampler_state.window_totals(self)
@@ -262,6 +330,20 @@ class BalancedBatchSampler(DistributedSampler):
             idx, fill = plan.batch(int(column[s]))
             self._cursor = s + 1
             yield MicroBatch(idx.tolist(), fill.tolist(), int(step_tokens[earlier + s]), int(step_rows[earlier + s]))
+
+    def _check_world(self) -> None:
+        """Raise when a defaulted ``num_replicas`` / ``rank`` disagrees with the initialised process group."""
+        replicas_defaulted, rank_defaulted = getattr(self, "_world_defaults", (False, False))
+        group = _process_group()
+        if group is None or not (replicas_defaulted or rank_defaulted):
+            return
+        world, rank = group
+        if (replicas_defaulted and world != self.num_replicas) or (rank_defaulted and rank != self.rank):
+            raise RuntimeError(
+                f"BalancedBatchSampler was built for num_replicas={self.num_replicas}, rank={self.rank} (the defaults, "
+                f"taken when it was constructed), but the initialised process group has world size {world} and this "
+                f"process is rank {rank}: iterating would not shard the epoch over the ranks. {_HOW_TO_PASS}"
+            )
 
     # ----------------------------------------------------------------------------------------------
     def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
@@ -286,15 +368,19 @@ class BalancedBatchSampler(DistributedSampler):
         if batches_consumed is None:
             return sampler_state.build_state(self, self._cursor)
         batches_consumed = check_int("batches_consumed", batches_consumed, 0, "count from the epoch start")
-        if batches_consumed < earlier or batches_consumed > len(self):
+        length = self._epoch_length()
+        if batches_consumed < earlier or batches_consumed > length:
             raise ValueError(
-                f"batches_consumed must be in [{earlier}, {len(self)}] for epoch {self.epoch}, got {batches_consumed}"
+                f"batches_consumed must be in [{earlier}, {length}] for epoch {self.epoch}, got {batches_consumed}"
             )
         return sampler_state.build_state(self, batches_consumed - earlier)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next iterator yields exactly the micro-batches an
         uninterrupted run would have yielded from there on, then full later epochs.
+
+        The restored position applies to one pass: iterating the same epoch again (without :meth:`set_epoch`)
+        yields the whole epoch, as on a fresh sampler.
 
         Rule for a different ``num_replicas``: the rest of the saved epoch is re-planned over the new ranks
         from the samples not yet consumed (nothing lost, nothing repeated beyond marked fill rows); rank
@@ -308,7 +394,8 @@ class BalancedBatchSampler(DistributedSampler):
         position = sampler_state.parse_state(state_dict, num_samples=int(self.lengths.shape[0]),
                                              lengths_sha256=self._lengths_sha256, settings=self.settings,
                                              num_replicas=self.num_replicas)
-        names = ("epoch", "cost_model", "rank_speeds", "_pending", "_segments", "_first_speeds", "_cached", "_cursor")
+        names = ("epoch", "cost_model", "rank_speeds", "_pending", "_segments", "_first_speeds", "_cached", "_cursor",
+                 "_resume_pending")
         before = {name: getattr(self, name) for name in names}
         try:  # all or nothing: a state that does not fit leaves the sampler as it was
             self.epoch, self.cost_model, self.rank_speeds = position.epoch, position.cost_model, position.rank_speeds
@@ -322,6 +409,7 @@ class BalancedBatchSampler(DistributedSampler):
                     f"only {plan.num_micro_steps}: the state does not belong to this sampler's plan"
                 )
             self._cursor = consumed
+            self._resume_pending = True
         except Exception:
             for name, value in before.items():
                 setattr(self, name, value)
@@ -343,3 +431,49 @@ class BalancedBatchSampler(DistributedSampler):
         """Fill rows (marked duplicates) in the current epoch over all ranks (at most ``num_replicas - 1``)."""
         return int(self.plan().is_fill.sum())
 
+
+_HOW_TO_PASS = (
+    "Pass num_replicas and rank: under Lightning, build the sampler in LightningDataModule.setup() or "
+    "train_dataloader() with num_replicas=self.trainer.world_size, rank=self.trainer.global_rank (or use "
+    "lit_balance.BalancedTextDataModule, which does); elsewhere, the world size and this process's global rank."
+)
+
+
+def _process_group() -> tuple[int, int] | None:
+    """``(world_size, rank)`` of the initialised default process group, or None."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return None
+
+
+def _launch_environment() -> dict[str, str]:
+    """Variables by which a launcher says this process is one of several, as ``{name: value}`` (empty: one process).
+
+    torchrun and Lightning's DDP launcher set ``WORLD_SIZE``; ``srun`` sets ``SLURM_STEP_NUM_TASKS`` for the tasks
+    of a job step (``SLURM_NTASKS`` alone is also set in an ``sbatch`` script that runs one process); Open MPI
+    sets ``OMPI_COMM_WORLD_SIZE``, MPICH and Intel MPI ``PMI_SIZE``.
+    """
+    found = {}
+    for name in ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        value = os.environ.get(name, "")
+        if value.strip().isdigit() and int(value) > 1:
+            found[name] = value.strip()
+    if found:
+        for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+            if name in os.environ:
+                found[name] = os.environ[name]
+    return found
+
+
+def _refuse_distributed_environment(num_replicas: int | None, rank: int | None) -> None:
+    """Raise when defaults would be taken in a process that its launcher started as one of several."""
+    found = _launch_environment()
+    if not found:
+        return
+    shown = ", ".join(f"{k}={v}" for k, v in found.items())
+    defaulted = " and ".join(name for name, value in (("num_replicas", num_replicas), ("rank", rank)) if value is None)
+    raise RuntimeError(
+        f"BalancedBatchSampler was left to default {defaulted}, and the environment says this is a distributed "
+        f"run ({shown}), but no torch.distributed process group is initialised yet: the defaults would be "
+        f"num_replicas=1, rank=0 and every rank would train the whole epoch. {_HOW_TO_PASS}"
+    )

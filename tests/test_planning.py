@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lit_balance.cost import CostModel
 from lit_balance.planning import _count_batches, _cut_points, _lpt, _split_to, plan_epoch
 from lit_balance.sampler import MAX_TOKENS_LIMIT, BalancedBatchSampler
 from lit_balance.settings import BatchingSettings
@@ -179,3 +180,55 @@ def test_larger_shuffle_window_lowers_persistence():
 def test_shuffle_window_rejects_bad_values(value):
     with pytest.raises(ValueError, match="shuffle_window must be a finite number >= 0"):
         BalancedBatchSampler([3, 4], 10, num_replicas=1, rank=0, shuffle_window=value)
+
+
+# --------------------------------------------------------------------------------------------------
+# extreme rank speeds: bounded work, no overflow
+# --------------------------------------------------------------------------------------------------
+def _planning_work(monkeypatch, lengths, settings, speeds):
+    """(plan, number of cumulative cuts tried): the work of planning, counted instead of timed."""
+    import lit_balance.planning as planning
+
+    calls = []
+    original = planning._cut_equal
+    monkeypatch.setattr(planning, "_cut_equal", lambda *args: calls.append(1) or original(*args))
+    plan = plan_epoch(lengths, settings, num_replicas=len(speeds), epoch=0, rank_speeds=np.asarray(speeds))
+    return plan, len(calls)
+
+
+@pytest.mark.parametrize("speeds", [[1.0, 1e-3], [1.0, 1e-9], [1e-9, 1.0, 1.0, 1e-9]])
+def test_a_far_slower_rank_costs_no_more_planning_than_a_moderately_slower_one(monkeypatch, speeds):
+    lengths = np.minimum(np.load(LENGTHS / "lengths_pydocs_paragraphs.npy")[:3000].astype(np.int64), 256)
+    settings = BatchingSettings(max_tokens=256)
+    _, moderate = _planning_work(monkeypatch, lengths, settings, [1.0 if s == 1.0 else 0.1 for s in speeds])
+    plan, work = _planning_work(monkeypatch, lengths, settings, speeds)
+    assert work <= 2 * moderate, (work, moderate)
+    slow = [r for r, s in enumerate(speeds) if s < 1.0]
+    rows = np.diff(plan.batch_offsets)[plan.assignment[:, slow]]
+    # the least share a rank can get: one row per micro-batch (the cut's last micro-batch takes what is left)
+    assert (rows > 1).sum() <= 1, np.bincount(rows.reshape(-1))
+    covered = np.sort(plan.rows[~plan.is_fill])
+    assert covered.tolist() == list(range(lengths.size))
+
+
+@pytest.mark.parametrize("speeds", [[1e308, 1e-20], [1.0, 1e-320], [1e-320, 1.0], [1.0, 5e-324]])
+def test_speeds_spanning_beyond_the_float_range_plan_the_slow_rank_at_the_floor(speeds):
+    from lit_balance.sampler import MIN_RANK_SPEED_RATIO
+
+    lengths = np.random.default_rng(0).integers(1, 300, 500)
+    slow = int(np.argmin(speeds))
+    sampler = BalancedBatchSampler(lengths, 1024, num_replicas=2, rank=0, rank_speeds=speeds)
+    assert sampler.rank_speeds[slow] == MIN_RANK_SPEED_RATIO and sampler.rank_speeds.max() == 1.0
+    floor = [1.0, 1.0]
+    floor[slow] = MIN_RANK_SPEED_RATIO
+    at_floor = BalancedBatchSampler(lengths, 1024, num_replicas=2, rank=0, rank_speeds=floor)
+    plan = sampler.plan()
+    assert plan.assignment.tolist() == at_floor.plan().assignment.tolist()
+    rows = np.diff(plan.batch_offsets)
+    assert (rows[plan.assignment[:, slow]] > 1).sum() <= 1  # one row per micro-batch on the slow rank
+    assert (rows[plan.assignment[:, 1 - slow]] > 1).sum() > plan.num_micro_steps // 2
+    direct = plan_epoch(sampler.lengths, sampler.settings, num_replicas=2, epoch=0, rank_speeds=np.asarray(speeds))
+    assert direct.assignment.tolist() == plan.assignment.tolist()  # the planner clamps alike
+    sampler.set_cost_model(CostModel(), speeds)  # and so does the hand-over
+    sampler.set_epoch(1)
+    assert sampler.rank_speeds[slow] == MIN_RANK_SPEED_RATIO

@@ -104,6 +104,7 @@ def test_world_size_change_replans_the_rest_with_nothing_lost(lengths, old, new,
     mid.load_state_dict(state)
     rest = list(mid)
     if len(rest) > 1:  # (after the last one the state is the next epoch's start)
+        mid.load_state_dict(state)  # (a restored position applies to one pass)
         iterator = iter(mid)
         next(iterator)
         again = BalancedBatchSampler(lengths, 512, num_replicas=new, rank=0, seed=3)
@@ -121,8 +122,8 @@ def test_full_scan_then_restart_does_not_shift_resume():
     assert state["segments"] == [[2, 3]]
     fresh = BalancedBatchSampler(lengths, 512, num_replicas=2, rank=1)
     fresh.load_state_dict(state)
-    list(fresh)  # a scan after loading ...
-    assert head + list(fresh) == full  # ... and the next pass still starts after the 3 consumed
+    assert head + list(fresh) == full  # the pass after loading starts after the 3 consumed ...
+    assert list(fresh) == full  # ... and a restored position applies to that one pass
 
 
 def test_batches_consumed_overrides_the_prefetching_cursor():

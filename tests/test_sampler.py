@@ -821,3 +821,68 @@ def test_rank_speeds_that_are_not_numbers_per_rank_are_rejected(speeds, error, p
 def test_rank_speeds_accept_python_numpy_and_torch_numbers(speeds):
     s = BalancedBatchSampler([5, 6, 7, 8], 100, num_replicas=2, rank=0, rank_speeds=speeds)
     assert s.rank_speeds.tolist() == [1.0, 0.5]
+
+
+# --------------------------------------------------------------------------------------------------
+# passes over one epoch: a resume position applies to one pass
+# --------------------------------------------------------------------------------------------------
+def _yielded(batches) -> list[tuple[list[int], tuple[bool, ...], int | None, int | None]]:
+    return [(list(b), b.is_fill, b.step_real_tokens, b.step_rows) for b in batches]
+
+
+@pytest.mark.parametrize("new_replicas", [2, 3])
+def test_resumed_sampler_iterated_again_without_set_epoch_yields_the_full_epoch(new_replicas):
+    lengths = np.random.default_rng(8).integers(1, 300, size=90)
+    kwargs = {"seed": 3, "accumulate_grad_batches": 2}
+    run = BalancedBatchSampler(lengths, 512, num_replicas=2, rank=0, **kwargs)
+    it = iter(run)
+    for _ in range(5):
+        next(it)
+    state = run.state_dict()
+    resumed = BalancedBatchSampler(lengths, 512, num_replicas=new_replicas, rank=0, **kwargs)
+    resumed.load_state_dict(state)
+    rest = _yielded(resumed)
+    fresh = BalancedBatchSampler(lengths, 512, num_replicas=new_replicas, rank=0, **kwargs)
+    full = _yielded(fresh)
+    if new_replicas == 2:
+        assert rest == full[5:]
+    assert 0 < len(rest) < len(full)
+    again = _yielded(resumed)  # a second pass over the same epoch, no set_epoch: the whole epoch
+    assert again == full
+    assert len(resumed) == len(fresh) == len(again)
+    assert _yielded(resumed) == full  # and every later pass
+
+
+def test_second_pass_position_resumes_into_a_fresh_sampler():
+    lengths = np.random.default_rng(9).integers(1, 300, size=80)
+    run = BalancedBatchSampler(lengths, 512, num_replicas=2, rank=1, seed=4)
+    first = iter(run)
+    for _ in range(4):
+        next(first)
+    resumed = BalancedBatchSampler(lengths, 512, num_replicas=2, rank=1, seed=4)
+    resumed.load_state_dict(run.state_dict())
+    list(resumed)  # the rest of the epoch
+    second = iter(resumed)
+    for _ in range(3):
+        next(second)
+    later = BalancedBatchSampler(lengths, 512, num_replicas=2, rank=1, seed=4)
+    later.load_state_dict(resumed.state_dict())  # 3 micro-batches into the second (full) pass
+    full = _yielded(BalancedBatchSampler(lengths, 512, num_replicas=2, rank=1, seed=4))
+    assert _yielded(later) == full[3:]
+
+
+def test_resume_position_survives_an_iterator_that_never_yielded():
+    # Lightning may create a loader's iterator before the one it consumes; an unused iterator must not use up
+    # the resume position (the pass that starts reading does).
+    lengths = np.random.default_rng(10).integers(1, 300, size=80)
+    run = BalancedBatchSampler(lengths, 512, num_replicas=2, rank=0, seed=5)
+    it = iter(run)
+    for _ in range(4):
+        next(it)
+    resumed = BalancedBatchSampler(lengths, 512, num_replicas=2, rank=0, seed=5)
+    resumed.load_state_dict(run.state_dict())
+    unused = iter(resumed)
+    del unused
+    full = _yielded(BalancedBatchSampler(lengths, 512, num_replicas=2, rank=0, seed=5))
+    assert _yielded(resumed) == full[4:]
+    assert _yielded(resumed) == full

@@ -8,7 +8,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from lit_balance._validate import check_bool, check_int, check_number
+from lit_balance._validate import MIN_RANK_SPEED_RATIO, check_bool, check_int, check_number
 from lit_balance.callbacks._common import emit, train_sampler
 from lit_balance.callbacks.straggler import BACKWARD, COMPUTE, LENGTH, ROWS, StragglerMonitor
 from lit_balance.cost import CostModel
@@ -107,6 +107,10 @@ class CostModelFeedback(L.Callback):
             per-micro-batch overhead the fitted forward-time cost model does not see, so a small measured gap
             can cost more than it saves. 0 plans every measured difference.
 
+    The hand-over is what the planner handles well: a fit that is not finite and positive is skipped (with a
+    warning), and a rank measured below :data:`~lit_balance.sampler.MIN_RANK_SPEED_RATIO` of the fastest rank's
+    speed is handed over at that ratio (with a warning naming it).
+
     Unequal rank speeds can give the next epoch more micro-batches than the first (the fast ranks' larger shares
     must stay within ``max_tokens``), and Lightning reads the epoch length only when it reloads the train
     dataloader: with ``fit_speeds=True`` the Trainer must have ``reload_dataloaders_every_n_epochs=1`` (checked
@@ -178,10 +182,24 @@ class CostModelFeedback(L.Callback):
         values = payload.tolist()
         if not (values[0] > 0 or values[1] > 0):  # rank 0 could not fit this epoch
             return
+        # The same payload on every rank, so every rank takes the same decision below.
+        if not all(np.isfinite(values)) or min(values[3:]) <= 0:
+            if trainer.is_global_zero:
+                warnings.warn(f"CostModelFeedback: the fit is not finite and positive (cost {values[:3]}, rank speeds "
+                              f"{values[3:]}); the sampler keeps its cost model and speeds this epoch",
+                              RuntimeWarning, stacklevel=2)
+            return
         cost = CostModel(linear=values[0], quadratic=values[1], per_batch=values[2])
         speeds = values[3:] if self.fit_speeds else None
         if speeds is not None and min(speeds) >= 1.0 - self.speed_tolerance:
             speeds = [1.0] * len(speeds)  # within tolerance: the equal-speed plan, no longer epoch
+        if speeds is not None and min(speeds) < MIN_RANK_SPEED_RATIO:
+            slow = ", ".join(f"rank {r} at {s:.3g}" for r, s in enumerate(speeds) if s < MIN_RANK_SPEED_RATIO)
+            if trainer.is_global_zero:
+                warnings.warn(f"CostModelFeedback: {slow} of the fastest rank's speed; planned at "
+                              f"MIN_RANK_SPEED_RATIO={MIN_RANK_SPEED_RATIO:g} (one row per micro-batch); check that "
+                              "rank's timings or hardware", RuntimeWarning, stacklevel=2)
+            speeds = [max(s, MIN_RANK_SPEED_RATIO) for s in speeds]
         sampler = train_sampler(trainer)
         if not hasattr(sampler, "set_cost_model"):
             if not self._warned and trainer.is_global_zero:

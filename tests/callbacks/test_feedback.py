@@ -317,3 +317,35 @@ def test_feedback_at_least_halves_the_straggler_gap():
     # epoch 0: equal shares of padded slots, so rank 1 runs 1.5x its cost; the gap is a fifth of rank 1's time
     assert logged[0]["balance/slowest_rank"] == 1.0 and before > 0.15 * seconds1[0]
     assert after <= 0.5 * before, (before, after)
+
+
+def test_a_rank_measured_far_slower_is_handed_over_at_the_speed_floor_with_a_warning():
+    from lit_balance.sampler import MIN_RANK_SPEED_RATIO
+
+    sampler = RecordingSampler()
+    monitor = StragglerMonitor()
+    feedback = CostModelFeedback()
+    trainer, logger = make_trainer(world_size=2, sampler=sampler, callbacks=[monitor, feedback])
+    feedback.on_train_start(trainer, MODULE)
+    monitor.epoch_windows = [synthetic_window([1.0, 1e-9])]
+    with pytest.warns(RuntimeWarning, match=r"rank 1 .*1e-09.* planned at MIN_RANK_SPEED_RATIO=1e-06"):
+        feedback.on_train_epoch_end(trainer, MODULE)
+    (cost, speeds), = sampler.calls
+    assert speeds == pytest.approx([1.0, MIN_RANK_SPEED_RATIO])
+    assert logger.calls[-1][1]["balance/rank_speed_rank1"] == pytest.approx(1e-9, rel=1e-6)  # the fitted value
+
+
+def test_a_fit_that_is_not_finite_is_not_handed_over(monkeypatch):
+    import lit_balance.callbacks.feedback as feedback_module
+
+    lengths = np.load(LENGTHS)[:200]
+    sampler = BalancedBatchSampler(lengths, 1024, num_replicas=2, rank=0)
+    monitor = StragglerMonitor()
+    feedback = CostModelFeedback()
+    trainer, _ = make_trainer(world_size=2, sampler=sampler, callbacks=[monitor, feedback])
+    feedback.on_train_start(trainer, MODULE)
+    monitor.epoch_windows = [synthetic_window([1.0, 0.5])]
+    monkeypatch.setattr(feedback_module, "fit_cost_and_speeds", lambda window, **kw: (COST, [1.0, float("nan")]))
+    with pytest.warns(RuntimeWarning, match=r"not finite .*nan.*the sampler keeps its cost model and speeds"):
+        feedback.on_train_epoch_end(trainer, MODULE)
+    assert sampler._pending is None and feedback.last_fit is None
