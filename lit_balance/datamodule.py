@@ -30,6 +30,22 @@ __all__ = ["BalancedTextDataModule"]
 _DEFAULT_MAX_TOKENS = 4096
 
 
+def _batches_done_on_restore(progress: Any) -> int:
+    """Micro-batches of the current epoch that Lightning's fit loop counts as done when it restores ``progress``.
+
+    ``progress`` is ``trainer.fit_loop.epoch_loop.batch_progress`` at save time. On restore, Lightning 2.x
+    (``_TrainingEpochLoop.reset``) restarts from ``current.completed``, plus the batch of a checkpoint saved in
+    ``on_train_batch_end`` (``ready == started == processed == completed + 1``: the step ran, its end hook did
+    not count yet). ``ready`` also counts a batch whose training step raised (an exception, Ctrl-C): that one
+    runs again.
+    """
+    total, current = progress.total, progress.current
+    done = int(current.completed)
+    if total.ready == total.started == total.processed == total.completed + 1:
+        done += 1
+    return done
+
+
 @delegate_settings
 class BalancedTextDataModule(L.LightningDataModule):
     """A LightningDataModule that tokenizes a corpus and feeds each rank token-budgeted micro-batches.
@@ -311,17 +327,20 @@ class BalancedTextDataModule(L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """The training sampler's position, for Lightning checkpoints (rank-independent, plain types).
 
-        The position counts micro-batches *consumed by training* in the current epoch (Lightning's
-        ``fit_loop.epoch_loop.batch_progress.current.ready``), not those the DataLoader's workers fetched
-        ahead. Empty before ``setup``.
+        The position counts the micro-batches of the current epoch that Lightning's fit loop will count as
+        done when it restores this checkpoint (:func:`_batches_done_on_restore`), not those the DataLoader's
+        workers fetched ahead: a checkpoint saved after a failure inside a training step (e.g. by
+        ``OnExceptionCheckpoint``, also after Ctrl-C) resumes with the failed micro-batch. Empty before
+        ``setup``.
         """
         if self.train_sampler is None:
             return {}
         consumed = None
         trainer = self.trainer
         if trainer is not None and trainer.state.fn == "fit":  # also while validating inside fit
-            consumed = int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
-            consumed = min(consumed, len(self.train_sampler))
+            consumed = _batches_done_on_restore(trainer.fit_loop.epoch_loop.batch_progress)
+            earlier = sum(c for _, c in self.train_sampler._segments[:-1])  # consumed on other ranks before
+            consumed = min(max(consumed, earlier), len(self.train_sampler))
         return {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
