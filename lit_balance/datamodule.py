@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Mapping
@@ -10,9 +11,11 @@ from typing import Any
 
 import lightning as L
 import numpy as np
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from lit_balance._fingerprint import sha256_of
 from lit_balance._validate import check_bool, check_cost_model, check_int
 from lit_balance.cache import TokenizedCorpus, default_cache_dir, load_or_build
 from lit_balance.collate import PadCollator
@@ -28,6 +31,7 @@ __all__ = ["BalancedTextDataModule"]
 
 
 _DEFAULT_MAX_TOKENS = 4096
+_NUM_FINGERPRINT_FIELDS = 9  # len(BalancedTextDataModule._fingerprint())
 
 
 def _batches_done_on_restore(progress: Any) -> int:
@@ -221,11 +225,27 @@ class BalancedTextDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Load the cache, split train/validation and build the samplers for this rank.
 
+        Under a Trainer with several ranks, the ranks then compare what they planned (corpus document count
+        and token lengths, tokenizer, ``max_length``, ``seed``, ``val_fraction``, batching settings, split
+        lengths) in one small ``all_gather``; every rank takes part even when its own setup failed, and every
+        rank raises when any differs or failed, so no rank trains on a plan the others do not share and none
+        waits forever.
+
         Raises:
             ValueError: the corpus is too small for the requested validation split; with
                 ``too_long="error"``, a document longer than ``max_tokens`` after ``max_length``
                 truncation (naming its index in the corpus); a split the sampler cannot plan.
+            RuntimeError: the ranks planned different data (naming the ranks, what differs and the likely
+                cause), or another rank's setup failed.
         """
+        error: BaseException | None = None
+        try:
+            self._plan_splits()
+        except Exception as exc:  # the other ranks still wait on this one's fingerprint: tell them, then raise
+            error = exc
+        self._check_ranks_agree(error)
+
+    def _plan_splits(self) -> None:
         self.corpus = self._tokenized()
         num_docs = len(self.corpus)
         num_val = round(self.val_fraction * num_docs)
@@ -257,6 +277,79 @@ class BalancedTextDataModule(L.LightningDataModule):
             self.val_sampler = self._sampler("validation", self.val_dataset, val_settings, **world)
         truncate = self.train_sampler.truncate_to if self.too_long == "truncate" else None
         self.collator = PadCollator(self.pad_token_id, self.pad_to_multiple_of, max_length=truncate)
+
+    def _fingerprint(self) -> list[tuple[str, int, bool]]:
+        """What this rank planned, as ``(field, int64 value, shown)``: a count, or a hash's first 8 bytes."""
+        def digest(*parts: str | bytes) -> int:
+            return int.from_bytes(bytes.fromhex(sha256_of(*parts))[:8], "little", signed=True)
+
+        def lengths(dataset: TokenDataset | None) -> int:
+            arr = np.empty(0, np.int64) if dataset is None else np.asarray(dataset.lengths)
+            return digest(np.ascontiguousarray(arr, dtype="<i8").tobytes())
+
+        corpus = self.corpus
+        return [
+            ("documents", len(corpus), True),
+            ("corpus token lengths", digest(np.ascontiguousarray(corpus.lengths, dtype="<i8").tobytes()), False),
+            ("tokenizer", digest(self.tokenizer.fingerprint), False),
+            ("max_length", -1 if self.max_length is None else int(self.max_length), True),
+            ("seed", int(self.seed), True),
+            ("val_fraction", digest(repr(self.val_fraction)), False),
+            ("batching settings", digest(json.dumps(self.train_sampler.settings.to_dict(), sort_keys=True)), False),
+            ("training lengths", lengths(self.train_dataset), False),
+            ("validation lengths", lengths(self.val_dataset), False),
+        ]
+
+    def _check_ranks_agree(self, error: BaseException | None) -> None:
+        """Under a Trainer with several ranks, compare what every rank planned; all raise on a difference.
+
+        One ``all_gather`` of a small int64 tensor, taken by every rank even when its own planning failed,
+        so that no rank waits for one that stopped. Without a Trainer (or with one rank) only ``error`` is
+        raised.
+
+        Raises:
+            RuntimeError: another rank's setup failed, or the ranks planned different data (naming the ranks
+                and what differs, with the likely cause).
+        """
+        trainer = self.trainer
+        if trainer is None or trainer.world_size <= 1:
+            if error is not None:
+                raise error
+            return
+        fields = self._fingerprint() if error is None else []
+        local = torch.tensor([int(error is not None)] + [v for _, v, _ in fields] if fields else
+                             [1] + [0] * _NUM_FINGERPRINT_FIELDS, dtype=torch.int64)
+        gathered = trainer.strategy.all_gather(local.to(trainer.strategy.root_device))
+        table = gathered.cpu().reshape(trainer.world_size, -1).tolist()
+        rank = trainer.global_rank
+        failed = [r for r, row in enumerate(table) if row[0]]
+        if error is not None:
+            raise error
+        if failed:
+            raise RuntimeError(
+                f"BalancedTextDataModule.setup failed on rank(s) {failed} (see their error); rank {rank} stops too, "
+                "so that no rank waits for the others"
+            )
+        reference = table[0]
+        differ = [r for r, row in enumerate(table) if row != reference]
+        if not differ:
+            return
+        parts = []
+        for i, (name, _, shown) in enumerate(fields, start=1):
+            values = [row[i] for row in table]
+            if len(set(values)) == 1:
+                continue
+            if shown:
+                parts.append(f"{name}: " + ", ".join(f"rank {r} has {v}" for r, v in enumerate(values)))
+            else:
+                others = [r for r, v in enumerate(values) if v != values[0]]
+                parts.append(f"{name} differ on rank(s) {others} from rank 0's")
+        raise RuntimeError(
+            f"ranks planned different data: rank(s) {differ} differ from rank 0 ({'; '.join(parts)}); every rank "
+            "must tokenize the same corpus with the same tokenizer and settings. Likely causes: per-node corpus "
+            "copies that differ (a stale copy on one node), a different tokenizer or tokenizer version, a "
+            "different max_length, seed or val_fraction; make them the same on every rank"
+        )
 
     @property
     def num_empty_documents(self) -> int:
