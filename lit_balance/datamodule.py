@@ -31,6 +31,7 @@ __all__ = ["BalancedTextDataModule"]
 
 
 _DEFAULT_MAX_TOKENS = 4096
+_DATA_KEYS = ("seed", "val_fraction", "max_length", "num_documents", "corpus_lengths_sha256", "tokenizer")
 _NUM_FINGERPRINT_FIELDS = 9  # len(BalancedTextDataModule._fingerprint())
 
 
@@ -198,6 +199,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.cost_model = None if cost_model is None else check_cost_model(cost_model)
         self._train_sampler_state: dict[str, Any] | None = None
+        self._saved_data: dict[str, Any] | None = None
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.pin_memory = pin_memory
         self.corpus: TokenizedCorpus | None = None
@@ -402,12 +404,15 @@ class BalancedTextDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """Training micro-batches of this rank; ``len()`` is the same on every rank.
 
-        After a checkpoint is restored (:meth:`load_state_dict`), the sampler continues the saved epoch. When
+        After a checkpoint is restored (:meth:`load_state_dict`), the sampler continues the saved epoch (after
+        checking that the training split is the saved one). When
         the trainer has moved on to a later epoch, the sampler is set to it here, before Lightning reads
         ``len()`` (with ``reload_dataloaders_every_n_epochs=1``, the length then counts rank speeds handed over
         by :class:`~lit_balance.callbacks.CostModelFeedback`).
         """
         if self._train_sampler_state is not None and self.train_sampler is not None:
+            if self._saved_data is not None:
+                self._check_saved_data(self._saved_data)
             self.train_sampler.load_state_dict(self._train_sampler_state)
             self._train_sampler_state = None
         trainer = self.trainer
@@ -425,6 +430,11 @@ class BalancedTextDataModule(L.LightningDataModule):
         workers fetched ahead: a checkpoint saved after a failure inside a training step (e.g. by
         ``OnExceptionCheckpoint``, also after Ctrl-C) resumes with the failed micro-batch. Empty before
         ``setup``.
+
+        Returns:
+            ``{"train_sampler": BalancedBatchSampler.state_dict(...), "data": {"seed", "val_fraction",
+            "max_length", "num_documents", "corpus_lengths_sha256", "tokenizer"}}``: ``data`` identifies the
+            training split, so that a resume with another one names what changed.
         """
         if self.train_sampler is None:
             return {}
@@ -434,7 +444,41 @@ class BalancedTextDataModule(L.LightningDataModule):
             consumed = _batches_done_on_restore(trainer.fit_loop.epoch_loop.batch_progress)
             earlier = sum(c for _, c in self.train_sampler._segments[:-1])  # consumed on other ranks before
             consumed = min(max(consumed, earlier), len(self.train_sampler))
-        return {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed)}
+        return {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed), "data": self._data_identity()}
+
+    def _data_identity(self) -> dict[str, Any]:
+        """What the training split is made from, as plain types: settings outside the sampler's, and the corpus."""
+        corpus = self.corpus
+        return {
+            "seed": int(self.seed),
+            "val_fraction": float(self.val_fraction),
+            "max_length": None if self.max_length is None else int(self.max_length),
+            "num_documents": len(corpus),
+            "corpus_lengths_sha256": sha256_of(np.ascontiguousarray(corpus.lengths, dtype="<i8").tobytes()),
+            "tokenizer": self.tokenizer.fingerprint,
+        }
+
+    def _check_saved_data(self, saved: Any) -> None:
+        """Compare a checkpoint's ``data`` entry with this DataModule; raise naming every difference."""
+        if not isinstance(saved, Mapping) or set(saved) != set(_DATA_KEYS):
+            got = sorted(saved) if isinstance(saved, Mapping) else saved
+            raise ValueError(f"BalancedTextDataModule state_dict 'data' must have keys {sorted(_DATA_KEYS)}, got {got!r}")
+        now = self._data_identity()
+        diff = [f"{k}: saved {saved[k]!r}, now {now[k]!r}" for k in ("seed", "val_fraction", "max_length")
+                if saved[k] != now[k]]
+        if saved["num_documents"] != now["num_documents"]:
+            diff.append(f"corpus: saved {saved['num_documents']} documents, now {now['num_documents']}")
+        elif saved["corpus_lengths_sha256"] != now["corpus_lengths_sha256"]:
+            diff.append(f"corpus: the same number of documents ({now['num_documents']}), but their token lengths "
+                        "differ")
+        if saved["tokenizer"] != now["tokenizer"]:
+            diff.append("tokenizer: another tokenizer (fingerprint) than the saved one")
+        if diff:
+            raise ValueError(
+                "cannot resume: the training split differs from the checkpoint's (" + "; ".join(diff) + "); "
+                "construct the DataModule with the saved seed, val_fraction and max_length on the same corpus and "
+                "tokenizer, or start without ckpt_path"
+            )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the training sampler's position; applied when ``train_dataloader()`` is next called.
@@ -444,14 +488,19 @@ class BalancedTextDataModule(L.LightningDataModule):
 
         Raises:
             TypeError: ``state_dict`` is not a dict (mapping).
-            ValueError: keys other than ``train_sampler``.
+            ValueError: keys other than ``train_sampler`` and ``data``; here or at ``train_dataloader()``, a
+                checkpoint saved with another ``seed``, ``val_fraction``, ``max_length``, corpus or tokenizer
+                (naming each, with the saved and current values).
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"BalancedTextDataModule.load_state_dict expects the dict returned by state_dict() "
                             f"(key 'train_sampler'), got {state_dict!r} of type {type(state_dict).__name__}")
-        unknown = set(state_dict) - {"train_sampler"}
+        unknown = set(state_dict) - {"train_sampler", "data"}
         if unknown:
             raise ValueError(f"BalancedTextDataModule state_dict has unknown keys {sorted(unknown)}")
+        self._saved_data = state_dict.get("data")  # absent from checkpoints of earlier versions
+        if self._saved_data is not None and self.corpus is not None:
+            self._check_saved_data(self._saved_data)
         self._train_sampler_state = state_dict.get("train_sampler")
         if self._train_sampler_state is not None:
             # Lightning cannot see that this DataLoader resumes through its sampler; it does.

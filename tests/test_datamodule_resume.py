@@ -99,3 +99,49 @@ def test_resume_from_on_exception_checkpoint_reruns_only_the_failed_micro_batch(
     second = _fit_failing(tmp_path, workers, ckpt_path=tmp_path / "ckpt" / "on_exception.ckpt")
     assert first[-1] == expected[fail_at]  # the failed micro-batch
     assert first + second == expected[:fail_at + 1] + expected[fail_at:]  # it alone runs twice
+
+
+def _words_dm(tmp_path, docs=None, **kwargs):
+    rng = np.random.default_rng(2)
+    docs = [rng.integers(1, 200, size=int(n)) for n in rng.integers(1, 60, 40)] if docs is None else docs
+    kwargs = {"max_tokens": 128, "max_length": 48, "val_fraction": 0.1, "seed": 1, **kwargs}
+    dm = BalancedTextDataModule(docs, cache_dir=tmp_path / "cache", **kwargs)
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"seed": 2}, "seed: saved 1, now 2"),
+    ({"val_fraction": 0.2}, "val_fraction: saved 0.1, now 0.2"),
+    ({"max_length": 40}, "max_length: saved 48, now 40"),
+    ({"max_length": None}, "max_length: saved 48, now None"),
+])
+def test_resume_after_a_changed_setting_names_it(tmp_path, change, named):
+    saved = _words_dm(tmp_path).state_dict()
+    dm = _words_dm(tmp_path, **change)
+    with pytest.raises(ValueError, match="cannot resume") as err:
+        dm.load_state_dict(saved)
+        dm.train_dataloader()
+    assert named in str(err.value), str(err.value)
+    assert "other lengths than this one" not in str(err.value)
+
+
+def test_resume_on_another_corpus_names_the_corpus(tmp_path):
+    rng = np.random.default_rng(2)
+    docs = [rng.integers(1, 200, size=int(n)) for n in rng.integers(1, 60, 40)]
+    saved = _words_dm(tmp_path, docs).state_dict()
+    dm = _words_dm(tmp_path, docs[:-1])
+    with pytest.raises(ValueError, match=r"cannot resume.*corpus: saved 40 documents, now 39") as err:
+        dm.load_state_dict(saved)
+        dm.train_dataloader()
+    assert "tokenizer" in str(err.value)
+
+
+def test_sampler_resume_with_equal_count_and_other_lengths_says_the_lengths_differ():
+    from lit_balance import BalancedBatchSampler
+
+    saved = BalancedBatchSampler([3, 5, 7, 9], 16, num_replicas=1, rank=0).state_dict()
+    sampler = BalancedBatchSampler([3, 5, 7, 8], 16, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match=r"same number of samples \(4\).*lengths differ"):
+        sampler.load_state_dict(saved)
