@@ -51,6 +51,11 @@ def _batches_done_on_restore(progress: Any) -> int:
     return done
 
 
+def _process_group_ready() -> bool:
+    """Whether a torch.distributed process group exists (Lightning's DDP creates it before ``setup``)."""
+    return dist.is_available() and dist.is_initialized()
+
+
 @delegate_settings
 class BalancedTextDataModule(L.LightningDataModule):
     """A LightningDataModule that tokenizes a corpus and feeds each rank token-budgeted micro-batches.
@@ -306,15 +311,15 @@ class BalancedTextDataModule(L.LightningDataModule):
         """Under a Trainer with several ranks, compare what every rank planned; all raise on a difference.
 
         One ``all_gather`` of a small int64 tensor, taken by every rank even when its own planning failed,
-        so that no rank waits for one that stopped. Without a Trainer (or with one rank) only ``error`` is
-        raised.
+        so that no rank waits for one that stopped. Without a Trainer, with one rank, or without an
+        initialised process group (ranks simulated by hand) only ``error`` is raised.
 
         Raises:
             RuntimeError: another rank's setup failed, or the ranks planned different data (naming the ranks
                 and what differs, with the likely cause).
         """
         trainer = self.trainer
-        if trainer is None or trainer.world_size <= 1:
+        if trainer is None or trainer.world_size <= 1 or not _process_group_ready():
             if error is not None:
                 raise error
             return

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lit_balance import BalancedTextDataModule
+from lit_balance import BalancedTextDataModule, datamodule
 
 
 def _docs(n=30):
@@ -20,6 +20,12 @@ def _docs(n=30):
 def _dm(tmp_path, docs=None, **kwargs):
     kwargs = {"max_tokens": 64, "max_length": None, "val_fraction": 0.1, "seed": 1, **kwargs}
     return BalancedTextDataModule(_docs() if docs is None else docs, cache_dir=tmp_path / "cache", **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _process_group(monkeypatch):
+    """The check runs where a process group exists; here the stand-in strategy below plays it."""
+    monkeypatch.setattr(datamodule, "_process_group_ready", lambda: True)
 
 
 def _attach(dm, other_row):
@@ -40,6 +46,11 @@ def _fingerprint_of(tmp_path, name, **kwargs):
 
 def test_equal_ranks_pass(tmp_path):
     _attach(_dm(tmp_path), lambda row: row).setup("fit")
+
+
+def test_ranks_simulated_without_a_process_group_are_not_compared(tmp_path, monkeypatch):
+    monkeypatch.setattr(datamodule, "_process_group_ready", lambda: False)
+    _attach(_dm(tmp_path), lambda row: 1 / 0).setup("fit")  # no gather
 
 
 @pytest.mark.parametrize(("change", "shown"), [
