@@ -449,7 +449,8 @@ class BalancedTextDataModule(L.LightningDataModule):
             consumed = _batches_done_on_restore(trainer.fit_loop.epoch_loop.batch_progress)
             earlier = sum(c for _, c in self.train_sampler._segments[:-1])  # consumed on other ranks before
             consumed = min(max(consumed, earlier), len(self.train_sampler))
-        return {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed), "data": self._data_identity()}
+        return {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed),
+                "data": self._data_identity()}
 
     def _data_identity(self) -> dict[str, Any]:
         """What the training split is made from, as plain types: settings outside the sampler's, and the corpus."""
@@ -467,7 +468,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         """Compare a checkpoint's ``data`` entry with this DataModule; raise naming every difference."""
         if not isinstance(saved, Mapping) or set(saved) != set(_DATA_KEYS):
             got = sorted(saved) if isinstance(saved, Mapping) else saved
-            raise ValueError(f"BalancedTextDataModule state_dict 'data' must have keys {sorted(_DATA_KEYS)}, got {got!r}")
+            raise ValueError(f"BalancedTextDataModule state_dict 'data' must have keys {sorted(_DATA_KEYS)}, "
+                             f"got {got!r}")
         now = self._data_identity()
         diff = [f"{k}: saved {saved[k]!r}, now {now[k]!r}" for k in ("seed", "val_fraction", "max_length")
                 if saved[k] != now[k]]

@@ -145,3 +145,13 @@ def test_sampler_resume_with_equal_count_and_other_lengths_says_the_lengths_diff
     sampler = BalancedBatchSampler([3, 5, 7, 8], 16, num_replicas=1, rank=0)
     with pytest.raises(ValueError, match=r"same number of samples \(4\).*lengths differ"):
         sampler.load_state_dict(saved)
+
+
+def test_malformed_data_record_is_refused_and_a_record_of_earlier_versions_is_optional(tmp_path):
+    dm = _words_dm(tmp_path)
+    saved = dm.state_dict()
+    assert set(saved) == {"train_sampler", "data"} and saved["data"]["seed"] == 1
+    with pytest.raises(ValueError, match=r"'data' must have keys .*got \['seed'\]"):
+        dm.load_state_dict({**saved, "data": {"seed": 1}})
+    dm.load_state_dict({"train_sampler": saved["train_sampler"]})  # saved before the record existed
+    assert len(dm.train_dataloader()) == len(dm.train_sampler)
