@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Mapping
@@ -10,9 +11,11 @@ from typing import Any
 
 import lightning as L
 import numpy as np
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from lit_balance._fingerprint import sha256_of
 from lit_balance._validate import check_bool, check_cost_model, check_int
 from lit_balance.cache import TokenizedCorpus, default_cache_dir, load_or_build
 from lit_balance.collate import PadCollator
@@ -28,6 +31,29 @@ __all__ = ["BalancedTextDataModule"]
 
 
 _DEFAULT_MAX_TOKENS = 4096
+_DATA_KEYS = ("seed", "val_fraction", "max_length", "num_documents", "corpus_lengths_sha256", "tokenizer")
+_NUM_FINGERPRINT_FIELDS = 9  # len(BalancedTextDataModule._fingerprint())
+
+
+def _batches_done_on_restore(progress: Any) -> int:
+    """Micro-batches of the current epoch that Lightning's fit loop counts as done when it restores ``progress``.
+
+    ``progress`` is ``trainer.fit_loop.epoch_loop.batch_progress`` at save time. On restore, Lightning 2.x
+    (``_TrainingEpochLoop.reset``) restarts from ``current.completed``, plus the batch of a checkpoint saved in
+    ``on_train_batch_end`` (``ready == started == processed == completed + 1``: the step ran, its end hook did
+    not count yet). ``ready`` also counts a batch whose training step raised (an exception, Ctrl-C): that one
+    runs again.
+    """
+    total, current = progress.total, progress.current
+    done = int(current.completed)
+    if total.ready == total.started == total.processed == total.completed + 1:
+        done += 1
+    return done
+
+
+def _process_group_ready() -> bool:
+    """Whether a torch.distributed process group exists (Lightning's DDP creates it before ``setup``)."""
+    return dist.is_available() and dist.is_initialized()
 
 
 @delegate_settings
@@ -178,6 +204,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.cost_model = None if cost_model is None else check_cost_model(cost_model)
         self._train_sampler_state: dict[str, Any] | None = None
+        self._saved_data: dict[str, Any] | None = None
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.pin_memory = pin_memory
         self.corpus: TokenizedCorpus | None = None
@@ -205,11 +232,27 @@ class BalancedTextDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Load the cache, split train/validation and build the samplers for this rank.
 
+        Under a Trainer with several ranks, the ranks then compare what they planned (corpus document count
+        and token lengths, tokenizer, ``max_length``, ``seed``, ``val_fraction``, batching settings, split
+        lengths) in one small ``all_gather``; every rank takes part even when its own setup failed, and every
+        rank raises when any differs or failed, so no rank trains on a plan the others do not share and none
+        waits forever.
+
         Raises:
             ValueError: the corpus is too small for the requested validation split; with
                 ``too_long="error"``, a document longer than ``max_tokens`` after ``max_length``
                 truncation (naming its index in the corpus); a split the sampler cannot plan.
+            RuntimeError: the ranks planned different data (naming the ranks, what differs and the likely
+                cause), or another rank's setup failed.
         """
+        error: BaseException | None = None
+        try:
+            self._plan_splits()
+        except Exception as exc:  # the other ranks still wait on this one's fingerprint: tell them, then raise
+            error = exc
+        self._check_ranks_agree(error)
+
+    def _plan_splits(self) -> None:
         self.corpus = self._tokenized()
         num_docs = len(self.corpus)
         num_val = round(self.val_fraction * num_docs)
@@ -241,6 +284,79 @@ class BalancedTextDataModule(L.LightningDataModule):
             self.val_sampler = self._sampler("validation", self.val_dataset, val_settings, **world)
         truncate = self.train_sampler.truncate_to if self.too_long == "truncate" else None
         self.collator = PadCollator(self.pad_token_id, self.pad_to_multiple_of, max_length=truncate)
+
+    def _fingerprint(self) -> list[tuple[str, int, bool]]:
+        """What this rank planned, as ``(field, int64 value, shown)``: a count, or a hash's first 8 bytes."""
+        def digest(*parts: str | bytes) -> int:
+            return int.from_bytes(bytes.fromhex(sha256_of(*parts))[:8], "little", signed=True)
+
+        def lengths(dataset: TokenDataset | None) -> int:
+            arr = np.empty(0, np.int64) if dataset is None else np.asarray(dataset.lengths)
+            return digest(np.ascontiguousarray(arr, dtype="<i8").tobytes())
+
+        corpus = self.corpus
+        return [
+            ("documents", len(corpus), True),
+            ("corpus token lengths", digest(np.ascontiguousarray(corpus.lengths, dtype="<i8").tobytes()), False),
+            ("tokenizer", digest(self.tokenizer.fingerprint), False),
+            ("max_length", -1 if self.max_length is None else int(self.max_length), True),
+            ("seed", int(self.seed), True),
+            ("val_fraction", digest(repr(self.val_fraction)), False),
+            ("batching settings", digest(json.dumps(self.train_sampler.settings.to_dict(), sort_keys=True)), False),
+            ("training lengths", lengths(self.train_dataset), False),
+            ("validation lengths", lengths(self.val_dataset), False),
+        ]
+
+    def _check_ranks_agree(self, error: BaseException | None) -> None:
+        """Under a Trainer with several ranks, compare what every rank planned; all raise on a difference.
+
+        One ``all_gather`` of a small int64 tensor, taken by every rank even when its own planning failed,
+        so that no rank waits for one that stopped. Without a Trainer, with one rank, or without an
+        initialised process group (ranks simulated by hand) only ``error`` is raised.
+
+        Raises:
+            RuntimeError: another rank's setup failed, or the ranks planned different data (naming the ranks
+                and what differs, with the likely cause).
+        """
+        trainer = self.trainer
+        if trainer is None or trainer.world_size <= 1 or not _process_group_ready():
+            if error is not None:
+                raise error
+            return
+        fields = self._fingerprint() if error is None else []
+        local = torch.tensor([int(error is not None)] + [v for _, v, _ in fields] if fields else
+                             [1] + [0] * _NUM_FINGERPRINT_FIELDS, dtype=torch.int64)
+        gathered = trainer.strategy.all_gather(local.to(trainer.strategy.root_device))
+        table = gathered.cpu().reshape(trainer.world_size, -1).tolist()
+        rank = trainer.global_rank
+        failed = [r for r, row in enumerate(table) if row[0]]
+        if error is not None:
+            raise error
+        if failed:
+            raise RuntimeError(
+                f"BalancedTextDataModule.setup failed on rank(s) {failed} (see their error); rank {rank} stops too, "
+                "so that no rank waits for the others"
+            )
+        reference = table[0]
+        differ = [r for r, row in enumerate(table) if row != reference]
+        if not differ:
+            return
+        parts = []
+        for i, (name, _, shown) in enumerate(fields, start=1):
+            values = [row[i] for row in table]
+            if len(set(values)) == 1:
+                continue
+            if shown:
+                parts.append(f"{name}: " + ", ".join(f"rank {r} has {v}" for r, v in enumerate(values)))
+            else:
+                others = [r for r, v in enumerate(values) if v != values[0]]
+                parts.append(f"{name} differ on rank(s) {others} from rank 0's")
+        raise RuntimeError(
+            f"ranks planned different data: rank(s) {differ} differ from rank 0 ({'; '.join(parts)}); every rank "
+            "must tokenize the same corpus with the same tokenizer and settings. Likely causes: per-node corpus "
+            "copies that differ (a stale copy on one node), a different tokenizer or tokenizer version, a "
+            "different max_length, seed or val_fraction; make them the same on every rank"
+        )
 
     @property
     def num_empty_documents(self) -> int:
@@ -293,12 +409,15 @@ class BalancedTextDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """Training micro-batches of this rank; ``len()`` is the same on every rank.
 
-        After a checkpoint is restored (:meth:`load_state_dict`), the sampler continues the saved epoch. When
+        After a checkpoint is restored (:meth:`load_state_dict`), the sampler continues the saved epoch (after
+        checking that the training split is the saved one). When
         the trainer has moved on to a later epoch, the sampler is set to it here, before Lightning reads
         ``len()`` (with ``reload_dataloaders_every_n_epochs=1``, the length then counts rank speeds handed over
         by :class:`~lit_balance.callbacks.CostModelFeedback`).
         """
         if self._train_sampler_state is not None and self.train_sampler is not None:
+            if self._saved_data is not None:
+                self._check_saved_data(self._saved_data)
             self.train_sampler.load_state_dict(self._train_sampler_state)
             self._train_sampler_state = None
         trainer = self.trainer
@@ -311,18 +430,62 @@ class BalancedTextDataModule(L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """The training sampler's position, for Lightning checkpoints (rank-independent, plain types).
 
-        The position counts micro-batches *consumed by training* in the current epoch (Lightning's
-        ``fit_loop.epoch_loop.batch_progress.current.ready``), not those the DataLoader's workers fetched
-        ahead. Empty before ``setup``.
+        The position counts the micro-batches of the current epoch that Lightning's fit loop will count as
+        done when it restores this checkpoint (:func:`_batches_done_on_restore`), not those the DataLoader's
+        workers fetched ahead: a checkpoint saved after a failure inside a training step (e.g. by
+        ``OnExceptionCheckpoint``, also after Ctrl-C) resumes with the failed micro-batch. Empty before
+        ``setup``.
+
+        Returns:
+            ``{"train_sampler": BalancedBatchSampler.state_dict(...), "data": {"seed", "val_fraction",
+            "max_length", "num_documents", "corpus_lengths_sha256", "tokenizer"}}``: ``data`` identifies the
+            training split, so that a resume with another one names what changed.
         """
         if self.train_sampler is None:
             return {}
         consumed = None
         trainer = self.trainer
         if trainer is not None and trainer.state.fn == "fit":  # also while validating inside fit
-            consumed = int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
-            consumed = min(consumed, len(self.train_sampler))
-        return {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed)}
+            consumed = _batches_done_on_restore(trainer.fit_loop.epoch_loop.batch_progress)
+            earlier = sum(c for _, c in self.train_sampler._segments[:-1])  # consumed on other ranks before
+            consumed = min(max(consumed, earlier), len(self.train_sampler))
+        return {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed),
+                "data": self._data_identity()}
+
+    def _data_identity(self) -> dict[str, Any]:
+        """What the training split is made from, as plain types: settings outside the sampler's, and the corpus."""
+        corpus = self.corpus
+        return {
+            "seed": int(self.seed),
+            "val_fraction": float(self.val_fraction),
+            "max_length": None if self.max_length is None else int(self.max_length),
+            "num_documents": len(corpus),
+            "corpus_lengths_sha256": sha256_of(np.ascontiguousarray(corpus.lengths, dtype="<i8").tobytes()),
+            "tokenizer": self.tokenizer.fingerprint,
+        }
+
+    def _check_saved_data(self, saved: Any) -> None:
+        """Compare a checkpoint's ``data`` entry with this DataModule; raise naming every difference."""
+        if not isinstance(saved, Mapping) or set(saved) != set(_DATA_KEYS):
+            got = sorted(saved) if isinstance(saved, Mapping) else saved
+            raise ValueError(f"BalancedTextDataModule state_dict 'data' must have keys {sorted(_DATA_KEYS)}, "
+                             f"got {got!r}")
+        now = self._data_identity()
+        diff = [f"{k}: saved {saved[k]!r}, now {now[k]!r}" for k in ("seed", "val_fraction", "max_length")
+                if saved[k] != now[k]]
+        if saved["num_documents"] != now["num_documents"]:
+            diff.append(f"corpus: saved {saved['num_documents']} documents, now {now['num_documents']}")
+        elif saved["corpus_lengths_sha256"] != now["corpus_lengths_sha256"]:
+            diff.append(f"corpus: the same number of documents ({now['num_documents']}), but their token lengths "
+                        "differ")
+        if saved["tokenizer"] != now["tokenizer"]:
+            diff.append("tokenizer: another tokenizer (fingerprint) than the saved one")
+        if diff:
+            raise ValueError(
+                "cannot resume: the training split differs from the checkpoint's (" + "; ".join(diff) + "); "
+                "construct the DataModule with the saved seed, val_fraction and max_length on the same corpus and "
+                "tokenizer, or start without ckpt_path"
+            )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the training sampler's position; applied when ``train_dataloader()`` is next called.
@@ -332,14 +495,19 @@ class BalancedTextDataModule(L.LightningDataModule):
 
         Raises:
             TypeError: ``state_dict`` is not a dict (mapping).
-            ValueError: keys other than ``train_sampler``.
+            ValueError: keys other than ``train_sampler`` and ``data``; here or at ``train_dataloader()``, a
+                checkpoint saved with another ``seed``, ``val_fraction``, ``max_length``, corpus or tokenizer
+                (naming each, with the saved and current values).
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"BalancedTextDataModule.load_state_dict expects the dict returned by state_dict() "
                             f"(key 'train_sampler'), got {state_dict!r} of type {type(state_dict).__name__}")
-        unknown = set(state_dict) - {"train_sampler"}
+        unknown = set(state_dict) - {"train_sampler", "data"}
         if unknown:
             raise ValueError(f"BalancedTextDataModule state_dict has unknown keys {sorted(unknown)}")
+        self._saved_data = state_dict.get("data")  # absent from checkpoints of earlier versions
+        if self._saved_data is not None and self.corpus is not None:
+            self._check_saved_data(self._saved_data)
         self._train_sampler_state = state_dict.get("train_sampler")
         if self._train_sampler_state is not None:
             # Lightning cannot see that this DataLoader resumes through its sampler; it does.

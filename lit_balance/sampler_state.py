@@ -131,10 +131,16 @@ def parse_state(state_dict: Any, *, num_samples: int, lengths_sha256: str, setti
     if state_dict["version"] != STATE_VERSION:
         raise ValueError(f"sampler state_dict version {state_dict['version']!r} is not supported "
                          f"(this version reads {STATE_VERSION})")
-    if state_dict["num_samples"] != num_samples or state_dict["lengths_sha256"] != lengths_sha256:
+    if state_dict["num_samples"] != num_samples:
         raise ValueError(
-            f"the saved sampler planned {state_dict['num_samples']} samples with other lengths than this one "
-            f"({num_samples} samples): resume needs the same dataset and tokenization"
+            f"cannot resume: the saved sampler planned {state_dict['num_samples']} samples, this one has "
+            f"{num_samples}: resume needs the same dataset, tokenization and truncation"
+        )
+    if state_dict["lengths_sha256"] != lengths_sha256:
+        raise ValueError(
+            f"cannot resume: the saved sampler planned the same number of samples ({num_samples}) with other "
+            "lengths: the samples' token lengths differ (another order, tokenization or truncation); resume "
+            "needs the same dataset, tokenization and truncation"
         )
     saved, now = state_dict["settings"], settings.to_dict()
     if not isinstance(saved, dict) or set(saved) != set(now):

@@ -1,8 +1,11 @@
 """Resume through Lightning checkpoints in one process, with DataLoader workers running ahead of training."""
 
+import signal
+
 import lightning as L
 import numpy as np
-from lightning.pytorch.callbacks import ModelCheckpoint
+import pytest
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from lit_balance import BalancedTextDataModule
 from lit_balance.demo import DemoTransformerLM
@@ -39,3 +42,116 @@ def test_checkpoint_at_validation_end_resumes_exactly_with_workers(tmp_path):
     expected = [plan.batch(int(b))[0].tolist() for b in plan.assignment[:, 0]]
     assert len(first.batches[0]) == 4
     assert first.batches[0] + second.batches[0] == expected  # nothing replayed, nothing skipped
+
+
+class FailingLM(DemoTransformerLM):
+    """Records every micro-batch training_step starts on; raises ``error`` at micro-batch ``fail_at`` of epoch 0."""
+
+    started, fail_at, error = None, None, None  # set on the instance (not hyperparameters: kept out of checkpoints)
+
+    def training_step(self, batch, batch_idx):
+        self.started.append((self.current_epoch, tuple(batch["indices"].tolist())))
+        if self.fail_at is not None and self.current_epoch == 0 and batch_idx == self.fail_at:
+            raise self.error
+        return super().training_step(batch, batch_idx)
+
+
+def _fit_failing(tmp_path, workers, *, ckpt_path=None, fail_at=None, error=None):
+    """Fit 2 epochs; returns the (epoch, indices) of every micro-batch training_step started on, in order."""
+    started = []
+    try:
+        _fit_into(started, tmp_path, workers, ckpt_path=ckpt_path, fail_at=fail_at, error=error)
+    except BaseException as exc:
+        exc.started = started
+        raise
+    return started
+
+
+def _fit_into(started, tmp_path, workers, *, ckpt_path, fail_at, error):
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(1, 200, size=int(n)) for n in rng.integers(1, 40, 120)]
+    dm = BalancedTextDataModule(docs, max_tokens=128, max_length=None, val_fraction=0.05, num_workers=workers,
+                                cache_dir=tmp_path / "cache", seed=5)
+    model = FailingLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
+    model.started, model.fail_at, model.error = started, fail_at, error
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=2, val_check_interval=3, limit_val_batches=1,
+                        logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[OnExceptionCheckpoint(tmp_path / "ckpt")],
+                        default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("error", "workers"), [(RuntimeError("CUDA out of memory (simulated)"), 0),
+                                                (KeyboardInterrupt(), 0), (RuntimeError("boom"), 2)],
+                         ids=["exception", "sigint", "exception-2-persistent-workers"])
+def test_resume_from_on_exception_checkpoint_reruns_only_the_failed_micro_batch(tmp_path, error, workers):
+    fail_at = 4  # after a mid-epoch validation (val_check_interval=3), before the next
+    expected = _fit_failing(tmp_path / "whole", workers)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        # Lightning answers KeyboardInterrupt (Ctrl-C) with the on_exception hooks, then sys.exit(1)
+        with pytest.raises(SystemExit if isinstance(error, KeyboardInterrupt) else type(error)) as failed:
+            _fit_failing(tmp_path, workers, fail_at=fail_at, error=error)
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    first = failed.value.started
+    second = _fit_failing(tmp_path, workers, ckpt_path=tmp_path / "ckpt" / "on_exception.ckpt")
+    assert first[-1] == expected[fail_at]  # the failed micro-batch
+    assert first + second == expected[:fail_at + 1] + expected[fail_at:]  # it alone runs twice
+
+
+def _words_dm(tmp_path, docs=None, **kwargs):
+    rng = np.random.default_rng(2)
+    docs = [rng.integers(1, 200, size=int(n)) for n in rng.integers(1, 60, 40)] if docs is None else docs
+    kwargs = {"max_tokens": 128, "max_length": 48, "val_fraction": 0.1, "seed": 1, **kwargs}
+    dm = BalancedTextDataModule(docs, cache_dir=tmp_path / "cache", **kwargs)
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"seed": 2}, "seed: saved 1, now 2"),
+    ({"val_fraction": 0.2}, "val_fraction: saved 0.1, now 0.2"),
+    ({"max_length": 40}, "max_length: saved 48, now 40"),
+    ({"max_length": None}, "max_length: saved 48, now None"),
+])
+def test_resume_after_a_changed_setting_names_it(tmp_path, change, named):
+    saved = _words_dm(tmp_path).state_dict()
+    dm = _words_dm(tmp_path, **change)
+    with pytest.raises(ValueError, match="cannot resume") as err:
+        dm.load_state_dict(saved)
+        dm.train_dataloader()
+    assert named in str(err.value), str(err.value)
+    assert "other lengths than this one" not in str(err.value)
+
+
+def test_resume_on_another_corpus_names_the_corpus(tmp_path):
+    rng = np.random.default_rng(2)
+    docs = [rng.integers(1, 200, size=int(n)) for n in rng.integers(1, 60, 40)]
+    saved = _words_dm(tmp_path, docs).state_dict()
+    dm = _words_dm(tmp_path, docs[:-1])
+    with pytest.raises(ValueError, match=r"cannot resume.*corpus: saved 40 documents, now 39") as err:
+        dm.load_state_dict(saved)
+        dm.train_dataloader()
+    assert "tokenizer" in str(err.value)
+
+
+def test_sampler_resume_with_equal_count_and_other_lengths_says_the_lengths_differ():
+    from lit_balance import BalancedBatchSampler
+
+    saved = BalancedBatchSampler([3, 5, 7, 9], 16, num_replicas=1, rank=0).state_dict()
+    sampler = BalancedBatchSampler([3, 5, 7, 8], 16, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match=r"same number of samples \(4\).*lengths differ"):
+        sampler.load_state_dict(saved)
+
+
+def test_malformed_data_record_is_refused_and_a_record_of_earlier_versions_is_optional(tmp_path):
+    dm = _words_dm(tmp_path)
+    saved = dm.state_dict()
+    assert set(saved) == {"train_sampler", "data"} and saved["data"]["seed"] == 1
+    with pytest.raises(ValueError, match=r"'data' must have keys .*got \['seed'\]"):
+        dm.load_state_dict({**saved, "data": {"seed": 1}})
+    dm.load_state_dict({"train_sampler": saved["train_sampler"]})  # saved before the record existed
+    assert len(dm.train_dataloader()) == len(dm.train_sampler)

@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,21 +28,29 @@ def _wait(proc: subprocess.Popen, out: Path, phase: str, devices: int) -> list[d
         proc.kill()
         raise
     assert proc.returncode == 0, log[-8000:]
-    return [json.loads((out / f"{phase}_rank{r}.json").read_text()) for r in range(devices)]
+    paths = [out / f"{phase}_rank{r}.json" for r in range(devices)]
+    for _ in range(300):  # rank 1 is a child process of rank 0 and may finish writing a moment later
+        if all(p.exists() for p in paths):
+            break
+        time.sleep(0.1)
+    return [json.loads(p.read_text()) for p in paths]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One 2-rank run stopped mid-epoch inside an accumulation window (2 loader workers, which prefetch ahead of
-    training), then, side by side, its checkpoint resumed on 2 ranks (2 workers) and on 1 rank (no workers)."""
+    """One 2-rank run (2 loader workers, which prefetch ahead of training) that saves a checkpoint mid-epoch inside
+    an accumulation window and then fails inside training_step (OnExceptionCheckpoint saves another), then, side by
+    side, the first resumed on 2 ranks (2 workers) and on 1 rank (no workers), the failure's on 2 ranks (2 workers,
+    key "fail")."""
     stop_dir = tmp_path_factory.mktemp("stop")
     stopped = _wait(_start(stop_dir, "stop", 2, 2), stop_dir, "stop", 2)
     procs = {}
-    for devices, workers in ((2, 2), (1, 0)):
-        out = tmp_path_factory.mktemp(f"resume{devices}")
-        shutil.copy(stop_dir / "mid.ckpt", out / "mid.ckpt")
-        procs[devices] = (out, _start(out, "resume", devices, workers))
-    resumed = {devices: _wait(proc, out, "resume", devices) for devices, (out, proc) in procs.items()}
+    for key, phase, ckpt, devices, workers in ((2, "resume", "mid", 2, 2), (1, "resume", "mid", 1, 0),
+                                               ("fail", "resume_fail", "fail", 2, 2)):
+        out = tmp_path_factory.mktemp(f"resume{key}")
+        shutil.copy(stop_dir / f"{ckpt}.ckpt", out / f"{ckpt}.ckpt")
+        procs[key] = (out, phase, devices, _start(out, phase, devices, workers))
+    resumed = {key: _wait(proc, out, phase, devices) for key, (out, phase, devices, proc) in procs.items()}
     return stopped, resumed, tmp_path_factory.mktemp("plan")
 
 
@@ -104,3 +113,17 @@ def test_resume_inside_an_accumulation_window_keeps_each_windows_divisor(runs):
             assert all(len(v) == 1 for v in windows.values()), (devices, epoch, windows)
     # resumed on the same world, the window the stop cut keeps its divisor across the cut
     assert stopped[0]["step_tokens"]["0"]["2"] == resumed[2][0]["step_tokens"]["0"]["3"]
+
+
+def test_resume_after_a_failure_in_training_step_reruns_only_the_failed_micro_batch(runs):
+    stopped, resumed, plan_dir = runs
+    resumed = resumed["fail"]
+    expected0 = _uninterrupted(plan_dir)
+    for r in (0, 1):
+        done, started = stopped[r]["epochs"]["0"], stopped[r]["started"]["0"]
+        expected = [list(b) for b in expected0[r]]
+        assert started == done + [expected[3]]  # micro-batch 3 failed inside training_step, on both ranks
+        after_started, after_done = resumed[r]["started"]["0"], resumed[r]["epochs"]["0"]
+        assert after_started == after_done and after_done[0] == expected[3]  # the failed one runs again first
+        assert done + after_done == expected  # nothing else repeated, nothing skipped
+        assert resumed[r]["epochs"]["1"] == resumed[r]["plans"]["1"][r]

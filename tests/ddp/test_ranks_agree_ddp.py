@@ -1,0 +1,28 @@
+"""Ranks that planned different data fail together, on real 2-process CPU DDP (gloo)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # a real 2-rank CPU fit in a subprocess, > 10 s
+
+SCRIPT = Path(__file__).with_name("fit_disagree.py")
+
+
+def test_a_document_missing_on_one_rank_stops_every_rank_with_the_cause(tmp_path):
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        log, _ = proc.communicate(timeout=120)  # never a hang
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode != 0, log[-4000:]
+    for rank in (0, 1):
+        message = (tmp_path / f"rank{rank}.txt").read_text()
+        assert message.startswith("RuntimeError: "), (rank, message)
+        assert "rank 1" in message and "rank 0" in message, message
+        assert "60 vs 59 documents" in message or "documents: rank 0 has 60, rank 1 has 59" in message, message
+        assert "per-node" in message and "tokenizer" in message and "max_length" in message, message
