@@ -49,7 +49,10 @@ def check_number(name: str, value: Any, low: float | None, high: float | None, h
         bound = ""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number{bound}, got {value!r} of type {type(value).__name__}; {hint}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # a Python int beyond the float range
+        number = math.inf if value > 0 else -math.inf
     finite = "" if allow_inf else "finite "
     if (math.isnan(number) or (math.isinf(number) and not allow_inf)
             or (low is not None and (number <= low if low_open else number < low))
@@ -154,6 +157,9 @@ def check_speeds(rank_speeds: Any, num_replicas: int) -> np.ndarray | None:
         raise TypeError(f"rank_speeds must be numbers (relative throughput per rank), got {rank_speeds!r}")
     try:
         speeds = np.asarray(rank_speeds, dtype=np.float64).reshape(-1)
+    except OverflowError as exc:  # a Python int beyond the float range
+        raise ValueError(f"rank_speeds must hold {num_replicas} finite numbers > 0 (one relative throughput per "
+                         f"rank), got {rank_speeds!r}; pass None for equal ranks") from exc
     except (TypeError, ValueError) as exc:
         raise TypeError(f"rank_speeds must be a sequence of {num_replicas} positive numbers, got {rank_speeds!r}") from exc
     if speeds.shape[0] != num_replicas or not np.all(np.isfinite(speeds)) or np.any(speeds <= 0):

@@ -270,8 +270,12 @@ class BalancedTextDataModule(L.LightningDataModule):
         # The plan balances each optimizer step: Lightning's accumulate_grad_batches at setup time.
         train_settings = self.settings
         if self.trainer is not None:
-            accumulate = int(getattr(self.trainer, "accumulate_grad_batches", 1) or 1)
-            train_settings = train_settings.replace(accumulate_grad_batches=accumulate)
+            accumulate = getattr(self.trainer, "accumulate_grad_batches", 1)
+            try:
+                train_settings = train_settings.replace(accumulate_grad_batches=1 if accumulate is None else accumulate)
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"the Trainer's accumulate_grad_batches={accumulate!r} cannot be planned: {error}; "
+                                  "set Trainer(accumulate_grad_batches=...) to an int >= 1") from error
         val_settings = self.settings.replace(shuffle=False, drop_last=False, largest_first=False,
                                              accumulate_grad_batches=1)
         world = {"num_replicas": world_size, "rank": rank}

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lit_balance._validate import check_cost_model, check_speeds
+from lit_balance._validate import check_cost_model, check_int, check_lengths, check_speeds
 from lit_balance.cost import CostModel
 from lit_balance.settings import BatchingSettings
 
@@ -301,7 +301,9 @@ def plan_epoch(
     Raises:
         TypeError: ``settings`` is not a :class:`~lit_balance.BatchingSettings`, ``cost_model`` not a
             :class:`~lit_balance.CostModel`, or ``rank_speeds`` not numbers.
-        ValueError: ``rank_speeds`` of the wrong length, or not all finite and positive.
+        ValueError: ``lengths`` not 1-D positive ints; ``num_replicas < 1``, ``epoch < 0`` or ``min_steps < 0``;
+            ``eligible`` not a bool mask of ``num_samples``; an eligible sample whose padded length exceeds
+            ``max_tokens``; ``rank_speeds`` of the wrong length, or not all finite and positive.
 
     Example:
         >>> plan = plan_epoch([95] * 5 + [20] * 5, BatchingSettings(max_tokens=100, shuffle=False), num_replicas=2,
@@ -312,12 +314,24 @@ def plan_epoch(
     if not isinstance(settings, BatchingSettings):
         raise TypeError(f"settings must be a lit_balance.BatchingSettings, got {type(settings).__name__}")
     cost_model = check_cost_model(cost_model)
-    lengths = np.asarray(lengths, dtype=np.int64)
+    num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
+    epoch = check_int("epoch", epoch, 0, "epochs count from 0")
+    min_steps = check_int("min_steps", min_steps, 0, "0 plans as many micro-steps as the samples need")
+    lengths = check_lengths(lengths)
     padded = padded_lengths(lengths, settings.pad_to_multiple_of)
     candidates = np.arange(lengths.shape[0], dtype=np.int64)
     if eligible is not None:
-        candidates = candidates[eligible]
+        mask = np.asarray(eligible)
+        if mask.dtype != np.bool_ or mask.shape != lengths.shape:
+            raise ValueError(f"eligible must be a bool mask of shape {lengths.shape} (one flag per sample), got "
+                             f"dtype {mask.dtype} and shape {mask.shape}")
+        candidates = candidates[mask]
     max_tokens = settings.max_tokens
+    over = candidates[padded[candidates] > max_tokens]
+    if over.size:
+        raise ValueError(f"{over.size} eligible sample(s) exceed max_tokens={max_tokens} padded token slots once padded "
+                         f"to a multiple of {settings.pad_to_multiple_of} (first: index {int(over[0])}, "
+                         f"{int(lengths[over[0]])} tokens); truncate them or leave them out through eligible")
     row_cap = settings.max_batch_size if settings.max_batch_size is not None else max_tokens
     speeds = check_speeds(rank_speeds, num_replicas)
     speeds = np.ones(num_replicas) if speeds is None else speeds

@@ -456,7 +456,7 @@ def _launch_environment() -> dict[str, str]:
     found = {}
     for name in ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
         value = os.environ.get(name, "")
-        if value.strip().isdigit() and int(value) > 1:
+        if value.strip().isascii() and value.strip().isdigit() and int(value) > 1:
             found[name] = value.strip()
     if found:
         for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):

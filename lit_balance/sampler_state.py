@@ -197,7 +197,7 @@ def _segment_plan(sampler: BalancedBatchSampler, epoch: int, segments: list[list
     # epoch length at the resume keeps every micro-batch of later epochs).
     full = sampler._plan_for(epoch, replicas, sampler._eligible, None).num_micro_steps
     earlier = sum(consumed for _, consumed in segments[:i])
-    return sampler._plan_for(epoch, replicas, eligible, None, min_steps=full - earlier)
+    return sampler._plan_for(epoch, replicas, eligible, None, min_steps=max(0, full - earlier))
 
 
 def _micro_step_sums(plan: EpochPlan, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -9,6 +9,8 @@ follows lhotse's samplers, which take one validated constraint dataclass (``Toke
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -58,8 +60,8 @@ class BatchingSettings:
         TypeError: a setting of the wrong type (e.g. ``shuffle="false"``, ``max_tokens=1.5``).
         ValueError: a value out of range, naming the setting and the value: ``max_tokens`` outside
             ``[1, MAX_TOKENS_LIMIT]``; ``pad_to_multiple_of`` below 1 or above ``max_tokens``; a negative
-            ``seed``; ``max_batch_size`` or ``accumulate_grad_batches`` below 1; ``shuffle_window`` negative or
-            not finite; an unknown ``too_long``.
+            ``seed``; ``max_batch_size`` or ``accumulate_grad_batches`` outside ``[1, MAX_TOKENS_LIMIT]``;
+            ``shuffle_window`` negative or not finite; an unknown ``too_long``.
 
     Example:
         >>> settings = BatchingSettings(max_tokens=4096, shuffle_window=0)
@@ -100,15 +102,19 @@ class BatchingSettings:
                 "lower pad_to_multiple_of or raise max_tokens"
             )
         window = self.shuffle_window
-        if (isinstance(window, (bool, np.bool_)) or not isinstance(window, (int, float, np.integer, np.floating))
-                or not np.isfinite(window) or window < 0):
-            raise ValueError(
-                f"shuffle_window must be a finite number >= 0 (micro-batches), got {window!r}; "
-                "0 shuffles only equal lengths"
-            )
+        what = f"shuffle_window must be a finite number >= 0 (micro-batches), got {window!r}"
+        if isinstance(window, (bool, np.bool_)) or not isinstance(window, numbers.Real):
+            raise TypeError(f"{what} of type {type(window).__name__}; 0 shuffles only equal lengths")
+        try:
+            window = float(window)
+        except OverflowError:  # a Python int beyond the float range
+            window = math.inf
+        if not math.isfinite(window) or window < 0:
+            raise ValueError(f"{what}; 0 shuffles only equal lengths")
         max_batch_size = self.max_batch_size
         if max_batch_size is not None:
-            max_batch_size = check_int("max_batch_size", max_batch_size, 1, "or pass None for no row cap")
+            max_batch_size = check_int("max_batch_size", max_batch_size, 1, "or pass None for no row cap",
+                                       MAX_TOKENS_LIMIT)
         if not isinstance(self.too_long, str) or self.too_long not in TOO_LONG_POLICIES:
             raise ValueError(f"too_long must be one of {TOO_LONG_POLICIES}, got {self.too_long!r}")
         normalised = {
@@ -121,7 +127,8 @@ class BatchingSettings:
             "drop_last": check_bool("drop_last", self.drop_last),
             "largest_first": check_bool("largest_first", self.largest_first),
             "accumulate_grad_batches": check_int("accumulate_grad_batches", self.accumulate_grad_batches, 1,
-                                                 "pass the Trainer's accumulate_grad_batches (1 for none)"),
+                                                 "pass the Trainer's accumulate_grad_batches (1 for none)",
+                                                 MAX_TOKENS_LIMIT),
         }
         for name, value in normalised.items():
             object.__setattr__(self, name, value)
@@ -155,7 +162,7 @@ class BatchingSettings:
         if not isinstance(values, Mapping):
             raise TypeError(f"BatchingSettings.from_dict expects a mapping of setting names to values, got "
                             f"{type(values).__name__}")
-        unknown = sorted(set(values) - set(cls.names()))
+        unknown = sorted(set(values) - set(cls.names()), key=repr)
         if unknown:
             raise ValueError(f"unknown batching settings {unknown}; the settings are {list(cls.names())}")
         if "max_tokens" not in values:

@@ -180,7 +180,7 @@ def _plan_error(args: list[str], capsys) -> str:
     (["--max-tokens", "100"], "exceed --max-tokens 100 .*or pass --too-long skip or --too-long truncate"),
     (["--linear", "0"], "--linear > 0 or --quadratic > 0"),
     (["--linear", "-1"], r"^--linear must be a finite number >= 0, got -1.0"),
-    (["--accumulate-grad-batches", "0"], "--accumulate-grad-batches must be >= 1, got 0"),
+    (["--accumulate-grad-batches", "0"], "--accumulate-grad-batches must be in \\[1, 1099511627776\\], got 0"),
     (["--seed", "-1"], "--seed must be >= 0, got -1"),
     (["--epoch", "-1"], "--epoch must be >= 0, got -1"),
     (["--max-length", "0"], "--max-length must be >= 1, got 0"),

@@ -176,9 +176,10 @@ def test_larger_shuffle_window_lowers_persistence():
     assert persistence[0] > persistence[1] > persistence[2]
 
 
-@pytest.mark.parametrize("value", [-0.1, float("nan"), float("inf"), True, "0.1"])
-def test_shuffle_window_rejects_bad_values(value):
-    with pytest.raises(ValueError, match="shuffle_window must be a finite number >= 0"):
+@pytest.mark.parametrize(("value", "error"), [(-0.1, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
+                                              (10**400, ValueError), (True, TypeError), ("0.1", TypeError)])
+def test_shuffle_window_rejects_bad_values(value, error):
+    with pytest.raises(error, match="shuffle_window must be a finite number >= 0"):
         BalancedBatchSampler([3, 4], 10, num_replicas=1, rank=0, shuffle_window=value)
 
 
@@ -232,3 +233,23 @@ def test_speeds_spanning_beyond_the_float_range_plan_the_slow_rank_at_the_floor(
     sampler.set_cost_model(CostModel(), speeds)  # and so does the hand-over
     sampler.set_epoch(1)
     assert sampler.rank_speeds[slow] == MIN_RANK_SPEED_RATIO
+
+
+@pytest.mark.parametrize(("lengths", "kwargs", "error", "pattern"), [
+    ([100, 2], {}, ValueError, r"1 eligible sample\(s\) exceed max_tokens=64 .*index 0, 100 tokens"),
+    ([-5, 2], {}, ValueError, "every length must be in"),
+    ([1.5, 2.5], {}, ValueError, "lengths must be integers"),
+    ([], {}, ValueError, "lengths is empty"),
+    ([[1, 2]], {}, ValueError, "lengths must be 1-D"),
+    ([5, 6, 7], {"num_replicas": 0}, ValueError, "num_replicas must be >= 1, got 0"),
+    ([5, 6, 7], {"num_replicas": True}, TypeError, "num_replicas must be an int"),
+    ([5, 6, 7], {"epoch": -1}, ValueError, "epoch must be >= 0, got -1"),
+    ([5, 6, 7], {"epoch": 1.7}, TypeError, "epoch must be an int"),
+    ([5, 6, 7], {"min_steps": -1}, ValueError, "min_steps must be >= 0"),
+    ([5, 6, 7], {"eligible": np.ones(4, bool)}, ValueError, r"eligible must be a bool mask of shape \(3,\)"),
+    ([5, 6, 7], {"eligible": np.array([0, 1, 1])}, ValueError, "eligible must be a bool mask .* dtype int64"),
+])
+def test_plan_epoch_checks_its_inputs(lengths, kwargs, error, pattern):
+    args = {"num_replicas": 2, "epoch": 0, **kwargs}
+    with pytest.raises(error, match=pattern):
+        plan_epoch(lengths, BatchingSettings(max_tokens=64), **args)

@@ -41,10 +41,10 @@ def plans(sampler: BalancedBatchSampler, epochs=(0, 1, 2)) -> list[tuple]:
         ({"too_long": "drop"}, ValueError, r"too_long must be one of \('error', 'skip', 'truncate'\), got 'drop'"),
         ({"pad_to_multiple_of": 0}, ValueError, "pad_to_multiple_of must be >= 1, got 0"),
         ({"pad_to_multiple_of": 128}, ValueError, r"pad_to_multiple_of \(128\) exceeds max_tokens \(100\)"),
-        ({"max_batch_size": 0}, ValueError, "max_batch_size must be >= 1, got 0"),
+        ({"max_batch_size": 0}, ValueError, r"max_batch_size must be in \[1, 1099511627776\], got 0"),
         ({"shuffle_window": -0.5}, ValueError, "shuffle_window must be a finite number >= 0 .*got -0.5"),
         ({"shuffle_window": float("nan")}, ValueError, "shuffle_window must be a finite number >= 0 .*got nan"),
-        ({"accumulate_grad_batches": 0}, ValueError, "accumulate_grad_batches must be >= 1, got 0"),
+        ({"accumulate_grad_batches": 0}, ValueError, r"accumulate_grad_batches must be in \[1, 1099511627776\], got 0"),
         ({"accumulate_grad_batches": 2.0}, TypeError, "accumulate_grad_batches must be an int >= 1, got 2.0"),
     ],
 )
@@ -219,3 +219,32 @@ def test_settings_survive_a_weights_only_checkpoint(tmp_path):
     torch.save(sampler.state_dict(), tmp_path / "state.pt")
     state = torch.load(tmp_path / "state.pt", weights_only=True)
     assert BatchingSettings.from_dict(state["settings"]) == sampler.settings
+
+
+@pytest.mark.parametrize(("changes", "pattern"), [
+    ({"max_batch_size": 2**63}, r"max_batch_size must be in \[1, 1099511627776\], got 9223372036854775808"),
+    ({"accumulate_grad_batches": 10**30}, r"accumulate_grad_batches must be in \[1, 1099511627776\]"),
+    ({"shuffle_window": 10**400}, r"shuffle_window must be a finite number >= 0 \(micro-batches\), got 1000"),
+])
+def test_values_beyond_int64_or_float_range_are_named(changes, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        BatchingSettings(max_tokens=64, **changes)
+
+
+def test_from_dict_names_unknown_keys_of_any_type():
+    with pytest.raises(ValueError, match=r"unknown batching settings \[1, None\]"):
+        BatchingSettings.from_dict({1: 2, None: 3, "max_tokens": 64})
+
+
+def test_rank_speeds_beyond_the_float_range_are_named():
+    with pytest.raises(ValueError, match="rank_speeds must hold 2 finite numbers > 0"):
+        BalancedBatchSampler([5, 6], 64, num_replicas=2, rank=0, rank_speeds=[1, 10**400])
+
+
+def test_a_trainer_accumulate_grad_batches_below_one_is_named_at_setup(tmp_path):
+    dm = BalancedTextDataModule([[1, 2, 3], [4, 5]], max_tokens=64, val_fraction=0, cache_dir=tmp_path)
+    dm.trainer = SimpleNamespace(accumulate_grad_batches=0, world_size=1, global_rank=0, current_epoch=0)
+    dm.prepare_data()
+    with pytest.raises(ValueError, match=r"the Trainer's accumulate_grad_batches=0 cannot be planned.*Trainer\("
+                                         r"accumulate_grad_batches=\.\.\.\) to an int >= 1"):
+        dm.setup("fit")
