@@ -13,6 +13,8 @@ import torch
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.loss import token_loss_sum
 
+from _procs import finish  # tests/ddp/_procs.py
+
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
 
 SCRIPT = Path(__file__).with_name("fit_callbacks.py")
@@ -30,11 +32,7 @@ def runs(tmp_path_factory):
                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     results = {}
     for mode, (out, proc) in procs.items():
-        try:
-            log, _ = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        log = finish(proc, 240)
         assert proc.returncode == 0, log[-6000:]
         results[mode] = (out, [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)])
     return results

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from _procs import finish  # tests/ddp/_procs.py
+
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
 
 SCRIPT = Path(__file__).with_name("fit_record.py")
@@ -24,11 +26,7 @@ def runs(tmp_path_factory):
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = {}
     for setting, (out, proc) in procs.items():
-        try:
-            log, _ = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        log = finish(proc, 240)
         assert proc.returncode == 0, log[-8000:]
         outs[setting] = out
     return outs

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from _procs import finish  # tests/ddp/_procs.py
+
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # a real 2-rank CPU fit in a subprocess, > 10 s
 
 SCRIPT = Path(__file__).with_name("fit_disagree.py")
@@ -14,11 +16,7 @@ SCRIPT = Path(__file__).with_name("fit_disagree.py")
 def test_a_document_missing_on_one_rank_stops_every_rank_with_the_cause(tmp_path):
     proc = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    try:
-        log, _ = proc.communicate(timeout=120)  # never a hang
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+    log = finish(proc, 120)  # never a hang
     assert proc.returncode != 0, log[-4000:]
     for rank in (0, 1):
         message = (tmp_path / f"rank{rank}.txt").read_text()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from _procs import finish  # tests/ddp/_procs.py
+
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
 
 SCRIPT = Path(__file__).with_name("fit_resume.py")
@@ -22,11 +24,7 @@ def _start(out: Path, phase: str, devices: int, workers: int) -> subprocess.Pope
 
 
 def _wait(proc: subprocess.Popen, out: Path, phase: str, devices: int) -> list[dict]:
-    try:
-        log, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+    log = finish(proc, 240)
     assert proc.returncode == 0, log[-8000:]
     paths = [out / f"{phase}_rank{r}.json" for r in range(devices)]
     for _ in range(300):  # rank 1 is a child process of rank 0 and may finish writing a moment later
