@@ -132,6 +132,17 @@ def _looks_like_hf(obj: Any) -> bool:
     return callable(obj) and hasattr(obj, "get_vocab") and hasattr(obj, "pad_token_id") and hasattr(obj, "__len__")
 
 
+def _not_a_file_message(name: str) -> str:
+    return (
+        f"tokenizer {name!r} is not a file: a str or path tokenizer must name an existing tokenizer.json "
+        "(Hugging Face model names are not looked up). To use a Hugging Face tokenizer offline, load it "
+        f"yourself and pass the object: tokenizer=transformers.AutoTokenizer.from_pretrained({name!r}, "
+        "local_files_only=True); or pass the path of its tokenizer.json (e.g. the one inside "
+        "~/.cache/huggingface/hub/models--<org>--<name>/snapshots/<revision>/, or a directory written by "
+        "save_pretrained())"
+    )
+
+
 def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None) -> TokenizerAdapter:
     """Wrap a tokenizer into a :class:`TokenizerAdapter`.
 
@@ -149,7 +160,8 @@ def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None)
         The adapter.
 
     Raises:
-        FileNotFoundError: the tokenizer path does not exist.
+        FileNotFoundError: the tokenizer path is not a file (e.g. a Hugging Face model name such as
+            ``"bert-base-uncased"``); the message says how to load such a tokenizer offline.
         ValueError: the file is not a valid tokenizer, no padding id is known, or ``pad_token_id``
             conflicts with a given adapter or lies outside the vocabulary.
         TypeError: the tokenizer is of an unsupported type.
@@ -170,7 +182,7 @@ def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None)
         if path.is_dir():
             raise ValueError(f"tokenizer path {str(path)!r} is a directory; pass the tokenizer.json inside it")
         if not path.is_file():
-            raise FileNotFoundError(f"tokenizer file {str(path)!r} does not exist (expected a tokenizer.json)")
+            raise FileNotFoundError(_not_a_file_message(str(tokenizer)))
         try:
             tokenizer = tokenizers.Tokenizer.from_file(str(path))
         except Exception as error:
