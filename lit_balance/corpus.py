@@ -34,6 +34,7 @@ BUILTIN_CORPUS = "stdlib_docstrings"
 
 _BUILTIN_VERSION = 1  # bump when the extraction rules of stdlib_docstrings change
 _KINDS = ("builtin", "texts", "files", "token_ids")
+TXT_DOCUMENTS = ("line", "paragraph")  # how plain-text files split into documents
 _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 _DOC_NODES = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 _UTF8_BOM = b"\xef\xbb\xbf"
@@ -167,9 +168,31 @@ def _file_format(path: Path) -> str:
     return "jsonl" if path.suffix.lower() == ".jsonl" else "text"
 
 
-def _file_documents(path: Path, text_key: str) -> list[str]:
+def _check_txt_documents(txt_documents: Any) -> str:
+    if not isinstance(txt_documents, str) or txt_documents not in TXT_DOCUMENTS:
+        raise ValueError(f"txt_documents must be one of {TXT_DOCUMENTS} ('line': one document per non-blank line "
+                         "of a text file; 'paragraph': documents separated by blank lines), "
+                         f"got {txt_documents!r}")
+    return txt_documents
+
+
+def _paragraphs(lines: list[str]) -> list[str]:
+    """Join runs of non-blank lines with ``\\n``; blank (whitespace-only) lines separate documents."""
+    docs, current = [], []
+    for line in lines + [""]:
+        if line.strip():
+            current.append(line)
+        elif current:
+            docs.append("\n".join(current))
+            current = []
+    return docs
+
+
+def _file_documents(path: Path, text_key: str, txt_documents: str = "line") -> list[str]:
     # universal newlines: \r\n, \r and \n all end a line
     lines = _read_utf8(path).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if _file_format(path) != "jsonl" and txt_documents == "paragraph":
+        return _paragraphs(lines)
     docs = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -213,6 +236,7 @@ class CorpusSource:
     description: str
     _payload: tuple = field(default=(), repr=False, compare=False)
     _text_key: str = field(default="text", repr=False, compare=False)
+    _txt_documents: str = field(default="line", repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -237,6 +261,8 @@ class CorpusSource:
         if self.kind != "files":
             return self.fingerprint
         parts = ["files-content", self._text_key]
+        if self._txt_documents != "line":  # the default adds nothing, so existing cache keys stay valid
+            parts.append(f"txt_documents={self._txt_documents}")
         for path in self._payload:
             size, digest = _file_sha256(path)
             parts += [_file_format(path), str(size), digest]
@@ -262,7 +288,7 @@ class CorpusSource:
             return stdlib_docstrings()
         if self.kind == "texts":
             return list(self._payload)
-        docs = [doc for path in self._payload for doc in _file_documents(path, self._text_key)]
+        docs = [doc for path in self._payload for doc in _file_documents(path, self._text_key, self._txt_documents)]
         if not docs:
             raise ValueError(f"corpus is empty: no non-blank lines in {', '.join(map(str, self._payload))}")
         return docs
@@ -340,7 +366,7 @@ def _names_files(text: str) -> bool:
         return False
 
 
-def _files_source(paths: list[Any], text_key: str) -> CorpusSource:
+def _files_source(paths: list[Any], text_key: str, txt_documents: str = "line") -> CorpusSource:
     resolved, parts, sizes = [], [], []
     for raw in paths:
         path = Path(raw)
@@ -364,10 +390,13 @@ def _files_source(paths: list[Any], text_key: str) -> CorpusSource:
     names = [path.name for path in resolved]
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     description = f"{len(names)} file{'s' if len(names) != 1 else ''}: {shown}"
-    return CorpusSource("files", _sha256("files", text_key, *parts), description, tuple(resolved), text_key)
+    if txt_documents != "line":
+        parts.append(f"txt_documents={txt_documents}")
+    return CorpusSource("files", _sha256("files", text_key, *parts), description, tuple(resolved), text_key,
+                        txt_documents)
 
 
-def resolve_corpus(corpus: Any = None, *, text_key: str = "text") -> CorpusSource:
+def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents: str = "line") -> CorpusSource:
     """Turn a corpus argument into a :class:`CorpusSource`.
 
     Rules, in order:
@@ -384,18 +413,22 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text") -> CorpusSourc
 
     Files ending in ``.jsonl`` hold one JSON object per non-blank line, the document being
     ``obj[text_key]``; ``.json`` is rejected; any other file is UTF-8 text, one document per
-    non-blank line. File contents are read (and checked) by :meth:`CorpusSource.load_texts`.
+    non-blank line (``txt_documents="line"``) or one per paragraph (``txt_documents="paragraph"``: runs
+    of non-blank lines, separated by blank or whitespace-only lines, joined with ``"\\n"``). File
+    contents are read (and checked) by :meth:`CorpusSource.load_texts`.
 
     Args:
         corpus: the corpus, as above.
         text_key: key of the document text in JSONL objects.
+        txt_documents: ``"line"`` or ``"paragraph"``, how plain-text files split into documents (part of
+            the cache key; ignored for other corpora).
 
     Returns:
         The source.
 
     Raises:
         FileNotFoundError: a path does not exist, or a glob pattern matches no file.
-        ValueError: a directory or ``.json`` file, an unreadable file, a negative token id, an
+        ValueError: ``txt_documents`` is not ``"line"`` or ``"paragraph"``; a directory or ``.json`` file, an unreadable file, a negative token id, an
             empty corpus or path, or a list of ``str`` that all name existing files or are glob
             patterns matching files.
         TypeError: an unsupported type, or a list mixing item kinds.
@@ -406,6 +439,7 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text") -> CorpusSourc
     """
     if not isinstance(text_key, str):
         raise TypeError(f"text_key must be a str, got {type(text_key).__name__} {text_key!r}")
+    txt_documents = _check_txt_documents(txt_documents)
     if isinstance(corpus, CorpusSource):
         return corpus
     if corpus is None or (isinstance(corpus, str) and corpus == BUILTIN_CORPUS):
@@ -420,9 +454,9 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text") -> CorpusSourc
         matches = sorted(p for p in glob.glob(os.path.expanduser(corpus), recursive=True) if os.path.isfile(p))
         if not matches:
             raise FileNotFoundError(f"corpus glob pattern {corpus!r} matches no file")
-        return _files_source(matches, text_key)
+        return _files_source(matches, text_key, txt_documents)
     if isinstance(corpus, (str, os.PathLike)):
-        return _files_source([corpus], text_key)
+        return _files_source([corpus], text_key, txt_documents)
     if not isinstance(corpus, (list, tuple)):
         raise TypeError(f"corpus must be None, {BUILTIN_CORPUS!r}, a path, or a list/tuple of documents, "
                         f"paths or token-id sequences; got {type(corpus).__name__}")
@@ -434,7 +468,7 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text") -> CorpusSourc
         raise TypeError(f"corpus items must all be of one kind; item 0 is {kinds[0]} but item {first} is "
                         f"{kinds[first]} ({type(corpus[first]).__name__})")
     if kinds[0] == "files":
-        return _files_source(list(corpus), text_key)
+        return _files_source(list(corpus), text_key, txt_documents)
     if kinds[0] == "texts":
         texts = tuple(corpus)
         if all(_names_files(t) for t in texts):

@@ -7,7 +7,7 @@ import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import numpy as np
@@ -96,6 +96,9 @@ class BalancedTextDataModule(L.LightningDataModule):
             it. Its ``accumulate_grad_batches`` is used only without a Trainer; with one, the Trainer's is.
         cost_model: see :class:`BalancedBatchSampler` (training split); default: padded tokens.
         text_key: field holding the text in ``.jsonl`` files.
+        txt_documents: how plain-text (non-``.jsonl``) corpus files split into documents: ``"line"`` (the
+            default: each non-blank line) or ``"paragraph"`` (runs of non-blank lines separated by blank
+            lines, joined with ``"\\n"``, so wrapped paragraphs stay one document). Part of the cache key.
         pad_token_id: padding id for tokenizers or token-id corpora that do not define one (default 0
             for token-id corpora).
         vocab_size: vocabulary size for token-id corpora without a tokenizer (default: largest id + 1).
@@ -147,6 +150,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         largest_first: bool = False,
         settings: BatchingSettings | None = None,
         text_key: str = "text",
+        txt_documents: Literal["line", "paragraph"] = "line",
         pad_token_id: int | None = None,
         vocab_size: int | None = None,
         cache_dir: str | os.PathLike | None = None,
@@ -176,7 +180,7 @@ class BalancedTextDataModule(L.LightningDataModule):
                             f"of type {type(cache_dir).__name__}")
         if cache_dir is not None and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
             raise ValueError(f"cache_dir {str(cache_dir)!r} exists and is not a directory; pass a directory path")
-        self.source = resolve_corpus(corpus, text_key=text_key)
+        self.source = resolve_corpus(corpus, text_key=text_key, txt_documents=txt_documents)
         if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)):
             raise TypeError(f"pad_token_id must be an int or None, got {type(pad_token_id).__name__} {pad_token_id!r}")
         if self.source.kind == "token_ids" and tokenizer is None:
