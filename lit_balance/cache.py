@@ -137,7 +137,8 @@ def cache_key(source: CorpusSource, tokenizer: TokenizerAdapter) -> str:
 
     Raises:
         TypeError: ``source`` or ``tokenizer`` is not a resolved object.
-        ValueError: a corpus file cannot be read.
+        ValueError: a corpus file cannot be read, or ``tokenizer.add_special_tokens`` is set for a
+            token-id corpus (its ids are used as given).
 
     Example:
         >>> from lit_balance.corpus import resolve_corpus
@@ -146,7 +147,10 @@ def cache_key(source: CorpusSource, tokenizer: TokenizerAdapter) -> str:
         64
     """
     _check_types(source, tokenizer)
-    return _sha256("cache", str(_CACHE_FORMAT), source.kind, source.content_fingerprint(), tokenizer.fingerprint)
+    parts = ["cache", str(_CACHE_FORMAT), source.kind, source.content_fingerprint(), tokenizer.fingerprint]
+    if tokenizer.add_special_tokens:  # the default adds nothing, so existing cache keys stay valid
+        parts.append("add_special_tokens")
+    return _sha256(*parts)
 
 
 def default_cache_dir() -> Path:
@@ -169,6 +173,9 @@ def _check_types(source: Any, tokenizer: Any) -> None:
     if not isinstance(tokenizer, TokenizerAdapter):
         raise TypeError(f"tokenizer must be a TokenizerAdapter (from resolve_tokenizer), "
                         f"got {type(tokenizer).__name__}")
+    if tokenizer.add_special_tokens and source.kind == "token_ids":
+        raise ValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as given, "
+                         "so add the special ids to each document yourself, or leave add_special_tokens=False")
 
 
 def _file_sha256(path: Path) -> str:

@@ -99,6 +99,12 @@ class BalancedTextDataModule(L.LightningDataModule):
         txt_documents: how plain-text (non-``.jsonl``) corpus files split into documents: ``"line"`` (the
             default: each non-blank line) or ``"paragraph"`` (runs of non-blank lines separated by blank
             lines, joined with ``"\\n"``, so wrapped paragraphs stay one document). Part of the cache key.
+        add_special_tokens: add the tokenizer's own special tokens to every document, exactly as
+            ``tokenizer(text, add_special_tokens=True)`` does in Hugging Face: the built-in BERT tokenizer
+            gives ``[CLS] ... [SEP]``, a Llama-style tokenizer a BOS, GPT-2 none (its template adds nothing;
+            append its EOS to the texts yourself). ``max_length`` truncation keeps the first tokens, so it
+            may cut the closing token. Part of the cache key. Default False: no special tokens. A token-id
+            corpus is used as given: True is then a ValueError.
         pad_token_id: padding id for tokenizers or token-id corpora that do not define one (default 0
             for token-id corpora).
         vocab_size: vocabulary size for token-id corpora without a tokenizer (default: largest id + 1).
@@ -151,6 +157,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         settings: BatchingSettings | None = None,
         text_key: str = "text",
         txt_documents: Literal["line", "paragraph"] = "line",
+        add_special_tokens: bool = False,
         pad_token_id: int | None = None,
         vocab_size: int | None = None,
         cache_dir: str | os.PathLike | None = None,
@@ -171,6 +178,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             max_length = check_int("max_length", max_length, 1, "tokens kept per document, or None for no truncation")
         num_workers = check_int("num_workers", num_workers, 0, "DataLoader worker processes per rank")
         pin_memory = check_bool("pin_memory", pin_memory)
+        add_special_tokens = check_bool("add_special_tokens", add_special_tokens)
         if vocab_size is not None:
             vocab_size = check_int("vocab_size", vocab_size, 1, "token ids of a token-id corpus without a "
                                    "tokenizer, or None (the default: largest id + 1, or the tokenizer's)",
@@ -183,6 +191,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.source = resolve_corpus(corpus, text_key=text_key, txt_documents=txt_documents)
         if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)):
             raise TypeError(f"pad_token_id must be an int or None, got {type(pad_token_id).__name__} {pad_token_id!r}")
+        if self.source.kind == "token_ids" and add_special_tokens:
+            raise ValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as "
+                             "given (never re-encoded, with or without a tokenizer), so add the special ids to each "
+                             "document yourself, or leave add_special_tokens=False")
         if self.source.kind == "token_ids" and tokenizer is None:
             pad = 0 if pad_token_id is None else pad_token_id
             largest = max((int(np.max(d)) for d in self.source.load_token_ids() if len(d)), default=0)
@@ -193,7 +205,8 @@ class BalancedTextDataModule(L.LightningDataModule):
             if largest >= self.tokenizer.vocab_size:
                 raise ValueError(f"token id {largest} is outside vocab_size={vocab_size}; raise vocab_size")
         else:
-            self.tokenizer = resolve_tokenizer(tokenizer, pad_token_id=pad_token_id)
+            self.tokenizer = resolve_tokenizer(tokenizer, pad_token_id=pad_token_id,
+                                               add_special_tokens=add_special_tokens)
             if vocab_size is not None and vocab_size != self.tokenizer.vocab_size:
                 with_what = "the built-in tokenizer" if tokenizer is None else "the given tokenizer"
                 raise ValueError(

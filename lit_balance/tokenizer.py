@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.resources
 import json
@@ -55,6 +56,9 @@ class TokenizerAdapter:
         fingerprint: sha256 hex identifying the tokenizer's behaviour (and the two numbers above).
         backend: the wrapped ``tokenizers.Tokenizer`` or Hugging Face tokenizer, or None when the
             adapter only describes pre-tokenized ids.
+        add_special_tokens: whether :meth:`encode_batch` adds the tokenizer's own special tokens to each
+            document, as ``tokenizer(text, add_special_tokens=True)`` does in Hugging Face (the built-in
+            BERT tokenizer: ``[CLS] ... [SEP]``; Llama-style: a BOS; GPT-2 adds none). Part of the cache key.
 
     Example:
         >>> adapter = resolve_tokenizer()
@@ -66,8 +70,13 @@ class TokenizerAdapter:
     pad_token_id: int
     fingerprint: str
     backend: Any = field(default=None, repr=False, compare=False)
+    add_special_tokens: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.add_special_tokens, (bool, np.bool_)):
+            raise TypeError(f"add_special_tokens must be True or False, got {type(self.add_special_tokens).__name__} "
+                            f"{self.add_special_tokens!r}")
+        object.__setattr__(self, "add_special_tokens", bool(self.add_special_tokens))
         for name in ("vocab_size", "pad_token_id"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -101,7 +110,7 @@ class TokenizerAdapter:
         return cls(vocab_size, pad_token_id, _sha256("token_ids", str(vocab_size), str(pad_token_id)))
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Tokenize texts without special tokens, truncation or padding.
+        """Tokenize texts without truncation or padding; special tokens only if :attr:`add_special_tokens`.
 
         Args:
             texts: the documents.
@@ -122,8 +131,8 @@ class TokenizerAdapter:
         texts = list(texts)
         if isinstance(self.backend, tokenizers.Tokenizer):
             encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
-            return [encoding.ids for encoding in encode(texts, add_special_tokens=False)]
-        out = self.backend(texts, add_special_tokens=False, truncation=False, padding=False,
+            return [encoding.ids for encoding in encode(texts, add_special_tokens=self.add_special_tokens)]
+        out = self.backend(texts, add_special_tokens=self.add_special_tokens, truncation=False, padding=False,
                            return_attention_mask=False, return_token_type_ids=False)
         return [list(ids) for ids in out["input_ids"]]
 
@@ -143,7 +152,8 @@ def _not_a_file_message(name: str) -> str:
     )
 
 
-def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None) -> TokenizerAdapter:
+def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None,
+                      add_special_tokens: bool = False) -> TokenizerAdapter:
     """Wrap a tokenizer into a :class:`TokenizerAdapter`.
 
     The padding id is, in order: the ``pad_token_id`` argument; the tokenizer's own (for
@@ -155,6 +165,8 @@ def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None)
             mutated); a Hugging Face ``transformers`` tokenizer, fast or slow; a path (str or
             ``os.PathLike``) to a ``tokenizer.json``; or a :class:`TokenizerAdapter` (returned as is).
         pad_token_id: padding id to use; required when the tokenizer defines none.
+        add_special_tokens: add the tokenizer's own special tokens to each document (see
+            :attr:`TokenizerAdapter.add_special_tokens`); for a given adapter, True returns a copy with it set.
 
     Returns:
         The adapter.
@@ -170,11 +182,14 @@ def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None)
         >>> resolve_tokenizer(None).vocab_size
         30522
     """
+    if not isinstance(add_special_tokens, (bool, np.bool_)):
+        raise TypeError(f"add_special_tokens must be True or False, got {type(add_special_tokens).__name__} "
+                        f"{add_special_tokens!r}")
     if isinstance(tokenizer, TokenizerAdapter):
         if pad_token_id is not None and pad_token_id != tokenizer.pad_token_id:
             raise ValueError(f"pad_token_id={pad_token_id!r} conflicts with the given TokenizerAdapter's "
                              f"pad_token_id={tokenizer.pad_token_id}; drop one of them")
-        return tokenizer
+        return dataclasses.replace(tokenizer, add_special_tokens=True) if add_special_tokens else tokenizer
     if tokenizer is None:
         tokenizer = builtin_tokenizer()
     elif isinstance(tokenizer, (str, os.PathLike)):
@@ -215,4 +230,4 @@ def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None)
     if isinstance(pad, bool) or not isinstance(pad, (int, np.integer)):
         raise TypeError(f"pad_token_id must be an int, got {type(pad).__name__} {pad!r}")
     fingerprint = _sha256(*identity, str(vocab_size), str(int(pad)))
-    return TokenizerAdapter(vocab_size, int(pad), fingerprint, backend)
+    return TokenizerAdapter(vocab_size, int(pad), fingerprint, backend, bool(add_special_tokens))
