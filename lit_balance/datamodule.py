@@ -118,6 +118,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         settings: the :class:`~lit_balance.BatchingSettings`, built and checked at construction; its fields are
             also readable as attributes (``dm.max_tokens``, ``dm.shuffle``, ...; read-only).
         vocab_size: number of token ids, known at construction.
+        txt_documents, add_special_tokens: the tokenization options as given.
         pad_token_id: padding token id, known at construction.
 
     Raises:
@@ -214,6 +215,8 @@ class BalancedTextDataModule(L.LightningDataModule):
                     f"token ids ({self.source.kind} corpus); the vocabulary is the tokenizer's, and vocab_size only "
                     "sets it for token-id corpora without a tokenizer: leave vocab_size unset (None)"
                 )
+        self.txt_documents = txt_documents
+        self.add_special_tokens = add_special_tokens
         self.pad_token_id = self.tokenizer.pad_token_id
         self.vocab_size = self.tokenizer.vocab_size
         self.max_length = max_length

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -173,3 +175,23 @@ def test_defaults_give_the_same_cache_as_before(tmp_path):
     tok = resolve_tokenizer()
     assert cache_key(dm.source, dm.tokenizer) == sha256_of("cache", "1", "files", content, tok.fingerprint)
     assert (tmp_path / "cache" / cache_key(dm.source, dm.tokenizer)).is_dir()
+
+
+# ---------------------------------------------------------------- lit-balance fit reads the new options
+
+
+def test_cli_reads_the_options(tmp_path, monkeypatch):
+    from lit_balance.cli import LitBalanceCLI
+    from lit_balance.demo import DemoTransformerLM
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["lit-balance"])
+    config = Path(__file__).resolve().parents[1] / "conf" / "cli" / "fit_cpu.yaml"
+    args = ["--config", str(config), "--data.txt_documents=paragraph", "--data.add_special_tokens=true"]
+    cli = LitBalanceCLI(DemoTransformerLM, BalancedTextDataModule, args=args, run=False, seed_everything_default=0)
+    assert cli.datamodule.txt_documents == "paragraph"
+    assert cli.datamodule.add_special_tokens is True
+    assert cli.datamodule.tokenizer.add_special_tokens is True
+    with pytest.raises(SystemExit):  # the Literal is checked by the parser
+        LitBalanceCLI(DemoTransformerLM, BalancedTextDataModule, args=[*args[:2], "--data.txt_documents=lines"],
+                      run=False, seed_everything_default=0)
