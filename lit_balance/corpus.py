@@ -428,7 +428,8 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents:
 
     Raises:
         FileNotFoundError: a path does not exist, or a glob pattern matches no file.
-        ValueError: ``txt_documents`` is not ``"line"`` or ``"paragraph"``; a directory or ``.json`` file, an unreadable file, a negative token id, an
+        ValueError: ``txt_documents`` is not ``"line"`` or ``"paragraph"``; a directory or ``.json``
+            file, an unreadable file, a negative token id, an
             empty corpus or path, or a list of ``str`` that all name existing files or are glob
             patterns matching files.
         TypeError: an unsupported type, or a list mixing item kinds.

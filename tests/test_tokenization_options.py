@@ -76,7 +76,8 @@ def test_paragraph_mode_leaves_jsonl_alone(tmp_path):
 
 @pytest.mark.parametrize("bad", ["paragraphs", "lines", "", None, 1])
 def test_bad_txt_documents_is_named(bad, tmp_path):
-    with pytest.raises(ValueError, match=r"txt_documents must be one of \('line', 'paragraph'\).*got " + re.escape(repr(bad))):
+    match = r"txt_documents must be one of \('line', 'paragraph'\).*got " + re.escape(repr(bad))
+    with pytest.raises(ValueError, match=match):
         resolve_corpus(["a"], txt_documents=bad)
     with pytest.raises(ValueError, match="txt_documents"):
         BalancedTextDataModule(["a"], txt_documents=bad, cache_dir=tmp_path)
