@@ -401,13 +401,17 @@ class LitBalanceCLI(LightningCLI):
             _exit_on_input_error(self.subcommand, _fit_message(error), error)
 
     def before_fit(self) -> None:
-        """Print the derived budget (rank 0) before training."""
+        """Print the derived budget and the training split's plan (:func:`~lit_balance.report.summary_line`; rank 0)."""
+        from lit_balance.report import summary_line
+
         trainer, dm = self.trainer, self.datamodule
         if trainer.is_global_zero:
             print(f"world size {trainer.world_size} | per-rank budget {dm.max_tokens} padded slots per micro-batch | "
                   f"global budget {dm.max_tokens * trainer.world_size * trainer.accumulate_grad_batches} padded slots "
                   f"per optimizer step | max_length {dm.max_length} tokens | corpus: {dm.source.description}",
                   flush=True)
+            if isinstance(dm, BalancedTextDataModule):  # no Trainer attached yet: setup takes no collective
+                print(summary_line(dm.plan_summary(trainer.world_size, trainer.accumulate_grad_batches)), flush=True)
 
     def _run_subcommand(self, subcommand: str) -> None:
         # a bad setting or input file (a lit_balance check raised): one line naming the flag, exit status 2, no

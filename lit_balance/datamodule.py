@@ -382,6 +382,53 @@ class BalancedTextDataModule(L.LightningDataModule):
             "different max_length, seed or val_fraction; make them the same on every rank"
         )
 
+    def plan_summary(self, num_replicas: int, accumulate_grad_batches: int = 1, *, epoch: int = 0) -> dict[str, Any]:
+        """Preview the training split's plan for ``num_replicas`` ranks, without a Trainer or the CLI.
+
+        Tokenizes into the cache (:meth:`prepare_data`), splits train/validation as :meth:`setup` does, and
+        plans epoch ``epoch`` of the training split with :func:`lit_balance.report.plan_report` (the figures
+        are :func:`lit_balance.stats.plan_stats`'s). The DataModule's samplers and datasets are left as they
+        were. Call it before ``Trainer.fit`` or on every rank: with a Trainer of several ranks attached,
+        ``setup`` compares the ranks' plans in a collective.
+
+        Args:
+            num_replicas: ranks (world size) to plan for.
+            accumulate_grad_batches: micro-batches per optimizer step, per rank (the Trainer's).
+            epoch: the epoch to plan (as ``set_epoch``).
+
+        Returns:
+            :meth:`lit_balance.report.PlanReport.summary`: ``summary["balanced"]`` holds ``padding_ratio``,
+            ``useful_fraction``, ``micro_batches_per_rank`` (``len(train_sampler)`` under that world size),
+            ``optimizer_steps``, ...; ``summary["distributed_sampler"]`` the fixed-batch-size comparison.
+
+        Raises:
+            ValueError, TypeError: as :meth:`setup`, or a bad ``num_replicas`` / ``accumulate_grad_batches``.
+
+        Example:
+            >>> dm = BalancedTextDataModule(["the cat sat", "a dog ran far away"], max_tokens=64, val_fraction=0,
+            ...                             cache_dir=getfixture("tmp_path"))
+            >>> dm.plan_summary(num_replicas=1)["balanced"]["micro_batches_per_rank"]
+            1
+        """
+        from lit_balance.report import plan_report
+
+        settings = self.settings.replace(accumulate_grad_batches=accumulate_grad_batches)
+        state = ("corpus", "train_dataset", "val_dataset", "train_sampler", "val_sampler", "collator")
+        saved = {name: self.__dict__[name] for name in state if name in self.__dict__}
+        try:
+            self.prepare_data()
+            self.setup("fit")
+            lengths = np.asarray(self.train_dataset.lengths, dtype=np.int64)
+        finally:
+            for name in state:
+                if name in saved:
+                    setattr(self, name, saved[name])
+                else:
+                    self.__dict__.pop(name, None)
+        report = plan_report(lengths, settings=settings, num_replicas=num_replicas, epoch=epoch,
+                             cost_model=self.cost_model)
+        return report.summary()
+
     @property
     def num_empty_documents(self) -> int:
         """Documents dropped because they were empty after tokenization (global count; after ``setup``).

@@ -25,7 +25,7 @@ from lit_balance.sampler import BalancedBatchSampler
 from lit_balance.settings import BatchingSettings
 from lit_balance.stats import PlanStats, plan_stats
 
-__all__ = ["PlanReport", "distributed_sampler_plan", "format_report", "plan_report", "save_plots"]
+__all__ = ["PlanReport", "distributed_sampler_plan", "format_report", "plan_report", "save_plots", "summary_line"]
 
 
 @dataclass(frozen=True)
@@ -263,6 +263,20 @@ def format_report(report: PlanReport, title: str = "") -> list[Any]:
         comparison.add_row(label, fmt.format(summary["balanced"][key]), fmt.format(summary["distributed_sampler"][key]))
     out.append(comparison)
     return out
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """One line of the balanced plan's figures from :meth:`PlanReport.summary` (what the recipes print before fit).
+
+    Example:
+        >>> print(summary_line(plan_report([95] * 5 + [20] * 5, 100, num_replicas=2, shuffle=False).summary()))
+        plan for 2 ranks: padding ratio 0.0000 | useful compute fraction 0.9914 | micro-batches per rank 3
+    """
+    s, fig = summary["settings"], summary["balanced"]
+    epoch = f", epoch {s['epoch']}" if s["epoch"] else ""
+    return (f"plan for {s['num_replicas']} ranks{epoch}: padding ratio {fig['padding_ratio']:.4f} | "
+            f"useful compute fraction {fig['useful_fraction']:.4f} | "
+            f"micro-batches per rank {fig['micro_batches_per_rank']}")
 
 
 def save_plots(report: PlanReport, output_dir: str | Path, *, dpi: int = 80) -> list[Path]:

@@ -9,8 +9,9 @@ Run:
 
 A Hydra application (https://hydra.cc): ``key=value`` overrides an existing key, ``group=option`` picks
 another file of ``conf/<group>/``, ``+key=value`` adds a key; ``--config-dir``/``--config-name`` select
-another config. ``hydra.utils.instantiate`` builds each ``_target_`` node. Prints the derived budget first
-and, at the end, per rank and in total: micro-batches, real tokens, padded slots, padding ratio and wall
+another config. ``hydra.utils.instantiate`` builds each ``_target_`` node. Prints the derived budget and the
+training split's plan (padding ratio, useful compute fraction, micro-batches per rank) first, shows
+Lightning's progress bar on stderr while training, and, at the end, per rank and in total: micro-batches, real tokens, padded slots, padding ratio and wall
 time.
 
 With ``trainer.strategy=ddp`` Lightning re-runs this script once per extra rank, with the same overrides,
@@ -28,6 +29,8 @@ import hydra
 import lightning as L
 from hydra.utils import instantiate, to_absolute_path
 from omegaconf import DictConfig
+
+from lit_balance.report import summary_line
 
 _START = time.perf_counter()
 
@@ -51,6 +54,8 @@ def main(cfg: DictConfig) -> None:
             f"max_length {dm.max_length} tokens | corpus: {dm.source.description}",
             flush=True,
         )
+        # the DataModule has no Trainer yet, so its setup here takes part in no collective
+        print(summary_line(dm.plan_summary(trainer.world_size, trainer.accumulate_grad_batches)), flush=True)
     trainer.fit(model, datamodule=dm)
     if trainer.is_global_zero:
         sampler = dm.train_sampler

@@ -88,6 +88,7 @@ def test_fit_cpu_yaml_builds(tmp_path, monkeypatch):
     assert cli.model.hparams.vocab_size == cli.datamodule.vocab_size == 30522
     assert cli.model.hparams.d_model == 128
     assert cli.trainer.world_size == 2 and cli.trainer.max_steps == 40
+    assert cli.trainer.progress_bar_callback is not None  # Lightning's default bar (rich's when installed)
     assert any(isinstance(c, RunSummary) for c in cli.trainer.callbacks)
 
 
@@ -100,6 +101,8 @@ def test_fit_two_steps_on_two_cpu_ranks(tmp_path):
             "--data.val_fraction=0.1"]
     out = _run(args, tmp_path, timeout=300).stdout
     assert "world size 2" in out and "per-rank budget 256" in out
+    assert re.search(r"^plan for 2 ranks: padding ratio 0\.\d{4} \| useful compute fraction [01]\.\d{4} \| "
+                     r"micro-batches per rank \d+$", out, flags=re.MULTILINE), out[:2000]
     rows = {m.group(1): m.groups()[1:] for m in re.finditer(
         r"^\s*(0|1|total)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", out, flags=re.MULTILINE)}
     assert set(rows) == {"0", "1", "total"}

@@ -31,6 +31,11 @@ def test_train_recipe_prints_per_rank_summary(tmp_path):
     out = proc.stdout
     assert out.startswith("world size 2 | per-rank budget 512 padded slots per micro-batch | global budget 1024 ")
     assert "standard library docstrings" in out.splitlines()[0]
+    # the plan summary (BalancedTextDataModule.plan_summary) comes second and predicts the epoch's length
+    plan = re.match(r"plan for 2 ranks: padding ratio (0\.\d{4}) \| useful compute fraction (0\.\d{4}|1\.0000) \| "
+                    r"micro-batches per rank (\d+)$", out.splitlines()[1])
+    assert plan, out.splitlines()[:3]
+    assert re.search(rf"micro-batches per rank per epoch {plan.group(3)} \|", out)
     rows = {m.group(1): m.groups()[1:] for m in re.finditer(
         r"^\s*(0|1|total)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", out, flags=re.MULTILINE)}
     assert set(rows) == {"0", "1", "total"}
