@@ -30,7 +30,7 @@ from lit_balance.settings import BatchingSettings
 if TYPE_CHECKING:
     from lit_balance.sampler import BalancedBatchSampler
 
-__all__ = ["STATE_KEYS", "STATE_VERSION", "Position", "build_state", "micro_step_totals", "parse_state", "replay",
+__all__ = ["STATE_KEYS", "STATE_VERSION", "Position", "build_state", "micro_step_totals", "parse_state",
            "replay_segments", "window_totals"]
 
 #: Version of the state dict's layout.
@@ -248,15 +248,6 @@ def replay_segments(sampler: BalancedBatchSampler, epoch: int,
             plan = _empty_plan(sampler.num_replicas, sampler.accumulate_grad_batches)
             break
     return plan, np.concatenate(tokens), np.concatenate(rows)
-
-
-def replay(sampler: BalancedBatchSampler, epoch: int, segments: list[list[int]]) -> EpochPlan:
-    """Plan of the last segment: each earlier segment's plan, rebuilt as it ran, removes what it consumed.
-
-    Raises:
-        ValueError: a segment consumed more micro-steps than its plan has (the state is not this sampler's).
-    """
-    return replay_segments(sampler, epoch, segments)[0]
 
 
 def micro_step_totals(sampler: BalancedBatchSampler) -> tuple[np.ndarray, np.ndarray]:
