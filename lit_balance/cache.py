@@ -1,7 +1,9 @@
 """The on-disk cache of tokenized corpora: flat arrays, written atomically, checked on load.
 
 An entry ``<cache_dir>/<key>/`` holds ``token_ids.npy``, ``offsets.npy``, ``source_index.npy`` (plain
-arrays, no pickle) and ``meta.json`` (key, format, counts and the sha256 of each array file). The key
+arrays, no pickle), ``labels.npy`` only for a corpus with masked tokens (prompt–completion records or
+pre-tokenized labels; entries of plain corpora are unchanged), and ``meta.json`` (key, format, counts and the
+sha256 of each array file). The key
 hashes the corpus content (for files, their bytes: :meth:`CorpusSource.content_fingerprint`) with the
 tokenizer's fingerprint, so an edit that keeps a file's size and mtime still rebuilds.
 
@@ -43,6 +45,7 @@ except ImportError:  # pragma: no cover - not POSIX
 
 from lit_balance._fingerprint import sha256_of as _sha256
 from lit_balance.corpus import CorpusSource
+from lit_balance.records import IGNORE_INDEX, encode_chunk
 from lit_balance.tokenizer import TokenizerAdapter
 
 __all__ = ["TokenizedCorpus", "build_cache", "cache_key", "default_cache_dir", "load_cache", "load_or_build"]
@@ -50,6 +53,7 @@ __all__ = ["TokenizedCorpus", "build_cache", "cache_key", "default_cache_dir", "
 _CACHE_FORMAT = 1  # bump when the layout of a cache entry changes
 _ENCODE_CHUNK = 1024
 _ARRAYS = {"token_ids": np.int32, "offsets": np.int64, "source_index": np.int64}
+_LABELS = "labels"  # the optional array: int32 [num_tokens], -100 where a token has no target
 _TMP, _TRASH, _LOCK = ".tmp-", ".trash-", ".lock"
 _UNLOCKED_TMP_MAX_AGE_S = 24 * 3600  # a temporary directory without a lock file is a leftover after this
 _TRASH_MAX_AGE_S = 60  # a .trash-* directory is a leftover after this
@@ -68,6 +72,8 @@ class TokenizedCorpus:
         num_empty: documents dropped because they were empty after tokenization.
         vocab_size: number of token ids of the tokenizer.
         pad_token_id: the tokenizer's padding id.
+        labels: int32 ``[num_tokens]``, the (unshifted) label of each token, ``-100`` where it has no target
+            (a prompt's tokens), or None when every token is a target (a plain corpus).
 
     Raises:
         ValueError: the arrays have the wrong dtype or shape, or inconsistent offsets.
@@ -85,8 +91,15 @@ class TokenizedCorpus:
     num_empty: int
     vocab_size: int
     pad_token_id: int
+    labels: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        if self.labels is not None and (not isinstance(self.labels, np.ndarray) or self.labels.dtype != np.int32
+                                        or self.labels.shape != self.token_ids.shape):
+            got = (f"{self.labels.dtype} with shape {self.labels.shape}" if isinstance(self.labels, np.ndarray)
+                   else type(self.labels).__name__)
+            raise ValueError(f"labels must be None or an int32 array shaped like token_ids {self.token_ids.shape}, "
+                             f"got {got}")
         for name, dtype in _ARRAYS.items():
             array = getattr(self, name)
             if not isinstance(array, np.ndarray) or array.dtype != dtype or array.ndim != 1:
@@ -136,6 +149,8 @@ def cache_key(source: CorpusSource, tokenizer: TokenizerAdapter) -> str:
     For file corpora this reads (hashes) every file: see :meth:`CorpusSource.content_fingerprint`.
 
     Raises:
+        RuntimeError: an ``IterableDataset`` corpus not read yet in this process (its key is the hash of its
+            content; :func:`load_or_build` reads it first).
         TypeError: ``source`` or ``tokenizer`` is not a resolved object.
         ValueError: a corpus file cannot be read, or ``tokenizer.add_special_tokens`` is set for a
             token-id corpus (its ids are used as given).
@@ -173,7 +188,7 @@ def _check_types(source: Any, tokenizer: Any) -> None:
     if not isinstance(tokenizer, TokenizerAdapter):
         raise TypeError(f"tokenizer must be a TokenizerAdapter (from resolve_tokenizer), "
                         f"got {type(tokenizer).__name__}")
-    if tokenizer.add_special_tokens and source.kind == "token_ids":
+    if tokenizer.add_special_tokens and source.holds_token_ids:
         raise ValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as given, "
                          "so add the special ids to each document yourself, or leave add_special_tokens=False")
 
@@ -186,40 +201,54 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _tokenize(source: CorpusSource, tokenizer: TokenizerAdapter, progress: bool) -> tuple[list[np.ndarray], int]:
-    if source.kind == "token_ids":
-        docs: list[Any] = source.load_token_ids()
-        chunks: Any = (docs[i:i + _ENCODE_CHUNK] for i in range(0, len(docs), _ENCODE_CHUNK))
-    else:
-        docs = source.load_texts()
-        chunks = (tokenizer.encode_batch(docs[i:i + _ENCODE_CHUNK]) for i in range(0, len(docs), _ENCODE_CHUNK))
+def _check_ids(flat: np.ndarray, sizes: np.ndarray, start: int, vocab_size: int, what: str, low: int = 0) -> None:
+    bad_mask = (flat < low) | (flat >= vocab_size)
+    if low < 0:
+        bad_mask &= flat != IGNORE_INDEX
+    if flat.size and bad_mask.any():
+        first = int(np.flatnonzero(bad_mask)[0])
+        doc = start + int(np.searchsorted(np.cumsum(sizes), first, side="right"))
+        allowed = f"[0, vocab_size={vocab_size})" + (" or -100" if low < 0 else "")
+        raise ValueError(f"document {doc} holds the {what} {int(flat[first])}, outside {allowed}; pass a tokenizer or "
+                         "vocab_size that covers it")
+
+
+def _tokenize(source: CorpusSource, tokenizer: TokenizerAdapter,
+              progress: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+    """Encode the corpus chunk by chunk: ``(lengths [num_docs], token ids, labels or None, num_docs)``."""
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(docs), unit="doc", desc=f"Tokenizing {source.description}")
-    lengths, flats, start = [], [], 0
+        bar = tqdm(total=source.num_documents, unit="doc", desc=f"Tokenizing {source.description}")
+    lengths, flats, label_flats, start = [], [], [], 0
     try:
-        for chunk in chunks:
-            sizes = np.fromiter((len(ids) for ids in chunk), dtype=np.int64, count=len(chunk))
-            if source.kind == "token_ids":
-                flat = np.concatenate(chunk) if chunk else np.zeros(0, dtype=np.int64)
-            else:
-                flat = np.fromiter(itertools.chain.from_iterable(chunk), dtype=np.int64, count=int(sizes.sum()))
-            if flat.size and (flat.min() < 0 or flat.max() >= tokenizer.vocab_size):
-                bad = flat[(flat < 0) | (flat >= tokenizer.vocab_size)][0]
-                doc = start + int(np.searchsorted(np.cumsum(sizes), np.flatnonzero(flat == bad)[0], side="right"))
-                raise ValueError(f"document {doc} holds the token id {int(bad)}, outside [0, vocab_size="
-                                 f"{tokenizer.vocab_size}); pass a tokenizer or vocab_size that covers it")
+        for chunk in source.iter_chunks(_ENCODE_CHUNK):
+            ids, labels = encode_chunk(chunk, tokenizer)
+            sizes = np.fromiter((len(a) for a in ids), dtype=np.int64, count=len(ids))
+            flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+            _check_ids(flat, sizes, start, tokenizer.vocab_size, "token id")
+            if labels is not None:
+                for i, (a, lab) in enumerate(zip(ids, labels)):
+                    if len(lab) != len(a):
+                        raise ValueError(f"document {start + i} has {len(lab)} labels for {len(a)} tokens; give one "
+                                         "(unshifted) label per token, -100 where a token has no target")
+                labels = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
+                _check_ids(labels, sizes, start, tokenizer.vocab_size, "label", low=IGNORE_INDEX)
             lengths.append(sizes)
             flats.append(flat.astype(np.int32))
-            start += len(chunk)
+            label_flats.append(None if labels is None else labels.astype(np.int32))
+            start += len(ids)
             if bar is not None:
-                bar.update(len(chunk))
+                bar.update(len(ids))
     finally:
         if bar is not None:
             bar.close()
-    return [np.concatenate(lengths), np.concatenate(flats)], len(docs)
+    all_labels = None
+    if any(lab is not None for lab in label_flats):  # a plain chunk in a labelled corpus: every token a target
+        all_labels = np.concatenate([f if lab is None else lab for f, lab in zip(flats, label_flats)])
+    token_ids = np.concatenate(flats) if flats else np.zeros(0, dtype=np.int32)
+    return (np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)), token_ids, all_labels, start
 
 
 def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: str | os.PathLike,
@@ -230,7 +259,9 @@ def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: st
     a temporary directory inside ``cache_dir`` and renamed into place; if another process placed a
     valid entry first, this one is discarded. The temporary directory is created before tokenizing, so
     a ``cache_dir`` that cannot be written fails at once; leftovers of killed builds are removed first
-    (see the module docstring). Documents empty after tokenization are dropped and counted.
+    (see the module docstring). Documents empty after tokenization are dropped and counted. An
+    ``IterableDataset`` corpus not read before in this process is read once here; its key (the hash of its
+    content) is known at the end, and an entry already placed under it is kept.
 
     Args:
         source: the corpus, from :func:`resolve_corpus`.
@@ -256,13 +287,20 @@ def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: st
         >>> sorted(p.name for p in entry.iterdir())
         ['meta.json', 'offsets.npy', 'source_index.npy', 'token_ids.npy']
     """
-    key = cache_key(source, tokenizer)
+    _check_types(source, tokenizer)
+    after_reading = source.key_after_reading  # an IterableDataset: its key is the hash of what it yields
+    key = None if after_reading else cache_key(source, tokenizer)
     cache_dir = Path(cache_dir)
-    tmp, lock_fd = _start_entry(cache_dir, key)  # before tokenizing: a cache_dir that is not writable fails now
+    # before tokenizing: a cache_dir that is not writable fails now
+    tmp, lock_fd = _start_entry(cache_dir, key or "iterable" + os.urandom(8).hex())
     try:
         _remove_leftovers(cache_dir)
-        (all_lengths, token_ids), num_docs = _tokenize(source, tokenizer, progress)
-        if cache_key(source, tokenizer) != key:
+        all_lengths, token_ids, labels, num_docs = _tokenize(source, tokenizer, progress)
+        if after_reading:
+            key = cache_key(source, tokenizer)
+            if _read_entry(cache_dir / key, key, tokenizer) is not None:
+                return cache_dir / key  # built before from the same content
+        elif cache_key(source, tokenizer) != key:
             raise RuntimeError(f"the corpus ({source.description}) changed while it was tokenized; run again once "
                                "its files no longer change")
         source_index = np.flatnonzero(all_lengths > 0).astype(np.int64)
@@ -273,7 +311,10 @@ def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: st
         np.cumsum(all_lengths[source_index], out=offsets[1:])
         target = cache_dir / key
         digests = {}
-        for name, array in (("token_ids", token_ids), ("offsets", offsets), ("source_index", source_index)):
+        arrays = [("token_ids", token_ids), ("offsets", offsets), ("source_index", source_index)]
+        if labels is not None:
+            arrays.append((_LABELS, labels))
+        for name, array in arrays:
             np.save(tmp / f"{name}.npy", array, allow_pickle=False)
             digests[f"{name}.npy"] = _file_sha256(tmp / f"{name}.npy")
         meta = {"key": key, "format": _CACHE_FORMAT, "num_docs": len(source_index), "num_tokens": len(token_ids),
@@ -426,7 +467,7 @@ def _read_entry(entry: Path, key: str, tokenizer: TokenizerAdapter) -> Tokenized
         if (meta["vocab_size"], meta["pad_token_id"]) != (tokenizer.vocab_size, tokenizer.pad_token_id):
             return None
         arrays = {}
-        for name in _ARRAYS:
+        for name in (*_ARRAYS, *([_LABELS] if f"{_LABELS}.npy" in meta["sha256"] else [])):
             path = entry / f"{name}.npy"
             if _file_sha256(path) != meta["sha256"][f"{name}.npy"]:
                 return None
@@ -501,6 +542,9 @@ def load_or_build(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: 
         ([7592, 2088], 1)
     """
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    _check_types(source, tokenizer)
+    if source.key_after_reading:  # an IterableDataset: read it once, into the cache, to learn its key
+        build_cache(source, tokenizer, cache_dir, progress=progress)
     corpus = load_cache(source, tokenizer, cache_dir)
     for _ in range(2):
         if corpus is not None:

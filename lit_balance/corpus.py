@@ -1,9 +1,13 @@
-"""Corpus sources: the built-in corpus, in-memory texts, text/JSONL files and pre-tokenized ids.
+"""Corpus sources: the built-in corpus, in-memory texts, text/JSONL files, pre-tokenized ids, Hugging Face datasets.
 
 A corpus is resolved into a :class:`CorpusSource`; its :meth:`CorpusSource.content_fingerprint` (for files:
 a sha256 of their bytes, read when the cache is consulted) with a tokenizer's fingerprint keys the tokenization
 cache (:mod:`lit_balance.cache`). Corpus files must be regular files: pipes, FIFOs, sockets and devices are
 refused, since the cache reads the files twice (to hash and to tokenize) and a pipe could block forever.
+
+Every source is read as chunks of documents (:meth:`CorpusSource.iter_chunks`, :mod:`lit_balance.records`):
+plain texts, prompt–completion records (JSONL objects or dataset rows with ``prompt`` and ``completion``) or
+pre-tokenized ids with optional labels.
 """
 
 from __future__ import annotations
@@ -20,20 +24,24 @@ import stat
 import sys
 import sysconfig
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lit_balance import hf_datasets
 from lit_balance._fingerprint import sha256_of as _sha256
+from lit_balance.records import DocumentChunk, rechunk
 
 __all__ = ["BUILTIN_CORPUS", "CorpusSource", "resolve_corpus", "stdlib_docstrings"]
 
 BUILTIN_CORPUS = "stdlib_docstrings"
 
 _BUILTIN_VERSION = 1  # bump when the extraction rules of stdlib_docstrings change
-_KINDS = ("builtin", "texts", "files", "token_ids")
+_KINDS = ("builtin", "texts", "files", "token_ids", "datasets")
+_CHUNK = 1024  # documents per chunk of iter_chunks()
 TXT_DOCUMENTS = ("line", "paragraph")  # how plain-text files split into documents
 _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 _DOC_NODES = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
@@ -188,30 +196,47 @@ def _paragraphs(lines: list[str]) -> list[str]:
     return docs
 
 
-def _file_documents(path: Path, text_key: str, txt_documents: str = "line") -> list[str]:
-    # universal newlines: \r\n, \r and \n all end a line
-    lines = _read_utf8(path).replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    if _file_format(path) != "jsonl" and txt_documents == "paragraph":
-        return _paragraphs(lines)
-    docs = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        if _file_format(path) != "jsonl":
-            docs.append(line)
-            continue
-        where = f"corpus file {str(path)!r}, line {number}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-        if text_key not in obj:
-            raise ValueError(f"{where}: no key {text_key!r} (keys: {sorted(obj)[:10]}); set text_key=")
+def _jsonl_record(line: str, where: str, text_key: str) -> tuple[str, Any]:
+    """One JSONL line as a record: ``("texts", text)`` or ``("prompt_completion", (prompt, completion))``."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    if text_key in obj:
         if not isinstance(obj[text_key], str):
             raise ValueError(f"{where}: {text_key!r} is {type(obj[text_key]).__name__}, expected a string")
-        docs.append(obj[text_key])
+        return "texts", obj[text_key]
+    if "prompt" in obj and "completion" in obj:
+        for key in ("prompt", "completion"):
+            if not isinstance(obj[key], str):
+                raise ValueError(f"{where}: {key!r} is {type(obj[key]).__name__}, expected a string")
+        return "prompt_completion", (obj["prompt"], obj["completion"])
+    raise ValueError(f"{where}: no key {text_key!r} and no 'prompt'/'completion' pair (keys: {sorted(obj)[:10]}); "
+                     "set text_key= to the key holding the text, or give each record 'prompt' and 'completion'")
+
+
+def _file_records(path: Path, text_key: str, txt_documents: str = "line") -> Iterator[tuple[str, Any]]:
+    """The documents of one file as ``(kind, item)`` records (see :func:`_jsonl_record`)."""
+    # universal newlines: \r\n, \r and \n all end a line
+    lines = _read_utf8(path).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if _file_format(path) != "jsonl":
+        docs = _paragraphs(lines) if txt_documents == "paragraph" else (line for line in lines if line.strip())
+        yield from (("texts", doc) for doc in docs)
+        return
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            yield _jsonl_record(line, f"corpus file {str(path)!r}, line {number}", text_key)
+
+
+def _file_documents(path: Path, text_key: str, txt_documents: str = "line") -> list[str]:
+    docs = []
+    for kind, item in _file_records(path, text_key, txt_documents):
+        if kind != "texts":
+            raise TypeError(f"corpus file {str(path)!r} holds prompt–completion records, not only texts; read it "
+                            "with iter_chunks() (the DataModule and the cache do)")
+        docs.append(item)
     return docs
 
 
@@ -220,9 +245,11 @@ class CorpusSource:
     """Where the documents of a corpus come from; build one with :func:`resolve_corpus`.
 
     Attributes:
-        kind: ``"builtin"``, ``"texts"``, ``"files"`` or ``"token_ids"``.
+        kind: ``"builtin"``, ``"texts"``, ``"files"``, ``"token_ids"`` or ``"datasets"`` (a Hugging Face
+            ``datasets`` object, see :mod:`lit_balance.hf_datasets`).
         fingerprint: sha256 hex identifying the corpus when it was resolved (for files: resolved paths,
-            sizes, mtimes; their content is only read by :meth:`content_fingerprint`).
+            sizes, mtimes; their content is only read by :meth:`content_fingerprint`; for an
+            ``IterableDataset``: its mode and columns, its content being hashed while it is read).
         description: human-readable summary, e.g. ``"2 files: a.txt, b.jsonl"``.
 
     Example:
@@ -237,10 +264,84 @@ class CorpusSource:
     _payload: tuple = field(default=(), repr=False, compare=False)
     _text_key: str = field(default="text", repr=False, compare=False)
     _txt_documents: str = field(default="line", repr=False, compare=False)
+    _read: dict = field(default_factory=dict, repr=False, compare=False)  # an IterableDataset's content digest
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
             raise ValueError(f"kind must be one of {_KINDS}, got {self.kind!r}")
+
+    @property
+    def holds_token_ids(self) -> bool:
+        """Whether the documents are pre-tokenized ids (used as given, never re-encoded)."""
+        return self.kind == "token_ids" or (self.kind == "datasets" and self._payload[0].mode == "token_ids")
+
+    @property
+    def split_sizes(self) -> tuple[int, int] | None:
+        """``(training documents, validation documents)`` when the corpus brings its own validation split
+        (a ``DatasetDict`` with a ``validation`` split; the training documents come first), else None."""
+        return self._payload[0].split_sizes if self.kind == "datasets" else None
+
+    @property
+    def num_documents(self) -> int | None:
+        """Documents the corpus holds when known without reading it (in-memory lists, a ``Dataset``), else None."""
+        if self.kind in ("texts", "token_ids"):
+            return len(self._payload)
+        if self.kind == "datasets" and not self._payload[0].iterable:
+            return sum(self._payload[0].split_sizes or (len(self._payload[0].train),))
+        return None
+
+    @property
+    def key_after_reading(self) -> bool:
+        """Whether the corpus' identity is only known once it has been read (an ``IterableDataset`` not read yet
+        in this process): :meth:`content_fingerprint` then raises and the cache builds the entry first."""
+        return self.kind == "datasets" and self._payload[0].iterable and "digest" not in self._read
+
+    def iter_chunks(self, size: int = _CHUNK) -> Iterator[DocumentChunk]:
+        """Read the documents as chunks of at most ``size`` documents, in corpus order.
+
+        Each chunk holds texts, prompt–completion records or token ids with optional labels
+        (:class:`lit_balance.records.DocumentChunk`); a file or dataset is read as it is consumed. Reading an
+        ``IterableDataset`` to its end records the sha256 of its content, its identity
+        (:meth:`content_fingerprint`).
+
+        Raises:
+            ValueError: a file cannot be read, is not UTF-8, has a bad JSONL line, or the corpus is empty.
+            TypeError: a dataset value of the wrong type.
+
+        Example:
+            >>> [(c.kind, c.items) for c in resolve_corpus(["a", "b"]).iter_chunks()]
+            [('texts', ['a', 'b'])]
+        """
+        if self.kind == "token_ids":
+            for i in range(0, len(self._payload), size):
+                yield DocumentChunk("token_ids", [(ids, None) for ids in self._payload[i:i + size]])
+            return
+        if self.kind == "datasets":
+            hf = self._payload[0]
+            digest = hf_datasets.new_digest(hf) if hf.iterable else None
+            count = 0
+            for chunk in hf.iter_chunks(size, digest):
+                count += len(chunk.items)
+                yield chunk
+            if count == 0:
+                raise ValueError(f"corpus is empty: the {hf.description} yields no rows")
+            if digest is not None:
+                digest.update(count.to_bytes(8, "little"))
+                self._read["digest"] = digest.hexdigest()
+            return
+        if self.kind == "files":
+            records = (record for path in self._payload
+                       for record in _file_records(path, self._text_key, self._txt_documents))
+            count = 0
+            for chunk in rechunk(records, size):
+                count += len(chunk.items)
+                yield chunk
+            if not count:
+                raise ValueError(f"corpus is empty: no non-blank lines in {', '.join(map(str, self._payload))}")
+            return
+        texts = self.load_texts()
+        for i in range(0, len(texts), size):
+            yield DocumentChunk("texts", texts[i:i + size])
 
     def content_fingerprint(self) -> str:
         """Return a sha256 hex digest of what the documents are, the part of the cache key from the corpus.
@@ -248,16 +349,24 @@ class CorpusSource:
         For files it hashes their bytes now (streamed in blocks, each file's format, size and digest in
         order; paths and mtimes do not count), so an edit that keeps a file's size and mtime (``cp -p``,
         ``rsync -t``, ``os.utime``) gives another fingerprint, and a copy of the same files elsewhere the
-        same one. For the other kinds it is :attr:`fingerprint`.
+        same one. For a Hugging Face ``Dataset`` it is :attr:`fingerprint` (from the dataset's own
+        ``_fingerprint``); for an ``IterableDataset`` it is the sha256 of what it yielded, known once
+        :meth:`iter_chunks` has read it to the end. For the other kinds it is :attr:`fingerprint`.
 
         Raises:
             ValueError: a file cannot be read, or is no longer a regular file.
+            RuntimeError: an ``IterableDataset`` not read yet (see :attr:`key_after_reading`).
 
         Example:
             >>> source = resolve_corpus(["a", "b"])
             >>> source.content_fingerprint() == source.fingerprint
             True
         """
+        if self.kind == "datasets" and self._payload[0].iterable:
+            if "digest" not in self._read:
+                raise RuntimeError("the identity of an IterableDataset corpus is the hash of its content: read it "
+                                   "with iter_chunks() first (load_or_build does)")
+            return self._read["digest"]
         if self.kind != "files":
             return self.fingerprint
         parts = ["files-content", self._text_key]
@@ -275,15 +384,20 @@ class CorpusSource:
             The documents in corpus order (blank lines of text files are not documents).
 
         Raises:
-            TypeError: the corpus is pre-tokenized (use :meth:`load_token_ids`).
+            TypeError: the corpus is pre-tokenized (use :meth:`load_token_ids`) or holds prompt–completion
+                records (use :meth:`iter_chunks`).
             ValueError: a file cannot be read, is not UTF-8, has a bad JSONL line, or the corpus is empty.
 
         Example:
             >>> resolve_corpus(["a", "b"]).load_texts()
             ['a', 'b']
         """
-        if self.kind == "token_ids":
+        if self.holds_token_ids:
             raise TypeError("this corpus holds token ids, not texts; call load_token_ids()")
+        if self.kind == "datasets":
+            if self._payload[0].mode != "texts":
+                raise TypeError("this corpus holds prompt–completion records, not only texts; call iter_chunks()")
+            return [text for chunk in self.iter_chunks() for text in chunk.items]
         if self.kind == "builtin":
             return stdlib_docstrings()
         if self.kind == "texts":
@@ -306,8 +420,10 @@ class CorpusSource:
             >>> resolve_corpus([[5, 6], [7]]).load_token_ids()[0].tolist()
             [5, 6]
         """
-        if self.kind != "token_ids":
+        if not self.holds_token_ids:
             raise TypeError(f"this corpus holds texts ({self.kind}), not token ids; call load_texts()")
+        if self.kind == "datasets":
+            return [ids for chunk in self.iter_chunks() for ids, _ in chunk.items]
         return list(self._payload)
 
 
@@ -410,9 +526,15 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents:
     * A list/tuple of ``os.PathLike`` (e.g. ``pathlib.Path``): files.
     * A list/tuple of int sequences (lists, tuples, 1-D integer numpy arrays or torch tensors):
       pre-tokenized documents, every id ``>= 0``.
+    * A Hugging Face ``datasets.Dataset``, ``DatasetDict`` (its ``train`` split, and its ``validation``
+      split when present: :attr:`CorpusSource.split_sizes`), ``IterableDataset`` or ``Column``: see
+      :mod:`lit_balance.hf_datasets` for the columns read (``input_ids`` and ``labels``, the ``text_key``
+      column, or ``prompt`` and ``completion``) and the identity (cache key) of each.
 
     Files ending in ``.jsonl`` hold one JSON object per non-blank line, the document being
-    ``obj[text_key]``; ``.json`` is rejected; any other file is UTF-8 text, one document per
+    ``obj[text_key]``, or, for an object without ``text_key`` that has ``prompt`` and ``completion``
+    strings, a prompt–completion record (tokenized as ``prompt + completion``, only the completion's
+    tokens carrying loss: :func:`lit_balance.records.encode_chunk`); ``.json`` is rejected; any other file is UTF-8 text, one document per
     non-blank line (``txt_documents="line"``) or one per paragraph (``txt_documents="paragraph"``: runs
     of non-blank lines, separated by blank or whitespace-only lines, joined with ``"\\n"``). File
     contents are read (and checked) by :meth:`CorpusSource.load_texts`.
@@ -433,6 +555,8 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents:
             empty corpus or path, or a list of ``str`` that all name existing files or are glob
             patterns matching files.
         TypeError: an unsupported type, or a list mixing item kinds.
+        ImportError: a Hugging Face ``datasets`` object while ``datasets`` cannot be imported (the message
+            says ``pip install "lit_balance[datasets]"``).
 
     Example:
         >>> resolve_corpus().kind, resolve_corpus([[1, 2], [3]]).kind
@@ -443,6 +567,10 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents:
     txt_documents = _check_txt_documents(txt_documents)
     if isinstance(corpus, CorpusSource):
         return corpus
+    if hf_datasets.is_datasets_object(corpus):
+        hf = hf_datasets.describe(corpus, text_key)
+        fingerprint = hf.fingerprint or _sha256("datasets-iterable", hf.mode, *hf.columns)
+        return CorpusSource("datasets", fingerprint, hf.description, (hf,), text_key)
     if corpus is None or (isinstance(corpus, str) and corpus == BUILTIN_CORPUS):
         stdlib = sysconfig.get_paths()["stdlib"]
         parts = ("builtin", str(_BUILTIN_VERSION), sys.implementation.name, sys.version, stdlib)
@@ -459,8 +587,9 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents:
     if isinstance(corpus, (str, os.PathLike)):
         return _files_source([corpus], text_key, txt_documents)
     if not isinstance(corpus, (list, tuple)):
-        raise TypeError(f"corpus must be None, {BUILTIN_CORPUS!r}, a path, or a list/tuple of documents, "
-                        f"paths or token-id sequences; got {type(corpus).__name__}")
+        raise TypeError(f"corpus must be None, {BUILTIN_CORPUS!r}, a path, a list/tuple of documents, paths or "
+                        "token-id sequences, or a Hugging Face datasets.Dataset, DatasetDict or IterableDataset "
+                        f"(pip install \"lit_balance[datasets]\"); got {type(corpus).__name__}")
     if not corpus:
         raise ValueError("corpus is empty: the list holds no documents")
     kinds = [_item_kind(item, index) for index, item in enumerate(corpus)]
