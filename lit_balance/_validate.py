@@ -177,3 +177,31 @@ def check_cost_model(cost_model: Any) -> CostModel:
     if not isinstance(cost_model, CostModel):
         raise TypeError(f"cost_model must be a lit_balance.CostModel or None, got {type(cost_model).__name__}")
     return cost_model
+
+
+def check_supervised_lengths(supervised: Any, lengths: np.ndarray) -> np.ndarray:
+    """Return per-sample next-token target counts as int64 ``[num_samples]``, each in ``[0, max(length - 1, 0)]``.
+
+    ``lengths`` are the samples' token counts as planned (after any truncation): a row of ``l`` tokens has at most
+    ``l - 1`` targets after a causal LM's shift.
+    """
+    hint = ("pass supervised_lengths as the next-token targets of each sample as planned (after truncation): labels "
+            "1 .. length-1 that are not -100, e.g. TokenDataset.supervised_lengths()")
+    if isinstance(supervised, torch.Tensor):
+        supervised = supervised.detach().cpu().numpy()
+    try:
+        arr = np.asarray(supervised)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"supervised_lengths must be a 1-D sequence of ints; could not read it: {exc}") from exc
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise ValueError(f"supervised_lengths must be a 1-D sequence of ints, got shape {arr.shape} dtype {arr.dtype}; "
+                         f"{hint}")
+    if arr.shape != lengths.shape:
+        raise ValueError(f"supervised_lengths has {arr.size} entries but lengths has {lengths.size}; {hint}")
+    arr = arr.astype(np.int64)
+    bad = np.flatnonzero((arr < 0) | (arr > np.maximum(lengths - 1, 0)))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"supervised_lengths[{i}] = {int(arr[i])} is outside [0, {max(int(lengths[i]) - 1, 0)}] for a "
+                         f"sample of {int(lengths[i])} tokens as planned ({bad.size} such sample(s)); {hint}")
+    return arr

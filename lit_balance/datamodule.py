@@ -31,6 +31,7 @@ __all__ = ["BalancedTextDataModule"]
 
 
 _DEFAULT_MAX_TOKENS = 4096
+_DEFAULT_VAL_FRACTION = 0.05  # val_fraction=None without a validation split of the corpus
 _DATA_KEYS = ("seed", "val_fraction", "max_length", "num_documents", "corpus_lengths_sha256", "tokenizer")
 _NUM_FINGERPRINT_FIELDS = 9  # len(BalancedTextDataModule._fingerprint())
 
@@ -79,12 +80,21 @@ class BalancedTextDataModule(L.LightningDataModule):
     Args:
         corpus: None or ``"stdlib_docstrings"`` for the built-in corpus; a list of strings (documents);
             a path or list of paths to UTF-8 text files (one document per non-blank line) or ``.jsonl``
-            files (one object per line, text under ``text_key``); or a list of token-id sequences.
+            files (one object per line: text under ``text_key``, or a prompt–completion record with
+            ``prompt`` and ``completion``); a list of token-id sequences; or a Hugging Face
+            ``datasets.Dataset``, ``DatasetDict`` or ``IterableDataset`` (columns ``input_ids`` with optional
+            ``labels``, the ``text_key`` column, or ``prompt`` and ``completion``; see
+            :mod:`lit_balance.hf_datasets`). Prompt–completion records and ``labels`` mask tokens: batches
+            carry their labels (``-100`` on a prompt), and the plan's ``step_supervised_tokens`` counts exactly
+            the targets left.
         tokenizer: None for the built-in tokenizer, a ``tokenizers.Tokenizer``, a Hugging Face tokenizer
             object, or a path to a ``tokenizer.json``. Ignored for token-id corpora unless given.
         max_tokens: padded token slots per micro-batch, per rank (the memory budget).
         max_length: keep at most this many tokens of each document (truncation), or None.
-        val_fraction: share of documents held out for validation, in ``[0, 1)``; 0 disables validation.
+        val_fraction: share of documents held out for validation, in ``[0, 1)``; 0 disables validation. None
+            (the default): 0.05, or, for a ``DatasetDict`` with a ``validation`` split, that split (nothing is
+            held out of ``train``); a number together with such a split is a ValueError (pass
+            ``corpus=dataset_dict["train"]`` to split the training rows by ``val_fraction`` instead).
         seed: seed of the train/validation split and of the samplers (the same on every rank).
         num_workers: DataLoader worker processes per rank.
         shuffle: reshuffle training micro-batches every epoch.
@@ -95,7 +105,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             above (``max_tokens`` ... ``largest_first``), which must then be left at their defaults or agree with
             it. Its ``accumulate_grad_batches`` is used only without a Trainer; with one, the Trainer's is.
         cost_model: see :class:`BalancedBatchSampler` (training split); default: padded tokens.
-        text_key: field holding the text in ``.jsonl`` files.
+        text_key: field holding the text in ``.jsonl`` files, or column holding it in a Hugging Face dataset.
         txt_documents: how plain-text (non-``.jsonl``) corpus files split into documents: ``"line"`` (the
             default: each non-blank line) or ``"paragraph"`` (runs of non-blank lines separated by blank
             lines, joined with ``"\\n"``, so wrapped paragraphs stay one document). Part of the cache key.
@@ -144,7 +154,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         *,
         max_tokens: int = 4096,
         max_length: int | None = 512,
-        val_fraction: float = 0.05,
+        val_fraction: float | None = None,
         seed: int = 0,
         num_workers: int = 0,
         shuffle: bool = True,
@@ -165,9 +175,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         pin_memory: bool = False,
     ) -> None:
         super().__init__()
-        if (isinstance(val_fraction, (bool, np.bool_)) or not isinstance(val_fraction, (int, float, np.integer, np.floating))
-                or not 0 <= val_fraction < 1):
-            raise ValueError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
+        if val_fraction is not None and (
+                isinstance(val_fraction, (bool, np.bool_))
+                or not isinstance(val_fraction, (int, float, np.integer, np.floating)) or not 0 <= val_fraction < 1):
+            raise ValueError(f"val_fraction must be a number in [0, 1) or None, got {val_fraction!r}")
         keywords = {"max_tokens": max_tokens, "shuffle": shuffle, "seed": seed, "drop_last": drop_last,
                     "too_long": too_long, "pad_to_multiple_of": pad_to_multiple_of, "max_batch_size": max_batch_size,
                     "shuffle_window": shuffle_window, "largest_first": largest_first}
@@ -190,15 +201,29 @@ class BalancedTextDataModule(L.LightningDataModule):
         if cache_dir is not None and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
             raise ValueError(f"cache_dir {str(cache_dir)!r} exists and is not a directory; pass a directory path")
         self.source = resolve_corpus(corpus, text_key=text_key, txt_documents=txt_documents)
+        if self.source.split_sizes is not None and val_fraction is not None:
+            raise ValueError(
+                f"val_fraction={val_fraction!r} conflicts with the corpus' own validation split "
+                f"({self.source.split_sizes[1]} rows of the DatasetDict's 'validation'); leave val_fraction=None to "
+                "validate on that split, or pass corpus=dataset_dict['train'] to hold out val_fraction of the "
+                "training split instead (val_fraction=0: no validation)"
+            )
+        if val_fraction is None:
+            val_fraction = 0.0 if self.source.split_sizes is not None else _DEFAULT_VAL_FRACTION
         if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)):
             raise TypeError(f"pad_token_id must be an int or None, got {type(pad_token_id).__name__} {pad_token_id!r}")
-        if self.source.kind == "token_ids" and add_special_tokens:
+        if self.source.holds_token_ids and add_special_tokens:
             raise ValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as "
                              "given (never re-encoded, with or without a tokenizer), so add the special ids to each "
                              "document yourself, or leave add_special_tokens=False")
-        if self.source.kind == "token_ids" and tokenizer is None:
+        if self.source.holds_token_ids and tokenizer is None:
             pad = 0 if pad_token_id is None else pad_token_id
-            largest = max((int(np.max(d)) for d in self.source.load_token_ids() if len(d)), default=0)
+            if self.source.key_after_reading and vocab_size is None:
+                raise ValueError("a Hugging Face IterableDataset of token ids is read once, into the cache, so its "
+                                 "largest id is not known in advance: pass vocab_size= (or a tokenizer)")
+            # an IterableDataset's ids are checked against vocab_size when it is read into the cache
+            largest = 0 if self.source.key_after_reading else max(
+                (int(np.max(d)) for d in self.source.load_token_ids() if len(d)), default=0)
             if vocab_size is None:
                 vocab_size = max(largest, pad) + 1
             # validates vocab_size and pad_token_id now, not at prepare_data
@@ -220,6 +245,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.pad_token_id = self.tokenizer.pad_token_id
         self.vocab_size = self.tokenizer.vocab_size
         self.max_length = max_length
+        #: Share of the corpus held out for validation (0.0 when the corpus brings its own validation split).
         self.val_fraction = float(val_fraction)
         self.num_workers = num_workers
         self.cost_model = None if cost_model is None else check_cost_model(cost_model)
@@ -272,9 +298,16 @@ class BalancedTextDataModule(L.LightningDataModule):
             error = exc
         self._check_ranks_agree(error)
 
-    def _plan_splits(self) -> None:
-        self.corpus = self._tokenized()
+    def _split(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(train_docs, val_docs)``: the corpus' own splits, or a permutation seeded by ``seed``."""
         num_docs = len(self.corpus)
+        if self.source.split_sizes is not None:  # a DatasetDict's train split, then its validation split
+            is_val = np.asarray(self.corpus.source_index) >= self.source.split_sizes[0]
+            train_docs, val_docs = np.flatnonzero(~is_val), np.flatnonzero(is_val)
+            if not train_docs.size or not val_docs.size:
+                which = "training" if not train_docs.size else "validation"
+                raise ValueError(f"every document of the corpus' {which} split is empty after tokenization")
+            return train_docs, val_docs
         num_val = round(self.val_fraction * num_docs)
         if self.val_fraction > 0:
             num_val = max(num_val, 1)
@@ -284,7 +317,12 @@ class BalancedTextDataModule(L.LightningDataModule):
                 "lower val_fraction or add documents"
             )
         perm = np.random.default_rng(np.random.SeedSequence([int(self.seed), 0x5EED])).permutation(num_docs)
-        val_docs, train_docs = np.sort(perm[:num_val]), np.sort(perm[num_val:])
+        return np.sort(perm[num_val:]), np.sort(perm[:num_val])
+
+    def _plan_splits(self) -> None:
+        self.corpus = self._tokenized()
+        train_docs, val_docs = self._split()
+        num_val = len(val_docs)
         world_size, rank = self._world()
         self._check_too_long()
         # The plan balances each optimizer step: Lightning's accumulate_grad_batches at setup time.
@@ -299,12 +337,15 @@ class BalancedTextDataModule(L.LightningDataModule):
         val_settings = self.settings.replace(shuffle=False, drop_last=False, largest_first=False,
                                              accumulate_grad_batches=1)
         world = {"num_replicas": world_size, "rank": rank}
-        self.train_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, train_docs, self.max_length)
+        labels = self.corpus.labels
+        self.train_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, train_docs, self.max_length,
+                                          labels=labels)
         self.train_sampler = self._sampler("training", self.train_dataset, train_settings, cost_model=self.cost_model,
                                            **world)
         self.val_dataset = self.val_sampler = None
         if num_val:
-            self.val_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, val_docs, self.max_length)
+            self.val_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, val_docs, self.max_length,
+                                            labels=labels)
             self.val_sampler = self._sampler("validation", self.val_dataset, val_settings, **world)
         truncate = self.train_sampler.truncate_to if self.too_long == "truncate" else None
         self.collator = PadCollator(self.pad_token_id, self.pad_to_multiple_of, max_length=truncate)
@@ -458,6 +499,9 @@ class BalancedTextDataModule(L.LightningDataModule):
 
     def _sampler(self, split: str, dataset: TokenDataset, settings: BatchingSettings,
                  **kwargs: Any) -> BalancedBatchSampler:
+        if dataset.labels is not None:  # masked labels: the plan counts each sample's next-token targets exactly
+            cut = settings.truncate_to if settings.too_long == "truncate" else None
+            kwargs["supervised_lengths"] = dataset.supervised_lengths(cut)
         try:
             return BalancedBatchSampler(dataset.lengths, settings=settings, **kwargs)
         except ValueError as error:
@@ -585,7 +629,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable.*")
 
     def val_dataloader(self) -> DataLoader | list:
-        """Validation micro-batches of this rank (unshuffled), or ``[]`` when ``val_fraction == 0``."""
-        if self.val_fraction == 0:
+        """Validation micro-batches of this rank (unshuffled), or ``[]`` without a validation split."""
+        if self.val_fraction == 0 and self.source.split_sizes is None:
             return []
         return self._loader(self.val_dataset, self.val_sampler)

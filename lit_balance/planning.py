@@ -67,7 +67,9 @@ class MicroBatch(list):
         step_real_tokens: real tokens (fill rows excluded) of all micro-batches of this micro-batch's
             optimizer step, over all ranks (global, as planned), or None when not known.
         step_rows: rows (fill rows excluded) of those micro-batches, global, or None. A causal language
-            model supervises ``step_real_tokens - step_rows`` tokens in that optimizer step.
+            model without masked labels supervises ``step_real_tokens - step_rows`` tokens in that optimizer step.
+        step_supervised_tokens: the next-token targets of those micro-batches (global, counted from the
+            sampler's ``supervised_lengths``), or None when not known.
 
     It compares equal to the plain list of its indices and survives pickling into DataLoader workers.
 
@@ -78,7 +80,8 @@ class MicroBatch(list):
     """
 
     def __init__(self, indices: Sequence[int] = (), is_fill: Sequence[bool] | None = None,
-                 step_real_tokens: int | None = None, step_rows: int | None = None) -> None:
+                 step_real_tokens: int | None = None, step_rows: int | None = None,
+                 step_supervised_tokens: int | None = None) -> None:
         super().__init__(int(i) for i in indices)
         self.is_fill = tuple(bool(f) for f in is_fill) if is_fill is not None else (False,) * len(self)
         if len(self.is_fill) != len(self):
@@ -86,6 +89,7 @@ class MicroBatch(list):
                              "indices")
         self.step_real_tokens = None if step_real_tokens is None else int(step_real_tokens)
         self.step_rows = None if step_rows is None else int(step_rows)
+        self.step_supervised_tokens = None if step_supervised_tokens is None else int(step_supervised_tokens)
 
 
 @dataclass(frozen=True)

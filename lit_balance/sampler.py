@@ -15,7 +15,7 @@ from torch.utils.data.distributed import DistributedSampler
 from lit_balance import sampler_state
 from lit_balance._fingerprint import sha256_of
 from lit_balance._validate import (MAX_TOKENS_LIMIT, MIN_RANK_SPEED_RATIO, check_cost_model, check_int, check_lengths,
-                                   check_speeds)
+                                   check_speeds, check_supervised_lengths)
 from lit_balance.cost import CostModel
 from lit_balance.planning import EpochPlan, MicroBatch, padded_lengths, plan_epoch
 from lit_balance.sampler_state import STATE_VERSION
@@ -84,6 +84,14 @@ class BalancedBatchSampler(DistributedSampler):
             Lightning reload the train dataloader every epoch (``reload_dataloaders_every_n_epochs=1``). A speed
             below :data:`MIN_RANK_SPEED_RATIO` (a millionth) of the fastest is planned at that ratio, where the
             rank already gets the least share, one row per micro-batch.
+        supervised_lengths: ``[num_samples]`` next-token targets of each sample as planned (after the
+            sampler's own truncation with ``too_long="truncate"``), for samples whose labels mask tokens (a
+            prompt's tokens carry ``-100``): labels ``1 .. length-1`` that are not ``-100``, as
+            :func:`lit_balance.loss.token_loss_sum` counts after the shift
+            (:meth:`lit_balance.TokenDataset.supervised_lengths`). Each yielded micro-batch then carries their
+            sum over its optimizer step (all ranks) as ``step_supervised_tokens``, the exact plan divisor of
+            :class:`lit_balance.loss.StepTokenLoss`. None (the default): every token but a row's first is a
+            target, ``lengths - 1``. Does not change the plan.
         **settings_kwargs: settings by name (``shuffle=False``, ``seed=3``, ...), as for ``settings``.
 
     Attributes:
@@ -121,6 +129,7 @@ class BalancedBatchSampler(DistributedSampler):
         rank: int | None = None,
         cost_model: CostModel | None = None,
         rank_speeds: Sequence[float] | None = None,
+        supervised_lengths: Sequence[int] | np.ndarray | torch.Tensor | None = None,
         **settings_kwargs: Any,
     ) -> None:
         lengths_arr = check_lengths(lengths)
@@ -172,6 +181,9 @@ class BalancedBatchSampler(DistributedSampler):
                 lengths_arr = np.minimum(lengths_arr, self.truncate_to)
         #: int64 ``[num_samples]``: tokens per sample as planned (after truncation).
         self.lengths = lengths_arr
+        #: int64 ``[num_samples]`` next-token targets per sample as planned, or None (``lengths - 1``).
+        self.supervised_lengths = (None if supervised_lengths is None
+                                   else check_supervised_lengths(supervised_lengths, lengths_arr))
         self._lengths_sha256 = sha256_of(np.ascontiguousarray(lengths_arr, dtype="<i8").tobytes())
         #: int64 indices of samples left out by ``too_long="skip"`` (every epoch).
         self.skipped_indices = np.flatnonzero(too_long_mask) if too_long == "skip" else np.empty(0, np.int64)
@@ -185,7 +197,7 @@ class BalancedBatchSampler(DistributedSampler):
         self._cursor = 0  # micro-steps of the current plan yielded by the latest iterator
         # A restored position is for the next pass that starts reading; later passes run the whole epoch.
         self._resume_pending = False
-        self._cached: tuple[tuple, EpochPlan, np.ndarray, np.ndarray] | None = None
+        self._cached: tuple[tuple, EpochPlan, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._reported_length: int | None = None  # what len() last told a consumer (a training loop fixes it)
         self._length_at_iter: int | None = None
         self._warned_length = False
@@ -325,11 +337,13 @@ class BalancedBatchSampler(DistributedSampler):
         self._cursor = start
         # per epoch micro-step (plan step s is epoch step earlier + s): totals of its Lightning window
         step_tokens, step_rows = sampler_state.window_totals(self)
+        step_supervised = sampler_state.window_supervised_tokens(self)
         earlier = step_tokens.shape[0] - plan.num_micro_steps
         for s in range(start, plan.num_micro_steps):
             idx, fill = plan.batch(int(column[s]))
             self._cursor = s + 1
-            yield MicroBatch(idx.tolist(), fill.tolist(), int(step_tokens[earlier + s]), int(step_rows[earlier + s]))
+            yield MicroBatch(idx.tolist(), fill.tolist(), int(step_tokens[earlier + s]), int(step_rows[earlier + s]),
+                             int(step_supervised[earlier + s]))
 
     def _check_world(self) -> None:
         """Raise when a defaulted ``num_replicas`` / ``rank`` disagrees with the initialised process group."""

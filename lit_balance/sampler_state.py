@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from lit_balance.sampler import BalancedBatchSampler
 
 __all__ = ["STATE_KEYS", "STATE_VERSION", "Position", "build_state", "micro_step_totals", "parse_state",
-           "replay_segments", "window_totals"]
+           "replay_segments", "window_supervised_tokens", "window_totals"]
 
 #: Version of the state dict's layout.
 STATE_VERSION = 1
@@ -208,16 +208,26 @@ def _micro_step_sums(plan: EpochPlan, lengths: np.ndarray) -> tuple[np.ndarray, 
     return tokens.astype(np.int64), rows.astype(np.int64)
 
 
+def _micro_step_supervised(plan: EpochPlan, sampler: BalancedBatchSampler) -> np.ndarray:
+    """int64 ``[num_micro_steps]``: next-token targets (fill rows excluded) at each micro-step, over its ranks."""
+    supervised = getattr(sampler, "supervised_lengths", None)
+    if supervised is None:  # every token but a row's first is a target
+        tokens, rows = _micro_step_sums(plan, sampler.lengths)
+        return tokens - rows
+    return plan.real_tokens_per_batch(supervised)[plan.assignment].sum(axis=1).astype(np.int64)
+
+
 def replay_segments(sampler: BalancedBatchSampler, epoch: int,
-                    segments: list[list[int]]) -> tuple[EpochPlan, np.ndarray, np.ndarray]:
+                    segments: list[list[int]]) -> tuple[EpochPlan, np.ndarray, np.ndarray, np.ndarray]:
     """Plan of the last segment, and what the earlier segments ran before it.
 
     Each earlier segment's plan, rebuilt as it ran, removes what it consumed from the samples still to plan.
 
     Returns:
-        ``(plan, earlier_tokens, earlier_rows)``: the last segment's plan, and int64 ``[earlier micro-steps]``
-        each, the real tokens and rows (fill rows excluded, summed over that segment's ranks) of every
-        micro-step the earlier segments consumed, in epoch order (empty for an epoch of one segment).
+        ``(plan, earlier_tokens, earlier_rows, earlier_supervised)``: the last segment's plan, and int64
+        ``[earlier micro-steps]`` each, the real tokens, rows and next-token targets (fill rows excluded, summed
+        over that segment's ranks) of every micro-step the earlier segments consumed, in epoch order (empty for
+        an epoch of one segment).
 
     Raises:
         ValueError: a segment consumed more micro-steps than its plan has (the state is not this sampler's).
@@ -226,6 +236,7 @@ def replay_segments(sampler: BalancedBatchSampler, epoch: int,
     eligible = sampler._eligible
     tokens: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
     rows: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
+    supervised: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
     for i in range(len(segments)):
         plan = _segment_plan(sampler, epoch, segments, i, eligible)
         if i == len(segments) - 1:
@@ -239,6 +250,7 @@ def replay_segments(sampler: BalancedBatchSampler, epoch: int,
         step_tokens, step_rows = _micro_step_sums(plan, sampler.lengths)
         tokens.append(step_tokens[:consumed])
         rows.append(step_rows[:consumed])
+        supervised.append(_micro_step_supervised(plan, sampler)[:consumed])
         seen = np.zeros(sampler.lengths.shape[0], dtype=bool)
         for b in plan.assignment[:consumed].reshape(-1):
             batch_rows, fill = plan.batch(int(b))
@@ -247,7 +259,7 @@ def replay_segments(sampler: BalancedBatchSampler, epoch: int,
         if not eligible.any():
             plan = _empty_plan(sampler.num_replicas, sampler.accumulate_grad_batches)
             break
-    return plan, np.concatenate(tokens), np.concatenate(rows)
+    return plan, np.concatenate(tokens), np.concatenate(rows), np.concatenate(supervised)
 
 
 def micro_step_totals(sampler: BalancedBatchSampler) -> tuple[np.ndarray, np.ndarray]:
@@ -259,7 +271,7 @@ def micro_step_totals(sampler: BalancedBatchSampler) -> tuple[np.ndarray, np.nda
         consumed before a resume on another number of ranks come from the old ranks' plan.
     """
     plan = sampler.plan()
-    _, _, earlier_tokens, earlier_rows = sampler._cached
+    earlier_tokens, earlier_rows = sampler._cached[2], sampler._cached[3]
     step_tokens, step_rows = _micro_step_sums(plan, sampler.lengths)
     return np.concatenate([earlier_tokens, step_tokens]), np.concatenate([earlier_rows, step_rows])
 
@@ -284,3 +296,21 @@ def window_totals(sampler: BalancedBatchSampler) -> tuple[np.ndarray, np.ndarray
     np.add.at(window_tokens, window, tokens)
     np.add.at(window_rows, window, rows)
     return window_tokens[window], window_rows[window]
+
+
+def window_supervised_tokens(sampler: BalancedBatchSampler) -> np.ndarray:
+    """Global next-token targets of the optimizer step of every micro-step of the current epoch.
+
+    The windows are those of :func:`window_totals`; a sample counts its ``sampler.supervised_lengths`` (or
+    ``length - 1`` without them).
+
+    Returns:
+        int64 ``[len(sampler)]``: at epoch micro-step ``t``, the targets of every micro-batch of all ranks in the
+        window ``t // accumulate_grad_batches``.
+    """
+    plan = sampler.plan()
+    steps = np.concatenate([sampler._cached[4], _micro_step_supervised(plan, sampler)])
+    window = np.arange(steps.shape[0]) // sampler.settings.accumulate_grad_batches
+    totals = np.zeros(int(window[-1]) + 1 if window.size else 0, dtype=np.int64)
+    np.add.at(totals, window, steps)
+    return totals[window]
