@@ -201,14 +201,16 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _check_ids(flat: np.ndarray, sizes: np.ndarray, start: int, vocab_size: int, what: str, low: int = 0) -> None:
-    bad_mask = (flat < low) | (flat >= vocab_size)
-    if low < 0:
+def _check_ids(flat: np.ndarray, sizes: np.ndarray, start: int, vocab_size: int, what: str,
+               ignore: bool = False) -> None:
+    """Raise naming the first document with a value outside ``[0, vocab_size)`` (or -100 when ``ignore``)."""
+    bad_mask = (flat < 0) | (flat >= vocab_size)
+    if ignore:
         bad_mask &= flat != IGNORE_INDEX
     if flat.size and bad_mask.any():
         first = int(np.flatnonzero(bad_mask)[0])
         doc = start + int(np.searchsorted(np.cumsum(sizes), first, side="right"))
-        allowed = f"[0, vocab_size={vocab_size})" + (" or -100" if low < 0 else "")
+        allowed = f"[0, vocab_size={vocab_size})" + (" or -100" if ignore else "")
         raise ValueError(f"document {doc} holds the {what} {int(flat[first])}, outside {allowed}; pass a tokenizer or "
                          "vocab_size that covers it")
 
@@ -234,7 +236,7 @@ def _tokenize(source: CorpusSource, tokenizer: TokenizerAdapter,
                         raise ValueError(f"document {start + i} has {len(lab)} labels for {len(a)} tokens; give one "
                                          "(unshifted) label per token, -100 where a token has no target")
                 labels = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
-                _check_ids(labels, sizes, start, tokenizer.vocab_size, "label", low=IGNORE_INDEX)
+                _check_ids(labels, sizes, start, tokenizer.vocab_size, "label", ignore=True)
             lengths.append(sizes)
             flats.append(flat.astype(np.int32))
             label_flats.append(None if labels is None else labels.astype(np.int32))
