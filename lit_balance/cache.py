@@ -37,6 +37,9 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +59,7 @@ __all__ = ["TokenizedCorpus", "build_cache", "cache_key", "default_cache_dir", "
 
 _CACHE_FORMAT = 1  # bump when the layout of a cache entry changes
 _HASH_BLOCK = 1 << 22  # bytes read per update when hashing an entry's files
+_CHECK_BLOCK = 1 << 20  # offsets checked per step when a corpus is loaded
 _ARRAYS = {"token_ids": np.int32, "offsets": np.int64, "source_index": np.int64}
 _TMP, _TRASH, _LOCK = ".tmp-", ".trash-", ".lock"
 _UNLOCKED_TMP_MAX_AGE_S = 24 * 3600  # a temporary directory without a lock file is a leftover after this
@@ -104,8 +108,10 @@ class TokenizedCorpus:
         if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(self.token_ids):
             raise ValueError(f"offsets must run from 0 to len(token_ids)={len(self.token_ids)}, "
                              f"got {offsets[:1].tolist()}..{offsets[-1:].tolist()}")
-        if np.any(np.diff(offsets) < 0):
-            raise ValueError("offsets must be non-decreasing")
+        for begin in range(0, len(offsets) - 1, _CHECK_BLOCK):  # in blocks: no temporary as large as the corpus
+            block = np.asarray(offsets[begin:begin + _CHECK_BLOCK + 1])
+            if np.any(block[1:] < block[:-1]):
+                raise ValueError("offsets must be non-decreasing")
         if len(self.source_index) != len(offsets) - 1:
             raise ValueError(f"source_index has {len(self.source_index)} entries, expected {len(offsets) - 1}")
         if self.num_empty < 0:
@@ -231,16 +237,38 @@ class _NpyAppender:
         return self._count
 
 
-def _chunk_ids(chunk: CorpusChunk, tokenizer: TokenizerAdapter) -> tuple[np.ndarray, np.ndarray]:
+def _encode(chunk: CorpusChunk, tokenizer: TokenizerAdapter) -> list[list[int]] | None:
+    return tokenizer.encode_batch(chunk.texts) if chunk.texts is not None else None
+
+
+def _chunk_ids(chunk: CorpusChunk, encoded: list[list[int]] | None) -> tuple[np.ndarray, np.ndarray]:
     """Tokens per document (int64 ``[len(chunk)]``) and the chunk's token ids concatenated (int64)."""
-    if chunk.texts is not None:
-        encoded = tokenizer.encode_batch(chunk.texts)
+    if encoded is not None:
         sizes = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
         return sizes, np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int64, count=int(sizes.sum()))
     docs = chunk.token_ids
     sizes = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))  # type: ignore[arg-type]
     flat = np.concatenate(docs).astype(np.int64, copy=False) if len(docs) else np.zeros(0, np.int64)  # type: ignore
     return sizes, flat
+
+
+def _tokenized_chunks(source: CorpusSource, tokenizer: TokenizerAdapter
+                      ) -> Iterator[tuple[CorpusChunk, np.ndarray, np.ndarray]]:
+    """Yield each chunk with its tokens per document and token ids, encoding one chunk ahead in a thread.
+
+    ``encode_batch`` of a ``tokenizers`` tokenizer releases the GIL and runs on its own thread pool, so the next
+    chunk is encoded while this thread reads the corpus and writes the arrays; at most three chunks are alive
+    (the one written, the one encoded, the one just read).
+    """
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lit_balance-encode") as pool:
+        pending: tuple[CorpusChunk, Future] | None = None
+        for chunk in source.iter_chunks():
+            future = pool.submit(_encode, chunk, tokenizer)
+            if pending is not None:
+                yield pending[0], *_chunk_ids(pending[0], pending[1].result())
+            pending = (chunk, future)
+        if pending is not None:
+            yield pending[0], *_chunk_ids(pending[0], pending[1].result())
 
 
 def _check_vocab(flat: np.ndarray, sizes: np.ndarray, start: int, vocab_size: int) -> None:
@@ -267,21 +295,21 @@ def _tokenize_into(entry: Path, source: CorpusSource, tokenizer: TokenizerAdapte
 
         bar = tqdm(total=source.num_docs, unit="doc", desc=f"Tokenizing {source.description}")
     try:
-        for chunk in source.iter_chunks():
-            if chunk.start != num_docs:
-                raise RuntimeError(f"the corpus ({source.description}) yielded a chunk starting at document "
-                                   f"{chunk.start} after {num_docs} documents; chunks must be consecutive")
-            sizes, flat = _chunk_ids(chunk, tokenizer)
-            _check_vocab(flat, sizes, num_docs, tokenizer.vocab_size)
-            kept = np.flatnonzero(sizes)
-            writers["token_ids"].append(flat)
-            writers["offsets"].append(np.cumsum(sizes[kept]) + num_tokens)
-            writers["source_index"].append(kept + num_docs)
-            num_docs, num_kept, num_tokens = num_docs + len(chunk), num_kept + len(kept), num_tokens + len(flat)
-            if bar is not None:
-                rate = num_tokens / max(time.perf_counter() - started, 1e-9)
-                bar.set_postfix_str(f"{num_tokens:,} tokens, {rate:,.0f} tokens/s", refresh=False)
-                bar.update(len(chunk))
+        with closing(_tokenized_chunks(source, tokenizer)) as chunks:
+            for chunk, sizes, flat in chunks:
+                if chunk.start != num_docs:
+                    raise RuntimeError(f"the corpus ({source.description}) yielded a chunk starting at document "
+                                       f"{chunk.start} after {num_docs} documents; chunks must be consecutive")
+                _check_vocab(flat, sizes, num_docs, tokenizer.vocab_size)
+                kept = np.flatnonzero(sizes)
+                writers["token_ids"].append(flat)
+                writers["offsets"].append(np.cumsum(sizes[kept]) + num_tokens)
+                writers["source_index"].append(kept + num_docs)
+                num_docs, num_kept, num_tokens = num_docs + len(chunk), num_kept + len(kept), num_tokens + len(flat)
+                if bar is not None:
+                    rate = num_tokens / max(time.perf_counter() - started, 1e-9)
+                    bar.set_postfix_str(f"{num_tokens:,} tokens, {rate:,.0f} tokens/s", refresh=False)
+                    bar.update(len(chunk))
     finally:
         for writer in writers.values():
             writer.close()
