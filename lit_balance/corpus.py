@@ -5,9 +5,11 @@ a sha256 of their bytes, read when the cache is consulted) with a tokenizer's fi
 cache (:mod:`lit_balance.cache`). Corpus files must be regular files: pipes, FIFOs, sockets and devices are
 refused, since the cache reads the files twice (to hash and to tokenize) and a pipe could block forever.
 
-Every source is read as chunks of documents (:meth:`CorpusSource.iter_chunks`, :mod:`lit_balance.records`):
-plain texts, prompt–completion records (JSONL objects or dataset rows with ``prompt`` and ``completion``) or
-pre-tokenized ids with optional labels.
+:meth:`CorpusSource.iter_chunks` yields the documents in chunks of bounded size (:class:`CorpusChunk`: texts,
+prompt–completion records, or token ids with optional labels), reading files line by line, so that tokenizing a
+corpus never holds more than one chunk of it. A JSONL object without ``text_key`` that has ``prompt`` and
+``completion`` strings, or a dataset row with those columns, is a prompt–completion record
+(:func:`lit_balance.records.encode_chunk`).
 """
 
 from __future__ import annotations
@@ -27,26 +29,27 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from lit_balance import hf_datasets
 from lit_balance._fingerprint import sha256_of as _sha256
-from lit_balance.records import DocumentChunk, rechunk
 
-__all__ = ["BUILTIN_CORPUS", "CorpusSource", "resolve_corpus", "stdlib_docstrings"]
+__all__ = ["BUILTIN_CORPUS", "CorpusChunk", "CorpusSource", "resolve_corpus", "stdlib_docstrings"]
 
 BUILTIN_CORPUS = "stdlib_docstrings"
 
 _BUILTIN_VERSION = 1  # bump when the extraction rules of stdlib_docstrings change
 _KINDS = ("builtin", "texts", "files", "token_ids", "datasets")
-_CHUNK = 1024  # documents per chunk of iter_chunks()
 TXT_DOCUMENTS = ("line", "paragraph")  # how plain-text files split into documents
 _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
 _DOC_NODES = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 _UTF8_BOM = b"\xef\xbb\xbf"
 _HASH_BLOCK = 1 << 22  # bytes read per update when hashing corpus files
+_CHUNK_DOCS = 4096  # most documents per chunk of CorpusSource.iter_chunks
+_CHUNK_CHARS = 1 << 21  # most characters (or token ids) per chunk, unless one document is larger
 _FILE_TYPES = ((stat.S_ISFIFO, "a pipe or FIFO"), (stat.S_ISSOCK, "a socket"),
                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
@@ -157,19 +160,32 @@ def _file_sha256(path: Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _read_utf8(path: Path) -> str:
+def _file_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Yield ``(line number, line)`` of a UTF-8 file, read line by line (never the whole file at once).
+
+    A leading UTF-8 byte order mark is skipped. Lines end at ``\\r\\n``, ``\\r`` or ``\\n`` (universal
+    newlines, as ``open(..., newline=None)``), and are yielded without their end; numbers count from 1.
+    """
+    number, offset = 0, 0
     with _open_regular(path) as handle:
         try:
-            data = handle.read()
+            for raw in handle:  # binary iteration splits at b"\n", which never occurs inside a UTF-8 sequence
+                skip = len(_UTF8_BOM) if offset == 0 and raw.startswith(_UTF8_BOM) else 0
+                try:
+                    text = raw[skip:].decode("utf-8") if skip else raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise ValueError(f"corpus file {str(path)!r} is not valid UTF-8 at byte "
+                                     f"{offset + skip + error.start}; re-encode it as UTF-8") from None
+                offset += len(raw)
+                if "\r" in text:
+                    text = text.replace("\r\n", "\n").replace("\r", "\n")
+                if text.endswith("\n"):
+                    text = text[:-1]
+                for line in text.split("\n"):
+                    number += 1
+                    yield number, line
         except OSError as error:
             raise ValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
-    skip = len(_UTF8_BOM) if data.startswith(_UTF8_BOM) else 0
-    try:
-        return data[skip:].decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(
-            f"corpus file {str(path)!r} is not valid UTF-8 at byte {error.start + skip}; re-encode it as UTF-8"
-        ) from None
 
 
 def _file_format(path: Path) -> str:
@@ -184,20 +200,21 @@ def _check_txt_documents(txt_documents: Any) -> str:
     return txt_documents
 
 
-def _paragraphs(lines: list[str]) -> list[str]:
+def _paragraphs(lines: Iterable[str]) -> Iterator[str]:
     """Join runs of non-blank lines with ``\\n``; blank (whitespace-only) lines separate documents."""
-    docs, current = [], []
-    for line in lines + [""]:
+    current: list[str] = []
+    for line in lines:
         if line.strip():
             current.append(line)
         elif current:
-            docs.append("\n".join(current))
+            yield "\n".join(current)
             current = []
-    return docs
+    if current:
+        yield "\n".join(current)
 
 
 def _jsonl_record(line: str, where: str, text_key: str) -> tuple[str, Any]:
-    """One JSONL line as a record: ``("texts", text)`` or ``("prompt_completion", (prompt, completion))``."""
+    """One JSONL line as a record: ``("texts", text)`` or ``("pairs", (prompt, completion))``."""
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as error:
@@ -212,32 +229,131 @@ def _jsonl_record(line: str, where: str, text_key: str) -> tuple[str, Any]:
         for key in ("prompt", "completion"):
             if not isinstance(obj[key], str):
                 raise ValueError(f"{where}: {key!r} is {type(obj[key]).__name__}, expected a string")
-        return "prompt_completion", (obj["prompt"], obj["completion"])
+        return "pairs", (obj["prompt"], obj["completion"])
     raise ValueError(f"{where}: no key {text_key!r} and no 'prompt'/'completion' pair (keys: {sorted(obj)[:10]}); "
                      "set text_key= to the key holding the text, or give each record 'prompt' and 'completion'")
 
 
 def _file_records(path: Path, text_key: str, txt_documents: str = "line") -> Iterator[tuple[str, Any]]:
-    """The documents of one file as ``(kind, item)`` records (see :func:`_jsonl_record`)."""
-    # universal newlines: \r\n, \r and \n all end a line
-    lines = _read_utf8(path).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    """Yield the documents of one corpus file in order as ``(kind, item)`` records, reading it line by line.
+
+    ``kind`` is ``"texts"`` (``item`` a str) or, for JSONL objects, ``"pairs"`` (``item`` a ``(prompt,
+    completion)`` pair; see :func:`_jsonl_record`).
+    """
+    lines = _file_lines(path)
     if _file_format(path) != "jsonl":
-        docs = _paragraphs(lines) if txt_documents == "paragraph" else (line for line in lines if line.strip())
-        yield from (("texts", doc) for doc in docs)
+        if txt_documents == "paragraph":
+            yield from (("texts", doc) for doc in _paragraphs(line for _, line in lines))
+        else:
+            yield from (("texts", line) for _, line in lines if line.strip())
         return
-    for number, line in enumerate(lines, start=1):
+    for number, line in lines:
         if line.strip():
             yield _jsonl_record(line, f"corpus file {str(path)!r}, line {number}", text_key)
 
 
-def _file_documents(path: Path, text_key: str, txt_documents: str = "line") -> list[str]:
-    docs = []
-    for kind, item in _file_records(path, text_key, txt_documents):
-        if kind != "texts":
-            raise TypeError(f"corpus file {str(path)!r} holds prompt–completion records, not only texts; read it "
-                            "with iter_chunks() (the DataModule and the cache do)")
-        docs.append(item)
-    return docs
+@dataclass(frozen=True, eq=False)
+class CorpusChunk:
+    """Consecutive documents of a corpus, all of one form: one step of :meth:`CorpusSource.iter_chunks`.
+
+    Exactly one of ``texts``, ``pairs`` and ``token_ids`` is set.
+
+    Attributes:
+        start: index in the corpus of the chunk's first document (documents count from 0, empty ones too).
+        texts: the documents as strings, for text corpora (tokenized by the cache builder).
+        token_ids: one 1-D integer array per document, for pre-tokenized corpora (used as given).
+        pairs: ``(prompt, completion)`` strings per document, for prompt–completion records (tokenized as
+            ``prompt + completion``, the prompt's tokens labelled -100: :func:`lit_balance.records.encode_chunk`).
+        labels: with ``token_ids``, one 1-D integer array of the same length per document (unshifted labels,
+            -100 where a token has no target) or None for a document whose every token is a target; None when
+            no document of the chunk has labels.
+
+    Raises:
+        ValueError: ``start`` is negative, not exactly one of ``texts``, ``pairs`` and ``token_ids`` is given, or
+            ``labels`` come without ``token_ids`` or with another number of entries.
+
+    Example:
+        >>> chunk = CorpusChunk(start=2, texts=["a", "b"])
+        >>> len(chunk), chunk.token_ids is None
+        (2, True)
+    """
+
+    start: int
+    texts: Sequence[str] | None = None
+    token_ids: Sequence[np.ndarray] | None = None
+    pairs: Sequence[tuple[str, str]] | None = None
+    labels: Sequence[np.ndarray | None] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.start, bool) or not isinstance(self.start, (int, np.integer)) or self.start < 0:
+            raise ValueError(f"start must be an int >= 0, got {self.start!r}")
+        given = [name for name in ("texts", "token_ids", "pairs") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError("a CorpusChunk holds exactly one of texts, token_ids and pairs, got "
+                             f"{' and '.join(given) if given else 'none'}")
+        if self.labels is not None and (self.token_ids is None or len(self.labels) != len(self.token_ids)):
+            raise ValueError("labels go with token_ids, one entry (an array or None) per document")
+
+    def __len__(self) -> int:
+        docs = next(d for d in (self.texts, self.token_ids, self.pairs) if d is not None)
+        return len(docs)
+
+
+def _check_limit(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+def _record_size(kind: str, item: Any) -> int:
+    """Characters of a text or a prompt–completion pair, token ids of a pre-tokenized document."""
+    if kind == "texts":
+        return len(item)
+    if kind == "pairs":
+        return len(item[0]) + len(item[1])
+    return len(item[0])
+
+
+def _make_chunk(start: int, kind: str, items: list) -> CorpusChunk:
+    if kind != "token_ids":
+        return CorpusChunk(start, **{kind: items})
+    labels = [lab for _, lab in items]
+    return CorpusChunk(start, token_ids=[ids for ids, _ in items],
+                       labels=None if all(lab is None for lab in labels) else labels)
+
+
+def _chunked_records(records: Iterable[tuple[str, Any]], max_docs: int, max_size: int) -> Iterator[CorpusChunk]:
+    """Group ``(kind, item)`` records as :func:`_chunked` groups documents, with a new chunk at each change of kind.
+
+    ``kind`` is ``"texts"`` (a str), ``"pairs"`` (a prompt–completion pair) or ``"token_ids"`` (an ``(ids,
+    labels or None)`` pair).
+    """
+    kind, batch, start, total = None, [], 0, 0
+    for record_kind, item in records:
+        size = _record_size(record_kind, item)
+        if batch and (record_kind != kind or len(batch) == max_docs or total + size > max_size):
+            yield _make_chunk(start, kind, batch)
+            start, batch, total = start + len(batch), [], 0
+        kind = record_kind
+        batch.append(item)
+        total += size
+    if batch:
+        yield _make_chunk(start, kind, batch)
+
+
+def _chunked(docs: Iterable[Any], max_docs: int, max_size: int, size: Callable[[Any], int],
+             make: Callable[[int, list], CorpusChunk]) -> Iterator[CorpusChunk]:
+    """Group documents into chunks of at most ``max_docs`` documents and (past the first) ``max_size`` units."""
+    batch: list[Any] = []
+    start = total = 0
+    for doc in docs:
+        if batch and (len(batch) == max_docs or total + size(doc) > max_size):
+            yield make(start, batch)
+            start, batch, total = start + len(batch), [], 0
+        batch.append(doc)
+        total += size(doc)
+    if batch:
+        yield make(start, batch)
 
 
 @dataclass(frozen=True)
@@ -282,66 +398,10 @@ class CorpusSource:
         return self._payload[0].split_sizes if self.kind == "datasets" else None
 
     @property
-    def num_documents(self) -> int | None:
-        """Documents the corpus holds when known without reading it (in-memory lists, a ``Dataset``), else None."""
-        if self.kind in ("texts", "token_ids"):
-            return len(self._payload)
-        if self.kind == "datasets" and not self._payload[0].iterable:
-            return sum(self._payload[0].split_sizes or (len(self._payload[0].train),))
-        return None
-
-    @property
     def key_after_reading(self) -> bool:
         """Whether the corpus' identity is only known once it has been read (an ``IterableDataset`` not read yet
         in this process): :meth:`content_fingerprint` then raises and the cache builds the entry first."""
         return self.kind == "datasets" and self._payload[0].iterable and "digest" not in self._read
-
-    def iter_chunks(self, size: int = _CHUNK) -> Iterator[DocumentChunk]:
-        """Read the documents as chunks of at most ``size`` documents, in corpus order.
-
-        Each chunk holds texts, prompt–completion records or token ids with optional labels
-        (:class:`lit_balance.records.DocumentChunk`); a file or dataset is read as it is consumed. Reading an
-        ``IterableDataset`` to its end records the sha256 of its content, its identity
-        (:meth:`content_fingerprint`).
-
-        Raises:
-            ValueError: a file cannot be read, is not UTF-8, has a bad JSONL line, or the corpus is empty.
-            TypeError: a dataset value of the wrong type.
-
-        Example:
-            >>> [(c.kind, c.items) for c in resolve_corpus(["a", "b"]).iter_chunks()]
-            [('texts', ['a', 'b'])]
-        """
-        if self.kind == "token_ids":
-            for i in range(0, len(self._payload), size):
-                yield DocumentChunk("token_ids", [(ids, None) for ids in self._payload[i:i + size]])
-            return
-        if self.kind == "datasets":
-            hf = self._payload[0]
-            digest = hf_datasets.new_digest(hf) if hf.iterable else None
-            count = 0
-            for chunk in hf.iter_chunks(size, digest):
-                count += len(chunk.items)
-                yield chunk
-            if count == 0:
-                raise ValueError(f"corpus is empty: the {hf.description} yields no rows")
-            if digest is not None:
-                digest.update(count.to_bytes(8, "little"))
-                self._read["digest"] = digest.hexdigest()
-            return
-        if self.kind == "files":
-            records = (record for path in self._payload
-                       for record in _file_records(path, self._text_key, self._txt_documents))
-            count = 0
-            for chunk in rechunk(records, size):
-                count += len(chunk.items)
-                yield chunk
-            if not count:
-                raise ValueError(f"corpus is empty: no non-blank lines in {', '.join(map(str, self._payload))}")
-            return
-        texts = self.load_texts()
-        for i in range(0, len(texts), size):
-            yield DocumentChunk("texts", texts[i:i + size])
 
     def content_fingerprint(self) -> str:
         """Return a sha256 hex digest of what the documents are, the part of the cache key from the corpus.
@@ -377,8 +437,93 @@ class CorpusSource:
             parts += [_file_format(path), str(size), digest]
         return _sha256(*parts)
 
+    def iter_chunks(self, max_docs: int | None = None, max_chars: int | None = None) -> Iterator[CorpusChunk]:
+        """Yield the documents in corpus order, in chunks of bounded size; files are read as the chunks go.
+
+        Files are read line by line and JSONL lines parsed one at a time (:mod:`json`), and Hugging Face
+        datasets in batches of rows, so a consumer that keeps no chunk holds at most one chunk of documents
+        (plus the line being read) at any time, whatever the size of the corpus. A chunk holds one form of
+        document (:class:`CorpusChunk`); a file mixing text and prompt–completion records starts a new chunk
+        at each change. Reading an ``IterableDataset`` to its end records the sha256 of its content, its
+        identity (:meth:`content_fingerprint`). The built-in and in-memory corpora are already in memory; their
+        chunks refer to the same strings and arrays (no copies).
+
+        Args:
+            max_docs: most documents per chunk (None: 4096).
+            max_chars: most characters per chunk of texts (token ids per chunk of a pre-tokenized corpus); a
+                single larger document forms a chunk of its own (None: 2**21).
+
+        Returns:
+            An iterator of :class:`CorpusChunk` whose ``start`` values count the documents before each chunk.
+
+        Raises:
+            ValueError: ``max_docs`` or ``max_chars`` is not an int >= 1 (at the call); while iterating: a file
+                cannot be read, is not UTF-8, has a bad JSONL line, or holds no document at all.
+            TypeError: a dataset value of the wrong type (naming split, row and column).
+
+        Example:
+            >>> [(chunk.start, list(chunk.texts)) for chunk in resolve_corpus(["a", "b", "c"]).iter_chunks(2)]
+            [(0, ['a', 'b']), (2, ['c'])]
+        """
+        max_docs = _check_limit("max_docs", _CHUNK_DOCS if max_docs is None else max_docs)
+        max_chars = _check_limit("max_chars", _CHUNK_CHARS if max_chars is None else max_chars)
+        if self.kind == "token_ids":
+            return _chunked(self._payload, max_docs, max_chars, len,
+                            lambda start, docs: CorpusChunk(start, token_ids=docs))
+        if self.kind == "datasets":
+            return _chunked_records(self._iter_dataset_records(), max_docs, max_chars)
+        if self.kind == "files":
+            return _chunked_records(self._iter_file_records(), max_docs, max_chars)
+        docs: Iterable[str] = stdlib_docstrings() if self.kind == "builtin" else self._payload
+        return _chunked(docs, max_docs, max_chars, len, lambda start, texts: CorpusChunk(start, texts=texts))
+
+    def _iter_file_records(self) -> Iterator[tuple[str, Any]]:
+        empty = True
+        for path in self._payload:
+            for record in _file_records(path, self._text_key, self._txt_documents):
+                empty = False
+                yield record
+        if empty:
+            raise ValueError(f"corpus is empty: no non-blank lines in {', '.join(map(str, self._payload))}")
+
+    def _iter_file_documents(self) -> Iterator[str]:
+        for kind, item in self._iter_file_records():
+            if kind != "texts":
+                raise TypeError(f"the corpus ({self.description}) holds prompt–completion records, not only texts; "
+                                "read it with iter_chunks() (the DataModule and the cache do)")
+            yield item
+
+    def _iter_dataset_records(self) -> Iterator[tuple[str, Any]]:
+        """Rows of a Hugging Face dataset as records; reading an ``IterableDataset`` to its end records the
+        sha256 of its content, its identity (:meth:`content_fingerprint`)."""
+        hf = self._payload[0]
+        digest = hf_datasets.new_digest(hf) if hf.iterable else None
+        count = 0
+        for kind, items in hf.iter_chunks(_CHUNK_DOCS, digest):
+            count += len(items)
+            yield from ((kind, item) for item in items)
+        if count == 0:
+            raise ValueError(f"corpus is empty: the {hf.description} yields no rows")
+        if digest is not None:
+            digest.update(count.to_bytes(8, "little"))
+            self._read["digest"] = digest.hexdigest()
+
+    @property
+    def num_docs(self) -> int | None:
+        """Number of documents when known without reading the corpus (in-memory corpora, a ``Dataset``), else None.
+
+        Example:
+            >>> resolve_corpus(["a", "b"]).num_docs, resolve_corpus().num_docs
+            (2, None)
+        """
+        if self.kind in ("texts", "token_ids"):
+            return len(self._payload)
+        if self.kind == "datasets" and not self._payload[0].iterable:
+            return sum(self._payload[0].split_sizes or (len(self._payload[0].train),))
+        return None
+
     def load_texts(self) -> list[str]:
-        """Read the documents as strings.
+        """Read all documents as strings into one list (:meth:`iter_chunks` reads them chunk by chunk).
 
         Returns:
             The documents in corpus order (blank lines of text files are not documents).
@@ -397,15 +542,12 @@ class CorpusSource:
         if self.kind == "datasets":
             if self._payload[0].mode != "texts":
                 raise TypeError("this corpus holds prompt–completion records, not only texts; call iter_chunks()")
-            return [text for chunk in self.iter_chunks() for text in chunk.items]
+            return [text for chunk in self.iter_chunks() for text in chunk.texts]
         if self.kind == "builtin":
             return stdlib_docstrings()
         if self.kind == "texts":
             return list(self._payload)
-        docs = [doc for path in self._payload for doc in _file_documents(path, self._text_key, self._txt_documents)]
-        if not docs:
-            raise ValueError(f"corpus is empty: no non-blank lines in {', '.join(map(str, self._payload))}")
-        return docs
+        return list(self._iter_file_documents())
 
     def load_token_ids(self) -> list[np.ndarray]:
         """Return the pre-tokenized documents.
@@ -423,7 +565,7 @@ class CorpusSource:
         if not self.holds_token_ids:
             raise TypeError(f"this corpus holds texts ({self.kind}), not token ids; call load_texts()")
         if self.kind == "datasets":
-            return [ids for chunk in self.iter_chunks() for ids, _ in chunk.items]
+            return [ids for chunk in self.iter_chunks() for ids in chunk.token_ids]
         return list(self._payload)
 
 

@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 
 from lit_balance._fingerprint import sha256_of as _sha256
-from lit_balance.records import DocumentChunk
 
 __all__ = ["HFCorpus", "describe", "is_datasets_object", "new_digest"]
 
 INSTALL_HINT = 'pip install "lit_balance[datasets]"'
 MODES = ("token_ids", "texts", "prompt_completion")
+_CHUNK_KIND = {"token_ids": "token_ids", "texts": "texts", "prompt_completion": "pairs"}
 
 
 def is_datasets_object(obj: Any) -> bool:
@@ -81,8 +81,11 @@ class HFCorpus:
             return None
         return len(self.train), len(self.validation)
 
-    def iter_chunks(self, size: int, digest: Any = None) -> Iterator[DocumentChunk]:
-        """Chunks of at most ``size`` documents: the training split, then the validation split.
+    def iter_chunks(self, size: int, digest: Any = None) -> Iterator[tuple[str, list]]:
+        """Batches of at most ``size`` rows as ``(kind, items)``: the training split, then the validation split.
+
+        ``kind`` is ``"texts"`` (str items), ``"pairs"`` (``(prompt, completion)`` items) or ``"token_ids"``
+        (``(ids, labels or None)`` items, int64 arrays), as :class:`lit_balance.corpus.CorpusChunk` holds them.
 
         Args:
             size: documents per chunk.
@@ -97,7 +100,7 @@ class HFCorpus:
             row = 0
             for batch in split.select_columns(list(self.columns)).with_format(None).iter(batch_size=size):
                 n = len(batch[self.columns[0]])
-                yield DocumentChunk(self.mode, [self._item(batch, i, name, row + i, digest) for i in range(n)])
+                yield _CHUNK_KIND[self.mode], [self._item(batch, i, name, row + i, digest) for i in range(n)]
                 row += n
 
     def _item(self, batch: dict[str, list], i: int, split: str, row: int, digest: Any) -> Any:

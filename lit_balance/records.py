@@ -1,9 +1,8 @@
-"""Documents as chunks of records, and how each kind of record becomes token ids and labels.
+"""How each form of document becomes token ids and labels, and how many next-token targets labels leave.
 
-A corpus is read as an iterator of :class:`DocumentChunk` objects, each a run of consecutive documents of one
-form: plain texts, prompt–completion pairs, or pre-tokenized ids with optional labels. The tokenization cache
-(:mod:`lit_balance.cache`) encodes them chunk by chunk with :func:`encode_chunk`, so no reader needs to hold the
-whole corpus.
+A corpus is read as chunks of consecutive documents of one form (:class:`lit_balance.corpus.CorpusChunk`):
+plain texts, prompt–completion pairs, or pre-tokenized ids with optional labels. The tokenization cache
+(:mod:`lit_balance.cache`) encodes them chunk by chunk with :func:`encode_chunk`.
 
 Labels follow the Hugging Face convention for causal language models: one label per token, *unshifted* (the
 model shifts them), ``-100`` (:data:`lit_balance.IGNORE_INDEX`) where a token has no target. A prompt–completion
@@ -15,58 +14,14 @@ record (the convention of TRL's ``SFTTrainer``: fields ``prompt`` and ``completi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["DocumentChunk", "encode_chunk", "rechunk", "supervised_counts"]
+__all__ = ["encode_chunk", "supervised_counts"]
 
 IGNORE_INDEX = -100  # the same value as lit_balance.collate.IGNORE_INDEX (kept import-free of torch here)
-CHUNK_KINDS = ("texts", "prompt_completion", "token_ids")
-
-
-@dataclass(frozen=True)
-class DocumentChunk:
-    """A run of consecutive documents of a corpus, all of one form.
-
-    Attributes:
-        kind: ``"texts"`` (``items`` are ``str``), ``"prompt_completion"`` (``items`` are ``(prompt, completion)``
-            string pairs) or ``"token_ids"`` (``items`` are ``(ids, labels)`` pairs: int64 1-D arrays, ``labels``
-            of the same length or None for "every token is a target").
-        items: the documents, in corpus order.
-
-    Example:
-        >>> DocumentChunk("prompt_completion", [("Q: 2+2? A:", " 4")]).kind
-        'prompt_completion'
-    """
-
-    kind: str
-    items: Sequence[Any]
-
-    def __post_init__(self) -> None:
-        if self.kind not in CHUNK_KINDS:
-            raise ValueError(f"DocumentChunk kind must be one of {CHUNK_KINDS}, got {self.kind!r}")
-
-
-def rechunk(records: Iterable[tuple[str, Any]], size: int) -> Iterator[DocumentChunk]:
-    """Group ``(kind, item)`` records into chunks of at most ``size`` documents, a new chunk at each change of kind.
-
-    Example:
-        >>> [(c.kind, len(c.items)) for c in rechunk([("texts", "a"), ("texts", "b"),
-        ...                                           ("prompt_completion", ("p", "c"))], 8)]
-        [('texts', 2), ('prompt_completion', 1)]
-    """
-    kind, items = None, []
-    for record_kind, item in records:
-        if items and (record_kind != kind or len(items) >= size):
-            yield DocumentChunk(kind, items)
-            items = []
-        kind = record_kind
-        items.append(item)
-    if items:
-        yield DocumentChunk(kind, items)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -77,18 +32,19 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def encode_chunk(chunk: DocumentChunk, tokenizer: Any) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+def encode_chunk(chunk: Any, tokenizer: Any) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
     """Token ids (and labels, when the chunk has any masked token) of every document of a chunk.
 
     * ``texts``: ``tokenizer.encode_batch(texts)``; no labels (every token is a target).
-    * ``prompt_completion``: the ids of ``prompt + completion`` (one text, as TRL tokenizes it, special tokens
-      included when the tokenizer adds them); labels equal the ids except ``-100`` on the longest common prefix
-      of these ids and the prompt's own ids. When the prompt's last token merges with the completion's first
-      (a BPE merge across the boundary), the merged token carries loss.
-    * ``token_ids``: as given; labels as given, or None when no document of the chunk has labels.
+    * ``pairs`` (prompt–completion): the ids of ``prompt + completion`` (one text, as TRL tokenizes it, special
+      tokens included when the tokenizer adds them); labels equal the ids except ``-100`` on the longest common
+      prefix of these ids and the prompt's own ids. When the prompt's last token merges with the completion's
+      first (a BPE merge across the boundary), the merged token carries loss.
+    * ``token_ids``: as given; labels as given (a document without them: its ids), or None when no document
+      of the chunk has labels.
 
     Args:
-        chunk: the documents.
+        chunk: a :class:`lit_balance.corpus.CorpusChunk`.
         tokenizer: a :class:`lit_balance.tokenizer.TokenizerAdapter` (unused for ``token_ids``).
 
     Returns:
@@ -96,17 +52,17 @@ def encode_chunk(chunk: DocumentChunk, tokenizer: Any) -> tuple[list[np.ndarray]
         or None for "every token is a target".
 
     Example:
+        >>> from lit_balance.corpus import CorpusChunk
         >>> from lit_balance.tokenizer import resolve_tokenizer
-        >>> ids, labels = encode_chunk(DocumentChunk("prompt_completion", [("hello", " world")]), resolve_tokenizer())
+        >>> ids, labels = encode_chunk(CorpusChunk(0, pairs=[("hello", " world")]), resolve_tokenizer())
         >>> [a.tolist() for a in ids], [a.tolist() for a in labels]
         ([[7592, 2088]], [[-100, 2088]])
     """
-    if chunk.kind == "texts":
-        return [np.asarray(ids, dtype=np.int64) for ids in tokenizer.encode_batch(list(chunk.items))], None
-    if chunk.kind == "prompt_completion":
-        prompts = [p for p, _ in chunk.items]
-        joined = tokenizer.encode_batch([p + c for p, c in chunk.items])
-        alone = tokenizer.encode_batch(prompts)
+    if chunk.texts is not None:
+        return [np.asarray(ids, dtype=np.int64) for ids in tokenizer.encode_batch(list(chunk.texts))], None
+    if chunk.pairs is not None:
+        joined = tokenizer.encode_batch([p + c for p, c in chunk.pairs])
+        alone = tokenizer.encode_batch([p for p, _ in chunk.pairs])
         ids, labels = [], []
         for full, prompt in zip(joined, alone):
             full = np.asarray(full, dtype=np.int64)
@@ -115,10 +71,10 @@ def encode_chunk(chunk: DocumentChunk, tokenizer: Any) -> tuple[list[np.ndarray]
             ids.append(full)
             labels.append(label)
         return ids, labels
-    ids = [np.asarray(i, dtype=np.int64) for i, _ in chunk.items]
-    if all(lab is None for _, lab in chunk.items):
+    ids = [np.asarray(i, dtype=np.int64) for i in chunk.token_ids]
+    if chunk.labels is None:
         return ids, None
-    return ids, [i.copy() if lab is None else np.asarray(lab, dtype=np.int64) for i, (_, lab) in zip(ids, chunk.items)]
+    return ids, [i.copy() if lab is None else np.asarray(lab, dtype=np.int64) for i, lab in zip(ids, chunk.labels)]
 
 
 def supervised_counts(labels: np.ndarray | None, offsets: np.ndarray, doc_ids: np.ndarray,

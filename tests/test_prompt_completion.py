@@ -14,7 +14,8 @@ from lit_balance import BalancedBatchSampler, BalancedTextDataModule, PadCollato
 from lit_balance.cache import load_or_build
 from lit_balance.corpus import resolve_corpus
 from lit_balance.loss import token_loss_sum
-from lit_balance.records import DocumentChunk, encode_chunk, supervised_counts
+from lit_balance.corpus import CorpusChunk
+from lit_balance.records import encode_chunk, supervised_counts
 from lit_balance.tokenizer import resolve_tokenizer
 
 
@@ -92,14 +93,14 @@ class _MergingTokenizer:
 
 
 def test_a_token_merged_across_the_prompt_boundary_carries_loss():
-    (ids,), (labels,) = encode_chunk(DocumentChunk("prompt_completion", [("xa", "bc")]), _MergingTokenizer())
+    (ids,), (labels,) = encode_chunk(CorpusChunk(0, pairs=[("xa", "bc")]), _MergingTokenizer())
     assert ids.tolist() == [ord("x"), 1000, ord("c")]
     assert labels.tolist() == [-100, 1000, ord("c")]  # the prompt's own tokens are [x, a]: only x is a prefix
 
 
 def test_special_tokens_around_a_prompt_completion_record(tmp_path):
     tok = resolve_tokenizer(add_special_tokens=True)  # BERT: [CLS] ... [SEP]
-    (ids,), (labels,) = encode_chunk(DocumentChunk("prompt_completion", [("hello", " world")]), tok)
+    (ids,), (labels,) = encode_chunk(CorpusChunk(0, pairs=[("hello", " world")]), tok)
     assert ids.tolist() == [101, 7592, 2088, 102]
     assert labels.tolist() == [-100, -100, 2088, 102]
 
@@ -178,3 +179,22 @@ def test_every_step_divisor_equals_the_targets_the_loss_counts_over_all_ranks(co
             planned.setdefault(window, set()).add(batch["step_supervised_tokens"])
     assert all(len(v) == 1 for v in planned.values())
     assert {w: v.pop() for w, v in planned.items()} == counted
+
+
+def test_labels_start_late_in_a_streamed_build_and_cover_every_token(tmp_path, tok, monkeypatch):
+    from lit_balance import cache as cache_module
+    from lit_balance import corpus as corpus_module
+
+    monkeypatch.setattr(corpus_module, "_CHUNK_DOCS", 2)  # several chunks of text before the first labelled one
+    monkeypatch.setattr(cache_module, "_HASH_BLOCK", 3)  # the tokens before it are copied in several blocks
+    records = [{"text": f"plain document number {i}"} for i in range(5)]
+    records += [{"prompt": "ask", "completion": " reply one"}, {"text": "after"}, {"prompt": "q", "completion": " a"}]
+    corpus = load_or_build(resolve_corpus(_jsonl(tmp_path / "late.jsonl", records)), tok, tmp_path / "cache")
+    expected = []
+    for r in records:
+        if "text" in r:
+            expected += tok.encode_batch([r["text"]])[0]
+        else:
+            full, prompt = tok.encode_batch([r["prompt"] + r["completion"], r["prompt"]])
+            expected += [-100] * len(prompt) + full[len(prompt):]
+    assert corpus.labels.tolist() == expected
