@@ -391,11 +391,11 @@ class CorpusSource:
             raise ValueError(f"corpus is empty: no non-blank lines in {', '.join(map(str, self._payload))}")
 
     @property
-    def num_docs(self) -> int | None:
+    def num_documents(self) -> int | None:
         """Number of documents when known without reading the corpus (in-memory corpora), else None.
 
         Example:
-            >>> resolve_corpus(["a", "b"]).num_docs, resolve_corpus().num_docs
+            >>> resolve_corpus(["a", "b"]).num_documents, resolve_corpus().num_documents
             (2, None)
         """
         return len(self._payload) if self.kind in ("texts", "token_ids") else None
