@@ -343,7 +343,7 @@ def _tokenize_into(entry: Path, source: CorpusSource, tokenizer: TokenizerAdapte
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=source.num_docs, unit="doc", desc=f"Tokenizing {source.description}")
+        bar = tqdm(total=source.num_documents, unit="doc", desc=f"Tokenizing {source.description}")
     try:
         with closing(_tokenized_chunks(source, tokenizer)) as chunks:
             for chunk, sizes, flat, labels in chunks:

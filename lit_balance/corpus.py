@@ -509,11 +509,11 @@ class CorpusSource:
             self._read["digest"] = digest.hexdigest()
 
     @property
-    def num_docs(self) -> int | None:
+    def num_documents(self) -> int | None:
         """Number of documents when known without reading the corpus (in-memory corpora, a ``Dataset``), else None.
 
         Example:
-            >>> resolve_corpus(["a", "b"]).num_docs, resolve_corpus().num_docs
+            >>> resolve_corpus(["a", "b"]).num_documents, resolve_corpus().num_documents
             (2, None)
         """
         if self.kind in ("texts", "token_ids"):
