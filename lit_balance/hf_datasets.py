@@ -72,7 +72,7 @@ class HFCorpus:
     @property
     def iterable(self) -> bool:
         """Whether the documents come from an ``IterableDataset`` (no length, no fingerprint)."""
-        return not hasattr(self.train, "_fingerprint")
+        return self.fingerprint is None
 
     @property
     def split_sizes(self) -> tuple[int, int] | None:
@@ -155,7 +155,7 @@ def _mode(columns: list[str], text_key: str, what: str) -> tuple[str, tuple[str,
 
 def _columns(split: Any) -> list[str]:
     columns = split.column_names
-    if columns is None:  # an IterableDataset without features: the first record names them
+    if columns is None:  # an IterableDataset without features: its first row (read now) names them
         first = next(iter(split), None)
         if first is None:
             raise ValueError("the Hugging Face IterableDataset yields no rows: corpus is empty")
@@ -193,17 +193,18 @@ def describe(obj: Any, text_key: str) -> HFCorpus:
             raise ValueError(f"the DatasetDict has splits {sorted(obj)} and no 'train' split; pass the split to "
                              "train on (e.g. corpus=dataset_dict['<name>'])")
         train, validation = obj["train"], obj.get("validation")
-        label = f"Hugging Face DatasetDict (train {len(train)} rows" + (
-            f", validation {len(validation)} rows" if validation is not None else "") + ")"
+        label, sizes = "Hugging Face DatasetDict", [f"train {len(train)} rows"]
+        if validation is not None:
+            sizes.append(f"validation {len(validation)} rows")
     elif isinstance(obj, datasets.Dataset):
-        train, label = obj, f"Hugging Face Dataset ({len(obj)} rows)"
+        train, label, sizes = obj, "Hugging Face Dataset", [f"{len(obj)} rows"]
     elif isinstance(obj, datasets.IterableDataset):
-        train, label = obj, "Hugging Face IterableDataset"
+        train, label, sizes = obj, "Hugging Face IterableDataset", []
     else:
         raise TypeError(f"corpus is a {type(obj).__module__}.{type(obj).__qualname__}; expected a datasets.Dataset, "
                         "DatasetDict (train and optional validation splits), IterableDataset or a Dataset column "
                         "(for an IterableDatasetDict, pass its 'train' split)")
-    mode, columns = _mode(_columns(train), text_key, label)
+    mode, columns = _mode(_columns(train), text_key, f"the {label}")
     if validation is not None:
         missing = [c for c in columns if c not in validation.column_names]
         if missing:
@@ -211,17 +212,16 @@ def describe(obj: Any, text_key: str) -> HFCorpus:
                              f"has ({list(columns)}); give both splits the same columns")
         if len(validation) == 0:
             raise ValueError("the DatasetDict's validation split has no rows; drop it or add rows")
-    if hasattr(train, "_fingerprint") and len(train) == 0:
-        raise ValueError(f"corpus is empty: the {label} has no rows")
     fingerprint = None
-    if hasattr(train, "_fingerprint"):
+    if isinstance(train, datasets.Dataset):
+        if len(train) == 0:
+            raise ValueError(f"corpus is empty: the {label} has no rows")
         parts = ["datasets", mode, *columns, train._fingerprint, str(len(train))]
         if validation is not None:
             parts += ["validation", validation._fingerprint, str(len(validation))]
         fingerprint = _sha256(*parts)
-    shown = ", ".join(repr(c) for c in columns)
-    return HFCorpus(mode, columns, train, validation, fingerprint, f"{label[:-1] if label.endswith(')') else label}"
-                    f"{', ' if label.endswith(')') else ' ('}column{'s' if len(columns) > 1 else ''} {shown})")
+    sizes.append(f"column{'s' if len(columns) > 1 else ''} " + ", ".join(repr(c) for c in columns))
+    return HFCorpus(mode, columns, train, validation, fingerprint, f"{label} ({', '.join(sizes)})")
 
 
 def new_digest(corpus: HFCorpus) -> Any:
