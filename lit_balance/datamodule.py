@@ -134,9 +134,13 @@ class BalancedTextDataModule(L.LightningDataModule):
     Raises:
         FileNotFoundError: a corpus path does not exist.
         ValueError: a bad setting (with the value), e.g. a ``vocab_size`` that differs from the
-            tokenizer's; an unreadable, non-UTF-8 or empty corpus; a list of str that names files.
+            tokenizer's; an unreadable, non-UTF-8 or empty corpus; a list of str that names files; a
+            ``val_fraction`` beside a ``DatasetDict``'s ``validation`` split; a token-id ``IterableDataset``
+            without ``vocab_size`` or tokenizer; a dataset without a usable column.
         TypeError: a setting of the wrong type (e.g. ``pin_memory="yes"``, ``cache_dir=5``), or a
             corpus or tokenizer of an unsupported type.
+        ImportError: a Hugging Face ``datasets`` object while ``datasets`` cannot be imported (the message
+            says ``pip install "lit_balance[datasets]"``).
 
     Example:
         >>> dm = BalancedTextDataModule(["the cat sat", "a dog ran far away"], max_tokens=64, val_fraction=0,
