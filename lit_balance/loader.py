@@ -82,7 +82,8 @@ def item_lengths(dataset: Any, length: LengthSpec) -> np.ndarray:
             function of the item returning an int.
 
     Returns:
-        int64 ``[len(dataset)]``: tokens per item.
+        int64 ``[len(dataset)]``: tokens per item. Columns of a Hugging Face ``datasets.Dataset`` are read in
+        Arrow, without a Python loop over the rows.
 
     Raises:
         TypeError: ``length`` is none of the above, an item is not a mapping, or a field holds neither a
@@ -95,6 +96,9 @@ def item_lengths(dataset: Any, length: LengthSpec) -> np.ndarray:
         [3, 2]
     """
     read = _length_function(length)
+    fast = _arrow_lengths(dataset, length)
+    if fast is not None:
+        return fast
     out = np.empty(len(dataset), dtype=np.int64)
     for i in range(len(dataset)):
         value = read(dataset[i], i)
@@ -105,6 +109,41 @@ def item_lengths(dataset: Any, length: LengthSpec) -> np.ndarray:
                              "drop empty items from the dataset first")
         out[i] = value
     return out
+
+
+def _arrow_lengths(dataset: Any, length: LengthSpec) -> np.ndarray | None:
+    """Lengths of Hugging Face ``datasets.Dataset`` columns read in Arrow (no Python loop over rows), or None.
+
+    Used when ``length`` names columns of such a dataset that hold lists (their lengths) or integers; any other
+    case (a function, other datasets, other column types) returns None and is read item by item.
+    """
+    fields = (length,) if isinstance(length, str) else length
+    names = getattr(dataset, "column_names", None)
+    if callable(length) or not isinstance(names, list) or not hasattr(dataset, "with_format") \
+            or not all(isinstance(f, str) and f in names for f in fields) or len(dataset) == 0:
+        return None
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = dataset.with_format("arrow")
+    columns = []
+    for field in fields:
+        column = table[field]
+        kind = column.type
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+            column = pc.list_value_length(column)
+        elif not pa.types.is_integer(kind):
+            return None
+        if column.null_count:
+            return None  # item by item, where the message names the item
+        columns.append(np.asarray(column.to_numpy(), dtype=np.int64))
+    lengths = np.max(np.stack(columns), axis=0)
+    bad = np.flatnonzero(lengths < 1)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"item {i} has length {int(lengths[i])} (length={length!r}); every item needs at least 1 "
+                         "token: drop empty items from the dataset first")
+    return lengths
 
 
 class MicroBatchItems(list):

@@ -275,3 +275,30 @@ def test_source_target_micro_batches_keep_each_fields_padded_slots_within_max_to
                 assert batch["attention_mask"][r].sum() == s and rows == len(batch["is_fill"])
             seen.extend(real)
     assert sorted(seen) == list(range(len(items)))  # nothing lost, nothing repeated beyond fill rows
+
+
+# --------------------------------------------------------------------------------- Hugging Face datasets
+def test_hugging_face_dataset_lengths_read_in_arrow_equal_the_item_by_item_reading():
+    datasets = pytest.importorskip("datasets")
+    rng = np.random.default_rng(4)
+    items = [{"input_ids": rng.integers(5, 50, size=int(rng.integers(1, 30))).tolist(),
+              "labels": rng.integers(5, 50, size=int(rng.integers(1, 30))).tolist(), "n": int(rng.integers(1, 9)),
+              "label": i % 2} for i in range(200)]
+    ds = datasets.Dataset.from_list(items).shuffle(seed=1).select(range(150))  # an indices mapping over the table
+    rows = [ds[i] for i in range(len(ds))]
+    for length in ("input_ids", ["input_ids", "labels"], "n", ["n", "input_ids"]):
+        assert item_lengths(ds, length).tolist() == item_lengths(rows, length).tolist()
+    # and the whole path: a micro-batch fetched with the dataset's __getitems__
+    train = MicroBatchDataset(ds, ["input_ids", "labels"])
+    sampler = BalancedBatchSampler(train.lengths, max_tokens=64, num_replicas=1, rank=0)
+    collate = PadFieldsCollator(["input_ids", "labels"], pad_token_id=0, scalar_fields=["label", "n"])
+    seen = []
+    for batch in balanced_dataloader(train, sampler, collate):
+        for r, i in enumerate(batch["indices"].tolist()):
+            assert batch["input_ids"][r, : len(rows[i]["input_ids"])].tolist() == rows[i]["input_ids"]
+            assert batch["label"][r] == rows[i]["label"]
+        seen += batch["indices"].tolist()
+    assert sorted(seen) == list(range(150))
+    empty = datasets.Dataset.from_list([{"input_ids": [1]}, {"input_ids": []}])
+    with pytest.raises(ValueError, match="item 1 has length 0"):
+        item_lengths(empty, "input_ids")
