@@ -39,3 +39,22 @@ def test_example_runs_as_a_script_and_trains(tmp_path, example):
         assert steps == 2 and 0 < loss < 20  # ln(30522) = 10.3 at random initialisation
     else:  # three epochs of the map-style path; the loss below ln(3), a guess among 3 classes
         assert steps > 2 and loss < 1.0986
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_the_hugging_face_model_trains_from_the_command_line_as_the_page_shows(tmp_path):
+    """The page's `lit-balance fit --model.class_path=my_lm.HFCausalLM ...` with the example saved as my_lm.py."""
+    command = re.search(r"```bash\n(lit-balance fit --model\.class_path=my_lm\.HFCausalLM.*?)```", PAGE.read_text("utf-8"),
+                        flags=re.DOTALL).group(1)
+    args = command.replace("\\\n", " ").split()[1:]
+    assert args[:2] == ["fit", "--model.class_path=my_lm.HFCausalLM"] and "--trainer.devices=2" in args
+    (tmp_path / "my_lm.py").write_text(EXAMPLES[0], encoding="utf-8")
+    path = os.pathsep.join(p for p in (str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run([sys.executable, "-m", "lit_balance.cli", *args, "--trainer.logger=false",
+                           "--trainer.enable_checkpointing=false", "--trainer.limit_val_batches=0"],
+                          check=False, capture_output=True, text=True, timeout=500, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": path, "LIT_BALANCE_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "world size 2 | per-rank budget 1024 padded slots" in proc.stdout
+    assert re.search(r"max_steps=3. reached", proc.stderr + proc.stdout), (proc.stdout + proc.stderr)[-3000:]
