@@ -43,7 +43,7 @@ from lit_balance.datamodule import BalancedTextDataModule
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.settings import BatchingSettings
 
-__all__ = ["LitBalanceCLI", "build_cli", "main", "plan_parser", "run_plan"]
+__all__ = ["LitBalanceCLI", "build_cli", "main", "plan_options_from_fit", "plan_parser", "run_plan"]
 
 
 _DEFAULT_MAX_TOKENS = 4096  # as BalancedTextDataModule's
@@ -171,8 +171,11 @@ def plan_options_from_fit(fit_cfg: Namespace, source: str = "the fit config") ->
     extra: dict[str, Any] = {}
     for key, value in vars(data).items():
         if key == "settings":
+            if isinstance(value, Namespace) and "init_args" in value:  # jsonargparse's class_path / init_args
+                value = value.init_args
             if value is not None:
-                options.update({name: value[name] for name in BatchingSettings.names() if name in value})
+                fields = value if isinstance(value, Namespace) else dataclasses.asdict(value)
+                options.update({name: fields[name] for name in BatchingSettings.names() if name in fields})
         elif key == "cost_model":
             model = CostModel() if value is None else value
             if isinstance(model, Namespace) and "init_args" in model:  # jsonargparse's class_path / init_args
