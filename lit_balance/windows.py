@@ -205,12 +205,13 @@ class WindowedPlan:
                 first = windows.window_of(int(pool[np.argmax(lengths[pool])]))
         self.order = windows.order(epoch, settings, first)
         nonempty = [int(j) for j in self.order if self._has_samples(int(j))]
-        if nonempty and int(min_steps) > int(counts.sum()):  # the rest of a resumed epoch: the first window grows
-            j = nonempty[0]
-            members = windows.members(j)
-            padded = padded_lengths(lengths[members], settings.pad_to_multiple_of)
-            extra = int(min_steps) - int(counts.sum()) + int(counts[j])
-            counts[j], self._plan_min[j] = _expected_steps(padded, self._masks[j], settings, self.num_replicas, extra)
+        for j in nonempty:  # the rest of a resumed epoch: windows grow, first to last, until it is long enough
+            deficit = int(min_steps) - int(counts.sum())
+            if deficit <= 0:
+                break
+            padded = padded_lengths(lengths[windows.members(j)], settings.pad_to_multiple_of)
+            counts[j], self._plan_min[j] = _expected_steps(padded, self._masks[j], settings, self.num_replicas,
+                                                           int(counts[j]) + deficit)
         if not uniform:  # unequal speeds can lengthen a window's plan: count by planning each one
             for j in range(windows.num_windows):
                 counts[j] = self._plan_local(j)[0].num_micro_steps if self._has_samples(j) else 0
