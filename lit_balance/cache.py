@@ -5,6 +5,12 @@ arrays, no pickle) and ``meta.json`` (key, format, counts and the sha256 of each
 hashes the corpus content (for files, their bytes: :meth:`CorpusSource.content_fingerprint`) with the
 tokenizer's fingerprint, so an edit that keeps a file's size and mtime still rebuilds.
 
+Building streams: the corpus is read in chunks (:meth:`CorpusSource.iter_chunks`, files line by line), each
+chunk is tokenized with one ``encode_batch`` call and appended to the array files, and the ``.npy`` headers
+are completed at the end, so memory stays bounded by a chunk whatever the size of the corpus. The files are
+the ones ``np.save`` writes for the whole arrays. The corpus's content fingerprint is taken before and after
+tokenizing; a corpus that changed in between is not cached.
+
 An entry is written into a temporary directory ``.tmp-<key>-<pid>-<random>`` inside ``cache_dir`` and
 renamed into place, so concurrent processes never read a half-written entry; a stale or corrupt entry is
 detected, set aside (``.trash-*``) and rebuilt. Directories and files are created with mode ``0o777`` /
@@ -25,11 +31,15 @@ Leftovers of killed builds are removed at the start of the next build in the sam
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
 import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,13 +52,14 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
 from lit_balance._fingerprint import sha256_of as _sha256
-from lit_balance.corpus import CorpusSource
+from lit_balance.corpus import CorpusChunk, CorpusSource
 from lit_balance.tokenizer import TokenizerAdapter
 
 __all__ = ["TokenizedCorpus", "build_cache", "cache_key", "default_cache_dir", "load_cache", "load_or_build"]
 
 _CACHE_FORMAT = 1  # bump when the layout of a cache entry changes
-_ENCODE_CHUNK = 1024
+_HASH_BLOCK = 1 << 22  # bytes read per update when hashing an entry's files
+_CHECK_BLOCK = 1 << 20  # offsets checked per step when a corpus is loaded
 _ARRAYS = {"token_ids": np.int32, "offsets": np.int64, "source_index": np.int64}
 _TMP, _TRASH, _LOCK = ".tmp-", ".trash-", ".lock"
 _UNLOCKED_TMP_MAX_AGE_S = 24 * 3600  # a temporary directory without a lock file is a leftover after this
@@ -97,8 +108,10 @@ class TokenizedCorpus:
         if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(self.token_ids):
             raise ValueError(f"offsets must run from 0 to len(token_ids)={len(self.token_ids)}, "
                              f"got {offsets[:1].tolist()}..{offsets[-1:].tolist()}")
-        if np.any(np.diff(offsets) < 0):
-            raise ValueError("offsets must be non-decreasing")
+        for begin in range(0, len(offsets) - 1, _CHECK_BLOCK):  # in blocks: no temporary as large as the corpus
+            block = np.asarray(offsets[begin:begin + _CHECK_BLOCK + 1])
+            if np.any(block[1:] < block[:-1]):
+                raise ValueError("offsets must be non-decreasing")
         if len(self.source_index) != len(offsets) - 1:
             raise ValueError(f"source_index has {len(self.source_index)} entries, expected {len(offsets) - 1}")
         if self.num_empty < 0:
@@ -181,45 +194,128 @@ def _check_types(source: Any, tokenizer: Any) -> None:
 def _file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
+        for block in iter(lambda: handle.read(_HASH_BLOCK), b""):
             digest.update(block)
     return digest.hexdigest()
 
 
-def _tokenize(source: CorpusSource, tokenizer: TokenizerAdapter, progress: bool) -> tuple[list[np.ndarray], int]:
-    if source.kind == "token_ids":
-        docs: list[Any] = source.load_token_ids()
-        chunks: Any = (docs[i:i + _ENCODE_CHUNK] for i in range(0, len(docs), _ENCODE_CHUNK))
-    else:
-        docs = source.load_texts()
-        chunks = (tokenizer.encode_batch(docs[i:i + _ENCODE_CHUNK]) for i in range(0, len(docs), _ENCODE_CHUNK))
-    bar = None
+class _NpyAppender:
+    """A 1-D ``.npy`` file written by appending values; the length in its header is filled in by :meth:`close`.
+
+    numpy leaves room in the header of a 1-D array for a length of up to 21 digits (so that the header can be
+    rewritten in place), so the header written first for length 0 is as long as the final one, and the closed
+    file is byte for byte what ``np.save`` writes for the whole array.
+    """
+
+    def __init__(self, path: Path, dtype: Any) -> None:
+        self._dtype = np.dtype(dtype)
+        self._count = 0
+        self._file = open(path, "wb")  # mode 0o666 less the umask, like np.save
+        self._header_len = self._file.write(self._header(0))
+
+    def _header(self, length: int) -> bytes:
+        buffer = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buffer, {"descr": np.lib.format.dtype_to_descr(self._dtype),
+                                                       "fortran_order": False, "shape": (length,)})
+        return buffer.getvalue()
+
+    def append(self, values: np.ndarray) -> None:
+        self._file.write(np.ascontiguousarray(values, dtype=self._dtype).data)
+        self._count += len(values)
+
+    def close(self) -> int:
+        """Write the final header, close the file and return the array's length."""
+        try:
+            header = self._header(self._count)
+            if len(header) != self._header_len:
+                raise RuntimeError(f"the .npy header for {self._count} values is {len(header)} bytes, not the "
+                                   f"{self._header_len} reserved; this numpy version cannot append in place")
+            self._file.seek(0)
+            self._file.write(header)
+        finally:
+            self._file.close()
+        return self._count
+
+
+def _encode(chunk: CorpusChunk, tokenizer: TokenizerAdapter) -> list[list[int]] | None:
+    return tokenizer.encode_batch(chunk.texts) if chunk.texts is not None else None
+
+
+def _chunk_ids(chunk: CorpusChunk, encoded: list[list[int]] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens per document (int64 ``[len(chunk)]``) and the chunk's token ids concatenated (int64)."""
+    if encoded is not None:
+        sizes = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        return sizes, np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int64, count=int(sizes.sum()))
+    docs = chunk.token_ids
+    sizes = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))  # type: ignore[arg-type]
+    flat = np.concatenate(docs).astype(np.int64, copy=False) if len(docs) else np.zeros(0, np.int64)  # type: ignore
+    return sizes, flat
+
+
+def _tokenized_chunks(source: CorpusSource, tokenizer: TokenizerAdapter
+                      ) -> Iterator[tuple[CorpusChunk, np.ndarray, np.ndarray]]:
+    """Yield each chunk with its tokens per document and token ids, encoding one chunk ahead in a thread.
+
+    ``encode_batch`` of a ``tokenizers`` tokenizer releases the GIL and runs on its own thread pool, so the next
+    chunk is encoded while this thread reads the corpus and writes the arrays; at most three chunks are alive
+    (the one written, the one encoded, the one just read).
+    """
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lit_balance-encode") as pool:
+        pending: tuple[CorpusChunk, Future] | None = None
+        for chunk in source.iter_chunks():
+            future = pool.submit(_encode, chunk, tokenizer)
+            if pending is not None:
+                yield pending[0], *_chunk_ids(pending[0], pending[1].result())
+            pending = (chunk, future)
+        if pending is not None:
+            yield pending[0], *_chunk_ids(pending[0], pending[1].result())
+
+
+def _check_vocab(flat: np.ndarray, sizes: np.ndarray, start: int, vocab_size: int) -> None:
+    if flat.size and (flat.min() < 0 or flat.max() >= vocab_size):
+        position = int(np.flatnonzero((flat < 0) | (flat >= vocab_size))[0])
+        doc = start + int(np.searchsorted(np.cumsum(sizes), position, side="right"))
+        raise ValueError(f"document {doc} holds the token id {int(flat[position])}, outside [0, vocab_size="
+                         f"{vocab_size}); pass a tokenizer or vocab_size that covers it")
+
+
+def _tokenize_into(entry: Path, source: CorpusSource, tokenizer: TokenizerAdapter,
+                   progress: bool) -> tuple[int, int, int]:
+    """Tokenize ``source`` chunk by chunk, appending to the array files in ``entry``.
+
+    Returns:
+        ``(documents read, documents kept, tokens)``.
+    """
+    writers = {name: _NpyAppender(entry / f"{name}.npy", dtype) for name, dtype in _ARRAYS.items()}
+    writers["offsets"].append(np.zeros(1, dtype=np.int64))
+    num_docs = num_kept = num_tokens = 0
+    bar, started = None, time.perf_counter()
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(docs), unit="doc", desc=f"Tokenizing {source.description}")
-    lengths, flats, start = [], [], 0
+        bar = tqdm(total=source.num_docs, unit="doc", desc=f"Tokenizing {source.description}")
     try:
-        for chunk in chunks:
-            sizes = np.fromiter((len(ids) for ids in chunk), dtype=np.int64, count=len(chunk))
-            if source.kind == "token_ids":
-                flat = np.concatenate(chunk) if chunk else np.zeros(0, dtype=np.int64)
-            else:
-                flat = np.fromiter(itertools.chain.from_iterable(chunk), dtype=np.int64, count=int(sizes.sum()))
-            if flat.size and (flat.min() < 0 or flat.max() >= tokenizer.vocab_size):
-                bad = flat[(flat < 0) | (flat >= tokenizer.vocab_size)][0]
-                doc = start + int(np.searchsorted(np.cumsum(sizes), np.flatnonzero(flat == bad)[0], side="right"))
-                raise ValueError(f"document {doc} holds the token id {int(bad)}, outside [0, vocab_size="
-                                 f"{tokenizer.vocab_size}); pass a tokenizer or vocab_size that covers it")
-            lengths.append(sizes)
-            flats.append(flat.astype(np.int32))
-            start += len(chunk)
-            if bar is not None:
-                bar.update(len(chunk))
+        with closing(_tokenized_chunks(source, tokenizer)) as chunks:
+            for chunk, sizes, flat in chunks:
+                if chunk.start != num_docs:
+                    raise RuntimeError(f"the corpus ({source.description}) yielded a chunk starting at document "
+                                       f"{chunk.start} after {num_docs} documents; chunks must be consecutive")
+                _check_vocab(flat, sizes, num_docs, tokenizer.vocab_size)
+                kept = np.flatnonzero(sizes)
+                writers["token_ids"].append(flat)
+                writers["offsets"].append(np.cumsum(sizes[kept]) + num_tokens)
+                writers["source_index"].append(kept + num_docs)
+                num_docs, num_kept, num_tokens = num_docs + len(chunk), num_kept + len(kept), num_tokens + len(flat)
+                if bar is not None:
+                    rate = num_tokens / max(time.perf_counter() - started, 1e-9)
+                    bar.set_postfix_str(f"{num_tokens:,} tokens, {rate:,.0f} tokens/s", refresh=False)
+                    bar.update(len(chunk))
     finally:
+        for writer in writers.values():
+            writer.close()
         if bar is not None:
             bar.close()
-    return [np.concatenate(lengths), np.concatenate(flats)], len(docs)
+    return num_docs, num_kept, num_tokens
 
 
 def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: str | os.PathLike,
@@ -237,7 +333,7 @@ def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: st
         tokenizer: the tokenizer, from :func:`resolve_tokenizer` (for token-id corpora it only
             supplies ``vocab_size`` and ``pad_token_id``).
         cache_dir: directory holding cache entries (created if missing).
-        progress: show a progress bar over documents.
+        progress: show a progress bar: documents, documents per second, tokens and tokens per second.
 
     Returns:
         The entry directory.
@@ -261,23 +357,17 @@ def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: st
     tmp, lock_fd = _start_entry(cache_dir, key)  # before tokenizing: a cache_dir that is not writable fails now
     try:
         _remove_leftovers(cache_dir)
-        (all_lengths, token_ids), num_docs = _tokenize(source, tokenizer, progress)
+        num_docs, num_kept, num_tokens = _tokenize_into(tmp, source, tokenizer, progress)
         if cache_key(source, tokenizer) != key:
             raise RuntimeError(f"the corpus ({source.description}) changed while it was tokenized; run again once "
                                "its files no longer change")
-        source_index = np.flatnonzero(all_lengths > 0).astype(np.int64)
-        if not len(source_index):
+        if not num_kept:
             raise ValueError(f"all {num_docs} documents of the corpus ({source.description}) are empty after "
                              "tokenization")
-        offsets = np.zeros(len(source_index) + 1, dtype=np.int64)
-        np.cumsum(all_lengths[source_index], out=offsets[1:])
         target = cache_dir / key
-        digests = {}
-        for name, array in (("token_ids", token_ids), ("offsets", offsets), ("source_index", source_index)):
-            np.save(tmp / f"{name}.npy", array, allow_pickle=False)
-            digests[f"{name}.npy"] = _file_sha256(tmp / f"{name}.npy")
-        meta = {"key": key, "format": _CACHE_FORMAT, "num_docs": len(source_index), "num_tokens": len(token_ids),
-                "num_empty": num_docs - len(source_index), "vocab_size": tokenizer.vocab_size,
+        digests = {f"{name}.npy": _file_sha256(tmp / f"{name}.npy") for name in _ARRAYS}
+        meta = {"key": key, "format": _CACHE_FORMAT, "num_docs": num_kept, "num_tokens": num_tokens,
+                "num_empty": num_docs - num_kept, "vocab_size": tokenizer.vocab_size,
                 "pad_token_id": tokenizer.pad_token_id, "description": source.description, "sha256": digests}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
         for _ in range(3):

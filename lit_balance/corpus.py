@@ -4,6 +4,9 @@ A corpus is resolved into a :class:`CorpusSource`; its :meth:`CorpusSource.conte
 a sha256 of their bytes, read when the cache is consulted) with a tokenizer's fingerprint keys the tokenization
 cache (:mod:`lit_balance.cache`). Corpus files must be regular files: pipes, FIFOs, sockets and devices are
 refused, since the cache reads the files twice (to hash and to tokenize) and a pipe could block forever.
+
+:meth:`CorpusSource.iter_chunks` yields the documents in chunks of bounded size (:class:`CorpusChunk`: texts or
+token ids), reading files line by line, so that tokenizing a corpus never holds more than one chunk of it.
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ import sysconfig
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from lit_balance._fingerprint import sha256_of as _sha256
 
-__all__ = ["BUILTIN_CORPUS", "CorpusSource", "resolve_corpus", "stdlib_docstrings"]
+__all__ = ["BUILTIN_CORPUS", "CorpusChunk", "CorpusSource", "resolve_corpus", "stdlib_docstrings"]
 
 BUILTIN_CORPUS = "stdlib_docstrings"
 
@@ -39,6 +43,8 @@ _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle
 _DOC_NODES = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 _UTF8_BOM = b"\xef\xbb\xbf"
 _HASH_BLOCK = 1 << 22  # bytes read per update when hashing corpus files
+_CHUNK_DOCS = 4096  # most documents per chunk of CorpusSource.iter_chunks
+_CHUNK_CHARS = 1 << 21  # most characters (or token ids) per chunk, unless one document is larger
 _FILE_TYPES = ((stat.S_ISFIFO, "a pipe or FIFO"), (stat.S_ISSOCK, "a socket"),
                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
@@ -149,19 +155,32 @@ def _file_sha256(path: Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _read_utf8(path: Path) -> str:
+def _file_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Yield ``(line number, line)`` of a UTF-8 file, read line by line (never the whole file at once).
+
+    A leading UTF-8 byte order mark is skipped. Lines end at ``\\r\\n``, ``\\r`` or ``\\n`` (universal
+    newlines, as ``open(..., newline=None)``), and are yielded without their end; numbers count from 1.
+    """
+    number, offset = 0, 0
     with _open_regular(path) as handle:
         try:
-            data = handle.read()
+            for raw in handle:  # binary iteration splits at b"\n", which never occurs inside a UTF-8 sequence
+                skip = len(_UTF8_BOM) if offset == 0 and raw.startswith(_UTF8_BOM) else 0
+                try:
+                    text = raw[skip:].decode("utf-8") if skip else raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise ValueError(f"corpus file {str(path)!r} is not valid UTF-8 at byte "
+                                     f"{offset + skip + error.start}; re-encode it as UTF-8") from None
+                offset += len(raw)
+                if "\r" in text:
+                    text = text.replace("\r\n", "\n").replace("\r", "\n")
+                if text.endswith("\n"):
+                    text = text[:-1]
+                for line in text.split("\n"):
+                    number += 1
+                    yield number, line
         except OSError as error:
             raise ValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
-    skip = len(_UTF8_BOM) if data.startswith(_UTF8_BOM) else 0
-    try:
-        return data[skip:].decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(
-            f"corpus file {str(path)!r} is not valid UTF-8 at byte {error.start + skip}; re-encode it as UTF-8"
-        ) from None
 
 
 def _file_format(path: Path) -> str:
@@ -176,29 +195,30 @@ def _check_txt_documents(txt_documents: Any) -> str:
     return txt_documents
 
 
-def _paragraphs(lines: list[str]) -> list[str]:
+def _paragraphs(lines: Iterable[str]) -> Iterator[str]:
     """Join runs of non-blank lines with ``\\n``; blank (whitespace-only) lines separate documents."""
-    docs, current = [], []
-    for line in lines + [""]:
+    current: list[str] = []
+    for line in lines:
         if line.strip():
             current.append(line)
         elif current:
-            docs.append("\n".join(current))
+            yield "\n".join(current)
             current = []
-    return docs
+    if current:
+        yield "\n".join(current)
 
 
-def _file_documents(path: Path, text_key: str, txt_documents: str = "line") -> list[str]:
-    # universal newlines: \r\n, \r and \n all end a line
-    lines = _read_utf8(path).replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    if _file_format(path) != "jsonl" and txt_documents == "paragraph":
-        return _paragraphs(lines)
-    docs = []
-    for number, line in enumerate(lines, start=1):
+def _file_documents(path: Path, text_key: str, txt_documents: str = "line") -> Iterator[str]:
+    """Yield the documents of one corpus file in order, reading it line by line."""
+    lines = _file_lines(path)
+    if _file_format(path) != "jsonl":
+        if txt_documents == "paragraph":
+            yield from _paragraphs(line for _, line in lines)
+        else:
+            yield from (line for _, line in lines if line.strip())
+        return
+    for number, line in lines:
         if not line.strip():
-            continue
-        if _file_format(path) != "jsonl":
-            docs.append(line)
             continue
         where = f"corpus file {str(path)!r}, line {number}"
         try:
@@ -211,8 +231,64 @@ def _file_documents(path: Path, text_key: str, txt_documents: str = "line") -> l
             raise ValueError(f"{where}: no key {text_key!r} (keys: {sorted(obj)[:10]}); set text_key=")
         if not isinstance(obj[text_key], str):
             raise ValueError(f"{where}: {text_key!r} is {type(obj[text_key]).__name__}, expected a string")
-        docs.append(obj[text_key])
-    return docs
+        yield obj[text_key]
+
+
+@dataclass(frozen=True, eq=False)
+class CorpusChunk:
+    """Consecutive documents of a corpus, as texts or as token ids: one step of :meth:`CorpusSource.iter_chunks`.
+
+    Exactly one of ``texts`` and ``token_ids`` is set.
+
+    Attributes:
+        start: index in the corpus of the chunk's first document (documents count from 0, empty ones too).
+        texts: the documents as strings, for text corpora (tokenized by the cache builder).
+        token_ids: one 1-D integer array per document, for pre-tokenized corpora (used as given).
+
+    Raises:
+        ValueError: ``start`` is negative, or not exactly one of ``texts`` and ``token_ids`` is given.
+
+    Example:
+        >>> chunk = CorpusChunk(start=2, texts=["a", "b"])
+        >>> len(chunk), chunk.token_ids is None
+        (2, True)
+    """
+
+    start: int
+    texts: Sequence[str] | None = None
+    token_ids: Sequence[np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.start, bool) or not isinstance(self.start, (int, np.integer)) or self.start < 0:
+            raise ValueError(f"start must be an int >= 0, got {self.start!r}")
+        if (self.texts is None) == (self.token_ids is None):
+            raise ValueError("a CorpusChunk holds either texts or token_ids, got "
+                             f"{'both' if self.texts is not None else 'neither'}")
+
+    def __len__(self) -> int:
+        docs = self.texts if self.texts is not None else self.token_ids
+        return len(docs)  # type: ignore[arg-type]
+
+
+def _check_limit(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+def _chunked(docs: Iterable[Any], max_docs: int, max_size: int, size: Callable[[Any], int],
+             make: Callable[[int, list], CorpusChunk]) -> Iterator[CorpusChunk]:
+    """Group documents into chunks of at most ``max_docs`` documents and (past the first) ``max_size`` units."""
+    batch: list[Any] = []
+    start = total = 0
+    for doc in docs:
+        if batch and (len(batch) == max_docs or total + size(doc) > max_size):
+            yield make(start, batch)
+            start, batch, total = start + len(batch), [], 0
+        batch.append(doc)
+        total += size(doc)
+    if batch:
+        yield make(start, batch)
 
 
 @dataclass(frozen=True)
@@ -268,8 +344,64 @@ class CorpusSource:
             parts += [_file_format(path), str(size), digest]
         return _sha256(*parts)
 
+    def iter_chunks(self, max_docs: int | None = None, max_chars: int | None = None) -> Iterator[CorpusChunk]:
+        """Yield the documents in corpus order, in chunks of bounded size; files are read as the chunks go.
+
+        Files are read line by line and JSONL lines parsed one at a time (:mod:`json`), so a consumer that
+        keeps no chunk holds at most one chunk of documents (plus the line being read) at any time,
+        whatever the size of the files. The built-in and in-memory corpora are already in memory; their
+        chunks refer to the same strings and arrays (no copies).
+
+        Args:
+            max_docs: most documents per chunk (None: 4096).
+            max_chars: most characters per chunk of texts (token ids per chunk of a pre-tokenized corpus); a
+                single larger document forms a chunk of its own (None: 2**21).
+
+        Returns:
+            An iterator of :class:`CorpusChunk` whose ``start`` values count the documents before each chunk.
+
+        Raises:
+            ValueError: ``max_docs`` or ``max_chars`` is not an int >= 1 (at the call); while iterating: a file
+                cannot be read, is not UTF-8, has a bad JSONL line, or holds no document at all.
+
+        Example:
+            >>> [(chunk.start, list(chunk.texts)) for chunk in resolve_corpus(["a", "b", "c"]).iter_chunks(2)]
+            [(0, ['a', 'b']), (2, ['c'])]
+        """
+        max_docs = _check_limit("max_docs", _CHUNK_DOCS if max_docs is None else max_docs)
+        max_chars = _check_limit("max_chars", _CHUNK_CHARS if max_chars is None else max_chars)
+        if self.kind == "token_ids":
+            return _chunked(self._payload, max_docs, max_chars, len,
+                            lambda start, docs: CorpusChunk(start, token_ids=docs))
+        if self.kind == "builtin":
+            docs: Iterable[str] = stdlib_docstrings()
+        elif self.kind == "texts":
+            docs = self._payload
+        else:
+            docs = self._iter_file_documents()
+        return _chunked(docs, max_docs, max_chars, len, lambda start, texts: CorpusChunk(start, texts=texts))
+
+    def _iter_file_documents(self) -> Iterator[str]:
+        empty = True
+        for path in self._payload:
+            for doc in _file_documents(path, self._text_key, self._txt_documents):
+                empty = False
+                yield doc
+        if empty:
+            raise ValueError(f"corpus is empty: no non-blank lines in {', '.join(map(str, self._payload))}")
+
+    @property
+    def num_docs(self) -> int | None:
+        """Number of documents when known without reading the corpus (in-memory corpora), else None.
+
+        Example:
+            >>> resolve_corpus(["a", "b"]).num_docs, resolve_corpus().num_docs
+            (2, None)
+        """
+        return len(self._payload) if self.kind in ("texts", "token_ids") else None
+
     def load_texts(self) -> list[str]:
-        """Read the documents as strings.
+        """Read all documents as strings into one list (:meth:`iter_chunks` reads them chunk by chunk).
 
         Returns:
             The documents in corpus order (blank lines of text files are not documents).
@@ -288,10 +420,7 @@ class CorpusSource:
             return stdlib_docstrings()
         if self.kind == "texts":
             return list(self._payload)
-        docs = [doc for path in self._payload for doc in _file_documents(path, self._text_key, self._txt_documents)]
-        if not docs:
-            raise ValueError(f"corpus is empty: no non-blank lines in {', '.join(map(str, self._payload))}")
-        return docs
+        return list(self._iter_file_documents())
 
     def load_token_ids(self) -> list[np.ndarray]:
         """Return the pre-tokenized documents.

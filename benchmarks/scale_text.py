@@ -1,0 +1,245 @@
+"""Tokenizing large corpora: peak memory and speed of ``prepare_data`` beside the tokenizer's own ``encode_batch``.
+
+JSONL corpora of a given size are made by sampling the built-in corpus's documents (the standard library's
+docstrings) with a seeded generator, one ``{"text": ...}`` object per line. For each size, two fresh
+subprocesses run one after the other in the same invocation:
+
+* ``prepare_data``: ``BalancedTextDataModule(corpus=<file>).prepare_data()`` into an empty cache directory
+  (hashing the file, reading it line by line, tokenizing chunk by chunk, writing the entry, hashing again).
+  Measured: the process's resident memory after ``import lit_balance`` and the DataModule (``VmRSS``), its
+  peak over the whole run (``VmHWM``), and the wall time of ``prepare_data``.
+* ``encode_batch``: the same file streamed the same way (:meth:`CorpusSource.iter_chunks`), each chunk passed
+  to the tokenizer's own ``encode_batch`` (``tokenizers.Tokenizer.encode_batch_fast``); only the time inside
+  those calls counts.
+
+The ratio of the two token rates (``prepare_data`` over ``encode_batch``) is the figure the target speaks of;
+memory is reported as the peak above the post-import resident memory.
+
+Run:
+    python -m benchmarks.scale_text                    # 150 MB and 1.5 GB (about an hour on 2 busy cores)
+    python -m benchmarks.scale_text --quick            # 5 MB and 20 MB
+    python -m benchmarks.scale_text --sizes-mb 150 --work-dir /big/tmp --output-dir outputs/scale_text
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from benchmarks._harness import ROOT, git_state, number
+
+__all__ = ["make_corpus", "run"]
+
+FULL_SIZES_MB = (150.0, 1500.0)
+QUICK_SIZES_MB = (5.0, 20.0)
+_CHILD_TIMEOUT_S = 6 * 3600
+_MB = 1 << 20
+
+
+def make_corpus(path: Path, size_mb: float, seed: int = 0) -> dict[str, int]:
+    """Write a JSONL corpus of at least ``size_mb`` MiB (then stop at the next line) sampled from the built-in one.
+
+    Documents are drawn uniformly with replacement (``numpy.random.default_rng(seed)``), so a given size and seed
+    always give the same file.
+
+    Returns:
+        ``{"bytes": file size, "num_docs": lines written}``.
+    """
+    import numpy as np
+
+    from lit_balance.corpus import stdlib_docstrings
+
+    lines = [(json.dumps({"text": doc}, ensure_ascii=False) + "\n").encode("utf-8") for doc in stdlib_docstrings()]
+    rng = np.random.default_rng(seed)
+    target, written, num_docs = int(size_mb * _MB), 0, 0
+    with open(path, "wb") as handle:
+        while written < target:
+            for index in rng.integers(0, len(lines), size=4096):
+                handle.write(lines[index])
+                written += len(lines[index])
+                num_docs += 1
+                if written >= target:
+                    break
+    return {"bytes": written, "num_docs": num_docs}
+
+
+def _status_kib(field: str) -> int:
+    """A ``VmRSS``/``VmHWM`` line of /proc/self/status, in KiB (Linux)."""
+    with open("/proc/self/status", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field} line; this benchmark needs Linux")
+
+
+def _child_prepare(corpus: Path, cache_dir: Path) -> dict[str, Any]:
+    import lit_balance  # noqa: F401  (the baseline: the package and the DataModule imported)
+    from lit_balance import BalancedTextDataModule
+
+    rss_after_import = _status_kib("VmRSS")
+    module = BalancedTextDataModule(corpus=corpus, cache_dir=cache_dir)
+    start = time.perf_counter()
+    module.prepare_data()
+    seconds = time.perf_counter() - start
+    entry = next(p for p in cache_dir.iterdir() if not p.name.startswith("."))
+    meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
+    return {"rss_after_import_kib": rss_after_import, "peak_rss_kib": _status_kib("VmHWM"), "seconds": seconds,
+            "num_docs": meta["num_docs"] + meta["num_empty"], "num_tokens": meta["num_tokens"],
+            "entry": str(entry)}
+
+
+def _child_encode(corpus: Path) -> dict[str, Any]:
+    from lit_balance.corpus import resolve_corpus
+    from lit_balance.tokenizer import resolve_tokenizer
+
+    backend = resolve_tokenizer().backend
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    encode_s, num_docs, num_tokens, start = 0.0, 0, 0, time.perf_counter()
+    for chunk in resolve_corpus(corpus).iter_chunks():
+        texts = list(chunk.texts)
+        before = time.perf_counter()
+        encodings = encode(texts, add_special_tokens=False)
+        encode_s += time.perf_counter() - before
+        num_docs += len(encodings)
+        num_tokens += sum(map(len, encodings))
+    return {"seconds": encode_s, "wall_s": time.perf_counter() - start, "num_docs": num_docs,
+            "num_tokens": num_tokens}
+
+
+def _run_child(*args: str) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.scale_text", "--child", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=_CHILD_TIMEOUT_S)
+    if done.returncode:
+        raise RuntimeError(f"the {args[0]} subprocess failed (exit code {done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(sizes_mb: list[float] | tuple[float, ...], work_dir: str | os.PathLike | None = None, quick: bool = False,
+        *, keep: bool = False, seed: int = 0) -> list[dict[str, Any]]:
+    """Measure ``prepare_data`` and ``encode_batch`` on JSONL corpora of the given sizes; one row per size.
+
+    Args:
+        sizes_mb: corpus sizes in MiB (None-free, each > 0); empty: the quick or full default sizes.
+        work_dir: where the corpora and caches are written (a fresh temporary directory inside it, removed at
+            the end unless ``keep``); None: the system's temporary directory.
+        quick: use :data:`QUICK_SIZES_MB` when ``sizes_mb`` is empty (else :data:`FULL_SIZES_MB`).
+        keep: keep the corpora and cache entries (their paths are in the rows: ``corpus``, ``entry``).
+        seed: seed of the document sampling.
+
+    Returns:
+        Rows with ``corpus_mb``, ``bytes``, ``num_docs``, ``num_tokens``, ``rss_after_import_mb``,
+        ``peak_rss_mb``, ``peak_above_import_mb`` (MiB), ``tokenize_s``, ``tokens_per_s``,
+        ``encode_batch_s`` (time inside ``encode_batch`` only), ``encode_batch_tokens_per_s``,
+        ``ratio_to_encode_batch`` (``tokens_per_s / encode_batch_tokens_per_s``), ``make_corpus_s``.
+
+    Raises:
+        ValueError: a size is not a positive number.
+        RuntimeError: a subprocess failed, or the two runs saw different documents or token counts.
+    """
+    sizes = list(sizes_mb) or list(QUICK_SIZES_MB if quick else FULL_SIZES_MB)
+    bad = [s for s in sizes if isinstance(s, bool) or not isinstance(s, (int, float)) or not s > 0]
+    if bad:
+        raise ValueError(f"sizes_mb must be positive numbers of MiB, got {bad}")
+    base = Path(work_dir) if work_dir is not None else Path(tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="scale_text-", dir=base))
+    rows = []
+    try:
+        for size in sizes:
+            corpus = root / f"corpus_{size:g}MB.jsonl"
+            start = time.perf_counter()
+            made = make_corpus(corpus, size, seed)
+            make_s = time.perf_counter() - start
+            cache_dir = root / f"cache_{size:g}MB"
+            prepared = _run_child("prepare", str(corpus), str(cache_dir))
+            encoded = _run_child("encode", str(corpus))
+            if (prepared["num_docs"], prepared["num_tokens"]) != (encoded["num_docs"], encoded["num_tokens"]):
+                raise RuntimeError(f"prepare_data saw {prepared['num_docs']} documents / {prepared['num_tokens']} "
+                                   f"tokens but encode_batch {encoded['num_docs']} / {encoded['num_tokens']}")
+            tokens_per_s = prepared["num_tokens"] / prepared["seconds"]
+            encode_rate = encoded["num_tokens"] / encoded["seconds"]
+            rows.append({
+                "corpus_mb": size, "bytes": made["bytes"], "num_docs": made["num_docs"],
+                "num_tokens": prepared["num_tokens"],
+                "rss_after_import_mb": prepared["rss_after_import_kib"] / 1024,
+                "peak_rss_mb": prepared["peak_rss_kib"] / 1024,
+                "peak_above_import_mb": (prepared["peak_rss_kib"] - prepared["rss_after_import_kib"]) / 1024,
+                "tokenize_s": prepared["seconds"], "tokens_per_s": tokens_per_s,
+                "encode_batch_s": encoded["seconds"], "encode_batch_wall_s": encoded["wall_s"],
+                "encode_batch_tokens_per_s": encode_rate, "ratio_to_encode_batch": tokens_per_s / encode_rate,
+                "make_corpus_s": make_s, **({"corpus": str(corpus), "entry": prepared["entry"]} if keep else {}),
+            })
+            if not keep:
+                corpus.unlink()
+                shutil.rmtree(cache_dir, ignore_errors=True)
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| corpus | documents | tokens | RSS after import | peak RSS | peak above import | prepare_data | "
+             "tokens/s | encode_batch tokens/s | ratio |", "|" + "---|" * 10]
+    for r in rows:
+        lines.append(f"| {r['bytes'] / _MB:,.0f} MiB | {r['num_docs']:,} | {r['num_tokens']:,} | "
+                     f"{r['rss_after_import_mb']:,.0f} MiB | {r['peak_rss_mb']:,.0f} MiB | "
+                     f"{r['peak_above_import_mb']:,.0f} MiB | {r['tokenize_s']:,.1f} s | {r['tokens_per_s']:,.0f} | "
+                     f"{r['encode_batch_tokens_per_s']:,.0f} | {r['ratio_to_encode_batch']:.2f} |")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--sizes-mb", type=number(lambda v: v > 0, "a size in MiB > 0"), nargs="*", default=[],
+                   help=f"corpus sizes in MiB (default {list(FULL_SIZES_MB)}; --quick: {list(QUICK_SIZES_MB)})")
+    p.add_argument("--quick", action="store_true", help="small default sizes")
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="corpora and caches go in a temporary directory inside it (default: the system's temp dir)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the document sampling")
+    p.add_argument("--output-dir", type=Path, default=Path("outputs/scale_text"), help="results.json goes here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; print a markdown table; write ``results.json``; return the results."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--child"]:
+        if argv[1] == "prepare":
+            out = _child_prepare(Path(argv[2]), Path(argv[3]))
+        else:
+            out = _child_encode(Path(argv[2]))
+        print(json.dumps(out))
+        return out
+    args = _parser().parse_args(argv)
+    started = time.perf_counter()
+    rows = run(args.sizes_mb, args.work_dir, args.quick, seed=args.seed)
+    print(_table(rows))
+    results = {
+        "command": " ".join(["python", "-m", "benchmarks.scale_text", *argv]),
+        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count()},
+        "source": dict(zip(("commit", "lit_balance_uncommitted_files"), git_state("lit_balance"))),
+        "rows": rows,
+        "wall_s": time.perf_counter() - started,
+    }
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.output_dir / 'results.json'}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""benchmarks/scale_text.py on a tiny corpus: the row's fields, and the cache it built equals the in-memory build.
+
+Run:
+    python -m pytest tests/benchmarks/test_scale_text.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import scale_text
+from lit_balance.corpus import resolve_corpus
+from lit_balance.tokenizer import resolve_tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the in-memory oracle
+from _inmemory_cache import in_memory_arrays  # noqa: E402
+
+pytestmark = pytest.mark.benchmark
+
+
+@pytest.mark.timeout(600)
+def test_a_quick_run_reports_every_figure_and_builds_the_in_memory_entry(tmp_path):
+    rows = scale_text.run([0.2, 0.4], tmp_path, quick=True, keep=True)
+    assert [row["corpus_mb"] for row in rows] == [0.2, 0.4]
+    for row in rows:
+        corpus = Path(row["corpus"])
+        assert row["bytes"] == corpus.stat().st_size >= row["corpus_mb"] * (1 << 20)
+        assert row["num_docs"] == sum(1 for _ in open(corpus, encoding="utf-8"))
+        assert 0 < row["rss_after_import_mb"] <= row["peak_rss_mb"]
+        assert row["peak_above_import_mb"] == pytest.approx(row["peak_rss_mb"] - row["rss_after_import_mb"])
+        assert row["tokens_per_s"] == pytest.approx(row["num_tokens"] / row["tokenize_s"])
+        assert row["encode_batch_tokens_per_s"] == pytest.approx(row["num_tokens"] / row["encode_batch_s"])
+        assert row["ratio_to_encode_batch"] == pytest.approx(row["tokens_per_s"] / row["encode_batch_tokens_per_s"])
+        assert row["encode_batch_s"] <= row["encode_batch_wall_s"]
+        entry = Path(row["entry"])
+        reference = in_memory_arrays(resolve_corpus(corpus), resolve_tokenizer())
+        for name, expected in reference.items():
+            np.testing.assert_array_equal(np.load(entry / f"{name}.npy"), expected, err_msg=name)
+        meta = json.loads((entry / "meta.json").read_text())
+        assert meta["num_tokens"] == row["num_tokens"] == len(reference["token_ids"])
+        assert meta["num_docs"] + meta["num_empty"] == row["num_docs"]
+
+
+def test_the_corpus_is_sampled_deterministically(tmp_path):
+    first = scale_text.make_corpus(tmp_path / "a.jsonl", 0.05, seed=3)
+    second = scale_text.make_corpus(tmp_path / "b.jsonl", 0.05, seed=3)
+    assert first == second and (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    assert first["bytes"] >= 0.05 * (1 << 20)
+    other = scale_text.make_corpus(tmp_path / "c.jsonl", 0.05, seed=4)
+    assert (tmp_path / "c.jsonl").read_bytes() != (tmp_path / "a.jsonl").read_bytes() or other != first
+
+
+def test_sizes_are_checked(tmp_path):
+    with pytest.raises(ValueError, match=r"sizes_mb must be positive numbers of MiB, got \[0, -1\]"):
+        scale_text.run([5, 0, -1], tmp_path)
+
+
+def test_the_command_line_writes_results(tmp_path, monkeypatch):
+    monkeypatch.setattr(scale_text, "run", lambda sizes, work_dir, quick, seed: [])
+    results = scale_text.main(["--quick", "--output-dir", str(tmp_path)])
+    assert json.loads((tmp_path / "results.json").read_text())["rows"] == results["rows"] == []
+    assert results["command"] == f"python -m benchmarks.scale_text --quick --output-dir {tmp_path}"
