@@ -79,8 +79,14 @@ class MicroBatch(list):
 
     def __init__(self, indices: Sequence[int] = (), is_fill: Sequence[bool] | None = None,
                  step_real_tokens: int | None = None, step_rows: int | None = None) -> None:
-        super().__init__(int(i) for i in indices)
-        self.is_fill = tuple(bool(f) for f in is_fill) if is_fill is not None else (False,) * len(self)
+        if isinstance(indices, np.ndarray) and indices.dtype.kind in "iu":  # plain ints without a Python loop
+            super().__init__(indices.tolist())
+        else:
+            super().__init__(int(i) for i in indices)
+        if isinstance(is_fill, np.ndarray) and is_fill.dtype == np.bool_:
+            self.is_fill = tuple(is_fill.tolist())
+        else:
+            self.is_fill = tuple(bool(f) for f in is_fill) if is_fill is not None else (False,) * len(self)
         if len(self.is_fill) != len(self):
             raise ValueError(f"is_fill mask has {len(self.is_fill)} entries but the micro-batch has {len(self)} "
                              "indices")

@@ -227,6 +227,21 @@ class BalancedBatchSampler(DistributedSampler):
         segment = self._segment(epoch)
         return segment.materialise() if isinstance(segment, WindowedPlan) else segment
 
+    def plan_parts(self, epoch: int | None = None) -> Iterator[EpochPlan]:
+        """Yield the global plan of ``epoch`` in the parts it is made of, in the order the epoch runs them.
+
+        One :class:`EpochPlan` per window (rows are corpus indices; micro-step ``s`` of a part is the epoch's
+        micro-step ``s`` plus the micro-steps of the parts before it), each planned when the generator reaches it
+        and then let go, so memory stays that of one window; one part, :meth:`plan`, when the epoch is planned whole.
+        """
+        segment = self._segment(epoch)
+        if not isinstance(segment, WindowedPlan):
+            yield segment
+            return
+        for position in range(segment.order.shape[0]):
+            yield segment.window(position).plan
+            segment.release_before(int(segment.starts[position + 1]))
+
     def _segment(self, epoch: int | None = None) -> EpochPlan | WindowedPlan:
         """The plan the current segment of ``epoch`` runs: an :class:`EpochPlan`, or a lazy :class:`WindowedPlan`."""
         epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0, "epochs count from 0")
@@ -354,7 +369,7 @@ class BalancedBatchSampler(DistributedSampler):
         for s in range(start, plan.num_micro_steps):
             idx, fill = plan.batch(int(column[s]))
             self._cursor = s + 1
-            yield MicroBatch(idx.tolist(), fill.tolist(), int(step_tokens[earlier + s]), int(step_rows[earlier + s]))
+            yield MicroBatch(idx, fill, int(step_tokens[earlier + s]), int(step_rows[earlier + s]))
 
     def _iterate_windows(self) -> Iterator[MicroBatch]:
         """This rank's micro-batches of an epoch planned in windows: each window is planned when it is reached."""
@@ -377,7 +392,7 @@ class BalancedBatchSampler(DistributedSampler):
                 group_rows = int(rows.sum() + earlier_rows[lo:earlier].sum())
             idx, fill = plan.batch(s, self.rank)
             self._cursor = s + 1
-            yield MicroBatch(idx.tolist(), fill.tolist(), group_tokens, group_rows)
+            yield MicroBatch(idx, fill, group_tokens, group_rows)
 
     def _check_world(self) -> None:
         """Raise when a defaulted ``num_replicas`` / ``rank`` disagrees with the initialised process group."""

@@ -184,12 +184,16 @@ class WindowedPlan:
         cache = count_cache if count_cache is not None else {}
         counts = np.zeros(windows.num_windows, dtype=np.int64)
         for j in range(windows.num_windows):
+            key = (self.num_replicas, j)
+            if eligible is None and base_eligible is None and key in cache:  # every sample, counted before
+                self._masks[j] = None
+                counts[j], self._plan_min[j] = cache[key]
+                continue
             members = windows.members(j)
             base = None if base_eligible is None else base_eligible[members]
             mask = base if eligible is None else eligible[members]
             whole = eligible is None or np.array_equal(mask, base if base is not None else np.ones_like(mask))
             self._masks[j] = None if mask is None or bool(mask.all()) else mask
-            key = (self.num_replicas, j)
             if whole and key in cache:
                 counts[j], self._plan_min[j] = cache[key]
                 continue
