@@ -380,19 +380,28 @@ class BalancedBatchSampler(DistributedSampler):
         self._cursor = start
         earlier, accumulate = earlier_tokens.shape[0], self.settings.accumulate_grad_batches
         total = earlier + plan.num_micro_steps
-        group, group_tokens, group_rows = -1, 0, 0
-        for s in range(start, plan.num_micro_steps):
-            t = earlier + s  # the epoch's micro-step; its optimizer step is micro-steps [lo, hi) of the epoch
-            if t // accumulate != group:
-                group = t // accumulate
-                lo, hi = group * accumulate, min((group + 1) * accumulate, total)
-                plan.release_before(max(lo - earlier, 0))
-                tokens, rows = plan.step_sums(max(lo - earlier, 0), hi - earlier)
-                group_tokens = int(tokens.sum() + earlier_tokens[lo:earlier].sum())
-                group_rows = int(rows.sum() + earlier_rows[lo:earlier].sum())
-            idx, fill = plan.batch(s, self.rank)
-            self._cursor = s + 1
-            yield MicroBatch(idx, fill, group_tokens, group_rows)
+        for position in range(plan.order.shape[0]):
+            first, end = max(int(plan.starts[position]), start), int(plan.starts[position + 1])
+            if first >= end:
+                continue
+            # the optimizer steps (Lightning's accumulation windows, counted in epoch micro-steps) of these steps
+            lo = (earlier + first) // accumulate * accumulate
+            hi = min(-(-(earlier + end) // accumulate) * accumulate, total)
+            plan.release_before(max(lo - earlier, 0))
+            tokens, rows = plan.step_sums(max(lo - earlier, 0), hi - earlier)
+            tokens = np.concatenate([earlier_tokens[lo:earlier], tokens])
+            rows = np.concatenate([earlier_rows[lo:earlier], rows])
+            cuts = np.arange(0, hi - lo, accumulate)
+            group_tokens = np.add.reduceat(tokens, cuts).tolist()
+            group_rows = np.add.reduceat(rows, cuts).tolist()
+            held = plan.window(position).plan
+            column = held.assignment[:, self.rank].tolist()
+            base = int(plan.starts[position])
+            for s in range(first, end):
+                idx, fill = held.batch(column[s - base])
+                g = (earlier + s - lo) // accumulate
+                self._cursor = s + 1
+                yield MicroBatch(idx, fill, group_tokens[g], group_rows[g])
 
     def _check_world(self) -> None:
         """Raise when a defaulted ``num_replicas`` / ``rank`` disagrees with the initialised process group."""
