@@ -204,3 +204,21 @@ def test_one_more_sample_than_plan_window_plans_in_two_windows():
     sampler = _samplers(lengths, 1, plan_window=100)[0]
     assert sampler.windows.num_windows == 2
     assert sorted(_real(list(sampler))) == list(range(101))
+
+
+def test_a_state_saved_before_plan_window_loads_where_the_epoch_is_planned_whole():
+    lengths = np.minimum(_FORTUNES[:300], MAX_TOKENS)
+    run = _samplers(lengths, 2, seed=1)
+    for s in run:
+        s.set_epoch(1)
+    iterator = iter(run[0])
+    head = [next(iterator) for _ in range(3)]
+    state = run[0].state_dict()
+    del state["settings"]["plan_window"]  # as written before the setting existed
+    fresh = _samplers(lengths, 2, seed=1)[0]
+    fresh.load_state_dict(state)
+    fresh.set_epoch(1)
+    assert head + list(fresh) == _epoch(_samplers(lengths, 2, seed=1), 1)[0]
+    windowed = _samplers(lengths, 2, seed=1, plan_window=100)[0]
+    with pytest.raises(ValueError, match="settings must have keys"):
+        windowed.load_state_dict(state)
