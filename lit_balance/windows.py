@@ -165,8 +165,8 @@ class WindowedPlan:
         num_replicas, epoch, cost_model, rank_speeds: as for :func:`~lit_balance.planning.plan_epoch`.
         eligible: bool ``[num_samples]`` of samples still to plan (a resumed epoch), or None for ``base_eligible``.
         base_eligible: bool ``[num_samples]`` of the samples every epoch plans (``too_long="skip"``), or None.
-        min_steps: plan at least this many micro-steps in all (the extra ones in the first window that has
-            samples), where the samples allow.
+        min_steps: plan at least this many micro-steps in all, where the samples allow (windows with samples
+            grow, in the epoch's order, until there are enough).
         count_cache: ``{(num_replicas, window): (steps, min_steps)}`` of whole windows, shared across epochs.
     """
 
@@ -203,10 +203,8 @@ class WindowedPlan:
                 cache[key] = (int(counts[j]), self._plan_min[j])
         first = None
         if settings.largest_first:
-            pool = np.flatnonzero(eligible if eligible is not None else (
-                base_eligible if base_eligible is not None else np.ones(lengths.shape[0], dtype=bool)))
-            if pool.size:
-                first = windows.window_of(int(pool[np.argmax(lengths[pool])]))
+            longest = _longest(lengths, eligible if eligible is not None else base_eligible)
+            first = None if longest is None else windows.window_of(longest)
         self.order = windows.order(epoch, settings, first)
         nonempty = [int(j) for j in self.order if self._has_samples(int(j))]
         for j in nonempty:  # the rest of a resumed epoch: windows grow, first to last, until it is long enough
@@ -333,6 +331,19 @@ class WindowedPlan:
                          np.empty((0, self.num_replicas), np.int64),
                          dropped=np.sort(np.concatenate(dropped)) if dropped else np.empty(0, np.int64),
                          accumulate_grad_batches=self.accumulate_grad_batches)
+
+
+def _longest(lengths: np.ndarray, mask: np.ndarray | None, chunk: int = 1 << 20) -> int | None:
+    """Index of the first longest sample where ``mask`` holds (None: every sample), read ``chunk`` at a time."""
+    best, at = -1, None
+    for start in range(0, lengths.shape[0], chunk):
+        part = np.asarray(lengths[start:start + chunk])
+        if mask is not None:
+            part = np.where(mask[start:start + chunk], part, -1)
+        i = int(np.argmax(part)) if part.size else 0
+        if part.size and int(part[i]) > best:
+            best, at = int(part[i]), start + i
+    return at
 
 
 def _mark_rows(plan: EpochPlan, upto: int, seen: np.ndarray) -> None:
