@@ -121,6 +121,11 @@ class PlanWindows:
         return int(np.random.SeedSequence([int(seed), 0x77, int(window)]).generate_state(1)[0])
 
 
+def _counts_by_planning(settings: BatchingSettings) -> bool:
+    """Whether a window's count comes from planning it: packed plans count by their own rule."""
+    return bool(getattr(settings, "packing", False))
+
+
 def _expected_steps(padded: np.ndarray, mask: np.ndarray | None, settings: BatchingSettings, num_replicas: int,
                     min_steps: int) -> tuple[int, int]:
     """``(micro-steps, min_steps to plan with)`` of a window's plan with equal rank speeds, without planning it.
@@ -197,8 +202,7 @@ class WindowedPlan:
             if whole and key in cache:
                 counts[j], self._plan_min[j] = cache[key]
                 continue
-            padded = padded_lengths(lengths[members], settings.pad_to_multiple_of)
-            counts[j], self._plan_min[j] = _expected_steps(padded, self._masks[j], settings, self.num_replicas, 0)
+            counts[j], self._plan_min[j] = self._count(j, members, 0)
             if whole:
                 cache[key] = (int(counts[j]), self._plan_min[j])
         first = None
@@ -211,9 +215,7 @@ class WindowedPlan:
             deficit = int(min_steps) - int(counts.sum())
             if deficit <= 0:
                 break
-            padded = padded_lengths(lengths[windows.members(j)], settings.pad_to_multiple_of)
-            counts[j], self._plan_min[j] = _expected_steps(padded, self._masks[j], settings, self.num_replicas,
-                                                           int(counts[j]) + deficit)
+            counts[j], self._plan_min[j] = self._count(j, windows.members(j), int(counts[j]) + deficit)
         if not uniform:  # unequal speeds can lengthen a window's plan: count by planning each one
             for j in range(windows.num_windows):
                 counts[j] = self._plan_local(j)[0].num_micro_steps if self._has_samples(j) else 0
@@ -225,6 +227,23 @@ class WindowedPlan:
     def num_micro_steps(self) -> int:
         """Micro-steps of the epoch: micro-batches per rank (the same on every rank)."""
         return int(self.starts[-1])
+
+    def _count(self, j: int, members: np.ndarray, min_steps: int) -> tuple[int, int]:
+        """``(micro-steps, min_steps to plan with)`` of window ``j`` with equal rank speeds, for any epoch."""
+        if not _counts_by_planning(self.settings):
+            padded = padded_lengths(self.lengths[members], self.settings.pad_to_multiple_of)
+            return _expected_steps(padded, self._masks[j], self.settings, self.num_replicas, min_steps)
+        # another planner (packed rows): its count is also fixed by the lengths and settings; plan to learn it
+        local = np.asarray(self.lengths[members], dtype=np.int64)
+        accumulate = self.settings.accumulate_grad_batches
+        steps = plan_epoch(local, self.settings, num_replicas=self.num_replicas, epoch=0, eligible=self._masks[j],
+                           cost_model=self.cost_model, min_steps=min_steps).num_micro_steps
+        aligned = -(-steps // accumulate) * accumulate
+        if aligned == steps:
+            return steps, min_steps
+        steps = plan_epoch(local, self.settings, num_replicas=self.num_replicas, epoch=0, eligible=self._masks[j],
+                           cost_model=self.cost_model, min_steps=aligned).num_micro_steps
+        return steps, aligned
 
     def _has_samples(self, j: int) -> bool:
         mask = self._masks[j]

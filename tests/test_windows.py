@@ -222,3 +222,17 @@ def test_a_state_saved_before_plan_window_loads_where_the_epoch_is_planned_whole
     windowed = _samplers(lengths, 2, seed=1, plan_window=100)[0]
     with pytest.raises(ValueError, match="settings must have keys"):
         windowed.load_state_dict(state)
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_counting_a_window_by_planning_it_agrees_with_the_padded_count(monkeypatch, accumulate):
+    """The path another planner (packed rows) takes: each window's count from planning it at epoch 0."""
+    from lit_balance import windows
+
+    lengths = np.minimum(_FORTUNES[:900], MAX_TOKENS)
+    kwargs = {"plan_window": 200, "accumulate_grad_batches": accumulate, "seed": 4}
+    counted = _samplers(lengths, 3, **kwargs)
+    monkeypatch.setattr(windows, "_counts_by_planning", lambda settings: True)
+    planned = _samplers(lengths, 3, **kwargs)
+    assert len(planned[0]) == len(counted[0])
+    assert _epoch(planned, 2) == _epoch(counted, 2)
