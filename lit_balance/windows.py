@@ -127,8 +127,9 @@ def _counts_by_planning(settings: BatchingSettings) -> bool:
 
 
 def _expected_steps(padded: np.ndarray, mask: np.ndarray | None, settings: BatchingSettings, num_replicas: int,
-                    min_steps: int) -> tuple[int, int]:
-    """``(micro-steps, min_steps to plan with)`` of a window's plan with equal rank speeds, without planning it.
+                    min_steps: int) -> tuple[int, int, int | None]:
+    """``(micro-steps, min_steps to plan with, micro-batches before min_steps)`` of a window's plan with equal rank
+    speeds, without planning it.
 
     Mirrors :func:`~lit_balance.planning.plan_epoch`'s count (the same for every epoch and cost model); the
     count is rounded up to a multiple of ``accumulate_grad_batches`` where the samples allow, so optimizer steps
@@ -137,15 +138,15 @@ def _expected_steps(padded: np.ndarray, mask: np.ndarray | None, settings: Batch
     candidates = np.arange(padded.shape[0], dtype=np.int64) if mask is None else np.flatnonzero(mask)
     n = candidates.shape[0]
     if not n:
-        return 0, 0
+        return 0, 0, None
     row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
-    k = _num_batches(padded, candidates, settings, num_replicas, row_cap)
+    k = count = _num_batches(padded, candidates, settings, num_replicas, row_cap)
     accumulate = settings.accumulate_grad_batches
     plan_min = max(int(min_steps), -(-(k // num_replicas) // accumulate) * accumulate)
     if plan_min * num_replicas > k:
         k = max(k, min(plan_min, n // num_replicas) * num_replicas)
     steps = n // num_replicas if settings.drop_last and n < k else k // num_replicas
-    return steps, plan_min
+    return steps, plan_min, count
 
 
 @dataclass
@@ -185,14 +186,14 @@ class WindowedPlan:
         self.accumulate_grad_batches = settings.accumulate_grad_batches
         uniform = rank_speeds is None or bool(np.all(rank_speeds == rank_speeds[0]))
         self._masks: dict[int, np.ndarray | None] = {}
-        self._plan_min: dict[int, int] = {}
+        self._plan_args: dict[int, tuple[int, int | None]] = {}  # (min_steps, num_batches) to plan with
         cache = count_cache if count_cache is not None else {}
         counts = np.zeros(windows.num_windows, dtype=np.int64)
         for j in range(windows.num_windows):
             key = (self.num_replicas, j)
             if eligible is None and base_eligible is None and key in cache:  # every sample, counted before
                 self._masks[j] = None
-                counts[j], self._plan_min[j] = cache[key]
+                counts[j], self._plan_args[j] = cache[key]
                 continue
             members = windows.members(j)
             base = None if base_eligible is None else base_eligible[members]
@@ -200,11 +201,11 @@ class WindowedPlan:
             whole = eligible is None or np.array_equal(mask, base if base is not None else np.ones_like(mask))
             self._masks[j] = None if mask is None or bool(mask.all()) else mask
             if whole and key in cache:
-                counts[j], self._plan_min[j] = cache[key]
+                counts[j], self._plan_args[j] = cache[key]
                 continue
-            counts[j], self._plan_min[j] = self._count(j, members, 0)
+            counts[j], self._plan_args[j] = self._count(j, members, 0)
             if whole:
-                cache[key] = (int(counts[j]), self._plan_min[j])
+                cache[key] = (int(counts[j]), self._plan_args[j])
         first = None
         if settings.largest_first:
             longest = _longest(lengths, eligible if eligible is not None else base_eligible)
@@ -215,7 +216,7 @@ class WindowedPlan:
             deficit = int(min_steps) - int(counts.sum())
             if deficit <= 0:
                 break
-            counts[j], self._plan_min[j] = self._count(j, windows.members(j), int(counts[j]) + deficit)
+            counts[j], self._plan_args[j] = self._count(j, windows.members(j), int(counts[j]) + deficit)
         if not uniform:  # unequal speeds can lengthen a window's plan: count by planning each one
             for j in range(windows.num_windows):
                 counts[j] = self._plan_local(j)[0].num_micro_steps if self._has_samples(j) else 0
@@ -228,11 +229,13 @@ class WindowedPlan:
         """Micro-steps of the epoch: micro-batches per rank (the same on every rank)."""
         return int(self.starts[-1])
 
-    def _count(self, j: int, members: np.ndarray, min_steps: int) -> tuple[int, int]:
-        """``(micro-steps, min_steps to plan with)`` of window ``j`` with equal rank speeds, for any epoch."""
+    def _count(self, j: int, members: np.ndarray, min_steps: int) -> tuple[int, tuple[int, int | None]]:
+        """``(micro-steps, (min_steps, num_batches) to plan with)`` of window ``j`` with equal rank speeds, any epoch."""
         if not _counts_by_planning(self.settings):
             padded = padded_lengths(self.lengths[members], self.settings.pad_to_multiple_of)
-            return _expected_steps(padded, self._masks[j], self.settings, self.num_replicas, min_steps)
+            steps, plan_min, count = _expected_steps(padded, self._masks[j], self.settings, self.num_replicas,
+                                                     min_steps)
+            return steps, (plan_min, count)
         # another planner (packed rows): its count is also fixed by the lengths and settings; plan to learn it
         local = np.asarray(self.lengths[members], dtype=np.int64)
         accumulate = self.settings.accumulate_grad_batches
@@ -240,10 +243,10 @@ class WindowedPlan:
                            cost_model=self.cost_model, min_steps=min_steps).num_micro_steps
         aligned = -(-steps // accumulate) * accumulate
         if aligned == steps:
-            return steps, min_steps
+            return steps, (min_steps, None)
         steps = plan_epoch(local, self.settings, num_replicas=self.num_replicas, epoch=0, eligible=self._masks[j],
                            cost_model=self.cost_model, min_steps=aligned).num_micro_steps
-        return steps, aligned
+        return steps, (aligned, None)
 
     def _has_samples(self, j: int) -> bool:
         mask = self._masks[j]
@@ -254,7 +257,8 @@ class WindowedPlan:
         local = np.asarray(self.lengths[members], dtype=np.int64)
         settings = self.settings.replace(seed=self.windows.window_seed(self.settings.seed, j))
         plan = plan_epoch(local, settings, num_replicas=self.num_replicas, epoch=self.epoch, eligible=self._masks[j],
-                          cost_model=self.cost_model, rank_speeds=self.rank_speeds, min_steps=self._plan_min[j])
+                          cost_model=self.cost_model, rank_speeds=self.rank_speeds, min_steps=self._plan_args[j][0],
+                          num_batches=self._plan_args[j][1])
         return plan, members, local
 
     def window(self, position: int) -> _Window:

@@ -236,3 +236,22 @@ def test_counting_a_window_by_planning_it_agrees_with_the_padded_count(monkeypat
     planned = _samplers(lengths, 3, **kwargs)
     assert len(planned[0]) == len(counted[0])
     assert _epoch(planned, 2) == _epoch(counted, 2)
+
+
+@settings(deadline=None, max_examples=40)
+@given(lengths=lengths_st, num_replicas=st.integers(1, 5), epoch=st.integers(0, 3), shuffle=st.booleans(),
+       drop_last=st.booleans(), accumulate=st.integers(1, 3))
+def test_plan_epoch_with_the_count_passed_in_is_the_same_plan(lengths, num_replicas, epoch, shuffle, drop_last,
+                                                               accumulate):
+    from lit_balance.planning import _num_batches, padded_lengths
+
+    settings_ = BatchingSettings(max_tokens=MAX_TOKENS, shuffle=shuffle, drop_last=drop_last,
+                                 accumulate_grad_batches=accumulate)
+    arr = np.asarray(lengths, dtype=np.int64)
+    count = _num_batches(padded_lengths(arr, 1), np.arange(arr.size), settings_, num_replicas, MAX_TOKENS)
+    a = plan_epoch(arr, settings_, num_replicas=num_replicas, epoch=epoch)
+    b = plan_epoch(arr, settings_, num_replicas=num_replicas, epoch=epoch, num_batches=count)
+    for name in ("rows", "is_fill", "batch_offsets", "assignment", "dropped"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    with pytest.raises(ValueError, match="num_batches must be >= 0, got -1"):
+        plan_epoch(arr, settings_, num_replicas=num_replicas, epoch=epoch, num_batches=-1)
