@@ -230,7 +230,7 @@ class WindowedPlan:
         return int(self.starts[-1])
 
     def _count(self, j: int, members: np.ndarray, min_steps: int) -> tuple[int, tuple[int, int | None]]:
-        """``(micro-steps, (min_steps, num_batches) to plan with)`` of window ``j`` with equal rank speeds, any epoch."""
+        """``(micro-steps, (min_steps, num_batches) to plan with)`` of window ``j``, equal rank speeds, any epoch."""
         if not _counts_by_planning(self.settings):
             padded = padded_lengths(self.lengths[members], self.settings.pad_to_multiple_of)
             steps, plan_min, count = _expected_steps(padded, self._masks[j], self.settings, self.num_replicas,
@@ -275,8 +275,9 @@ class WindowedPlan:
         else:
             local_plan, members, local = self._plan_local(j)
             if local_plan.num_micro_steps != self.counts[j]:
-                raise RuntimeError(f"window {j} of epoch {self.epoch} planned {local_plan.num_micro_steps} micro-steps, "
-                                   f"but its count was {int(self.counts[j])}: the windowed plan is inconsistent")
+                raise RuntimeError(f"window {j} of epoch {self.epoch} planned {local_plan.num_micro_steps} "
+                                   f"micro-steps, but its count was {int(self.counts[j])}: the windowed plan is "
+                                   "inconsistent")
             a = local_plan.assignment
             held = _Window(
                 plan=EpochPlan(rows=members[local_plan.rows], is_fill=local_plan.is_fill,
