@@ -36,6 +36,8 @@ _EXPORTS = {
     "BatchingSettings": "lit_balance.settings",
     "PlanStats": "lit_balance.stats",
     "plan_stats": "lit_balance.stats",
+    "PlanWindows": "lit_balance.windows",
+    "WindowedPlan": "lit_balance.windows",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -53,6 +55,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs
     from lit_balance.sampler import BalancedBatchSampler  # noqa: F401
     from lit_balance.settings import BatchingSettings  # noqa: F401
     from lit_balance.stats import PlanStats, plan_stats  # noqa: F401
+    from lit_balance.windows import PlanWindows, WindowedPlan  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["sha256_of"]
+import numpy as np
+
+__all__ = ["sha256_of", "sha256_of_int64"]
 
 
 def sha256_of(*parts: str | bytes) -> str:
@@ -19,4 +21,23 @@ def sha256_of(*parts: str | bytes) -> str:
         data = part.encode("utf-8", "surrogatepass") if isinstance(part, str) else part
         digest.update(len(data).to_bytes(8, "little"))
         digest.update(data)
+    return digest.hexdigest()
+
+
+def sha256_of_int64(values: np.ndarray, chunk: int = 1 << 20) -> str:
+    """Return ``sha256_of(np.ascontiguousarray(values, dtype="<i8").tobytes())`` without the whole copy.
+
+    The array (any integer dtype, e.g. an int32 memory map) is converted ``chunk`` values at a time, so memory
+    stays ``8 * chunk`` bytes beyond the array whatever its size.
+
+    Example:
+        >>> a = np.arange(5, dtype=np.int32)
+        >>> sha256_of_int64(a, chunk=2) == sha256_of(a.astype("<i8").tobytes())
+        True
+    """
+    values = np.asarray(values).reshape(-1)
+    digest = hashlib.sha256()
+    digest.update((8 * values.shape[0]).to_bytes(8, "little"))
+    for start in range(0, values.shape[0], chunk):
+        digest.update(np.ascontiguousarray(values[start:start + chunk], dtype="<i8").tobytes())
     return digest.hexdigest()

@@ -72,8 +72,11 @@ def check_callable(name: str, value: Any, hint: str) -> Any:
 MAX_TOKENS_LIMIT = 2**40
 
 
-def check_lengths(lengths: Any) -> np.ndarray:
-    """Return ``lengths`` as int64 ``[num_samples]`` or raise ValueError naming the offending values."""
+def check_lengths(lengths: Any, keep_dtype: bool = False) -> np.ndarray:
+    """Return ``lengths`` as int64 ``[num_samples]`` or raise ValueError naming the offending values.
+
+    With ``keep_dtype``, an integer array (e.g. an int32 memory map) is returned as it is, without a copy.
+    """
     hint = "pass integer token counts, e.g. np.asarray(lengths, dtype=np.int64)"
     if np.ma.isMaskedArray(lengths):
         raise ValueError("lengths is a masked array: fill or drop the masked entries first (tokens per sample)")
@@ -121,15 +124,15 @@ def check_lengths(lengths: Any) -> np.ndarray:
         else:
             return np.asarray(values, dtype=np.int64)
         raise ValueError(f"every length must be in [1, {MAX_TOKENS_LIMIT}] tokens; index {i} holds {v}")
-    bad = np.flatnonzero((arr < 1) | (arr > MAX_TOKENS_LIMIT))
-    if bad.size:
+    if int(arr.min()) < 1 or int(arr.max()) > MAX_TOKENS_LIMIT:  # (no temporary arrays when all are fine)
+        bad = np.flatnonzero((arr < 1) | (arr > MAX_TOKENS_LIMIT))
         shown = ", ".join(f"index {i}: {arr[i]}" for i in bad[:5])
         raise ValueError(
             f"every length must be in [1, {MAX_TOKENS_LIMIT}] tokens; {bad.size} are not "
             f"({shown}{', ...' if bad.size > 5 else ''}); a length counts tokens per sample: "
             "drop empty samples, check the array"
         )
-    return arr.astype(np.int64)
+    return arr if keep_dtype else arr.astype(np.int64)
 
 
 #: Floor of a rank's speed relative to the fastest rank's: slower ranks are planned at this ratio. A rank at a

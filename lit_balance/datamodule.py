@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from lit_balance._fingerprint import sha256_of
+from lit_balance._fingerprint import sha256_of, sha256_of_int64
 from lit_balance._validate import check_bool, check_cost_model, check_int
 from lit_balance.cache import TokenizedCorpus, default_cache_dir, load_or_build
 from lit_balance.collate import PadCollator
@@ -359,21 +359,23 @@ class BalancedTextDataModule(L.LightningDataModule):
         def digest(*parts: str | bytes) -> int:
             return int.from_bytes(bytes.fromhex(sha256_of(*parts))[:8], "little", signed=True)
 
-        def lengths(dataset: TokenDataset | None) -> int:
-            arr = np.empty(0, np.int64) if dataset is None else np.asarray(dataset.lengths)
-            return digest(np.ascontiguousarray(arr, dtype="<i8").tobytes())
+        def lengths(values: np.ndarray) -> int:  # the int64 bytes' digest, hashed in chunks (no whole copy)
+            return int.from_bytes(bytes.fromhex(sha256_of_int64(values))[:8], "little", signed=True)
+
+        def split(dataset: TokenDataset | None) -> np.ndarray:
+            return np.empty(0, np.int64) if dataset is None else np.asarray(dataset.lengths)
 
         corpus = self.corpus
         return [
             ("documents", len(corpus), True),
-            ("corpus token lengths", digest(np.ascontiguousarray(corpus.lengths, dtype="<i8").tobytes()), False),
+            ("corpus token lengths", lengths(corpus.lengths), False),
             ("tokenizer", digest(self.tokenizer.fingerprint), False),
             ("max_length", -1 if self.max_length is None else int(self.max_length), True),
             ("seed", int(self.seed), True),
             ("val_fraction", digest(repr(self.val_fraction)), False),
             ("batching settings", digest(json.dumps(self.train_sampler.settings.to_dict(), sort_keys=True)), False),
-            ("training lengths", lengths(self.train_dataset), False),
-            ("validation lengths", lengths(self.val_dataset), False),
+            ("training lengths", lengths(split(self.train_dataset)), False),
+            ("validation lengths", lengths(split(self.val_dataset)), False),
         ]
 
     def _check_ranks_agree(self, error: BaseException | None) -> None:
@@ -579,7 +581,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             "val_fraction": float(self.val_fraction),
             "max_length": None if self.max_length is None else int(self.max_length),
             "num_documents": len(corpus),
-            "corpus_lengths_sha256": sha256_of(np.ascontiguousarray(corpus.lengths, dtype="<i8").tobytes()),
+            "corpus_lengths_sha256": sha256_of_int64(corpus.lengths),
             "tokenizer": self.tokenizer.fingerprint,
         }
 

@@ -82,8 +82,14 @@ class MicroBatch(list):
     def __init__(self, indices: Sequence[int] = (), is_fill: Sequence[bool] | None = None,
                  step_real_tokens: int | None = None, step_rows: int | None = None,
                  step_supervised_tokens: int | None = None) -> None:
-        super().__init__(int(i) for i in indices)
-        self.is_fill = tuple(bool(f) for f in is_fill) if is_fill is not None else (False,) * len(self)
+        if isinstance(indices, np.ndarray) and indices.dtype.kind in "iu":  # plain ints without a Python loop
+            super().__init__(indices.tolist())
+        else:
+            super().__init__(int(i) for i in indices)
+        if isinstance(is_fill, np.ndarray) and is_fill.dtype == np.bool_:
+            self.is_fill = tuple(is_fill.tolist())
+        else:
+            self.is_fill = tuple(bool(f) for f in is_fill) if is_fill is not None else (False,) * len(self)
         if len(self.is_fill) != len(self):
             raise ValueError(f"is_fill mask has {len(self.is_fill)} entries but the micro-batch has {len(self)} "
                              "indices")
@@ -278,6 +284,7 @@ def plan_epoch(
     cost_model: CostModel | None = None,
     rank_speeds: np.ndarray | None = None,
     min_steps: int = 0,
+    num_batches: int | None = None,
 ) -> EpochPlan:
     """Plan one epoch for all ranks (pure: the same inputs give the same plan on every rank).
 
@@ -298,6 +305,11 @@ def plan_epoch(
             ratio, where such a rank already gets the least share, one row per micro-batch.
         min_steps: plan at least this many micro-steps (smaller micro-batches) where the samples allow, without
             fill rows; used to re-plan the rest of an epoch on a new number of ranks.
+        num_batches: the epoch's micro-batch count over all ranks before ``min_steps``, as this function computes
+            it from the lengths, eligible samples, settings and ``num_replicas`` (never from the epoch or cost
+            model), or None to compute it here. A caller that plans the same samples every epoch may pass the
+            count it computed once (windowed plans, :mod:`lit_balance.windows`, do); another value gives another
+            plan.
 
     Returns:
         The :class:`EpochPlan` of the epoch.
@@ -305,7 +317,8 @@ def plan_epoch(
     Raises:
         TypeError: ``settings`` is not a :class:`~lit_balance.BatchingSettings`, ``cost_model`` not a
             :class:`~lit_balance.CostModel`, or ``rank_speeds`` not numbers.
-        ValueError: ``lengths`` not 1-D positive ints; ``num_replicas < 1``, ``epoch < 0`` or ``min_steps < 0``;
+        ValueError: ``lengths`` not 1-D positive ints; ``num_replicas < 1``, ``epoch < 0``, ``min_steps < 0`` or
+            ``num_batches < 0``;
             ``eligible`` not a bool mask of ``num_samples``; an eligible sample whose padded length exceeds
             ``max_tokens``; ``rank_speeds`` of the wrong length, or not all finite and positive.
 
@@ -321,6 +334,8 @@ def plan_epoch(
     num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
     epoch = check_int("epoch", epoch, 0, "epochs count from 0")
     min_steps = check_int("min_steps", min_steps, 0, "0 plans as many micro-steps as the samples need")
+    if num_batches is not None:
+        num_batches = check_int("num_batches", num_batches, 0, "pass None to count the micro-batches here")
     lengths = check_lengths(lengths)
     padded = padded_lengths(lengths, settings.pad_to_multiple_of)
     candidates = np.arange(lengths.shape[0], dtype=np.int64)
@@ -344,7 +359,7 @@ def plan_epoch(
     rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch)])) if shuffle else None
 
     weight = speeds / speeds.max()  # cost caps cycle over ranks in proportion to their speeds
-    k = _num_batches(padded, candidates, settings, num_replicas, row_cap)
+    k = _num_batches(padded, candidates, settings, num_replicas, row_cap) if num_batches is None else num_batches
     if min_steps * num_replicas > k:
         k = max(k, min(min_steps, candidates.shape[0] // num_replicas) * num_replicas)
     order = _order(padded, candidates, max_tokens, settings.shuffle_window, rng)

@@ -13,13 +13,14 @@ import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler
 
 from lit_balance import sampler_state
-from lit_balance._fingerprint import sha256_of
+from lit_balance._fingerprint import sha256_of_int64
 from lit_balance._validate import (MAX_TOKENS_LIMIT, MIN_RANK_SPEED_RATIO, check_cost_model, check_int, check_lengths,
                                    check_speeds, check_supervised_lengths)
 from lit_balance.cost import CostModel
-from lit_balance.planning import EpochPlan, MicroBatch, padded_lengths, plan_epoch
+from lit_balance.planning import EpochPlan, MicroBatch, plan_epoch
 from lit_balance.sampler_state import STATE_VERSION
 from lit_balance.settings import TOO_LONG_POLICIES, BatchingSettings, delegate_settings
+from lit_balance.windows import PlanWindows, WindowedPlan
 
 __all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "STATE_VERSION", "TOO_LONG_POLICIES", "BalancedBatchSampler",
            "MicroBatch"]
@@ -132,7 +133,7 @@ class BalancedBatchSampler(DistributedSampler):
         supervised_lengths: Sequence[int] | np.ndarray | torch.Tensor | None = None,
         **settings_kwargs: Any,
     ) -> None:
-        lengths_arr = check_lengths(lengths)
+        lengths_arr = check_lengths(lengths, keep_dtype=True)
         if max_tokens is not None or settings is None:
             settings_kwargs["max_tokens"] = max_tokens
         settings = BatchingSettings.build(settings, settings_kwargs, owner="BalancedBatchSampler")
@@ -164,7 +165,15 @@ class BalancedBatchSampler(DistributedSampler):
         self.truncate_to = settings.truncate_to
         max_tokens, pad_to_multiple_of, too_long = settings.max_tokens, settings.pad_to_multiple_of, settings.too_long
 
-        too_long_mask = padded_lengths(lengths_arr, pad_to_multiple_of) > max_tokens
+        # Up to plan_window samples the epoch is planned whole, on int64 lengths; beyond, window by window, and the
+        # lengths are read as they are (an int32 memory map stays one, without a copy).
+        windowed = lengths_arr.shape[0] > settings.plan_window
+        if not windowed:
+            lengths_arr = lengths_arr.astype(np.int64)
+        #: The windows an epoch is planned in (:mod:`lit_balance.windows`), or None when it is planned whole.
+        self.windows = PlanWindows(lengths_arr.shape[0], settings.plan_window, settings.seed) if windowed else None
+        self._window_counts: dict = {}
+        too_long_mask = lengths_arr > settings.truncate_to  # padded above max_tokens
         self._eligible: np.ndarray | None = None
         if too_long_mask.any():
             bad = np.flatnonzero(too_long_mask)
@@ -179,12 +188,18 @@ class BalancedBatchSampler(DistributedSampler):
                 self._eligible = ~too_long_mask
             else:
                 lengths_arr = np.minimum(lengths_arr, self.truncate_to)
-        #: int64 ``[num_samples]``: tokens per sample as planned (after truncation).
+        #: int ``[num_samples]``: tokens per sample as planned (after truncation); int64, or the dtype passed in
+        #: (not copied) when the epoch is planned in windows.
         self.lengths = lengths_arr
         #: int64 ``[num_samples]`` next-token targets per sample as planned, or None (``lengths - 1``).
         self.supervised_lengths = (None if supervised_lengths is None
-                                   else check_supervised_lengths(supervised_lengths, lengths_arr))
-        self._lengths_sha256 = sha256_of(np.ascontiguousarray(lengths_arr, dtype="<i8").tobytes())
+                                   else check_supervised_lengths(supervised_lengths, np.asarray(lengths_arr, np.int64)))
+        if self.supervised_lengths is not None and self.windows is not None:
+            raise ValueError(f"supervised_lengths is not supported yet for an epoch planned in windows "
+                             f"({lengths_arr.shape[0]} samples > plan_window={settings.plan_window}); raise plan_window "
+                             "to plan the epoch whole, or leave supervised_lengths=None (the divisor then counts "
+                             "length - 1 per sample; StepTokenLoss's all-reduce path stays exact)")
+        self._lengths_sha256 = sha256_of_int64(lengths_arr)
         #: int64 indices of samples left out by ``too_long="skip"`` (every epoch).
         self.skipped_indices = np.flatnonzero(too_long_mask) if too_long == "skip" else np.empty(0, np.int64)
         if self.skipped_indices.size == lengths_arr.size:
@@ -197,7 +212,7 @@ class BalancedBatchSampler(DistributedSampler):
         self._cursor = 0  # micro-steps of the current plan yielded by the latest iterator
         # A restored position is for the next pass that starts reading; later passes run the whole epoch.
         self._resume_pending = False
-        self._cached: tuple[tuple, EpochPlan, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._cached: tuple[tuple, EpochPlan | WindowedPlan, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._reported_length: int | None = None  # what len() last told a consumer (a training loop fixes it)
         self._length_at_iter: int | None = None
         self._warned_length = False
@@ -209,7 +224,12 @@ class BalancedBatchSampler(DistributedSampler):
 
     # ----------------------------------------------------------------------------------------------
     def _plan_for(self, epoch: int, num_replicas: int, eligible: np.ndarray | None,
-                  speeds: np.ndarray | None, min_steps: int = 0) -> EpochPlan:
+                  speeds: np.ndarray | None, min_steps: int = 0) -> EpochPlan | WindowedPlan:
+        if self.windows is not None:
+            return WindowedPlan(self.lengths, self.settings, self.windows, num_replicas=num_replicas, epoch=epoch,
+                                eligible=None if eligible is self._eligible else eligible, base_eligible=self._eligible,
+                                cost_model=self.cost_model, rank_speeds=speeds, min_steps=min_steps,
+                                count_cache=self._window_counts)
         return plan_epoch(self.lengths, self.settings, num_replicas=num_replicas, epoch=epoch, eligible=eligible,
                           cost_model=self.cost_model, rank_speeds=speeds, min_steps=min_steps)
 
@@ -217,8 +237,30 @@ class BalancedBatchSampler(DistributedSampler):
         """Return the global plan (all ranks) of ``epoch`` (default: the current epoch).
 
         After :meth:`load_state_dict` with a different ``num_replicas``, the current epoch's plan is the
-        plan of the samples the saved run had not yet consumed, over the new ranks.
+        plan of the samples the saved run had not yet consumed, over the new ranks. An epoch planned in windows
+        (more than ``plan_window`` samples) is planned whole here, every window at once: iterating plans one
+        window at a time instead.
         """
+        segment = self._segment(epoch)
+        return segment.materialise() if isinstance(segment, WindowedPlan) else segment
+
+    def plan_parts(self, epoch: int | None = None) -> Iterator[EpochPlan]:
+        """Yield the global plan of ``epoch`` in the parts it is made of, in the order the epoch runs them.
+
+        One :class:`EpochPlan` per window (rows are corpus indices; micro-step ``s`` of a part is the epoch's
+        micro-step ``s`` plus the micro-steps of the parts before it), each planned when the generator reaches it
+        and then let go, so memory stays that of one window; one part, :meth:`plan`, when the epoch is planned whole.
+        """
+        segment = self._segment(epoch)
+        if not isinstance(segment, WindowedPlan):
+            yield segment
+            return
+        for position in range(segment.order.shape[0]):
+            yield segment.window(position).plan
+            segment.release_before(int(segment.starts[position + 1]))
+
+    def _segment(self, epoch: int | None = None) -> EpochPlan | WindowedPlan:
+        """The plan the current segment of ``epoch`` runs: an :class:`EpochPlan`, or a lazy :class:`WindowedPlan`."""
         epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0, "epochs count from 0")
         segments = self._segments if epoch == self.epoch else []
         key = (epoch, tuple(map(tuple, segments)), self.cost_model,
@@ -289,7 +331,7 @@ class BalancedBatchSampler(DistributedSampler):
 
     def _epoch_length(self) -> int:
         earlier = sum(consumed for _, consumed in self._segments[:-1])
-        return earlier + self.plan().num_micro_steps
+        return earlier + self._segment().num_micro_steps
 
     def _check_length(self) -> None:
         """Warn (once) when the epoch about to run is longer than the ``len()`` reported before this pass began."""
@@ -330,6 +372,9 @@ class BalancedBatchSampler(DistributedSampler):
     def _iterate(self) -> Iterator[MicroBatch]:
         self._check_world()
         self._check_length()
+        if self.windows is not None:
+            yield from self._iterate_windows()
+            return
         plan = self.plan()
         column = plan.assignment[:, self.rank]
         start = self._offset()
@@ -342,8 +387,40 @@ class BalancedBatchSampler(DistributedSampler):
         for s in range(start, plan.num_micro_steps):
             idx, fill = plan.batch(int(column[s]))
             self._cursor = s + 1
-            yield MicroBatch(idx.tolist(), fill.tolist(), int(step_tokens[earlier + s]), int(step_rows[earlier + s]),
+            yield MicroBatch(idx, fill, int(step_tokens[earlier + s]), int(step_rows[earlier + s]),
                              int(step_supervised[earlier + s]))
+
+    def _iterate_windows(self) -> Iterator[MicroBatch]:
+        """This rank's micro-batches of an epoch planned in windows: each window is planned when it is reached."""
+        plan = self._segment()
+        earlier_tokens, earlier_rows = self._cached[2], self._cached[3]
+        start = self._offset()
+        self._resume_pending = False
+        self._cursor = start
+        earlier, accumulate = earlier_tokens.shape[0], self.settings.accumulate_grad_batches
+        total = earlier + plan.num_micro_steps
+        for position in range(plan.order.shape[0]):
+            first, end = max(int(plan.starts[position]), start), int(plan.starts[position + 1])
+            if first >= end:
+                continue
+            # the optimizer steps (Lightning's accumulation windows, counted in epoch micro-steps) of these steps
+            lo = (earlier + first) // accumulate * accumulate
+            hi = min(-(-(earlier + end) // accumulate) * accumulate, total)
+            plan.release_before(max(lo - earlier, 0))
+            tokens, rows = plan.step_sums(max(lo - earlier, 0), hi - earlier)
+            tokens = np.concatenate([earlier_tokens[lo:earlier], tokens])
+            rows = np.concatenate([earlier_rows[lo:earlier], rows])
+            cuts = np.arange(0, hi - lo, accumulate)
+            group_tokens = np.add.reduceat(tokens, cuts).tolist()
+            group_rows = np.add.reduceat(rows, cuts).tolist()
+            held = plan.window(position).plan
+            column = held.assignment[:, self.rank].tolist()
+            base = int(plan.starts[position])
+            for s in range(first, end):
+                idx, fill = held.batch(column[s - base])
+                g = (earlier + s - lo) // accumulate
+                self._cursor = s + 1
+                yield MicroBatch(idx, fill, group_tokens[g], group_rows[g])
 
     def _check_world(self) -> None:
         """Raise when a defaulted ``num_replicas`` / ``rank`` disagrees with the initialised process group."""
@@ -416,7 +493,7 @@ class BalancedBatchSampler(DistributedSampler):
             self._pending, self._segments = position.pending, position.segments
             self._first_speeds = position.first_speeds
             self._cached = None
-            plan, consumed = self.plan(), position.segments[-1][1]
+            plan, consumed = self._segment(), position.segments[-1][1]
             if consumed > plan.num_micro_steps:
                 raise ValueError(
                     f"the saved state consumed {consumed} micro-steps of epoch {position.epoch}, but its plan has "

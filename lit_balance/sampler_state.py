@@ -26,6 +26,7 @@ from lit_balance._validate import check_int, check_speeds
 from lit_balance.cost import CostModel
 from lit_balance.planning import EpochPlan
 from lit_balance.settings import BatchingSettings
+from lit_balance.windows import WindowedPlan, _mark_rows
 
 if TYPE_CHECKING:
     from lit_balance.sampler import BalancedBatchSampler
@@ -75,7 +76,7 @@ def build_state(sampler: BalancedBatchSampler, current: int) -> dict[str, Any]:
     segments = [list(seg) for seg in sampler._segments[:-1]] + [[sampler.num_replicas, int(current)]]
     epoch, cost_model, speeds, pending = sampler.epoch, sampler.cost_model, sampler.rank_speeds, sampler._pending
     first_speeds = sampler._first_speeds if len(sampler._segments) > 1 else speeds
-    if current >= sampler.plan().num_micro_steps:  # the epoch is done: the state is the start of the next one
+    if current >= sampler._segment().num_micro_steps:  # the epoch is done: the state is the start of the next one
         epoch, segments = epoch + 1, [[sampler.num_replicas, 0]]
         first_speeds = None
         if pending is not None:
@@ -143,6 +144,8 @@ def parse_state(state_dict: Any, *, num_samples: int, lengths_sha256: str, setti
             "needs the same dataset, tokenization and truncation"
         )
     saved, now = state_dict["settings"], settings.to_dict()
+    if isinstance(saved, dict) and "plan_window" not in saved and num_samples <= settings.plan_window:
+        saved = {**saved, "plan_window": now["plan_window"]}  # saved before plan_window existed: planned whole, as now
     if not isinstance(saved, dict) or set(saved) != set(now):
         got = sorted(saved) if isinstance(saved, dict) else saved
         raise ValueError(f"sampler state_dict settings must have keys {sorted(now)}, got {got}")
@@ -186,7 +189,7 @@ def _empty_plan(num_replicas: int, accumulate: int) -> EpochPlan:
 
 
 def _segment_plan(sampler: BalancedBatchSampler, epoch: int, segments: list[list[int]], i: int,
-                  eligible: np.ndarray | None) -> EpochPlan:
+                  eligible: np.ndarray | None) -> EpochPlan | WindowedPlan:
     """The plan segment ``i`` of the epoch ran (or runs) on, given the samples still eligible then."""
     replicas = segments[i][0]
     if i == 0:
@@ -218,7 +221,7 @@ def _micro_step_supervised(plan: EpochPlan, sampler: BalancedBatchSampler) -> np
 
 
 def replay_segments(sampler: BalancedBatchSampler, epoch: int,
-                    segments: list[list[int]]) -> tuple[EpochPlan, np.ndarray, np.ndarray, np.ndarray]:
+                    segments: list[list[int]]) -> tuple[EpochPlan | WindowedPlan, np.ndarray, np.ndarray, np.ndarray]:
     """Plan of the last segment, and what the earlier segments ran before it.
 
     Each earlier segment's plan, rebuilt as it ran, removes what it consumed from the samples still to plan.
@@ -247,14 +250,16 @@ def replay_segments(sampler: BalancedBatchSampler, epoch: int,
                 f"the saved state consumed {consumed} micro-steps of epoch {epoch} on {segments[i][0]} "
                 f"rank(s), but that plan has only {plan.num_micro_steps}: the state does not belong to this sampler"
             )
-        step_tokens, step_rows = _micro_step_sums(plan, sampler.lengths)
+        seen = np.zeros(sampler.lengths.shape[0], dtype=bool)
+        if isinstance(plan, WindowedPlan):
+            step_tokens, step_rows = plan.consume(consumed, seen)
+        else:
+            step_tokens, step_rows = _micro_step_sums(plan, sampler.lengths)
+            _mark_rows(plan, consumed, seen)
         tokens.append(step_tokens[:consumed])
         rows.append(step_rows[:consumed])
-        supervised.append(_micro_step_supervised(plan, sampler)[:consumed])
-        seen = np.zeros(sampler.lengths.shape[0], dtype=bool)
-        for b in plan.assignment[:consumed].reshape(-1):
-            batch_rows, fill = plan.batch(int(b))
-            seen[batch_rows[~fill]] = True
+        supervised.append(step_tokens[:consumed] - step_rows[:consumed] if isinstance(plan, WindowedPlan)
+                          else _micro_step_supervised(plan, sampler)[:consumed])
         eligible = (np.ones_like(seen) if eligible is None else eligible) & ~seen
         if not eligible.any():
             plan = _empty_plan(sampler.num_replicas, sampler.accumulate_grad_batches)
@@ -270,9 +275,12 @@ def micro_step_totals(sampler: BalancedBatchSampler) -> tuple[np.ndarray, np.nda
         rows (fill rows excluded) of every rank's micro-batch, summed over the ranks that ran (or run) it. Steps
         consumed before a resume on another number of ranks come from the old ranks' plan.
     """
-    plan = sampler.plan()
+    plan = sampler._segment()
     earlier_tokens, earlier_rows = sampler._cached[2], sampler._cached[3]
-    step_tokens, step_rows = _micro_step_sums(plan, sampler.lengths)
+    if isinstance(plan, WindowedPlan):
+        step_tokens, step_rows = plan.step_sums(0, plan.num_micro_steps)
+    else:
+        step_tokens, step_rows = _micro_step_sums(plan, sampler.lengths)
     return np.concatenate([earlier_tokens, step_tokens]), np.concatenate([earlier_rows, step_rows])
 
 

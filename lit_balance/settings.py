@@ -19,7 +19,11 @@ import numpy as np
 
 from lit_balance._validate import MAX_TOKENS_LIMIT, check_bool, check_int
 
-__all__ = ["TOO_LONG_POLICIES", "BatchingSettings"]
+__all__ = ["DEFAULT_PLAN_WINDOW", "TOO_LONG_POLICIES", "BatchingSettings"]
+
+#: Default :attr:`BatchingSettings.plan_window`: corpora of up to this many samples (2**20 = 1,048,576) are
+#: planned whole, as one window.
+DEFAULT_PLAN_WINDOW = 1 << 20
 
 #: Accepted values of :attr:`BatchingSettings.too_long`.
 TOO_LONG_POLICIES = ("error", "skip", "truncate")
@@ -32,7 +36,7 @@ def _help(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class BatchingSettings:
-    """The ten settings that, with the lengths, world size, epoch, cost model and rank speeds, fix a plan.
+    """The eleven settings that, with the lengths, world size, epoch, cost model and rank speeds, fix a plan.
 
     All budgets are per rank: ``max_tokens`` bounds each micro-batch of each rank. Values are checked and
     normalised once, at construction (numpy ints become ``int``, ``shuffle_window`` a ``float``); the object is
@@ -55,13 +59,19 @@ class BatchingSettings:
             (the Trainer's value).
         largest_first: put the optimizer step that holds the epoch's longest sample first, so that an
             out-of-memory error shows at the first step.
+        plan_window: most samples planned together. An epoch of more samples is planned window by window
+            (:mod:`lit_balance.windows`): the samples are split into ``ceil(num_samples / plan_window)`` windows of
+            about equal size by a permutation seeded by ``seed``, and each window is planned, with every guarantee,
+            only when the epoch reaches it; memory and the wait for the first micro-batch scale with the window,
+            not the corpus. Up to ``plan_window`` samples, the epoch is planned whole (the plan does not depend on
+            this value).
 
     Raises:
         TypeError: a setting of the wrong type (e.g. ``shuffle="false"``, ``max_tokens=1.5``).
         ValueError: a value out of range, naming the setting and the value: ``max_tokens`` outside
             ``[1, MAX_TOKENS_LIMIT]``; ``pad_to_multiple_of`` below 1 or above ``max_tokens``; a negative
             ``seed``; ``max_batch_size`` or ``accumulate_grad_batches`` outside ``[1, MAX_TOKENS_LIMIT]``;
-            ``shuffle_window`` negative or not finite; an unknown ``too_long``.
+            ``shuffle_window`` negative or not finite; an unknown ``too_long``; ``plan_window`` below 1.
 
     Example:
         >>> settings = BatchingSettings(max_tokens=4096, shuffle_window=0)
@@ -91,6 +101,9 @@ class BatchingSettings:
                                   "per optimizer step)"))
     largest_first: bool = field(default=False,
                                 metadata=_help("the optimizer step holding the longest sample runs first"))
+    plan_window: int = field(
+        default=DEFAULT_PLAN_WINDOW, metadata=_help("most samples planned together; a larger epoch is planned in "
+                                                    "windows of at most this many, each when it is reached"))
 
     def __post_init__(self) -> None:
         max_tokens = check_int("max_tokens", self.max_tokens, 1,
@@ -126,6 +139,9 @@ class BatchingSettings:
             "shuffle": check_bool("shuffle", self.shuffle),
             "drop_last": check_bool("drop_last", self.drop_last),
             "largest_first": check_bool("largest_first", self.largest_first),
+            "plan_window": check_int("plan_window", self.plan_window, 1,
+                                     "samples planned together (default 1048576); a larger epoch is planned in windows",
+                                     MAX_TOKENS_LIMIT),
             "accumulate_grad_batches": check_int("accumulate_grad_batches", self.accumulate_grad_batches, 1,
                                                  "pass the Trainer's accumulate_grad_batches (1 for none)",
                                                  MAX_TOKENS_LIMIT),

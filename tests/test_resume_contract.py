@@ -59,6 +59,14 @@ SAMPLERS_TO_TEST = [
     ("world_3_to_2", _sampler(), 3, 2),
     ("world_2_to_3_accumulate_2_no_shuffle", _sampler(accumulate_grad_batches=2, shuffle=False), 2, 3),
     ("world_3_to_2_max_batch_size", _sampler(max_batch_size=3), 3, 2),
+    # planned in windows (4 windows of 60 samples), each window when the epoch reaches it
+    ("windowed", _sampler(plan_window=70), 2, 2),
+    ("windowed_no_shuffle_largest_first", _sampler(plan_window=70, shuffle=False, largest_first=True), 2, 2),
+    ("windowed_accumulate_3", _sampler(plan_window=70, accumulate_grad_batches=3), 3, 3),
+    ("windowed_rank_speeds", _sampler(plan_window=70, speeds={2: [1.0, 1 / 1.5], 3: [1.0, 0.8, 0.5]}), 2, 2),
+    ("windowed_too_long_skip_drop_last", _sampler(LONG, plan_window=70, too_long="skip", drop_last=True), 3, 3),
+    ("windowed_world_2_to_3", _sampler(plan_window=70), 2, 3),
+    ("windowed_world_3_to_2_accumulate_2", _sampler(plan_window=70, accumulate_grad_batches=2), 3, 2),
 ]
 EPOCH = 1  # a later epoch, so that the saved epoch is carried over
 

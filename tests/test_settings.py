@@ -37,6 +37,8 @@ def plans(sampler: BalancedBatchSampler, epochs=(0, 1, 2)) -> list[tuple]:
         ({"drop_last": 1}, TypeError, "drop_last must be True or False, got 1 of type int"),
         ({"largest_first": None}, TypeError, "largest_first must be True or False, got None"),
         ({"seed": -1}, ValueError, "seed must be >= 0, got -1"),
+        ({"plan_window": 0}, ValueError, r"plan_window must be in \[1, 1099511627776\], got 0"),
+        ({"plan_window": 2.0}, TypeError, "plan_window must be an int >= 1, got 2.0"),
         ({"seed": True}, TypeError, "seed must be an int >= 0, got True"),
         ({"too_long": "drop"}, ValueError, r"too_long must be one of \('error', 'skip', 'truncate'\), got 'drop'"),
         ({"pad_to_multiple_of": 0}, ValueError, "pad_to_multiple_of must be >= 1, got 0"),
@@ -61,8 +63,9 @@ def test_defaults_and_normalised_types():
     s = BatchingSettings(max_tokens=np.int64(512), shuffle=np.bool_(False), shuffle_window=1, seed=np.int32(3))
     assert s.to_dict() == {"max_tokens": 512, "shuffle": False, "seed": 3, "drop_last": False, "too_long": "error",
                            "pad_to_multiple_of": 1, "max_batch_size": None, "shuffle_window": 1.0,
-                           "accumulate_grad_batches": 1, "largest_first": False}
-    assert [type(v) for v in s.to_dict().values()] == [int, bool, int, bool, str, int, type(None), float, int, bool]
+                           "accumulate_grad_batches": 1, "largest_first": False, "plan_window": 1 << 20}
+    assert [type(v) for v in s.to_dict().values()] == [int, bool, int, bool, str, int, type(None), float, int, bool,
+                                                       int]
     assert BatchingSettings(max_tokens=64, pad_to_multiple_of=24).truncate_to == 48
     with pytest.raises(TypeError):
         BatchingSettings()  # max_tokens has no default
