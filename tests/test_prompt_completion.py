@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lit_balance import BalancedBatchSampler, BalancedTextDataModule, PadCollator, TokenDataset
@@ -163,7 +163,11 @@ def test_every_step_divisor_equals_the_targets_the_loss_counts_over_all_ranks(co
         max_tokens = int(ds.lengths.max())
     kwargs = dict(max_tokens=max_tokens, accumulate_grad_batches=accumulate, too_long=too_long, drop_last=drop_last,
                   seed=seed)
-    probe = BalancedBatchSampler(ds.lengths, num_replicas=world, rank=0, **kwargs)
+    try:
+        probe = BalancedBatchSampler(ds.lengths, num_replicas=world, rank=0, **kwargs)
+    except ValueError as error:  # drop_last=True with too few samples for every rank: refused, nothing to plan
+        assume("leaves no micro-batch" not in str(error))
+        raise
     cut = probe.truncate_to if too_long == "truncate" else None
     supervised = ds.supervised_lengths(cut)
     collate = PadCollator(0, max_length=cut)
