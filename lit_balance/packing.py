@@ -45,6 +45,7 @@ The plan is made in five stages, all vectorised with numpy except a heap over th
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 
 import numpy as np
@@ -74,13 +75,29 @@ def _count_lower_bound(lengths: np.ndarray, capacity: int, doc_cap: int, num_rep
 def packed_count(lengths: np.ndarray, settings: BatchingSettings, num_replicas: int) -> int:
     """Micro-batches of every epoch (all ranks) for documents of ``lengths``: see stage 1 of the module doc.
 
-    Returns 0 for no documents. Depends only on the lengths (as a multiset), the settings and ``num_replicas``.
+    Returns 0 for no documents. Depends only on the lengths (as a multiset: the unshuffled token-cost packing
+    treats documents of equal length alike), the budget, ``max_batch_size`` and ``num_replicas``, so it is
+    remembered for the last few such inputs (every epoch of a sampler asks for the same).
     """
     n = lengths.shape[0]
     if not n:
         return 0
     capacity = packed_capacity(settings)
     doc_cap = settings.max_batch_size or n
+    histogram = np.bincount(lengths)
+    key = (hashlib.sha256(histogram.tobytes()).hexdigest(), histogram.shape[0], capacity, doc_cap, num_replicas)
+    if key not in _COUNTS:
+        if len(_COUNTS) >= 16:
+            _COUNTS.pop(next(iter(_COUNTS)))
+        _COUNTS[key] = _count(lengths, capacity, doc_cap, num_replicas)
+    return _COUNTS[key]
+
+
+_COUNTS: dict[tuple, int] = {}
+
+
+def _count(lengths: np.ndarray, capacity: int, doc_cap: int, num_replicas: int) -> int:
+    n = lengths.shape[0]
     k = _count_lower_bound(lengths, capacity, doc_cap, num_replicas)
     if n <= k:
         return k
@@ -423,9 +440,14 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
     best: tuple[float, EpochPlan] | None = None
     for count in tried:
         packed = _pack(doc_len, doc_cost, count, capacity, doc_cap, num_replicas, accumulate, speeds, rng)
-        if packed is None and count == k:  # the unshuffled token-cost packing fits by construction
-            packed = _pack(doc_len, doc_len.astype(np.float64), count, capacity, doc_cap, num_replicas, accumulate,
+        if packed is None and count == k:  # the unshuffled token-cost packing of the count fits by construction
+            packed = _pack(doc_len, doc_len.astype(np.float64), count, capacity, doc_cap, num_replicas, 1,
                            np.ones(num_replicas), None)
+            if packed is not None:  # its steps: most costly first, under the real cost model
+                bin_cost = np.bincount(packed[0], weights=doc_cost, minlength=count)
+                group_of_bin = np.empty(count, dtype=np.int64)
+                group_of_bin[np.argsort(-bin_cost, kind="stable")] = np.arange(count) // (num_replicas * accumulate)
+                packed = (packed[0], group_of_bin)
         if packed is None:
             if count == k:
                 raise RuntimeError(f"packed planning found no packing of {n} documents into {count} micro-batches of "
@@ -444,20 +466,28 @@ def _layout(candidates: np.ndarray, lengths: np.ndarray, bin_of: np.ndarray, gro
             cost_model: CostModel, rng: np.random.Generator | None) -> EpochPlan:
     """Rows grouped by bin, and bins to micro-steps and ranks: each group is one optimizer step."""
     k = group_of_bin.shape[0]
-    rows = candidates[np.argsort(bin_of, kind="stable")]
+    rows = candidates[np.argsort(bin_of.astype(np.uint16) if k < 2**16 else bin_of, kind="stable")]  # radix sort
     offsets = np.concatenate([[0], np.cumsum(np.bincount(bin_of, minlength=k))]).astype(np.int64)
     cost = cost_model.packed_cost(lengths[rows], offsets)
     uniform = bool(np.all(speeds == speeds[0]))
     groups = []
     num_groups = int(group_of_bin.max()) + 1 if k else 0
-    members_by_group = np.argsort(group_of_bin, kind="stable")
-    bounds = np.searchsorted(group_of_bin[members_by_group], np.arange(num_groups + 1))
-    for g in range(num_groups):
-        members = members_by_group[bounds[g]:bounds[g + 1]]
-        slots = members[_lpt(cost[members], speeds, members.shape[0] // num_replicas)]
+    if accumulate == 1:  # one micro-batch per rank and step: the most costly on the fastest rank, vectorised
+        steps = np.lexsort((-cost, group_of_bin)).reshape(num_groups, num_replicas)
+        slots = np.empty_like(steps)
+        slots[:, np.argsort(-speeds, kind="stable")] = steps
         if rng is not None and uniform:
-            slots = slots[:, rng.permutation(num_replicas)]
-        groups.append(slots)
+            slots = rng.permuted(slots, axis=1)
+        groups = list(slots[:, None, :])
+    else:
+        members_by_group = np.argsort(group_of_bin, kind="stable")
+        bounds = np.searchsorted(group_of_bin[members_by_group], np.arange(num_groups + 1))
+        for g in range(num_groups):
+            members = members_by_group[bounds[g]:bounds[g + 1]]
+            slots = members[_lpt(cost[members], speeds, members.shape[0] // num_replicas)]
+            if rng is not None and uniform:
+                slots = slots[:, rng.permutation(num_replicas)]
+            groups.append(slots)
     if rng is not None and groups:  # a shorter last group stays last, so accumulation windows stay aligned
         full = len(groups) - (1 if (k // num_replicas) % accumulate else 0)
         groups = [groups[g] for g in rng.permutation(full)] + groups[full:]
