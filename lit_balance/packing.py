@@ -10,10 +10,11 @@ the loss work unchanged.
 
 Worked example (``max_tokens=10``, ``num_replicas=2``, ``shuffle=False``, token cost)::
 
-    lengths = [9, 6, 4, 3, 3, 2, 2, 1]          # 30 tokens: at least 3 rows of 10, so 4 micro-batches
-    # 9, 6, 4, 3 and 3 are outliers (longer than an eighth of the budget): each goes to the least costly
-    # the others fill the rest to equal cost: [9] [6 1] [4 3] [3 2 2] -> costs 9, 7, 7, 7
-    # steps, most costly first: step 0 = [9] and [6 1]; step 1 = [4 3] and [3 2 2]
+    lengths = [9, 6, 4, 3, 3, 2, 2, 1]          # 30 tokens: ceil(30 / (0.97 x 10)) = 4 micro-batches
+    # all but the 1 are outliers (longer than an eighth of the budget): longest first, each to the least costly
+    # micro-batch with room: [9] [6] [4] [3], then 3 -> [3 3], 2 -> [4 2], 2 -> [6 2]; the 1 goes to the
+    # micro-batch furthest below its target: [9] [6 2 1] [4 2] [3 3], costs 9, 9, 6, 6
+    # steps, most costly first: step 0 = [9] and [6 2 1]; step 1 = [4 2] and [3 3]
 
 The plan is made in five stages, all vectorised with numpy except a heap over the few outliers:
 
@@ -66,10 +67,13 @@ def packed_capacity(settings: BatchingSettings) -> int:
 
 
 def _count_lower_bound(lengths: np.ndarray, capacity: int, doc_cap: int, num_replicas: int) -> int:
-    total = int(lengths.sum())
-    need = max(-(-total // capacity), int(np.count_nonzero(2 * lengths > capacity)), -(-lengths.shape[0] // doc_cap),
-               int(np.ceil(total / (capacity * (1.0 - _HEADROOM)))), 1)
-    return -(-need // num_replicas) * num_replicas
+    """The least multiple of ``num_replicas`` that can hold the documents, raised for headroom where that needs no
+    fill rows."""
+    total, n = int(lengths.sum()), lengths.shape[0]
+    need = max(-(-total // capacity), int(np.count_nonzero(2 * lengths > capacity)), -(-n // doc_cap), 1)
+    need = -(-need // num_replicas) * num_replicas
+    roomy = -(-int(np.ceil(total / (capacity * (1.0 - _HEADROOM)))) // num_replicas) * num_replicas
+    return max(need, min(roomy, (n // num_replicas) * num_replicas))
 
 
 def packed_count(lengths: np.ndarray, settings: BatchingSettings, num_replicas: int) -> int:
@@ -415,6 +419,14 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
 
     Raises:
         RuntimeError: no packing fits (cannot happen for documents within the budget; a bug if it does).
+
+    Example:
+        >>> from lit_balance import BatchingSettings, plan_epoch
+        >>> lengths = [9, 6, 4, 3, 3, 2, 2, 1]
+        >>> plan = plan_epoch(lengths, BatchingSettings(max_tokens=10, shuffle=False, packing=True), num_replicas=2,
+        ...                   epoch=0)
+        >>> [[lengths[i] for i in plan.batch(b)[0]] for b in range(plan.num_batches)], plan.assignment.tolist()
+        ([[9], [6, 2, 1], [4, 2], [3, 3]], [[0, 1], [2, 3]])
     """
     shuffle = settings.shuffle
     rng = np.random.default_rng(np.random.SeedSequence([int(settings.seed), int(epoch)])) if shuffle else None
