@@ -46,6 +46,7 @@ The plan is made in five stages, all vectorised with numpy except a heap over th
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import heapq
 
@@ -436,7 +437,7 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
     doc_cap = settings.max_batch_size or max(int(candidates.shape[0]), 1)
     n = candidates.shape[0]
     doc_len = lengths[candidates]
-    k = packed_count(doc_len, settings, num_replicas)
+    k = verified = packed_count(doc_len, settings, num_replicas)
     if min_steps * num_replicas > k:
         k = max(k, min(min_steps, n // num_replicas) * num_replicas)
     uniform = bool(np.all(speeds == speeds[0]))
@@ -453,13 +454,14 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
     for count in tried:
         packed = _pack(doc_len, doc_cost, count, capacity, doc_cap, num_replicas, accumulate, speeds, rng)
         if packed is None and count == k:  # the unshuffled token-cost packing of the count fits by construction
-            packed = _pack(doc_len, doc_len.astype(np.float64), count, capacity, doc_cap, num_replicas, 1,
+            packed = _pack(doc_len, doc_len.astype(np.float64), verified, capacity, doc_cap, num_replicas, 1,
                            np.ones(num_replicas), None)
-            if packed is not None:  # its steps: most costly first, under the real cost model
-                bin_cost = np.bincount(packed[0], weights=doc_cost, minlength=count)
+            if packed is not None:  # split to the count asked for (min_steps); its steps, most costly first
+                bin_of = _split_bins(packed[0], verified, count)
+                bin_cost = np.bincount(bin_of, weights=doc_cost, minlength=count)
                 group_of_bin = np.empty(count, dtype=np.int64)
                 group_of_bin[np.argsort(-bin_cost, kind="stable")] = np.arange(count) // (num_replicas * accumulate)
-                packed = (packed[0], group_of_bin)
+                packed = (bin_of, group_of_bin)
         if packed is None:
             if count == k:
                 raise RuntimeError(f"packed planning found no packing of {n} documents into {count} micro-batches of "
@@ -471,6 +473,27 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
         if best is None or waste < best[0]:
             best = (waste, plan)
     return best[1]
+
+
+def _split_bins(bin_of: np.ndarray, k: int, target: int) -> np.ndarray:
+    """Split the bins holding the most documents in two until there are ``target`` (each part stays in budget)."""
+    if target <= k:
+        return bin_of
+    bin_of = bin_of.copy()
+    members = collections.defaultdict(list)
+    for i, b in enumerate(bin_of.tolist()):
+        members[b].append(i)
+    heap = [(-len(docs), b) for b, docs in members.items()]
+    heapq.heapify(heap)
+    for new in range(k, target):
+        size, b = heapq.heappop(heap)
+        docs = members[b]
+        moved = docs[len(docs) // 2:]  # -size >= 2: there are more documents than bins
+        members[b], members[new] = docs[:len(docs) // 2], moved
+        bin_of[moved] = new
+        heapq.heappush(heap, (-len(members[b]), b))
+        heapq.heappush(heap, (-len(moved), new))
+    return bin_of
 
 
 def _layout(candidates: np.ndarray, lengths: np.ndarray, bin_of: np.ndarray, group_of_bin: np.ndarray,

@@ -212,3 +212,23 @@ def test_largest_first_puts_the_longest_document_first():
                             accumulate_grad_batches=accumulate)
         first = [i for rank in batches for b in rank[:accumulate] for i in b]
         assert int(np.argmax(lengths)) in first
+
+
+@pytest.mark.parametrize("min_steps", [0, 30])
+def test_an_epoch_whose_shuffled_packing_fails_falls_back_to_the_count_packing(monkeypatch, min_steps):
+    from lit_balance import packing
+
+    real_pack = packing._pack
+    monkeypatch.setattr(packing, "_pack", lambda *a: None if a[-1] is not None else real_pack(*a))
+    lengths = np.random.default_rng(0).integers(1, 120, 300)
+    s = BatchingSettings(max_tokens=512, packing=True, accumulate_grad_batches=2)
+    plans = [plan_epoch(lengths, s, num_replicas=3, epoch=e, min_steps=min_steps) for e in (0, 1)]
+    for plan in plans:
+        sums = np.add.reduceat(lengths[plan.rows], plan.batch_offsets[:-1])
+        assert sums.max() <= 512 and np.diff(plan.batch_offsets).min() >= 1
+        assert sorted(plan.rows.tolist()) == list(range(300)) and not plan.is_fill.any()
+        assert plan.num_micro_steps >= min_steps
+    assert plans[0].num_micro_steps == plans[1].num_micro_steps
+    # the same micro-batches (the unshuffled packing), in another order
+    assert (sorted(map(tuple, np.split(plans[0].rows, plans[0].batch_offsets[1:-1])))
+            == sorted(map(tuple, np.split(plans[1].rows, plans[1].batch_offsets[1:-1]))))
