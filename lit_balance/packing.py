@@ -89,7 +89,10 @@ def packed_count(lengths: np.ndarray, settings: BatchingSettings, num_replicas: 
         return 0
     capacity = packed_capacity(settings)
     doc_cap = settings.max_batch_size or n
-    histogram = np.bincount(lengths)
+    if int(lengths.max()) < 2**24:
+        histogram = np.bincount(lengths)
+    else:  # huge lengths: the histogram of the values present
+        histogram = np.concatenate(np.unique(lengths, return_counts=True))
     key = (hashlib.sha256(histogram.tobytes()).hexdigest(), histogram.shape[0], capacity, doc_cap, num_replicas)
     if key not in _COUNTS:
         if len(_COUNTS) >= 16:
