@@ -60,6 +60,7 @@ from lit_balance.settings import BatchingSettings
 
 __all__ = ["packed_capacity", "plan_packed"]
 
+_UNSHUFFLED_SEED = 20250  # the dealing order of unshuffled packings (fixed: the same every epoch)
 _HEADROOM = 0.03  # share of the budget the count leaves free, so that cost-balanced rows rarely overflow
 _RESERVE_FACTOR = 1.5  # reserve (finishing) cost per micro-batch, in units of the largest short document's cost
 
@@ -233,8 +234,10 @@ def _pack(lengths: np.ndarray, cost: np.ndarray, k: int, capacity: int, doc_cap:
         if mid.size:
             mid_cost = float(c[mid].sum())
             goal = target * (mid_cost / max(float(target.sum()), 1e-300))
-            bins_order = rng.permutation(k) if rng is not None else np.arange(k)
-            dealt = rng.permutation(mid) if rng is not None else mid
+            # without shuffle a fixed generator deals (the same every epoch): sorted runs would make uneven bins
+            deal = rng if rng is not None else np.random.default_rng(_UNSHUFFLED_SEED)
+            bins_order = deal.permutation(k)
+            dealt = deal.permutation(mid)
             edges = np.cumsum(goal[bins_order])
             middle = np.cumsum(c[dealt]) - 0.5 * c[dealt]
             where = np.minimum(np.searchsorted(edges, middle, side="right"), k - 1)
