@@ -146,6 +146,8 @@ def parse_state(state_dict: Any, *, num_samples: int, lengths_sha256: str, setti
     saved, now = state_dict["settings"], settings.to_dict()
     if isinstance(saved, dict) and "plan_window" not in saved and num_samples <= settings.plan_window:
         saved = {**saved, "plan_window": now["plan_window"]}  # saved before plan_window existed: planned whole, as now
+    if isinstance(saved, dict) and "packing" not in saved:  # saved before packing existed: padded batches
+        saved = {**saved, "packing": False}
     if not isinstance(saved, dict) or set(saved) != set(now):
         got = sorted(saved) if isinstance(saved, dict) else saved
         raise ValueError(f"sampler state_dict settings must have keys {sorted(now)}, got {got}")
