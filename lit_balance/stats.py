@@ -93,7 +93,8 @@ class PlanStats:
         rank_micro_batches: int64 ``[num_replicas]``: micro-batches per rank.
         real_cost: cost of the real tokens of real rows (:meth:`CostModel.real_cost`), summed.
         max_batch_tokens: the largest padded token slots of any micro-batch.
-        batch_padded_tokens: int64 ``[num_batches]``: padded token slots (rows x longest row) of each micro-batch.
+        batch_padded_tokens: int64 ``[num_batches]``: padded token slots (rows x longest row) of each micro-batch;
+            with ``plan_stats(..., packed=True)`` the tokens of its packed row (the sum of its rows' lengths).
         dropped_samples: samples of ``lengths`` that no micro-batch holds.
         duplicated_rows: rows beyond the first of each sample (fill rows and repeats).
     """
@@ -130,7 +131,7 @@ class PlanStats:
         return self.real_cost / denom if denom > 0 else 1.0
 
     def over_budget_ratio(self, max_tokens: int) -> float:
-        """Share of the non-empty micro-batches whose padded slots (rows x longest row) exceed ``max_tokens``."""
+        """Share of the non-empty micro-batches whose token slots (:attr:`batch_padded_tokens`) exceed ``max_tokens``."""
         slots = self.batch_padded_tokens[self.batch_padded_tokens > 0]
         return float(np.mean(slots > max_tokens)) if slots.size else 0.0
 
@@ -146,6 +147,7 @@ def plan_stats(
     *,
     pad_to_multiple_of: int = 1,
     accumulate_grad_batches: int = 1,
+    packed: bool = False,
 ) -> PlanStats:
     """Compute :class:`PlanStats` of ``plan`` (vectorised; no communication).
 
@@ -158,21 +160,31 @@ def plan_stats(
         accumulate_grad_batches: micro-batches per rank per optimizer step; ranks wait for each other once
             per optimizer step, so a rank's cost per step is the sum over this many micro-batches (the last
             step may be shorter).
+        packed: each micro-batch is one packed row of whole documents (padding-free) instead of rows padded to
+            the longest: it costs ``per_batch + sum over its rows of (linear * l + quadratic * l**2)``, fill rows
+            included, and its token slots (``batch_padded_tokens``, ``max_batch_tokens``, the budget figures) are
+            the sum of its rows' lengths, so padding counts fill rows only. ``l`` is each row's length rounded up
+            to ``pad_to_multiple_of``.
 
     Raises:
         ValueError: ``accumulate_grad_batches`` or ``pad_to_multiple_of`` < 1; ``lengths`` not 1-D or too short;
             a negative index in per-rank lists.
         TypeError: a non-int ``accumulate_grad_batches`` / ``pad_to_multiple_of``; ``cost_model`` not a CostModel;
-            ``plan`` neither an EpochPlan nor per-rank lists.
+            ``plan`` neither an EpochPlan nor per-rank lists; ``packed`` not a bool.
 
     Example:
         >>> s = plan_stats([[[0, 1]], [[2]]], np.array([4, 2, 3]))  # 2 ranks: slots 2 x 4 and 1 x 3
         >>> s.rank_padded_tokens.tolist(), round(s.padding_ratio, 3), s.step_imbalance.tolist()
         ([8, 3], 0.182, [1.4545454545454546])
+        >>> s = plan_stats([[[0, 1]], [[2]]], np.array([4, 2, 3]), packed=True)  # packed rows of 4 + 2 and 3 tokens
+        >>> s.rank_padded_tokens.tolist(), s.padding_ratio, s.step_imbalance.tolist()
+        ([6, 3], 0.0, [1.3333333333333333])
     """
     accumulate_grad_batches = check_int("accumulate_grad_batches", accumulate_grad_batches, 1,
                                         "micro-batches per rank per optimizer step")
     pad_to_multiple_of = check_int("pad_to_multiple_of", pad_to_multiple_of, 1, "use the sampler's value (1: none)")
+    if not isinstance(packed, (bool, np.bool_)):
+        raise TypeError(f"packed must be a bool (True: packed rows of whole documents), got {packed!r}")
     cost_model = cost_model or CostModel()
     if not isinstance(cost_model, CostModel):
         raise TypeError(f"cost_model must be a lit_balance.CostModel or None, got {type(cost_model).__name__}")
@@ -187,12 +199,17 @@ def plan_stats(
     offsets = p.batch_offsets
     num_batches = p.num_batches
     sizes = np.diff(offsets)
-    width = np.zeros(num_batches, dtype=np.int64)
     filled = sizes > 0
-    if filled.any():  # segments of the non-empty batches are contiguous: empty ones hold no rows
-        width[filled] = np.maximum.reduceat(padded[p.rows], offsets[:-1][filled])
-    slots = sizes * width
-    batch_cost = np.where(filled, cost_model.batch_cost(sizes, width), 0.0) if num_batches else np.zeros(0)
+    if packed:  # one row of whole documents: tokens and cost are sums over its rows
+        slots = p._sum_per_batch(padded[p.rows])
+        row_cost = np.concatenate([[0.0], np.cumsum(cost_model.row_cost(padded[p.rows]))])
+        batch_cost = np.where(filled, cost_model.per_batch + row_cost[offsets[1:]] - row_cost[offsets[:-1]], 0.0)
+    else:
+        width = np.zeros(num_batches, dtype=np.int64)
+        if filled.any():  # segments of the non-empty batches are contiguous: empty ones hold no rows
+            width[filled] = np.maximum.reduceat(padded[p.rows], offsets[:-1][filled])
+        slots = sizes * width
+        batch_cost = np.where(filled, cost_model.batch_cost(sizes, width), 0.0) if num_batches else np.zeros(0)
     real_rows = ~p.is_fill
     batch_real = p.real_tokens_per_batch(lengths)
 
