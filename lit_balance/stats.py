@@ -161,10 +161,10 @@ def plan_stats(
             per optimizer step, so a rank's cost per step is the sum over this many micro-batches (the last
             step may be shorter).
         packed: each micro-batch is one packed row of whole documents (padding-free) instead of rows padded to
-            the longest: it costs ``per_batch + sum over its rows of (linear * l + quadratic * l**2)``, fill rows
-            included, and its token slots (``batch_padded_tokens``, ``max_batch_tokens``, the budget figures) are
-            the sum of its rows' lengths, so padding counts fill rows only. ``l`` is each row's length rounded up
-            to ``pad_to_multiple_of``.
+            the longest: its token slots (``batch_padded_tokens``, ``max_batch_tokens``, the budget figures) are
+            its documents' lengths summed, fill rows included, rounded up to ``pad_to_multiple_of`` (the row's
+            tail is padded), and it costs ``per_batch + sum over its documents of (linear * l + quadratic * l**2)
+            + linear * tail padding``. Padding then counts fill rows and the tail only.
 
     Raises:
         ValueError: ``accumulate_grad_batches`` or ``pad_to_multiple_of`` < 1; ``lengths`` not 1-D or too short;
@@ -200,10 +200,12 @@ def plan_stats(
     num_batches = p.num_batches
     sizes = np.diff(offsets)
     filled = sizes > 0
-    if packed:  # one row of whole documents: tokens and cost are sums over its rows
-        slots = p._sum_per_batch(padded[p.rows])
-        row_cost = np.concatenate([[0.0], np.cumsum(cost_model.row_cost(padded[p.rows]))])
-        batch_cost = np.where(filled, cost_model.per_batch + row_cost[offsets[1:]] - row_cost[offsets[:-1]], 0.0)
+    if packed:  # one row of whole documents, its tail padded to the multiple: sums over its documents
+        tokens = p._sum_per_batch(lengths[p.rows])
+        slots = padded_lengths(tokens, pad_to_multiple_of)
+        doc_cost = np.concatenate([[0.0], np.cumsum(cost_model.row_cost(lengths[p.rows]))])
+        batch_cost = np.where(filled, cost_model.per_batch + doc_cost[offsets[1:]] - doc_cost[offsets[:-1]]
+                              + cost_model.linear * (slots - tokens), 0.0)
     else:
         width = np.zeros(num_batches, dtype=np.int64)
         if filled.any():  # segments of the non-empty batches are contiguous: empty ones hold no rows

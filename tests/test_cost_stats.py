@@ -315,13 +315,16 @@ def test_plan_stats_packed_equal_a_direct_sum(lengths, data, accumulate, pad, co
     cost = CostModel(*coefficients)
     stats = plan_stats(rank_batches, np.array(lengths), cost, packed=True, pad_to_multiple_of=pad,
                        accumulate_grad_batches=accumulate)
-    padded = [-(-n // pad) * pad for n in lengths]
+    def row(batch):  # the packed row's tokens, its tail padded to the multiple
+        return -(-sum(lengths[i] for i in batch) // pad) * pad
+
     steps = -(-max(map(len, rank_batches)) // accumulate) if any(rank_batches) else 0
     expected = np.zeros((steps, num_replicas))
     for r, batches in enumerate(rank_batches):
         for s, batch in enumerate(batches):
-            expected[s // accumulate, r] += cost.per_batch + sum(cost.linear * padded[i] + cost.quadratic * padded[i] ** 2
-                                                                 for i in batch)
+            tail = row(batch) - sum(lengths[i] for i in batch)
+            expected[s // accumulate, r] += cost.per_batch + cost.linear * tail + sum(
+                cost.linear * lengths[i] + cost.quadratic * lengths[i] ** 2 for i in batch)
     np.testing.assert_allclose(stats.rank_cost, expected, rtol=1e-12)
-    assert stats.rank_padded_tokens.tolist() == [sum(sum(padded[i] for i in b) for b in bs) for bs in rank_batches]
-    assert stats.max_batch_tokens == max((sum(padded[i] for i in b) for bs in rank_batches for b in bs), default=0)
+    assert stats.rank_padded_tokens.tolist() == [sum(row(b) for b in bs) for bs in rank_batches]
+    assert stats.max_batch_tokens == max((row(b) for bs in rank_batches for b in bs), default=0)
