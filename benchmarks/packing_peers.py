@@ -269,7 +269,9 @@ def kk_balanced(lengths: np.ndarray, max_tokens: int, num_replicas: int, seed: i
     step = docs_per_step or lengths.size
     step -= step % num_replicas
     if step < num_replicas:
-        raise ValueError(f"docs_per_step must give each of {num_replicas} ranks a document, got {docs_per_step}")
+        raise ValueError(f"a global batch must give each of {num_replicas} ranks a document, got "
+                         f"{docs_per_step or lengths.size} documents per step ({lengths.size} in all); raise "
+                         "docs_per_step or use fewer ranks")
     out: list[list[list[int]]] = [[] for _ in range(num_replicas)]
     for start in range(0, order.size - step + 1, step):
         docs = order[start:start + step]

@@ -1,0 +1,132 @@
+"""benchmarks/bench_packing.py: the figures of a row on hand-made micro-batches, the targets' met / not met rule,
+and a small run of the whole command (every strategy, both workloads, the tables and results.json).
+
+Run:
+    python -m pytest tests/benchmarks/test_bench_packing.py -q
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import lit_balance
+from benchmarks import bench_packing as bp
+from benchmarks.packing_peers import PACKING_PEERS
+from lit_balance import BatchingSettings, plan_epoch
+
+pytestmark = pytest.mark.benchmark
+
+LENGTHS = np.array([4, 2, 2, 1, 3, 5])
+EPOCH0 = [[[0, 1], [3]], [[2, 4], [4, 5]]]  # rank 1 repeats 4 (unmarked); every document present
+EPOCH1 = [[[1, 0], [3]], [[2, 5], [4]]]  # 0 and 1 stay together; 2 and 4 part
+
+
+def test_row_figures_of_packed_rank_lists():
+    r = bp.row_figures((EPOCH0, EPOCH1), LENGTHS, max_tokens=6, packed=True)
+    assert (r["steps_min"], r["steps_max"], r["equal_counts"]) == (2, 2, True)
+    # packed rows: 6, 1 | 5, 8 tokens: one of four over the budget of 6, the largest 8 / 6
+    assert r["over_budget_ratio"] == pytest.approx(0.25) and r["max_batch_ratio"] == pytest.approx(8 / 6)
+    assert r["budget_fill_ratio"] == pytest.approx(20 / 24) and r["padding_ratio"] == pytest.approx(3 / 20)
+    assert (r["dropped"], r["duplicated_marked"], r["duplicated_unmarked"]) == (0, 0, 1)
+    assert r["U_tokens"] == pytest.approx(17 / (2 * (6 + 8)))  # real tokens / ranks x slowest per step
+    real = sum(n + 1e-3 * n * n for n in LENGTHS)
+    cost = [[4 + 2 + 1e-3 * 20, 2 + 3 + 1e-3 * 13], [1 + 1e-3, 3 + 5 + 1e-3 * 34]]
+    assert r["U_attn_1e-3"] == pytest.approx(real / (2 * sum(max(step) for step in cost)))
+    assert r["persistence"] == pytest.approx(0.5)  # of 0, 1, 2, 4 (3 and 5 have no real batch-mate), 0 and 1 keep theirs
+
+
+def test_row_figures_of_a_padded_plan_count_marked_fills():
+    lengths = np.array([30, 20, 20, 10, 10])
+    settings = BatchingSettings(max_tokens=40, shuffle=False)
+    plans = [plan_epoch(lengths, settings, num_replicas=2, epoch=e) for e in (0, 1)]
+    r = bp.row_figures(plans, lengths, 40, packed=False)
+    assert r["duplicated_marked"] == int(plans[0].is_fill.sum()) and r["duplicated_unmarked"] == 0
+    assert r["over_budget_ratio"] == 0 and r["equal_counts"] and r["dropped"] == 0
+
+
+def _row(workload, strategy, **figures):
+    base = {"workload": workload, "ranks": 8, "strategy": strategy, "status": "ok", "persistence": 0.01,
+            "over_budget_ratio": 0.0, "dropped": 0, "duplicated_unmarked": 0, "equal_counts": True,
+            "U_tokens": 0.999, "U_attn_1e-3": 0.995}
+    return {**base, **figures}
+
+
+def test_target_rows_mark_each_target_met_or_not():
+    rows = [_row("short", "lit_packed", U_tokens=0.9949), _row("short", "lit_packed_attn_1.2e-4", persistence=0.2),
+            _row("short", "lit_packed_attn_1e-3", **{"U_attn_1e-3": 0.99}),
+            _row("long", "lit_packed", over_budget_ratio=0.01), _row("long", "lit_packed_attn_1.2e-4"),
+            _row("long", "lit_packed_attn_1e-3", dropped=1, **{"U_attn_1e-3": 0.80}),
+            _row("long", "kk_balanced", **{"U_attn_1e-3": 0.81}), _row("long", "greedy_sequential", **{"U_attn_1e-3": 0.5})]
+    bounds = {("short", 8): {"long_documents": False, "attn_1e-3": None},
+              ("long", 8): {"long_documents": True, "attn_1e-3": 0.84}}
+    million = [{"status": "ok", "plan_s_per_million": 0.7}, {"status": "ok", "plan_s_per_million": 1.2}]
+    met = {(t["workload"], t["target"].split(" (")[0]): (t["value"], t["met"])
+           for t in bp.target_rows(rows, bounds, million)}
+    assert met[("short", "U tokens >= 0.995")] == (0.9949, False)
+    assert met[("short", "U attn q=1e-3 >= 0.99")] == (0.99, True)
+    assert met[("short", "persistence <= 0.05")] == (0.2, False)  # the worst packed row counts
+    assert met[("short", "no micro-batch over budget")] == (0.0, True)
+    assert met[("long", "no micro-batch over budget")] == (0.01, False)
+    assert met[("long", "U attn q=1e-3 >= 0.95 x per-step bound")] == (pytest.approx(0.80 / 0.84), True)
+    assert met[("long", "U attn q=1e-3 above every packing peer")] == (0.80, False)  # kk_balanced has 0.81
+    assert met[("long", "nothing dropped, duplicates only as marked fills, equal counts")] == (1, False)
+    assert met[("1M documents", "plan <= 1.0 s per million documents")] == (1.2, False)
+
+
+def test_target_rows_say_not_available_without_our_rows_or_a_bound():
+    rows = [_row("long", "kk_balanced")]
+    bounds = {("long", 8): {"long_documents": True, "attn_1e-3": None}}
+    targets = bp.target_rows(rows, bounds, [{"status": "not available"}])
+    assert {t["met"] for t in targets} == {None} and all(t["value"] is None for t in targets)
+    assert bp._met(None) == "n/a" and bp._met(False) == "**not met**" and bp._met(True) == "met"
+
+
+def test_lower_bound_reads_the_planner_bound_when_lit_balance_has_one(monkeypatch):
+    lengths = np.array([5, 3, 2])
+    if not hasattr(lit_balance, "packed_useful_fraction_bound"):
+        assert bp.lower_bound(lengths, 8, 2, "tokens") is None
+    seen = []
+
+    def bound(lengths_arg, settings, *, num_replicas, cost_model):
+        seen.append((lengths_arg.tolist(), settings.max_tokens, settings.packing, num_replicas, cost_model))
+        return 0.75
+
+    monkeypatch.setattr(lit_balance, "packed_useful_fraction_bound", bound, raising=False)
+    assert bp.lower_bound(lengths, 8, 2, "attn_1e-3") == 0.75
+    assert seen == [([5, 3, 2], 8, True, 2, bp.COSTS["attn_1e-3"])]
+
+
+def test_command_runs_every_strategy_and_writes_its_tables(tmp_path):
+    out = tmp_path / "out"
+    results = bp.main(["--num-samples", "200", "--ranks", "2", "--distributions", "fortunes", "--long-distributions",
+                       "stdlib_docstrings", "--million", "2000", "--output-dir", str(out)])
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["rows"] == json.loads(json.dumps(results["rows"]))
+    assert [(r["workload"], r["strategy"]) for r in saved["rows"]] == [
+        (w, s) for w in ("fortunes cap 512", "stdlib_docstrings cap 4096 (long documents)") for s in bp.STRATEGIES]
+    for row in saved["rows"]:
+        if row["strategy"] in PACKING_PEERS or not row["packed"]:
+            assert row["status"] == "ok", row
+        if row["status"] == "ok":
+            assert 0 < row["U_tokens"] <= 1 and 0 < row["U_attn_1e-3"] <= 1 and row["plan_s"] >= 0
+        else:
+            assert row["status"] == "not available" and row["reason"]
+    hf = [r for r in saved["rows"] if r["strategy"] == "hf_flattening"]
+    assert all(r["collator_mismatches"] == 0 and r["collator_longest_row"] == r["max_batch_tokens"] for r in hf)
+    assert {w["max_length"] for w in saved["workloads"]} == {512, 4096}
+    report = (out / "results.md").read_text()
+    assert report.count("| strategy | planned for |") == 2 and "**Targets**" in report
+    assert all(f"| {s} |" in report for s in bp.STRATEGIES)
+    assert saved["source"]["commit"] is None or len(saved["source"]["commit"]) == 40
+
+
+def test_command_rejects_bad_arguments(capsys):
+    with pytest.raises(SystemExit):
+        bp.main(["--max-length", "8192"])
+    assert "--max-length (8192) must be <= --max-tokens (4096)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bp.main(["--seed", "-1"])
+    assert "--seed must be >= 0, got -1" in capsys.readouterr().err
