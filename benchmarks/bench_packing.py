@@ -6,7 +6,7 @@ Run:
 
 Ranks are simulated in one process: every strategy is a pure function of (lengths, budget, ranks, seed, epoch)
 returning each rank's micro-batches of epochs 0 and 1; every figure comes from :mod:`lit_balance.stats`
-(:func:`~lit_balance.stats.plan_stats` with ``packed=True`` for packed rows, ``packed=False`` for padded ones, and
+(:func:`~lit_balance.stats.plan_stats` with ``packing=True`` for packed rows, ``packing=False`` for padded ones, and
 :func:`~lit_balance.stats.batch_persistence`). Peers are in :mod:`benchmarks.packing_peers`.
 
 Workloads: the shipped length arrays capped at ``--max-length`` (512) with a budget of ``--max-tokens`` (4,096)
@@ -95,7 +95,7 @@ def strategy(name: str) -> tuple[Callable[[np.ndarray, int, int, int, int], Rank
 def row_figures(epochs: Sequence[RankBatches | EpochPlan], lengths: np.ndarray, max_tokens: int, packed: bool,
                 ) -> dict[str, Any]:
     """Every figure of one row from epochs 0 and 1 of one strategy (all from :mod:`lit_balance.stats`)."""
-    stats = {name: plan_stats(epochs[0], lengths, cost, packed=packed) for name, cost in COSTS.items()}
+    stats = {name: plan_stats(epochs[0], lengths, cost, packing=packed) for name, cost in COSTS.items()}
     tok = stats["tokens"]
     counts = tok.rank_micro_batches
     marked = int(epochs[0].is_fill.sum()) if isinstance(epochs[0], EpochPlan) else 0

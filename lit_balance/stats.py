@@ -94,7 +94,7 @@ class PlanStats:
         real_cost: cost of the real tokens of real rows (:meth:`CostModel.real_cost`), summed.
         max_batch_tokens: the largest padded token slots of any micro-batch.
         batch_padded_tokens: int64 ``[num_batches]``: padded token slots (rows x longest row) of each micro-batch;
-            with ``plan_stats(..., packed=True)`` the tokens of its packed row (the sum of its rows' lengths).
+            with ``plan_stats(..., packing=True)`` the tokens of its packed row (the sum of its rows' lengths).
         dropped_samples: samples of ``lengths`` that no micro-batch holds.
         duplicated_rows: rows beyond the first of each sample (fill rows and repeats).
     """
@@ -147,7 +147,7 @@ def plan_stats(
     *,
     pad_to_multiple_of: int = 1,
     accumulate_grad_batches: int = 1,
-    packed: bool = False,
+    packing: bool = False,
 ) -> PlanStats:
     """Compute :class:`PlanStats` of ``plan`` (vectorised; no communication).
 
@@ -160,31 +160,31 @@ def plan_stats(
         accumulate_grad_batches: micro-batches per rank per optimizer step; ranks wait for each other once
             per optimizer step, so a rank's cost per step is the sum over this many micro-batches (the last
             step may be shorter).
-        packed: each micro-batch is one packed row of whole documents (padding-free) instead of rows padded to
+        packing: each micro-batch is one packed row of whole documents (padding-free) instead of rows padded to
             the longest: its token slots (``batch_padded_tokens``, ``max_batch_tokens``, the budget figures) are
             its documents' lengths summed, fill rows included, rounded up to ``pad_to_multiple_of`` (the row's
-            tail is padded), and it costs ``per_batch + sum over its documents of (linear * l + quadratic * l**2)
-            + linear * tail padding``. Padding then counts fill rows and the tail only.
+            tail is padded), and it costs ``per_batch + sum over its documents of (linear * l + quadratic * l**2)``
+            (the padded tail is not counted). Padding then counts fill rows and the tail only.
 
     Raises:
         ValueError: ``accumulate_grad_batches`` or ``pad_to_multiple_of`` < 1; ``lengths`` not 1-D or too short;
             a negative index in per-rank lists.
         TypeError: a non-int ``accumulate_grad_batches`` / ``pad_to_multiple_of``; ``cost_model`` not a CostModel;
-            ``plan`` neither an EpochPlan nor per-rank lists; ``packed`` not a bool.
+            ``plan`` neither an EpochPlan nor per-rank lists; ``packing`` not a bool.
 
     Example:
         >>> s = plan_stats([[[0, 1]], [[2]]], np.array([4, 2, 3]))  # 2 ranks: slots 2 x 4 and 1 x 3
         >>> s.rank_padded_tokens.tolist(), round(s.padding_ratio, 3), s.step_imbalance.tolist()
         ([8, 3], 0.182, [1.4545454545454546])
-        >>> s = plan_stats([[[0, 1]], [[2]]], np.array([4, 2, 3]), packed=True)  # packed rows of 4 + 2 and 3 tokens
+        >>> s = plan_stats([[[0, 1]], [[2]]], np.array([4, 2, 3]), packing=True)  # packed rows of 4 + 2 and 3 tokens
         >>> s.rank_padded_tokens.tolist(), s.padding_ratio, s.step_imbalance.tolist()
         ([6, 3], 0.0, [1.3333333333333333])
     """
     accumulate_grad_batches = check_int("accumulate_grad_batches", accumulate_grad_batches, 1,
                                         "micro-batches per rank per optimizer step")
     pad_to_multiple_of = check_int("pad_to_multiple_of", pad_to_multiple_of, 1, "use the sampler's value (1: none)")
-    if not isinstance(packed, (bool, np.bool_)):
-        raise TypeError(f"packed must be a bool (True: packed rows of whole documents), got {packed!r}")
+    if not isinstance(packing, (bool, np.bool_)):
+        raise TypeError(f"packing must be a bool (True: packed rows of whole documents), got {packing!r}")
     cost_model = cost_model or CostModel()
     if not isinstance(cost_model, CostModel):
         raise TypeError(f"cost_model must be a lit_balance.CostModel or None, got {type(cost_model).__name__}")
@@ -200,12 +200,11 @@ def plan_stats(
     num_batches = p.num_batches
     sizes = np.diff(offsets)
     filled = sizes > 0
-    if packed:  # one row of whole documents, its tail padded to the multiple: sums over its documents
+    if packing:  # one row of whole documents, its tail padded to the multiple: sums over its documents
         tokens = p._sum_per_batch(lengths[p.rows])
         slots = padded_lengths(tokens, pad_to_multiple_of)
         doc_cost = np.concatenate([[0.0], np.cumsum(cost_model.row_cost(lengths[p.rows]))])
-        batch_cost = np.where(filled, cost_model.per_batch + doc_cost[offsets[1:]] - doc_cost[offsets[:-1]]
-                              + cost_model.linear * (slots - tokens), 0.0)
+        batch_cost = np.where(filled, cost_model.per_batch + doc_cost[offsets[1:]] - doc_cost[offsets[:-1]], 0.0)
     else:
         width = np.zeros(num_batches, dtype=np.int64)
         if filled.any():  # segments of the non-empty batches are contiguous: empty ones hold no rows

@@ -284,7 +284,7 @@ def test_figures_of_a_plan_and_of_its_rank_lists_agree(lengths, num_replicas, ac
 
 def test_plan_stats_packed_exact_values():
     cost = CostModel(linear=1, quadratic=0.5, per_batch=3)
-    stats = plan_stats(RANK_BATCHES, LENGTHS, cost, packed=True)
+    stats = plan_stats(RANK_BATCHES, LENGTHS, cost, packing=True)
     # packed rows: rank 0: [4 + 2], [1]; rank 1: [2], [3 + 3] (a repeat of 4, computed all the same), [2]
     np.testing.assert_array_equal(stats.batch_padded_tokens, [6, 2, 1, 6, 2])  # step-major: (0, 0), (0, 1), ...
     np.testing.assert_array_equal(stats.rank_padded_tokens, [7, 10])
@@ -295,8 +295,8 @@ def test_plan_stats_packed_exact_values():
     assert stats.real_cost == pytest.approx(sum(per_doc[n] for n in (4, 2, 2, 1, 3)))
     assert stats.max_batch_tokens == 6 and stats.over_budget_ratio(5) == pytest.approx(2 / 5)
     assert (stats.dropped_samples, stats.duplicated_rows) == (1, 2)
-    with pytest.raises(TypeError, match="packed must be a bool"):
-        plan_stats(RANK_BATCHES, LENGTHS, packed="yes")
+    with pytest.raises(TypeError, match="packing must be a bool"):
+        plan_stats(RANK_BATCHES, LENGTHS, packing="yes")
 
 
 @settings(deadline=None, max_examples=60)
@@ -313,7 +313,7 @@ def test_plan_stats_packed_equal_a_direct_sum(lengths, data, accumulate, pad, co
     indices = st.lists(st.integers(0, len(lengths) - 1), min_size=1, max_size=6)
     rank_batches = [data.draw(st.lists(indices, max_size=5)) for _ in range(num_replicas)]
     cost = CostModel(*coefficients)
-    stats = plan_stats(rank_batches, np.array(lengths), cost, packed=True, pad_to_multiple_of=pad,
+    stats = plan_stats(rank_batches, np.array(lengths), cost, packing=True, pad_to_multiple_of=pad,
                        accumulate_grad_batches=accumulate)
     def row(batch):  # the packed row's tokens, its tail padded to the multiple
         return -(-sum(lengths[i] for i in batch) // pad) * pad
@@ -322,8 +322,7 @@ def test_plan_stats_packed_equal_a_direct_sum(lengths, data, accumulate, pad, co
     expected = np.zeros((steps, num_replicas))
     for r, batches in enumerate(rank_batches):
         for s, batch in enumerate(batches):
-            tail = row(batch) - sum(lengths[i] for i in batch)
-            expected[s // accumulate, r] += cost.per_batch + cost.linear * tail + sum(
+            expected[s // accumulate, r] += cost.per_batch + sum(  # the row's padded tail costs nothing
                 cost.linear * lengths[i] + cost.quadratic * lengths[i] ** 2 for i in batch)
     np.testing.assert_allclose(stats.rank_cost, expected, rtol=1e-12)
     assert stats.rank_padded_tokens.tolist() == [sum(row(b) for b in bs) for bs in rank_batches]
