@@ -295,8 +295,6 @@ def test_plan_stats_packed_exact_values():
     assert stats.real_cost == pytest.approx(sum(per_doc[n] for n in (4, 2, 2, 1, 3)))
     assert stats.max_batch_tokens == 6 and stats.over_budget_ratio(5) == pytest.approx(2 / 5)
     assert (stats.dropped_samples, stats.duplicated_rows) == (1, 2)
-    with pytest.raises(TypeError, match="packing must be a bool"):
-        plan_stats(RANK_BATCHES, LENGTHS, packing="yes")
 
 
 @settings(deadline=None, max_examples=60)
