@@ -75,15 +75,6 @@ def lit_plan(lengths: np.ndarray, max_tokens: int, num_replicas: int, seed: int,
     return plan_epoch(lengths, settings, num_replicas=num_replicas, epoch=epoch, cost_model=COSTS[cost])
 
 
-def lower_bound(lengths: np.ndarray, max_tokens: int, num_replicas: int, cost: str) -> float | None:
-    """The packed planner's per-step lower bound on U for ``COSTS[cost]``, or None where lit_balance has none."""
-    bound = getattr(lit_balance, "packed_useful_fraction_bound", None)
-    if bound is None:
-        return None
-    settings = BatchingSettings(max_tokens=max_tokens, packing=True)
-    return float(bound(lengths, settings, num_replicas=num_replicas, cost_model=COSTS[cost]))
-
-
 def strategy(name: str) -> tuple[Callable[[np.ndarray, int, int, int, int], RankBatches | EpochPlan], bool, str]:
     """``(plan(lengths, max_tokens, num_replicas, seed, epoch), packed, planned for)`` of a strategy name."""
     if name in PACKING_PEERS:
@@ -95,7 +86,8 @@ def strategy(name: str) -> tuple[Callable[[np.ndarray, int, int, int, int], Rank
 def row_figures(epochs: Sequence[RankBatches | EpochPlan], lengths: np.ndarray, max_tokens: int, packed: bool,
                 ) -> dict[str, Any]:
     """Every figure of one row from epochs 0 and 1 of one strategy (all from :mod:`lit_balance.stats`)."""
-    stats = {name: plan_stats(epochs[0], lengths, cost, packing=packed) for name, cost in COSTS.items()}
+    stats = {name: plan_stats(epochs[0], lengths, cost, packing=packed, max_tokens=max_tokens)
+             for name, cost in COSTS.items()}
     tok = stats["tokens"]
     counts = tok.rank_micro_batches
     marked = int(epochs[0].is_fill.sum()) if isinstance(epochs[0], EpochPlan) else 0
@@ -109,6 +101,7 @@ def row_figures(epochs: Sequence[RankBatches | EpochPlan], lengths: np.ndarray, 
     }
     for name, st in stats.items():
         out[f"U_{name}"] = st.useful_fraction
+        out[f"U_bound_{name}"] = st.useful_fraction_bound
         out[f"imbalance_{name}_mean"] = float(st.step_imbalance.mean()) if st.step_imbalance.size else 1.0
     return out
 
@@ -127,7 +120,8 @@ def collator_check(rank_batches: RankBatches, lengths: np.ndarray) -> dict[str, 
 
 def run_row(workload: Workload, lengths: np.ndarray, name: str, num_replicas: int, seed: int) -> dict[str, Any]:
     """One row: plan epochs 0 and 1 of ``name`` (epoch 0 timed), then its figures; a refusal becomes the status."""
-    row: dict[str, Any] = {"workload": workload.name, "strategy": name, "ranks": num_replicas}
+    row: dict[str, Any] = {"workload": workload.name, "strategy": name, "ranks": num_replicas,
+                           "long_documents": workload.long_documents}
     plan, packed, planned_for = strategy(name)
     row.update(packed=packed, planned_for=planned_for)
     try:
@@ -169,13 +163,11 @@ def _met(ok: bool | None) -> str:
     return "n/a" if ok is None else ("met" if ok else "**not met**")
 
 
-def target_rows(rows: list[dict[str, Any]], bounds: dict[tuple[str, int], dict[str, float | None]],
-                million: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each target, per workload and rank count, with the measured value and met / not met."""
+def target_rows(rows: list[dict[str, Any]], million: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each target, per workload and rank count, with the measured value and met / not met (None: no figure)."""
     by = {(r["workload"], r["ranks"], r["strategy"]): r for r in rows if r["status"] == "ok"}
     out = []
-    for (workload, ranks), bound in bounds.items():
-        long_docs = bound["long_documents"]
+    for (workload, ranks), long_docs in {(r["workload"], r["ranks"]): r["long_documents"] for r in rows}.items():
         ours = [by.get((workload, ranks, n)) for n in ("lit_packed", "lit_packed_attn_1.2e-4", "lit_packed_attn_1e-3")]
 
         def add(target: str, value: float | None, ok: bool | None, detail: str = "") -> None:
@@ -191,11 +183,11 @@ def target_rows(rows: list[dict[str, Any]], bounds: dict[tuple[str, int], dict[s
                 attn and attn["U_attn_1e-3"] >= TARGETS["U_attention_planned"])
         else:
             attn = ours[2]
-            b = bound["attn_1e-3"]
+            b = attn and attn["U_bound_attn_1e-3"]
             peers = [by[(workload, ranks, p)]["U_attn_1e-3"] for p in PACKING_PEERS if (workload, ranks, p) in by]
             add(f"U attn q=1e-3 >= {TARGETS['bound_fraction']} x per-step bound", attn and b and attn["U_attn_1e-3"] / b,
                 None if not (attn and b) else attn["U_attn_1e-3"] >= TARGETS["bound_fraction"] * b,
-                "no bound in this lit_balance" if b is None else f"bound {b:.4f}")
+                "" if not b else f"value: U / bound = {attn['U_attn_1e-3']:.4f} / {b:.4f}")
             add("U attn q=1e-3 above every packing peer", attn and attn["U_attn_1e-3"],
                 None if not (attn and peers) else attn["U_attn_1e-3"] > max(peers),
                 f"best peer {max(peers):.4f}" if peers else "")
@@ -216,7 +208,7 @@ def target_rows(rows: list[dict[str, Any]], bounds: dict[tuple[str, int], dict[s
 
 
 HEADER = ["strategy", "planned for", "ranks", "steps", "budget fill", "largest / budget", "over budget", "padding",
-          "U tok", "U attn 1.2e-4", "U attn 1e-3", "dropped", "dup. marked / unmarked", "persistence", "plan s"]
+          "U tok", "U attn 1.2e-4", "U attn 1e-3", "bound attn 1e-3", "dropped", "dup. marked / unmarked", "persistence", "plan s"]
 
 
 def _fmt_row(r: dict[str, Any]) -> list[str]:
@@ -227,7 +219,8 @@ def _fmt_row(r: dict[str, Any]) -> list[str]:
     over = f"{r['over_budget_ratio']:.3f}"
     return head + [steps, f"{r['budget_fill_ratio']:.3f}", f"{r['max_batch_ratio']:.2f}",
                    f"**{over}**" if r["over_budget_ratio"] else over, f"{r['padding_ratio']:.3f}",
-                   f"{r['U_tokens']:.4f}", f"{r['U_attn_1.2e-4']:.4f}", f"{r['U_attn_1e-3']:.4f}", str(r["dropped"]),
+                   f"{r['U_tokens']:.4f}", f"{r['U_attn_1.2e-4']:.4f}", f"{r['U_attn_1e-3']:.4f}",
+                   f"{r['U_bound_attn_1e-3']:.4f}", str(r["dropped"]),
                    f"{r['duplicated_marked']} / {r['duplicated_unmarked']}", f"{r['persistence']:.3f}",
                    f"{r['plan_s']:.2f}"]
 
@@ -242,7 +235,8 @@ steps: micro-batches per rank (bold range: ranks differ, which hangs DDP). budge
 / budget (packed: the row's tokens; padded: rows x longest). largest / budget: the largest micro-batch over the
 budget. over budget: share of micro-batches past the budget (bold where any). padding: 1 - real tokens / token
 slots (packed rows: repeated documents only). U: real-document cost / sum over micro-steps of (ranks x the slowest
-rank's cost), for the token cost and the attention costs. dropped: documents in no micro-batch of epoch 0.
+rank's cost), for the token cost and the attention costs. bound: lit_balance.stats.useful_fraction_bound, the
+most U any plan with as many micro-steps could reach on the attention cost q = 1e-3. dropped: documents in no micro-batch of epoch 0.
 dup. marked / unmarked: extra rows of repeated documents, marked as fill rows (the loss ignores them) / trained
 again. persistence: mean share of a document's epoch-0 batch-mates that are its batch-mates again in epoch 1.
 plan s: seconds to plan epoch 0 for every rank in one process (lit_balance, FFD, KK and the greedy packs are one
@@ -337,7 +331,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  for d in args.distributions]
     workloads += [Workload(f"{d} cap {args.max_tokens} (long documents)", d, args.max_tokens, args.max_tokens, True)
                   for d in args.long_distributions]
-    rows, described, bounds = [], [], {}
+    rows, described = [], []
     for w in workloads:
         lengths = load_lengths(w.distribution, w.max_length, num_samples)
         raw = load_lengths(w.distribution, 1 << 40, num_samples)
@@ -345,8 +339,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           "capped": int((raw > w.max_length).sum())})
         print(f"{w.name}: {lengths.size} documents", flush=True)
         for num_replicas in ranks:
-            bounds[(w.name, num_replicas)] = {"long_documents": w.long_documents, **{
-                c: lower_bound(lengths, w.max_tokens, num_replicas, c) for c in COSTS}}
             for name in args.strategies:
                 row = run_row(w, lengths, name, num_replicas, args.seed)
                 rows.append(row)
@@ -365,9 +357,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    "targets": TARGETS},
         "workloads": described,
         "rows": rows,
-        "bounds": [{"workload": w, "ranks": r, **b} for (w, r), b in bounds.items()],
         "plan_seconds_per_million": per_million,
-        "targets": target_rows(rows, bounds, per_million),
+        "targets": target_rows(rows, per_million),
         "notes": NOTES,
     }
     results["wall_s"] = time.perf_counter() - start

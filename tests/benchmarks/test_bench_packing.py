@@ -12,7 +12,6 @@ import json
 import numpy as np
 import pytest
 
-import lit_balance
 from benchmarks import bench_packing as bp
 from benchmarks.packing_peers import PACKING_PEERS
 from lit_balance import BatchingSettings, plan_epoch
@@ -49,8 +48,8 @@ def test_row_figures_of_a_padded_plan_count_marked_fills():
 
 def _row(workload, strategy, **figures):
     base = {"workload": workload, "ranks": 8, "strategy": strategy, "status": "ok", "persistence": 0.01,
-            "over_budget_ratio": 0.0, "dropped": 0, "duplicated_unmarked": 0, "equal_counts": True,
-            "U_tokens": 0.999, "U_attn_1e-3": 0.995}
+            "long_documents": workload == "long", "over_budget_ratio": 0.0, "dropped": 0, "duplicated_unmarked": 0,
+            "equal_counts": True, "U_tokens": 0.999, "U_attn_1e-3": 0.995, "U_bound_attn_1e-3": 1.0}
     return {**base, **figures}
 
 
@@ -58,13 +57,10 @@ def test_target_rows_mark_each_target_met_or_not():
     rows = [_row("short", "lit_packed", U_tokens=0.9949), _row("short", "lit_packed_attn_1.2e-4", persistence=0.2),
             _row("short", "lit_packed_attn_1e-3", **{"U_attn_1e-3": 0.99}),
             _row("long", "lit_packed", over_budget_ratio=0.01), _row("long", "lit_packed_attn_1.2e-4"),
-            _row("long", "lit_packed_attn_1e-3", dropped=1, **{"U_attn_1e-3": 0.80}),
+            _row("long", "lit_packed_attn_1e-3", dropped=1, **{"U_attn_1e-3": 0.80, "U_bound_attn_1e-3": 0.84}),
             _row("long", "kk_balanced", **{"U_attn_1e-3": 0.81}), _row("long", "greedy_sequential", **{"U_attn_1e-3": 0.5})]
-    bounds = {("short", 8): {"long_documents": False, "attn_1e-3": None},
-              ("long", 8): {"long_documents": True, "attn_1e-3": 0.84}}
     million = [{"status": "ok", "plan_s_per_million": 0.7}, {"status": "ok", "plan_s_per_million": 1.2}]
-    met = {(t["workload"], t["target"].split(" (")[0]): (t["value"], t["met"])
-           for t in bp.target_rows(rows, bounds, million)}
+    met = {(t["workload"], t["target"].split(" (")[0]): (t["value"], t["met"]) for t in bp.target_rows(rows, million)}
     assert met[("short", "U tokens >= 0.995")] == (0.9949, False)
     assert met[("short", "U attn q=1e-3 >= 0.99")] == (0.99, True)
     assert met[("short", "persistence <= 0.05")] == (0.2, False)  # the worst packed row counts
@@ -74,29 +70,14 @@ def test_target_rows_mark_each_target_met_or_not():
     assert met[("long", "U attn q=1e-3 above every packing peer")] == (0.80, False)  # kk_balanced has 0.81
     assert met[("long", "nothing dropped, duplicates only as marked fills, equal counts")] == (1, False)
     assert met[("1M documents", "plan <= 1.0 s per million documents")] == (1.2, False)
+    assert ("short", "U attn q=1e-3 >= 0.95 x per-step bound") not in met  # long-document targets only there
 
 
-def test_target_rows_say_not_available_without_our_rows_or_a_bound():
-    rows = [_row("long", "kk_balanced")]
-    bounds = {("long", 8): {"long_documents": True, "attn_1e-3": None}}
-    targets = bp.target_rows(rows, bounds, [{"status": "not available"}])
+def test_target_rows_say_not_available_without_our_rows():
+    rows = [_row("long", "kk_balanced"), {**_row("long", "lit_packed_attn_1e-3"), "status": "not available"}]
+    targets = bp.target_rows(rows, [{"status": "not available"}])
     assert {t["met"] for t in targets} == {None} and all(t["value"] is None for t in targets)
     assert bp._met(None) == "n/a" and bp._met(False) == "**not met**" and bp._met(True) == "met"
-
-
-def test_lower_bound_reads_the_planner_bound_when_lit_balance_has_one(monkeypatch):
-    lengths = np.array([5, 3, 2])
-    if not hasattr(lit_balance, "packed_useful_fraction_bound"):
-        assert bp.lower_bound(lengths, 8, 2, "tokens") is None
-    seen = []
-
-    def bound(lengths_arg, settings, *, num_replicas, cost_model):
-        seen.append((lengths_arg.tolist(), settings.max_tokens, settings.packing, num_replicas, cost_model))
-        return 0.75
-
-    monkeypatch.setattr(lit_balance, "packed_useful_fraction_bound", bound, raising=False)
-    assert bp.lower_bound(lengths, 8, 2, "attn_1e-3") == 0.75
-    assert seen == [([5, 3, 2], 8, True, 2, bp.COSTS["attn_1e-3"])]
 
 
 def test_command_runs_every_strategy_and_writes_its_tables(tmp_path):
