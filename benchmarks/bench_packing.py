@@ -136,22 +136,36 @@ def run_row(workload: Workload, lengths: np.ndarray, name: str, num_replicas: in
     return row
 
 
+def _clocked(fn: Callable[[], Any]) -> tuple[float, float]:
+    """``(wall seconds, CPU seconds of this process)`` of one call of ``fn``, the garbage collector paused."""
+    cpu = time.process_time()
+    _, wall = timed(fn)
+    return wall, time.process_time() - cpu
+
+
 def plan_seconds_per_million(pool: np.ndarray, num_documents: int, ranks: Sequence[int], max_tokens: int, seed: int,
                              repeats: int) -> list[dict[str, Any]]:
-    """lit_balance's packed planning time of ``num_documents`` lengths drawn from ``pool``, scaled to a million
-    (best of ``repeats``; one plan of all ranks, which every rank computes alone)."""
+    """lit_balance's planning time of ``num_documents`` lengths drawn from ``pool``, scaled to a million: packed and,
+    side by side as a reference for the machine's load, padded; wall and CPU seconds, each the best of ``repeats``
+    (one plan of all ranks, which every rank computes alone)."""
     big = np.random.default_rng(seed).choice(pool, num_documents)
     rows = []
     for num_replicas in ranks:
-        for cost in ("tokens", "attn_1e-3"):
+        for packing, cost in ((True, "tokens"), (True, "attn_1e-3"), (False, "tokens")):
+            def plan(packing: bool = packing, cost: str = cost) -> EpochPlan:
+                return lit_plan(big, max_tokens, num_replicas, seed, 0, packing=packing, cost=cost)
+
             try:
-                best = min(timed(lambda: lit_plan(big, max_tokens, num_replicas, seed, 0, packing=True, cost=cost))[1]
-                           for _ in range(repeats))
+                clocks = [_clocked(plan) for _ in range(repeats)]
             except NotImplementedError as exc:
-                rows.append({"ranks": num_replicas, "cost": cost, "status": "not available", "reason": str(exc)})
+                rows.append({"ranks": num_replicas, "packing": packing, "cost": cost, "status": "not available",
+                             "reason": str(exc)})
                 continue
-            rows.append({"ranks": num_replicas, "cost": cost, "status": "ok", "documents": num_documents,
-                         "plan_s": best, "plan_s_per_million": best * 1e6 / num_documents})
+            wall, cpu = min(c[0] for c in clocks), min(c[1] for c in clocks)
+            rows.append({"ranks": num_replicas, "packing": packing, "cost": cost, "status": "ok",
+                         "documents": num_documents, "plan_s": wall, "plan_cpu_s": cpu,
+                         "plan_s_per_million": wall * 1e6 / num_documents,
+                         "plan_cpu_s_per_million": cpu * 1e6 / num_documents})
     return rows
 
 
@@ -199,11 +213,13 @@ def target_rows(rows: list[dict[str, Any]], million: list[dict[str, Any]]) -> li
         bad = sum(r["dropped"] + r["duplicated_unmarked"] + (not r["equal_counts"]) for r in packed_rows)
         add("nothing dropped, duplicates only as marked fills, equal counts", bad if packed_rows else None,
             bad == 0 if packed_rows else None)
-    ok = [m for m in million if m["status"] == "ok"]
-    worst = max((m["plan_s_per_million"] for m in ok), default=None)
-    out.append({"workload": "1M documents", "ranks": "all", "target": f"plan <= {TARGETS['plan_s_per_million']} s per "
-                "million documents", "value": worst, "met": None if worst is None else
-                worst <= TARGETS["plan_s_per_million"], "detail": "slowest of the timed rows"})
+    ok = [m for m in million if m["status"] == "ok" and m.get("packing", True)]
+    for clock, key in (("CPU", "plan_cpu_s_per_million"), ("wall", "plan_s_per_million")):
+        worst = max((m[key] for m in ok), default=None)
+        out.append({"workload": "1M documents", "ranks": "all", "target": f"packed plan <= "
+                    f"{TARGETS['plan_s_per_million']} s per million documents ({clock} time)", "value": worst,
+                    "met": None if worst is None else worst <= TARGETS["plan_s_per_million"],
+                    "detail": "slowest packed row"})
     return out
 
 
@@ -260,12 +276,13 @@ def render(results: dict[str, Any]) -> str:
         [[t["workload"], str(t["ranks"]), t["target"] + (f" ({t['detail']})" if t["detail"] else ""),
           "-" if t["value"] is None else f"{t['value']:.4g}", _met(t["met"])] for t in results["targets"]]), ""]
     if results["plan_seconds_per_million"]:
-        out += ["**lit_balance packed planning time** (documents drawn from every shipped distribution, capped at "
-                f"{results['config']['max_length']})", "", markdown_table(
-                    ["ranks", "planned for", "documents", "plan s", "s per million"],
-                    [[str(m["ranks"]), m["cost"], str(m.get("documents", "-")),
-                      f"{m['plan_s']:.2f}" if m["status"] == "ok" else m["status"],
-                      f"{m['plan_s_per_million']:.2f}" if m["status"] == "ok" else "-"]
+        out += ["**lit_balance planning time** (documents drawn from every shipped distribution, capped at "
+                f"{results['config']['max_length']}; best of the repeats; the padded planner side by side as a "
+                "reference for the machine's load; CPU: this process's CPU time)", "", markdown_table(
+                    ["ranks", "plan", "planned for", "documents", "wall s per million", "CPU s per million"],
+                    [[str(m["ranks"]), "packed" if m["packing"] else "padded", m["cost"], str(m.get("documents", "-")),
+                      f"{m['plan_s_per_million']:.2f}" if m["status"] == "ok" else m["status"],
+                      f"{m['plan_cpu_s_per_million']:.2f}" if m["status"] == "ok" else "-"]
                      for m in results["plan_seconds_per_million"]]), ""]
     out += ["Notes:", *(f"- {n}" for n in results["notes"])]
     return "\n".join(out) + "\n"
