@@ -259,6 +259,44 @@ plan s: seconds to plan epoch 0 for every rank in one process (lit_balance, FFD,
 global computation that every rank repeats; DistributedSampler-based peers split theirs over ranks)."""
 
 
+SIDE_BY_SIDE_HEADER = ["workload", "ranks", "U tok: ours (target >= 0.995)", "U tok: best packing peer",
+                       "U attn 1e-3: ours, planned for it (target >= 0.99; long documents: >= 0.95 x bound and "
+                       "above every peer)", "bound", "U attn 1e-3: best packing peer",
+                       "persistence: ours (target <= 0.05)", "persistence: that peer", "over budget: ours (target 0)",
+                       "over budget: worst peer"]
+
+
+def side_by_side(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """One line per workload and rank count: each target's figure for lit_balance (its packed rows, each planned
+    for the cost it is read on) beside the best packing peer's, the target met or not (markdown cells)."""
+    by = {(r["workload"], r["ranks"], r["strategy"]): r for r in rows if r["status"] == "ok"}
+    out = []
+    for workload, ranks, long_docs in dict.fromkeys((r["workload"], r["ranks"], r["long_documents"]) for r in rows):
+        tok, attn = by.get((workload, ranks, "lit_packed")), by.get((workload, ranks, "lit_packed_attn_1e-3"))
+        peers = [by[(workload, ranks, p)] for p in PACKING_PEERS if (workload, ranks, p) in by]
+        if not (tok and attn and peers):
+            continue
+        best_tok = max(peers, key=lambda r: r["U_tokens"])
+        best_attn = max(peers, key=lambda r: r["U_attn_1e-3"])
+        bound = attn["U_bound_attn_1e-3"]
+        ours_persistence = max(by[(workload, ranks, n)]["persistence"] for n in OURS
+                               if OURS[n][0] and (workload, ranks, n) in by)
+        ours_over = max(by[(workload, ranks, n)]["over_budget_ratio"] for n in OURS
+                        if OURS[n][0] and (workload, ranks, n) in by)
+        attn_ok = (attn["U_attn_1e-3"] >= TARGETS["bound_fraction"] * bound and
+                   attn["U_attn_1e-3"] > best_attn["U_attn_1e-3"]) if long_docs else (
+                       attn["U_attn_1e-3"] >= TARGETS["U_attention_planned"])
+        tok_cell = f"{tok['U_tokens']:.4f}" + ("" if long_docs else f" {_met(tok['U_tokens'] >= TARGETS['U_tokens'])}")
+        worst_over = max(peers, key=lambda r: r["over_budget_ratio"])
+        out.append([workload, str(ranks), tok_cell, f"{best_tok['U_tokens']:.4f} {best_tok['strategy']}",
+                    f"{attn['U_attn_1e-3']:.4f} {_met(attn_ok)}", f"{bound:.4f}",
+                    f"{best_attn['U_attn_1e-3']:.4f} {best_attn['strategy']}",
+                    f"{ours_persistence:.3f} {_met(ours_persistence <= TARGETS['persistence'])}",
+                    f"{best_attn['persistence']:.3f}", f"{ours_over:.3f} {_met(ours_over == 0)}",
+                    f"{worst_over['over_budget_ratio']:.3f} {worst_over['strategy']}"])
+    return out
+
+
 def render(results: dict[str, Any]) -> str:
     """The markdown report of a run: a table per workload, the targets, plan time per million, notes."""
     out = [f"Command: `{results['command']}`  ", f"Commit: {results['source']['commit']} "
@@ -266,6 +304,10 @@ def render(results: dict[str, Any]) -> str:
            f"Machine: {results['machine']['platform']}, {results['machine']['cpu_count']} CPUs; date "
            f"{results['date_utc']}; wall {results['wall_s']:.0f} s  ",
            f"Versions: {', '.join(f'{k} {v}' for k, v in results['versions'].items())}", "", LEGEND, ""]
+    lines = side_by_side(results["rows"])
+    if lines:
+        out += ["**The targets side by side with the packing peers**", "", markdown_table(SIDE_BY_SIDE_HEADER, lines),
+                ""]
     for w in results["workloads"]:
         rows = [r for r in results["rows"] if r["workload"] == w["name"]]
         out += [f"**{w['name']}**: {w['documents']} documents, {w['tokens']} tokens, capped at {w['max_length']} "

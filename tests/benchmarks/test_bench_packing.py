@@ -77,6 +77,21 @@ def test_target_rows_mark_each_target_met_or_not():
     assert ("short", "U attn q=1e-3 >= 0.95 x per-step bound") not in met  # long-document targets only there
 
 
+def test_side_by_side_puts_our_targets_beside_the_best_peer():
+    rows = [_row("short", "lit_packed", U_tokens=0.9991), _row("short", "lit_packed_attn_1.2e-4", persistence=0.03),
+            _row("short", "lit_packed_attn_1e-3", **{"U_attn_1e-3": 0.985}),
+            _row("short", "kk_balanced", U_tokens=0.9996, persistence=0.007, **{"U_attn_1e-3": 0.99}),
+            _row("short", "hf_flattening", U_tokens=0.8, over_budget_ratio=0.4, **{"U_attn_1e-3": 0.7}),
+            _row("long", "lit_packed"), _row("long", "lit_packed_attn_1e-3", **{"U_attn_1e-3": 0.5,
+                                                                              "U_bound_attn_1e-3": 0.51}),
+            _row("long", "ffd_repacked", persistence=0.5, **{"U_attn_1e-3": 0.3})]
+    short, long = bp.side_by_side(rows)
+    assert short == ["short", "8", "0.9991 met", "0.9996 kk_balanced", "0.9850 **not met**", "1.0000",
+                     "0.9900 kk_balanced", "0.030 met", "0.007", "0.000 met", "0.400 hf_flattening"]
+    assert long[2:8] == ["0.9990", "0.9990 ffd_repacked", "0.5000 met", "0.5100", "0.3000 ffd_repacked", "0.010 met"]
+    assert bp.side_by_side([r for r in rows if r["workload"] == "short" and r["strategy"] != "lit_packed"]) == []
+
+
 def test_target_rows_say_not_available_without_our_rows():
     rows = [_row("long", "kk_balanced"), {**_row("long", "lit_packed_attn_1e-3"), "status": "not available"}]
     targets = bp.target_rows(rows, [{"status": "not available"}])
