@@ -36,9 +36,11 @@ The plan is made in five stages, all vectorised with numpy except a heap over th
 4. **Fill.** The short documents, in random order, are dealt to the micro-batches by cumulative cost against
    their targets (less a reserve); the reserve, the shortest documents, then goes largest first to the
    micro-batches furthest below target, one round over the micro-batches at a time, which closes the gaps to
-   about the size of the shortest documents. Documents that do not fit (tokens, ``max_batch_size``) move to
-   the micro-batch furthest below target that has room. In the rare epoch where that fails, the unshuffled
-   token-cost packing of stage 1, which fits by construction, is used.
+   about the size of the shortest documents (the last, shortest ones one at a time, with a heap). Documents
+   that do not fit (tokens, ``max_batch_size``) move to the micro-batch furthest below target that has room, or
+   swap with a shorter document whose micro-batch then has room. In an epoch where that fails (none of the
+   shipped distributions in 10 epochs), the unshuffled token-cost packing of stage 1, which fits by
+   construction, is used: the same micro-batches as every such epoch, in a new order.
 5. **Ranks and order.** Within each step the micro-batches go to ranks by LPT (most costly on the fastest
    rank); with ``shuffle`` ranks are permuted within a step and steps run in random order; ``largest_first``
    moves the step holding the epoch's longest document to the front.
@@ -89,7 +91,10 @@ def packed_count(lengths: np.ndarray, settings: BatchingSettings, num_replicas: 
         return 0
     capacity = packed_capacity(settings)
     doc_cap = settings.max_batch_size or n
-    histogram = np.bincount(lengths)
+    if int(lengths.max()) < 2**24:
+        histogram = np.bincount(lengths)
+    else:  # huge lengths: the histogram of the values present
+        histogram = np.concatenate(np.unique(lengths, return_counts=True))
     key = (hashlib.sha256(histogram.tobytes()).hexdigest(), histogram.shape[0], capacity, doc_cap, num_replicas)
     if key not in _COUNTS:
         if len(_COUNTS) >= 16:

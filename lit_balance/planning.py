@@ -285,7 +285,8 @@ def plan_epoch(
         lengths: int ``[num_samples]``, tokens per sample, already truncated where that applies; every
             eligible sample must satisfy ``padded(length) <= settings.max_tokens``.
         settings: the :class:`~lit_balance.BatchingSettings` (budget per rank, shuffle and its window, seed,
-            drop_last, padding multiple, row cap, accumulation, largest_first). ``too_long`` is not read here:
+            drop_last, padding multiple, row cap, accumulation, largest_first, packing: with ``packing`` the plan
+            is made by :func:`lit_balance.packing.plan_packed` and each micro-batch is one row of whole documents). ``too_long`` is not read here:
             the caller has already truncated the lengths or excluded samples through ``eligible``.
         num_replicas: number of ranks; the plan has ``num_micro_steps x num_replicas`` micro-batches.
         epoch: epoch number; with ``settings.shuffle`` it changes batch composition, rank assignment and step
