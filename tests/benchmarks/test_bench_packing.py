@@ -92,9 +92,9 @@ def test_side_by_side_puts_our_targets_beside_the_best_peer():
     assert bp.side_by_side([r for r in rows if r["workload"] == "short" and r["strategy"] != "lit_packed"]) == []
 
 
-def test_target_rows_say_not_available_without_our_rows():
-    rows = [_row("long", "kk_balanced"), {**_row("long", "lit_packed_attn_1e-3"), "status": "not available"}]
-    targets = bp.target_rows(rows, [{"status": "not available"}])
+def test_target_rows_stay_open_without_our_rows():
+    rows = [_row("long", "kk_balanced"), {**_row("long", "lit_packed_attn_1e-3"), "status": "refused"}]
+    targets = bp.target_rows(rows, [{"status": "refused"}])
     assert {t["met"] for t in targets} == {None} and all(t["value"] is None for t in targets)
     assert bp._met(None) == "n/a" and bp._met(False) == "**not met**" and bp._met(True) == "met"
 
@@ -125,6 +125,14 @@ def test_command_runs_every_strategy_and_writes_its_tables(tmp_path):
     assert report.count("| strategy | planned for |") == 2 and "**Targets**" in report
     assert all(f"| {s} |" in report for s in bp.STRATEGIES)
     assert saved["source"]["commit"] is None or len(saved["source"]["commit"]) == 40
+
+
+def test_a_peer_refusing_its_inputs_gives_a_refused_row():
+    workload = bp.Workload("tiny", "fortunes", 512, 4096, False)
+    row = bp.run_row(workload, np.array([5, 7, 9]), "kk_balanced", 4, seed=0)  # 3 documents cannot fill 4 ranks
+    assert row["status"] == "refused" and "each of 4 ranks a document" in row["reason"]
+    assert "| kk_balanced | verl workload | 4 | refused: " in "| " + " | ".join(bp._fmt_row(row)) + " |"
+    assert bp.run_row(workload, np.array([5, 7, 9]), "lit_packed", 4, seed=0)["status"] == "ok"
 
 
 def test_command_rejects_bad_arguments(capsys):
