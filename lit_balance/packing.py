@@ -10,7 +10,7 @@ the loss work unchanged.
 
 Worked example (``max_tokens=10``, ``num_replicas=2``, ``shuffle=False``, token cost)::
 
-    lengths = [9, 6, 4, 3, 3, 2, 2, 1]          # 30 tokens: ceil(30 / (0.97 x 10)) = 4 micro-batches
+    lengths = [9, 6, 4, 3, 3, 2, 2, 1]          # 30 tokens: ceil(30 / (0.98 x 10)) = 4 micro-batches
     # all but the 1 are outliers (longer than an eighth of the budget): longest first, each to the least costly
     # micro-batch with room: [9] [6] [4] [3], then 3 -> [3 3], 2 -> [4 2], 2 -> [6 2]; the 1 goes to the
     # micro-batch furthest below its target: [9] [6 2 1] [4 2] [3 3], costs 9, 9, 6, 6
@@ -20,7 +20,7 @@ The plan is made in five stages, all vectorised with numpy except a heap over th
 
 1. **Count.** The number of micro-batches is fixed from the lengths and settings only, so every epoch has the
    same length whatever the cost model: the smallest multiple of ``num_replicas`` at or above the most of
-   ``ceil(tokens / budget)`` (with 3 % headroom), the documents longer than half the budget (no two share a
+   ``ceil(tokens / budget)`` (with 2 % headroom), the documents longer than half the budget (no two share a
    row) and ``ceil(documents / max_batch_size)``, for which the unshuffled token-cost packing below fits.
 2. **Outliers.** Documents sorted longest first (ties at random with ``shuffle``); those longer than an eighth
    of the budget or costing more than a quarter of an even share of a micro-batch are placed one by one on the
@@ -60,7 +60,8 @@ from lit_balance.settings import BatchingSettings
 
 __all__ = ["packed_capacity", "plan_packed"]
 
-_HEADROOM = 0.03  # share of the budget the count leaves free, so that cost-balanced rows rarely overflow
+_UNSHUFFLED_SEED = 20250  # the dealing order of unshuffled packings (fixed: the same every epoch)
+_HEADROOM = 0.02  # share of the budget the count leaves free, so that cost-balanced rows rarely overflow
 _RESERVE_FACTOR = 1.5  # reserve (finishing) cost per micro-batch, in units of the largest short document's cost
 
 
@@ -233,8 +234,10 @@ def _pack(lengths: np.ndarray, cost: np.ndarray, k: int, capacity: int, doc_cap:
         if mid.size:
             mid_cost = float(c[mid].sum())
             goal = target * (mid_cost / max(float(target.sum()), 1e-300))
-            bins_order = rng.permutation(k) if rng is not None else np.arange(k)
-            dealt = rng.permutation(mid) if rng is not None else mid
+            # without shuffle a fixed generator deals (the same every epoch): sorted runs would make uneven bins
+            deal = rng if rng is not None else np.random.default_rng(_UNSHUFFLED_SEED)
+            bins_order = deal.permutation(k)
+            dealt = deal.permutation(mid)
             edges = np.cumsum(goal[bins_order])
             middle = np.cumsum(c[dealt]) - 0.5 * c[dealt]
             where = np.minimum(np.searchsorted(edges, middle, side="right"), k - 1)
