@@ -280,3 +280,48 @@ def test_figures_of_a_plan_and_of_its_rank_lists_agree(lengths, num_replicas, ac
     assert lists.over_budget_ratio(512) == ours.over_budget_ratio(512) == 0.0
     if not (plans[0].is_fill.any() or plans[1].is_fill.any()):  # else a list may keep another copy as the real one
         assert batch_persistence(*map(_rank_lists, plans)) == pytest.approx(batch_persistence(*plans), abs=1e-12)
+
+
+def test_plan_stats_packed_exact_values():
+    cost = CostModel(linear=1, quadratic=0.5, per_batch=3)
+    stats = plan_stats(RANK_BATCHES, LENGTHS, cost, packing=True)
+    # packed rows: rank 0: [4 + 2], [1]; rank 1: [2], [3 + 3] (a repeat of 4, computed all the same), [2]
+    np.testing.assert_array_equal(stats.batch_padded_tokens, [6, 2, 1, 6, 2])  # step-major: (0, 0), (0, 1), ...
+    np.testing.assert_array_equal(stats.rank_padded_tokens, [7, 10])
+    per_doc = {n: n + 0.5 * n * n for n in range(6)}
+    np.testing.assert_allclose(stats.rank_cost, [[3 + per_doc[4] + per_doc[2], 3 + per_doc[2]],
+                                                 [3 + per_doc[1], 3 + 2 * per_doc[3]], [0, 3 + per_doc[2]]])
+    assert stats.padding_ratio == pytest.approx(1 - 12 / 17)  # only the repeats (3 and 2 tokens) are waste
+    assert stats.real_cost == pytest.approx(sum(per_doc[n] for n in (4, 2, 2, 1, 3)))
+    assert stats.max_batch_tokens == 6 and stats.over_budget_ratio(5) == pytest.approx(2 / 5)
+    assert (stats.dropped_samples, stats.duplicated_rows) == (1, 2)
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    lengths=st.lists(st.integers(1, 50), min_size=1, max_size=40),
+    data=st.data(),
+    accumulate=st.integers(1, 3),
+    pad=st.sampled_from([1, 4]),
+    coefficients=st.tuples(st.sampled_from([0.5, 1.0]), st.sampled_from([0.0, 1e-3, 0.2]),
+                           st.sampled_from([0.0, 7.0])),
+)
+def test_plan_stats_packed_equal_a_direct_sum(lengths, data, accumulate, pad, coefficients):
+    num_replicas = data.draw(st.integers(1, 4))
+    indices = st.lists(st.integers(0, len(lengths) - 1), min_size=1, max_size=6)
+    rank_batches = [data.draw(st.lists(indices, max_size=5)) for _ in range(num_replicas)]
+    cost = CostModel(*coefficients)
+    stats = plan_stats(rank_batches, np.array(lengths), cost, packing=True, pad_to_multiple_of=pad,
+                       accumulate_grad_batches=accumulate)
+    def row(batch):  # the packed row's tokens, its tail padded to the multiple
+        return -(-sum(lengths[i] for i in batch) // pad) * pad
+
+    steps = -(-max(map(len, rank_batches)) // accumulate) if any(rank_batches) else 0
+    expected = np.zeros((steps, num_replicas))
+    for r, batches in enumerate(rank_batches):
+        for s, batch in enumerate(batches):
+            expected[s // accumulate, r] += cost.per_batch + sum(  # the row's padded tail costs nothing
+                cost.linear * lengths[i] + cost.quadratic * lengths[i] ** 2 for i in batch)
+    np.testing.assert_allclose(stats.rank_cost, expected, rtol=1e-12)
+    assert stats.rank_padded_tokens.tolist() == [sum(row(b) for b in bs) for bs in rank_batches]
+    assert stats.max_batch_tokens == max((row(b) for bs in rank_batches for b in bs), default=0)
