@@ -313,6 +313,8 @@ def plan_epoch(
     """
     if not isinstance(settings, BatchingSettings):
         raise TypeError(f"settings must be a lit_balance.BatchingSettings, got {type(settings).__name__}")
+    if settings.packing:
+        raise NotImplementedError("packing=True has no planner yet; set packing=False")
     cost_model = check_cost_model(cost_model)
     num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
     epoch = check_int("epoch", epoch, 0, "epochs count from 0")

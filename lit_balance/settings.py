@@ -32,21 +32,26 @@ def _help(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class BatchingSettings:
-    """The ten settings that, with the lengths, world size, epoch, cost model and rank speeds, fix a plan.
+    """The eleven settings that, with the lengths, world size, epoch, cost model and rank speeds, fix a plan.
 
     All budgets are per rank: ``max_tokens`` bounds each micro-batch of each rank. Values are checked and
     normalised once, at construction (numpy ints become ``int``, ``shuffle_window`` a ``float``); the object is
     frozen, so a plan's settings never change under it. Use :meth:`replace` for a variant.
 
     Args:
-        max_tokens: padded token slots per micro-batch (rows x longest padded row), per rank: a hard cap.
+        max_tokens: padded token slots per micro-batch (rows x longest padded row), per rank: a hard cap. With
+            ``packing``, the token slots of the one packed row of a micro-batch: its documents' real tokens summed,
+            rounded up to a multiple of ``pad_to_multiple_of``.
         shuffle: change batch composition and order every epoch (``set_epoch``).
         seed: base seed, the same on every rank; randomness comes from a generator seeded by (seed, epoch).
         drop_last: drop instead of duplicate when samples are too few for equal counts on every rank.
         too_long: what to do with a sample whose padded length exceeds ``max_tokens``: ``"error"`` raises,
             ``"skip"`` leaves it out, ``"truncate"`` keeps it at the largest multiple of ``pad_to_multiple_of``
             that fits (tokens).
-        pad_to_multiple_of: rows are padded to a multiple of this many tokens.
+        pad_to_multiple_of: rows are padded to a multiple of this many tokens. With ``packing``, the packed row
+            (not each document) is padded: the collator pads the tail of the row so its length is a multiple of
+            this, and the planner keeps ``ceil(sum of lengths / pad_to_multiple_of) * pad_to_multiple_of <=
+            max_tokens``, i.e. a micro-batch's real tokens sum to at most :attr:`truncate_to`.
         max_batch_size: maximum rows per micro-batch, or None for no cap.
         shuffle_window: with ``shuffle``, each sample's place in the longest-first order moves later by a random
             amount of up to this many micro-batches' worth of tokens before micro-batches are cut: the knob that
@@ -55,6 +60,12 @@ class BatchingSettings:
             (the Trainer's value).
         largest_first: put the optimizer step that holds the epoch's longest sample first, so that an
             out-of-memory error shows at the first step.
+        packing: padding-free micro-batches: each micro-batch is a set of whole documents concatenated into one
+            row (Hugging Face's ``DataCollatorWithFlattening`` layout), so lengths mix freely and batch
+            composition changes every epoch; the plan balances ranks on the packed cost
+            (:meth:`~lit_balance.CostModel.packed_cost`). ``shuffle_window`` does not apply (there is no padding
+            to trade) and ``max_batch_size`` caps the documents per row. ``too_long``: a document longer than
+            :attr:`truncate_to` is an error, skipped, or truncated to it.
 
     Raises:
         TypeError: a setting of the wrong type (e.g. ``shuffle="false"``, ``max_tokens=1.5``).
@@ -91,6 +102,9 @@ class BatchingSettings:
                                   "per optimizer step)"))
     largest_first: bool = field(default=False,
                                 metadata=_help("the optimizer step holding the longest sample runs first"))
+    packing: bool = field(default=False,
+                          metadata=_help("padding-free: whole documents concatenated into one row per micro-batch, "
+                                         "max-tokens = real tokens of the row"))
 
     def __post_init__(self) -> None:
         max_tokens = check_int("max_tokens", self.max_tokens, 1,
@@ -126,6 +140,7 @@ class BatchingSettings:
             "shuffle": check_bool("shuffle", self.shuffle),
             "drop_last": check_bool("drop_last", self.drop_last),
             "largest_first": check_bool("largest_first", self.largest_first),
+            "packing": check_bool("packing", self.packing),
             "accumulate_grad_batches": check_int("accumulate_grad_batches", self.accumulate_grad_batches, 1,
                                                  "pass the Trainer's accumulate_grad_batches (1 for none)",
                                                  MAX_TOKENS_LIMIT),

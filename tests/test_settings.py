@@ -36,6 +36,7 @@ def plans(sampler: BalancedBatchSampler, epochs=(0, 1, 2)) -> list[tuple]:
         ({"shuffle": "false"}, TypeError, "shuffle must be True or False, got 'false'"),
         ({"drop_last": 1}, TypeError, "drop_last must be True or False, got 1 of type int"),
         ({"largest_first": None}, TypeError, "largest_first must be True or False, got None"),
+        ({"packing": "true"}, TypeError, "packing must be True or False, got 'true'"),
         ({"seed": -1}, ValueError, "seed must be >= 0, got -1"),
         ({"seed": True}, TypeError, "seed must be an int >= 0, got True"),
         ({"too_long": "drop"}, ValueError, r"too_long must be one of \('error', 'skip', 'truncate'\), got 'drop'"),
@@ -61,8 +62,9 @@ def test_defaults_and_normalised_types():
     s = BatchingSettings(max_tokens=np.int64(512), shuffle=np.bool_(False), shuffle_window=1, seed=np.int32(3))
     assert s.to_dict() == {"max_tokens": 512, "shuffle": False, "seed": 3, "drop_last": False, "too_long": "error",
                            "pad_to_multiple_of": 1, "max_batch_size": None, "shuffle_window": 1.0,
-                           "accumulate_grad_batches": 1, "largest_first": False}
-    assert [type(v) for v in s.to_dict().values()] == [int, bool, int, bool, str, int, type(None), float, int, bool]
+                           "accumulate_grad_batches": 1, "largest_first": False, "packing": False}
+    assert [type(v) for v in s.to_dict().values()] == [int, bool, int, bool, str, int, type(None), float, int, bool,
+                                                       bool]
     assert BatchingSettings(max_tokens=64, pad_to_multiple_of=24).truncate_to == 48
     with pytest.raises(TypeError):
         BatchingSettings()  # max_tokens has no default
@@ -78,7 +80,7 @@ def test_frozen():
 def test_to_dict_from_dict_round_trip_through_json():
     s = BatchingSettings(max_tokens=2048, shuffle=False, seed=7, drop_last=True, too_long="truncate",
                          pad_to_multiple_of=8, max_batch_size=32, shuffle_window=0.5, accumulate_grad_batches=4,
-                         largest_first=True)
+                         largest_first=True, packing=True)
     assert BatchingSettings.from_dict(json.loads(json.dumps(s.to_dict()))) == s
     assert BatchingSettings.from_dict({"max_tokens": 10}) == BatchingSettings(max_tokens=10)
     with pytest.raises(ValueError, match=r"unknown batching settings \['shufle'\]"):
