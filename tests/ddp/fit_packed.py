@@ -49,7 +49,9 @@ def main():
     out, cache, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    corpus = [rng.integers(1, 64, size=int(n)).tolist() for n in rng.integers(1, 60, size=300)]
+    # learnable documents: each counts up from a random start by its own stride (1 to 3), modulo the vocabulary
+    corpus = [((rng.integers(0, 63) + rng.integers(1, 4) * np.arange(int(n))) % 63 + 1).tolist()
+              for n in rng.integers(1, 60, size=300)]
     dm = BalancedTextDataModule(corpus, max_tokens=256, max_length=None, val_fraction=0.1, packing=True, seed=1,
                                 cache_dir=cache)
     adaptive = mode == "adaptive"
