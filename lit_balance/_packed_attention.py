@@ -27,14 +27,16 @@ def _flex_available() -> bool:
     return True
 
 
-def resolve_packed_attention(name: str, device: torch.device) -> str:
-    """The implementation ``"auto"`` stands for on ``device``: FlexAttention on CUDA when present, else SDPA groups.
+def resolve_packed_attention(name: str, device: torch.device, dropout_p: float = 0.0) -> str:
+    """The implementation ``"auto"`` stands for on ``device``: FlexAttention on CUDA when present (and no attention
+    dropout is asked for, which it lacks), else SDPA groups.
 
     Raises:
         RuntimeError: ``"flex_attention"`` asked for where this PyTorch has none.
     """
     if name == "auto":
-        return "flex_attention" if device.type == "cuda" and _flex_available() else "sdpa_groups"
+        flex = device.type == "cuda" and dropout_p == 0 and _flex_available()
+        return "flex_attention" if flex else "sdpa_groups"
     if name == "flex_attention" and not _flex_available():
         raise RuntimeError("packed_attention='flex_attention' needs torch.nn.attention.flex_attention (PyTorch >= 2.5);"
                            " use 'sdpa_groups' or 'auto'")

@@ -44,7 +44,8 @@ class DemoTransformerLM(L.LightningModule):
       device; work about ``sum(l**2)``, within 4x).
     * ``"flex_attention"``: :func:`torch.nn.attention.flex_attention.flex_attention` with a document mask (the
       varlen kernel of PyTorch; compiled on CUDA; on CPU it has no backward pass).
-    * ``"auto"`` (default): ``"flex_attention"`` on a CUDA device when PyTorch provides it, else ``"sdpa_groups"``. The training loss is token-weighted (:class:`lit_balance.loss.StepTokenLoss`): each
+    * ``"auto"`` (default): ``"flex_attention"`` on a CUDA device when PyTorch provides it (and, in training, dropout
+      is 0: FlexAttention has no attention dropout), else ``"sdpa_groups"``. The training loss is token-weighted (:class:`lit_balance.loss.StepTokenLoss`): each
     optimizer step's gradient and its logged ``train/loss`` are those of the mean next-token cross-entropy over
     all supervised tokens (labels other than -100) of all ranks and micro-batches of the step; a micro-batch
     without any (only fill rows) contributes zero, never NaN. ``val/loss`` is the exact mean next-token
@@ -155,7 +156,8 @@ class DemoTransformerLM(L.LightningModule):
         d_model = self.hparams.d_model
         positions = _sinusoidal(int(position_ids.max()) + 1, d_model, input_ids.device)[position_ids]
         x = self.embed(input_ids) * math.sqrt(d_model) + positions
-        method = resolve_packed_attention(self.hparams.packed_attention, input_ids.device)
+        dropout = self.hparams.dropout if self.training else 0.0
+        method = resolve_packed_attention(self.hparams.packed_attention, input_ids.device, dropout)
         attend = packed_attention(method, cu.to(input_ids.device))
         for layer in self.blocks.layers:
             x = _packed_layer(layer, x, attend)

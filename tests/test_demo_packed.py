@@ -84,6 +84,7 @@ def test_attention_masks_and_groups_cover_exactly_each_document():
 def test_auto_selects_sdpa_groups_on_cpu_and_flex_on_cuda():
     assert resolve_packed_attention("auto", torch.device("cpu")) == "sdpa_groups"
     assert resolve_packed_attention("auto", torch.device("cuda")) == "flex_attention"
+    assert resolve_packed_attention("auto", torch.device("cuda"), dropout_p=0.1) == "sdpa_groups"
     assert resolve_packed_attention("sdpa_mask", torch.device("cuda")) == "sdpa_mask"
 
 
