@@ -75,6 +75,34 @@ class CostModel:
         cost = self.per_batch + np.asarray(rows, dtype=np.float64) * self.row_cost(padded_length)
         return float(cost) if np.ndim(cost) == 0 else cost
 
+    def packed_cost(self, lengths: Any, offsets: Any = None) -> np.ndarray | float:
+        """Cost of packed micro-batches: whole documents concatenated into one row, each attending to itself.
+
+        ``cost = per_batch + sum over documents (linear * l + quadratic * l**2)``: no padding, and attention
+        grows with the square of each document's length, not of the row's (a block-diagonal causal mask or a
+        variable-length kernel such as FlashAttention's ``varlen``).
+
+        Args:
+            lengths: int ``[num_documents]``: tokens per document.
+            offsets: int ``[num_batches + 1]``: micro-batch ``b`` holds ``lengths[offsets[b]:offsets[b + 1]]``;
+                None for one micro-batch of all ``lengths``.
+
+        Returns:
+            A float (``offsets`` None) or float64 ``[num_batches]``.
+
+        Example:
+            >>> CostModel(linear=1.0, quadratic=1e-3, per_batch=5.0).packed_cost([100, 50])
+            167.5
+            >>> CostModel().packed_cost([3, 4, 5], [0, 2, 3]).tolist()
+            [7.0, 5.0]
+        """
+        doc_cost = self.row_cost(np.asarray(lengths, dtype=np.int64).reshape(-1))
+        if offsets is None:
+            return float(self.per_batch + doc_cost.sum())
+        offsets = np.asarray(offsets, dtype=np.int64)
+        cumulative = np.concatenate([[0.0], np.cumsum(doc_cost)])
+        return self.per_batch + cumulative[offsets[1:]] - cumulative[offsets[:-1]]
+
     def real_cost(self, lengths: Any) -> np.ndarray:
         """Cost of the real tokens of samples of ``lengths`` tokens, as if unpadded and free of overhead.
 

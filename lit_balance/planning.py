@@ -313,8 +313,6 @@ def plan_epoch(
     """
     if not isinstance(settings, BatchingSettings):
         raise TypeError(f"settings must be a lit_balance.BatchingSettings, got {type(settings).__name__}")
-    if settings.packing:
-        raise NotImplementedError("packing=True has no planner yet; set packing=False")
     cost_model = check_cost_model(cost_model)
     num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
     epoch = check_int("epoch", epoch, 0, "epochs count from 0")
@@ -337,6 +335,11 @@ def plan_epoch(
     row_cap = settings.max_batch_size if settings.max_batch_size is not None else max_tokens
     speeds = check_speeds(rank_speeds, num_replicas)
     speeds = np.ones(num_replicas) if speeds is None else speeds
+    if settings.packing:
+        from lit_balance.packing import plan_packed
+
+        return plan_packed(lengths, candidates, settings, num_replicas=num_replicas, epoch=epoch, cost_model=cost_model,
+                           speeds=speeds, min_steps=min_steps)
     uniform = bool(np.all(speeds == speeds[0]))
     seed, shuffle = int(settings.seed), settings.shuffle
     rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch)])) if shuffle else None

@@ -1,5 +1,11 @@
 """Figures of merit of an epoch plan: padding, per-step rank imbalance, useful compute fraction, persistence.
 
+Padded plans (rows padded to the longest row of their micro-batch) and packed plans (each micro-batch one row of
+whole documents, ``packing=True``) are measured alike, each under its own micro-batch cost
+(:meth:`CostModel.batch_cost` or :meth:`CostModel.packed_cost`). :func:`useful_fraction_bound` gives the best
+useful compute fraction any plan with the same optimizer steps could reach, so a plan's U can be judged
+against what its costliest documents allow.
+
 Every figure is computed by one code path from the same arrays, whether the micro-batches come from an
 :class:`~lit_balance.planning.EpochPlan` or from any sampler as per-rank lists of micro-batches
 (``rank_batches[rank][micro_step]`` -> sample indices), so lit_balance and its peers are measured alike.
@@ -16,7 +22,7 @@ from lit_balance._validate import check_int
 from lit_balance.cost import CostModel
 from lit_balance.planning import EpochPlan, padded_lengths
 
-__all__ = ["PlanStats", "RankBatches", "batch_persistence", "plan_stats"]
+__all__ = ["PlanStats", "RankBatches", "batch_persistence", "plan_stats", "useful_fraction_bound"]
 
 #: Micro-batches of any sampler: ``rank_batches[rank][micro_step]`` -> the sample indices of that micro-batch.
 #: Ranks may hold different numbers of micro-batches (a rank without one at a step waits there).
@@ -96,6 +102,8 @@ class PlanStats:
         batch_padded_tokens: int64 ``[num_batches]``: padded token slots (rows x longest row) of each micro-batch.
         dropped_samples: samples of ``lengths`` that no micro-batch holds.
         duplicated_rows: rows beyond the first of each sample (fill rows and repeats).
+        useful_fraction_bound: the upper bound on :attr:`useful_fraction` of :func:`useful_fraction_bound` for
+            this plan's optimizer steps, or None when ``max_tokens`` was not given to :func:`plan_stats`.
     """
 
     rank_cost: np.ndarray
@@ -107,6 +115,7 @@ class PlanStats:
     batch_padded_tokens: np.ndarray
     dropped_samples: int
     duplicated_rows: int
+    useful_fraction_bound: float | None = None
 
     @property
     def padding_ratio(self) -> float:
@@ -146,6 +155,8 @@ def plan_stats(
     *,
     pad_to_multiple_of: int = 1,
     accumulate_grad_batches: int = 1,
+    packing: bool = False,
+    max_tokens: int | None = None,
 ) -> PlanStats:
     """Compute :class:`PlanStats` of ``plan`` (vectorised; no communication).
 
@@ -158,6 +169,12 @@ def plan_stats(
         accumulate_grad_batches: micro-batches per rank per optimizer step; ranks wait for each other once
             per optimizer step, so a rank's cost per step is the sum over this many micro-batches (the last
             step may be shorter).
+        packing: the micro-batches are packed rows (``BatchingSettings(packing=True)``): each costs
+            :meth:`CostModel.packed_cost` of its documents (fill rows included: they run), and its padded slots are
+            its real tokens rounded up to ``pad_to_multiple_of`` (the padded tail of the row), so the padding ratio
+            is 0 without rounding.
+        max_tokens: the budget per micro-batch (tokens); when given, :attr:`PlanStats.useful_fraction_bound` is
+            computed for this plan's optimizer steps.
 
     Raises:
         ValueError: ``accumulate_grad_batches`` or ``pad_to_multiple_of`` < 1; ``lengths`` not 1-D or too short;
@@ -187,12 +204,18 @@ def plan_stats(
     offsets = p.batch_offsets
     num_batches = p.num_batches
     sizes = np.diff(offsets)
-    width = np.zeros(num_batches, dtype=np.int64)
     filled = sizes > 0
-    if filled.any():  # segments of the non-empty batches are contiguous: empty ones hold no rows
-        width[filled] = np.maximum.reduceat(padded[p.rows], offsets[:-1][filled])
-    slots = sizes * width
-    batch_cost = np.where(filled, cost_model.batch_cost(sizes, width), 0.0) if num_batches else np.zeros(0)
+    if packing:
+        row_tokens = p._sum_per_batch(lengths[p.rows])  # fill rows run too
+        slots = padded_lengths(row_tokens, pad_to_multiple_of)
+        batch_cost = (np.where(filled, cost_model.packed_cost(lengths[p.rows], offsets), 0.0) if num_batches
+                      else np.zeros(0))
+    else:
+        width = np.zeros(num_batches, dtype=np.int64)
+        if filled.any():  # segments of the non-empty batches are contiguous: empty ones hold no rows
+            width[filled] = np.maximum.reduceat(padded[p.rows], offsets[:-1][filled])
+        slots = sizes * width
+        batch_cost = np.where(filled, cost_model.batch_cost(sizes, width), 0.0) if num_batches else np.zeros(0)
     real_rows = ~p.is_fill
     batch_real = p.real_tokens_per_batch(lengths)
 
@@ -203,17 +226,100 @@ def plan_stats(
     rank_cost = np.zeros((num_groups, a.shape[1]))
     np.add.at(rank_cost, groups, cost)
     counts = np.bincount(p.rows, minlength=lengths.shape[0])
+    real_lengths = lengths[p.rows[real_rows]]
+    bound = None
+    if max_tokens is not None:
+        bound = useful_fraction_bound(real_lengths, cost_model, num_replicas=a.shape[1], num_micro_steps=a.shape[0],
+                                      accumulate_grad_batches=accumulate_grad_batches, max_tokens=max_tokens)
     return PlanStats(
         rank_cost=rank_cost,
         rank_real_tokens=np.append(batch_real, 0.0)[a].sum(axis=0).astype(np.int64),
         rank_padded_tokens=np.append(slots, 0)[a].sum(axis=0).astype(np.int64),
         rank_micro_batches=(a >= 0).sum(axis=0).astype(np.int64),
-        real_cost=float(cost_model.real_cost(lengths[p.rows[real_rows]]).sum()),
+        real_cost=float(cost_model.real_cost(real_lengths).sum()),
         max_batch_tokens=int(slots.max()) if num_batches else 0,
         batch_padded_tokens=slots.astype(np.int64),
         dropped_samples=int((counts == 0).sum()),
         duplicated_rows=int(np.maximum(counts - 1, 0).sum()),
+        useful_fraction_bound=bound,
     )
+
+
+def useful_fraction_bound(lengths: np.ndarray, cost_model: CostModel | None = None, *, num_replicas: int,
+                          num_micro_steps: int, accumulate_grad_batches: int = 1, max_tokens: int) -> float:
+    """Upper bound on the useful compute fraction U of any plan of these documents with these optimizer steps.
+
+    U (:attr:`PlanStats.useful_fraction`) divides the real-token cost ``W`` by ``R x`` the sum over optimizer steps
+    of the slowest rank's cost. Each rank runs ``n_s`` micro-batches in step ``s`` (``accumulate_grad_batches``, the
+    last step maybe fewer), so the slowest rank costs ``n_s * per_batch + X_s``, where ``X_s`` is the most document
+    cost any rank carries in the step. Three facts bound ``sum_s X_s`` from below, for any plan:
+
+    1. the ranks share the work: ``sum_s X_s >= W / R``;
+    2. documents longer than ``max_tokens / 2`` cannot share a micro-batch, and a step has ``R * A`` micro-batches
+       (``A = accumulate_grad_batches``), so the ``j``-th largest ``X_s`` is at least ``beta_j``, the cost of the
+       ``((j - 1) * R * A + 1)``-th costliest such document (0 past the last): outliers can at best run ``R * A``
+       to a step, side by side (the "outlier delay" of WLB-LLM, OSDI 2025);
+    3. a step holds at most ``R * A * max_tokens`` tokens, so the steps other than the ``k`` with the largest
+       ``X_s`` hold at least ``N - k * R * A * max_tokens`` of the ``N`` tokens, costing at least ``Cheap(.)``,
+       the cost of that many of the cheapest tokens (those of the shortest documents, the last one in part);
+       the ranks share it: those steps' ``X_s`` sum to at least ``Cheap(.) / R``.
+
+    Hence ``sum_s X_s >= LB = max(W / R, max over k of [sum_{j<=k} beta_j + max(sum_{j>k} beta_j, Cheap(N - k R A
+    max_tokens) / R)])`` and ``U <= W / (R * (num_micro_steps * per_batch + LB))``. It is a bound, not always
+    reachable (documents are whole, ranks' micro-batches hold at most ``max_tokens`` each); with short documents
+    and no per-batch cost it is 1.
+
+    Args:
+        lengths: int ``[num_documents]``: tokens of each document planned (fill rows excluded).
+        cost_model: the cost model U is measured in (default: tokens).
+        num_replicas: ranks ``R``.
+        num_micro_steps: micro-batches per rank in the epoch.
+        accumulate_grad_batches: micro-batches per rank per optimizer step ``A``.
+        max_tokens: the budget of one micro-batch (tokens).
+
+    Returns:
+        The bound, in ``(0, 1]`` (1.0 for no documents).
+
+    Raises:
+        ValueError: a count below 1 (``num_micro_steps`` below 0).
+
+    Example:
+        >>> cm = CostModel(quadratic=1e-3)  # three 4096-token documents and 64 of 100 tokens, 2 ranks, 3 steps
+        >>> round(useful_fraction_bound([4096] * 3 + [100] * 64, cm, num_replicas=2, num_micro_steps=3,
+        ...                             max_tokens=4096), 4)
+        0.8097
+
+        Two outliers run side by side in one step, the third with 40 short documents beside it in the next, and
+        the last 24 short ones share the third step: U = 69,659 / (2 x 43,066) = 0.8088, near the bound.
+    """
+    num_replicas = check_int("num_replicas", num_replicas, 1, "the world size")
+    num_micro_steps = check_int("num_micro_steps", num_micro_steps, 0, "micro-batches per rank")
+    accumulate = check_int("accumulate_grad_batches", accumulate_grad_batches, 1, "micro-batches per optimizer step")
+    max_tokens = check_int("max_tokens", max_tokens, 1, "tokens per micro-batch")
+    cost_model = cost_model or CostModel()
+    lengths = np.sort(np.asarray(lengths, dtype=np.int64))  # shortest (cheapest per token) first
+    if not lengths.size:
+        return 1.0
+    cost = cost_model.row_cost(lengths)
+    total_cost, total_tokens = float(cost.sum()), int(lengths.sum())
+    steps = -(-num_micro_steps // accumulate)
+    per_step = num_replicas * accumulate
+    long_cost = cost[2 * lengths > max_tokens][::-1]  # costliest first
+    beta = np.zeros(steps + 1)
+    heads = long_cost[::per_step][:steps]
+    beta[1:heads.shape[0] + 1] = heads
+    beta_prefix = np.cumsum(beta)  # beta_prefix[k] = sum_{j<=k} beta_j
+    rest_beta = beta_prefix[-1] - beta_prefix
+    ks = np.arange(steps + 1)
+    need = np.maximum(total_tokens - ks * per_step * max_tokens, 0)  # tokens the other steps must hold
+    need[-1] = 0  # k = all steps: no other steps
+    cum_tokens = np.concatenate([[0], np.cumsum(lengths)])
+    cum_cost = np.concatenate([[0.0], np.cumsum(cost)])
+    i = np.clip(np.searchsorted(cum_tokens, need, side="right") - 1, 0, lengths.shape[0] - 1)
+    cheap = cum_cost[i] + (need - cum_tokens[i]) * (cost[i] / lengths[i])
+    lower = max(total_cost / num_replicas, float(np.max(beta_prefix + np.maximum(rest_beta, cheap / num_replicas))))
+    denominator = num_replicas * (num_micro_steps * cost_model.per_batch + lower)
+    return min(1.0, total_cost / denominator) if denominator > 0 else 1.0
 
 
 def batch_persistence(plan_a: EpochPlan | RankBatches, plan_b: EpochPlan | RankBatches) -> float:
