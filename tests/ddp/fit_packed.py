@@ -25,16 +25,22 @@ from lit_balance.demo import DemoTransformerLM
 class Model(DemoTransformerLM):
     def __init__(self, vocab_size):
         super().__init__(vocab_size=vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32, lr=3e-3)
-        self.seen = []  # per training micro-batch: [epoch, rows, N, documents, real tokens, padded slots]
+        self.seen = []  # per training micro-batch: [epoch, rows, N, documents, real tokens, padded slots, sum l, sum l^2]
         self.indices = {}  # epoch -> dataset indices of real (non-fill) documents seen on this rank
         self.step_losses = []
         self.modes = []
+        self.epoch_cost_models = []  # the training sampler's cost model at each epoch's start
+
+    def on_train_epoch_start(self):
+        self.epoch_cost_models.append(self.trainer.train_dataloader.sampler.cost_model.to_dict())
 
     def training_step(self, batch, batch_idx):
         assert "attention_mask" not in batch
         epoch = self.current_epoch
+        lengths = (batch["cu_seq_lens_q"][1:] - batch["cu_seq_lens_q"][:-1]).double()
         self.seen.append([epoch, batch["input_ids"].shape[0], batch["input_ids"].shape[1], len(batch["indices"]),
-                          batch["num_real_tokens"], batch["num_padded_tokens"]])
+                          batch["num_real_tokens"], batch["num_padded_tokens"], float(lengths.sum()),
+                          float((lengths ** 2).sum())])
         self.indices.setdefault(epoch, []).extend(batch["indices"][~batch["is_fill"]].tolist())
         return super().training_step(batch, batch_idx)
 
@@ -75,6 +81,8 @@ def main():
         "padding_metrics": padding.last_metrics,
         "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
         "cost_fit": None if adaptive or feedback.last_fit is None else feedback.last_fit[0].to_dict(),
+        "cost_column": np.concatenate(straggler.epoch_windows, axis=1)[:, :, 5].tolist(),
+        "epoch_cost_models": model.epoch_cost_models,
         "rows_column": np.concatenate(straggler.epoch_windows, axis=1)[:, :, 2].tolist(),
     }
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
