@@ -45,7 +45,9 @@ class DemoTransformerLM(L.LightningModule):
     * ``"flex_attention"``: :func:`torch.nn.attention.flex_attention.flex_attention` with a document mask (the
       varlen kernel of PyTorch; compiled on CUDA; on CPU it has no backward pass).
     * ``"auto"`` (default): ``"flex_attention"`` on a CUDA device when PyTorch provides it (and, in training, dropout
-      is 0: FlexAttention has no attention dropout), else ``"sdpa_groups"``. The training loss is token-weighted (:class:`lit_balance.loss.StepTokenLoss`): each
+      is 0: FlexAttention has no attention dropout), else ``"sdpa_groups"``.
+
+    The training loss is token-weighted (:class:`lit_balance.loss.StepTokenLoss`): each
     optimizer step's gradient and its logged ``train/loss`` are those of the mean next-token cross-entropy over
     all supervised tokens (labels other than -100) of all ranks and micro-batches of the step; a micro-batch
     without any (only fill rows) contributes zero, never NaN. ``val/loss`` is the exact mean next-token

@@ -77,7 +77,7 @@ def main():
     record = {
         "seen": model.seen, "indices": {str(k): v for k, v in model.indices.items()},
         "num_train": len(dm.train_dataset), "len_sampler": len(dm.train_sampler), "modes": model.modes,
-        "step_losses": model.step_losses,
+        "step_losses": model.step_losses, "corrected_steps": model.step_loss.num_corrected_steps,
         "padding_metrics": padding.last_metrics,
         "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
         "cost_fit": None if adaptive or feedback.last_fit is None else feedback.last_fit[0].to_dict(),

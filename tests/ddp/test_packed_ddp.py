@@ -66,6 +66,9 @@ def test_padding_monitor_logs_zero_padding_and_training_learns(runs, mode):
 def test_fixed_accumulation_uses_the_plan_divisor_and_the_monitor_costs_each_document(runs):
     ranks = runs["fixed"]
     assert set(ranks[0]["modes"]) == {"plan"}
+    # the plan's step_supervised_tokens equalled the supervised tokens both ranks counted, at every optimizer step
+    # (StepTokenLoss compares them in finish_step and counts a step it had to rescale)
+    assert ranks[0]["corrected_steps"] == ranks[1]["corrected_steps"] == 0
     # The last epoch's window: the monitor's rows column holds the equivalent rows sum(l)^2 / sum(l^2) (between 1
     # and the documents) and its cost column per_batch + linear * sum(l) + quadratic * sum(l^2) under the sampler's
     # cost model of that epoch (fitted by CostModelFeedback after epoch 0 where the timings allow a fit: rows the
