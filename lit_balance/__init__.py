@@ -33,6 +33,7 @@ _EXPORTS = {
     "BatchingSettings": "lit_balance.settings",
     "PlanStats": "lit_balance.stats",
     "plan_stats": "lit_balance.stats",
+    "useful_fraction_bound": "lit_balance.stats",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -48,7 +49,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs
     from lit_balance.report import PlanReport, plan_report  # noqa: F401
     from lit_balance.sampler import BalancedBatchSampler  # noqa: F401
     from lit_balance.settings import BatchingSettings  # noqa: F401
-    from lit_balance.stats import PlanStats, plan_stats  # noqa: F401
+    from lit_balance.stats import PlanStats, plan_stats, useful_fraction_bound  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

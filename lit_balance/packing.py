@@ -10,10 +10,11 @@ the loss work unchanged.
 
 Worked example (``max_tokens=10``, ``num_replicas=2``, ``shuffle=False``, token cost)::
 
-    lengths = [9, 6, 4, 3, 3, 2, 2, 1]          # 30 tokens: at least 3 rows of 10, so 4 micro-batches
-    # 9, 6, 4, 3 and 3 are outliers (longer than an eighth of the budget): each goes to the least costly
-    # the others fill the rest to equal cost: [9] [6 1] [4 3] [3 2 2] -> costs 9, 7, 7, 7
-    # steps, most costly first: step 0 = [9] and [6 1]; step 1 = [4 3] and [3 2 2]
+    lengths = [9, 6, 4, 3, 3, 2, 2, 1]          # 30 tokens: ceil(30 / (0.97 x 10)) = 4 micro-batches
+    # all but the 1 are outliers (longer than an eighth of the budget): longest first, each to the least costly
+    # micro-batch with room: [9] [6] [4] [3], then 3 -> [3 3], 2 -> [4 2], 2 -> [6 2]; the 1 goes to the
+    # micro-batch furthest below its target: [9] [6 2 1] [4 2] [3 3], costs 9, 9, 6, 6
+    # steps, most costly first: step 0 = [9] and [6 2 1]; step 1 = [4 2] and [3 3]
 
 The plan is made in five stages, all vectorised with numpy except a heap over the few outliers:
 
@@ -35,9 +36,11 @@ The plan is made in five stages, all vectorised with numpy except a heap over th
 4. **Fill.** The short documents, in random order, are dealt to the micro-batches by cumulative cost against
    their targets (less a reserve); the reserve, the shortest documents, then goes largest first to the
    micro-batches furthest below target, one round over the micro-batches at a time, which closes the gaps to
-   about the size of the shortest documents. Documents that do not fit (tokens, ``max_batch_size``) move to
-   the micro-batch furthest below target that has room. In the rare epoch where that fails, the unshuffled
-   token-cost packing of stage 1, which fits by construction, is used.
+   about the size of the shortest documents (the last, shortest ones one at a time, with a heap). Documents
+   that do not fit (tokens, ``max_batch_size``) move to the micro-batch furthest below target that has room, or
+   swap with a shorter document whose micro-batch then has room. In an epoch where that fails (none of the
+   shipped distributions in 10 epochs), the unshuffled token-cost packing of stage 1, which fits by
+   construction, is used: the same micro-batches as every such epoch, in a new order.
 5. **Ranks and order.** Within each step the micro-batches go to ranks by LPT (most costly on the fastest
    rank); with ``shuffle`` ranks are permuted within a step and steps run in random order; ``largest_first``
    moves the step holding the epoch's longest document to the front.
@@ -45,6 +48,8 @@ The plan is made in five stages, all vectorised with numpy except a heap over th
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import heapq
 
 import numpy as np
@@ -65,22 +70,44 @@ def packed_capacity(settings: BatchingSettings) -> int:
 
 
 def _count_lower_bound(lengths: np.ndarray, capacity: int, doc_cap: int, num_replicas: int) -> int:
-    total = int(lengths.sum())
-    need = max(-(-total // capacity), int(np.count_nonzero(2 * lengths > capacity)), -(-lengths.shape[0] // doc_cap),
-               int(np.ceil(total / (capacity * (1.0 - _HEADROOM)))), 1)
-    return -(-need // num_replicas) * num_replicas
+    """The least multiple of ``num_replicas`` that can hold the documents, raised for headroom where that needs no
+    fill rows."""
+    total, n = int(lengths.sum()), lengths.shape[0]
+    need = max(-(-total // capacity), int(np.count_nonzero(2 * lengths > capacity)), -(-n // doc_cap), 1)
+    need = -(-need // num_replicas) * num_replicas
+    roomy = -(-int(np.ceil(total / (capacity * (1.0 - _HEADROOM)))) // num_replicas) * num_replicas
+    return max(need, min(roomy, (n // num_replicas) * num_replicas))
 
 
 def packed_count(lengths: np.ndarray, settings: BatchingSettings, num_replicas: int) -> int:
     """Micro-batches of every epoch (all ranks) for documents of ``lengths``: see stage 1 of the module doc.
 
-    Returns 0 for no documents. Depends only on the lengths (as a multiset), the settings and ``num_replicas``.
+    Returns 0 for no documents. Depends only on the lengths (as a multiset: the unshuffled token-cost packing
+    treats documents of equal length alike), the budget, ``max_batch_size`` and ``num_replicas``, so it is
+    remembered for the last few such inputs (every epoch of a sampler asks for the same).
     """
     n = lengths.shape[0]
     if not n:
         return 0
     capacity = packed_capacity(settings)
     doc_cap = settings.max_batch_size or n
+    if int(lengths.max()) < 2**24:
+        histogram = np.bincount(lengths)
+    else:  # huge lengths: the histogram of the values present
+        histogram = np.concatenate(np.unique(lengths, return_counts=True))
+    key = (hashlib.sha256(histogram.tobytes()).hexdigest(), histogram.shape[0], capacity, doc_cap, num_replicas)
+    if key not in _COUNTS:
+        if len(_COUNTS) >= 16:
+            _COUNTS.pop(next(iter(_COUNTS)))
+        _COUNTS[key] = _count(lengths, capacity, doc_cap, num_replicas)
+    return _COUNTS[key]
+
+
+_COUNTS: dict[tuple, int] = {}
+
+
+def _count(lengths: np.ndarray, capacity: int, doc_cap: int, num_replicas: int) -> int:
+    n = lengths.shape[0]
     k = _count_lower_bound(lengths, capacity, doc_cap, num_replicas)
     if n <= k:
         return k
@@ -398,6 +425,14 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
 
     Raises:
         RuntimeError: no packing fits (cannot happen for documents within the budget; a bug if it does).
+
+    Example:
+        >>> from lit_balance import BatchingSettings, plan_epoch
+        >>> lengths = [9, 6, 4, 3, 3, 2, 2, 1]
+        >>> plan = plan_epoch(lengths, BatchingSettings(max_tokens=10, shuffle=False, packing=True), num_replicas=2,
+        ...                   epoch=0)
+        >>> [[lengths[i] for i in plan.batch(b)[0]] for b in range(plan.num_batches)], plan.assignment.tolist()
+        ([[9], [6, 2, 1], [4, 2], [3, 3]], [[0, 1], [2, 3]])
     """
     shuffle = settings.shuffle
     rng = np.random.default_rng(np.random.SeedSequence([int(settings.seed), int(epoch)])) if shuffle else None
@@ -407,7 +442,7 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
     doc_cap = settings.max_batch_size or max(int(candidates.shape[0]), 1)
     n = candidates.shape[0]
     doc_len = lengths[candidates]
-    k = packed_count(doc_len, settings, num_replicas)
+    k = verified = packed_count(doc_len, settings, num_replicas)
     if min_steps * num_replicas > k:
         k = max(k, min(min_steps, n // num_replicas) * num_replicas)
     uniform = bool(np.all(speeds == speeds[0]))
@@ -423,9 +458,15 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
     best: tuple[float, EpochPlan] | None = None
     for count in tried:
         packed = _pack(doc_len, doc_cost, count, capacity, doc_cap, num_replicas, accumulate, speeds, rng)
-        if packed is None and count == k:  # the unshuffled token-cost packing fits by construction
-            packed = _pack(doc_len, doc_len.astype(np.float64), count, capacity, doc_cap, num_replicas, accumulate,
+        if packed is None and count == k:  # the unshuffled token-cost packing of the count fits by construction
+            packed = _pack(doc_len, doc_len.astype(np.float64), verified, capacity, doc_cap, num_replicas, 1,
                            np.ones(num_replicas), None)
+            if packed is not None:  # split to the count asked for (min_steps); its steps, most costly first
+                bin_of = _split_bins(packed[0], verified, count)
+                bin_cost = np.bincount(bin_of, weights=doc_cost, minlength=count)
+                group_of_bin = np.empty(count, dtype=np.int64)
+                group_of_bin[np.argsort(-bin_cost, kind="stable")] = np.arange(count) // (num_replicas * accumulate)
+                packed = (bin_of, group_of_bin)
         if packed is None:
             if count == k:
                 raise RuntimeError(f"packed planning found no packing of {n} documents into {count} micro-batches of "
@@ -439,25 +480,54 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
     return best[1]
 
 
+def _split_bins(bin_of: np.ndarray, k: int, target: int) -> np.ndarray:
+    """Split the bins holding the most documents in two until there are ``target`` (each part stays in budget)."""
+    if target <= k:
+        return bin_of
+    bin_of = bin_of.copy()
+    members = collections.defaultdict(list)
+    for i, b in enumerate(bin_of.tolist()):
+        members[b].append(i)
+    heap = [(-len(docs), b) for b, docs in members.items()]
+    heapq.heapify(heap)
+    for new in range(k, target):
+        size, b = heapq.heappop(heap)
+        docs = members[b]
+        moved = docs[len(docs) // 2:]  # -size >= 2: there are more documents than bins
+        members[b], members[new] = docs[:len(docs) // 2], moved
+        bin_of[moved] = new
+        heapq.heappush(heap, (-len(members[b]), b))
+        heapq.heappush(heap, (-len(moved), new))
+    return bin_of
+
+
 def _layout(candidates: np.ndarray, lengths: np.ndarray, bin_of: np.ndarray, group_of_bin: np.ndarray,
             num_replicas: int, accumulate: int, speeds: np.ndarray, settings: BatchingSettings,
             cost_model: CostModel, rng: np.random.Generator | None) -> EpochPlan:
     """Rows grouped by bin, and bins to micro-steps and ranks: each group is one optimizer step."""
     k = group_of_bin.shape[0]
-    rows = candidates[np.argsort(bin_of, kind="stable")]
+    rows = candidates[np.argsort(bin_of.astype(np.uint16) if k < 2**16 else bin_of, kind="stable")]  # radix sort
     offsets = np.concatenate([[0], np.cumsum(np.bincount(bin_of, minlength=k))]).astype(np.int64)
     cost = cost_model.packed_cost(lengths[rows], offsets)
     uniform = bool(np.all(speeds == speeds[0]))
     groups = []
     num_groups = int(group_of_bin.max()) + 1 if k else 0
-    members_by_group = np.argsort(group_of_bin, kind="stable")
-    bounds = np.searchsorted(group_of_bin[members_by_group], np.arange(num_groups + 1))
-    for g in range(num_groups):
-        members = members_by_group[bounds[g]:bounds[g + 1]]
-        slots = members[_lpt(cost[members], speeds, members.shape[0] // num_replicas)]
+    if accumulate == 1:  # one micro-batch per rank and step: the most costly on the fastest rank, vectorised
+        steps = np.lexsort((-cost, group_of_bin)).reshape(num_groups, num_replicas)
+        slots = np.empty_like(steps)
+        slots[:, np.argsort(-speeds, kind="stable")] = steps
         if rng is not None and uniform:
-            slots = slots[:, rng.permutation(num_replicas)]
-        groups.append(slots)
+            slots = rng.permuted(slots, axis=1)
+        groups = list(slots[:, None, :])
+    else:
+        members_by_group = np.argsort(group_of_bin, kind="stable")
+        bounds = np.searchsorted(group_of_bin[members_by_group], np.arange(num_groups + 1))
+        for g in range(num_groups):
+            members = members_by_group[bounds[g]:bounds[g + 1]]
+            slots = members[_lpt(cost[members], speeds, members.shape[0] // num_replicas)]
+            if rng is not None and uniform:
+                slots = slots[:, rng.permutation(num_replicas)]
+            groups.append(slots)
     if rng is not None and groups:  # a shorter last group stays last, so accumulation windows stay aligned
         full = len(groups) - (1 if (k // num_replicas) % accumulate else 0)
         groups = [groups[g] for g in rng.permutation(full)] + groups[full:]

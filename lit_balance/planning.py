@@ -11,6 +11,9 @@ Worked example (``max_tokens=100``, ``num_replicas=2``, ``shuffle=False``, padde
     # costs: 95 95 95 95 95 100; most costly first, two per optimizer step (one per rank):
     #   step 0: [5 6 7 8 9] [0]   step 1: [1] [2]   step 2: [3] [4]
 
+With ``BatchingSettings(packing=True)``, :func:`plan_epoch` hands over to :func:`lit_balance.packing.plan_packed`
+(micro-batches of whole documents concatenated into one row); what follows is the padded plan.
+
 The plan is made in four stages:
 
 1. **Order.** Samples are sorted by padded length, longest first. With ``shuffle``, ties are broken at
@@ -66,8 +69,9 @@ class MicroBatch(list):
             only to give every rank the same number of micro-batches. Its labels must be ignored.
         step_real_tokens: real tokens (fill rows excluded) of all micro-batches of this micro-batch's
             optimizer step, over all ranks (global, as planned), or None when not known.
-        step_rows: rows (fill rows excluded) of those micro-batches, global, or None. A causal language
-            model supervises ``step_real_tokens - step_rows`` tokens in that optimizer step.
+        step_rows: rows (fill rows excluded) of those micro-batches, global, or None; with ``packing`` a row is a
+            document. A causal language model supervises ``step_real_tokens - step_rows`` tokens in that optimizer
+            step (each document's first token has no label, packed or not).
 
     It compares equal to the plain list of its indices and survives pickling into DataLoader workers.
 
@@ -281,7 +285,8 @@ def plan_epoch(
         lengths: int ``[num_samples]``, tokens per sample, already truncated where that applies; every
             eligible sample must satisfy ``padded(length) <= settings.max_tokens``.
         settings: the :class:`~lit_balance.BatchingSettings` (budget per rank, shuffle and its window, seed,
-            drop_last, padding multiple, row cap, accumulation, largest_first). ``too_long`` is not read here:
+            drop_last, padding multiple, row cap, accumulation, largest_first, packing: with ``packing`` the plan
+            is made by :func:`lit_balance.packing.plan_packed` and each micro-batch is one row of whole documents). ``too_long`` is not read here:
             the caller has already truncated the lengths or excluded samples through ``eligible``.
         num_replicas: number of ranks; the plan has ``num_micro_steps x num_replicas`` micro-batches.
         epoch: epoch number; with ``settings.shuffle`` it changes batch composition, rank assignment and step

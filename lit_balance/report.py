@@ -43,7 +43,7 @@ class PlanReport:
         bucket_edges: float64: the edges (tokens) of the budget's length buckets: samples longer than
             ``max_tokens / (k + 1)`` and up to ``max_tokens / k`` take ``k`` rows per micro-batch; the edges of
             ``k`` = 1, 2, 3, 4, 6, 8, 12, 16, ... that fall within the planned lengths.
-        cost_unit: what a cost counts (``"padded slots"`` for the default cost model).
+        cost_unit: what a cost counts (``"padded slots"`` for the default cost model, ``"tokens"`` when packed).
     """
 
     lengths: np.ndarray
@@ -68,6 +68,7 @@ def _figures(stats: PlanStats) -> dict[str, Any]:
     return {
         "padding_ratio": stats.padding_ratio,
         "useful_fraction": stats.useful_fraction,
+        "useful_fraction_bound": stats.useful_fraction_bound,
         "epoch_rank_imbalance": float(rank_total.max() / rank_total.mean()) if rank_total.mean() > 0 else 1.0,
         "mean_step_imbalance": float(imbalance.mean()) if imbalance.size else 1.0,
         "max_step_imbalance": float(imbalance.max()) if imbalance.size else 1.0,
@@ -160,7 +161,9 @@ def plan_report(
 
     The baseline batches the same samples (those the balanced plan keeps) with ``DistributedSampler`` and
     the largest fixed batch size ``max_tokens // longest padded length`` (capped by ``max_batch_size``),
-    so neither plan ever exceeds ``max_tokens`` padded slots per micro-batch. Both are measured with
+    so neither plan ever exceeds ``max_tokens`` padded slots per micro-batch. With ``packing=True`` the balanced
+    plan is packed (one row of whole documents per micro-batch, measured with its packed cost and zero padding
+    but for the row's rounding to ``pad_to_multiple_of``), the baseline stays padded. Both are measured with
     :func:`lit_balance.stats.plan_stats` under the same cost model, per optimizer step of
     ``settings.accumulate_grad_batches`` micro-batches per rank (ranks wait for each other once per step).
 
@@ -194,7 +197,8 @@ def plan_report(
     planned = sampler.lengths
     pad, accumulate = settings.pad_to_multiple_of, settings.accumulate_grad_batches
     balanced = plan_stats(sampler.plan(), planned, cost_model, pad_to_multiple_of=pad,
-                          accumulate_grad_batches=accumulate)
+                          accumulate_grad_batches=accumulate, packing=settings.packing,
+                          max_tokens=settings.max_tokens)
 
     kept = np.setdiff1d(np.arange(planned.size), sampler.skipped_indices)
     kept_lengths = planned[kept]
@@ -204,13 +208,14 @@ def plan_report(
     base_plan = distributed_sampler_plan(kept.size, batch_size, num_replicas=num_replicas, shuffle=settings.shuffle,
                                          seed=settings.seed, epoch=epoch, drop_last=settings.drop_last)
     baseline = plan_stats(base_plan, kept_lengths, cost_model, pad_to_multiple_of=pad,
-                          accumulate_grad_batches=accumulate)
+                          accumulate_grad_batches=accumulate, max_tokens=settings.max_tokens)
     summary = {**settings.to_dict(), "num_replicas": sampler.num_replicas, "epoch": sampler.epoch,
                "cost_model": cost_model.to_dict()}
-    unit = "padded slots" if cost_model == CostModel() else "cost units"
+    unit = ("tokens" if settings.packing else "padded slots") if cost_model == CostModel() else "cost units"
     return PlanReport(lengths=kept_lengths, settings=summary, balanced=balanced, baseline=baseline,
                       baseline_batch_size=batch_size,
-                      bucket_edges=_bucket_edges(kept_lengths, settings.max_tokens), cost_unit=unit)
+                      bucket_edges=(np.zeros(0) if settings.packing else _bucket_edges(kept_lengths, settings.max_tokens)),
+                      cost_unit=unit)
 
 
 def _number(value: float) -> str:
@@ -256,6 +261,7 @@ def format_report(report: PlanReport, title: str = "") -> list[Any]:
             ("mean step imbalance (max/mean per step)", "mean_step_imbalance", "{:.4f}"),
             ("worst step imbalance (max/mean per step)", "max_step_imbalance", "{:.4f}"),
             ("useful compute fraction", "useful_fraction", "{:.4f}"),
+            ("its bound for these steps (stats.useful_fraction_bound)", "useful_fraction_bound", "{:.4f}"),
             ("micro-batches per rank", "micro_batches_per_rank", "{}"),
             ("optimizer steps", "optimizer_steps", "{}"),
             (f"largest micro-batch (padded slots, budget {report.settings['max_tokens']})", "max_batch_tokens", "{}"))

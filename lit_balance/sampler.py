@@ -40,7 +40,9 @@ class BalancedBatchSampler(DistributedSampler):
     Guarantees, per epoch:
 
     * **Budget.** Every micro-batch ``b`` has ``len(b) * padded(max(lengths[b])) <= max_tokens``, where
-      ``padded`` rounds up to a multiple of ``pad_to_multiple_of``; ``max_tokens`` counts padded slots.
+      ``padded`` rounds up to a multiple of ``pad_to_multiple_of``; ``max_tokens`` counts padded slots. With
+      ``packing=True`` a micro-batch is one row of whole documents: ``padded(sum(lengths[b])) <= max_tokens``
+      (see :mod:`lit_balance.packing`).
     * **Equal counts.** Every rank yields exactly ``len(self)`` micro-batches.
     * **Balanced cost.** The ``num_replicas * accumulate_grad_batches`` micro-batches of each optimizer step
       are formed to about the same cost (``cost_model``) and spread so that every rank's summed cost per
@@ -62,7 +64,7 @@ class BalancedBatchSampler(DistributedSampler):
             Shorthand for ``settings.max_tokens``; required unless ``settings`` is given.
         settings: the :class:`~lit_balance.BatchingSettings` of the plan (budget, shuffle, seed, drop_last,
             too_long, pad_to_multiple_of, max_batch_size, shuffle_window, accumulate_grad_batches,
-            largest_first). Without it, the keyword arguments ``**settings_kwargs`` (the same names) build it;
+            largest_first, packing). Without it, the keyword arguments ``**settings_kwargs`` (the same names) build it;
             with it, keywords may only repeat its values. ``too_long="truncate"`` keeps a too-long sample at
             :attr:`truncate_to` tokens (the collator must truncate it too); ``too_long="skip"`` leaves it out
             (:attr:`num_skipped`). ``accumulate_grad_batches`` should be the Trainer's value: each yielded

@@ -143,6 +143,8 @@ def parse_state(state_dict: Any, *, num_samples: int, lengths_sha256: str, setti
             "needs the same dataset, tokenization and truncation"
         )
     saved, now = state_dict["settings"], settings.to_dict()
+    if isinstance(saved, dict) and "packing" not in saved:  # saved before packing existed: padded batches
+        saved = {**saved, "packing": False}
     if not isinstance(saved, dict) or set(saved) != set(now):
         got = sorted(saved) if isinstance(saved, dict) else saved
         raise ValueError(f"sampler state_dict settings must have keys {sorted(now)}, got {got}")

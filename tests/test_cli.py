@@ -160,6 +160,26 @@ def test_plan_matches_plan_stats_and_the_cost_model(tmp_path):
     assert not (tmp_path / "out" / "step_cost.png").exists()
 
 
+def test_plan_packed_on_a_shipped_lengths_file(tmp_path):
+    lengths = np.minimum(np.load(LENGTHS / "lengths_fortunes.npy")[:4000], 512)
+    np.save(tmp_path / "lengths.npy", lengths)
+    out = tmp_path / "out"
+    cli = build_cli(["plan", "--lengths", str(tmp_path / "lengths.npy"), "--num-replicas", "4", "--max-tokens", "2048",
+                     "--packing", "true", "--quadratic", "0.001", "--seed", "3", "--plots", "false",
+                     "--output-dir", str(out)])
+    summary = cli.plan_summary
+    bal = summary["balanced"]
+    assert summary["settings"]["packing"] is True and bal["padding_ratio"] == 0.0 and bal["max_batch_tokens"] <= 2048
+    cost_model = CostModel(quadratic=0.001)
+    sampler = BalancedBatchSampler(lengths, 2048, num_replicas=4, rank=0, seed=3, packing=True, cost_model=cost_model)
+    stats = plan_stats(sampler.plan(), sampler.lengths, cost_model, packing=True, max_tokens=2048)
+    assert bal["useful_fraction"] == pytest.approx(stats.useful_fraction) and bal["useful_fraction"] > 0.99
+    assert bal["useful_fraction_bound"] == pytest.approx(stats.useful_fraction_bound)
+    assert sum(r["real_tokens"] for r in bal["ranks"]) == int(lengths.sum())
+    assert bal["micro_batches_per_rank"] == len(sampler)
+    assert "useful compute fraction" in (out / "plan_table.txt").read_text(encoding="utf-8")
+
+
 def test_plan_on_a_corpus(tmp_path):
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("\n".join(json.dumps({"text": "word " * (i % 50 + 1)}) for i in range(200)), encoding="utf-8")

@@ -59,6 +59,21 @@ SAMPLERS_TO_TEST = [
     ("world_3_to_2", _sampler(), 3, 2),
     ("world_2_to_3_accumulate_2_no_shuffle", _sampler(accumulate_grad_batches=2, shuffle=False), 2, 3),
     ("world_3_to_2_max_batch_size", _sampler(max_batch_size=3), 3, 2),
+    ("packed", _sampler(packing=True), 2, 2),
+    ("packed_no_shuffle", _sampler(packing=True, shuffle=False), 2, 2),
+    ("packed_rank_speeds", _sampler(packing=True, speeds={2: [1.0, 1 / 1.5], 3: [1.0, 0.8, 0.5]}), 3, 3),
+    ("packed_accumulate_3", _sampler(packing=True, accumulate_grad_batches=3), 3, 3),
+    ("packed_drop_last", _sampler(packing=True, drop_last=True), 3, 3),
+    ("packed_too_long_skip", _sampler(LONG, packing=True, too_long="skip"), 2, 2),
+    ("packed_too_long_truncate", _sampler(LONG, packing=True, too_long="truncate"), 2, 2),
+    ("packed_max_batch_size", _sampler(packing=True, max_batch_size=3), 2, 2),
+    ("packed_pad_to_multiple_of_8", _sampler(packing=True, pad_to_multiple_of=8), 2, 2),
+    ("packed_largest_first", _sampler(packing=True, largest_first=True, accumulate_grad_batches=2), 2, 2),
+    ("packed_world_2_to_3", _sampler(packing=True), 2, 3),
+    ("packed_world_3_to_2", _sampler(packing=True), 3, 2),
+    ("packed_world_2_to_3_accumulate_2_no_shuffle", _sampler(packing=True, accumulate_grad_batches=2, shuffle=False),
+     2, 3),
+    ("packed_world_3_to_2_max_batch_size", _sampler(packing=True, max_batch_size=3), 3, 2),
 ]
 EPOCH = 1  # a later epoch, so that the saved epoch is carried over
 
@@ -115,10 +130,15 @@ def test_resume_mid_epoch_continues_the_uninterrupted_run(make, old, new, cut):
                 (b.is_fill, b.step_real_tokens, b.step_rows) for b in full[r]]
     else:
         assert len(after[0]) == k + len(rests[0])
-        padded = np.asarray(after[0].lengths)
+        lengths = np.asarray(after[0].lengths)
         for rest in rests:
             for b in rest:
-                assert len(b) * int(padded[list(b)].max()) <= MAX_TOKENS
+                if after[0].packing:  # one row of whole documents, padded at its tail to the multiple
+                    assert -(-int(lengths[list(b)].sum()) // after[0].pad_to_multiple_of) * after[0].pad_to_multiple_of \
+                        <= MAX_TOKENS
+                else:
+                    padded = -(-lengths[list(b)] // after[0].pad_to_multiple_of) * after[0].pad_to_multiple_of
+                    assert len(b) * int(padded.max()) <= MAX_TOKENS
         trained = collections.Counter(_real(h for head in heads for h in head) + _real(b for rest in rests for b in rest))
         expected = collections.Counter(_real(b for f in full for b in f))
         assert set(expected.values()) == {1}
