@@ -20,6 +20,10 @@ _EXPORTS = {
     "CostModel": "lit_balance.cost",
     "BalancedTextDataModule": "lit_balance.datamodule",
     "TokenDataset": "lit_balance.dataset",
+    "MicroBatchDataset": "lit_balance.loader",
+    "PadFieldsCollator": "lit_balance.loader",
+    "balanced_dataloader": "lit_balance.loader",
+    "item_lengths": "lit_balance.loader",
     "StepTokenLoss": "lit_balance.loss",
     "token_loss_sum": "lit_balance.loss",
     "PaddingRatio": "lit_balance.metrics",
@@ -43,6 +47,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs
     from lit_balance.cost import CostModel  # noqa: F401
     from lit_balance.datamodule import BalancedTextDataModule  # noqa: F401
     from lit_balance.dataset import TokenDataset  # noqa: F401
+    from lit_balance.loader import MicroBatchDataset, PadFieldsCollator, balanced_dataloader, item_lengths  # noqa: F401
     from lit_balance.loss import StepTokenLoss, token_loss_sum  # noqa: F401
     from lit_balance.metrics import PaddingRatio, TokenMeanLoss  # noqa: F401
     from lit_balance.planning import EpochPlan, MicroBatch, plan_epoch  # noqa: F401

@@ -4,13 +4,18 @@ Run:
     lit-balance fit --config conf/cli/fit_cpu.yaml          # 2 CPU DDP ranks, BalancedTextDataModule + DemoTransformerLM
     lit-balance fit --print_config                          # every option with its default
     lit-balance plan --lengths lit_balance/data/lengths/lengths_fortunes.npy --num-replicas 8 --max-tokens 2048
+    lit-balance plan --config conf/cli/fit_cpu.yaml          # the plan that fit config trains on
+    lit-balance fit --config conf/cli/fit_cpu.yaml --model.class_path=my_package.MyModule   # any LightningModule
     python -m lit_balance.cli plan --help                   # the same without the console script
 
-``fit``, ``validate``, ``test`` and ``predict`` are :class:`lightning.pytorch.cli.LightningCLI`'s: the model is
-:class:`~lit_balance.demo.DemoTransformerLM` (``--model.*``), the data :class:`~lit_balance.BalancedTextDataModule`
-(``--data.*``), ``model.vocab_size`` is taken from the built data module, and callbacks are set with
+``fit``, ``validate``, ``test`` and ``predict`` are :class:`lightning.pytorch.cli.LightningCLI`'s: the model is any
+LightningModule (``--model.class_path=my.Module``, its arguments ``--model.*``; default
+:class:`~lit_balance.demo.DemoTransformerLM`), the data :class:`~lit_balance.BalancedTextDataModule` (``--data.*``); a
+model whose ``__init__`` takes ``vocab_size`` gets the built data module's, and callbacks are set with
 ``--trainer.callbacks`` (class paths and init args) in the config. ``plan`` plans one epoch without
-training and reports it (see :mod:`lit_balance.report`).
+training and reports it (see :mod:`lit_balance.report`); ``plan --config`` also reads a ``fit`` config and plans
+with its data settings, its ranks (``trainer.devices`` x ``trainer.num_nodes``) and its
+``trainer.accumulate_grad_batches``.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 import numpy as np
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
 
 from lit_balance._validate import MAX_TOKENS_LIMIT, check_int
 from lit_balance.cost import CostModel
@@ -38,7 +43,7 @@ from lit_balance.datamodule import BalancedTextDataModule
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.settings import BatchingSettings
 
-__all__ = ["LitBalanceCLI", "build_cli", "main", "plan_parser", "run_plan"]
+__all__ = ["LitBalanceCLI", "build_cli", "main", "plan_options_from_fit", "plan_parser", "run_plan"]
 
 
 _DEFAULT_MAX_TOKENS = 4096  # as BalancedTextDataModule's
@@ -48,13 +53,22 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def plan_parser() -> ArgumentParser:
-    """The ``plan`` subcommand's parser (jsonargparse; ``--config`` reads the same options from YAML)."""
+def plan_parser(fit_parser: ArgumentParser | None = None) -> ArgumentParser:
+    """The ``plan`` subcommand's parser (jsonargparse).
+
+    Args:
+        fit_parser: the ``fit`` subcommand's parser; with it, ``--config`` also reads a ``lit-balance fit`` config
+            (see :func:`plan_options_from_fit`). Without it, ``--config`` reads these options from YAML only.
+    """
     parser = ArgumentParser(allow_abbrev=False, description="Plan one epoch without training: per-rank micro-batches, tokens, padding "
                                         "and cost, rank imbalance and useful compute fraction, against "
                                         "DistributedSampler with a fixed batch size; writes a table, a JSON summary "
                                         "and PNG plots.")
-    parser.add_argument("--config", action=ActionConfigFile, help="YAML file holding any of these options")
+    action = type("PlanConfigFile", (_PlanConfigFile,), {"fit_parser": fit_parser})
+    parser.add_argument("--config", action=action,
+                        help="YAML file holding any of these options, or a lit-balance fit config (its data settings, "
+                             "ranks = trainer.devices x trainer.num_nodes, and trainer.accumulate_grad_batches; "
+                             "flags after it override them)")
     group = parser.add_argument_group("input: a lengths file, or a corpus and tokenizer as for BalancedTextDataModule")
     group.add_argument("--lengths", type=Path | None, default=None,
                        help="a .npy array or a text file (one integer per line) of tokens per sample; "
@@ -69,6 +83,9 @@ def plan_parser() -> ArgumentParser:
     group.add_argument("--val-fraction", type=float, default=0.05,
                        help="share of corpus documents held out for validation (the plan covers the training split)")
     group.add_argument("--cache-dir", type=str | None, default=None, help="tokenization cache directory")
+    group.add_argument("--data-kwargs", type=dict, default={},
+                       help="further BalancedTextDataModule arguments (e.g. add_special_tokens); a fit config's "
+                            "data settings that have no flag here land here")
     group = parser.add_argument_group("sampler, as BalancedBatchSampler (see lit_balance.BatchingSettings)")
     group.add_argument("--num-replicas", type=int, default=2, help="ranks (world size)")
     group.add_argument("--epoch", type=int, default=0, help="the epoch to plan (as set_epoch)")
@@ -86,6 +103,96 @@ def plan_parser() -> ArgumentParser:
     parser.add_argument("--plots", type=bool, default=True, help="write the PNG plots")
     return parser
 
+
+class _PlanConfigFile(ActionConfigFile):
+    """``plan --config``: a ``lit-balance fit`` config (when the ``fit`` parser accepts it) or a YAML of plan options."""
+
+    fit_parser: ArgumentParser | None = None
+
+    def __call__(self, parser: ArgumentParser, cfg: Namespace, values: Any, option_string: str | None = None) -> None:
+        if self.fit_parser is not None:
+            fit_cfg, fit_error = _try_parse(self.fit_parser, values)
+            if fit_cfg is not None:
+                for key, value in plan_options_from_fit(fit_cfg, source=str(values)).items():
+                    cfg[key] = value
+                return
+            _, plan_error = _try_parse(parser, values, defaults=False)
+            if plan_error is not None:
+                raise TypeError(f"--config {values}: neither plan options ({plan_error}) nor a lit-balance fit "
+                                f"config ({fit_error})") from plan_error
+        super().__call__(parser, cfg, values, option_string)
+
+
+def _try_parse(parser: ArgumentParser, path: Any, **kwargs: Any) -> tuple[Namespace | None, Exception | None]:
+    """``parser.parse_path(path)`` with its checks, returning the error instead of exiting."""
+    exit_on_error = parser.exit_on_error
+    parser.exit_on_error = False
+    try:
+        return parser.parse_path(path, env=False, **kwargs), None
+    except Exception as error:  # jsonargparse's ArgumentError, or a loader's error
+        return None, error
+    finally:
+        parser.exit_on_error = exit_on_error
+
+
+def _num_replicas(trainer: Namespace, source: str) -> int:
+    """World size of a fit config's Trainer: ``devices`` (a count or a list of device ids) x ``num_nodes``."""
+    devices = trainer.get("devices", "auto")
+    if isinstance(devices, str) and devices.strip().isdigit():
+        devices = int(devices)
+    if isinstance(devices, (list, tuple)):
+        devices = len(devices)
+    elif isinstance(devices, str) and "," in devices:
+        devices = len([d for d in devices.split(",") if d.strip()])
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise TypeError(f"--config {source}: trainer.devices is {devices!r}, which names no count of ranks; set "
+                        "trainer.devices to a number in that config, or give plan a config of its own with "
+                        "num_replicas")
+    return devices * int(trainer.get("num_nodes", 1) or 1)
+
+
+def plan_options_from_fit(fit_cfg: Namespace, source: str = "the fit config") -> dict[str, Any]:
+    """The ``plan`` options that plan what a ``lit-balance fit`` config trains on.
+
+    ``data.*`` arguments named like a plan option set it (``max_tokens``, ``corpus``, ``seed``, ...), a
+    ``data.cost_model`` sets ``linear``, ``quadratic`` and ``per_batch``, and every other data argument goes to
+    ``data_kwargs`` (the data module is built with all of them, so the lengths are the ones ``fit`` plans).
+    ``num_replicas`` is ``trainer.devices x trainer.num_nodes`` and ``accumulate_grad_batches`` the Trainer's.
+
+    Args:
+        fit_cfg: the fit config as jsonargparse parsed it (the ``fit`` subcommand's namespace).
+        source: the config's name, for messages.
+
+    Raises:
+        TypeError: ``trainer.devices`` that is not a count or a list of devices (e.g. ``"auto"``).
+    """
+    data, trainer = fit_cfg.data, fit_cfg.trainer
+    options: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in vars(data).items():
+        if key == "settings":
+            if isinstance(value, Namespace) and "init_args" in value:  # jsonargparse's class_path / init_args
+                value = value.init_args
+            if value is not None:
+                fields = value if isinstance(value, Namespace) else dataclasses.asdict(value)
+                options.update({name: fields[name] for name in BatchingSettings.names() if name in fields})
+        elif key == "cost_model":
+            model = CostModel() if value is None else value
+            if isinstance(model, Namespace) and "init_args" in model:  # jsonargparse's class_path / init_args
+                model = CostModel(**model.init_args.as_dict())
+            options.update({name: getattr(model, name) for name in ("linear", "quadratic", "per_batch")})
+        elif key in _PLAN_FLAGS or key in ("corpus", "tokenizer"):
+            options[key] = value
+        else:
+            extra[key] = value.as_dict() if isinstance(value, Namespace) else value
+    options["data_kwargs"] = {k: v for k, v in extra.items() if k not in _IGNORED_DATA_KWARGS}
+    options["num_replicas"] = _num_replicas(trainer, source)
+    options["accumulate_grad_batches"] = int(trainer.get("accumulate_grad_batches", 1) or 1)
+    return options
+
+
+# data module arguments that do not change the plan (loading only)
+_IGNORED_DATA_KWARGS = ("num_workers", "pin_memory")
 
 # plan options whose Python names (as in BalancedBatchSampler / BalancedTextDataModule messages) become flags
 _PLAN_FLAGS = (*BatchingSettings.names(), "max_length", "num_replicas", "val_fraction", "text_key", "cache_dir",
@@ -302,7 +409,8 @@ def _check_output_dir(output_dir: Path) -> None:
 
 def _corpus_lengths(cfg: Namespace, settings: BatchingSettings) -> tuple[np.ndarray, str]:
     dm = BalancedTextDataModule(cfg.corpus, cfg.tokenizer, settings=settings, max_length=cfg.max_length,
-                                val_fraction=cfg.val_fraction, text_key=cfg.text_key, cache_dir=cfg.cache_dir)
+                                val_fraction=cfg.val_fraction, text_key=cfg.text_key, cache_dir=cfg.cache_dir,
+                                **(cfg.data_kwargs or {}))
     dm.prepare_data()  # tokenizes into the cache, with a progress bar, unless cached
     dm.setup("fit")
     return np.asarray(dm.train_dataset.lengths, dtype=np.int64), (
@@ -362,13 +470,37 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
     return report.summary()
 
 
-class LitBalanceCLI(LightningCLI):
-    """LightningCLI for :class:`DemoTransformerLM` on :class:`BalancedTextDataModule`, plus the ``plan`` subcommand.
+class _ModelInstantiator(_InstantiatorFn):
+    """Lightning's model instantiator, minus linked values the model's ``__init__`` does not take.
 
-    ``model.vocab_size`` is linked to the instantiated data module's ``vocab_size``
-    (``link_arguments(..., apply_on="instantiate")``), so configs never repeat it. Flags cannot be
-    abbreviated. A setting rejected by lit_balance (building the data module or model, the data module's
-    ``setup``, or ``plan``) exits with status 2 and one stderr line naming the flag
+    jsonargparse skips an instantiation link whose target the chosen class lacks (``vocab_size`` for a model
+    without it), but still reports it as applied, and Lightning would record it in ``model.hparams``, which
+    ``load_from_checkpoint`` then passes back to ``__init__``.
+    """
+
+    def __call__(self, class_type: type, *args: Any, applied_instantiation_links: dict, **kwargs: Any) -> Any:
+        prefix = f"{self.key}.init_args."
+        links = {key: value for key, value in applied_instantiation_links.items()
+                 if not key.startswith(prefix) or _takes(class_type, key[len(prefix):])}
+        return super().__call__(class_type, *args, applied_instantiation_links=links, **kwargs)
+
+
+def _takes(cls: type, name: str) -> bool:
+    """Whether ``cls(...)`` has a parameter ``name`` (by name, not through ``**kwargs``)."""
+    parameter = inspect.signature(cls.__init__).parameters.get(name)
+    return parameter is not None and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+
+
+class LitBalanceCLI(LightningCLI):
+    """LightningCLI for any LightningModule on :class:`BalancedTextDataModule`, plus the ``plan`` subcommand.
+
+    Built by :func:`build_cli` with ``subclass_mode_model=True``: ``--model.class_path=my.Module`` (or
+    ``model: {class_path: ..., init_args: ...}`` in a config) picks any LightningModule, and the model defaults to
+    :class:`~lit_balance.demo.DemoTransformerLM`, whose arguments a config may give without a ``class_path``. When
+    the model's ``__init__`` takes ``vocab_size``, it is linked to the instantiated data module's ``vocab_size``
+    (``link_arguments(..., apply_on="instantiate")``), so configs never repeat it; other models get no
+    ``vocab_size``. Flags cannot be abbreviated. A setting rejected by lit_balance (building the data module or
+    model, the data module's ``setup``, or ``plan``) exits with status 2 and one stderr line naming the flag
     (``lit-balance fit: error: --data.max_tokens must be ...``); other errors keep their traceback, and
     ``JSONARGPARSE_DEBUG=true`` raises rejected settings too.
     """
@@ -379,12 +511,22 @@ class LitBalanceCLI(LightningCLI):
         return super().init_parser(**kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+        if self.subclass_mode_model:
+            parser.set_defaults({"model": {"class_path": f"{DemoTransformerLM.__module__}.{DemoTransformerLM.__name__}"}})
+            parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
+        else:
+            parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+
+    def _add_instantiators(self) -> None:
+        super()._add_instantiators()
+        if self.subclass_mode_model:  # replaces Lightning's (jsonargparse keeps the last one added for a type)
+            self.parser.add_instantiator(_ModelInstantiator(cli=self, key="model"), LightningModule, subclasses=True)
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
         super()._add_subcommands(parser, **kwargs)
+        fit_parser = parser._subcommands_action._name_parser_map.get("fit")
         parser._subcommands_action.add_subcommand(
-            "plan", plan_parser(), help="Plan one epoch without training and report padding, balance and cost")
+            "plan", plan_parser(fit_parser), help="Plan one epoch without training and report padding, balance and cost")
 
     def _set_seed(self) -> None:
         if self.subcommand != "plan":
@@ -442,8 +584,9 @@ def build_cli(args: list[str] | None = None) -> LitBalanceCLI:
         args: command-line arguments without the program name (default: ``sys.argv[1:]``).
     """
     return LitBalanceCLI(
-        DemoTransformerLM,
+        LightningModule,
         BalancedTextDataModule,
+        subclass_mode_model=True,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"prog": "lit-balance"},

@@ -76,7 +76,9 @@ def test_print_config_with_no_other_argument(tmp_path):
     proc = _run(["fit", "--print_config"], tmp_path, timeout=180)
     cfg = yaml.safe_load(proc.stdout)
     assert cfg["data"]["max_tokens"] == 4096 and cfg["data"]["corpus"] is None
-    assert cfg["model"]["d_model"] == 128 and "vocab_size" not in cfg["model"]  # linked from the data module
+    assert cfg["model"]["class_path"] == "lit_balance.demo.DemoTransformerLM"  # the default of any LightningModule
+    model = cfg["model"]["init_args"]
+    assert model["d_model"] == 128 and "vocab_size" not in model  # linked from the data module
     assert "devices" in cfg["trainer"] and cfg["seed_everything"] == 0
 
 
