@@ -23,7 +23,7 @@ from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks.straggler import backward_is_local
 from lit_balance.loss import token_loss_sum
 
-__all__ = ["REAL", "CompareLM", "Meter", "loss_curve", "loss_step_noise", "run_stats"]
+__all__ = ["REAL", "CompareLM", "Meter", "loss_curve", "loss_step_noise", "real_tokens", "run_stats"]
 
 
 def _spin(seconds: float) -> None:
@@ -107,7 +107,7 @@ class CompareLM(DemoTransformerLM):
                                                                                           device=self.device)]
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        loss_sum, n = token_loss_sum(self(batch["input_ids"], batch["attention_mask"]), batch["labels"])
+        loss_sum, n = token_loss_sum(self(**self._inputs(batch)), batch["labels"])
         self._val[0] += loss_sum.detach().double()
         self._val[1] += n
 
@@ -117,6 +117,16 @@ class CompareLM(DemoTransformerLM):
             total = self.trainer.strategy.reduce(total, reduce_op="sum")
         loss = float(total[0] / total[1]) if float(total[1]) > 0 else float("nan")
         self.val_losses.append((int(self.current_epoch), self.micro_batches, loss))
+
+
+def real_tokens(batch: dict[str, Any]) -> int:
+    """Real tokens of a micro-batch's documents, fill documents excluded: padded (``attention_mask``) or packed
+    (segments of ``cu_seq_lens_q``, the row's tail padding taken off the last one)."""
+    if "cu_seq_lens_q" in batch:
+        lengths = (batch["cu_seq_lens_q"][1:] - batch["cu_seq_lens_q"][:-1]).long()
+        lengths[-1] -= int(batch["num_padded_tokens"]) - int(batch["num_real_tokens"])
+        return int(lengths[~batch["is_fill"]].sum())
+    return int(batch["attention_mask"][~batch["is_fill"]].sum())
 
 
 # Columns of one micro-batch record in Meter.records.
@@ -129,7 +139,7 @@ class Meter(L.Callback):
     Compute is ``on_train_batch_start`` -> ``on_before_backward`` (forward + loss; CUDA synchronized), the interval
     of :class:`lit_balance.callbacks.StragglerMonitor`, which holds no collective. Each epoch's training interval is
     this rank's first ``on_train_batch_start`` to its last ``on_train_batch_end`` (validation runs after it).
-    Real tokens exclude fill rows. At ``on_train_end`` every rank takes part in one ``all_gather``; afterwards
+    Real tokens exclude fill rows (:func:`real_tokens`; padded or packed batches). At ``on_train_end`` every rank takes part in one ``all_gather``; afterwards
     :attr:`gathered` (``[world_size, n, 5]``), :attr:`epoch_intervals` (``[world_size, epochs, 2]``) and
     :attr:`peak_memory_mb` (``[world_size]``) are set on every rank.
     """
@@ -169,7 +179,7 @@ class Meter(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         end = self._now(pl_module)
-        real = int(batch["attention_mask"][~batch["is_fill"]].sum())
+        real = real_tokens(batch)
         compute = self._compute if self._compute is not None else end - self._start
         self.records.append([trainer.current_epoch, self._step, compute, real, int(batch["num_padded_tokens"])])
         self.intervals[trainer.current_epoch][1] = end

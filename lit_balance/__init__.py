@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _EXPORTS = {
     "IGNORE_INDEX": "lit_balance.collate",
+    "PackedCollator": "lit_balance.collate",
     "PadCollator": "lit_balance.collate",
     "CostModel": "lit_balance.cost",
     "BalancedTextDataModule": "lit_balance.datamodule",
@@ -44,7 +45,7 @@ _EXPORTS = {
 __all__ = sorted([*_EXPORTS, "__version__"])
 
 if TYPE_CHECKING:  # static names for type checkers and IDEs
-    from lit_balance.collate import IGNORE_INDEX, PadCollator  # noqa: F401
+    from lit_balance.collate import IGNORE_INDEX, PackedCollator, PadCollator  # noqa: F401
     from lit_balance.cost import CostModel  # noqa: F401
     from lit_balance.datamodule import BalancedTextDataModule  # noqa: F401
     from lit_balance.dataset import TokenDataset  # noqa: F401

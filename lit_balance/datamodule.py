@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from lit_balance._fingerprint import sha256_of, sha256_of_int64
 from lit_balance._validate import check_bool, check_cost_model, check_int
 from lit_balance.cache import TokenizedCorpus, default_cache_dir, load_or_build
-from lit_balance.collate import PadCollator
+from lit_balance.collate import PackedCollator, PadCollator
 from lit_balance.corpus import resolve_corpus
 from lit_balance.cost import CostModel
 from lit_balance.dataset import TokenDataset
@@ -75,7 +75,10 @@ class BalancedTextDataModule(L.LightningDataModule):
     leaves it in place under either value of ``Trainer(use_distributed_sampler=...)``.
 
     Batches are those of :class:`PadCollator`: ``input_ids``, ``attention_mask``, ``labels`` ``[B, T]``,
-    ``indices``, ``is_fill`` ``[B]``, ``num_real_tokens``, ``num_padded_tokens`` (per rank).
+    ``indices``, ``is_fill`` ``[B]``, ``num_real_tokens``, ``num_padded_tokens`` (per rank). With ``packing=True``
+    they are those of :class:`PackedCollator`: one row ``[1, N]`` of whole documents (``input_ids``,
+    ``position_ids``, ``labels``) with ``cu_seq_lens_q/k``, ``max_length_q/k``, ``indices``, ``is_fill`` ``[D]`` and
+    the same token counts; validation batches are packed too.
 
     Args:
         corpus: None or ``"stdlib_docstrings"`` for the built-in corpus; a list of strings (documents);
@@ -98,11 +101,11 @@ class BalancedTextDataModule(L.LightningDataModule):
         seed: seed of the train/validation split and of the samplers (the same on every rank).
         num_workers: DataLoader worker processes per rank.
         shuffle: reshuffle training micro-batches every epoch.
-        drop_last, too_long, pad_to_multiple_of, max_batch_size, shuffle_window, largest_first: batching
+        drop_last, too_long, pad_to_multiple_of, max_batch_size, shuffle_window, largest_first, packing: batching
             settings, see :class:`~lit_balance.BatchingSettings` (``too_long`` only matters when ``max_length``
-            exceeds ``max_tokens``).
+            exceeds ``max_tokens``; ``packing=True``: padding-free micro-batches, one row of whole documents each).
         settings: all batching settings as one :class:`~lit_balance.BatchingSettings` instead of the keywords
-            above (``max_tokens`` ... ``largest_first``), which must then be left at their defaults or agree with
+            above (``max_tokens`` ... ``packing``), which must then be left at their defaults or agree with
             it. Its ``accumulate_grad_batches`` is used only without a Trainer; with one, the Trainer's is.
         cost_model: see :class:`BalancedBatchSampler` (training split); default: padded tokens.
         text_key: field holding the text in ``.jsonl`` files, or column holding it in a Hugging Face dataset.
@@ -169,6 +172,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         shuffle_window: float = 0.25,
         cost_model: CostModel | None = None,
         largest_first: bool = False,
+        packing: bool = False,
         settings: BatchingSettings | None = None,
         text_key: str = "text",
         txt_documents: Literal["line", "paragraph"] = "line",
@@ -185,7 +189,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             raise ValueError(f"val_fraction must be a number in [0, 1) or None, got {val_fraction!r}")
         keywords = {"max_tokens": max_tokens, "shuffle": shuffle, "seed": seed, "drop_last": drop_last,
                     "too_long": too_long, "pad_to_multiple_of": pad_to_multiple_of, "max_batch_size": max_batch_size,
-                    "shuffle_window": shuffle_window, "largest_first": largest_first}
+                    "shuffle_window": shuffle_window, "largest_first": largest_first, "packing": packing}
         if settings is not None:  # keywords left at their defaults say nothing
             defaults = {**BatchingSettings(max_tokens=_DEFAULT_MAX_TOKENS).to_dict(), "max_tokens": _DEFAULT_MAX_TOKENS}
             keywords = {k: v for k, v in keywords.items() if not (type(v) is type(defaults[k]) and v == defaults[k])}
@@ -352,7 +356,8 @@ class BalancedTextDataModule(L.LightningDataModule):
                                             labels=labels)
             self.val_sampler = self._sampler("validation", self.val_dataset, val_settings, **world)
         truncate = self.train_sampler.truncate_to if self.too_long == "truncate" else None
-        self.collator = PadCollator(self.pad_token_id, self.pad_to_multiple_of, max_length=truncate)
+        collator = PackedCollator if self.packing else PadCollator
+        self.collator = collator(self.pad_token_id, self.pad_to_multiple_of, max_length=truncate)
 
     def _fingerprint(self) -> list[tuple[str, int, bool]]:
         """What this rank planned, as ``(field, int64 value, shown)``: a count, or a hash's first 8 bytes."""

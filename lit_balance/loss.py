@@ -21,6 +21,11 @@ one process computed the mean over those tokens at once. Two ways to know ``N``:
   of torchtune's distributed fine-tuning recipes (``scale_grads`` by ``world_size / num_tokens``).
 
 A step with ``N == 0`` has zero loss and zero gradient, never NaN.
+
+Packed micro-batches (:class:`lit_balance.PackedCollator`, one row of whole documents) need nothing else: their
+labels are -100 at each document's first token, so the shifted loss of :func:`token_loss_sum` never lets one
+document predict the next one's first token, a document of ``l`` tokens supervises ``l - 1`` as a padded row
+does, and the plan's ``step_supervised_tokens`` counts the same tokens.
 """
 
 from __future__ import annotations
@@ -41,8 +46,9 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, *, shift: bool = 
     """Sum of next-token cross-entropy over supervised tokens, and their count (per rank, one micro-batch).
 
     Args:
-        logits: float ``[B, T, vocab]``.
-        labels: int ``[B, T]``; ``-100`` marks tokens without a target (padding, fill rows).
+        logits: float ``[B, T, vocab]`` (``[1, N, vocab]`` for a packed row).
+        labels: int ``[B, T]``; ``-100`` marks tokens without a target (padding, fill rows; in a packed row also
+            each document's first token).
         shift: causal LM: position ``t`` predicts label ``t + 1`` (as in :class:`lit_balance.demo.DemoTransformerLM`).
 
     Returns:

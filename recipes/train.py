@@ -3,6 +3,7 @@
 Run:
     python recipes/train.py                                  # conf/config.yaml: 2 CPU ranks, 40 steps
     python recipes/train.py trainer.devices=4 data.max_tokens=8192
+    python recipes/train.py data.packing=true                # padding-free: whole documents packed into one row
     python recipes/train.py trainer=gpu_ddp experiment=budget_4k
     python recipes/train.py --config-dir my_conf --config-name config trainer.max_steps=100
     python recipes/train.py --cfg job                        # print the composed config and exit
@@ -47,9 +48,10 @@ def main(cfg: DictConfig) -> None:
     callbacks = list((instantiate(cfg.callbacks) or {}).values()) if cfg.get("callbacks") else []
     trainer = instantiate(cfg.trainer, callbacks=callbacks)
     if trainer.is_global_zero:
+        unit = "tokens per packed row" if dm.packing else "padded slots"
         print(
-            f"world size {trainer.world_size} | per-rank budget {dm.max_tokens} padded slots per micro-batch | "
-            f"global budget {dm.max_tokens * trainer.world_size * trainer.accumulate_grad_batches} padded slots "
+            f"world size {trainer.world_size} | per-rank budget {dm.max_tokens} {unit} per micro-batch | "
+            f"global budget {dm.max_tokens * trainer.world_size * trainer.accumulate_grad_batches} {unit} "
             "per optimizer step | "
             f"max_length {dm.max_length} tokens | corpus: {dm.source.description}",
             flush=True,

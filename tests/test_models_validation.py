@@ -42,7 +42,8 @@ def test_valid_arguments_keep_their_values():
     model = DemoTransformerLM(vocab_size=np.int64(16), d_model=8, num_heads=np.int32(2), num_layers=1, dim_feedforward=16,
                           dropout=0, lr=np.float32(0.5), weight_decay=0)
     assert dict(model.hparams) == {"vocab_size": 16, "d_model": 8, "num_heads": 2, "num_layers": 1,
-                                   "dim_feedforward": 16, "dropout": 0.0, "lr": 0.5, "weight_decay": 0.0}
+                                   "dim_feedforward": 16, "dropout": 0.0, "lr": 0.5, "weight_decay": 0.0,
+                                   "packed_attention": "auto"}
     assert type(model.hparams.vocab_size) is int and type(model.hparams.lr) is float
     assert model.configure_optimizers().defaults["lr"] == 0.5
 

@@ -74,3 +74,21 @@ def test_a_mistyped_key_fails_with_hydras_hint(tmp_path):
     proc = subprocess.run([sys.executable, str(RECIPE), "trainer.devicez=4"], check=False, capture_output=True,
                           text=True, timeout=120, env=_env(tmp_path), cwd=tmp_path)
     assert proc.returncode == 1 and "+trainer.devicez=4" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.ddp
+def test_train_recipe_trains_packed_with_data_packing_true(tmp_path):
+    overrides = ["experiment=smoke", "data.packing=true", "callbacks=[run_summary]", "data.cache_dir=cache"]
+    proc = subprocess.run([sys.executable, str(RECIPE), *overrides], check=False, capture_output=True, text=True,
+                          timeout=300, env=_env(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    out = proc.stdout
+    assert out.startswith("world size 2 | per-rank budget 512 tokens per packed row per micro-batch | ")
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(
+        r"^\s*(0|1|total)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", out, flags=re.MULTILINE)}
+    assert set(rows) == {"0", "1", "total"}
+    for rank in ("0", "1", "total"):
+        micro, real, slots, ratio, _ = rows[rank]
+        assert 0 < int(real) == int(slots) and float(ratio) == 0.0  # packed rows: no padding at all
+        assert int(micro) == (6 if rank == "total" else 3) and int(slots) <= int(micro) * 512
+    assert re.search(r"last train/loss \d+\.\d+", out)

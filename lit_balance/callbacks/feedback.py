@@ -21,7 +21,9 @@ def fit_cost_and_speeds(window: np.ndarray, *, iterations: int = 5,
     """Fit a :class:`CostModel` in seconds and each rank's relative speed from timed micro-batches.
 
     Model: rank ``r`` runs a micro-batch of ``rows`` rows padded to ``L`` tokens in
-    ``cost(rows, L) / speed[r]`` seconds. Alternating least squares: with speeds fixed, fit the cost model to
+    ``cost(rows, L) / speed[r]`` seconds (a packed micro-batch enters as the shape of
+    :func:`lit_balance.callbacks.straggler.packed_rows_and_length`, so the fit is that of per-document costs,
+    ``per_batch + linear * sum(l) + quadratic * sum(l**2)``). Alternating least squares: with speeds fixed, fit the cost model to
     the speed-corrected seconds (:meth:`CostModel.fit`); with the cost model fixed, ``speed[r]`` is rank
     ``r``'s summed predicted over summed measured seconds (time-weighted, as the straggler gap is: what
     matters is the rank's total time per step, not its typical micro-batch). The alternation starts from each

@@ -23,7 +23,8 @@ class PaddingRatioMonitor(L.Callback):
     and ``num_padded_tokens`` of :class:`lit_balance.PadCollator` batches) in a
     :class:`lit_balance.metrics.PaddingRatio`. Every ``log_every_n_micro_batches`` micro-batches (the same batches on
     every rank) and at the end of each training epoch, the ranks take part in one ``all_gather`` of four
-    numbers each, and rank 0 logs:
+    numbers each, and rank 0 logs (packed micro-batches of :class:`lit_balance.PackedCollator` have no padding
+    unless ``pad_to_multiple_of`` pads the row's tail, so the ratio is then exactly 0):
 
     * ``balance/padding_ratio``: ``1 - sum(real) / sum(padded)`` over all ranks, this epoch so far.
     * ``balance/padding_ratio_rank{r}``: the same over rank ``r``'s micro-batches.

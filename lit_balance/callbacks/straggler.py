@@ -15,11 +15,33 @@ from lit_balance._validate import check_bool, check_callable, check_int, check_n
 from lit_balance.callbacks._common import batch_fields, emit, gather, train_sampler
 from lit_balance.cost import CostModel
 
-__all__ = ["StragglerMonitor", "backward_is_local", "step_imbalance"]
+__all__ = ["StragglerMonitor", "backward_is_local", "packed_rows_and_length", "step_imbalance"]
 
 #: Columns of one timed micro-batch, in the gathered tensor ``[world_size, n, len(FIELDS)]``.
 FIELDS = ("compute_s", "data_wait_s", "rows", "padded_length", "real_tokens", "cost", "backward_s")
 COMPUTE, DATA_WAIT, ROWS, LENGTH, REAL, COST, BACKWARD = range(len(FIELDS))
+
+
+def packed_rows_and_length(cu_seq_lens: Any) -> tuple[float, float]:
+    """The padded shape ``(rows, L)`` that costs what a packed row of documents costs, under any cost model.
+
+    A packed micro-batch of documents of ``l_1 ... l_D`` tokens (the segments of ``cu_seq_lens``, int
+    ``[D + 1]``) costs ``per_batch + linear * S1 + quadratic * S2`` with ``S1 = sum(l)`` and ``S2 = sum(l**2)``
+    (each document attends within itself). ``rows = S1**2 / S2`` rows of ``L = S2 / S1`` tokens give
+    ``rows * L = S1`` and ``rows * L**2 = S2``, so :meth:`lit_balance.CostModel.batch_cost` and
+    :meth:`lit_balance.CostModel.fit` of ``(rows, L)`` are exactly those of the packed row (``rows`` need not be an
+    integer). For one document, ``(1, l)``.
+
+    Example:
+        >>> packed_rows_and_length([0, 2, 6])  # documents of 2 and 4 tokens: S1 = 6, S2 = 20
+        (1.8, 3.3333333333333335)
+    """
+    cu = np.asarray(cu_seq_lens.tolist() if hasattr(cu_seq_lens, "tolist") else cu_seq_lens, dtype=np.float64)
+    lengths = np.diff(cu)
+    s1, s2 = float(lengths.sum()), float((lengths * lengths).sum())
+    if s1 <= 0:
+        return 0.0, 0.0
+    return s1 * s1 / s2, s2 / s1
 
 
 def backward_is_local(trainer: L.Trainer) -> bool:
@@ -98,6 +120,11 @@ class StragglerMonitor(L.Callback):
     * ``balance/slowest_rank``: the rank with the most compute seconds.
     * ``balance/compute_s_rank{r}``, ``balance/data_wait_s_rank{r}`` (seconds), ``balance/real_tokens_rank{r}``
       (tokens) and ``balance/cost_rank{r}`` (the sampler's cost model's unit) per rank.
+
+    For a packed micro-batch (a batch with ``cu_seq_lens_q``, :class:`lit_balance.PackedCollator`), the ``rows``
+    and ``padded_length`` columns hold :func:`packed_rows_and_length`: the padded shape with the same ``sum(l)``
+    and ``sum(l**2)`` over its documents, so the cost column and :class:`lit_balance.callbacks.CostModelFeedback`'s
+    fit are those of per-document costs, ``per_batch + linear * sum(l) + quadratic * sum(l**2)``.
 
     It warns when the same rank is the slowest, with a ratio above ``warn_ratio``, for more than
     ``warn_after`` windows in a row. The gathered windows of the current epoch stay in :attr:`epoch_windows`
@@ -227,7 +254,10 @@ class StragglerMonitor(L.Callback):
 
     def _shape(self, trainer: L.Trainer, batch: Any) -> list[float]:
         input_ids, real = batch_fields(batch, ("input_ids", "num_real_tokens"), "StragglerMonitor")
-        rows, length = float(input_ids.shape[0]), float(input_ids.shape[1])
+        if isinstance(batch, dict) and "cu_seq_lens_q" in batch:
+            rows, length = packed_rows_and_length(batch["cu_seq_lens_q"])
+        else:
+            rows, length = float(input_ids.shape[0]), float(input_ids.shape[1])
         linear, quadratic, per_batch = self._coef  # CostModel.batch_cost, in plain floats
         cost = per_batch + rows * (linear * length + quadratic * length * length)
         return [rows, length, float(real), cost]
