@@ -60,12 +60,7 @@ class PadCollator:
     """
 
     def __init__(self, pad_token_id: int, pad_to_multiple_of: int = 1, max_length: int | None = None) -> None:
-        for name, value, low in (("pad_token_id", pad_token_id, 0), ("pad_to_multiple_of", pad_to_multiple_of, 1)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
-                                       or max_length < 1):
-            raise ValueError(f"max_length must be an int >= 1 or None, got {max_length!r}")
+        _check_collator_args(pad_token_id, pad_to_multiple_of, max_length)
         self.pad_token_id = int(pad_token_id)
         self.pad_to_multiple_of = int(pad_to_multiple_of)
         self.max_length = None if max_length is None else int(max_length)

@@ -55,7 +55,7 @@ import heapq
 import numpy as np
 
 from lit_balance.cost import CostModel
-from lit_balance.planning import EpochPlan, _longest_first, _lpt
+from lit_balance.planning import EpochPlan, _longest_first, _lpt, _one_row_each
 from lit_balance.settings import BatchingSettings
 
 __all__ = ["packed_capacity", "plan_packed"]
@@ -550,16 +550,8 @@ def _one_each(candidates: np.ndarray, lengths: np.ndarray, k: int, num_replicas:
     order = candidates[np.argsort(-lengths[candidates], kind="stable")]
     dropped = np.empty(0, dtype=np.int64)
     fill = 0
-    if n < k and settings.drop_last:
-        keep = (n // num_replicas) * num_replicas
-        perm = rng.permutation(n) if rng is not None else np.arange(n)[::-1]
-        mask = np.ones(n, dtype=bool)
-        mask[perm[keep:]] = False
-        dropped = np.sort(order[~mask])
-        order = order[mask]
-    elif n < k:
-        fill = k - n  # at most num_replicas - 1
-        order = np.concatenate([order, order[::-1][np.arange(fill) % n]])
+    if n < k:
+        order, dropped, fill = _one_row_each(order, k, num_replicas, settings.drop_last, rng)
     m = order.shape[0]
     bin_of = np.arange(m, dtype=np.int64)
     cost = cost_model.packed_cost(lengths[order], np.arange(m + 1))

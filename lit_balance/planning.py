@@ -558,18 +558,7 @@ class _Layout:
         num_fill = 0
         dropped = np.empty(0, dtype=np.int64)
         if starts.shape[0] < target:  # every micro-batch is a single row: too few samples
-            if self.drop_last:
-                keep = (n // num_replicas) * num_replicas
-                # drop at random (shuffle) or, without shuffle, the highest-cost rows (order is longest first)
-                perm = rng.permutation(n) if rng is not None else np.arange(n)[::-1]
-                keep_mask = np.ones(n, dtype=bool)
-                keep_mask[perm[keep:]] = False
-                dropped = np.sort(order[~keep_mask])
-                rows = order[keep_mask]
-            else:
-                num_fill = target - starts.shape[0]  # at most num_replicas - 1
-                cheapest_first = order[::-1]
-                rows = np.concatenate([order, cheapest_first[np.arange(num_fill) % n]])
+            rows, dropped, num_fill = _one_row_each(order, target, num_replicas, self.drop_last, rng)
             offsets = np.arange(rows.shape[0] + 1, dtype=np.int64)
         is_fill = np.zeros(rows.shape[0], dtype=bool)
         if num_fill:
@@ -591,6 +580,26 @@ class _Layout:
             dropped=dropped,
             accumulate_grad_batches=int(accumulate),
         )
+
+
+def _one_row_each(order: np.ndarray, target: int, num_replicas: int, drop_last: bool,
+                  rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, int]:
+    """Rows when there are fewer samples than ``target`` micro-batches, one row each.
+
+    ``order`` holds the samples longest first. With ``drop_last`` a multiple of ``num_replicas`` is kept, the rest
+    dropped at random (``rng``) or, without shuffle, the costliest; otherwise the cheapest samples are repeated as
+    fill rows up to ``target`` (at most ``num_replicas - 1`` of them). Returns ``(rows, dropped, num_fill)``:
+    the rows in order (fill rows last), the dropped sample indices (sorted) and the number of fill rows.
+    """
+    n = order.shape[0]
+    if drop_last:
+        keep = (n // num_replicas) * num_replicas
+        perm = rng.permutation(n) if rng is not None else np.arange(n)[::-1]
+        keep_mask = np.ones(n, dtype=bool)
+        keep_mask[perm[keep:]] = False
+        return order[keep_mask], np.sort(order[~keep_mask]), 0
+    num_fill = target - n
+    return np.concatenate([order, order[::-1][np.arange(num_fill) % n]]), np.empty(0, dtype=np.int64), num_fill
 
 
 def _cut_greedy(run_cost: np.ndarray, per_batch: float, run_take: np.ndarray, run_ends: np.ndarray,

@@ -31,10 +31,11 @@ class BalancedBatchSampler(DistributedSampler):
     """Token-budgeted micro-batches of equal cost, the same count on every rank, resumable mid-epoch.
 
     Yields, for this ``rank``, one micro-batch (a :class:`MicroBatch`, i.e. ``list[int]`` of dataset
-    indices) per micro-step. Use it as ``DataLoader(dataset, batch_sampler=sampler)`` or, so that Lightning
-    neither replaces it nor forgets ``set_epoch`` under the default ``use_distributed_sampler=True``,
-    as ``DataLoader(dataset, sampler=sampler, batch_size=None)`` with a dataset whose ``__getitem__``
-    accepts a list of indices. It subclasses :class:`~torch.utils.data.distributed.DistributedSampler`
+    indices) per micro-step. Under Lightning, build the loader with :func:`~lit_balance.balanced_dataloader`
+    (any map-style dataset of dicts, through :class:`~lit_balance.MicroBatchDataset`): it is
+    ``DataLoader(dataset, sampler=sampler, batch_size=None)`` over a dataset indexed by a whole micro-batch, so
+    that Lightning neither replaces the sampler nor forgets ``set_epoch`` whatever ``use_distributed_sampler``;
+    outside Lightning ``DataLoader(dataset, batch_sampler=sampler)`` works too. It subclasses :class:`~torch.utils.data.distributed.DistributedSampler`
     because it already shards the data over ranks, which is how Lightning and Fabric recognise such a
     sampler; it calls none of the parent's code.
 

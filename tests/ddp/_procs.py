@@ -1,6 +1,12 @@
 """Waiting on a test's subprocess with a timeout: it finishes, or it is killed and the test fails; never a hang."""
 
+import json
+import os
 import subprocess
+import sys
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any
 
 
 def finish(proc: subprocess.Popen, timeout_s: float) -> str:
@@ -16,3 +22,32 @@ def finish(proc: subprocess.Popen, timeout_s: float) -> str:
         proc.communicate()
         raise
     return log
+
+
+def run_ranks(script: Path, runs: dict[Hashable, tuple[Path, list[str]]], timeout_s: float,
+              num_ranks: int = 2) -> dict[Hashable, list[dict[str, Any]]]:
+    """Start ``script`` once per run, all side by side, and return each run's per-rank JSON records.
+
+    Args:
+        script: a fit script that writes ``rank<r>.json`` into the output directory it is given first.
+        runs: ``{key: (output_dir, arguments after output_dir)}``.
+        timeout_s: each run's limit in seconds; past it the run is killed and the test fails.
+        num_ranks: ranks per run whose records are read.
+
+    Returns:
+        ``{key: [rank 0 record, rank 1 record, ...]}``.
+
+    Raises:
+        AssertionError: a run exited non-zero (with the tail of its output).
+        subprocess.TimeoutExpired: a run ran past ``timeout_s``.
+    """
+    env = {**os.environ, "PYTHONPATH": str(script.parents[2])}
+    procs = {key: (out, subprocess.Popen([sys.executable, str(script), str(out), *args], env=env,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+             for key, (out, args) in runs.items()}
+    records = {}
+    for key, (out, proc) in procs.items():
+        log = finish(proc, timeout_s)
+        assert proc.returncode == 0, log[-8000:]
+        records[key] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(num_ranks)]
+    return records

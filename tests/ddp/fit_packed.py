@@ -25,7 +25,8 @@ from lit_balance.demo import DemoTransformerLM
 class Model(DemoTransformerLM):
     def __init__(self, vocab_size):
         super().__init__(vocab_size=vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32, lr=3e-3)
-        self.seen = []  # per training micro-batch: [epoch, rows, N, documents, real tokens, padded slots, sum l, sum l^2]
+        # per training micro-batch: [epoch, rows, N, documents, real tokens, padded slots, sum l, sum l^2]
+        self.seen = []
         self.indices = {}  # epoch -> dataset indices of real (non-fill) documents seen on this rank
         self.step_losses = []
         self.modes = []

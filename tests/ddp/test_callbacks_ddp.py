@@ -1,9 +1,5 @@
 """Real 2-process CPU DDP runs (gloo) with the measuring and adapting callbacks and the token-weighted loss."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +9,7 @@ import torch
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.loss import token_loss_sum
 
-from _procs import finish  # tests/ddp/_procs.py
+from _procs import run_ranks  # tests/ddp/_procs.py
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
 
@@ -24,18 +20,9 @@ MODES = ("adaptive", "fixed")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Both modes, run side by side (each is 2 ranks); returns {mode: (out_dir, [rank0, rank1])}."""
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[2])}
-    procs = {}
-    for mode in MODES:
-        out = tmp_path_factory.mktemp(mode)
-        procs[mode] = (out, subprocess.Popen([sys.executable, str(SCRIPT), str(out), mode], env=env,
-                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    results = {}
-    for mode, (out, proc) in procs.items():
-        log = finish(proc, 240)
-        assert proc.returncode == 0, log[-6000:]
-        results[mode] = (out, [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)])
-    return results
+    outs = {mode: tmp_path_factory.mktemp(mode) for mode in MODES}
+    records = run_ranks(SCRIPT, {mode: (outs[mode], [mode]) for mode in MODES}, 240)
+    return {mode: (outs[mode], records[mode]) for mode in MODES}
 
 
 @pytest.mark.parametrize("mode", MODES)

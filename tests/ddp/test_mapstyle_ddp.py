@@ -6,14 +6,11 @@ ranks together cover every item once per epoch, every micro-batch stays within t
 step's loss is divided by the step's real rows over both ranks.
 """
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from _procs import finish  # tests/ddp/_procs.py
+from _procs import run_ranks  # tests/ddp/_procs.py
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
 
@@ -25,18 +22,9 @@ MAX_TOKENS = 96
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Every run, side by side (each is 2 ranks); returns {run: [rank 0 record, rank 1 record]}."""
-    procs = {}
-    for task, use_ds, workers in RUNS:
-        out = tmp_path_factory.mktemp(f"{task}_ds{int(use_ds)}")
-        procs[task, use_ds, workers] = (out, subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(out), task, str(int(use_ds)), str(workers)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    records = {}
-    for run, (out, proc) in procs.items():
-        log = finish(proc, 300)
-        assert proc.returncode == 0, log[-8000:]
-        records[run] = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-    return records
+    return run_ranks(SCRIPT, {(task, use_ds, workers): (tmp_path_factory.mktemp(f"{task}_ds{int(use_ds)}"),
+                                                       [task, str(int(use_ds)), str(workers)])
+                              for task, use_ds, workers in RUNS}, 300)
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[f"{t}-use_distributed_sampler={d}" for t, d, _ in RUNS])

@@ -1,15 +1,11 @@
 """Real 2-process CPU DDP fits (gloo) of BalancedTextDataModule(packing=True) with the monitors and the loss."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from _procs import finish  # tests/ddp/_procs.py
+from _procs import run_ranks  # tests/ddp/_procs.py
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]
 
@@ -20,19 +16,8 @@ MODES = ("fixed", "adaptive")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Both modes side by side (2 ranks each); {mode: [rank0 record, rank1 record]}."""
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[2])}
     cache = tmp_path_factory.mktemp("cache")
-    procs = {}
-    for mode in MODES:
-        out = tmp_path_factory.mktemp(mode)
-        procs[mode] = (out, subprocess.Popen([sys.executable, str(SCRIPT), str(out), str(cache / mode), mode], env=env,
-                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    results = {}
-    for mode, (out, proc) in procs.items():
-        log = finish(proc, 300)
-        assert proc.returncode == 0, log[-6000:]
-        results[mode] = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-    return results
+    return run_ranks(SCRIPT, {mode: (tmp_path_factory.mktemp(mode), [str(cache / mode), mode]) for mode in MODES}, 300)
 
 
 @pytest.mark.parametrize("mode", MODES)
