@@ -23,7 +23,7 @@ from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks.straggler import backward_is_local
 from lit_balance.loss import token_loss_sum
 
-__all__ = ["REAL", "CompareLM", "Meter", "loss_curve", "loss_step_noise", "real_tokens", "run_stats"]
+__all__ = ["REAL", "TRACE_FIELDS", "CompareLM", "Meter", "loss_curve", "loss_step_noise", "real_tokens", "run_stats"]
 
 
 def _spin(seconds: float) -> None:
@@ -128,6 +128,18 @@ def real_tokens(batch: dict[str, Any]) -> int:
         return int(lengths[~batch["is_fill"]].sum())
     return int(batch["attention_mask"][~batch["is_fill"]].sum())
 
+
+#: Columns of a run's micro-batch trace, float64 ``[world_size, micro-batches, len(TRACE_FIELDS)]``, one row per
+#: training micro-batch of each rank in the order it ran: ``epoch``; ``step`` (the optimizer step it belongs to, 0-based
+#: over the run); ``start_s`` and ``end_s`` (``time.perf_counter()`` at ``on_train_batch_start`` and
+#: ``on_train_batch_end``, seconds; comparable between ranks of one machine only); ``compute_s`` (forward + loss, s);
+#: ``real_tokens`` (fill documents excluded); ``padded_slots`` (token positions the model computes: rows x padded
+#: length, or the packed row's length with its tail padding); ``rows`` (sequences attended over: padded rows, or the
+#: documents of a packed row, fills included); ``attention_pairs`` (sum over those sequences of length squared:
+#: rows x padded length**2 padded, sum of document length**2 packed). The time model (``benchmarks/time_model.py``)
+#: is fitted on these columns.
+TRACE_FIELDS = ("epoch", "step", "start_s", "end_s", "compute_s", "real_tokens", "padded_slots", "rows",
+                "attention_pairs")
 
 # Columns of one micro-batch record in Meter.records.
 _EPOCH, _STEP, _COMPUTE, REAL, _PADDED = range(5)
