@@ -69,6 +69,7 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import least_squares, nnls
+from scipy.special import ndtr
 
 from benchmarks._training import TRACE_FIELDS
 
@@ -173,6 +174,9 @@ class TimeModel:
             world size.
         barrier: ``"micro_batch"`` (every micro-batch a barrier, Lightning >= 2.5) or ``"step"``.
         world_size: ranks of the runs it was fitted on (the base of the sync scaling).
+        noise_ratio: standard deviation of a micro-batch's time over its mean, independent between ranks and
+            micro-batches (0: none). Ranks that wait for the slowest wait for the largest of noisy times, whose
+            expectation exceeds the largest expectation (see the module docstring).
     """
 
     per_micro_batch_s: float
@@ -181,9 +185,10 @@ class TimeModel:
     per_step_sync_s: float
     barrier: str = "micro_batch"
     world_size: int = 2
+    noise_ratio: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("per_micro_batch_s", "per_token_s", "per_attention_pair_s", "per_step_sync_s"):
+        for name in ("per_micro_batch_s", "per_token_s", "per_attention_pair_s", "per_step_sync_s", "noise_ratio"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"TimeModel.{name} must be a finite number >= 0 (seconds), got {value!r}")
@@ -210,10 +215,10 @@ class TimeModel:
         return self.per_step_sync_s * (ring_factor(num_replicas) / base if base > 0 else 1.0)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain floats (seconds) plus ``barrier`` and ``world_size``, for JSON."""
+        """Plain floats (seconds; ``noise_ratio`` a ratio) plus ``barrier`` and ``world_size``, for JSON."""
         return {"per_micro_batch_s": self.per_micro_batch_s, "per_token_s": self.per_token_s,
                 "per_attention_pair_s": self.per_attention_pair_s, "per_step_sync_s": self.per_step_sync_s,
-                "barrier": self.barrier, "world_size": int(self.world_size)}
+                "barrier": self.barrier, "world_size": int(self.world_size), "noise_ratio": self.noise_ratio}
 
 
 def ring_factor(num_replicas: int) -> float:
@@ -344,14 +349,63 @@ def _objective(data: Sequence[_Steps], coef: np.ndarray, barrier: str, total_wei
     return float(np.sum((a @ coef - b) ** 2))
 
 
+def _expected_max(mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """float64 ``[k]``: expected largest of ``n`` independent normal times per row of ``mu``, ``sd`` ``[k, n]``.
+
+    Clark's moments of the maximum of two normals (C. E. Clark, "The greatest of a finite set of random variables",
+    Operations Research 9(2), 1961), applied rank by rank with the running maximum taken as normal (exact for two
+    ranks; Clark's approximation beyond). With ``sd`` 0 it is the plain maximum.
+    """
+    m1, v1 = mu[:, 0].astype(np.float64), sd[:, 0].astype(np.float64) ** 2
+    for j in range(1, mu.shape[1]):
+        m2, v2 = mu[:, j], sd[:, j] ** 2
+        theta = np.sqrt(v1 + v2)
+        noisy = theta > 0
+        alpha = np.divide(m1 - m2, theta, out=np.zeros_like(theta), where=noisy)
+        cdf, cdf_neg = ndtr(alpha), ndtr(-alpha)
+        pdf = np.exp(-0.5 * alpha * alpha) / math.sqrt(2 * math.pi)
+        mean = m1 * cdf + m2 * cdf_neg + theta * pdf
+        second = (m1 * m1 + v1) * cdf + (m2 * m2 + v2) * cdf_neg + (m1 + m2) * theta * pdf
+        m1, v1 = np.where(noisy, mean, np.maximum(m1, m2)), np.where(noisy, np.maximum(second - mean * mean, 0.0), 0.0)
+    return m1
+
+
+def _predict_steps(x: np.ndarray, step: np.ndarray, num_steps: int, coef: np.ndarray, noise_ratio: float,
+                   barrier: str) -> np.ndarray:
+    """float64 ``[S]``: predicted seconds of each step (expected, with each micro-batch's time normal of standard
+    deviation ``noise_ratio`` x its mean). ``x``: ``[world, n, 3]`` with the slowdown factors in."""
+    t = x @ coef[:3]  # [world, n]
+    if barrier == "micro_batch":
+        longest = _expected_max(t.T, noise_ratio * t.T)
+        return np.bincount(step, weights=longest, minlength=num_steps) + coef[3]
+    mean = np.zeros((num_steps, t.shape[0]))
+    square = np.zeros((num_steps, t.shape[0]))
+    np.add.at(mean, step, t.T)
+    np.add.at(square, step, (t * t).T)
+    return _expected_max(mean, noise_ratio * np.sqrt(square)) + coef[3]
+
+
+def _residuals(data: Sequence[_Steps], coef: np.ndarray, noise_ratio: float, barrier: str,
+               total_weight: float) -> np.ndarray:
+    """The fit's weighted relative residuals: every step of every run, then every run's total."""
+    out, totals = [], []
+    for s in data:
+        predicted = _predict_steps(s.x, s.step, s.num_steps, coef, noise_ratio, barrier)
+        out.append((predicted - s.measured) / (np.maximum(s.measured, 1e-12) * math.sqrt(s.num_steps)))
+        seconds = float(s.epoch_s.sum())
+        totals.append(total_weight * (float(predicted.sum()) - seconds) / seconds)
+    return np.concatenate([*out, np.asarray(totals)])
+
+
 def fit_time_model(runs: Sequence[RunTrace], *, barrier: str = "micro_batch", total_weight: float = 1.0,
-                   max_iterations: int = 50) -> TimeModel:
-    """Fit the four coefficients of the module's model jointly over every run (non-negative).
+                   fit_noise: bool = True, max_iterations: int = 50) -> TimeModel:
+    """Fit the coefficients of the module's model jointly over every run (non-negative).
 
     Args:
         runs: measured runs of any strategies, all with the same world size (their headline epochs are fitted).
         barrier: ``"micro_batch"`` (Lightning >= 2.5: ranks wait before every micro-batch) or ``"step"``.
         total_weight: weight of each run's total-time row against its steps' rows (relative errors).
+        fit_noise: also fit ``noise_ratio`` (the expected maximum over noisy ranks); False keeps it 0.
         max_iterations: rounds of re-choosing the slowest rank.
 
     Returns:
@@ -385,8 +439,9 @@ def fit_time_model(runs: Sequence[RunTrace], *, barrier: str = "micro_batch", to
     scale = np.mean(np.concatenate([_step_features(s.x, s.step, s.num_steps, np.array([0.0, 1.0, 0.0]), barrier)
                                     for s in data]), axis=0)
     scale = np.where(scale > 0, scale, 1.0)
+    # 1. no noise: non-negative least squares, alternating with the choice of the slowest rank
     coef = np.array([0.0, 1.0, 0.0, 0.0])  # first guess of the slowest rank: the most padded slots
-    best: tuple[float, np.ndarray] | None = None
+    best: tuple[float, np.ndarray, float] | None = None
     seen: set[bytes] = set()
     for _ in range(max_iterations):
         a, b = _design(data, coef, barrier, total_weight)
@@ -394,7 +449,7 @@ def fit_time_model(runs: Sequence[RunTrace], *, barrier: str = "micro_batch", to
         coef = solution / scale
         value = _objective(data, coef, barrier, total_weight)
         if best is None or value < best[0]:
-            best = (value, coef.copy())
+            best = (value, coef.copy(), 0.0)
         key = np.round(coef * scale, 12).tobytes()
         if key in seen:
             break
@@ -404,16 +459,20 @@ def fit_time_model(runs: Sequence[RunTrace], *, barrier: str = "micro_batch", to
         raise ValueError("fit_time_model: the measured step times are explained by no micro-batch coefficient "
                          "(all fitted 0); check the trace's start_s / end_s columns")
 
+    # 2. polish under the expected maximum (smooth once noise_ratio > 0), noise_ratio fitted too
     def residuals(z: np.ndarray) -> np.ndarray:
-        c = z / scale
-        a, b = _design(data, c, barrier, total_weight)
-        return a @ c - b
+        return _residuals(data, z[:4] / scale, z[4] if fit_noise else 0.0, barrier, total_weight)
 
-    polished = least_squares(residuals, best[1] * scale, bounds=(0.0, np.inf), method="trf", x_scale="jac")
-    coef = polished.x / scale
-    if _objective(data, coef, barrier, total_weight) >= best[0]:
-        coef = best[1]
-    return TimeModel(*(float(max(c, 0.0)) for c in coef), barrier=barrier, world_size=worlds[0])
+    for start_noise in ((0.0, 0.05) if fit_noise else (0.0,)):
+        z0 = np.append(best[1] * scale, start_noise)
+        upper = np.append(np.full(4, np.inf), 1.0 if fit_noise else np.inf)
+        polished = least_squares(residuals, z0, bounds=(0.0, upper), method="trf", x_scale="jac")
+        value = float(np.sum(residuals(polished.x) ** 2))
+        if value < best[0]:
+            best = (value, polished.x[:4] / scale, float(polished.x[4]) if fit_noise else 0.0)
+    coef, noise = best[1], best[2]
+    return TimeModel(*(float(max(c, 0.0)) for c in coef), barrier=barrier, world_size=worlds[0],
+                     noise_ratio=max(noise, 0.0))
 
 
 def predict_run(model: TimeModel, run: RunTrace) -> dict[str, float]:
@@ -438,8 +497,7 @@ def predict_run(model: TimeModel, run: RunTrace) -> dict[str, float]:
     if not isinstance(run, RunTrace):
         raise TypeError(f"predict_run needs a RunTrace, got {type(run).__name__}")
     s = _steps(run)
-    coef = model.coef
-    predicted_steps = _step_features(s.x, s.step, s.num_steps, coef[:3], model.barrier) @ coef
+    predicted_steps = _predict_steps(s.x, s.step, s.num_steps, model.coef, model.noise_ratio, model.barrier)
     predicted_s = float(predicted_steps.sum())
     measured_s = float(s.epoch_s.sum())
     predicted = s.real_tokens / predicted_s if predicted_s > 0 else float("inf")
@@ -635,12 +693,15 @@ def _time_plan(model: TimeModel, plan: _Plan, n: int, sync_s: float) -> dict[str
     batch_s = coef[0] + coef[1] * plan.slots + coef[2] * plan.pairs
     m = np.append(batch_s, 0.0)[plan.assignment]  # [M, n]; -1 (no micro-batch) costs 0
     num_steps = int(plan.step[-1]) + 1 if plan.step.size else 0
+    noise = model.noise_ratio
     if model.barrier == "micro_batch":
-        compute = np.bincount(plan.step, weights=m.max(axis=1), minlength=num_steps)
+        compute = np.bincount(plan.step, weights=_expected_max(m, noise * m), minlength=num_steps)
     else:
         per_rank = np.zeros((num_steps, n))
+        square = np.zeros((num_steps, n))
         np.add.at(per_rank, plan.step, m)
-        compute = per_rank.max(axis=1)
+        np.add.at(square, plan.step, m * m)
+        compute = _expected_max(per_rank, noise * np.sqrt(square))
     total_s = float(compute.sum() + num_steps * sync_s)
     real_cost = coef[1] * plan.real_tokens + coef[2] * plan.real_pairs
     slots = float(plan.slots.sum())
