@@ -127,7 +127,7 @@ def test_noisy_traces_with_a_slowed_rank_and_accumulation_recover_the_coefficien
     assert model.per_micro_batch_s == pytest.approx(TRUE[0], rel=0.35)
     assert model.per_step_sync_s == pytest.approx(TRUE[3], rel=0.25)
     assert model.per_attention_pair_s == pytest.approx(TRUE[2], rel=0.3)
-    assert model.noise_ratio == pytest.approx(0.05, abs=0.03)
+    assert model.noise_ratio == pytest.approx(0.05, abs=0.01)
     errors = [tm.predict_run(model, r)["calibration_error"] for r in runs]
     assert max(abs(e) for e in errors) < 0.02, errors
 
@@ -135,14 +135,24 @@ def test_noisy_traces_with_a_slowed_rank_and_accumulation_recover_the_coefficien
 def test_without_the_noise_term_the_slowest_of_noisy_ranks_biases_the_fit():
     # the expected maximum of two noisy ranks exceeds the larger mean; a noiseless model puts that into intercepts
     errors = {}
-    for fit_noise in (True, False):
+    for noise in ("trace", "fit", "none"):
         worst = []
         for seed in (1, 2, 3):
             runs = _runs(np.random.default_rng(seed), noise=0.05)
-            model = tm.fit_time_model(runs, fit_noise=fit_noise)
+            model = tm.fit_time_model(runs, noise=noise)
+            assert (model.noise_ratio == 0) == (noise == "none")
             worst.append(max(abs(tm.predict_run(model, r)["calibration_error"]) for r in runs))
-        errors[fit_noise] = float(np.mean(worst))
-    assert errors[True] < errors[False]
+        errors[noise] = float(np.mean(worst))
+    assert errors["trace"] < errors["none"] and errors["fit"] < errors["none"]
+
+
+def test_a_load_shared_by_every_rank_is_not_read_as_noise():
+    runs = _runs(np.random.default_rng(9), noise=0.0)
+    for run in runs:  # every rank of a micro-step slowed alike, by up to 30 %
+        t = run.trace
+        t[:, :, COL["end_s"]] = t[:, :, COL["start_s"]] + (t[:, :, COL["end_s"]] - t[:, :, COL["start_s"]]) * (
+            1 + 0.3 * np.random.default_rng(0).random(t.shape[1]))
+    assert tm.fit_time_model(runs).noise_ratio == pytest.approx(0.0, abs=1e-9)
 
 
 def test_the_slowed_rank_factor_is_what_makes_its_run_slower():
@@ -260,6 +270,8 @@ def test_fit_refuses_no_runs_mixed_worlds_too_few_steps_and_other_objects():
         tm.fit_time_model([{"trace": None}])
     with pytest.raises(ValueError, match="barrier must be one of"):
         tm.fit_time_model([synthetic_run(rng, "dynamic")], barrier="never")
+    with pytest.raises(ValueError, match=r"noise must be one of \('trace', 'fit', 'none'\), got 'x'"):
+        tm.fit_time_model([synthetic_run(rng, "dynamic")], noise="x")
 
 
 def test_a_negative_coefficient_is_refused():
@@ -316,6 +328,17 @@ def test_lit_balance_steps_follow_adaptive_accumulation_to_the_target():
         # target 4 x 4 x 512 real tokens per step; each micro-step holds about 4 x 512 x (1 - slack)
         assert 3 <= row["micro_batches_per_step_median"] <= 5
         assert row["optimizer_steps"] == pytest.approx(row["micro_batches_per_rank"] / 4, rel=0.3)
+    from lit_balance import BalancedBatchSampler
+
+    sampler = BalancedBatchSampler(np.minimum(lengths, 128), 512, num_replicas=4, rank=0, seed=0)
+    sampler.set_epoch(1)
+    step = tm._adaptive_steps(sampler, 4 * 4 * 512)
+    assert step.shape == (len(sampler),) and step[0] == 0 and set(np.diff(step)) <= {0, 1}
+    firsts = np.flatnonzero(np.diff(step, prepend=-1))
+    counts = np.diff(np.append(firsts, step.size))
+    # Lightning's alignment, kept by the callback: a window of k micro-batches starts at a multiple of k (the
+    # epoch's last window may be cut short)
+    assert all(first % count == 0 for first, count in zip(firsts[:-1], counts[:-1]))
 
 
 # ------------------------------------------------------------------------------------------------------------------
