@@ -67,8 +67,8 @@ the all-reduce's latency term (``2 (n - 1)`` messages) and the per-micro-batch b
 left out; the noise of a micro-batch's time is the measured machine's and independent between ranks; the measured
 machine's per-token speed holds for every rank.
 
-Functions: :func:`fit_time_model`, :func:`predict_run`, :func:`project`, :func:`plot_calibration`,
-:func:`plot_projection`; :func:`measured_step_times` for the measured side.
+Functions: :func:`fit_time_model`, :func:`predict_run`, :func:`project`, :func:`lit_balance_margins`,
+:func:`plot_calibration`, :func:`plot_projection`; :func:`measured_step_times` for the measured side.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ from scipy.special import ndtr
 from benchmarks._training import TRACE_FIELDS
 
 __all__ = ["BARRIERS", "PROJECTION_LABEL", "PROJECTION_STRATEGIES", "RunTrace", "TimeModel", "fit_time_model",
-           "measured_step_times", "plot_calibration", "plot_projection", "predict_run", "project",
+           "lit_balance_margins", "measured_step_times", "plot_calibration", "plot_projection", "predict_run", "project",
            "projection_size", "ring_factor"]
 
 _COL = {name: i for i, name in enumerate(TRACE_FIELDS)}
@@ -708,7 +708,7 @@ def _balanced(lengths: np.ndarray, n: int, max_tokens: int, seed: int, epoch: in
 
 
 def _build_plan(strategy: str, lengths: np.ndarray, n: int, *, max_tokens: int, max_length: int, accumulate: int,
-                seed: int, epoch: int) -> _Plan:
+                seed: int, epoch: int, cache: dict[str, Any] | None = None) -> _Plan:
     from benchmarks.packing_peers import flattening_batch_size
     from benchmarks.peers import fixed_batch_size, sort_fill_batches, sorted_bucket_batches
 
@@ -723,8 +723,10 @@ def _build_plan(strategy: str, lengths: np.ndarray, n: int, *, max_tokens: int, 
     if strategy == "sorted_buckets":
         return _dealt(lengths, sorted_bucket_batches(lengths, bs, seed, epoch), n, 1)
     if strategy in ("dynamic", "dynamic_accum"):
-        return _dealt(lengths, sort_fill_batches(lengths, max_tokens, seed, epoch), n,
-                      accumulate if strategy == "dynamic_accum" else 1)
+        cache = {} if cache is None else cache  # the same micro-batches for both; only the steps differ
+        if "sort_fill" not in cache:
+            cache["sort_fill"] = sort_fill_batches(lengths, max_tokens, seed, epoch)
+        return _dealt(lengths, cache["sort_fill"], n, accumulate if strategy == "dynamic_accum" else 1)
     if strategy in ("lit_balance", "lit_balance_packed"):
         return _balanced(lengths, n, max_tokens, seed, epoch, target, strategy == "lit_balance_packed")
     if strategy == "hf_flatten":
@@ -861,9 +863,10 @@ def project(model: TimeModel, *, strategies: Sequence[str], lengths: Mapping[str
             size = projection_size(arr.size, float(arr.mean()), n, max_tokens, micro_batches_per_rank)
             docs = arr if size == arr.size else np.random.default_rng([seed, n]).choice(arr, size, replace=True)
             sync_s = model.sync_s(n, sync_scaling)
+            cache: dict[str, Any] = {}
             for strategy in strategies:
                 plan = _build_plan(strategy, docs, n, max_tokens=max_tokens, max_length=max_length,
-                                   accumulate=accumulate, seed=seed, epoch=PROJECTION_EPOCH)
+                                   accumulate=accumulate, seed=seed, epoch=PROJECTION_EPOCH, cache=cache)
                 row = {"strategy": strategy, "distribution": name, "num_replicas": n,
                        **_time_plan(model, plan, n, sync_s)}
                 row["over_budget_micro_batches"] = int((plan.slots > max_tokens).sum())
@@ -871,6 +874,41 @@ def project(model: TimeModel, *, strategies: Sequence[str], lengths: Mapping[str
                             "sync_scaling": sync_scaling, "barrier": model.barrier, "label": PROJECTION_LABEL})
                 rows.append(row)
     return rows
+
+
+def lit_balance_margins(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per (distribution, num_replicas): lit_balance's better variant (padded or packed) over the fastest other
+    strategy, in predicted real tokens/s (the projection target's figure).
+
+    Returns:
+        One dict per (distribution, num_replicas) holding a lit_balance row and another strategy's row:
+        ``distribution``, ``num_replicas``, ``lit_balance`` (the faster of ``lit_balance`` / ``lit_balance_packed``),
+        ``closest_other`` (the fastest other strategy), ``ratio`` (their predicted real tokens/s, lit_balance over
+        it) and ``label``.
+
+    Example:
+        >>> lit_balance_margins([{"distribution": "d", "num_replicas": 8, "strategy": "lit_balance",
+        ...                       "predicted_real_tokens_per_s": 130.0},
+        ...                      {"distribution": "d", "num_replicas": 8, "strategy": "dynamic",
+        ...                       "predicted_real_tokens_per_s": 100.0}])[0]["ratio"]
+        1.3
+    """
+    groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["distribution"], int(r["num_replicas"])), []).append(r)
+    out = []
+    for (dist, n), mine in groups.items():
+        ours = [r for r in mine if r["strategy"] in ("lit_balance", "lit_balance_packed")]
+        others = [r for r in mine if r["strategy"] not in ("lit_balance", "lit_balance_packed")]
+        if not ours or not others:
+            continue
+        best = max(ours, key=lambda r: r["predicted_real_tokens_per_s"])
+        rival = max(others, key=lambda r: r["predicted_real_tokens_per_s"])
+        out.append({"distribution": dist, "num_replicas": n, "lit_balance": best["strategy"],
+                    "closest_other": rival["strategy"],
+                    "ratio": float(best["predicted_real_tokens_per_s"]) / float(rival["predicted_real_tokens_per_s"]),
+                    "label": PROJECTION_LABEL})
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------------------
