@@ -767,8 +767,8 @@ def _time_plan(model: TimeModel, plan: _Plan, n: int, sync_s: float) -> dict[str
     slots = float(plan.slots.sum())
     steps_per = np.bincount(plan.step, minlength=num_steps)
     return {
-        "predicted_real_tokens_per_s": plan.real_tokens / total_s if total_s > 0 else float("inf"),
-        "predicted_optimizer_steps_per_s": num_steps / total_s if total_s > 0 else float("inf"),
+        "predicted_real_tokens_per_s": plan.real_tokens / total_s if total_s > 0 else 0.0,  # 0: nothing planned
+        "predicted_optimizer_steps_per_s": num_steps / total_s if total_s > 0 else 0.0,
         "predicted_epoch_s": total_s,
         "padding_ratio": 1.0 - plan.real_tokens / slots if slots > 0 else 0.0,
         "useful_compute_fraction": float(real_cost / (n * compute.sum())) if compute.sum() > 0 else 1.0,

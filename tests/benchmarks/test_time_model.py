@@ -363,9 +363,12 @@ def test_projection_rows_keep_their_invariants(dists, ranks, coef, barrier, accu
     for r in rows:
         assert r["label"] == tm.PROJECTION_LABEL
         assert 0 <= r["padding_ratio"] < 1
+        assert np.isfinite(r["predicted_real_tokens_per_s"]) and np.isfinite(r["predicted_optimizer_steps_per_s"])
         if r["real_tokens"] > 0:
             assert 0 < r["useful_compute_fraction"] <= 1 + 1e-12
             assert r["predicted_real_tokens_per_s"] > 0
+        else:  # too few micro-batches for every rank to get one (dealt with the remainder dropped)
+            assert r["predicted_real_tokens_per_s"] == 0 and r["micro_batches_per_rank"] == 0
         assert r["predicted_epoch_s"] >= r["max_rank_compute_s"] * (1 - 1e-12)
         if r["strategy"].startswith("lit_balance"):
             assert r["over_budget_micro_batches"] == 0 and r["max_micro_batch_slots"] <= max_tokens
