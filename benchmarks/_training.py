@@ -293,7 +293,7 @@ def run_stats(gathered: np.ndarray, epoch_intervals: np.ndarray, peak_memory_mb:
         "headline_epochs": [int(e) for e in np.flatnonzero(head)],
         "epoch_train_s": [float(s) for s in seconds],
         "epoch_real_tokens_per_s": [float(t / s) for t, s in zip(real_per_epoch, seconds)],
-        "real_tokens_per_epoch": [int(round(t)) for t in real_per_epoch],
+        "real_tokens_per_epoch": [round(float(t)) for t in real_per_epoch],
         "padding_ratio": float(1.0 - g[:, :, REAL].sum() / padded.sum()),
         "straggler_ratio": _median_ratio(compute.sum(axis=1)),
         "step_straggler_ratio": float(step_sums.max(axis=0).sum() / step_med.sum()) if step_med.sum() > 0 else 1.0,

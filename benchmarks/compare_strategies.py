@@ -9,7 +9,7 @@ Every run trains :class:`lit_balance.demo.DemoTransformerLM` (token-weighted los
 for the same number of epochs over the same training documents of the built-in corpus (Python standard library
 docstrings, BERT-uncased WordPiece, truncated to ``--max-length`` tokens), with the same per-rank budget of
 ``--max-tokens`` token slots per micro-batch (padded slots; packed: tokens), and is validated on the same held-out
-documents after every epoch. Each run is one job of ``--devices`` ranks under torch's own launcher
+documents after the last epoch. Each run is one job of ``--devices`` ranks under torch's own launcher
 (``python -m torch.distributed.run``, each rank running this module again with a hidden worker flag) with a timeout;
 the parent collects one JSON file and one trace per run.
 
@@ -143,13 +143,13 @@ RESULT_KEYS = ("run", "strategy", "scenario", "pair", "seed", "feedback", "statu
 #: Defaults of a run and of ``--quick``: training documents (a seeded subset of the built-in corpus's training
 #: split), share of documents held out, epochs of the main scenario, pairs, and the slowed-rank scenario's epochs
 #: and documents (None: ``num_docs``). Feedback can only move work between ranks when an epoch has enough
-#: micro-batches (about 20 per rank per epoch: 640 documents; with 320 documents it measured 1.00x), so the
-#: slowed-rank runs keep at least that many documents. Sized from single runs of 2026-12-01/02 on 2 shared cores:
-#: per document and epoch about 0.11 s random, 0.064 s sorted_buckets, 0.044 s dynamic and lit_balance, 0.052 s a
-#: slowed run, plus about 12 s start-up per run.
-FULL = {"num_docs": 800, "val_fraction": 0.05, "epochs": 2, "pairs": 3, "slowed_epochs": 2, "slowed_num_docs": None}
-QUICK = {"num_docs": 128, "val_fraction": 0.02, "epochs": 2, "pairs": 2, "slowed_epochs": 2,
-         "slowed_num_docs": 640}
+#: micro-batches (about 20 per rank per epoch, 640 documents; with 320 it measured 1.00x): the default's slowed-rank
+#: runs have 960 documents (about 24 per rank), ``--quick``'s 400 (about 12: it shows the pipeline runs, not what
+#: feedback recovers). Sized from runs of 2026-12-01/02 on 2 shared cores: per document and epoch about 0.11 s
+#: random, 0.064 s sorted_buckets, 0.044 s dynamic and lit_balance, 0.052 s a slowed run, plus 12-20 s of start-up
+#: per run (importing Lightning in each rank, the process group, validation): about 16 minutes per default pair.
+FULL = {"num_docs": 800, "val_fraction": 0.05, "epochs": 2, "pairs": 3, "slowed_epochs": 2, "slowed_num_docs": 960}
+QUICK = {"num_docs": 96, "val_fraction": 0.01, "epochs": 2, "pairs": 2, "slowed_epochs": 2, "slowed_num_docs": 400}
 #: The distributions shipped with the package, projected besides the main job's corpus.
 SHIPPED_LENGTHS = ("stdlib_docstrings", "pydocs_paragraphs", "fortunes")
 #: Name of the main job's corpus in projection rows.
@@ -313,6 +313,7 @@ def run_worker(spec_path: Path) -> None:
         strategy=DDPStrategy(timeout=timedelta(seconds=spec["ddp_timeout_s"])), max_epochs=spec["epochs"],
         accumulate_grad_batches=accumulate, callbacks=callbacks, use_distributed_sampler=False,
         reload_dataloaders_every_n_epochs=1,  # CostModelFeedback's rank speeds can lengthen an epoch; all alike
+        check_val_every_n_epoch=spec["epochs"],  # validate once, after the last epoch (wall time; not in tokens/s)
         num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False,
     )
@@ -530,8 +531,9 @@ def slowed_ideal(no_feedback: dict[str, Any], slow_rank: int) -> tuple[float, fl
     work split in proportion to speed against an equal split, ``(1 / speed) / (n / (n - 1 + speed))``.
 
     Example:
-        >>> slowed_ideal({"compute_s_per_padded_slot_per_rank": [1.0, 1.5]}, 1)  # speed 2/3 on 2 ranks: 1.25x
-        (0.6666666666666666, 1.25)
+        >>> speed, ideal = slowed_ideal({"compute_s_per_padded_slot_per_rank": [1.0, 1.5]}, 1)
+        >>> round(speed, 4), round(ideal, 4)  # speed 2/3 on 2 ranks: 1.25x
+        (0.6667, 1.25)
     """
     per_slot = no_feedback["compute_s_per_padded_slot_per_rank"]
     slow = per_slot[slow_rank]
@@ -772,7 +774,7 @@ def calibration_table(fit: dict[str, Any] | None) -> str:
     """Measured against predicted real tokens/s per run, and the fitted costs (Markdown)."""
     if fit is None:
         return "benchmarks/time_model.py is not installed: no calibration."
-    costs = ", ".join(f"{k} {v:.3g}" for k, v in fit["time_model"].items())
+    costs = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in fit["time_model"].items())
     rows = [[p["run"], _fmt(float(p["measured_real_tokens_per_s"]), 0), _fmt(float(p["predicted_real_tokens_per_s"]), 0),
              f"{100 * p['calibration_error']:+.1f} %"] for p in fit["predictions"]]
     return f"fitted time model: {costs}\n\n" + _table(["run", "measured real tokens/s", "predicted real tokens/s",
