@@ -94,6 +94,7 @@ import platform
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from functools import partial
@@ -908,8 +909,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     for r in results:
         r.setdefault("predicted_real_tokens_per_s", None)
         r.setdefault("calibration_error", None)
-    fit = calibrate_and_project(results, traces, args, projection_lengths(lengths[train_docs], args.max_length),
-                                out_dir)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1))  # kept should the time model fail
+    fit, fit_error = None, None
+    try:
+        fit = calibrate_and_project(results, traces, args, projection_lengths(lengths[train_docs], args.max_length),
+                                    out_dir)
+    except Exception as error:  # noqa: BLE001 - an hour of measurements is written out whatever the model does
+        fit_error = f"{type(error).__name__}: {error}"
+        traceback.print_exc()
     ratios = pair_ratios(results, args.slow_rank)
     paths = plot(results, out_dir)
     curves = {r["run"]: r.pop("curve") for r in results if "curve" in r}
@@ -926,7 +933,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
         "strategies": strategy_summary(results, ratios), "targets": targets,
         "calibration": {r["run"]: r["calibration_error"] for r in results if r.get("status") == "ok"},
         "time_model": fit["time_model"] if fit else None,
-        "time_model_note": None if fit else "benchmarks/time_model.py is missing: no calibration or projection",
+        "time_model_note": None if fit else (fit_error or "benchmarks/time_model.py is missing: no calibration or "
+                                             "projection"),
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     (out_dir / "curves.json").write_text(json.dumps(curves))
@@ -938,7 +946,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
         "### Runs\n\n" + markdown_table(results, args.max_tokens),
         "### Ratios per pair\n\n" + ratios_table(ratios, args.pairs),
         "### Targets\n\n" + targets_text(targets),
-        "### Calibration\n\n" + calibration_table(fit),
+        "### Calibration\n\n" + (f"the time model failed: {fit_error}" if fit_error else calibration_table(fit)),
         "### Projection\n\n" + projection_table(fit["projection"] if fit else None)]) + "\n"
     (out_dir / "results.md").write_text(text)
     print(text + f"\nplots: {', '.join(p.name for p in paths)}; wall time {wall:.0f} s; results in {out_dir}",

@@ -181,6 +181,34 @@ def test_run_stats_on_a_hand_made_run():
     assert st["optimizer_steps"] == 3 and st["real_tokens_per_epoch"] == [370, 350]
 
 
+def test_meter_trace_rows_follow_the_trace_fields(monkeypatch):
+    """One rank, a padded then a packed micro-batch, with a fixed clock: every column of the trace row."""
+    from lit_balance import PackedCollator, PadCollator
+
+    clock = iter([10.0, 10.5, 11.0, 20.0, 20.25, 21.0])  # start, before backward, end; per micro-batch
+    monkeypatch.setattr(training.time, "perf_counter", lambda: next(clock))
+    meter = training.Meter()
+    trainer = SimpleNamespace(current_epoch=0, global_step=0, world_size=1)
+    module = SimpleNamespace(device=torch.device("cpu"))
+    padded = PadCollator(0)([{"input_ids": [5, 6, 7], "index": 0}, {"input_ids": [8], "index": 1,
+                                                                   "is_fill": True}])
+    packed = PackedCollator(0)([{"input_ids": [5, 6, 7], "index": 0}, {"input_ids": [8, 9], "index": 1}])
+    for step, batch in ((0, padded), (3, packed)):
+        trainer.global_step = step
+        meter.on_train_batch_start(trainer, module, batch, 0)
+        meter.on_before_backward(trainer, module, None)
+        meter.on_train_batch_end(trainer, module, None, batch, 0)
+    meter.on_train_end(trainer, module)
+    assert meter.trace.shape == (1, 2, len(training.TRACE_FIELDS))
+    rows = [dict(zip(training.TRACE_FIELDS, row)) for row in meter.trace[0].tolist()]
+    assert rows[0] == {"epoch": 0, "step": 0, "start_s": 10.0, "end_s": 11.0, "compute_s": 0.5, "real_tokens": 3,
+                       "padded_slots": 6, "rows": 2, "attention_pairs": 2 * 3**2}  # the fill row's token excluded
+    assert rows[1] == {"epoch": 0, "step": 3, "start_s": 20.0, "end_s": 21.0, "compute_s": 0.25, "real_tokens": 5,
+                       "padded_slots": 5, "rows": 2, "attention_pairs": 3**2 + 2**2}
+    assert meter.gathered.tolist() == [[[0, 0, 0.5, 3, 6], [0, 3, 0.25, 5, 5]]]
+    assert meter.epoch_intervals.tolist() == [[[10.0, 21.0]]] and meter.peak_memory_mb[0] > 0
+
+
 def test_loss_curve_and_step_noise():
     gathered = np.zeros((2, 3, 5))
     gathered[:, :, 3] = [[10, 20, 30], [1, 2, 3]]
