@@ -11,9 +11,8 @@ hook). The token term is the linear FLOPs of the projections, MLP and LM head, t
 and values (per layer ``24 L d^2`` and ``4 L^2 d`` FLOPs per row of length ``L``: the count of
 :class:`lit_balance.cost.CostModel`, whose ``batch_cost`` / ``packed_cost`` this term equals with
 ``linear=per_token_s, quadratic=per_attention_pair_s, per_batch=per_micro_batch_s``). An optimizer step adds
-``per_step_sync_s`` once: the gradient all-reduce and the parameter update, the usual "compute + all-reduce" step
-model of data-parallel training (the per-step cost of WLB-LLM, OSDI 2025, is the slowest rank's compute, which is
-what the imbalance terms below are).
+``per_step_sync_s`` once: the gradient all-reduce and the parameter update (data-parallel training's step is the
+slowest rank's compute plus the all-reduce).
 
 **Where ranks wait** (``barrier``). Under DDP alone, ranks meet once per optimizer step, in the all-reduce of its
 last backward, so a step takes the slowest rank's *sum* over its micro-batches (``barrier="step"``). Lightning
@@ -25,6 +24,16 @@ the default, since ``benchmarks/compare_strategies.py`` trains under Lightning 2
 
     ``T_step = sum over micro-steps i of max_r t(r, i) + per_step_sync_s``   (``"micro_batch"``)
     ``T_step = max_r sum over micro-steps i of t(r, i) + per_step_sync_s``   (``"step"``)
+
+**Noise** (``noise_ratio``). Equal expected times are not equal times: each micro-batch's time on each rank is
+taken as normal with standard deviation ``noise_ratio`` x its mean, independent between ranks and micro-batches, and
+a wait for the slowest costs the *expected* largest of those times, computed with Clark's moments of the maximum of
+normals (C. E. Clark, "The greatest of a finite set of random variables", Operations Research 9(2), 1961: exact
+for two ranks, his standard approximation beyond). Without it a fit on 2 ranks puts the bias of the maximum (about
+``0.56 x noise_ratio`` of a micro-batch when both ranks are equally loaded, less when one is clearly slower) into the
+intercepts, and runs with balanced ranks and runs with unbalanced ones cannot both be predicted well; at 64 or
+512 ranks the expected maximum of many noisy times grows further (about ``2.4`` and ``3`` standard deviations), for
+every strategy.
 
 **Measured step times** (:func:`measured_step_times`). From the trace (``benchmarks._training.TRACE_FIELDS``), per
 rank: from the step's first micro-batch start to the next step's first start (the epoch's last step: to its last
@@ -38,21 +47,25 @@ raw ratio is reported as ``step_sum_over_interval``), so that what is fitted is 
 fixed choice of which rank is the slowest at each micro-step (or step) the model is linear, so non-negative least
 squares (``scipy.optimize.nnls``) alternates with re-choosing the slowest rank under the new coefficients until the
 choice is stable; the best coefficients under the true maximum are then polished by
-``scipy.optimize.least_squares`` (bounds >= 0). Residuals are relative: each step's error over its measured time,
-weighted ``1 / sqrt(steps of its run)`` so every run weighs alike whatever its length, plus one row per run for its
+``scipy.optimize.least_squares`` (bounds >= 0) under the expected maximum. ``noise_ratio`` is read from the trace
+before that: the spread of a rank's micro-batch seconds against the other ranks' at the same micro-step, on the
+micro-batches inside accumulation windows (whose start-to-end seconds hold no wait), so a load that slows every rank
+alike (another process on the machine) is not mistaken for it. Residuals are
+relative: each step's error over its measured time, weighted ``1 / sqrt(steps of its run)`` so every run weighs alike whatever its length, plus one row per run for its
 total time (the headline epochs' seconds), so every run's predicted tokens/s is pulled to its measured one. Only the
 headline epochs are fitted (the first epoch carries warm-up). ``per_micro_batch_s`` and ``per_step_sync_s`` are told
 apart only by steps of more than one micro-batch (accumulation), and ``f_r`` scales the former but not the latter.
 
 **Projection** (:func:`project`). Every strategy's plan of one epoch (epoch 1, the first headline epoch) is built at
 each world size exactly as the runner's strategies build it, timed with the fitted model on equal ranks
-(``f_r = 1``), with the sync cost scaled from the measured 2 ranks by the ring all-reduce's bytes per rank,
-``2 (n - 1) / n`` (Patarasuk and Yuan, 2009; ``per_step_sync_s`` at ``n`` ranks = ``per_step_sync_s x (n - 1) / (n /
-2)`` relative to ``n = 2``; ``sync_scaling="none"`` keeps it constant). Assumptions of a projection, each one a
+(``f_r = 1``), with the sync cost scaled from the measured world size ``w`` by the bytes each rank sends in a ring
+all-reduce, ``2 (n - 1) / n`` of the gradient (P. Patarasuk and X. Yuan, "Bandwidth optimal all-reduce algorithms
+for clusters of workstations", J. Parallel Distrib. Comput. 69(2), 2009): ``per_step_sync_s x ring(n) / ring(w)``,
+twice the 2-rank value at 512 ranks (``sync_scaling="none"`` keeps it constant). Assumptions of a projection, each one a
 limit: the whole of ``per_step_sync_s`` is scaled (the parameter update inside it does not grow: an overestimate);
 the all-reduce's latency term (``2 (n - 1)`` messages) and the per-micro-batch broadcast's ``log n`` growth are
-left out; ranks are noiseless (the expected maximum of ``n`` noisy times grows with ``n``, for every strategy); the
-measured machine's per-token speed holds for every rank.
+left out; the noise of a micro-batch's time is the measured machine's and independent between ranks; the measured
+machine's per-token speed holds for every rank.
 
 Functions: :func:`fit_time_model`, :func:`predict_run`, :func:`project`, :func:`plot_calibration`,
 :func:`plot_projection`; :func:`measured_step_times` for the measured side.
@@ -69,6 +82,7 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import least_squares, nnls
+from scipy.special import ndtr
 
 from benchmarks._training import TRACE_FIELDS
 
@@ -87,6 +101,7 @@ PROJECTION_STRATEGIES = ("random", "random_accum", "sorted_buckets", "dynamic", 
 #: The epoch every projected plan is drawn for (the first headline epoch of the runner).
 PROJECTION_EPOCH = 1
 _SYNC_SCALINGS = ("ring", "none")
+_NOISE_MODES = ("trace", "fit", "none")
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -173,6 +188,9 @@ class TimeModel:
             world size.
         barrier: ``"micro_batch"`` (every micro-batch a barrier, Lightning >= 2.5) or ``"step"``.
         world_size: ranks of the runs it was fitted on (the base of the sync scaling).
+        noise_ratio: standard deviation of a micro-batch's time over its mean, independent between ranks and
+            micro-batches (0: none). Ranks that wait for the slowest wait for the largest of noisy times, whose
+            expectation exceeds the largest expectation (see the module docstring).
     """
 
     per_micro_batch_s: float
@@ -181,9 +199,10 @@ class TimeModel:
     per_step_sync_s: float
     barrier: str = "micro_batch"
     world_size: int = 2
+    noise_ratio: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("per_micro_batch_s", "per_token_s", "per_attention_pair_s", "per_step_sync_s"):
+        for name in ("per_micro_batch_s", "per_token_s", "per_attention_pair_s", "per_step_sync_s", "noise_ratio"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"TimeModel.{name} must be a finite number >= 0 (seconds), got {value!r}")
@@ -210,10 +229,10 @@ class TimeModel:
         return self.per_step_sync_s * (ring_factor(num_replicas) / base if base > 0 else 1.0)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain floats (seconds) plus ``barrier`` and ``world_size``, for JSON."""
+        """Plain floats (seconds; ``noise_ratio`` a ratio) plus ``barrier`` and ``world_size``, for JSON."""
         return {"per_micro_batch_s": self.per_micro_batch_s, "per_token_s": self.per_token_s,
                 "per_attention_pair_s": self.per_attention_pair_s, "per_step_sync_s": self.per_step_sync_s,
-                "barrier": self.barrier, "world_size": int(self.world_size)}
+                "barrier": self.barrier, "world_size": int(self.world_size), "noise_ratio": self.noise_ratio}
 
 
 def ring_factor(num_replicas: int) -> float:
@@ -236,7 +255,9 @@ class _Steps:
 
     ``x``: float64 ``[world, n, 3]`` per micro-batch ``f_r * (1, slots, pairs)``; ``step``: int ``[n]`` step of each
     micro-batch (0..S-1, over the headline epochs); ``measured``: float64 ``[S]`` scaled step seconds; ``raw``:
-    unscaled; ``epoch_s``: the epochs' seconds (``run_stats``'s definition); ``real_tokens``: all ranks.
+    unscaled; ``epoch_s``: the epochs' seconds (``run_stats``'s definition); ``real_tokens``: all ranks; ``own``:
+    ``[world, n]`` each micro-batch's own seconds (end - start); ``inner``: bool ``[n]``, not the last micro-batch of
+    its step (its own seconds hold no wait for the other ranks' gradients and no update).
     """
 
     x: np.ndarray
@@ -245,6 +266,8 @@ class _Steps:
     raw: np.ndarray
     epoch_s: np.ndarray
     real_tokens: float
+    own: np.ndarray
+    inner: np.ndarray
 
     @property
     def num_steps(self) -> int:
@@ -266,7 +289,7 @@ def _epoch_steps(trace: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
 def _steps(run: RunTrace) -> _Steps:
     t = run.trace
     epochs = t[0, :, _COL["epoch"]].astype(int)
-    xs, ids, measured, raw, epoch_s = [], [], [], [], []
+    xs, ids, measured, raw, epoch_s, own, inner = [], [], [], [], [], [], []
     real = 0.0
     offset = 0
     factors = np.asarray(run.rank_factors)[:, None, None]
@@ -282,8 +305,41 @@ def _steps(run: RunTrace) -> _Steps:
         measured.append(step_s * (seconds / total) if total > 0 else step_s)
         epoch_s.append(seconds)
         real += float(rows[:, :, _COL["real_tokens"]].sum())
+        own.append(rows[:, :, _COL["end_s"]] - rows[:, :, _COL["start_s"]])
+        inner.append(np.append(step_ids[1:] == step_ids[:-1], False))
     return _Steps(np.concatenate(xs, axis=1), np.concatenate(ids), np.concatenate(measured), np.concatenate(raw),
-                  np.asarray(epoch_s), real)
+                  np.asarray(epoch_s), real, np.concatenate(own, axis=1), np.concatenate(inner))
+
+
+def _trace_noise(data: Sequence[_Steps]) -> float | None:
+    """``noise_ratio`` read from the trace: the spread of one rank's micro-batch time against the other ranks' at
+    the same micro-step, or None when no step of any run holds two micro-batches (or one rank ran alone).
+
+    Only micro-batches that are not the last of their step are used (their own seconds, start to end, hold no wait).
+    Their seconds are fitted as ``f_r * (a + b slots + c pairs)`` (non-negative least squares on relative errors);
+    each relative residual less its rank's mean in its run (a rank's steady offset is not noise) and less the mean
+    over ranks at its micro-step (a load shared by all ranks delays none of them relative to the others) leaves
+    ``(1 - 1 / world)`` of the independent variance; its robust spread (1.4826 x the median absolute value) scaled
+    back is the estimate.
+    """
+    rows = [(s.x[:, s.inner], s.own[:, s.inner]) for s in data if s.inner.any() and s.x.shape[0] > 1]
+    if not rows or sum(x.shape[1] for x, _ in rows) < 4:
+        return None
+    features = np.concatenate([x.reshape(-1, 3) for x, _ in rows])
+    seconds = np.concatenate([d.reshape(-1) for _, d in rows])
+    keep = seconds > 0
+    if keep.sum() < 4:
+        return None
+    coef, _ = nnls(features[keep] / seconds[keep, None], np.ones(int(keep.sum())))
+    centred = []
+    for x, d in rows:
+        predicted = x @ coef
+        e = np.divide(d, predicted, out=np.ones_like(d), where=predicted > 0) - 1.0
+        e = e - e.mean(axis=1, keepdims=True)
+        centred.append((e - e.mean(axis=0, keepdims=True)).reshape(-1))
+    world = data[0].x.shape[0]
+    c = np.concatenate(centred)
+    return float(1.4826 * np.median(np.abs(c)) * math.sqrt(world / (world - 1)))
 
 
 def measured_step_times(run: RunTrace, scaled: bool = True) -> np.ndarray:
@@ -344,21 +400,72 @@ def _objective(data: Sequence[_Steps], coef: np.ndarray, barrier: str, total_wei
     return float(np.sum((a @ coef - b) ** 2))
 
 
+def _expected_max(mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """float64 ``[k]``: expected largest of ``n`` independent normal times per row of ``mu``, ``sd`` ``[k, n]``.
+
+    Clark's moments of the maximum of two normals (C. E. Clark, "The greatest of a finite set of random variables",
+    Operations Research 9(2), 1961), applied rank by rank with the running maximum taken as normal (exact for two
+    ranks; Clark's approximation beyond). With ``sd`` 0 it is the plain maximum.
+    """
+    m1, v1 = mu[:, 0].astype(np.float64), sd[:, 0].astype(np.float64) ** 2
+    for j in range(1, mu.shape[1]):
+        m2, v2 = mu[:, j], sd[:, j] ** 2
+        theta = np.sqrt(v1 + v2)
+        noisy = theta > 0
+        alpha = np.divide(m1 - m2, theta, out=np.zeros_like(theta), where=noisy)
+        cdf, cdf_neg = ndtr(alpha), ndtr(-alpha)
+        pdf = np.exp(-0.5 * alpha * alpha) / math.sqrt(2 * math.pi)
+        mean = m1 * cdf + m2 * cdf_neg + theta * pdf
+        second = (m1 * m1 + v1) * cdf + (m2 * m2 + v2) * cdf_neg + (m1 + m2) * theta * pdf
+        m1, v1 = np.where(noisy, mean, np.maximum(m1, m2)), np.where(noisy, np.maximum(second - mean * mean, 0.0), 0.0)
+    return m1
+
+
+def _predict_steps(x: np.ndarray, step: np.ndarray, num_steps: int, coef: np.ndarray, noise_ratio: float,
+                   barrier: str) -> np.ndarray:
+    """float64 ``[S]``: predicted seconds of each step (expected, with each micro-batch's time normal of standard
+    deviation ``noise_ratio`` x its mean). ``x``: ``[world, n, 3]`` with the slowdown factors in."""
+    t = x @ coef[:3]  # [world, n]
+    if barrier == "micro_batch":
+        longest = _expected_max(t.T, noise_ratio * t.T)
+        return np.bincount(step, weights=longest, minlength=num_steps) + coef[3]
+    mean = np.zeros((num_steps, t.shape[0]))
+    square = np.zeros((num_steps, t.shape[0]))
+    np.add.at(mean, step, t.T)
+    np.add.at(square, step, (t * t).T)
+    return _expected_max(mean, noise_ratio * np.sqrt(square)) + coef[3]
+
+
+def _residuals(data: Sequence[_Steps], coef: np.ndarray, noise_ratio: float, barrier: str,
+               total_weight: float) -> np.ndarray:
+    """The fit's weighted relative residuals: every step of every run, then every run's total."""
+    out, totals = [], []
+    for s in data:
+        predicted = _predict_steps(s.x, s.step, s.num_steps, coef, noise_ratio, barrier)
+        out.append((predicted - s.measured) / (np.maximum(s.measured, 1e-12) * math.sqrt(s.num_steps)))
+        seconds = float(s.epoch_s.sum())
+        totals.append(total_weight * (float(predicted.sum()) - seconds) / seconds)
+    return np.concatenate([*out, np.asarray(totals)])
+
+
 def fit_time_model(runs: Sequence[RunTrace], *, barrier: str = "micro_batch", total_weight: float = 1.0,
-                   max_iterations: int = 50) -> TimeModel:
-    """Fit the four coefficients of the module's model jointly over every run (non-negative).
+                   noise: str = "trace", max_iterations: int = 50) -> TimeModel:
+    """Fit the coefficients of the module's model jointly over every run (non-negative).
 
     Args:
         runs: measured runs of any strategies, all with the same world size (their headline epochs are fitted).
         barrier: ``"micro_batch"`` (Lightning >= 2.5: ranks wait before every micro-batch) or ``"step"``.
         total_weight: weight of each run's total-time row against its steps' rows (relative errors).
+        noise: how ``noise_ratio`` is set: ``"trace"`` (default) read from the spread between ranks of the
+            micro-batches inside accumulation windows (:func:`_trace_noise`; 0 when no run accumulates),
+            ``"fit"`` fitted with the coefficients (bounded to [0, 0.5]), ``"none"`` 0.
         max_iterations: rounds of re-choosing the slowest rank.
 
     Returns:
         A :class:`TimeModel` in seconds, with ``barrier`` and the runs' ``world_size``.
 
     Raises:
-        ValueError: no runs, runs of different world sizes, an unknown ``barrier``, fewer than 4 optimizer steps
+        ValueError: no runs, runs of different world sizes, an unknown ``barrier`` or ``noise``, fewer than 4 optimizer steps
             over all runs, or times no coefficient explains (all 0).
         TypeError: a run that is not a :class:`RunTrace`.
 
@@ -368,6 +475,8 @@ def fit_time_model(runs: Sequence[RunTrace], *, barrier: str = "micro_batch", to
     """
     if barrier not in BARRIERS:
         raise ValueError(f"barrier must be one of {BARRIERS}, got {barrier!r}")
+    if noise not in _NOISE_MODES:
+        raise ValueError(f"noise must be one of {_NOISE_MODES}, got {noise!r}")
     runs = list(runs)
     if not runs:
         raise ValueError("fit_time_model needs at least one RunTrace (a measured run with its trace), got 0 runs")
@@ -385,8 +494,9 @@ def fit_time_model(runs: Sequence[RunTrace], *, barrier: str = "micro_batch", to
     scale = np.mean(np.concatenate([_step_features(s.x, s.step, s.num_steps, np.array([0.0, 1.0, 0.0]), barrier)
                                     for s in data]), axis=0)
     scale = np.where(scale > 0, scale, 1.0)
+    # 1. no noise: non-negative least squares, alternating with the choice of the slowest rank
     coef = np.array([0.0, 1.0, 0.0, 0.0])  # first guess of the slowest rank: the most padded slots
-    best: tuple[float, np.ndarray] | None = None
+    best: tuple[float, np.ndarray, float] | None = None
     seen: set[bytes] = set()
     for _ in range(max_iterations):
         a, b = _design(data, coef, barrier, total_weight)
@@ -394,7 +504,7 @@ def fit_time_model(runs: Sequence[RunTrace], *, barrier: str = "micro_batch", to
         coef = solution / scale
         value = _objective(data, coef, barrier, total_weight)
         if best is None or value < best[0]:
-            best = (value, coef.copy())
+            best = (value, coef.copy(), 0.0)
         key = np.round(coef * scale, 12).tobytes()
         if key in seen:
             break
@@ -404,19 +514,26 @@ def fit_time_model(runs: Sequence[RunTrace], *, barrier: str = "micro_batch", to
         raise ValueError("fit_time_model: the measured step times are explained by no micro-batch coefficient "
                          "(all fitted 0); check the trace's start_s / end_s columns")
 
+    # 2. polish under the expected maximum (smooth once noise_ratio > 0); noise_ratio from the trace, fitted or 0
+    fixed = (_trace_noise(data) or 0.0) if noise == "trace" else 0.0
+    if fixed > 0:
+        best = (float(np.sum(_residuals(data, best[1], fixed, barrier, total_weight) ** 2)), best[1], fixed)
+
     def residuals(z: np.ndarray) -> np.ndarray:
-        c = z / scale
-        a, b = _design(data, c, barrier, total_weight)
-        return a @ c - b
+        return _residuals(data, z[:4] / scale, z[4] if noise == "fit" else fixed, barrier, total_weight)
 
-    polished = least_squares(residuals, best[1] * scale, bounds=(0.0, np.inf), method="trf", x_scale="jac")
-    coef = polished.x / scale
-    if _objective(data, coef, barrier, total_weight) >= best[0]:
-        coef = best[1]
-    return TimeModel(*(float(max(c, 0.0)) for c in coef), barrier=barrier, world_size=worlds[0])
+    for start_noise in ((0.0, 0.05) if noise == "fit" else (fixed,)):
+        z0 = np.append(best[1] * scale, start_noise)
+        upper = np.append(np.full(4, np.inf), 0.5 if noise == "fit" else np.inf)
+        polished = least_squares(residuals, z0, bounds=(0.0, upper), method="trf", x_scale="jac")
+        value = float(np.sum(residuals(polished.x) ** 2))
+        if value < best[0]:
+            best = (value, polished.x[:4] / scale, float(polished.x[4]) if noise == "fit" else fixed)
+    return TimeModel(*(float(max(c, 0.0)) for c in best[1]), barrier=barrier, world_size=worlds[0],
+                     noise_ratio=max(best[2], 0.0))
 
 
-def predict_run(model: TimeModel, run: RunTrace) -> dict[str, float]:
+def predict_run(model: TimeModel, run: RunTrace) -> dict[str, Any]:
     """The model's real tokens/s over the run's headline epochs beside the measured one.
 
     Predicted = real tokens of the headline epochs (all ranks) / the sum of their predicted step times, each step
@@ -438,8 +555,7 @@ def predict_run(model: TimeModel, run: RunTrace) -> dict[str, float]:
     if not isinstance(run, RunTrace):
         raise TypeError(f"predict_run needs a RunTrace, got {type(run).__name__}")
     s = _steps(run)
-    coef = model.coef
-    predicted_steps = _step_features(s.x, s.step, s.num_steps, coef[:3], model.barrier) @ coef
+    predicted_steps = _predict_steps(s.x, s.step, s.num_steps, model.coef, model.noise_ratio, model.barrier)
     predicted_s = float(predicted_steps.sum())
     measured_s = float(s.epoch_s.sum())
     predicted = s.real_tokens / predicted_s if predicted_s > 0 else float("inf")
@@ -635,12 +751,15 @@ def _time_plan(model: TimeModel, plan: _Plan, n: int, sync_s: float) -> dict[str
     batch_s = coef[0] + coef[1] * plan.slots + coef[2] * plan.pairs
     m = np.append(batch_s, 0.0)[plan.assignment]  # [M, n]; -1 (no micro-batch) costs 0
     num_steps = int(plan.step[-1]) + 1 if plan.step.size else 0
+    noise = model.noise_ratio
     if model.barrier == "micro_batch":
-        compute = np.bincount(plan.step, weights=m.max(axis=1), minlength=num_steps)
+        compute = np.bincount(plan.step, weights=_expected_max(m, noise * m), minlength=num_steps)
     else:
         per_rank = np.zeros((num_steps, n))
+        square = np.zeros((num_steps, n))
         np.add.at(per_rank, plan.step, m)
-        compute = per_rank.max(axis=1)
+        np.add.at(square, plan.step, m * m)
+        compute = _expected_max(per_rank, noise * np.sqrt(square))
     total_s = float(compute.sum() + num_steps * sync_s)
     real_cost = coef[1] * plan.real_tokens + coef[2] * plan.real_pairs
     slots = float(plan.slots.sum())
@@ -807,7 +926,9 @@ def plot_calibration(runs_with_predictions: Sequence[Mapping[str, Any]], path: P
 
 
 def plot_projection(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Predicted real tokens/s against ``num_replicas``, one line per strategy, one panel per distribution (PNG).
+    """Predicted real tokens/s per rank (all ranks' tokens/s over ``num_replicas``) against ``num_replicas``, one line
+    per strategy, one panel per distribution (PNG). Per rank, so that perfect scaling is a flat line and the
+    strategies' gaps stay readable.
 
     Raises:
         ValueError: no rows, or a row without ``strategy``, ``distribution``, ``num_replicas`` and
@@ -831,14 +952,14 @@ def plot_projection(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     for ax, dist in zip(axes[0], distributions):
         mine = [r for r in rows if r["distribution"] == dist]
         for strategy in dict.fromkeys(r["strategy"] for r in mine):
-            pts = sorted((int(r["num_replicas"]), float(r["predicted_real_tokens_per_s"])) for r in mine
-                         if r["strategy"] == strategy)
+            pts = sorted((int(r["num_replicas"]), float(r["predicted_real_tokens_per_s"]) / int(r["num_replicas"]))
+                         for r in mine if r["strategy"] == strategy)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=strategy)
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("num_replicas")
         ax.set_title(dist, fontsize=10)
-    axes[0][0].set_ylabel("predicted real tokens/s (all ranks)")
+    axes[0][0].set_ylabel("predicted real tokens/s per rank")
     axes[0][-1].legend(fontsize=7)
     fig.suptitle(PROJECTION_LABEL)
     fig.tight_layout()
