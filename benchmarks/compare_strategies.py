@@ -1,8 +1,8 @@
 """End-to-end strategy table: the same LM, corpus and optimizer under seven batching strategies, in interleaved pairs.
 
 Run:
-    python -m benchmarks.compare_strategies          # 3 pairs, 2 CPU DDP ranks, every strategy (under 60 min here)
-    python -m benchmarks.compare_strategies --quick  # 2 pairs, fewer documents (under 10 minutes on 2 cores)
+    python -m benchmarks.compare_strategies          # 3 pairs, 2 CPU DDP ranks, every strategy (sized for under 60 min here)
+    python -m benchmarks.compare_strategies --quick  # 2 pairs, fewer documents (sized for under 10 min on 2 cores)
     python -m benchmarks.compare_strategies --accelerator gpu --devices 4 --model-size bert --precision bf16-mixed
 
 Every run trains :class:`lit_balance.demo.DemoTransformerLM` (token-weighted loss, AdamW with the same learning rate)
@@ -358,7 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where results.json, the plots and logs go (default: %(default)s)")
     p.add_argument("--quick", action="store_true",
                    help=f"smaller run: {QUICK['pairs']} pairs, {QUICK['num_docs']} training documents, "
-                        f"slowed-rank runs over {QUICK['slowed_num_docs']} (under 10 minutes on 2 CPU cores)")
+                        f"slowed-rank runs over {QUICK['slowed_num_docs']} (12 min 24 s measured on 2 shared CPU cores at "
+                        "load average 3.5-6, about half of it the start-up of its 18 runs)")
     p.add_argument("--pairs", type=positive_int, default=None,
                    help=f"interleaved rounds of every run (default: {FULL['pairs']}; --quick: {QUICK['pairs']})")
     p.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
@@ -803,8 +804,8 @@ COLORS = {"random": "tab:gray", "sorted_buckets": "tab:brown", "dynamic": "tab:o
 
 def plot(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     """``tokens_per_s.png`` (real tokens/s of every run, grouped by strategy, one bar per pair) and
-    ``loss_vs_tokens.png`` (pair 1, main scenario: step loss, smoothed, and validation loss after each epoch, against
-    global real training tokens)."""
+    ``loss_vs_tokens.png`` (pair 1, main scenario: step loss, smoothed, and the validation loss after the last
+    epoch, against global real training tokens)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -842,7 +843,7 @@ def plot(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
                 color=COLORS[key], ms=5)
     ax.set_xlabel("real training tokens (all ranks)")
     ax.set_ylabel("loss (nats per token)")
-    ax.set_title("pair 1: training loss (moving mean of optimizer steps) and validation loss (dots, epoch ends)",
+    ax.set_title("pair 1: training loss (moving mean of optimizer steps) and validation loss (dot, last epoch)",
                  fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
