@@ -1,8 +1,8 @@
 """What a training benchmark measures inside its DDP ranks: a model hook, a metrics callback, and the figures of a run.
 
 :class:`CompareLM` records each optimizer step's loss and the exact validation loss (and can slow one rank down,
-a demonstration of a slower device); :class:`Meter` records every micro-batch's compute seconds, real tokens and
-padded slots on every rank and gathers them once at the end; :func:`run_stats`, :func:`loss_curve` and
+a demonstration of a slower device); :class:`Meter` records every micro-batch's trace row (:data:`TRACE_FIELDS`:
+times, real tokens, padded slots, rows, attention pairs) on every rank and gathers them once at the end; :func:`run_stats`, :func:`loss_curve` and
 :func:`loss_step_noise` turn the records into the figures of ``benchmarks/compare_strategies.py``.
 """
 
@@ -19,11 +19,12 @@ import lightning as L
 import numpy as np
 import torch
 
-from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks.straggler import backward_is_local
+from lit_balance.demo import DemoTransformerLM
 from lit_balance.loss import token_loss_sum
 
-__all__ = ["REAL", "TRACE_FIELDS", "CompareLM", "Meter", "loss_curve", "loss_step_noise", "real_tokens", "run_stats"]
+__all__ = ["REAL", "TRACE_FIELDS", "CompareLM", "Meter", "loss_curve", "loss_step_noise", "real_tokens", "run_stats",
+           "trace_shape"]
 
 
 def _spin(seconds: float) -> None:
@@ -141,19 +142,48 @@ def real_tokens(batch: dict[str, Any]) -> int:
 TRACE_FIELDS = ("epoch", "step", "start_s", "end_s", "compute_s", "real_tokens", "padded_slots", "rows",
                 "attention_pairs")
 
-# Columns of one micro-batch record in Meter.records.
+# Columns of :attr:`Meter.gathered` (what :func:`run_stats` reads): a view of the trace's columns.
 _EPOCH, _STEP, _COMPUTE, REAL, _PADDED = range(5)
+_GATHERED_COLUMNS = [TRACE_FIELDS.index(f) for f in ("epoch", "step", "compute_s", "real_tokens", "padded_slots")]
+
+
+def trace_shape(batch: dict[str, Any]) -> tuple[int, int]:
+    """``(rows, attention_pairs)`` of a micro-batch, the :data:`TRACE_FIELDS` columns of that name.
+
+    Padded (``attention_mask`` ``[B, T]``): ``(B, B * T**2)``, the padded length being the input's sequence
+    dimension. Packed (one row, ``cu_seq_lens_q`` ``[D + 1]``): ``(D, sum of segment length**2)``, the segments of
+    ``cu_seq_lens_q`` (fill documents included; a tail padding belongs to the last segment).
+
+    Example:
+        >>> import torch
+        >>> trace_shape({"input_ids": torch.zeros(3, 8, dtype=torch.long)})
+        (3, 192)
+        >>> trace_shape({"input_ids": torch.zeros(1, 6, dtype=torch.long), "cu_seq_lens_q": torch.tensor([0, 2, 6])})
+        (2, 20)
+    """
+    if "cu_seq_lens_q" in batch:
+        segments = (batch["cu_seq_lens_q"][1:] - batch["cu_seq_lens_q"][:-1]).long()
+        return int(segments.numel()), int((segments * segments).sum())
+    rows, length = batch["input_ids"].shape
+    return int(rows), int(rows) * int(length) ** 2
 
 
 class Meter(L.Callback):
-    """Per rank, per training micro-batch: epoch, optimizer step, compute seconds, real tokens, padded slots.
+    """Per rank, per training micro-batch: one row of :data:`TRACE_FIELDS`; gathered from every rank at the end.
 
     Compute is ``on_train_batch_start`` -> ``on_before_backward`` (forward + loss; CUDA synchronized), the interval
-    of :class:`lit_balance.callbacks.StragglerMonitor`, which holds no collective. Each epoch's training interval is
-    this rank's first ``on_train_batch_start`` to its last ``on_train_batch_end`` (validation runs after it).
-    Real tokens exclude fill rows (:func:`real_tokens`; padded or packed batches). At ``on_train_end`` every rank takes part in one ``all_gather``; afterwards
-    :attr:`gathered` (``[world_size, n, 5]``), :attr:`epoch_intervals` (``[world_size, epochs, 2]``) and
-    :attr:`peak_memory_mb` (``[world_size]``) are set on every rank.
+    of :class:`lit_balance.callbacks.StragglerMonitor`, which holds no collective. ``step`` is
+    ``trainer.global_step`` at ``on_train_batch_start``: the 0-based optimizer step over the run the micro-batch
+    belongs to. Each epoch's training interval is this rank's first ``on_train_batch_start`` to its last
+    ``on_train_batch_end`` (validation runs after it). Real tokens exclude fill rows (:func:`real_tokens`; padded or
+    packed batches); ``rows`` and ``attention_pairs``: :func:`trace_shape`. At ``on_train_end`` every rank takes
+    part in one ``all_gather``; afterwards :attr:`trace` (float64 ``[world_size, n, len(TRACE_FIELDS)]``),
+    :attr:`gathered` (``[world_size, n, 5]``: epoch, step, compute s, real tokens, padded slots; what
+    :func:`run_stats` reads), :attr:`epoch_intervals` (``[world_size, epochs, 2]``) and :attr:`peak_memory_mb`
+    (``[world_size]``) are set on every rank.
+
+    Raises:
+        RuntimeError: at ``on_train_end``, ranks ran different numbers of micro-batches.
     """
 
     def __init__(self) -> None:
@@ -162,7 +192,9 @@ class Meter(L.Callback):
         #: ``{epoch: the rank speeds the training sampler planned that epoch with, or None}`` (lit_balance).
         self.planned_speeds: dict[int, list[float] | None] = {}
         self._start = 0.0
+        self._step = 0
         self._compute: float | None = None
+        self.trace: np.ndarray | None = None
         self.gathered: np.ndarray | None = None
         self.epoch_intervals: np.ndarray | None = None
         self.peak_memory_mb: np.ndarray | None = None
@@ -191,9 +223,10 @@ class Meter(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         end = self._now(pl_module)
-        real = real_tokens(batch)
         compute = self._compute if self._compute is not None else end - self._start
-        self.records.append([trainer.current_epoch, self._step, compute, real, int(batch["num_padded_tokens"])])
+        rows, pairs = trace_shape(batch)
+        self.records.append([trainer.current_epoch, self._step, self._start, end, compute, real_tokens(batch),
+                             int(batch["num_padded_tokens"]), rows, pairs])
         self.intervals[trainer.current_epoch][1] = end
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -201,16 +234,21 @@ class Meter(L.Callback):
             peak = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
         else:  # ru_maxrss: KiB on Linux, bytes on macOS
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+        width = len(TRACE_FIELDS)
         epochs = sorted(self.intervals)
-        local = torch.tensor([[peak, 0, 0, 0, 0], *self.records, *[[e, *self.intervals[e], 0, 0] for e in epochs]],
+        head = [peak, len(self.records)] + [0.0] * (width - 2)
+        local = torch.tensor([head, *self.records, *[[e, *self.intervals[e]] + [0.0] * (width - 3) for e in epochs]],
                              dtype=torch.float64)
         if trainer.world_size > 1:
             out = trainer.strategy.all_gather(local.to(pl_module.device)).cpu().numpy()
         else:
             out = local.numpy()[None]
         n = len(self.records)
+        if not (out[:, 0, 1] == n).all():
+            raise RuntimeError(f"ranks ran different numbers of training micro-batches: {out[:, 0, 1].tolist()}")
         self.peak_memory_mb = out[:, 0, 0]
-        self.gathered = out[:, 1:1 + n]
+        self.trace = out[:, 1:1 + n]
+        self.gathered = self.trace[:, :, _GATHERED_COLUMNS]
         self.epoch_intervals = out[:, 1 + n:, 1:3]
 
 
@@ -255,7 +293,7 @@ def run_stats(gathered: np.ndarray, epoch_intervals: np.ndarray, peak_memory_mb:
         "headline_epochs": [int(e) for e in np.flatnonzero(head)],
         "epoch_train_s": [float(s) for s in seconds],
         "epoch_real_tokens_per_s": [float(t / s) for t, s in zip(real_per_epoch, seconds)],
-        "real_tokens_per_epoch": [int(round(t)) for t in real_per_epoch],
+        "real_tokens_per_epoch": [round(float(t)) for t in real_per_epoch],
         "padding_ratio": float(1.0 - g[:, :, REAL].sum() / padded.sum()),
         "straggler_ratio": _median_ratio(compute.sum(axis=1)),
         "step_straggler_ratio": float(step_sums.max(axis=0).sum() / step_med.sum()) if step_med.sum() > 0 else 1.0,

@@ -1,77 +1,100 @@
-"""End-to-end strategy benchmark: the same LM, corpus, real tokens and optimizer under six batching strategies.
+"""End-to-end strategy table: the same LM, corpus and optimizer under seven batching strategies, in interleaved pairs.
 
 Run:
-    python -m benchmarks.compare_strategies # 2 CPU DDP ranks, every strategy
-    python -m benchmarks.compare_strategies --quick # under 10 minutes on 2 cores
+    python -m benchmarks.compare_strategies          # 3 pairs, 2 CPU DDP ranks, every strategy (sized for under 60 min here)
+    python -m benchmarks.compare_strategies --quick  # 2 pairs, fewer documents (sized for under 10 min on 2 cores)
     python -m benchmarks.compare_strategies --accelerator gpu --devices 4 --model-size bert --precision bf16-mixed
 
-Every strategy trains :class:`lit_balance.demo.DemoTransformerLM` (token-weighted loss, AdamW with the same learning rate)
+Every run trains :class:`lit_balance.demo.DemoTransformerLM` (token-weighted loss, AdamW with the same learning rate)
 for the same number of epochs over the same training documents of the built-in corpus (Python standard library
 docstrings, BERT-uncased WordPiece, truncated to ``--max-length`` tokens), with the same per-rank budget of
-``--max-tokens`` padded token slots per micro-batch, and is validated on the same held-out documents after every
-epoch. Each strategy runs under torch's own launcher (``python -m torch.distributed.run``, one process per rank
-running this module again with a hidden worker flag) with a timeout; the parent collects one JSON file per run.
+``--max-tokens`` token slots per micro-batch (padded slots; packed: tokens), and is validated on the same held-out
+documents after the last epoch. Each run is one job of ``--devices`` ranks under torch's own launcher
+(``python -m torch.distributed.run``, each rank running this module again with a hidden worker flag) with a timeout;
+the parent collects one JSON file and one trace per run.
 
-Strategies:
+Strategies (:data:`STRATEGIES`):
 
 * ``random``: torch ``DistributedSampler`` (shuffle, ``drop_last=True``) + ``BatchSampler`` of the largest fixed
-  batch size that never exceeds the budget, ``max_tokens // max_length`` rows.
-* ``random_accum``: the same micro-batches with ``accumulate_grad_batches`` chosen so that an optimizer step holds
-  about ``lit_balance``'s target of real tokens (:func:`matched_accumulate`): the convergence control. At one
-  micro-batch per step, ``random`` takes about 20x more optimizer steps than ``lit_balance`` for the same real
-  tokens and the same learning rate, so its validation loss measures the step count, not the batching.
+  batch size that never exceeds the budget, ``max_tokens // max_length`` rows, padded
+  (:class:`lit_balance.PadCollator`).
 * ``sorted_buckets``: sort by length (random order among equal lengths), cut into batches of that fixed size,
   shuffle the batch order every epoch, deal round-robin to ranks.
 * ``dynamic``: sort by length, fill each micro-batch up to ``max_tokens`` *real* tokens (fairseq-style
   ``batch_by_size``; :func:`benchmarks.peers.sort_fill_batches`), shuffle, deal round-robin.
 * ``dynamic_accum``: the same micro-batches with ``Trainer(accumulate_grad_batches=--accumulate)``.
-* ``lit_balance``: :class:`lit_balance.BalancedBatchSampler` with
+* ``lit_balance``: :class:`lit_balance.BalancedBatchSampler` (padded rows) with
   :class:`~lit_balance.callbacks.AdaptiveGradAccumulation` (target: ``--accumulate`` x ranks x ``max_tokens`` real
   tokens per optimizer step, the nominal step of ``dynamic_accum``), :class:`~lit_balance.callbacks.StragglerMonitor`
   and :class:`~lit_balance.callbacks.CostModelFeedback`.
+* ``lit_balance_packed``: the same with ``packing=True``: each micro-batch is one
+  :class:`lit_balance.PackedCollator` row of whole documents, at most ``max_tokens`` tokens, attended within each
+  document by the model (``docs/packed_batches.md``).
+* ``hf_flatten``: Hugging Face flattening over random samples: ``DistributedSampler`` (as ``random``) +
+  ``BatchSampler`` of :func:`benchmarks.packing_peers.flattening_batch_size` documents (the mean packed row is about
+  the budget), concatenated into one packed row. The row is built by :class:`lit_balance.PackedCollator`, whose
+  layout is that of ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` (checked equal in
+  ``tests/test_collate_packed.py``) plus the token counts the meter reads; a row passes the budget whenever its
+  documents run long (counted in ``over_budget_micro_batches``).
 
-Equal micro-batch counts: ``random`` and ``random_accum`` drop the last ``len(train) % ranks`` shuffled samples per
-epoch (what ``DistributedSampler(drop_last=True)`` does); ``sorted_buckets`` and ``dynamic*`` drop the last
-``micro-batches % ranks`` micro-batches of the shuffled order per epoch (:func:`deal_even`). Dropped samples are
-never trained and never counted: real tokens are counted from the micro-batches that ran.
-
-Second scenario (``slowed_rank``): ``lit_balance`` with and without ``CostModelFeedback`` while rank
+Slowed rank (scenario ``slowed_rank``): ``lit_balance`` with and without ``CostModelFeedback`` while rank
 ``--slow-rank`` is made ``1 + --slowdown`` times slower by a demo-only hook (it busy-waits ``--slowdown`` x the
 wall time of its own compute: forward+loss, backward and the parameter update, but not its waits for the other
-ranks: the last backward of an optimizer step, which also waits in DDP's all-reduce, is slowed by the rank's own
-backward/forward ratio measured on its ``no_sync`` micro-batches).
+ranks). Feedback re-plans at each epoch start (the sampler's ``set_epoch``) from the costs it fitted in the epoch
+before, so resume stays exact; the headline counts the epochs after the first.
 
-Measured per run (rank 0 writes it after one ``all_gather`` at the end of training):
+Pairs: round ``k`` (``pair`` = k, 1-based; ``--pairs``, default 3, ``--quick`` 2) runs every selected strategy
+once, then the two slowed-rank runs, forward in odd-numbered pairs and in reverse order in even-numbered ones, so
+drift of the shared machine's load hits every strategy alike. Every run of every pair trains the same documents;
+pair ``k`` seeds every run's model and sampler with ``--seed + k - 1``. Per pair the ratios of
+:func:`pair_ratios` (``lit_balance / random``, ``lit_balance / dynamic``, ``lit_balance_packed / lit_balance``,
+``feedback / no_feedback``, every strategy over ``lit_balance``); each headline is the median over pairs with its
+min and max.
 
-* ``real_tokens_per_s``: real (non-padding) training tokens of all ranks / seconds, the seconds being, per epoch,
-  the slowest rank's interval from its first ``on_train_batch_start`` to its last ``on_train_batch_end``
-  (start-up and validation excluded), over the epochs after the first (the headline: feedback needs one epoch to
-  fit); ``real_tokens_per_s_all_epochs`` over every epoch.
+Measured per run (rank 0 writes it after one ``all_gather`` at the end of training; :mod:`benchmarks._training`):
+
+* ``real_tokens_per_s``: real (non-padding, non-fill) training tokens of all ranks / seconds, the seconds being,
+  per epoch, the slowest rank's interval from its first ``on_train_batch_start`` to its last
+  ``on_train_batch_end`` (start-up and validation excluded), over the epochs after the first (the headline:
+  feedback needs one epoch to fit); ``real_tokens_per_s_all_epochs`` over every epoch.
 * ``optimizer_steps_per_s`` over the same epochs; ``padding_ratio`` ``1 - real / padded slots`` (all ranks).
 * ``straggler_ratio``: max / median over ranks of the summed compute seconds (forward + loss, from
-  ``on_train_batch_start`` to ``on_before_backward``, the interval of StragglerMonitor: no collective inside);
-  ``step_straggler_ratio``: the same per optimizer step, summed over steps (what ranks wait for).
+  ``on_train_batch_start`` to ``on_before_backward``: no collective inside); ``step_straggler_ratio``: the same
+  per optimizer step, summed over steps (what ranks wait for).
 * ``peak_memory_mb``: the largest rank's peak resident set size (``resource.getrusage``, whole process) on CPU,
-  ``torch.cuda.max_memory_allocated`` on CUDA; ``max_micro_batch_slots`` and ``over_budget_micro_batches``.
-* the loss of every optimizer step against global real tokens trained (``curves.json``), ``loss_step_noise``
-  (standard deviation of step-to-step loss differences over the second half of the steps, / sqrt 2), and
-  ``val_loss`` after every epoch: the mean over every validation token on all ranks. The validation-loss target
-  compares ``lit_balance`` with the ``random_accum`` runs (several seeds; :data:`NOISE_RULE`).
+  ``torch.cuda.max_memory_allocated`` on CUDA; ``max_micro_batch_slots`` and ``over_budget_micro_batches``
+  (micro-batches above ``--max-tokens`` slots).
+* ``val_loss`` after the last epoch (the mean over every validation token on all ranks); each optimizer step's
+  loss against global real tokens (``curves.json``).
+* the micro-batch trace (:data:`benchmarks._training.TRACE_FIELDS`, float64 ``[world_size, n, 9]``), saved in
+  ``traces.npz`` under the run's name.
+* ``predicted_real_tokens_per_s`` and ``calibration_error`` (predicted / measured - 1): the time model
+  (:mod:`benchmarks.time_model`) fitted on the traces of every measured run of this invocation.
 
-Outputs in ``--output-dir``: ``results.json`` (one object per run), ``curves.json``, ``summary.json`` (the target
-ratios and how val-loss noise was judged), ``results.md`` (the table), ``loss_vs_tokens.png``,
-``tokens_per_s.png``, and ``logs/<run>.log``.
+Projection: the fitted costs applied to every strategy's plans at 8, 64 and 512 ranks (same budgets) on the main
+job's corpus lengths (the built-in corpus's training documents, truncated to ``--max-length``) and on the three
+distributions shipped in ``lit_balance/data/lengths/`` (:func:`benchmarks.time_model.project`); a projection from
+measured costs, not a measurement.
+
+Outputs in ``--output-dir``: ``results.json`` (one object per run), ``summary.json`` (per-pair ratios with median
+and min-max, targets, the calibration error of each run, the fitted time model, command, commit, machine, date,
+wall time), ``projection.json``, ``traces.npz``, ``curves.json``, ``results.md`` (every table, ready for a docs
+page, with command, commit, machine and date at the top), ``tokens_per_s.png`` (per run, by pair),
+``loss_vs_tokens.png``, ``calibration.png`` and ``projection.png``, and ``logs/<run>.log``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
 import platform
+import statistics
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from functools import partial
@@ -85,18 +108,24 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 import lit_balance
-from benchmarks._harness import git_state, launch_ranks, non_negative, number, positive_int
+from benchmarks._harness import ROOT, git_state, launch_ranks, non_negative, number, positive_int
 from benchmarks._training import REAL, CompareLM, Meter, loss_curve, loss_step_noise, run_stats
+from benchmarks.packing_peers import flattening_batch_size
 from benchmarks.peers import EpochBatchSampler, deal_even, fixed_batch_size, sort_fill_batches, sorted_bucket_batches
-from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset
+from lit_balance import BalancedBatchSampler, PackedCollator, PadCollator, TokenDataset
 from lit_balance.cache import load_or_build
 from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, StragglerMonitor
 from lit_balance.corpus import resolve_corpus
 from lit_balance.tokenizer import resolve_tokenizer
 
-STRATEGIES = ("random", "random_accum", "sorted_buckets", "dynamic", "dynamic_accum", "lit_balance")
+STRATEGIES = ("random", "sorted_buckets", "dynamic", "dynamic_accum", "lit_balance", "lit_balance_packed",
+              "hf_flatten")
 #: Strategies that draw micro-batches with torch's DistributedSampler and a fixed batch size.
-_DISTRIBUTED_SAMPLER = ("random", "random_accum")
+_DISTRIBUTED_SAMPLER = ("random", "hf_flatten")
+#: Strategies whose micro-batch is one packed row of documents.
+_PACKED = ("lit_balance_packed", "hf_flatten")
+#: Strategies trained with lit_balance's callbacks (adaptive accumulation, straggler monitor, feedback).
+_LIT_BALANCE = ("lit_balance", "lit_balance_packed")
 SCENARIOS = ("main", "slowed_rank")
 #: DemoTransformerLM sizes: ``small`` is the main job's model (4.3M parameters with the 30,522-token vocabulary),
 #: ``bert`` BERT-base's shape (about 110M), ``tiny`` for tests.
@@ -105,49 +134,28 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
     "small": {"d_model": 128, "num_heads": 4, "num_layers": 2, "dim_feedforward": 512},
     "bert": {"d_model": 768, "num_heads": 12, "num_layers": 12, "dim_feedforward": 3072},
 }
-#: Per model size, ``(max_tokens, max_length)`` when not given: padded slots per micro-batch per rank, tokens kept.
+#: Per model size, ``(max_tokens, max_length)`` when not given: token slots per micro-batch per rank, tokens kept.
 DEFAULT_BUDGET = {"tiny": (512, 128), "small": (1024, 256), "bert": (16384, 512)}
 #: Keys every object of results.json has.
-RESULT_KEYS = ("run", "strategy", "scenario", "seed", "status", "real_tokens_per_s", "real_tokens_per_s_all_epochs",
-               "optimizer_steps_per_s", "padding_ratio", "straggler_ratio", "step_straggler_ratio", "peak_memory_mb",
-               "val_loss", "train_real_tokens")
-#: Defaults of a run and of ``--quick`` (7.5-9 minutes on 2 CPU cores): training documents (a seeded subset of the
-#: built-in corpus's training split), share of documents held out, epochs of the main scenario, runs of
-#: ``random_accum`` with different seeds, and the slowed-rank scenario's epochs and documents (None: ``num_docs``).
-#: Feedback can only move work between ranks when an epoch has enough micro-batches: ``--quick`` gives its
-#: slowed-rank runs 640 documents (about 20 micro-batches per rank per epoch) and 2 epochs; with 320, 3 epochs it
-#: measured 1.00x. 320 main-scenario documents took 10 min 6 s on a slow day (2026-12-01), hence 256.
-FULL = {"num_docs": 2000, "val_fraction": 0.05, "epochs": 2, "random_seeds": 3, "slowed_epochs": 3,
-        "slowed_num_docs": None}
-QUICK = {"num_docs": 256, "val_fraction": 0.02, "epochs": 2, "random_seeds": 2, "slowed_epochs": 2,
-         "slowed_num_docs": 640}
+RESULT_KEYS = ("run", "strategy", "scenario", "pair", "seed", "feedback", "status", "real_tokens_per_s",
+               "real_tokens_per_s_all_epochs", "optimizer_steps_per_s", "padding_ratio", "straggler_ratio",
+               "step_straggler_ratio", "peak_memory_mb", "val_loss", "train_real_tokens", "max_micro_batch_slots",
+               "over_budget_micro_batches", "predicted_real_tokens_per_s", "calibration_error")
+#: Defaults of a run and of ``--quick``: training documents (a seeded subset of the built-in corpus's training
+#: split), share of documents held out, epochs of the main scenario, pairs, and the slowed-rank scenario's epochs
+#: and documents (None: ``num_docs``). Feedback can only move work between ranks when an epoch has enough
+#: micro-batches (about 20 per rank per epoch, 640 documents; with 320 it measured 1.00x): the default's slowed-rank
+#: runs have 960 documents (about 24 per rank), ``--quick``'s 400 (about 12: it shows the pipeline runs, not what
+#: feedback recovers). Sized from runs of 2026-12-01/02 on 2 shared cores: per document and epoch about 0.11 s
+#: random, 0.064 s sorted_buckets, 0.044 s dynamic and lit_balance, 0.052 s a slowed run, plus 12-20 s of start-up
+#: per run (importing Lightning in each rank, the process group, validation): about 16 minutes per default pair.
+FULL = {"num_docs": 800, "val_fraction": 0.05, "epochs": 2, "pairs": 3, "slowed_epochs": 2, "slowed_num_docs": 960}
+QUICK = {"num_docs": 96, "val_fraction": 0.01, "epochs": 2, "pairs": 2, "slowed_epochs": 2, "slowed_num_docs": 400}
+#: The distributions shipped with the package, projected besides the main job's corpus.
+SHIPPED_LENGTHS = ("stdlib_docstrings", "pydocs_paragraphs", "fortunes")
+#: Name of the main job's corpus in projection rows.
+MAIN_CORPUS = "main_job_corpus"
 _WORKER_FLAG = "--_worker"
-#: How the validation-loss target is judged against run-to-run noise.
-NOISE_RULE = ("noise = sample standard deviation (ddof=1) of the final validation loss over the `random_accum` runs "
-              "with different seeds (model initialisation and data order both change), measured in the same "
-              "invocation; `random_accum` is `random` with as many real tokens per optimizer step as lit_balance's "
-              "target; lit_balance is no worse beyond noise when its validation loss is at most the mean of those "
-              "runs plus twice that deviation")
-
-
-
-def matched_accumulate(target_tokens_per_step: int, num_replicas: int, batch_size: int, mean_length: float) -> int:
-    """``random_accum``'s ``accumulate_grad_batches``: micro-batches per rank whose real tokens, over all ranks,
-    come nearest ``target_tokens_per_step`` (at least 1).
-
-    Args:
-        target_tokens_per_step: real tokens per optimizer step to match (global).
-        num_replicas: ranks.
-        batch_size: rows per micro-batch.
-        mean_length: mean real tokens per training document (after truncation).
-
-    Example:
-        >>> matched_accumulate(8192, 2, 4, 47.8)  # 21 x 2 x 4 x 47.8 = 8,030 real tokens per step
-        21
-    """
-    per_micro_step = num_replicas * batch_size * mean_length
-    return max(1, round(target_tokens_per_step / per_micro_step)) if per_micro_step > 0 else 1
-
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -179,17 +187,22 @@ def split_documents(num_docs: int, val_fraction: float, num_train: int | None, s
     return np.sort(train), np.sort(perm[:num_val])
 
 
+
+
 class CompareData(L.LightningDataModule):
     """The built-in corpus split once; the training loader of one strategy, the same validation loader for all.
 
     Args:
         strategy: one of :data:`STRATEGIES`.
-        max_tokens: padded token slots per micro-batch, per rank.
+        max_tokens: token slots per micro-batch, per rank (padded slots; packed: tokens).
         max_length: tokens kept per document.
         num_train: training documents (seeded subset), or None for all.
         val_fraction: share of documents held out.
         seed: seed of the samplers (the run's seed).
         cache_dir: tokenization cache (None: lit_balance's default).
+
+    Raises:
+        ValueError: an unknown strategy.
     """
 
     def __init__(self, strategy: str, max_tokens: int, max_length: int, num_train: int | None, val_fraction: float,
@@ -218,8 +231,12 @@ class CompareData(L.LightningDataModule):
         self.train_dataset, self.val_dataset = self.datasets()
         world, rank = self.trainer.world_size, self.trainer.global_rank
         lengths = self.train_dataset.lengths
-        self.collator = PadCollator(self.tokenizer.pad_token_id)
+        pad = self.tokenizer.pad_token_id
+        self.collator = PackedCollator(pad) if self.strategy in _PACKED else PadCollator(pad)
+        self.val_collator = PadCollator(pad)
         self.batch_sampler: Any = None
+        if self.strategy == "hf_flatten":
+            self.batch_size = flattening_batch_size(lengths, self.max_tokens)
         if self.strategy in _DISTRIBUTED_SAMPLER:
             self.sampler: Any = DistributedSampler(self.train_dataset, num_replicas=world, rank=rank, shuffle=True,
                                                    seed=self.seed, drop_last=True)
@@ -228,9 +245,11 @@ class CompareData(L.LightningDataModule):
             self.sampler = EpochBatchSampler(partial(sorted_bucket_batches, lengths, self.batch_size, self.seed),
                                              world, rank)
         elif self.strategy in ("dynamic", "dynamic_accum"):
-            self.sampler = EpochBatchSampler(partial(sort_fill_batches, lengths, self.max_tokens, self.seed), world, rank)
+            self.sampler = EpochBatchSampler(partial(sort_fill_batches, lengths, self.max_tokens, self.seed), world,
+                                             rank)
         else:
-            self.sampler = BalancedBatchSampler(lengths, self.max_tokens, num_replicas=world, rank=rank, seed=self.seed)
+            self.sampler = BalancedBatchSampler(lengths, self.max_tokens, num_replicas=world, rank=rank, seed=self.seed,
+                                                packing=self.strategy == "lit_balance_packed")
         self.val_sampler = BalancedBatchSampler(self.val_dataset.lengths, self.max_tokens, num_replicas=world,
                                                 rank=rank, shuffle=False, seed=0)
 
@@ -268,12 +287,12 @@ class CompareData(L.LightningDataModule):
         return DataLoader(self.train_dataset, sampler=self.sampler, batch_size=None, collate_fn=self.collator)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_dataset, sampler=self.val_sampler, batch_size=None, collate_fn=self.collator)
-
+        return DataLoader(self.val_dataset, sampler=self.val_sampler, batch_size=None, collate_fn=self.val_collator)
 
 
 def run_worker(spec_path: Path) -> None:
-    """Train one strategy as described by the JSON spec at ``spec_path``; rank 0 writes ``spec["result_path"]``."""
+    """Train one run as described by the JSON spec at ``spec_path``; rank 0 writes ``spec["result_path"]`` (JSON)
+    and ``spec["trace_path"]`` (the gathered trace, ``.npy``)."""
     spec = json.loads(Path(spec_path).read_text())
     L.seed_everything(spec["seed"], verbose=False)
     data = CompareData(spec["strategy"], spec["max_tokens"], spec["max_length"], spec["num_docs"],
@@ -283,15 +302,9 @@ def run_worker(spec_path: Path) -> None:
                       vocab_size=data.vocab_size, lr=spec["lr"], **MODEL_SIZES[spec["model_size"]])
     meter = Meter()
     callbacks: list[L.Callback] = [meter]
-    accumulate = 1
-    if spec["strategy"] == "dynamic_accum":
-        accumulate = spec["accumulate"]
-    elif spec["strategy"] == "random_accum":
-        lengths = data.datasets()[0].lengths
-        accumulate = matched_accumulate(spec["target_tokens_per_step"], spec["devices"], data.batch_size,
-                                        float(lengths.mean()) if lengths.size else 0.0)
+    accumulate = spec["accumulate"] if spec["strategy"] == "dynamic_accum" else 1
     adaptive = None
-    if spec["strategy"] == "lit_balance":
+    if spec["strategy"] in _LIT_BALANCE:
         adaptive = AdaptiveGradAccumulation(target_tokens_per_step=spec["target_tokens_per_step"])
         callbacks += [StragglerMonitor(log_every_n_micro_batches=50, warn_ratio=10.0), adaptive]
         if spec["feedback"]:
@@ -301,6 +314,7 @@ def run_worker(spec_path: Path) -> None:
         strategy=DDPStrategy(timeout=timedelta(seconds=spec["ddp_timeout_s"])), max_epochs=spec["epochs"],
         accumulate_grad_batches=accumulate, callbacks=callbacks, use_distributed_sampler=False,
         reload_dataloaders_every_n_epochs=1,  # CostModelFeedback's rank speeds can lengthen an epoch; all alike
+        check_val_every_n_epoch=spec["epochs"],  # validate once, after the last epoch (wall time; not in tokens/s)
         num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False,
     )
@@ -316,7 +330,7 @@ def run_worker(spec_path: Path) -> None:
     cum = np.concatenate([[0.0], np.cumsum(meter.gathered[:, :, REAL].sum(axis=0))])
     val = [{"epoch": e, "tokens": float(cum[m]), "val_loss": v} for e, m, v in model.val_losses]
     result = {
-        **{k: spec[k] for k in ("run", "strategy", "scenario", "seed", "feedback")}, "status": "ok", **stats,
+        **{k: spec[k] for k in ("run", "strategy", "scenario", "pair", "seed", "feedback")}, "status": "ok", **stats,
         "val_loss": val[-1]["val_loss"] if val else float("nan"), "val_losses": val,
         "loss_step_noise": loss_step_noise(losses), "final_train_loss": losses[-1] if losses else float("nan"),
         "all_planned_tokens_trained": stats["real_tokens_per_epoch"] == planned,
@@ -329,8 +343,11 @@ def run_worker(spec_path: Path) -> None:
         "accumulate_grad_batches": (sorted({h[2] for h in adaptive.history}) if adaptive is not None
                                     else [accumulate]),
         "planned_rank_speeds_per_epoch": [meter.planned_speeds.get(e) for e in range(spec["epochs"])],
+        "rank_factors": [1.0 + spec["slowdown"] if slowed and r == spec["slow_rank"] else 1.0
+                         for r in range(trainer.world_size)],
         "curve": {"tokens": tokens, "loss": losses},
     }
+    np.save(spec["trace_path"], meter.trace)
     Path(spec["result_path"]).write_text(json.dumps(result))
 
 
@@ -340,8 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", type=Path, default=Path("compare_strategies_out"),
                    help="where results.json, the plots and logs go (default: %(default)s)")
     p.add_argument("--quick", action="store_true",
-                   help=f"smaller run: {QUICK['num_docs']} training documents, {QUICK['epochs']} epochs, "
-                        f"{QUICK['random_seeds']} random_accum seeds (under 10 minutes on 2 CPU cores)")
+                   help=f"smaller run: {QUICK['pairs']} pairs, {QUICK['num_docs']} training documents, "
+                        f"slowed-rank runs over {QUICK['slowed_num_docs']} (12 min 24 s measured on 2 shared CPU cores at "
+                        "load average 3.5-6, about half of it the start-up of its 18 runs)")
+    p.add_argument("--pairs", type=positive_int, default=None,
+                   help=f"interleaved rounds of every run (default: {FULL['pairs']}; --quick: {QUICK['pairs']})")
     p.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
                    help="strategies of the main scenario (default: all)")
     p.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS),
@@ -354,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="small: the main job's 4.3M-parameter LM; bert: BERT-base's shape, for GPUs "
                         "(default: %(default)s)")
     p.add_argument("--max-tokens", type=positive_int, default=None,
-                   help="padded token slots per micro-batch, per rank (default: 1024; bert: 16384)")
+                   help="token slots per micro-batch, per rank (default: 1024; bert: 16384)")
     p.add_argument("--max-length", type=positive_int, default=None,
                    help="tokens kept per document (default: 256; bert: 512)")
     p.add_argument("--num-docs", type=positive_int, default=None,
@@ -371,15 +391,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slowed-num-docs", type=positive_int, default=None,
                    help="training documents of the slowed-rank runs (default: --num-docs; --quick: "
                         f"{QUICK['slowed_num_docs']})")
-    p.add_argument("--random-seeds", type=positive_int, default=None,
-                   help="runs of `random_accum` with seeds seed, seed+1, ...: their spread is the val-loss noise "
-                        f"(default: {FULL['random_seeds']}; --quick: {QUICK['random_seeds']})")
     p.add_argument("--accumulate", type=positive_int, default=4,
                    help="dynamic_accum's accumulate_grad_batches; lit_balance targets this many global budgets "
-                        "of real tokens per optimizer step, and random_accum accumulates to about as many "
-                        "(default: %(default)s)")
+                        "of real tokens per optimizer step (default: %(default)s)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate of every run (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="model and sampler seed of every run (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="model and sampler seed of pair 1; pair k uses seed + k - 1 "
+                   "(default: %(default)s)")
     p.add_argument("--slowdown", type=non_negative, default=0.5,
                    help="slowed_rank: extra share of time the slowed rank busy-waits (0.5: 1.5x slower)")
     p.add_argument("--slow-rank", type=int, default=1, help="slowed_rank: the rank slowed (default: %(default)s)")
@@ -399,9 +416,9 @@ def resolve_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> a
     args.num_docs = args.num_docs or preset["num_docs"]
     args.val_fraction = args.val_fraction or preset["val_fraction"]
     args.epochs = args.epochs or preset["epochs"]
+    args.pairs = args.pairs or preset["pairs"]
     args.slowed_epochs = args.slowed_epochs or preset["slowed_epochs"]
     args.slowed_num_docs = args.slowed_num_docs or preset["slowed_num_docs"] or args.num_docs
-    args.random_seeds = args.random_seeds or preset["random_seeds"]
     if args.max_length > args.max_tokens:
         parser.error(f"--max-length {args.max_length} exceeds --max-tokens {args.max_tokens}: no fixed batch size "
                      "fits the budget")
@@ -420,36 +437,41 @@ def resolve_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> a
 
 
 def plan_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One spec per subprocess: the main strategies, extra `random_accum` seeds (noise), the slowed-rank pair.
+    """One spec per subprocess, in run order: ``args.pairs`` rounds of every main strategy then the slowed-rank runs
+    (without, then with feedback), in reverse order in every second round.
 
-    Order: the main strategies, one extra `random_accum` seed, the slowed-rank pair, the other `random_accum`
-    seeds (so a stretch of load on a shared machine does not hit all of them).
+    Example:
+        >>> args = resolve_args(build_parser().parse_args(["--pairs", "2", "--strategies", "random", "lit_balance"]),
+        ...                     build_parser())
+        >>> [(r["run"], r["seed"]) for r in plan_runs(args)][:5]  # doctest: +NORMALIZE_WHITESPACE
+        [('random_pair1', 0), ('lit_balance_pair1', 0), ('lit_balance_slowed_no_feedback_pair1', 0),
+         ('lit_balance_slowed_feedback_pair1', 0), ('lit_balance_slowed_feedback_pair2', 1)]
     """
     common = {k: getattr(args, k) for k in ("accelerator", "devices", "precision", "model_size", "max_tokens",
                                             "max_length", "num_docs", "val_fraction", "epochs", "accumulate", "lr",
                                             "slowdown", "slow_rank", "cache_dir")}
     common["target_tokens_per_step"] = args.accumulate * args.devices * args.max_tokens
     common["ddp_timeout_s"] = min(args.timeout_s, 600)
-    runs, extra, slowed = [], [], []
-    if "main" in args.scenarios:
-        for s in args.strategies:
-            runs.append({**common, "run": s, "strategy": s, "scenario": "main", "seed": args.seed, "feedback": True})
-        if "random_accum" in args.strategies:
-            extra = [{**common, "run": f"random_accum_seed{args.seed + i}", "strategy": "random_accum",
-                      "scenario": "main", "seed": args.seed + i, "feedback": True} for i in range(1, args.random_seeds)]
-    if "slowed_rank" in args.scenarios:
-        slowed = [{**common, "epochs": args.slowed_epochs, "num_docs": args.slowed_num_docs,
-                   "run": f"lit_balance_slowed_{'feedback' if feedback else 'no_feedback'}",
-                   "strategy": "lit_balance", "scenario": "slowed_rank", "seed": args.seed, "feedback": feedback}
-                  for feedback in (False, True)]
-    return runs + extra[:1] + slowed + extra[1:]
-
+    runs = []
+    for pair in range(1, args.pairs + 1):
+        seed = args.seed + pair - 1
+        round_ = []
+        if "main" in args.scenarios:
+            round_ += [{**common, "run": f"{s}_pair{pair}", "strategy": s, "scenario": "main", "pair": pair,
+                        "seed": seed, "feedback": True} for s in args.strategies]
+        if "slowed_rank" in args.scenarios:
+            round_ += [{**common, "epochs": args.slowed_epochs, "num_docs": args.slowed_num_docs,
+                        "run": f"lit_balance_slowed_{'feedback' if feedback else 'no_feedback'}_pair{pair}",
+                        "strategy": "lit_balance", "scenario": "slowed_rank", "pair": pair, "seed": seed,
+                        "feedback": feedback} for feedback in (False, True)]
+        runs += round_ if pair % 2 == 1 else round_[::-1]
+    return runs
 
 
 def launch(spec: dict[str, Any], out_dir: Path, timeout_s: int, worker: Sequence[str] | None = None) -> dict[str, Any]:
     """Run one spec as ``spec["devices"]`` ranks under ``torchrun`` (:func:`benchmarks._harness.launch_ranks`:
     every rank is stopped when one fails or time runs out, so none waits forever for a collective); return its
-    result dict.
+    result dict (its trace, when the run succeeded, under ``runs/<run>.trace.npy``).
 
     ``worker``: what each rank runs, before the spec's path (default: this module with the hidden worker flag).
     """
@@ -457,8 +479,10 @@ def launch(spec: dict[str, Any], out_dir: Path, timeout_s: int, worker: Sequence
     runs_dir, logs_dir = out_dir / "runs", out_dir / "logs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     logs_dir.mkdir(parents=True, exist_ok=True)
-    spec = {**spec, "result_path": str((runs_dir / f"{spec['run']}.json").resolve())}
+    spec = {**spec, "result_path": str((runs_dir / f"{spec['run']}.json").resolve()),
+            "trace_path": str((runs_dir / f"{spec['run']}.trace.npy").resolve())}
     Path(spec["result_path"]).unlink(missing_ok=True)
+    Path(spec["trace_path"]).unlink(missing_ok=True)
     spec_path = runs_dir / f"{spec['run']}.spec.json"
     spec_path.write_text(json.dumps(spec, indent=1))
     load_before = os.getloadavg()[0]
@@ -471,7 +495,7 @@ def launch(spec: dict[str, Any], out_dir: Path, timeout_s: int, worker: Sequence
         status = "failed"
     if status != "ok":
         tail = (logs_dir / f"{spec['run']}.log").read_text(errors="replace")[-2000:]
-        result: dict[str, Any] = {k: spec[k] for k in ("run", "strategy", "scenario", "seed", "feedback")}
+        result: dict[str, Any] = {k: spec.get(k) for k in ("run", "strategy", "scenario", "pair", "seed", "feedback")}
         result.update({"status": status, "returncode": rc, "log_tail": tail})
         for key in RESULT_KEYS:
             result.setdefault(key, None)
@@ -483,77 +507,216 @@ def launch(spec: dict[str, Any], out_dir: Path, timeout_s: int, worker: Sequence
     return result
 
 
-def _ok(results: list[dict[str, Any]], run: str) -> dict[str, Any] | None:
-    r = next((r for r in results if r["run"] == run), None)
-    return r if r is not None and r["status"] == "ok" else None
+# ------------------------------------------------------------------------------------------------------------------
+# The parent: pair ratios, targets, the time model, tables and plots.
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
+def _key(r: dict[str, Any]) -> str:
+    """Name of a run's series across pairs: the strategy, or ``slowed_feedback`` / ``slowed_no_feedback``."""
+    if r.get("scenario") == "slowed_rank":
+        return "slowed_feedback" if r.get("feedback") else "slowed_no_feedback"
+    return r["strategy"]
 
 
-def evaluate_targets(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    """The target ratios of the specification, each with its measured value and whether it was met.
+def _by_pair(results: list[dict[str, Any]]) -> dict[int, dict[str, dict[str, Any]]]:
+    """``{pair: {series: run}}`` of the successful runs."""
+    out: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in results:
+        if r.get("status") == "ok":
+            out.setdefault(int(r["pair"]), {})[_key(r)] = r
+    return out
 
-    Val-loss noise: :data:`NOISE_RULE`.
+
+def slowed_ideal(no_feedback: dict[str, Any], slow_rank: int) -> tuple[float, float]:
+    """``(speed, ideal)``: the slowed rank's measured relative speed (fastest rank's compute seconds per padded slot
+    over its own, forward + loss, in the run without feedback) and the ideal feedback / no-feedback ratio for it:
+    work split in proportion to speed against an equal split, ``(1 / speed) / (n / (n - 1 + speed))``.
+
+    Example:
+        >>> speed, ideal = slowed_ideal({"compute_s_per_padded_slot_per_rank": [1.0, 1.5]}, 1)
+        >>> round(speed, 4), round(ideal, 4)  # speed 2/3 on 2 ranks: 1.25x
+        (0.6667, 1.25)
     """
-    lb, rnd, dyn = _ok(results, "lit_balance"), _ok(results, "random"), _ok(results, "dynamic")
+    per_slot = no_feedback["compute_s_per_padded_slot_per_rank"]
+    slow = per_slot[slow_rank]
+    speed = min(per_slot) / slow if slow > 0 else 1.0
+    n = len(per_slot)
+    return speed, (1 / speed) / (n / (n - 1 + speed))
+
+
+def pair_ratios(results: list[dict[str, Any]], slow_rank: int = 1) -> dict[str, dict[str, Any]]:
+    """Per pair, real tokens/s ratios of runs of the same pair; each with median, min and max over pairs.
+
+    Ratios (numerator/denominator): ``lit_balance/random``, ``lit_balance/dynamic``,
+    ``lit_balance_packed/lit_balance``, ``feedback/no_feedback`` (slowed rank), ``<strategy>/lit_balance`` for every
+    other strategy, and ``slowed_recovery``: ``(feedback/no_feedback - 1) / (ideal - 1)`` with the ideal of
+    :func:`slowed_ideal` from that pair's run without feedback. A pair missing either run has no value.
+
+    Returns:
+        ``{name: {"per_pair": {pair: value}, "median", "min", "max", "pairs"}}`` (None figures with no pair).
+
+    Example:
+        >>> runs = [{"pair": p, "strategy": s, "scenario": "main", "status": "ok", "real_tokens_per_s": t}
+        ...         for p, s, t in [(1, "random", 100.0), (1, "lit_balance", 300.0), (2, "random", 100.0),
+        ...                         (2, "lit_balance", 350.0)]]
+        >>> r = pair_ratios(runs)["lit_balance/random"]
+        >>> r["per_pair"], r["median"], r["min"], r["max"]
+        ({1: 3.0, 2: 3.5}, 3.25, 3.0, 3.5)
+    """
+    pairs = _by_pair(results)
+    series = sorted({k for runs in pairs.values() for k in runs}, key=lambda k: (k not in STRATEGIES, k))
+    names = [("lit_balance/random", "lit_balance", "random"), ("lit_balance/dynamic", "lit_balance", "dynamic"),
+             ("lit_balance_packed/lit_balance", "lit_balance_packed", "lit_balance"),
+             ("feedback/no_feedback", "slowed_feedback", "slowed_no_feedback")]
+    names += [(f"{s}/lit_balance", s, "lit_balance") for s in series if s in STRATEGIES and s != "lit_balance"]
+    out: dict[str, dict[str, Any]] = {}
+    for name, num, den in names:
+        out[name] = {"per_pair": {p: runs[num]["real_tokens_per_s"] / runs[den]["real_tokens_per_s"]
+                                  for p, runs in pairs.items() if num in runs and den in runs
+                                  and runs[den]["real_tokens_per_s"]}}
+    recovery, ideals = {}, {}
+    for p, v in out["feedback/no_feedback"]["per_pair"].items():
+        _, ideal = slowed_ideal(pairs[p]["slowed_no_feedback"], slow_rank)
+        ideals[p] = ideal
+        if ideal > 1:
+            recovery[p] = (v - 1) / (ideal - 1)
+    out["slowed_ideal"] = {"per_pair": ideals}
+    out["slowed_recovery"] = {"per_pair": recovery}
+    for entry in out.values():
+        values = list(entry["per_pair"].values())
+        entry.update(pairs=len(values), median=statistics.median(values) if values else None,
+                     min=min(values) if values else None, max=max(values) if values else None)
+    return out
+
+
+def _spread(values: Sequence[float]) -> dict[str, Any]:
+    values = [v for v in values if v is not None]
+    return {"median": statistics.median(values) if values else None, "min": min(values) if values else None,
+            "max": max(values) if values else None, "values": list(values)}
+
+
+def strategy_summary(results: list[dict[str, Any]], ratios: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per series (strategy, ``slowed_feedback``, ``slowed_no_feedback``): median / min / max over pairs of its real
+    tokens/s, padding ratio, straggler ratio, peak memory, validation loss, over-budget micro-batches, calibration
+    error, and of its ratio to ``lit_balance`` (main strategies)."""
+    out: dict[str, Any] = {}
+    for runs in _by_pair(results).values():
+        for key, r in runs.items():
+            out.setdefault(key, []).append(r)
+    summary = {}
+    for key, runs in out.items():
+        entry = {f: _spread([r.get(f) for r in runs]) for f in (
+            "real_tokens_per_s", "padding_ratio", "straggler_ratio", "peak_memory_mb", "val_loss",
+            "over_budget_micro_batches", "calibration_error")}
+        ratio = ratios.get(f"{key}/lit_balance")
+        if ratio is not None:
+            entry["ratio_to_lit_balance"] = {k: ratio[k] for k in ("median", "min", "max", "per_pair")}
+        summary[key] = entry
+    return summary
+
+
+def evaluate_targets(results: list[dict[str, Any]], ratios: dict[str, dict[str, Any]], args: argparse.Namespace,
+                     projection: list[dict[str, Any]] | None = None, wall_s: float | None = None) -> dict[str, Any]:
+    """The targets of the specification: each with its value (median over pairs), min, max, rule and whether it was
+    met (None: not judged, e.g. a run failed or the time model is missing)."""
     targets: dict[str, Any] = {}
 
-    def put(name: str, value: float | None, ok: bool | None, rule: str, **extra: Any) -> None:
-        targets[name] = {"value": value, "met": ok, "rule": rule, **extra}
+    def put(name: str, ratio: str | None, threshold: float, rule: str, value: float | None = None,
+            lo: float | None = None, hi: float | None = None, at_least: bool = True, **extra: Any) -> None:
+        if ratio is not None:
+            value, lo, hi = ratios[ratio]["median"], ratios[ratio]["min"], ratios[ratio]["max"]
+        met = None if value is None else (value >= threshold if at_least else value <= threshold)
+        targets[name] = {"value": value, "min": lo, "max": hi, "met": met, "rule": rule, **extra}
 
-    if lb and rnd:
-        v = _ratio(lb["real_tokens_per_s"], rnd["real_tokens_per_s"])
-        put("tokens_per_s_vs_random", v, v >= 3.0, "lit_balance / random real tokens/s >= 3",
-            whole_run=_ratio(lb["real_tokens_per_s_all_epochs"], rnd["real_tokens_per_s_all_epochs"]))
-    if lb and dyn:
-        v = _ratio(lb["real_tokens_per_s"], dyn["real_tokens_per_s"])
-        put("tokens_per_s_vs_dynamic", v, v >= 1.05, "lit_balance / dynamic real tokens/s >= 1.05",
-            whole_run=_ratio(lb["real_tokens_per_s_all_epochs"], dyn["real_tokens_per_s_all_epochs"]))
-        v = _ratio(lb["peak_memory_mb"], dyn["peak_memory_mb"])
-        put("peak_memory_vs_dynamic", v, v <= 1.02, "lit_balance / dynamic peak memory <= 1.02")
-    if lb:
-        put("micro_batches_over_budget", lb["over_budget_micro_batches"], lb["over_budget_micro_batches"] == 0,
-            f"lit_balance micro-batches above {args.max_tokens} padded slots == 0",
-            max_micro_batch_slots=lb["max_micro_batch_slots"])
-        put("straggler_ratio", lb["straggler_ratio"], lb["straggler_ratio"] <= 1.05,
-            "lit_balance max/median per-rank compute s <= 1.05", step_straggler_ratio=lb["step_straggler_ratio"])
-    seeds = [r for r in results if r["strategy"] == "random_accum" and r["scenario"] == "main"
-             and r["status"] == "ok"]
-    if lb and len(seeds) >= 2:
-        vals = np.array([r["val_loss"] for r in seeds])
-        mean, std = float(vals.mean()), float(vals.std(ddof=1))
-        diff = lb["val_loss"] - mean
-        put("val_loss_vs_random", diff, diff <= 2 * std, "lit_balance val_loss - mean(random_accum seeds) <= 2 x "
-            "std(random_accum seeds) (random batches, about the same real tokens per optimizer step)",
-            random_accum_val_losses=vals.tolist(), random_accum_mean=mean, random_accum_std=std,
-            lit_balance_val_loss=lb["val_loss"], real_tokens_per_step=[lb.get("real_tokens_per_optimizer_step"),
-                                                                       seeds[0].get("real_tokens_per_optimizer_step")])
-    # not targets: `random` takes one micro-batch per optimizer step (about 20x the steps of lit_balance at the same
-    # learning rate); `dynamic_accum` about lit_balance's real tokens per step, with other micro-batches
-    for name in ("random", "dynamic_accum"):
-        other = _ok(results, name)
-        if lb and other:
-            put(f"val_loss_vs_{name}_run", lb["val_loss"] - other["val_loss"], None,
-                f"informational, not a target: lit_balance - {name} val_loss",
-                **{f"{name}_val_loss": other["val_loss"]},
-                real_tokens_per_step=[lb.get("real_tokens_per_optimizer_step"),
-                                      other.get("real_tokens_per_optimizer_step")])
-    no_fb, fb = _ok(results, "lit_balance_slowed_no_feedback"), _ok(results, "lit_balance_slowed_feedback")
-    if no_fb and fb:
-        v = _ratio(fb["real_tokens_per_s"], no_fb["real_tokens_per_s"])
-        per_slot = no_fb["compute_s_per_padded_slot_per_rank"]
-        fast = min(per_slot)
-        slow = per_slot[args.slow_rank]
-        speed = fast / slow if slow > 0 else 1.0  # measured relative speed of the slowed rank (forward + loss)
-        n = len(per_slot)
-        ideal = (1 / speed) / (n / (n - 1 + speed))  # equal split vs split proportional to speed
-        put("feedback_vs_no_feedback", v, v >= 1.18, "slowed rank: feedback / no feedback real tokens/s >= 1.18 "
-            "(epochs after the first)", whole_run=_ratio(fb["real_tokens_per_s_all_epochs"],
-                                                          no_fb["real_tokens_per_s_all_epochs"]),
-            measured_slow_rank_speed=speed, ideal_for_measured_speed=ideal)
+    put("tokens_per_s_vs_random", "lit_balance/random", 3.0, "median over pairs of lit_balance / random real "
+        "tokens/s >= 3")
+    put("tokens_per_s_vs_dynamic", "lit_balance/dynamic", 1.0, "median over pairs of lit_balance / dynamic real "
+        "tokens/s >= 1")
+    lb_runs = [r for r in results if r.get("status") == "ok" and r["strategy"] in _LIT_BALANCE]
+    over = [r["over_budget_micro_batches"] for r in lb_runs]
+    put("micro_batches_over_budget", None, 0, f"micro-batches above {args.max_tokens} slots in every lit_balance "
+        "and lit_balance_packed run == 0", value=sum(over) if over else None, lo=min(over, default=None),
+        hi=max(over, default=None), at_least=False,
+        dynamic_over_budget=[r["over_budget_micro_batches"] for r in results
+                             if r.get("status") == "ok" and r["strategy"] == "dynamic"])
+    put("packed_vs_padded", "lit_balance_packed/lit_balance", 1.02, "median over pairs of lit_balance_packed / "
+        "lit_balance real tokens/s >= 1.02")
+    put("slowed_rank_recovery", "slowed_recovery", 0.75, "slowed rank: median over pairs of (feedback / no feedback "
+        "- 1) / (ideal - 1) >= 0.75, the ideal from that pair's measured speeds",
+        feedback_vs_no_feedback=ratios["feedback/no_feedback"]["median"], ideal=ratios["slowed_ideal"]["median"])
+    errors = [r["calibration_error"] for r in results if r.get("status") == "ok"
+              and r.get("calibration_error") is not None]
+    put("calibration", None, 0.05, "every measured run: abs(predicted / measured real tokens/s - 1) <= 0.05",
+        value=max(map(abs, errors)) if errors else None, lo=min(errors, default=None), hi=max(errors, default=None),
+        at_least=False)
+    if projection:
+        for name, distributions, threshold in (
+                ("projection_64_main_corpus", [MAIN_CORPUS], 1.3),
+                ("projection_64_shipped", list(SHIPPED_LENGTHS), 1.0)):
+            margins = {}
+            for d in distributions:
+                rows = {r["strategy"]: r["predicted_real_tokens_per_s"] for r in projection
+                        if r["distribution"] == d and r["num_replicas"] == 64}
+                ours = max(rows.get(s, float("-inf")) for s in _LIT_BALANCE)
+                others = [v for s, v in rows.items() if s not in _LIT_BALANCE]
+                if others and math.isfinite(ours):
+                    margins[d] = ours / max(others)
+            vals = list(margins.values())
+            put(name, None, threshold, f"projection at 64 ranks on {', '.join(distributions)}: the better of "
+                f"lit_balance / lit_balance_packed over the best other strategy's tokens/s >= {threshold} (least "
+                "over distributions)", value=min(vals) if vals else None, lo=min(vals, default=None),
+                hi=max(vals, default=None), per_distribution=margins)
+    if wall_s is not None:
+        limit = 600 if args.quick else 5400
+        put("wall_time", None, limit, f"wall time of this invocation <= {limit} s ({'--quick' if args.quick else 'default'})",
+            value=wall_s, at_least=False)
+    # informational, not targets of the specification
+    put("straggler_ratio", None, 1.05, "informational: lit_balance max/median per-rank compute s, median over "
+        "pairs", value=_spread([r["straggler_ratio"] for r in lb_runs if r["strategy"] == "lit_balance"
+                                and r["scenario"] == "main"])["median"], at_least=False)
+    targets["straggler_ratio"]["met"] = None
     return targets
+
+
+def calibrate_and_project(results: list[dict[str, Any]], traces: dict[str, np.ndarray], args: argparse.Namespace,
+                          lengths: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any] | None:
+    """Fit :mod:`benchmarks.time_model` on every successful run's trace, add ``predicted_real_tokens_per_s`` and
+    ``calibration_error`` to each result, project every strategy to 8, 64 and 512 ranks on ``lengths``
+    (``{distribution: token lengths}``), write ``projection.json``, ``calibration.png`` and ``projection.png``.
+
+    Returns:
+        ``{"time_model": fitted costs, "projection": rows}``, or None when ``benchmarks.time_model`` is missing.
+    """
+    if importlib.util.find_spec("benchmarks.time_model") is None:
+        return None
+    from benchmarks import time_model
+    runs = [time_model.RunTrace(run=r["run"], strategy=r["strategy"], trace=traces[r["run"]],
+                                headline_epochs=tuple(r["headline_epochs"]), rank_factors=tuple(r["rank_factors"]),
+                                measured_real_tokens_per_s=r["real_tokens_per_s"])
+            for r in results if r.get("status") == "ok" and r["run"] in traces]
+    model = time_model.fit_time_model(runs)
+    predictions = []
+    for run, r in zip(runs, (r for r in results if r.get("status") == "ok" and r["run"] in traces)):
+        p = time_model.predict_run(model, run)
+        r["predicted_real_tokens_per_s"] = p["predicted_real_tokens_per_s"]
+        r["calibration_error"] = p["calibration_error"]
+        predictions.append({"run": r["run"], "strategy": r["strategy"], "pair": r["pair"], **p})
+    rows = time_model.project(model, strategies=STRATEGIES, lengths=lengths, max_tokens=args.max_tokens,
+                              max_length=args.max_length, accumulate=args.accumulate, seed=args.seed)
+    (out_dir / "projection.json").write_text(json.dumps(rows, indent=1))
+    time_model.plot_calibration(predictions, out_dir / "calibration.png")
+    time_model.plot_projection(rows, out_dir / "projection.png")
+    return {"time_model": model.to_dict(), "projection": rows, "predictions": predictions}
+
+
+def projection_lengths(corpus_lengths: np.ndarray, max_length: int) -> dict[str, np.ndarray]:
+    """``{distribution: int64 token lengths}`` projected: the main job's corpus (training documents, already
+    truncated) and the shipped distributions of ``lit_balance/data/lengths/``, truncated to ``max_length``."""
+    out = {MAIN_CORPUS: np.asarray(corpus_lengths, dtype=np.int64)}
+    for name in SHIPPED_LENGTHS:
+        shipped = np.load(ROOT / "lit_balance" / "data" / "lengths" / f"lengths_{name}.npy").astype(np.int64)
+        out[name] = np.minimum(shipped, max_length)
+    return out
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -564,90 +727,128 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
 def markdown_table(results: list[dict[str, Any]], max_tokens: int) -> str:
     """The per-run table (Markdown), in run order."""
-    head = ["run", "scenario", "real tokens/s (epochs >= 1)", "real tokens/s (all)", "optimizer steps/s",
-            "padding ratio", "straggler ratio (run / per step)", "peak memory MB (max rank)",
-            f"largest micro-batch (budget {max_tokens})", "loss step noise", "val loss", "train real tokens",
-            "optimizer steps", "accumulate"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head = ["run", "pair", "scenario", "real tokens/s (epochs >= 1)", "real tokens/s (all)", "predicted tokens/s",
+            "optimizer steps/s", "padding ratio", "straggler ratio (run / per step)", "peak memory MB (max rank)",
+            f"largest micro-batch (budget {max_tokens})", "val loss", "train real tokens", "optimizer steps",
+            "accumulate", "load before"]
+    rows = []
     for r in results:
         if r["status"] != "ok":
-            lines.append(f"| {r['run']} | {r['scenario']} | {r['status']} |" + " - |" * (len(head) - 3))
+            rows.append([r["run"], _fmt(r.get("pair")), r["scenario"], r["status"]] + ["-"] * (len(head) - 4))
             continue
         acc = r.get("accumulate_grad_batches") or []
-        lines.append("| " + " | ".join([
-            r["run"], r["scenario"], _fmt(r["real_tokens_per_s"], 0), _fmt(r["real_tokens_per_s_all_epochs"], 0),
+        rows.append([
+            r["run"], str(r["pair"]), r["scenario"], _fmt(r["real_tokens_per_s"], 0),
+            _fmt(r["real_tokens_per_s_all_epochs"], 0), _fmt(r.get("predicted_real_tokens_per_s"), 0),
             _fmt(r["optimizer_steps_per_s"], 2), _fmt(r["padding_ratio"]),
             f"{_fmt(r['straggler_ratio'])} / {_fmt(r['step_straggler_ratio'])}", _fmt(r["peak_memory_mb"], 0),
-            f"{r['max_micro_batch_slots']} ({r['over_budget_micro_batches']} over)", _fmt(r["loss_step_noise"]),
-            _fmt(r["val_loss"]), f"{r['train_real_tokens']:,}", str(r["optimizer_steps"]),
+            f"{r['max_micro_batch_slots']} ({r['over_budget_micro_batches']} over)", _fmt(r["val_loss"]),
+            f"{r['train_real_tokens']:,}", str(r["optimizer_steps"]),
             "-".join(map(str, [min(acc), max(acc)])) if acc and min(acc) != max(acc) else str(acc[0] if acc else "-"),
-        ]) + " |")
-    return "\n".join(lines)
+            _fmt(r.get("load_avg_1min_before"), 1)])
+    return _table(head, rows)
+
+
+def ratios_table(ratios: dict[str, dict[str, Any]], pairs: int) -> str:
+    """Per-pair ratios with median and min-max (Markdown)."""
+    head = ["ratio (real tokens/s)", *[f"pair {p}" for p in range(1, pairs + 1)], "median", "min", "max"]
+    return _table(head, [[name, *[_fmt(e["per_pair"].get(p)) for p in range(1, pairs + 1)], _fmt(e["median"]),
+                          _fmt(e["min"]), _fmt(e["max"])] for name, e in ratios.items()])
 
 
 def targets_text(targets: dict[str, Any]) -> str:
-    """One line per target: value, rule, met or not."""
-    lines = []
+    """The targets as a Markdown table: value (median over pairs), min-max, rule, met or not."""
+    rows = []
     for name, t in targets.items():
         met = {True: "met", False: "NOT met", None: "not judged"}[t["met"]]
-        extra = ", ".join(f"{k} {_fmt(v) if not isinstance(v, list) else '[' + ', '.join(map(_fmt, v)) + ']'}"
-                          for k, v in t.items() if k not in ("value", "met", "rule"))
-        lines.append(f"- {name}: {_fmt(t['value'])} ({t['rule']}): {met}" + (f"; {extra}" if extra else ""))
-    return "\n".join(lines)
+        spread = "-" if t["min"] is None and t["max"] is None else f"{_fmt(t['min'])} - {_fmt(t['max'])}"
+        rows.append([name, _fmt(t["value"]), spread, t["rule"].replace("|", "/"), met])
+    return _table(["target", "value", "min - max", "rule", "verdict"], rows)
 
 
-COLORS = {"random": "tab:gray", "random_accum": "tab:green", "sorted_buckets": "tab:brown", "dynamic": "tab:orange",
-          "dynamic_accum": "tab:red", "lit_balance": "tab:blue"}
+def calibration_table(fit: dict[str, Any] | None) -> str:
+    """Measured against predicted real tokens/s per run, and the fitted costs (Markdown)."""
+    if fit is None:
+        return "benchmarks/time_model.py is not installed: no calibration."
+    costs = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in fit["time_model"].items())
+    rows = [[p["run"], _fmt(float(p["measured_real_tokens_per_s"]), 0), _fmt(float(p["predicted_real_tokens_per_s"]), 0),
+             f"{100 * p['calibration_error']:+.1f} %"] for p in fit["predictions"]]
+    return f"fitted time model: {costs}\n\n" + _table(["run", "measured real tokens/s", "predicted real tokens/s",
+                                                      "error"], rows)
+
+
+def projection_table(rows: Sequence[dict[str, Any]] | None) -> str:
+    """The projection rows (Markdown), labelled as a projection from measured costs."""
+    if not rows:
+        return "no projection (benchmarks/time_model.py is not installed)."
+    head = ["distribution", "ranks", "strategy", "predicted real tokens/s", "optimizer steps/s", "padding ratio",
+            "useful compute fraction U", "largest micro-batch (slots)", "over budget"]
+    body = [[r["distribution"], str(r["num_replicas"]), r["strategy"], _fmt(float(r["predicted_real_tokens_per_s"]), 0),
+             _fmt(r.get("predicted_optimizer_steps_per_s"), 2), _fmt(r.get("padding_ratio")),
+             _fmt(r.get("useful_compute_fraction")), _fmt(r.get("max_micro_batch_slots")),
+             _fmt(r.get("over_budget_micro_batches"))] for r in rows]
+    return f"{rows[0].get('label', 'projection from measured costs')}\n\n" + _table(head, body)
+
+
+COLORS = {"random": "tab:gray", "sorted_buckets": "tab:brown", "dynamic": "tab:orange", "dynamic_accum": "tab:red",
+          "lit_balance": "tab:blue", "lit_balance_packed": "tab:cyan", "hf_flatten": "tab:purple",
+          "slowed_no_feedback": "tab:olive", "slowed_feedback": "tab:green"}
 
 
 def plot(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """``loss_vs_tokens.png`` (main scenario: step loss, smoothed, and validation loss after each epoch, against
-    global real training tokens) and ``tokens_per_s.png`` (real tokens/s of every run)."""
+    """``tokens_per_s.png`` (real tokens/s of every run, grouped by strategy, one bar per pair) and
+    ``loss_vs_tokens.png`` (pair 1, main scenario: step loss, smoothed, and the validation loss after the last
+    epoch, against global real training tokens)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = [r for r in results if r["status"] == "ok"]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for r in (r for r in ok if r["scenario"] == "main"):
-        tokens, loss = np.array(r["curve"]["tokens"]), np.array(r["curve"]["loss"])
-        if tokens.size == 0:
-            continue
-        window = max(1, tokens.size // 40)  # a moving mean over 1/40 of the run's steps
-        smooth = np.convolve(loss, np.ones(window) / window, mode="valid")
-        extra = r["run"] != r["strategy"]
-        ax.plot(tokens[window - 1:], smooth, color=COLORS[r["strategy"]], alpha=0.45 if extra else 1.0,
-                lw=1.0 if extra else 1.6, label=r["run"])
-        ax.plot([v["tokens"] for v in r["val_losses"]], [v["val_loss"] for v in r["val_losses"]], "o",
-                color=COLORS[r["strategy"]], alpha=0.45 if extra else 1.0, ms=5)
-    ax.set_xlabel("real training tokens (all ranks)")
-    ax.set_ylabel("loss (nats per token)")
-    ax.set_title("training loss (moving mean of optimizer steps) and validation loss (dots, epoch ends)")
-    ax.title.set_fontsize(9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    pairs = _by_pair(results)
+    series = [k for k in COLORS if any(k in runs for runs in pairs.values())]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / max(len(pairs), 1)
+    for i, (p, runs) in enumerate(sorted(pairs.items())):
+        x = [j + (i - (len(pairs) - 1) / 2) * width for j, k in enumerate(series) if k in runs]
+        ax.bar(x, [runs[k]["real_tokens_per_s"] for k in series if k in runs], width,
+               color=[COLORS[k] for k in series if k in runs], alpha=0.55 + 0.45 * (i + 1) / len(pairs),
+               edgecolor="black", lw=0.5, label=f"pair {p}")
+    ax.set_xticks(range(len(series)), series, rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("real tokens / s (all ranks), epochs after the first")
+    ax.set_title("every run, by pair (bars left to right: pair 1, 2, ...)", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    paths = [out_dir / "loss_vs_tokens.png"]
+    paths = [out_dir / "tokens_per_s.png"]
     fig.savefig(paths[0], dpi=110)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    labels = [r["run"] for r in ok]
-    head = [r["real_tokens_per_s"] for r in ok]
-    whole = [r["real_tokens_per_s_all_epochs"] for r in ok]
-    y = np.arange(len(ok))
-    ax.barh(y, head, color=[COLORS[r["strategy"]] for r in ok], label="epochs after the first")
-    ax.plot(whole, y, "k|", ms=14, label="all epochs")
-    ax.set_yticks(y, labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("real tokens / s (all ranks)")
-    ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    fig, ax = plt.subplots(figsize=(8, 5))
+    first = pairs.get(min(pairs)) if pairs else {}
+    for key, r in first.items():
+        curve = r.get("curve") or {"tokens": [], "loss": []}
+        tokens, loss = np.array(curve["tokens"]), np.array(curve["loss"])
+        if r["scenario"] != "main" or tokens.size == 0:
+            continue
+        window = max(1, tokens.size // 40)  # a moving mean over 1/40 of the run's steps
+        smooth = np.convolve(loss, np.ones(window) / window, mode="valid")
+        ax.plot(tokens[window - 1:], smooth, color=COLORS[key], lw=1.4, label=key)
+        ax.plot([v["tokens"] for v in r["val_losses"]], [v["val_loss"] for v in r["val_losses"]], "o",
+                color=COLORS[key], ms=5)
+    ax.set_xlabel("real training tokens (all ranks)")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title("pair 1: training loss (moving mean of optimizer steps) and validation loss (dot, last epoch)",
+                 fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    paths.append(out_dir / "tokens_per_s.png")
+    paths.append(out_dir / "loss_vs_tokens.png")
     fig.savefig(paths[1], dpi=110)
     plt.close(fig)
     return paths
@@ -680,54 +881,78 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     start = time.perf_counter()
     out_dir = args.output_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    command = "python " + " ".join([str(Path(sys.argv[0])), *(argv if argv is not None else sys.argv[1:])])
+    command = "python -m benchmarks.compare_strategies " + " ".join(argv if argv is not None else sys.argv[1:])
     # tokenize once here, so the runs only load the cache
     corpus = load_or_build(resolve_corpus(None), resolve_tokenizer(None), args.cache_dir)
     train_docs, val_docs = split_documents(len(corpus), args.val_fraction, args.num_docs)
     lengths = np.minimum(corpus.lengths, args.max_length)
-    print(f"world size {args.devices} ({args.accelerator}) | budget {args.max_tokens} padded slots per micro-batch "
-          f"per rank | max_length {args.max_length} | fixed batch size {fixed_batch_size(args.max_tokens, args.max_length)} "
+    print(f"world size {args.devices} ({args.accelerator}) | budget {args.max_tokens} slots per micro-batch per rank "
+          f"| max_length {args.max_length} | fixed batch size {fixed_batch_size(args.max_tokens, args.max_length)} "
           f"rows | {len(train_docs)} training documents ({int(lengths[train_docs].sum()):,} tokens), "
-          f"{len(val_docs)} validation | {args.epochs} epochs | slowed-rank runs: {args.slowed_epochs} epochs, "
-          f"{args.slowed_num_docs} documents | model "
-          f"{args.model_size} | lr {args.lr} | "
+          f"{len(val_docs)} validation | {args.epochs} epochs | {args.pairs} pairs | slowed-rank runs: "
+          f"{args.slowed_epochs} epochs, {args.slowed_num_docs} documents | model {args.model_size} | lr {args.lr} | "
           f"lit_balance target {args.accumulate * args.devices * args.max_tokens} real tokens per optimizer step",
           flush=True)
-    results = []
+    results, traces = [], {}
     for spec in plan_runs(args):
         r = launch(spec, out_dir, args.timeout_s)
         results.append(r)
+        trace_path = out_dir / "runs" / f"{r['run']}.trace.npy"
         if r["status"] == "ok":
-            print(f"{r['run']:>32}: {r['real_tokens_per_s']:8.0f} real tokens/s (all epochs "
+            traces[r["run"]] = np.load(trace_path)
+            print(f"{r['run']:>40}: {r['real_tokens_per_s']:8.0f} real tokens/s (all epochs "
                   f"{r['real_tokens_per_s_all_epochs']:.0f}) | padding {r['padding_ratio']:.3f} | straggler "
                   f"{r['straggler_ratio']:.3f} | peak {r['peak_memory_mb']:.0f} MB | val loss {r['val_loss']:.4f} | "
                   f"{r['subprocess_wall_s']:.0f} s", flush=True)
         else:
-            print(f"{r['run']:>32}: {r['status']} after {r['subprocess_wall_s']:.0f} s (see logs/{r['run']}.log)",
+            print(f"{r['run']:>40}: {r['status']} after {r['subprocess_wall_s']:.0f} s (see logs/{r['run']}.log)",
                   flush=True)
+    np.savez(out_dir / "traces.npz", **traces)
+    for r in results:
+        r.setdefault("predicted_real_tokens_per_s", None)
+        r.setdefault("calibration_error", None)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1))  # kept should the time model fail
+    fit, fit_error = None, None
+    try:
+        fit = calibrate_and_project(results, traces, args, projection_lengths(lengths[train_docs], args.max_length),
+                                    out_dir)
+    except Exception as error:  # noqa: BLE001 - an hour of measurements is written out whatever the model does
+        fit_error = f"{type(error).__name__}: {error}"
+        traceback.print_exc()
+    ratios = pair_ratios(results, args.slow_rank)
+    paths = plot(results, out_dir)
     curves = {r["run"]: r.pop("curve") for r in results if "curve" in r}
-    targets = evaluate_targets(results, args)
-    table = markdown_table(results, args.max_tokens)
     wall = time.perf_counter() - start
+    targets = evaluate_targets(results, ratios, args, fit["projection"] if fit else None, wall_s=wall)
+    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    machine, commit = _machine(), _commit()
     summary = {
-        "command": command, "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "wall_s": wall, "commit": _commit(), "machine": _machine(),
+        "command": command, "date_utc": date, "wall_s": wall, "commit": commit, "machine": machine,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "worker"},
         "train_documents": len(train_docs), "train_tokens_per_epoch": int(lengths[train_docs].sum()),
-        "validation_documents": len(val_docs), "targets": targets,
-        "val_loss_noise": NOISE_RULE,
+        "validation_documents": len(val_docs), "pairs": args.pairs,
+        "ratios": {k: {**v, "per_pair": {str(p): x for p, x in v["per_pair"].items()}} for k, v in ratios.items()},
+        "strategies": strategy_summary(results, ratios), "targets": targets,
+        "calibration": {r["run"]: r["calibration_error"] for r in results if r.get("status") == "ok"},
+        "time_model": fit["time_model"] if fit else None,
+        "time_model_note": None if fit else (fit_error or "benchmarks/time_model.py is missing: no calibration or "
+                                             "projection"),
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
-    (out_dir / "curves.json").write_text(json.dumps({r: c for r, c in curves.items()}))
+    (out_dir / "curves.json").write_text(json.dumps(curves))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    for r in results:
-        r["curve"] = curves.get(r["run"], {"tokens": [], "loss": []})
-    plot(results, out_dir)
-    for r in results:
-        r.pop("curve")
-    text = f"{table}\n\n{targets_text(targets)}\n"
+    text = "\n\n".join([
+        (f"Command: `{command}`  \nCommit: {commit}  \nMachine: {machine['platform']}, {machine['cpu_count']} CPUs, "
+         f"torch {machine['torch']}, Lightning {machine['lightning']}  \nDate (UTC): {date}  \nWall time: "
+         f"{wall:.0f} s; {len(train_docs)} training documents, {args.epochs} epochs, {args.pairs} pairs"),
+        "### Runs\n\n" + markdown_table(results, args.max_tokens),
+        "### Ratios per pair\n\n" + ratios_table(ratios, args.pairs),
+        "### Targets\n\n" + targets_text(targets),
+        "### Calibration\n\n" + (f"the time model failed: {fit_error}" if fit_error else calibration_table(fit)),
+        "### Projection\n\n" + projection_table(fit["projection"] if fit else None)]) + "\n"
     (out_dir / "results.md").write_text(text)
-    print(text + f"\nwall time {wall:.0f} s; results in {out_dir}", flush=True)
+    print(text + f"\nplots: {', '.join(p.name for p in paths)}; wall time {wall:.0f} s; results in {out_dir}",
+          flush=True)
     return results
 
 

@@ -1,8 +1,9 @@
-"""benchmarks/compare_strategies.py: the baseline batch builders it trains with, the figures of a run, the targets,
-the command line, the torchrun launcher, and one small end-to-end run (2 CPU DDP ranks).
+"""benchmarks/compare_strategies.py: the baseline batch builders it trains with, the meter's trace, the figures of a
+run, the per-pair ratios and targets, the command line and its pairs, the torchrun launcher, and one small end-to-end
+run (2 CPU DDP ranks, one pair of three strategies, with the time model's calibration and projection).
 
 Run:
-    python -m pytest tests/benchmarks/test_compare_strategies.py -q
+    python -m pytest -m benchmark tests/benchmarks/test_compare_strategies.py -q
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import subprocess
 import sys
 from argparse import Namespace
+from itertools import pairwise
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,9 +22,9 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import compare_strategies as cs
 from benchmarks import _training as training
-from benchmarks import peers
+from benchmarks import compare_strategies as cs
+from benchmarks import packing_peers, peers
 
 ROOT = Path(__file__).resolve().parents[2]
 LENGTHS = np.minimum(np.load(ROOT / "lit_balance/data/lengths/lengths_stdlib_docstrings.npy")[:3000], 256)
@@ -53,7 +55,7 @@ def test_sorted_bucket_batches_cover_every_sample_once_in_sorted_fixed_size_buck
     assert sizes[1:] == [4] * (len(batches) - 1) and 1 <= sizes[0] <= 4  # one shorter bucket at most
     # buckets are contiguous in the length order: sorted by their shortest row, their length ranges never overlap
     ranges = sorted((LENGTHS[b].min(), LENGTHS[b].max()) for b in batches)
-    assert all(hi <= next_lo for (_, hi), (next_lo, _) in zip(ranges, ranges[1:]))
+    assert all(hi <= next_lo for (_, hi), (next_lo, _) in pairwise(ranges))
     assert batches == peers.sorted_bucket_batches(LENGTHS, 4, seed=0, epoch=0)  # deterministic per (seed, epoch)
     assert batches != peers.sorted_bucket_batches(LENGTHS, 4, seed=0, epoch=1)  # another order next epoch
 
@@ -82,7 +84,7 @@ def test_deal_even_gives_equal_counts_and_drops_fewer_than_the_rank_count(num_re
 
 
 def test_epoch_batch_sampler_ranks_yield_equal_counts_and_change_every_epoch():
-    build = lambda e: peers.sort_fill_batches(LENGTHS, 1024, seed=0, epoch=e)  # noqa: E731
+    build = lambda e: peers.sort_fill_batches(LENGTHS, 1024, seed=0, epoch=e)
     samplers = [peers.EpochBatchSampler(build, 3, r) for r in range(3)]
     for epoch in (0, 1):
         for s in samplers:
@@ -130,10 +132,17 @@ def test_each_strategy_gives_ranks_equal_counts_and_yields_what_it_plans(strateg
     assert len(rows) == samples and int(lengths[rows].sum()) == tokens  # nothing repeated, planned == yielded
     dropped = len(lengths) - samples
     slots = [len(b) * int(lengths[b].max()) for rank in batches for b in rank]
-    if strategy in ("random", "random_accum"):  # DistributedSampler(drop_last=True): the last len % ranks
-        assert dropped == len(lengths) % 2 and max(len(b) for rank in batches for b in rank) == 4
-        assert max(slots) <= 1024
-    elif strategy == "lit_balance":
+    if strategy in cs._PACKED:  # one packed row: its slots are its documents' tokens
+        slots = [int(lengths[b].sum()) for rank in batches for b in rank]
+    if strategy in ("random", "hf_flatten"):  # DistributedSampler(drop_last=True): the last len % ranks
+        size = 4 if strategy == "random" else packing_peers.flattening_batch_size(lengths, 1024)
+        assert dropped == len(lengths) % 2 and max(len(b) for rank in batches for b in rank) == size
+        assert data[0].batch_size == size
+        if strategy == "random":
+            assert max(slots) <= 1024
+        else:
+            assert max(slots) > 1024  # a fixed number of documents per row passes the budget when they run long
+    elif strategy in ("lit_balance", "lit_balance_packed"):
         assert dropped == 0 and max(slots) <= 1024
     else:  # the last micro-batch of the shuffled order when their number is odd
         left_out = data[0].sampler.dropped
@@ -142,6 +151,9 @@ def test_each_strategy_gives_ranks_equal_counts_and_yields_what_it_plans(strateg
             assert max(slots) <= 1024
         else:
             assert max(slots) > 1024  # a real-token budget passes the padded budget (what the benchmark measures)
+    first = next(iter(loaders[0]))
+    assert ("cu_seq_lens_q" in first) == (strategy in cs._PACKED)
+    assert "attention_mask" in next(iter(data[0].val_dataloader()))  # the same padded validation for every strategy
     data[0].trainer.current_epoch = 2  # a new epoch: train_dataloader selects it before Lightning reads the length
     data[0].train_dataloader()
     assert data[0].sampler.epoch == 2
@@ -170,6 +182,34 @@ def test_run_stats_on_a_hand_made_run():
     assert st["optimizer_steps"] == 3 and st["real_tokens_per_epoch"] == [370, 350]
 
 
+def test_meter_trace_rows_follow_the_trace_fields(monkeypatch):
+    """One rank, a padded then a packed micro-batch, with a fixed clock: every column of the trace row."""
+    from lit_balance import PackedCollator, PadCollator
+
+    clock = iter([10.0, 10.5, 11.0, 20.0, 20.25, 21.0])  # start, before backward, end; per micro-batch
+    monkeypatch.setattr(training.time, "perf_counter", lambda: next(clock))
+    meter = training.Meter()
+    trainer = SimpleNamespace(current_epoch=0, global_step=0, world_size=1)
+    module = SimpleNamespace(device=torch.device("cpu"))
+    padded = PadCollator(0)([{"input_ids": [5, 6, 7], "index": 0}, {"input_ids": [8], "index": 1,
+                                                                   "is_fill": True}])
+    packed = PackedCollator(0)([{"input_ids": [5, 6, 7], "index": 0}, {"input_ids": [8, 9], "index": 1}])
+    for step, batch in ((0, padded), (3, packed)):
+        trainer.global_step = step
+        meter.on_train_batch_start(trainer, module, batch, 0)
+        meter.on_before_backward(trainer, module, None)
+        meter.on_train_batch_end(trainer, module, None, batch, 0)
+    meter.on_train_end(trainer, module)
+    assert meter.trace.shape == (1, 2, len(training.TRACE_FIELDS))
+    rows = [dict(zip(training.TRACE_FIELDS, row)) for row in meter.trace[0].tolist()]
+    assert rows[0] == {"epoch": 0, "step": 0, "start_s": 10.0, "end_s": 11.0, "compute_s": 0.5, "real_tokens": 3,
+                       "padded_slots": 6, "rows": 2, "attention_pairs": 2 * 3**2}  # the fill row's token excluded
+    assert rows[1] == {"epoch": 0, "step": 3, "start_s": 20.0, "end_s": 21.0, "compute_s": 0.25, "real_tokens": 5,
+                       "padded_slots": 5, "rows": 2, "attention_pairs": 3**2 + 2**2}
+    assert meter.gathered.tolist() == [[[0, 0, 0.5, 3, 6], [0, 3, 0.25, 5, 5]]]
+    assert meter.epoch_intervals.tolist() == [[[10.0, 21.0]]] and meter.peak_memory_mb[0] > 0
+
+
 def test_loss_curve_and_step_noise():
     gathered = np.zeros((2, 3, 5))
     gathered[:, :, 3] = [[10, 20, 30], [1, 2, 3]]
@@ -181,46 +221,79 @@ def test_loss_curve_and_step_noise():
     assert math.isnan(training.loss_step_noise([1.0, 2.0, 3.0]))
 
 
-def _result(run, strategy, tps, val, **kw):
-    base = {"run": run, "strategy": strategy, "scenario": "main", "status": "ok", "real_tokens_per_s": tps,
-            "real_tokens_per_s_all_epochs": tps, "peak_memory_mb": 1000.0, "val_loss": val,
+def _result(run, strategy, tps, val, pair=1, **kw):
+    base = {"run": run, "strategy": strategy, "scenario": "main", "pair": pair, "feedback": True, "status": "ok",
+            "real_tokens_per_s": tps, "real_tokens_per_s_all_epochs": tps, "peak_memory_mb": 1000.0, "val_loss": val,
             "over_budget_micro_batches": 0, "max_micro_batch_slots": 1000, "straggler_ratio": 1.01,
-            "step_straggler_ratio": 1.02, "compute_s_per_padded_slot_per_rank": [1.0, 1.0]}
+            "step_straggler_ratio": 1.02, "compute_s_per_padded_slot_per_rank": [1.0, 1.0], "padding_ratio": 0.1,
+            "calibration_error": 0.01}
     return {**base, **kw}
 
 
-def test_evaluate_targets_ratios_and_noise_rule():
-    args = Namespace(max_tokens=1024, slow_rank=1)
-    results = [
-        _result("random", "random", 100.0, 5.00),  # one micro-batch per step: not the val-loss reference
-        _result("random_accum", "random_accum", 110.0, 6.00),
-        _result("random_accum_seed1", "random_accum", 110.0, 6.10),
-        _result("random_accum_seed2", "random_accum", 110.0, 6.20),  # mean 6.1, std 0.1: allowed up to 6.3
-        _result("dynamic", "dynamic", 290.0, 6.5, peak_memory_mb=1000.0),
-        _result("lit_balance", "lit_balance", 310.0, 6.29, peak_memory_mb=1019.0),
-        _result("dynamic_accum", "dynamic_accum", 300.0, 6.4),
-        _result("lit_balance_slowed_no_feedback", "lit_balance", 200.0, 6.3, scenario="slowed_rank",
-                compute_s_per_padded_slot_per_rank=[1.0, 1.5]),
-        _result("lit_balance_slowed_feedback", "lit_balance", 230.0, 6.3, scenario="slowed_rank"),
+def _pair(pair, random, dynamic, lit, packed, no_fb, fb, slow_speed=2 / 3):
+    return [
+        _result(f"random_pair{pair}", "random", random, 7.0, pair),
+        _result(f"dynamic_pair{pair}", "dynamic", dynamic, 6.5, pair, over_budget_micro_batches=5),
+        _result(f"lit_balance_pair{pair}", "lit_balance", lit, 6.3, pair),
+        _result(f"lit_balance_packed_pair{pair}", "lit_balance_packed", packed, 6.3, pair),
+        _result(f"lit_balance_slowed_no_feedback_pair{pair}", "lit_balance", no_fb, 6.3, pair, scenario="slowed_rank",
+                feedback=False, compute_s_per_padded_slot_per_rank=[1.0, 1 / slow_speed]),
+        _result(f"lit_balance_slowed_feedback_pair{pair}", "lit_balance", fb, 6.3, pair, scenario="slowed_rank"),
     ]
-    t = cs.evaluate_targets(results, args)
-    assert t["tokens_per_s_vs_random"]["value"] == pytest.approx(3.1) and t["tokens_per_s_vs_random"]["met"]
-    assert t["tokens_per_s_vs_dynamic"]["value"] == pytest.approx(310 / 290) and t["tokens_per_s_vs_dynamic"]["met"]
-    assert t["peak_memory_vs_dynamic"]["met"] and t["micro_batches_over_budget"]["met"] and t["straggler_ratio"]["met"]
-    assert t["val_loss_vs_random"]["random_accum_std"] == pytest.approx(0.1) and t["val_loss_vs_random"]["met"]
-    assert t["val_loss_vs_random_run"]["value"] == pytest.approx(1.29) and t["val_loss_vs_random_run"]["met"] is None
-    assert t["val_loss_vs_dynamic_accum_run"]["value"] == pytest.approx(-0.11)
-    fb = t["feedback_vs_no_feedback"]
-    assert fb["value"] == pytest.approx(1.15) and fb["met"] is False
-    assert fb["measured_slow_rank_speed"] == pytest.approx(2 / 3) and fb["ideal_for_measured_speed"] == pytest.approx(1.25)
-    results[5] = _result("lit_balance", "lit_balance", 299.0, 6.31, peak_memory_mb=1021.0, over_budget_micro_batches=1)
-    t = cs.evaluate_targets(results, args)
-    assert not any(t[k]["met"] for k in ("tokens_per_s_vs_random", "tokens_per_s_vs_dynamic", "val_loss_vs_random",
-                                         "micro_batches_over_budget"))
-    assert t["peak_memory_vs_dynamic"]["met"] is False  # 1021 / 1000 > 1.02
-    # a failed run is reported, not judged
-    results[0] = {**results[0], "status": "timeout"}
-    assert "tokens_per_s_vs_random" not in cs.evaluate_targets(results, args)
+
+
+def test_pair_ratios_and_targets_are_medians_over_pairs_of_same_pair_ratios():
+    args = Namespace(max_tokens=1024, slow_rank=1, quick=True)
+    # slowed rank at 2/3 speed on 2 ranks: ideal 1.25x; recovery (1.2 - 1) / 0.25 = 0.8, then 0.4, then 1.0
+    results = (_pair(1, 100.0, 290.0, 310.0, 320.0, 200.0, 240.0) + _pair(2, 90.0, 300.0, 297.0, 300.0, 200.0, 220.0)
+               + _pair(3, 110.0, 280.0, 330.0, 340.0, 200.0, 250.0))
+    ratios = cs.pair_ratios(results, slow_rank=1)
+    lr = ratios["lit_balance/random"]
+    assert lr["per_pair"] == pytest.approx({1: 3.1, 2: 3.3, 3: 3.0}) and lr["median"] == pytest.approx(3.1)
+    assert (lr["min"], lr["max"]) == pytest.approx((3.0, 3.3)) and lr["pairs"] == 3
+    assert ratios["lit_balance/dynamic"]["median"] == pytest.approx(310 / 290)
+    assert ratios["lit_balance_packed/lit_balance"]["per_pair"][2] == pytest.approx(300 / 297)
+    assert ratios["random/lit_balance"]["per_pair"][1] == pytest.approx(100 / 310)
+    assert ratios["slowed_ideal"]["per_pair"] == pytest.approx({1: 1.25, 2: 1.25, 3: 1.25})
+    assert ratios["slowed_recovery"]["per_pair"] == pytest.approx({1: 0.8, 2: 0.4, 3: 1.0})
+    t = cs.evaluate_targets(results, ratios, args, wall_s=500.0)
+    assert t["tokens_per_s_vs_random"]["met"] and t["tokens_per_s_vs_dynamic"]["met"]
+    assert t["micro_batches_over_budget"]["met"] and t["micro_batches_over_budget"]["dynamic_over_budget"] == [5] * 3
+    packed = t["packed_vs_padded"]  # 320/310, 300/297, 340/330: median 1.0303
+    assert packed["value"] == pytest.approx(340 / 330) and packed["met"]
+    assert t["slowed_rank_recovery"]["value"] == pytest.approx(0.8) and t["slowed_rank_recovery"]["met"]
+    assert t["calibration"]["value"] == pytest.approx(0.01) and t["calibration"]["met"]
+    assert t["wall_time"]["met"] and "projection_64_main_corpus" not in t
+    # one bad pair does not move a median; two do
+    results[results.index(next(r for r in results if r["run"] == "lit_balance_pair2"))].update(
+        real_tokens_per_s=250.0, over_budget_micro_batches=1, calibration_error=-0.08)
+    results[results.index(next(r for r in results if r["run"] == "lit_balance_pair3"))]["real_tokens_per_s"] = 260.0
+    ratios = cs.pair_ratios(results, slow_rank=1)
+    t = cs.evaluate_targets(results, ratios, args, wall_s=700.0)
+    assert not any(t[k]["met"] for k in ("tokens_per_s_vs_random", "tokens_per_s_vs_dynamic", "calibration",
+                                         "micro_batches_over_budget", "wall_time"))
+    assert t["packed_vs_padded"]["met"]  # 300/250 and 340/260 are well above 1.02
+    # a failed run leaves its pair out of every ratio that needs it, and a target with no pair is not judged
+    results = [r if r["strategy"] != "random" else {**r, "status": "timeout"} for r in results]
+    ratios = cs.pair_ratios(results, slow_rank=1)
+    assert ratios["lit_balance/random"]["pairs"] == 0
+    assert cs.evaluate_targets(results, ratios, args)["tokens_per_s_vs_random"]["met"] is None
+
+
+def test_projection_targets_compare_the_better_lit_balance_with_the_best_other_strategy():
+    args = Namespace(max_tokens=1024, slow_rank=1, quick=False)
+    rows = []
+    for d, values in {cs.MAIN_CORPUS: {"random": 10.0, "dynamic": 70.0, "lit_balance": 80.0,
+                                       "lit_balance_packed": 95.0},
+                      "fortunes": {"random": 10.0, "dynamic": 50.0, "lit_balance": 49.0, "lit_balance_packed": 51.0}
+                      }.items():
+        rows += [{"distribution": d, "num_replicas": n, "strategy": s, "predicted_real_tokens_per_s": v if n == 64 else 9 * v}
+                 for s, v in values.items() for n in (8, 64)]
+    t = cs.evaluate_targets([], cs.pair_ratios([]), args, projection=rows)
+    main = t["projection_64_main_corpus"]
+    assert main["value"] == pytest.approx(95 / 70) and main["met"]
+    shipped = t["projection_64_shipped"]
+    assert shipped["value"] == pytest.approx(51 / 50) and shipped["met"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -232,24 +305,25 @@ def _args(argv):
     return cs.resolve_args(parser.parse_args(argv), parser)
 
 
-def test_plan_runs_quick_and_full():
+def test_plan_runs_alternate_the_order_of_every_pair():
     runs = cs.plan_runs(_args(["--quick"]))
-    assert [r["run"] for r in runs] == [*cs.STRATEGIES, "random_accum_seed1", "lit_balance_slowed_no_feedback",
-                                        "lit_balance_slowed_feedback"]
-    main, slowed = runs[:7], runs[7:]
-    assert all(r["num_docs"] == 256 and r["epochs"] == 2 and r["scenario"] == "main" for r in main)
-    assert [r["seed"] for r in main] == [0] * 6 + [1]
-    assert all(r["num_docs"] == 640 and r["epochs"] == 2 and r["scenario"] == "slowed_rank" for r in slowed)
-    assert [r["feedback"] for r in slowed] == [False, True]
-    assert all(r["target_tokens_per_step"] == 4 * 2 * 1024 for r in runs)
-    full = cs.plan_runs(_args(["--seed", "5", "--strategies", "random_accum", "lit_balance"]))
-    assert [r["run"] for r in full] == ["random_accum", "lit_balance", "random_accum_seed6",
-                                        "lit_balance_slowed_no_feedback", "lit_balance_slowed_feedback",
-                                        "random_accum_seed7"]
-    assert {r["num_docs"] for r in full} == {2000} and [r["epochs"] for r in full] == [2, 2, 2, 3, 3, 2]
-    assert [r["run"] for r in cs.plan_runs(_args(["--scenarios", "slowed_rank", "--slowed-num-docs", "50"]))] == [
-        "lit_balance_slowed_no_feedback", "lit_balance_slowed_feedback"]
-
+    one = [*[f"{s}_pair1" for s in cs.STRATEGIES], "lit_balance_slowed_no_feedback_pair1",
+           "lit_balance_slowed_feedback_pair1"]
+    assert [r["run"] for r in runs] == one + [r.replace("pair1", "pair2") for r in one[::-1]]
+    assert [r["pair"] for r in runs] == [1] * 9 + [2] * 9 and [r["seed"] for r in runs] == [0] * 9 + [1] * 9
+    main = [r for r in runs if r["scenario"] == "main"]
+    slowed = [r for r in runs if r["scenario"] == "slowed_rank"]
+    assert all(r["num_docs"] == cs.QUICK["num_docs"] and r["epochs"] == 2 for r in main)
+    assert all(r["num_docs"] == cs.QUICK["slowed_num_docs"] and r["epochs"] == cs.QUICK["slowed_epochs"]
+               for r in slowed)
+    assert [r["feedback"] for r in slowed] == [False, True, True, False]
+    assert all(r["target_tokens_per_step"] == 4 * 2 * 1024 and r["strategy"] in cs.STRATEGIES for r in runs)
+    full = cs.plan_runs(_args(["--seed", "5", "--strategies", "random", "lit_balance", "--scenarios", "main"]))
+    assert [r["run"] for r in full] == ["random_pair1", "lit_balance_pair1", "lit_balance_pair2", "random_pair2",
+                                        "random_pair3", "lit_balance_pair3"]
+    assert [r["seed"] for r in full] == [5, 5, 6, 6, 7, 7]
+    assert {r["num_docs"] for r in full} == {cs.FULL["num_docs"]} and {r["epochs"] for r in full} == {2}
+    assert len(cs.plan_runs(_args(["--scenarios", "slowed_rank", "--pairs", "4"]))) == 8
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -277,37 +351,45 @@ def test_bad_command_line_input_is_a_clear_error(argv, message, capsys):
 
 def _full_results():
     results = []
-    for i, (run, strategy, scenario) in enumerate([(s, s, "main") for s in cs.STRATEGIES] + [
-            ("random_accum_seed1", "random_accum", "main"),
-            ("lit_balance_slowed_no_feedback", "lit_balance", "slowed_rank"),
-            ("lit_balance_slowed_feedback", "lit_balance", "slowed_rank")]):
-        r = _result(run, strategy, 100.0 + i, 6.0 + i / 10, scenario=scenario, padding_ratio=0.1, optimizer_steps=10,
-                    optimizer_steps_per_s=1.0, loss_step_noise=0.05, train_real_tokens=1000,
-                    accumulate_grad_batches=[1, 4] if strategy == "lit_balance" else [1],
-                    val_losses=[{"epoch": 0, "tokens": 500.0, "val_loss": 7.0}, {"epoch": 1, "tokens": 1000.0,
-                                                                               "val_loss": 6.0}],
-                    curve={"tokens": list(np.linspace(100, 1000, 10)), "loss": list(np.linspace(9, 6, 10))})
-        results.append(r)
+    for pair in (1, 2):
+        for i, (run, strategy, scenario) in enumerate([(s, s, "main") for s in cs.STRATEGIES] + [
+                ("lit_balance_slowed_no_feedback", "lit_balance", "slowed_rank"),
+                ("lit_balance_slowed_feedback", "lit_balance", "slowed_rank")]):
+            r = _result(f"{run}_pair{pair}", strategy, 100.0 + i + pair, 6.0 + i / 10, pair, scenario=scenario,
+                        feedback=run != "lit_balance_slowed_no_feedback", optimizer_steps=10,
+                        optimizer_steps_per_s=1.0, loss_step_noise=0.05, train_real_tokens=1000,
+                        accumulate_grad_batches=[1, 4] if strategy == "lit_balance" else [1],
+                        val_losses=[{"epoch": 0, "tokens": 500.0, "val_loss": 7.0},
+                                    {"epoch": 1, "tokens": 1000.0, "val_loss": 6.0}],
+                        curve={"tokens": list(np.linspace(100, 1000, 10)), "loss": list(np.linspace(9, 6, 10))})
+            results.append(r)
     failed = {k: None for k in cs.RESULT_KEYS}  # what launch() records for a run that timed out
-    results.append({**failed, "run": "sorted_buckets_seed9", "strategy": "sorted_buckets", "scenario": "main",
-                    "status": "timeout"})
+    results.append({**failed, "run": "sorted_buckets_pair3", "strategy": "sorted_buckets", "scenario": "main",
+                    "pair": 3, "status": "timeout"})
     return results
 
 
-def test_table_and_plots_name_every_run(tmp_path):
+def test_tables_and_plots_name_every_run_and_ratio(tmp_path):
     results = _full_results()
     table = cs.markdown_table(results, 1024)
     lines = table.splitlines()
     assert len(lines) == 2 + len(results) and all(line.count("|") == lines[0].count("|") for line in lines)
     for r in results:
-        assert f"| {r['run']} | {r['scenario']} |" in table
-    assert "| sorted_buckets_seed9 | main | timeout |" in table
-    assert "| lit_balance | main | 105 |" in table and "| 1-4 |" in table
+        assert f"| {r['run']} | {r['pair']} | {r['scenario']} |" in table
+    assert "| sorted_buckets_pair3 | 3 | main | timeout |" in table
+    assert "| lit_balance_pair1 | 1 | main | 105 |" in table and "| 1-4 |" in table
+    ratios = cs.pair_ratios(results)
+    text = cs.ratios_table(ratios, 3)
+    assert "| lit_balance/random | 1.040 | 1.039 | - | 1.039 | 1.039 | 1.040 |" in text  # 105/101, 106/102
+    assert all(f"| {s}/lit_balance |" in text for s in cs.STRATEGIES if s != "lit_balance")
     paths = cs.plot(results, tmp_path)
-    assert [p.name for p in paths] == ["loss_vs_tokens.png", "tokens_per_s.png"]
+    assert [p.name for p in paths] == ["tokens_per_s.png", "loss_vs_tokens.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
-    text = cs.targets_text(cs.evaluate_targets(results, Namespace(max_tokens=1024, slow_rank=1)))
-    assert "tokens_per_s_vs_random: 1.050 (lit_balance / random real tokens/s >= 3): NOT met" in text
+    targets = cs.targets_text(cs.evaluate_targets(results, ratios, Namespace(max_tokens=1024, slow_rank=1,
+                                                                             quick=True)))
+    assert "| tokens_per_s_vs_random | 1.039 | 1.039 - 1.040 | median over pairs of lit_balance / random" in targets
+    assert targets.splitlines()[2].endswith("| NOT met |")
+    assert "not installed" in cs.calibration_table(None) and "no projection" in cs.projection_table(None)
 
 
 def _alive(pid: int) -> bool:
@@ -339,52 +421,73 @@ def test_launch_stops_every_rank_when_one_fails_or_time_runs_out(tmp_path, code,
         assert "exitcode  : 3" in r["log_tail"] or "exitcode: 3" in r["log_tail"], r["log_tail"]
 
 
-def test_end_to_end_small_run_writes_results_plots_and_table(tmp_path, cache_dir):
-    """The script as a user runs it, small: lit_balance (sampler, feedback, adaptive accumulation) on 2 CPU DDP ranks
-    in a subprocess; the other strategies' loaders are checked above on simulated ranks."""
+def test_end_to_end_small_run_writes_results_traces_ratios_and_projection(tmp_path, cache_dir):
+    """The script as a user runs it, small: random, lit_balance (sampler, feedback, adaptive accumulation) and
+    lit_balance_packed, one pair on 2 CPU DDP ranks in a subprocess; the other strategies' loaders are checked above on
+    simulated ranks."""
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "benchmarks.compare_strategies", "--model-size", "tiny", "--num-docs", "60", "--epochs", "2",
-           "--val-fraction", "0.01", "--strategies", "lit_balance", "random_accum", "--scenarios", "main",
-           "--random-seeds", "1",
-           "--timeout-s", "120", "--output-dir", str(out), "--cache-dir", str(cache_dir)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False)
+    strategies = ["random", "lit_balance", "lit_balance_packed"]
+    cmd = [sys.executable, "-m", "benchmarks.compare_strategies", "--model-size", "tiny", "--num-docs", "60",
+           "--epochs", "2", "--pairs", "1", "--val-fraction", "0.01", "--strategies", *strategies,
+           "--scenarios", "main", "--timeout-s", "120", "--output-dir", str(out), "--cache-dir", str(cache_dir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
-    assert isinstance(results, list) and [r["run"] for r in results] == ["lit_balance", "random_accum"], proc.stdout
-    control = results[1]  # random batches, accumulated to about lit_balance's target of real tokens per step
-    assert control["status"] == "ok", (out / "logs" / "random_accum.log").read_text()[-3000:]
-    dm = cs.CompareData("random_accum", 512, 128, 60, 0.01, seed=0, cache_dir=str(cache_dir))
-    mean_length = float(dm.datasets()[0].lengths.mean())
-    assert control["accumulate_grad_batches"] == [cs.matched_accumulate(4 * 2 * 512, 2, 4, mean_length)]
-    assert control["accumulate_grad_batches"][0] > 1 and control["fixed_batch_size"] == 4
-    r = results[0]
-    assert r["status"] == "ok", (out / "logs" / "lit_balance.log").read_text()[-3000:]
-    assert set(cs.RESULT_KEYS) <= set(r) and r["strategy"] == "lit_balance" and r["scenario"] == "main"
-    assert r["real_tokens_per_s"] > 0 and r["optimizer_steps_per_s"] > 0
-    assert 0 <= r["padding_ratio"] < 0.5 and r["straggler_ratio"] >= 1 and r["step_straggler_ratio"] >= 1
-    assert 100 < r["peak_memory_mb"] < 16000 and len(r["peak_memory_mb_per_rank"]) == 2
-    assert 0 < r["val_loss"] < math.log(30522) + 1 and [v["epoch"] for v in r["val_losses"]] == [0, 1]
-    assert r["all_planned_tokens_trained"] and r["world_size"] == 2 and r["headline_epochs"] == [1]
-    assert r["dropped_samples_per_epoch"] == [0, 0] and r["train_documents"] == 60
-    assert r["train_real_tokens"] == sum(r["trained_real_tokens_per_epoch"]) == 2 * r["planned_real_tokens_per_epoch"][0]
-    assert r["over_budget_micro_batches"] == 0 and r["max_micro_batch_slots"] <= 512  # tiny: max_tokens 512
-    assert max(r["accumulate_grad_batches"]) > 1  # AdaptiveGradAccumulation raised it towards 4 budgets per step
-    curves = json.loads((out / "curves.json").read_text())
-    assert len(curves["lit_balance"]["loss"]) == r["optimizer_steps"]
-    assert curves["lit_balance"]["tokens"][-1] == r["train_real_tokens"]
+    assert [r["run"] for r in results] == [f"{s}_pair1" for s in strategies], proc.stdout
+    traces = np.load(out / "traces.npz")
+    assert sorted(traces.files) == sorted(r["run"] for r in results)
+    f = {name: i for i, name in enumerate(training.TRACE_FIELDS)}
+    for r in results:
+        assert r["status"] == "ok", (out / "logs" / f"{r['run']}.log").read_text()[-3000:]
+        assert set(cs.RESULT_KEYS) <= set(r) and r["pair"] == 1 and r["scenario"] == "main"
+        assert r["real_tokens_per_s"] > 0 and 0 < r["val_loss"] < math.log(30522) + 1
+        assert r["all_planned_tokens_trained"] and r["headline_epochs"] == [1] and r["world_size"] == 2
+        t = traces[r["run"]]
+        assert t.shape == (2, r["micro_batches_per_rank"], len(training.TRACE_FIELDS))
+        assert (t[:, :, f["real_tokens"]] <= t[:, :, f["padded_slots"]]).all()
+        assert (t[:, :, f["end_s"]] >= t[:, :, f["start_s"]]).all() and (t[:, :, f["compute_s"]] > 0).all()
+        assert (np.diff(t[:, :, f["step"]], axis=1) >= 0).all() and (t[:, :, f["step"]] == t[:1, :, f["step"]]).all()
+        assert len(np.unique(t[0, :, f["step"]])) == r["optimizer_steps"] and t[0, 0, f["step"]] == 0
+        assert int(t[:, :, f["real_tokens"]].sum()) == r["train_real_tokens"]
+        assert int(t[:, :, f["padded_slots"]].sum()) == r["train_padded_slots"]
+        assert t[:, :, f["padded_slots"]].max() == r["max_micro_batch_slots"]
+        assert r["padding_ratio"] == pytest.approx(1 - r["train_real_tokens"] / r["train_padded_slots"])
+        if r["strategy"] in cs._PACKED:  # documents of one row: sum of their squares <= the row's length squared
+            assert (t[:, :, f["attention_pairs"]] <= t[:, :, f["padded_slots"]] ** 2).all()
+            assert r["padding_ratio"] == 0
+        else:  # padded: rows x padded length**2 = padded slots**2 / rows
+            assert np.allclose(t[:, :, f["attention_pairs"]] * t[:, :, f["rows"]], t[:, :, f["padded_slots"]] ** 2)
+        if r["strategy"] in cs._LIT_BALANCE:
+            assert (t[:, :, f["padded_slots"]] <= 512).all() and r["over_budget_micro_batches"] == 0  # tiny: 512
+            assert max(r["accumulate_grad_batches"]) > 1  # AdaptiveGradAccumulation raised it towards the target
+        assert r["predicted_real_tokens_per_s"] > 0
+        assert r["calibration_error"] == pytest.approx(r["predicted_real_tokens_per_s"] / r["real_tokens_per_s"] - 1)
+    by = {r["strategy"]: r for r in results}
+    assert by["random"]["fixed_batch_size"] == 4 and by["random"]["dropped_samples_per_epoch"] == [0, 0]
+    assert by["lit_balance"]["train_real_tokens"] == by["lit_balance_packed"]["train_real_tokens"]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["machine"]["cpu_count"] and summary["targets"]["micro_batches_over_budget"]["met"] is True
-    for name in ("loss_vs_tokens.png", "tokens_per_s.png"):
+    ratios = summary["ratios"]
+    tps = {s: by[s]["real_tokens_per_s"] for s in strategies}
+    assert ratios["lit_balance/random"]["per_pair"]["1"] == pytest.approx(tps["lit_balance"] / tps["random"])
+    assert ratios["lit_balance_packed/lit_balance"]["median"] == pytest.approx(tps["lit_balance_packed"]
+                                                                               / tps["lit_balance"])
+    assert summary["targets"]["tokens_per_s_vs_random"]["value"] == pytest.approx(tps["lit_balance"] / tps["random"])
+    assert summary["targets"]["micro_batches_over_budget"]["met"] is True
+    assert summary["calibration"] == {r["run"]: r["calibration_error"] for r in results}
+    assert summary["machine"]["cpu_count"] and "commit" in summary and summary["wall_s"] > 0
+    assert set(summary["time_model"]) >= {"per_micro_batch_s", "per_token_s", "per_attention_pair_s",
+                                          "per_step_sync_s"}
+    rows = json.loads((out / "projection.json").read_text())
+    assert {r["distribution"] for r in rows} == {cs.MAIN_CORPUS, *cs.SHIPPED_LENGTHS}
+    assert {r["num_replicas"] for r in rows} == {8, 64, 512} and {r["strategy"] for r in rows} == set(cs.STRATEGIES)
+    for name in ("tokens_per_s.png", "loss_vs_tokens.png", "calibration.png", "projection.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| lit_balance | main |" in (out / "results.md").read_text() and "wall time" in proc.stdout
-
-
-def test_matched_accumulate_rounds_to_the_nearest_count_and_never_below_one():
-    assert cs.matched_accumulate(8192, 2, 4, 47.8) == 21  # 8192 / 382.4 = 21.4
-    assert cs.matched_accumulate(8192, 2, 4, 44.0) == 23  # 8192 / 352 = 23.3
-    assert cs.matched_accumulate(100, 2, 4, 256.0) == 1  # one micro-batch already holds more
-    assert cs.matched_accumulate(100, 2, 4, 0.0) == 1
+    md = (out / "results.md").read_text()
+    assert md.startswith("Command: `python -m benchmarks.compare_strategies --model-size tiny")
+    for heading in ("### Runs", "### Ratios per pair", "### Targets", "### Calibration", "### Projection"):
+        assert heading in md
+    assert "| lit_balance_pair1 | 1 | main |" in md and "wall time" in proc.stdout
 
 
 def test_docstring_examples():
