@@ -28,8 +28,12 @@ __all__ = ["REAL", "TRACE_FIELDS", "CompareLM", "Meter", "loss_curve", "loss_ste
 
 
 def _spin(seconds: float) -> None:
-    """Busy-wait (a slower device computes longer; a sleep would add the scheduler's wake-up delay)."""
+    """Wait ``seconds`` the way a slower device keeps its host waiting: asleep (a device computes without the host's
+    CPU, and on a machine whose cores the ranks share, spinning would take a core from the other ranks), the last
+    millisecond busy so the scheduler's wake-up delay does not lengthen the wait."""
     until = time.perf_counter() + seconds
+    if seconds > 2e-3:
+        time.sleep(seconds - 1e-3)
     while time.perf_counter() < until:
         pass
 
@@ -39,7 +43,7 @@ class CompareLM(DemoTransformerLM):
 
     Args:
         slow_rank: the rank slowed down by the demo-only hook, or None.
-        slowdown: extra share of its own compute time that rank busy-waits (0.5: 1.5x): forward+loss, backward
+        slowdown: extra share of its own compute time that rank waits (0.5: 1.5x): forward+loss, backward
             (the step's last backward without its wait for the other ranks' gradients) and the parameter update.
         **kwargs: :class:`lit_balance.demo.DemoTransformerLM` arguments.
     """

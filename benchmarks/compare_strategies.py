@@ -38,7 +38,7 @@ Strategies (:data:`STRATEGIES`):
   documents run long (counted in ``over_budget_micro_batches``).
 
 Slowed rank (scenario ``slowed_rank``): ``lit_balance`` with and without ``CostModelFeedback`` while rank
-``--slow-rank`` is made ``1 + --slowdown`` times slower by a demo-only hook (it busy-waits ``--slowdown`` x the
+``--slow-rank`` is made ``1 + --slowdown`` times slower by a demo-only hook (it waits ``--slowdown`` x the
 wall time of its own compute: forward+loss, backward and the parameter update, but not its waits for the other
 ranks). Feedback re-plans at each epoch start (the sampler's ``set_epoch``) from the costs it fitted in the epoch
 before, so resume stays exact; the headline counts the epochs after the first.
@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="model and sampler seed of pair 1; pair k uses seed + k - 1 "
                    "(default: %(default)s)")
     p.add_argument("--slowdown", type=non_negative, default=0.5,
-                   help="slowed_rank: extra share of time the slowed rank busy-waits (0.5: 1.5x slower)")
+                   help="slowed_rank: extra share of time the slowed rank waits (0.5: 1.5x slower)")
     p.add_argument("--slow-rank", type=int, default=1, help="slowed_rank: the rank slowed (default: %(default)s)")
     p.add_argument("--timeout-s", type=positive_int, default=3600,
                    help="per-run subprocess timeout, seconds (default: %(default)s)")
