@@ -38,6 +38,7 @@ import json
 import os
 import shutil
 import time
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
@@ -54,7 +55,7 @@ except ImportError:  # pragma: no cover - not POSIX
 
 from lit_balance._fingerprint import sha256_of as _sha256
 from lit_balance.corpus import CorpusChunk, CorpusSource
-from lit_balance.records import IGNORE_INDEX, encode_chunk
+from lit_balance.records import IGNORE_INDEX, encode_chunk_flat
 from lit_balance.tokenizer import TokenizerAdapter
 
 __all__ = ["TokenizedCorpus", "build_cache", "cache_key", "default_cache_dir", "load_cache", "load_or_build"]
@@ -62,6 +63,7 @@ __all__ = ["TokenizedCorpus", "build_cache", "cache_key", "default_cache_dir", "
 _CACHE_FORMAT = 1  # bump when the layout of a cache entry changes
 _HASH_BLOCK = 1 << 22  # bytes read per update when hashing an entry's files
 _CHECK_BLOCK = 1 << 20  # offsets checked per step when a corpus is loaded
+_IN_FLIGHT = 2  # chunks being encoded at once while the corpus is read and the arrays written
 _ARRAYS = {"token_ids": np.int32, "offsets": np.int64, "source_index": np.int64}
 _LABELS = "labels"  # the optional array: int32 [num_tokens], -100 where a token has no target
 _TMP, _TRASH, _LOCK = ".tmp-", ".trash-", ".lock"
@@ -216,10 +218,12 @@ def _file_sha256(path: Path) -> str:
 def _check_ids(flat: np.ndarray, sizes: np.ndarray, start: int, vocab_size: int, what: str,
                ignore: bool = False) -> None:
     """Raise naming the first document with a value outside ``[0, vocab_size)`` (or -100 when ``ignore``)."""
+    if not flat.size or (flat.min() >= 0 and flat.max() < vocab_size):
+        return
     bad_mask = (flat < 0) | (flat >= vocab_size)
     if ignore:
         bad_mask &= flat != IGNORE_INDEX
-    if flat.size and bad_mask.any():
+    if bad_mask.any():
         first = int(np.flatnonzero(bad_mask)[0])
         doc = start + int(np.searchsorted(np.cumsum(sizes), first, side="right"))
         allowed = f"[0, vocab_size={vocab_size})" + (" or -100" if ignore else "")
@@ -269,47 +273,31 @@ class _NpyAppender:
         return self._count
 
 
-def _encode(chunk: CorpusChunk, tokenizer: TokenizerAdapter) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-    return encode_chunk(chunk, tokenizer)
-
-
-def _chunk_ids(encoded: tuple[list[np.ndarray], list[np.ndarray] | None],
-               start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Tokens per document (int64 ``[len(chunk)]``), the chunk's token ids and its labels (or None) concatenated.
-
-    Raises:
-        ValueError: a document has another number of labels than tokens (``start``: its first document's index).
-    """
-    ids, labels = encoded
-    sizes = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat = np.concatenate(ids).astype(np.int64, copy=False) if ids else np.zeros(0, np.int64)
-    if labels is None:
-        return sizes, flat, None
-    for i, (a, lab) in enumerate(zip(ids, labels)):
-        if len(lab) != len(a):
-            raise ValueError(f"document {start + i} has {len(lab)} labels for {len(a)} tokens; give one (unshifted) "
-                             "label per token, -100 where a token has no target")
-    return sizes, flat, (np.concatenate(labels).astype(np.int64, copy=False) if labels else np.zeros(0, np.int64))
-
-
 def _tokenized_chunks(source: CorpusSource, tokenizer: TokenizerAdapter
                       ) -> Iterator[tuple[CorpusChunk, np.ndarray, np.ndarray, np.ndarray | None]]:
-    """Yield each chunk with its tokens per document, token ids and labels (or None), encoding one chunk ahead
-    in a thread.
+    """Yield each chunk with its tokens per document, token ids and labels (or None) as flat arrays
+    (:func:`encode_chunk_flat`), encoding up to ``_IN_FLIGHT`` chunks ahead in threads.
 
     ``encode_batch`` of a ``tokenizers`` tokenizer releases the GIL and runs on its own thread pool, so the next
-    chunk is encoded while this thread reads the corpus and writes the arrays; at most three chunks are alive
-    (the one written, the one encoded, the one just read).
+    chunks are encoded while this thread reads the corpus and writes the arrays; with two encodes in flight the
+    tokenizer's pool stays busy while one thread turns its chunk's ids into an array. At most ``_IN_FLIGHT + 2``
+    chunks are alive (the one written, ``_IN_FLIGHT`` being encoded or waiting for a thread, the one just read).
     """
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lit_balance-encode") as pool:
-        pending: tuple[CorpusChunk, Future] | None = None
-        for chunk in source.iter_chunks():
-            future = pool.submit(_encode, chunk, tokenizer)
-            if pending is not None:
-                yield pending[0], *_chunk_ids(pending[1].result(), pending[0].start)
-            pending = (chunk, future)
-        if pending is not None:
-            yield pending[0], *_chunk_ids(pending[1].result(), pending[0].start)
+    with ThreadPoolExecutor(max_workers=_IN_FLIGHT, thread_name_prefix="lit_balance-encode") as pool:
+        pending: deque[tuple[CorpusChunk, Future]] = deque()
+        try:
+            for chunk in source.iter_chunks():
+                # submitted before the oldest is waited for: it starts as soon as a thread is free
+                pending.append((chunk, pool.submit(encode_chunk_flat, chunk, tokenizer)))
+                if len(pending) > _IN_FLIGHT:
+                    done, future = pending.popleft()
+                    yield done, *future.result()
+            while pending:
+                done, future = pending.popleft()
+                yield done, *future.result()
+        finally:
+            for _, future in pending:
+                future.cancel()
 
 
 def _backfill_labels(entry: Path, count: int) -> _NpyAppender:

@@ -27,7 +27,7 @@ def _forbid_encoding(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(self, texts):
         raise AssertionError("the corpus was tokenized")
 
-    monkeypatch.setattr(TokenizerAdapter, "encode_batch", fail)
+    monkeypatch.setattr(TokenizerAdapter, "encode_batch_flat", fail)
 
 
 # -- staleness by content -------------------------------------------------------------------------------------
@@ -65,13 +65,13 @@ def test_a_file_changed_while_tokenizing_is_not_cached_under_the_old_key(tmp_pat
     path = tmp_path / "corpus.txt"
     path.write_text("first text\n", encoding="utf-8")
     source = resolve_corpus(path)
-    encode = TokenizerAdapter.encode_batch
+    encode = TokenizerAdapter.encode_batch_flat
 
     def edit_then_encode(self, texts):
         path.write_text("other text\n", encoding="utf-8")
         return encode(self, texts)
 
-    monkeypatch.setattr(TokenizerAdapter, "encode_batch", edit_then_encode)
+    monkeypatch.setattr(TokenizerAdapter, "encode_batch_flat", edit_then_encode)
     with pytest.raises(RuntimeError, match=r"changed while it was tokenized; run again"):
         build_cache(source, tok, tmp_path / "cache")
     assert os.listdir(tmp_path / "cache") == []
