@@ -176,10 +176,21 @@ def cache_key(source: CorpusSource, tokenizer: TokenizerAdapter) -> str:
         64
     """
     _check_types(source, tokenizer)
-    parts = ["cache", str(_CACHE_FORMAT), source.kind, source.content_fingerprint(), tokenizer.fingerprint]
+    return _key(source, tokenizer, source.content_fingerprint())
+
+
+def _key(source: CorpusSource, tokenizer: TokenizerAdapter, content: str) -> str:
+    parts = ["cache", str(_CACHE_FORMAT), source.kind, content, tokenizer.fingerprint]
     if tokenizer.add_special_tokens:  # the default adds nothing, so existing cache keys stay valid
         parts.append("add_special_tokens")
     return _sha256(*parts)
+
+
+def _key_of_read(source: CorpusSource, tokenizer: TokenizerAdapter) -> str:
+    """The key of what the last complete read of the corpus saw: for files, their bytes as they were read (hashed
+    while reading, no second pass); else as :func:`cache_key`."""
+    read = source.fingerprint_of_read()
+    return cache_key(source, tokenizer) if read is None else _key(source, tokenizer, read)
 
 
 def default_cache_dir() -> Path:
@@ -401,8 +412,14 @@ def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: st
     """
     _check_types(source, tokenizer)
     after_reading = source.key_after_reading  # an IterableDataset: its key is the hash of what it yields
-    key = None if after_reading else cache_key(source, tokenizer)
-    cache_dir = Path(cache_dir)
+    return _build(source, tokenizer, Path(cache_dir), None if after_reading else cache_key(source, tokenizer),
+                  progress)
+
+
+def _build(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: Path, key: str | None,
+           progress: bool) -> Path:
+    """:func:`build_cache` with the key already known (None: learnt by reading an ``IterableDataset``)."""
+    after_reading = key is None
     # before tokenizing: a cache_dir that is not writable fails now
     tmp, lock_fd = _start_entry(cache_dir, key or "iterable" + os.urandom(8).hex())
     try:
@@ -412,7 +429,7 @@ def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: st
             key = cache_key(source, tokenizer)
             if _read_entry(cache_dir / key, key, tokenizer) is not None:
                 return cache_dir / key  # built before from the same content
-        elif cache_key(source, tokenizer) != key:
+        elif _key_of_read(source, tokenizer) != key:
             raise RuntimeError(f"the corpus ({source.description}) changed while it was tokenized; run again once "
                                "its files no longer change")
         if not num_kept:
@@ -610,7 +627,12 @@ def load_cache(source: CorpusSource, tokenizer: TokenizerAdapter,
         True
     """
     key = cache_key(source, tokenizer)
-    entry = Path(cache_dir if cache_dir is not None else default_cache_dir()) / key
+    return _load(Path(cache_dir if cache_dir is not None else default_cache_dir()), key, tokenizer)
+
+
+def _load(cache_dir: Path, key: str, tokenizer: TokenizerAdapter) -> TokenizedCorpus | None:
+    """:func:`load_cache` with the key already known."""
+    entry = cache_dir / key
     try:
         inode = entry.stat().st_ino
     except OSError:
@@ -649,12 +671,13 @@ def load_or_build(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: 
     _check_types(source, tokenizer)
     if source.key_after_reading:  # an IterableDataset: read it once, into the cache, to learn its key
         build_cache(source, tokenizer, cache_dir, progress=progress)
-    corpus = load_cache(source, tokenizer, cache_dir)
+    key = cache_key(source, tokenizer)  # files are hashed once here; a build checks what it read against it
+    corpus = _load(cache_dir, key, tokenizer)
     for _ in range(2):
         if corpus is not None:
             return corpus
-        build_cache(source, tokenizer, cache_dir, progress=progress)
-        corpus = load_cache(source, tokenizer, cache_dir)
+        _build(source, tokenizer, cache_dir, key, progress)
+        corpus = _load(cache_dir, key, tokenizer)
     if corpus is None:
         raise RuntimeError(f"the cache entry for {source.description} in {str(cache_dir)!r} "
                            "cannot be read back after building it; check the disk and permissions")

@@ -19,6 +19,7 @@ import gc
 import glob
 import hashlib
 import inspect
+import itertools
 import json
 import os
 import platform
@@ -148,35 +149,46 @@ def _open_regular(path: Path) -> Any:
         raise
 
 
+class _ContentDigest:
+    """Size in bytes and sha256 of the bytes of a file, fed block by block as they are read."""
+
+    def __init__(self) -> None:
+        self.size, self._sha256 = 0, hashlib.sha256()
+
+    def update(self, block: bytes) -> None:
+        self._sha256.update(block)
+        self.size += len(block)
+
+    def hexdigest(self) -> str:
+        return self._sha256.hexdigest()
+
+
 def _file_sha256(path: Path) -> tuple[int, str]:
     """Size in bytes and sha256 hex digest of a corpus file, read in blocks of ``_HASH_BLOCK`` bytes."""
-    digest, size = hashlib.sha256(), 0
+    digest = _ContentDigest()
     with _open_regular(path) as handle:
         try:
             for block in iter(lambda: handle.read(_HASH_BLOCK), b""):
                 digest.update(block)
-                size += len(block)
         except OSError as error:
             raise ValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
-    return size, digest.hexdigest()
+    return digest.size, digest.hexdigest()
 
 
 def _split_lines(text: str) -> list[str]:
     """Whole lines of text (the last may lack its end) split at ``\r\n``, ``\r`` or ``\n``, without their ends."""
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if text.endswith("\n"):
-        text = text[:-1]
-    return text.split("\n")
+    return text.removesuffix("\n").split("\n")
 
 
-def _file_line_blocks(path: Path) -> Iterator[tuple[int, list[str]]]:
+def _file_line_blocks(path: Path, digest: _ContentDigest | None = None) -> Iterator[tuple[int, list[str]]]:
     """Yield ``(number of the first line, lines)`` of a UTF-8 file, read in blocks of about ``_READ_BLOCK`` bytes.
 
     Lines are as :func:`_file_lines` yields them. Each block is cut after its last ``\n`` (which never occurs
     inside a UTF-8 sequence) and decoded at once; a block without one is joined to the next, so a line is never
     split. On a byte that is not UTF-8, the lines before the one holding it are yielded first, then the error
-    names the byte's offset in the file.
+    names the byte's offset in the file. Every byte read is passed to ``digest`` (if given) as it is read.
     """
     number, offset = 1, 0  # offset: bytes of the file before ``data``
     parts: list[bytes] = []
@@ -184,6 +196,8 @@ def _file_line_blocks(path: Path) -> Iterator[tuple[int, list[str]]]:
         try:
             while True:
                 block = handle.read(_READ_BLOCK)
+                if digest is not None:
+                    digest.update(block)
                 cut = block.rfind(b"\n") + 1
                 if block and not cut:
                     parts.append(block)
@@ -301,19 +315,22 @@ def _jsonl_records(path: Path, lines: list[str], first: int, text_key: str) -> l
     return records
 
 
-def _file_records(path: Path, text_key: str, txt_documents: str = "line") -> Iterator[list[tuple[str, Any]]]:
+def _file_records(path: Path, text_key: str, txt_documents: str = "line",
+                  digest: _ContentDigest | None = None) -> Iterator[list[tuple[str, Any]]]:
     """Yield the documents of one corpus file in order as lists of ``(kind, item)`` records, one list per block of
     lines read (:func:`_file_line_blocks`; a list may be empty).
 
     ``kind`` is ``"texts"`` (``item`` a str) or, for JSONL objects, ``"pairs"`` (``item`` a ``(prompt,
-    completion)`` pair; see :func:`_jsonl_record`).
+    completion)`` pair; see :func:`_jsonl_record`). Every byte read is passed to ``digest`` (if given).
     """
-    blocks = _file_line_blocks(path)
+    blocks = _file_line_blocks(path, digest)
     if _file_format(path) == "jsonl":
         for first, lines in blocks:
             yield _jsonl_records(path, lines, first, text_key)
     elif txt_documents == "paragraph":
-        yield [("texts", doc) for doc in _paragraphs(line for _, lines in blocks for line in lines)]
+        docs = _paragraphs(line for _, lines in blocks for line in lines)
+        while batch := list(itertools.islice(docs, 1024)):  # a list per 1,024 paragraphs, not the whole file
+            yield [("texts", doc) for doc in batch]
     else:
         for _, lines in blocks:
             yield [("texts", line) for line in lines if line.strip()]
@@ -450,7 +467,7 @@ class CorpusSource:
     _payload: tuple = field(default=(), repr=False, compare=False)
     _text_key: str = field(default="text", repr=False, compare=False)
     _txt_documents: str = field(default="line", repr=False, compare=False)
-    _read: dict = field(default_factory=dict, repr=False, compare=False)  # an IterableDataset's content digest
+    _read: dict = field(default_factory=dict, repr=False, compare=False)  # content digests of what was read
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -499,13 +516,34 @@ class CorpusSource:
             return self._read["digest"]
         if self.kind != "files":
             return self.fingerprint
+        return self._files_fingerprint([_file_sha256(path) for path in self._payload])
+
+    def _files_fingerprint(self, contents: list[tuple[int, str]]) -> str:
+        """The content fingerprint of the files from each file's ``(size in bytes, sha256 hex digest)``."""
         parts = ["files-content", self._text_key]
         if self._txt_documents != "line":  # the default adds nothing, so existing cache keys stay valid
             parts.append(f"txt_documents={self._txt_documents}")
-        for path in self._payload:
-            size, digest = _file_sha256(path)
+        for path, (size, digest) in zip(self._payload, contents):
             parts += [_file_format(path), str(size), digest]
         return _sha256(*parts)
+
+    def fingerprint_of_read(self) -> str | None:
+        """The content fingerprint of the bytes the last complete :meth:`iter_chunks` of a file corpus read.
+
+        Each file's bytes are hashed as they are read for their documents, so this is what was tokenized, with no
+        second pass over the files; it equals :meth:`content_fingerprint` when the files did not change between
+        the two. The cache compares them to refuse an entry whose files changed while they were read.
+
+        Returns:
+            The sha256 hex digest (as :meth:`content_fingerprint`), or None for other kinds of corpus, or before
+            an iteration over a file corpus has reached its end.
+
+        Example:
+            >>> source = resolve_corpus(["a"])
+            >>> source.fingerprint_of_read() is None
+            True
+        """
+        return self._read.get("files")
 
     def iter_chunks(self, max_docs: int | None = None, max_chars: int | None = None) -> Iterator[CorpusChunk]:
         """Yield the documents in corpus order, in chunks of bounded size; files are read as the chunks go.
@@ -548,13 +586,19 @@ class CorpusSource:
         return _chunked(docs, max_docs, max_chars, len, lambda start, texts: CorpusChunk(start, texts=texts))
 
     def _iter_file_records(self) -> Iterator[list[tuple[str, Any]]]:
-        empty = True
+        """Lists of records of the files in order; reading them to the end records the content fingerprint of the
+        bytes read (:meth:`fingerprint_of_read`)."""
+        self._read.pop("files", None)
+        empty, contents = True, []
         for path in self._payload:
-            for records in _file_records(path, self._text_key, self._txt_documents):
+            digest = _ContentDigest()
+            for records in _file_records(path, self._text_key, self._txt_documents, digest):
                 empty = empty and not records
                 yield records
+            contents.append((digest.size, digest.hexdigest()))
         if empty:
             raise ValueError(f"corpus is empty: no non-blank lines in {', '.join(map(str, self._payload))}")
+        self._read["files"] = self._files_fingerprint(contents)
 
     def _iter_file_documents(self) -> Iterator[str]:
         for kind, item in (record for records in self._iter_file_records() for record in records):
