@@ -6,7 +6,7 @@ cache (:mod:`lit_balance.cache`). Corpus files must be regular files: pipes, FIF
 refused, since the cache reads the files twice (to hash and to tokenize) and a pipe could block forever.
 
 :meth:`CorpusSource.iter_chunks` yields the documents in chunks of bounded size (:class:`CorpusChunk`: texts,
-prompt–completion records, or token ids with optional labels), reading files line by line, so that tokenizing a
+prompt–completion records, or token ids with optional labels), reading files in blocks of lines, so that tokenizing a
 corpus never holds more than one chunk of it. A JSONL object without ``text_key`` that has ``prompt`` and
 ``completion`` strings, or a dataset row with those columns, is a prompt–completion record
 (:func:`lit_balance.records.encode_chunk`).
@@ -548,7 +548,8 @@ class CorpusSource:
     def iter_chunks(self, max_docs: int | None = None, max_chars: int | None = None) -> Iterator[CorpusChunk]:
         """Yield the documents in corpus order, in chunks of bounded size; files are read as the chunks go.
 
-        Files are read line by line and JSONL lines parsed one at a time (:mod:`json`), and Hugging Face
+        Files are read in blocks of about 1 MiB cut at line ends (each decoded at once, JSONL lines parsed one at a
+        time with :mod:`json`; the bytes read are hashed on the way: :meth:`fingerprint_of_read`), and Hugging Face
         datasets in batches of rows, so a consumer that keeps no chunk holds at most one chunk of documents
         (plus the line being read) at any time, whatever the size of the corpus. A chunk holds one form of
         document (:class:`CorpusChunk`); a file mixing text and prompt–completion records starts a new chunk
