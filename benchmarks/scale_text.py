@@ -5,7 +5,7 @@ docstrings) with a seeded generator, one ``{"text": ...}`` object per line. For 
 subprocesses run one after the other in the same invocation:
 
 * ``prepare_data``: ``BalancedTextDataModule(corpus=<file>).prepare_data()`` into an empty cache directory
-  (hashing the file, reading it line by line, tokenizing chunk by chunk, writing the entry, hashing again).
+  (hashing the file, reading it in blocks of lines, tokenizing chunk by chunk, writing the entry).
   Measured: the process's resident memory after ``import lit_balance`` and the DataModule (``VmRSS``), its
   peak over the whole run (``VmHWM``), and the wall time of ``prepare_data``.
 * ``encode_batch``: the same file streamed the same way (:meth:`CorpusSource.iter_chunks`), each chunk passed

@@ -7,11 +7,12 @@ sha256 of each array file). The key
 hashes the corpus content (for files, their bytes: :meth:`CorpusSource.content_fingerprint`) with the
 tokenizer's fingerprint, so an edit that keeps a file's size and mtime still rebuilds.
 
-Building streams: the corpus is read in chunks (:meth:`CorpusSource.iter_chunks`, files line by line), each
-chunk is tokenized with one ``encode_batch`` call and appended to the array files, and the ``.npy`` headers
-are completed at the end, so memory stays bounded by a chunk whatever the size of the corpus. The files are
-the ones ``np.save`` writes for the whole arrays. The corpus's content fingerprint is taken before and after
-tokenizing; a corpus that changed in between is not cached.
+Building streams: the corpus is read in chunks (:meth:`CorpusSource.iter_chunks`, files in blocks of lines),
+each chunk is tokenized with one call (:meth:`TokenizerAdapter.encode_batch_flat`: all its ids in one int32
+array) and appended to the array files, and the ``.npy`` headers are completed at the end, so memory stays
+bounded by a chunk whatever the size of the corpus. The files are the ones ``np.save`` writes for the whole
+arrays. Corpus files are hashed once for the key; the bytes read for tokenizing are hashed as they are read
+(:meth:`CorpusSource.fingerprint_of_read`), and a build whose files changed in between is not cached.
 
 An entry is written into a temporary directory ``.tmp-<key>-<pid>-<random>`` inside ``cache_dir`` and
 renamed into place, so concurrent processes never read a half-written entry; a stale or corrupt entry is
@@ -38,6 +39,7 @@ import json
 import os
 import shutil
 import time
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
@@ -54,7 +56,7 @@ except ImportError:  # pragma: no cover - not POSIX
 
 from lit_balance._fingerprint import sha256_of as _sha256
 from lit_balance.corpus import CorpusChunk, CorpusSource
-from lit_balance.records import IGNORE_INDEX, encode_chunk
+from lit_balance.records import IGNORE_INDEX, encode_chunk_flat
 from lit_balance.tokenizer import TokenizerAdapter
 
 __all__ = ["TokenizedCorpus", "build_cache", "cache_key", "default_cache_dir", "load_cache", "load_or_build"]
@@ -62,6 +64,7 @@ __all__ = ["TokenizedCorpus", "build_cache", "cache_key", "default_cache_dir", "
 _CACHE_FORMAT = 1  # bump when the layout of a cache entry changes
 _HASH_BLOCK = 1 << 22  # bytes read per update when hashing an entry's files
 _CHECK_BLOCK = 1 << 20  # offsets checked per step when a corpus is loaded
+_IN_FLIGHT = 1  # chunks encoded ahead while the corpus is read and the arrays written (2 measured no faster)
 _ARRAYS = {"token_ids": np.int32, "offsets": np.int64, "source_index": np.int64}
 _LABELS = "labels"  # the optional array: int32 [num_tokens], -100 where a token has no target
 _TMP, _TRASH, _LOCK = ".tmp-", ".trash-", ".lock"
@@ -174,10 +177,21 @@ def cache_key(source: CorpusSource, tokenizer: TokenizerAdapter) -> str:
         64
     """
     _check_types(source, tokenizer)
-    parts = ["cache", str(_CACHE_FORMAT), source.kind, source.content_fingerprint(), tokenizer.fingerprint]
+    return _key(source, tokenizer, source.content_fingerprint())
+
+
+def _key(source: CorpusSource, tokenizer: TokenizerAdapter, content: str) -> str:
+    parts = ["cache", str(_CACHE_FORMAT), source.kind, content, tokenizer.fingerprint]
     if tokenizer.add_special_tokens:  # the default adds nothing, so existing cache keys stay valid
         parts.append("add_special_tokens")
     return _sha256(*parts)
+
+
+def _key_of_read(source: CorpusSource, tokenizer: TokenizerAdapter) -> str:
+    """The key of what the last complete read of the corpus saw: for files, their bytes as they were read (hashed
+    while reading, no second pass); else as :func:`cache_key`."""
+    read = source.fingerprint_of_read()
+    return cache_key(source, tokenizer) if read is None else _key(source, tokenizer, read)
 
 
 def default_cache_dir() -> Path:
@@ -216,10 +230,12 @@ def _file_sha256(path: Path) -> str:
 def _check_ids(flat: np.ndarray, sizes: np.ndarray, start: int, vocab_size: int, what: str,
                ignore: bool = False) -> None:
     """Raise naming the first document with a value outside ``[0, vocab_size)`` (or -100 when ``ignore``)."""
+    if not flat.size or (flat.min() >= 0 and flat.max() < vocab_size):
+        return
     bad_mask = (flat < 0) | (flat >= vocab_size)
     if ignore:
         bad_mask &= flat != IGNORE_INDEX
-    if flat.size and bad_mask.any():
+    if bad_mask.any():
         first = int(np.flatnonzero(bad_mask)[0])
         doc = start + int(np.searchsorted(np.cumsum(sizes), first, side="right"))
         allowed = f"[0, vocab_size={vocab_size})" + (" or -100" if ignore else "")
@@ -269,47 +285,31 @@ class _NpyAppender:
         return self._count
 
 
-def _encode(chunk: CorpusChunk, tokenizer: TokenizerAdapter) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-    return encode_chunk(chunk, tokenizer)
-
-
-def _chunk_ids(encoded: tuple[list[np.ndarray], list[np.ndarray] | None],
-               start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Tokens per document (int64 ``[len(chunk)]``), the chunk's token ids and its labels (or None) concatenated.
-
-    Raises:
-        ValueError: a document has another number of labels than tokens (``start``: its first document's index).
-    """
-    ids, labels = encoded
-    sizes = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat = np.concatenate(ids).astype(np.int64, copy=False) if ids else np.zeros(0, np.int64)
-    if labels is None:
-        return sizes, flat, None
-    for i, (a, lab) in enumerate(zip(ids, labels)):
-        if len(lab) != len(a):
-            raise ValueError(f"document {start + i} has {len(lab)} labels for {len(a)} tokens; give one (unshifted) "
-                             "label per token, -100 where a token has no target")
-    return sizes, flat, (np.concatenate(labels).astype(np.int64, copy=False) if labels else np.zeros(0, np.int64))
-
-
 def _tokenized_chunks(source: CorpusSource, tokenizer: TokenizerAdapter
                       ) -> Iterator[tuple[CorpusChunk, np.ndarray, np.ndarray, np.ndarray | None]]:
-    """Yield each chunk with its tokens per document, token ids and labels (or None), encoding one chunk ahead
-    in a thread.
+    """Yield each chunk with its tokens per document, token ids and labels (or None) as flat arrays
+    (:func:`encode_chunk_flat`), encoding up to ``_IN_FLIGHT`` chunks ahead in threads.
 
     ``encode_batch`` of a ``tokenizers`` tokenizer releases the GIL and runs on its own thread pool, so the next
-    chunk is encoded while this thread reads the corpus and writes the arrays; at most three chunks are alive
-    (the one written, the one encoded, the one just read).
+    chunk is encoded while this thread reads the corpus and writes the arrays; the ids become one int32 array in
+    the encoding thread (no list or array per document). At most ``_IN_FLIGHT + 2`` chunks are alive (the one
+    written, ``_IN_FLIGHT`` being encoded, the one just read and waiting for a thread).
     """
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lit_balance-encode") as pool:
-        pending: tuple[CorpusChunk, Future] | None = None
-        for chunk in source.iter_chunks():
-            future = pool.submit(_encode, chunk, tokenizer)
-            if pending is not None:
-                yield pending[0], *_chunk_ids(pending[1].result(), pending[0].start)
-            pending = (chunk, future)
-        if pending is not None:
-            yield pending[0], *_chunk_ids(pending[1].result(), pending[0].start)
+    with ThreadPoolExecutor(max_workers=_IN_FLIGHT, thread_name_prefix="lit_balance-encode") as pool:
+        pending: deque[tuple[CorpusChunk, Future]] = deque()
+        try:
+            for chunk in source.iter_chunks():
+                # submitted before the oldest is waited for: it starts as soon as a thread is free
+                pending.append((chunk, pool.submit(encode_chunk_flat, chunk, tokenizer)))
+                if len(pending) > _IN_FLIGHT:
+                    done, future = pending.popleft()
+                    yield done, *future.result()
+            while pending:
+                done, future = pending.popleft()
+                yield done, *future.result()
+        finally:
+            for _, future in pending:
+                future.cancel()
 
 
 def _backfill_labels(entry: Path, count: int) -> _NpyAppender:
@@ -413,8 +413,14 @@ def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: st
     """
     _check_types(source, tokenizer)
     after_reading = source.key_after_reading  # an IterableDataset: its key is the hash of what it yields
-    key = None if after_reading else cache_key(source, tokenizer)
-    cache_dir = Path(cache_dir)
+    return _build(source, tokenizer, Path(cache_dir), None if after_reading else cache_key(source, tokenizer),
+                  progress)
+
+
+def _build(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: Path, key: str | None,
+           progress: bool) -> Path:
+    """:func:`build_cache` with the key already known (None: learnt by reading an ``IterableDataset``)."""
+    after_reading = key is None
     # before tokenizing: a cache_dir that is not writable fails now
     tmp, lock_fd = _start_entry(cache_dir, key or "iterable" + os.urandom(8).hex())
     try:
@@ -424,7 +430,7 @@ def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: st
             key = cache_key(source, tokenizer)
             if _read_entry(cache_dir / key, key, tokenizer) is not None:
                 return cache_dir / key  # built before from the same content
-        elif cache_key(source, tokenizer) != key:
+        elif _key_of_read(source, tokenizer) != key:
             raise RuntimeError(f"the corpus ({source.description}) changed while it was tokenized; run again once "
                                "its files no longer change")
         if not num_kept:
@@ -622,7 +628,12 @@ def load_cache(source: CorpusSource, tokenizer: TokenizerAdapter,
         True
     """
     key = cache_key(source, tokenizer)
-    entry = Path(cache_dir if cache_dir is not None else default_cache_dir()) / key
+    return _load(Path(cache_dir if cache_dir is not None else default_cache_dir()), key, tokenizer)
+
+
+def _load(cache_dir: Path, key: str, tokenizer: TokenizerAdapter) -> TokenizedCorpus | None:
+    """:func:`load_cache` with the key already known."""
+    entry = cache_dir / key
     try:
         inode = entry.stat().st_ino
     except OSError:
@@ -661,12 +672,13 @@ def load_or_build(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: 
     _check_types(source, tokenizer)
     if source.key_after_reading:  # an IterableDataset: read it once, into the cache, to learn its key
         build_cache(source, tokenizer, cache_dir, progress=progress)
-    corpus = load_cache(source, tokenizer, cache_dir)
+    key = cache_key(source, tokenizer)  # files are hashed once here; a build checks what it read against it
+    corpus = _load(cache_dir, key, tokenizer)
     for _ in range(2):
         if corpus is not None:
             return corpus
-        build_cache(source, tokenizer, cache_dir, progress=progress)
-        corpus = load_cache(source, tokenizer, cache_dir)
+        _build(source, tokenizer, cache_dir, key, progress)
+        corpus = _load(cache_dir, key, tokenizer)
     if corpus is None:
         raise RuntimeError(f"the cache entry for {source.description} in {str(cache_dir)!r} "
                            "cannot be read back after building it; check the disk and permissions")

@@ -6,7 +6,7 @@ cache (:mod:`lit_balance.cache`). Corpus files must be regular files: pipes, FIF
 refused, since the cache reads the files twice (to hash and to tokenize) and a pipe could block forever.
 
 :meth:`CorpusSource.iter_chunks` yields the documents in chunks of bounded size (:class:`CorpusChunk`: texts,
-prompt–completion records, or token ids with optional labels), reading files line by line, so that tokenizing a
+prompt–completion records, or token ids with optional labels), reading files in blocks of lines, so that tokenizing a
 corpus never holds more than one chunk of it. A JSONL object without ``text_key`` that has ``prompt`` and
 ``completion`` strings, or a dataset row with those columns, is a prompt–completion record
 (:func:`lit_balance.records.encode_chunk`).
@@ -19,6 +19,7 @@ import gc
 import glob
 import hashlib
 import inspect
+import itertools
 import json
 import os
 import platform
@@ -48,6 +49,7 @@ _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle
 _DOC_NODES = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 _UTF8_BOM = b"\xef\xbb\xbf"
 _HASH_BLOCK = 1 << 22  # bytes read per update when hashing corpus files
+_READ_BLOCK = 1 << 20  # bytes read per step when a corpus file is read for its documents
 _CHUNK_DOCS = 4096  # most documents per chunk of CorpusSource.iter_chunks
 _CHUNK_CHARS = 1 << 21  # most characters (or token ids) per chunk, unless one document is larger
 _FILE_TYPES = ((stat.S_ISFIFO, "a pipe or FIFO"), (stat.S_ISSOCK, "a socket"),
@@ -147,45 +149,90 @@ def _open_regular(path: Path) -> Any:
         raise
 
 
+class _ContentDigest:
+    """Size in bytes and sha256 of the bytes of a file, fed block by block as they are read."""
+
+    def __init__(self) -> None:
+        self.size, self._sha256 = 0, hashlib.sha256()
+
+    def update(self, block: bytes) -> None:
+        self._sha256.update(block)
+        self.size += len(block)
+
+    def hexdigest(self) -> str:
+        return self._sha256.hexdigest()
+
+
 def _file_sha256(path: Path) -> tuple[int, str]:
     """Size in bytes and sha256 hex digest of a corpus file, read in blocks of ``_HASH_BLOCK`` bytes."""
-    digest, size = hashlib.sha256(), 0
+    digest = _ContentDigest()
     with _open_regular(path) as handle:
         try:
             for block in iter(lambda: handle.read(_HASH_BLOCK), b""):
                 digest.update(block)
-                size += len(block)
         except OSError as error:
             raise ValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
-    return size, digest.hexdigest()
+    return digest.size, digest.hexdigest()
+
+
+def _split_lines(text: str) -> list[str]:
+    """Whole lines of text (the last may lack its end) split at ``\r\n``, ``\r`` or ``\n``, without their ends."""
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text.removesuffix("\n").split("\n")
+
+
+def _file_line_blocks(path: Path, digest: _ContentDigest | None = None) -> Iterator[tuple[int, list[str]]]:
+    """Yield ``(number of the first line, lines)`` of a UTF-8 file, read in blocks of about ``_READ_BLOCK`` bytes.
+
+    Lines are as :func:`_file_lines` yields them. Each block is cut after its last ``\n`` (which never occurs
+    inside a UTF-8 sequence) and decoded at once; a block without one is joined to the next, so a line is never
+    split. On a byte that is not UTF-8, the lines before the one holding it are yielded first, then the error
+    names the byte's offset in the file. Every byte read is passed to ``digest`` (if given) as it is read.
+    """
+    number, offset = 1, 0  # offset: bytes of the file before ``data``
+    parts: list[bytes] = []
+    with _open_regular(path) as handle:
+        try:
+            while True:
+                block = handle.read(_READ_BLOCK)
+                if digest is not None:
+                    digest.update(block)
+                cut = block.rfind(b"\n") + 1
+                if block and not cut:
+                    parts.append(block)
+                    continue
+                parts.append(block[:cut] if block else b"")
+                data = b"".join(parts)
+                parts = [block[cut:]] if block and cut < len(block) else []
+                if data:
+                    skip = len(_UTF8_BOM) if offset == 0 and data.startswith(_UTF8_BOM) else 0
+                    try:
+                        lines = _split_lines(data[skip:].decode("utf-8") if skip else data.decode("utf-8"))
+                    except UnicodeDecodeError as error:
+                        bad = skip + error.start
+                        good = max(data.rfind(b"\n", 0, bad) + 1, skip)  # the lines before the bad one
+                        if good > skip:
+                            yield number, _split_lines(data[skip:good].decode("utf-8"))
+                        raise ValueError(f"corpus file {str(path)!r} is not valid UTF-8 at byte {offset + bad}; "
+                                         "re-encode it as UTF-8") from None
+                    yield number, lines
+                    number += len(lines)
+                    offset += len(data)
+                if not block:
+                    return
+        except OSError as error:
+            raise ValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
 
 
 def _file_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Yield ``(line number, line)`` of a UTF-8 file, read line by line (never the whole file at once).
+    """Yield ``(line number, line)`` of a UTF-8 file, read in blocks (never the whole file at once).
 
-    A leading UTF-8 byte order mark is skipped. Lines end at ``\\r\\n``, ``\\r`` or ``\\n`` (universal
+    A leading UTF-8 byte order mark is skipped. Lines end at ``\r\n``, ``\r`` or ``\n`` (universal
     newlines, as ``open(..., newline=None)``), and are yielded without their end; numbers count from 1.
     """
-    number, offset = 0, 0
-    with _open_regular(path) as handle:
-        try:
-            for raw in handle:  # binary iteration splits at b"\n", which never occurs inside a UTF-8 sequence
-                skip = len(_UTF8_BOM) if offset == 0 and raw.startswith(_UTF8_BOM) else 0
-                try:
-                    text = raw[skip:].decode("utf-8") if skip else raw.decode("utf-8")
-                except UnicodeDecodeError as error:
-                    raise ValueError(f"corpus file {str(path)!r} is not valid UTF-8 at byte "
-                                     f"{offset + skip + error.start}; re-encode it as UTF-8") from None
-                offset += len(raw)
-                if "\r" in text:
-                    text = text.replace("\r\n", "\n").replace("\r", "\n")
-                if text.endswith("\n"):
-                    text = text[:-1]
-                for line in text.split("\n"):
-                    number += 1
-                    yield number, line
-        except OSError as error:
-            raise ValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
+    for first, lines in _file_line_blocks(path):
+        yield from enumerate(lines, first)
 
 
 def _file_format(path: Path) -> str:
@@ -213,12 +260,16 @@ def _paragraphs(lines: Iterable[str]) -> Iterator[str]:
         yield "\n".join(current)
 
 
-def _jsonl_record(line: str, where: str, text_key: str) -> tuple[str, Any]:
-    """One JSONL line as a record: ``("texts", text)`` or ``("pairs", (prompt, completion))``."""
+def _jsonl_value(line: str, where: str) -> Any:
+    """``json.loads(line)``; invalid JSON raises naming ``where``, the reason and the column."""
     try:
-        obj = json.loads(line)
+        return json.loads(line)
     except json.JSONDecodeError as error:
         raise ValueError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from None
+
+
+def _jsonl_object_record(obj: Any, where: str, text_key: str) -> tuple[str, Any]:
+    """One parsed JSONL value as a record: ``("texts", text)`` or ``("pairs", (prompt, completion))``."""
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     if text_key in obj:
@@ -234,22 +285,55 @@ def _jsonl_record(line: str, where: str, text_key: str) -> tuple[str, Any]:
                      "set text_key= to the key holding the text, or give each record 'prompt' and 'completion'")
 
 
-def _file_records(path: Path, text_key: str, txt_documents: str = "line") -> Iterator[tuple[str, Any]]:
-    """Yield the documents of one corpus file in order as ``(kind, item)`` records, reading it line by line.
+def _jsonl_record(line: str, where: str, text_key: str) -> tuple[str, Any]:
+    """One JSONL line as a record: ``("texts", text)`` or ``("pairs", (prompt, completion))``."""
+    return _jsonl_object_record(_jsonl_value(line, where), where, text_key)
+
+
+_scan_json = json.JSONDecoder().scan_once  # json.loads without its checks: (value, end) of the value at an index
+
+
+def _jsonl_records(path: Path, lines: list[str], first: int, text_key: str) -> list[tuple[str, Any]]:
+    """The records of a block of JSONL lines (line ``first`` first), blank lines skipped, as :func:`_jsonl_record`.
+
+    A line that holds exactly one JSON value, with no whitespace around it, is parsed by the decoder's scanner
+    (what ``json.loads`` calls after skipping whitespace); any other line, or one the scanner refuses, goes
+    through ``json.loads``, so values and error messages are those of :func:`_jsonl_record`.
+    """
+    records = []
+    append = records.append
+    for number, line in enumerate(lines, first):
+        try:
+            obj, end = _scan_json(line, 0)
+        except (StopIteration, ValueError, RecursionError):
+            end = -1
+        if end == len(line) and type(obj) is dict and type(obj.get(text_key)) is str:
+            append(("texts", obj[text_key]))
+        elif line.strip():
+            where = f"corpus file {str(path)!r}, line {number}"
+            append(_jsonl_object_record(obj if end == len(line) else _jsonl_value(line, where), where, text_key))
+    return records
+
+
+def _file_records(path: Path, text_key: str, txt_documents: str = "line",
+                  digest: _ContentDigest | None = None) -> Iterator[list[tuple[str, Any]]]:
+    """Yield the documents of one corpus file in order as lists of ``(kind, item)`` records, one list per block of
+    lines read (:func:`_file_line_blocks`; a list may be empty).
 
     ``kind`` is ``"texts"`` (``item`` a str) or, for JSONL objects, ``"pairs"`` (``item`` a ``(prompt,
-    completion)`` pair; see :func:`_jsonl_record`).
+    completion)`` pair; see :func:`_jsonl_record`). Every byte read is passed to ``digest`` (if given).
     """
-    lines = _file_lines(path)
-    if _file_format(path) != "jsonl":
-        if txt_documents == "paragraph":
-            yield from (("texts", doc) for doc in _paragraphs(line for _, line in lines))
-        else:
-            yield from (("texts", line) for _, line in lines if line.strip())
-        return
-    for number, line in lines:
-        if line.strip():
-            yield _jsonl_record(line, f"corpus file {str(path)!r}, line {number}", text_key)
+    blocks = _file_line_blocks(path, digest)
+    if _file_format(path) == "jsonl":
+        for first, lines in blocks:
+            yield _jsonl_records(path, lines, first, text_key)
+    elif txt_documents == "paragraph":
+        docs = _paragraphs(line for _, lines in blocks for line in lines)
+        while batch := list(itertools.islice(docs, 1024)):  # a list per 1,024 paragraphs, not the whole file
+            yield [("texts", doc) for doc in batch]
+    else:
+        for _, lines in blocks:
+            yield [("texts", line) for line in lines if line.strip()]
 
 
 @dataclass(frozen=True, eq=False)
@@ -322,21 +406,24 @@ def _make_chunk(start: int, kind: str, items: list) -> CorpusChunk:
                        labels=None if all(lab is None for lab in labels) else labels)
 
 
-def _chunked_records(records: Iterable[tuple[str, Any]], max_docs: int, max_size: int) -> Iterator[CorpusChunk]:
-    """Group ``(kind, item)`` records as :func:`_chunked` groups documents, with a new chunk at each change of kind.
+def _chunked_records(blocks: Iterable[list[tuple[str, Any]]], max_docs: int,
+                     max_size: int) -> Iterator[CorpusChunk]:
+    """Group ``(kind, item)`` records, given in lists, as :func:`_chunked` groups documents, with a new chunk at each
+    change of kind.
 
     ``kind`` is ``"texts"`` (a str), ``"pairs"`` (a prompt–completion pair) or ``"token_ids"`` (an ``(ids,
     labels or None)`` pair).
     """
     kind, batch, start, total = None, [], 0, 0
-    for record_kind, item in records:
-        size = _record_size(record_kind, item)
-        if batch and (record_kind != kind or len(batch) == max_docs or total + size > max_size):
-            yield _make_chunk(start, kind, batch)
-            start, batch, total = start + len(batch), [], 0
-        kind = record_kind
-        batch.append(item)
-        total += size
+    for records in blocks:
+        for record_kind, item in records:
+            size = len(item) if record_kind == "texts" else _record_size(record_kind, item)
+            if batch and (record_kind != kind or len(batch) == max_docs or total + size > max_size):
+                yield _make_chunk(start, kind, batch)
+                start, batch, total = start + len(batch), [], 0
+            kind = record_kind
+            batch.append(item)
+            total += size
     if batch:
         yield _make_chunk(start, kind, batch)
 
@@ -380,7 +467,7 @@ class CorpusSource:
     _payload: tuple = field(default=(), repr=False, compare=False)
     _text_key: str = field(default="text", repr=False, compare=False)
     _txt_documents: str = field(default="line", repr=False, compare=False)
-    _read: dict = field(default_factory=dict, repr=False, compare=False)  # an IterableDataset's content digest
+    _read: dict = field(default_factory=dict, repr=False, compare=False)  # content digests of what was read
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -429,18 +516,40 @@ class CorpusSource:
             return self._read["digest"]
         if self.kind != "files":
             return self.fingerprint
+        return self._files_fingerprint([_file_sha256(path) for path in self._payload])
+
+    def _files_fingerprint(self, contents: list[tuple[int, str]]) -> str:
+        """The content fingerprint of the files from each file's ``(size in bytes, sha256 hex digest)``."""
         parts = ["files-content", self._text_key]
         if self._txt_documents != "line":  # the default adds nothing, so existing cache keys stay valid
             parts.append(f"txt_documents={self._txt_documents}")
-        for path in self._payload:
-            size, digest = _file_sha256(path)
+        for path, (size, digest) in zip(self._payload, contents):
             parts += [_file_format(path), str(size), digest]
         return _sha256(*parts)
+
+    def fingerprint_of_read(self) -> str | None:
+        """The content fingerprint of the bytes the last complete :meth:`iter_chunks` of a file corpus read.
+
+        Each file's bytes are hashed as they are read for their documents, so this is what was tokenized, with no
+        second pass over the files; it equals :meth:`content_fingerprint` when the files did not change between
+        the two. The cache compares them to refuse an entry whose files changed while they were read.
+
+        Returns:
+            The sha256 hex digest (as :meth:`content_fingerprint`), or None for other kinds of corpus, or before
+            an iteration over a file corpus has reached its end.
+
+        Example:
+            >>> source = resolve_corpus(["a"])
+            >>> source.fingerprint_of_read() is None
+            True
+        """
+        return self._read.get("files")
 
     def iter_chunks(self, max_docs: int | None = None, max_chars: int | None = None) -> Iterator[CorpusChunk]:
         """Yield the documents in corpus order, in chunks of bounded size; files are read as the chunks go.
 
-        Files are read line by line and JSONL lines parsed one at a time (:mod:`json`), and Hugging Face
+        Files are read in blocks of about 1 MiB cut at line ends (each decoded at once, JSONL lines parsed one at a
+        time with :mod:`json`; the bytes read are hashed on the way: :meth:`fingerprint_of_read`), and Hugging Face
         datasets in batches of rows, so a consumer that keeps no chunk holds at most one chunk of documents
         (plus the line being read) at any time, whatever the size of the corpus. A chunk holds one form of
         document (:class:`CorpusChunk`); a file mixing text and prompt–completion records starts a new chunk
@@ -477,31 +586,37 @@ class CorpusSource:
         docs: Iterable[str] = stdlib_docstrings() if self.kind == "builtin" else self._payload
         return _chunked(docs, max_docs, max_chars, len, lambda start, texts: CorpusChunk(start, texts=texts))
 
-    def _iter_file_records(self) -> Iterator[tuple[str, Any]]:
-        empty = True
+    def _iter_file_records(self) -> Iterator[list[tuple[str, Any]]]:
+        """Lists of records of the files in order; reading them to the end records the content fingerprint of the
+        bytes read (:meth:`fingerprint_of_read`)."""
+        self._read.pop("files", None)
+        empty, contents = True, []
         for path in self._payload:
-            for record in _file_records(path, self._text_key, self._txt_documents):
-                empty = False
-                yield record
+            digest = _ContentDigest()
+            for records in _file_records(path, self._text_key, self._txt_documents, digest):
+                empty = empty and not records
+                yield records
+            contents.append((digest.size, digest.hexdigest()))
         if empty:
             raise ValueError(f"corpus is empty: no non-blank lines in {', '.join(map(str, self._payload))}")
+        self._read["files"] = self._files_fingerprint(contents)
 
     def _iter_file_documents(self) -> Iterator[str]:
-        for kind, item in self._iter_file_records():
+        for kind, item in (record for records in self._iter_file_records() for record in records):
             if kind != "texts":
                 raise TypeError(f"the corpus ({self.description}) holds prompt–completion records, not only texts; "
                                 "read it with iter_chunks() (the DataModule and the cache do)")
             yield item
 
-    def _iter_dataset_records(self) -> Iterator[tuple[str, Any]]:
-        """Rows of a Hugging Face dataset as records; reading an ``IterableDataset`` to its end records the
+    def _iter_dataset_records(self) -> Iterator[list[tuple[str, Any]]]:
+        """Rows of a Hugging Face dataset as lists of records; reading an ``IterableDataset`` to its end records the
         sha256 of its content, its identity (:meth:`content_fingerprint`)."""
         hf = self._payload[0]
         digest = hf_datasets.new_digest(hf) if hf.iterable else None
         count = 0
         for kind, items in hf.iter_chunks(_CHUNK_DOCS, digest):
             count += len(items)
-            yield from ((kind, item) for item in items)
+            yield [(kind, item) for item in items]
         if count == 0:
             raise ValueError(f"corpus is empty: the {hf.description} yields no rows")
         if digest is not None:

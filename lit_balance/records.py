@@ -2,7 +2,8 @@
 
 A corpus is read as chunks of consecutive documents of one form (:class:`lit_balance.corpus.CorpusChunk`):
 plain texts, prompt–completion pairs, or pre-tokenized ids with optional labels. The tokenization cache
-(:mod:`lit_balance.cache`) encodes them chunk by chunk with :func:`encode_chunk`.
+(:mod:`lit_balance.cache`) encodes them chunk by chunk with :func:`encode_chunk_flat` (one flat array of ids
+per chunk; :func:`encode_chunk` gives one array per document).
 
 Labels follow the Hugging Face convention for causal language models: one label per token, *unshifted* (the
 model shifts them), ``-100`` (:data:`lit_balance.IGNORE_INDEX`) where a token has no target. A prompt–completion
@@ -14,28 +15,58 @@ record (the convention of TRL's ``SFTTrainer``: fields ``prompt`` and ``completi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["encode_chunk", "supervised_counts"]
+__all__ = ["encode_chunk", "encode_chunk_flat", "supervised_counts"]
 
 IGNORE_INDEX = -100  # the same value as lit_balance.collate.IGNORE_INDEX (kept import-free of torch here)
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def _encode_flat(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``tokenizer.encode_batch_flat(texts)``, or the same built from ``encode_batch`` for a tokenizer without it."""
+    if hasattr(tokenizer, "encode_batch_flat"):
+        return tokenizer.encode_batch_flat(texts)
+    from lit_balance.tokenizer import flat_ids
+
+    return flat_ids(tokenizer.encode_batch(texts))
 
 
-def encode_chunk(chunk: Any, tokenizer: Any) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-    """Token ids (and labels, when the chunk has any masked token) of every document of a chunk.
+def _starts(sizes: np.ndarray) -> np.ndarray:
+    """int64 ``[len(sizes)]``: where each document begins in the flat array (exclusive cumulative sum)."""
+    starts = np.zeros(len(sizes), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    return starts
 
-    * ``texts``: ``tokenizer.encode_batch(texts)``; no labels (every token is a target).
+
+def _within(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For every position of a flat array of documents of ``sizes`` tokens: its document and its index in it."""
+    doc = np.repeat(np.arange(len(sizes)), sizes)
+    return doc, np.arange(len(doc), dtype=np.int64) - _starts(sizes)[doc]
+
+
+def _prompt_labels(full_sizes: np.ndarray, full: np.ndarray, prompt_sizes: np.ndarray,
+                   prompt: np.ndarray) -> np.ndarray:
+    """Labels of ``prompt + completion`` ids: the ids, ``-100`` on each document's longest common prefix with its
+    prompt's own ids (all documents at once: the first position where the two differ, per document)."""
+    common = np.minimum(full_sizes, prompt_sizes)
+    doc, index = _within(common)
+    differ = full[_starts(full_sizes)[doc] + index] != prompt[_starts(prompt_sizes)[doc] + index]
+    prefix = common.copy()
+    first_docs, first = np.unique(doc[differ], return_index=True)  # positions are in document order
+    prefix[first_docs] = index[differ][first]
+    labels = full.copy()
+    doc, index = _within(full_sizes)
+    labels[index < prefix[doc]] = IGNORE_INDEX
+    return labels
+
+
+def encode_chunk_flat(chunk: Any, tokenizer: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Token ids (and labels, when the chunk has any masked token) of every document of a chunk, as flat arrays.
+
+    * ``texts``: the tokenizer's ids (``encode_batch_flat``, else ``encode_batch``); no labels (every token is
+      a target).
     * ``pairs`` (prompt–completion): the ids of ``prompt + completion`` (one text, as TRL tokenizes it, special
       tokens included when the tokenizer adds them); labels equal the ids except ``-100`` on the longest common
       prefix of these ids and the prompt's own ids. When the prompt's last token merges with the completion's
@@ -43,13 +74,68 @@ def encode_chunk(chunk: Any, tokenizer: Any) -> tuple[list[np.ndarray], list[np.
     * ``token_ids``: as given; labels as given (a document without them: its ids), or None when no document
       of the chunk has labels.
 
+    Document ``i`` of the chunk is ``ids[starts[i]:starts[i] + sizes[i]]`` with ``starts`` the exclusive
+    cumulative sum of ``sizes``; labels are aligned with ``ids``.
+
     Args:
         chunk: a :class:`lit_balance.corpus.CorpusChunk`.
-        tokenizer: a :class:`lit_balance.tokenizer.TokenizerAdapter` (unused for ``token_ids``).
+        tokenizer: a :class:`lit_balance.tokenizer.TokenizerAdapter` (unused for ``token_ids``), or any object
+            with ``encode_batch(texts) -> list of id lists``.
+
+    Returns:
+        ``(sizes, ids, labels)``: int64 ``[len(chunk)]`` tokens per document; the ids concatenated (int32 from a
+        tokenizer, int64 for ``token_ids`` chunks, which are used as given); labels of the same shape, or None
+        for "every token is a target".
+
+    Raises:
+        ValueError: a ``token_ids`` document has another number of labels than tokens (naming its index in the
+            corpus).
+
+    Example:
+        >>> from lit_balance.corpus import CorpusChunk
+        >>> from lit_balance.tokenizer import resolve_tokenizer
+        >>> sizes, ids, labels = encode_chunk_flat(CorpusChunk(0, pairs=[("hello", " world"), ("a", "b")]),
+        ...                                        resolve_tokenizer())
+        >>> sizes.tolist(), ids.tolist(), labels.tolist()  # "ab" is one token, so it carries loss
+        ([2, 1], [7592, 2088, 11113], [-100, 2088, 11113])
+    """
+    if chunk.texts is not None:
+        sizes, ids = _encode_flat(tokenizer, list(chunk.texts))
+        return sizes, ids, None
+    if chunk.pairs is not None:
+        sizes, ids = _encode_flat(tokenizer, [p + c for p, c in chunk.pairs])
+        prompt_sizes, prompt_ids = _encode_flat(tokenizer, [p for p, _ in chunk.pairs])
+        return sizes, ids, _prompt_labels(sizes, ids, prompt_sizes, prompt_ids)
+    docs = [np.asarray(i, dtype=np.int64) for i in chunk.token_ids]
+    sizes = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
+    ids = np.concatenate(docs) if docs else np.zeros(0, np.int64)
+    if chunk.labels is None:
+        return sizes, ids, None
+    for i, (a, lab) in enumerate(zip(docs, chunk.labels)):
+        if lab is not None and len(lab) != len(a):
+            raise ValueError(f"document {chunk.start + i} has {len(lab)} labels for {len(a)} tokens; give one "
+                             "(unshifted) label per token, -100 where a token has no target")
+    labels = [a if lab is None else np.asarray(lab, dtype=np.int64) for a, lab in zip(docs, chunk.labels)]
+    return sizes, ids, (np.concatenate(labels) if labels else np.zeros(0, np.int64))
+
+
+def encode_chunk(chunk: Any, tokenizer: Any) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """Token ids (and labels, when the chunk has any masked token) of every document of a chunk, one array each.
+
+    The same ids and labels as :func:`encode_chunk_flat` (see there for each form of document), split per
+    document.
+
+    Args:
+        chunk: a :class:`lit_balance.corpus.CorpusChunk`.
+        tokenizer: a :class:`lit_balance.tokenizer.TokenizerAdapter` (unused for ``token_ids``), or any object
+            with ``encode_batch(texts) -> list of id lists``.
 
     Returns:
         ``(ids, labels)``: one int64 array per document, and one int64 array of the same length per document
         or None for "every token is a target".
+
+    Raises:
+        ValueError: see :func:`encode_chunk_flat`.
 
     Example:
         >>> from lit_balance.corpus import CorpusChunk
@@ -58,23 +144,10 @@ def encode_chunk(chunk: Any, tokenizer: Any) -> tuple[list[np.ndarray], list[np.
         >>> [a.tolist() for a in ids], [a.tolist() for a in labels]
         ([[7592, 2088]], [[-100, 2088]])
     """
-    if chunk.texts is not None:
-        return [np.asarray(ids, dtype=np.int64) for ids in tokenizer.encode_batch(list(chunk.texts))], None
-    if chunk.pairs is not None:
-        joined = tokenizer.encode_batch([p + c for p, c in chunk.pairs])
-        alone = tokenizer.encode_batch([p for p, _ in chunk.pairs])
-        ids, labels = [], []
-        for full, prompt in zip(joined, alone):
-            full = np.asarray(full, dtype=np.int64)
-            label = full.copy()
-            label[: _common_prefix(full.tolist(), list(prompt))] = IGNORE_INDEX
-            ids.append(full)
-            labels.append(label)
-        return ids, labels
-    ids = [np.asarray(i, dtype=np.int64) for i in chunk.token_ids]
-    if chunk.labels is None:
-        return ids, None
-    return ids, [i.copy() if lab is None else np.asarray(lab, dtype=np.int64) for i, lab in zip(ids, chunk.labels)]
+    sizes, ids, labels = encode_chunk_flat(chunk, tokenizer)
+    cuts = np.cumsum(sizes)[:-1]
+    split = np.split(ids.astype(np.int64), cuts) if len(sizes) else []
+    return split, (None if labels is None else (np.split(labels.astype(np.int64), cuts) if len(sizes) else []))
 
 
 def supervised_counts(labels: np.ndarray | None, offsets: np.ndarray, doc_ids: np.ndarray,

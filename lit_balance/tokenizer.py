@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.resources
+import itertools
 import json
 import os
 from dataclasses import dataclass, field
@@ -135,6 +136,55 @@ class TokenizerAdapter:
         out = self.backend(texts, add_special_tokens=self.add_special_tokens, truncation=False, padding=False,
                            return_attention_mask=False, return_token_type_ids=False)
         return [list(ids) for ids in out["input_ids"]]
+
+    def encode_batch_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Tokenize texts as :meth:`encode_batch` does, returning all ids in one flat array.
+
+        This is what the cache builds from: one array per chunk instead of one Python list (and one array) per
+        document, the ids converted straight from the tokenizer's output.
+
+        Args:
+            texts: the documents.
+
+        Returns:
+            ``(sizes, ids)``: int64 ``[len(texts)]``, tokens per text; the ids of all texts concatenated, int32
+            ``[sizes.sum()]`` (int64 if an id does not fit in int32, which only a tokenizer emitting ids outside
+            any int32 vocabulary does).
+
+        Raises:
+            TypeError: the adapter has no tokenizer (it was made for pre-tokenized ids).
+
+        Example:
+            >>> sizes, ids = resolve_tokenizer().encode_batch_flat(["hello world", "", "hello"])
+            >>> sizes.tolist(), ids.tolist(), ids.dtype.name
+            ([2, 0, 1], [7592, 2088, 7592], 'int32')
+        """
+        if self.backend is None:
+            raise TypeError("this TokenizerAdapter describes pre-tokenized ids and cannot encode text; "
+                            "pass a tokenizer to resolve_tokenizer()")
+        texts = list(texts)
+        if isinstance(self.backend, tokenizers.Tokenizer):
+            encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+            encodings = encode(texts, add_special_tokens=self.add_special_tokens)
+            rows: Any = [encoding.ids for encoding in encodings]
+        else:
+            rows = self.backend(texts, add_special_tokens=self.add_special_tokens, truncation=False, padding=False,
+                                return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        return flat_ids(rows)
+
+
+def flat_ids(rows: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens per row (int64 ``[len(rows)]``) and the rows' integer ids concatenated (int32, else int64).
+
+    ``rows`` is a sized, re-iterable sequence of integer sequences (lists of ints, arrays).
+    """
+    sizes = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    total = int(sizes.sum())
+    try:
+        ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=total)
+    except OverflowError:  # an id outside int32: keep it, so that the range check can name it
+        ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=total)
+    return sizes, ids
 
 
 def _looks_like_hf(obj: Any) -> bool:

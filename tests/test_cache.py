@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -11,9 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from lit_balance.cache import build_cache, cache_key, load_or_build
+from lit_balance import corpus as corpus_module
+from lit_balance.cache import build_cache, cache_key, load_cache, load_or_build
 from lit_balance.corpus import resolve_corpus
 from lit_balance.tokenizer import TokenizerAdapter, resolve_tokenizer
 
@@ -27,7 +30,7 @@ def _forbid_encoding(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(self, texts):
         raise AssertionError("the corpus was tokenized")
 
-    monkeypatch.setattr(TokenizerAdapter, "encode_batch", fail)
+    monkeypatch.setattr(TokenizerAdapter, "encode_batch_flat", fail)
 
 
 # -- staleness by content -------------------------------------------------------------------------------------
@@ -61,20 +64,75 @@ def test_the_key_follows_content_not_path_or_mtime(tmp_path, tok):
     assert cache_key(resolve_corpus(a, text_key="body"), tok) != cache_key(resolve_corpus(a), tok)
 
 
-def test_a_file_changed_while_tokenizing_is_not_cached_under_the_old_key(tmp_path, tok, monkeypatch):
+@pytest.mark.parametrize("name", ["corpus.txt", "corpus.jsonl"])
+def test_a_file_changed_while_it_is_read_is_not_cached_under_the_old_key(tmp_path, tok, monkeypatch, name):
+    """The file is edited (same size) after its first block was read: what was read is not what was hashed."""
+    path = tmp_path / name
+    lines = ["first", *["filler"] * 3000, "later"]  # longer than a read buffer: "later" is read after the edit
+    if name.endswith(".jsonl"):
+        lines = [json.dumps({"text": line}) for line in lines]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    source = resolve_corpus(path)
+    monkeypatch.setattr(corpus_module, "_READ_BLOCK", 8)
+    split = corpus_module._split_lines
+
+    def edit_after_the_first_block(text):
+        path.write_text(path.read_text(encoding="utf-8").replace("later", "other"), encoding="utf-8")
+        return split(text)
+
+    monkeypatch.setattr(corpus_module, "_split_lines", edit_after_the_first_block)
+    with pytest.raises(RuntimeError, match=r"changed while it was tokenized; run again"):
+        build_cache(source, tok, tmp_path / "cache")
+    assert os.listdir(tmp_path / "cache") == []
+
+
+def test_a_file_changed_after_it_was_read_keeps_the_entry_of_what_was_read(tmp_path, tok, monkeypatch):
+    """An edit once the file was read (here: while its only chunk is encoded) leaves an entry keyed by the content
+    that was read and tokenized; the edited file has another key, so it is built anew."""
     path = tmp_path / "corpus.txt"
     path.write_text("first text\n", encoding="utf-8")
     source = resolve_corpus(path)
-    encode = TokenizerAdapter.encode_batch
+    key = cache_key(source, tok)
+    encode = TokenizerAdapter.encode_batch_flat
 
     def edit_then_encode(self, texts):
         path.write_text("other text\n", encoding="utf-8")
         return encode(self, texts)
 
-    monkeypatch.setattr(TokenizerAdapter, "encode_batch", edit_then_encode)
-    with pytest.raises(RuntimeError, match=r"changed while it was tokenized; run again"):
-        build_cache(source, tok, tmp_path / "cache")
-    assert os.listdir(tmp_path / "cache") == []
+    monkeypatch.setattr(TokenizerAdapter, "encode_batch_flat", edit_then_encode)
+    entry = build_cache(source, tok, tmp_path / "cache")
+    monkeypatch.undo()
+    assert entry.name == key != cache_key(source, tok)
+    assert np.load(entry / "token_ids.npy").tolist() == tok.encode_batch(["first text"])[0]
+    assert load_cache(source, tok, tmp_path / "cache") is None
+    path.write_text("first text\n", encoding="utf-8")
+    assert load_cache(source, tok, tmp_path / "cache").token_ids.tolist() == tok.encode_batch(["first text"])[0]
+
+
+@pytest.mark.parametrize("files", [
+    {"a.jsonl": b'\xef\xbb\xbf{"text": "x"}\r\n\n{"prompt": "p", "completion": "c"}'},
+    {"a.txt": b"one\rtwo\n\nthree", "b.jsonl": b'{"text": "y"}\n'},
+    {"a.txt": "caf\u00e9\n".encode() * 5000},
+])
+@pytest.mark.parametrize("txt_documents", ["line", "paragraph"])
+def test_the_digest_of_what_was_read_equals_a_fresh_hash_of_the_files(tmp_path, tok, monkeypatch, files,
+                                                                       txt_documents):
+    monkeypatch.setattr(corpus_module, "_READ_BLOCK", 1000)  # several blocks, cut inside multi-byte characters
+    paths = []
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        paths.append(tmp_path / name)
+    source = resolve_corpus(paths, txt_documents=txt_documents)
+    assert source.fingerprint_of_read() is None
+    chunks = source.iter_chunks(max_docs=2)
+    next(chunks)
+    if txt_documents == "line" and sum(map(len, files.values())) > 2000:  # many blocks: not all read yet
+        assert source.fingerprint_of_read() is None
+    for _ in chunks:
+        pass
+    assert source.fingerprint_of_read() == source.content_fingerprint()
+    expected = cache_key(source, tok)
+    assert build_cache(source, tok, tmp_path / "cache").name == expected
 
 
 # -- file modes -----------------------------------------------------------------------------------------------
