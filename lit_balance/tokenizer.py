@@ -159,18 +159,7 @@ class TokenizerAdapter:
             >>> sizes.tolist(), ids.tolist(), ids.dtype.name
             ([2, 0, 1], [7592, 2088, 7592], 'int32')
         """
-        if self.backend is None:
-            raise TypeError("this TokenizerAdapter describes pre-tokenized ids and cannot encode text; "
-                            "pass a tokenizer to resolve_tokenizer()")
-        texts = list(texts)
-        if isinstance(self.backend, tokenizers.Tokenizer):
-            encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
-            encodings = encode(texts, add_special_tokens=self.add_special_tokens)
-            rows: Any = [encoding.ids for encoding in encodings]
-        else:
-            rows = self.backend(texts, add_special_tokens=self.add_special_tokens, truncation=False, padding=False,
-                                return_attention_mask=False, return_token_type_ids=False)["input_ids"]
-        return flat_ids(rows)
+        return flat_ids(self.encode_batch(texts))
 
 
 def flat_ids(rows: Any) -> tuple[np.ndarray, np.ndarray]:
