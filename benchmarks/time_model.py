@@ -96,7 +96,7 @@ BARRIERS = ("micro_batch", "step")
 #: The label of every projection row.
 PROJECTION_LABEL = "projection from measured costs"
 #: Strategies :func:`project` can plan (the runner's names).
-PROJECTION_STRATEGIES = ("random", "random_accum", "sorted_buckets", "dynamic", "dynamic_accum", "lit_balance",
+PROJECTION_STRATEGIES = ("random", "sorted_buckets", "dynamic", "dynamic_accum", "lit_balance",
                          "lit_balance_packed", "hf_flatten")
 #: The epoch every projected plan is drawn for (the first headline epoch of the runner).
 PROJECTION_EPOCH = 1
@@ -716,10 +716,6 @@ def _build_plan(strategy: str, lengths: np.ndarray, n: int, *, max_tokens: int, 
     bs = fixed_batch_size(max_tokens, max_length)
     if strategy == "random":
         return _distributed_fixed(lengths, n, bs, seed, epoch, 1, False)
-    if strategy == "random_accum":
-        per_micro_step = n * bs * float(lengths.mean())  # compare_strategies.matched_accumulate
-        acc = max(1, round(target / per_micro_step))
-        return _distributed_fixed(lengths, n, bs, seed, epoch, acc, False)
     if strategy == "sorted_buckets":
         return _dealt(lengths, sorted_bucket_batches(lengths, bs, seed, epoch), n, 1)
     if strategy in ("dynamic", "dynamic_accum"):
@@ -792,8 +788,7 @@ def project(model: TimeModel, *, strategies: Sequence[str], lengths: Mapping[str
     ``micro_batches_per_rank`` full-budget micro-batches per rank they are resampled with replacement to
     :func:`projection_size` documents (``numpy.random.default_rng([seed, num_replicas])``), the same documents for
     every strategy. Plans are built as the runner builds them: ``random`` torch ``DistributedSampler(drop_last=True)``
-    + ``BatchSampler`` of ``max_tokens // max_length`` rows; ``random_accum`` the same with the runner's matched
-    accumulation; ``sorted_buckets`` and ``dynamic`` / ``dynamic_accum`` (``accumulate``) dealt round-robin with the
+    + ``BatchSampler`` of ``max_tokens // max_length`` rows; ``sorted_buckets`` and ``dynamic`` / ``dynamic_accum`` (``accumulate``) dealt round-robin with the
     remainder dropped; ``lit_balance`` / ``lit_balance_packed`` :class:`lit_balance.BalancedBatchSampler` (padded /
     ``packing=True``) with steps as :class:`lit_balance.callbacks.AdaptiveGradAccumulation` sets them for ``accumulate
     x num_replicas x max_tokens`` real tokens per step; ``hf_flatten`` ``DistributedSampler(drop_last=True)`` +
