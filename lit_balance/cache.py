@@ -8,8 +8,8 @@ hashes the corpus content (for files, their bytes: :meth:`CorpusSource.content_f
 tokenizer's fingerprint, so an edit that keeps a file's size and mtime still rebuilds.
 
 Building streams: the corpus is read in chunks (:meth:`CorpusSource.iter_chunks`, files in blocks of lines),
-each chunk is tokenized with one call (:meth:`TokenizerAdapter.encode_batch_flat`: all its ids in one int32
-array) and appended to the array files, and the ``.npy`` headers are completed at the end, so memory stays
+each chunk is tokenized with one call in an encoding thread (:meth:`TokenizerAdapter.encode_batch_deferred`),
+turned into one int32 array of all its ids while the next chunk is tokenized, and appended to the array files, and the ``.npy`` headers are completed at the end, so memory stays
 bounded by a chunk whatever the size of the corpus. The files are the ones ``np.save`` writes for the whole
 arrays. Corpus files are hashed once for the key; the bytes read for tokenizing are hashed as they are read
 (:meth:`CorpusSource.fingerprint_of_read`), and a build whose files changed in between is not cached.
@@ -56,7 +56,7 @@ except ImportError:  # pragma: no cover - not POSIX
 
 from lit_balance._fingerprint import sha256_of as _sha256
 from lit_balance.corpus import CorpusChunk, CorpusSource
-from lit_balance.records import IGNORE_INDEX, encode_chunk_flat
+from lit_balance.records import IGNORE_INDEX, encode_chunk_deferred
 from lit_balance.tokenizer import TokenizerAdapter
 
 __all__ = ["TokenizedCorpus", "build_cache", "cache_key", "default_cache_dir", "load_cache", "load_or_build"]
@@ -64,7 +64,7 @@ __all__ = ["TokenizedCorpus", "build_cache", "cache_key", "default_cache_dir", "
 _CACHE_FORMAT = 1  # bump when the layout of a cache entry changes
 _HASH_BLOCK = 1 << 22  # bytes read per update when hashing an entry's files
 _CHECK_BLOCK = 1 << 20  # offsets checked per step when a corpus is loaded
-_IN_FLIGHT = 1  # chunks encoded ahead while the corpus is read and the arrays written (2 measured no faster)
+_IN_FLIGHT = 2  # chunks handed to the encoding thread ahead of the one converted and written
 _ARRAYS = {"token_ids": np.int32, "offsets": np.int64, "source_index": np.int64}
 _LABELS = "labels"  # the optional array: int32 [num_tokens], -100 where a token has no target
 _TMP, _TRASH, _LOCK = ".tmp-", ".trash-", ".lock"
@@ -288,25 +288,27 @@ class _NpyAppender:
 def _tokenized_chunks(source: CorpusSource, tokenizer: TokenizerAdapter
                       ) -> Iterator[tuple[CorpusChunk, np.ndarray, np.ndarray, np.ndarray | None]]:
     """Yield each chunk with its tokens per document, token ids and labels (or None) as flat arrays
-    (:func:`encode_chunk_flat`), encoding up to ``_IN_FLIGHT`` chunks ahead in threads.
+    (:func:`lit_balance.records.encode_chunk_flat`), the tokenizer running up to ``_IN_FLIGHT`` chunks ahead in one thread.
 
-    ``encode_batch`` of a ``tokenizers`` tokenizer releases the GIL and runs on its own thread pool, so the next
-    chunk is encoded while this thread reads the corpus and writes the arrays; the ids become one int32 array in
-    the encoding thread (no list or array per document). At most ``_IN_FLIGHT + 2`` chunks are alive (the one
-    written, ``_IN_FLIGHT`` being encoded, the one just read and waiting for a thread).
+    ``encode_batch`` of a ``tokenizers`` tokenizer releases the GIL and runs on its own thread pool; turning its
+    output into Python ids holds the GIL. So the encoding thread only runs the tokenizer
+    (:func:`encode_chunk_deferred`) and this thread converts each chunk's output into one int32 array (no list
+    or array per document), reads the corpus and writes the arrays, while the tokenizer works on the next
+    chunks. At most ``_IN_FLIGHT + 2`` chunks are alive (the one converted, ``_IN_FLIGHT`` encoded or waiting
+    for the thread, the one just read).
     """
-    with ThreadPoolExecutor(max_workers=_IN_FLIGHT, thread_name_prefix="lit_balance-encode") as pool:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lit_balance-encode") as pool:
         pending: deque[tuple[CorpusChunk, Future]] = deque()
         try:
             for chunk in source.iter_chunks():
-                # submitted before the oldest is waited for: it starts as soon as a thread is free
-                pending.append((chunk, pool.submit(encode_chunk_flat, chunk, tokenizer)))
+                # submitted before the oldest is waited for: the thread takes it as soon as it is free
+                pending.append((chunk, pool.submit(encode_chunk_deferred, chunk, tokenizer)))
                 if len(pending) > _IN_FLIGHT:
                     done, future = pending.popleft()
-                    yield done, *future.result()
+                    yield done, *future.result()()
             while pending:
                 done, future = pending.popleft()
-                yield done, *future.result()
+                yield done, *future.result()()
         finally:
             for _, future in pending:
                 future.cancel()

@@ -2,8 +2,8 @@
 
 A corpus is read as chunks of consecutive documents of one form (:class:`lit_balance.corpus.CorpusChunk`):
 plain texts, prompt–completion pairs, or pre-tokenized ids with optional labels. The tokenization cache
-(:mod:`lit_balance.cache`) encodes them chunk by chunk with :func:`encode_chunk_flat` (one flat array of ids
-per chunk; :func:`encode_chunk` gives one array per document).
+(:mod:`lit_balance.cache`) encodes them chunk by chunk with :func:`encode_chunk_deferred` (one flat array of
+ids per chunk, as :func:`encode_chunk_flat` gives; :func:`encode_chunk` gives one array per document).
 
 Labels follow the Hugging Face convention for causal language models: one label per token, *unshifted* (the
 model shifts them), ``-100`` (:data:`lit_balance.IGNORE_INDEX`) where a token has no target. A prompt–completion
@@ -15,22 +15,25 @@ record (the convention of TRL's ``SFTTrainer``: fields ``prompt`` and ``completi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["encode_chunk", "encode_chunk_flat", "supervised_counts"]
+__all__ = ["encode_chunk", "encode_chunk_deferred", "encode_chunk_flat", "supervised_counts"]
 
 IGNORE_INDEX = -100  # the same value as lit_balance.collate.IGNORE_INDEX (kept import-free of torch here)
 
 
-def _encode_flat(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """``tokenizer.encode_batch_flat(texts)``, or the same built from ``encode_batch`` for a tokenizer without it."""
-    if hasattr(tokenizer, "encode_batch_flat"):
-        return tokenizer.encode_batch_flat(texts)
+def _encode_deferred(tokenizer: Any, texts: list[str]) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+    """``tokenizer.encode_batch_deferred(texts)``, or the same built from ``encode_batch`` for a tokenizer without
+    it."""
+    if hasattr(tokenizer, "encode_batch_deferred"):
+        return tokenizer.encode_batch_deferred(texts)
     from lit_balance.tokenizer import flat_ids
 
-    return flat_ids(tokenizer.encode_batch(texts))
+    rows = tokenizer.encode_batch(texts)
+    return lambda: flat_ids(rows)
 
 
 def _starts(sizes: np.ndarray) -> np.ndarray:
@@ -65,7 +68,7 @@ def _prompt_labels(full_sizes: np.ndarray, full: np.ndarray, prompt_sizes: np.nd
 def encode_chunk_flat(chunk: Any, tokenizer: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Token ids (and labels, when the chunk has any masked token) of every document of a chunk, as flat arrays.
 
-    * ``texts``: the tokenizer's ids (``encode_batch_flat``, else ``encode_batch``); no labels (every token is
+    * ``texts``: the tokenizer's ids (``encode_batch_deferred``, else ``encode_batch``); no labels (every token is
       a target).
     * ``pairs`` (prompt–completion): the ids of ``prompt + completion`` (one text, as TRL tokenizes it, special
       tokens included when the tokenizer adds them); labels equal the ids except ``-100`` on the longest common
@@ -99,13 +102,45 @@ def encode_chunk_flat(chunk: Any, tokenizer: Any) -> tuple[np.ndarray, np.ndarra
         >>> sizes.tolist(), ids.tolist(), labels.tolist()  # "ab" is one token, so it carries loss
         ([2, 1], [7592, 2088, 11113], [-100, 2088, 11113])
     """
+    return encode_chunk_deferred(chunk, tokenizer)()
+
+
+def encode_chunk_deferred(chunk: Any, tokenizer: Any
+                          ) -> Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    """Tokenize a chunk now; return a function giving :func:`encode_chunk_flat`'s arrays from the tokenizer's output.
+
+    The tokenizer runs in the calling thread (a ``tokenizers`` tokenizer with the GIL released); the returned
+    function turns its output into flat arrays (holding the GIL), in whichever thread calls it. The cache encodes
+    the next chunk in one thread while it converts and writes this one in another
+    (:meth:`lit_balance.tokenizer.TokenizerAdapter.encode_batch_deferred`).
+
+    Args:
+        chunk: as for :func:`encode_chunk_flat`.
+        tokenizer: as for :func:`encode_chunk_flat`.
+
+    Returns:
+        A function of no arguments returning ``(sizes, ids, labels)`` as :func:`encode_chunk_flat` does.
+
+    Raises:
+        ValueError: see :func:`encode_chunk_flat` (raised by the returned function).
+    """
     if chunk.texts is not None:
-        sizes, ids = _encode_flat(tokenizer, list(chunk.texts))
-        return sizes, ids, None
+        texts = _encode_deferred(tokenizer, list(chunk.texts))
+        return lambda: (*texts(), None)
     if chunk.pairs is not None:
-        sizes, ids = _encode_flat(tokenizer, [p + c for p, c in chunk.pairs])
-        prompt_sizes, prompt_ids = _encode_flat(tokenizer, [p for p, _ in chunk.pairs])
-        return sizes, ids, _prompt_labels(sizes, ids, prompt_sizes, prompt_ids)
+        full = _encode_deferred(tokenizer, [p + c for p, c in chunk.pairs])
+        prompts = _encode_deferred(tokenizer, [p for p, _ in chunk.pairs])
+
+        def finish() -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+            sizes, ids = full()
+            return sizes, ids, _prompt_labels(sizes, ids, *prompts())
+
+        return finish
+    return lambda: _given_ids(chunk)
+
+
+def _given_ids(chunk: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """:func:`encode_chunk_flat` of a ``token_ids`` chunk."""
     docs = [np.asarray(i, dtype=np.int64) for i in chunk.token_ids]
     sizes = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
     ids = np.concatenate(docs) if docs else np.zeros(0, np.int64)

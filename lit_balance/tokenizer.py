@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.resources
-import itertools
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -141,7 +141,7 @@ class TokenizerAdapter:
         """Tokenize texts as :meth:`encode_batch` does, returning all ids in one flat array.
 
         This is what the cache builds from: one array per chunk instead of one Python list (and one array) per
-        document, the ids converted straight from the tokenizer's output.
+        document. The same as ``encode_batch_deferred(texts)()``.
 
         Args:
             texts: the documents.
@@ -159,7 +159,41 @@ class TokenizerAdapter:
             >>> sizes.tolist(), ids.tolist(), ids.dtype.name
             ([2, 0, 1], [7592, 2088, 7592], 'int32')
         """
-        return flat_ids(self.encode_batch(texts))
+        return self.encode_batch_deferred(texts)()
+
+    def encode_batch_deferred(self, texts: list[str]) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+        """Tokenize texts now; return a function that turns the tokenizer's output into :meth:`encode_batch_flat`'s.
+
+        The two halves can run in different threads: a ``tokenizers`` tokenizer encodes with the GIL released, on
+        its own thread pool, while turning its output into Python ids holds the GIL. The cache calls this in an
+        encoding thread and the returned function in the thread that writes the arrays, so that the next chunk is
+        encoded while this one's ids are converted.
+
+        Args:
+            texts: the documents.
+
+        Returns:
+            A function of no arguments returning ``(sizes, ids)`` as :meth:`encode_batch_flat` does.
+
+        Raises:
+            TypeError: the adapter has no tokenizer (it was made for pre-tokenized ids).
+
+        Example:
+            >>> finish = resolve_tokenizer().encode_batch_deferred(["hello world", ""])
+            >>> [a.tolist() for a in finish()]
+            [[2, 0], [7592, 2088]]
+        """
+        if self.backend is None:
+            raise TypeError("this TokenizerAdapter describes pre-tokenized ids and cannot encode text; "
+                            "pass a tokenizer to resolve_tokenizer()")
+        texts = list(texts)
+        if isinstance(self.backend, tokenizers.Tokenizer):
+            encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+            encodings = encode(texts, add_special_tokens=self.add_special_tokens)
+            return lambda: flat_ids([encoding.ids for encoding in encodings])
+        out = self.backend(texts, add_special_tokens=self.add_special_tokens, truncation=False, padding=False,
+                           return_attention_mask=False, return_token_type_ids=False)
+        return lambda: flat_ids(out["input_ids"])
 
 
 def flat_ids(rows: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -168,12 +202,14 @@ def flat_ids(rows: Any) -> tuple[np.ndarray, np.ndarray]:
     ``rows`` is a sized, re-iterable sequence of integer sequences (lists of ints, arrays).
     """
     sizes = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-    total = int(sizes.sum())
+    ids: list[Any] = []
+    extend = ids.extend
+    for row in rows:  # one list, then one conversion: faster than numpy.fromiter over a chain of the rows
+        extend(row)
     try:
-        ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=total)
+        return sizes, np.array(ids, dtype=np.int32)
     except OverflowError:  # an id outside int32: keep it, so that the range check can name it
-        ids = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=total)
-    return sizes, ids
+        return sizes, np.array(ids, dtype=np.int64)
 
 
 def _looks_like_hf(obj: Any) -> bool:

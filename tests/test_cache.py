@@ -30,7 +30,7 @@ def _forbid_encoding(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(self, texts):
         raise AssertionError("the corpus was tokenized")
 
-    monkeypatch.setattr(TokenizerAdapter, "encode_batch_flat", fail)
+    monkeypatch.setattr(TokenizerAdapter, "encode_batch_deferred", fail)
 
 
 # -- staleness by content -------------------------------------------------------------------------------------
@@ -93,13 +93,13 @@ def test_a_file_changed_after_it_was_read_keeps_the_entry_of_what_was_read(tmp_p
     path.write_text("first text\n", encoding="utf-8")
     source = resolve_corpus(path)
     key = cache_key(source, tok)
-    encode = TokenizerAdapter.encode_batch_flat
+    encode = TokenizerAdapter.encode_batch_deferred
 
     def edit_then_encode(self, texts):
         path.write_text("other text\n", encoding="utf-8")
         return encode(self, texts)
 
-    monkeypatch.setattr(TokenizerAdapter, "encode_batch_flat", edit_then_encode)
+    monkeypatch.setattr(TokenizerAdapter, "encode_batch_deferred", edit_then_encode)
     entry = build_cache(source, tok, tmp_path / "cache")
     monkeypatch.undo()
     assert entry.name == key != cache_key(source, tok)

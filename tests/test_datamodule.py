@@ -173,7 +173,7 @@ def test_second_builtin_datamodule_reads_the_cache(builtin_dm, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("the corpus was read and tokenized again")
 
-    monkeypatch.setattr(TokenizerAdapter, "encode_batch_flat", fail)
+    monkeypatch.setattr(TokenizerAdapter, "encode_batch_deferred", fail)
     monkeypatch.setattr(corpus_module, "stdlib_docstrings", fail)
     again = ready(BalancedTextDataModule(cache_dir=cache_dir))
     assert cache_entries(cache_dir) == entries
@@ -371,14 +371,14 @@ def test_huggingface_slow_bert_tokenizer(tmp_path):
 
 def test_tokenizes_once_and_cache_keyed_by_tokenizer(tmp_path, monkeypatch):
     calls: list[int] = []
-    original = TokenizerAdapter.encode_batch_flat
+    original = TokenizerAdapter.encode_batch_deferred
 
     def counting(self, texts):
         texts = list(texts)
         calls.append(len(texts))
         return original(self, texts)
 
-    monkeypatch.setattr(TokenizerAdapter, "encode_batch_flat", counting)
+    monkeypatch.setattr(TokenizerAdapter, "encode_batch_deferred", counting)
     texts = synthetic_texts(50, seed=7)
     first = BalancedTextDataModule(texts, val_fraction=0.1, cache_dir=tmp_path)
     assert calls == [] and cache_entries(tmp_path) == []
