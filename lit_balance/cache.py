@@ -33,6 +33,7 @@ Leftovers of killed builds are removed at the start of the next build in the sam
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import json
@@ -42,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -314,6 +315,24 @@ def _tokenized_chunks(source: CorpusSource, tokenizer: TokenizerAdapter
                 future.cancel()
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the block (restored after it, if it was on).
+
+    Tokenizing allocates a few container objects per document (parsed records, the tokenizer's encodings, lists
+    of ids) that live for one chunk and form no cycles, so reference counting frees them all. Each automatic
+    collection they trigger still traverses the objects of the younger generations, and the main thread's share
+    of a build that keeps every core encoding was measured about a quarter lower without them.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _backfill_labels(entry: Path, count: int) -> _NpyAppender:
     """Start ``labels.npy`` with the first ``count`` token ids already written (documents whose every token is a
     target), copied in blocks from ``token_ids.npy``."""
@@ -347,7 +366,7 @@ def _tokenize_into(entry: Path, source: CorpusSource, tokenizer: TokenizerAdapte
 
         bar = tqdm(total=source.num_documents, unit="doc", desc=f"Tokenizing {source.description}")
     try:
-        with closing(_tokenized_chunks(source, tokenizer)) as chunks:
+        with _collector_paused(), closing(_tokenized_chunks(source, tokenizer)) as chunks:
             for chunk, sizes, flat, labels in chunks:
                 if chunk.start != num_docs:
                     raise RuntimeError(f"the corpus ({source.description}) yielded a chunk starting at document "

@@ -336,3 +336,37 @@ def test_a_character_device_is_refused(tok):
     with pytest.raises(ValueError, match=r"/dev/null.*it is a character device, not a regular file"):
         resolve_corpus(Path("/dev/null"))
 
+
+
+def test_the_garbage_collector_is_paused_while_tokenizing_and_restored(tmp_path, tok, monkeypatch):
+    import gc
+
+    seen = []
+    encode = TokenizerAdapter.encode_batch_deferred
+
+    def recording(self, texts):
+        seen.append(gc.isenabled())
+        return encode(self, texts)
+
+    monkeypatch.setattr(TokenizerAdapter, "encode_batch_deferred", recording)
+    assert gc.isenabled()
+    build_cache(resolve_corpus(["hello world", "more text"]), tok, tmp_path / "on")
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        build_cache(resolve_corpus(["other text"]), tok, tmp_path / "off")
+        assert not gc.isenabled()  # a collector the caller turned off stays off
+    finally:
+        gc.enable()
+
+
+def test_the_garbage_collector_is_restored_when_tokenizing_fails(tmp_path, tok, monkeypatch):
+    import gc
+
+    def fail(self, texts):
+        raise RuntimeError("tokenizer broke")
+
+    monkeypatch.setattr(TokenizerAdapter, "encode_batch_deferred", fail)
+    with pytest.raises(RuntimeError, match="tokenizer broke"):
+        build_cache(resolve_corpus(["hello world"]), tok, tmp_path / "cache")
+    assert gc.isenabled()
