@@ -13,11 +13,15 @@ subprocesses run one after the other in the same invocation:
   those calls counts.
 
 The ratio of the two token rates (``prepare_data`` over ``encode_batch``) is the figure the target speaks of;
-memory is reported as the peak above the post-import resident memory.
+memory is reported as the peak above the post-import resident memory. With ``--pairs N`` the two subprocesses run
+``N`` times, alternating which goes first (``prepare_data`` first in odd-numbered pairs), and the row reports the
+median of the per-pair ratios with every pair's ratio: on a shared machine the speed of the cores moves by 10-20 %
+between minutes, so one pair's ratio is as noisy as that (medians of paired runs resolve it).
 
 Run:
     python -m benchmarks.scale_text                    # 150 MB and 1.5 GB (about an hour on 2 busy cores)
     python -m benchmarks.scale_text --quick            # 5 MB and 20 MB
+    python -m benchmarks.scale_text --sizes-mb 150 --pairs 5   # 5 interleaved pairs (about 6 min quiet)
     python -m benchmarks.scale_text --sizes-mb 150 --work-dir /big/tmp --output-dir outputs/scale_text
 """
 
@@ -30,13 +34,14 @@ import platform
 import shutil
 import subprocess
 import sys
+import statistics
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import ROOT, git_state, number
+from benchmarks._harness import ROOT, git_state, number, positive_int
 
 __all__ = ["make_corpus", "run"]
 
@@ -126,7 +131,7 @@ def _run_child(*args: str) -> dict[str, Any]:
 
 
 def run(sizes_mb: list[float] | tuple[float, ...], work_dir: str | os.PathLike | None = None, quick: bool = False,
-        *, keep: bool = False, seed: int = 0) -> list[dict[str, Any]]:
+        *, keep: bool = False, seed: int = 0, pairs: int = 1) -> list[dict[str, Any]]:
     """Measure ``prepare_data`` and ``encode_batch`` on JSONL corpora of the given sizes; one row per size.
 
     Args:
@@ -136,21 +141,26 @@ def run(sizes_mb: list[float] | tuple[float, ...], work_dir: str | os.PathLike |
         quick: use :data:`QUICK_SIZES_MB` when ``sizes_mb`` is empty (else :data:`FULL_SIZES_MB`).
         keep: keep the corpora and cache entries (their paths are in the rows: ``corpus``, ``entry``).
         seed: seed of the document sampling.
+        pairs: runs of each subprocess per size, alternating which goes first (``prepare_data`` in pair 1).
 
     Returns:
         Rows with ``corpus_mb``, ``bytes``, ``num_docs``, ``num_tokens``, ``rss_after_import_mb``,
-        ``peak_rss_mb``, ``peak_above_import_mb`` (MiB), ``tokenize_s``, ``tokens_per_s``,
-        ``encode_batch_s`` (time inside ``encode_batch`` only), ``encode_batch_tokens_per_s``,
-        ``ratio_to_encode_batch`` (``tokens_per_s / encode_batch_tokens_per_s``), ``make_corpus_s``.
+        ``peak_rss_mb``, ``peak_above_import_mb`` (MiB; the largest over pairs), ``tokenize_s``,
+        ``tokens_per_s``, ``encode_batch_s`` (time inside ``encode_batch`` only), ``encode_batch_tokens_per_s``
+        (these four from the pair with the median ratio), ``ratio_to_encode_batch`` (``tokens_per_s /
+        encode_batch_tokens_per_s`` of each pair, the median over pairs), ``ratio_per_pair`` (in pair order),
+        ``pairs``, ``make_corpus_s``.
 
     Raises:
-        ValueError: a size is not a positive number.
+        ValueError: a size is not a positive number; ``pairs`` not a positive int.
         RuntimeError: a subprocess failed, or the two runs saw different documents or token counts.
     """
     sizes = list(sizes_mb) or list(QUICK_SIZES_MB if quick else FULL_SIZES_MB)
     bad = [s for s in sizes if isinstance(s, bool) or not isinstance(s, (int, float)) or not s > 0]
     if bad:
         raise ValueError(f"sizes_mb must be positive numbers of MiB, got {bad}")
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
+        raise ValueError(f"pairs must be a positive int, got {pairs!r}")
     base = Path(work_dir) if work_dir is not None else Path(tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="scale_text-", dir=base))
@@ -161,23 +171,37 @@ def run(sizes_mb: list[float] | tuple[float, ...], work_dir: str | os.PathLike |
             start = time.perf_counter()
             made = make_corpus(corpus, size, seed)
             make_s = time.perf_counter() - start
-            cache_dir = root / f"cache_{size:g}MB"
-            prepared = _run_child("prepare", str(corpus), str(cache_dir))
-            encoded = _run_child("encode", str(corpus))
-            if (prepared["num_docs"], prepared["num_tokens"]) != (encoded["num_docs"], encoded["num_tokens"]):
-                raise RuntimeError(f"prepare_data saw {prepared['num_docs']} documents / {prepared['num_tokens']} "
-                                   f"tokens but encode_batch {encoded['num_docs']} / {encoded['num_tokens']}")
+            measured = []
+            for pair in range(1, pairs + 1):
+                cache_dir = root / f"cache_{size:g}MB_pair{pair}"
+                order = ("prepare", "encode") if pair % 2 else ("encode", "prepare")
+                got = {kind: (_run_child("prepare", str(corpus), str(cache_dir)) if kind == "prepare"
+                              else _run_child("encode", str(corpus))) for kind in order}
+                prepared, encoded = got["prepare"], got["encode"]
+                if (prepared["num_docs"], prepared["num_tokens"]) != (encoded["num_docs"], encoded["num_tokens"]):
+                    raise RuntimeError(f"prepare_data saw {prepared['num_docs']} documents / "
+                                       f"{prepared['num_tokens']} tokens but encode_batch {encoded['num_docs']} / "
+                                       f"{encoded['num_tokens']}")
+                ratio = (prepared["num_tokens"] / prepared["seconds"]) / (encoded["num_tokens"] / encoded["seconds"])
+                measured.append((ratio, prepared, encoded))
+                if not keep and pair < pairs:
+                    shutil.rmtree(cache_dir, ignore_errors=True)
+            ratios = [m[0] for m in measured]
+            median = statistics.median(ratios)
+            _, prepared, encoded = min(measured, key=lambda m: abs(m[0] - median))  # the median pair (odd counts)
             tokens_per_s = prepared["num_tokens"] / prepared["seconds"]
             encode_rate = encoded["num_tokens"] / encoded["seconds"]
+            peak = max(measured, key=lambda m: m[1]["peak_rss_kib"] - m[1]["rss_after_import_kib"])[1]
             rows.append({
                 "corpus_mb": size, "bytes": made["bytes"], "num_docs": made["num_docs"],
                 "num_tokens": prepared["num_tokens"],
-                "rss_after_import_mb": prepared["rss_after_import_kib"] / 1024,
-                "peak_rss_mb": prepared["peak_rss_kib"] / 1024,
-                "peak_above_import_mb": (prepared["peak_rss_kib"] - prepared["rss_after_import_kib"]) / 1024,
+                "rss_after_import_mb": peak["rss_after_import_kib"] / 1024,
+                "peak_rss_mb": peak["peak_rss_kib"] / 1024,
+                "peak_above_import_mb": (peak["peak_rss_kib"] - peak["rss_after_import_kib"]) / 1024,
                 "tokenize_s": prepared["seconds"], "tokens_per_s": tokens_per_s,
                 "encode_batch_s": encoded["seconds"], "encode_batch_wall_s": encoded["wall_s"],
-                "encode_batch_tokens_per_s": encode_rate, "ratio_to_encode_batch": tokens_per_s / encode_rate,
+                "encode_batch_tokens_per_s": encode_rate, "ratio_to_encode_batch": median,
+                "ratio_per_pair": ratios, "pairs": pairs,
                 "make_corpus_s": make_s, **({"corpus": str(corpus), "entry": prepared["entry"]} if keep else {}),
             })
             if not keep:
@@ -196,7 +220,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['bytes'] / _MB:,.0f} MiB | {r['num_docs']:,} | {r['num_tokens']:,} | "
                      f"{r['rss_after_import_mb']:,.0f} MiB | {r['peak_rss_mb']:,.0f} MiB | "
                      f"{r['peak_above_import_mb']:,.0f} MiB | {r['tokenize_s']:,.1f} s | {r['tokens_per_s']:,.0f} | "
-                     f"{r['encode_batch_tokens_per_s']:,.0f} | {r['ratio_to_encode_batch']:.2f} |")
+                     f"{r['encode_batch_tokens_per_s']:,.0f} | {r['ratio_to_encode_batch']:.2f}"
+                     + (f" ({', '.join(f'{x:.2f}' for x in r['ratio_per_pair'])})" if r.get("pairs", 1) > 1 else "")
+                     + " |")
     return "\n".join(lines)
 
 
@@ -209,6 +235,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", type=Path, default=None,
                    help="corpora and caches go in a temporary directory inside it (default: the system's temp dir)")
     p.add_argument("--seed", type=int, default=0, help="seed of the document sampling")
+    p.add_argument("--pairs", type=positive_int, default=1,
+                   help="runs of prepare_data and encode_batch per size, alternating which goes first; the ratio "
+                        "is the median over pairs")
     p.add_argument("--output-dir", type=Path, default=Path("outputs/scale_text"), help="results.json goes here")
     return p
 
@@ -225,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return out
     args = _parser().parse_args(argv)
     started = time.perf_counter()
-    rows = run(args.sizes_mb, args.work_dir, args.quick, seed=args.seed)
+    rows = run(args.sizes_mb, args.work_dir, args.quick, seed=args.seed, pairs=args.pairs)
     print(_table(rows))
     results = {
         "command": " ".join(["python", "-m", "benchmarks.scale_text", *argv]),

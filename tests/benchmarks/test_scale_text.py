@@ -58,10 +58,36 @@ def test_the_corpus_is_sampled_deterministically(tmp_path):
 def test_sizes_are_checked(tmp_path):
     with pytest.raises(ValueError, match=r"sizes_mb must be positive numbers of MiB, got \[0, -1\]"):
         scale_text.run([5, 0, -1], tmp_path)
+    for pairs in (0, 1.5, True):
+        with pytest.raises(ValueError, match=r"pairs must be a positive int, got"):
+            scale_text.run([5], tmp_path, pairs=pairs)
+
+
+@pytest.mark.timeout(600)
+def test_pairs_alternate_which_runs_first_and_report_the_median_ratio(tmp_path, monkeypatch):
+    calls = []
+    seconds = iter([2.0, 1.0, 1.0, 4.0, 3.0, 1.0])  # per call, in call order: ratios 0.5, 0.25 and 1/3
+
+    def fake_child(kind, *args):
+        calls.append(kind)
+        out = {"num_docs": 7, "num_tokens": 100, "seconds": next(seconds)}
+        if kind == "prepare":
+            return {**out, "rss_after_import_kib": 1024, "peak_rss_kib": 2048 * (len(calls) + 1), "entry": "x"}
+        return {**out, "wall_s": out["seconds"]}
+
+    monkeypatch.setattr(scale_text, "_run_child", fake_child)
+    monkeypatch.setattr(scale_text, "make_corpus", lambda path, size, seed: {"bytes": 10, "num_docs": 7})
+    [row] = scale_text.run([0.1], tmp_path, pairs=3)
+    assert calls == ["prepare", "encode", "encode", "prepare", "prepare", "encode"]
+    assert row["ratio_per_pair"] == pytest.approx([0.5, 0.25, 1 / 3])
+    assert row["ratio_to_encode_batch"] == pytest.approx(1 / 3) and row["pairs"] == 3
+    assert (row["tokenize_s"], row["encode_batch_s"]) == (3.0, 1.0)  # the median pair's figures
+    assert row["peak_above_import_mb"] == pytest.approx(2 * 6 - 1)  # the largest over pairs (fifth call)
+    assert "0.33 (0.50, 0.25, 0.33)" in scale_text._table([row])
 
 
 def test_the_command_line_writes_results(tmp_path, monkeypatch):
-    monkeypatch.setattr(scale_text, "run", lambda sizes, work_dir, quick, seed: [])
+    monkeypatch.setattr(scale_text, "run", lambda sizes, work_dir, quick, seed, pairs: [])
     results = scale_text.main(["--quick", "--output-dir", str(tmp_path)])
     assert json.loads((tmp_path / "results.json").read_text())["rows"] == results["rows"] == []
     assert results["command"] == f"python -m benchmarks.scale_text --quick --output-dir {tmp_path}"
