@@ -126,16 +126,7 @@ class TokenizerAdapter:
             >>> resolve_tokenizer().encode_batch(["hello", ""])
             [[7592], []]
         """
-        if self.backend is None:
-            raise TypeError("this TokenizerAdapter describes pre-tokenized ids and cannot encode text; "
-                            "pass a tokenizer to resolve_tokenizer()")
-        texts = list(texts)
-        if isinstance(self.backend, tokenizers.Tokenizer):
-            encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
-            return [encoding.ids for encoding in encode(texts, add_special_tokens=self.add_special_tokens)]
-        out = self.backend(texts, add_special_tokens=self.add_special_tokens, truncation=False, padding=False,
-                           return_attention_mask=False, return_token_type_ids=False)
-        return [list(ids) for ids in out["input_ids"]]
+        return [ids if type(ids) is list else list(ids) for ids in self._encoded_rows(texts)()]
 
     def encode_batch_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Tokenize texts as :meth:`encode_batch` does, returning all ids in one flat array.
@@ -183,6 +174,12 @@ class TokenizerAdapter:
             >>> [a.tolist() for a in finish()]
             [[2, 0], [7592, 2088]]
         """
+        rows = self._encoded_rows(texts)
+        return lambda: flat_ids(rows())
+
+    def _encoded_rows(self, texts: list[str]) -> Callable[[], Any]:
+        """Run the tokenizer on ``texts`` now; return a function giving one id sequence per text (the part that
+        holds the GIL: a ``tokenizers`` encoding's ids become a Python list only when asked for)."""
         if self.backend is None:
             raise TypeError("this TokenizerAdapter describes pre-tokenized ids and cannot encode text; "
                             "pass a tokenizer to resolve_tokenizer()")
@@ -190,10 +187,10 @@ class TokenizerAdapter:
         if isinstance(self.backend, tokenizers.Tokenizer):
             encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
             encodings = encode(texts, add_special_tokens=self.add_special_tokens)
-            return lambda: flat_ids([encoding.ids for encoding in encodings])
+            return lambda: [encoding.ids for encoding in encodings]
         out = self.backend(texts, add_special_tokens=self.add_special_tokens, truncation=False, padding=False,
                            return_attention_mask=False, return_token_type_ids=False)
-        return lambda: flat_ids(out["input_ids"])
+        return lambda: out["input_ids"]
 
 
 def flat_ids(rows: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -76,7 +76,12 @@ def test_pairs_alternate_which_runs_first_and_report_the_median_ratio(tmp_path, 
         return {**out, "wall_s": out["seconds"]}
 
     monkeypatch.setattr(scale_text, "_run_child", fake_child)
-    monkeypatch.setattr(scale_text, "make_corpus", lambda path, size, seed: {"bytes": 10, "num_docs": 7})
+
+    def fake_corpus(path, size, seed):
+        path.write_text("{}\n", encoding="utf-8")
+        return {"bytes": 10, "num_docs": 7}
+
+    monkeypatch.setattr(scale_text, "make_corpus", fake_corpus)
     [row] = scale_text.run([0.1], tmp_path, pairs=3)
     assert calls == ["prepare", "encode", "encode", "prepare", "prepare", "encode"]
     assert row["ratio_per_pair"] == pytest.approx([0.5, 0.25, 1 / 3])
