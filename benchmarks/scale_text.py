@@ -32,9 +32,9 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
-import statistics
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -175,8 +175,8 @@ def run(sizes_mb: list[float] | tuple[float, ...], work_dir: str | os.PathLike |
             for pair in range(1, pairs + 1):
                 cache_dir = root / f"cache_{size:g}MB_pair{pair}"
                 order = ("prepare", "encode") if pair % 2 else ("encode", "prepare")
-                got = {kind: (_run_child("prepare", str(corpus), str(cache_dir)) if kind == "prepare"
-                              else _run_child("encode", str(corpus))) for kind in order}
+                child_args = {"prepare": (str(corpus), str(cache_dir)), "encode": (str(corpus),)}
+                got = {kind: _run_child(kind, *child_args[kind]) for kind in order}
                 prepared, encoded = got["prepare"], got["encode"]
                 if (prepared["num_docs"], prepared["num_tokens"]) != (encoded["num_docs"], encoded["num_tokens"]):
                     raise RuntimeError(f"prepare_data saw {prepared['num_docs']} documents / "

@@ -9,8 +9,9 @@ tokenizer's fingerprint, so an edit that keeps a file's size and mtime still reb
 
 Building streams: the corpus is read in chunks (:meth:`CorpusSource.iter_chunks`, files in blocks of lines),
 each chunk is tokenized with one call in an encoding thread (:meth:`TokenizerAdapter.encode_batch_deferred`),
-turned into one int32 array of all its ids while the next chunk is tokenized, and appended to the array files, and the ``.npy`` headers are completed at the end, so memory stays
-bounded by a chunk whatever the size of the corpus. The files are the ones ``np.save`` writes for the whole
+turned into one int32 array of all its ids while the next chunk is tokenized, and appended to the array files;
+the ``.npy`` headers are completed at the end, so memory stays bounded by a chunk whatever the size of the
+corpus. The files are the ones ``np.save`` writes for the whole
 arrays. Corpus files are hashed once for the key; the bytes read for tokenizing are hashed as they are read
 (:meth:`CorpusSource.fingerprint_of_read`), and a build whose files changed in between is not cached.
 
@@ -289,7 +290,8 @@ class _NpyAppender:
 def _tokenized_chunks(source: CorpusSource, tokenizer: TokenizerAdapter
                       ) -> Iterator[tuple[CorpusChunk, np.ndarray, np.ndarray, np.ndarray | None]]:
     """Yield each chunk with its tokens per document, token ids and labels (or None) as flat arrays
-    (:func:`lit_balance.records.encode_chunk_flat`), the tokenizer running up to ``_IN_FLIGHT`` chunks ahead in one thread.
+    (:func:`lit_balance.records.encode_chunk_flat`), the tokenizer running up to ``_IN_FLIGHT`` chunks ahead in
+    one thread.
 
     ``encode_batch`` of a ``tokenizers`` tokenizer releases the GIL and runs on its own thread pool; turning its
     output into Python ids holds the GIL. So the encoding thread only runs the tokenizer

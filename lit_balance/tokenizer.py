@@ -7,9 +7,9 @@ import functools
 import importlib.resources
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np

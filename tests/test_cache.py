@@ -337,7 +337,6 @@ def test_a_character_device_is_refused(tok):
         resolve_corpus(Path("/dev/null"))
 
 
-
 def test_the_garbage_collector_is_paused_while_tokenizing_and_restored(tmp_path, tok, monkeypatch):
     import gc
 
