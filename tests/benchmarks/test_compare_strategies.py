@@ -294,6 +294,27 @@ def test_projection_targets_compare_the_better_lit_balance_with_the_best_other_s
     assert main["value"] == pytest.approx(95 / 70) and main["met"]
     shipped = t["projection_64_shipped"]
     assert shipped["value"] == pytest.approx(51 / 50) and shipped["met"]
+    assert main["upper_bound_per_distribution"] == {}  # rows without U: no bound is claimed
+
+
+def test_projection_bound_is_lit_balance_at_full_useful_compute_over_the_best_other_strategy():
+    args = Namespace(max_tokens=1024, slow_rank=1, quick=False)
+    at64 = {"random": {"predicted_real_tokens_per_s": 10.0, "useful_compute_fraction": 0.15, "sync_share": 0.0},
+            "dynamic": {"predicted_real_tokens_per_s": 70.0, "useful_compute_fraction": 0.8, "sync_share": 0.0},
+            "lit_balance": {"predicted_real_tokens_per_s": 72.0, "useful_compute_fraction": 0.9, "sync_share": 0.1},
+            "lit_balance_packed": {"predicted_real_tokens_per_s": 73.0, "useful_compute_fraction": 0.95,
+                                   "sync_share": 0.2}}
+    # lit_balance: 72 / (0.9 x 0.9) = 88.9; packed: 73 / (0.95 x 0.8) = 96.1, the larger; over dynamic's 70
+    assert cs.projection_bound(at64) == pytest.approx(73 / (0.95 * 0.8) / 70)
+    assert cs.projection_bound({s: r for s, r in at64.items() if s.startswith("lit_balance")}) is None
+    assert cs.projection_bound({**at64, "lit_balance": {"predicted_real_tokens_per_s": 72.0},
+                                "lit_balance_packed": {"predicted_real_tokens_per_s": 73.0}}) is None
+    rows = [{"distribution": cs.MAIN_CORPUS, "num_replicas": 64, "strategy": s, **r} for s, r in at64.items()]
+    main = cs.evaluate_targets([], cs.pair_ratios([]), args, projection=rows)["projection_64_main_corpus"]
+    assert main["value"] == pytest.approx(73 / 70) and not main["met"]
+    assert main["upper_bound_per_distribution"] == {cs.MAIN_CORPUS: pytest.approx(73 / (0.95 * 0.8) / 70)}
+    text = cs.targets_text({"projection_64_main_corpus": main})
+    assert f"upper bound (U = 1, no sync): {cs.MAIN_CORPUS} 1.372" in text and "NOT met" in text
 
 
 # ---------------------------------------------------------------------------------------------------------------
