@@ -688,7 +688,7 @@ def projection_bound(rows: dict[str, dict[str, Any]]) -> float | None:
     """The largest ratio any plan of these documents could reach over the best other strategy at one world size:
     lit_balance's real tokens at useful compute fraction U = 1 with no sync (every rank busy with real tokens only,
     no per-micro-batch cost, no wait), ``tokens/s / (U x (1 - sync_share))``, over the best other strategy's
-    predicted tokens/s. None when a lit_balance row lacks U or every other strategy is missing.
+    predicted tokens/s. None when no lit_balance row has U, or no other strategy has tokens/s above 0.
 
     Example:
         >>> projection_bound({"lit_balance": {"predicted_real_tokens_per_s": 80.0, "useful_compute_fraction": 0.8,
