@@ -7,5 +7,5 @@ Run from the repository root (each module's docstring lists its options)::
     python -m benchmarks.compare_strategies    # end-to-end training under each strategy, 2 CPU DDP ranks
     python -m benchmarks.bench_callbacks       # overhead of the measuring and adapting callbacks
 
-Peer baselines live in :mod:`benchmarks.peers` and :mod:`benchmarks.packing_peers`; every plan figure comes from :mod:`lit_balance.stats`.
+Peer baselines live in :mod:`benchmarks.peers` and :mod:`benchmarks.packing_peers`; every plan figure comes from :mod:`lit_balance.plan.stats`.
 """

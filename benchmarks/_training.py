@@ -19,9 +19,9 @@ import lightning as L
 import numpy as np
 import torch
 
-from lit_balance.callbacks.straggler import backward_is_local
+from lit_balance.lightning.callbacks.straggler import backward_is_local
 from lit_balance.demo import DemoTransformerLM
-from lit_balance.loss import token_loss_sum
+from lit_balance.lightning.loss import token_loss_sum
 
 __all__ = ["REAL", "TRACE_FIELDS", "CompareLM", "Meter", "loss_curve", "loss_step_noise", "real_tokens", "run_stats",
            "trace_shape"]

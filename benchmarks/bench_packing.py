@@ -5,9 +5,9 @@ Run:
     python -m benchmarks.bench_packing --quick    # first 3,000 documents, 8 ranks, 200,000 documents timed
 
 Ranks are simulated in one process: every strategy is a pure function of (lengths, budget, ranks, seed, epoch)
-returning each rank's micro-batches of epochs 0 and 1; every figure comes from :mod:`lit_balance.stats`
-(:func:`~lit_balance.stats.plan_stats` with ``packing=True`` for packed rows, ``packing=False`` for padded ones, and
-:func:`~lit_balance.stats.batch_persistence`). Peers are in :mod:`benchmarks.packing_peers`.
+returning each rank's micro-batches of epochs 0 and 1; every figure comes from :mod:`lit_balance.plan.stats`
+(:func:`~lit_balance.plan.stats.plan_stats` with ``packing=True`` for packed rows, ``packing=False`` for padded ones, and
+:func:`~lit_balance.plan.stats.batch_persistence`). Peers are in :mod:`benchmarks.packing_peers`.
 
 Workloads: the shipped length arrays capped at ``--max-length`` (512) with a budget of ``--max-tokens`` (4,096)
 tokens per micro-batch per rank, and "long documents": the distributions that have documents past 512 tokens,
@@ -42,7 +42,7 @@ from benchmarks.bench_samplers import DISTRIBUTIONS, _versions, load_lengths
 from benchmarks.packing_peers import PACKING_PEERS, flatten_with_collator, flattening_batch_size
 from benchmarks.peers import timed
 from lit_balance import BatchingSettings, CostModel, EpochPlan, plan_epoch
-from lit_balance.stats import RankBatches, batch_persistence, plan_stats
+from lit_balance.plan.stats import RankBatches, batch_persistence, plan_stats
 
 #: The costs every row is evaluated on (and lit_balance plans for, one row each).
 COSTS = {"tokens": CostModel(), "attn_1.2e-4": CostModel(linear=1.0, quadratic=1.2e-4),
@@ -85,7 +85,7 @@ def strategy(name: str) -> tuple[Callable[[np.ndarray, int, int, int, int], Rank
 
 def row_figures(epochs: Sequence[RankBatches | EpochPlan], lengths: np.ndarray, max_tokens: int, packed: bool,
                 ) -> dict[str, Any]:
-    """Every figure of one row from epochs 0 and 1 of one strategy (all from :mod:`lit_balance.stats`)."""
+    """Every figure of one row from epochs 0 and 1 of one strategy (all from :mod:`lit_balance.plan.stats`)."""
     stats = {name: plan_stats(epochs[0], lengths, cost, packing=packed, max_tokens=max_tokens)
              for name, cost in COSTS.items()}
     tok = stats["tokens"]
@@ -250,7 +250,7 @@ steps: micro-batches per rank (bold range: ranks differ, which hangs DDP). budge
 / budget (packed: the row's tokens; padded: rows x longest). largest / budget: the largest micro-batch over the
 budget. over budget: share of micro-batches past the budget (bold where any). padding: 1 - real tokens / token
 slots (packed rows: repeated documents only). U: real-document cost / sum over micro-steps of (ranks x the slowest
-rank's cost), for the token cost and the attention costs. bound: lit_balance.stats.useful_fraction_bound, the
+rank's cost), for the token cost and the attention costs. bound: lit_balance.plan.stats.useful_fraction_bound, the
 most U any plan with as many micro-steps could reach on the attention cost q = 1e-3. dropped: documents in no micro-batch of epoch 0.
 dup. marked / unmarked: extra rows of repeated documents, marked as fill rows (the loss ignores them) / trained
 again. persistence: mean share of a document's epoch-0 batch-mates that are its batch-mates again in epoch 1.

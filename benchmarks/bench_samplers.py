@@ -8,7 +8,7 @@ Run:
 Ranks are simulated in one process: one sampler per rank, each asked for its micro-batches of epochs 0 and 1
 (no process group). Every strategy's output becomes the same thing, a list per rank of micro-batches (lists of
 dataset indices), and the code path that measures lit_balance's own plans measures all of them
-(:func:`lit_balance.stats.plan_stats`, :func:`lit_balance.stats.batch_persistence`, via :func:`sampler_metrics`).
+(:func:`lit_balance.plan.stats.plan_stats`, :func:`lit_balance.plan.stats.batch_persistence`, via :func:`sampler_metrics`).
 The peers are in :mod:`benchmarks.peers`.
 
 Strategies (lengths capped at ``--max-length``; budget ``--max-tokens`` padded slots per micro-batch):
@@ -73,8 +73,8 @@ from benchmarks.peers import (
     timed,
 )
 from lit_balance import BalancedBatchSampler
-from lit_balance.cost import CostModel
-from lit_balance.stats import batch_persistence, plan_stats
+from lit_balance.plan.cost import CostModel
+from lit_balance.plan.stats import batch_persistence, plan_stats
 
 LENGTHS_DIR = Path(lit_balance.__file__).resolve().parent / "data" / "lengths"
 DISTRIBUTIONS = ("stdlib_docstrings", "pydocs_paragraphs", "fortunes")
@@ -87,13 +87,13 @@ COST_MODELS = {"tokens": TOKEN_COST, "attention": ATTENTION_COST}
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Every strategy is measured from its per-rank lists of micro-batches, by lit_balance.stats.
+# Every strategy is measured from its per-rank lists of micro-batches, by lit_balance.plan.stats.
 
 
 def sampler_metrics(run: StrategyRun, lengths: np.ndarray, max_tokens: int) -> dict[str, Any]:
     """Every figure of the table for one strategy at one rank count (epoch 0; persistence epoch 0 -> 1).
 
-    All come from :func:`lit_balance.stats.plan_stats` and :func:`lit_balance.stats.batch_persistence` of the
+    All come from :func:`lit_balance.plan.stats.plan_stats` and :func:`lit_balance.plan.stats.batch_persistence` of the
     per-rank lists (one optimizer step per micro-batch; repeated indices count as padding).
     """
     lengths = np.asarray(lengths, dtype=np.int64)

@@ -113,10 +113,10 @@ from benchmarks._training import REAL, CompareLM, Meter, loss_curve, loss_step_n
 from benchmarks.packing_peers import flattening_batch_size
 from benchmarks.peers import EpochBatchSampler, deal_even, fixed_batch_size, sort_fill_batches, sorted_bucket_batches
 from lit_balance import BalancedBatchSampler, PackedCollator, PadCollator, TokenDataset
-from lit_balance.cache import load_or_build
+from lit_balance.data.cache import load_or_build
 from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, StragglerMonitor
-from lit_balance.corpus import resolve_corpus
-from lit_balance.tokenizer import resolve_tokenizer
+from lit_balance.data.sources import resolve_corpus
+from lit_balance.data.tokenizer import resolve_tokenizer
 
 STRATEGIES = ("random", "sorted_buckets", "dynamic", "dynamic_accum", "lit_balance", "lit_balance_packed",
               "hf_flatten")

@@ -48,9 +48,9 @@ from benchmarks._harness import git_state, launch_ranks, positive_int
 from benchmarks._training import CompareLM, Meter, run_stats
 from benchmarks.compare_strategies import MODEL_SIZES, _machine, split_documents
 from lit_balance import BalancedTextDataModule
-from lit_balance.cache import load_or_build
-from lit_balance.corpus import resolve_corpus
-from lit_balance.tokenizer import resolve_tokenizer
+from lit_balance.data.cache import load_or_build
+from lit_balance.data.sources import resolve_corpus
+from lit_balance.data.tokenizer import resolve_tokenizer
 
 VARIANTS = ("padded", "packed")
 #: Defaults of a run and of ``--quick``: corpus documents (a seeded subset; 0 = all), epochs, pairs.

@@ -3,7 +3,7 @@
 Every function here is a pure function of (lengths, settings, seed, epoch) or drives a peer library's own
 sampler; :mod:`benchmarks.bench_samplers` measures them side by side with lit_balance (simulated ranks) and
 :mod:`benchmarks.compare_strategies` trains with them (real DDP ranks). Every figure of their micro-batches
-comes from :mod:`lit_balance.stats`.
+comes from :mod:`lit_balance.plan.stats`.
 
 Peers:
 
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import BatchSampler, DistributedSampler, Sampler
 
-from lit_balance.stats import RankBatches
+from lit_balance.plan.stats import RankBatches
 
 __all__ = ["EPOCHS", "BenchConfig", "EpochBatchSampler", "PeerUnavailable", "StrategyRun", "deal_even",
            "fixed_batch_size", "run_distributed_fixed", "run_hf_batch_rebalance", "run_hf_length_grouped",

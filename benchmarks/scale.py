@@ -86,7 +86,7 @@ def _u_sums(plan: Any, lengths: np.ndarray, num_replicas: int) -> tuple[float, f
     """(real tokens, sum over micro-steps of num_replicas x the longest rank's padded slots) of one plan part.
 
     With the padded-token cost and one micro-batch per optimizer step, their ratio over all parts is U
-    (:attr:`lit_balance.stats.PlanStats.useful_fraction`).
+    (:attr:`lit_balance.plan.stats.PlanStats.useful_fraction`).
     """
     if not plan.num_batches:
         return 0.0, 0.0

@@ -62,7 +62,7 @@ def make_corpus(path: Path, size_mb: float, seed: int = 0) -> dict[str, int]:
     """
     import numpy as np
 
-    from lit_balance.corpus import stdlib_docstrings
+    from lit_balance.data.sources import stdlib_docstrings
 
     lines = [(json.dumps({"text": doc}, ensure_ascii=False) + "\n").encode("utf-8") for doc in stdlib_docstrings()]
     rng = np.random.default_rng(seed)
@@ -104,8 +104,8 @@ def _child_prepare(corpus: Path, cache_dir: Path) -> dict[str, Any]:
 
 
 def _child_encode(corpus: Path) -> dict[str, Any]:
-    from lit_balance.corpus import resolve_corpus
-    from lit_balance.tokenizer import resolve_tokenizer
+    from lit_balance.data.sources import resolve_corpus
+    from lit_balance.data.tokenizer import resolve_tokenizer
 
     backend = resolve_tokenizer().backend
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)

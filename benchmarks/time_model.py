@@ -9,7 +9,7 @@ squared lengths) takes, on rank ``r``,
 seconds, where ``f_r`` is the rank's known slowdown factor (1.0, or ``1 + slowdown`` on a rank slowed by the demo
 hook). The token term is the linear FLOPs of the projections, MLP and LM head, the pair term the attention scores
 and values (per layer ``24 L d^2`` and ``4 L^2 d`` FLOPs per row of length ``L``: the count of
-:class:`lit_balance.cost.CostModel`, whose ``batch_cost`` / ``packed_cost`` this term equals with
+:class:`lit_balance.plan.cost.CostModel`, whose ``batch_cost`` / ``packed_cost`` this term equals with
 ``linear=per_token_s, quadratic=per_attention_pair_s, per_batch=per_micro_batch_s``). An optimizer step adds
 ``per_step_sync_s`` once: the gradient all-reduce and the parameter update (data-parallel training's step is the
 slowest rank's compute plus the all-reduce).
@@ -814,7 +814,7 @@ def project(model: TimeModel, *, strategies: Sequence[str], lengths: Mapping[str
         all ranks), ``useful_compute_fraction`` (U = the model's cost of the real tokens, ``per_token_s x l +
         per_attention_pair_s x l**2`` summed over real documents, over ``num_replicas x`` the sum over optimizer steps
         of the step's predicted compute without sync; with ``barrier="step"`` exactly
-        :attr:`lit_balance.stats.PlanStats.useful_fraction` under ``CostModel(linear=per_token_s,
+        :attr:`lit_balance.plan.stats.PlanStats.useful_fraction` under ``CostModel(linear=per_token_s,
         quadratic=per_attention_pair_s, per_batch=per_micro_batch_s)``), ``sync_share`` (share of the epoch in sync),
         ``max_rank_compute_s`` (the busiest rank's own compute, s), ``max_micro_batch_slots``,
         ``over_budget_micro_batches`` (above ``max_tokens``), ``micro_batches_per_rank``, ``optimizer_steps``,

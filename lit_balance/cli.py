@@ -13,7 +13,7 @@ LightningModule (``--model.class_path=my.Module``, its arguments ``--model.*``; 
 :class:`~lit_balance.demo.DemoTransformerLM`), the data :class:`~lit_balance.BalancedTextDataModule` (``--data.*``); a
 model whose ``__init__`` takes ``vocab_size`` gets the built data module's, and callbacks are set with
 ``--trainer.callbacks`` (class paths and init args) in the config. ``plan`` plans one epoch without
-training and reports it (see :mod:`lit_balance.report`); ``plan --config`` also reads a ``fit`` config and plans
+training and reports it (see :mod:`lit_balance.report.figures`); ``plan --config`` also reads a ``fit`` config and plans
 with its data settings, its ranks (``trainer.devices`` x ``trainer.num_nodes``) and its
 ``trainer.accumulate_grad_batches``.
 """
@@ -37,11 +37,11 @@ from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
 
-from lit_balance._validate import MAX_TOKENS_LIMIT, check_int
-from lit_balance.cost import CostModel
-from lit_balance.datamodule import BalancedTextDataModule
+from lit_balance._checks import MAX_TOKENS_LIMIT, check_int
+from lit_balance.plan.cost import CostModel
+from lit_balance.lightning.datamodule import BalancedTextDataModule
 from lit_balance.demo import DemoTransformerLM
-from lit_balance.settings import BatchingSettings
+from lit_balance.plan.settings import BatchingSettings
 
 __all__ = ["LitBalanceCLI", "build_cli", "main", "plan_options_from_fit", "plan_parser", "run_plan"]
 
@@ -431,7 +431,7 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
     """
     from rich.console import Console
 
-    from lit_balance.report import format_report, plan_report, save_plots, write_summary
+    from lit_balance.report.figures import format_report, plan_report, save_plots, write_summary
 
     _check_max_length(cfg)
     _check_output_dir(Path(cfg.output_dir))
@@ -512,7 +512,7 @@ class LitBalanceCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         if self.subclass_mode_model:
-            parser.set_defaults({"model": {"class_path": f"{DemoTransformerLM.__module__}.{DemoTransformerLM.__name__}"}})
+            parser.set_defaults({"model": {"class_path": "lit_balance.demo.DemoTransformerLM"}})
             parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
         else:
             parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
@@ -544,7 +544,7 @@ class LitBalanceCLI(LightningCLI):
 
     def before_fit(self) -> None:
         """Print the derived budget and the training split's plan (:func:`~lit_balance.report.summary_line`; rank 0)."""
-        from lit_balance.report import summary_line
+        from lit_balance.report.figures import summary_line
 
         trainer, dm = self.trainer, self.datamodule
         if trainer.is_global_zero:

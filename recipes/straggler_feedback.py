@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks import CostModelFeedback, StragglerMonitor
-from lit_balance.callbacks.straggler import COMPUTE, COST
+from lit_balance.lightning.callbacks.straggler import COMPUTE, COST
 
 LENGTHS = Path(__file__).resolve().parents[1] / "lit_balance/data/lengths/lengths_fortunes.npy"
 

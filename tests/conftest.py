@@ -9,4 +9,4 @@ settings.load_profile("lit_balance")
 
 # Two conftest.py files share the module name "conftest": keep --doctest-modules from importing them as modules
 # (pytest still loads both as conftests).
-collect_ignore = ["conftest.py", "callbacks/conftest.py"]
+collect_ignore = ["conftest.py", "lightning/callbacks/conftest.py"]

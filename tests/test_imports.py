@@ -1,7 +1,7 @@
 """Import rules: the dependency direction of the package, checked in fresh interpreters.
 
-* ``lit_balance.planning`` (the pure planner) does not import Lightning.
-* ``lit_balance.loss`` does not import ``lit_balance.callbacks`` (callbacks sit on top of the loss, not under it).
+* ``lit_balance.plan.padded`` (the pure planner) does not import Lightning.
+* ``lit_balance.lightning.loss`` does not import ``lit_balance.callbacks`` (callbacks sit on top of the loss, not under it).
 * matplotlib and rich are imported only where a plot or a table is drawn: no ``lit_balance`` module imports
   them while the package, the sampler or the DataModule is imported. Lightning itself imports both (its
   rich progress bar, torchmetrics' plotting), so for anything built on Lightning the rule is checked on
@@ -57,25 +57,25 @@ def _by_lit_balance(result: dict, packages: tuple[str, ...]) -> list[list[str]]:
 
 
 def test_the_planner_does_not_import_lightning():
-    result = _probe("import lit_balance.planning")
+    result = _probe("import lit_balance.plan.padded")
     loaded = _loaded(result, "lightning") + _loaded(result, "pytorch_lightning")
     assert loaded == [], f"imported by {_by_lit_balance(result, WATCHED[2:])}"
 
 
 def test_the_loss_does_not_import_the_callbacks():
-    result = _probe("import lit_balance.loss")
+    result = _probe("import lit_balance.lightning.loss")
     assert _loaded(result, "lit_balance.callbacks") == []
 
 
 def test_no_plot_or_table_library_is_imported_by_the_package_on_import():
     # one interpreter: each module's body runs once, whichever of these statements loads it first
     result = _probe("import lit_balance\nfrom lit_balance import BalancedTextDataModule, BalancedBatchSampler\n"
-                    "import lit_balance.datamodule, lit_balance.sampler, lit_balance.callbacks")
+                    "import lit_balance.lightning.datamodule, lit_balance.sampler.sampler, lit_balance.callbacks")
     assert _by_lit_balance(result, PLOT_AND_TABLE) == []
 
 
 def test_the_sampler_loads_neither_lightning_nor_a_plot_or_table_library():
-    result = _probe("from lit_balance.sampler import BalancedBatchSampler")
+    result = _probe("from lit_balance.sampler.sampler import BalancedBatchSampler")
     loaded = {p: _loaded(result, p)[:3] for p in ("lightning", *PLOT_AND_TABLE)}
     assert loaded == {"lightning": [], "matplotlib": [], "rich": []}, (
         f"lightning imported by {_by_lit_balance(result, WATCHED[2:])}")
@@ -83,6 +83,6 @@ def test_the_sampler_loads_neither_lightning_nor_a_plot_or_table_library():
 
 def test_drawing_a_table_is_where_rich_is_imported():
     # the probe sees the import where the rule allows it (so the checks above can fail)
-    result = _probe("import numpy as np\nfrom lit_balance.report import format_report, plan_report\n"
+    result = _probe("import numpy as np\nfrom lit_balance.report.figures import format_report, plan_report\n"
                     "format_report(plan_report(np.arange(1, 60), 128, num_replicas=2))")
-    assert ["lit_balance.report", "rich"] in _by_lit_balance(result, PLOT_AND_TABLE)
+    assert ["lit_balance.report.figures", "rich"] in _by_lit_balance(result, PLOT_AND_TABLE)

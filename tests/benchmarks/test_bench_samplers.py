@@ -1,5 +1,5 @@
 """benchmarks/bench_samplers.py and the peers it runs: the table's figures on a hand-made case, peers against their
-own per-rank samplers, the command line. The figures themselves are tested with lit_balance.stats
+own per-rank samplers, the command line. The figures themselves are tested with lit_balance.plan.stats
 (tests/test_cost_stats.py).
 
 Run:
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from benchmarks import bench_samplers as bench
 from benchmarks import peers
 from lit_balance import BalancedBatchSampler
-from lit_balance.stats import plan_stats
+from lit_balance.plan.stats import plan_stats
 
 pytestmark = pytest.mark.benchmark
 

@@ -59,7 +59,7 @@ def test_u_by_distribution_covers_every_shipped_distribution(quick):
 
 def test_u_sums_match_plan_stats():
     from lit_balance import BalancedBatchSampler
-    from lit_balance.stats import plan_stats
+    from lit_balance.plan.stats import plan_stats
 
     lengths = np.random.default_rng(1).integers(1, 400, 3000)
     sampler = BalancedBatchSampler(lengths, 1024, num_replicas=3, rank=0, plan_window=700)

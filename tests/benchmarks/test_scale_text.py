@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from benchmarks import scale_text
-from lit_balance.corpus import resolve_corpus
-from lit_balance.tokenizer import resolve_tokenizer
+from lit_balance.data.sources import resolve_corpus
+from lit_balance.data.tokenizer import resolve_tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the in-memory oracle
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))  # tests/data/: the in-memory oracle
 from _inmemory_cache import in_memory_arrays  # noqa: E402
 
 pytestmark = pytest.mark.benchmark

@@ -17,8 +17,8 @@ from torch.utils.data import BatchSampler, DistributedSampler
 from benchmarks import time_model as tm
 from benchmarks._training import TRACE_FIELDS
 from benchmarks.peers import deal_even, fixed_batch_size, sort_fill_batches, sorted_bucket_batches
-from lit_balance.cost import CostModel
-from lit_balance.stats import plan_stats
+from lit_balance.plan.cost import CostModel
+from lit_balance.plan.stats import plan_stats
 
 pytestmark = pytest.mark.benchmark
 

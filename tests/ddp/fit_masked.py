@@ -22,7 +22,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from lit_balance import BalancedTextDataModule
 from lit_balance.demo import DemoTransformerLM
-from lit_balance.loss import token_loss_sum
+from lit_balance.lightning.loss import token_loss_sum
 
 MODEL = {"d_model": 16, "num_heads": 2, "num_layers": 1, "dim_feedforward": 32}
 

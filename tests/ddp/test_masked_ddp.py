@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from lit_balance.demo import DemoTransformerLM
-from lit_balance.loss import token_loss_sum
-from lit_balance.tokenizer import builtin_tokenizer
+from lit_balance.lightning.loss import token_loss_sum
+from lit_balance.data.tokenizer import builtin_tokenizer
 
 from _procs import run_ranks  # tests/ddp/_procs.py
 

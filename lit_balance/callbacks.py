@@ -1,0 +1,9 @@
+"""Lightning callbacks that measure what each rank trained on and adapt training to it.
+
+The public home of :mod:`lit_balance.lightning.callbacks`: ``from lit_balance.callbacks import StragglerMonitor``.
+"""
+
+from lit_balance.lightning.callbacks import (AdaptiveGradAccumulation, CostModelFeedback, PaddingRatioMonitor,
+                                             RunSummary, StragglerMonitor)
+
+__all__ = ["AdaptiveGradAccumulation", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor"]

@@ -1,0 +1,13 @@
+"""The data flow before the sampler (torch, no Lightning): sources, tokenizer, records, cache, datasets, collators,
+loaders."""
+
+from lit_balance.data.cache import TokenizedCorpus, load_or_build
+from lit_balance.data.collate import IGNORE_INDEX, PackedCollator, PadCollator
+from lit_balance.data.dataset import TokenDataset
+from lit_balance.data.loader import MicroBatchDataset, PadFieldsCollator, balanced_dataloader, item_lengths
+from lit_balance.data.sources import CorpusSource, resolve_corpus
+from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
+
+__all__ = ["IGNORE_INDEX", "CorpusSource", "MicroBatchDataset", "PackedCollator", "PadCollator", "PadFieldsCollator",
+           "TokenDataset", "TokenizedCorpus", "TokenizerAdapter", "balanced_dataloader", "item_lengths",
+           "load_or_build", "resolve_corpus", "resolve_tokenizer"]

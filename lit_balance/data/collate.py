@@ -1,0 +1,252 @@
+"""Collation of micro-batches: pad to the longest row, or pack whole documents into one row; count tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["IGNORE_INDEX", "PackedCollator", "PadCollator"]
+
+#: Label value ignored by :func:`torch.nn.functional.cross_entropy` (its default ``ignore_index``).
+IGNORE_INDEX = -100
+
+
+class PadCollator:
+    """Pad a micro-batch to its longest row (rounded up to ``pad_to_multiple_of``), never to a model maximum.
+
+    Each sample is a mapping with ``input_ids`` (1-D ints: token ids), ``index`` (int: dataset index)
+    and, optionally, ``is_fill`` (bool: a fill row, see :class:`lit_balance.MicroBatch`) and ``labels``
+    (1-D ints as long as ``input_ids``: unshifted labels, ``-100`` where a token has no target, e.g. a
+    prompt's tokens).
+
+    The batch is a dict, with ``B`` rows padded to ``T = padded(max row length)`` tokens:
+
+    * ``input_ids``: LongTensor ``[B, T]``, ``pad_token_id`` after each row's end.
+    * ``attention_mask``: LongTensor ``[B, T]``, 1 on real tokens, 0 on padding.
+    * ``labels``: LongTensor ``[B, T]``, the sample's ``labels`` (or, without them, ``input_ids``) on real
+      tokens of real rows and ``-100`` on padding and on every token of a fill row (unshifted: a causal LM
+      shifts them itself).
+    * ``indices``: LongTensor ``[B]``, the dataset index of each row.
+    * ``is_fill``: BoolTensor ``[B]``, True for fill rows.
+    * ``num_real_tokens``: int, non-padding tokens in the micro-batch (``attention_mask.sum()``), per rank.
+    * ``num_padded_tokens``: int, padded token slots ``B * T`` (real plus padding), per rank; the
+      micro-batch's padding ratio is ``1 - num_real_tokens / num_padded_tokens``.
+
+    When the samples carry the plan's ``step_real_tokens`` and ``step_rows`` (see
+    :class:`lit_balance.TokenDataset`), the batch also carries them (ints, global: all ranks and all
+    micro-batches of the micro-batch's optimizer step, fill rows excluded) and ``step_supervised_tokens``: the
+    tokens with a next-token target in that step, the divisor of :class:`lit_balance.lightning.loss.StepTokenLoss`. It is
+    the samples' ``step_supervised_tokens`` when they carry it (the plan counts masked labels exactly, see
+    ``supervised_lengths`` of :class:`lit_balance.BalancedBatchSampler`), else ``step_real_tokens - step_rows``
+    (a row of ``l`` tokens without masked labels supervises ``l - 1``).
+
+    Args:
+        pad_token_id: token id written into padding positions.
+        pad_to_multiple_of: ``T`` is rounded up to a multiple of this (tokens), e.g. 8 for tensor cores.
+        max_length: rows longer than this many tokens are truncated (e.g. the sampler's ``truncate_to``
+            with ``too_long="truncate"``), or None to keep them whole.
+
+    Raises:
+        ValueError: bad arguments; an empty micro-batch or a row with no tokens (at call time).
+
+    Example:
+        >>> collate = PadCollator(pad_token_id=0, pad_to_multiple_of=4)
+        >>> batch = collate([{"input_ids": [5, 6, 7], "index": 3}, {"input_ids": [8], "index": 9}])
+        >>> batch["input_ids"].tolist(), batch["num_real_tokens"], batch["num_padded_tokens"]
+        ([[5, 6, 7, 0], [8, 0, 0, 0]], 4, 8)
+    """
+
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int = 1, max_length: int | None = None) -> None:
+        _check_collator_args(pad_token_id, pad_to_multiple_of, max_length)
+        self.pad_token_id = int(pad_token_id)
+        self.pad_to_multiple_of = int(pad_to_multiple_of)
+        self.max_length = None if max_length is None else int(max_length)
+
+    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        if len(samples) == 0:
+            raise ValueError("cannot collate an empty micro-batch: the sampler yielded no indices")
+        rows, row_labels = [], []
+        for s in samples:
+            ids = torch.from_numpy(np.array(s["input_ids"], dtype=np.int64)).reshape(-1)  # a writable copy
+            label = None
+            if s.get("labels") is not None:
+                label = torch.from_numpy(np.array(s["labels"], dtype=np.int64)).reshape(-1)
+                if label.numel() != ids.numel():
+                    raise ValueError(f"sample at dataset index {s.get('index')} has {label.numel()} labels for "
+                                     f"{ids.numel()} input_ids; give one (unshifted) label per token")
+            if self.max_length is not None:
+                ids = ids[: self.max_length]
+                label = None if label is None else label[: self.max_length]
+            if ids.numel() == 0:
+                raise ValueError(f"sample at dataset index {s.get('index')} has no tokens; remove empty documents")
+            rows.append(ids)
+            row_labels.append(label)
+        lengths = torch.tensor([r.numel() for r in rows], dtype=torch.long)
+        m = self.pad_to_multiple_of
+        width = -(-int(lengths.max()) // m) * m
+        batch_size = len(rows)
+        input_ids = torch.full((batch_size, width), self.pad_token_id, dtype=torch.long)
+        for i, r in enumerate(rows):
+            input_ids[i, : r.numel()] = r
+        attention_mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
+        is_fill = torch.tensor([bool(s.get("is_fill", False)) for s in samples], dtype=torch.bool)
+        labels = input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
+        for i, label in enumerate(row_labels):
+            if label is not None:
+                labels[i, : label.numel()] = label
+        labels[is_fill] = IGNORE_INDEX
+        batch = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "labels": labels,
+            "indices": torch.tensor([int(s["index"]) for s in samples], dtype=torch.long),
+            "is_fill": is_fill,
+            "num_real_tokens": int(lengths.sum()),
+            "num_padded_tokens": batch_size * width,
+        }
+        first = samples[0]
+        if "step_real_tokens" in first and "step_rows" in first:
+            batch["step_real_tokens"] = int(first["step_real_tokens"])
+            batch["step_rows"] = int(first["step_rows"])
+            planned = first.get("step_supervised_tokens")
+            batch["step_supervised_tokens"] = (batch["step_real_tokens"] - batch["step_rows"] if planned is None
+                                               else int(planned))
+        return batch
+
+
+def _check_collator_args(pad_token_id: Any, pad_to_multiple_of: Any, max_length: Any) -> None:
+    for name, value, low in (("pad_token_id", pad_token_id, 0), ("pad_to_multiple_of", pad_to_multiple_of, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
+                                   or max_length < 1):
+        raise ValueError(f"max_length must be an int >= 1 or None, got {max_length!r}")
+
+
+def _step_totals(first: Mapping[str, Any]) -> dict[str, int]:
+    """The plan's per-optimizer-step totals carried by the micro-batch's samples (global ints), if any."""
+    if "step_real_tokens" not in first or "step_rows" not in first:
+        return {}
+    out = {"step_real_tokens": int(first["step_real_tokens"]), "step_rows": int(first["step_rows"])}
+    supervised = first.get("step_supervised_tokens")
+    out["step_supervised_tokens"] = (out["step_real_tokens"] - out["step_rows"] if supervised is None
+                                     else int(supervised))
+    return out
+
+
+class PackedCollator:
+    """Concatenate a micro-batch's whole documents into one row (padding-free), with per-document boundaries.
+
+    The layout is that of Hugging Face's ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``, so a
+    Hugging Face causal LM trains on the batch directly (``model(input_ids=..., position_ids=..., labels=...)``
+    with ``attention_mask=None`` and ``use_cache=False``: transformers then masks attention per document from the
+    restarting ``position_ids``; ``flash_attention_2`` reads ``cu_seq_lens_q/k`` and ``max_length_q/k``).
+    :class:`lit_balance.demo.DemoTransformerLM` attends within each document too.
+
+    Each sample is a mapping with ``input_ids`` (1-D ints), ``index`` (int: dataset index) and, optionally,
+    ``is_fill`` (bool: a fill document, see :class:`lit_balance.MicroBatch`) and ``labels`` (1-D ints as long as
+    ``input_ids``, -100 on tokens without a target, e.g. a prompt; default: ``input_ids``).
+
+    With ``D`` documents of ``l_1 ... l_D`` tokens and ``N = ceil(sum(l) / pad_to_multiple_of) *
+    pad_to_multiple_of``, the batch is a dict of:
+
+    * ``input_ids``: LongTensor ``[1, N]``, the documents one after another, then ``N - sum(l)`` tail tokens of
+      ``pad_token_id`` (none when ``pad_to_multiple_of`` is 1).
+    * ``position_ids``: LongTensor ``[1, N]``, 0 at each document's first token, counting up within it.
+    * ``labels``: LongTensor ``[1, N]``, the documents' labels (their ``input_ids`` when they carry none), with
+      -100 at each document's first token (so that the shifted next-token loss never has one document predict the
+      next one's first token), on every token of a fill document and on the tail padding. Not shifted.
+    * ``cu_seq_lens_q``, ``cu_seq_lens_k``: IntTensor (int32) ``[D + 1]``, cumulative document lengths from 0:
+      ``[0, l_1, l_1 + l_2, ..., N]``; the tail padding, if any, belongs to the last document's segment (it comes
+      after every real token, so causal attention keeps it out of every real token's output), so the last entry
+      is ``N``.
+    * ``max_length_q``, ``max_length_k``: int, the longest segment (tokens).
+    * ``indices``: LongTensor ``[D]``, dataset index of each document; ``is_fill``: BoolTensor ``[D]``.
+    * ``num_real_tokens``: int, ``sum(l)`` (per rank); ``num_padded_tokens``: int, the token slots ``N`` (per
+      rank). Packed, the padding ratio ``1 - num_real_tokens / num_padded_tokens`` is 0 unless
+      ``pad_to_multiple_of`` adds a tail.
+    * ``step_real_tokens``, ``step_rows``, ``step_supervised_tokens``: as for :class:`PadCollator`, when the
+      samples carry the plan's step totals (rows are documents: ``step_supervised_tokens = step_real_tokens -
+      step_rows``, a document of ``l`` tokens supervising ``l - 1``, unless the samples carry the plan's own
+      ``step_supervised_tokens``, e.g. with label masks).
+
+    **pad_to_multiple_of, packed.** The one row of a micro-batch, not each document, is padded: its length ``N``
+    is the documents' total rounded up to a multiple (e.g. 8 or 64 for GPU kernels). The sampler with
+    ``BatchingSettings(packing=True)`` keeps ``N <= max_tokens``.
+
+    Args:
+        pad_token_id: token id of the tail padding.
+        pad_to_multiple_of: ``N`` is rounded up to a multiple of this (tokens).
+        max_length: documents longer than this many tokens are truncated (e.g. the sampler's ``truncate_to`` with
+            ``too_long="truncate"``), or None to keep them whole.
+
+    Raises:
+        ValueError: bad arguments; at call time an empty micro-batch, a document with no tokens, or ``labels`` of
+            another length than ``input_ids`` (naming the dataset index).
+
+    Example:
+        >>> collate = PackedCollator(pad_token_id=0, pad_to_multiple_of=4)
+        >>> batch = collate([{"input_ids": [5, 6, 7], "index": 3}, {"input_ids": [8, 9], "index": 9}])
+        >>> batch["input_ids"].tolist(), batch["position_ids"].tolist(), batch["labels"].tolist()
+        ([[5, 6, 7, 8, 9, 0, 0, 0]], [[0, 1, 2, 0, 1, 2, 3, 4]], [[-100, 6, 7, -100, 9, -100, -100, -100]])
+        >>> batch["cu_seq_lens_q"].tolist(), batch["max_length_q"], batch["num_real_tokens"], batch["num_padded_tokens"]
+        ([0, 3, 8], 5, 5, 8)
+    """
+
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int = 1, max_length: int | None = None) -> None:
+        _check_collator_args(pad_token_id, pad_to_multiple_of, max_length)
+        self.pad_token_id = int(pad_token_id)
+        self.pad_to_multiple_of = int(pad_to_multiple_of)
+        self.max_length = None if max_length is None else int(max_length)
+
+    def _document(self, s: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.asarray(s["input_ids"], dtype=np.int64).reshape(-1)
+        labels = ids if s.get("labels") is None else np.asarray(s["labels"], dtype=np.int64).reshape(-1)
+        if labels.shape != ids.shape:
+            raise ValueError(f"sample at dataset index {s.get('index')} has {labels.size} labels for {ids.size} "
+                             "input_ids; labels must give one value (or -100) per token")
+        if self.max_length is not None:
+            ids, labels = ids[: self.max_length], labels[: self.max_length]
+        if ids.size == 0:
+            raise ValueError(f"sample at dataset index {s.get('index')} has no tokens; remove empty documents")
+        labels = labels.copy()
+        labels[0] = IGNORE_INDEX
+        if s.get("is_fill", False):
+            labels[:] = IGNORE_INDEX
+        return ids, labels
+
+    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        if len(samples) == 0:
+            raise ValueError("cannot collate an empty micro-batch: the sampler yielded no indices")
+        docs = [self._document(s) for s in samples]
+        lengths = np.array([ids.size for ids, _ in docs], dtype=np.int64)
+        real = int(lengths.sum())
+        m = self.pad_to_multiple_of
+        width = -(-real // m) * m
+        tail = width - real
+        input_ids = np.concatenate([ids for ids, _ in docs] + [np.full(tail, self.pad_token_id, dtype=np.int64)])
+        labels = np.concatenate([lab for _, lab in docs] + [np.full(tail, IGNORE_INDEX, dtype=np.int64)])
+        segments = lengths.copy()
+        segments[-1] += tail  # the tail padding ends the last document's segment
+        cu = np.concatenate([[0], np.cumsum(segments)])
+        position_ids = np.arange(width, dtype=np.int64) - np.repeat(cu[:-1], segments)
+        cu_seq_lens = torch.from_numpy(cu.astype(np.int32))
+        max_length = int(segments.max())
+        batch = {
+            "input_ids": torch.from_numpy(input_ids).unsqueeze(0),
+            "position_ids": torch.from_numpy(position_ids).unsqueeze(0),
+            "labels": torch.from_numpy(labels).unsqueeze(0),
+            "cu_seq_lens_q": cu_seq_lens,
+            "cu_seq_lens_k": cu_seq_lens.clone(),
+            "max_length_q": max_length,
+            "max_length_k": max_length,
+            "indices": torch.tensor([int(s["index"]) for s in samples], dtype=torch.long),
+            "is_fill": torch.tensor([bool(s.get("is_fill", False)) for s in samples], dtype=torch.bool),
+            "num_real_tokens": real,
+            "num_padded_tokens": int(width),
+        }
+        batch.update(_step_totals(samples[0]))
+        return batch

@@ -1,0 +1,9 @@
+"""Lightning callbacks that measure what each rank trained on and adapt training to it."""
+
+from lit_balance.lightning.callbacks.accumulation import AdaptiveGradAccumulation
+from lit_balance.lightning.callbacks.feedback import CostModelFeedback
+from lit_balance.lightning.callbacks.padding import PaddingRatioMonitor
+from lit_balance.lightning.callbacks.straggler import StragglerMonitor
+from lit_balance.lightning.callbacks.summary import RunSummary
+
+__all__ = ["AdaptiveGradAccumulation", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor"]

@@ -1,0 +1,218 @@
+"""CostModelFeedback: fit the sampler's cost model and rank speeds from measured timings, once per epoch."""
+
+from __future__ import annotations
+
+import warnings
+
+import lightning as L
+import numpy as np
+import torch
+
+from lit_balance._checks import MIN_RANK_SPEED_RATIO, check_bool, check_int, check_number
+from lit_balance.lightning.callbacks._common import emit, train_sampler
+from lit_balance.lightning.callbacks.straggler import BACKWARD, COMPUTE, LENGTH, ROWS, StragglerMonitor
+from lit_balance.plan.cost import CostModel
+
+__all__ = ["CostModelFeedback", "fit_cost_and_speeds"]
+
+
+def fit_cost_and_speeds(window: np.ndarray, *, iterations: int = 5,
+                        min_samples: int = 3) -> tuple[CostModel, list[float]]:
+    """Fit a :class:`CostModel` in seconds and each rank's relative speed from timed micro-batches.
+
+    Model: rank ``r`` runs a micro-batch of ``rows`` rows padded to ``L`` tokens in
+    ``cost(rows, L) / speed[r]`` seconds (a packed micro-batch enters as the shape of
+    :func:`lit_balance.lightning.callbacks.straggler.packed_rows_and_length`, so the fit is that of per-document costs,
+    ``per_batch + linear * sum(l) + quadratic * sum(l**2)``). Alternating least squares: with speeds fixed, fit the cost model to
+    the speed-corrected seconds (:meth:`CostModel.fit`); with the cost model fixed, ``speed[r]`` is rank
+    ``r``'s summed predicted over summed measured seconds (time-weighted, as the straggler gap is: what
+    matters is the rank's total time per step, not its typical micro-batch). The alternation starts from each
+    rank's padded slots per second, so a slow rank that ran smaller micro-batches is not mistaken for a
+    per-micro-batch cost. Speeds are scaled so the fastest rank has 1.0.
+
+    **Which seconds.** Forward + backward of the micro-batches whose backward was local (column ``backward_s``
+    finite: inside DDP ``no_sync``, or a single process) when every rank has at least ``min_samples`` of them;
+    then only those micro-batches are used. Otherwise (e.g. ``accumulate_grad_batches=1`` under DDP, where every
+    backward waits in the all-reduce) forward seconds of every micro-batch. Backward is most of a micro-batch's
+    compute, and a rank can be slower in backward than in forward, so forward alone can overrate a slow rank.
+
+    Args:
+        window: float ``[world_size, n, 7]`` (columns of :data:`lit_balance.lightning.callbacks.straggler.FIELDS`), e.g.
+            the concatenated :attr:`StragglerMonitor.epoch_windows`; ``[world_size, n, 6]`` (no backward column)
+            fits forward seconds.
+        iterations: alternations.
+        min_samples: fewest micro-batches per rank.
+
+    Returns:
+        ``(cost_model, rank_speeds)``: cost in seconds (of forward + backward, or of forward, as above) and
+        ``world_size`` floats in ``(0, 1]``.
+
+    Raises:
+        ValueError: fewer than ``min_samples`` micro-batches, or timings that do not grow with tokens.
+    """
+    w = np.asarray(window, dtype=np.float64)
+    if w.ndim != 3 or w.shape[2] < BACKWARD:
+        raise ValueError(f"window must be [world_size, n, {BACKWARD + 1}] (columns of StragglerMonitor's FIELDS), "
+                         f"got shape {w.shape}")
+    if w.shape[1] < min_samples:
+        raise ValueError(f"need at least {min_samples} timed micro-batches per rank, got window shape {w.shape}")
+    rows, length, seconds = w[:, :, ROWS], w[:, :, LENGTH], w[:, :, COMPUTE]
+    use = np.ones(rows.shape, dtype=bool)
+    if w.shape[2] > BACKWARD:
+        local = np.isfinite(w[:, :, BACKWARD])
+        if (local.sum(axis=1) >= min_samples).all():
+            use = local
+            seconds = seconds + np.where(local, w[:, :, BACKWARD], 0.0)
+    rows, length, seconds = (np.where(use, a, 0.0) for a in (rows, length, seconds))
+    # Start from each rank's padded slots per second. Starting from equal speeds, the first cost fit explains a
+    # slow rank that ran smaller micro-batches (as the plan for its speed gives it) by a per-micro-batch cost, and
+    # the alternation stays near that wrong split.
+    slots, total = (rows * length).sum(axis=1), seconds.sum(axis=1)
+    speeds = np.where((slots > 0) & (total > 0), slots / np.maximum(total, 1e-300), 1.0)
+    speeds = np.maximum(speeds, 1e-12) / max(float(speeds.max()), 1e-12)
+    cost = CostModel()
+    for _ in range(iterations):
+        cost = CostModel.fit(rows[use], length[use], (seconds * speeds[:, None])[use], min_samples=min_samples)
+        predicted = np.where(use, np.asarray(cost.batch_cost(rows, length), dtype=np.float64), 0.0)
+        measured = seconds.sum(axis=1)
+        speeds = np.where(measured > 0, predicted.sum(axis=1) / np.maximum(measured, 1e-300), 1.0)
+        speeds = np.maximum(speeds, 1e-12) / max(float(speeds.max()), 1e-12)
+    return cost, [float(s) for s in speeds]
+
+
+class CostModelFeedback(L.Callback):
+    """At the end of each training epoch, plan the next epoch with measured seconds instead of assumed cost.
+
+    Takes the epoch's micro-batch timings gathered by a :class:`StragglerMonitor` (which must be in the
+    Trainer's callbacks; its windows are the same on every rank), fits a cost model in seconds and each
+    rank's relative speed (:func:`fit_cost_and_speeds`) on rank 0, broadcasts them (one broadcast per
+    epoch, so every rank hands the sampler bit-identical numbers and computes the same plan), and calls
+    ``sampler.set_cost_model(cost_model, rank_speeds)`` on the training sampler
+    (``trainer.train_dataloader.sampler``). The sampler uses them from the next epoch's plan on; the
+    current epoch's plan never changes, so mid-epoch resume stays exact.
+
+    Logs ``balance/rank_speed_rank{r}`` and ``balance/cost_linear``, ``balance/cost_quadratic``,
+    ``balance/cost_per_batch`` (seconds per padded token, per squared length per row, per micro-batch).
+
+    From the second fit on, the handed-over values are ``smoothing * previous + (1 - smoothing) * new``
+    (coefficients and speeds alike): one epoch's timings are noisy on a busy machine, and a rank's speed
+    does not change from one epoch to the next. The first fit replaces the assumed cost outright.
+
+    Args:
+        min_samples: fewest timed micro-batches per rank in an epoch before fitting.
+        fit_speeds: also hand the sampler rank speeds (else only the cost model).
+        smoothing: weight of the previous values, in ``[0, 1)``; 0 uses each epoch's fit alone.
+        speed_tolerance: relative speed gap, in ``[0, 1)``, within which the ranks are planned as equal: when every
+            (smoothed) speed is at least ``1 - speed_tolerance``, the sampler gets equal speeds (the logged
+            ``balance/rank_speed_rank{r}`` stay the fitted ones). Planning for unequal speeds lengthens the epoch
+            (the fast ranks' larger shares must stay within ``max_tokens``), and every extra micro-batch costs a
+            per-micro-batch overhead the fitted forward-time cost model does not see, so a small measured gap
+            can cost more than it saves. 0 plans every measured difference.
+
+    The hand-over is what the planner handles well: a fit that is not finite and positive is skipped (with a
+    warning), and a rank measured below :data:`~lit_balance.sampler.sampler.MIN_RANK_SPEED_RATIO` of the fastest rank's
+    speed is handed over at that ratio (with a warning naming it).
+
+    Unequal rank speeds can give the next epoch more micro-batches than the first (the fast ranks' larger shares
+    must stay within ``max_tokens``), and Lightning reads the epoch length only when it reloads the train
+    dataloader: with ``fit_speeds=True`` the Trainer must have ``reload_dataloaders_every_n_epochs=1`` (checked
+    at fit start), or Lightning would end the longer epoch early.
+
+    Raises:
+        TypeError: ``min_samples`` not an int; ``fit_speeds`` not a bool; ``smoothing`` or ``speed_tolerance`` not
+            a real number.
+        ValueError: ``min_samples < 3``; ``smoothing`` or ``speed_tolerance`` outside ``[0, 1)`` (or NaN).
+        RuntimeError: (at fit start) no StragglerMonitor in the Trainer's callbacks; ``fit_speeds=True`` without
+            ``Trainer(reload_dataloaders_every_n_epochs=1)``.
+
+    Example:
+        >>> from lit_balance.callbacks import StragglerMonitor
+        >>> trainer = L.Trainer(callbacks=[StragglerMonitor(), CostModelFeedback()], logger=False,
+        ...                     reload_dataloaders_every_n_epochs=1)
+    """
+
+    def __init__(self, min_samples: int = 8, fit_speeds: bool = True, smoothing: float = 0.5,
+                 speed_tolerance: float = 0.05) -> None:
+        self.min_samples = check_int("min_samples", min_samples, 3, "set the fewest timed micro-batches per rank")
+        self.fit_speeds = check_bool("fit_speeds", fit_speeds)
+        self.smoothing = check_number("smoothing", smoothing, 0, 1, "set the previous fit's weight, e.g. 0.5 "
+                                      "(0: each epoch's fit alone)", high_open=True)
+        self.speed_tolerance = check_number("speed_tolerance", speed_tolerance, 0, 1, "set the relative speed gap "
+                                            "planned as equal, e.g. 0.05 (0: plan every difference)", high_open=True)
+        self._previous: np.ndarray | None = None
+        #: ``(cost_model, rank_speeds)`` handed to the sampler at the last epoch end, or None.
+        self.last_fit: tuple[CostModel, list[float] | None] | None = None
+        self._monitor: StragglerMonitor | None = None
+        self._warned = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        monitors = [c for c in trainer.callbacks if isinstance(c, StragglerMonitor)]
+        if not monitors:
+            raise RuntimeError("CostModelFeedback needs a StragglerMonitor in Trainer(callbacks=[...]); add one")
+        reload = getattr(trainer, "reload_dataloaders_every_n_epochs", 0)
+        if self.fit_speeds and reload != 1:
+            raise RuntimeError(
+                "CostModelFeedback(fit_speeds=True) plans unequal rank speeds, which can give an epoch more "
+                "micro-batches (the fast ranks' larger shares must stay within max_tokens); Lightning reads the "
+                f"epoch length only when it reloads the train dataloader, and reload_dataloaders_every_n_epochs is "
+                f"{reload}: pass Trainer(reload_dataloaders_every_n_epochs=1), or CostModelFeedback(fit_speeds=False)"
+            )
+        self._monitor = monitors[0]
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        monitor = self._monitor
+        if monitor is None:
+            return
+        monitor.flush(trainer, pl_module)  # the epoch's last partial window, if the monitor has not yet
+        if not monitor.epoch_windows:
+            return
+        window = np.concatenate(monitor.epoch_windows, axis=1)
+        payload = torch.zeros(3 + window.shape[0], dtype=torch.float64)
+        if trainer.is_global_zero:
+            try:
+                cost, speeds = fit_cost_and_speeds(window, min_samples=self.min_samples)
+                new = np.array([cost.linear, cost.quadratic, cost.per_batch, *speeds])
+                if self._previous is not None and self._previous.shape == new.shape:
+                    new = self.smoothing * self._previous + (1 - self.smoothing) * new
+                    new[3:] /= new[3:].max()
+                self._previous = new
+                payload = torch.from_numpy(new.copy())
+            except ValueError as error:
+                warnings.warn(f"CostModelFeedback: no fit this epoch: {error}", RuntimeWarning, stacklevel=2)
+        if trainer.world_size > 1:
+            payload = trainer.strategy.broadcast(payload, src=0)
+        values = payload.tolist()
+        if not (values[0] > 0 or values[1] > 0):  # rank 0 could not fit this epoch
+            return
+        # The same payload on every rank, so every rank takes the same decision below.
+        if not all(np.isfinite(values)) or min(values[3:]) <= 0:
+            if trainer.is_global_zero:
+                warnings.warn(f"CostModelFeedback: the fit is not finite and positive (cost {values[:3]}, rank speeds "
+                              f"{values[3:]}); the sampler keeps its cost model and speeds this epoch",
+                              RuntimeWarning, stacklevel=2)
+            return
+        cost = CostModel(linear=values[0], quadratic=values[1], per_batch=values[2])
+        speeds = values[3:] if self.fit_speeds else None
+        if speeds is not None and min(speeds) >= 1.0 - self.speed_tolerance:
+            speeds = [1.0] * len(speeds)  # within tolerance: the equal-speed plan, no longer epoch
+        if speeds is not None and min(speeds) < MIN_RANK_SPEED_RATIO:
+            slow = ", ".join(f"rank {r} at {s:.3g}" for r, s in enumerate(speeds) if s < MIN_RANK_SPEED_RATIO)
+            if trainer.is_global_zero:
+                warnings.warn(f"CostModelFeedback: {slow} of the fastest rank's speed; planned at "
+                              f"MIN_RANK_SPEED_RATIO={MIN_RANK_SPEED_RATIO:g} (one row per micro-batch); check that "
+                              "rank's timings or hardware", RuntimeWarning, stacklevel=2)
+            speeds = [max(s, MIN_RANK_SPEED_RATIO) for s in speeds]
+        sampler = train_sampler(trainer)
+        if not hasattr(sampler, "set_cost_model"):
+            if not self._warned and trainer.is_global_zero:
+                warnings.warn(f"CostModelFeedback: the training sampler ({type(sampler).__name__}) has no "
+                              "set_cost_model(); timings are measured but not fed back", RuntimeWarning, stacklevel=2)
+            self._warned = True
+            return
+        sampler.set_cost_model(cost, speeds)
+        self.last_fit = (cost, speeds)
+        metrics = {"balance/cost_linear": cost.linear, "balance/cost_quadratic": cost.quadratic,
+                   "balance/cost_per_batch": cost.per_batch}
+        for r, s in enumerate(values[3:]):
+            metrics[f"balance/rank_speed_rank{r}"] = s
+        emit(trainer, metrics)

@@ -1,0 +1,197 @@
+"""Token-weighted loss: each optimizer step averages over every supervised token of every rank and micro-batch.
+
+Lightning divides the loss that ``training_step`` returns by ``trainer.accumulate_grad_batches`` and DDP
+averages gradients over ``world_size`` ranks. Averaging per micro-batch and then over micro-batches and ranks
+weights a token of a short micro-batch more than a token of a long one. :class:`StepTokenLoss` instead makes
+each optimizer step's gradient the gradient of
+
+``sum(token losses of the step, all ranks, all micro-batches) / N``
+
+where ``N`` counts the step's supervised tokens (labels ``!= -100``) over all ranks and micro-batches, as if
+one process computed the mean over those tokens at once. Two ways to know ``N``:
+
+* **Plan divisor** (no communication): when the batch carries ``step_supervised_tokens`` (the sampler's plan
+  knows every rank's micro-batches of the step ahead, see :class:`lit_balance.PadCollator`) and accumulation is
+  fixed (no :class:`lit_balance.callbacks.AdaptiveGradAccumulation`, and the sampler planned with the
+  Trainer's ``accumulate_grad_batches``), each micro-batch returns
+  ``sum_local * world_size * accumulate_grad_batches / N``.
+* **All-reduce divisor** (one all-reduce of two numbers per optimizer step): otherwise each micro-batch
+  returns ``sum_local * accumulate_grad_batches`` and, in ``on_before_optimizer_step`` (before gradient
+  clipping), ``N`` is summed over ranks and gradients are multiplied by ``world_size / N``. This is the scheme
+  of torchtune's distributed fine-tuning recipes (``scale_grads`` by ``world_size / num_tokens``).
+
+A step with ``N == 0`` has zero loss and zero gradient, never NaN.
+
+Packed micro-batches (:class:`lit_balance.PackedCollator`, one row of whole documents) need nothing else: their
+labels are -100 at each document's first token, so the shifted loss of :func:`token_loss_sum` never lets one
+document predict the next one's first token, a document of ``l`` tokens supervises ``l - 1`` as a padded row
+does, and the plan's ``step_supervised_tokens`` counts the same tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lit_balance.data.collate import IGNORE_INDEX
+
+__all__ = ["StepTokenLoss", "token_loss_sum"]
+
+PLAN = "plan"
+ALL_REDUCE = "all_reduce"
+
+
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, *, shift: bool = True) -> tuple[torch.Tensor, int]:
+    """Sum of next-token cross-entropy over supervised tokens, and their count (per rank, one micro-batch).
+
+    Args:
+        logits: float ``[B, T, vocab]`` (``[1, N, vocab]`` for a packed row).
+        labels: int ``[B, T]``; ``-100`` marks tokens without a target (padding, fill rows; in a packed row also
+            each document's first token).
+        shift: causal LM: position ``t`` predicts label ``t + 1`` (as in :class:`lit_balance.demo.DemoTransformerLM`).
+
+    Returns:
+        ``(loss_sum, num_tokens)``: a scalar tensor (0 with a graph when there are no supervised tokens) and an int.
+
+    Example:
+        >>> logits = torch.zeros(1, 3, 4)  # uniform over 4 ids: ln(4) per token
+        >>> loss_sum, n = token_loss_sum(logits, torch.tensor([[1, 2, -100]]))
+        >>> round(float(loss_sum), 4), n
+        (1.3863, 1)
+    """
+    if shift:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    targets = labels.reshape(-1)
+    n = int((targets != IGNORE_INDEX).sum())
+    if n == 0:
+        return logits.sum() * 0.0, 0  # keeps the graph (DDP needs every parameter used) and never NaN
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets,
+                                             ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss, n
+
+
+class StepTokenLoss:
+    """Scale each micro-batch's summed token loss so an optimizer step averages over all its supervised tokens.
+
+    Use from a LightningModule (see :class:`lit_balance.demo.DemoTransformerLM`)::
+
+        self.step_loss = StepTokenLoss()
+        def training_step(self, batch, batch_idx):
+            loss_sum, n = token_loss_sum(self(...), batch["labels"])
+            return self.step_loss.micro_batch(self, batch, loss_sum, n)
+        def on_before_optimizer_step(self, optimizer):
+            self.log("train/loss", self.step_loss.finish_step(self))
+
+    Args:
+        sync_log: in the plan path, sum the step's loss and token count over ranks (one all-reduce of two
+            numbers per optimizer step) so that :meth:`finish_step` returns the global mean; with False it
+            returns this rank's own mean and the plan path uses no collective at all. The all-reduce path
+            always reduces (it needs ``N``).
+
+    Attributes:
+        mode: ``"plan"`` or ``"all_reduce"``: the divisor used by the current step (None before the first).
+        last_step_tokens: ``N`` of the last finished step (global, or this rank's with ``sync_log=False``).
+
+    Raises:
+        RuntimeError: micro-batches of one optimizer step disagree on the path or on ``step_supervised_tokens``
+            (the sampler's ``accumulate_grad_batches`` differs from the Trainer's).
+    """
+
+    def __init__(self, sync_log: bool = True) -> None:
+        self.sync_log = bool(sync_log)
+        self.mode: str | None = None
+        self.last_step_tokens = 0
+        #: Plan-path steps whose gradients were rescaled to the tokens actually seen.
+        self.num_corrected_steps = 0
+        self._open = False
+        self._sum: torch.Tensor | float = 0.0
+        self._count = 0
+        self._planned: int | None = None
+
+    @staticmethod
+    def _context(module: Any) -> tuple[int, int, bool]:
+        trainer = getattr(module, "_trainer", None)
+        if trainer is None:
+            return 1, 1, False
+        acc = int(trainer.accumulate_grad_batches)
+        from lit_balance.lightning.callbacks.accumulation import AdaptiveGradAccumulation
+
+        adaptive = any(isinstance(c, AdaptiveGradAccumulation) for c in trainer.callbacks)
+        if not adaptive:
+            sampler = getattr(getattr(trainer, "train_dataloader", None), "sampler", None)
+            planned_acc = getattr(sampler, "accumulate_grad_batches", None)
+            adaptive = planned_acc is not None and int(planned_acc) != acc
+        return int(trainer.world_size), acc, adaptive
+
+    def micro_batch(self, module: Any, batch: dict[str, Any], loss_sum: torch.Tensor, num_tokens: int) -> torch.Tensor:
+        """Return the loss to hand to Lightning for this micro-batch (see the module docstring for the scaling).
+
+        Args:
+            module: the LightningModule (its trainer gives ``world_size`` and ``accumulate_grad_batches``).
+            batch: the micro-batch; ``step_supervised_tokens`` selects the plan divisor when accumulation is fixed.
+            loss_sum: scalar tensor, sum of token losses of this micro-batch (this rank).
+            num_tokens: supervised tokens of this micro-batch (this rank).
+        """
+        world_size, acc, adaptive = self._context(module)
+        planned = batch.get("step_supervised_tokens") if isinstance(batch, dict) else None
+        mode = PLAN if planned is not None and not adaptive else ALL_REDUCE
+        if not self._open:  # first micro-batch of an optimizer step
+            self.mode, self._open = mode, True
+        elif mode != self.mode:
+            raise RuntimeError(f"micro-batches of one optimizer step use different divisors ({self.mode}, {mode})")
+        self._sum = self._sum + loss_sum.detach().double()  # stays on the device: no host sync per micro-batch
+        self._count += int(num_tokens)
+        if mode == PLAN:
+            planned = int(planned)
+            if self._planned is not None and self._planned != planned:
+                raise RuntimeError(
+                    f"micro-batches of one optimizer step carry different step_supervised_tokens "
+                    f"({self._planned}, {planned}): the sampler's accumulate_grad_batches must equal the Trainer's"
+                )
+            self._planned = planned
+            if planned == 0:
+                return loss_sum * 0.0
+            return loss_sum * (world_size * acc / planned)
+        return loss_sum * acc
+
+    def finish_step(self, module: Any) -> torch.Tensor:
+        """Finish the optimizer step: in the all-reduce path scale gradients by ``world_size / N``.
+
+        Call it from ``on_before_optimizer_step`` (Lightning calls that once per optimizer step, after the
+        last micro-batch's backward and before gradient clipping).
+
+        Returns:
+            The step's loss, the mean over its supervised tokens (a float64 scalar tensor; global unless
+            ``sync_log=False`` in the plan path).
+
+        In the plan path with ``sync_log=True``, a step whose ranks saw a different number of supervised
+        tokens than planned (``limit_train_batches`` or ``max_steps`` cut it short) has its gradients
+        rescaled by ``planned / seen``, which makes them exactly the mean over the tokens seen
+        (counted in :attr:`num_corrected_steps`).
+        """
+        trainer = getattr(module, "_trainer", None)
+        local = torch.stack([torch.as_tensor(self._sum, dtype=torch.float64).cpu(),
+                             torch.tensor(float(self._count), dtype=torch.float64)])
+        reduce = self.mode == ALL_REDUCE or self.sync_log
+        total = local
+        if reduce and trainer is not None and trainer.world_size > 1:
+            device = module.device
+            total = trainer.strategy.reduce(local.to(device), reduce_op="sum").cpu()
+        loss_sum, n = float(total[0]), round(float(total[1]))
+        scale = None
+        if self.mode == ALL_REDUCE:
+            world_size = trainer.world_size if trainer is not None else 1
+            scale = world_size / n if n else 0.0
+        elif reduce and self._planned is not None and n != self._planned:
+            # the step ran fewer micro-batches than planned (e.g. limit_train_batches cut it short):
+            # gradients were divided by the planned count; this makes them the mean over the tokens seen
+            scale = self._planned / n if n else 0.0
+            self.num_corrected_steps += 1
+        if scale is not None:
+            for p in module.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        self.last_step_tokens = n
+        self._sum, self._count, self._planned, self._open = 0.0, 0, None, False
+        return torch.tensor(loss_sum / n if n else 0.0, dtype=torch.float64)

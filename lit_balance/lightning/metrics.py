@@ -1,0 +1,110 @@
+"""torchmetrics metrics kept as sums and divided once in ``compute()``: the padding ratio, the token-mean loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torchmetrics import Metric
+
+__all__ = ["PaddingRatio", "TokenMeanLoss"]
+
+
+class PaddingRatio(Metric):
+    """Share of padded token slots that hold padding: ``1 - real tokens / padded slots``.
+
+    States are two sums, ``real_tokens`` and ``padded_tokens`` (float64 scalars, ``dist_reduce_fx="sum"``), so
+    the synced value is the ratio over all ranks' tokens, never an average of per-rank ratios. With
+    ``sync_on_compute=False`` it is this rank's own ratio.
+
+    ``update(num_real_tokens, num_padded_tokens)`` takes the counts of one or more micro-batches (ints or
+    tensors of any shape, summed), e.g. a :class:`lit_balance.PadCollator` batch's ``num_real_tokens`` and
+    ``num_padded_tokens``.
+
+    ``compute()`` returns a float64 scalar tensor in ``[0, 1]``; 0 before any padded slot was counted.
+
+    Raises:
+        ValueError: (in ``update``) negative counts, or more real tokens than padded slots.
+
+    Example:
+        >>> m = PaddingRatio()
+        >>> m.update(6, 8); m.update(4, 4)
+        >>> float(m.compute())
+        0.16666666666666663
+    """
+
+    is_differentiable = False
+    higher_is_better = False
+    full_state_update = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("real_tokens", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("padded_tokens", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, num_real_tokens: Any, num_padded_tokens: Any) -> None:
+        real = float(torch.as_tensor(num_real_tokens, dtype=torch.float64).sum())
+        padded = float(torch.as_tensor(num_padded_tokens, dtype=torch.float64).sum())
+        if real < 0 or padded < 0 or real > padded:
+            raise ValueError(
+                f"expected 0 <= num_real_tokens <= num_padded_tokens, got num_real_tokens={real:g}, "
+                f"num_padded_tokens={padded:g}"
+            )
+        self.real_tokens += real
+        self.padded_tokens += padded
+
+    def compute(self) -> torch.Tensor:
+        if float(self.padded_tokens) == 0:
+            return torch.tensor(0.0, dtype=torch.float64)
+        return 1.0 - self.real_tokens / self.padded_tokens
+
+
+class TokenMeanLoss(Metric):
+    """Mean loss per supervised token over every token of every rank: ``sum(token losses) / num_tokens``.
+
+    States are two sums, ``loss_sum`` and ``num_tokens`` (float64 scalars, ``dist_reduce_fx="sum"``), so the
+    synced value is the mean over all ranks' tokens however unequal their counts are; logging a per-rank mean
+    with ``self.log(..., batch_size=n, sync_dist=True)`` instead reduces through an integer ``batch_size`` and
+    comes out biased. With ``sync_on_compute=False`` it is this rank's own mean.
+
+    ``update(loss_sum, num_tokens)`` takes the summed loss (a scalar tensor or number, e.g. the first value of
+    :func:`lit_balance.lightning.loss.token_loss_sum`; detached here) and the number of tokens it sums over, of one or
+    more micro-batches.
+
+    ``compute()`` returns a float64 scalar tensor; NaN before any token was counted (a mean over no tokens).
+
+    Raises:
+        ValueError: (in ``update``) a negative or non-integral ``num_tokens``, a loss sum that is not finite,
+            or a non-zero loss sum over zero tokens.
+
+    Example:
+        >>> m = TokenMeanLoss()
+        >>> m.update(6.0, 3); m.update(1.0, 1)
+        >>> float(m.compute())
+        1.75
+    """
+
+    is_differentiable = False
+    higher_is_better = False
+    full_state_update = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("loss_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("num_tokens", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, loss_sum: Any, num_tokens: Any) -> None:
+        total = torch.as_tensor(loss_sum).detach().to(dtype=torch.float64, device=self.loss_sum.device).sum()
+        count = float(torch.as_tensor(num_tokens, dtype=torch.float64).sum())
+        if count < 0 or count != int(count):
+            raise ValueError(f"expected num_tokens to be an int >= 0, got {count:g}")
+        if not bool(torch.isfinite(total)) or (count == 0 and float(total) != 0):
+            raise ValueError(f"expected a finite loss_sum, 0 over 0 tokens; got loss_sum={float(total):g} over "
+                             f"num_tokens={count:g}")
+        self.loss_sum += total
+        self.num_tokens += count
+
+    def compute(self) -> torch.Tensor:
+        if float(self.num_tokens) == 0:
+            return torch.tensor(float("nan"), dtype=torch.float64)
+        return self.loss_sum / self.num_tokens

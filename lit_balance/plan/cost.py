@@ -1,0 +1,193 @@
+"""Cost models: what one micro-batch costs a rank, in padded tokens or (once fitted) seconds."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CostModel", "check_cost_model"]
+
+
+def _check_coef(name: str, value: Any) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"CostModel.{name} must be a number >= 0, got {value!r} of type {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"CostModel.{name} must be a finite number >= 0, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Cost of a micro-batch of ``rows`` rows padded to ``L`` tokens.
+
+    ``cost = per_batch + rows * (linear * L + quadratic * L**2)``
+
+    The linear term counts padded token slots (embeddings, MLPs, the LM head); the quadratic term models
+    self-attention, whose work per row grows with the square of its padded length; ``per_batch`` is a fixed
+    overhead per micro-batch (kernel launches, optimizer-free bookkeeping). The unit is whatever the
+    coefficients make it: the default ``CostModel()`` counts padded token slots; a model fitted from measured
+    timings (see :meth:`fit`) gives seconds. Counting the FLOPs of one transformer block, the quadratic
+    coefficient is about ``1 / (6 * d_model)`` of the linear one (attention scores and values: ``4 L^2 d`` per
+    layer against ``24 L d^2`` for the projections and MLP), e.g. about ``1e-3`` at ``d_model = 128``. The
+    output layer (``2 d V`` per token for a vocabulary of ``V``) adds to the linear part only, so with a large
+    vocabulary and few layers the ratio is far smaller: fit it (:meth:`fit`) rather than assume it.
+
+    Args:
+        linear: cost per padded token slot (>= 0).
+        quadratic: cost per squared padded length per row (>= 0).
+        per_batch: cost per micro-batch (>= 0).
+
+    Raises:
+        TypeError: a coefficient that is not a number.
+        ValueError: a negative, NaN or infinite coefficient, or all three zero.
+
+    Example:
+        >>> CostModel().batch_cost(4, 100)
+        400.0
+        >>> CostModel(linear=1.0, quadratic=1e-3, per_batch=5.0).batch_cost(4, 100)
+        445.0
+    """
+
+    linear: float = 1.0
+    quadratic: float = 0.0
+    per_batch: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("linear", "quadratic", "per_batch"):
+            object.__setattr__(self, name, _check_coef(name, getattr(self, name)))
+        if self.linear == 0 and self.quadratic == 0:
+            raise ValueError(
+                "CostModel needs linear > 0 or quadratic > 0 (the cost must grow with tokens), got "
+                f"linear={self.linear}, quadratic={self.quadratic}"
+            )
+
+    def row_cost(self, padded_length: Any) -> np.ndarray:
+        """Cost of one row padded to ``padded_length`` tokens, without ``per_batch`` (float64, same shape)."""
+        length = np.asarray(padded_length, dtype=np.float64)
+        return self.linear * length + self.quadratic * length * length
+
+    def batch_cost(self, rows: Any, padded_length: Any) -> np.ndarray | float:
+        """Cost of micro-batches of ``rows`` rows padded to ``padded_length`` tokens (broadcasts; float64)."""
+        cost = self.per_batch + np.asarray(rows, dtype=np.float64) * self.row_cost(padded_length)
+        return float(cost) if np.ndim(cost) == 0 else cost
+
+    def packed_cost(self, lengths: Any, offsets: Any = None) -> np.ndarray | float:
+        """Cost of packed micro-batches: whole documents concatenated into one row, each attending to itself.
+
+        ``cost = per_batch + sum over documents (linear * l + quadratic * l**2)``: no padding, and attention
+        grows with the square of each document's length, not of the row's (a block-diagonal causal mask or a
+        variable-length kernel such as FlashAttention's ``varlen``).
+
+        Args:
+            lengths: int ``[num_documents]``: tokens per document.
+            offsets: int ``[num_batches + 1]``: micro-batch ``b`` holds ``lengths[offsets[b]:offsets[b + 1]]``;
+                None for one micro-batch of all ``lengths``.
+
+        Returns:
+            A float (``offsets`` None) or float64 ``[num_batches]``.
+
+        Example:
+            >>> CostModel(linear=1.0, quadratic=1e-3, per_batch=5.0).packed_cost([100, 50])
+            167.5
+            >>> CostModel().packed_cost([3, 4, 5], [0, 2, 3]).tolist()
+            [7.0, 5.0]
+        """
+        doc_cost = self.row_cost(np.asarray(lengths, dtype=np.int64).reshape(-1))
+        if offsets is None:
+            return float(self.per_batch + doc_cost.sum())
+        offsets = np.asarray(offsets, dtype=np.int64)
+        cumulative = np.concatenate([[0.0], np.cumsum(doc_cost)])
+        return self.per_batch + cumulative[offsets[1:]] - cumulative[offsets[:-1]]
+
+    def real_cost(self, lengths: Any) -> np.ndarray:
+        """Cost of the real tokens of samples of ``lengths`` tokens, as if unpadded and free of overhead.
+
+        This is the useful part of a micro-batch's cost: ``linear * l + quadratic * l**2`` per sample.
+        """
+        return self.row_cost(lengths)
+
+    def to_dict(self) -> dict[str, float]:
+        """Plain-float dict (``linear``, ``quadratic``, ``per_batch``), e.g. for a ``state_dict``."""
+        return asdict(self)
+
+    @classmethod
+    def fit(
+        cls,
+        rows: Any,
+        padded_length: Any,
+        seconds: Any,
+        *,
+        min_samples: int = 3,
+    ) -> CostModel:
+        """Fit seconds per micro-batch as ``per_batch + rows * (linear * L + quadratic * L**2)``.
+
+        Non-negative least squares over the three coefficients (each coefficient is kept at 0 when the fit
+        would make it negative: every subset of the three is tried, the best non-negative one is kept).
+
+        Args:
+            rows: ``[n]`` rows of each timed micro-batch.
+            padded_length: ``[n]`` padded length of each (tokens).
+            seconds: ``[n]`` measured compute seconds of each.
+            min_samples: fewest observations accepted.
+
+        Returns:
+            A :class:`CostModel` in seconds.
+
+        Raises:
+            TypeError: an array that is not of ints or floats (bools, strings, objects).
+            ValueError: arrays of different shapes, fewer than ``min_samples`` observations, non-finite or
+                negative values, or timings that no positive token coefficient explains.
+        """
+        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
+            raise ValueError(f"min_samples must be an int >= 1, got {min_samples!r}")
+        arrays = []
+        for name, value in (("rows", rows), ("padded_length", padded_length), ("seconds", seconds)):
+            a = np.asarray(value)
+            if a.dtype.kind not in "iuf":
+                raise TypeError(f"CostModel.fit: {name} must be numbers (an int or float array), got dtype {a.dtype} "
+                                f"(e.g. {a.reshape(-1)[:3].tolist()!r})")
+            arrays.append(a.astype(np.float64).reshape(-1))
+        r, length, t = arrays
+        if not (r.shape == length.shape == t.shape):
+            raise ValueError(
+                f"rows, padded_length and seconds must have the same length, got {r.size}, {length.size}, {t.size}"
+            )
+        if r.size < min_samples:
+            raise ValueError(f"CostModel.fit needs at least {min_samples} timed micro-batches, got {r.size}")
+        for name, a in (("rows", r), ("padded_length", length), ("seconds", t)):
+            if not np.all(np.isfinite(a)) or np.any(a < 0):
+                raise ValueError(f"CostModel.fit: {name} must be finite and >= 0")
+        columns = np.stack([r * length, r * length * length, np.ones_like(r)], axis=1)
+        scale = np.maximum(np.abs(columns).max(axis=0), 1e-300)
+        best: tuple[float, np.ndarray] | None = None
+        for subset in ((0, 1, 2), (0, 2), (1, 2), (0, 1), (0,), (1,), (2,)):
+            a = columns[:, subset] / scale[list(subset)]
+            try:
+                coef, *_ = np.linalg.lstsq(a, t, rcond=None)
+            except np.linalg.LinAlgError as exc:
+                raise ValueError(f"CostModel.fit: the timings cannot be fitted ({exc}); check for extreme values") from exc
+            if np.any(coef < 0):
+                continue
+            resid = float(np.sum((a @ coef - t) ** 2))
+            if best is None or resid < best[0] - 1e-15:
+                full = np.zeros(3)
+                full[list(subset)] = coef / scale[list(subset)]
+                best = (resid, full)
+        token_part = 0.0 if best is None else float(np.mean(columns[:, :2] @ best[1][:2]))
+        if best is None or token_part <= 1e-6 * max(float(np.mean(t)), 1e-300):
+            raise ValueError("CostModel.fit: the timings do not grow with tokens; time more (or longer) micro-batches")
+        linear, quadratic, per_batch = (float(x) for x in best[1])
+        return cls(linear=linear, quadratic=quadratic, per_batch=per_batch)
+
+
+def check_cost_model(cost_model: Any) -> CostModel:
+    """Return ``cost_model``, or the default :class:`CostModel` (padded token slots) for None; TypeError otherwise."""
+    if cost_model is None:
+        return CostModel()
+    if not isinstance(cost_model, CostModel):
+        raise TypeError(f"cost_model must be a lit_balance.CostModel or None, got {type(cost_model).__name__}")
+    return cost_model

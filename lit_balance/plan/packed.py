@@ -1,0 +1,578 @@
+"""Packed epoch planning: whole documents concatenated into one row per micro-batch, balanced across ranks.
+
+With ``BatchingSettings(packing=True)`` a micro-batch is a set of whole documents whose real tokens sum to at
+most the budget (``max_tokens`` rounded down to a multiple of ``pad_to_multiple_of``: the packed row, padded at
+its tail, stays within ``max_tokens``). Lengths mix freely, so batch composition changes every epoch, and a
+micro-batch costs ``per_batch + sum over its documents (linear * l + quadratic * l**2)``
+(:meth:`~lit_balance.CostModel.packed_cost`): attention stays within each document. The plan keeps the layout of
+:class:`~lit_balance.plan.padded.EpochPlan` (rows are documents), so resume, the optimizer step's token counts and
+the loss work unchanged.
+
+Worked example (``max_tokens=10``, ``num_replicas=2``, ``shuffle=False``, token cost)::
+
+    lengths = [9, 6, 4, 3, 3, 2, 2, 1]          # 30 tokens: ceil(30 / (0.98 x 10)) = 4 micro-batches
+    # all but the 1 are outliers (longer than an eighth of the budget): longest first, each to the least costly
+    # micro-batch with room: [9] [6] [4] [3], then 3 -> [3 3], 2 -> [4 2], 2 -> [6 2]; the 1 goes to the
+    # micro-batch furthest below its target: [9] [6 2 1] [4 2] [3 3], costs 9, 9, 6, 6
+    # steps, most costly first: step 0 = [9] and [6 2 1]; step 1 = [4 2] and [3 3]
+
+The plan is made in five stages, all vectorised with numpy except a heap over the few outliers:
+
+1. **Count.** The number of micro-batches is fixed from the lengths and settings only, so every epoch has the
+   same length whatever the cost model: the smallest multiple of ``num_replicas`` at or above the most of
+   ``ceil(tokens / budget)`` (with 2 % headroom), the documents longer than half the budget (no two share a
+   row) and ``ceil(documents / max_batch_size)``, for which the unshuffled token-cost packing below fits.
+2. **Outliers.** Documents sorted longest first (ties at random with ``shuffle``); those longer than an eighth
+   of the budget or costing more than a quarter of an even share of a micro-batch are placed one by one on the
+   least costly micro-batch with room (Graham's LPT rule, a heap).
+3. **Steps and targets.** Micro-batches, most costly first, are grouped ``num_replicas *
+   accumulate_grad_batches`` at a time into optimizer steps; the ranks of a step wait for its slowest, so every
+   micro-batch of a step may cost as much as the step's outlier without slowing it. Each micro-batch's target
+   is that level, or a common water level found by bisection, capped by its room in tokens (with unequal rank
+   speeds, scaled by its rank's speed). This is the "outlier delay" of WLB-LLM (Wang et al., "WLB-LLM:
+   Workload-Balance 4D Parallelism for Large Language Model Training", OSDI 2025): costly documents run
+   together in the same steps, and the other ranks of those steps take more of the short ones, instead of
+   one rank straggling in every step.
+4. **Fill.** The short documents, in random order, are dealt to the micro-batches by cumulative cost against
+   their targets (less a reserve); the reserve, the shortest documents, then goes largest first to the
+   micro-batches furthest below target, one round over the micro-batches at a time, which closes the gaps to
+   about the size of the shortest documents (the last, shortest ones one at a time, with a heap). Documents
+   that do not fit (tokens, ``max_batch_size``) move to the micro-batch furthest below target that has room, or
+   swap with a shorter document whose micro-batch then has room. In an epoch where that fails (none of the
+   shipped distributions in 10 epochs), the unshuffled token-cost packing of stage 1, which fits by
+   construction, is used: the same micro-batches as every such epoch, in a new order.
+5. **Ranks and order.** Within each step the micro-batches go to ranks by LPT (most costly on the fastest
+   rank); with ``shuffle`` ranks are permuted within a step and steps run in random order; ``largest_first``
+   moves the step holding the epoch's longest document to the front.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import heapq
+
+import numpy as np
+
+from lit_balance.plan.cost import CostModel
+from lit_balance.plan.padded import EpochPlan, _longest_first, _lpt, _one_row_each
+from lit_balance.plan.settings import BatchingSettings
+
+__all__ = ["packed_capacity", "plan_packed"]
+
+_UNSHUFFLED_SEED = 20250  # the dealing order of unshuffled packings (fixed: the same every epoch)
+_HEADROOM = 0.02  # share of the budget the count leaves free, so that cost-balanced rows rarely overflow
+_RESERVE_FACTOR = 1.5  # reserve (finishing) cost per micro-batch, in units of the largest short document's cost
+
+
+def packed_capacity(settings: BatchingSettings) -> int:
+    """Real tokens one packed micro-batch may hold: ``max_tokens`` rounded down to ``pad_to_multiple_of``."""
+    return settings.truncate_to
+
+
+def _count_lower_bound(lengths: np.ndarray, capacity: int, doc_cap: int, num_replicas: int) -> int:
+    """The least multiple of ``num_replicas`` that can hold the documents, raised for headroom where that needs no
+    fill rows."""
+    total, n = int(lengths.sum()), lengths.shape[0]
+    need = max(-(-total // capacity), int(np.count_nonzero(2 * lengths > capacity)), -(-n // doc_cap), 1)
+    need = -(-need // num_replicas) * num_replicas
+    roomy = -(-int(np.ceil(total / (capacity * (1.0 - _HEADROOM)))) // num_replicas) * num_replicas
+    return max(need, min(roomy, (n // num_replicas) * num_replicas))
+
+
+def packed_count(lengths: np.ndarray, settings: BatchingSettings, num_replicas: int) -> int:
+    """Micro-batches of every epoch (all ranks) for documents of ``lengths``: see stage 1 of the module doc.
+
+    Returns 0 for no documents. Depends only on the lengths (as a multiset: the unshuffled token-cost packing
+    treats documents of equal length alike), the budget, ``max_batch_size`` and ``num_replicas``, so it is
+    remembered for the last few such inputs (every epoch of a sampler asks for the same).
+    """
+    n = lengths.shape[0]
+    if not n:
+        return 0
+    capacity = packed_capacity(settings)
+    doc_cap = settings.max_batch_size or n
+    if int(lengths.max()) < 2**24:
+        histogram = np.bincount(lengths)
+    else:  # huge lengths: the histogram of the values present
+        histogram = np.concatenate(np.unique(lengths, return_counts=True))
+    key = (hashlib.sha256(histogram.tobytes()).hexdigest(), histogram.shape[0], capacity, doc_cap, num_replicas)
+    if key not in _COUNTS:
+        if len(_COUNTS) >= 16:
+            _COUNTS.pop(next(iter(_COUNTS)))
+        _COUNTS[key] = _count(lengths, capacity, doc_cap, num_replicas)
+    return _COUNTS[key]
+
+
+_COUNTS: dict[tuple, int] = {}
+
+
+def _count(lengths: np.ndarray, capacity: int, doc_cap: int, num_replicas: int) -> int:
+    n = lengths.shape[0]
+    k = _count_lower_bound(lengths, capacity, doc_cap, num_replicas)
+    if n <= k:
+        return k
+    tries = 0
+    while _pack(lengths, lengths.astype(np.float64), k, capacity, doc_cap, num_replicas, 1,
+                np.ones(num_replicas), None) is None:
+        tries += 1
+        k += num_replicas * max(1, k // (20 * num_replicas)) if tries > 3 else num_replicas
+        if k >= n:
+            return -(-n // num_replicas) * num_replicas
+    return k
+
+
+def _water_level(base: np.ndarray, scale: np.ndarray, cost: np.ndarray, token_room: np.ndarray,
+                 total: float) -> np.ndarray:
+    """Per-bin cost room ``min(max(base, tau) * scale - cost, token_room)`` (>= 0) at the ``tau`` that gives ``total``."""
+    def room(tau: float) -> np.ndarray:
+        return np.clip(np.minimum(np.maximum(base, tau) * scale - cost, token_room), 0.0, None)
+
+    if total <= 0:
+        return np.zeros_like(cost)
+    full = np.clip(token_room, 0.0, None)
+    if full.sum() <= total:
+        return full
+    lo, hi = 0.0, float(((cost + full) / scale).max()) + 1.0
+    if room(lo).sum() >= total:
+        return room(lo)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if room(mid).sum() < total:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-9 * hi:
+            break
+    return room(hi)
+
+
+def _pack(lengths: np.ndarray, cost: np.ndarray, k: int, capacity: int, doc_cap: int, num_replicas: int,
+          accumulate: int, speeds: np.ndarray, rng: np.random.Generator | None) -> tuple | None:
+    """Pack documents (``lengths``, ``cost`` per document) into ``k`` non-empty bins within ``capacity`` tokens.
+
+    Returns ``(bin_of, group_of_bin)``: int64 ``[n]`` bin of each document and int64 ``[k]`` the optimizer-step
+    group each bin was targeted for (bins of one group share a step); None when the documents do not fit.
+    """
+    n = lengths.shape[0]
+    if n < k:
+        return None
+    key = (capacity - lengths).astype(np.uint16) if capacity < 2**16 else -lengths  # uint16: a radix sort
+    if rng is not None:
+        perm = rng.permutation(n)
+        order = perm[np.argsort(key[perm], kind="stable")]
+    else:
+        order = np.argsort(key, kind="stable")
+    length, c = lengths[order], cost[order]
+    bin_of = np.full(n, -1, dtype=np.int64)
+    tokens = np.zeros(k, dtype=np.int64)
+    bin_cost = np.zeros(k)
+    count = np.zeros(k, dtype=np.int64)
+
+    # Stage 2: outliers, longest first, each on the least costly bin with room (a heap; few documents).
+    share = float(c.sum()) / k
+    outlier = (8 * length > capacity) | (c > 0.25 * share)
+    num_out = int(np.count_nonzero(outlier))
+    if num_out:
+        out_idx = np.flatnonzero(outlier)
+        first = out_idx[:k]
+        bin_of[first] = np.arange(first.shape[0])
+        tokens[:first.shape[0]] = length[first]
+        bin_cost[:first.shape[0]] = c[first]
+        count[:first.shape[0]] = 1
+        if num_out > k:
+            heap = [(float(bin_cost[b]), b) for b in range(k)]
+            heapq.heapify(heap)
+            for i in out_idx[k:].tolist():
+                held = []
+                while heap:
+                    entry = heapq.heappop(heap)
+                    b = entry[1]
+                    if tokens[b] + length[i] <= capacity and count[b] < doc_cap:
+                        break
+                    held.append(entry)
+                else:
+                    return None
+                bin_of[i] = b
+                tokens[b] += length[i]
+                bin_cost[b] += c[i]
+                count[b] += 1
+                held.append((float(bin_cost[b]), b))
+                for entry in held:
+                    heapq.heappush(heap, entry)
+
+    # Stage 3: steps of bins (most costly first) and each bin's target.
+    key = bin_cost if rng is None else bin_cost + rng.uniform(0.0, 1e-9 * max(float(bin_cost.max()), 1.0), k)
+    by_cost = np.argsort(-key, kind="stable")
+    per_step = num_replicas * accumulate
+    group_of_bin = np.empty(k, dtype=np.int64)
+    group_of_bin[by_cost] = np.arange(k) // per_step
+    uniform = bool(np.all(speeds == speeds[0]))
+    scale = np.ones(k)
+    if not uniform:  # provisional ranks: within each step, LPT on the outliers' cost
+        for g0 in range(0, k, per_step):
+            members = by_cost[g0:g0 + per_step]
+            slots = _lpt(bin_cost[members], speeds, members.shape[0] // num_replicas)
+            for r in range(num_replicas):
+                scale[members[slots[:, r]]] = speeds[r]
+    step_level = np.zeros(int(group_of_bin.max()) + 1)
+    np.maximum.at(step_level, group_of_bin, bin_cost / scale)
+    rest = np.flatnonzero(~outlier)
+    rest_cost = float(c[rest].sum())
+    per_token = rest_cost / max(int(length[rest].sum()), 1)
+    # targets leave half the count's headroom free in every bin, for the dealing's rounding
+    room = per_token * (capacity * (1.0 - 0.5 * _HEADROOM) - tokens)
+    target = _water_level(step_level[group_of_bin], scale, bin_cost, room, rest_cost)
+
+    # Stage 4: deal the short documents in random order against their targets, less a reserve of the shortest.
+    if rest.size:
+        reserve_cost = min(rest_cost, _RESERVE_FACTOR * k * float(c[rest[0]]))
+        cum_from_end = np.cumsum(c[rest][::-1])
+        num_reserve = int(np.searchsorted(cum_from_end, reserve_cost, side="left")) + 1
+        num_reserve = min(max(num_reserve, min(k, rest.size)), rest.size)
+        mid, reserve = rest[:rest.size - num_reserve], rest[rest.size - num_reserve:]
+        if mid.size:
+            mid_cost = float(c[mid].sum())
+            goal = target * (mid_cost / max(float(target.sum()), 1e-300))
+            # without shuffle a fixed generator deals (the same every epoch): sorted runs would make uneven bins
+            deal = rng if rng is not None else np.random.default_rng(_UNSHUFFLED_SEED)
+            bins_order = deal.permutation(k)
+            dealt = deal.permutation(mid)
+            edges = np.cumsum(goal[bins_order])
+            middle = np.cumsum(c[dealt]) - 0.5 * c[dealt]
+            where = np.minimum(np.searchsorted(edges, middle, side="right"), k - 1)
+            bin_of[dealt] = bins_order[where]
+            tokens += np.bincount(bin_of[dealt], weights=length[dealt], minlength=k).astype(np.int64)
+            bin_cost += np.bincount(bin_of[dealt], weights=c[dealt], minlength=k)
+            count += np.bincount(bin_of[dealt], minlength=k)
+        goal_cost = target + _placed_outlier_cost(bin_of, c, outlier, k)
+        leftovers = _finish(reserve, length, c, bin_of, tokens, bin_cost, count, goal_cost, capacity, doc_cap)
+        # Over-full bins (tokens or documents) give back their shortest documents.
+        leftovers = np.concatenate([leftovers, _evict(length, c, bin_of, tokens, bin_cost, count, capacity, doc_cap)])
+        queue = _place_rounds(leftovers[np.argsort(-length[leftovers], kind="stable")], length, c, bin_of, tokens,
+                              bin_cost, count, goal_cost, capacity, doc_cap).tolist()
+        swaps = 0
+        while queue:
+            i = queue.pop(0)
+            fits = (tokens + length[i] <= capacity) & (count < doc_cap)
+            if not fits.any():  # swap with a shorter placed document whose bin then has room; place that one
+                placed = np.flatnonzero(bin_of >= 0)
+                ok = placed[(length[placed] < length[i])
+                            & (tokens[bin_of[placed]] - length[placed] + length[i] <= capacity)]
+                swaps += 1
+                if not ok.size or swaps > n:
+                    return None
+                j = int(ok[np.argmin(length[ok])])
+                b = int(bin_of[j])
+                bin_of[j] = -1
+                tokens[b] -= length[j]
+                bin_cost[b] -= c[j]
+                count[b] -= 1
+                queue.append(j)
+            else:
+                b = int(np.argmax(np.where(fits, goal_cost - bin_cost, -np.inf)))
+            bin_of[i], tokens[b], bin_cost[b], count[b] = b, tokens[b] + length[i], bin_cost[b] + c[i], count[b] + 1
+    # Every bin holds at least one document: an empty one takes the shortest of the bin with the most.
+    for b in np.flatnonzero(count == 0).tolist():
+        donor = int(np.argmax(count))
+        if count[donor] < 2:
+            return None
+        members = np.flatnonzero(bin_of == donor)
+        i = int(members[np.argmin(length[members])])
+        bin_of[i] = b
+        for arr, value in ((tokens, length[i]), (bin_cost, c[i]), (count, 1)):
+            arr[donor] -= value
+            arr[b] += value
+    if (tokens > capacity).any() or (count > doc_cap).any() or (bin_of < 0).any():
+        return None
+    out = np.empty(n, dtype=np.int64)
+    out[order] = bin_of
+    return out, group_of_bin
+
+
+def _place_rounds(docs: np.ndarray, length: np.ndarray, c: np.ndarray, bin_of: np.ndarray, tokens: np.ndarray,
+                  bin_cost: np.ndarray, count: np.ndarray, goal_cost: np.ndarray, capacity: int,
+                  doc_cap: int) -> np.ndarray:
+    """Place documents (longest first) in rounds: each on a distinct bin with room, furthest below goal first.
+
+    Returns those no bin had room for.
+    """
+    while docs.size:
+        room = np.where(count < doc_cap, capacity - tokens, -1)
+        open_bins = np.flatnonzero(room >= length[docs[-1]])
+        if not open_bins.size:
+            break
+        open_bins = open_bins[np.argsort(-(goal_cost - bin_cost)[open_bins], kind="stable")]
+        take = min(open_bins.size, docs.size)
+        sel, batch = open_bins[:take], docs[:take]
+        ok = room[sel] >= length[batch]
+        if not ok.any():
+            break
+        sel, placed = sel[ok], batch[ok]
+        bin_of[placed] = sel
+        tokens[sel] += length[placed]
+        bin_cost[sel] += c[placed]
+        count[sel] += 1
+        docs = np.concatenate([batch[~ok], docs[take:]])
+    return docs
+
+
+def _placed_outlier_cost(bin_of: np.ndarray, c: np.ndarray, outlier: np.ndarray, k: int) -> np.ndarray:
+    """Cost of the outliers already in each bin (what the targets were measured from)."""
+    idx = np.flatnonzero(outlier)
+    return np.bincount(bin_of[idx], weights=c[idx], minlength=k) if idx.size else np.zeros(k)
+
+
+def _finish(reserve: np.ndarray, length: np.ndarray, c: np.ndarray, bin_of: np.ndarray, tokens: np.ndarray,
+            bin_cost: np.ndarray, count: np.ndarray, goal_cost: np.ndarray, capacity: int, doc_cap: int) -> np.ndarray:
+    """Deal the reserve (longest first) to the bins furthest below their goal.
+
+    All but the last ``2 * k`` documents go in rounds (one document to each bin with room that is at least half the
+    next document below its goal, the longest to the furthest below) while an eighth of the bins or more take
+    part; the rest, the shortest documents, go one at a time to the bin furthest
+    below its goal among those with room for any of them (LPT, a heap), which closes the gaps the rounds leave.
+    Returns the documents that did not fit
+    the bin they were dealt to.
+    """
+    k = tokens.shape[0]
+    left: list[np.ndarray] = []
+    n_res = reserve.shape[0]
+    pos, rounds_end = 0, max(n_res - 2 * k, 0)
+    while pos < rounds_end:
+        deficit = goal_cost - bin_cost
+        head = reserve[pos]
+        has_room = (tokens + length[head] <= capacity) & (count < doc_cap)
+        needy = np.flatnonzero(has_room & (deficit > 0.5 * c[head]))  # the next document brings them nearer
+        active = needy if needy.size else np.flatnonzero(has_room)
+        if active.size * 8 < k:  # few bins left to close: the rest goes one at a time (below)
+            break
+        take = min(active.size, rounds_end - pos)
+        sel = active[np.argsort(-deficit[active], kind="stable")[:take]]
+        docs = reserve[pos:pos + take]
+        pos += take
+        ok = (tokens[sel] + length[docs] <= capacity) & (count[sel] < doc_cap)
+        sel, placed = sel[ok], docs[ok]
+        left.append(docs[~ok])
+        bin_of[placed] = sel
+        tokens[sel] += length[placed]
+        bin_cost[sel] += c[placed]
+        count[sel] += 1
+    tail = reserve[pos:]
+    if tail.size:
+        longest = int(length[tail].max())  # only bins with room for any tail document take part
+        open_bins = np.flatnonzero((tokens + longest <= capacity) & (count < doc_cap))
+        heap = list(zip((bin_cost[open_bins] - goal_cost[open_bins]).tolist(), open_bins.tolist()))
+        heapq.heapify(heap)
+        tokens_list, count_list, cost_list = tokens.tolist(), count.tolist(), bin_cost.tolist()
+        target_bin = np.full(tail.shape[0], -1, dtype=np.int64)
+        for j, (t_len, t_cost) in enumerate(zip(length[tail].tolist(), c[tail].tolist())):
+            if not heap:
+                break
+            over, b = heapq.heappop(heap)
+            target_bin[j] = b
+            tokens_list[b] += t_len
+            count_list[b] += 1
+            cost_list[b] += t_cost
+            if tokens_list[b] + longest <= capacity and count_list[b] < doc_cap:
+                heapq.heappush(heap, (over + t_cost, b))
+        tokens[:] = tokens_list
+        count[:] = count_list
+        bin_cost[:] = cost_list
+        placed = target_bin >= 0
+        bin_of[tail[placed]] = target_bin[placed]
+        left.append(tail[~placed])
+    return np.concatenate(left) if left else np.empty(0, dtype=np.int64)
+
+
+def _evict(length: np.ndarray, c: np.ndarray, bin_of: np.ndarray, tokens: np.ndarray, bin_cost: np.ndarray,
+           count: np.ndarray, capacity: int, doc_cap: int) -> np.ndarray:
+    """Take the shortest documents out of bins over ``capacity`` tokens or ``doc_cap`` documents; return them."""
+    over = (tokens > capacity) | (count > doc_cap)
+    if not over.any():
+        return np.empty(0, dtype=np.int64)
+    docs = np.flatnonzero(over[np.maximum(bin_of, 0)] & (bin_of >= 0))
+    docs = docs[np.lexsort((length[docs], bin_of[docs]))]  # by bin, shortest first
+    bins = bin_of[docs]
+    starts = np.flatnonzero(np.r_[True, bins[1:] != bins[:-1]])
+    rank = np.arange(docs.shape[0]) - np.repeat(starts, np.diff(np.r_[starts, docs.shape[0]]))
+    cum = np.cumsum(length[docs])
+    before = np.repeat(np.r_[0, cum[starts[1:] - 1]], np.diff(np.r_[starts, docs.shape[0]]))
+    removed_tokens = cum - before - length[docs]  # tokens of the shorter documents of the same bin
+    excess_tokens = tokens[bins] - capacity
+    excess_count = count[bins] - doc_cap
+    evict = (removed_tokens < excess_tokens) | (rank < excess_count)
+    out = docs[evict]
+    np.subtract.at(tokens, bin_of[out], length[out])
+    np.subtract.at(bin_cost, bin_of[out], c[out])
+    np.subtract.at(count, bin_of[out], 1)
+    bin_of[out] = -1
+    return out
+
+
+def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int,
+                epoch: int, cost_model: CostModel, speeds: np.ndarray, min_steps: int = 0) -> EpochPlan:
+    """Plan one packed epoch for all ranks (called by :func:`~lit_balance.plan_epoch` when ``settings.packing``).
+
+    Args:
+        lengths: int64 ``[num_samples]``: tokens per document (already truncated where that applies).
+        candidates: int64 indices of the documents to plan (every one within the budget).
+        settings: the batching settings (``packing=True``).
+        num_replicas: number of ranks.
+        epoch: the epoch; with ``settings.shuffle`` the generator is seeded by ``(settings.seed, epoch)``.
+        cost_model: the cost of a packed micro-batch (:meth:`CostModel.packed_cost`).
+        speeds: float64 ``[num_replicas]`` relative rank speeds.
+        min_steps: at least this many micro-steps where the documents allow (resume on other ranks).
+
+    Returns:
+        The :class:`EpochPlan`: ``rows`` are document indices, each micro-batch one packed row.
+
+    Raises:
+        RuntimeError: no packing fits (cannot happen for documents within the budget; a bug if it does).
+
+    Example:
+        >>> from lit_balance import BatchingSettings, plan_epoch
+        >>> lengths = [9, 6, 4, 3, 3, 2, 2, 1]
+        >>> plan = plan_epoch(lengths, BatchingSettings(max_tokens=10, shuffle=False, packing=True), num_replicas=2,
+        ...                   epoch=0)
+        >>> [[lengths[i] for i in plan.batch(b)[0]] for b in range(plan.num_batches)], plan.assignment.tolist()
+        ([[9], [6, 2, 1], [4, 2], [3, 3]], [[0, 1], [2, 3]])
+    """
+    shuffle = settings.shuffle
+    rng = np.random.default_rng(np.random.SeedSequence([int(settings.seed), int(epoch)])) if shuffle else None
+    finish_rng = np.random.default_rng(np.random.SeedSequence([int(settings.seed), int(epoch), 1])) if shuffle else None
+    accumulate = settings.accumulate_grad_batches
+    capacity = packed_capacity(settings)
+    doc_cap = settings.max_batch_size or max(int(candidates.shape[0]), 1)
+    n = candidates.shape[0]
+    doc_len = lengths[candidates]
+    k = verified = packed_count(doc_len, settings, num_replicas)
+    if min_steps * num_replicas > k:
+        k = max(k, min(min_steps, n // num_replicas) * num_replicas)
+    uniform = bool(np.all(speeds == speeds[0]))
+    if n <= k:  # one document per micro-batch, and fill rows or drops to equal counts
+        return _one_each(candidates, lengths, k, num_replicas, accumulate, speeds, settings, cost_model, finish_rng)
+    doc_cost = cost_model.row_cost(doc_len)
+    tried = [k]
+    if not uniform:  # more micro-batches, so that the fastest rank's share fits the budget (least waste kept)
+        share = speeds.max() / speeds.mean()
+        k_fast = -(-int(np.ceil(doc_len.sum() * share / (capacity * (1 - _HEADROOM)))) // num_replicas) * num_replicas
+        if k < k_fast < n:
+            tried.append(k_fast)
+    best: tuple[float, EpochPlan] | None = None
+    for count in tried:
+        packed = _pack(doc_len, doc_cost, count, capacity, doc_cap, num_replicas, accumulate, speeds, rng)
+        if packed is None and count == k:  # the unshuffled token-cost packing of the count fits by construction
+            packed = _pack(doc_len, doc_len.astype(np.float64), verified, capacity, doc_cap, num_replicas, 1,
+                           np.ones(num_replicas), None)
+            if packed is not None:  # split to the count asked for (min_steps); its steps, most costly first
+                bin_of = _split_bins(packed[0], verified, count)
+                bin_cost = np.bincount(bin_of, weights=doc_cost, minlength=count)
+                group_of_bin = np.empty(count, dtype=np.int64)
+                group_of_bin[np.argsort(-bin_cost, kind="stable")] = np.arange(count) // (num_replicas * accumulate)
+                packed = (bin_of, group_of_bin)
+        if packed is None:
+            if count == k:
+                raise RuntimeError(f"packed planning found no packing of {n} documents into {count} micro-batches of "
+                                   f"{capacity} tokens; please report this with the lengths")
+            continue
+        plan = _layout(candidates, lengths, *packed, num_replicas, accumulate, speeds, settings, cost_model,
+                       finish_rng)
+        waste = _waste(plan, lengths, cost_model, speeds)
+        if best is None or waste < best[0]:
+            best = (waste, plan)
+    return best[1]
+
+
+def _split_bins(bin_of: np.ndarray, k: int, target: int) -> np.ndarray:
+    """Split the bins holding the most documents in two until there are ``target`` (each part stays in budget)."""
+    if target <= k:
+        return bin_of
+    bin_of = bin_of.copy()
+    members = collections.defaultdict(list)
+    for i, b in enumerate(bin_of.tolist()):
+        members[b].append(i)
+    heap = [(-len(docs), b) for b, docs in members.items()]
+    heapq.heapify(heap)
+    for new in range(k, target):
+        size, b = heapq.heappop(heap)
+        docs = members[b]
+        moved = docs[len(docs) // 2:]  # -size >= 2: there are more documents than bins
+        members[b], members[new] = docs[:len(docs) // 2], moved
+        bin_of[moved] = new
+        heapq.heappush(heap, (-len(members[b]), b))
+        heapq.heappush(heap, (-len(moved), new))
+    return bin_of
+
+
+def _layout(candidates: np.ndarray, lengths: np.ndarray, bin_of: np.ndarray, group_of_bin: np.ndarray,
+            num_replicas: int, accumulate: int, speeds: np.ndarray, settings: BatchingSettings,
+            cost_model: CostModel, rng: np.random.Generator | None) -> EpochPlan:
+    """Rows grouped by bin, and bins to micro-steps and ranks: each group is one optimizer step."""
+    k = group_of_bin.shape[0]
+    rows = candidates[np.argsort(bin_of.astype(np.uint16) if k < 2**16 else bin_of, kind="stable")]  # radix sort
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(bin_of, minlength=k))]).astype(np.int64)
+    cost = cost_model.packed_cost(lengths[rows], offsets)
+    uniform = bool(np.all(speeds == speeds[0]))
+    groups = []
+    num_groups = int(group_of_bin.max()) + 1 if k else 0
+    if accumulate == 1:  # one micro-batch per rank and step: the most costly on the fastest rank, vectorised
+        steps = np.lexsort((-cost, group_of_bin)).reshape(num_groups, num_replicas)
+        slots = np.empty_like(steps)
+        slots[:, np.argsort(-speeds, kind="stable")] = steps
+        if rng is not None and uniform:
+            slots = rng.permuted(slots, axis=1)
+        groups = list(slots[:, None, :])
+    else:
+        members_by_group = np.argsort(group_of_bin, kind="stable")
+        bounds = np.searchsorted(group_of_bin[members_by_group], np.arange(num_groups + 1))
+        for g in range(num_groups):
+            members = members_by_group[bounds[g]:bounds[g + 1]]
+            slots = members[_lpt(cost[members], speeds, members.shape[0] // num_replicas)]
+            if rng is not None and uniform:
+                slots = slots[:, rng.permutation(num_replicas)]
+            groups.append(slots)
+    if rng is not None and groups:  # a shorter last group stays last, so accumulation windows stay aligned
+        full = len(groups) - (1 if (k // num_replicas) % accumulate else 0)
+        groups = [groups[g] for g in rng.permutation(full)] + groups[full:]
+    assignment = np.concatenate(groups, axis=0) if groups else np.empty((0, num_replicas), dtype=np.int64)
+    if settings.largest_first and assignment.shape[0]:
+        assignment = _longest_first(assignment, offsets, lengths[rows], accumulate)
+    return EpochPlan(rows=rows.astype(np.int64), is_fill=np.zeros(rows.shape[0], dtype=bool), batch_offsets=offsets,
+                     assignment=np.ascontiguousarray(assignment, dtype=np.int64),
+                     dropped=np.empty(0, dtype=np.int64), accumulate_grad_batches=int(accumulate))
+
+
+def _one_each(candidates: np.ndarray, lengths: np.ndarray, k: int, num_replicas: int, accumulate: int,
+              speeds: np.ndarray, settings: BatchingSettings, cost_model: CostModel,
+              rng: np.random.Generator | None) -> EpochPlan:
+    """Too few documents for ``k`` micro-batches of several: one each, then fill rows or (drop_last) drops."""
+    n = candidates.shape[0]
+    order = candidates[np.argsort(-lengths[candidates], kind="stable")]
+    dropped = np.empty(0, dtype=np.int64)
+    fill = 0
+    if n < k:
+        order, dropped, fill = _one_row_each(order, k, num_replicas, settings.drop_last, rng)
+    m = order.shape[0]
+    bin_of = np.arange(m, dtype=np.int64)
+    cost = cost_model.packed_cost(lengths[order], np.arange(m + 1))
+    by_cost = np.argsort(-cost, kind="stable")
+    group_of_bin = np.empty(m, dtype=np.int64)
+    group_of_bin[by_cost] = np.arange(m) // (num_replicas * accumulate)
+    plan = _layout(order, lengths, bin_of, group_of_bin, num_replicas, accumulate, speeds, settings, cost_model, rng)
+    is_fill = np.zeros(m, dtype=bool)
+    if fill:
+        is_fill[n:] = True  # rows keep the order of ``order`` (one per bin, bins in order)
+    return EpochPlan(rows=plan.rows, is_fill=is_fill, batch_offsets=plan.batch_offsets, assignment=plan.assignment,
+                     dropped=dropped, accumulate_grad_batches=plan.accumulate_grad_batches)
+
+
+def _waste(plan: EpochPlan, lengths: np.ndarray, cost_model: CostModel, speeds: np.ndarray) -> float:
+    """Sum over optimizer steps of the slowest rank's time x total speed (packed cost): the time ranks are held."""
+    if not plan.num_batches:
+        return 0.0
+    cost = cost_model.packed_cost(lengths[plan.rows], plan.batch_offsets)
+    a = plan.assignment
+    group = np.arange(a.shape[0]) // plan.accumulate_grad_batches
+    per_rank = np.zeros((int(group[-1]) + 1, a.shape[1]))
+    np.add.at(per_rank, group, cost[a] / speeds)
+    return float(per_rank.max(axis=1).sum() * speeds.sum())

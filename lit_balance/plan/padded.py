@@ -1,0 +1,742 @@
+"""Pure epoch planning: lengths -> equal-cost micro-batches within the budget -> optimizer steps x ranks.
+
+Everything here is a pure function of its arguments. Every rank computes the same plan locally, with
+no communication, and keeps its own column of it.
+
+Worked example (``max_tokens=100``, ``num_replicas=2``, ``shuffle=False``, padded-token cost)::
+
+    lengths = [95, 95, 95, 95, 95, 20, 20, 20, 20, 20]
+    # sorted longest first. Filling each micro-batch to the budget gives [0] [1] [2] [3] [4] [5 6 7 8 9]:
+    # 6 micro-batches, already a multiple of 2; the cost cap that still gives 6 is 100 padded slots.
+    # costs: 95 95 95 95 95 100; most costly first, two per optimizer step (one per rank):
+    #   step 0: [5 6 7 8 9] [0]   step 1: [1] [2]   step 2: [3] [4]
+
+With ``BatchingSettings(packing=True)``, :func:`plan_epoch` hands over to :func:`lit_balance.plan.packed.plan_packed`
+(micro-batches of whole documents concatenated into one row); what follows is the padded plan.
+
+The plan is made in four stages:
+
+1. **Order.** Samples are sorted by padded length, longest first. With ``shuffle``, ties are broken at
+   random and every sample's sort position is moved later by a random amount of up to ``shuffle_window``
+   micro-batches' worth of tokens, so batch-mates change between epochs; this is the one knob that trades
+   padding for randomness (the "sortish" idea of fastai's ``SortishSampler`` and of Hugging Face's
+   ``group_by_length`` megabatches, applied as a noisy sort key in token space).
+2. **Micro-batches of equal cost.** The number of micro-batches is fixed first, from the lengths and settings
+   only, so every epoch has the same length: the smallest multiple of ``num_replicas`` not below what filling
+   every micro-batch to ``max_tokens`` needs for any shuffled order, plus one more step of them when that
+   wastes less on the unshuffled order (few steps). The order is then cut into that many contiguous
+   micro-batches of about equal cost, none over the budget, in two ways: greedily under one cost cap found
+   by bisection (fairseq's ``batch_by_size`` cuts a sorted order the same way, with the budget as the only
+   cap), and by cumulative equal shares of the cost still to place. The plan that holds the ranks for the
+   least time is kept. A micro-batch's cost comes from :class:`~lit_balance.plan.cost.CostModel`. With unequal
+   rank speeds, the cumulative shares cycle over the ranks in proportion to their speeds, on the fewest
+   micro-batches found for which the fast ranks' shares fit the budget (the epoch can grow); the greedy cut
+   keeps the epoch's count and its micro-batches go to ranks by speed, and again the plan that holds the ranks
+   for the least time under the cost model (with its per-micro-batch overhead) is kept.
+3. **Steps.** Micro-batches in descending cost order are taken ``num_replicas * accumulate_grad_batches``
+   at a time (one optimizer step) and spread over the ranks with the Longest Processing Time rule
+   restricted to ``accumulate_grad_batches`` micro-batches per rank (Graham, "Bounds on multiprocessing
+   timing anomalies", SIAM J. Appl. Math. 17, 1969). Ranks only wait for each other once per optimizer
+   step, so this balances each rank's summed cost per step (finishing times ``cost / speed`` with unequal
+   speeds). When the cut for unequal speeds is kept, each rank runs the micro-batches cut for its share, most
+   costly first.
+4. **Order of steps.** With ``shuffle``, optimizer steps run in random order, and ranks are permuted within
+   a step (equal speeds only); ``largest_first`` moves the step holding the epoch's longest sample to the
+   front, so an out-of-memory error shows at the first step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from lit_balance._checks import check_int, check_lengths, check_speeds
+from lit_balance.plan.cost import check_cost_model
+from lit_balance.plan.cost import CostModel
+from lit_balance.plan.settings import BatchingSettings
+
+__all__ = ["EpochPlan", "MicroBatch", "padded_lengths", "plan_epoch"]
+
+
+class MicroBatch(list):
+    """A micro-batch: a ``list[int]`` of dataset indices that also carries its fill-row mask.
+
+    Attributes:
+        is_fill: ``tuple[bool, ...]`` of the same length; True marks a fill row, a duplicate that exists
+            only to give every rank the same number of micro-batches. Its labels must be ignored.
+        step_real_tokens: real tokens (fill rows excluded) of all micro-batches of this micro-batch's
+            optimizer step, over all ranks (global, as planned), or None when not known.
+        step_rows: rows (fill rows excluded) of those micro-batches, global, or None; with ``packing`` a row is a
+            document. A causal language model without masked labels supervises ``step_real_tokens - step_rows``
+            tokens in that optimizer step (each document's first token has no label, packed or not).
+        step_supervised_tokens: the next-token targets of those micro-batches (global, counted from the
+            sampler's ``supervised_lengths``), or None when not known.
+
+    It compares equal to the plain list of its indices and survives pickling into DataLoader workers.
+
+    Example:
+        >>> mb = MicroBatch([4, 7], is_fill=[False, True], step_real_tokens=30, step_rows=3)
+        >>> mb == [4, 7], mb.is_fill
+        (True, (False, True))
+    """
+
+    def __init__(self, indices: Sequence[int] = (), is_fill: Sequence[bool] | None = None,
+                 step_real_tokens: int | None = None, step_rows: int | None = None,
+                 step_supervised_tokens: int | None = None) -> None:
+        if isinstance(indices, np.ndarray) and indices.dtype.kind in "iu":  # plain ints without a Python loop
+            super().__init__(indices.tolist())
+        else:
+            super().__init__(int(i) for i in indices)
+        if isinstance(is_fill, np.ndarray) and is_fill.dtype == np.bool_:
+            self.is_fill = tuple(is_fill.tolist())
+        else:
+            self.is_fill = tuple(bool(f) for f in is_fill) if is_fill is not None else (False,) * len(self)
+        if len(self.is_fill) != len(self):
+            raise ValueError(f"is_fill mask has {len(self.is_fill)} entries but the micro-batch has {len(self)} "
+                             "indices")
+        self.step_real_tokens = None if step_real_tokens is None else int(step_real_tokens)
+        self.step_rows = None if step_rows is None else int(step_rows)
+        self.step_supervised_tokens = None if step_supervised_tokens is None else int(step_supervised_tokens)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """The global plan of one epoch: which rows form each micro-batch and where each one runs.
+
+    Attributes:
+        rows: int64 ``[num_rows]``, sample indices of all micro-batches, concatenated.
+        is_fill: bool ``[num_rows]``, True for a fill row (a duplicate added only so that every rank
+            gets the same number of micro-batches; its labels must be ignored by the loss).
+        batch_offsets: int64 ``[num_batches + 1]``; micro-batch ``b`` is
+            ``rows[batch_offsets[b]:batch_offsets[b + 1]]``.
+        assignment: int64 ``[num_micro_steps, num_replicas]``; ``assignment[s, r]`` is the micro-batch that
+            rank ``r`` runs at micro-step ``s``. Optimizer step ``g`` is micro-steps
+            ``[g * accumulate_grad_batches, (g + 1) * accumulate_grad_batches)``.
+        dropped: int64, sample indices left out this epoch by ``drop_last=True`` (global).
+        accumulate_grad_batches: micro-batches per rank per optimizer step the plan was balanced for.
+    """
+
+    rows: np.ndarray
+    is_fill: np.ndarray
+    batch_offsets: np.ndarray
+    assignment: np.ndarray
+    dropped: np.ndarray
+    accumulate_grad_batches: int = 1
+
+    @property
+    def num_micro_steps(self) -> int:
+        """Micro-steps in this epoch: micro-batches per rank (the same on every rank)."""
+        return int(self.assignment.shape[0])
+
+    @property
+    def num_batches(self) -> int:
+        """Micro-batches over all ranks in this epoch."""
+        return int(self.batch_offsets.shape[0] - 1)
+
+    def batch(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(indices, is_fill)`` of micro-batch ``b``."""
+        lo, hi = self.batch_offsets[b], self.batch_offsets[b + 1]
+        return self.rows[lo:hi], self.is_fill[lo:hi]
+
+    def batch_widths(self, padded: np.ndarray) -> np.ndarray:
+        """int64 ``[num_batches]``: each micro-batch's longest padded row, given padded lengths of all samples."""
+        if not self.num_batches:
+            return np.zeros(0, dtype=np.int64)
+        return np.maximum.reduceat(padded[self.rows], self.batch_offsets[:-1])
+
+    def _sum_per_batch(self, row_values: np.ndarray) -> np.ndarray:
+        """int64 ``[num_batches]``: ``row_values`` (one per row, int64) summed per micro-batch, exactly."""
+        cumulative = np.concatenate([[0], np.cumsum(row_values, dtype=np.int64)])
+        return cumulative[self.batch_offsets[1:]] - cumulative[self.batch_offsets[:-1]]
+
+    def real_tokens_per_batch(self, lengths: np.ndarray) -> np.ndarray:
+        """int64 ``[num_batches]``: real tokens of each micro-batch (fill rows excluded).
+
+        Args:
+            lengths: int ``[num_samples]``, tokens per sample as planned (e.g. ``sampler.lengths``).
+        """
+        lengths = np.asarray(lengths, dtype=np.int64)
+        return self._sum_per_batch(np.where(self.is_fill, 0, lengths[self.rows]))
+
+    def real_rows_per_batch(self) -> np.ndarray:
+        """int64 ``[num_batches]``: rows of each micro-batch that are not fill rows."""
+        return self._sum_per_batch((~self.is_fill).astype(np.int64))
+
+
+def padded_lengths(lengths: np.ndarray, pad_to_multiple_of: int) -> np.ndarray:
+    """Round each length up to a multiple of ``pad_to_multiple_of`` (tokens, int64)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return -(-lengths // pad_to_multiple_of) * pad_to_multiple_of
+
+
+def _cut_points(take: np.ndarray, run_ends: np.ndarray) -> np.ndarray:
+    """End offsets of greedy contiguous micro-batches: one starting in run ``r`` has ``take[r]`` rows.
+
+    ``run_ends`` are the end offsets of runs of rows with equal caps; ``take`` holds one value per run.
+    Runs are cut in one vectorised step each, so the Python loop runs about twice per run, not once per
+    micro-batch.
+    """
+    n = int(run_ends[-1]) if run_ends.size else 0
+    ends: list[np.ndarray] = []
+    i = r = 0
+    while i < n:
+        while run_ends[r] <= i:
+            r += 1
+        step, run_end = int(take[r]), int(run_ends[r])
+        full = (run_end - i) // step  # micro-batches that lie wholly inside this run
+        if full:
+            ends.append(np.arange(i + step, i + full * step + 1, step))
+            i += full * step
+        if i < run_end:  # one micro-batch that starts here and runs into the shorter rows after
+            i = min(i + step, n)
+            ends.append(np.array([i]))
+    return np.concatenate(ends) if ends else np.empty(0, dtype=np.int64)
+
+
+def _count_batches(take: list[int], run_ends: list[int], limit: int) -> int:
+    """Number of micro-batches :func:`_cut_points` would make (plain lists), stopping early past ``limit``."""
+    n = run_ends[-1] if run_ends else 0
+    count = i = r = 0
+    while i < n:
+        while run_ends[r] <= i:
+            r += 1
+        step, run_end = take[r], run_ends[r]
+        full = (run_end - i) // step
+        count += full
+        i += full * step
+        if i < run_end:
+            i = min(i + step, n)
+            count += 1
+        if count > limit:
+            return count
+    return count
+
+
+def _split_to(starts: np.ndarray, ends: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split the micro-batches with the most rows in half until there are ``target`` (or all are single).
+
+    Only the ``target - len(starts)`` largest micro-batches can take part (each split takes the largest,
+    ties to the earliest), so only they enter the heap.
+    """
+    need = target - starts.shape[0]
+    if need <= 0:
+        return starts, ends
+    sizes = ends - starts
+    top = np.argsort(-sizes, kind="stable")[:need]
+    heap = [(-int(sizes[k]), int(starts[k]), int(ends[k])) for k in top]
+    heapq.heapify(heap)
+    while need and heap and -heap[0][0] >= 2:
+        size, lo, hi = heapq.heappop(heap)
+        mid = lo + (-size + 1) // 2
+        heapq.heappush(heap, (lo - mid, lo, mid))
+        heapq.heappush(heap, (mid - hi, mid, hi))
+        need -= 1
+    keep = np.ones(starts.shape[0], dtype=bool)
+    keep[top] = False
+    new_starts = np.concatenate([starts[keep], np.array([h[1] for h in heap], dtype=np.int64)])
+    new_ends = np.concatenate([ends[keep], np.array([h[2] for h in heap], dtype=np.int64)])
+    order = np.argsort(new_starts, kind="stable")
+    return new_starts[order], new_ends[order]
+
+
+def _order(padded: np.ndarray, candidates: np.ndarray, max_tokens: int, window: float,
+           rng: np.random.Generator | None) -> np.ndarray:
+    """Candidates longest first; with ``rng``, random ties and sort positions moved by up to ``window`` batches."""
+    if rng is None:
+        return candidates[np.argsort(-padded[candidates], kind="stable")]
+    perm = rng.permutation(candidates)
+    order = perm[np.argsort(-padded[perm], kind="stable")]
+    if window > 0 and order.size:
+        position = (np.cumsum(padded[order]) - padded[order]) / max_tokens  # in full micro-batches
+        order = order[np.argsort(position + rng.uniform(0.0, window, order.size), kind="stable")]
+    return order
+
+
+def _lpt(costs: np.ndarray, speeds: np.ndarray, per_rank: int) -> np.ndarray:
+    """Assign ``costs`` (descending) to ranks, ``per_rank`` each: each goes where it would finish first.
+
+    Returns int64 ``[per_rank, num_ranks]`` of indices into ``costs``. Graham's LPT rule with a cardinality
+    limit; with unequal ``speeds`` (relative throughput), finishing time is ``load / speed``.
+    """
+    num_ranks = speeds.shape[0]
+    if per_rank == 1:  # one each: the most costly on the fastest rank
+        out = np.empty(num_ranks, dtype=np.int64)
+        out[np.argsort(-speeds, kind="stable")] = np.argsort(-costs, kind="stable")
+        return out[None, :]
+    load = np.zeros(num_ranks)
+    count = np.zeros(num_ranks, dtype=np.int64)
+    slots = np.empty((per_rank, num_ranks), dtype=np.int64)
+    for k in np.argsort(-costs, kind="stable"):
+        finish = np.where(count < per_rank, (load + costs[k]) / speeds, np.inf)
+        r = int(np.argmin(finish))
+        slots[count[r], r] = k
+        load[r] += costs[k]
+        count[r] += 1
+    return slots
+
+
+def plan_epoch(
+    lengths: np.ndarray,
+    settings: BatchingSettings,
+    *,
+    num_replicas: int,
+    epoch: int,
+    eligible: np.ndarray | None = None,
+    cost_model: CostModel | None = None,
+    rank_speeds: np.ndarray | None = None,
+    min_steps: int = 0,
+    num_batches: int | None = None,
+) -> EpochPlan:
+    """Plan one epoch for all ranks (pure: the same inputs give the same plan on every rank).
+
+    Args:
+        lengths: int ``[num_samples]``, tokens per sample, already truncated where that applies; every
+            eligible sample must satisfy ``padded(length) <= settings.max_tokens``.
+        settings: the :class:`~lit_balance.BatchingSettings` (budget per rank, shuffle and its window, seed,
+            drop_last, padding multiple, row cap, accumulation, largest_first, packing: with ``packing`` the plan
+            is made by :func:`lit_balance.plan.packed.plan_packed` and each micro-batch is one row of whole documents). ``too_long`` is not read here:
+            the caller has already truncated the lengths or excluded samples through ``eligible``.
+        num_replicas: number of ranks; the plan has ``num_micro_steps x num_replicas`` micro-batches.
+        epoch: epoch number; with ``settings.shuffle`` it changes batch composition, rank assignment and step
+            order (randomness comes from a local generator seeded by ``(settings.seed, epoch)``).
+        eligible: bool ``[num_samples]`` mask of samples to plan (others are skipped), or None for all.
+        cost_model: cost of a micro-batch (default: padded token slots).
+        rank_speeds: float ``[num_replicas]`` relative throughput of each rank (None: all equal); a rank
+            with half the speed gets about half the cost per optimizer step. Speeds below
+            :data:`~lit_balance._checks.MIN_RANK_SPEED_RATIO` (a millionth) of the fastest are planned at that
+            ratio, where such a rank already gets the least share, one row per micro-batch.
+        min_steps: plan at least this many micro-steps (smaller micro-batches) where the samples allow, without
+            fill rows; used to re-plan the rest of an epoch on a new number of ranks.
+        num_batches: the epoch's micro-batch count over all ranks before ``min_steps``, as this function computes
+            it from the lengths, eligible samples, settings and ``num_replicas`` (never from the epoch or cost
+            model), or None to compute it here. A caller that plans the same samples every epoch may pass the
+            count it computed once (windowed plans, :mod:`lit_balance.plan.windows`, do); another value gives another
+            plan.
+
+    Returns:
+        The :class:`EpochPlan` of the epoch.
+
+    Raises:
+        TypeError: ``settings`` is not a :class:`~lit_balance.BatchingSettings`, ``cost_model`` not a
+            :class:`~lit_balance.CostModel`, or ``rank_speeds`` not numbers.
+        ValueError: ``lengths`` not 1-D positive ints; ``num_replicas < 1``, ``epoch < 0``, ``min_steps < 0`` or
+            ``num_batches < 0``;
+            ``eligible`` not a bool mask of ``num_samples``; an eligible sample whose padded length exceeds
+            ``max_tokens``; ``rank_speeds`` of the wrong length, or not all finite and positive.
+
+    Example:
+        >>> plan = plan_epoch([95] * 5 + [20] * 5, BatchingSettings(max_tokens=100, shuffle=False), num_replicas=2,
+        ...                   epoch=0)
+        >>> plan.num_micro_steps, plan.assignment.tolist()
+        (3, [[5, 0], [1, 2], [3, 4]])
+    """
+    if not isinstance(settings, BatchingSettings):
+        raise TypeError(f"settings must be a lit_balance.BatchingSettings, got {type(settings).__name__}")
+    cost_model = check_cost_model(cost_model)
+    num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
+    epoch = check_int("epoch", epoch, 0, "epochs count from 0")
+    min_steps = check_int("min_steps", min_steps, 0, "0 plans as many micro-steps as the samples need")
+    if num_batches is not None:
+        num_batches = check_int("num_batches", num_batches, 0, "pass None to count the micro-batches here")
+    lengths = check_lengths(lengths)
+    padded = padded_lengths(lengths, settings.pad_to_multiple_of)
+    candidates = np.arange(lengths.shape[0], dtype=np.int64)
+    if eligible is not None:
+        mask = np.asarray(eligible)
+        if mask.dtype != np.bool_ or mask.shape != lengths.shape:
+            raise ValueError(f"eligible must be a bool mask of shape {lengths.shape} (one flag per sample), got "
+                             f"dtype {mask.dtype} and shape {mask.shape}")
+        candidates = candidates[mask]
+    max_tokens = settings.max_tokens
+    over = candidates[padded[candidates] > max_tokens]
+    if over.size:
+        raise ValueError(f"{over.size} eligible sample(s) exceed max_tokens={max_tokens} padded token slots once padded "
+                         f"to a multiple of {settings.pad_to_multiple_of} (first: index {int(over[0])}, "
+                         f"{int(lengths[over[0]])} tokens); truncate them or leave them out through eligible")
+    row_cap = settings.max_batch_size if settings.max_batch_size is not None else max_tokens
+    speeds = check_speeds(rank_speeds, num_replicas)
+    speeds = np.ones(num_replicas) if speeds is None else speeds
+    if settings.packing:
+        from lit_balance.plan.packed import plan_packed
+
+        return plan_packed(lengths, candidates, settings, num_replicas=num_replicas, epoch=epoch, cost_model=cost_model,
+                           speeds=speeds, min_steps=min_steps)
+    uniform = bool(np.all(speeds == speeds[0]))
+    seed, shuffle = int(settings.seed), settings.shuffle
+    rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch)])) if shuffle else None
+
+    weight = speeds / speeds.max()  # cost caps cycle over ranks in proportion to their speeds
+    k = _num_batches(padded, candidates, settings, num_replicas, row_cap) if num_batches is None else num_batches
+    if min_steps * num_replicas > k:
+        k = max(k, min(min_steps, candidates.shape[0] // num_replicas) * num_replicas)
+    order = _order(padded, candidates, max_tokens, settings.shuffle_window, rng)
+    cuts = _Cuts(padded[order], max_tokens, row_cap, cost_model)
+    finish_rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch), 1])) if shuffle else None
+    layout = _Layout(padded=padded, cost_model=cost_model, num_replicas=num_replicas,
+                     accumulate_grad_batches=settings.accumulate_grad_batches, speeds=speeds, uniform=uniform,
+                     drop_last=settings.drop_last, largest_first=settings.largest_first, rng=finish_rng)
+    best: tuple[float, EpochPlan] | None = None
+    # Candidate cuts of the order within the budget (greedy under a cost cap, which always fits; cumulative equal
+    # shares); the plan that holds the ranks for the least time is kept. With unequal speeds, the cumulative cut
+    # gives each rank micro-batches sized to its share, which can need more of them (a longer epoch); the greedy
+    # cut keeps the epoch's count and spreads equal-cost micro-batches by speed (LPT), which wins when the speeds
+    # are close and each extra micro-batch has an overhead.
+    candidates = [("greedy", k, cuts.greedy(k))]
+    if uniform:
+        candidates.append(("cumulative", k, cuts.cumulative(k, np.resize(weight, k))))
+    else:
+        found, floor = _cumulative_by_speed(cuts, weight, k, num_replicas), float(weight.min())
+        while not found and floor < 1.0:
+            # No count of micro-batches gives the slowest ranks a share of whole rows (their speed is a tiny
+            # fraction of the fastest): raise the smallest shares until one does, which still favours the fast ranks.
+            floor = min(1.0, floor * 4)
+            found = _cumulative_by_speed(cuts, np.maximum(weight, floor), k, num_replicas)
+        candidates += [("cumulative", count, ends) for count, ends in found]
+    for method, target, ends in candidates:
+        if ends is None or ends.size > target:  # (the second: float precision lost to an extreme cost model)
+            continue
+        plan = layout.finish(order, ends, target, by_lpt=uniform or method == "greedy")
+        waste = _waste(plan, padded, cost_model, speeds)
+        if best is None or waste < best[0]:
+            best = (waste, plan)
+    if best is None:  # micro-batches filled to the budget, split to the epoch's count: always fits
+        k = max(k, -(-cuts.fill_count() // num_replicas) * num_replicas)
+        ends = _cut_points(cuts.run_take, cuts.run_ends) if cuts.n else np.empty(0, dtype=np.int64)
+        best = (0.0, layout.finish(order, ends, k, by_lpt=True))
+    return best[1]
+
+
+def _cumulative_by_speed(cuts: _Cuts, weight: np.ndarray, k: int,
+                         num_replicas: int) -> list[tuple[int, np.ndarray]]:
+    """Cumulative cuts with shares cycling over the ranks by speed, on counts of micro-batches that fit.
+
+    Starting from ``k``, the count grows by about 10 % (a multiple of ``num_replicas``) until the shares fit the
+    budget, then bisects back towards the last count that did not fit. Returns ``(count, ends)`` for the first
+    count that fitted and, when smaller, the smallest found by bisection (fewer, fuller micro-batches; the larger
+    count balances more finely); empty when no count up to the number of samples fits.
+    """
+    def attempt(count: int) -> np.ndarray | None:
+        return cuts.cumulative(count, np.resize(weight, count))
+
+    ends, tried, failed = attempt(k), k, None
+    while ends is None:
+        failed = tried
+        tried = max(tried + num_replicas, -(-int(tried * 1.1) // num_replicas) * num_replicas)
+        if tried > cuts.n:  # never more micro-batches than samples
+            return []
+        ends = attempt(tried)
+    found = [(tried, ends)]
+    while failed is not None and tried - failed > num_replicas:
+        mid = failed + (tried - failed) // (2 * num_replicas) * num_replicas
+        cut = attempt(mid)
+        if cut is None:
+            failed = mid
+        else:
+            tried, ends = mid, cut
+    if tried < found[0][0]:
+        found.append((tried, ends))
+    return found
+
+
+class _Cuts:
+    """Contiguous cuts of one order (padded lengths ``pl`` in plan order) into micro-batches within the budget."""
+
+    def __init__(self, pl: np.ndarray, max_tokens: int, row_cap: int, cost_model: CostModel) -> None:
+        n = self.n = pl.shape[0]
+        # Each row's cap: the longest padded length from it to the end of the order (non-increasing), which
+        # bounds the longest row of any micro-batch that starts there.
+        caps = np.maximum.accumulate(pl[::-1])[::-1] if n else np.zeros(0, dtype=np.int64)
+        self.run_ends = np.append(np.flatnonzero(caps[1:] != caps[:-1]) + 1, n) if n else np.zeros(0, np.int64)
+        run_caps = caps[self.run_ends - 1] if n else np.zeros(0, dtype=np.int64)
+        self.run_cost = cost_model.row_cost(run_caps)
+        self.run_take = np.minimum(max_tokens // np.maximum(run_caps, 1), row_cap)
+        self.per_batch = cost_model.per_batch
+        self.budget_take = np.repeat(self.run_take, np.diff(np.concatenate([[0], self.run_ends])))
+        self.caps = caps
+        self.cost_model = cost_model
+
+    def fill_count(self) -> int:
+        """Micro-batches when every one is filled to the budget."""
+        return _count_batches(self.run_take.tolist(), self.run_ends.tolist(), self.n)
+
+    def greedy(self, k: int) -> np.ndarray | None:
+        if not self.n:
+            return np.empty(0, dtype=np.int64)
+        if self.fill_count() > k:
+            return None
+        return _cut_greedy(self.run_cost, self.per_batch, self.run_take, self.run_ends, k)
+
+    def cumulative(self, k: int, weights: np.ndarray) -> np.ndarray | None:
+        if not self.n:
+            return np.empty(0, dtype=np.int64)
+        row_weight = self.cost_model.row_cost(self.caps) + self.per_batch / np.maximum(self.budget_take, 1)
+        cum = np.concatenate([[0.0], np.cumsum(row_weight)]).tolist()
+        ends = _cut_equal(cum, self.budget_take.tolist(), weights)
+        return ends if ends.size and ends[-1] == self.n and ends.size == min(k, self.n) else None
+
+
+def _num_batches(padded: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, num_replicas: int,
+                 row_cap: int) -> int:
+    """Micro-batches of every epoch: the same for all epochs, so the epoch length never changes.
+
+    The smallest multiple of ``num_replicas`` not below the budget-filling count of the noise-free longest-first
+    order with each row's cap raised to the length ``shuffle_window`` micro-batches earlier: no shuffled order
+    can need more (a sample only moves later, by at most that much). With several ranks, one more step of
+    micro-batches is taken when that holds the ranks for less time on the noise-free order (few steps: whole
+    rows make equal costs coarse), judged in padded tokens so that a new cost model or rank speeds never change
+    the epoch length.
+    """
+    cost_model = CostModel()
+    max_tokens = settings.max_tokens
+    window = settings.shuffle_window if settings.shuffle else 0.0
+    n = candidates.shape[0]
+    if not n:
+        return 0
+    order = candidates[np.argsort(-padded[candidates], kind="stable")]
+    pl = padded[order]
+    if window > 0:
+        position = np.cumsum(pl) - pl
+        earlier = np.searchsorted(position, position - window * max_tokens, side="left")
+        pl = pl[earlier]
+    target = -(-_Cuts(pl, max_tokens, row_cap, cost_model).fill_count() // num_replicas) * num_replicas
+    if num_replicas == 1 or target + num_replicas > n:
+        return target
+    plain = _Cuts(padded[order], max_tokens, row_cap, cost_model)
+    speeds = np.ones(num_replicas)
+    layout = _Layout(padded=padded, cost_model=cost_model, num_replicas=num_replicas,
+                     accumulate_grad_batches=settings.accumulate_grad_batches, speeds=speeds, uniform=True,
+                     drop_last=False, largest_first=settings.largest_first, rng=None)
+    waste = []
+    for k in (target, target + num_replicas):
+        plan = layout.finish(order, plain.greedy(k), k, by_lpt=True)
+        waste.append(_waste(plan, padded, cost_model, speeds))
+    return target if waste[0] <= waste[1] else target + num_replicas
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What turns cut points into a plan, fixed for one epoch: costs, ranks, speeds and step settings.
+
+    Attributes:
+        padded: int64 ``[num_samples]`` padded lengths (tokens).
+        cost_model: cost of a micro-batch.
+        num_replicas: number of ranks.
+        accumulate_grad_batches: micro-batches per rank per optimizer step.
+        speeds: float64 ``[num_replicas]`` relative rank speeds.
+        uniform: all speeds equal (ranks may be permuted within a step).
+        drop_last: drop samples instead of adding fill rows when too few.
+        largest_first: the step holding the longest row runs first.
+        rng: generator for drops, rank permutations and step order (None: no shuffle).
+    """
+
+    padded: np.ndarray
+    cost_model: CostModel
+    num_replicas: int
+    accumulate_grad_batches: int
+    speeds: np.ndarray
+    uniform: bool
+    drop_last: bool
+    largest_first: bool
+    rng: np.random.Generator | None
+
+    def finish(self, order: np.ndarray, ends: np.ndarray, target: int, *, by_lpt: bool) -> EpochPlan:
+        """Split to ``target`` micro-batches (or fill / drop when too few samples), then assign steps and ranks.
+
+        ``order`` holds sample indices in plan order and ``ends`` the end offsets of its micro-batches.
+        ``by_lpt``: assign each step's micro-batches to ranks by LPT (else micro-batch ``k`` was cut for rank
+        ``k % num_replicas``).
+        """
+        num_replicas, rng, padded = self.num_replicas, self.rng, self.padded
+        accumulate = self.accumulate_grad_batches
+        n = order.shape[0]
+        starts = np.concatenate([[0], ends[:-1]]).astype(np.int64) if ends.size else np.empty(0, dtype=np.int64)
+        starts, ends = _split_to(starts, ends, target)
+        rows, offsets = order, np.append(starts, n)
+        num_fill = 0
+        dropped = np.empty(0, dtype=np.int64)
+        if starts.shape[0] < target:  # every micro-batch is a single row: too few samples
+            rows, dropped, num_fill = _one_row_each(order, target, num_replicas, self.drop_last, rng)
+            offsets = np.arange(rows.shape[0] + 1, dtype=np.int64)
+        is_fill = np.zeros(rows.shape[0], dtype=bool)
+        if num_fill:
+            is_fill[-num_fill:] = True
+        num_batches = offsets.shape[0] - 1
+        num_steps = num_batches // num_replicas
+
+        widths = np.maximum.reduceat(padded[rows], offsets[:-1]) if num_batches else np.zeros(0, np.int64)
+        cost = np.asarray(self.cost_model.batch_cost(np.diff(offsets), widths), dtype=np.float64).reshape(-1)
+        assignment = _assign(cost, num_steps, num_replicas, accumulate, self.speeds, by_lpt, self.uniform, rng)
+        if self.largest_first and num_steps:
+            assignment = _longest_first(assignment, offsets, padded[rows], accumulate)
+
+        return EpochPlan(
+            rows=rows.astype(np.int64),
+            is_fill=is_fill,
+            batch_offsets=offsets.astype(np.int64),
+            assignment=np.ascontiguousarray(assignment, dtype=np.int64),
+            dropped=dropped,
+            accumulate_grad_batches=int(accumulate),
+        )
+
+
+def _one_row_each(order: np.ndarray, target: int, num_replicas: int, drop_last: bool,
+                  rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, int]:
+    """Rows when there are fewer samples than ``target`` micro-batches, one row each.
+
+    ``order`` holds the samples longest first. With ``drop_last`` a multiple of ``num_replicas`` is kept, the rest
+    dropped at random (``rng``) or, without shuffle, the costliest; otherwise the cheapest samples are repeated as
+    fill rows up to ``target`` (at most ``num_replicas - 1`` of them). Returns ``(rows, dropped, num_fill)``:
+    the rows in order (fill rows last), the dropped sample indices (sorted) and the number of fill rows.
+    """
+    n = order.shape[0]
+    if drop_last:
+        keep = (n // num_replicas) * num_replicas
+        perm = rng.permutation(n) if rng is not None else np.arange(n)[::-1]
+        keep_mask = np.ones(n, dtype=bool)
+        keep_mask[perm[keep:]] = False
+        return order[keep_mask], np.sort(order[~keep_mask]), 0
+    num_fill = target - n
+    return np.concatenate([order, order[::-1][np.arange(num_fill) % n]]), np.empty(0, dtype=np.int64), num_fill
+
+
+def _cut_greedy(run_cost: np.ndarray, per_batch: float, run_take: np.ndarray, run_ends: np.ndarray,
+                target: int) -> np.ndarray:
+    """Greedy cuts under the lowest cost cap that still gives at most ``target`` micro-batches (bisection).
+
+    A micro-batch starting in run ``r`` takes as many rows as keep ``per_batch + rows * run_cost[r]`` under
+    the cap, and never more than ``run_take[r]`` (the hard budget).
+    """
+    ends_list = run_ends.tolist()
+
+    def takes(cap: float) -> np.ndarray:
+        with np.errstate(all="ignore"):  # extreme coefficients: inf / nan rows fall back to the budget
+            rows = np.floor((cap - per_batch) / run_cost + 1e-9)
+        rows = np.nan_to_num(rows, nan=1.0, posinf=float(run_take.max()), neginf=1.0)
+        return np.clip(np.minimum(rows, run_take), 1, None).astype(np.int64)
+
+    hi = float((per_batch + run_take * run_cost).max())
+    lo = 0.0
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        if _count_batches(takes(mid).tolist(), ends_list, target) <= target:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-6 * hi:
+            break
+    return _cut_points(takes(hi), run_ends)
+
+
+def _waste(plan: EpochPlan, padded: np.ndarray, cost_model: CostModel, speeds: np.ndarray) -> float:
+    """Sum over optimizer steps of the slowest rank's time x total speed: the time the ranks are held.
+
+    Candidates plan the same samples, so the smallest value wastes least (padding, overhead and waiting).
+    """
+    if not plan.num_batches:
+        return 0.0
+    widths = plan.batch_widths(padded)
+    cost = np.asarray(cost_model.batch_cost(np.diff(plan.batch_offsets), widths), dtype=np.float64).reshape(-1)
+    a = plan.assignment
+    group = np.arange(a.shape[0]) // plan.accumulate_grad_batches
+    per_rank = np.zeros((int(group[-1]) + 1, a.shape[1]))
+    np.add.at(per_rank, group, cost[a] / speeds)
+    return float(per_rank.max(axis=1).sum() * speeds.sum())
+
+
+def _cut_equal(cum: list[float], take: list[int], weights: np.ndarray) -> np.ndarray:
+    """Cut the order into ``len(weights)`` contiguous micro-batches of about equal summed row weight.
+
+    ``cum`` is the cumulative row weight (``n + 1`` values from 0). Micro-batch ``k`` aims at the share
+    ``weights[k] / sum(weights[k:])`` of the weight still to place (so errors do not pile up at the end),
+    rounded to the nearest whole row, and never takes more than ``take[i]`` rows from its first row ``i`` (the
+    hard budget), nor so many that a micro-batch still to cut would get no row (with a tiny weight next, the
+    share before it is nearly all that is left). Returns end offsets; the last is below ``n`` when the budget
+    forces more micro-batches.
+    """
+    n = len(cum) - 1
+    total = cum[n]
+    suffix = np.cumsum(weights[::-1])[::-1].tolist()
+    w = weights.tolist()
+    count = len(w)
+    ends = []
+    i = 0
+    for k in range(count):
+        if i >= n:
+            break
+        goal = cum[i] + (total - cum[i]) * w[k] / suffix[k]
+        e = bisect.bisect_left(cum, goal, i + 1)
+        e = min(e, n)
+        if e > i + 1 and goal - cum[e - 1] < cum[e] - goal:
+            e -= 1
+        e = min(max(e, i + 1), i + take[i], max(n - (count - k - 1), i + 1))
+        ends.append(e)
+        i = e
+    return np.asarray(ends, dtype=np.int64)
+
+
+def _assign(cost: np.ndarray, num_steps: int, num_replicas: int, accumulate: int, speeds: np.ndarray,
+            by_lpt: bool, uniform: bool, rng: np.random.Generator | None) -> np.ndarray:
+    """Micro-steps x ranks: optimizer steps of similar-cost micro-batches, LPT within each step.
+
+    Without ``by_lpt``, micro-batch ``k`` runs on rank ``k % num_replicas`` (it was cut for that rank's share).
+    """
+    if num_steps == 0:
+        return np.empty((0, num_replicas), dtype=np.int64)
+    by_cost = np.argsort(-cost, kind="stable")
+    if not by_lpt:
+        # Micro-batch k was cut for rank k % num_replicas (its share follows that rank's speed): each rank
+        # runs its own, most costly first, so the j-th of every rank share a step.
+        cls = np.arange(cost.shape[0]) % num_replicas
+        out = np.empty((num_steps, num_replicas), dtype=np.int64)
+        for r in range(num_replicas):
+            mine = np.flatnonzero(cls == r)
+            out[:, r] = mine[np.argsort(-cost[mine], kind="stable")]
+        if rng is not None:
+            groups = [out[g:g + accumulate] for g in range(0, num_steps, accumulate)]
+            full = len(groups) - (1 if num_steps % accumulate else 0)
+            out = np.concatenate([groups[g] for g in rng.permutation(full)] + groups[full:], axis=0)
+        return out
+    if accumulate == 1:  # one micro-batch per rank and step: vectorised LPT (most costly on the fastest rank)
+        steps = by_cost.reshape(num_steps, num_replicas)
+        out = np.empty_like(steps)
+        out[:, np.argsort(-speeds, kind="stable")] = steps
+        if rng is not None:
+            if uniform:
+                out = rng.permuted(out, axis=1)
+            out = out[rng.permutation(num_steps)]
+        return out
+    groups = []
+    for lo in range(0, num_steps, accumulate):
+        steps_here = min(accumulate, num_steps - lo)
+        members = by_cost[lo * num_replicas:(lo + steps_here) * num_replicas]
+        slots = members[_lpt(cost[members], speeds, steps_here)]  # [steps_here, R]
+        if rng is not None and uniform:
+            slots = slots[:, rng.permutation(num_replicas)]
+        groups.append(slots)
+    if rng is not None:  # a shorter last group stays last, so accumulation windows stay aligned
+        full = len(groups) - (1 if num_steps % accumulate else 0)
+        groups = [groups[g] for g in rng.permutation(full)] + groups[full:]
+    return np.concatenate(groups, axis=0)
+
+
+def _longest_first(assignment: np.ndarray, offsets: np.ndarray, row_padded: np.ndarray,
+                   accumulate: int) -> np.ndarray:
+    """Move the optimizer step with the longest row to the front, its micro-batch first on its rank."""
+    widths = np.maximum.reduceat(row_padded, offsets[:-1])
+    longest = int(np.argmax(widths))
+    step, rank = (int(x[0]) for x in np.nonzero(assignment == longest))
+    g0 = (step // accumulate) * accumulate
+    g1 = min(g0 + accumulate, assignment.shape[0])
+    if g1 - g0 < accumulate:  # the shorter last group must stay last: swap the micro-batch into step 0 instead
+        out = assignment.copy()
+        out[[0, step], rank] = out[[step, 0], rank]
+        return out
+    group = assignment[g0:g1].copy()
+    within = step - g0
+    group[[0, within], rank] = group[[within, 0], rank]  # its micro-batch first on its rank
+    rest = np.concatenate([assignment[:g0], assignment[g1:]], axis=0)
+    return np.concatenate([group, rest], axis=0)

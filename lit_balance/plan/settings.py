@@ -1,0 +1,241 @@
+"""BatchingSettings: the batching settings of a plan, in one frozen object that checks itself once.
+
+Every consumer (:class:`~lit_balance.BalancedBatchSampler`, :func:`~lit_balance.plan_epoch`,
+:class:`~lit_balance.BalancedTextDataModule`, :func:`~lit_balance.plan_report`, ``lit-balance plan``) takes this
+object, so a new setting is added here and nowhere else; the consumers' keyword arguments build it. The pattern
+follows lhotse's samplers, which take one validated constraint dataclass (``TokenConstraint``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from lit_balance._checks import MAX_TOKENS_LIMIT, check_bool, check_int
+
+__all__ = ["DEFAULT_PLAN_WINDOW", "TOO_LONG_POLICIES", "BatchingSettings"]
+
+#: Default :attr:`BatchingSettings.plan_window`: corpora of up to this many samples (2**20 = 1,048,576) are
+#: planned whole, as one window.
+DEFAULT_PLAN_WINDOW = 1 << 20
+
+#: Accepted values of :attr:`BatchingSettings.too_long`.
+TOO_LONG_POLICIES = ("error", "skip", "truncate")
+
+
+def _help(text: str) -> dict[str, str]:
+    """Field metadata: the one-line help that ``lit-balance plan --help`` shows for the setting."""
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class BatchingSettings:
+    """The twelve settings that, with the lengths, world size, epoch, cost model and rank speeds, fix a plan.
+
+    All budgets are per rank: ``max_tokens`` bounds each micro-batch of each rank. Values are checked and
+    normalised once, at construction (numpy ints become ``int``, ``shuffle_window`` a ``float``); the object is
+    frozen, so a plan's settings never change under it. Use :meth:`replace` for a variant.
+
+    Args:
+        max_tokens: padded token slots per micro-batch (rows x longest padded row), per rank: a hard cap. With
+            ``packing``, the token slots of the one packed row of a micro-batch: its documents' real tokens summed,
+            rounded up to a multiple of ``pad_to_multiple_of``.
+        shuffle: change batch composition and order every epoch (``set_epoch``).
+        seed: base seed, the same on every rank; randomness comes from a generator seeded by (seed, epoch).
+        drop_last: drop instead of duplicate when samples are too few for equal counts on every rank.
+        too_long: what to do with a sample whose padded length exceeds ``max_tokens``: ``"error"`` raises,
+            ``"skip"`` leaves it out, ``"truncate"`` keeps it at the largest multiple of ``pad_to_multiple_of``
+            that fits (tokens).
+        pad_to_multiple_of: rows are padded to a multiple of this many tokens. With ``packing``, the packed row
+            (not each document) is padded: the collator pads the tail of the row so its length is a multiple of
+            this, and the planner keeps ``ceil(sum of lengths / pad_to_multiple_of) * pad_to_multiple_of <=
+            max_tokens``, i.e. a micro-batch's real tokens sum to at most :attr:`truncate_to`.
+        max_batch_size: maximum rows per micro-batch, or None for no cap.
+        shuffle_window: with ``shuffle``, each sample's place in the longest-first order moves later by a random
+            amount of up to this many micro-batches' worth of tokens before micro-batches are cut: the knob that
+            trades padding for randomness (0 shuffles only equal lengths).
+        accumulate_grad_batches: micro-batches per rank per optimizer step that the plan balances together
+            (the Trainer's value).
+        largest_first: put the optimizer step that holds the epoch's longest sample first, so that an
+            out-of-memory error shows at the first step.
+        plan_window: most samples planned together. An epoch of more samples is planned window by window
+            (:mod:`lit_balance.plan.windows`): the samples are split into ``ceil(num_samples / plan_window)`` windows of
+            about equal size by a permutation seeded by ``seed``, and each window is planned, with every guarantee,
+            only when the epoch reaches it; memory and the wait for the first micro-batch scale with the window,
+            not the corpus. Up to ``plan_window`` samples, the epoch is planned whole (the plan does not depend on
+            this value).
+        packing: padding-free micro-batches: each micro-batch is a set of whole documents concatenated into one
+            row (Hugging Face's ``DataCollatorWithFlattening`` layout), so lengths mix freely and batch
+            composition changes every epoch; the plan balances ranks on the packed cost
+            (:meth:`~lit_balance.CostModel.packed_cost`). ``shuffle_window`` does not apply (there is no padding
+            to trade) and ``max_batch_size`` caps the documents per row. ``too_long``: a document longer than
+            :attr:`truncate_to` is an error, skipped, or truncated to it.
+
+    Raises:
+        TypeError: a setting of the wrong type (e.g. ``shuffle="false"``, ``max_tokens=1.5``).
+        ValueError: a value out of range, naming the setting and the value: ``max_tokens`` outside
+            ``[1, MAX_TOKENS_LIMIT]``; ``pad_to_multiple_of`` below 1 or above ``max_tokens``; a negative
+            ``seed``; ``max_batch_size`` or ``accumulate_grad_batches`` outside ``[1, MAX_TOKENS_LIMIT]``;
+            ``shuffle_window`` negative or not finite; an unknown ``too_long``; ``plan_window`` below 1.
+
+    Example:
+        >>> settings = BatchingSettings(max_tokens=4096, shuffle_window=0)
+        >>> settings.shuffle_window, settings.replace(accumulate_grad_batches=2).accumulate_grad_batches
+        (0.0, 2)
+        >>> BatchingSettings.from_dict(settings.to_dict()) == settings
+        True
+        >>> BatchingSettings(max_tokens=0)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: max_tokens must be in [1, 1099511627776], got 0; set max_tokens to the padded token slots ...
+    """
+
+    max_tokens: int = field(metadata=_help("padded token slots per micro-batch, per rank"))
+    shuffle: bool = field(default=True, metadata=_help("shuffle within length buckets and steps"))
+    seed: int = field(default=0, metadata=_help("sampler seed, the same on every rank"))
+    drop_last: bool = field(default=False, metadata=_help("drop instead of duplicating when too few"))
+    too_long: Literal["error", "skip", "truncate"] = field(default="error",
+                                                           metadata=_help("samples longer than max-tokens"))
+    pad_to_multiple_of: int = field(default=1, metadata=_help("rows padded to a multiple of this (tokens)"))
+    max_batch_size: int | None = field(default=None, metadata=_help("rows per micro-batch cap; null = none"))
+    shuffle_window: float = field(
+        default=0.25, metadata=_help("micro-batches' worth of tokens a sample may move in the length order each "
+                                     "epoch (randomness for padding); 0 = least padding"))
+    accumulate_grad_batches: int = field(
+        default=1, metadata=_help("micro-batches per rank per optimizer step, balanced together (ranks wait once "
+                                  "per optimizer step)"))
+    largest_first: bool = field(default=False,
+                                metadata=_help("the optimizer step holding the longest sample runs first"))
+    plan_window: int = field(
+        default=DEFAULT_PLAN_WINDOW, metadata=_help("most samples planned together; a larger epoch is planned in "
+                                                    "windows of at most this many, each when it is reached"))
+    packing: bool = field(default=False,
+                          metadata=_help("padding-free: whole documents concatenated into one row per micro-batch, "
+                                         "max-tokens = real tokens of the row"))
+
+    def __post_init__(self) -> None:
+        max_tokens = check_int("max_tokens", self.max_tokens, 1,
+                               "set max_tokens to the padded token slots per micro-batch, per rank", MAX_TOKENS_LIMIT)
+        pad = check_int("pad_to_multiple_of", self.pad_to_multiple_of, 1, "use 1 for no rounding")
+        if pad > max_tokens:
+            raise ValueError(
+                f"pad_to_multiple_of ({pad}) exceeds max_tokens ({max_tokens}): no row would fit; "
+                "lower pad_to_multiple_of or raise max_tokens"
+            )
+        window = self.shuffle_window
+        what = f"shuffle_window must be a finite number >= 0 (micro-batches), got {window!r}"
+        if isinstance(window, (bool, np.bool_)) or not isinstance(window, numbers.Real):
+            raise TypeError(f"{what} of type {type(window).__name__}; 0 shuffles only equal lengths")
+        try:
+            window = float(window)
+        except OverflowError:  # a Python int beyond the float range
+            window = math.inf
+        if not math.isfinite(window) or window < 0:
+            raise ValueError(f"{what}; 0 shuffles only equal lengths")
+        max_batch_size = self.max_batch_size
+        if max_batch_size is not None:
+            max_batch_size = check_int("max_batch_size", max_batch_size, 1, "or pass None for no row cap",
+                                       MAX_TOKENS_LIMIT)
+        if not isinstance(self.too_long, str) or self.too_long not in TOO_LONG_POLICIES:
+            raise ValueError(f"too_long must be one of {TOO_LONG_POLICIES}, got {self.too_long!r}")
+        normalised = {
+            "max_tokens": max_tokens,
+            "pad_to_multiple_of": pad,
+            "shuffle_window": float(window),
+            "max_batch_size": max_batch_size,
+            "seed": check_int("seed", self.seed, 0, "pass a non-negative int seed, the same on every rank"),
+            "shuffle": check_bool("shuffle", self.shuffle),
+            "drop_last": check_bool("drop_last", self.drop_last),
+            "largest_first": check_bool("largest_first", self.largest_first),
+            "plan_window": check_int("plan_window", self.plan_window, 1,
+                                     "samples planned together (default 1048576); a larger epoch is planned in windows",
+                                     MAX_TOKENS_LIMIT),
+            "packing": check_bool("packing", self.packing),
+            "accumulate_grad_batches": check_int("accumulate_grad_batches", self.accumulate_grad_batches, 1,
+                                                 "pass the Trainer's accumulate_grad_batches (1 for none)",
+                                                 MAX_TOKENS_LIMIT),
+        }
+        for name, value in normalised.items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The settings' names, in field order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @property
+    def truncate_to(self) -> int:
+        """Longest length (tokens) that fits the budget once padded: ``max_tokens`` rounded down to the multiple."""
+        return (self.max_tokens // self.pad_to_multiple_of) * self.pad_to_multiple_of
+
+    def replace(self, **changes: Any) -> BatchingSettings:
+        """A copy with ``changes`` applied and checked (:func:`dataclasses.replace`)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as plain Python values (``int``, ``float``, ``bool``, ``str``, None), in field order."""
+        return {name: getattr(self, name) for name in self.names()}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> BatchingSettings:
+        """Build from :meth:`to_dict`'s output; keys left out take their defaults (``max_tokens`` has none).
+
+        Raises:
+            TypeError: ``values`` is not a mapping.
+            ValueError: unknown keys, no ``max_tokens``, or a value the settings reject.
+        """
+        if not isinstance(values, Mapping):
+            raise TypeError(f"BatchingSettings.from_dict expects a mapping of setting names to values, got "
+                            f"{type(values).__name__}")
+        unknown = sorted(set(values) - set(cls.names()), key=repr)
+        if unknown:
+            raise ValueError(f"unknown batching settings {unknown}; the settings are {list(cls.names())}")
+        if "max_tokens" not in values:
+            raise ValueError("BatchingSettings.from_dict needs max_tokens (padded token slots per micro-batch, per "
+                             "rank), which has no default")
+        return cls(**values)
+
+    @classmethod
+    def build(cls, settings: BatchingSettings | None, keywords: Mapping[str, Any], *, owner: str) -> BatchingSettings:
+        """The settings a consumer (``owner``) runs with: ``settings``, or one built from keyword arguments.
+
+        With ``settings`` given, every keyword must agree with it (after checking): keywords say the same thing
+        twice, never something else. Without, the keywords build the settings (``max_tokens`` is required).
+
+        Raises:
+            TypeError: ``settings`` is not a :class:`BatchingSettings`; an unknown keyword.
+            ValueError: a keyword that disagrees with ``settings`` (naming both values); a bad value.
+        """
+        unknown = sorted(set(keywords) - set(cls.names()))
+        if unknown:
+            raise TypeError(f"{owner} got unexpected keyword argument(s) {unknown}; the batching settings are "
+                            f"{list(cls.names())}")
+        if settings is None:
+            return cls(**keywords)
+        if not isinstance(settings, BatchingSettings):
+            raise TypeError(f"settings must be a lit_balance.BatchingSettings or None, got {settings!r} of type "
+                            f"{type(settings).__name__}")
+        merged = settings.replace(**keywords)
+        conflicts = [f"{name}={getattr(merged, name)!r} but settings.{name}={getattr(settings, name)!r}"
+                     for name in keywords if getattr(merged, name) != getattr(settings, name)]
+        if conflicts:
+            raise ValueError(f"{owner}: keyword arguments disagree with settings ({'; '.join(conflicts)}); pass "
+                             "the value once, in settings (settings.replace(...)) or as a keyword without settings")
+        return settings
+
+
+def delegate_settings(cls: type) -> type:
+    """Class decorator: a read-only property per setting that returns ``self.settings.<name>``."""
+    for name in BatchingSettings.names():
+        if name in cls.__dict__:
+            raise TypeError(f"{cls.__name__} already defines {name}")
+        prop = property(lambda self, _name=name: getattr(self.settings, _name),
+                        doc=f"``settings.{name}`` (read-only; see :class:`~lit_balance.BatchingSettings`).")
+        setattr(cls, name, prop)
+    return cls

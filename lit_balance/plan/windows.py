@@ -1,0 +1,382 @@
+"""Plans in windows: an epoch of a very large corpus planned window by window, each with every guarantee.
+
+A corpus of more than ``settings.plan_window`` samples is split into ``ceil(num_samples / plan_window)``
+windows of about equal size by a seeded pseudo-random permutation of the sample indices (a Feistel network
+with cycle-walking, as in Black and Rogaway, "Ciphers with arbitrary finite domains", CT-RSA 2002; no index
+array is stored, so a window's members cost memory proportional to the window). The windows are fixed by
+``settings.seed`` alone; every epoch runs them in a new order (with ``shuffle``) and plans each one with
+:func:`~lit_balance.plan.padded.plan_epoch`, which varies its batch composition and order by epoch. Each window's
+plan has every guarantee of a whole-epoch plan (budget, equal counts on every rank, coverage, determinism), and
+its number of micro-steps depends only on the window's lengths and the settings, so the epoch's length
+(their sum) is known before any window is planned and is the same every epoch (with equal rank speeds).
+
+Worked example (``plan_window=4``, 10 samples, so 3 windows of 3, 3 and 4 samples)::
+
+    positions 0..9 of the seeded permutation -> window 0: positions 0-2, window 1: 3-5, window 2: 6-9
+    members(0) = perm([0, 1, 2]), ...; epoch e runs the windows in a seeded order, e.g. [2, 0, 1]: the
+    micro-steps of window 2's plan, then window 0's, then window 1's
+
+The trade-off of fixing the membership by seed: batch-mates are drawn from the same window every epoch (a
+million samples at the default), and the within-window order, composition and the order of windows change by
+epoch. A membership that changed every epoch would change each window's micro-batch count, and with it the
+epoch's length, which Lightning reads before it calls ``set_epoch``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from lit_balance.plan.cost import CostModel
+from lit_balance.plan.padded import EpochPlan, _num_batches, padded_lengths, plan_epoch
+from lit_balance.plan.settings import BatchingSettings
+
+__all__ = ["PlanWindows", "WindowedPlan"]
+
+_ROUNDS = 4
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014) on uint64, wrapping."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+class PlanWindows:
+    """The windows of a corpus: a seeded permutation of ``[0, num_samples)`` cut into equal runs of positions.
+
+    Args:
+        num_samples: samples in the corpus (``len(lengths)``).
+        plan_window: most samples per window; ``ceil(num_samples / plan_window)`` windows of
+            ``num_samples // num_windows`` or one more samples each.
+        seed: the permutation's seed (the sampler's ``seed``).
+
+    Example:
+        >>> w = PlanWindows(10, 4, seed=0)
+        >>> w.num_windows, [w.members(j).size for j in range(3)]
+        (3, [3, 3, 4])
+        >>> sorted(np.concatenate([w.members(j) for j in range(3)]).tolist()) == list(range(10))
+        True
+    """
+
+    def __init__(self, num_samples: int, plan_window: int, seed: int) -> None:
+        self.num_samples = int(num_samples)
+        self.num_windows = max(1, -(-self.num_samples // int(plan_window)))
+        self.bounds = (np.arange(self.num_windows + 1, dtype=np.int64) * self.num_samples) // self.num_windows
+        self._half = max(1, math.ceil(max(1, (self.num_samples - 1).bit_length()) / 2))
+        self._keys = np.random.SeedSequence([int(seed), 0x77696E646F77]).generate_state(_ROUNDS, np.uint64)
+
+    def _feistel(self, x: np.ndarray, inverse: bool) -> np.ndarray:
+        h, mask = np.uint64(self._half), np.uint64((1 << self._half) - 1)
+        left, right = x >> h, x & mask
+        keys = self._keys[::-1] if inverse else self._keys
+        for key in keys:
+            if inverse:
+                left, right = right ^ (_mix(left ^ key) & mask), left
+            else:
+                left, right = right, left ^ (_mix(right ^ key) & mask)
+        return (left << h) | right
+
+    def _walk(self, x: np.ndarray, inverse: bool) -> np.ndarray:
+        """The permutation (or its inverse) on ``[0, num_samples)`` by cycle-walking the Feistel network."""
+        y = self._feistel(x.astype(np.uint64), inverse)
+        outside = np.flatnonzero(y >= np.uint64(self.num_samples))
+        while outside.size:
+            y[outside] = self._feistel(y[outside], inverse)
+            outside = outside[y[outside] >= np.uint64(self.num_samples)]
+        return y.astype(np.int64)
+
+    def members(self, window: int) -> np.ndarray:
+        """int64 ``[window size]``: the sample indices of ``window``, in permutation order."""
+        lo, hi = int(self.bounds[window]), int(self.bounds[window + 1])
+        return self._walk(np.arange(lo, hi, dtype=np.uint64), inverse=False)
+
+    def window_of(self, index: int) -> int:
+        """The window that holds sample ``index``."""
+        position = int(self._walk(np.array([index], dtype=np.uint64), inverse=True)[0])
+        return int(np.searchsorted(self.bounds, position, side="right") - 1)
+
+    def order(self, epoch: int, settings: BatchingSettings, first: int | None = None) -> np.ndarray:
+        """int64 ``[num_windows]``: the windows in the order epoch ``epoch`` runs them.
+
+        With ``shuffle``, a permutation seeded by ``(seed, epoch)``; else ascending. ``first`` (the window
+        holding the longest sample, with ``largest_first``) moves to the front.
+        """
+        order = np.arange(self.num_windows, dtype=np.int64)
+        if settings.shuffle:
+            order = np.random.default_rng(np.random.SeedSequence([settings.seed, int(epoch), 0x6F72])).permutation(
+                self.num_windows)
+        if first is not None:
+            order = np.concatenate([[first], order[order != first]])
+        return order
+
+    def window_seed(self, seed: int, window: int) -> int:
+        """The seed that window ``window``'s plans draw their randomness from (epoch-independent, >= 0)."""
+        return int(np.random.SeedSequence([int(seed), 0x77, int(window)]).generate_state(1)[0])
+
+
+def _counts_by_planning(settings: BatchingSettings) -> bool:
+    """Whether a window's count comes from planning it: packed plans count by their own rule."""
+    return bool(getattr(settings, "packing", False))
+
+
+def _expected_steps(padded: np.ndarray, mask: np.ndarray | None, settings: BatchingSettings, num_replicas: int,
+                    min_steps: int) -> tuple[int, int, int | None]:
+    """``(micro-steps, min_steps to plan with, micro-batches before min_steps)`` of a window's plan with equal rank
+    speeds, without planning it.
+
+    Mirrors :func:`~lit_balance.plan.padded.plan_epoch`'s count (the same for every epoch and cost model); the
+    count is rounded up to a multiple of ``accumulate_grad_batches`` where the samples allow, so optimizer steps
+    of consecutive windows stay aligned with the epoch's.
+    """
+    candidates = np.arange(padded.shape[0], dtype=np.int64) if mask is None else np.flatnonzero(mask)
+    n = candidates.shape[0]
+    if not n:
+        return 0, 0, None
+    row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
+    k = count = _num_batches(padded, candidates, settings, num_replicas, row_cap)
+    accumulate = settings.accumulate_grad_batches
+    plan_min = max(int(min_steps), -(-(k // num_replicas) // accumulate) * accumulate)
+    if plan_min * num_replicas > k:
+        k = max(k, min(plan_min, n // num_replicas) * num_replicas)
+    steps = n // num_replicas if settings.drop_last and n < k else k // num_replicas
+    return steps, plan_min, count
+
+
+@dataclass
+class _Window:
+    """One planned window: its plan in corpus indices and the real tokens / rows of each of its micro-steps."""
+
+    plan: EpochPlan
+    step_tokens: np.ndarray
+    step_rows: np.ndarray
+
+
+class WindowedPlan:
+    """An epoch's plan made window by window, when it is reached; the same global plan on every rank.
+
+    Micro-step ``s`` of the epoch belongs to the window ``order[j]`` with ``starts[j] <= s < starts[j + 1]``.
+    Only the windows being read are held in memory (with those an optimizer step straddles).
+
+    Args:
+        lengths: int ``[num_samples]`` tokens per sample (any integer dtype; a memory map is read window by window).
+        settings: the batching settings (``plan_window`` below the number of samples).
+        windows: the corpus's :class:`PlanWindows`.
+        num_replicas, epoch, cost_model, rank_speeds: as for :func:`~lit_balance.plan.padded.plan_epoch`.
+        eligible: bool ``[num_samples]`` of samples still to plan (a resumed epoch), or None for ``base_eligible``.
+        base_eligible: bool ``[num_samples]`` of the samples every epoch plans (``too_long="skip"``), or None.
+        min_steps: plan at least this many micro-steps in all, where the samples allow (windows with samples
+            grow, in the epoch's order, until there are enough).
+        count_cache: ``{(num_replicas, window): (steps, min_steps)}`` of whole windows, shared across epochs.
+    """
+
+    def __init__(self, lengths: np.ndarray, settings: BatchingSettings, windows: PlanWindows, *, num_replicas: int,
+                 epoch: int, eligible: np.ndarray | None, base_eligible: np.ndarray | None,
+                 cost_model: CostModel, rank_speeds: np.ndarray | None, min_steps: int = 0,
+                 count_cache: dict | None = None) -> None:
+        self.lengths, self.settings, self.windows = lengths, settings, windows
+        self.num_replicas, self.epoch = int(num_replicas), int(epoch)
+        self.cost_model, self.rank_speeds = cost_model, rank_speeds
+        self.accumulate_grad_batches = settings.accumulate_grad_batches
+        uniform = rank_speeds is None or bool(np.all(rank_speeds == rank_speeds[0]))
+        self._masks: dict[int, np.ndarray | None] = {}
+        self._plan_args: dict[int, tuple[int, int | None]] = {}  # (min_steps, num_batches) to plan with
+        cache = count_cache if count_cache is not None else {}
+        counts = np.zeros(windows.num_windows, dtype=np.int64)
+        for j in range(windows.num_windows):
+            key = (self.num_replicas, j)
+            if eligible is None and base_eligible is None and key in cache:  # every sample, counted before
+                self._masks[j] = None
+                counts[j], self._plan_args[j] = cache[key]
+                continue
+            members = windows.members(j)
+            base = None if base_eligible is None else base_eligible[members]
+            mask = base if eligible is None else eligible[members]
+            whole = eligible is None or np.array_equal(mask, base if base is not None else np.ones_like(mask))
+            self._masks[j] = None if mask is None or bool(mask.all()) else mask
+            if whole and key in cache:
+                counts[j], self._plan_args[j] = cache[key]
+                continue
+            counts[j], self._plan_args[j] = self._count(j, members, 0)
+            if whole:
+                cache[key] = (int(counts[j]), self._plan_args[j])
+        first = None
+        if settings.largest_first:
+            longest = _longest(lengths, eligible if eligible is not None else base_eligible)
+            first = None if longest is None else windows.window_of(longest)
+        self.order = windows.order(epoch, settings, first)
+        nonempty = [int(j) for j in self.order if self._has_samples(int(j))]
+        for j in nonempty:  # the rest of a resumed epoch: windows grow, first to last, until it is long enough
+            deficit = int(min_steps) - int(counts.sum())
+            if deficit <= 0:
+                break
+            counts[j], self._plan_args[j] = self._count(j, windows.members(j), int(counts[j]) + deficit)
+        if not uniform:  # unequal speeds can lengthen a window's plan: count by planning each one
+            for j in range(windows.num_windows):
+                counts[j] = self._plan_local(j)[0].num_micro_steps if self._has_samples(j) else 0
+        self.counts = counts  # by window id
+        self.starts = np.concatenate([[0], np.cumsum(counts[self.order])]).astype(np.int64)
+        self._planned: dict[int, _Window] = {}
+
+    @property
+    def num_micro_steps(self) -> int:
+        """Micro-steps of the epoch: micro-batches per rank (the same on every rank)."""
+        return int(self.starts[-1])
+
+    def _count(self, j: int, members: np.ndarray, min_steps: int) -> tuple[int, tuple[int, int | None]]:
+        """``(micro-steps, (min_steps, num_batches) to plan with)`` of window ``j``, equal rank speeds, any epoch."""
+        if not _counts_by_planning(self.settings):
+            padded = padded_lengths(self.lengths[members], self.settings.pad_to_multiple_of)
+            steps, plan_min, count = _expected_steps(padded, self._masks[j], self.settings, self.num_replicas,
+                                                     min_steps)
+            return steps, (plan_min, count)
+        # another planner (packed rows): its count is also fixed by the lengths and settings; plan to learn it
+        local = np.asarray(self.lengths[members], dtype=np.int64)
+        accumulate = self.settings.accumulate_grad_batches
+        steps = plan_epoch(local, self.settings, num_replicas=self.num_replicas, epoch=0, eligible=self._masks[j],
+                           cost_model=self.cost_model, min_steps=min_steps).num_micro_steps
+        aligned = -(-steps // accumulate) * accumulate
+        if aligned == steps:
+            return steps, (min_steps, None)
+        steps = plan_epoch(local, self.settings, num_replicas=self.num_replicas, epoch=0, eligible=self._masks[j],
+                           cost_model=self.cost_model, min_steps=aligned).num_micro_steps
+        return steps, (aligned, None)
+
+    def _has_samples(self, j: int) -> bool:
+        mask = self._masks[j]
+        return mask is None or bool(mask.any())
+
+    def _plan_local(self, j: int) -> tuple[EpochPlan, np.ndarray, np.ndarray]:
+        members = self.windows.members(j)
+        local = np.asarray(self.lengths[members], dtype=np.int64)
+        settings = self.settings.replace(seed=self.windows.window_seed(self.settings.seed, j))
+        plan = plan_epoch(local, settings, num_replicas=self.num_replicas, epoch=self.epoch, eligible=self._masks[j],
+                          cost_model=self.cost_model, rank_speeds=self.rank_speeds, min_steps=self._plan_args[j][0],
+                          num_batches=self._plan_args[j][1])
+        return plan, members, local
+
+    def window(self, position: int) -> _Window:
+        """The plan of the ``position``-th window of the epoch's order (planned now unless held)."""
+        j = int(self.order[position])
+        held = self._planned.get(position)
+        if held is not None:
+            return held
+        if not self._has_samples(j):
+            plan = EpochPlan(rows=np.empty(0, np.int64), is_fill=np.empty(0, bool), batch_offsets=np.zeros(1, np.int64),
+                             assignment=np.empty((0, self.num_replicas), np.int64), dropped=np.empty(0, np.int64),
+                             accumulate_grad_batches=self.accumulate_grad_batches)
+            held = _Window(plan, np.empty(0, np.int64), np.empty(0, np.int64))
+        else:
+            local_plan, members, local = self._plan_local(j)
+            if local_plan.num_micro_steps != self.counts[j]:
+                raise RuntimeError(f"window {j} of epoch {self.epoch} planned {local_plan.num_micro_steps} "
+                                   f"micro-steps, but its count was {int(self.counts[j])}: the windowed plan is "
+                                   "inconsistent")
+            a = local_plan.assignment
+            held = _Window(
+                plan=EpochPlan(rows=members[local_plan.rows], is_fill=local_plan.is_fill,
+                               batch_offsets=local_plan.batch_offsets, assignment=a,
+                               dropped=np.sort(members[local_plan.dropped]),
+                               accumulate_grad_batches=local_plan.accumulate_grad_batches),
+                step_tokens=local_plan.real_tokens_per_batch(local)[a].sum(axis=1).astype(np.int64),
+                step_rows=local_plan.real_rows_per_batch()[a].sum(axis=1).astype(np.int64),
+            )
+        self._planned[position] = held
+        return held
+
+    def _positions(self, lo: int, hi: int) -> range:
+        """Positions in the epoch's order of the windows that hold micro-steps ``[lo, hi)``."""
+        first = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        last = int(np.searchsorted(self.starts, max(hi, lo + 1) - 1, side="right")) - 1
+        return range(max(first, 0), min(last, self.order.shape[0] - 1) + 1)
+
+    def release_before(self, step: int) -> None:
+        """Forget the plans of windows that end at or before micro-step ``step`` (memory)."""
+        for position in [p for p in self._planned if self.starts[p + 1] <= step]:
+            del self._planned[position]
+
+    def batch(self, step: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(indices, is_fill)`` of the micro-batch that ``rank`` runs at micro-step ``step``."""
+        position = self._positions(step, step + 1)[-1]
+        held = self.window(position)
+        local = step - int(self.starts[position])
+        return held.plan.batch(int(held.plan.assignment[local, rank]))
+
+    def step_sums(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """int64 ``[hi - lo]`` each: real tokens and rows, summed over the ranks, of micro-steps ``[lo, hi)``."""
+        tokens, rows = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        if hi > lo:
+            for position in self._positions(lo, hi):
+                held, start = self.window(position), int(self.starts[position])
+                a, b = max(lo, start) - start, min(hi, int(self.starts[position + 1])) - start
+                tokens.append(held.step_tokens[a:b])
+                rows.append(held.step_rows[a:b])
+        return np.concatenate(tokens), np.concatenate(rows)
+
+    def consume(self, consumed: int, seen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mark in ``seen`` the real rows of micro-steps ``[0, consumed)`` (all ranks); return their step sums.
+
+        Windows are planned one at a time and released, so memory stays that of one window.
+        """
+        tokens, rows = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        for position in self._positions(0, consumed) if consumed else ():
+            held, start = self.window(position), int(self.starts[position])
+            upto = min(consumed, int(self.starts[position + 1])) - start
+            _mark_rows(held.plan, upto, seen)
+            tokens.append(held.step_tokens[:upto])
+            rows.append(held.step_rows[:upto])
+            self._planned.pop(position, None)
+        return np.concatenate(tokens), np.concatenate(rows)
+
+    def materialise(self) -> EpochPlan:
+        """The whole epoch as one :class:`~lit_balance.plan.padded.EpochPlan` (plans every window; memory of the epoch)."""
+        rows, fills, offsets, assignments, dropped = [], [], [np.zeros(1, np.int64)], [], []
+        num_rows = num_batches = 0
+        for position in range(self.order.shape[0]):
+            held = self.window(position).plan
+            rows.append(held.rows)
+            fills.append(held.is_fill)
+            offsets.append(held.batch_offsets[1:] + num_rows)
+            assignments.append(held.assignment + num_batches)
+            dropped.append(held.dropped)
+            num_rows += held.rows.shape[0]
+            num_batches += held.num_batches
+            self._planned.pop(position, None)
+        return EpochPlan(rows=np.concatenate(rows) if rows else np.empty(0, np.int64),
+                         is_fill=np.concatenate(fills) if fills else np.empty(0, bool),
+                         batch_offsets=np.concatenate(offsets),
+                         assignment=np.concatenate(assignments, axis=0) if assignments else
+                         np.empty((0, self.num_replicas), np.int64),
+                         dropped=np.sort(np.concatenate(dropped)) if dropped else np.empty(0, np.int64),
+                         accumulate_grad_batches=self.accumulate_grad_batches)
+
+
+def _longest(lengths: np.ndarray, mask: np.ndarray | None, chunk: int = 1 << 20) -> int | None:
+    """Index of the first longest sample where ``mask`` holds (None: every sample), read ``chunk`` at a time."""
+    best, at = -1, None
+    for start in range(0, lengths.shape[0], chunk):
+        part = np.asarray(lengths[start:start + chunk])
+        if mask is not None:
+            part = np.where(mask[start:start + chunk], part, -1)
+        i = int(np.argmax(part)) if part.size else 0
+        if part.size and int(part[i]) > best:
+            best, at = int(part[i]), start + i
+    return at
+
+
+def _mark_rows(plan: EpochPlan, upto: int, seen: np.ndarray) -> None:
+    """Set ``seen`` at the real rows (fill rows excluded) of micro-steps ``[0, upto)`` of ``plan``, all ranks."""
+    batches = plan.assignment[:upto].reshape(-1)
+    if not batches.size:
+        return
+    lo, hi = plan.batch_offsets[batches], plan.batch_offsets[batches + 1]
+    sizes = hi - lo
+    # row positions of the chosen micro-batches, without a loop: each run lo..hi-1 laid end to end
+    at = np.repeat(lo - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes) + np.arange(int(sizes.sum()))
+    seen[plan.rows[at[~plan.is_fill[at]]]] = True

@@ -1,0 +1,375 @@
+"""The plan report: what an epoch of token-budgeted micro-batches looks like before any training.
+
+:func:`plan_report` plans one epoch with :class:`~lit_balance.BalancedBatchSampler` and, for comparison,
+with PyTorch's ``DistributedSampler`` and the largest fixed batch size that never exceeds the budget;
+:func:`format_report` renders per-rank tables and the epoch's figures (rank imbalance, useful compute
+fraction, padding) with rich; :func:`save_plots` draws the length histogram with the length buckets and
+the per-step, per-rank cost of both plans. ``lit-balance plan`` (:mod:`lit_balance.cli`) wires them to the
+command line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import DistributedSampler
+
+from lit_balance.plan.cost import check_cost_model
+from lit_balance.plan.cost import CostModel
+from lit_balance.plan.padded import EpochPlan, padded_lengths
+from lit_balance.sampler.sampler import BalancedBatchSampler
+from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan.stats import PlanStats, plan_stats
+
+__all__ = ["PlanReport", "distributed_sampler_plan", "format_report", "plan_report", "save_plots", "summary_line"]
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """One epoch planned two ways, with the settings that produced it.
+
+    Attributes:
+        lengths: int64 ``[num_samples]``: tokens per sample as planned (after truncation), global.
+        settings: the planning settings as plain values: :meth:`BatchingSettings.to_dict` plus
+            ``num_replicas``, ``epoch`` and ``cost_model`` (:meth:`CostModel.to_dict`).
+        balanced: :class:`PlanStats` of :class:`BalancedBatchSampler`'s plan.
+        baseline: :class:`PlanStats` of ``DistributedSampler`` with ``baseline_batch_size`` rows per batch.
+        baseline_batch_size: the largest fixed batch size whose batches never exceed ``max_tokens``
+            padded slots (rows), per rank.
+        bucket_edges: float64: the edges (tokens) of the budget's length buckets: samples longer than
+            ``max_tokens / (k + 1)`` and up to ``max_tokens / k`` take ``k`` rows per micro-batch; the edges of
+            ``k`` = 1, 2, 3, 4, 6, 8, 12, 16, ... that fall within the planned lengths.
+        cost_unit: what a cost counts (``"padded slots"`` for the default cost model, ``"tokens"`` when packed).
+    """
+
+    lengths: np.ndarray
+    settings: dict[str, Any]
+    balanced: PlanStats
+    baseline: PlanStats
+    baseline_batch_size: int
+    bucket_edges: np.ndarray
+    cost_unit: str
+
+    def summary(self) -> dict[str, Any]:
+        """Plain-Python figures of both plans (what ``plan_summary.json`` holds)."""
+        return {"settings": self.settings, "num_samples": int(self.lengths.size), "cost_unit": self.cost_unit,
+                "baseline_batch_size": self.baseline_batch_size,
+                "balanced": _figures(self.balanced), "distributed_sampler": _figures(self.baseline)}
+
+
+def _figures(stats: PlanStats) -> dict[str, Any]:
+    rank_total = stats.rank_cost.sum(axis=0)
+    imbalance = stats.step_imbalance
+    padded = stats.rank_padded_tokens
+    return {
+        "padding_ratio": stats.padding_ratio,
+        "useful_fraction": stats.useful_fraction,
+        "useful_fraction_bound": stats.useful_fraction_bound,
+        "epoch_rank_imbalance": float(rank_total.max() / rank_total.mean()) if rank_total.mean() > 0 else 1.0,
+        "mean_step_imbalance": float(imbalance.mean()) if imbalance.size else 1.0,
+        "max_step_imbalance": float(imbalance.max()) if imbalance.size else 1.0,
+        "micro_batches_per_rank": int(stats.rank_micro_batches[0]) if stats.rank_micro_batches.size else 0,
+        "optimizer_steps": int(stats.rank_cost.shape[0]),
+        "max_batch_tokens": stats.max_batch_tokens,
+        "ranks": [
+            {"rank": r, "micro_batches": int(stats.rank_micro_batches[r]),
+             "real_tokens": int(stats.rank_real_tokens[r]), "padded_tokens": int(padded[r]),
+             "padding_ratio": 1.0 - float(stats.rank_real_tokens[r]) / padded[r] if padded[r] else 0.0,
+             "cost": float(rank_total[r])}
+            for r in range(stats.rank_real_tokens.size)
+        ],
+    }
+
+
+def distributed_sampler_plan(num_samples: int, batch_size: int, *, num_replicas: int, shuffle: bool, seed: int,
+                             epoch: int, drop_last: bool) -> EpochPlan:
+    """The epoch plan of ``DataLoader(batch_size=batch_size, sampler=DistributedSampler(...))`` on every rank.
+
+    Each rank batches its ``DistributedSampler`` shard in order (the last batch may be short). Indices that
+    ``DistributedSampler`` repeats to even out the shards (``drop_last=False``) are marked as fill rows.
+
+    Args:
+        num_samples: dataset size.
+        batch_size: rows per batch, per rank.
+        num_replicas: number of ranks.
+        shuffle, seed, epoch, drop_last: as for ``DistributedSampler`` and its ``set_epoch``.
+
+    Returns:
+        An :class:`EpochPlan`; batch ``s * num_replicas + r`` is rank ``r``'s batch at step ``s``.
+
+    Raises:
+        ValueError: ``batch_size < 1`` or ``num_samples < 1``.
+
+    Example:
+        >>> plan = distributed_sampler_plan(5, 2, num_replicas=2, shuffle=False, seed=0, epoch=0, drop_last=False)
+        >>> plan.assignment.tolist(), plan.rows.tolist(), plan.is_fill.tolist()
+        ([[0, 1], [2, 3]], [0, 2, 1, 3, 4, 0], [False, False, False, False, False, True])
+    """
+    if batch_size < 1 or num_samples < 1:
+        raise ValueError(f"need batch_size >= 1 and num_samples >= 1, got {batch_size} and {num_samples}")
+    shards, fills = [], []
+    for rank in range(num_replicas):
+        sampler = DistributedSampler(range(num_samples), num_replicas=num_replicas, rank=rank, shuffle=shuffle,
+                                     seed=seed, drop_last=drop_last)
+        sampler.set_epoch(epoch)
+        shards.append(np.fromiter(sampler, dtype=np.int64))
+        positions = rank + num_replicas * np.arange(len(sampler))  # positions in the padded global order
+        fills.append(positions >= num_samples)
+    per_rank = len(shards[0])
+    num_steps = -(-per_rank // batch_size)
+    rows, is_fill, sizes = [], [], []
+    for step in range(num_steps):
+        lo, hi = step * batch_size, min((step + 1) * batch_size, per_rank)
+        for rank in range(num_replicas):
+            rows.append(shards[rank][lo:hi])
+            is_fill.append(fills[rank][lo:hi])
+            sizes.append(hi - lo)
+    return EpochPlan(
+        rows=np.concatenate(rows) if rows else np.zeros(0, np.int64),
+        is_fill=np.concatenate(is_fill) if is_fill else np.zeros(0, bool),
+        batch_offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+        assignment=np.arange(num_steps * num_replicas, dtype=np.int64).reshape(num_steps, num_replicas),
+        dropped=np.zeros(0, np.int64),
+    )
+
+
+def _bucket_edges(lengths: np.ndarray, max_tokens: int) -> np.ndarray:
+    """Edges ``max_tokens / k`` (tokens) of the rows-per-micro-batch buckets, for k = 1, 2, 3, 4, 6, 8, 12, ..."""
+    ks, k = [], 1
+    while max_tokens / k >= lengths.min() and k <= max_tokens:
+        ks.append(k)
+        k = k + 1 if k < 4 else (k * 3 // 2 if (k & (k - 1)) == 0 else k * 4 // 3)  # 4, 6, 8, 12, 16, 24, ...
+    edges = max_tokens / np.asarray(ks, dtype=np.float64)
+    return edges[(edges >= lengths.min()) & (edges <= lengths.max() * 1.1)]
+
+
+def plan_report(
+    lengths: Any,
+    max_tokens: int | None = None,
+    *,
+    settings: BatchingSettings | None = None,
+    num_replicas: int,
+    epoch: int = 0,
+    cost_model: CostModel | None = None,
+    **settings_kwargs: Any,
+) -> PlanReport:
+    """Plan epoch ``epoch`` with :class:`BalancedBatchSampler` and with ``DistributedSampler``, and measure both.
+
+    The baseline batches the same samples (those the balanced plan keeps) with ``DistributedSampler`` and
+    the largest fixed batch size ``max_tokens // longest padded length`` (capped by ``max_batch_size``),
+    so neither plan ever exceeds ``max_tokens`` padded slots per micro-batch. With ``packing=True`` the balanced
+    plan is packed (one row of whole documents per micro-batch, measured with its packed cost and zero padding
+    but for the row's rounding to ``pad_to_multiple_of``), the baseline stays padded. Both are measured with
+    :func:`lit_balance.plan.stats.plan_stats` under the same cost model, per optimizer step of
+    ``settings.accumulate_grad_batches`` micro-batches per rank (ranks wait for each other once per step).
+
+    Args:
+        lengths: int ``[num_samples]``: tokens per sample.
+        max_tokens: padded token slots per micro-batch, per rank (shorthand for ``settings.max_tokens``).
+        settings: the :class:`~lit_balance.BatchingSettings`; or give them as keywords (``**settings_kwargs``),
+            as for :class:`BalancedBatchSampler`.
+        num_replicas: number of ranks (world size).
+        epoch: the epoch to plan (as passed to ``set_epoch``).
+        cost_model: cost of a micro-batch, which the sampler balances and both plans are measured in;
+            default :class:`CostModel()` (padded token slots).
+        **settings_kwargs: settings by name (``shuffle=False``, ``accumulate_grad_batches=2``, ...).
+
+    Returns:
+        The :class:`PlanReport`.
+
+    Raises:
+        ValueError, TypeError: settings the sampler rejects (the message names the setting).
+
+    Example:
+        >>> report = plan_report([95] * 5 + [20] * 5, 100, num_replicas=2, shuffle=False)
+        >>> report.baseline_batch_size, round(report.balanced.padding_ratio, 3), round(report.baseline.padding_ratio, 3)
+        (1, 0.0, 0.0)
+    """
+    cost_model = check_cost_model(cost_model)
+    sampler = BalancedBatchSampler(lengths, max_tokens, settings=settings, num_replicas=num_replicas, rank=0,
+                                   cost_model=cost_model, **settings_kwargs)
+    settings = sampler.settings
+    sampler.set_epoch(epoch)
+    planned = sampler.lengths
+    pad, accumulate = settings.pad_to_multiple_of, settings.accumulate_grad_batches
+    balanced = plan_stats(sampler.plan(), planned, cost_model, pad_to_multiple_of=pad,
+                          accumulate_grad_batches=accumulate, packing=settings.packing,
+                          max_tokens=settings.max_tokens)
+
+    kept = np.setdiff1d(np.arange(planned.size), sampler.skipped_indices)
+    kept_lengths = planned[kept]
+    batch_size = settings.max_tokens // int(padded_lengths(kept_lengths, pad).max())
+    if settings.max_batch_size is not None:
+        batch_size = min(batch_size, settings.max_batch_size)
+    base_plan = distributed_sampler_plan(kept.size, batch_size, num_replicas=num_replicas, shuffle=settings.shuffle,
+                                         seed=settings.seed, epoch=epoch, drop_last=settings.drop_last)
+    baseline = plan_stats(base_plan, kept_lengths, cost_model, pad_to_multiple_of=pad,
+                          accumulate_grad_batches=accumulate, max_tokens=settings.max_tokens)
+    summary = {**settings.to_dict(), "num_replicas": sampler.num_replicas, "epoch": sampler.epoch,
+               "cost_model": cost_model.to_dict()}
+    unit = ("tokens" if settings.packing else "padded slots") if cost_model == CostModel() else "cost units"
+    return PlanReport(lengths=kept_lengths, settings=summary, balanced=balanced, baseline=baseline,
+                      baseline_batch_size=batch_size,
+                      bucket_edges=(np.zeros(0) if settings.packing else _bucket_edges(kept_lengths, settings.max_tokens)),
+                      cost_unit=unit)
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 1e4 else f"{value:.5g}"
+
+
+def format_report(report: PlanReport, title: str = "") -> list[Any]:
+    """Rich renderables: a per-rank table for each plan and a table comparing the epoch's figures.
+
+    Per rank: micro-batches, real tokens, padded slots, padding ratio and cost (in ``report.cost_unit``).
+    Epoch: padding ratio, epoch rank imbalance (slowest rank's total cost over the mean), mean and worst
+    per-step imbalance (max over mean rank cost in one optimizer step), useful compute fraction.
+    """
+    from rich import box
+    from rich.table import Table
+
+    summary = report.summary()
+    out: list[Any] = []
+    names = (("balanced", "BalancedBatchSampler"),
+             ("distributed_sampler", f"DistributedSampler, batch_size={report.baseline_batch_size}"))
+    for key, name in names:
+        fig = summary[key]
+        table = Table(title=f"{name}: per rank, epoch {report.settings['epoch']}", box=box.SIMPLE_HEAD,
+                      title_justify="left")
+        columns = ("rank", "micro-batches", "real tokens", "padded slots", "padding ratio",
+                   f"cost ({report.cost_unit})")
+        for col in columns:
+            table.add_column(col, justify="right")
+        for r in fig["ranks"]:
+            table.add_row(str(r["rank"]), str(r["micro_batches"]), str(r["real_tokens"]), str(r["padded_tokens"]),
+                          f"{r['padding_ratio']:.4f}", _number(r["cost"]))
+        real = sum(r["real_tokens"] for r in fig["ranks"])
+        padded = sum(r["padded_tokens"] for r in fig["ranks"])
+        table.add_row("total", str(sum(r["micro_batches"] for r in fig["ranks"])), str(real), str(padded),
+                      f"{fig['padding_ratio']:.4f}", _number(sum(r["cost"] for r in fig["ranks"])), style="bold")
+        out.append(table)
+    comparison = Table(title=title or "epoch figures (global)", box=box.SIMPLE_HEAD, title_justify="left")
+    comparison.add_column("figure")
+    comparison.add_column("BalancedBatchSampler", justify="right")
+    comparison.add_column(f"DistributedSampler (batch_size={report.baseline_batch_size})", justify="right")
+    rows = (("padding ratio", "padding_ratio", "{:.4f}"),
+            ("epoch rank imbalance (max/mean rank cost)", "epoch_rank_imbalance", "{:.4f}"),
+            ("mean step imbalance (max/mean per step)", "mean_step_imbalance", "{:.4f}"),
+            ("worst step imbalance (max/mean per step)", "max_step_imbalance", "{:.4f}"),
+            ("useful compute fraction", "useful_fraction", "{:.4f}"),
+            ("its bound for these steps (stats.useful_fraction_bound)", "useful_fraction_bound", "{:.4f}"),
+            ("micro-batches per rank", "micro_batches_per_rank", "{}"),
+            ("optimizer steps", "optimizer_steps", "{}"),
+            (f"largest micro-batch (padded slots, budget {report.settings['max_tokens']})", "max_batch_tokens", "{}"))
+    for label, key, fmt in rows:
+        comparison.add_row(label, fmt.format(summary["balanced"][key]), fmt.format(summary["distributed_sampler"][key]))
+    out.append(comparison)
+    return out
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """One line of the balanced plan's figures from :meth:`PlanReport.summary` (what the recipes print before fit).
+
+    Example:
+        >>> print(summary_line(plan_report([95] * 5 + [20] * 5, 100, num_replicas=2, shuffle=False).summary()))
+        plan for 2 ranks: padding ratio 0.0000 | useful compute fraction 0.9914 | micro-batches per rank 3
+    """
+    s, fig = summary["settings"], summary["balanced"]
+    epoch = f", epoch {s['epoch']}" if s["epoch"] else ""
+    return (f"plan for {s['num_replicas']} ranks{epoch}: padding ratio {fig['padding_ratio']:.4f} | "
+            f"useful compute fraction {fig['useful_fraction']:.4f} | "
+            f"micro-batches per rank {fig['micro_batches_per_rank']}")
+
+
+def save_plots(report: PlanReport, output_dir: str | Path, *, dpi: int = 80) -> list[Path]:
+    """Write ``lengths_histogram.png`` and ``step_cost.png`` into ``output_dir`` (created if missing).
+
+    ``lengths_histogram.png``: samples per length (log-spaced bins, log axes) with the edges of the budget's
+    length buckets (``max_tokens / k``: ``k`` rows per micro-batch fit at or below the edge).
+    ``step_cost.png``: each rank's cost in each optimizer
+    step for both plans (one line per rank up to 8 ranks, else the min-max band and the mean).
+
+    Returns:
+        The paths written.
+    """
+    from matplotlib.figure import Figure
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    s = report.settings
+    lengths = report.lengths
+
+    fig = Figure(figsize=(8, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    lo, hi = max(int(lengths.min()), 1), int(lengths.max())
+    bins = np.unique(np.geomspace(lo, hi + 1, 60).astype(int)) if hi > lo else np.array([lo, lo + 1])
+    ax.hist(lengths, bins=bins, color="#4878a8")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo * 0.9, hi * 1.15)
+    for edge in report.bucket_edges:
+        k = round(s["max_tokens"] / edge)
+        ax.axvline(edge, color="#d08020", lw=0.8, alpha=0.8)
+        ax.text(edge, 1.0, f"{k}", transform=ax.get_xaxis_transform(), ha="right", va="top", fontsize=7,
+                color="#a06010")
+    ax.set_xlabel("tokens per sample (as planned); orange: max_tokens / k, at or below which k rows fit (k on top)",
+                  fontsize=8)
+    ax.set_ylabel("samples")
+    ax.set_title(f"{lengths.size} samples, p50 {int(np.median(lengths))}, p99 {int(np.percentile(lengths, 99))}, "
+                 f"max {hi} tokens; max_tokens={s['max_tokens']}", fontsize=10)
+    hist_path = output_dir / "lengths_histogram.png"
+    _save_png(fig, hist_path, dpi)
+
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    axes = fig.subplots(2, 1, sharey=True)
+    summary = report.summary()
+    top = 1.05 * max(float(report.balanced.rank_cost.max(initial=0)), float(report.baseline.rank_cost.max(initial=0)))
+    for ax, stats, key, name in (
+            (axes[0], report.balanced, "balanced", "BalancedBatchSampler"),
+            (axes[1], report.baseline, "distributed_sampler",
+             f"DistributedSampler, batch_size={report.baseline_batch_size}")):
+        cost = stats.rank_cost
+        steps = np.arange(cost.shape[0])
+        if cost.shape[1] <= 8:
+            for r in range(cost.shape[1]):
+                ax.plot(steps, cost[:, r], lw=0.8, label=f"rank {r}")
+        else:
+            ax.fill_between(steps, cost.min(axis=1), cost.max(axis=1), alpha=0.4, label="min-max over ranks")
+            ax.plot(steps, cost.mean(axis=1), lw=0.8, label="mean over ranks")
+        fig_ = summary[key]
+        ax.set_title(f"{name}: useful compute {fig_['useful_fraction']:.1%}, padding {fig_['padding_ratio']:.1%}, "
+                     f"mean step imbalance {fig_['mean_step_imbalance']:.2f}", fontsize=9)
+        ax.set_ylabel(f"cost ({report.cost_unit})", fontsize=8)
+        ax.set_ylim(0, top or 1.0)
+    axes[0].legend(fontsize=7, loc="lower right", ncols=min(report.balanced.rank_cost.shape[1], 8))
+    axes[1].set_xlabel("optimizer step")
+    fig.suptitle(f"per-step, per-rank cost: {s['num_replicas']} ranks, max_tokens={s['max_tokens']}", fontsize=10)
+    cost_path = output_dir / "step_cost.png"
+    _save_png(fig, cost_path, dpi)
+    return [hist_path, cost_path]
+
+
+def _save_png(fig: Any, path: Path, dpi: int) -> None:
+    """Save a figure as a small PNG: rendered at ``dpi``, then reduced to a 64-colour palette."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        image.convert("RGB").quantize(colors=64).save(path, optimize=True)
+
+
+def write_summary(report: PlanReport, output_dir: str | Path) -> Path:
+    """Write ``plan_summary.json`` (see :meth:`PlanReport.summary`) into ``output_dir``; return its path."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / "plan_summary.json"
+    path.write_text(json.dumps(report.summary(), indent=1), encoding="utf-8")
+    return path

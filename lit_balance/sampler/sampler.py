@@ -1,0 +1,573 @@
+"""BalancedBatchSampler: token-budgeted, rank-balanced micro-batches for DDP."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data.distributed import DistributedSampler
+
+from lit_balance.sampler import state as sampler_state
+from lit_balance._fingerprint import sha256_of_int64
+from lit_balance._checks import (MAX_TOKENS_LIMIT, MIN_RANK_SPEED_RATIO, check_int, check_lengths, check_speeds,
+                                 check_supervised_lengths)
+from lit_balance.plan.cost import CostModel, check_cost_model
+from lit_balance.plan.padded import EpochPlan, MicroBatch, plan_epoch
+from lit_balance.sampler.state import STATE_VERSION
+from lit_balance.plan.settings import TOO_LONG_POLICIES, BatchingSettings, delegate_settings
+from lit_balance.plan.windows import PlanWindows, WindowedPlan
+
+__all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "STATE_VERSION", "TOO_LONG_POLICIES", "BalancedBatchSampler",
+           "MicroBatch"]
+
+
+@delegate_settings
+class BalancedBatchSampler(DistributedSampler):
+    """Token-budgeted micro-batches of equal cost, the same count on every rank, resumable mid-epoch.
+
+    Yields, for this ``rank``, one micro-batch (a :class:`MicroBatch`, i.e. ``list[int]`` of dataset
+    indices) per micro-step. Under Lightning, build the loader with :func:`~lit_balance.balanced_dataloader`
+    (any map-style dataset of dicts, through :class:`~lit_balance.MicroBatchDataset`): it is
+    ``DataLoader(dataset, sampler=sampler, batch_size=None)`` over a dataset indexed by a whole micro-batch, so
+    that Lightning neither replaces the sampler nor forgets ``set_epoch`` whatever ``use_distributed_sampler``;
+    outside Lightning ``DataLoader(dataset, batch_sampler=sampler)`` works too. It subclasses :class:`~torch.utils.data.distributed.DistributedSampler`
+    because it already shards the data over ranks, which is how Lightning and Fabric recognise such a
+    sampler; it calls none of the parent's code.
+
+    Guarantees, per epoch:
+
+    * **Budget.** Every micro-batch ``b`` has ``len(b) * padded(max(lengths[b])) <= max_tokens``, where
+      ``padded`` rounds up to a multiple of ``pad_to_multiple_of``; ``max_tokens`` counts padded slots. With
+      ``packing=True`` a micro-batch is one row of whole documents: ``padded(sum(lengths[b])) <= max_tokens``
+      (see :mod:`lit_balance.plan.packed`).
+    * **Equal counts.** Every rank yields exactly ``len(self)`` micro-batches.
+    * **Balanced cost.** The ``num_replicas * accumulate_grad_batches`` micro-batches of each optimizer step
+      are formed to about the same cost (``cost_model``) and spread so that every rank's summed cost per
+      optimizer step is about equal (or proportional to ``rank_speeds``).
+    * **Nothing lost.** With ``drop_last=False`` every eligible index appears on some rank; duplicates
+      (fill rows, marked in :attr:`MicroBatch.is_fill`) appear only when there are fewer samples than
+      micro-batches needed, at most ``num_replicas - 1`` per epoch. With ``drop_last=True`` there are no
+      duplicates and only the samples that cannot be placed are dropped (:attr:`num_dropped`).
+    * **Determinism.** The plan depends only on (lengths, settings, epoch, cost model, speeds), never on
+      global RNG state or the process; every rank computes the same global plan and keeps its own column.
+    * **Exact resume.** :meth:`state_dict` / :meth:`load_state_dict` continue an epoch where it stopped,
+      also on a different number of ranks.
+
+    See :mod:`lit_balance.plan.padded` for how the plan is made and the algorithms it follows.
+
+    Args:
+        lengths: 1-D sequence, array or tensor of ints ``[num_samples]``: tokens per sample.
+        max_tokens: padded token slots per micro-batch (rows x longest padded row), per rank: a hard cap.
+            Shorthand for ``settings.max_tokens``; required unless ``settings`` is given.
+        settings: the :class:`~lit_balance.BatchingSettings` of the plan (budget, shuffle, seed, drop_last,
+            too_long, pad_to_multiple_of, max_batch_size, shuffle_window, accumulate_grad_batches,
+            largest_first, packing). Without it, the keyword arguments ``**settings_kwargs`` (the same names) build it;
+            with it, keywords may only repeat its values. ``too_long="truncate"`` keeps a too-long sample at
+            :attr:`truncate_to` tokens (the collator must truncate it too); ``too_long="skip"`` leaves it out
+            (:attr:`num_skipped`). ``accumulate_grad_batches`` should be the Trainer's value: each yielded
+            micro-batch then also carries its optimizer step's global real tokens and rows.
+        num_replicas: number of ranks; defaults to the initialised process group's world size, else 1. Under
+            Lightning, build the sampler in ``setup()`` or ``train_dataloader()`` and pass
+            ``num_replicas=self.trainer.world_size, rank=self.trainer.global_rank`` (or use
+            :class:`~lit_balance.BalancedTextDataModule`): a sampler built before the process group exists (in a
+            DataModule's ``__init__``) cannot know its world. Left to the default then, it raises when the
+            environment says the run is distributed (``WORLD_SIZE``, ``srun``'s ``SLURM_STEP_NUM_TASKS``,
+            ``OMPI_COMM_WORLD_SIZE`` or ``PMI_SIZE`` above 1), and at the first ``next()`` when the process
+            group initialised since has another world size or rank. Explicit values are never checked.
+        rank: this process's rank in ``[0, num_replicas)``; defaults to the process group's rank, else 0.
+        cost_model: cost of a micro-batch (:class:`~lit_balance.plan.cost.CostModel`); default: padded tokens.
+        rank_speeds: ``[num_replicas]`` relative throughput of each rank (e.g. ``[1.0, 0.67]`` when rank 1
+            is 1.5x slower), or None for equal ranks. With equal ranks the number of micro-batches per epoch
+            depends only on the lengths and settings (never on the epoch or the cost model); unequal speeds
+            can need more (the fast ranks' larger shares must stay within ``max_tokens``), so under
+            Lightning reload the train dataloader every epoch (``reload_dataloaders_every_n_epochs=1``). A speed
+            below :data:`MIN_RANK_SPEED_RATIO` (a millionth) of the fastest is planned at that ratio, where the
+            rank already gets the least share, one row per micro-batch.
+        supervised_lengths: ``[num_samples]`` next-token targets of each sample as planned (after the
+            sampler's own truncation with ``too_long="truncate"``), for samples whose labels mask tokens (a
+            prompt's tokens carry ``-100``): labels ``1 .. length-1`` that are not ``-100``, as
+            :func:`lit_balance.lightning.loss.token_loss_sum` counts after the shift
+            (:meth:`lit_balance.TokenDataset.supervised_lengths`). Each yielded micro-batch then carries their
+            sum over its optimizer step (all ranks) as ``step_supervised_tokens``, the exact plan divisor of
+            :class:`lit_balance.lightning.loss.StepTokenLoss`. None (the default): every token but a row's first is a
+            target, ``lengths - 1``. Does not change the plan.
+        **settings_kwargs: settings by name (``shuffle=False``, ``seed=3``, ...), as for ``settings``.
+
+    Attributes:
+        settings: the :class:`~lit_balance.BatchingSettings` in force; its fields are also readable as
+            attributes of the sampler (``sampler.max_tokens``, ``sampler.shuffle``, ...; read-only).
+
+    Raises:
+        ValueError: ``lengths`` empty, not 1-D, not integers, or with a value < 1; ``max_tokens < 1``;
+            ``rank`` outside ``[0, num_replicas)``; unknown ``too_long``; a length or ``max_tokens`` above
+            :data:`MAX_TOKENS_LIMIT`; a negative ``seed``; a too-long sample with
+            ``too_long="error"`` (naming its index, length and ``max_tokens``); ``pad_to_multiple_of`` above
+            ``max_tokens``; ``shuffle_window`` negative or not finite; ``rank_speeds`` of the wrong length or
+            not positive; no sample left to plan; a keyword that disagrees with ``settings``.
+        TypeError: an argument of the wrong type (e.g. ``shuffle="false"``), an unknown keyword argument.
+        RuntimeError: ``num_replicas`` or ``rank`` left to the default in a distributed environment before the
+            process group is initialised (and, at iteration, defaults that disagree with the process group).
+
+    Example:
+        >>> sampler = BalancedBatchSampler([95] * 5 + [20] * 5, max_tokens=100, num_replicas=2, rank=0,
+        ...                                shuffle=False)
+        >>> len(sampler), list(sampler)
+        (3, [[5, 6, 7, 8, 9], [1], [3]])
+        >>> settings = BatchingSettings(max_tokens=100, shuffle=False)  # the same plan, rank 1's column
+        >>> list(BalancedBatchSampler([95] * 5 + [20] * 5, settings=settings, num_replicas=2, rank=1))
+        [[0], [2], [4]]
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int] | np.ndarray | torch.Tensor,
+        max_tokens: int | None = None,
+        *,
+        settings: BatchingSettings | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        cost_model: CostModel | None = None,
+        rank_speeds: Sequence[float] | None = None,
+        supervised_lengths: Sequence[int] | np.ndarray | torch.Tensor | None = None,
+        **settings_kwargs: Any,
+    ) -> None:
+        lengths_arr = check_lengths(lengths, keep_dtype=True)
+        if max_tokens is not None or settings is None:
+            settings_kwargs["max_tokens"] = max_tokens
+        settings = BatchingSettings.build(settings, settings_kwargs, owner="BalancedBatchSampler")
+        # Defaults come from the process group; which of them did is checked again at the first next().
+        self._world_defaults = (num_replicas is None, rank is None)
+        if num_replicas is None or rank is None:
+            if _process_group() is None:
+                _refuse_distributed_environment(num_replicas, rank)
+        if num_replicas is None:
+            num_replicas = dist.get_world_size() if _process_group() is not None else 1
+        if rank is None:
+            rank = dist.get_rank() if _process_group() is not None else 0
+        num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
+        rank = check_int("rank", rank, 0, "pass this process's global rank")
+        if rank >= num_replicas:
+            raise ValueError(f"rank must be in [0, num_replicas) = [0, {num_replicas}), got rank={rank}")
+
+        self.settings = settings
+        self.num_replicas = num_replicas
+        self.rank = rank
+        #: Cost model and relative rank speeds of the current epoch's plan (see :meth:`set_cost_model`).
+        self.cost_model = check_cost_model(cost_model)
+        self.rank_speeds = check_speeds(rank_speeds, num_replicas)
+        self._pending: tuple[CostModel, np.ndarray | None] | None = None
+        self._first_speeds: np.ndarray | None = None  # speeds the epoch's first segment ran with, after a resize
+        self.epoch = 0
+        self.dataset = None  # DistributedSampler attribute; this sampler works on lengths only
+        #: Longest length (tokens) that fits the budget once padded: max_tokens rounded down to the multiple.
+        self.truncate_to = settings.truncate_to
+        max_tokens, pad_to_multiple_of, too_long = settings.max_tokens, settings.pad_to_multiple_of, settings.too_long
+
+        # Up to plan_window samples the epoch is planned whole, on int64 lengths; beyond, window by window, and the
+        # lengths are read as they are (an int32 memory map stays one, without a copy).
+        windowed = lengths_arr.shape[0] > settings.plan_window
+        if not windowed:
+            lengths_arr = lengths_arr.astype(np.int64)
+        #: The windows an epoch is planned in (:mod:`lit_balance.plan.windows`), or None when it is planned whole.
+        self.windows = PlanWindows(lengths_arr.shape[0], settings.plan_window, settings.seed) if windowed else None
+        self._window_counts: dict = {}
+        too_long_mask = lengths_arr > settings.truncate_to  # padded above max_tokens
+        self._eligible: np.ndarray | None = None
+        if too_long_mask.any():
+            bad = np.flatnonzero(too_long_mask)
+            if too_long == "error":
+                shown = ", ".join(f"index {i}: {lengths_arr[i]} tokens" for i in bad[:5])
+                raise ValueError(
+                    f"{bad.size} sample(s) exceed max_tokens={max_tokens} padded token slots "
+                    f"(pad_to_multiple_of={pad_to_multiple_of}): {shown}{', ...' if bad.size > 5 else ''}; "
+                    'raise max_tokens, truncate the data, or pass too_long="skip" or "truncate"'
+                )
+            if too_long == "skip":
+                self._eligible = ~too_long_mask
+            else:
+                lengths_arr = np.minimum(lengths_arr, self.truncate_to)
+        #: int ``[num_samples]``: tokens per sample as planned (after truncation); int64, or the dtype passed in
+        #: (not copied) when the epoch is planned in windows.
+        self.lengths = lengths_arr
+        #: int64 ``[num_samples]`` next-token targets per sample as planned, or None (``lengths - 1``).
+        self.supervised_lengths = (None if supervised_lengths is None
+                                   else check_supervised_lengths(supervised_lengths, np.asarray(lengths_arr, np.int64)))
+        if self.supervised_lengths is not None and self.windows is not None:
+            raise ValueError(f"supervised_lengths is not supported yet for an epoch planned in windows "
+                             f"({lengths_arr.shape[0]} samples > plan_window={settings.plan_window}); raise plan_window "
+                             "to plan the epoch whole, or leave supervised_lengths=None (the divisor then counts "
+                             "length - 1 per sample; StepTokenLoss's all-reduce path stays exact)")
+        self._lengths_sha256 = sha256_of_int64(lengths_arr)
+        #: int64 indices of samples left out by ``too_long="skip"`` (every epoch).
+        self.skipped_indices = np.flatnonzero(too_long_mask) if too_long == "skip" else np.empty(0, np.int64)
+        if self.skipped_indices.size == lengths_arr.size:
+            raise ValueError(
+                f"all {lengths_arr.size} samples exceed max_tokens={max_tokens} and too_long='skip' leaves none; "
+                "raise max_tokens"
+            )
+        # Resume: the epoch's history as [num_replicas, micro-steps consumed] segments (see state_dict).
+        self._segments: list[list[int]] = []
+        self._cursor = 0  # micro-steps of the current plan yielded by the latest iterator
+        # A restored position is for the next pass that starts reading; later passes run the whole epoch.
+        self._resume_pending = False
+        self._cached: tuple[tuple, EpochPlan | WindowedPlan, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._reported_length: int | None = None  # what len() last told a consumer (a training loop fixes it)
+        self._length_at_iter: int | None = None
+        self._warned_length = False
+        if self._epoch_length() == 0:
+            raise ValueError(
+                f"drop_last=True with {lengths_arr.size - self.skipped_indices.size} sample(s) and "
+                f"num_replicas={num_replicas} leaves no micro-batch for any rank; set drop_last=False"
+            )
+
+    # ----------------------------------------------------------------------------------------------
+    def _plan_for(self, epoch: int, num_replicas: int, eligible: np.ndarray | None,
+                  speeds: np.ndarray | None, min_steps: int = 0) -> EpochPlan | WindowedPlan:
+        if self.windows is not None:
+            return WindowedPlan(self.lengths, self.settings, self.windows, num_replicas=num_replicas, epoch=epoch,
+                                eligible=None if eligible is self._eligible else eligible, base_eligible=self._eligible,
+                                cost_model=self.cost_model, rank_speeds=speeds, min_steps=min_steps,
+                                count_cache=self._window_counts)
+        return plan_epoch(self.lengths, self.settings, num_replicas=num_replicas, epoch=epoch, eligible=eligible,
+                          cost_model=self.cost_model, rank_speeds=speeds, min_steps=min_steps)
+
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """Return the global plan (all ranks) of ``epoch`` (default: the current epoch).
+
+        After :meth:`load_state_dict` with a different ``num_replicas``, the current epoch's plan is the
+        plan of the samples the saved run had not yet consumed, over the new ranks. An epoch planned in windows
+        (more than ``plan_window`` samples) is planned whole here, every window at once: iterating plans one
+        window at a time instead.
+        """
+        segment = self._segment(epoch)
+        return segment.materialise() if isinstance(segment, WindowedPlan) else segment
+
+    def plan_parts(self, epoch: int | None = None) -> Iterator[EpochPlan]:
+        """Yield the global plan of ``epoch`` in the parts it is made of, in the order the epoch runs them.
+
+        One :class:`EpochPlan` per window (rows are corpus indices; micro-step ``s`` of a part is the epoch's
+        micro-step ``s`` plus the micro-steps of the parts before it), each planned when the generator reaches it
+        and then let go, so memory stays that of one window; one part, :meth:`plan`, when the epoch is planned whole.
+        """
+        segment = self._segment(epoch)
+        if not isinstance(segment, WindowedPlan):
+            yield segment
+            return
+        for position in range(segment.order.shape[0]):
+            yield segment.window(position).plan
+            segment.release_before(int(segment.starts[position + 1]))
+
+    def _segment(self, epoch: int | None = None) -> EpochPlan | WindowedPlan:
+        """The plan the current segment of ``epoch`` runs: an :class:`EpochPlan`, or a lazy :class:`WindowedPlan`."""
+        epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0, "epochs count from 0")
+        segments = self._segments if epoch == self.epoch else []
+        key = (epoch, tuple(map(tuple, segments)), self.cost_model,
+               None if self.rank_speeds is None else tuple(self.rank_speeds),
+               None if self._first_speeds is None else tuple(self._first_speeds))
+        if self._cached is None or self._cached[0] != key:
+            self._cached = (key, *sampler_state.replay_segments(self, epoch, segments))
+        return self._cached[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch to plan; with ``shuffle=True`` each epoch has its own composition and order.
+
+        Moving to another epoch starts it from its first micro-batch and applies a cost model or rank speeds
+        handed over by :meth:`set_cost_model`; setting the current epoch again changes nothing (so a resumed
+        epoch keeps its position).
+
+        Raises:
+            ValueError: ``epoch`` is negative.
+        """
+        epoch = check_int("epoch", epoch, 0, "epochs count from 0")
+        if epoch != self.epoch:
+            self._segments = []
+            self._first_speeds = None
+            self._cursor = 0
+            self._resume_pending = False
+            if self._pending is not None:
+                self.cost_model, self.rank_speeds = self._pending
+                self._pending = None
+        self.epoch = epoch
+
+    def set_cost_model(self, cost_model: CostModel, rank_speeds: Sequence[float] | None = None) -> None:
+        """Hand over a (measured) cost model and per-rank relative speeds for the NEXT epoch's plan.
+
+        The current epoch's plan never changes mid-epoch, so resume stays exact; the new values apply at the
+        next :meth:`set_epoch` to another epoch and are saved by :meth:`state_dict` meanwhile. Call it with the
+        same values on every rank (e.g. from timings gathered over all ranks). A new cost model keeps the epoch
+        length; unequal ``rank_speeds`` can lengthen it (see the class docstring).
+
+        Args:
+            cost_model: the cost of a micro-batch, e.g. :meth:`CostModel.fit` of measured seconds.
+            rank_speeds: ``[num_replicas]`` relative throughput per rank, or None for equal ranks; any positive
+                finite values (those below :data:`MIN_RANK_SPEED_RATIO` of the fastest are planned at that ratio).
+
+        Raises:
+            TypeError: ``cost_model`` is not a :class:`~lit_balance.plan.cost.CostModel`.
+            ValueError: ``rank_speeds`` of the wrong length or not all positive.
+        """
+        if not isinstance(cost_model, CostModel):
+            raise TypeError(f"cost_model must be a lit_balance.CostModel, got {type(cost_model).__name__}")
+        self._pending = (cost_model, check_speeds(rank_speeds, self.num_replicas))
+
+    def _offset(self) -> int:
+        """Micro-steps of the current plan already consumed before this sampler was restored."""
+        return self._segments[-1][1] if self._segments else 0
+
+    def __len__(self) -> int:
+        """Micro-batches this rank yields in the current epoch (the same on every rank).
+
+        After a resume this counts the micro-batches consumed before the checkpoint too, so that a training
+        loop that counts batches from the start of the epoch ends it at the right place. A training loop that
+        reads it before :meth:`set_epoch` (Lightning does, when it loads the train dataloader) gets the previous
+        epoch's length; when the epoch that then runs is longer than the length reported before the pass began
+        (rank speeds from :meth:`set_cost_model`), its first ``next()`` warns once, naming the fix.
+        """
+        length = self._epoch_length()
+        self._reported_length = length
+        return length
+
+    def _epoch_length(self) -> int:
+        earlier = sum(consumed for _, consumed in self._segments[:-1])
+        return earlier + self._segment().num_micro_steps
+
+    def _check_length(self) -> None:
+        """Warn (once) when the epoch about to run is longer than the ``len()`` reported before this pass began."""
+        reported, length = getattr(self, "_length_at_iter", None), self._epoch_length()
+        if reported is None or length <= reported or getattr(self, "_warned_length", False):
+            return
+        self._warned_length = True
+        warnings.warn(
+            f"BalancedBatchSampler: epoch {self.epoch} has {length} micro-batches on this rank, but len() reported "
+            f"{reported} before this pass began, for an earlier plan (e.g. before set_epoch({self.epoch}) applied the "
+            "rank speeds handed over by set_cost_model): a training loop that fixed the epoch's length from len() "
+            f"(Lightning does, when it loads the train dataloader) skips the last {length - reported}. Under "
+            "Lightning, pass Trainer(reload_dataloaders_every_n_epochs=1) and call "
+            "sampler.set_epoch(self.trainer.current_epoch) in train_dataloader() before returning the loader, as "
+            "lit_balance.BalancedTextDataModule does; "
+            "CostModelFeedback(fit_speeds=False) keeps the epoch's length",
+            RuntimeWarning, stacklevel=3,
+        )
+
+    def __iter__(self) -> Iterator[MicroBatch]:
+        """Iterate over this rank's micro-batches of the current epoch.
+
+        The first pass after :meth:`load_state_dict` continues from the restored position; a pass counts from
+        its first ``next()``, so an iterator that never yields leaves the position to the next one. Any later
+        pass over the same epoch (no :meth:`set_epoch` between) yields the whole epoch, as a fresh sampler does.
+        """
+        if self._segments and not self._resume_pending:  # an earlier pass ran from the restored position
+            self._segments = []
+            self._first_speeds = None
+        # The position moves back to the start now, so state_dict() of a fresh iterator is its start; the plan
+        # is read at the first next(), after any set_epoch() (Lightning creates the iterator before it).
+        self._cursor = self._offset()
+        # The length a training loop fixed for this pass is the one len() told it before the pass began: Lightning
+        # sets its limit when it loads the loader, and a len() it reads after iter() is capped by that limit.
+        self._length_at_iter = getattr(self, "_reported_length", None)
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[MicroBatch]:
+        self._check_world()
+        self._check_length()
+        if self.windows is not None:
+            yield from self._iterate_windows()
+            return
+        plan = self.plan()
+        column = plan.assignment[:, self.rank]
+        start = self._offset()
+        self._resume_pending = False
+        self._cursor = start
+        # per epoch micro-step (plan step s is epoch step earlier + s): totals of its Lightning window
+        step_tokens, step_rows = sampler_state.window_totals(self)
+        step_supervised = sampler_state.window_supervised_tokens(self)
+        earlier = step_tokens.shape[0] - plan.num_micro_steps
+        for s in range(start, plan.num_micro_steps):
+            idx, fill = plan.batch(int(column[s]))
+            self._cursor = s + 1
+            yield MicroBatch(idx, fill, int(step_tokens[earlier + s]), int(step_rows[earlier + s]),
+                             int(step_supervised[earlier + s]))
+
+    def _iterate_windows(self) -> Iterator[MicroBatch]:
+        """This rank's micro-batches of an epoch planned in windows: each window is planned when it is reached."""
+        plan = self._segment()
+        earlier_tokens, earlier_rows = self._cached[2], self._cached[3]
+        start = self._offset()
+        self._resume_pending = False
+        self._cursor = start
+        earlier, accumulate = earlier_tokens.shape[0], self.settings.accumulate_grad_batches
+        total = earlier + plan.num_micro_steps
+        for position in range(plan.order.shape[0]):
+            first, end = max(int(plan.starts[position]), start), int(plan.starts[position + 1])
+            if first >= end:
+                continue
+            # the optimizer steps (Lightning's accumulation windows, counted in epoch micro-steps) of these steps
+            lo = (earlier + first) // accumulate * accumulate
+            hi = min(-(-(earlier + end) // accumulate) * accumulate, total)
+            plan.release_before(max(lo - earlier, 0))
+            tokens, rows = plan.step_sums(max(lo - earlier, 0), hi - earlier)
+            tokens = np.concatenate([earlier_tokens[lo:earlier], tokens])
+            rows = np.concatenate([earlier_rows[lo:earlier], rows])
+            cuts = np.arange(0, hi - lo, accumulate)
+            group_tokens = np.add.reduceat(tokens, cuts).tolist()
+            group_rows = np.add.reduceat(rows, cuts).tolist()
+            held = plan.window(position).plan
+            column = held.assignment[:, self.rank].tolist()
+            base = int(plan.starts[position])
+            for s in range(first, end):
+                idx, fill = held.batch(column[s - base])
+                g = (earlier + s - lo) // accumulate
+                self._cursor = s + 1
+                yield MicroBatch(idx, fill, group_tokens[g], group_rows[g])
+
+    def _check_world(self) -> None:
+        """Raise when a defaulted ``num_replicas`` / ``rank`` disagrees with the initialised process group."""
+        replicas_defaulted, rank_defaulted = getattr(self, "_world_defaults", (False, False))
+        group = _process_group()
+        if group is None or not (replicas_defaulted or rank_defaulted):
+            return
+        world, rank = group
+        if (replicas_defaulted and world != self.num_replicas) or (rank_defaulted and rank != self.rank):
+            raise RuntimeError(
+                f"BalancedBatchSampler was built for num_replicas={self.num_replicas}, rank={self.rank} (the defaults, "
+                f"taken when it was constructed), but the initialised process group has world size {world} and this "
+                f"process is rank {rank}: iterating would not shard the epoch over the ranks. {_HOW_TO_PASS}"
+            )
+
+    # ----------------------------------------------------------------------------------------------
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
+        """Position and plan inputs as plain Python types; the same on every rank.
+
+        Args:
+            batches_consumed: micro-batches of the current epoch consumed by training, counted from the
+                start of the epoch (e.g. Lightning's ``batch_progress.current.ready``); default: those
+                yielded by the latest iterator. Pass it when a DataLoader's workers run ahead of training.
+
+        Returns:
+            ``{"version", "epoch", "segments", "num_samples", "lengths_sha256", "settings", "cost_model",
+            "rank_speeds", "first_rank_speeds", "pending"}``: ``segments`` is the epoch's history as ``[num_replicas,
+            micro-steps consumed]`` pairs (more than one after a resume on a different number of ranks).
+            Once the whole epoch is consumed, the state is the start of the next epoch. Loads with
+            ``torch.load(weights_only=True)``.
+
+        Raises:
+            ValueError: ``batches_consumed`` negative or beyond the epoch.
+        """
+        earlier = sum(consumed for _, consumed in self._segments[:-1])
+        if batches_consumed is None:
+            return sampler_state.build_state(self, self._cursor)
+        batches_consumed = check_int("batches_consumed", batches_consumed, 0, "count from the epoch start")
+        length = self._epoch_length()
+        if batches_consumed < earlier or batches_consumed > length:
+            raise ValueError(
+                f"batches_consumed must be in [{earlier}, {length}] for epoch {self.epoch}, got {batches_consumed}"
+            )
+        return sampler_state.build_state(self, batches_consumed - earlier)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: the next iterator yields exactly the micro-batches an
+        uninterrupted run would have yielded from there on, then full later epochs.
+
+        The restored position applies to one pass: iterating the same epoch again (without :meth:`set_epoch`)
+        yields the whole epoch, as on a fresh sampler.
+
+        Rule for a different ``num_replicas``: the rest of the saved epoch is re-planned over the new ranks
+        from the samples not yet consumed (nothing lost, nothing repeated beyond marked fill rows); rank
+        speeds of the old ranks are dropped (equal ranks) until the next :meth:`set_cost_model`.
+
+        Raises:
+            ValueError: unknown or missing keys, another ``version``, different lengths (count or content) or
+                different planning settings (naming each one with both values).
+            TypeError: ``state_dict`` is not a dict.
+        """
+        position = sampler_state.parse_state(state_dict, num_samples=int(self.lengths.shape[0]),
+                                             lengths_sha256=self._lengths_sha256, settings=self.settings,
+                                             num_replicas=self.num_replicas)
+        names = ("epoch", "cost_model", "rank_speeds", "_pending", "_segments", "_first_speeds", "_cached", "_cursor",
+                 "_resume_pending")
+        before = {name: getattr(self, name) for name in names}
+        try:  # all or nothing: a state that does not fit leaves the sampler as it was
+            self.epoch, self.cost_model, self.rank_speeds = position.epoch, position.cost_model, position.rank_speeds
+            self._pending, self._segments = position.pending, position.segments
+            self._first_speeds = position.first_speeds
+            self._cached = None
+            plan, consumed = self._segment(), position.segments[-1][1]
+            if consumed > plan.num_micro_steps:
+                raise ValueError(
+                    f"the saved state consumed {consumed} micro-steps of epoch {position.epoch}, but its plan has "
+                    f"only {plan.num_micro_steps}: the state does not belong to this sampler's plan"
+                )
+            self._cursor = consumed
+            self._resume_pending = True
+        except Exception:
+            for name, value in before.items():
+                setattr(self, name, value)
+            raise
+
+    # ----------------------------------------------------------------------------------------------
+    @property
+    def num_skipped(self) -> int:
+        """Samples left out every epoch by ``too_long="skip"`` (global count)."""
+        return int(self.skipped_indices.size)
+
+    @property
+    def num_dropped(self) -> int:
+        """Samples dropped in the current epoch by ``drop_last=True`` (global count)."""
+        return int(self.plan().dropped.size)
+
+    @property
+    def num_fill_rows(self) -> int:
+        """Fill rows (marked duplicates) in the current epoch over all ranks (at most ``num_replicas - 1``)."""
+        return int(self.plan().is_fill.sum())
+
+
+_HOW_TO_PASS = (
+    "Pass num_replicas and rank: under Lightning, build the sampler in LightningDataModule.setup() or "
+    "train_dataloader() with num_replicas=self.trainer.world_size, rank=self.trainer.global_rank (or use "
+    "lit_balance.BalancedTextDataModule, which does); elsewhere, the world size and this process's global rank."
+)
+
+
+def _process_group() -> tuple[int, int] | None:
+    """``(world_size, rank)`` of the initialised default process group, or None."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return None
+
+
+def _launch_environment() -> dict[str, str]:
+    """Variables by which a launcher says this process is one of several, as ``{name: value}`` (empty: one process).
+
+    torchrun and Lightning's DDP launcher set ``WORLD_SIZE``; ``srun`` sets ``SLURM_STEP_NUM_TASKS`` for the tasks
+    of a job step (``SLURM_NTASKS`` alone is also set in an ``sbatch`` script that runs one process); Open MPI
+    sets ``OMPI_COMM_WORLD_SIZE``, MPICH and Intel MPI ``PMI_SIZE``.
+    """
+    found = {}
+    for name in ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        value = os.environ.get(name, "")
+        if value.strip().isascii() and value.strip().isdigit() and int(value) > 1:
+            found[name] = value.strip()
+    if found:
+        for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+            if name in os.environ:
+                found[name] = os.environ[name]
+    return found
+
+
+def _refuse_distributed_environment(num_replicas: int | None, rank: int | None) -> None:
+    """Raise when defaults would be taken in a process that its launcher started as one of several."""
+    found = _launch_environment()
+    if not found:
+        return
+    shown = ", ".join(f"{k}={v}" for k, v in found.items())
+    defaulted = " and ".join(name for name, value in (("num_replicas", num_replicas), ("rank", rank)) if value is None)
+    raise RuntimeError(
+        f"BalancedBatchSampler was left to default {defaulted}, and the environment says this is a distributed "
+        f"run ({shown}), but no torch.distributed process group is initialised yet: the defaults would be "
+        f"num_replicas=1, rank=0 and every rank would train the whole epoch. {_HOW_TO_PASS}"
+    )

@@ -1,0 +1,52 @@
+"""RunSummary: exact per-rank counts with a patched clock and a fake two-rank gather."""
+
+from types import SimpleNamespace
+
+import torch
+
+from lit_balance.lightning.callbacks import summary as summary_mod
+from lit_balance.lightning.callbacks.summary import RunSummary
+
+
+class _TwoRankStrategy:
+    """all_gather as two ranks would see it: this rank's tensor and a fixed tensor from rank 1."""
+
+    def __init__(self, other):
+        self.other = other
+
+    def all_gather(self, tensor):
+        return torch.stack([tensor, self.other])
+
+
+def test_counts_and_table(monkeypatch, capsys):
+    clock = iter([100.0, 112.5])
+    monkeypatch.setattr(summary_mod.time, "perf_counter", lambda: next(clock))
+    other = torch.tensor([2.0, 30.0, 40.0, 11.0], dtype=torch.float64)
+    trainer = SimpleNamespace(strategy=_TwoRankStrategy(other), is_global_zero=True)
+    module = SimpleNamespace(device=torch.device("cpu"))
+    cb = RunSummary()
+    cb.on_train_start(trainer, module)
+    for real, padded in [(7, 8), (10, 12), (5, 5)]:
+        cb.on_train_batch_end(trainer, module, None, {"num_real_tokens": real, "num_padded_tokens": padded}, 0)
+    cb.on_train_end(trainer, module)
+
+    assert cb.rows[0] == {"rank": 0, "micro_batches": 3.0, "real_tokens": 22.0, "padded_tokens": 25.0,
+                          "wall_s": 12.5, "padding_ratio": 1 - 22 / 25}
+    assert cb.rows[1]["padding_ratio"] == 0.25 and cb.rows[1]["micro_batches"] == 2.0
+    assert cb.total == {"micro_batches": 5.0, "real_tokens": 52.0, "padded_tokens": 65.0, "wall_s": 12.5,
+                        "padding_ratio": 1 - 52 / 65}
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[1].split() == ["0", "3", "22", "25", "0.1200", "12.5"]
+    assert lines[2].split() == ["1", "2", "30", "40", "0.2500", "11.0"]
+    assert lines[3].split() == ["total", "5", "52", "65", "0.2000", "12.5"]
+
+
+def test_other_ranks_do_not_print(capsys):
+    trainer = SimpleNamespace(strategy=SimpleNamespace(all_gather=lambda t: t), is_global_zero=False)
+    module = SimpleNamespace(device=torch.device("cpu"))
+    cb = RunSummary()
+    cb.on_train_start(trainer, module)
+    cb.on_train_batch_end(trainer, module, None, {"num_real_tokens": 3, "num_padded_tokens": 4}, 0)
+    cb.on_train_end(trainer, module)
+    assert capsys.readouterr().out == ""
+    assert cb.total["real_tokens"] == 3.0 and cb.total["padded_tokens"] == 4.0 and len(cb.rows) == 1

@@ -1,0 +1,234 @@
+"""Packed plans (``packing=True``): the sampler's guarantees as properties, the cost, the figures and the bound."""
+
+import collections
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from lit_balance import BalancedBatchSampler, BatchingSettings, CostModel, plan_epoch, plan_report, plan_stats
+from lit_balance.plan.padded import padded_lengths
+from lit_balance.plan.stats import batch_persistence, useful_fraction_bound
+
+LENGTHS = Path(__file__).resolve().parents[2] / "lit_balance" / "data" / "lengths"
+
+
+def _ranks(lengths, num_replicas, epoch=0, **kwargs):
+    """Every rank's micro-batches of ``epoch`` (one sampler per rank, as on real ranks)."""
+    samplers = [BalancedBatchSampler(lengths, num_replicas=num_replicas, rank=r, packing=True, **kwargs)
+                for r in range(num_replicas)]
+    for s in samplers:
+        s.set_epoch(epoch)
+    return samplers, [list(s) for s in samplers]
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    data=st.data(),
+    max_tokens=st.integers(8, 300),
+    num_replicas=st.integers(1, 6),
+    pad=st.sampled_from([1, 1, 4, 8]),
+    accumulate=st.integers(1, 3),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+    max_batch_size=st.one_of(st.none(), st.integers(1, 6)),
+    too_long=st.sampled_from(["skip", "truncate"]),
+    epoch=st.integers(0, 3),
+    speeds=st.booleans(),
+    quadratic=st.sampled_from([0.0, 1e-3, 0.05]),
+)
+def test_packed_plan_invariants(data, max_tokens, num_replicas, pad, accumulate, drop_last, shuffle, max_batch_size,
+                                too_long, epoch, speeds, quadratic):
+    assume(pad <= max_tokens)
+    lengths = np.array(data.draw(st.lists(st.integers(1, max_tokens + 40), min_size=1, max_size=160)))
+    rank_speeds = (data.draw(st.lists(st.floats(0.3, 1.0), min_size=num_replicas, max_size=num_replicas))
+                   if speeds else None)
+    kwargs = {"max_tokens": max_tokens, "pad_to_multiple_of": pad, "accumulate_grad_batches": accumulate,
+              "drop_last": drop_last, "shuffle": shuffle, "max_batch_size": max_batch_size, "too_long": too_long,
+              "seed": 3, "cost_model": CostModel(quadratic=quadratic), "rank_speeds": rank_speeds}
+    capacity = (max_tokens // pad) * pad
+    eligible = lengths <= capacity if too_long == "skip" else np.ones(lengths.shape, dtype=bool)
+    assume(eligible.any())
+    if drop_last and eligible.sum() < num_replicas:
+        with pytest.raises(ValueError, match="drop_last=True"):
+            _ranks(lengths, num_replicas, epoch, **kwargs)
+        return
+    samplers, batches = _ranks(lengths, num_replicas, epoch, **kwargs)
+    planned = samplers[0].lengths
+
+    # equal counts on every rank, as len() says
+    assert len({len(b) for b in batches}) == 1 and all(len(s) == len(batches[0]) for s in samplers)
+    # budget: the packed row, padded at its tail to the multiple, within max_tokens; the row cap on documents
+    for rank in batches:
+        for b in rank:
+            assert len(b) >= 1
+            assert padded_lengths([planned[list(b)].sum()], pad)[0] <= max_tokens
+            assert max_batch_size is None or len(b) <= max_batch_size
+    # nothing lost; fills marked, few, and only real documents repeated
+    real = collections.Counter(i for rank in batches for b in rank for i, f in zip(b, b.is_fill) if not f)
+    fills = [i for rank in batches for b in rank for i, f in zip(b, b.is_fill) if f]
+    assert set(real.values()) <= {1}
+    expected = set(np.flatnonzero(eligible).tolist())
+    plan = samplers[0].plan()
+    assert set(real) | set(plan.dropped.tolist()) == expected and not set(real) & set(plan.dropped.tolist())
+    if drop_last:
+        assert not fills and plan.dropped.size < num_replicas
+    else:
+        assert plan.dropped.size == 0 and len(fills) < num_replicas and set(fills) <= expected
+    # each micro-batch carries its optimizer step's global real tokens and documents
+    steps = len(batches[0])
+    for s in range(steps):
+        window = range((s // accumulate) * accumulate, min((s // accumulate + 1) * accumulate, steps))
+        tokens = sum(int(planned[i]) for t in window for rank in batches for i, f in zip(rank[t], rank[t].is_fill)
+                     if not f)
+        rows = sum(1 for t in window for rank in batches for f in rank[t].is_fill if not f)
+        assert all(rank[s].step_real_tokens == tokens and rank[s].step_rows == rows for rank in batches)
+    # deterministic from (seed, epoch)
+    assert _ranks(lengths, num_replicas, epoch, **kwargs)[1] == batches
+    # the epoch's length is fixed by the lengths and settings: every epoch and, with equal speeds, any cost model
+    other = samplers[0]
+    for e in (epoch + 1, epoch + 2):
+        other.set_epoch(e)
+        assert len(other) == steps
+    if rank_speeds is None:
+        assert len(BalancedBatchSampler(lengths, num_replicas=num_replicas, rank=0, packing=True,
+                                        **{**kwargs, "cost_model": CostModel(linear=0.0, quadratic=1.0)})) == steps
+
+
+def test_packing_changes_composition_and_balances_on_a_shipped_distribution():
+    lengths = np.minimum(np.load(LENGTHS / "lengths_fortunes.npy").astype(np.int64), 512)
+    for cost_model in (CostModel(), CostModel(quadratic=1e-3)):
+        s = BatchingSettings(max_tokens=4096, packing=True)
+        p0, p1 = (plan_epoch(lengths, s, num_replicas=8, epoch=e, cost_model=cost_model) for e in (0, 1))
+        stats = plan_stats(p0, lengths, cost_model, packing=True, max_tokens=4096)
+        assert stats.useful_fraction >= 0.99
+        assert stats.padding_ratio == 0.0 and stats.max_batch_tokens <= 4096
+        assert batch_persistence(p0, p1) <= 0.05
+        assert p0.num_micro_steps == p1.num_micro_steps
+
+
+def test_long_documents_under_attention_cost_reach_the_bound():
+    lengths = np.minimum(np.load(LENGTHS / "lengths_stdlib_docstrings.npy").astype(np.int64), 4096)
+    cost_model = CostModel(quadratic=1e-3)
+    for num_replicas in (8, 64):
+        plan = plan_epoch(lengths, BatchingSettings(max_tokens=4096, packing=True), num_replicas=num_replicas,
+                          epoch=0, cost_model=cost_model)
+        stats = plan_stats(plan, lengths, cost_model, packing=True, max_tokens=4096)
+        assert stats.useful_fraction_bound < 1.0  # the outliers cost U, whatever the plan
+        assert stats.useful_fraction >= 0.95 * stats.useful_fraction_bound
+
+
+def test_outliers_run_side_by_side():
+    # four 1000-token documents among 200 short ones, 4 ranks, attention cost: one step holds all four outliers
+    lengths = np.array([1000] * 4 + [20] * 200)
+    cost_model = CostModel(quadratic=1e-2)
+    plan = plan_epoch(lengths, BatchingSettings(max_tokens=1024, packing=True, seed=1), num_replicas=4, epoch=0,
+                      cost_model=cost_model)
+    steps_with_outlier = {s for s in range(plan.num_micro_steps) for r in range(4)
+                          if (plan.batch(plan.assignment[s, r])[0] < 4).any()}
+    assert len(steps_with_outlier) == 1
+
+
+@settings(deadline=None, max_examples=120)
+@given(
+    lengths=st.lists(st.integers(1, 200), min_size=1, max_size=80),
+    max_tokens=st.integers(200, 400),
+    num_replicas=st.integers(1, 4),
+    accumulate=st.integers(1, 2),
+    quadratic=st.sampled_from([0.0, 1e-2, 0.1]),
+    per_batch=st.sampled_from([0.0, 5.0]),
+    packing=st.booleans(),
+    seed=st.integers(0, 3),
+)
+def test_no_plan_beats_the_useful_fraction_bound(lengths, max_tokens, num_replicas, accumulate, quadratic, per_batch,
+                                                 packing, seed):
+    cost_model = CostModel(quadratic=quadratic, per_batch=per_batch)
+    lengths = np.array(lengths)
+    s = BatchingSettings(max_tokens=max_tokens, packing=packing, accumulate_grad_batches=accumulate, seed=seed)
+    plan = plan_epoch(lengths, s, num_replicas=num_replicas, epoch=0, cost_model=cost_model)
+    stats = plan_stats(plan, lengths, cost_model, packing=packing, accumulate_grad_batches=accumulate,
+                       max_tokens=max_tokens)
+    assert stats.useful_fraction <= stats.useful_fraction_bound + 1e-9
+    # any other grouping of the same micro-batches into the same steps is bounded too
+    rng = np.random.default_rng(seed)
+    shuffled = plan.assignment.reshape(-1)[rng.permutation(plan.assignment.size)].reshape(plan.assignment.shape)
+    other = plan_stats(type(plan)(plan.rows, plan.is_fill, plan.batch_offsets, shuffled, plan.dropped, accumulate),
+                       lengths, cost_model, packing=packing, accumulate_grad_batches=accumulate, max_tokens=max_tokens)
+    assert other.useful_fraction <= stats.useful_fraction_bound + 1e-9
+
+
+def test_bound_of_two_outlier_steps_is_reached_by_the_obvious_plan():
+    cost_model = CostModel(quadratic=1e-3)
+    lengths = np.array([4096] * 3 + [100] * 64)
+    bound = useful_fraction_bound(lengths, cost_model, num_replicas=2, num_micro_steps=3, max_tokens=4096)
+    # step 0: two outliers; step 1: the third and 40 short documents; step 2: 12 short ones per rank
+    rank_batches = [[[0], [2], list(range(43, 55))], [[1], list(range(3, 43)), list(range(55, 67))]]
+    u = plan_stats(rank_batches, lengths, cost_model, packing=True).useful_fraction
+    assert u <= bound and u >= 0.995 * bound
+    with pytest.raises(ValueError, match="num_replicas must be >= 1"):
+        useful_fraction_bound(lengths, cost_model, num_replicas=0, num_micro_steps=3, max_tokens=4096)
+
+
+def test_packed_cost_and_padding_in_the_figures():
+    lengths = np.array([5, 3, 7, 2])
+    cost_model = CostModel(linear=1.0, quadratic=0.5, per_batch=2.0)
+    rank_batches = [[[0, 1]], [[2, 3, 0]]]  # the second 0 is a fill row: it runs, but is not real
+    stats = plan_stats(rank_batches, lengths, cost_model, packing=True, pad_to_multiple_of=4)
+    assert stats.rank_cost.tolist() == [[2 + 5 + 12.5 + 3 + 4.5, 2 + 7 + 24.5 + 2 + 2 + 5 + 12.5]]
+    assert stats.rank_real_tokens.tolist() == [8, 9]
+    assert stats.rank_padded_tokens.tolist() == [8, 16]  # 8 fits the multiple; 14 rounds up to 16
+    assert stats.max_batch_tokens == 16 and stats.duplicated_rows == 1
+    assert plan_stats(rank_batches, lengths, cost_model, packing=True).padding_ratio == pytest.approx(1 - 17 / 22)
+    assert CostModel().packed_cost([3, 4]) == 7.0
+
+
+def test_plan_report_of_a_packed_plan_has_no_padding():
+    lengths = np.minimum(np.load(LENGTHS / "lengths_stdlib_docstrings.npy")[:3000].astype(np.int64), 512)
+    report = plan_report(lengths, 2048, num_replicas=2, packing=True, cost_model=CostModel(quadratic=1e-3))
+    summary = report.summary()
+    assert summary["balanced"]["padding_ratio"] == 0.0 and summary["distributed_sampler"]["padding_ratio"] > 0.2
+    assert summary["balanced"]["useful_fraction"] > summary["distributed_sampler"]["useful_fraction"]
+    assert 0 < summary["balanced"]["useful_fraction"] <= summary["balanced"]["useful_fraction_bound"] <= 1
+    assert summary["settings"]["packing"] is True and summary["balanced"]["max_batch_tokens"] <= 2048
+
+
+def test_too_long_documents_follow_the_policy_when_packed():
+    with pytest.raises(ValueError, match=r"1 sample\(s\) exceed max_tokens=100 .*index 1: 101 tokens"):
+        BalancedBatchSampler([50, 101, 20], 100, num_replicas=1, rank=0, packing=True)
+    truncated = BalancedBatchSampler([50, 101, 20], 100, num_replicas=1, rank=0, packing=True, too_long="truncate")
+    assert truncated.lengths.tolist() == [50, 100, 20]
+    assert sorted(i for b in truncated for i in b) == [0, 1, 2]
+    skipped = BalancedBatchSampler([50, 101, 20], 100, num_replicas=1, rank=0, packing=True, too_long="skip")
+    assert sorted(i for b in skipped for i in b) == [0, 2] and skipped.num_skipped == 1
+
+
+def test_largest_first_puts_the_longest_document_first():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 300, 500)
+    for accumulate in (1, 2):
+        _, batches = _ranks(lengths, 3, epoch=1, max_tokens=512, largest_first=True,
+                            accumulate_grad_batches=accumulate)
+        first = [i for rank in batches for b in rank[:accumulate] for i in b]
+        assert int(np.argmax(lengths)) in first
+
+
+@pytest.mark.parametrize("min_steps", [0, 30])
+def test_an_epoch_whose_shuffled_packing_fails_falls_back_to_the_count_packing(monkeypatch, min_steps):
+    from lit_balance.plan import packed as packing
+
+    real_pack = packing._pack
+    monkeypatch.setattr(packing, "_pack", lambda *a: None if a[-1] is not None else real_pack(*a))
+    lengths = np.random.default_rng(0).integers(1, 120, 300)
+    s = BatchingSettings(max_tokens=512, packing=True, accumulate_grad_batches=2)
+    plans = [plan_epoch(lengths, s, num_replicas=3, epoch=e, min_steps=min_steps) for e in (0, 1)]
+    for plan in plans:
+        sums = np.add.reduceat(lengths[plan.rows], plan.batch_offsets[:-1])
+        assert sums.max() <= 512 and np.diff(plan.batch_offsets).min() >= 1
+        assert sorted(plan.rows.tolist()) == list(range(300)) and not plan.is_fill.any()
+        assert plan.num_micro_steps >= min_steps
+    assert plans[0].num_micro_steps == plans[1].num_micro_steps
+    # the same micro-batches (the unshuffled packing), in another order
+    assert (sorted(map(tuple, np.split(plans[0].rows, plans[0].batch_offsets[1:-1])))
+            == sorted(map(tuple, np.split(plans[1].rows, plans[1].batch_offsets[1:-1]))))
