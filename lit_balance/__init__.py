@@ -46,18 +46,18 @@ __all__ = sorted([*_EXPORTS, "__version__"])
 
 if TYPE_CHECKING:  # static names for type checkers and IDEs
     from lit_balance.data.collate import IGNORE_INDEX, PackedCollator, PadCollator  # noqa: F401
-    from lit_balance.plan.cost import CostModel  # noqa: F401
-    from lit_balance.lightning.datamodule import BalancedTextDataModule  # noqa: F401
     from lit_balance.data.dataset import TokenDataset  # noqa: F401
     from lit_balance.data.loader import MicroBatchDataset, PadFieldsCollator, balanced_dataloader, item_lengths  # noqa: F401
+    from lit_balance.lightning.datamodule import BalancedTextDataModule  # noqa: F401
     from lit_balance.lightning.loss import StepTokenLoss, token_loss_sum  # noqa: F401
     from lit_balance.lightning.metrics import PaddingRatio, TokenMeanLoss  # noqa: F401
+    from lit_balance.plan.cost import CostModel  # noqa: F401
     from lit_balance.plan.padded import EpochPlan, MicroBatch, plan_epoch  # noqa: F401
-    from lit_balance.report.figures import PlanReport, plan_report  # noqa: F401
-    from lit_balance.sampler.sampler import BalancedBatchSampler  # noqa: F401
     from lit_balance.plan.settings import BatchingSettings  # noqa: F401
     from lit_balance.plan.stats import PlanStats, plan_stats, useful_fraction_bound  # noqa: F401
     from lit_balance.plan.windows import PlanWindows, WindowedPlan  # noqa: F401
+    from lit_balance.report.figures import PlanReport, plan_report  # noqa: F401
+    from lit_balance.sampler.sampler import BalancedBatchSampler  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from typing import Any
 
-import sys
-
 import numpy as np
+
+from lit_balance.errors import InputTypeError, InputValueError
 
 __all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "check_bool", "check_callable", "check_int",
            "check_lengths", "check_number", "check_speeds"]
@@ -17,17 +18,17 @@ __all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "check_bool", "check_call
 def check_int(name: str, value: Any, minimum: int, hint: str, maximum: int | None = None) -> int:
     """Return ``value`` as an int in ``[minimum, maximum]``; TypeError for non-ints (bools too), else ValueError."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} of type {type(value).__name__}; {hint}")
+        raise InputTypeError(f"{name} must be an int >= {minimum}, got {value!r} of type {type(value).__name__}; {hint}", parameter=name)
     if value < minimum or (maximum is not None and value > maximum):
         bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"{name} must be {bound}, got {value}; {hint}")
+        raise InputValueError(f"{name} must be {bound}, got {value}; {hint}", parameter=name)
     return int(value)
 
 
 def check_bool(name: str, value: Any) -> bool:
     """Return ``value`` as a bool; TypeError for anything but ``bool`` / ``numpy.bool_`` (e.g. ``"false"``)."""
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r} of type {type(value).__name__}")
+        raise InputTypeError(f"{name} must be True or False, got {value!r} of type {type(value).__name__}", parameter=name)
     return bool(value)
 
 
@@ -47,7 +48,7 @@ def check_number(name: str, value: Any, low: float | None, high: float | None, h
     else:
         bound = ""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number{bound}, got {value!r} of type {type(value).__name__}; {hint}")
+        raise InputTypeError(f"{name} must be a real number{bound}, got {value!r} of type {type(value).__name__}; {hint}", parameter=name)
     try:
         number = float(value)
     except OverflowError:  # a Python int beyond the float range
@@ -56,14 +57,14 @@ def check_number(name: str, value: Any, low: float | None, high: float | None, h
     if (math.isnan(number) or (math.isinf(number) and not allow_inf)
             or (low is not None and (number <= low if low_open else number < low))
             or (high is not None and (number >= high if high_open else number > high))):
-        raise ValueError(f"{name} must be a {finite}number{bound}, got {value}; {hint}")
+        raise InputValueError(f"{name} must be a {finite}number{bound}, got {value}; {hint}", parameter=name)
     return number
 
 
 def check_callable(name: str, value: Any, hint: str) -> Any:
     """Return ``value`` if it is callable; TypeError otherwise."""
     if not callable(value):
-        raise TypeError(f"{name} must be callable, got {value!r} of type {type(value).__name__}; {hint}")
+        raise InputTypeError(f"{name} must be callable, got {value!r} of type {type(value).__name__}; {hint}", parameter=name)
     return value
 
 
@@ -88,12 +89,12 @@ def check_lengths(lengths: Any, keep_dtype: bool = False) -> np.ndarray:
     """
     hint = "pass integer token counts, e.g. np.asarray(lengths, dtype=np.int64)"
     if np.ma.isMaskedArray(lengths):
-        raise ValueError("lengths is a masked array: fill or drop the masked entries first (tokens per sample)")
+        raise InputValueError("lengths is a masked array: fill or drop the masked entries first (tokens per sample)")
     if lengths is None or isinstance(lengths, (dict, set, frozenset)):
-        raise ValueError(f"lengths must be a 1-D sequence, array or tensor of ints (tokens per sample), got "
+        raise InputValueError(f"lengths must be a 1-D sequence, array or tensor of ints (tokens per sample), got "
                          f"{type(lengths).__name__}{'' if lengths is None else ' (unordered or keyed)'}; {hint}")
     if isinstance(lengths, (str, bytes)) or (not hasattr(lengths, "__len__") and hasattr(lengths, "__iter__")):
-        raise ValueError(
+        raise InputValueError(
             f"lengths must be a 1-D sequence, array or tensor of ints (tokens per sample), got "
             f"{type(lengths).__name__}; e.g. pass list(...) of a generator"
         )
@@ -103,19 +104,19 @@ def check_lengths(lengths: Any, keep_dtype: bool = False) -> np.ndarray:
     if isinstance(lengths, (list, tuple)):
         for i, v in enumerate(lengths):
             if isinstance(v, (bool, np.bool_)):
-                raise ValueError(
+                raise InputValueError(
                     f"lengths must be integers (tokens per sample); index {i} holds the bool {v!r}; {hint}"
                 )
     try:
         arr = np.asarray(lengths)
     except (ValueError, TypeError) as exc:
-        raise ValueError(
+        raise InputValueError(
             f"lengths must be a 1-D sequence of ints (tokens per sample); could not read it: {exc}"
         ) from exc
     if arr.ndim != 1:
-        raise ValueError(f"lengths must be 1-D (tokens per sample), got an array of shape {arr.shape}")
+        raise InputValueError(f"lengths must be 1-D (tokens per sample), got an array of shape {arr.shape}")
     if arr.size == 0:
-        raise ValueError("lengths is empty: expected at least one sample length (tokens per sample), got []")
+        raise InputValueError("lengths is empty: expected at least one sample length (tokens per sample), got []")
     if arr.dtype.kind not in "iu":  # floats, bools, objects: accept only Python/numpy ints, name the first other
         values = arr.tolist()
         integral = [not isinstance(v, bool) and (isinstance(v, int) or (isinstance(v, float) and v.is_integer()))
@@ -123,7 +124,7 @@ def check_lengths(lengths: Any, keep_dtype: bool = False) -> np.ndarray:
         i = integral.index(False) if False in integral else next(
             (k for k, v in enumerate(values) if not isinstance(v, int)), None)
         if i is not None:  # the first non-integral value, else the first integral float
-            raise ValueError(
+            raise InputValueError(
                 f"lengths must be integers (tokens per sample); index {i} holds {values[i]!r} "
                 f"({type(values[i]).__name__}, array dtype {arr.dtype}); {hint}"
             )
@@ -132,11 +133,11 @@ def check_lengths(lengths: Any, keep_dtype: bool = False) -> np.ndarray:
                 break
         else:
             return np.asarray(values, dtype=np.int64)
-        raise ValueError(f"every length must be in [1, {MAX_TOKENS_LIMIT}] tokens; index {i} holds {v}")
+        raise InputValueError(f"every length must be in [1, {MAX_TOKENS_LIMIT}] tokens; index {i} holds {v}")
     if int(arr.min()) < 1 or int(arr.max()) > MAX_TOKENS_LIMIT:  # (no temporary arrays when all are fine)
         bad = np.flatnonzero((arr < 1) | (arr > MAX_TOKENS_LIMIT))
         shown = ", ".join(f"index {i}: {arr[i]}" for i in bad[:5])
-        raise ValueError(
+        raise InputValueError(
             f"every length must be in [1, {MAX_TOKENS_LIMIT}] tokens; {bad.size} are not "
             f"({shown}{', ...' if bad.size > 5 else ''}); a length counts tokens per sample: "
             "drop empty samples, check the array"
@@ -163,19 +164,19 @@ def check_speeds(rank_speeds: Any, num_replicas: int) -> np.ndarray | None:
     except ValueError:  # ragged nesting
         ndim = -1
     if ndim != 1:
-        raise ValueError(f"rank_speeds must be 1-D, one number per rank ({num_replicas}), got {rank_speeds!r}")
+        raise InputValueError(f"rank_speeds must be 1-D, one number per rank ({num_replicas}), got {rank_speeds!r}")
     if not all(isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
                for x in np.asarray(rank_speeds, dtype=object)):
-        raise TypeError(f"rank_speeds must be numbers (relative throughput per rank), got {rank_speeds!r}")
+        raise InputTypeError(f"rank_speeds must be numbers (relative throughput per rank), got {rank_speeds!r}")
     try:
         speeds = np.asarray(rank_speeds, dtype=np.float64).reshape(-1)
     except OverflowError as exc:  # a Python int beyond the float range
-        raise ValueError(f"rank_speeds must hold {num_replicas} finite numbers > 0 (one relative throughput per "
+        raise InputValueError(f"rank_speeds must hold {num_replicas} finite numbers > 0 (one relative throughput per "
                          f"rank), got {rank_speeds!r}; pass None for equal ranks") from exc
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"rank_speeds must be a sequence of {num_replicas} positive numbers, got {rank_speeds!r}") from exc
+        raise InputTypeError(f"rank_speeds must be a sequence of {num_replicas} positive numbers, got {rank_speeds!r}") from exc
     if speeds.shape[0] != num_replicas or not np.all(np.isfinite(speeds)) or np.any(speeds <= 0):
-        raise ValueError(
+        raise InputValueError(
             f"rank_speeds must hold {num_replicas} finite numbers > 0 (one relative throughput per rank), "
             f"got {rank_speeds!r}; pass None for equal ranks"
         )
@@ -195,16 +196,16 @@ def check_supervised_lengths(supervised: Any, lengths: np.ndarray) -> np.ndarray
     try:
         arr = np.asarray(supervised)
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"supervised_lengths must be a 1-D sequence of ints; could not read it: {exc}") from exc
+        raise InputValueError(f"supervised_lengths must be a 1-D sequence of ints; could not read it: {exc}") from exc
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-        raise ValueError(f"supervised_lengths must be a 1-D sequence of ints, got shape {arr.shape} dtype {arr.dtype}; "
+        raise InputValueError(f"supervised_lengths must be a 1-D sequence of ints, got shape {arr.shape} dtype {arr.dtype}; "
                          f"{hint}")
     if arr.shape != lengths.shape:
-        raise ValueError(f"supervised_lengths has {arr.size} entries but lengths has {lengths.size}; {hint}")
+        raise InputValueError(f"supervised_lengths has {arr.size} entries but lengths has {lengths.size}; {hint}")
     arr = arr.astype(np.int64)
     bad = np.flatnonzero((arr < 0) | (arr > np.maximum(lengths - 1, 0)))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"supervised_lengths[{i}] = {int(arr[i])} is outside [0, {max(int(lengths[i]) - 1, 0)}] for a "
+        raise InputValueError(f"supervised_lengths[{i}] = {int(arr[i])} is outside [0, {max(int(lengths[i]) - 1, 0)}] for a "
                          f"sample of {int(lengths[i])} tokens as planned ({bad.size} such sample(s)); {hint}")
     return arr

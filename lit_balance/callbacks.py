@@ -3,7 +3,12 @@
 The public home of :mod:`lit_balance.lightning.callbacks`: ``from lit_balance.callbacks import StragglerMonitor``.
 """
 
-from lit_balance.lightning.callbacks import (AdaptiveGradAccumulation, CostModelFeedback, PaddingRatioMonitor,
-                                             RunSummary, StragglerMonitor)
+from lit_balance.lightning.callbacks import (
+                                             AdaptiveGradAccumulation,
+                                             CostModelFeedback,
+                                             PaddingRatioMonitor,
+                                             RunSummary,
+                                             StragglerMonitor,
+)
 
 __all__ = ["AdaptiveGradAccumulation", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor"]

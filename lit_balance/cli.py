@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import linecache
 import os
 import re
 import sys
@@ -38,9 +37,9 @@ from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
 
 from lit_balance._checks import MAX_TOKENS_LIMIT, check_int
-from lit_balance.plan.cost import CostModel
+from lit_balance.errors import InputError, InputTypeError, InputValueError
 from lit_balance.lightning.datamodule import BalancedTextDataModule
-from lit_balance.demo import DemoTransformerLM
+from lit_balance.plan.cost import CostModel
 from lit_balance.plan.settings import BatchingSettings
 
 __all__ = ["LitBalanceCLI", "build_cli", "main", "plan_options_from_fit", "plan_parser", "run_plan"]
@@ -118,7 +117,7 @@ class _PlanConfigFile(ActionConfigFile):
                 return
             _, plan_error = _try_parse(parser, values, defaults=False)
             if plan_error is not None:
-                raise TypeError(f"--config {values}: neither plan options ({plan_error}) nor a lit-balance fit "
+                raise InputTypeError(f"--config {values}: neither plan options ({plan_error}) nor a lit-balance fit "
                                 f"config ({fit_error})") from plan_error
         super().__call__(parser, cfg, values, option_string)
 
@@ -145,7 +144,7 @@ def _num_replicas(trainer: Namespace, source: str) -> int:
     elif isinstance(devices, str) and "," in devices:
         devices = len([d for d in devices.split(",") if d.strip()])
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise TypeError(f"--config {source}: trainer.devices is {devices!r}, which names no count of ranks; set "
+        raise InputTypeError(f"--config {source}: trainer.devices is {devices!r}, which names no count of ranks; set "
                         "trainer.devices to a number in that config, or give plan a config of its own with "
                         "num_replicas")
     return devices * int(trainer.get("num_nodes", 1) or 1)
@@ -237,33 +236,22 @@ def _flag_names(message: str, names: Iterable[str] = _PLAN_FLAGS, flag: Callable
     return name_re.sub(lambda m: flag(m[1]), message)
 
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
 _INPUT_ERRORS = (FileNotFoundError, TypeError, ValueError)
 #: set to "true" to raise library input errors with their traceback instead of the one-line message (as jsonargparse)
 _DEBUG_ENV = "JSONARGPARSE_DEBUG"
 
 
-def _raised_by_a_check(error: BaseException) -> bool:
-    if not isinstance(error, _INPUT_ERRORS) or error.__traceback__ is None:
-        return False
-    tb = error.__traceback__
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    path = Path(tb.tb_frame.f_code.co_filename).resolve()
-    return _PACKAGE_DIR in path.parents and linecache.getline(str(path), tb.tb_lineno).lstrip().startswith("raise ")
-
-
 def _input_error(error: BaseException) -> BaseException | None:
     """The lit_balance check that rejected an input in ``error`` (itself or its ``__cause__``), else None.
 
-    A check is a ``raise`` statement in the package; jsonargparse wraps those of classes built from a list
-    (``trainer.callbacks``) in its own ValueError, hence the ``__cause__`` chain. A ValueError or TypeError
-    from anywhere else (Python, NumPy, torch, or a line of lit_balance that is not a ``raise``) is a bug or
-    an unexpected input, and keeps its traceback.
+    A check raises an :class:`~lit_balance.errors.InputError`; jsonargparse wraps those of classes built from a list
+    (``trainer.callbacks``) in its own ValueError, hence the ``__cause__`` chain. A ValueError or TypeError from
+    anywhere else (Python, NumPy, torch, or lit_balance code that is not a check) is a bug or an unexpected input,
+    and keeps its traceback.
     """
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
-        if _raised_by_a_check(error):
+        if isinstance(error, InputError):
             return error
         seen.add(id(error))
         error = error.__cause__
@@ -339,39 +327,39 @@ def _check_max_length(cfg: Namespace) -> None:
 def _load_lengths(path: Path) -> np.ndarray:
     expected = "a .npy file of integer token counts (np.save of a 1-D int array) or a text file of one integer per line"
     if not path.is_file():
-        raise ValueError(f"--lengths {str(path)!r} is not a file; pass {expected}")
+        raise InputValueError(f"--lengths {str(path)!r} is not a file; pass {expected}")
     if path.suffix == ".npy":
         try:
             with open(path, "rb") as file:
                 head = file.read(6)
         except OSError as error:
-            raise ValueError(f"--lengths {str(path)!r} cannot be read: {error}") from error
+            raise InputValueError(f"--lengths {str(path)!r} cannot be read: {error}") from error
         if head != b"\x93NUMPY":
-            raise ValueError(f"--lengths {str(path)!r} must be {expected}; got a file that is not a NumPy .npy "
+            raise InputValueError(f"--lengths {str(path)!r} must be {expected}; got a file that is not a NumPy .npy "
                              f"array (it starts with {head!r}, not the .npy header)")
         try:
             lengths = np.load(path, allow_pickle=False)
         except (ValueError, OSError, EOFError) as error:
             got = ("an array of Python objects (dtype object, e.g. a ragged list)" if "Object arrays" in str(error)
                    else f"a .npy file that cannot be read ({error})")
-            raise ValueError(f"--lengths {str(path)!r} must be {expected}; got {got}") from error
+            raise InputValueError(f"--lengths {str(path)!r} must be {expected}; got {got}") from error
         if not isinstance(lengths, np.ndarray):  # e.g. an .npz archive named .npy
-            raise ValueError(f"--lengths {str(path)!r} must be {expected}; got a {type(lengths).__name__}")
+            raise InputValueError(f"--lengths {str(path)!r} must be {expected}; got a {type(lengths).__name__}")
     else:
         try:
             lengths = np.loadtxt(path, dtype=np.int64, ndmin=1)
         except ValueError as error:
-            raise ValueError(_text_lengths_error(path, error)) from error
+            raise InputValueError(_text_lengths_error(path, error)) from error
     if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
-        raise ValueError(f"--lengths {str(path)!r} must be {expected}; got dtype {lengths.dtype} "
+        raise InputValueError(f"--lengths {str(path)!r} must be {expected}; got dtype {lengths.dtype} "
                          f"and shape {lengths.shape}")
     if lengths.size == 0 or lengths.min() < 1:
         got = "no lengths" if lengths.size == 0 else f"the length {int(lengths.min())} at index {int(lengths.argmin())}"
-        raise ValueError(f"--lengths {str(path)!r} must hold token counts >= 1, got {got}; drop empty samples")
+        raise InputValueError(f"--lengths {str(path)!r} must hold token counts >= 1, got {got}; drop empty samples")
     too_long = np.flatnonzero(lengths > MAX_TOKENS_LIMIT)  # uint64 values >= 2**63 compare exactly here
     if too_long.size:
         i = int(too_long[0])
-        raise ValueError(f"--lengths {str(path)!r} must hold token counts <= {MAX_TOKENS_LIMIT} (2**40), got the "
+        raise InputValueError(f"--lengths {str(path)!r} must hold token counts <= {MAX_TOKENS_LIMIT} (2**40), got the "
                          f"length {int(lengths[i])} at index {i} ({too_long.size} such); a length counts tokens "
                          "per sample: check the file")
     return lengths.astype(np.int64)
@@ -402,7 +390,7 @@ def _check_output_dir(output_dir: Path) -> None:
     for path in (output_dir, *output_dir.parents):
         if path.is_symlink() or path.exists():
             if not path.is_dir():
-                raise ValueError(f"--output-dir {str(output_dir)!r}: expected a directory (created if missing), "
+                raise InputValueError(f"--output-dir {str(output_dir)!r}: expected a directory (created if missing), "
                                  f"but {str(path)!r} is an existing file; pass a directory path")
             return
 
@@ -448,12 +436,9 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
             lengths, settings=settings, num_replicas=cfg.num_replicas, epoch=cfg.epoch,
             cost_model=CostModel(linear=cfg.linear, quadratic=cfg.quadratic, per_batch=cfg.per_batch),
         )
-    except _INPUT_ERRORS as error:
-        if not _is_input_error(error):
-            raise
+    except InputError as error:
         # the library names its Python arguments (max_tokens, too_long="skip"); here they are flags
-        cls = next(c for c in _INPUT_ERRORS if isinstance(error, c))
-        raise cls(_flag_names(str(error))) from error
+        raise type(error)(_flag_names(str(error)), parameter=error.parameter) from error
     console = Console(record=True, width=max(Console().width, 120))
     console.print(f"plan of {source}: {cfg.num_replicas} ranks, max_tokens={cfg.max_tokens} padded slots per "
                   f"micro-batch per rank, epoch {cfg.epoch}", highlight=False, soft_wrap=True)

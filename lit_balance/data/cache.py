@@ -57,9 +57,10 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
 from lit_balance._fingerprint import sha256_of as _sha256
-from lit_balance.data.sources import CorpusChunk, CorpusSource
 from lit_balance.data.records import IGNORE_INDEX, encode_chunk_deferred
+from lit_balance.data.sources import CorpusChunk, CorpusSource
 from lit_balance.data.tokenizer import TokenizerAdapter
+from lit_balance.errors import InputTypeError, InputValueError
 
 __all__ = ["TokenizedCorpus", "build_cache", "cache_key", "default_cache_dir", "load_cache", "load_or_build"]
 
@@ -113,26 +114,26 @@ class TokenizedCorpus:
                                         or self.labels.shape != self.token_ids.shape):
             got = (f"{self.labels.dtype} with shape {self.labels.shape}" if isinstance(self.labels, np.ndarray)
                    else type(self.labels).__name__)
-            raise ValueError(f"labels must be None or an int32 array shaped like token_ids {self.token_ids.shape}, "
+            raise InputValueError(f"labels must be None or an int32 array shaped like token_ids {self.token_ids.shape}, "
                              f"got {got}")
         for name, dtype in _ARRAYS.items():
             array = getattr(self, name)
             if not isinstance(array, np.ndarray) or array.dtype != dtype or array.ndim != 1:
                 got = (f"{array.dtype} with shape {array.shape}" if isinstance(array, np.ndarray)
                        else type(array).__name__)
-                raise ValueError(f"{name} must be a 1-D {np.dtype(dtype)} array, got {got}")
+                raise InputValueError(f"{name} must be a 1-D {np.dtype(dtype)} array, got {got}")
         offsets = self.offsets
         if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(self.token_ids):
-            raise ValueError(f"offsets must run from 0 to len(token_ids)={len(self.token_ids)}, "
+            raise InputValueError(f"offsets must run from 0 to len(token_ids)={len(self.token_ids)}, "
                              f"got {offsets[:1].tolist()}..{offsets[-1:].tolist()}")
         for begin in range(0, len(offsets) - 1, _CHECK_BLOCK):  # in blocks: no temporary as large as the corpus
             block = np.asarray(offsets[begin:begin + _CHECK_BLOCK + 1])
             if np.any(block[1:] < block[:-1]):
-                raise ValueError("offsets must be non-decreasing")
+                raise InputValueError("offsets must be non-decreasing")
         if len(self.source_index) != len(offsets) - 1:
-            raise ValueError(f"source_index has {len(self.source_index)} entries, expected {len(offsets) - 1}")
+            raise InputValueError(f"source_index has {len(self.source_index)} entries, expected {len(offsets) - 1}")
         if self.num_empty < 0:
-            raise ValueError(f"num_empty must be >= 0, got {self.num_empty}")
+            raise InputValueError(f"num_empty must be >= 0, got {self.num_empty}")
 
     @property
     def lengths(self) -> np.ndarray:
@@ -212,12 +213,12 @@ def default_cache_dir() -> Path:
 
 def _check_types(source: Any, tokenizer: Any) -> None:
     if not isinstance(source, CorpusSource):
-        raise TypeError(f"source must be a CorpusSource (from resolve_corpus), got {type(source).__name__}")
+        raise InputTypeError(f"source must be a CorpusSource (from resolve_corpus), got {type(source).__name__}")
     if not isinstance(tokenizer, TokenizerAdapter):
-        raise TypeError(f"tokenizer must be a TokenizerAdapter (from resolve_tokenizer), "
+        raise InputTypeError(f"tokenizer must be a TokenizerAdapter (from resolve_tokenizer), "
                         f"got {type(tokenizer).__name__}")
     if tokenizer.add_special_tokens and source.holds_token_ids:
-        raise ValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as given, "
+        raise InputValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as given, "
                          "so add the special ids to each document yourself, or leave add_special_tokens=False")
 
 
@@ -241,7 +242,7 @@ def _check_ids(flat: np.ndarray, sizes: np.ndarray, start: int, vocab_size: int,
         first = int(np.flatnonzero(bad_mask)[0])
         doc = start + int(np.searchsorted(np.cumsum(sizes), first, side="right"))
         allowed = f"[0, vocab_size={vocab_size})" + (" or -100" if ignore else "")
-        raise ValueError(f"document {doc} holds the {what} {int(flat[first])}, outside {allowed}; pass a tokenizer or "
+        raise InputValueError(f"document {doc} holds the {what} {int(flat[first])}, outside {allowed}; pass a tokenizer or "
                          "vocab_size that covers it")
 
 
@@ -457,7 +458,7 @@ def _build(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: Path, k
             raise RuntimeError(f"the corpus ({source.description}) changed while it was tokenized; run again once "
                                "its files no longer change")
         if not num_kept:
-            raise ValueError(f"all {num_docs} documents of the corpus ({source.description}) are empty after "
+            raise InputValueError(f"all {num_docs} documents of the corpus ({source.description}) are empty after "
                              "tokenization")
         target = cache_dir / key
         names = [*_ARRAYS, *([_LABELS] if has_labels else [])]

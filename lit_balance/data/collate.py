@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from lit_balance.errors import InputValueError
+
 __all__ = ["IGNORE_INDEX", "PackedCollator", "PadCollator"]
 
 #: Label value ignored by :func:`torch.nn.functional.cross_entropy` (its default ``ignore_index``).
@@ -67,7 +69,7 @@ class PadCollator:
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if len(samples) == 0:
-            raise ValueError("cannot collate an empty micro-batch: the sampler yielded no indices")
+            raise InputValueError("cannot collate an empty micro-batch: the sampler yielded no indices")
         rows, row_labels = [], []
         for s in samples:
             ids = torch.from_numpy(np.array(s["input_ids"], dtype=np.int64)).reshape(-1)  # a writable copy
@@ -75,13 +77,13 @@ class PadCollator:
             if s.get("labels") is not None:
                 label = torch.from_numpy(np.array(s["labels"], dtype=np.int64)).reshape(-1)
                 if label.numel() != ids.numel():
-                    raise ValueError(f"sample at dataset index {s.get('index')} has {label.numel()} labels for "
+                    raise InputValueError(f"sample at dataset index {s.get('index')} has {label.numel()} labels for "
                                      f"{ids.numel()} input_ids; give one (unshifted) label per token")
             if self.max_length is not None:
                 ids = ids[: self.max_length]
                 label = None if label is None else label[: self.max_length]
             if ids.numel() == 0:
-                raise ValueError(f"sample at dataset index {s.get('index')} has no tokens; remove empty documents")
+                raise InputValueError(f"sample at dataset index {s.get('index')} has no tokens; remove empty documents")
             rows.append(ids)
             row_labels.append(label)
         lengths = torch.tensor([r.numel() for r in rows], dtype=torch.long)
@@ -120,10 +122,10 @@ class PadCollator:
 def _check_collator_args(pad_token_id: Any, pad_to_multiple_of: Any, max_length: Any) -> None:
     for name, value, low in (("pad_token_id", pad_token_id, 0), ("pad_to_multiple_of", pad_to_multiple_of, 1)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+            raise InputValueError(f"{name} must be an int >= {low}, got {value!r}")
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
                                    or max_length < 1):
-        raise ValueError(f"max_length must be an int >= 1 or None, got {max_length!r}")
+        raise InputValueError(f"max_length must be an int >= 1 or None, got {max_length!r}")
 
 
 def _step_totals(first: Mapping[str, Any]) -> dict[str, int]:
@@ -206,12 +208,12 @@ class PackedCollator:
         ids = np.asarray(s["input_ids"], dtype=np.int64).reshape(-1)
         labels = ids if s.get("labels") is None else np.asarray(s["labels"], dtype=np.int64).reshape(-1)
         if labels.shape != ids.shape:
-            raise ValueError(f"sample at dataset index {s.get('index')} has {labels.size} labels for {ids.size} "
+            raise InputValueError(f"sample at dataset index {s.get('index')} has {labels.size} labels for {ids.size} "
                              "input_ids; labels must give one value (or -100) per token")
         if self.max_length is not None:
             ids, labels = ids[: self.max_length], labels[: self.max_length]
         if ids.size == 0:
-            raise ValueError(f"sample at dataset index {s.get('index')} has no tokens; remove empty documents")
+            raise InputValueError(f"sample at dataset index {s.get('index')} has no tokens; remove empty documents")
         labels = labels.copy()
         labels[0] = IGNORE_INDEX
         if s.get("is_fill", False):
@@ -220,7 +222,7 @@ class PackedCollator:
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if len(samples) == 0:
-            raise ValueError("cannot collate an empty micro-batch: the sampler yielded no indices")
+            raise InputValueError("cannot collate an empty micro-batch: the sampler yielded no indices")
         docs = [self._document(s) for s in samples]
         lengths = np.array([ids.size for ids, _ in docs], dtype=np.int64)
         real = int(lengths.sum())

@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from lit_balance.plan.padded import MicroBatch
 from lit_balance.data.records import supervised_counts
+from lit_balance.errors import InputValueError
+from lit_balance.plan.padded import MicroBatch
 
 __all__ = ["TokenDataset"]
 
@@ -54,18 +55,18 @@ class TokenDataset(Dataset):
         labels: np.ndarray | None = None,
     ) -> None:
         if labels is not None and np.shape(labels) != np.shape(token_ids):
-            raise ValueError(f"labels must be shaped like token_ids {np.shape(token_ids)}, got {np.shape(labels)}")
+            raise InputValueError(f"labels must be shaped like token_ids {np.shape(token_ids)}, got {np.shape(labels)}")
         self.token_ids = token_ids
         self.labels = labels
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.doc_ids = np.asarray(doc_ids, dtype=np.int64)
         num_docs = self.offsets.shape[0] - 1
         if self.doc_ids.size and (self.doc_ids.min() < 0 or self.doc_ids.max() >= num_docs):
-            raise ValueError(
+            raise InputValueError(
                 f"doc_ids must lie in [0, {num_docs}), got min {self.doc_ids.min()} max {self.doc_ids.max()}"
             )
         if max_length is not None and max_length < 1:
-            raise ValueError(f"max_length must be >= 1 or None, got {max_length}")
+            raise InputValueError(f"max_length must be >= 1 or None, got {max_length}")
         self.max_length = max_length
         full = self.offsets[self.doc_ids + 1] - self.offsets[self.doc_ids]
         #: int64 ``[len(self)]``: tokens per item after truncation.

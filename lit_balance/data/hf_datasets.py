@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from lit_balance._fingerprint import sha256_of as _sha256
+from lit_balance.errors import InputTypeError, InputValueError
 
 __all__ = ["HFCorpus", "describe", "is_datasets_object", "new_digest"]
 
@@ -111,7 +112,7 @@ class HFCorpus:
             if "labels" in batch:
                 labels = _int_list(batch["labels"][i], where, "labels")
                 if len(labels) != len(ids):
-                    raise ValueError(f"{where}: labels has {len(labels)} entries but input_ids has {len(ids)}; "
+                    raise InputValueError(f"{where}: labels has {len(labels)} entries but input_ids has {len(ids)}; "
                                      "labels must hold one (unshifted) label per token, -100 where there is no target")
             if digest is not None:
                 for array in (ids, labels):
@@ -122,7 +123,7 @@ class HFCorpus:
         for column in self.columns:
             value = batch[column][i]
             if not isinstance(value, str):
-                raise TypeError(f"{where}: column {column!r} holds {type(value).__name__} {value!r:.60}, expected a "
+                raise InputTypeError(f"{where}: column {column!r} holds {type(value).__name__} {value!r:.60}, expected a "
                                 "string")
             values.append(value)
             if digest is not None:
@@ -133,10 +134,10 @@ class HFCorpus:
 
 def _int_list(value: Any, where: str, column: str) -> np.ndarray:
     if value is None:
-        raise TypeError(f"{where}: column {column!r} is null; expected a list of ints")
+        raise InputTypeError(f"{where}: column {column!r} is null; expected a list of ints")
     array = np.asarray(value)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-        raise TypeError(f"{where}: column {column!r} must be a list of ints, got {type(value).__name__} with dtype "
+        raise InputTypeError(f"{where}: column {column!r} must be a list of ints, got {type(value).__name__} with dtype "
                         f"{array.dtype} and shape {array.shape}")
     return array.astype(np.int64)
 
@@ -148,7 +149,7 @@ def _mode(columns: list[str], text_key: str, what: str) -> tuple[str, tuple[str,
         return "texts", (text_key,)
     if "prompt" in columns and "completion" in columns:
         return "prompt_completion", ("prompt", "completion")
-    raise ValueError(f"{what} has columns {columns}; expected 'input_ids' (pre-tokenized, optional 'labels'), "
+    raise InputValueError(f"{what} has columns {columns}; expected 'input_ids' (pre-tokenized, optional 'labels'), "
                      f"the text column {text_key!r} (set text_key= to the column holding the text), or 'prompt' "
                      "and 'completion'")
 
@@ -158,7 +159,7 @@ def _columns(split: Any) -> list[str]:
     if columns is None:  # an IterableDataset without features: its first row (read now) names them
         first = next(iter(split), None)
         if first is None:
-            raise ValueError("the Hugging Face IterableDataset yields no rows: corpus is empty")
+            raise InputValueError("the Hugging Face IterableDataset yields no rows: corpus is empty")
         columns = list(first)
     return list(columns)
 
@@ -183,14 +184,14 @@ def describe(obj: Any, text_key: str) -> HFCorpus:
         source = obj.source.select_columns([obj.column_name])
         first = next(iter(source[obj.column_name][:1]), None)
         if first is None:
-            raise ValueError(f"corpus is empty: the column {obj.column_name!r} has no rows")
+            raise InputValueError(f"corpus is empty: the column {obj.column_name!r} has no rows")
         if isinstance(first, str):
             return describe(source, obj.column_name)
         return describe(source.rename_column(obj.column_name, "input_ids") if obj.column_name != "input_ids"
                         else source, text_key)
     if isinstance(obj, datasets.DatasetDict):
         if "train" not in obj:
-            raise ValueError(f"the DatasetDict has splits {sorted(obj)} and no 'train' split; pass the split to "
+            raise InputValueError(f"the DatasetDict has splits {sorted(obj)} and no 'train' split; pass the split to "
                              "train on (e.g. corpus=dataset_dict['<name>'])")
         train, validation = obj["train"], obj.get("validation")
         label, sizes = "Hugging Face DatasetDict", [f"train {len(train)} rows"]
@@ -201,21 +202,21 @@ def describe(obj: Any, text_key: str) -> HFCorpus:
     elif isinstance(obj, datasets.IterableDataset):
         train, label, sizes = obj, "Hugging Face IterableDataset", []
     else:
-        raise TypeError(f"corpus is a {type(obj).__module__}.{type(obj).__qualname__}; expected a datasets.Dataset, "
+        raise InputTypeError(f"corpus is a {type(obj).__module__}.{type(obj).__qualname__}; expected a datasets.Dataset, "
                         "DatasetDict (train and optional validation splits), IterableDataset or a Dataset column "
                         "(for an IterableDatasetDict, pass its 'train' split)")
     mode, columns = _mode(_columns(train), text_key, f"the {label}")
     if validation is not None:
         missing = [c for c in columns if c not in validation.column_names]
         if missing:
-            raise ValueError(f"the DatasetDict's validation split lacks the column(s) {missing} that its train split "
+            raise InputValueError(f"the DatasetDict's validation split lacks the column(s) {missing} that its train split "
                              f"has ({list(columns)}); give both splits the same columns")
         if len(validation) == 0:
-            raise ValueError("the DatasetDict's validation split has no rows; drop it or add rows")
+            raise InputValueError("the DatasetDict's validation split has no rows; drop it or add rows")
     fingerprint = None
     if isinstance(train, datasets.Dataset):
         if len(train) == 0:
-            raise ValueError(f"corpus is empty: the {label} has no rows")
+            raise InputValueError(f"corpus is empty: the {label} has no rows")
         parts = ["datasets", mode, *columns, train._fingerprint, str(len(train))]
         if validation is not None:
             parts += ["validation", validation._fingerprint, str(len(validation))]

@@ -27,6 +27,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lit_balance.data.collate import IGNORE_INDEX
+from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.padded import MicroBatch, padded_lengths
 
 __all__ = ["MicroBatchDataset", "MicroBatchItems", "PadFieldsCollator", "balanced_dataloader", "item_lengths"]
@@ -41,19 +42,19 @@ _LOADER_OWNED = {"batch_size": "max_tokens / max_batch_size", "batch_sampler": "
 
 def _field_length(item: Mapping[str, Any], field: str, index: int) -> int:
     if not isinstance(item, Mapping):
-        raise TypeError(f"item {index} is a {type(item).__name__}, expected a mapping (dict) of fields")
+        raise InputTypeError(f"item {index} is a {type(item).__name__}, expected a mapping (dict) of fields")
     if field not in item:
-        raise ValueError(f"item {index} has no field {field!r} (its fields: {sorted(item)}); pass the length field "
+        raise InputValueError(f"item {index} has no field {field!r} (its fields: {sorted(item)}); pass the length field "
                          "that holds the token ids, or a function of the item")
     value = item[field]
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"item {index} field {field!r} is a bool; expected a sequence of tokens or an int length")
+        raise InputTypeError(f"item {index} field {field!r} is a bool; expected a sequence of tokens or an int length")
     if isinstance(value, (int, np.integer)) or (isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 0):
         return int(value)
     try:
         return len(value)
     except TypeError:
-        raise TypeError(f"item {index} field {field!r} is a {type(value).__name__}; expected a sequence of tokens "
+        raise InputTypeError(f"item {index} field {field!r} is a {type(value).__name__}; expected a sequence of tokens "
                         "(its length counts) or an int length") from None
 
 
@@ -65,7 +66,7 @@ def _length_function(length: LengthSpec) -> Callable[[Mapping[str, Any], int], i
     elif isinstance(length, Sequence) and length and all(isinstance(f, str) for f in length):
         fields = tuple(length)
     else:
-        raise TypeError(f"length must be a field name, a non-empty list of field names or a function of the item, "
+        raise InputTypeError(f"length must be a field name, a non-empty list of field names or a function of the item, "
                         f"got {length!r}")
     return lambda item, index: max(_field_length(item, f, index) for f in fields)
 
@@ -103,9 +104,9 @@ def item_lengths(dataset: Any, length: LengthSpec) -> np.ndarray:
     for i in range(len(dataset)):
         value = read(dataset[i], i)
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"the length of item {i} is {value!r} ({type(value).__name__}); expected an int")
+            raise InputTypeError(f"the length of item {i} is {value!r} ({type(value).__name__}); expected an int")
         if value < 1:
-            raise ValueError(f"item {i} has length {value} (length={length!r}); every item needs at least 1 token: "
+            raise InputValueError(f"item {i} has length {value} (length={length!r}); every item needs at least 1 token: "
                              "drop empty items from the dataset first")
         out[i] = value
     return out
@@ -141,7 +142,7 @@ def _arrow_lengths(dataset: Any, length: LengthSpec) -> np.ndarray | None:
     bad = np.flatnonzero(lengths < 1)
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"item {i} has length {int(lengths[i])} (length={length!r}); every item needs at least 1 "
+        raise InputValueError(f"item {i} has length {int(lengths[i])} (length={length!r}); every item needs at least 1 "
                          "token: drop empty items from the dataset first")
     return lengths
 
@@ -229,7 +230,7 @@ def _mask_name(field: str) -> str:
 def _as_row(value: Any, field: str, index: Any) -> torch.Tensor:
     row = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
     if row.ndim != 1:
-        raise ValueError(f"item {index} field {field!r} has shape {tuple(row.shape)}; a sequence field must be 1-D "
+        raise InputValueError(f"item {index} field {field!r} has shape {tuple(row.shape)}; a sequence field must be 1-D "
                          "(list it in scalar_fields if it is one value per item)")
     if row.numel() and (row.dtype == torch.bool or row.is_floating_point()):
         return row
@@ -302,26 +303,26 @@ class PadFieldsCollator:
         for what, group in (("sequence_fields", names), ("scalar_fields", scalar_fields),
                             ("drop_fields", drop_fields)):
             if isinstance(group, str) or not all(isinstance(n, str) for n in group):
-                raise TypeError(f"{what} must be a list of field names, got {group!r}")
+                raise InputTypeError(f"{what} must be a list of field names, got {group!r}")
         if not names:
-            raise ValueError("sequence_fields is empty; list the fields to pad, e.g. ['input_ids']")
+            raise InputValueError("sequence_fields is empty; list the fields to pad, e.g. ['input_ids']")
         seen: dict[str, str] = {}
         for what, group in (("sequence_fields", names), ("scalar_fields", scalar_fields),
                             ("drop_fields", drop_fields)):
             for name in group:
                 if name in seen:
                     where = f"twice in {what}" if seen[name] == what else f"in both {seen[name]} and {what}"
-                    raise ValueError(f"field {name!r} is listed {where}; list it once")
+                    raise InputValueError(f"field {name!r} is listed {where}; list it once")
                 seen[name] = what
         if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer))):
-            raise TypeError(f"pad_token_id must be an int or None, got {pad_token_id!r}")
+            raise InputTypeError(f"pad_token_id must be an int or None, got {pad_token_id!r}")
         if isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, (int, np.integer)) \
                 or pad_to_multiple_of < 1:
-            raise ValueError(f"pad_to_multiple_of must be an int >= 1, got {pad_to_multiple_of!r}")
+            raise InputValueError(f"pad_to_multiple_of must be an int >= 1, got {pad_to_multiple_of!r}")
         explicit.update(pad_values or {})
         unknown = sorted(set(explicit) - set(names))
         if unknown:
-            raise ValueError(f"pad_values names {unknown}, which are not in sequence_fields {names}")
+            raise InputValueError(f"pad_values names {unknown}, which are not in sequence_fields {names}")
         self.pad_values: dict[str, int | float] = {}
         for name in names:
             if name in explicit:
@@ -331,7 +332,7 @@ class PadFieldsCollator:
             elif _is_mask(name):
                 self.pad_values[name] = 0
             elif pad_token_id is None:
-                raise ValueError(f"sequence field {name!r} holds token ids (not a label or mask field by its name) "
+                raise InputValueError(f"sequence field {name!r} holds token ids (not a label or mask field by its name) "
                                  "and has no pad value: pass pad_token_id=tokenizer.pad_token_id, or "
                                  f"pad_values={{{name!r}: ...}}")
             else:
@@ -352,15 +353,15 @@ class PadFieldsCollator:
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if len(samples) == 0:
-            raise ValueError("cannot collate an empty micro-batch: the sampler yielded no indices")
+            raise InputValueError("cannot collate an empty micro-batch: the sampler yielded no indices")
         meta = samples if isinstance(samples, MicroBatchItems) else None
         indices = meta.indices if meta is not None else tuple(range(len(samples)))
         for position, item in enumerate(samples):
             if not isinstance(item, Mapping):
-                raise TypeError(f"item {indices[position]} is a {type(item).__name__}, expected a mapping of fields")
+                raise InputTypeError(f"item {indices[position]} is a {type(item).__name__}, expected a mapping of fields")
             unlisted = sorted(set(item) - self._known)
             if unlisted:
-                raise ValueError(f"item {indices[position]} has fields {unlisted} that PadFieldsCollator does not "
+                raise InputValueError(f"item {indices[position]} has fields {unlisted} that PadFieldsCollator does not "
                                  f"list; add them to sequence_fields, scalar_fields or drop_fields")
         batch: dict[str, Any] = {}
         rows_of: dict[str, list[torch.Tensor]] = {}
@@ -368,7 +369,7 @@ class PadFieldsCollator:
             rows = []
             for position, item in enumerate(samples):
                 if field not in item:
-                    raise ValueError(f"item {indices[position]} has no field {field!r} (its fields: {sorted(item)})")
+                    raise InputValueError(f"item {indices[position]} has no field {field!r} (its fields: {sorted(item)})")
                 rows.append(_as_row(item[field], field, indices[position]))
             rows_of[field] = rows
         row_lengths = {f: [r.numel() for r in rows] for f, rows in rows_of.items()}
@@ -379,7 +380,7 @@ class PadFieldsCollator:
         for field, lengths in row_lengths.items():
             for position, (n, p) in enumerate(zip(lengths, planned)):
                 if n > p:
-                    raise ValueError(f"item {indices[position]} field {field!r} has {n} tokens but was planned at {p}: "
+                    raise InputValueError(f"item {indices[position]} field {field!r} has {n} tokens but was planned at {p}: "
                                      "its padded slots could exceed max_tokens; make the dataset's length cover every "
                                      f"sequence field (e.g. MicroBatchDataset(dataset, length={list(self.sequence_fields)}))")
         for field, rows in rows_of.items():
@@ -395,7 +396,7 @@ class PadFieldsCollator:
             lengths = torch.tensor(row_lengths[field], dtype=torch.long)
             if mask in rows_of:
                 if row_lengths[mask] != row_lengths[field]:
-                    raise ValueError(f"field {mask!r} has row lengths {row_lengths[mask]} but {field!r} has "
+                    raise InputValueError(f"field {mask!r} has row lengths {row_lengths[mask]} but {field!r} has "
                                      f"{row_lengths[field]}; a mask must have one entry per token of its field")
                 continue
             batch[mask] = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
@@ -403,7 +404,7 @@ class PadFieldsCollator:
             values = []
             for position, item in enumerate(samples):
                 if field not in item:
-                    raise ValueError(f"item {indices[position]} has no field {field!r} (its fields: {sorted(item)})")
+                    raise InputValueError(f"item {indices[position]} has no field {field!r} (its fields: {sorted(item)})")
                 values.append(item[field])
             batch[field] = default_collate(values)
         is_fill = torch.tensor(meta.is_fill if meta is not None else [False] * len(samples), dtype=torch.bool)
@@ -453,26 +454,26 @@ def balanced_dataloader(dataset: Dataset, sampler: Any, collate_fn: Callable[[An
 
     owned = sorted(set(dataloader_kwargs) & set(_LOADER_OWNED))
     if owned:
-        raise TypeError(f"balanced_dataloader got {owned}: the sampler forms the micro-batches; set "
+        raise InputTypeError(f"balanced_dataloader got {owned}: the sampler forms the micro-batches; set "
                         + "; ".join(f"{k} through {_LOADER_OWNED[k]}" for k in owned)
                         + " (BatchingSettings) instead")
     if not isinstance(dataset, (MicroBatchDataset, TokenDataset)):
-        raise TypeError(f"dataset must be a MicroBatchDataset (or TokenDataset), got {type(dataset).__name__}; wrap "
+        raise InputTypeError(f"dataset must be a MicroBatchDataset (or TokenDataset), got {type(dataset).__name__}; wrap "
                         "it: MicroBatchDataset(dataset, length='input_ids')")
     if not isinstance(sampler, BalancedBatchSampler):
-        raise TypeError(f"sampler must be a lit_balance.BalancedBatchSampler, got {type(sampler).__name__}")
+        raise InputTypeError(f"sampler must be a lit_balance.BalancedBatchSampler, got {type(sampler).__name__}")
     lengths = np.asarray(dataset.lengths, dtype=np.int64)
     if sampler.lengths.shape != lengths.shape:
-        raise ValueError(f"the sampler plans {sampler.lengths.shape[0]} samples but the dataset holds {len(dataset)}; "
+        raise InputValueError(f"the sampler plans {sampler.lengths.shape[0]} samples but the dataset holds {len(dataset)}; "
                          "build the sampler from dataset.lengths")
     if sampler.settings.too_long == "truncate" and not isinstance(dataset, TokenDataset):
         if np.any(lengths > sampler.truncate_to):
-            raise ValueError(f"too_long='truncate' plans {int(np.sum(lengths > sampler.truncate_to))} sample(s) at "
+            raise InputValueError(f"too_long='truncate' plans {int(np.sum(lengths > sampler.truncate_to))} sample(s) at "
                              f"{sampler.truncate_to} tokens, but the dataset's items are longer and the collator "
                              "does not cut them: truncate the items first, or pass too_long='skip' or raise max_tokens")
     elif not np.array_equal(sampler.lengths, lengths):
         first = int(np.flatnonzero(sampler.lengths != lengths)[0])
-        raise ValueError(f"the sampler planned other lengths than the dataset's (index {first}: "
+        raise InputValueError(f"the sampler planned other lengths than the dataset's (index {first}: "
                          f"{int(sampler.lengths[first])} planned, {int(lengths[first])} in the dataset); "
                          "build the sampler from dataset.lengths")
     return DataLoader(dataset, sampler=sampler, batch_size=None, collate_fn=collate_fn, **dataloader_kwargs)

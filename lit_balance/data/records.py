@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from lit_balance.errors import InputValueError
+
 __all__ = ["encode_chunk", "encode_chunk_deferred", "encode_chunk_flat", "supervised_counts"]
 
 IGNORE_INDEX = -100  # the same value as lit_balance.data.collate.IGNORE_INDEX (kept import-free of torch here)
@@ -148,7 +150,7 @@ def _given_ids(chunk: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         return sizes, ids, None
     for i, (a, lab) in enumerate(zip(docs, chunk.labels)):
         if lab is not None and len(lab) != len(a):
-            raise ValueError(f"document {chunk.start + i} has {len(lab)} labels for {len(a)} tokens; give one "
+            raise InputValueError(f"document {chunk.start + i} has {len(lab)} labels for {len(a)} tokens; give one "
                              "(unshifted) label per token, -100 where a token has no target")
     labels = [a if lab is None else np.asarray(lab, dtype=np.int64) for a, lab in zip(docs, chunk.labels)]
     return sizes, ids, (np.concatenate(labels) if labels else np.zeros(0, np.int64))

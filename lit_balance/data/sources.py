@@ -27,16 +27,16 @@ import stat
 import sys
 import sysconfig
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from lit_balance.data import hf_datasets
 from lit_balance._fingerprint import sha256_of as _sha256
+from lit_balance.data import hf_datasets
+from lit_balance.errors import InputFileNotFoundError, InputTypeError, InputValueError
 
 __all__ = ["BUILTIN_CORPUS", "CorpusChunk", "CorpusSource", "resolve_corpus", "stdlib_docstrings"]
 
@@ -136,7 +136,7 @@ def _open_regular(path: Path) -> Any:
             mode = stat.S_IFREG
         if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
             raise _not_regular(path, mode) from None
-        raise ValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
+        raise InputValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -171,7 +171,7 @@ def _file_sha256(path: Path) -> tuple[int, str]:
             for block in iter(lambda: handle.read(_HASH_BLOCK), b""):
                 digest.update(block)
         except OSError as error:
-            raise ValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
+            raise InputValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
     return digest.size, digest.hexdigest()
 
 
@@ -214,7 +214,7 @@ def _file_line_blocks(path: Path, digest: _ContentDigest | None = None) -> Itera
                         good = max(data.rfind(b"\n", 0, bad) + 1, skip)  # the lines before the bad one
                         if good > skip:
                             yield number, _split_lines(data[skip:good].decode("utf-8"))
-                        raise ValueError(f"corpus file {str(path)!r} is not valid UTF-8 at byte {offset + bad}; "
+                        raise InputValueError(f"corpus file {str(path)!r} is not valid UTF-8 at byte {offset + bad}; "
                                          "re-encode it as UTF-8") from None
                     yield number, lines
                     number += len(lines)
@@ -222,7 +222,7 @@ def _file_line_blocks(path: Path, digest: _ContentDigest | None = None) -> Itera
                 if not block:
                     return
         except OSError as error:
-            raise ValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
+            raise InputValueError(f"corpus file {str(path)!r} cannot be read: {error}") from error
 
 
 def _file_lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -241,7 +241,7 @@ def _file_format(path: Path) -> str:
 
 def _check_txt_documents(txt_documents: Any) -> str:
     if not isinstance(txt_documents, str) or txt_documents not in TXT_DOCUMENTS:
-        raise ValueError(f"txt_documents must be one of {TXT_DOCUMENTS} ('line': one document per non-blank line "
+        raise InputValueError(f"txt_documents must be one of {TXT_DOCUMENTS} ('line': one document per non-blank line "
                          "of a text file; 'paragraph': documents separated by blank lines), "
                          f"got {txt_documents!r}")
     return txt_documents
@@ -265,23 +265,23 @@ def _jsonl_value(line: str, where: str) -> Any:
     try:
         return json.loads(line)
     except json.JSONDecodeError as error:
-        raise ValueError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from None
+        raise InputValueError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from None
 
 
 def _jsonl_object_record(obj: Any, where: str, text_key: str) -> tuple[str, Any]:
     """One parsed JSONL value as a record: ``("texts", text)`` or ``("pairs", (prompt, completion))``."""
     if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        raise InputValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     if text_key in obj:
         if not isinstance(obj[text_key], str):
-            raise ValueError(f"{where}: {text_key!r} is {type(obj[text_key]).__name__}, expected a string")
+            raise InputValueError(f"{where}: {text_key!r} is {type(obj[text_key]).__name__}, expected a string")
         return "texts", obj[text_key]
     if "prompt" in obj and "completion" in obj:
         for key in ("prompt", "completion"):
             if not isinstance(obj[key], str):
-                raise ValueError(f"{where}: {key!r} is {type(obj[key]).__name__}, expected a string")
+                raise InputValueError(f"{where}: {key!r} is {type(obj[key]).__name__}, expected a string")
         return "pairs", (obj["prompt"], obj["completion"])
-    raise ValueError(f"{where}: no key {text_key!r} and no 'prompt'/'completion' pair (keys: {sorted(obj)[:10]}); "
+    raise InputValueError(f"{where}: no key {text_key!r} and no 'prompt'/'completion' pair (keys: {sorted(obj)[:10]}); "
                      "set text_key= to the key holding the text, or give each record 'prompt' and 'completion'")
 
 
@@ -370,13 +370,13 @@ class CorpusChunk:
 
     def __post_init__(self) -> None:
         if isinstance(self.start, bool) or not isinstance(self.start, (int, np.integer)) or self.start < 0:
-            raise ValueError(f"start must be an int >= 0, got {self.start!r}")
+            raise InputValueError(f"start must be an int >= 0, got {self.start!r}")
         given = [name for name in ("texts", "token_ids", "pairs") if getattr(self, name) is not None]
         if len(given) != 1:
-            raise ValueError("a CorpusChunk holds exactly one of texts, token_ids and pairs, got "
+            raise InputValueError("a CorpusChunk holds exactly one of texts, token_ids and pairs, got "
                              f"{' and '.join(given) if given else 'none'}")
         if self.labels is not None and (self.token_ids is None or len(self.labels) != len(self.token_ids)):
-            raise ValueError("labels go with token_ids, one entry (an array or None) per document")
+            raise InputValueError("labels go with token_ids, one entry (an array or None) per document")
 
     def __len__(self) -> int:
         docs = next(d for d in (self.texts, self.token_ids, self.pairs) if d is not None)
@@ -385,7 +385,7 @@ class CorpusChunk:
 
 def _check_limit(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        raise InputValueError(f"{name} must be an int >= 1, got {value!r}")
     return int(value)
 
 
@@ -471,7 +471,7 @@ class CorpusSource:
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
-            raise ValueError(f"kind must be one of {_KINDS}, got {self.kind!r}")
+            raise InputValueError(f"kind must be one of {_KINDS}, got {self.kind!r}")
 
     @property
     def holds_token_ids(self) -> bool:
@@ -598,13 +598,13 @@ class CorpusSource:
                 yield records
             contents.append((digest.size, digest.hexdigest()))
         if empty:
-            raise ValueError(f"corpus is empty: no non-blank lines in {', '.join(map(str, self._payload))}")
+            raise InputValueError(f"corpus is empty: no non-blank lines in {', '.join(map(str, self._payload))}")
         self._read["files"] = self._files_fingerprint(contents)
 
     def _iter_file_documents(self) -> Iterator[str]:
         for kind, item in (record for records in self._iter_file_records() for record in records):
             if kind != "texts":
-                raise TypeError(f"the corpus ({self.description}) holds prompt–completion records, not only texts; "
+                raise InputTypeError(f"the corpus ({self.description}) holds prompt–completion records, not only texts; "
                                 "read it with iter_chunks() (the DataModule and the cache do)")
             yield item
 
@@ -618,7 +618,7 @@ class CorpusSource:
             count += len(items)
             yield [(kind, item) for item in items]
         if count == 0:
-            raise ValueError(f"corpus is empty: the {hf.description} yields no rows")
+            raise InputValueError(f"corpus is empty: the {hf.description} yields no rows")
         if digest is not None:
             digest.update(count.to_bytes(8, "little"))
             self._read["digest"] = digest.hexdigest()
@@ -653,10 +653,10 @@ class CorpusSource:
             ['a', 'b']
         """
         if self.holds_token_ids:
-            raise TypeError("this corpus holds token ids, not texts; call load_token_ids()")
+            raise InputTypeError("this corpus holds token ids, not texts; call load_token_ids()")
         if self.kind == "datasets":
             if self._payload[0].mode != "texts":
-                raise TypeError("this corpus holds prompt–completion records, not only texts; call iter_chunks()")
+                raise InputTypeError("this corpus holds prompt–completion records, not only texts; call iter_chunks()")
             return [text for chunk in self.iter_chunks() for text in chunk.texts]
         if self.kind == "builtin":
             return stdlib_docstrings()
@@ -678,7 +678,7 @@ class CorpusSource:
             [5, 6]
         """
         if not self.holds_token_ids:
-            raise TypeError(f"this corpus holds texts ({self.kind}), not token ids; call load_texts()")
+            raise InputTypeError(f"this corpus holds texts ({self.kind}), not token ids; call load_texts()")
         if self.kind == "datasets":
             return [ids for chunk in self.iter_chunks() for ids in chunk.token_ids]
         return list(self._payload)
@@ -690,25 +690,25 @@ def _as_ids(item: Any, index: int) -> np.ndarray:
     if isinstance(item, (list, tuple)) and not item:
         item = np.zeros(0, dtype=np.int64)
     if isinstance(item, (list, tuple)) and any(isinstance(v, bool) for v in item):
-        raise TypeError(f"document {index} of the token-id corpus holds a bool "
+        raise InputTypeError(f"document {index} of the token-id corpus holds a bool "
                         f"({next(v for v in item if isinstance(v, bool))!r}); token ids must be ints")
     try:
         array = np.asarray(item)
     except (ValueError, OverflowError) as error:
-        raise TypeError(f"document {index} of the token-id corpus is not a sequence of ints: {error}") from None
+        raise InputTypeError(f"document {index} of the token-id corpus is not a sequence of ints: {error}") from None
     if array.ndim != 1 or array.dtype.kind not in "iu":
         bad = ""
         if isinstance(item, (list, tuple)):
             value = next((v for v in item
                           if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))), None)
             bad = f" (first non-int value: {value!r})"
-        raise TypeError(f"document {index} of the token-id corpus must be a 1-D sequence of ints, "
+        raise InputTypeError(f"document {index} of the token-id corpus must be a 1-D sequence of ints, "
                         f"got shape {array.shape} dtype {array.dtype}{bad}")
     if array.size and array.min() < 0:
-        raise ValueError(f"document {index} of the token-id corpus holds the negative id {int(array.min())}; "
+        raise InputValueError(f"document {index} of the token-id corpus holds the negative id {int(array.min())}; "
                          "token ids must be >= 0")
     if array.size and array.max() > np.iinfo(np.int64).max:
-        raise ValueError(f"document {index} of the token-id corpus holds the id {int(array.max())}, too large")
+        raise InputValueError(f"document {index} of the token-id corpus holds the id {int(array.max())}, too large")
     array = np.array(array, dtype=np.int64)
     array.flags.writeable = False
     return array
@@ -721,7 +721,7 @@ def _item_kind(item: Any, index: int) -> str:
         return "files"
     if isinstance(item, (list, tuple, np.ndarray)) or (hasattr(item, "detach") and hasattr(item, "numpy")):
         return "token_ids"
-    raise TypeError(f"corpus item {index} is a {type(item).__name__}; expected str (a document), "
+    raise InputTypeError(f"corpus item {index} is a {type(item).__name__}; expected str (a document), "
                     "os.PathLike (a file) or a sequence of ints (token ids)")
 
 
@@ -744,13 +744,13 @@ def _files_source(paths: list[Any], text_key: str, txt_documents: str = "line") 
     for raw in paths:
         path = Path(raw)
         if not path.exists():
-            raise FileNotFoundError(f"corpus file {str(path)!r} does not exist "
+            raise InputFileNotFoundError(f"corpus file {str(path)!r} does not exist "
                                     "(a list of str is read as documents; a single str must be a file)")
         if path.is_dir():
-            raise ValueError(f"corpus path {str(path)!r} is a directory; pass the files inside it, "
+            raise InputValueError(f"corpus path {str(path)!r} is a directory; pass the files inside it, "
                              f"e.g. sorted(Path({str(path)!r}).glob('*.txt'))")
         if path.suffix.lower() == ".json":
-            raise ValueError(f"corpus file {str(path)!r}: .json is not supported; use .jsonl "
+            raise InputValueError(f"corpus file {str(path)!r}: .json is not supported; use .jsonl "
                              "(one JSON object per line) or plain text (one document per line)")
         with _open_regular(path) as handle:  # refuses a FIFO, socket or device instead of blocking on it
             info = os.fstat(handle.fileno())
@@ -759,7 +759,7 @@ def _files_source(paths: list[Any], text_key: str, txt_documents: str = "line") 
         parts += [str(path), str(info.st_size), str(info.st_mtime_ns)]
         sizes.append(info.st_size)
     if not any(sizes):
-        raise ValueError(f"corpus is empty: every file is empty ({', '.join(map(str, resolved))})")
+        raise InputValueError(f"corpus is empty: every file is empty ({', '.join(map(str, resolved))})")
     names = [path.name for path in resolved]
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     description = f"{len(names)} file{'s' if len(names) != 1 else ''}: {shown}"
@@ -820,7 +820,7 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents:
         ('builtin', 'token_ids')
     """
     if not isinstance(text_key, str):
-        raise TypeError(f"text_key must be a str, got {type(text_key).__name__} {text_key!r}")
+        raise InputTypeError(f"text_key must be a str, got {type(text_key).__name__} {text_key!r}")
     txt_documents = _check_txt_documents(txt_documents)
     if isinstance(corpus, CorpusSource):
         return corpus
@@ -834,25 +834,25 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents:
         description = f"Python {platform.python_version()} standard library docstrings"
         return CorpusSource("builtin", _sha256(*parts), description)
     if isinstance(corpus, str) and not corpus.strip():
-        raise ValueError("corpus is an empty string; pass a file path, a glob pattern, a list of documents, "
+        raise InputValueError("corpus is an empty string; pass a file path, a glob pattern, a list of documents, "
                          "or None for the built-in corpus")
     if isinstance(corpus, str) and any(c in corpus for c in "*?["):
         matches = sorted(p for p in glob.glob(os.path.expanduser(corpus), recursive=True) if os.path.isfile(p))
         if not matches:
-            raise FileNotFoundError(f"corpus glob pattern {corpus!r} matches no file")
+            raise InputFileNotFoundError(f"corpus glob pattern {corpus!r} matches no file")
         return _files_source(matches, text_key, txt_documents)
     if isinstance(corpus, (str, os.PathLike)):
         return _files_source([corpus], text_key, txt_documents)
     if not isinstance(corpus, (list, tuple)):
-        raise TypeError(f"corpus must be None, {BUILTIN_CORPUS!r}, a path, a list/tuple of documents, paths or "
+        raise InputTypeError(f"corpus must be None, {BUILTIN_CORPUS!r}, a path, a list/tuple of documents, paths or "
                         "token-id sequences, or a Hugging Face datasets.Dataset, DatasetDict or IterableDataset "
                         f"(pip install \"lit_balance[datasets]\"); got {type(corpus).__name__}")
     if not corpus:
-        raise ValueError("corpus is empty: the list holds no documents")
+        raise InputValueError("corpus is empty: the list holds no documents")
     kinds = [_item_kind(item, index) for index, item in enumerate(corpus)]
     if len(set(kinds)) > 1:
         first = kinds.index(next(k for k in kinds if k != kinds[0]))
-        raise TypeError(f"corpus items must all be of one kind; item 0 is {kinds[0]} but item {first} is "
+        raise InputTypeError(f"corpus items must all be of one kind; item 0 is {kinds[0]} but item {first} is "
                         f"{kinds[first]} ({type(corpus[first]).__name__})")
     if kinds[0] == "files":
         return _files_source(list(corpus), text_key, txt_documents)
@@ -863,7 +863,7 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents:
             patterns = [t for t in texts if glob.has_magic(t)]
             what = "name existing files or are glob patterns matching files" if patterns else "name existing files"
             single = f" (a single str, not a list: corpus={patterns[0]!r})" if len(patterns) == 1 else ""
-            raise ValueError(
+            raise InputValueError(
                 f"corpus is a list of {len(texts)} str that all {what} ({shown}); a list of str is "
                 "read as the documents themselves. To read the files, pass pathlib.Path objects or a glob "
                 f"pattern such as 'data/*.txt'{single}"

@@ -16,6 +16,7 @@ import numpy as np
 import tokenizers
 
 from lit_balance._fingerprint import sha256_of as _sha256
+from lit_balance.errors import InputFileNotFoundError, InputTypeError, InputValueError
 
 __all__ = ["TokenizerAdapter", "builtin_tokenizer", "resolve_tokenizer"]
 
@@ -75,23 +76,23 @@ class TokenizerAdapter:
 
     def __post_init__(self) -> None:
         if not isinstance(self.add_special_tokens, (bool, np.bool_)):
-            raise TypeError(f"add_special_tokens must be True or False, got {type(self.add_special_tokens).__name__} "
+            raise InputTypeError(f"add_special_tokens must be True or False, got {type(self.add_special_tokens).__name__} "
                             f"{self.add_special_tokens!r}")
         object.__setattr__(self, "add_special_tokens", bool(self.add_special_tokens))
         for name in ("vocab_size", "pad_token_id"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+                raise InputTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
             object.__setattr__(self, name, int(value))
         if not 1 <= self.vocab_size <= 2**31:
-            raise ValueError(f"vocab_size must be in [1, 2**31], got {self.vocab_size}")
+            raise InputValueError(f"vocab_size must be in [1, 2**31], got {self.vocab_size}")
         if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(
+            raise InputValueError(
                 f"pad_token_id must be in [0, vocab_size={self.vocab_size}), got {self.pad_token_id}; "
                 "pass a pad_token_id inside the vocabulary"
             )
         if not isinstance(self.fingerprint, str) or not self.fingerprint:
-            raise TypeError(f"fingerprint must be a non-empty str, got {self.fingerprint!r}")
+            raise InputTypeError(f"fingerprint must be a non-empty str, got {self.fingerprint!r}")
 
     @classmethod
     def for_token_ids(cls, vocab_size: int, pad_token_id: int = 0) -> TokenizerAdapter:
@@ -181,7 +182,7 @@ class TokenizerAdapter:
         """Run the tokenizer on ``texts`` now; return a function giving one id sequence per text (the part that
         holds the GIL: a ``tokenizers`` encoding's ids become a Python list only when asked for)."""
         if self.backend is None:
-            raise TypeError("this TokenizerAdapter describes pre-tokenized ids and cannot encode text; "
+            raise InputTypeError("this TokenizerAdapter describes pre-tokenized ids and cannot encode text; "
                             "pass a tokenizer to resolve_tokenizer()")
         texts = list(texts)
         if isinstance(self.backend, tokenizers.Tokenizer):
@@ -255,11 +256,11 @@ def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None,
         30522
     """
     if not isinstance(add_special_tokens, (bool, np.bool_)):
-        raise TypeError(f"add_special_tokens must be True or False, got {type(add_special_tokens).__name__} "
+        raise InputTypeError(f"add_special_tokens must be True or False, got {type(add_special_tokens).__name__} "
                         f"{add_special_tokens!r}")
     if isinstance(tokenizer, TokenizerAdapter):
         if pad_token_id is not None and pad_token_id != tokenizer.pad_token_id:
-            raise ValueError(f"pad_token_id={pad_token_id!r} conflicts with the given TokenizerAdapter's "
+            raise InputValueError(f"pad_token_id={pad_token_id!r} conflicts with the given TokenizerAdapter's "
                              f"pad_token_id={tokenizer.pad_token_id}; drop one of them")
         return dataclasses.replace(tokenizer, add_special_tokens=True) if add_special_tokens else tokenizer
     if tokenizer is None:
@@ -267,13 +268,13 @@ def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None,
     elif isinstance(tokenizer, (str, os.PathLike)):
         path = Path(tokenizer)
         if path.is_dir():
-            raise ValueError(f"tokenizer path {str(path)!r} is a directory; pass the tokenizer.json inside it")
+            raise InputValueError(f"tokenizer path {str(path)!r} is a directory; pass the tokenizer.json inside it")
         if not path.is_file():
-            raise FileNotFoundError(_not_a_file_message(str(tokenizer)))
+            raise InputFileNotFoundError(_not_a_file_message(str(tokenizer)))
         try:
             tokenizer = tokenizers.Tokenizer.from_file(str(path))
         except Exception as error:
-            raise ValueError(f"tokenizer file {str(path)!r} is not a valid tokenizer.json: {error}") from error
+            raise InputValueError(f"tokenizer file {str(path)!r} is not a valid tokenizer.json: {error}") from error
     if isinstance(tokenizer, tokenizers.Tokenizer):
         backend = _plain_copy(tokenizer)
         vocab_size = backend.get_vocab_size(with_added_tokens=True)
@@ -292,14 +293,14 @@ def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None,
             vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False)
             identity = ["hf-slow", type(tokenizer).__name__, vocab]
     else:
-        raise TypeError(
+        raise InputTypeError(
             f"tokenizer must be None, a tokenizers.Tokenizer, a Hugging Face tokenizer, a path to a "
             f"tokenizer.json or a TokenizerAdapter, got {type(tokenizer).__module__}.{type(tokenizer).__qualname__}"
         )
     pad = pad_token_id if pad_token_id is not None else found
     if pad is None:
-        raise ValueError(f"the tokenizer ({type(tokenizer).__name__}) defines no padding token; pass pad_token_id=")
+        raise InputValueError(f"the tokenizer ({type(tokenizer).__name__}) defines no padding token; pass pad_token_id=")
     if isinstance(pad, bool) or not isinstance(pad, (int, np.integer)):
-        raise TypeError(f"pad_token_id must be an int, got {type(pad).__name__} {pad!r}")
+        raise InputTypeError(f"pad_token_id must be an int, got {type(pad).__name__} {pad!r}")
     fingerprint = _sha256(*identity, str(vocab_size), str(int(pad)))
     return TokenizerAdapter(vocab_size, int(pad), fingerprint, backend, bool(add_special_tokens))

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from lit_balance.errors import InputValueError
+
 PACKED_ATTENTION = ("sdpa_groups", "sdpa_mask", "flex_attention")
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -133,7 +135,7 @@ def _flex(cu_seq_lens: torch.Tensor) -> Attend:
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
         if dropout_p:
-            raise ValueError("packed_attention='flex_attention' has no attention dropout; set the model's dropout to 0 "
+            raise InputValueError("packed_attention='flex_attention' has no attention dropout; set the model's dropout to 0 "
                              "or use 'sdpa_groups'")
         return kernel(q, k, v, block_mask=block_mask)
 
@@ -150,5 +152,5 @@ def packed_attention(name: str, cu_seq_lens: torch.Tensor) -> Attend:
     """
     builders = {"sdpa_mask": _sdpa_mask, "sdpa_groups": _sdpa_groups, "flex_attention": _flex}
     if name not in builders:
-        raise ValueError(f"packed attention must be one of {PACKED_ATTENTION}, got {name!r}")
+        raise InputValueError(f"packed attention must be one of {PACKED_ATTENTION}, got {name!r}")
     return builders[name](cu_seq_lens)

@@ -15,18 +15,18 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from lit_balance._fingerprint import sha256_of, sha256_of_int64
 from lit_balance._checks import check_bool, check_int
-from lit_balance.plan.cost import check_cost_model
+from lit_balance._fingerprint import sha256_of, sha256_of_int64
 from lit_balance.data.cache import TokenizedCorpus, default_cache_dir, load_or_build
 from lit_balance.data.collate import PackedCollator, PadCollator
-from lit_balance.data.sources import resolve_corpus
-from lit_balance.plan.cost import CostModel
 from lit_balance.data.dataset import TokenDataset
-from lit_balance.plan.padded import padded_lengths
-from lit_balance.sampler.sampler import BalancedBatchSampler
-from lit_balance.plan.settings import BatchingSettings, delegate_settings
+from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
+from lit_balance.errors import InputTypeError, InputValueError
+from lit_balance.plan.cost import CostModel, check_cost_model
+from lit_balance.plan.padded import padded_lengths
+from lit_balance.plan.settings import BatchingSettings, delegate_settings
+from lit_balance.sampler.sampler import BalancedBatchSampler
 
 __all__ = ["BalancedTextDataModule"]
 
@@ -187,7 +187,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         if val_fraction is not None and (
                 isinstance(val_fraction, (bool, np.bool_))
                 or not isinstance(val_fraction, (int, float, np.integer, np.floating)) or not 0 <= val_fraction < 1):
-            raise ValueError(f"val_fraction must be a number in [0, 1) or None, got {val_fraction!r}")
+            raise InputValueError(f"val_fraction must be a number in [0, 1) or None, got {val_fraction!r}")
         keywords = {"max_tokens": max_tokens, "shuffle": shuffle, "seed": seed, "drop_last": drop_last,
                     "too_long": too_long, "pad_to_multiple_of": pad_to_multiple_of, "max_batch_size": max_batch_size,
                     "shuffle_window": shuffle_window, "largest_first": largest_first, "packing": packing}
@@ -205,13 +205,13 @@ class BalancedTextDataModule(L.LightningDataModule):
                                    "tokenizer, or None (the default: largest id + 1, or the tokenizer's)",
                                    maximum=2**31)
         if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
-            raise TypeError(f"cache_dir must be a directory path (str or os.PathLike) or None, got {cache_dir!r} "
+            raise InputTypeError(f"cache_dir must be a directory path (str or os.PathLike) or None, got {cache_dir!r} "
                             f"of type {type(cache_dir).__name__}")
         if cache_dir is not None and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
-            raise ValueError(f"cache_dir {str(cache_dir)!r} exists and is not a directory; pass a directory path")
+            raise InputValueError(f"cache_dir {str(cache_dir)!r} exists and is not a directory; pass a directory path")
         self.source = resolve_corpus(corpus, text_key=text_key, txt_documents=txt_documents)
         if self.source.split_sizes is not None and val_fraction is not None:
-            raise ValueError(
+            raise InputValueError(
                 f"val_fraction={val_fraction!r} conflicts with the corpus' own validation split "
                 f"({self.source.split_sizes[1]} rows of the DatasetDict's 'validation'); leave val_fraction=None to "
                 "validate on that split, or pass corpus=dataset_dict['train'] to hold out val_fraction of the "
@@ -220,15 +220,15 @@ class BalancedTextDataModule(L.LightningDataModule):
         if val_fraction is None:
             val_fraction = 0.0 if self.source.split_sizes is not None else _DEFAULT_VAL_FRACTION
         if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)):
-            raise TypeError(f"pad_token_id must be an int or None, got {type(pad_token_id).__name__} {pad_token_id!r}")
+            raise InputTypeError(f"pad_token_id must be an int or None, got {type(pad_token_id).__name__} {pad_token_id!r}")
         if self.source.holds_token_ids and add_special_tokens:
-            raise ValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as "
+            raise InputValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as "
                              "given (never re-encoded, with or without a tokenizer), so add the special ids to each "
                              "document yourself, or leave add_special_tokens=False")
         if self.source.holds_token_ids and tokenizer is None:
             pad = 0 if pad_token_id is None else pad_token_id
             if self.source.key_after_reading and vocab_size is None:
-                raise ValueError("a Hugging Face IterableDataset of token ids is read once, into the cache, so its "
+                raise InputValueError("a Hugging Face IterableDataset of token ids is read once, into the cache, so its "
                                  "largest id is not known in advance: pass vocab_size= (or a tokenizer)")
             # an IterableDataset's ids are checked against vocab_size when it is read into the cache
             largest = 0 if self.source.key_after_reading else max(
@@ -238,13 +238,13 @@ class BalancedTextDataModule(L.LightningDataModule):
             # validates vocab_size and pad_token_id now, not at prepare_data
             self.tokenizer = TokenizerAdapter.for_token_ids(vocab_size=vocab_size, pad_token_id=pad)
             if largest >= self.tokenizer.vocab_size:
-                raise ValueError(f"token id {largest} is outside vocab_size={vocab_size}; raise vocab_size")
+                raise InputValueError(f"token id {largest} is outside vocab_size={vocab_size}; raise vocab_size")
         else:
             self.tokenizer = resolve_tokenizer(tokenizer, pad_token_id=pad_token_id,
                                                add_special_tokens=add_special_tokens)
             if vocab_size is not None and vocab_size != self.tokenizer.vocab_size:
                 with_what = "the built-in tokenizer" if tokenizer is None else "the given tokenizer"
-                raise ValueError(
+                raise InputValueError(
                     f"vocab_size={vocab_size} conflicts with {with_what}'s vocabulary of {self.tokenizer.vocab_size} "
                     f"token ids ({self.source.kind} corpus); the vocabulary is the tokenizer's, and vocab_size only "
                     "sets it for token-id corpora without a tokenizer: leave vocab_size unset (None)"
@@ -315,13 +315,13 @@ class BalancedTextDataModule(L.LightningDataModule):
             train_docs, val_docs = np.flatnonzero(~is_val), np.flatnonzero(is_val)
             if not train_docs.size or not val_docs.size:
                 which = "training" if not train_docs.size else "validation"
-                raise ValueError(f"every document of the corpus' {which} split is empty after tokenization")
+                raise InputValueError(f"every document of the corpus' {which} split is empty after tokenization")
             return train_docs, val_docs
         num_val = round(self.val_fraction * num_docs)
         if self.val_fraction > 0:
             num_val = max(num_val, 1)
         if num_docs - num_val < 1:
-            raise ValueError(
+            raise InputValueError(
                 f"the corpus has {num_docs} document(s); val_fraction={self.val_fraction} leaves none for training; "
                 "lower val_fraction or add documents"
             )
@@ -502,7 +502,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         bad = np.flatnonzero(padded_lengths(lengths, m) > self.max_tokens)
         if bad.size:
             shown = ", ".join(f"document {self.corpus.source_index[d]}: {lengths[d]} tokens" for d in bad[:5])
-            raise ValueError(
+            raise InputValueError(
                 f"{bad.size} corpus document(s) are longer than max_tokens={self.max_tokens} padded token slots "
                 f"(max_length={self.max_length}, pad_to_multiple_of={m}): {shown}{', ...' if bad.size > 5 else ''}; "
                 f"set max_length <= {(self.max_tokens // m) * m} to truncate documents, raise max_tokens, or pass "
@@ -517,7 +517,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         try:
             return BalancedBatchSampler(dataset.lengths, settings=settings, **kwargs)
         except ValueError as error:
-            raise ValueError(f"{split} split ({len(dataset)} documents, val_fraction={self.val_fraction}): "
+            raise InputValueError(f"{split} split ({len(dataset)} documents, val_fraction={self.val_fraction}): "
                              f"{error}") from error
 
     def _loader(self, dataset: TokenDataset | None, sampler: BalancedBatchSampler | None) -> DataLoader:
@@ -595,7 +595,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         """Compare a checkpoint's ``data`` entry with this DataModule; raise naming every difference."""
         if not isinstance(saved, Mapping) or set(saved) != set(_DATA_KEYS):
             got = sorted(saved) if isinstance(saved, Mapping) else saved
-            raise ValueError(f"BalancedTextDataModule state_dict 'data' must have keys {sorted(_DATA_KEYS)}, "
+            raise InputValueError(f"BalancedTextDataModule state_dict 'data' must have keys {sorted(_DATA_KEYS)}, "
                              f"got {got!r}")
         now = self._data_identity()
         diff = [f"{k}: saved {saved[k]!r}, now {now[k]!r}" for k in ("seed", "val_fraction", "max_length")
@@ -608,7 +608,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         if saved["tokenizer"] != now["tokenizer"]:
             diff.append("tokenizer: another tokenizer (fingerprint) than the saved one")
         if diff:
-            raise ValueError(
+            raise InputValueError(
                 "cannot resume: the training split differs from the checkpoint's (" + "; ".join(diff) + "); "
                 "construct the DataModule with the saved seed, val_fraction and max_length on the same corpus and "
                 "tokenizer, or start without ckpt_path"
@@ -627,11 +627,11 @@ class BalancedTextDataModule(L.LightningDataModule):
                 (naming each, with the saved and current values).
         """
         if not isinstance(state_dict, Mapping):
-            raise TypeError(f"BalancedTextDataModule.load_state_dict expects the dict returned by state_dict() "
+            raise InputTypeError(f"BalancedTextDataModule.load_state_dict expects the dict returned by state_dict() "
                             f"(key 'train_sampler'), got {state_dict!r} of type {type(state_dict).__name__}")
         unknown = set(state_dict) - {"train_sampler", "data"}
         if unknown:
-            raise ValueError(f"BalancedTextDataModule state_dict has unknown keys {sorted(unknown)}")
+            raise InputValueError(f"BalancedTextDataModule state_dict has unknown keys {sorted(unknown)}")
         self._saved_data = state_dict.get("data")  # absent from checkpoints of earlier versions
         if self._saved_data is not None and self.corpus is not None:
             self._check_saved_data(self._saved_data)

@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from torchmetrics import Metric
 
+from lit_balance.errors import InputValueError
+
 __all__ = ["PaddingRatio", "TokenMeanLoss"]
 
 
@@ -46,7 +48,7 @@ class PaddingRatio(Metric):
         real = float(torch.as_tensor(num_real_tokens, dtype=torch.float64).sum())
         padded = float(torch.as_tensor(num_padded_tokens, dtype=torch.float64).sum())
         if real < 0 or padded < 0 or real > padded:
-            raise ValueError(
+            raise InputValueError(
                 f"expected 0 <= num_real_tokens <= num_padded_tokens, got num_real_tokens={real:g}, "
                 f"num_padded_tokens={padded:g}"
             )
@@ -97,9 +99,9 @@ class TokenMeanLoss(Metric):
         total = torch.as_tensor(loss_sum).detach().to(dtype=torch.float64, device=self.loss_sum.device).sum()
         count = float(torch.as_tensor(num_tokens, dtype=torch.float64).sum())
         if count < 0 or count != int(count):
-            raise ValueError(f"expected num_tokens to be an int >= 0, got {count:g}")
+            raise InputValueError(f"expected num_tokens to be an int >= 0, got {count:g}")
         if not bool(torch.isfinite(total)) or (count == 0 and float(total) != 0):
-            raise ValueError(f"expected a finite loss_sum, 0 over 0 tokens; got loss_sum={float(total):g} over "
+            raise InputValueError(f"expected a finite loss_sum, 0 over 0 tokens; got loss_sum={float(total):g} over "
                              f"num_tokens={count:g}")
         self.loss_sum += total
         self.num_tokens += count

@@ -8,15 +8,17 @@ from typing import Any
 
 import numpy as np
 
+from lit_balance.errors import InputTypeError, InputValueError
+
 __all__ = ["CostModel", "check_cost_model"]
 
 
 def _check_coef(name: str, value: Any) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"CostModel.{name} must be a number >= 0, got {value!r} of type {type(value).__name__}")
+        raise InputTypeError(f"CostModel.{name} must be a number >= 0, got {value!r} of type {type(value).__name__}")
     value = float(value)
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"CostModel.{name} must be a finite number >= 0, got {value!r}")
+        raise InputValueError(f"CostModel.{name} must be a finite number >= 0, got {value!r}")
     return value
 
 
@@ -60,7 +62,7 @@ class CostModel:
         for name in ("linear", "quadratic", "per_batch"):
             object.__setattr__(self, name, _check_coef(name, getattr(self, name)))
         if self.linear == 0 and self.quadratic == 0:
-            raise ValueError(
+            raise InputValueError(
                 "CostModel needs linear > 0 or quadratic > 0 (the cost must grow with tokens), got "
                 f"linear={self.linear}, quadratic={self.quadratic}"
             )
@@ -143,24 +145,24 @@ class CostModel:
                 negative values, or timings that no positive token coefficient explains.
         """
         if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
-            raise ValueError(f"min_samples must be an int >= 1, got {min_samples!r}")
+            raise InputValueError(f"min_samples must be an int >= 1, got {min_samples!r}")
         arrays = []
         for name, value in (("rows", rows), ("padded_length", padded_length), ("seconds", seconds)):
             a = np.asarray(value)
             if a.dtype.kind not in "iuf":
-                raise TypeError(f"CostModel.fit: {name} must be numbers (an int or float array), got dtype {a.dtype} "
+                raise InputTypeError(f"CostModel.fit: {name} must be numbers (an int or float array), got dtype {a.dtype} "
                                 f"(e.g. {a.reshape(-1)[:3].tolist()!r})")
             arrays.append(a.astype(np.float64).reshape(-1))
         r, length, t = arrays
         if not (r.shape == length.shape == t.shape):
-            raise ValueError(
+            raise InputValueError(
                 f"rows, padded_length and seconds must have the same length, got {r.size}, {length.size}, {t.size}"
             )
         if r.size < min_samples:
-            raise ValueError(f"CostModel.fit needs at least {min_samples} timed micro-batches, got {r.size}")
+            raise InputValueError(f"CostModel.fit needs at least {min_samples} timed micro-batches, got {r.size}")
         for name, a in (("rows", r), ("padded_length", length), ("seconds", t)):
             if not np.all(np.isfinite(a)) or np.any(a < 0):
-                raise ValueError(f"CostModel.fit: {name} must be finite and >= 0")
+                raise InputValueError(f"CostModel.fit: {name} must be finite and >= 0")
         columns = np.stack([r * length, r * length * length, np.ones_like(r)], axis=1)
         scale = np.maximum(np.abs(columns).max(axis=0), 1e-300)
         best: tuple[float, np.ndarray] | None = None
@@ -169,7 +171,7 @@ class CostModel:
             try:
                 coef, *_ = np.linalg.lstsq(a, t, rcond=None)
             except np.linalg.LinAlgError as exc:
-                raise ValueError(f"CostModel.fit: the timings cannot be fitted ({exc}); check for extreme values") from exc
+                raise InputValueError(f"CostModel.fit: the timings cannot be fitted ({exc}); check for extreme values") from exc
             if np.any(coef < 0):
                 continue
             resid = float(np.sum((a @ coef - t) ** 2))
@@ -179,7 +181,7 @@ class CostModel:
                 best = (resid, full)
         token_part = 0.0 if best is None else float(np.mean(columns[:, :2] @ best[1][:2]))
         if best is None or token_part <= 1e-6 * max(float(np.mean(t)), 1e-300):
-            raise ValueError("CostModel.fit: the timings do not grow with tokens; time more (or longer) micro-batches")
+            raise InputValueError("CostModel.fit: the timings do not grow with tokens; time more (or longer) micro-batches")
         linear, quadratic, per_batch = (float(x) for x in best[1])
         return cls(linear=linear, quadratic=quadratic, per_batch=per_batch)
 
@@ -189,5 +191,6 @@ def check_cost_model(cost_model: Any) -> CostModel:
     if cost_model is None:
         return CostModel()
     if not isinstance(cost_model, CostModel):
-        raise TypeError(f"cost_model must be a lit_balance.CostModel or None, got {type(cost_model).__name__}")
+        raise InputTypeError(f"cost_model must be a lit_balance.CostModel or None, got {type(cost_model).__name__}",
+                             parameter="cost_model")
     return cost_model

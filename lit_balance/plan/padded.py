@@ -55,8 +55,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from lit_balance._checks import check_int, check_lengths, check_speeds
-from lit_balance.plan.cost import check_cost_model
-from lit_balance.plan.cost import CostModel
+from lit_balance.errors import InputTypeError, InputValueError
+from lit_balance.plan.cost import CostModel, check_cost_model
 from lit_balance.plan.settings import BatchingSettings
 
 __all__ = ["EpochPlan", "MicroBatch", "padded_lengths", "plan_epoch"]
@@ -96,7 +96,7 @@ class MicroBatch(list):
         else:
             self.is_fill = tuple(bool(f) for f in is_fill) if is_fill is not None else (False,) * len(self)
         if len(self.is_fill) != len(self):
-            raise ValueError(f"is_fill mask has {len(self.is_fill)} entries but the micro-batch has {len(self)} "
+            raise InputValueError(f"is_fill mask has {len(self.is_fill)} entries but the micro-batch has {len(self)} "
                              "indices")
         self.step_real_tokens = None if step_real_tokens is None else int(step_real_tokens)
         self.step_rows = None if step_rows is None else int(step_rows)
@@ -335,7 +335,7 @@ def plan_epoch(
         (3, [[5, 0], [1, 2], [3, 4]])
     """
     if not isinstance(settings, BatchingSettings):
-        raise TypeError(f"settings must be a lit_balance.BatchingSettings, got {type(settings).__name__}")
+        raise InputTypeError(f"settings must be a lit_balance.BatchingSettings, got {type(settings).__name__}")
     cost_model = check_cost_model(cost_model)
     num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
     epoch = check_int("epoch", epoch, 0, "epochs count from 0")
@@ -348,13 +348,13 @@ def plan_epoch(
     if eligible is not None:
         mask = np.asarray(eligible)
         if mask.dtype != np.bool_ or mask.shape != lengths.shape:
-            raise ValueError(f"eligible must be a bool mask of shape {lengths.shape} (one flag per sample), got "
+            raise InputValueError(f"eligible must be a bool mask of shape {lengths.shape} (one flag per sample), got "
                              f"dtype {mask.dtype} and shape {mask.shape}")
         candidates = candidates[mask]
     max_tokens = settings.max_tokens
     over = candidates[padded[candidates] > max_tokens]
     if over.size:
-        raise ValueError(f"{over.size} eligible sample(s) exceed max_tokens={max_tokens} padded token slots once padded "
+        raise InputValueError(f"{over.size} eligible sample(s) exceed max_tokens={max_tokens} padded token slots once padded "
                          f"to a multiple of {settings.pad_to_multiple_of} (first: index {int(over[0])}, "
                          f"{int(lengths[over[0]])} tokens); truncate them or leave them out through eligible")
     row_cap = settings.max_batch_size if settings.max_batch_size is not None else max_tokens

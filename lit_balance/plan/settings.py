@@ -18,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lit_balance._checks import MAX_TOKENS_LIMIT, check_bool, check_int
+from lit_balance.errors import InputTypeError, InputValueError
 
 __all__ = ["DEFAULT_PLAN_WINDOW", "TOO_LONG_POLICIES", "BatchingSettings"]
 
@@ -93,7 +94,7 @@ class BatchingSettings:
         >>> BatchingSettings(max_tokens=0)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: max_tokens must be in [1, 1099511627776], got 0; set max_tokens to the padded token slots ...
+        lit_balance.errors.InputValueError: max_tokens must be in [1, 1099511627776], got 0; set max_tokens to the padded token slots ...
     """
 
     max_tokens: int = field(metadata=_help("padded token slots per micro-batch, per rank"))
@@ -124,26 +125,26 @@ class BatchingSettings:
                                "set max_tokens to the padded token slots per micro-batch, per rank", MAX_TOKENS_LIMIT)
         pad = check_int("pad_to_multiple_of", self.pad_to_multiple_of, 1, "use 1 for no rounding")
         if pad > max_tokens:
-            raise ValueError(
+            raise InputValueError(
                 f"pad_to_multiple_of ({pad}) exceeds max_tokens ({max_tokens}): no row would fit; "
                 "lower pad_to_multiple_of or raise max_tokens"
             )
         window = self.shuffle_window
         what = f"shuffle_window must be a finite number >= 0 (micro-batches), got {window!r}"
         if isinstance(window, (bool, np.bool_)) or not isinstance(window, numbers.Real):
-            raise TypeError(f"{what} of type {type(window).__name__}; 0 shuffles only equal lengths")
+            raise InputTypeError(f"{what} of type {type(window).__name__}; 0 shuffles only equal lengths")
         try:
             window = float(window)
         except OverflowError:  # a Python int beyond the float range
             window = math.inf
         if not math.isfinite(window) or window < 0:
-            raise ValueError(f"{what}; 0 shuffles only equal lengths")
+            raise InputValueError(f"{what}; 0 shuffles only equal lengths")
         max_batch_size = self.max_batch_size
         if max_batch_size is not None:
             max_batch_size = check_int("max_batch_size", max_batch_size, 1, "or pass None for no row cap",
                                        MAX_TOKENS_LIMIT)
         if not isinstance(self.too_long, str) or self.too_long not in TOO_LONG_POLICIES:
-            raise ValueError(f"too_long must be one of {TOO_LONG_POLICIES}, got {self.too_long!r}")
+            raise InputValueError(f"too_long must be one of {TOO_LONG_POLICIES}, got {self.too_long!r}")
         normalised = {
             "max_tokens": max_tokens,
             "pad_to_multiple_of": pad,
@@ -191,13 +192,13 @@ class BatchingSettings:
             ValueError: unknown keys, no ``max_tokens``, or a value the settings reject.
         """
         if not isinstance(values, Mapping):
-            raise TypeError(f"BatchingSettings.from_dict expects a mapping of setting names to values, got "
+            raise InputTypeError(f"BatchingSettings.from_dict expects a mapping of setting names to values, got "
                             f"{type(values).__name__}")
         unknown = sorted(set(values) - set(cls.names()), key=repr)
         if unknown:
-            raise ValueError(f"unknown batching settings {unknown}; the settings are {list(cls.names())}")
+            raise InputValueError(f"unknown batching settings {unknown}; the settings are {list(cls.names())}")
         if "max_tokens" not in values:
-            raise ValueError("BatchingSettings.from_dict needs max_tokens (padded token slots per micro-batch, per "
+            raise InputValueError("BatchingSettings.from_dict needs max_tokens (padded token slots per micro-batch, per "
                              "rank), which has no default")
         return cls(**values)
 
@@ -214,18 +215,18 @@ class BatchingSettings:
         """
         unknown = sorted(set(keywords) - set(cls.names()))
         if unknown:
-            raise TypeError(f"{owner} got unexpected keyword argument(s) {unknown}; the batching settings are "
+            raise InputTypeError(f"{owner} got unexpected keyword argument(s) {unknown}; the batching settings are "
                             f"{list(cls.names())}")
         if settings is None:
             return cls(**keywords)
         if not isinstance(settings, BatchingSettings):
-            raise TypeError(f"settings must be a lit_balance.BatchingSettings or None, got {settings!r} of type "
+            raise InputTypeError(f"settings must be a lit_balance.BatchingSettings or None, got {settings!r} of type "
                             f"{type(settings).__name__}")
         merged = settings.replace(**keywords)
         conflicts = [f"{name}={getattr(merged, name)!r} but settings.{name}={getattr(settings, name)!r}"
                      for name in keywords if getattr(merged, name) != getattr(settings, name)]
         if conflicts:
-            raise ValueError(f"{owner}: keyword arguments disagree with settings ({'; '.join(conflicts)}); pass "
+            raise InputValueError(f"{owner}: keyword arguments disagree with settings ({'; '.join(conflicts)}); pass "
                              "the value once, in settings (settings.replace(...)) or as a keyword without settings")
         return settings
 
@@ -234,7 +235,7 @@ def delegate_settings(cls: type) -> type:
     """Class decorator: a read-only property per setting that returns ``self.settings.<name>``."""
     for name in BatchingSettings.names():
         if name in cls.__dict__:
-            raise TypeError(f"{cls.__name__} already defines {name}")
+            raise InputTypeError(f"{cls.__name__} already defines {name}")
         prop = property(lambda self, _name=name: getattr(self.settings, _name),
                         doc=f"``settings.{name}`` (read-only; see :class:`~lit_balance.BatchingSettings`).")
         setattr(cls, name, prop)

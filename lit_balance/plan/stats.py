@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lit_balance._checks import check_int
+from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.cost import CostModel
 from lit_balance.plan.padded import EpochPlan, padded_lengths
 
@@ -67,7 +68,7 @@ def _batches(plan: EpochPlan | RankBatches) -> _Batches:
     if isinstance(plan, EpochPlan):
         return _Batches(plan.rows, plan.is_fill, plan.batch_offsets, plan.assignment)
     if isinstance(plan, (str, bytes, np.ndarray)) or not isinstance(plan, Sequence):
-        raise TypeError(f"plan must be a lit_balance EpochPlan or per-rank lists of micro-batches "
+        raise InputTypeError(f"plan must be a lit_balance EpochPlan or per-rank lists of micro-batches "
                         f"(rank_batches[rank][step] -> indices), got {type(plan).__name__}")
     num_replicas = len(plan)
     num_steps = max((len(b) for b in plan), default=0)
@@ -81,7 +82,7 @@ def _batches(plan: EpochPlan | RankBatches) -> _Batches:
     sizes = np.array([len(b) for b in batches], dtype=np.int64)
     rows = np.fromiter((i for b in batches for i in b), dtype=np.int64, count=int(sizes.sum()))
     if rows.size and rows.min() < 0:
-        raise ValueError(f"micro-batches must hold sample indices >= 0, got {int(rows.min())}")
+        raise InputValueError(f"micro-batches must hold sample indices >= 0, got {int(rows.min())}")
     is_fill = np.ones(rows.shape[0], dtype=bool)
     is_fill[np.unique(rows, return_index=True)[1]] = False
     return _Batches(rows, is_fill, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), assignment)
@@ -192,11 +193,11 @@ def plan_stats(
     pad_to_multiple_of = check_int("pad_to_multiple_of", pad_to_multiple_of, 1, "use the sampler's value (1: none)")
     cost_model = cost_model or CostModel()
     if not isinstance(cost_model, CostModel):
-        raise TypeError(f"cost_model must be a lit_balance.CostModel or None, got {type(cost_model).__name__}")
+        raise InputTypeError(f"cost_model must be a lit_balance.CostModel or None, got {type(cost_model).__name__}")
     p = _batches(plan)
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.ndim != 1 or (p.rows.size and int(p.rows.max()) >= lengths.shape[0]):
-        raise ValueError(
+        raise InputValueError(
             f"lengths must be 1-D with an entry for every planned sample (the plan uses index "
             f"{int(p.rows.max()) if p.rows.size else -1}), got shape {lengths.shape}; pass sampler.lengths"
         )

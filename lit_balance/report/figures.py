@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DistributedSampler
 
-from lit_balance.plan.cost import check_cost_model
-from lit_balance.plan.cost import CostModel
+from lit_balance.errors import InputValueError
+from lit_balance.plan.cost import CostModel, check_cost_model
 from lit_balance.plan.padded import EpochPlan, padded_lengths
-from lit_balance.sampler.sampler import BalancedBatchSampler
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.stats import PlanStats, plan_stats
+from lit_balance.sampler.sampler import BalancedBatchSampler
 
 __all__ = ["PlanReport", "distributed_sampler_plan", "format_report", "plan_report", "save_plots", "summary_line"]
 
@@ -110,7 +110,7 @@ def distributed_sampler_plan(num_samples: int, batch_size: int, *, num_replicas:
         ([[0, 1], [2, 3]], [0, 2, 1, 3, 4, 0], [False, False, False, False, False, True])
     """
     if batch_size < 1 or num_samples < 1:
-        raise ValueError(f"need batch_size >= 1 and num_samples >= 1, got {batch_size} and {num_samples}")
+        raise InputValueError(f"need batch_size >= 1 and num_samples >= 1, got {batch_size} and {num_samples}")
     shards, fills = [], []
     for rank in range(num_replicas):
         sampler = DistributedSampler(range(num_samples), num_replicas=num_replicas, rank=rank, shuffle=shuffle,

@@ -12,15 +12,22 @@ import torch
 import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler
 
-from lit_balance.sampler import state as sampler_state
+from lit_balance._checks import (
+    MAX_TOKENS_LIMIT,
+    MIN_RANK_SPEED_RATIO,
+    check_int,
+    check_lengths,
+    check_speeds,
+    check_supervised_lengths,
+)
 from lit_balance._fingerprint import sha256_of_int64
-from lit_balance._checks import (MAX_TOKENS_LIMIT, MIN_RANK_SPEED_RATIO, check_int, check_lengths, check_speeds,
-                                 check_supervised_lengths)
+from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.cost import CostModel, check_cost_model
 from lit_balance.plan.padded import EpochPlan, MicroBatch, plan_epoch
-from lit_balance.sampler.state import STATE_VERSION
 from lit_balance.plan.settings import TOO_LONG_POLICIES, BatchingSettings, delegate_settings
 from lit_balance.plan.windows import PlanWindows, WindowedPlan
+from lit_balance.sampler import state as sampler_state
+from lit_balance.sampler.state import STATE_VERSION
 
 __all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "STATE_VERSION", "TOO_LONG_POLICIES", "BalancedBatchSampler",
            "MicroBatch"]
@@ -152,7 +159,7 @@ class BalancedBatchSampler(DistributedSampler):
         num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
         rank = check_int("rank", rank, 0, "pass this process's global rank")
         if rank >= num_replicas:
-            raise ValueError(f"rank must be in [0, num_replicas) = [0, {num_replicas}), got rank={rank}")
+            raise InputValueError(f"rank must be in [0, num_replicas) = [0, {num_replicas}), got rank={rank}")
 
         self.settings = settings
         self.num_replicas = num_replicas
@@ -182,7 +189,7 @@ class BalancedBatchSampler(DistributedSampler):
             bad = np.flatnonzero(too_long_mask)
             if too_long == "error":
                 shown = ", ".join(f"index {i}: {lengths_arr[i]} tokens" for i in bad[:5])
-                raise ValueError(
+                raise InputValueError(
                     f"{bad.size} sample(s) exceed max_tokens={max_tokens} padded token slots "
                     f"(pad_to_multiple_of={pad_to_multiple_of}): {shown}{', ...' if bad.size > 5 else ''}; "
                     'raise max_tokens, truncate the data, or pass too_long="skip" or "truncate"'
@@ -198,7 +205,7 @@ class BalancedBatchSampler(DistributedSampler):
         self.supervised_lengths = (None if supervised_lengths is None
                                    else check_supervised_lengths(supervised_lengths, np.asarray(lengths_arr, np.int64)))
         if self.supervised_lengths is not None and self.windows is not None:
-            raise ValueError(f"supervised_lengths is not supported yet for an epoch planned in windows "
+            raise InputValueError(f"supervised_lengths is not supported yet for an epoch planned in windows "
                              f"({lengths_arr.shape[0]} samples > plan_window={settings.plan_window}); raise plan_window "
                              "to plan the epoch whole, or leave supervised_lengths=None (the divisor then counts "
                              "length - 1 per sample; StepTokenLoss's all-reduce path stays exact)")
@@ -206,7 +213,7 @@ class BalancedBatchSampler(DistributedSampler):
         #: int64 indices of samples left out by ``too_long="skip"`` (every epoch).
         self.skipped_indices = np.flatnonzero(too_long_mask) if too_long == "skip" else np.empty(0, np.int64)
         if self.skipped_indices.size == lengths_arr.size:
-            raise ValueError(
+            raise InputValueError(
                 f"all {lengths_arr.size} samples exceed max_tokens={max_tokens} and too_long='skip' leaves none; "
                 "raise max_tokens"
             )
@@ -220,7 +227,7 @@ class BalancedBatchSampler(DistributedSampler):
         self._length_at_iter: int | None = None
         self._warned_length = False
         if self._epoch_length() == 0:
-            raise ValueError(
+            raise InputValueError(
                 f"drop_last=True with {lengths_arr.size - self.skipped_indices.size} sample(s) and "
                 f"num_replicas={num_replicas} leaves no micro-batch for any rank; set drop_last=False"
             )
@@ -312,7 +319,7 @@ class BalancedBatchSampler(DistributedSampler):
             ValueError: ``rank_speeds`` of the wrong length or not all positive.
         """
         if not isinstance(cost_model, CostModel):
-            raise TypeError(f"cost_model must be a lit_balance.CostModel, got {type(cost_model).__name__}")
+            raise InputTypeError(f"cost_model must be a lit_balance.CostModel, got {type(cost_model).__name__}")
         self._pending = (cost_model, check_speeds(rank_speeds, self.num_replicas))
 
     def _offset(self) -> int:
@@ -464,7 +471,7 @@ class BalancedBatchSampler(DistributedSampler):
         batches_consumed = check_int("batches_consumed", batches_consumed, 0, "count from the epoch start")
         length = self._epoch_length()
         if batches_consumed < earlier or batches_consumed > length:
-            raise ValueError(
+            raise InputValueError(
                 f"batches_consumed must be in [{earlier}, {length}] for epoch {self.epoch}, got {batches_consumed}"
             )
         return sampler_state.build_state(self, batches_consumed - earlier)
@@ -498,7 +505,7 @@ class BalancedBatchSampler(DistributedSampler):
             self._cached = None
             plan, consumed = self._segment(), position.segments[-1][1]
             if consumed > plan.num_micro_steps:
-                raise ValueError(
+                raise InputValueError(
                     f"the saved state consumed {consumed} micro-steps of epoch {position.epoch}, but its plan has "
                     f"only {plan.num_micro_steps}: the state does not belong to this sampler's plan"
                 )

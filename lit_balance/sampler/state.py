@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lit_balance._checks import check_int, check_speeds
+from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.cost import CostModel
 from lit_balance.plan.padded import EpochPlan
 from lit_balance.plan.settings import BatchingSettings
@@ -101,11 +102,11 @@ def _check_segments(raw: Any) -> list[list[int]]:
 
     if (not isinstance(raw, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in raw)
             or not all(is_int(v) for p in raw for v in p)):
-        raise ValueError(f"sampler state_dict segments must be a list of [num_replicas, consumed] int pairs, "
+        raise InputValueError(f"sampler state_dict segments must be a list of [num_replicas, consumed] int pairs, "
                          f"got {raw!r}")
     segments = [[int(r), int(c)] for r, c in raw]
     if not segments or any(r < 1 or c < 0 for r, c in segments):
-        raise ValueError(f"sampler state_dict segments must be [num_replicas >= 1, consumed >= 0] pairs, "
+        raise InputValueError(f"sampler state_dict segments must be [num_replicas >= 1, consumed >= 0] pairs, "
                          f"got {segments}")
     return segments
 
@@ -123,22 +124,22 @@ def parse_state(state_dict: Any, *, num_samples: int, lengths_sha256: str, setti
             different settings (naming each one with both values), malformed values.
     """
     if not isinstance(state_dict, dict):
-        raise TypeError(f"state_dict must be a dict from BalancedBatchSampler.state_dict(), got "
+        raise InputTypeError(f"state_dict must be a dict from BalancedBatchSampler.state_dict(), got "
                         f"{type(state_dict).__name__}")
     expected = set(STATE_KEYS)
     if set(state_dict) != expected:
         missing, unknown = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
-        raise ValueError(f"sampler state_dict keys do not match: missing {missing}, unknown {unknown}")
+        raise InputValueError(f"sampler state_dict keys do not match: missing {missing}, unknown {unknown}")
     if state_dict["version"] != STATE_VERSION:
-        raise ValueError(f"sampler state_dict version {state_dict['version']!r} is not supported "
+        raise InputValueError(f"sampler state_dict version {state_dict['version']!r} is not supported "
                          f"(this version reads {STATE_VERSION})")
     if state_dict["num_samples"] != num_samples:
-        raise ValueError(
+        raise InputValueError(
             f"cannot resume: the saved sampler planned {state_dict['num_samples']} samples, this one has "
             f"{num_samples}: resume needs the same dataset, tokenization and truncation"
         )
     if state_dict["lengths_sha256"] != lengths_sha256:
-        raise ValueError(
+        raise InputValueError(
             f"cannot resume: the saved sampler planned the same number of samples ({num_samples}) with other "
             "lengths: the samples' token lengths differ (another order, tokenization or truncation); resume "
             "needs the same dataset, tokenization and truncation"
@@ -150,22 +151,22 @@ def parse_state(state_dict: Any, *, num_samples: int, lengths_sha256: str, setti
         saved = {**saved, "packing": False}
     if not isinstance(saved, dict) or set(saved) != set(now):
         got = sorted(saved) if isinstance(saved, dict) else saved
-        raise ValueError(f"sampler state_dict settings must have keys {sorted(now)}, got {got}")
+        raise InputValueError(f"sampler state_dict settings must have keys {sorted(now)}, got {got}")
     diff = [f"{k}: saved {saved[k]!r}, now {now[k]!r}" for k in now if saved[k] != now[k]]
     if diff:
-        raise ValueError("cannot resume: the sampler's settings differ from the saved ones (" + "; ".join(diff)
+        raise InputValueError("cannot resume: the sampler's settings differ from the saved ones (" + "; ".join(diff)
                          + "); construct the sampler with the saved settings")
     segments = _check_segments(state_dict["segments"])
     epoch = check_int("epoch", state_dict["epoch"], 0, "epochs count from 0")
     pending = state_dict["pending"]
     if pending is not None and (not isinstance(pending, dict) or set(pending) != {"cost_model", "rank_speeds"}):
-        raise ValueError(f"sampler state_dict pending must be None or a dict with keys cost_model, rank_speeds; "
+        raise InputValueError(f"sampler state_dict pending must be None or a dict with keys cost_model, rank_speeds; "
                          f"got {pending!r}")
     try:
         cost_model = CostModel(**state_dict["cost_model"])
         pending_model = None if pending is None else CostModel(**pending["cost_model"])
     except TypeError as exc:
-        raise ValueError(f"sampler state_dict cost_model must have keys linear, quadratic, per_batch: {exc}") from exc
+        raise InputValueError(f"sampler state_dict cost_model must have keys linear, quadratic, per_batch: {exc}") from exc
     speeds = state_dict["rank_speeds"]
     first = state_dict["first_rank_speeds"]
     first_speeds = None if first is None else check_speeds(first, segments[0][0])
@@ -248,7 +249,7 @@ def replay_segments(sampler: BalancedBatchSampler, epoch: int,
             break
         consumed = segments[i][1]
         if consumed > plan.num_micro_steps:
-            raise ValueError(
+            raise InputValueError(
                 f"the saved state consumed {consumed} micro-steps of epoch {epoch} on {segments[i][0]} "
                 f"rank(s), but that plan has only {plan.num_micro_steps}: the state does not belong to this sampler"
             )

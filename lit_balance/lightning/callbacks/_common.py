@@ -8,6 +8,8 @@ from typing import Any
 import lightning as L
 import torch
 
+from lit_balance.errors import InputTypeError
+
 
 def emit(trainer: L.Trainer, metrics: dict[str, float]) -> None:
     """Send ``metrics`` (the same on every rank) to every logger, at ``trainer.global_step``, from rank 0.
@@ -55,7 +57,7 @@ def batch_fields(batch: Any, keys: tuple[str, ...], owner: str) -> list[Any]:
         return [batch[key] for key in keys]
     except (KeyError, TypeError, IndexError):
         if not isinstance(batch, Mapping):
-            raise TypeError(f"{owner} needs dict training batches with keys {list(keys)}, got a "
+            raise InputTypeError(f"{owner} needs dict training batches with keys {list(keys)}, got a "
                             f"{type(batch).__name__}; collate with lit_balance.PadCollator, which produces "
                             "them, or remove the callback") from None
         missing = [key for key in keys if key not in batch]

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from lit_balance._checks import check_int, check_number
+from lit_balance.errors import InputValueError
 from lit_balance.lightning.callbacks._common import batch_fields, emit, train_sampler
 from lit_balance.lightning.callbacks.straggler import COMPUTE, StragglerMonitor, step_imbalance
 from lit_balance.sampler.sampler import BalancedBatchSampler
@@ -151,7 +152,7 @@ class AdaptiveGradAccumulation(L.Callback):
             raise RuntimeError(f"the {type(trainer.strategy).__name__} strategy manages gradient accumulation "
                                "itself; remove AdaptiveGradAccumulation or use strategy='ddp'")
         if trainer.accumulate_grad_batches != 1:
-            raise ValueError(f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) conflicts with "
+            raise InputValueError(f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) conflicts with "
                              "AdaptiveGradAccumulation, which sets it; leave the Trainer's value at 1")
         others = [type(c).__name__ for c in trainer.callbacks
                   if c is not self and (isinstance(c, AdaptiveGradAccumulation)
@@ -177,10 +178,10 @@ class AdaptiveGradAccumulation(L.Callback):
             ValueError: unknown or missing keys, or a value < 1.
         """
         if set(state_dict) != {"version", "accumulate_grad_batches"}:
-            raise ValueError(f"expected keys ['accumulate_grad_batches', 'version'], got {sorted(state_dict)}")
+            raise InputValueError(f"expected keys ['accumulate_grad_batches', 'version'], got {sorted(state_dict)}")
         value = state_dict["accumulate_grad_batches"]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"accumulate_grad_batches in the checkpoint must be an int >= 1, got {value!r}")
+            raise InputValueError(f"accumulate_grad_batches in the checkpoint must be an int >= 1, got {value!r}")
         self._restored = self._current = value
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from lit_balance._checks import MIN_RANK_SPEED_RATIO, check_bool, check_int, check_number
+from lit_balance.errors import InputValueError
 from lit_balance.lightning.callbacks._common import emit, train_sampler
 from lit_balance.lightning.callbacks.straggler import BACKWARD, COMPUTE, LENGTH, ROWS, StragglerMonitor
 from lit_balance.plan.cost import CostModel
@@ -52,10 +53,10 @@ def fit_cost_and_speeds(window: np.ndarray, *, iterations: int = 5,
     """
     w = np.asarray(window, dtype=np.float64)
     if w.ndim != 3 or w.shape[2] < BACKWARD:
-        raise ValueError(f"window must be [world_size, n, {BACKWARD + 1}] (columns of StragglerMonitor's FIELDS), "
+        raise InputValueError(f"window must be [world_size, n, {BACKWARD + 1}] (columns of StragglerMonitor's FIELDS), "
                          f"got shape {w.shape}")
     if w.shape[1] < min_samples:
-        raise ValueError(f"need at least {min_samples} timed micro-batches per rank, got window shape {w.shape}")
+        raise InputValueError(f"need at least {min_samples} timed micro-batches per rank, got window shape {w.shape}")
     rows, length, seconds = w[:, :, ROWS], w[:, :, LENGTH], w[:, :, COMPUTE]
     use = np.ones(rows.shape, dtype=bool)
     if w.shape[2] > BACKWARD:

@@ -10,6 +10,7 @@ import lightning as L
 import torch
 
 from lit_balance._checks import check_callable, check_int
+from lit_balance.errors import InputValueError
 from lit_balance.lightning.callbacks._common import batch_fields, emit, gather
 from lit_balance.lightning.metrics import PaddingRatio
 
@@ -75,7 +76,7 @@ class PaddingRatioMonitor(L.Callback):
                            batch_idx: int) -> None:
         real, padded = map(int, batch_fields(batch, ("num_real_tokens", "num_padded_tokens"), "PaddingRatioMonitor"))
         if not 0 <= real <= padded:
-            raise ValueError(f"expected 0 <= num_real_tokens <= num_padded_tokens, got {real} and {padded}")
+            raise InputValueError(f"expected 0 <= num_real_tokens <= num_padded_tokens, got {real} and {padded}")
         self._since_padded += padded  # the metric takes the window's sums at the next log (cheaper per batch)
         self._since_real += real
         self._since_batches += 1

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from lit_balance._checks import check_bool, check_callable, check_int, check_number
+from lit_balance.errors import InputTypeError
 from lit_balance.lightning.callbacks._common import batch_fields, emit, gather, train_sampler
 from lit_balance.plan.cost import CostModel
 
@@ -163,9 +164,9 @@ class StragglerMonitor(L.Callback):
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if cost_model is not None and not isinstance(cost_model, CostModel):
-            raise TypeError(f"cost_model must be a lit_balance.CostModel or None, got {cost_model!r} of type "
+            raise InputTypeError(f"cost_model must be a lit_balance.CostModel or None, got {cost_model!r} of type "
                             f"{type(cost_model).__name__}; pass e.g. CostModel(linear=1.0), or None for the "
-                            "sampler's cost model")
+                            "sampler's cost model", parameter="cost_model")
         self.log_every_n_micro_batches = check_int("log_every_n_micro_batches", log_every_n_micro_batches, 1,
                                                    "set the micro-batches per window")
         self.warn_ratio = check_number("warn_ratio", warn_ratio, 1, None,

@@ -16,6 +16,7 @@ from lit_balance.callbacks import (
     RunSummary,
     StragglerMonitor,
 )
+from lit_balance.errors import InputError
 
 NAN, INF = float("nan"), float("inf")
 
@@ -66,7 +67,9 @@ def _accumulation(**kwargs):
 def test_bad_arguments_raise_at_construction(make, kwargs, error, words):
     with pytest.raises(error) as info:
         make(**kwargs)
-    assert type(info.value) is error
+    other = TypeError if error is ValueError else ValueError  # exactly one of the two, and marked as rejected input
+    assert isinstance(info.value, InputError) and not isinstance(info.value, other)
+    assert info.value.parameter == next(iter(kwargs))
     for word in words:
         assert word in str(info.value)
 
