@@ -1,29 +1,148 @@
-"""Cost models: what one micro-batch costs a rank, in padded tokens or (once fitted) seconds."""
+"""Cost models: what one micro-batch costs a rank, in padded tokens or (once fitted) seconds.
+
+The planners, the statistics, the sampler's resume state and :class:`~lit_balance.callbacks.CostModelFeedback` see a
+cost model only through :class:`CostModelProtocol`. :class:`CostModelBase` derives every cost from two members, the
+cost of one row (or one packed document) ``row_cost(length)`` and the overhead ``per_batch`` of a micro-batch, so a new
+cost model is a frozen dataclass with those two (``docs/extending.md`` has a worked example).
+:class:`CostModel`, the default, is ``per_batch + rows * (linear * L + quadratic * L**2)``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from lit_balance.errors import InputTypeError, InputValueError
 
-__all__ = ["CostModel", "check_cost_model"]
+__all__ = ["CostModel", "CostModelBase", "CostModelProtocol", "check_cost_model"]
+
+
+@runtime_checkable
+class CostModelProtocol(Protocol):
+    """What the planners, the statistics, resume and feedback need of a cost model.
+
+    A cost model must also be hashable and compare equal by value (a frozen dataclass is): the sampler keys its cached
+    plan by it. Units are the model's own (padded slots for the default, seconds once fitted); only ratios matter to
+    the planners.
+
+    Attributes:
+        per_batch: cost of one micro-batch beyond its rows (kernel launches, bookkeeping), >= 0.
+    """
+
+    per_batch: float
+
+    def row_cost(self, length: Any) -> np.ndarray:
+        """Cost of one row padded to ``length`` tokens, or of one packed document of ``length`` tokens, without
+        ``per_batch``: float64 of the same shape as ``length`` (broadcasts)."""
+
+    def batch_cost(self, rows: Any, padded_length: Any) -> np.ndarray | float:
+        """Cost of padded micro-batches of ``rows`` rows of ``padded_length`` tokens (broadcasts; float64)."""
+
+    def packed_cost(self, lengths: Any, offsets: Any = None) -> np.ndarray | float:
+        """Cost of packed micro-batches: ``per_batch`` plus the ``row_cost`` of each document (see
+        :meth:`CostModelBase.packed_cost`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values that :meth:`from_dict` turns back into an equal model (saved in resume state)."""
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> CostModelProtocol:
+        """The model :meth:`to_dict` describes; raise ``ValueError`` for values it does not describe."""
 
 
 def _check_coef(name: str, value: Any) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InputTypeError(f"CostModel.{name} must be a number >= 0, got {value!r} of type {type(value).__name__}")
+        raise InputTypeError(f"CostModel.{name} must be a number >= 0, got {value!r} of type {type(value).__name__}",
+                             parameter=name)
     value = float(value)
     if not math.isfinite(value) or value < 0:
-        raise InputValueError(f"CostModel.{name} must be a finite number >= 0, got {value!r}")
+        raise InputValueError(f"CostModel.{name} must be a finite number >= 0, got {value!r}", parameter=name)
     return value
 
 
+class CostModelBase:
+    """Base of cost models: every cost from ``row_cost`` and ``per_batch``; dictionaries from the dataclass fields.
+
+    Subclass it as a frozen dataclass with a ``per_batch`` field and a :meth:`row_cost`; the planners, statistics,
+    resume state and feedback then take it wherever they take :class:`CostModel`. To be refitted from measured
+    seconds by :class:`~lit_balance.callbacks.CostModelFeedback`, it also needs a classmethod ``fit(rows,
+    padded_length, seconds, *, min_samples)`` as :meth:`CostModel.fit`.
+
+    Example:
+        >>> @dataclass(frozen=True)
+        ... class Slots(CostModelBase):  # padded token slots, plus 10 per micro-batch
+        ...     per_batch: float = 10.0
+        ...     def row_cost(self, length):
+        ...         return np.asarray(length, dtype=np.float64)
+        >>> Slots().batch_cost(4, 100), Slots().packed_cost([3, 4]), Slots.from_dict(Slots().to_dict()) == Slots()
+        (410.0, 17.0, True)
+    """
+
+    per_batch: float = 0.0
+
+    def row_cost(self, length: Any) -> np.ndarray:
+        """Cost of one row of ``length`` tokens without ``per_batch`` (float64, same shape): defined by subclasses."""
+        raise NotImplementedError(f"{type(self).__name__} must define row_cost(length)")
+
+    def batch_cost(self, rows: Any, padded_length: Any) -> np.ndarray | float:
+        """Cost of micro-batches of ``rows`` rows padded to ``padded_length`` tokens (broadcasts; float64):
+        ``per_batch + rows * row_cost(padded_length)``."""
+        cost = self.per_batch + np.asarray(rows, dtype=np.float64) * self.row_cost(padded_length)
+        return float(cost) if np.ndim(cost) == 0 else cost
+
+    def packed_cost(self, lengths: Any, offsets: Any = None) -> np.ndarray | float:
+        """Cost of packed micro-batches: whole documents concatenated into one row, each attending to itself.
+
+        ``cost = per_batch + sum over documents row_cost(l)``: no padding, and attention grows with each document's
+        length, not the row's (a block-diagonal causal mask or a variable-length kernel such as FlashAttention's
+        ``varlen``).
+
+        Args:
+            lengths: int ``[num_documents]``: tokens per document.
+            offsets: int ``[num_batches + 1]``: micro-batch ``b`` holds ``lengths[offsets[b]:offsets[b + 1]]``;
+                None for one micro-batch of all ``lengths``.
+
+        Returns:
+            A float (``offsets`` None) or float64 ``[num_batches]``.
+
+        Example:
+            >>> CostModel(linear=1.0, quadratic=1e-3, per_batch=5.0).packed_cost([100, 50])
+            167.5
+            >>> CostModel().packed_cost([3, 4, 5], [0, 2, 3]).tolist()
+            [7.0, 5.0]
+        """
+        doc_cost = self.row_cost(np.asarray(lengths, dtype=np.int64).reshape(-1))
+        if offsets is None:
+            return float(self.per_batch + doc_cost.sum())
+        offsets = np.asarray(offsets, dtype=np.int64)
+        cumulative = np.concatenate([[0.0], np.cumsum(doc_cost)])
+        return self.per_batch + cumulative[offsets[1:]] - cumulative[offsets[:-1]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The dataclass fields as a dict of plain values (e.g. for a ``state_dict``)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> CostModelBase:
+        """Build from :meth:`to_dict`'s output.
+
+        Raises:
+            ValueError: ``values`` is not a mapping of this class's fields (naming those expected and those given).
+        """
+        names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+        if not isinstance(values, Mapping) or set(values) - set(names):
+            got = sorted(values) if isinstance(values, Mapping) else type(values).__name__
+            raise InputValueError(f"a {cls.__name__} is described by the keys {names}, got {got}")
+        return cls(**values)
+
+
 @dataclass(frozen=True)
-class CostModel:
+class CostModel(CostModelBase):
     """Cost of a micro-batch of ``rows`` rows padded to ``L`` tokens.
 
     ``cost = per_batch + rows * (linear * L + quadratic * L**2)``
@@ -71,50 +190,6 @@ class CostModel:
         """Cost of one row padded to ``padded_length`` tokens, without ``per_batch`` (float64, same shape)."""
         length = np.asarray(padded_length, dtype=np.float64)
         return self.linear * length + self.quadratic * length * length
-
-    def batch_cost(self, rows: Any, padded_length: Any) -> np.ndarray | float:
-        """Cost of micro-batches of ``rows`` rows padded to ``padded_length`` tokens (broadcasts; float64)."""
-        cost = self.per_batch + np.asarray(rows, dtype=np.float64) * self.row_cost(padded_length)
-        return float(cost) if np.ndim(cost) == 0 else cost
-
-    def packed_cost(self, lengths: Any, offsets: Any = None) -> np.ndarray | float:
-        """Cost of packed micro-batches: whole documents concatenated into one row, each attending to itself.
-
-        ``cost = per_batch + sum over documents (linear * l + quadratic * l**2)``: no padding, and attention
-        grows with the square of each document's length, not of the row's (a block-diagonal causal mask or a
-        variable-length kernel such as FlashAttention's ``varlen``).
-
-        Args:
-            lengths: int ``[num_documents]``: tokens per document.
-            offsets: int ``[num_batches + 1]``: micro-batch ``b`` holds ``lengths[offsets[b]:offsets[b + 1]]``;
-                None for one micro-batch of all ``lengths``.
-
-        Returns:
-            A float (``offsets`` None) or float64 ``[num_batches]``.
-
-        Example:
-            >>> CostModel(linear=1.0, quadratic=1e-3, per_batch=5.0).packed_cost([100, 50])
-            167.5
-            >>> CostModel().packed_cost([3, 4, 5], [0, 2, 3]).tolist()
-            [7.0, 5.0]
-        """
-        doc_cost = self.row_cost(np.asarray(lengths, dtype=np.int64).reshape(-1))
-        if offsets is None:
-            return float(self.per_batch + doc_cost.sum())
-        offsets = np.asarray(offsets, dtype=np.int64)
-        cumulative = np.concatenate([[0.0], np.cumsum(doc_cost)])
-        return self.per_batch + cumulative[offsets[1:]] - cumulative[offsets[:-1]]
-
-    def real_cost(self, lengths: Any) -> np.ndarray:
-        """Cost of the real tokens of samples of ``lengths`` tokens, as if unpadded and free of overhead.
-
-        This is the useful part of a micro-batch's cost: ``linear * l + quadratic * l**2`` per sample.
-        """
-        return self.row_cost(lengths)
-
-    def to_dict(self) -> dict[str, float]:
-        """Plain-float dict (``linear``, ``quadratic``, ``per_batch``), e.g. for a ``state_dict``."""
-        return asdict(self)
 
     @classmethod
     def fit(
@@ -186,11 +261,27 @@ class CostModel:
         return cls(linear=linear, quadratic=quadratic, per_batch=per_batch)
 
 
-def check_cost_model(cost_model: Any) -> CostModel:
-    """Return ``cost_model``, or the default :class:`CostModel` (padded token slots) for None; TypeError otherwise."""
+_REQUIRED = ("per_batch", "row_cost", "batch_cost", "packed_cost", "to_dict", "from_dict")
+
+
+def check_cost_model(cost_model: Any, parameter: str = "cost_model") -> CostModelProtocol:
+    """Return ``cost_model``, or the default :class:`CostModel` (padded token slots) for None.
+
+    Raises:
+        TypeError: ``cost_model`` lacks a member of :class:`CostModelProtocol` (naming it) or is not hashable.
+    """
     if cost_model is None:
         return CostModel()
-    if not isinstance(cost_model, CostModel):
-        raise InputTypeError(f"cost_model must be a lit_balance.CostModel or None, got {type(cost_model).__name__}",
-                             parameter="cost_model")
+    missing = [name for name in _REQUIRED if not hasattr(cost_model, name)]
+    if missing or isinstance(cost_model, type):
+        raise InputTypeError(
+            f"{parameter} must be a lit_balance.CostModel or None, or another cost model (an object with "
+            f"{', '.join(_REQUIRED)}: see lit_balance.plan.CostModelBase); got {cost_model!r} of type {type(cost_model).__name__}"
+            + (f", which lacks {missing}" if missing and not isinstance(cost_model, type) else ""),
+            parameter=parameter)
+    try:
+        hash(cost_model)
+    except TypeError:
+        raise InputTypeError(f"{parameter} must be hashable and compare by value (e.g. a frozen dataclass), got an "
+                             f"unhashable {type(cost_model).__name__}", parameter=parameter) from None
     return cost_model

@@ -20,7 +20,7 @@ import numpy as np
 
 from lit_balance._checks import check_int
 from lit_balance.errors import InputTypeError, InputValueError
-from lit_balance.plan.cost import CostModel
+from lit_balance.plan.cost import CostModel, CostModelProtocol, check_cost_model  # noqa: F401 (CostModel: examples)
 from lit_balance.plan.padded import EpochPlan, padded_lengths
 
 __all__ = ["PlanStats", "RankBatches", "batch_persistence", "plan_stats", "useful_fraction_bound"]
@@ -98,7 +98,7 @@ class PlanStats:
         rank_real_tokens: int64 ``[num_replicas]``: real tokens per rank over the epoch (fill rows excluded).
         rank_padded_tokens: int64 ``[num_replicas]``: padded token slots per rank over the epoch.
         rank_micro_batches: int64 ``[num_replicas]``: micro-batches per rank.
-        real_cost: cost of the real tokens of real rows (:meth:`CostModel.real_cost`), summed.
+        real_cost: cost of the real tokens of real rows (:meth:`CostModel.row_cost` of each), summed.
         max_batch_tokens: the largest padded token slots of any micro-batch.
         batch_padded_tokens: int64 ``[num_batches]``: padded token slots (rows x longest row) of each micro-batch.
         dropped_samples: samples of ``lengths`` that no micro-batch holds.
@@ -152,7 +152,7 @@ class PlanStats:
 def plan_stats(
     plan: EpochPlan | RankBatches,
     lengths: np.ndarray,
-    cost_model: CostModel | None = None,
+    cost_model: CostModelProtocol | None = None,
     *,
     pad_to_multiple_of: int = 1,
     accumulate_grad_batches: int = 1,
@@ -191,9 +191,7 @@ def plan_stats(
     accumulate_grad_batches = check_int("accumulate_grad_batches", accumulate_grad_batches, 1,
                                         "micro-batches per rank per optimizer step")
     pad_to_multiple_of = check_int("pad_to_multiple_of", pad_to_multiple_of, 1, "use the sampler's value (1: none)")
-    cost_model = cost_model or CostModel()
-    if not isinstance(cost_model, CostModel):
-        raise InputTypeError(f"cost_model must be a lit_balance.CostModel or None, got {type(cost_model).__name__}")
+    cost_model = check_cost_model(cost_model)
     p = _batches(plan)
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.ndim != 1 or (p.rows.size and int(p.rows.max()) >= lengths.shape[0]):
@@ -237,7 +235,7 @@ def plan_stats(
         rank_real_tokens=np.append(batch_real, 0.0)[a].sum(axis=0).astype(np.int64),
         rank_padded_tokens=np.append(slots, 0)[a].sum(axis=0).astype(np.int64),
         rank_micro_batches=(a >= 0).sum(axis=0).astype(np.int64),
-        real_cost=float(cost_model.real_cost(real_lengths).sum()),
+        real_cost=float(cost_model.row_cost(real_lengths).sum()),
         max_batch_tokens=int(slots.max()) if num_batches else 0,
         batch_padded_tokens=slots.astype(np.int64),
         dropped_samples=int((counts == 0).sum()),
@@ -246,7 +244,7 @@ def plan_stats(
     )
 
 
-def useful_fraction_bound(lengths: np.ndarray, cost_model: CostModel | None = None, *, num_replicas: int,
+def useful_fraction_bound(lengths: np.ndarray, cost_model: CostModelProtocol | None = None, *, num_replicas: int,
                           num_micro_steps: int, accumulate_grad_batches: int = 1, max_tokens: int) -> float:
     """Upper bound on the useful compute fraction U of any plan of these documents with these optimizer steps.
 
@@ -297,7 +295,7 @@ def useful_fraction_bound(lengths: np.ndarray, cost_model: CostModel | None = No
     num_micro_steps = check_int("num_micro_steps", num_micro_steps, 0, "micro-batches per rank")
     accumulate = check_int("accumulate_grad_batches", accumulate_grad_batches, 1, "micro-batches per optimizer step")
     max_tokens = check_int("max_tokens", max_tokens, 1, "tokens per micro-batch")
-    cost_model = cost_model or CostModel()
+    cost_model = check_cost_model(cost_model)
     lengths = np.sort(np.asarray(lengths, dtype=np.int64))  # shortest (cheapest per token) first
     if not lengths.size:
         return 1.0

@@ -318,9 +318,10 @@ class BalancedBatchSampler(DistributedSampler):
             TypeError: ``cost_model`` is not a :class:`~lit_balance.plan.cost.CostModel`.
             ValueError: ``rank_speeds`` of the wrong length or not all positive.
         """
-        if not isinstance(cost_model, CostModel):
-            raise InputTypeError(f"cost_model must be a lit_balance.CostModel, got {type(cost_model).__name__}")
-        self._pending = (cost_model, check_speeds(rank_speeds, self.num_replicas))
+        if cost_model is None:
+            raise InputTypeError("set_cost_model needs a cost model (e.g. a fitted lit_balance.CostModel), got None",
+                                 parameter="cost_model")
+        self._pending = (check_cost_model(cost_model), check_speeds(rank_speeds, self.num_replicas))
 
     def _offset(self) -> int:
         """Micro-steps of the current plan already consumed before this sampler was restored."""

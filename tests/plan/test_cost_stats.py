@@ -13,7 +13,7 @@ def test_batch_cost_formula_and_broadcasting():
     model = CostModel(linear=2.0, quadratic=0.5, per_batch=3.0)
     assert model.batch_cost(4, 10) == 3 + 4 * (2 * 10 + 0.5 * 100)
     assert model.batch_cost(np.array([1, 2]), np.array([2, 4])).tolist() == [3 + 4 + 2, 3 + 2 * (8 + 8)]
-    assert model.real_cost([3]).tolist() == [2 * 3 + 0.5 * 9]
+    assert model.row_cost([3]).tolist() == [2 * 3 + 0.5 * 9]
     assert model.to_dict() == {"linear": 2.0, "quadratic": 0.5, "per_batch": 3.0}
 
 

@@ -23,7 +23,7 @@ def test_packed_rows_and_length_give_the_per_document_cost_under_any_cost_model(
         lengths = rng.integers(1, 300, size=rng.integers(1, 20))
         rows, length = packed_rows_and_length(np.concatenate([[0], np.cumsum(lengths)]))
         cost = CostModel(linear=float(rng.random()), quadratic=float(rng.random()), per_batch=float(rng.random()))
-        expected = cost.per_batch + float(cost.real_cost(lengths).sum())
+        expected = cost.per_batch + float(cost.row_cost(lengths).sum())
         assert cost.batch_cost(rows, length) == pytest.approx(expected, rel=1e-12)
     assert packed_rows_and_length(torch.tensor([0, 7], dtype=torch.int32)) == (1.0, 7.0)
 
@@ -56,7 +56,7 @@ def test_feedback_fits_per_document_coefficients_from_packed_timings():
         for i in range(60):
             lengths = rng.integers(1, 400, size=rng.integers(1, 12))
             rows, length = packed_rows_and_length(np.concatenate([[0], np.cumsum(lengths)]))
-            seconds = (true.per_batch + float(true.real_cost(lengths).sum())) / speed
+            seconds = (true.per_batch + float(true.row_cost(lengths).sum())) / speed
             window[r, i] = [seconds, 0.0, rows, length, lengths.sum(), 0.0, np.nan]
     cost, fitted = fit_cost_and_speeds(window)
     assert cost.linear == pytest.approx(true.linear, rel=1e-6)
