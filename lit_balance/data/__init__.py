@@ -5,9 +5,9 @@ from lit_balance.data.cache import TokenizedCorpus, load_or_build
 from lit_balance.data.collate import IGNORE_INDEX, PackedCollator, PadCollator
 from lit_balance.data.dataset import TokenDataset
 from lit_balance.data.loader import MicroBatchDataset, PadFieldsCollator, balanced_dataloader, item_lengths
-from lit_balance.data.sources import CorpusSource, resolve_corpus
+from lit_balance.data.sources import CorpusChunk, CorpusSource, resolve_corpus, stdlib_docstrings
 from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
 
-__all__ = ["IGNORE_INDEX", "CorpusSource", "MicroBatchDataset", "PackedCollator", "PadCollator", "PadFieldsCollator",
+__all__ = ["IGNORE_INDEX", "CorpusChunk", "CorpusSource", "MicroBatchDataset", "PackedCollator", "PadCollator", "PadFieldsCollator",
            "TokenDataset", "TokenizedCorpus", "TokenizerAdapter", "balanced_dataloader", "item_lengths",
-           "load_or_build", "resolve_corpus", "resolve_tokenizer"]
+           "load_or_build", "resolve_corpus", "resolve_tokenizer", "stdlib_docstrings"]

@@ -574,7 +574,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is not None and trainer.state.fn == "fit":  # also while validating inside fit
             consumed = _batches_done_on_restore(trainer.fit_loop.epoch_loop.batch_progress)
-            earlier = sum(c for _, c in self.train_sampler._segments[:-1])  # consumed on other ranks before
+            earlier = self.train_sampler.first_micro_step  # consumed on other ranks before
             consumed = min(max(consumed, earlier), len(self.train_sampler))
         return {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed),
                 "data": self._data_identity()}

@@ -519,6 +519,26 @@ class BalancedBatchSampler(DistributedSampler):
 
     # ----------------------------------------------------------------------------------------------
     @property
+    def first_micro_step(self) -> int:
+        """Micro-step of the current epoch at which this world size's plan starts (global, the same on every rank).
+
+        0 unless the epoch was resumed on another number of ranks (:meth:`load_state_dict`): then the micro-steps
+        before it ran on the old ranks, and ``len(self)`` counts them too.
+        """
+        return sum(consumed for _, consumed in self._segments[:-1])
+
+    def micro_step_totals(self) -> tuple[np.ndarray, np.ndarray]:
+        """Real tokens and rows of every micro-step of the current epoch, summed over the ranks (global).
+
+        Returns:
+            int64 ``[len(self)]`` each: at epoch micro-step ``t`` (Lightning's ``batch_idx``), the real tokens and rows
+            (fill rows excluded) of every rank's micro-batch; micro-steps before :attr:`first_micro_step` are those
+            the old ranks ran. Every rank computes the same, without communication.
+        """
+        self._segment()
+        return sampler_state.micro_step_totals(self)
+
+    @property
     def num_skipped(self) -> int:
         """Samples left out every epoch by ``too_long="skip"`` (global count)."""
         return int(self.skipped_indices.size)

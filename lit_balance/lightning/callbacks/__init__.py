@@ -3,7 +3,7 @@
 from lit_balance.lightning.callbacks.accumulation import AdaptiveGradAccumulation
 from lit_balance.lightning.callbacks.feedback import CostModelFeedback
 from lit_balance.lightning.callbacks.padding import PaddingRatioMonitor
-from lit_balance.lightning.callbacks.straggler import StragglerMonitor
+from lit_balance.lightning.callbacks.straggler import StragglerMonitor, backward_is_local
 from lit_balance.lightning.callbacks.summary import RunSummary
 
-__all__ = ["AdaptiveGradAccumulation", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor"]
+__all__ = ["AdaptiveGradAccumulation", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor", "backward_is_local"]

@@ -14,7 +14,6 @@ from lit_balance.errors import InputValueError
 from lit_balance.lightning.callbacks._common import batch_fields, emit, train_sampler
 from lit_balance.lightning.callbacks.straggler import COMPUTE, StragglerMonitor, step_imbalance
 from lit_balance.sampler.sampler import BalancedBatchSampler
-from lit_balance.sampler.state import micro_step_totals
 
 __all__ = ["AdaptiveGradAccumulation", "plan_step_tokens"]
 
@@ -28,7 +27,7 @@ def plan_step_tokens(sampler: Any) -> np.ndarray | None:
     communication. Any other object with ``plan()`` and ``lengths`` is read from ``plan()`` alone.
     """
     if isinstance(sampler, BalancedBatchSampler):
-        return micro_step_totals(sampler)[0]
+        return sampler.micro_step_totals()[0]
     if not (hasattr(sampler, "plan") and hasattr(sampler, "lengths")):
         return None
     plan = sampler.plan()
