@@ -28,9 +28,9 @@ _EXPORTS = {
     "token_loss_sum": "lit_balance.lightning.loss",
     "PaddingRatio": "lit_balance.lightning.metrics",
     "TokenMeanLoss": "lit_balance.lightning.metrics",
-    "EpochPlan": "lit_balance.plan.padded",
-    "MicroBatch": "lit_balance.plan.padded",
-    "plan_epoch": "lit_balance.plan.padded",
+    "EpochPlan": "lit_balance.plan.types",
+    "MicroBatch": "lit_balance.plan.types",
+    "plan_epoch": "lit_balance.plan.epoch",
     "PlanReport": "lit_balance.report.figures",
     "plan_report": "lit_balance.report.figures",
     "BalancedBatchSampler": "lit_balance.sampler.sampler",
@@ -52,7 +52,8 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs
     from lit_balance.lightning.loss import StepTokenLoss, token_loss_sum  # noqa: F401
     from lit_balance.lightning.metrics import PaddingRatio, TokenMeanLoss  # noqa: F401
     from lit_balance.plan.cost import CostModel  # noqa: F401
-    from lit_balance.plan.padded import EpochPlan, MicroBatch, plan_epoch  # noqa: F401
+    from lit_balance.plan.epoch import plan_epoch  # noqa: F401
+    from lit_balance.plan.types import EpochPlan, MicroBatch  # noqa: F401
     from lit_balance.plan.settings import BatchingSettings  # noqa: F401
     from lit_balance.plan.stats import PlanStats, plan_stats, useful_fraction_bound  # noqa: F401
     from lit_balance.plan.windows import PlanWindows, WindowedPlan  # noqa: F401

@@ -10,7 +10,7 @@ from torch.utils.data import Dataset
 
 from lit_balance.data.records import supervised_counts
 from lit_balance.errors import InputValueError
-from lit_balance.plan.padded import MicroBatch
+from lit_balance.plan.types import MicroBatch
 
 __all__ = ["TokenDataset"]
 

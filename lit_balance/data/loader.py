@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lit_balance.data.collate import IGNORE_INDEX
 from lit_balance.errors import InputTypeError, InputValueError
-from lit_balance.plan.padded import MicroBatch, padded_lengths
+from lit_balance.plan.types import MicroBatch, padded_lengths
 
 __all__ = ["MicroBatchDataset", "MicroBatchItems", "PadFieldsCollator", "balanced_dataloader", "item_lengths"]
 

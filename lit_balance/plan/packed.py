@@ -5,7 +5,7 @@ most the budget (``max_tokens`` rounded down to a multiple of ``pad_to_multiple_
 its tail, stays within ``max_tokens``). Lengths mix freely, so batch composition changes every epoch, and a
 micro-batch costs ``per_batch + sum over its documents (linear * l + quadratic * l**2)``
 (:meth:`~lit_balance.CostModel.packed_cost`): attention stays within each document. The plan keeps the layout of
-:class:`~lit_balance.plan.padded.EpochPlan` (rows are documents), so resume, the optimizer step's token counts and
+:class:`~lit_balance.plan.types.EpochPlan` (rows are documents), so resume, the optimizer step's token counts and
 the loss work unchanged.
 
 Worked example (``max_tokens=10``, ``num_replicas=2``, ``shuffle=False``, token cost)::
@@ -51,23 +51,29 @@ from __future__ import annotations
 import collections
 import hashlib
 import heapq
+from dataclasses import dataclass
 
 import numpy as np
 
-from lit_balance.plan.cost import CostModel
-from lit_balance.plan.padded import EpochPlan, _longest_first, _lpt, _one_row_each
+from lit_balance.plan.assign import (
+    fastest_rank_first,
+    hold_time,
+    longest_first,
+    lpt,
+    lpt_steps,
+    one_row_each,
+    shuffle_steps,
+    steps_by_planning,
+)
+from lit_balance.plan.cost import CostModelProtocol
 from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan.types import EpochPlan, padded_lengths
 
-__all__ = ["packed_capacity", "plan_packed"]
+__all__ = ["PackedPlanner", "batch_costs", "count_steps", "packed_count", "plan_packed"]
 
 _UNSHUFFLED_SEED = 20250  # the dealing order of unshuffled packings (fixed: the same every epoch)
 _HEADROOM = 0.02  # share of the budget the count leaves free, so that cost-balanced rows rarely overflow
 _RESERVE_FACTOR = 1.5  # reserve (finishing) cost per micro-batch, in units of the largest short document's cost
-
-
-def packed_capacity(settings: BatchingSettings) -> int:
-    """Real tokens one packed micro-batch may hold: ``max_tokens`` rounded down to ``pad_to_multiple_of``."""
-    return settings.truncate_to
 
 
 def _count_lower_bound(lengths: np.ndarray, capacity: int, doc_cap: int, num_replicas: int) -> int:
@@ -90,7 +96,7 @@ def packed_count(lengths: np.ndarray, settings: BatchingSettings, num_replicas: 
     n = lengths.shape[0]
     if not n:
         return 0
-    capacity = packed_capacity(settings)
+    capacity = settings.truncate_to
     doc_cap = settings.max_batch_size or n
     if int(lengths.max()) < 2**24:
         histogram = np.bincount(lengths)
@@ -124,7 +130,7 @@ def _count(lengths: np.ndarray, capacity: int, doc_cap: int, num_replicas: int) 
 
 def _water_level(base: np.ndarray, scale: np.ndarray, cost: np.ndarray, token_room: np.ndarray,
                  total: float) -> np.ndarray:
-    """Per-bin cost room ``min(max(base, tau) * scale - cost, token_room)`` (>= 0) at the ``tau`` that gives ``total``."""
+    """Per-bin cost room ``min(max(base, tau) * scale - cost, token_room)`` (>= 0) at the ``tau`` giving ``total``."""
     def room(tau: float) -> np.ndarray:
         return np.clip(np.minimum(np.maximum(base, tau) * scale - cost, token_room), 0.0, None)
 
@@ -147,9 +153,55 @@ def _water_level(base: np.ndarray, scale: np.ndarray, cost: np.ndarray, token_ro
     return room(hi)
 
 
+@dataclass
+class _Bins:
+    """Documents being packed into ``k`` bins (micro-batches); documents are in the packing order.
+
+    Attributes:
+        length, cost: int64 / float64 ``[n]``: each document's tokens and cost.
+        bin_of: int64 ``[n]``: each document's bin, -1 while unplaced.
+        tokens, bin_cost, count: int64 / float64 / int64 ``[k]``: each bin's tokens, cost and documents.
+    """
+
+    length: np.ndarray
+    cost: np.ndarray
+    bin_of: np.ndarray
+    tokens: np.ndarray
+    bin_cost: np.ndarray
+    count: np.ndarray
+
+    @classmethod
+    def empty(cls, length: np.ndarray, cost: np.ndarray, k: int) -> _Bins:
+        return cls(length, cost, np.full(length.shape[0], -1, dtype=np.int64), np.zeros(k, dtype=np.int64),
+                   np.zeros(k), np.zeros(k, dtype=np.int64))
+
+    def move(self, i: int, b: int) -> None:
+        """Put document ``i`` into bin ``b`` (out of its bin first, if it has one)."""
+        if self.bin_of[i] >= 0:
+            self.take_out(i)
+        self.bin_of[i] = b
+        self.tokens[b] += self.length[i]
+        self.bin_cost[b] += self.cost[i]
+        self.count[b] += 1
+
+    def take_out(self, i: int) -> None:
+        """Take document ``i`` out of its bin."""
+        b = int(self.bin_of[i])
+        self.bin_of[i] = -1
+        self.tokens[b] -= self.length[i]
+        self.bin_cost[b] -= self.cost[i]
+        self.count[b] -= 1
+
+    def fits(self, capacity: int, doc_cap: int) -> bool:
+        """Every document placed, every bin within ``capacity`` tokens and ``doc_cap`` documents."""
+        return not ((self.tokens > capacity).any() or (self.count > doc_cap).any() or (self.bin_of < 0).any())
+
+
 def _pack(lengths: np.ndarray, cost: np.ndarray, k: int, capacity: int, doc_cap: int, num_replicas: int,
           accumulate: int, speeds: np.ndarray, rng: np.random.Generator | None) -> tuple | None:
     """Pack documents (``lengths``, ``cost`` per document) into ``k`` non-empty bins within ``capacity`` tokens.
+
+    Stages 2 to 4 of the module docstring, in the order of documents longest first (ties at random with ``rng``).
 
     Returns ``(bin_of, group_of_bin)``: int64 ``[n]`` bin of each document and int64 ``[k]`` the optimizer-step
     group each bin was targeted for (bins of one group share a step); None when the documents do not fit.
@@ -163,56 +215,75 @@ def _pack(lengths: np.ndarray, cost: np.ndarray, k: int, capacity: int, doc_cap:
         order = perm[np.argsort(key[perm], kind="stable")]
     else:
         order = np.argsort(key, kind="stable")
-    length, c = lengths[order], cost[order]
-    bin_of = np.full(n, -1, dtype=np.int64)
-    tokens = np.zeros(k, dtype=np.int64)
-    bin_cost = np.zeros(k)
-    count = np.zeros(k, dtype=np.int64)
+    bins = _Bins.empty(lengths[order], cost[order], k)
+    share = float(bins.cost.sum()) / k
+    outlier = (8 * bins.length > capacity) | (bins.cost > 0.25 * share)
+    if not _place_outliers(bins, np.flatnonzero(outlier), capacity, doc_cap):
+        return None
+    group_of_bin, target = _targets(bins, outlier, capacity, num_replicas, accumulate, speeds, rng)
+    rest = np.flatnonzero(~outlier)
+    if rest.size:
+        goal_cost = _deal(bins, rest, target, outlier, rng) + target
+        if not _settle(bins, rest, goal_cost, capacity, doc_cap):
+            return None
+    if not _fill_empty_bins(bins) or not bins.fits(capacity, doc_cap):
+        return None
+    out = np.empty(n, dtype=np.int64)
+    out[order] = bins.bin_of
+    return out, group_of_bin
 
-    # Stage 2: outliers, longest first, each on the least costly bin with room (a heap; few documents).
-    share = float(c.sum()) / k
-    outlier = (8 * length > capacity) | (c > 0.25 * share)
-    num_out = int(np.count_nonzero(outlier))
-    if num_out:
-        out_idx = np.flatnonzero(outlier)
-        first = out_idx[:k]
-        bin_of[first] = np.arange(first.shape[0])
-        tokens[:first.shape[0]] = length[first]
-        bin_cost[:first.shape[0]] = c[first]
-        count[:first.shape[0]] = 1
-        if num_out > k:
-            heap = [(float(bin_cost[b]), b) for b in range(k)]
-            heapq.heapify(heap)
-            for i in out_idx[k:].tolist():
-                held = []
-                while heap:
-                    entry = heapq.heappop(heap)
-                    b = entry[1]
-                    if tokens[b] + length[i] <= capacity and count[b] < doc_cap:
-                        break
-                    held.append(entry)
-                else:
-                    return None
-                bin_of[i] = b
-                tokens[b] += length[i]
-                bin_cost[b] += c[i]
-                count[b] += 1
-                held.append((float(bin_cost[b]), b))
-                for entry in held:
-                    heapq.heappush(heap, entry)
 
-    # Stage 3: steps of bins (most costly first) and each bin's target.
+def _place_outliers(bins: _Bins, out_idx: np.ndarray, capacity: int, doc_cap: int) -> bool:
+    """Stage 2: outliers (longest first) one per bin, then each on the least costly bin with room (a heap).
+
+    Returns False when one finds no bin with room.
+    """
+    k = bins.tokens.shape[0]
+    first = out_idx[:k]
+    bins.bin_of[first] = np.arange(first.shape[0])
+    bins.tokens[:first.shape[0]] = bins.length[first]
+    bins.bin_cost[:first.shape[0]] = bins.cost[first]
+    bins.count[:first.shape[0]] = 1
+    if out_idx.shape[0] <= k:
+        return True
+    heap = [(float(bins.bin_cost[b]), b) for b in range(k)]
+    heapq.heapify(heap)
+    for i in out_idx[k:].tolist():
+        held = []
+        while heap:
+            entry = heapq.heappop(heap)
+            b = entry[1]
+            if bins.tokens[b] + bins.length[i] <= capacity and bins.count[b] < doc_cap:
+                break
+            held.append(entry)
+        else:
+            return False
+        bins.move(i, b)
+        held.append((float(bins.bin_cost[b]), b))
+        for entry in held:
+            heapq.heappush(heap, entry)
+    return True
+
+
+def _targets(bins: _Bins, outlier: np.ndarray, capacity: int, num_replicas: int, accumulate: int,
+             speeds: np.ndarray, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 3: bins to optimizer steps (most costly first) and each bin's target cost for the short documents.
+
+    Returns ``(group_of_bin, target)``: int64 ``[k]`` each bin's step and float64 ``[k]`` the cost of short documents
+    it should take.
+    """
+    bin_cost, length, c = bins.bin_cost, bins.length, bins.cost
+    k = bin_cost.shape[0]
     key = bin_cost if rng is None else bin_cost + rng.uniform(0.0, 1e-9 * max(float(bin_cost.max()), 1.0), k)
     by_cost = np.argsort(-key, kind="stable")
     per_step = num_replicas * accumulate
     group_of_bin = np.empty(k, dtype=np.int64)
     group_of_bin[by_cost] = np.arange(k) // per_step
-    uniform = bool(np.all(speeds == speeds[0]))
     scale = np.ones(k)
-    if not uniform:  # provisional ranks: within each step, LPT on the outliers' cost
+    if not bool(np.all(speeds == speeds[0])):  # provisional ranks: within each step, LPT on the outliers' cost
         for g0 in range(0, k, per_step):
             members = by_cost[g0:g0 + per_step]
-            slots = _lpt(bin_cost[members], speeds, members.shape[0] // num_replicas)
+            slots = lpt(bin_cost[members], speeds, members.shape[0] // num_replicas)
             for r in range(num_replicas):
                 scale[members[slots[:, r]]] = speeds[r]
     step_level = np.zeros(int(group_of_bin.max()) + 1)
@@ -221,73 +292,86 @@ def _pack(lengths: np.ndarray, cost: np.ndarray, k: int, capacity: int, doc_cap:
     rest_cost = float(c[rest].sum())
     per_token = rest_cost / max(int(length[rest].sum()), 1)
     # targets leave half the count's headroom free in every bin, for the dealing's rounding
-    room = per_token * (capacity * (1.0 - 0.5 * _HEADROOM) - tokens)
-    target = _water_level(step_level[group_of_bin], scale, bin_cost, room, rest_cost)
+    room = per_token * (capacity * (1.0 - 0.5 * _HEADROOM) - bins.tokens)
+    return group_of_bin, _water_level(step_level[group_of_bin], scale, bin_cost, room, rest_cost)
 
-    # Stage 4: deal the short documents in random order against their targets, less a reserve of the shortest.
-    if rest.size:
-        reserve_cost = min(rest_cost, _RESERVE_FACTOR * k * float(c[rest[0]]))
-        cum_from_end = np.cumsum(c[rest][::-1])
-        num_reserve = int(np.searchsorted(cum_from_end, reserve_cost, side="left")) + 1
-        num_reserve = min(max(num_reserve, min(k, rest.size)), rest.size)
-        mid, reserve = rest[:rest.size - num_reserve], rest[rest.size - num_reserve:]
-        if mid.size:
-            mid_cost = float(c[mid].sum())
-            goal = target * (mid_cost / max(float(target.sum()), 1e-300))
-            # without shuffle a fixed generator deals (the same every epoch): sorted runs would make uneven bins
-            deal = rng if rng is not None else np.random.default_rng(_UNSHUFFLED_SEED)
-            bins_order = deal.permutation(k)
-            dealt = deal.permutation(mid)
-            edges = np.cumsum(goal[bins_order])
-            middle = np.cumsum(c[dealt]) - 0.5 * c[dealt]
-            where = np.minimum(np.searchsorted(edges, middle, side="right"), k - 1)
-            bin_of[dealt] = bins_order[where]
-            tokens += np.bincount(bin_of[dealt], weights=length[dealt], minlength=k).astype(np.int64)
-            bin_cost += np.bincount(bin_of[dealt], weights=c[dealt], minlength=k)
-            count += np.bincount(bin_of[dealt], minlength=k)
-        goal_cost = target + _placed_outlier_cost(bin_of, c, outlier, k)
-        leftovers = _finish(reserve, length, c, bin_of, tokens, bin_cost, count, goal_cost, capacity, doc_cap)
-        # Over-full bins (tokens or documents) give back their shortest documents.
-        leftovers = np.concatenate([leftovers, _evict(length, c, bin_of, tokens, bin_cost, count, capacity, doc_cap)])
-        queue = _place_rounds(leftovers[np.argsort(-length[leftovers], kind="stable")], length, c, bin_of, tokens,
-                              bin_cost, count, goal_cost, capacity, doc_cap).tolist()
-        swaps = 0
-        while queue:
-            i = queue.pop(0)
-            fits = (tokens + length[i] <= capacity) & (count < doc_cap)
-            if not fits.any():  # swap with a shorter placed document whose bin then has room; place that one
-                placed = np.flatnonzero(bin_of >= 0)
-                ok = placed[(length[placed] < length[i])
-                            & (tokens[bin_of[placed]] - length[placed] + length[i] <= capacity)]
-                swaps += 1
-                if not ok.size or swaps > n:
-                    return None
-                j = int(ok[np.argmin(length[ok])])
-                b = int(bin_of[j])
-                bin_of[j] = -1
-                tokens[b] -= length[j]
-                bin_cost[b] -= c[j]
-                count[b] -= 1
-                queue.append(j)
-            else:
-                b = int(np.argmax(np.where(fits, goal_cost - bin_cost, -np.inf)))
-            bin_of[i], tokens[b], bin_cost[b], count[b] = b, tokens[b] + length[i], bin_cost[b] + c[i], count[b] + 1
-    # Every bin holds at least one document: an empty one takes the shortest of the bin with the most.
-    for b in np.flatnonzero(count == 0).tolist():
-        donor = int(np.argmax(count))
-        if count[donor] < 2:
-            return None
-        members = np.flatnonzero(bin_of == donor)
-        i = int(members[np.argmin(length[members])])
-        bin_of[i] = b
-        for arr, value in ((tokens, length[i]), (bin_cost, c[i]), (count, 1)):
-            arr[donor] -= value
-            arr[b] += value
-    if (tokens > capacity).any() or (count > doc_cap).any() or (bin_of < 0).any():
-        return None
-    out = np.empty(n, dtype=np.int64)
-    out[order] = bin_of
-    return out, group_of_bin
+
+def _deal(bins: _Bins, rest: np.ndarray, target: np.ndarray, outlier: np.ndarray,
+          rng: np.random.Generator | None) -> np.ndarray:
+    """Stage 4, first part: deal the short documents in random order against their targets, less a reserve of the
+    shortest (left unplaced for :func:`_settle`). Returns float64 ``[k]``: the outliers' cost of each bin."""
+    c, k = bins.cost, bins.tokens.shape[0]
+    rest_cost = float(c[rest].sum())
+    reserve_cost = min(rest_cost, _RESERVE_FACTOR * k * float(c[rest[0]]))
+    cum_from_end = np.cumsum(c[rest][::-1])
+    num_reserve = int(np.searchsorted(cum_from_end, reserve_cost, side="left")) + 1
+    num_reserve = min(max(num_reserve, min(k, rest.size)), rest.size)
+    mid = rest[:rest.size - num_reserve]
+    if mid.size:
+        mid_cost = float(c[mid].sum())
+        goal = target * (mid_cost / max(float(target.sum()), 1e-300))
+        # without shuffle a fixed generator deals (the same every epoch): sorted runs would make uneven bins
+        deal = rng if rng is not None else np.random.default_rng(_UNSHUFFLED_SEED)
+        bins_order = deal.permutation(k)
+        dealt = deal.permutation(mid)
+        edges = np.cumsum(goal[bins_order])
+        middle = np.cumsum(c[dealt]) - 0.5 * c[dealt]
+        where = np.minimum(np.searchsorted(edges, middle, side="right"), k - 1)
+        bins.bin_of[dealt] = bins_order[where]
+        bins.tokens += np.bincount(bins.bin_of[dealt], weights=bins.length[dealt], minlength=k).astype(np.int64)
+        bins.bin_cost += np.bincount(bins.bin_of[dealt], weights=c[dealt], minlength=k)
+        bins.count += np.bincount(bins.bin_of[dealt], minlength=k)
+    return _placed_outlier_cost(bins.bin_of, c, outlier, k)
+
+
+def _settle(bins: _Bins, rest: np.ndarray, goal_cost: np.ndarray, capacity: int, doc_cap: int) -> bool:
+    """Stage 4, second part: place the reserve (:func:`_finish`), take the shortest documents out of over-full bins
+    (:func:`_evict`), place those in rounds (:func:`_place_rounds`), and the rest one at a time on the bin furthest
+    below its goal with room, or in exchange for a shorter placed document whose bin then has room.
+
+    Returns False when a document finds neither.
+    """
+    length, c, bin_of, tokens, bin_cost, count = (bins.length, bins.cost, bins.bin_of, bins.tokens, bins.bin_cost,
+                                                  bins.count)
+    reserve = rest[bin_of[rest] < 0]
+    leftovers = _finish(reserve, length, c, bin_of, tokens, bin_cost, count, goal_cost, capacity, doc_cap)
+    # Over-full bins (tokens or documents) give back their shortest documents.
+    leftovers = np.concatenate([leftovers, _evict(length, c, bin_of, tokens, bin_cost, count, capacity, doc_cap)])
+    queue = _place_rounds(leftovers[np.argsort(-length[leftovers], kind="stable")], length, c, bin_of, tokens,
+                          bin_cost, count, goal_cost, capacity, doc_cap).tolist()
+    swaps, n = 0, length.shape[0]
+    while queue:
+        i = queue.pop(0)
+        fits = (tokens + length[i] <= capacity) & (count < doc_cap)
+        if not fits.any():  # swap with a shorter placed document whose bin then has room; place that one
+            placed = np.flatnonzero(bin_of >= 0)
+            ok = placed[(length[placed] < length[i])
+                        & (tokens[bin_of[placed]] - length[placed] + length[i] <= capacity)]
+            swaps += 1
+            if not ok.size or swaps > n:
+                return False
+            j = int(ok[np.argmin(length[ok])])
+            b = int(bin_of[j])
+            bins.take_out(j)
+            queue.append(j)
+        else:
+            b = int(np.argmax(np.where(fits, goal_cost - bin_cost, -np.inf)))
+        bins.move(i, b)
+    return True
+
+
+def _fill_empty_bins(bins: _Bins) -> bool:
+    """Every bin holds at least one document: an empty one takes the shortest of the bin with the most.
+
+    Returns False when no bin has two documents to give.
+    """
+    for b in np.flatnonzero(bins.count == 0).tolist():
+        donor = int(np.argmax(bins.count))
+        if bins.count[donor] < 2:
+            return False
+        members = np.flatnonzero(bins.bin_of == donor)
+        bins.move(int(members[np.argmin(bins.length[members])]), b)
+    return True
 
 
 def _place_rounds(docs: np.ndarray, length: np.ndarray, c: np.ndarray, bin_of: np.ndarray, tokens: np.ndarray,
@@ -410,8 +494,8 @@ def _evict(length: np.ndarray, c: np.ndarray, bin_of: np.ndarray, tokens: np.nda
 
 
 def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int,
-                epoch: int, cost_model: CostModel, speeds: np.ndarray, min_steps: int = 0) -> EpochPlan:
-    """Plan one packed epoch for all ranks (called by :func:`~lit_balance.plan_epoch` when ``settings.packing``).
+                epoch: int, cost_model: CostModelProtocol, speeds: np.ndarray, min_steps: int = 0) -> EpochPlan:
+    """Plan one packed epoch for all ranks (:func:`~lit_balance.plan_epoch` calls it when ``settings.packing``).
 
     Args:
         lengths: int64 ``[num_samples]``: tokens per document (already truncated where that applies).
@@ -441,7 +525,7 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
     rng = np.random.default_rng(np.random.SeedSequence([int(settings.seed), int(epoch)])) if shuffle else None
     finish_rng = np.random.default_rng(np.random.SeedSequence([int(settings.seed), int(epoch), 1])) if shuffle else None
     accumulate = settings.accumulate_grad_batches
-    capacity = packed_capacity(settings)
+    capacity = settings.truncate_to
     doc_cap = settings.max_batch_size or max(int(candidates.shape[0]), 1)
     n = candidates.shape[0]
     doc_len = lengths[candidates]
@@ -477,7 +561,8 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
             continue
         plan = _layout(candidates, lengths, *packed, num_replicas, accumulate, speeds, settings, cost_model,
                        finish_rng)
-        waste = _waste(plan, lengths, cost_model, speeds)
+        waste = hold_time(cost_model.packed_cost(lengths[plan.rows], plan.batch_offsets), plan.assignment,
+                          plan.accumulate_grad_batches, speeds)
         if best is None or waste < best[0]:
             best = (waste, plan)
     return best[1]
@@ -506,44 +591,34 @@ def _split_bins(bin_of: np.ndarray, k: int, target: int) -> np.ndarray:
 
 def _layout(candidates: np.ndarray, lengths: np.ndarray, bin_of: np.ndarray, group_of_bin: np.ndarray,
             num_replicas: int, accumulate: int, speeds: np.ndarray, settings: BatchingSettings,
-            cost_model: CostModel, rng: np.random.Generator | None) -> EpochPlan:
+            cost_model: CostModelProtocol, rng: np.random.Generator | None) -> EpochPlan:
     """Rows grouped by bin, and bins to micro-steps and ranks: each group is one optimizer step."""
     k = group_of_bin.shape[0]
     rows = candidates[np.argsort(bin_of.astype(np.uint16) if k < 2**16 else bin_of, kind="stable")]  # radix sort
     offsets = np.concatenate([[0], np.cumsum(np.bincount(bin_of, minlength=k))]).astype(np.int64)
     cost = cost_model.packed_cost(lengths[rows], offsets)
     uniform = bool(np.all(speeds == speeds[0]))
-    groups = []
     num_groups = int(group_of_bin.max()) + 1 if k else 0
     if accumulate == 1:  # one micro-batch per rank and step: the most costly on the fastest rank, vectorised
         steps = np.lexsort((-cost, group_of_bin)).reshape(num_groups, num_replicas)
-        slots = np.empty_like(steps)
-        slots[:, np.argsort(-speeds, kind="stable")] = steps
-        if rng is not None and uniform:
-            slots = rng.permuted(slots, axis=1)
-        groups = list(slots[:, None, :])
+        assignment = fastest_rank_first(steps, speeds, rng, uniform)
     else:
         members_by_group = np.argsort(group_of_bin, kind="stable")
         bounds = np.searchsorted(group_of_bin[members_by_group], np.arange(num_groups + 1))
-        for g in range(num_groups):
-            members = members_by_group[bounds[g]:bounds[g + 1]]
-            slots = members[_lpt(cost[members], speeds, members.shape[0] // num_replicas)]
-            if rng is not None and uniform:
-                slots = slots[:, rng.permutation(num_replicas)]
-            groups.append(slots)
-    if rng is not None and groups:  # a shorter last group stays last, so accumulation windows stay aligned
-        full = len(groups) - (1 if (k // num_replicas) % accumulate else 0)
-        groups = [groups[g] for g in rng.permutation(full)] + groups[full:]
-    assignment = np.concatenate(groups, axis=0) if groups else np.empty((0, num_replicas), dtype=np.int64)
+        groups = lpt_steps((members_by_group[bounds[g]:bounds[g + 1]] for g in range(num_groups)), cost, speeds,
+                           num_replicas, rng, uniform)
+        assignment = np.concatenate(groups, axis=0) if groups else np.empty((0, num_replicas), dtype=np.int64)
+    if rng is not None:  # a shorter last step stays last, so accumulation windows stay aligned
+        assignment = shuffle_steps(assignment, accumulate, rng)
     if settings.largest_first and assignment.shape[0]:
-        assignment = _longest_first(assignment, offsets, lengths[rows], accumulate)
+        assignment = longest_first(assignment, offsets, lengths[rows], accumulate)
     return EpochPlan(rows=rows.astype(np.int64), is_fill=np.zeros(rows.shape[0], dtype=bool), batch_offsets=offsets,
                      assignment=np.ascontiguousarray(assignment, dtype=np.int64),
                      dropped=np.empty(0, dtype=np.int64), accumulate_grad_batches=int(accumulate))
 
 
 def _one_each(candidates: np.ndarray, lengths: np.ndarray, k: int, num_replicas: int, accumulate: int,
-              speeds: np.ndarray, settings: BatchingSettings, cost_model: CostModel,
+              speeds: np.ndarray, settings: BatchingSettings, cost_model: CostModelProtocol,
               rng: np.random.Generator | None) -> EpochPlan:
     """Too few documents for ``k`` micro-batches of several: one each, then fill rows or (drop_last) drops."""
     n = candidates.shape[0]
@@ -551,7 +626,7 @@ def _one_each(candidates: np.ndarray, lengths: np.ndarray, k: int, num_replicas:
     dropped = np.empty(0, dtype=np.int64)
     fill = 0
     if n < k:
-        order, dropped, fill = _one_row_each(order, k, num_replicas, settings.drop_last, rng)
+        order, dropped, fill = one_row_each(order, k, num_replicas, settings.drop_last, rng)
     m = order.shape[0]
     bin_of = np.arange(m, dtype=np.int64)
     cost = cost_model.packed_cost(lengths[order], np.arange(m + 1))
@@ -566,13 +641,55 @@ def _one_each(candidates: np.ndarray, lengths: np.ndarray, k: int, num_replicas:
                      dropped=dropped, accumulate_grad_batches=plan.accumulate_grad_batches)
 
 
-def _waste(plan: EpochPlan, lengths: np.ndarray, cost_model: CostModel, speeds: np.ndarray) -> float:
-    """Sum over optimizer steps of the slowest rank's time x total speed (packed cost): the time ranks are held."""
-    if not plan.num_batches:
-        return 0.0
-    cost = cost_model.packed_cost(lengths[plan.rows], plan.batch_offsets)
-    a = plan.assignment
-    group = np.arange(a.shape[0]) // plan.accumulate_grad_batches
-    per_rank = np.zeros((int(group[-1]) + 1, a.shape[1]))
-    np.add.at(per_rank, group, cost[a] / speeds)
-    return float(per_rank.max(axis=1).sum() * speeds.sum())
+def batch_costs(lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray, pad_to_multiple_of: int,
+                cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray]:
+    """Each packed micro-batch's cost and token slots (empty micro-batches: 0).
+
+    Args:
+        lengths: int64 ``[num_samples]``: tokens per document as planned.
+        rows: int64 ``[num_rows]``: document indices of all micro-batches, concatenated (fill documents included:
+            they run).
+        offsets: int64 ``[num_batches + 1]``: micro-batch ``b`` is ``rows[offsets[b]:offsets[b + 1]]``.
+        pad_to_multiple_of: the packed row is padded at its tail to a multiple of this (tokens).
+        cost_model: the cost of a micro-batch (:meth:`~lit_balance.CostModel.packed_cost`).
+
+    Returns:
+        ``(cost, slots)``: float64 and int64 ``[num_batches]``; ``slots`` = the row's real tokens rounded up to
+        ``pad_to_multiple_of``.
+    """
+    sizes = np.diff(offsets)
+    cumulative = np.concatenate([[0], np.cumsum(lengths[rows], dtype=np.int64)])
+    slots = padded_lengths(cumulative[offsets[1:]] - cumulative[offsets[:-1]], pad_to_multiple_of)
+    cost = (np.where(sizes > 0, cost_model.packed_cost(lengths[rows], offsets), 0.0) if sizes.shape[0]
+            else np.zeros(0))
+    return np.asarray(cost, dtype=np.float64).reshape(-1), slots
+
+
+def count_steps(lengths: np.ndarray, mask: np.ndarray | None, settings: BatchingSettings, num_replicas: int,
+                min_steps: int, cost_model: CostModelProtocol) -> tuple[int, int, None]:
+    """``(micro-steps, min_steps to plan with, None)`` of a window's packed plan with equal rank speeds.
+
+    The count is fixed by the lengths and settings (stage 1 of the module docstring), whatever the epoch, so it is
+    learnt by planning (:func:`~lit_balance.plan.assign.steps_by_planning`). ``lengths`` are the window's (int
+    ``[n]``), ``mask`` its eligible documents (or None).
+    """
+    return steps_by_planning(plan_packed, lengths, mask, settings, num_replicas, min_steps, cost_model)
+
+
+class PackedPlanner:
+    """The packed planner (``packing=True``): :func:`plan_packed`, :func:`count_steps`, :func:`batch_costs` (see
+    :class:`~lit_balance.plan.epoch.Planner`)."""
+
+    name = "packed"
+    cost_unit = "tokens"  # what the default cost model counts under this planner
+
+    @staticmethod
+    def plan(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int, epoch: int,
+             cost_model: CostModelProtocol, speeds: np.ndarray, min_steps: int = 0,
+             num_batches: int | None = None) -> EpochPlan:
+        """:func:`plan_packed` (``num_batches`` is not used: the packed count is its own)."""
+        return plan_packed(lengths, candidates, settings, num_replicas=num_replicas, epoch=epoch,
+                           cost_model=cost_model, speeds=speeds, min_steps=min_steps)
+
+    count_steps = staticmethod(count_steps)
+    batch_costs = staticmethod(batch_costs)

@@ -1,7 +1,8 @@
-"""Pure epoch planning: lengths -> equal-cost micro-batches within the budget -> optimizer steps x ranks.
+"""The padded planner: lengths -> equal-cost micro-batches of rows padded to their longest -> steps x ranks.
 
-Everything here is a pure function of its arguments. Every rank computes the same plan locally, with
-no communication, and keeps its own column of it.
+Every micro-batch's rows are padded to its longest row, and ``max_tokens`` bounds its padded token slots (rows x
+longest padded row). Everything here is a pure function of its arguments: every rank computes the same plan locally,
+with no communication, and keeps its own column of it.
 
 Worked example (``max_tokens=100``, ``num_replicas=2``, ``shuffle=False``, padded-token cost)::
 
@@ -10,9 +11,6 @@ Worked example (``max_tokens=100``, ``num_replicas=2``, ``shuffle=False``, padde
     # 6 micro-batches, already a multiple of 2; the cost cap that still gives 6 is 100 padded slots.
     # costs: 95 95 95 95 95 100; most costly first, two per optimizer step (one per rank):
     #   step 0: [5 6 7 8 9] [0]   step 1: [1] [2]   step 2: [3] [4]
-
-With ``BatchingSettings(packing=True)``, :func:`plan_epoch` hands over to :func:`lit_balance.plan.packed.plan_packed`
-(micro-batches of whole documents concatenated into one row); what follows is the padded plan.
 
 The plan is made in four stages:
 
@@ -49,322 +47,42 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from lit_balance._checks import check_int, check_lengths, check_speeds
-from lit_balance.errors import InputTypeError, InputValueError
-from lit_balance.plan.cost import CostModel, check_cost_model
+from lit_balance.plan.assign import fastest_rank_first, hold_time, longest_first, lpt_steps, one_row_each, shuffle_steps
+from lit_balance.plan.cost import CostModel, CostModelProtocol
 from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan.types import EpochPlan, padded_lengths
 
-__all__ = ["EpochPlan", "MicroBatch", "padded_lengths", "plan_epoch"]
-
-
-class MicroBatch(list):
-    """A micro-batch: a ``list[int]`` of dataset indices that also carries its fill-row mask.
-
-    Attributes:
-        is_fill: ``tuple[bool, ...]`` of the same length; True marks a fill row, a duplicate that exists
-            only to give every rank the same number of micro-batches. Its labels must be ignored.
-        step_real_tokens: real tokens (fill rows excluded) of all micro-batches of this micro-batch's
-            optimizer step, over all ranks (global, as planned), or None when not known.
-        step_rows: rows (fill rows excluded) of those micro-batches, global, or None; with ``packing`` a row is a
-            document. A causal language model without masked labels supervises ``step_real_tokens - step_rows``
-            tokens in that optimizer step (each document's first token has no label, packed or not).
-        step_supervised_tokens: the next-token targets of those micro-batches (global, counted from the
-            sampler's ``supervised_lengths``), or None when not known.
-
-    It compares equal to the plain list of its indices and survives pickling into DataLoader workers.
-
-    Example:
-        >>> mb = MicroBatch([4, 7], is_fill=[False, True], step_real_tokens=30, step_rows=3)
-        >>> mb == [4, 7], mb.is_fill
-        (True, (False, True))
-    """
-
-    def __init__(self, indices: Sequence[int] = (), is_fill: Sequence[bool] | None = None,
-                 step_real_tokens: int | None = None, step_rows: int | None = None,
-                 step_supervised_tokens: int | None = None) -> None:
-        if isinstance(indices, np.ndarray) and indices.dtype.kind in "iu":  # plain ints without a Python loop
-            super().__init__(indices.tolist())
-        else:
-            super().__init__(int(i) for i in indices)
-        if isinstance(is_fill, np.ndarray) and is_fill.dtype == np.bool_:
-            self.is_fill = tuple(is_fill.tolist())
-        else:
-            self.is_fill = tuple(bool(f) for f in is_fill) if is_fill is not None else (False,) * len(self)
-        if len(self.is_fill) != len(self):
-            raise InputValueError(f"is_fill mask has {len(self.is_fill)} entries but the micro-batch has {len(self)} "
-                             "indices")
-        self.step_real_tokens = None if step_real_tokens is None else int(step_real_tokens)
-        self.step_rows = None if step_rows is None else int(step_rows)
-        self.step_supervised_tokens = None if step_supervised_tokens is None else int(step_supervised_tokens)
+__all__ = ["PaddedPlanner", "batch_costs", "count_steps", "plan_padded"]
 
 
-@dataclass(frozen=True)
-class EpochPlan:
-    """The global plan of one epoch: which rows form each micro-batch and where each one runs.
 
-    Attributes:
-        rows: int64 ``[num_rows]``, sample indices of all micro-batches, concatenated.
-        is_fill: bool ``[num_rows]``, True for a fill row (a duplicate added only so that every rank
-            gets the same number of micro-batches; its labels must be ignored by the loss).
-        batch_offsets: int64 ``[num_batches + 1]``; micro-batch ``b`` is
-            ``rows[batch_offsets[b]:batch_offsets[b + 1]]``.
-        assignment: int64 ``[num_micro_steps, num_replicas]``; ``assignment[s, r]`` is the micro-batch that
-            rank ``r`` runs at micro-step ``s``. Optimizer step ``g`` is micro-steps
-            ``[g * accumulate_grad_batches, (g + 1) * accumulate_grad_batches)``.
-        dropped: int64, sample indices left out this epoch by ``drop_last=True`` (global).
-        accumulate_grad_batches: micro-batches per rank per optimizer step the plan was balanced for.
-    """
-
-    rows: np.ndarray
-    is_fill: np.ndarray
-    batch_offsets: np.ndarray
-    assignment: np.ndarray
-    dropped: np.ndarray
-    accumulate_grad_batches: int = 1
-
-    @property
-    def num_micro_steps(self) -> int:
-        """Micro-steps in this epoch: micro-batches per rank (the same on every rank)."""
-        return int(self.assignment.shape[0])
-
-    @property
-    def num_batches(self) -> int:
-        """Micro-batches over all ranks in this epoch."""
-        return int(self.batch_offsets.shape[0] - 1)
-
-    def batch(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """Return ``(indices, is_fill)`` of micro-batch ``b``."""
-        lo, hi = self.batch_offsets[b], self.batch_offsets[b + 1]
-        return self.rows[lo:hi], self.is_fill[lo:hi]
-
-    def batch_widths(self, padded: np.ndarray) -> np.ndarray:
-        """int64 ``[num_batches]``: each micro-batch's longest padded row, given padded lengths of all samples."""
-        if not self.num_batches:
-            return np.zeros(0, dtype=np.int64)
-        return np.maximum.reduceat(padded[self.rows], self.batch_offsets[:-1])
-
-    def _sum_per_batch(self, row_values: np.ndarray) -> np.ndarray:
-        """int64 ``[num_batches]``: ``row_values`` (one per row, int64) summed per micro-batch, exactly."""
-        cumulative = np.concatenate([[0], np.cumsum(row_values, dtype=np.int64)])
-        return cumulative[self.batch_offsets[1:]] - cumulative[self.batch_offsets[:-1]]
-
-    def real_tokens_per_batch(self, lengths: np.ndarray) -> np.ndarray:
-        """int64 ``[num_batches]``: real tokens of each micro-batch (fill rows excluded).
-
-        Args:
-            lengths: int ``[num_samples]``, tokens per sample as planned (e.g. ``sampler.lengths``).
-        """
-        lengths = np.asarray(lengths, dtype=np.int64)
-        return self._sum_per_batch(np.where(self.is_fill, 0, lengths[self.rows]))
-
-    def real_rows_per_batch(self) -> np.ndarray:
-        """int64 ``[num_batches]``: rows of each micro-batch that are not fill rows."""
-        return self._sum_per_batch((~self.is_fill).astype(np.int64))
-
-
-def padded_lengths(lengths: np.ndarray, pad_to_multiple_of: int) -> np.ndarray:
-    """Round each length up to a multiple of ``pad_to_multiple_of`` (tokens, int64)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    return -(-lengths // pad_to_multiple_of) * pad_to_multiple_of
-
-
-def _cut_points(take: np.ndarray, run_ends: np.ndarray) -> np.ndarray:
-    """End offsets of greedy contiguous micro-batches: one starting in run ``r`` has ``take[r]`` rows.
-
-    ``run_ends`` are the end offsets of runs of rows with equal caps; ``take`` holds one value per run.
-    Runs are cut in one vectorised step each, so the Python loop runs about twice per run, not once per
-    micro-batch.
-    """
-    n = int(run_ends[-1]) if run_ends.size else 0
-    ends: list[np.ndarray] = []
-    i = r = 0
-    while i < n:
-        while run_ends[r] <= i:
-            r += 1
-        step, run_end = int(take[r]), int(run_ends[r])
-        full = (run_end - i) // step  # micro-batches that lie wholly inside this run
-        if full:
-            ends.append(np.arange(i + step, i + full * step + 1, step))
-            i += full * step
-        if i < run_end:  # one micro-batch that starts here and runs into the shorter rows after
-            i = min(i + step, n)
-            ends.append(np.array([i]))
-    return np.concatenate(ends) if ends else np.empty(0, dtype=np.int64)
-
-
-def _count_batches(take: list[int], run_ends: list[int], limit: int) -> int:
-    """Number of micro-batches :func:`_cut_points` would make (plain lists), stopping early past ``limit``."""
-    n = run_ends[-1] if run_ends else 0
-    count = i = r = 0
-    while i < n:
-        while run_ends[r] <= i:
-            r += 1
-        step, run_end = take[r], run_ends[r]
-        full = (run_end - i) // step
-        count += full
-        i += full * step
-        if i < run_end:
-            i = min(i + step, n)
-            count += 1
-        if count > limit:
-            return count
-    return count
-
-
-def _split_to(starts: np.ndarray, ends: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray]:
-    """Split the micro-batches with the most rows in half until there are ``target`` (or all are single).
-
-    Only the ``target - len(starts)`` largest micro-batches can take part (each split takes the largest,
-    ties to the earliest), so only they enter the heap.
-    """
-    need = target - starts.shape[0]
-    if need <= 0:
-        return starts, ends
-    sizes = ends - starts
-    top = np.argsort(-sizes, kind="stable")[:need]
-    heap = [(-int(sizes[k]), int(starts[k]), int(ends[k])) for k in top]
-    heapq.heapify(heap)
-    while need and heap and -heap[0][0] >= 2:
-        size, lo, hi = heapq.heappop(heap)
-        mid = lo + (-size + 1) // 2
-        heapq.heappush(heap, (lo - mid, lo, mid))
-        heapq.heappush(heap, (mid - hi, mid, hi))
-        need -= 1
-    keep = np.ones(starts.shape[0], dtype=bool)
-    keep[top] = False
-    new_starts = np.concatenate([starts[keep], np.array([h[1] for h in heap], dtype=np.int64)])
-    new_ends = np.concatenate([ends[keep], np.array([h[2] for h in heap], dtype=np.int64)])
-    order = np.argsort(new_starts, kind="stable")
-    return new_starts[order], new_ends[order]
-
-
-def _order(padded: np.ndarray, candidates: np.ndarray, max_tokens: int, window: float,
-           rng: np.random.Generator | None) -> np.ndarray:
-    """Candidates longest first; with ``rng``, random ties and sort positions moved by up to ``window`` batches."""
-    if rng is None:
-        return candidates[np.argsort(-padded[candidates], kind="stable")]
-    perm = rng.permutation(candidates)
-    order = perm[np.argsort(-padded[perm], kind="stable")]
-    if window > 0 and order.size:
-        position = (np.cumsum(padded[order]) - padded[order]) / max_tokens  # in full micro-batches
-        order = order[np.argsort(position + rng.uniform(0.0, window, order.size), kind="stable")]
-    return order
-
-
-def _lpt(costs: np.ndarray, speeds: np.ndarray, per_rank: int) -> np.ndarray:
-    """Assign ``costs`` (descending) to ranks, ``per_rank`` each: each goes where it would finish first.
-
-    Returns int64 ``[per_rank, num_ranks]`` of indices into ``costs``. Graham's LPT rule with a cardinality
-    limit; with unequal ``speeds`` (relative throughput), finishing time is ``load / speed``.
-    """
-    num_ranks = speeds.shape[0]
-    if per_rank == 1:  # one each: the most costly on the fastest rank
-        out = np.empty(num_ranks, dtype=np.int64)
-        out[np.argsort(-speeds, kind="stable")] = np.argsort(-costs, kind="stable")
-        return out[None, :]
-    load = np.zeros(num_ranks)
-    count = np.zeros(num_ranks, dtype=np.int64)
-    slots = np.empty((per_rank, num_ranks), dtype=np.int64)
-    for k in np.argsort(-costs, kind="stable"):
-        finish = np.where(count < per_rank, (load + costs[k]) / speeds, np.inf)
-        r = int(np.argmin(finish))
-        slots[count[r], r] = k
-        load[r] += costs[k]
-        count[r] += 1
-    return slots
-
-
-def plan_epoch(
-    lengths: np.ndarray,
-    settings: BatchingSettings,
-    *,
-    num_replicas: int,
-    epoch: int,
-    eligible: np.ndarray | None = None,
-    cost_model: CostModel | None = None,
-    rank_speeds: np.ndarray | None = None,
-    min_steps: int = 0,
-    num_batches: int | None = None,
-) -> EpochPlan:
-    """Plan one epoch for all ranks (pure: the same inputs give the same plan on every rank).
+def plan_padded(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int,
+                epoch: int, cost_model: CostModelProtocol, speeds: np.ndarray, min_steps: int = 0,
+                num_batches: int | None = None) -> EpochPlan:
+    """Plan one padded epoch for all ranks (:func:`~lit_balance.plan.plan_epoch` calls it, arguments checked).
 
     Args:
-        lengths: int ``[num_samples]``, tokens per sample, already truncated where that applies; every
-            eligible sample must satisfy ``padded(length) <= settings.max_tokens``.
-        settings: the :class:`~lit_balance.BatchingSettings` (budget per rank, shuffle and its window, seed,
-            drop_last, padding multiple, row cap, accumulation, largest_first, packing: with ``packing`` the plan
-            is made by :func:`lit_balance.plan.packed.plan_packed` and each micro-batch is one row of whole documents). ``too_long`` is not read here:
-            the caller has already truncated the lengths or excluded samples through ``eligible``.
-        num_replicas: number of ranks; the plan has ``num_micro_steps x num_replicas`` micro-batches.
-        epoch: epoch number; with ``settings.shuffle`` it changes batch composition, rank assignment and step
-            order (randomness comes from a local generator seeded by ``(settings.seed, epoch)``).
-        eligible: bool ``[num_samples]`` mask of samples to plan (others are skipped), or None for all.
-        cost_model: cost of a micro-batch (default: padded token slots).
-        rank_speeds: float ``[num_replicas]`` relative throughput of each rank (None: all equal); a rank
-            with half the speed gets about half the cost per optimizer step. Speeds below
-            :data:`~lit_balance._checks.MIN_RANK_SPEED_RATIO` (a millionth) of the fastest are planned at that
-            ratio, where such a rank already gets the least share, one row per micro-batch.
-        min_steps: plan at least this many micro-steps (smaller micro-batches) where the samples allow, without
-            fill rows; used to re-plan the rest of an epoch on a new number of ranks.
-        num_batches: the epoch's micro-batch count over all ranks before ``min_steps``, as this function computes
-            it from the lengths, eligible samples, settings and ``num_replicas`` (never from the epoch or cost
-            model), or None to compute it here. A caller that plans the same samples every epoch may pass the
-            count it computed once (windowed plans, :mod:`lit_balance.plan.windows`, do); another value gives another
-            plan.
+        lengths: int64 ``[num_samples]``: tokens per sample (already truncated where that applies).
+        candidates: int64 indices of the samples to plan, each within the budget once padded.
+        settings: the batching settings.
+        num_replicas: number of ranks.
+        epoch: the epoch; with ``settings.shuffle`` the generators are seeded by ``(settings.seed, epoch)``.
+        cost_model: the cost of a micro-batch (:meth:`~lit_balance.CostModel.batch_cost`).
+        speeds: float64 ``[num_replicas]`` relative rank speeds.
+        min_steps: at least this many micro-steps where the samples allow (the rest of an epoch on new ranks).
+        num_batches: the epoch's micro-batch count before ``min_steps`` (:func:`count_steps` gives it), or None to
+            count here.
 
     Returns:
-        The :class:`EpochPlan` of the epoch.
-
-    Raises:
-        TypeError: ``settings`` is not a :class:`~lit_balance.BatchingSettings`, ``cost_model`` not a
-            :class:`~lit_balance.CostModel`, or ``rank_speeds`` not numbers.
-        ValueError: ``lengths`` not 1-D positive ints; ``num_replicas < 1``, ``epoch < 0``, ``min_steps < 0`` or
-            ``num_batches < 0``;
-            ``eligible`` not a bool mask of ``num_samples``; an eligible sample whose padded length exceeds
-            ``max_tokens``; ``rank_speeds`` of the wrong length, or not all finite and positive.
-
-    Example:
-        >>> plan = plan_epoch([95] * 5 + [20] * 5, BatchingSettings(max_tokens=100, shuffle=False), num_replicas=2,
-        ...                   epoch=0)
-        >>> plan.num_micro_steps, plan.assignment.tolist()
-        (3, [[5, 0], [1, 2], [3, 4]])
+        The :class:`~lit_balance.plan.types.EpochPlan`.
     """
-    if not isinstance(settings, BatchingSettings):
-        raise InputTypeError(f"settings must be a lit_balance.BatchingSettings, got {type(settings).__name__}")
-    cost_model = check_cost_model(cost_model)
-    num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
-    epoch = check_int("epoch", epoch, 0, "epochs count from 0")
-    min_steps = check_int("min_steps", min_steps, 0, "0 plans as many micro-steps as the samples need")
-    if num_batches is not None:
-        num_batches = check_int("num_batches", num_batches, 0, "pass None to count the micro-batches here")
-    lengths = check_lengths(lengths)
     padded = padded_lengths(lengths, settings.pad_to_multiple_of)
-    candidates = np.arange(lengths.shape[0], dtype=np.int64)
-    if eligible is not None:
-        mask = np.asarray(eligible)
-        if mask.dtype != np.bool_ or mask.shape != lengths.shape:
-            raise InputValueError(f"eligible must be a bool mask of shape {lengths.shape} (one flag per sample), got "
-                             f"dtype {mask.dtype} and shape {mask.shape}")
-        candidates = candidates[mask]
     max_tokens = settings.max_tokens
-    over = candidates[padded[candidates] > max_tokens]
-    if over.size:
-        raise InputValueError(f"{over.size} eligible sample(s) exceed max_tokens={max_tokens} padded token slots once padded "
-                         f"to a multiple of {settings.pad_to_multiple_of} (first: index {int(over[0])}, "
-                         f"{int(lengths[over[0]])} tokens); truncate them or leave them out through eligible")
     row_cap = settings.max_batch_size if settings.max_batch_size is not None else max_tokens
-    speeds = check_speeds(rank_speeds, num_replicas)
-    speeds = np.ones(num_replicas) if speeds is None else speeds
-    if settings.packing:
-        from lit_balance.plan.packed import plan_packed
-
-        return plan_packed(lengths, candidates, settings, num_replicas=num_replicas, epoch=epoch, cost_model=cost_model,
-                           speeds=speeds, min_steps=min_steps)
     uniform = bool(np.all(speeds == speeds[0]))
     seed, shuffle = int(settings.seed), settings.shuffle
     rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch)])) if shuffle else None
@@ -385,9 +103,9 @@ def plan_epoch(
     # gives each rank micro-batches sized to its share, which can need more of them (a longer epoch); the greedy
     # cut keeps the epoch's count and spreads equal-cost micro-batches by speed (LPT), which wins when the speeds
     # are close and each extra micro-batch has an overhead.
-    candidates = [("greedy", k, cuts.greedy(k))]
+    cut_candidates = [("greedy", k, cuts.greedy(k))]
     if uniform:
-        candidates.append(("cumulative", k, cuts.cumulative(k, np.resize(weight, k))))
+        cut_candidates.append(("cumulative", k, cuts.cumulative(k, np.resize(weight, k))))
     else:
         found, floor = _cumulative_by_speed(cuts, weight, k, num_replicas), float(weight.min())
         while not found and floor < 1.0:
@@ -395,12 +113,13 @@ def plan_epoch(
             # fraction of the fastest): raise the smallest shares until one does, which still favours the fast ranks.
             floor = min(1.0, floor * 4)
             found = _cumulative_by_speed(cuts, np.maximum(weight, floor), k, num_replicas)
-        candidates += [("cumulative", count, ends) for count, ends in found]
-    for method, target, ends in candidates:
+        cut_candidates += [("cumulative", count, ends) for count, ends in found]
+    for method, target, ends in cut_candidates:
         if ends is None or ends.size > target:  # (the second: float precision lost to an extreme cost model)
             continue
         plan = layout.finish(order, ends, target, by_lpt=uniform or method == "greedy")
-        waste = _waste(plan, padded, cost_model, speeds)
+        waste = hold_time(_batch_costs(padded, plan.rows, plan.batch_offsets, cost_model), plan.assignment,
+                          plan.accumulate_grad_batches, speeds)
         if best is None or waste < best[0]:
             best = (waste, plan)
     if best is None:  # micro-batches filled to the budget, split to the epoch's count: always fits
@@ -513,8 +232,34 @@ def _num_batches(padded: np.ndarray, candidates: np.ndarray, settings: BatchingS
     waste = []
     for k in (target, target + num_replicas):
         plan = layout.finish(order, plain.greedy(k), k, by_lpt=True)
-        waste.append(_waste(plan, padded, cost_model, speeds))
+        waste.append(hold_time(_batch_costs(padded, plan.rows, plan.batch_offsets, cost_model), plan.assignment,
+                               plan.accumulate_grad_batches, speeds))
     return target if waste[0] <= waste[1] else target + num_replicas
+
+
+def count_steps(lengths: np.ndarray, mask: np.ndarray | None, settings: BatchingSettings, num_replicas: int,
+                min_steps: int, cost_model: CostModelProtocol | None = None) -> tuple[int, int, int | None]:
+    """``(micro-steps, min_steps to plan with, micro-batches before min_steps)`` of a window's plan with equal rank
+    speeds, without planning it.
+
+    Mirrors :func:`plan_padded`'s count (the same for every epoch and cost model); the count is rounded up to a
+    multiple of ``accumulate_grad_batches`` where the samples allow, so optimizer steps of consecutive windows stay
+    aligned with the epoch's. ``lengths`` are the window's (int ``[n]``), ``mask`` its eligible samples (or None);
+    the count never depends on ``cost_model``.
+    """
+    padded = padded_lengths(lengths, settings.pad_to_multiple_of)
+    candidates = np.arange(padded.shape[0], dtype=np.int64) if mask is None else np.flatnonzero(mask)
+    n = candidates.shape[0]
+    if not n:
+        return 0, 0, None
+    row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
+    k = count = _num_batches(padded, candidates, settings, num_replicas, row_cap)
+    accumulate = settings.accumulate_grad_batches
+    plan_min = max(int(min_steps), -(-(k // num_replicas) // accumulate) * accumulate)
+    if plan_min * num_replicas > k:
+        k = max(k, min(plan_min, n // num_replicas) * num_replicas)
+    steps = n // num_replicas if settings.drop_last and n < k else k // num_replicas
+    return steps, plan_min, count
 
 
 @dataclass(frozen=True)
@@ -559,7 +304,7 @@ class _Layout:
         num_fill = 0
         dropped = np.empty(0, dtype=np.int64)
         if starts.shape[0] < target:  # every micro-batch is a single row: too few samples
-            rows, dropped, num_fill = _one_row_each(order, target, num_replicas, self.drop_last, rng)
+            rows, dropped, num_fill = one_row_each(order, target, num_replicas, self.drop_last, rng)
             offsets = np.arange(rows.shape[0] + 1, dtype=np.int64)
         is_fill = np.zeros(rows.shape[0], dtype=bool)
         if num_fill:
@@ -571,7 +316,7 @@ class _Layout:
         cost = np.asarray(self.cost_model.batch_cost(np.diff(offsets), widths), dtype=np.float64).reshape(-1)
         assignment = _assign(cost, num_steps, num_replicas, accumulate, self.speeds, by_lpt, self.uniform, rng)
         if self.largest_first and num_steps:
-            assignment = _longest_first(assignment, offsets, padded[rows], accumulate)
+            assignment = longest_first(assignment, offsets, padded[rows], accumulate)
 
         return EpochPlan(
             rows=rows.astype(np.int64),
@@ -583,24 +328,87 @@ class _Layout:
         )
 
 
-def _one_row_each(order: np.ndarray, target: int, num_replicas: int, drop_last: bool,
-                  rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, int]:
-    """Rows when there are fewer samples than ``target`` micro-batches, one row each.
+def _cut_points(take: np.ndarray, run_ends: np.ndarray) -> np.ndarray:
+    """End offsets of greedy contiguous micro-batches: one starting in run ``r`` has ``take[r]`` rows.
 
-    ``order`` holds the samples longest first. With ``drop_last`` a multiple of ``num_replicas`` is kept, the rest
-    dropped at random (``rng``) or, without shuffle, the costliest; otherwise the cheapest samples are repeated as
-    fill rows up to ``target`` (at most ``num_replicas - 1`` of them). Returns ``(rows, dropped, num_fill)``:
-    the rows in order (fill rows last), the dropped sample indices (sorted) and the number of fill rows.
+    ``run_ends`` are the end offsets of runs of rows with equal caps; ``take`` holds one value per run.
+    Runs are cut in one vectorised step each, so the Python loop runs about twice per run, not once per
+    micro-batch.
     """
-    n = order.shape[0]
-    if drop_last:
-        keep = (n // num_replicas) * num_replicas
-        perm = rng.permutation(n) if rng is not None else np.arange(n)[::-1]
-        keep_mask = np.ones(n, dtype=bool)
-        keep_mask[perm[keep:]] = False
-        return order[keep_mask], np.sort(order[~keep_mask]), 0
-    num_fill = target - n
-    return np.concatenate([order, order[::-1][np.arange(num_fill) % n]]), np.empty(0, dtype=np.int64), num_fill
+    n = int(run_ends[-1]) if run_ends.size else 0
+    ends: list[np.ndarray] = []
+    i = r = 0
+    while i < n:
+        while run_ends[r] <= i:
+            r += 1
+        step, run_end = int(take[r]), int(run_ends[r])
+        full = (run_end - i) // step  # micro-batches that lie wholly inside this run
+        if full:
+            ends.append(np.arange(i + step, i + full * step + 1, step))
+            i += full * step
+        if i < run_end:  # one micro-batch that starts here and runs into the shorter rows after
+            i = min(i + step, n)
+            ends.append(np.array([i]))
+    return np.concatenate(ends) if ends else np.empty(0, dtype=np.int64)
+
+
+def _count_batches(take: list[int], run_ends: list[int], limit: int) -> int:
+    """Number of micro-batches :func:`_cut_points` would make (plain lists), stopping early past ``limit``."""
+    n = run_ends[-1] if run_ends else 0
+    count = i = r = 0
+    while i < n:
+        while run_ends[r] <= i:
+            r += 1
+        step, run_end = take[r], run_ends[r]
+        full = (run_end - i) // step
+        count += full
+        i += full * step
+        if i < run_end:
+            i = min(i + step, n)
+            count += 1
+        if count > limit:
+            return count
+    return count
+
+
+def _split_to(starts: np.ndarray, ends: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split the micro-batches with the most rows in half until there are ``target`` (or all are single).
+
+    Only the ``target - len(starts)`` largest micro-batches can take part (each split takes the largest,
+    ties to the earliest), so only they enter the heap.
+    """
+    need = target - starts.shape[0]
+    if need <= 0:
+        return starts, ends
+    sizes = ends - starts
+    top = np.argsort(-sizes, kind="stable")[:need]
+    heap = [(-int(sizes[k]), int(starts[k]), int(ends[k])) for k in top]
+    heapq.heapify(heap)
+    while need and heap and -heap[0][0] >= 2:
+        size, lo, hi = heapq.heappop(heap)
+        mid = lo + (-size + 1) // 2
+        heapq.heappush(heap, (lo - mid, lo, mid))
+        heapq.heappush(heap, (mid - hi, mid, hi))
+        need -= 1
+    keep = np.ones(starts.shape[0], dtype=bool)
+    keep[top] = False
+    new_starts = np.concatenate([starts[keep], np.array([h[1] for h in heap], dtype=np.int64)])
+    new_ends = np.concatenate([ends[keep], np.array([h[2] for h in heap], dtype=np.int64)])
+    order = np.argsort(new_starts, kind="stable")
+    return new_starts[order], new_ends[order]
+
+
+def _order(padded: np.ndarray, candidates: np.ndarray, max_tokens: int, window: float,
+           rng: np.random.Generator | None) -> np.ndarray:
+    """Candidates longest first; with ``rng``, random ties and sort positions moved by up to ``window`` batches."""
+    if rng is None:
+        return candidates[np.argsort(-padded[candidates], kind="stable")]
+    perm = rng.permutation(candidates)
+    order = perm[np.argsort(-padded[perm], kind="stable")]
+    if window > 0 and order.size:
+        position = (np.cumsum(padded[order]) - padded[order]) / max_tokens  # in full micro-batches
+        order = order[np.argsort(position + rng.uniform(0.0, window, order.size), kind="stable")]
+    return order
 
 
 def _cut_greedy(run_cost: np.ndarray, per_batch: float, run_take: np.ndarray, run_ends: np.ndarray,
@@ -629,22 +437,6 @@ def _cut_greedy(run_cost: np.ndarray, per_batch: float, run_take: np.ndarray, ru
         if hi - lo <= 1e-6 * hi:
             break
     return _cut_points(takes(hi), run_ends)
-
-
-def _waste(plan: EpochPlan, padded: np.ndarray, cost_model: CostModel, speeds: np.ndarray) -> float:
-    """Sum over optimizer steps of the slowest rank's time x total speed: the time the ranks are held.
-
-    Candidates plan the same samples, so the smallest value wastes least (padding, overhead and waiting).
-    """
-    if not plan.num_batches:
-        return 0.0
-    widths = plan.batch_widths(padded)
-    cost = np.asarray(cost_model.batch_cost(np.diff(plan.batch_offsets), widths), dtype=np.float64).reshape(-1)
-    a = plan.assignment
-    group = np.arange(a.shape[0]) // plan.accumulate_grad_batches
-    per_rank = np.zeros((int(group[-1]) + 1, a.shape[1]))
-    np.add.at(per_rank, group, cost[a] / speeds)
-    return float(per_rank.max(axis=1).sum() * speeds.sum())
 
 
 def _cut_equal(cum: list[float], take: list[int], weights: np.ndarray) -> np.ndarray:
@@ -695,48 +487,54 @@ def _assign(cost: np.ndarray, num_steps: int, num_replicas: int, accumulate: int
         for r in range(num_replicas):
             mine = np.flatnonzero(cls == r)
             out[:, r] = mine[np.argsort(-cost[mine], kind="stable")]
-        if rng is not None:
-            groups = [out[g:g + accumulate] for g in range(0, num_steps, accumulate)]
-            full = len(groups) - (1 if num_steps % accumulate else 0)
-            out = np.concatenate([groups[g] for g in rng.permutation(full)] + groups[full:], axis=0)
-        return out
-    if accumulate == 1:  # one micro-batch per rank and step: vectorised LPT (most costly on the fastest rank)
-        steps = by_cost.reshape(num_steps, num_replicas)
-        out = np.empty_like(steps)
-        out[:, np.argsort(-speeds, kind="stable")] = steps
-        if rng is not None:
-            if uniform:
-                out = rng.permuted(out, axis=1)
-            out = out[rng.permutation(num_steps)]
-        return out
-    groups = []
-    for lo in range(0, num_steps, accumulate):
-        steps_here = min(accumulate, num_steps - lo)
-        members = by_cost[lo * num_replicas:(lo + steps_here) * num_replicas]
-        slots = members[_lpt(cost[members], speeds, steps_here)]  # [steps_here, R]
-        if rng is not None and uniform:
-            slots = slots[:, rng.permutation(num_replicas)]
-        groups.append(slots)
-    if rng is not None:  # a shorter last group stays last, so accumulation windows stay aligned
-        full = len(groups) - (1 if num_steps % accumulate else 0)
-        groups = [groups[g] for g in rng.permutation(full)] + groups[full:]
-    return np.concatenate(groups, axis=0)
+    elif accumulate == 1:  # one micro-batch per rank and step: vectorised LPT (most costly on the fastest rank)
+        out = fastest_rank_first(by_cost.reshape(num_steps, num_replicas), speeds, rng, uniform)
+    else:  # optimizer steps of the costliest micro-batches in turn, LPT within each
+        per_step = accumulate * num_replicas
+        members = (by_cost[lo:lo + per_step] for lo in range(0, num_steps * num_replicas, per_step))
+        out = np.concatenate(lpt_steps(members, cost, speeds, num_replicas, rng, uniform), axis=0)
+    return out if rng is None else shuffle_steps(out, accumulate, rng)
 
 
-def _longest_first(assignment: np.ndarray, offsets: np.ndarray, row_padded: np.ndarray,
-                   accumulate: int) -> np.ndarray:
-    """Move the optimizer step with the longest row to the front, its micro-batch first on its rank."""
-    widths = np.maximum.reduceat(row_padded, offsets[:-1])
-    longest = int(np.argmax(widths))
-    step, rank = (int(x[0]) for x in np.nonzero(assignment == longest))
-    g0 = (step // accumulate) * accumulate
-    g1 = min(g0 + accumulate, assignment.shape[0])
-    if g1 - g0 < accumulate:  # the shorter last group must stay last: swap the micro-batch into step 0 instead
-        out = assignment.copy()
-        out[[0, step], rank] = out[[step, 0], rank]
-        return out
-    group = assignment[g0:g1].copy()
-    within = step - g0
-    group[[0, within], rank] = group[[within, 0], rank]  # its micro-batch first on its rank
-    rest = np.concatenate([assignment[:g0], assignment[g1:]], axis=0)
-    return np.concatenate([group, rest], axis=0)
+def _batch_costs(padded: np.ndarray, rows: np.ndarray, offsets: np.ndarray,
+                 cost_model: CostModelProtocol) -> np.ndarray:
+    """float64 ``[num_batches]``: each (non-empty) micro-batch's cost, its rows padded to its longest."""
+    if offsets.shape[0] < 2:
+        return np.zeros(0)
+    widths = np.maximum.reduceat(padded[rows], offsets[:-1])
+    return np.asarray(cost_model.batch_cost(np.diff(offsets), widths), dtype=np.float64).reshape(-1)
+
+
+def batch_costs(lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray, pad_to_multiple_of: int,
+                cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray]:
+    """Each micro-batch's cost and padded token slots, its rows padded to its longest (empty micro-batches: 0).
+
+    Args:
+        lengths: int64 ``[num_samples]``: tokens per sample as planned.
+        rows: int64 ``[num_rows]``: sample indices of all micro-batches, concatenated (fill rows included).
+        offsets: int64 ``[num_batches + 1]``: micro-batch ``b`` is ``rows[offsets[b]:offsets[b + 1]]``.
+        pad_to_multiple_of: rows are padded to a multiple of this (tokens).
+        cost_model: the cost of a micro-batch.
+
+    Returns:
+        ``(cost, slots)``: float64 and int64 ``[num_batches]``; ``slots`` = rows x longest padded row.
+    """
+    padded = padded_lengths(lengths, pad_to_multiple_of)
+    sizes = np.diff(offsets)
+    filled = sizes > 0
+    width = np.zeros(sizes.shape[0], dtype=np.int64)
+    if filled.any():  # segments of the non-empty batches are contiguous: empty ones hold no rows
+        width[filled] = np.maximum.reduceat(padded[rows], offsets[:-1][filled])
+    cost = np.where(filled, cost_model.batch_cost(sizes, width), 0.0) if sizes.shape[0] else np.zeros(0)
+    return np.asarray(cost, dtype=np.float64).reshape(-1), sizes * width
+
+
+class PaddedPlanner:
+    """The padded planner (the default, ``packing=False``): :func:`plan_padded`, :func:`count_steps`,
+    :func:`batch_costs` (see :class:`~lit_balance.plan.epoch.Planner`)."""
+
+    name = "padded"
+    cost_unit = "padded slots"  # what the default cost model counts under this planner
+    plan = staticmethod(plan_padded)
+    count_steps = staticmethod(count_steps)
+    batch_costs = staticmethod(batch_costs)

@@ -7,7 +7,7 @@ useful compute fraction any plan with the same optimizer steps could reach, so a
 against what its costliest documents allow.
 
 Every figure is computed by one code path from the same arrays, whether the micro-batches come from an
-:class:`~lit_balance.plan.padded.EpochPlan` or from any sampler as per-rank lists of micro-batches
+:class:`~lit_balance.EpochPlan` or from any sampler as per-rank lists of micro-batches
 (``rank_batches[rank][micro_step]`` -> sample indices), so lit_balance and its peers are measured alike.
 """
 
@@ -21,7 +21,8 @@ import numpy as np
 from lit_balance._checks import check_int
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.cost import CostModel, CostModelProtocol, check_cost_model  # noqa: F401 (CostModel: examples)
-from lit_balance.plan.padded import EpochPlan, padded_lengths
+from lit_balance.plan.epoch import PLANNERS
+from lit_balance.plan.types import EpochPlan
 
 __all__ = ["PlanStats", "RankBatches", "batch_persistence", "plan_stats", "useful_fraction_bound"]
 
@@ -47,7 +48,7 @@ class _Batches:
         return int(self.batch_offsets.shape[0] - 1)
 
     # One implementation of per-batch sums: the plan's own (it reads only rows, is_fill and batch_offsets).
-    _sum_per_batch = EpochPlan._sum_per_batch
+    sum_per_batch = EpochPlan.sum_per_batch
     real_tokens_per_batch = EpochPlan.real_tokens_per_batch
 
     def row_batch(self) -> np.ndarray:
@@ -199,22 +200,10 @@ def plan_stats(
             f"lengths must be 1-D with an entry for every planned sample (the plan uses index "
             f"{int(p.rows.max()) if p.rows.size else -1}), got shape {lengths.shape}; pass sampler.lengths"
         )
-    padded = padded_lengths(lengths, pad_to_multiple_of)
     offsets = p.batch_offsets
     num_batches = p.num_batches
-    sizes = np.diff(offsets)
-    filled = sizes > 0
-    if packing:
-        row_tokens = p._sum_per_batch(lengths[p.rows])  # fill rows run too
-        slots = padded_lengths(row_tokens, pad_to_multiple_of)
-        batch_cost = (np.where(filled, cost_model.packed_cost(lengths[p.rows], offsets), 0.0) if num_batches
-                      else np.zeros(0))
-    else:
-        width = np.zeros(num_batches, dtype=np.int64)
-        if filled.any():  # segments of the non-empty batches are contiguous: empty ones hold no rows
-            width[filled] = np.maximum.reduceat(padded[p.rows], offsets[:-1][filled])
-        slots = sizes * width
-        batch_cost = np.where(filled, cost_model.batch_cost(sizes, width), 0.0) if num_batches else np.zeros(0)
+    planner = PLANNERS["packed" if packing else "padded"]
+    batch_cost, slots = planner.batch_costs(lengths, p.rows, offsets, pad_to_multiple_of, cost_model)
     real_rows = ~p.is_fill
     batch_real = p.real_tokens_per_batch(lengths)
 

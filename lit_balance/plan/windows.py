@@ -5,7 +5,7 @@ windows of about equal size by a seeded pseudo-random permutation of the sample 
 with cycle-walking, as in Black and Rogaway, "Ciphers with arbitrary finite domains", CT-RSA 2002; no index
 array is stored, so a window's members cost memory proportional to the window). The windows are fixed by
 ``settings.seed`` alone; every epoch runs them in a new order (with ``shuffle``) and plans each one with
-:func:`~lit_balance.plan.padded.plan_epoch`, which varies its batch composition and order by epoch. Each window's
+:func:`~lit_balance.plan_epoch`, which varies its batch composition and order by epoch. Each window's
 plan has every guarantee of a whole-epoch plan (budget, equal counts on every rank, coverage, determinism), and
 its number of micro-steps depends only on the window's lengths and the settings, so the epoch's length
 (their sum) is known before any window is planned and is the same every epoch (with equal rank speeds).
@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lit_balance.plan.cost import CostModel
-from lit_balance.plan.padded import EpochPlan, _num_batches, padded_lengths, plan_epoch
+from lit_balance.plan.cost import CostModelProtocol
+from lit_balance.plan.epoch import plan_epoch, planner_for
 from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan.types import EpochPlan, empty_plan
 
 __all__ = ["PlanWindows", "WindowedPlan"]
 
@@ -121,34 +122,6 @@ class PlanWindows:
         return int(np.random.SeedSequence([int(seed), 0x77, int(window)]).generate_state(1)[0])
 
 
-def _counts_by_planning(settings: BatchingSettings) -> bool:
-    """Whether a window's count comes from planning it: packed plans count by their own rule."""
-    return bool(getattr(settings, "packing", False))
-
-
-def _expected_steps(padded: np.ndarray, mask: np.ndarray | None, settings: BatchingSettings, num_replicas: int,
-                    min_steps: int) -> tuple[int, int, int | None]:
-    """``(micro-steps, min_steps to plan with, micro-batches before min_steps)`` of a window's plan with equal rank
-    speeds, without planning it.
-
-    Mirrors :func:`~lit_balance.plan.padded.plan_epoch`'s count (the same for every epoch and cost model); the
-    count is rounded up to a multiple of ``accumulate_grad_batches`` where the samples allow, so optimizer steps
-    of consecutive windows stay aligned with the epoch's.
-    """
-    candidates = np.arange(padded.shape[0], dtype=np.int64) if mask is None else np.flatnonzero(mask)
-    n = candidates.shape[0]
-    if not n:
-        return 0, 0, None
-    row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
-    k = count = _num_batches(padded, candidates, settings, num_replicas, row_cap)
-    accumulate = settings.accumulate_grad_batches
-    plan_min = max(int(min_steps), -(-(k // num_replicas) // accumulate) * accumulate)
-    if plan_min * num_replicas > k:
-        k = max(k, min(plan_min, n // num_replicas) * num_replicas)
-    steps = n // num_replicas if settings.drop_last and n < k else k // num_replicas
-    return steps, plan_min, count
-
-
 @dataclass
 class _Window:
     """One planned window: its plan in corpus indices and the real tokens / rows of each of its micro-steps."""
@@ -168,7 +141,7 @@ class WindowedPlan:
         lengths: int ``[num_samples]`` tokens per sample (any integer dtype; a memory map is read window by window).
         settings: the batching settings (``plan_window`` below the number of samples).
         windows: the corpus's :class:`PlanWindows`.
-        num_replicas, epoch, cost_model, rank_speeds: as for :func:`~lit_balance.plan.padded.plan_epoch`.
+        num_replicas, epoch, cost_model, rank_speeds: as for :func:`~lit_balance.plan_epoch`.
         eligible: bool ``[num_samples]`` of samples still to plan (a resumed epoch), or None for ``base_eligible``.
         base_eligible: bool ``[num_samples]`` of the samples every epoch plans (``too_long="skip"``), or None.
         min_steps: plan at least this many micro-steps in all, where the samples allow (windows with samples
@@ -178,7 +151,7 @@ class WindowedPlan:
 
     def __init__(self, lengths: np.ndarray, settings: BatchingSettings, windows: PlanWindows, *, num_replicas: int,
                  epoch: int, eligible: np.ndarray | None, base_eligible: np.ndarray | None,
-                 cost_model: CostModel, rank_speeds: np.ndarray | None, min_steps: int = 0,
+                 cost_model: CostModelProtocol, rank_speeds: np.ndarray | None, min_steps: int = 0,
                  count_cache: dict | None = None) -> None:
         self.lengths, self.settings, self.windows = lengths, settings, windows
         self.num_replicas, self.epoch = int(num_replicas), int(epoch)
@@ -231,22 +204,9 @@ class WindowedPlan:
 
     def _count(self, j: int, members: np.ndarray, min_steps: int) -> tuple[int, tuple[int, int | None]]:
         """``(micro-steps, (min_steps, num_batches) to plan with)`` of window ``j``, equal rank speeds, any epoch."""
-        if not _counts_by_planning(self.settings):
-            padded = padded_lengths(self.lengths[members], self.settings.pad_to_multiple_of)
-            steps, plan_min, count = _expected_steps(padded, self._masks[j], self.settings, self.num_replicas,
-                                                     min_steps)
-            return steps, (plan_min, count)
-        # another planner (packed rows): its count is also fixed by the lengths and settings; plan to learn it
-        local = np.asarray(self.lengths[members], dtype=np.int64)
-        accumulate = self.settings.accumulate_grad_batches
-        steps = plan_epoch(local, self.settings, num_replicas=self.num_replicas, epoch=0, eligible=self._masks[j],
-                           cost_model=self.cost_model, min_steps=min_steps).num_micro_steps
-        aligned = -(-steps // accumulate) * accumulate
-        if aligned == steps:
-            return steps, (min_steps, None)
-        steps = plan_epoch(local, self.settings, num_replicas=self.num_replicas, epoch=0, eligible=self._masks[j],
-                           cost_model=self.cost_model, min_steps=aligned).num_micro_steps
-        return steps, (aligned, None)
+        steps, plan_min, count = planner_for(self.settings).count_steps(
+            self.lengths[members], self._masks[j], self.settings, self.num_replicas, min_steps, self.cost_model)
+        return steps, (plan_min, count)
 
     def _has_samples(self, j: int) -> bool:
         mask = self._masks[j]
@@ -268,9 +228,7 @@ class WindowedPlan:
         if held is not None:
             return held
         if not self._has_samples(j):
-            plan = EpochPlan(rows=np.empty(0, np.int64), is_fill=np.empty(0, bool), batch_offsets=np.zeros(1, np.int64),
-                             assignment=np.empty((0, self.num_replicas), np.int64), dropped=np.empty(0, np.int64),
-                             accumulate_grad_batches=self.accumulate_grad_batches)
+            plan = empty_plan(self.num_replicas, self.accumulate_grad_batches)
             held = _Window(plan, np.empty(0, np.int64), np.empty(0, np.int64))
         else:
             local_plan, members, local = self._plan_local(j)
@@ -301,13 +259,6 @@ class WindowedPlan:
         for position in [p for p in self._planned if self.starts[p + 1] <= step]:
             del self._planned[position]
 
-    def batch(self, step: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(indices, is_fill)`` of the micro-batch that ``rank`` runs at micro-step ``step``."""
-        position = self._positions(step, step + 1)[-1]
-        held = self.window(position)
-        local = step - int(self.starts[position])
-        return held.plan.batch(int(held.plan.assignment[local, rank]))
-
     def step_sums(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """int64 ``[hi - lo]`` each: real tokens and rows, summed over the ranks, of micro-steps ``[lo, hi)``."""
         tokens, rows = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
@@ -328,14 +279,14 @@ class WindowedPlan:
         for position in self._positions(0, consumed) if consumed else ():
             held, start = self.window(position), int(self.starts[position])
             upto = min(consumed, int(self.starts[position + 1])) - start
-            _mark_rows(held.plan, upto, seen)
+            held.plan.mark_rows(upto, seen)
             tokens.append(held.step_tokens[:upto])
             rows.append(held.step_rows[:upto])
             self._planned.pop(position, None)
         return np.concatenate(tokens), np.concatenate(rows)
 
     def materialise(self) -> EpochPlan:
-        """The whole epoch as one :class:`~lit_balance.plan.padded.EpochPlan` (plans every window; memory of the epoch)."""
+        """The whole epoch as one :class:`~lit_balance.EpochPlan` (plans every window; memory of the epoch)."""
         rows, fills, offsets, assignments, dropped = [], [], [np.zeros(1, np.int64)], [], []
         num_rows = num_batches = 0
         for position in range(self.order.shape[0]):
@@ -368,15 +319,3 @@ def _longest(lengths: np.ndarray, mask: np.ndarray | None, chunk: int = 1 << 20)
         if part.size and int(part[i]) > best:
             best, at = int(part[i]), start + i
     return at
-
-
-def _mark_rows(plan: EpochPlan, upto: int, seen: np.ndarray) -> None:
-    """Set ``seen`` at the real rows (fill rows excluded) of micro-steps ``[0, upto)`` of ``plan``, all ranks."""
-    batches = plan.assignment[:upto].reshape(-1)
-    if not batches.size:
-        return
-    lo, hi = plan.batch_offsets[batches], plan.batch_offsets[batches + 1]
-    sizes = hi - lo
-    # row positions of the chosen micro-batches, without a loop: each run lo..hi-1 laid end to end
-    at = np.repeat(lo - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes) + np.arange(int(sizes.sum()))
-    seen[plan.rows[at[~plan.is_fill[at]]]] = True

@@ -20,7 +20,7 @@ from torch.utils.data import DistributedSampler
 
 from lit_balance.errors import InputValueError
 from lit_balance.plan.cost import CostModel, check_cost_model
-from lit_balance.plan.padded import EpochPlan, padded_lengths
+from lit_balance.plan.types import EpochPlan, padded_lengths
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.stats import PlanStats, plan_stats
 from lit_balance.sampler.sampler import BalancedBatchSampler

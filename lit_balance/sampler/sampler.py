@@ -23,7 +23,8 @@ from lit_balance._checks import (
 from lit_balance._fingerprint import sha256_of_int64
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.cost import CostModel, check_cost_model
-from lit_balance.plan.padded import EpochPlan, MicroBatch, plan_epoch
+from lit_balance.plan.epoch import plan_epoch
+from lit_balance.plan.types import EpochPlan, MicroBatch
 from lit_balance.plan.settings import TOO_LONG_POLICIES, BatchingSettings, delegate_settings
 from lit_balance.plan.windows import PlanWindows, WindowedPlan
 from lit_balance.sampler import state as sampler_state

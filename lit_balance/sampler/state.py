@@ -25,9 +25,9 @@ import numpy as np
 from lit_balance._checks import check_int, check_speeds
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.cost import CostModel
-from lit_balance.plan.padded import EpochPlan
+from lit_balance.plan.types import EpochPlan
 from lit_balance.plan.settings import BatchingSettings
-from lit_balance.plan.windows import WindowedPlan, _mark_rows
+from lit_balance.plan.windows import WindowedPlan
 
 if TYPE_CHECKING:
     from lit_balance.sampler.sampler import BalancedBatchSampler
@@ -258,7 +258,7 @@ def replay_segments(sampler: BalancedBatchSampler, epoch: int,
             step_tokens, step_rows = plan.consume(consumed, seen)
         else:
             step_tokens, step_rows = _micro_step_sums(plan, sampler.lengths)
-            _mark_rows(plan, consumed, seen)
+            plan.mark_rows(consumed, seen)
         tokens.append(step_tokens[:consumed])
         rows.append(step_rows[:consumed])
         supervised.append(step_tokens[:consumed] - step_rows[:consumed] if isinstance(plan, WindowedPlan)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from lit_balance import (BalancedBatchSampler, BatchingSettings, MicroBatchDataset, PadFieldsCollator,
                          balanced_dataloader, item_lengths)
 from lit_balance.data.loader import MicroBatchItems
-from lit_balance.plan.padded import MicroBatch
+from lit_balance.plan import MicroBatch
 
 PAD = 3
 

@@ -9,7 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lit_balance import BalancedBatchSampler, BatchingSettings, CostModel, plan_epoch, plan_report, plan_stats
-from lit_balance.plan.padded import padded_lengths
+from lit_balance.plan import padded_lengths
 from lit_balance.plan.stats import batch_persistence, useful_fraction_bound
 
 LENGTHS = Path(__file__).resolve().parents[2] / "lit_balance" / "data" / "lengths"

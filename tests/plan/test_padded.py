@@ -9,11 +9,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lit_balance.plan.cost import CostModel
-from lit_balance.plan.padded import _count_batches, _cut_points, _lpt, _split_to, plan_epoch
-from lit_balance.sampler.sampler import MAX_TOKENS_LIMIT, BalancedBatchSampler
-from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan import BatchingSettings, CostModel, padded_lengths, plan_epoch
+from lit_balance.plan.assign import hold_time, lpt
+from lit_balance.plan.padded import (
+    _batch_costs,
+    _count_batches,
+    _cumulative_by_speed,
+    _cut_points,
+    _Cuts,
+    _Layout,
+    _order,
+    _split_to,
+)
 from lit_balance.plan.stats import batch_persistence, plan_stats
+from lit_balance.sampler.sampler import MAX_TOKENS_LIMIT, BalancedBatchSampler
 
 LENGTHS = Path(__file__).resolve().parents[2] / "lit_balance" / "data" / "lengths"
 
@@ -84,7 +93,7 @@ def test_lpt_matches_reference_and_fills_every_rank(num_ranks, per_rank, data):
                                           max_size=num_ranks * per_rank)), dtype=np.float64)
     speeds = np.asarray(data.draw(st.lists(st.sampled_from([0.5, 1.0, 2.0]), min_size=num_ranks,
                                            max_size=num_ranks)))
-    slots = _lpt(costs, speeds, per_rank)
+    slots = lpt(costs, speeds, per_rank)
     assert sorted(slots.reshape(-1).tolist()) == list(range(len(costs)))
     if per_rank > 1:
         assert slots.tolist() == _lpt_reference(costs.tolist(), speeds.tolist(), per_rank)
@@ -253,3 +262,34 @@ def test_plan_epoch_checks_its_inputs(lengths, kwargs, error, pattern):
     args = {"num_replicas": 2, "epoch": 0, **kwargs}
     with pytest.raises(error, match=pattern):
         plan_epoch(lengths, BatchingSettings(max_tokens=64), **args)
+
+
+def _hold_time(plan, padded, cost, speeds):
+    return hold_time(_batch_costs(padded, plan.rows, plan.batch_offsets, cost), plan.assignment,
+                     plan.accumulate_grad_batches, speeds)
+
+
+@pytest.mark.parametrize("accumulate", [1, 4])
+def test_nearly_equal_rank_speeds_keep_the_epoch_length_when_micro_batches_have_an_overhead(accumulate):
+    # Shares cut to speeds 1 : 0.997 would need more, smaller micro-batches; with a per-micro-batch overhead
+    # (what CostModelFeedback fits in seconds) that holds the ranks longer than the equal-cost cut.
+    lengths = np.random.default_rng(4).integers(5, 257, 2000)
+    cost = CostModel(linear=1.0, quadratic=1e-3, per_batch=200.0)
+    settings = BatchingSettings(max_tokens=1024, seed=0, shuffle=True, drop_last=False, shuffle_window=0.25,
+                                accumulate_grad_batches=accumulate)
+    args = dict(num_replicas=2, epoch=1, cost_model=cost)
+    even = plan_epoch(lengths, settings, **args)
+    speeds = np.array([0.997, 1.0])
+    near = plan_epoch(lengths, settings, rank_speeds=speeds, **args)
+    assert near.num_batches == even.num_batches
+    # the cumulative cut for these speeds alone is longer and holds the ranks longer
+    padded = padded_lengths(lengths, 1)
+    rng = np.random.default_rng(np.random.SeedSequence([0, 1]))
+    order = _order(padded, np.arange(lengths.size), 1024, 0.25, rng)
+    cuts = _cumulative_by_speed(_Cuts(padded[order], 1024, 1024, cost), speeds, even.num_batches, 2)
+    assert cuts and all(count > even.num_batches for count, _ in cuts)
+    for count, ends in cuts:
+        layout = _Layout(padded=padded, cost_model=cost, num_replicas=2, accumulate_grad_batches=accumulate,
+                         speeds=speeds, uniform=False, drop_last=False, largest_first=False, rng=None)
+        split = layout.finish(order, ends, count, by_lpt=False)
+        assert _hold_time(split, padded, cost, speeds) > _hold_time(near, padded, cost, speeds)

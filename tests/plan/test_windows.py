@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lit_balance import BalancedBatchSampler, BatchingSettings, CostModel
-from lit_balance.plan.padded import plan_epoch
+from lit_balance.plan import plan_epoch
 from lit_balance.sampler.state import window_totals
 from lit_balance.plan.settings import DEFAULT_PLAN_WINDOW
 from lit_balance.plan.windows import PlanWindows
@@ -228,12 +228,15 @@ def test_a_state_saved_before_plan_window_loads_where_the_epoch_is_planned_whole
 @pytest.mark.parametrize("accumulate", [1, 3])
 def test_counting_a_window_by_planning_it_agrees_with_the_padded_count(monkeypatch, accumulate):
     """The path another planner (packed rows) takes: each window's count from planning it at epoch 0."""
-    from lit_balance.plan import windows
+    from functools import partial
+
+    from lit_balance.plan.assign import steps_by_planning
+    from lit_balance.plan.padded import PaddedPlanner, plan_padded
 
     lengths = np.minimum(_FORTUNES[:900], MAX_TOKENS)
     kwargs = {"plan_window": 200, "accumulate_grad_batches": accumulate, "seed": 4}
     counted = _samplers(lengths, 3, **kwargs)
-    monkeypatch.setattr(windows, "_counts_by_planning", lambda settings: True)
+    monkeypatch.setattr(PaddedPlanner, "count_steps", staticmethod(partial(steps_by_planning, plan_padded)))
     planned = _samplers(lengths, 3, **kwargs)
     assert len(planned[0]) == len(counted[0])
     assert _epoch(planned, 2) == _epoch(counted, 2)
@@ -244,7 +247,8 @@ def test_counting_a_window_by_planning_it_agrees_with_the_padded_count(monkeypat
        drop_last=st.booleans(), accumulate=st.integers(1, 3))
 def test_plan_epoch_with_the_count_passed_in_is_the_same_plan(lengths, num_replicas, epoch, shuffle, drop_last,
                                                                accumulate):
-    from lit_balance.plan.padded import _num_batches, padded_lengths
+    from lit_balance.plan import padded_lengths
+    from lit_balance.plan.padded import _num_batches
 
     settings_ = BatchingSettings(max_tokens=MAX_TOKENS, shuffle=shuffle, drop_last=drop_last,
                                  accumulate_grad_batches=accumulate)

@@ -180,35 +180,6 @@ def test_a_rank_far_slower_than_any_share_of_whole_rows_still_gets_the_least(slo
     assert np.array_equal(np.sort(rows), np.arange(lengths.size))  # nothing lost or repeated
 
 
-@pytest.mark.parametrize("accumulate", [1, 4])
-def test_nearly_equal_rank_speeds_keep_the_epoch_length_when_micro_batches_have_an_overhead(accumulate):
-    # Shares cut to speeds 1 : 0.997 would need more, smaller micro-batches; with a per-micro-batch overhead
-    # (what CostModelFeedback fits in seconds) that holds the ranks longer than the equal-cost cut.
-    from lit_balance.plan.padded import _Cuts, _cumulative_by_speed, _Layout, _order, _waste, padded_lengths, plan_epoch
-    from lit_balance.plan.settings import BatchingSettings
-
-    lengths = np.random.default_rng(4).integers(5, 257, 2000)
-    cost = CostModel(linear=1.0, quadratic=1e-3, per_batch=200.0)
-    settings = BatchingSettings(max_tokens=1024, seed=0, shuffle=True, drop_last=False, shuffle_window=0.25,
-                                accumulate_grad_batches=accumulate)
-    args = dict(num_replicas=2, epoch=1, cost_model=cost)
-    even = plan_epoch(lengths, settings, **args)
-    speeds = np.array([0.997, 1.0])
-    near = plan_epoch(lengths, settings, rank_speeds=speeds, **args)
-    assert near.num_batches == even.num_batches
-    # the cumulative cut for these speeds alone is longer and holds the ranks longer
-    padded = padded_lengths(lengths, 1)
-    rng = np.random.default_rng(np.random.SeedSequence([0, 1]))
-    order = _order(padded, np.arange(lengths.size), 1024, 0.25, rng)
-    cuts = _cumulative_by_speed(_Cuts(padded[order], 1024, 1024, cost), speeds, even.num_batches, 2)
-    assert cuts and all(count > even.num_batches for count, _ in cuts)
-    for count, ends in cuts:
-        layout = _Layout(padded=padded, cost_model=cost, num_replicas=2, accumulate_grad_batches=accumulate,
-                         speeds=speeds, uniform=False, drop_last=False, largest_first=False, rng=None)
-        split = layout.finish(order, ends, count, by_lpt=False)
-        assert _waste(split, padded, cost, speeds) > _waste(near, padded, cost, speeds)
-
-
 @pytest.mark.parametrize(
     ("change", "pattern"),
     [

@@ -20,7 +20,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from lit_balance.data.collate import IGNORE_INDEX, PadCollator
 from lit_balance.data.dataset import TokenDataset
-from lit_balance.plan.padded import padded_lengths, plan_epoch
+from lit_balance.plan import padded_lengths, plan_epoch
 from lit_balance.sampler.sampler import TOO_LONG_POLICIES, BalancedBatchSampler, MicroBatch
 from lit_balance.plan.settings import BatchingSettings
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from lit_balance.callbacks import AdaptiveGradAccumulation, StragglerMonitor
 from lit_balance.lightning.callbacks.accumulation import plan_step_tokens
-from lit_balance.plan.padded import EpochPlan
+from lit_balance.plan import EpochPlan
 
 
 def fake_sampler(tokens_per_rank):

@@ -1,0 +1,160 @@
+"""One epoch's plan for all ranks: the arguments checked, then the planner the settings choose.
+
+A planner turns the lengths of the samples to plan into an :class:`~lit_balance.plan.types.EpochPlan`. Two ship:
+:class:`~lit_balance.plan.padded.PaddedPlanner` (rows padded to the longest of their micro-batch, the default) and
+:class:`~lit_balance.plan.packed.PackedPlanner` (``BatchingSettings(packing=True)``: whole documents in one row).
+:func:`planner_for` is the one place that chooses between them; everything that depends on the layout of a
+micro-batch (the plan, a window's count, a micro-batch's cost and slots, the unit a cost counts) asks the planner.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from lit_balance._checks import check_int, check_lengths, check_speeds
+from lit_balance.errors import InputTypeError, InputValueError
+from lit_balance.plan.cost import CostModelProtocol, check_cost_model
+from lit_balance.plan.packed import PackedPlanner
+from lit_balance.plan.padded import PaddedPlanner
+from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan.types import EpochPlan, padded_lengths
+
+__all__ = ["PLANNERS", "Planner", "plan_epoch", "planner_for"]
+
+
+class Planner(Protocol):
+    """How micro-batches are laid out and planned: what every layout-dependent step asks.
+
+    Attributes:
+        name: ``"padded"`` or ``"packed"`` (the key in :data:`PLANNERS`).
+        cost_unit: what the default :class:`~lit_balance.CostModel` counts under it (``"padded slots"``, ``"tokens"``).
+    """
+
+    name: str
+    cost_unit: str
+
+    def plan(self, lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int,
+             epoch: int, cost_model: CostModelProtocol, speeds: np.ndarray, min_steps: int = 0,
+             num_batches: int | None = None) -> EpochPlan:
+        """The plan of ``candidates`` (indices into int64 ``lengths``), arguments already checked."""
+
+    def count_steps(self, lengths: np.ndarray, mask: np.ndarray | None, settings: BatchingSettings,
+                    num_replicas: int, min_steps: int,
+                    cost_model: CostModelProtocol) -> tuple[int, int, int | None]:
+        """``(micro-steps, min_steps to plan with, num_batches to plan with or None)`` of a window's plan with equal
+        rank speeds: the same for every epoch."""
+
+    def batch_costs(self, lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray, pad_to_multiple_of: int,
+                    cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray]:
+        """``(cost, slots)``: float64 and int64 ``[num_batches]``, each micro-batch's cost and token slots."""
+
+
+#: The planners by name.
+PLANNERS: dict[str, Planner] = {"padded": PaddedPlanner(), "packed": PackedPlanner()}
+
+
+def planner_for(settings: BatchingSettings) -> Planner:
+    """The planner ``settings`` choose: packed with ``packing=True``, else padded.
+
+    Example:
+        >>> planner_for(BatchingSettings(max_tokens=64, packing=True)).name
+        'packed'
+    """
+    return PLANNERS["packed" if settings.packing else "padded"]
+
+
+def plan_epoch(
+    lengths: np.ndarray,
+    settings: BatchingSettings,
+    *,
+    num_replicas: int,
+    epoch: int,
+    eligible: np.ndarray | None = None,
+    cost_model: CostModelProtocol | None = None,
+    rank_speeds: np.ndarray | None = None,
+    min_steps: int = 0,
+    num_batches: int | None = None,
+) -> EpochPlan:
+    """Plan one epoch for all ranks (pure: the same inputs give the same plan on every rank).
+
+    Args:
+        lengths: int ``[num_samples]``, tokens per sample, already truncated where that applies; every
+            eligible sample must satisfy ``padded(length) <= settings.max_tokens``.
+        settings: the :class:`~lit_balance.BatchingSettings` (budget per rank, shuffle and its window, seed,
+            drop_last, padding multiple, row cap, accumulation, largest_first, packing: the planner,
+            :func:`planner_for`). ``too_long`` is not read here: the caller has already truncated the lengths or
+            excluded samples through ``eligible``.
+        num_replicas: number of ranks; the plan has ``num_micro_steps x num_replicas`` micro-batches.
+        epoch: epoch number; with ``settings.shuffle`` it changes batch composition, rank assignment and step
+            order (randomness comes from a local generator seeded by ``(settings.seed, epoch)``).
+        eligible: bool ``[num_samples]`` mask of samples to plan (others are skipped), or None for all.
+        cost_model: cost of a micro-batch (default: padded token slots).
+        rank_speeds: float ``[num_replicas]`` relative throughput of each rank (None: all equal); a rank
+            with half the speed gets about half the cost per optimizer step. Speeds below
+            :data:`~lit_balance._checks.MIN_RANK_SPEED_RATIO` (a millionth) of the fastest are planned at that
+            ratio, where such a rank already gets the least share, one row per micro-batch.
+        min_steps: plan at least this many micro-steps (smaller micro-batches) where the samples allow, without
+            fill rows; used to re-plan the rest of an epoch on a new number of ranks.
+        num_batches: the epoch's micro-batch count over all ranks before ``min_steps``, as this function computes
+            it from the lengths, eligible samples, settings and ``num_replicas`` (never from the epoch or cost
+            model), or None to compute it here. A caller that plans the same samples every epoch may pass the
+            count it computed once (windowed plans, :mod:`lit_balance.plan.windows`, do); another value gives another
+            plan.
+
+    Returns:
+        The :class:`EpochPlan` of the epoch.
+
+    Raises:
+        TypeError: ``settings`` is not a :class:`~lit_balance.BatchingSettings`, ``cost_model`` not a
+            :class:`~lit_balance.CostModel`, or ``rank_speeds`` not numbers.
+        ValueError: ``lengths`` not 1-D positive ints; ``num_replicas < 1``, ``epoch < 0``, ``min_steps < 0`` or
+            ``num_batches < 0``;
+            ``eligible`` not a bool mask of ``num_samples``; an eligible sample whose padded length exceeds
+            ``max_tokens``; ``rank_speeds`` of the wrong length, or not all finite and positive.
+
+    Example:
+        >>> plan = plan_epoch([95] * 5 + [20] * 5, BatchingSettings(max_tokens=100, shuffle=False), num_replicas=2,
+        ...                   epoch=0)
+        >>> plan.num_micro_steps, plan.assignment.tolist()
+        (3, [[5, 0], [1, 2], [3, 4]])
+    """
+    if not isinstance(settings, BatchingSettings):
+        raise InputTypeError(f"settings must be a lit_balance.BatchingSettings, got {type(settings).__name__}")
+    cost_model = check_cost_model(cost_model)
+    num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
+    epoch = check_int("epoch", epoch, 0, "epochs count from 0")
+    min_steps = check_int("min_steps", min_steps, 0, "0 plans as many micro-steps as the samples need")
+    if num_batches is not None:
+        num_batches = check_int("num_batches", num_batches, 0, "pass None to count the micro-batches here")
+    lengths = check_lengths(lengths)
+    candidates = _candidates(lengths, eligible, settings)
+    speeds = check_speeds(rank_speeds, num_replicas)
+    speeds = np.ones(num_replicas) if speeds is None else speeds
+    return planner_for(settings).plan(lengths, candidates, settings, num_replicas=num_replicas, epoch=epoch,
+                                      cost_model=cost_model, speeds=speeds, min_steps=min_steps,
+                                      num_batches=num_batches)
+
+
+def _candidates(lengths: np.ndarray, eligible: np.ndarray | None, settings: BatchingSettings) -> np.ndarray:
+    """int64 indices of the samples to plan: those ``eligible`` holds (all for None), each within the budget.
+
+    Raises:
+        ValueError: ``eligible`` is not a bool mask of the lengths' shape; an eligible sample whose padded length
+            exceeds ``max_tokens``.
+    """
+    candidates = np.arange(lengths.shape[0], dtype=np.int64)
+    if eligible is not None:
+        mask = np.asarray(eligible)
+        if mask.dtype != np.bool_ or mask.shape != lengths.shape:
+            raise InputValueError(f"eligible must be a bool mask of shape {lengths.shape} (one flag per sample), got "
+                                  f"dtype {mask.dtype} and shape {mask.shape}", parameter="eligible")
+        candidates = candidates[mask]
+    max_tokens, multiple = settings.max_tokens, settings.pad_to_multiple_of
+    over = candidates[padded_lengths(lengths[candidates], multiple) > max_tokens]
+    if over.size:
+        raise InputValueError(f"{over.size} eligible sample(s) exceed max_tokens={max_tokens} padded token slots once "
+                              f"padded to a multiple of {multiple} (first: index {int(over[0])}, "
+                              f"{int(lengths[over[0]])} tokens); truncate them or leave them out through eligible")
+    return candidates
