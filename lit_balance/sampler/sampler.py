@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -9,26 +10,18 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler
 
-from lit_balance._checks import (
-    MAX_TOKENS_LIMIT,
-    MIN_RANK_SPEED_RATIO,
-    check_int,
-    check_lengths,
-    check_speeds,
-    check_supervised_lengths,
-)
-from lit_balance._fingerprint import sha256_of_int64
+from lit_balance._checks import MAX_TOKENS_LIMIT, MIN_RANK_SPEED_RATIO, check_int, check_lengths, check_speeds
 from lit_balance.errors import InputTypeError, InputValueError
-from lit_balance.plan.cost import CostModel, check_cost_model
-from lit_balance.plan.epoch import plan_epoch
-from lit_balance.plan.types import EpochPlan, MicroBatch
+from lit_balance.plan.cost import CostModelProtocol, check_cost_model
 from lit_balance.plan.settings import TOO_LONG_POLICIES, BatchingSettings, delegate_settings
+from lit_balance.plan.types import EpochPlan, MicroBatch
 from lit_balance.plan.windows import PlanWindows, WindowedPlan
 from lit_balance.sampler import state as sampler_state
-from lit_balance.sampler.state import STATE_VERSION
+from lit_balance.sampler.inputs import PlanInputs
+from lit_balance.sampler.state import STATE_VERSION, ReplayRecord
+from lit_balance.world import process_group_world
 
 __all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "STATE_VERSION", "TOO_LONG_POLICIES", "BalancedBatchSampler",
            "MicroBatch"]
@@ -131,6 +124,7 @@ class BalancedBatchSampler(DistributedSampler):
         [[0], [2], [4]]
     """
 
+
     def __init__(
         self,
         lengths: Sequence[int] | np.ndarray | torch.Tensor,
@@ -139,110 +133,95 @@ class BalancedBatchSampler(DistributedSampler):
         settings: BatchingSettings | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
-        cost_model: CostModel | None = None,
+        cost_model: CostModelProtocol | None = None,
         rank_speeds: Sequence[float] | None = None,
         supervised_lengths: Sequence[int] | np.ndarray | torch.Tensor | None = None,
         **settings_kwargs: Any,
     ) -> None:
-        lengths_arr = check_lengths(lengths, keep_dtype=True)
+        lengths = check_lengths(lengths, keep_dtype=True)  # the lengths' own errors first, before any setting
         if max_tokens is not None or settings is None:
             settings_kwargs["max_tokens"] = max_tokens
         settings = BatchingSettings.build(settings, settings_kwargs, owner="BalancedBatchSampler")
         # Defaults come from the process group; which of them did is checked again at the first next().
         self._world_defaults = (num_replicas is None, rank is None)
-        if num_replicas is None or rank is None:
-            if _process_group() is None:
-                _refuse_distributed_environment(num_replicas, rank)
-        if num_replicas is None:
-            num_replicas = dist.get_world_size() if _process_group() is not None else 1
-        if rank is None:
-            rank = dist.get_rank() if _process_group() is not None else 0
-        num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
-        rank = check_int("rank", rank, 0, "pass this process's global rank")
-        if rank >= num_replicas:
-            raise InputValueError(f"rank must be in [0, num_replicas) = [0, {num_replicas}), got rank={rank}")
-
-        self.settings = settings
-        self.num_replicas = num_replicas
-        self.rank = rank
-        #: Cost model and relative rank speeds of the current epoch's plan (see :meth:`set_cost_model`).
-        self.cost_model = check_cost_model(cost_model)
-        self.rank_speeds = check_speeds(rank_speeds, num_replicas)
-        self._pending: tuple[CostModel, np.ndarray | None] | None = None
-        self._first_speeds: np.ndarray | None = None  # speeds the epoch's first segment ran with, after a resize
-        self.epoch = 0
+        self.num_replicas, self.rank = _resolve_world(num_replicas, rank)
+        cost_model = check_cost_model(cost_model)
+        speeds = check_speeds(rank_speeds, self.num_replicas)
         self.dataset = None  # DistributedSampler attribute; this sampler works on lengths only
+        self._inputs = PlanInputs.build(lengths, settings, supervised_lengths)
         #: Longest length (tokens) that fits the budget once padded: max_tokens rounded down to the multiple.
         self.truncate_to = settings.truncate_to
-        max_tokens, pad_to_multiple_of, too_long = settings.max_tokens, settings.pad_to_multiple_of, settings.too_long
-
-        # Up to plan_window samples the epoch is planned whole, on int64 lengths; beyond, window by window, and the
-        # lengths are read as they are (an int32 memory map stays one, without a copy).
-        windowed = lengths_arr.shape[0] > settings.plan_window
-        if not windowed:
-            lengths_arr = lengths_arr.astype(np.int64)
-        #: The windows an epoch is planned in (:mod:`lit_balance.plan.windows`), or None when it is planned whole.
-        self.windows = PlanWindows(lengths_arr.shape[0], settings.plan_window, settings.seed) if windowed else None
-        self._window_counts: dict = {}
-        too_long_mask = lengths_arr > settings.truncate_to  # padded above max_tokens
-        self._eligible: np.ndarray | None = None
-        if too_long_mask.any():
-            bad = np.flatnonzero(too_long_mask)
-            if too_long == "error":
-                shown = ", ".join(f"index {i}: {lengths_arr[i]} tokens" for i in bad[:5])
-                raise InputValueError(
-                    f"{bad.size} sample(s) exceed max_tokens={max_tokens} padded token slots "
-                    f"(pad_to_multiple_of={pad_to_multiple_of}): {shown}{', ...' if bad.size > 5 else ''}; "
-                    'raise max_tokens, truncate the data, or pass too_long="skip" or "truncate"'
-                )
-            if too_long == "skip":
-                self._eligible = ~too_long_mask
-            else:
-                lengths_arr = np.minimum(lengths_arr, self.truncate_to)
-        #: int ``[num_samples]``: tokens per sample as planned (after truncation); int64, or the dtype passed in
-        #: (not copied) when the epoch is planned in windows.
-        self.lengths = lengths_arr
-        #: int64 ``[num_samples]`` next-token targets per sample as planned, or None (``lengths - 1``).
-        self.supervised_lengths = (None if supervised_lengths is None
-                                   else check_supervised_lengths(supervised_lengths, np.asarray(lengths_arr, np.int64)))
-        if self.supervised_lengths is not None and self.windows is not None:
-            raise InputValueError(f"supervised_lengths is not supported yet for an epoch planned in windows "
-                             f"({lengths_arr.shape[0]} samples > plan_window={settings.plan_window}); raise plan_window "
-                             "to plan the epoch whole, or leave supervised_lengths=None (the divisor then counts "
-                             "length - 1 per sample; StepTokenLoss's all-reduce path stays exact)")
-        self._lengths_sha256 = sha256_of_int64(lengths_arr)
-        #: int64 indices of samples left out by ``too_long="skip"`` (every epoch).
-        self.skipped_indices = np.flatnonzero(too_long_mask) if too_long == "skip" else np.empty(0, np.int64)
-        if self.skipped_indices.size == lengths_arr.size:
-            raise InputValueError(
-                f"all {lengths_arr.size} samples exceed max_tokens={max_tokens} and too_long='skip' leaves none; "
-                "raise max_tokens"
-            )
-        # Resume: the epoch's history as [num_replicas, micro-steps consumed] segments (see state_dict).
-        self._segments: list[list[int]] = []
+        self._record = ReplayRecord(epoch=0, segments=(), cost_model=cost_model, rank_speeds=speeds)
         self._cursor = 0  # micro-steps of the current plan yielded by the latest iterator
         # A restored position is for the next pass that starts reading; later passes run the whole epoch.
         self._resume_pending = False
-        self._cached: tuple[tuple, EpochPlan | WindowedPlan, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._replayed: tuple[tuple, sampler_state.Replay] | None = None  # (record key, replay) of the last plan
         self._reported_length: int | None = None  # what len() last told a consumer (a training loop fixes it)
         self._length_at_iter: int | None = None
         self._warned_length = False
         if self._epoch_length() == 0:
             raise InputValueError(
-                f"drop_last=True with {lengths_arr.size - self.skipped_indices.size} sample(s) and "
-                f"num_replicas={num_replicas} leaves no micro-batch for any rank; set drop_last=False"
-            )
+                f"drop_last=True with {self._inputs.num_samples - self.num_skipped} sample(s) and "
+                f"num_replicas={self.num_replicas} leaves no micro-batch for any rank; set drop_last=False",
+                parameter="drop_last")
 
-    # ----------------------------------------------------------------------------------------------
-    def _plan_for(self, epoch: int, num_replicas: int, eligible: np.ndarray | None,
-                  speeds: np.ndarray | None, min_steps: int = 0) -> EpochPlan | WindowedPlan:
-        if self.windows is not None:
-            return WindowedPlan(self.lengths, self.settings, self.windows, num_replicas=num_replicas, epoch=epoch,
-                                eligible=None if eligible is self._eligible else eligible, base_eligible=self._eligible,
-                                cost_model=self.cost_model, rank_speeds=speeds, min_steps=min_steps,
-                                count_cache=self._window_counts)
-        return plan_epoch(self.lengths, self.settings, num_replicas=num_replicas, epoch=epoch, eligible=eligible,
-                          cost_model=self.cost_model, rank_speeds=speeds, min_steps=min_steps)
+    # -- what the plans are made of ------------------------------------------------------------------
+    @property
+    def settings(self) -> BatchingSettings:
+        """The :class:`~lit_balance.BatchingSettings` in force."""
+        return self._inputs.settings
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """int ``[num_samples]``: tokens per sample as planned (after truncation); int64, or the dtype passed in (not
+        copied) when the epoch is planned in windows."""
+        return self._inputs.lengths
+
+    @property
+    def supervised_lengths(self) -> np.ndarray | None:
+        """int64 ``[num_samples]`` next-token targets per sample as planned, or None (``lengths - 1``)."""
+        return self._inputs.supervised_lengths
+
+    @property
+    def windows(self) -> PlanWindows | None:
+        """The windows an epoch is planned in (:mod:`lit_balance.plan.windows`), or None when it is planned whole."""
+        return self._inputs.windows
+
+    @property
+    def skipped_indices(self) -> np.ndarray:
+        """int64 indices of samples left out by ``too_long="skip"`` (every epoch)."""
+        return self._inputs.skipped_indices
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch (see :meth:`set_epoch`)."""
+        return self._record.epoch
+
+    @property
+    def cost_model(self) -> CostModelProtocol:
+        """Cost model of the current epoch's plan (see :meth:`set_cost_model`)."""
+        return self._record.cost_model
+
+    @property
+    def rank_speeds(self) -> np.ndarray | None:
+        """float64 ``[num_replicas]`` relative rank speeds of the current epoch's plan (fastest 1.0), or None."""
+        return self._record.rank_speeds
+
+    def _replay(self, epoch: int | None = None) -> sampler_state.Replay:
+        """The current segment's plan of ``epoch`` (default: the current one) and what ran before it, cached."""
+        record = self._record
+        if epoch is not None and epoch != record.epoch:
+            record = ReplayRecord(epoch=epoch, segments=(), cost_model=record.cost_model,
+                                  rank_speeds=record.rank_speeds)
+        key = record.key()
+        if self._replayed is None or self._replayed[0] != key:
+            self._replayed = (key, sampler_state.replay(self._inputs, record, self.num_replicas))
+        return self._replayed[1]
+
+    def _segment(self, epoch: int | None = None) -> EpochPlan | WindowedPlan:
+        """The plan the current segment of ``epoch`` runs: an :class:`EpochPlan`, or a lazy :class:`WindowedPlan`."""
+        epoch = None if epoch is None else check_int("epoch", epoch, 0, "epochs count from 0")
+        return self._replay(epoch).plan
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """Return the global plan (all ranks) of ``epoch`` (default: the current epoch).
@@ -270,17 +249,6 @@ class BalancedBatchSampler(DistributedSampler):
             yield segment.window(position).plan
             segment.release_before(int(segment.starts[position + 1]))
 
-    def _segment(self, epoch: int | None = None) -> EpochPlan | WindowedPlan:
-        """The plan the current segment of ``epoch`` runs: an :class:`EpochPlan`, or a lazy :class:`WindowedPlan`."""
-        epoch = self.epoch if epoch is None else check_int("epoch", epoch, 0, "epochs count from 0")
-        segments = self._segments if epoch == self.epoch else []
-        key = (epoch, tuple(map(tuple, segments)), self.cost_model,
-               None if self.rank_speeds is None else tuple(self.rank_speeds),
-               None if self._first_speeds is None else tuple(self._first_speeds))
-        if self._cached is None or self._cached[0] != key:
-            self._cached = (key, *sampler_state.replay_segments(self, epoch, segments))
-        return self._cached[1]
-
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to plan; with ``shuffle=True`` each epoch has its own composition and order.
 
@@ -293,16 +261,11 @@ class BalancedBatchSampler(DistributedSampler):
         """
         epoch = check_int("epoch", epoch, 0, "epochs count from 0")
         if epoch != self.epoch:
-            self._segments = []
-            self._first_speeds = None
             self._cursor = 0
             self._resume_pending = False
-            if self._pending is not None:
-                self.cost_model, self.rank_speeds = self._pending
-                self._pending = None
-        self.epoch = epoch
+        self._record = self._record.to_epoch(epoch)
 
-    def set_cost_model(self, cost_model: CostModel, rank_speeds: Sequence[float] | None = None) -> None:
+    def set_cost_model(self, cost_model: CostModelProtocol, rank_speeds: Sequence[float] | None = None) -> None:
         """Hand over a (measured) cost model and per-rank relative speeds for the NEXT epoch's plan.
 
         The current epoch's plan never changes mid-epoch, so resume stays exact; the new values apply at the
@@ -316,17 +279,18 @@ class BalancedBatchSampler(DistributedSampler):
                 finite values (those below :data:`MIN_RANK_SPEED_RATIO` of the fastest are planned at that ratio).
 
         Raises:
-            TypeError: ``cost_model`` is not a :class:`~lit_balance.plan.cost.CostModel`.
+            TypeError: ``cost_model`` is not a cost model (:class:`~lit_balance.plan.CostModelProtocol`).
             ValueError: ``rank_speeds`` of the wrong length or not all positive.
         """
         if cost_model is None:
             raise InputTypeError("set_cost_model needs a cost model (e.g. a fitted lit_balance.CostModel), got None",
                                  parameter="cost_model")
-        self._pending = (check_cost_model(cost_model), check_speeds(rank_speeds, self.num_replicas))
+        pending = (check_cost_model(cost_model), check_speeds(rank_speeds, self.num_replicas))
+        self._record = dataclasses.replace(self._record, pending=pending)
 
     def _offset(self) -> int:
         """Micro-steps of the current plan already consumed before this sampler was restored."""
-        return self._segments[-1][1] if self._segments else 0
+        return self._record.offset
 
     def __len__(self) -> int:
         """Micro-batches this rank yields in the current epoch (the same on every rank).
@@ -342,8 +306,7 @@ class BalancedBatchSampler(DistributedSampler):
         return length
 
     def _epoch_length(self) -> int:
-        earlier = sum(consumed for _, consumed in self._segments[:-1])
-        return earlier + self._segment().num_micro_steps
+        return self._record.earlier + self._segment().num_micro_steps
 
     def _check_length(self) -> None:
         """Warn (once) when the epoch about to run is longer than the ``len()`` reported before this pass began."""
@@ -370,9 +333,8 @@ class BalancedBatchSampler(DistributedSampler):
         its first ``next()``, so an iterator that never yields leaves the position to the next one. Any later
         pass over the same epoch (no :meth:`set_epoch` between) yields the whole epoch, as a fresh sampler does.
         """
-        if self._segments and not self._resume_pending:  # an earlier pass ran from the restored position
-            self._segments = []
-            self._first_speeds = None
+        if self._record.segments and not self._resume_pending:  # an earlier pass ran from the restored position
+            self._record = self._record.fresh()
         # The position moves back to the start now, so state_dict() of a fresh iterator is its start; the plan
         # is read at the first next(), after any set_epoch() (Lightning creates the iterator before it).
         self._cursor = self._offset()
@@ -388,13 +350,14 @@ class BalancedBatchSampler(DistributedSampler):
             yield from self._iterate_windows()
             return
         plan = self.plan()
+        replayed = self._replay()
         column = plan.assignment[:, self.rank]
         start = self._offset()
         self._resume_pending = False
         self._cursor = start
         # per epoch micro-step (plan step s is epoch step earlier + s): totals of its Lightning window
-        step_tokens, step_rows = sampler_state.window_totals(self)
-        step_supervised = sampler_state.window_supervised_tokens(self)
+        step_tokens, step_rows = sampler_state.window_totals(self._inputs, replayed)
+        step_supervised = sampler_state.window_supervised_tokens(self._inputs, replayed, plan)
         earlier = step_tokens.shape[0] - plan.num_micro_steps
         for s in range(start, plan.num_micro_steps):
             idx, fill = plan.batch(int(column[s]))
@@ -404,8 +367,8 @@ class BalancedBatchSampler(DistributedSampler):
 
     def _iterate_windows(self) -> Iterator[MicroBatch]:
         """This rank's micro-batches of an epoch planned in windows: each window is planned when it is reached."""
-        plan = self._segment()
-        earlier_tokens, earlier_rows = self._cached[2], self._cached[3]
+        replayed = self._replay()
+        plan, earlier_tokens, earlier_rows = replayed.plan, replayed.earlier_tokens, replayed.earlier_rows
         start = self._offset()
         self._resume_pending = False
         self._cursor = start
@@ -437,10 +400,10 @@ class BalancedBatchSampler(DistributedSampler):
     def _check_world(self) -> None:
         """Raise when a defaulted ``num_replicas`` / ``rank`` disagrees with the initialised process group."""
         replicas_defaulted, rank_defaulted = getattr(self, "_world_defaults", (False, False))
-        group = _process_group()
+        group = process_group_world()
         if group is None or not (replicas_defaulted or rank_defaulted):
             return
-        world, rank = group
+        world, rank = group.num_replicas, group.rank
         if (replicas_defaulted and world != self.num_replicas) or (rank_defaulted and rank != self.rank):
             raise RuntimeError(
                 f"BalancedBatchSampler was built for num_replicas={self.num_replicas}, rank={self.rank} (the defaults, "
@@ -448,7 +411,6 @@ class BalancedBatchSampler(DistributedSampler):
                 f"process is rank {rank}: iterating would not shard the epoch over the ranks. {_HOW_TO_PASS}"
             )
 
-    # ----------------------------------------------------------------------------------------------
     def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
         """Position and plan inputs as plain Python types; the same on every rank.
 
@@ -467,16 +429,21 @@ class BalancedBatchSampler(DistributedSampler):
         Raises:
             ValueError: ``batches_consumed`` negative or beyond the epoch.
         """
-        earlier = sum(consumed for _, consumed in self._segments[:-1])
+        earlier = self._record.earlier
         if batches_consumed is None:
-            return sampler_state.build_state(self, self._cursor)
+            return self._build_state(self._cursor)
         batches_consumed = check_int("batches_consumed", batches_consumed, 0, "count from the epoch start")
         length = self._epoch_length()
         if batches_consumed < earlier or batches_consumed > length:
             raise InputValueError(
                 f"batches_consumed must be in [{earlier}, {length}] for epoch {self.epoch}, got {batches_consumed}"
             )
-        return sampler_state.build_state(self, batches_consumed - earlier)
+        return self._build_state(batches_consumed - earlier)
+
+    def _build_state(self, consumed: int) -> dict[str, Any]:
+        """The state with ``consumed`` micro-steps of the current plan consumed."""
+        return sampler_state.build_state(self._inputs, self._record, self.num_replicas, consumed,
+                                         self._segment().num_micro_steps)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next iterator yields exactly the micro-batches an
@@ -494,31 +461,19 @@ class BalancedBatchSampler(DistributedSampler):
                 different planning settings (naming each one with both values).
             TypeError: ``state_dict`` is not a dict.
         """
-        position = sampler_state.parse_state(state_dict, num_samples=int(self.lengths.shape[0]),
-                                             lengths_sha256=self._lengths_sha256, settings=self.settings,
-                                             num_replicas=self.num_replicas)
-        names = ("epoch", "cost_model", "rank_speeds", "_pending", "_segments", "_first_speeds", "_cached", "_cursor",
-                 "_resume_pending")
-        before = {name: getattr(self, name) for name in names}
-        try:  # all or nothing: a state that does not fit leaves the sampler as it was
-            self.epoch, self.cost_model, self.rank_speeds = position.epoch, position.cost_model, position.rank_speeds
-            self._pending, self._segments = position.pending, position.segments
-            self._first_speeds = position.first_speeds
-            self._cached = None
-            plan, consumed = self._segment(), position.segments[-1][1]
-            if consumed > plan.num_micro_steps:
-                raise InputValueError(
-                    f"the saved state consumed {consumed} micro-steps of epoch {position.epoch}, but its plan has "
-                    f"only {plan.num_micro_steps}: the state does not belong to this sampler's plan"
-                )
-            self._cursor = consumed
-            self._resume_pending = True
-        except Exception:
-            for name, value in before.items():
-                setattr(self, name, value)
-            raise
+        record = sampler_state.parse_state(state_dict, self._inputs, num_replicas=self.num_replicas,
+                                           cost_class=type(self.cost_model))
+        consumed = record.offset
+        plan_steps = sampler_state.replay(self._inputs, record, self.num_replicas).plan.num_micro_steps
+        if consumed > plan_steps:  # checked before anything changes: a state that does not fit leaves the sampler
+            raise InputValueError(
+                f"the saved state consumed {consumed} micro-steps of epoch {record.epoch}, but its plan has "
+                f"only {plan_steps}: the state does not belong to this sampler's plan"
+            )
+        self._record, self._replayed = record, None
+        self._cursor = consumed
+        self._resume_pending = True
 
-    # ----------------------------------------------------------------------------------------------
     @property
     def first_micro_step(self) -> int:
         """Micro-step of the current epoch at which this world size's plan starts (global, the same on every rank).
@@ -526,7 +481,7 @@ class BalancedBatchSampler(DistributedSampler):
         0 unless the epoch was resumed on another number of ranks (:meth:`load_state_dict`): then the micro-steps
         before it ran on the old ranks, and ``len(self)`` counts them too.
         """
-        return sum(consumed for _, consumed in self._segments[:-1])
+        return self._record.earlier
 
     def micro_step_totals(self) -> tuple[np.ndarray, np.ndarray]:
         """Real tokens and rows of every micro-step of the current epoch, summed over the ranks (global).
@@ -536,8 +491,7 @@ class BalancedBatchSampler(DistributedSampler):
             (fill rows excluded) of every rank's micro-batch; micro-steps before :attr:`first_micro_step` are those
             the old ranks ran. Every rank computes the same, without communication.
         """
-        self._segment()
-        return sampler_state.micro_step_totals(self)
+        return sampler_state.micro_step_totals(self._inputs, self._replay())
 
     @property
     def num_skipped(self) -> int:
@@ -562,11 +516,28 @@ _HOW_TO_PASS = (
 )
 
 
-def _process_group() -> tuple[int, int] | None:
-    """``(world_size, rank)`` of the initialised default process group, or None."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return None
+def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """``(num_replicas, rank)``: those given, else the initialised process group's (:func:`lit_balance.world.
+    process_group_world`), else one rank; refused in a launched multi-process run before its process group exists.
+
+    Raises:
+        RuntimeError: a default taken where the environment says the run is distributed but no process group is
+            initialised yet.
+        TypeError, ValueError: ``num_replicas`` below 1, or ``rank`` outside ``[0, num_replicas)``.
+    """
+    group = process_group_world()
+    if (num_replicas is None or rank is None) and group is None:
+        _refuse_distributed_environment(num_replicas, rank)
+    if num_replicas is None:
+        num_replicas = group.num_replicas if group is not None else 1
+    if rank is None:
+        rank = group.rank if group is not None else 0
+    num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
+    rank = check_int("rank", rank, 0, "pass this process's global rank")
+    if rank >= num_replicas:
+        raise InputValueError(f"rank must be in [0, num_replicas) = [0, {num_replicas}), got rank={rank}",
+                              parameter="rank")
+    return num_replicas, rank
 
 
 def _launch_environment() -> dict[str, str]:

@@ -1,39 +1,41 @@
-"""Resume state of :class:`~lit_balance.BalancedBatchSampler`: the plain-dict round trip and segment replay.
+"""Resume state of :class:`~lit_balance.BalancedBatchSampler`: the replay record, its plain-dict round trip, replay.
 
-A sampler's position is its epoch and the epoch's history as *segments*, ``[num_replicas, micro-steps
-consumed]`` pairs: one segment for an epoch that ran on one world size, one more for each resume on a
-different number of ranks. The plan a segment ran is rebuilt from the same inputs (lengths, settings,
-epoch, ranks, speeds), so the state never stores indices; replaying the segments in turn removes what each
-one consumed and leaves the plan of the rest of the epoch.
+A sampler's position is a :class:`ReplayRecord`: its epoch, the cost model and rank speeds its plans use, and the
+epoch's history as *segments*, ``[num_replicas, micro-steps consumed]`` pairs: one segment for an epoch that ran on
+one world size, one more for each resume on a different number of ranks. The plan a segment ran is rebuilt from the
+same inputs (:class:`~lit_balance.sampler.inputs.PlanInputs`, the record, the ranks), so the state never stores
+indices; replaying the segments in turn (:func:`replay`) removes what each one consumed and leaves the plan of the
+rest of the epoch.
 
-The state dict holds plain Python types only (it loads with ``torch.load(weights_only=True)``) and is the
-same on every rank. Layout (version :data:`STATE_VERSION`)::
+The state dict holds plain Python types only (it loads with ``torch.load(weights_only=True)``) and is the same on
+every rank. Layout (version :data:`STATE_VERSION`)::
 
     {"version": 1, "epoch": int, "segments": [[num_replicas, consumed], ...],
      "num_samples": int, "lengths_sha256": str, "settings": BatchingSettings.to_dict(),
-     "cost_model": CostModel.to_dict(), "rank_speeds": [float] | None, "first_rank_speeds": [float] | None,
-     "pending": None | {"cost_model": CostModel.to_dict(), "rank_speeds": [float] | None}}
+     "cost_model": cost_model.to_dict(), "rank_speeds": [float] | None, "first_rank_speeds": [float] | None,
+     "pending": None | {"cost_model": cost_model.to_dict(), "rank_speeds": [float] | None}}
+
+A cost model is rebuilt with ``from_dict`` of the class of the sampler's own cost model
+(:class:`~lit_balance.plan.CostModelProtocol`), so a sampler of a custom cost model resumes one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from lit_balance._checks import check_int, check_speeds
 from lit_balance.errors import InputTypeError, InputValueError
-from lit_balance.plan.cost import CostModel
-from lit_balance.plan.types import EpochPlan
-from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan.cost import CostModelProtocol
+from lit_balance.plan.types import EpochPlan, empty_plan
 from lit_balance.plan.windows import WindowedPlan
+from lit_balance.sampler.inputs import PlanInputs
 
-if TYPE_CHECKING:
-    from lit_balance.sampler.sampler import BalancedBatchSampler
-
-__all__ = ["STATE_KEYS", "STATE_VERSION", "Position", "build_state", "micro_step_totals", "parse_state",
-           "replay_segments", "window_supervised_tokens", "window_totals"]
+__all__ = ["STATE_KEYS", "STATE_VERSION", "Replay", "ReplayRecord", "build_state", "micro_step_totals",
+           "parse_state", "replay", "window_supervised_tokens", "window_totals"]
 
 #: Version of the state dict's layout.
 STATE_VERSION = 1
@@ -42,14 +44,18 @@ STATE_VERSION = 1
 STATE_KEYS = ("version", "epoch", "segments", "num_samples", "lengths_sha256", "settings", "cost_model",
               "rank_speeds", "first_rank_speeds", "pending")
 
+Speeds = np.ndarray | None
+
+
 @dataclass(frozen=True)
-class Position:
-    """Where a sampler stands and what its plans are made from: what :func:`parse_state` restores.
+class ReplayRecord:
+    """Where a sampler stands and what its plans are made from: what a state dict saves and replay reads.
 
     Attributes:
         epoch: the current epoch.
-        segments: the epoch's history as ``[num_replicas, micro-steps consumed]`` pairs; the last is the
-            current world size's, its count the micro-steps of the current plan already consumed.
+        segments: the epoch's history as ``(num_replicas, micro-steps consumed)`` pairs (empty: the epoch runs on the
+            sampler's own ranks from its start); the last is the current world size's, its count the micro-steps of
+            the current plan consumed before a restore.
         cost_model: cost model of the current epoch's plan.
         rank_speeds: float64 ``[num_replicas]`` speeds of the current plan, or None for equal ranks.
         first_speeds: speeds the epoch's first segment ran with when there are several segments, else None.
@@ -57,28 +63,77 @@ class Position:
     """
 
     epoch: int
-    segments: list[list[int]]
-    cost_model: CostModel
-    rank_speeds: np.ndarray | None
-    first_speeds: np.ndarray | None
-    pending: tuple[CostModel, np.ndarray | None] | None
+    segments: tuple[tuple[int, int], ...]
+    cost_model: CostModelProtocol
+    rank_speeds: Speeds = None
+    first_speeds: Speeds = None
+    pending: tuple[CostModelProtocol, Speeds] | None = None
+
+    @property
+    def offset(self) -> int:
+        """Micro-steps of the current plan consumed before the restore (0 without one)."""
+        return self.segments[-1][1] if self.segments else 0
+
+    @property
+    def earlier(self) -> int:
+        """Micro-steps of the epoch consumed on other numbers of ranks before the current segment."""
+        return sum(consumed for _, consumed in self.segments[:-1])
+
+    def key(self) -> tuple:
+        """A hashable summary of everything the plan of the record's epoch depends on."""
+        return (self.epoch, self.segments, self.cost_model, _plain_tuple(self.rank_speeds),
+                _plain_tuple(self.first_speeds))
+
+    def to_epoch(self, epoch: int) -> ReplayRecord:
+        """The record at the start of ``epoch`` (unchanged for the current one): the pending cost model and speeds
+        apply when the epoch changes."""
+        if epoch == self.epoch:
+            return self
+        cost_model, speeds = self.pending if self.pending is not None else (self.cost_model, self.rank_speeds)
+        return ReplayRecord(epoch=epoch, segments=(), cost_model=cost_model, rank_speeds=speeds)
+
+    def fresh(self) -> ReplayRecord:
+        """The same epoch run from its start on the sampler's own ranks (a later pass over the epoch)."""
+        return dataclasses.replace(self, segments=(), first_speeds=None)
 
 
-def _plain(speeds: np.ndarray | None) -> list[float] | None:
+@dataclass(frozen=True)
+class Replay:
+    """The plan of a record's current segment, and what earlier segments ran before it.
+
+    Attributes:
+        plan: the current segment's plan (an :class:`EpochPlan`, or a lazy :class:`WindowedPlan`).
+        earlier_tokens, earlier_rows, earlier_supervised: int64 ``[earlier micro-steps]`` each: the real tokens,
+            rows and next-token targets (fill rows excluded, summed over that segment's ranks) of every micro-step
+            the earlier segments consumed, in epoch order (empty for an epoch of one segment).
+    """
+
+    plan: EpochPlan | WindowedPlan
+    earlier_tokens: np.ndarray
+    earlier_rows: np.ndarray
+    earlier_supervised: np.ndarray
+
+
+def _plain(speeds: Speeds) -> list[float] | None:
     return None if speeds is None else [float(x) for x in speeds]
 
 
-def build_state(sampler: BalancedBatchSampler, current: int) -> dict[str, Any]:
-    """The state dict of ``sampler`` with ``current`` micro-steps of its current plan consumed.
+def _plain_tuple(speeds: Speeds) -> tuple | None:
+    return None if speeds is None else tuple(speeds)
 
-    Once the whole epoch is consumed, the state is the start of the next epoch (with the pending cost model
-    and speeds applied).
+
+def build_state(inputs: PlanInputs, record: ReplayRecord, num_replicas: int, consumed: int,
+                plan_micro_steps: int) -> dict[str, Any]:
+    """The state dict with ``consumed`` of the ``plan_micro_steps`` micro-steps of the record's current plan consumed.
+
+    Once the whole epoch is consumed, the state is the start of the next epoch (with the pending cost model and
+    speeds applied).
     """
-    segments = [list(seg) for seg in sampler._segments[:-1]] + [[sampler.num_replicas, int(current)]]
-    epoch, cost_model, speeds, pending = sampler.epoch, sampler.cost_model, sampler.rank_speeds, sampler._pending
-    first_speeds = sampler._first_speeds if len(sampler._segments) > 1 else speeds
-    if current >= sampler._segment().num_micro_steps:  # the epoch is done: the state is the start of the next one
-        epoch, segments = epoch + 1, [[sampler.num_replicas, 0]]
+    segments = [list(seg) for seg in record.segments[:-1]] + [[num_replicas, int(consumed)]]
+    epoch, cost_model, speeds, pending = record.epoch, record.cost_model, record.rank_speeds, record.pending
+    first_speeds = record.first_speeds if len(record.segments) > 1 else speeds
+    if consumed >= plan_micro_steps:  # the epoch is done: the state is the start of the next one
+        epoch, segments = epoch + 1, [[num_replicas, 0]]
         first_speeds = None
         if pending is not None:
             (cost_model, speeds), pending = pending, None
@@ -86,9 +141,9 @@ def build_state(sampler: BalancedBatchSampler, current: int) -> dict[str, Any]:
         "version": STATE_VERSION,
         "epoch": int(epoch),
         "segments": segments,
-        "num_samples": int(sampler.lengths.shape[0]),
-        "lengths_sha256": sampler._lengths_sha256,
-        "settings": sampler.settings.to_dict(),
+        "num_samples": inputs.num_samples,
+        "lengths_sha256": inputs.lengths_sha256,
+        "settings": inputs.settings.to_dict(),
         "cost_model": cost_model.to_dict(),
         "rank_speeds": _plain(speeds),
         "first_rank_speeds": _plain(first_speeds),
@@ -103,42 +158,23 @@ def _check_segments(raw: Any) -> list[list[int]]:
     if (not isinstance(raw, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in raw)
             or not all(is_int(v) for p in raw for v in p)):
         raise InputValueError(f"sampler state_dict segments must be a list of [num_replicas, consumed] int pairs, "
-                         f"got {raw!r}")
+                              f"got {raw!r}")
     segments = [[int(r), int(c)] for r, c in raw]
     if not segments or any(r < 1 or c < 0 for r, c in segments):
         raise InputValueError(f"sampler state_dict segments must be [num_replicas >= 1, consumed >= 0] pairs, "
-                         f"got {segments}")
+                              f"got {segments}")
     return segments
 
 
-def parse_state(state_dict: Any, *, num_samples: int, lengths_sha256: str, settings: BatchingSettings,
-                num_replicas: int) -> Position:
-    """Check a state dict against the sampler it is loaded into and return the position it describes.
-
-    Rule for a different ``num_replicas``: a new segment starts on the new ranks; the old ranks' speeds are
-    dropped (equal ranks), also those pending for the next epoch.
-
-    Raises:
-        TypeError: ``state_dict`` is not a dict.
-        ValueError: unknown or missing keys, another ``version``, different lengths (count or content) or
-            different settings (naming each one with both values), malformed values.
-    """
-    if not isinstance(state_dict, dict):
-        raise InputTypeError(f"state_dict must be a dict from BalancedBatchSampler.state_dict(), got "
-                        f"{type(state_dict).__name__}")
-    expected = set(STATE_KEYS)
-    if set(state_dict) != expected:
-        missing, unknown = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
-        raise InputValueError(f"sampler state_dict keys do not match: missing {missing}, unknown {unknown}")
-    if state_dict["version"] != STATE_VERSION:
-        raise InputValueError(f"sampler state_dict version {state_dict['version']!r} is not supported "
-                         f"(this version reads {STATE_VERSION})")
+def _check_identity(state_dict: dict[str, Any], inputs: PlanInputs) -> None:
+    """Raise unless the state was saved by a sampler of the same lengths and settings."""
+    num_samples, settings = inputs.num_samples, inputs.settings
     if state_dict["num_samples"] != num_samples:
         raise InputValueError(
             f"cannot resume: the saved sampler planned {state_dict['num_samples']} samples, this one has "
             f"{num_samples}: resume needs the same dataset, tokenization and truncation"
         )
-    if state_dict["lengths_sha256"] != lengths_sha256:
+    if state_dict["lengths_sha256"] != inputs.lengths_sha256:
         raise InputValueError(
             f"cannot resume: the saved sampler planned the same number of samples ({num_samples}) with other "
             "lengths: the samples' token lengths differ (another order, tokenization or truncation); resume "
@@ -155,18 +191,55 @@ def parse_state(state_dict: Any, *, num_samples: int, lengths_sha256: str, setti
     diff = [f"{k}: saved {saved[k]!r}, now {now[k]!r}" for k in now if saved[k] != now[k]]
     if diff:
         raise InputValueError("cannot resume: the sampler's settings differ from the saved ones (" + "; ".join(diff)
-                         + "); construct the sampler with the saved settings")
-    segments = _check_segments(state_dict["segments"])
-    epoch = check_int("epoch", state_dict["epoch"], 0, "epochs count from 0")
+                              + "); construct the sampler with the saved settings")
+
+
+def _cost_models(state_dict: dict[str, Any], cost_class: type) -> tuple[Any, Any]:
+    """The saved cost model and the pending one (or None), rebuilt with ``cost_class.from_dict``."""
     pending = state_dict["pending"]
     if pending is not None and (not isinstance(pending, dict) or set(pending) != {"cost_model", "rank_speeds"}):
         raise InputValueError(f"sampler state_dict pending must be None or a dict with keys cost_model, rank_speeds; "
-                         f"got {pending!r}")
+                              f"got {pending!r}")
     try:
-        cost_model = CostModel(**state_dict["cost_model"])
-        pending_model = None if pending is None else CostModel(**pending["cost_model"])
-    except TypeError as exc:
-        raise InputValueError(f"sampler state_dict cost_model must have keys linear, quadratic, per_batch: {exc}") from exc
+        cost_model = cost_class.from_dict(state_dict["cost_model"])
+        pending_model = None if pending is None else cost_class.from_dict(pending["cost_model"])
+    except (TypeError, ValueError) as exc:
+        raise InputValueError(f"sampler state_dict cost_model must describe a {cost_class.__name__} (the class of "
+                              f"this sampler's cost model, from its to_dict()): {exc}") from exc
+    return cost_model, pending_model
+
+
+def parse_state(state_dict: Any, inputs: PlanInputs, *, num_replicas: int, cost_class: type) -> ReplayRecord:
+    """Check a state dict against the sampler it is loaded into and return the record it describes.
+
+    Rule for a different ``num_replicas``: a new segment starts on the new ranks; the old ranks' speeds are
+    dropped (equal ranks), also those pending for the next epoch.
+
+    Args:
+        state_dict: from :func:`build_state`.
+        inputs: the inputs of the sampler that loads it.
+        num_replicas: that sampler's ranks.
+        cost_class: the class of that sampler's cost model (``from_dict`` rebuilds the saved ones).
+
+    Raises:
+        TypeError: ``state_dict`` is not a dict.
+        ValueError: unknown or missing keys, another ``version``, different lengths (count or content) or
+            different settings (naming each one with both values), malformed values.
+    """
+    if not isinstance(state_dict, dict):
+        raise InputTypeError(f"state_dict must be a dict from BalancedBatchSampler.state_dict(), got "
+                             f"{type(state_dict).__name__}")
+    expected = set(STATE_KEYS)
+    if set(state_dict) != expected:
+        missing, unknown = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
+        raise InputValueError(f"sampler state_dict keys do not match: missing {missing}, unknown {unknown}")
+    if state_dict["version"] != STATE_VERSION:
+        raise InputValueError(f"sampler state_dict version {state_dict['version']!r} is not supported "
+                              f"(this version reads {STATE_VERSION})")
+    _check_identity(state_dict, inputs)
+    segments = _check_segments(state_dict["segments"])
+    epoch = check_int("epoch", state_dict["epoch"], 0, "epochs count from 0")
+    cost_model, pending_model = _cost_models(state_dict, cost_class)
     speeds = state_dict["rank_speeds"]
     first = state_dict["first_rank_speeds"]
     first_speeds = None if first is None else check_speeds(first, segments[0][0])
@@ -177,33 +250,29 @@ def parse_state(state_dict: Any, *, num_samples: int, lengths_sha256: str, setti
         segments.append([num_replicas, 0])
         speeds = None  # the old ranks' speeds say nothing about the new ones
     rank_speeds = check_speeds(speeds, num_replicas)
-    pending_pair = None
-    if pending is not None:  # speeds measured on the old ranks are dropped after a resize
-        pending_pair = (pending_model, check_speeds(None if resized else pending["rank_speeds"], num_replicas))
-    return Position(epoch=epoch, segments=segments, cost_model=cost_model, rank_speeds=rank_speeds,
-                    first_speeds=first_speeds if len(segments) > 1 else None, pending=pending_pair)
+    pending = None
+    if state_dict["pending"] is not None:  # speeds measured on the old ranks are dropped after a resize
+        pending = (pending_model, check_speeds(None if resized else state_dict["pending"]["rank_speeds"],
+                                               num_replicas))
+    return ReplayRecord(epoch=epoch, segments=tuple((r, c) for r, c in segments), cost_model=cost_model,
+                        rank_speeds=rank_speeds, first_speeds=first_speeds if len(segments) > 1 else None,
+                        pending=pending)
 
 
-def _empty_plan(num_replicas: int, accumulate: int) -> EpochPlan:
-    z = np.empty(0, dtype=np.int64)
-    return EpochPlan(rows=z, is_fill=np.empty(0, dtype=bool), batch_offsets=np.zeros(1, dtype=np.int64),
-                     assignment=np.empty((0, num_replicas), dtype=np.int64), dropped=z,
-                     accumulate_grad_batches=accumulate)
-
-
-def _segment_plan(sampler: BalancedBatchSampler, epoch: int, segments: list[list[int]], i: int,
+def _segment_plan(inputs: PlanInputs, record: ReplayRecord, segments: tuple[tuple[int, int], ...], i: int,
                   eligible: np.ndarray | None) -> EpochPlan | WindowedPlan:
     """The plan segment ``i`` of the epoch ran (or runs) on, given the samples still eligible then."""
-    replicas = segments[i][0]
+    replicas, epoch, cost_model = segments[i][0], record.epoch, record.cost_model
     if i == 0:
-        speeds = sampler.rank_speeds if len(segments) <= 1 else sampler._first_speeds
-        return sampler._plan_for(epoch, replicas, eligible, speeds)
+        speeds = record.rank_speeds if len(segments) <= 1 else record.first_speeds
+        return inputs.plan(epoch, replicas, eligible=eligible, speeds=speeds, cost_model=cost_model)
     # The rest of the epoch on new ranks: at least as many micro-steps as a whole epoch on them has, counting
     # those consumed before, so the epoch is never shorter than the next (a training loop that fixed its
     # epoch length at the resume keeps every micro-batch of later epochs).
-    full = sampler._plan_for(epoch, replicas, sampler._eligible, None).num_micro_steps
+    full = inputs.plan(epoch, replicas, eligible=inputs.eligible, speeds=None, cost_model=cost_model).num_micro_steps
     earlier = sum(consumed for _, consumed in segments[:i])
-    return sampler._plan_for(epoch, replicas, eligible, None, min_steps=max(0, full - earlier))
+    return inputs.plan(epoch, replicas, eligible=eligible, speeds=None, cost_model=cost_model,
+                       min_steps=max(0, full - earlier))
 
 
 def _micro_step_sums(plan: EpochPlan, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -214,81 +283,82 @@ def _micro_step_sums(plan: EpochPlan, lengths: np.ndarray) -> tuple[np.ndarray, 
     return tokens.astype(np.int64), rows.astype(np.int64)
 
 
-def _micro_step_supervised(plan: EpochPlan, sampler: BalancedBatchSampler) -> np.ndarray:
+def _micro_step_supervised(plan: EpochPlan, inputs: PlanInputs) -> np.ndarray:
     """int64 ``[num_micro_steps]``: next-token targets (fill rows excluded) at each micro-step, over its ranks."""
-    supervised = getattr(sampler, "supervised_lengths", None)
-    if supervised is None:  # every token but a row's first is a target
-        tokens, rows = _micro_step_sums(plan, sampler.lengths)
+    if inputs.supervised_lengths is None:  # every token but a row's first is a target
+        tokens, rows = _micro_step_sums(plan, inputs.lengths)
         return tokens - rows
-    return plan.real_tokens_per_batch(supervised)[plan.assignment].sum(axis=1).astype(np.int64)
+    return plan.real_tokens_per_batch(inputs.supervised_lengths)[plan.assignment].sum(axis=1).astype(np.int64)
 
 
-def replay_segments(sampler: BalancedBatchSampler, epoch: int,
-                    segments: list[list[int]]) -> tuple[EpochPlan | WindowedPlan, np.ndarray, np.ndarray, np.ndarray]:
-    """Plan of the last segment, and what the earlier segments ran before it.
+def replay(inputs: PlanInputs, record: ReplayRecord, num_replicas: int) -> Replay:
+    """Plan of the record's current segment, and what its earlier segments ran before it.
 
     Each earlier segment's plan, rebuilt as it ran, removes what it consumed from the samples still to plan.
-
-    Returns:
-        ``(plan, earlier_tokens, earlier_rows, earlier_supervised)``: the last segment's plan, and int64
-        ``[earlier micro-steps]`` each, the real tokens, rows and next-token targets (fill rows excluded, summed
-        over that segment's ranks) of every micro-step the earlier segments consumed, in epoch order (empty for
-        an epoch of one segment).
 
     Raises:
         ValueError: a segment consumed more micro-steps than its plan has (the state is not this sampler's).
     """
-    segments = segments or [[sampler.num_replicas, 0]]
-    eligible = sampler._eligible
+    segments = record.segments or ((num_replicas, 0),)
+    eligible = inputs.eligible
     tokens: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
     rows: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
     supervised: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
     for i in range(len(segments)):
-        plan = _segment_plan(sampler, epoch, segments, i, eligible)
+        plan = _segment_plan(inputs, record, segments, i, eligible)
         if i == len(segments) - 1:
             break
         consumed = segments[i][1]
         if consumed > plan.num_micro_steps:
             raise InputValueError(
-                f"the saved state consumed {consumed} micro-steps of epoch {epoch} on {segments[i][0]} "
+                f"the saved state consumed {consumed} micro-steps of epoch {record.epoch} on {segments[i][0]} "
                 f"rank(s), but that plan has only {plan.num_micro_steps}: the state does not belong to this sampler"
             )
-        seen = np.zeros(sampler.lengths.shape[0], dtype=bool)
+        seen = np.zeros(inputs.num_samples, dtype=bool)
         if isinstance(plan, WindowedPlan):
             step_tokens, step_rows = plan.consume(consumed, seen)
         else:
-            step_tokens, step_rows = _micro_step_sums(plan, sampler.lengths)
+            step_tokens, step_rows = _micro_step_sums(plan, inputs.lengths)
             plan.mark_rows(consumed, seen)
         tokens.append(step_tokens[:consumed])
         rows.append(step_rows[:consumed])
         supervised.append(step_tokens[:consumed] - step_rows[:consumed] if isinstance(plan, WindowedPlan)
-                          else _micro_step_supervised(plan, sampler)[:consumed])
+                          else _micro_step_supervised(plan, inputs)[:consumed])
         eligible = (np.ones_like(seen) if eligible is None else eligible) & ~seen
         if not eligible.any():
-            plan = _empty_plan(sampler.num_replicas, sampler.accumulate_grad_batches)
+            plan = empty_plan(num_replicas, inputs.settings.accumulate_grad_batches)
             break
-    return plan, np.concatenate(tokens), np.concatenate(rows), np.concatenate(supervised)
+    return Replay(plan, np.concatenate(tokens), np.concatenate(rows), np.concatenate(supervised))
 
 
-def micro_step_totals(sampler: BalancedBatchSampler) -> tuple[np.ndarray, np.ndarray]:
-    """Real tokens and rows of every micro-step of the sampler's current epoch, as it runs over all its segments.
+def micro_step_totals(inputs: PlanInputs, replayed: Replay) -> tuple[np.ndarray, np.ndarray]:
+    """Real tokens and rows of every micro-step of a replayed epoch, as it runs over all its segments.
 
     Returns:
-        int64 ``[len(sampler)]`` each: at epoch micro-step ``t`` (Lightning's ``batch_idx``), the real tokens and
-        rows (fill rows excluded) of every rank's micro-batch, summed over the ranks that ran (or run) it. Steps
-        consumed before a resume on another number of ranks come from the old ranks' plan.
+        int64 ``[micro-steps of the epoch]`` each: at epoch micro-step ``t`` (Lightning's ``batch_idx``), the real
+        tokens and rows (fill rows excluded) of every rank's micro-batch, summed over the ranks that ran (or run)
+        it. Steps consumed before a resume on another number of ranks come from the old ranks' plan.
     """
-    plan = sampler._segment()
-    earlier_tokens, earlier_rows = sampler._cached[2], sampler._cached[3]
+    plan = replayed.plan
     if isinstance(plan, WindowedPlan):
         step_tokens, step_rows = plan.step_sums(0, plan.num_micro_steps)
     else:
-        step_tokens, step_rows = _micro_step_sums(plan, sampler.lengths)
-    return np.concatenate([earlier_tokens, step_tokens]), np.concatenate([earlier_rows, step_rows])
+        step_tokens, step_rows = _micro_step_sums(plan, inputs.lengths)
+    return (np.concatenate([replayed.earlier_tokens, step_tokens]),
+            np.concatenate([replayed.earlier_rows, step_rows]))
 
 
-def window_totals(sampler: BalancedBatchSampler) -> tuple[np.ndarray, np.ndarray]:
-    """Global real tokens and rows of the optimizer step of every micro-step of the current epoch.
+def _per_window(steps: np.ndarray, accumulate: int) -> np.ndarray:
+    """``steps`` summed over each optimizer step (``accumulate`` micro-steps from the epoch's start; the last may
+    be short), repeated at each of its micro-steps."""
+    window = np.arange(steps.shape[0]) // accumulate
+    totals = np.zeros(int(window[-1]) + 1 if window.size else 0, dtype=np.int64)
+    np.add.at(totals, window, steps)
+    return totals[window]
+
+
+def window_totals(inputs: PlanInputs, replayed: Replay) -> tuple[np.ndarray, np.ndarray]:
+    """Global real tokens and rows of the optimizer step of every micro-step of a replayed epoch.
 
     Optimizer steps are Lightning's accumulation windows of ``accumulate_grad_batches`` micro-steps, counted
     from the epoch's start (the last one may be short), whatever resumes on other numbers of ranks cut them:
@@ -296,32 +366,23 @@ def window_totals(sampler: BalancedBatchSampler) -> tuple[np.ndarray, np.ndarray
     after it.
 
     Returns:
-        int64 ``[len(sampler)]`` each: at epoch micro-step ``t``, the sums of :func:`micro_step_totals` over the
-        window ``t // accumulate_grad_batches``.
+        int64 ``[micro-steps of the epoch]`` each: at epoch micro-step ``t``, the sums of :func:`micro_step_totals`
+        over the window ``t // accumulate_grad_batches``.
     """
-    tokens, rows = micro_step_totals(sampler)
-    window = np.arange(tokens.shape[0]) // sampler.settings.accumulate_grad_batches
-    num_windows = int(window[-1]) + 1 if window.size else 0
-    window_tokens = np.zeros(num_windows, dtype=np.int64)
-    window_rows = np.zeros(num_windows, dtype=np.int64)
-    np.add.at(window_tokens, window, tokens)
-    np.add.at(window_rows, window, rows)
-    return window_tokens[window], window_rows[window]
+    tokens, rows = micro_step_totals(inputs, replayed)
+    accumulate = inputs.settings.accumulate_grad_batches
+    return _per_window(tokens, accumulate), _per_window(rows, accumulate)
 
 
-def window_supervised_tokens(sampler: BalancedBatchSampler) -> np.ndarray:
-    """Global next-token targets of the optimizer step of every micro-step of the current epoch.
+def window_supervised_tokens(inputs: PlanInputs, replayed: Replay, plan: EpochPlan) -> np.ndarray:
+    """Global next-token targets of the optimizer step of every micro-step of a replayed epoch planned whole.
 
-    The windows are those of :func:`window_totals`; a sample counts its ``sampler.supervised_lengths`` (or
-    ``length - 1`` without them).
+    The windows are those of :func:`window_totals`; a sample counts its ``supervised_lengths`` (or
+    ``length - 1`` without them). ``plan`` is the current segment's plan as one :class:`EpochPlan`.
 
     Returns:
-        int64 ``[len(sampler)]``: at epoch micro-step ``t``, the targets of every micro-batch of all ranks in the
-        window ``t // accumulate_grad_batches``.
+        int64 ``[micro-steps of the epoch]``: at epoch micro-step ``t``, the targets of every micro-batch of all
+        ranks in the window ``t // accumulate_grad_batches``.
     """
-    plan = sampler.plan()
-    steps = np.concatenate([sampler._cached[4], _micro_step_supervised(plan, sampler)])
-    window = np.arange(steps.shape[0]) // sampler.settings.accumulate_grad_batches
-    totals = np.zeros(int(window[-1]) + 1 if window.size else 0, dtype=np.int64)
-    np.add.at(totals, window, steps)
-    return totals[window]
+    steps = np.concatenate([replayed.earlier_supervised, _micro_step_supervised(plan, inputs)])
+    return _per_window(steps, inputs.settings.accumulate_grad_batches)
