@@ -1,0 +1,263 @@
+"""The layering of the package: each subpackage imports only those below it, no import cycle, no heavy import.
+
+The layers, bottom up (``LAYERS``): the base modules (``errors``, ``_checks``, ``_fingerprint``: NumPy only;
+``world``: torch), ``plan`` (NumPy only), ``sampler`` (torch, no Lightning), ``data`` (torch, no Lightning) and
+``report`` (no Lightning), ``lightning``, ``demo``, then the ``callbacks`` re-export and ``cli`` on top. The static
+check reads every ``import`` statement of every module (also those inside functions; not those under
+``if TYPE_CHECKING:``) with :mod:`ast`; the runtime checks import a subpackage in a fresh interpreter and list what it
+loaded. ``test_the_checker_*`` plant a broken rule in a copy of the sources and show the check fails.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "lit_balance"
+
+BASE = {"errors": set(), "_checks": {"errors"}, "_fingerprint": set(), "world": set()}
+#: top-level part of lit_balance -> the parts it may import (besides itself); a base module may import base modules
+LAYERS = {
+    **BASE,
+    "plan": {"errors", "_checks", "_fingerprint"},
+    "sampler": {"errors", "_checks", "_fingerprint", "world", "plan"},
+    "data": {"errors", "_checks", "_fingerprint", "world", "plan", "sampler"},
+    "report": {"errors", "_checks", "_fingerprint", "plan", "sampler"},
+    "lightning": {"errors", "_checks", "_fingerprint", "world", "plan", "sampler", "data", "report"},
+    "demo": {"errors", "_checks", "_fingerprint", "world", "plan", "lightning"},
+    "callbacks": {"lightning"},
+    "cli": {"errors", "_checks", "_fingerprint", "world", "plan", "sampler", "data", "report", "lightning", "demo"},
+    "__init__": set(),
+}
+#: within a part: module (or prefix) -> lit_balance modules (or prefixes) it must not import
+INNER = {
+    "lit_balance.lightning.loss": ("lit_balance.lightning.callbacks",),  # callbacks sit on top of the loss
+    "lit_balance.lightning.metrics": ("lit_balance.lightning.callbacks",),
+    "lit_balance.lightning.datamodule": ("lit_balance.lightning.callbacks",),
+    "lit_balance.plan.padded": ("lit_balance.plan.packed", "lit_balance.plan.epoch"),  # planners do not know each other
+    "lit_balance.plan.packed": ("lit_balance.plan.padded", "lit_balance.plan.epoch"),
+}
+#: part -> third-party packages it may not import (anywhere, also lazily)
+FORBIDDEN = {
+    "errors": {"torch", "lightning", "pytorch_lightning"},
+    "_checks": {"torch", "lightning", "pytorch_lightning"},
+    "_fingerprint": {"torch", "lightning", "pytorch_lightning"},
+    "world": {"lightning", "pytorch_lightning"},
+    "plan": {"torch", "lightning", "pytorch_lightning", "torchmetrics", "matplotlib", "rich"},
+    "sampler": {"lightning", "pytorch_lightning", "torchmetrics", "matplotlib", "rich"},
+    "data": {"lightning", "pytorch_lightning", "torchmetrics", "matplotlib", "rich"},
+    "report": {"lightning", "pytorch_lightning", "torchmetrics"},
+}
+
+
+def _sources(root: Path = PACKAGE) -> dict[str, str]:
+    """``{module name: source}`` of every module of the package under ``root``."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path.read_text(encoding="utf-8")
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(source: str, module: str, modules: set[str]) -> list[tuple[str, int]]:
+    """``(imported module, line)`` of every import statement outside ``if TYPE_CHECKING:``; a name imported from a
+    package that is one of its submodules counts as that submodule."""
+    found = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                package = module.split(".")[:-node.level] if not _is_package(module, modules) or node.level > 1 \
+                    else module.split(".")
+                base = ".".join(package + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.append((sub if sub in modules else base, node.lineno))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(source))
+    return found
+
+
+def _is_package(module: str, modules: set[str]) -> bool:
+    return any(m.startswith(module + ".") for m in modules)
+
+
+def _part(module: str) -> str:
+    """The top-level part of a lit_balance module: ``lit_balance.plan.cost`` -> ``plan``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (module -> imported modules), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def walk(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := walk(nxt)) is not None:
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := walk(node)) is not None:
+            return found
+    return None
+
+
+def violations(sources: dict[str, str]) -> list[str]:
+    """Every broken rule of the package whose modules are ``sources``: upward imports, forbidden third-party imports,
+    import cycles; one line each."""
+    modules = set(sources)
+    out, graph = [], {}
+    for module, source in sources.items():
+        part = _part(module)
+        graph[module] = set()
+        for imported, line in _imports(source, module, modules):
+            top = imported.split(".")[0]
+            if top == "lit_balance":
+                target = imported if imported in modules else imported.rsplit(".", 1)[0]
+                if target != module:
+                    graph[module].add(target)
+                inner = [m for prefix, banned in INNER.items() if module.startswith(prefix)
+                         for m in banned if imported == m or imported.startswith(m + ".")]
+                if inner:
+                    out.append(f"{module}:{line} imports {imported} ({module} must not import {inner[0]})")
+                other = _part(imported)
+                if other != part and other not in LAYERS.get(part, set()) and imported != "lit_balance":
+                    out.append(f"{module}:{line} imports {imported} ({part} may import {sorted(LAYERS.get(part, ()))})")
+            elif top in FORBIDDEN.get(part, set()):
+                out.append(f"{module}:{line} imports {imported} ({part} must not import {top})")
+    cycle = _cycle(graph)
+    if cycle:
+        out.append("import cycle: " + " -> ".join(cycle))
+    return out
+
+
+def test_every_module_belongs_to_a_layer():
+    assert {_part(m) for m in _sources()} <= set(LAYERS)
+
+
+def test_no_upward_import_no_forbidden_import_no_cycle():
+    assert violations(_sources()) == []
+
+
+@pytest.mark.parametrize(("module", "line", "expected"), [
+    ("lit_balance.plan.cost", "from lit_balance.sampler import BalancedBatchSampler", "imports lit_balance.sampler"),
+    ("lit_balance.sampler.state", "import lightning", "sampler must not import lightning"),
+    ("lit_balance.plan.types", "import torch", "plan must not import torch"),
+    ("lit_balance.data.dataset", "from lit_balance.lightning import loss", "imports lit_balance.lightning"),
+    ("lit_balance.report", "from lit_balance.lightning.datamodule import BalancedTextDataModule",
+     "imports lit_balance.lightning.datamodule"),
+    ("lit_balance.lightning.loss", "from lit_balance.lightning.callbacks import StragglerMonitor",
+     "must not import lit_balance.lightning.callbacks"),
+    ("lit_balance.plan.packed", "from lit_balance.plan.padded import plan_padded",
+     "must not import lit_balance.plan.padded"),
+])
+def test_the_checker_reports_an_upward_or_forbidden_import(module, line, expected):
+    sources = _sources()
+    sources[module] = sources[module] + f"\n\ndef _planted():\n    {line}\n"
+    found = violations(sources)
+    assert any(expected in v and v.startswith(module) for v in found), found
+
+
+def test_the_checker_reports_a_cycle():
+    sources = _sources()
+    sources["lit_balance.plan.types"] += "\nfrom lit_balance.plan.epoch import plan_epoch\n"
+    assert any(v.startswith("import cycle:") and "lit_balance.plan.epoch" in v for v in violations(sources))
+
+
+def test_imports_under_type_checking_do_not_count():
+    sources = _sources()
+    before = violations(sources)
+    sources["lit_balance.plan.types"] += ("\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                          "    from lit_balance.sampler import BalancedBatchSampler\n")
+    assert violations(sources) == before
+
+
+# Runtime: what importing a part loads, in a fresh interpreter. Lightning itself imports rich and matplotlib (its
+# progress bar, torchmetrics' plotting), so plot and table libraries are checked on who runs the import statement.
+WATCHED = ("matplotlib", "rich", "lightning", "pytorch_lightning", "torch", "datasets")
+PROBE = """
+import builtins, json, sys
+importers = []
+_import = builtins.__import__
+def _recording_import(name, globals=None, locals=None, fromlist=(), level=0):
+    if level == 0 and name.split(".")[0] in WATCHED:
+        importers.append([(globals or {}).get("__name__", "?"), name])
+    return _import(name, globals, locals, fromlist, level)
+builtins.__import__ = _recording_import
+exec(STATEMENT)
+builtins.__import__ = _import
+print(json.dumps({"modules": sorted(sys.modules), "importers": importers}))
+"""
+
+
+def _probe(statement: str) -> dict:
+    code = f"WATCHED = {WATCHED!r}\nSTATEMENT = {statement!r}\n{PROBE}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _loaded(result: dict, package: str) -> list[str]:
+    return [m for m in result["modules"] if m == package or m.startswith(package + ".")]
+
+
+def test_importing_the_planner_loads_numpy_only():
+    result = _probe("import lit_balance.plan\nfrom lit_balance import plan_epoch, BatchingSettings, CostModel")
+    assert {p: _loaded(result, p)[:3] for p in ("torch", "lightning", "matplotlib", "rich")} == {
+        "torch": [], "lightning": [], "matplotlib": [], "rich": []}
+
+
+def test_importing_the_sampler_and_the_data_layer_loads_no_lightning():
+    result = _probe("import lit_balance.sampler, lit_balance.data, lit_balance.report\n"
+                    "from lit_balance import BalancedBatchSampler, TokenDataset, PadCollator")
+    assert {p: _loaded(result, p)[:3] for p in ("lightning", "pytorch_lightning", "matplotlib", "rich", "datasets")} \
+        == {"lightning": [], "pytorch_lightning": [], "matplotlib": [], "rich": [], "datasets": []}
+
+
+def test_no_plot_or_table_library_is_imported_by_the_package_on_import():
+    result = _probe("import lit_balance\nfrom lit_balance import BalancedTextDataModule, BalancedBatchSampler\n"
+                    "import lit_balance.lightning, lit_balance.sampler, lit_balance.callbacks, lit_balance.cli")
+    by_us = [[who, name] for who, name in result["importers"]
+             if who.split(".")[0] == "lit_balance" and name.split(".")[0] in ("matplotlib", "rich")]
+    assert by_us == []
+
+
+def test_drawing_a_table_is_where_rich_is_imported():
+    # the probe sees the import where the rule allows it (so the check above can fail)
+    result = _probe("import numpy as np\nfrom lit_balance.report import format_report, plan_report\n"
+                    "format_report(plan_report(np.arange(1, 60), 128, num_replicas=2))")
+    assert any(who.startswith("lit_balance.report") and name == "rich" for who, name in result["importers"])
