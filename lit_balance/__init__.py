@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "IGNORE_INDEX": "lit_balance.data.collate",
+    "IGNORE_INDEX": "lit_balance.data.records",
     "PackedCollator": "lit_balance.data.collate",
     "PadCollator": "lit_balance.data.collate",
     "CostModel": "lit_balance.plan.cost",

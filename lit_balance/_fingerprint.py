@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+from typing import BinaryIO
 
 import numpy as np
 
-__all__ = ["sha256_of", "sha256_of_int64"]
+__all__ = ["sha256_of", "sha256_of_int64", "sha256_of_stream"]
+
+HASH_BLOCK = 1 << 22  # bytes read per update by sha256_of_stream unless told otherwise
 
 
 def sha256_of(*parts: str | bytes) -> str:
@@ -41,3 +44,28 @@ def sha256_of_int64(values: np.ndarray, chunk: int = 1 << 20) -> str:
     for start in range(0, values.shape[0], chunk):
         digest.update(np.ascontiguousarray(values[start:start + chunk], dtype="<i8").tobytes())
     return digest.hexdigest()
+
+
+def sha256_of_stream(handle: BinaryIO, block_size: int = HASH_BLOCK) -> tuple[int, str]:
+    """Return the number of bytes and the sha256 hex digest of what a binary handle reads until its end.
+
+    The handle is read ``block_size`` bytes at a time, so memory stays one block whatever the size of the file;
+    the caller opens (and closes) it, and errors of ``read`` reach the caller as they are.
+
+    Args:
+        handle: an open binary file object (anything with ``read(n) -> bytes``), read from where it stands.
+        block_size: bytes per ``read`` call.
+
+    Returns:
+        ``(size in bytes, sha256 hex digest)`` of the bytes read.
+
+    Example:
+        >>> import io
+        >>> sha256_of_stream(io.BytesIO(b"abc"), block_size=2) == (3, hashlib.sha256(b"abc").hexdigest())
+        True
+    """
+    digest, size = hashlib.sha256(), 0
+    for block in iter(lambda: handle.read(block_size), b""):
+        digest.update(block)
+        size += len(block)
+    return size, digest.hexdigest()

@@ -35,7 +35,6 @@ Leftovers of killed builds are removed at the start of the next build in the sam
 from __future__ import annotations
 
 import gc
-import hashlib
 import io
 import json
 import os
@@ -57,6 +56,7 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
 from lit_balance._fingerprint import sha256_of as _sha256
+from lit_balance._fingerprint import sha256_of_stream
 from lit_balance.data.records import IGNORE_INDEX, encode_chunk_deferred
 from lit_balance.data.sources import CorpusChunk, CorpusSource
 from lit_balance.data.tokenizer import TokenizerAdapter
@@ -222,12 +222,10 @@ def _check_types(source: Any, tokenizer: Any) -> None:
                          "so add the special ids to each document yourself, or leave add_special_tokens=False")
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+def _array_sha256(path: Path) -> str:
+    """sha256 hex digest of an array file of an entry, read in blocks of ``_HASH_BLOCK`` bytes."""
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(_HASH_BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return sha256_of_stream(handle, _HASH_BLOCK)[1]
 
 
 def _check_ids(flat: np.ndarray, sizes: np.ndarray, start: int, vocab_size: int, what: str,
@@ -462,7 +460,7 @@ def _build(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: Path, k
                              "tokenization")
         target = cache_dir / key
         names = [*_ARRAYS, *([_LABELS] if has_labels else [])]
-        digests = {f"{name}.npy": _file_sha256(tmp / f"{name}.npy") for name in names}
+        digests = {f"{name}.npy": _array_sha256(tmp / f"{name}.npy") for name in names}
         meta = {"key": key, "format": _CACHE_FORMAT, "num_docs": num_kept, "num_tokens": num_tokens,
                 "num_empty": num_docs - num_kept, "vocab_size": tokenizer.vocab_size,
                 "pad_token_id": tokenizer.pad_token_id, "description": source.description, "sha256": digests}
@@ -485,12 +483,12 @@ def _build(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: Path, k
         _release(tmp, lock_fd)
 
 
-def _not_writable(cache_dir: Path, error: OSError) -> ValueError:
-    return ValueError(
+def _not_writable(cache_dir: Path, error: OSError) -> InputValueError:
+    return InputValueError(
         f"cache_dir {str(cache_dir)!r} is not writable ({error.strerror or error}), so the tokenized corpus cannot "
         "be cached there; pass a writable directory as cache_dir= or set the environment variable "
         "LIT_BALANCE_CACHE to one (cache_dir=None uses $LIT_BALANCE_CACHE, else $XDG_CACHE_HOME/lit_balance, "
-        "else ~/.cache/lit_balance)"
+        "else ~/.cache/lit_balance)", parameter="cache_dir"
     )
 
 
@@ -615,7 +613,7 @@ def _read_entry(entry: Path, key: str, tokenizer: TokenizerAdapter) -> Tokenized
         arrays = {}
         for name in (*_ARRAYS, *([_LABELS] if f"{_LABELS}.npy" in meta["sha256"] else [])):
             path = entry / f"{name}.npy"
-            if _file_sha256(path) != meta["sha256"][f"{name}.npy"]:
+            if _array_sha256(path) != meta["sha256"][f"{name}.npy"]:
                 return None
             arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
         corpus = TokenizedCorpus(num_empty=int(meta["num_empty"]), vocab_size=tokenizer.vocab_size,

@@ -8,12 +8,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from lit_balance.data.records import IGNORE_INDEX
 from lit_balance.errors import InputValueError
 
 __all__ = ["IGNORE_INDEX", "PackedCollator", "PadCollator"]
-
-#: Label value ignored by :func:`torch.nn.functional.cross_entropy` (its default ``ignore_index``).
-IGNORE_INDEX = -100
 
 
 class PadCollator:

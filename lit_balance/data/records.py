@@ -22,9 +22,11 @@ import numpy as np
 
 from lit_balance.errors import InputValueError
 
-__all__ = ["encode_chunk", "encode_chunk_deferred", "encode_chunk_flat", "supervised_counts"]
+__all__ = ["IGNORE_INDEX", "encode_chunk", "encode_chunk_deferred", "encode_chunk_flat", "supervised_counts"]
 
-IGNORE_INDEX = -100  # the same value as lit_balance.data.collate.IGNORE_INDEX (kept import-free of torch here)
+#: Label of a token with no target: ignored by :func:`torch.nn.functional.cross_entropy` (its default
+#: ``ignore_index``) and by :func:`lit_balance.lightning.loss.token_loss_sum`.
+IGNORE_INDEX = -100
 
 
 def _encode_deferred(tokenizer: Any, texts: list[str]) -> Callable[[], tuple[np.ndarray, np.ndarray]]:

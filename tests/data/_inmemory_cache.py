@@ -47,10 +47,10 @@ def in_memory_arrays(source: CorpusSource, tokenizer: TokenizerAdapter) -> dict[
         if source.kind == "builtin":
             texts = stdlib_docstrings()
         elif source.kind == "texts":
-            texts = list(source._payload)
+            texts = list(source.texts)
         else:
-            texts = [doc for path in source._payload
-                     for doc in whole_file_documents(path, source._text_key, source._txt_documents)]
+            texts = [doc for path in source.paths
+                     for doc in whole_file_documents(path, source.text_key, source.txt_documents)]
         docs = [np.asarray(ids, dtype=np.int64) for ids in tokenizer.encode_batch(texts)]
     lengths = np.array([len(d) for d in docs], dtype=np.int64)
     source_index = np.flatnonzero(lengths > 0).astype(np.int64)

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lit_balance.data import sources as corpus_module
 from lit_balance.data.cache import build_cache, cache_key, load_cache, load_or_build
+from lit_balance.data.sources import files as files_module
 from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
 
@@ -73,14 +73,14 @@ def test_a_file_changed_while_it_is_read_is_not_cached_under_the_old_key(tmp_pat
         lines = [json.dumps({"text": line}) for line in lines]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     source = resolve_corpus(path)
-    monkeypatch.setattr(corpus_module, "_READ_BLOCK", 8)
-    split = corpus_module._split_lines
+    monkeypatch.setattr(files_module, "_READ_BLOCK", 8)
+    split = files_module._split_lines
 
     def edit_after_the_first_block(text):
         path.write_text(path.read_text(encoding="utf-8").replace("later", "other"), encoding="utf-8")
         return split(text)
 
-    monkeypatch.setattr(corpus_module, "_split_lines", edit_after_the_first_block)
+    monkeypatch.setattr(files_module, "_split_lines", edit_after_the_first_block)
     with pytest.raises(RuntimeError, match=r"changed while it was tokenized; run again"):
         build_cache(source, tok, tmp_path / "cache")
     assert os.listdir(tmp_path / "cache") == []
@@ -117,7 +117,7 @@ def test_a_file_changed_after_it_was_read_keeps_the_entry_of_what_was_read(tmp_p
 @pytest.mark.parametrize("txt_documents", ["line", "paragraph"])
 def test_the_digest_of_what_was_read_equals_a_fresh_hash_of_the_files(tmp_path, tok, monkeypatch, files,
                                                                        txt_documents):
-    monkeypatch.setattr(corpus_module, "_READ_BLOCK", 1000)  # several blocks, cut inside multi-byte characters
+    monkeypatch.setattr(files_module, "_READ_BLOCK", 1000)  # several blocks, cut inside multi-byte characters
     paths = []
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
@@ -162,7 +162,7 @@ def stuck(*args, **kwargs):  # the build is inside its temporary directory when 
     print("writing", flush=True)
     time.sleep(300)
 
-cache._file_sha256 = stuck  # called on the written arrays, before the rename
+cache._array_sha256 = stuck  # called on the written arrays, before the rename
 build_cache(resolve_corpus([[int(sys.argv[2]), 1]]), TokenizerAdapter.for_token_ids(10), sys.argv[1])
 """
 

@@ -16,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lit_balance.data import cache as cache_module
-from lit_balance.data import sources as corpus_module
 from lit_balance.data.cache import _ARRAYS, build_cache, load_or_build
 from lit_balance.data.sources import CorpusChunk, CorpusSource, resolve_corpus
+from lit_balance.data.sources import base as base_module
+from lit_balance.data.sources import files as files_module
 from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
 
 TOK = resolve_tokenizer()
@@ -69,8 +70,8 @@ def test_the_streamed_entry_equals_the_in_memory_build(tmp_path, monkeypatch, ki
     source, tokenizer = _sources(tmp_path, kind)
     reference = in_memory_arrays(source, tokenizer)
     if kind != "builtin":  # small chunks: many chunk boundaries, a document larger than max_chars alone
-        monkeypatch.setattr(corpus_module, "_CHUNK_DOCS", 3)
-        monkeypatch.setattr(corpus_module, "_CHUNK_CHARS", 40)
+        monkeypatch.setattr(base_module, "_CHUNK_DOCS", 3)
+        monkeypatch.setattr(base_module, "_CHUNK_CHARS", 40)
     entry = build_cache(source, tokenizer, tmp_path / "cache")
     _assert_entry_equals(entry, reference, tmp_path)
     meta = json.loads((entry / "meta.json").read_text())
@@ -115,8 +116,8 @@ def test_any_chunking_gives_the_in_memory_entry(tmp_path_factory, texts, max_doc
     reference = in_memory_arrays(source, TOK)
     tmp_path = tmp_path_factory.mktemp("build")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(corpus_module, "_CHUNK_DOCS", max_docs)
-        patch.setattr(corpus_module, "_CHUNK_CHARS", max_chars)
+        patch.setattr(base_module, "_CHUNK_DOCS", max_docs)
+        patch.setattr(base_module, "_CHUNK_CHARS", max_chars)
         if not len(reference["source_index"]):
             with pytest.raises(ValueError, match=f"all {len(texts)} documents .* are empty after tokenization"):
                 build_cache(source, TOK, tmp_path / "cache")
@@ -168,10 +169,10 @@ def _traced_peak(source: CorpusSource, cache_dir: Path) -> int:
 
 def test_traced_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     """Python and numpy allocations (tracemalloc) peak alike on corpora 10x apart; the in-memory build's grow."""
-    monkeypatch.setattr(corpus_module, "_CHUNK_DOCS", 64)
-    for module in (corpus_module, cache_module):  # hashing reads blocks of this size: keep them small here
+    monkeypatch.setattr(base_module, "_CHUNK_DOCS", 64)
+    for module in (files_module, cache_module):  # hashing reads blocks of this size: keep them small here
         monkeypatch.setattr(module, "_HASH_BLOCK", 1 << 14)
-    monkeypatch.setattr(corpus_module, "_READ_BLOCK", 1 << 12)  # and so does reading the documents
+    monkeypatch.setattr(files_module, "_READ_BLOCK", 1 << 12)  # and so does reading the documents
     small = resolve_corpus(_jsonl(tmp_path / "small.jsonl", 400))
     large = resolve_corpus(_jsonl(tmp_path / "large.jsonl", 4000))
     peaks = [_traced_peak(source, tmp_path / f"cache{i}") for i, source in enumerate((small, large))]
@@ -199,7 +200,7 @@ def test_a_bad_line_after_many_chunks_leaves_no_entry(tmp_path, monkeypatch):
     path = _jsonl(tmp_path / "corpus.jsonl", 300)
     with open(path, "ab") as handle:
         handle.write(b'\r{"text": "fine"}\r\n{"text": 5}\n')
-    monkeypatch.setattr(corpus_module, "_CHUNK_DOCS", 10)
+    monkeypatch.setattr(base_module, "_CHUNK_DOCS", 10)
     with pytest.raises(ValueError, match=r"corpus\.jsonl', line 303: 'text' is int, expected a string"):
         build_cache(resolve_corpus(path), TOK, tmp_path / "cache")
     assert not list((tmp_path / "cache").iterdir())

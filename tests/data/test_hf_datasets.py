@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from lit_balance import BalancedTextDataModule
+from lit_balance._fingerprint import sha256_of
 from lit_balance.data.cache import cache_key, load_or_build
 from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
@@ -131,6 +131,9 @@ def test_the_cache_key_follows_the_dataset_fingerprint(tok):
     mapped = a.map(lambda row: {"text": row["text"].upper()})
     keys = [cache_key(resolve_corpus(d), tok) for d in (a, same, other, mapped)]
     assert keys[0] == keys[1] and len(set(keys)) == 3
+    source = resolve_corpus(a)
+    assert source.identity() == ("texts", "text", a._fingerprint, "5")
+    assert source.fingerprint == sha256_of("datasets", *source.identity()) and resolve_corpus(source) is source
 
 
 class _Counting:

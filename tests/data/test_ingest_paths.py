@@ -1,6 +1,6 @@
 """The fast paths of tokenizing into the cache agree with the plain ones they replace.
 
-* reading corpus files in blocks (:func:`lit_balance.data.sources._file_line_blocks`) gives the lines, line numbers and
+* reading corpus files in blocks (:func:`lit_balance.data.sources.files._file_line_blocks`) gives the lines, line numbers and
   UTF-8 errors of reading them line by line, wherever the blocks are cut;
 * JSONL lines parsed by the decoder's scanner give the records and errors of ``json.loads``;
 * flat ids (:meth:`TokenizerAdapter.encode_batch_flat`, :func:`encode_chunk_flat`) equal the per-document ids
@@ -17,9 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lit_balance.data import sources as corpus_module
-from lit_balance.data.sources import CorpusChunk, _file_lines, _jsonl_record, _jsonl_records
 from lit_balance.data.records import IGNORE_INDEX, encode_chunk_flat
+from lit_balance.data.sources import CorpusChunk
+from lit_balance.data.sources import files as files_module
+from lit_balance.data.sources.files import _file_lines, _jsonl_record, _jsonl_records
 from lit_balance.data.tokenizer import flat_ids, resolve_tokenizer
 
 _BOM = b"\xef\xbb\xbf"
@@ -64,14 +65,14 @@ _PIECES = st.sampled_from([b"a", b"bc", b"\n", b"\r", b"\r\n", b" ", "é".encode
 def test_lines_read_in_blocks_equal_lines_read_one_by_one(tmp_path, monkeypatch, pieces, bom, block):
     path = tmp_path / "lines.txt"
     path.write_bytes((_BOM if bom else b"") + b"".join(pieces))
-    monkeypatch.setattr(corpus_module, "_READ_BLOCK", block)
+    monkeypatch.setattr(files_module, "_READ_BLOCK", block)
     assert _lines_in_blocks(path) == _lines_one_by_one(path)
 
 
 def test_a_bad_byte_names_its_offset_after_the_lines_before_it(tmp_path, monkeypatch):
     path = tmp_path / "bad.txt"
     path.write_bytes(_BOM + b"one\r\ntwo\n" + "é".encode() + b"x\xffy\nfour\n")  # 3 + 5 + 4 + 2 + 1 bytes before
-    monkeypatch.setattr(corpus_module, "_READ_BLOCK", 1 << 20)  # the whole file in one block
+    monkeypatch.setattr(files_module, "_READ_BLOCK", 1 << 20)  # the whole file in one block
     lines = _file_lines(path)
     assert [next(lines), next(lines)] == [(1, "one"), (2, "two")]
     with pytest.raises(ValueError, match=r"is not valid UTF-8 at byte 15; re-encode it as UTF-8"):

@@ -12,11 +12,10 @@ from hypothesis import strategies as st
 
 from lit_balance import BalancedBatchSampler, BalancedTextDataModule, PadCollator, TokenDataset
 from lit_balance.data.cache import load_or_build
-from lit_balance.data.sources import resolve_corpus
-from lit_balance.lightning.loss import token_loss_sum
-from lit_balance.data.sources import CorpusChunk
 from lit_balance.data.records import encode_chunk, supervised_counts
+from lit_balance.data.sources import CorpusChunk, resolve_corpus
 from lit_balance.data.tokenizer import resolve_tokenizer
+from lit_balance.lightning.loss import token_loss_sum
 
 
 @pytest.fixture(scope="module")
@@ -187,9 +186,9 @@ def test_every_step_divisor_equals_the_targets_the_loss_counts_over_all_ranks(co
 
 def test_labels_start_late_in_a_streamed_build_and_cover_every_token(tmp_path, tok, monkeypatch):
     from lit_balance.data import cache as cache_module
-    from lit_balance.data import sources as corpus_module
+    from lit_balance.data.sources import base as base_module
 
-    monkeypatch.setattr(corpus_module, "_CHUNK_DOCS", 2)  # several chunks of text before the first labelled one
+    monkeypatch.setattr(base_module, "_CHUNK_DOCS", 2)  # several chunks of text before the first labelled one
     monkeypatch.setattr(cache_module, "_HASH_BLOCK", 3)  # the tokens before it are copied in several blocks
     records = [{"text": f"plain document number {i}"} for i in range(5)]
     records += [{"prompt": "ask", "completion": " reply one"}, {"text": "after"}, {"prompt": "q", "completion": " a"}]

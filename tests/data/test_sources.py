@@ -17,8 +17,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lit_balance._fingerprint import sha256_of
 from lit_balance.data import cache as cache_module
-from lit_balance.data import sources as corpus_module
 from lit_balance.data.cache import (
     TokenizedCorpus,
     build_cache,
@@ -33,6 +33,7 @@ from lit_balance.data.sources import (
     resolve_corpus,
     stdlib_docstrings,
 )
+from lit_balance.data.sources import builtin as builtin_module
 from lit_balance.data.tokenizer import TokenizerAdapter, builtin_tokenizer, resolve_tokenizer
 
 HELLO_WORLD = [7592, 2088]
@@ -210,7 +211,7 @@ def test_builtin_source(stdlib_docs):
 
 
 def test_builtin_corpus_builds(tmp_path, tok, stdlib_docs, monkeypatch):
-    monkeypatch.setattr(corpus_module, "stdlib_docstrings", lambda: list(stdlib_docs))  # extracted once already
+    monkeypatch.setattr(builtin_module, "stdlib_docstrings", lambda: list(stdlib_docs))  # extracted once already
     corpus = load_or_build(resolve_corpus(), tok, tmp_path)
     assert len(corpus) + corpus.num_empty == len(stdlib_docs)
     assert corpus.document(0).tolist() == tok.encode_batch([stdlib_docs[corpus.source_index[0]]])[0]
@@ -465,14 +466,14 @@ def _inconsistent_offsets(entry: Path) -> None:
     # valid checksum, wrong content: offsets decrease
     np.save(entry / "offsets.npy", np.array([0, 3, 1, 4], dtype=np.int64))
     meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
-    meta["sha256"]["offsets.npy"] = cache_module._file_sha256(entry / "offsets.npy")
+    meta["sha256"]["offsets.npy"] = cache_module._array_sha256(entry / "offsets.npy")
     (entry / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
 def _wrong_dtype(entry: Path) -> None:
     np.save(entry / "token_ids.npy", np.load(entry / "token_ids.npy").astype(np.int64))
     meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
-    meta["sha256"]["token_ids.npy"] = cache_module._file_sha256(entry / "token_ids.npy")
+    meta["sha256"]["token_ids.npy"] = cache_module._array_sha256(entry / "token_ids.npy")
     (entry / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
@@ -604,9 +605,33 @@ def test_concurrent_builders_agree(tmp_path, tok):
             assert np.array_equal(got[name], getattr(here, name))
 
 
-def test_corpus_source_rejects_unknown_kind():
-    with pytest.raises(ValueError, match="kind must be one of"):
-        CorpusSource("web", "0" * 64, "x")
+def test_corpus_source_refuses_a_bad_or_built_in_kind():
+    with pytest.raises(TypeError, match="CorpusSource cannot be created: a CorpusSource subclass must define "
+                                        "identity.* and read_records"):
+        CorpusSource()
+    with pytest.raises(ValueError, match=r"_Texts.kind = 'texts' is the kind of the built-in source TextsSource; "
+                                         "choose another name"):
+        class _Texts(CorpusSource):
+            kind = "texts"
+    for bad in ("", " ", 3):
+        with pytest.raises(TypeError, match=rf"_Bad.kind must be a non-empty str .*got {bad!r}"):
+            class _Bad(CorpusSource):
+                kind = bad
+
+
+def test_built_in_sources_are_keyed_by_their_kind_and_identity_and_pass_through(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_text("x\n\ny\n", encoding="utf-8")
+    sources = [resolve_corpus(), resolve_corpus(["a", "b"]), resolve_corpus(path),
+               resolve_corpus(path, txt_documents="paragraph"), resolve_corpus([[1, 2], [3]])]
+    assert [type(s).__name__ for s in sources] == ["StdlibDocstringsSource", "TextsSource", "FilesSource",
+                                                   "FilesSource", "TokenIdsSource"]
+    for source in sources[:-1]:
+        assert source.fingerprint == sha256_of(source.kind, *source.identity())
+    assert sources[-1].identity() == (sources[-1].fingerprint,)  # the sha256 of the ids themselves
+    assert len({s.fingerprint for s in sources}) == len(sources)
+    for source in sources:
+        assert resolve_corpus(source) is source
 
 
 def test_glob_pattern_and_universal_newlines(tmp_path):

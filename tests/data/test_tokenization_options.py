@@ -15,7 +15,6 @@ from lit_balance.data.cache import cache_key
 from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.tokenizer import TokenizerAdapter, builtin_tokenizer, resolve_tokenizer
 
-
 # ---------------------------------------------------------------- (c) a tokenizer name that is not a file
 
 
