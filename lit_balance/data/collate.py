@@ -11,7 +11,7 @@ import torch
 from lit_balance.data.records import IGNORE_INDEX
 from lit_balance.errors import InputValueError
 
-__all__ = ["IGNORE_INDEX", "PackedCollator", "PadCollator"]
+__all__ = ["COLLATORS", "IGNORE_INDEX", "PackedCollator", "PadCollator", "collator_for"]
 
 
 class PadCollator:
@@ -107,13 +107,7 @@ class PadCollator:
             "num_real_tokens": int(lengths.sum()),
             "num_padded_tokens": batch_size * width,
         }
-        first = samples[0]
-        if "step_real_tokens" in first and "step_rows" in first:
-            batch["step_real_tokens"] = int(first["step_real_tokens"])
-            batch["step_rows"] = int(first["step_rows"])
-            planned = first.get("step_supervised_tokens")
-            batch["step_supervised_tokens"] = (batch["step_real_tokens"] - batch["step_rows"] if planned is None
-                                               else int(planned))
+        batch.update(_step_totals(samples[0]))
         return batch
 
 
@@ -250,3 +244,30 @@ class PackedCollator:
         }
         batch.update(_step_totals(samples[0]))
         return batch
+
+
+#: The collator of each planner's micro-batches (:data:`lit_balance.plan.PLANNERS`), by planner name.
+COLLATORS: dict[str, type] = {"padded": PadCollator, "packed": PackedCollator}
+
+
+def collator_for(planner: str, pad_token_id: int, pad_to_multiple_of: int = 1,
+                 max_length: int | None = None) -> PadCollator | PackedCollator:
+    """The collator of micro-batches laid out by the planner named ``planner`` (e.g.
+    ``lit_balance.plan.planner_for(settings).name``): :class:`PadCollator` for ``"padded"``, :class:`PackedCollator`
+    for ``"packed"``.
+
+    Args:
+        planner: a key of :data:`COLLATORS`.
+        pad_token_id, pad_to_multiple_of, max_length: as for the collators.
+
+    Raises:
+        ValueError: an unknown planner name.
+
+    Example:
+        >>> type(collator_for("packed", pad_token_id=0)).__name__
+        'PackedCollator'
+    """
+    if planner not in COLLATORS:
+        raise InputValueError(f"no collator for the planner {planner!r}; the planners are {sorted(COLLATORS)}",
+                              parameter="planner")
+    return COLLATORS[planner](pad_token_id, pad_to_multiple_of, max_length=max_length)
