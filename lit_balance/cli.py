@@ -13,7 +13,7 @@ LightningModule (``--model.class_path=my.Module``, its arguments ``--model.*``; 
 :class:`~lit_balance.demo.DemoTransformerLM`), the data :class:`~lit_balance.BalancedTextDataModule` (``--data.*``); a
 model whose ``__init__`` takes ``vocab_size`` gets the built data module's, and callbacks are set with
 ``--trainer.callbacks`` (class paths and init args) in the config. ``plan`` plans one epoch without
-training and reports it (see :mod:`lit_balance.report.figures`); ``plan --config`` also reads a ``fit`` config and plans
+training and reports it (see :mod:`lit_balance.report`); ``plan --config`` also reads a ``fit`` config and plans
 with its data settings, its ranks (``trainer.devices`` x ``trainer.num_nodes``) and its
 ``trainer.accumulate_grad_batches``.
 """
@@ -38,14 +38,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _Instan
 
 from lit_balance._checks import MAX_TOKENS_LIMIT, check_int
 from lit_balance.errors import InputError, InputTypeError, InputValueError
-from lit_balance.lightning.datamodule import BalancedTextDataModule
+from lit_balance.lightning.datamodule import DEFAULT_MAX_TOKENS, BalancedTextDataModule
 from lit_balance.plan.cost import CostModel
 from lit_balance.plan.settings import BatchingSettings
 
 __all__ = ["LitBalanceCLI", "build_cli", "main", "plan_options_from_fit", "plan_parser", "run_plan"]
-
-
-_DEFAULT_MAX_TOKENS = 4096  # as BalancedTextDataModule's
 
 
 def _flag(name: str) -> str:
@@ -90,7 +87,7 @@ def plan_parser(fit_parser: ArgumentParser | None = None) -> ArgumentParser:
     group.add_argument("--epoch", type=int, default=0, help="the epoch to plan (as set_epoch)")
     hints = typing.get_type_hints(BatchingSettings)
     for setting in dataclasses.fields(BatchingSettings):
-        default = _DEFAULT_MAX_TOKENS if setting.name == "max_tokens" else setting.default
+        default = DEFAULT_MAX_TOKENS if setting.name == "max_tokens" else setting.default
         group.add_argument(_flag(setting.name), type=hints[setting.name], default=default,
                            help=setting.metadata["help"])
     group = parser.add_argument_group("cost model: cost = per_batch + rows * (linear * L + quadratic * L**2)")
@@ -284,8 +281,9 @@ def _component(error: BaseException) -> tuple[str, Any] | None:
 
 
 def _in_data_setup(error: BaseException) -> bool:
-    """True if ``error`` was raised inside a data module's ``prepare_data`` or ``setup`` (called by the trainer)."""
-    return any(frame.f_code.co_name in ("prepare_data", "setup")
+    """True if ``error`` was raised inside a data module's ``prepare_data`` or ``setup`` (called by the trainer), or
+    its ``plan_summary`` (the preview :meth:`LitBalanceCLI.before_fit` prints, which splits the data as ``setup``)."""
+    return any(frame.f_code.co_name in ("prepare_data", "setup", "plan_summary")
                and isinstance(frame.f_locals.get("self"), LightningDataModule) for frame in _frames(error))
 
 
@@ -419,7 +417,7 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
     """
     from rich.console import Console
 
-    from lit_balance.report.figures import format_report, plan_report, save_plots, write_summary
+    from lit_balance.report import format_report, plan_report, save_plots, write_summary
 
     _check_max_length(cfg)
     _check_output_dir(Path(cfg.output_dir))
@@ -529,7 +527,7 @@ class LitBalanceCLI(LightningCLI):
 
     def before_fit(self) -> None:
         """Print the derived budget and the training split's plan (:func:`~lit_balance.report.summary_line`; rank 0)."""
-        from lit_balance.report.figures import summary_line
+        from lit_balance.report import summary_line
 
         trainer, dm = self.trainer, self.datamodule
         if trainer.is_global_zero:
@@ -537,7 +535,7 @@ class LitBalanceCLI(LightningCLI):
                   f"global budget {dm.max_tokens * trainer.world_size * trainer.accumulate_grad_batches} padded slots "
                   f"per optimizer step | max_length {dm.max_length} tokens | corpus: {dm.source.description}",
                   flush=True)
-            if isinstance(dm, BalancedTextDataModule):  # no Trainer attached yet: setup takes no collective
+            if isinstance(dm, BalancedTextDataModule):  # the preview communicates with no other rank
                 print(summary_line(dm.plan_summary(trainer.world_size, trainer.accumulate_grad_batches)), flush=True)
 
     def _run_subcommand(self, subcommand: str) -> None:

@@ -31,7 +31,7 @@ import lightning as L
 from hydra.utils import instantiate, to_absolute_path
 from omegaconf import DictConfig
 
-from lit_balance.report.figures import summary_line
+from lit_balance.report import summary_line
 
 _START = time.perf_counter()
 

@@ -1,40 +1,47 @@
-"""BalancedTextDataModule: tokenize a corpus once, feed every rank token-budgeted micro-batches."""
+"""BalancedTextDataModule: tokenize a corpus once, feed every rank token-budgeted micro-batches.
+
+Lightning glue over the data layer: :mod:`lit_balance.data` tokenizes and caches the corpus and splits it
+(:mod:`lit_balance.data.splits`), :class:`~lit_balance.BalancedBatchSampler` plans each split for this rank of the
+data-parallel world (:func:`lit_balance.world.data_parallel_world`), and :mod:`lit_balance.lightning.agreement`
+checks at ``setup`` that every process planned the same data.
+"""
 
 from __future__ import annotations
 
-import json
 import os
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import lightning as L
 import numpy as np
-import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from lit_balance._checks import check_bool, check_int
-from lit_balance._fingerprint import sha256_of, sha256_of_int64
+from lit_balance._fingerprint import sha256_of_int64
 from lit_balance.data.cache import TokenizedCorpus, default_cache_dir, load_or_build
 from lit_balance.data.collate import PackedCollator, PadCollator
 from lit_balance.data.dataset import TokenDataset
 from lit_balance.data.sources import resolve_corpus
+from lit_balance.data.splits import resolve_val_fraction, split_corpus
 from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
 from lit_balance.errors import InputTypeError, InputValueError
+from lit_balance.lightning.agreement import check_ranks_agree, plan_fingerprint
 from lit_balance.plan.cost import CostModel, check_cost_model
 from lit_balance.plan.padded import padded_lengths
 from lit_balance.plan.settings import BatchingSettings, delegate_settings
 from lit_balance.sampler.sampler import BalancedBatchSampler
+from lit_balance.world import DataParallelWorld, data_parallel_world
 
-__all__ = ["BalancedTextDataModule"]
+if TYPE_CHECKING:
+    from lit_balance.data.sources import CorpusSource
 
+__all__ = ["DEFAULT_MAX_TOKENS", "BalancedTextDataModule"]
 
-_DEFAULT_MAX_TOKENS = 4096
-_DEFAULT_VAL_FRACTION = 0.05  # val_fraction=None without a validation split of the corpus
+#: ``max_tokens`` of :class:`BalancedTextDataModule` (and of ``lit-balance plan``) when not given: padded token
+#: slots per micro-batch, per rank.
+DEFAULT_MAX_TOKENS = 4096
 _DATA_KEYS = ("seed", "val_fraction", "max_length", "num_documents", "corpus_lengths_sha256", "tokenizer")
-_NUM_FINGERPRINT_FIELDS = 9  # len(BalancedTextDataModule._fingerprint())
 
 
 def _batches_done_on_restore(progress: Any) -> int:
@@ -53,9 +60,115 @@ def _batches_done_on_restore(progress: Any) -> int:
     return done
 
 
-def _process_group_ready() -> bool:
-    """Whether a torch.distributed process group exists (Lightning's DDP creates it before ``setup``)."""
-    return dist.is_available() and dist.is_initialized()
+class _SamplerResumedLoader(DataLoader):
+    """The training DataLoader: it resumes through its sampler, whose position the DataModule's state_dict holds.
+
+    Lightning 2.x (``_TrainingEpochLoop.reset``) warns on a mid-epoch resume ("your dataloader is not resumable")
+    unless every training loader is stateful: has ``state_dict`` and ``load_state_dict``
+    (``lightning.fabric.utilities.types._Stateful``). It then saves ``state_dict()`` in the checkpoint's fit loop
+    and hands it back to ``load_state_dict`` on restore. This loader keeps no state of its own: the sampler's
+    position is saved by :meth:`BalancedTextDataModule.state_dict` and restored before the loader is built, so the
+    loader saves ``{}`` and accepts only that.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{}``: the position lives in the sampler (see :meth:`BalancedTextDataModule.state_dict`)."""
+        return {}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Accept the ``{}`` that :meth:`state_dict` saved.
+
+        Raises:
+            ValueError: a non-empty state (not saved by this loader).
+        """
+        if not isinstance(state_dict, Mapping) or state_dict:
+            raise InputValueError(
+                f"the training DataLoader of BalancedTextDataModule saves no state of its own (its sampler's position "
+                f"is in the DataModule's state), got {state_dict!r}; resume from a checkpoint written with "
+                "BalancedTextDataModule, or without ckpt_path", parameter="state_dict")
+
+
+class _Splits(NamedTuple):
+    """The tokenized corpus and its training and validation datasets (the latter None without validation)."""
+
+    corpus: TokenizedCorpus
+    train_dataset: TokenDataset
+    val_dataset: TokenDataset | None
+
+
+def _batching_settings(settings: BatchingSettings | None, keywords: dict[str, Any]) -> BatchingSettings:
+    """The DataModule's :class:`BatchingSettings`: ``settings``, or the keywords; keywords at their defaults say
+    nothing beside ``settings``."""
+    if settings is not None:
+        defaults = {**BatchingSettings(max_tokens=DEFAULT_MAX_TOKENS).to_dict(), "max_tokens": DEFAULT_MAX_TOKENS}
+        keywords = {k: v for k, v in keywords.items() if not (type(v) is type(defaults[k]) and v == defaults[k])}
+    return BatchingSettings.build(settings, keywords, owner="BalancedTextDataModule")
+
+
+def _check_cache_dir(cache_dir: Any) -> Path:
+    """``cache_dir`` as a Path (the default cache directory for None)."""
+    if cache_dir is None:
+        return default_cache_dir()
+    if not isinstance(cache_dir, (str, os.PathLike)):
+        raise InputTypeError(f"cache_dir must be a directory path (str or os.PathLike) or None, got {cache_dir!r} "
+                             f"of type {type(cache_dir).__name__}", parameter="cache_dir")
+    if Path(cache_dir).exists() and not Path(cache_dir).is_dir():
+        raise InputValueError(f"cache_dir {str(cache_dir)!r} exists and is not a directory; pass a directory path",
+                              parameter="cache_dir")
+    return Path(cache_dir)
+
+
+def _check_vocab_size(vocab_size: Any) -> int | None:
+    if vocab_size is None:
+        return None
+    return check_int("vocab_size", vocab_size, 1, "token ids of a token-id corpus without a tokenizer, or None (the "
+                     "default: largest id + 1, or the tokenizer's)", maximum=2**31)
+
+
+def _check_pad_token_id(pad_token_id: Any) -> int | None:
+    if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)):
+        raise InputTypeError(f"pad_token_id must be an int or None, got {type(pad_token_id).__name__} "
+                             f"{pad_token_id!r}", parameter="pad_token_id")
+    return pad_token_id
+
+
+def _token_id_tokenizer(source: CorpusSource, vocab_size: int | None, pad_token_id: int | None) -> TokenizerAdapter:
+    """The vocabulary of a token-id corpus without a tokenizer: ``vocab_size``, or its largest id + 1."""
+    pad = 0 if pad_token_id is None else pad_token_id
+    if source.key_after_reading and vocab_size is None:
+        raise InputValueError("a Hugging Face IterableDataset of token ids is read once, into the cache, so its "
+                              "largest id is not known in advance: pass vocab_size= (or a tokenizer)",
+                              parameter="vocab_size")
+    # an IterableDataset's ids are checked against vocab_size when it is read into the cache
+    largest = 0 if source.key_after_reading else max(
+        (int(np.max(d)) for d in source.load_token_ids() if len(d)), default=0)
+    if vocab_size is None:
+        vocab_size = max(largest, pad) + 1
+    # validates vocab_size and pad_token_id now, not at prepare_data
+    adapter = TokenizerAdapter.for_token_ids(vocab_size=vocab_size, pad_token_id=pad)
+    if largest >= adapter.vocab_size:
+        raise InputValueError(f"token id {largest} is outside vocab_size={vocab_size}; raise vocab_size",
+                              parameter="vocab_size")
+    return adapter
+
+
+def _corpus_tokenizer(source: CorpusSource, tokenizer: Any, *, vocab_size: int | None, pad_token_id: int | None,
+                      add_special_tokens: bool) -> TokenizerAdapter:
+    """The tokenizer of ``source``: the given one (or the built-in one), or a token-id corpus' vocabulary."""
+    if source.holds_token_ids and add_special_tokens:
+        raise InputValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as "
+                              "given (never re-encoded, with or without a tokenizer), so add the special ids to each "
+                              "document yourself, or leave add_special_tokens=False", parameter="add_special_tokens")
+    if source.holds_token_ids and tokenizer is None:
+        return _token_id_tokenizer(source, vocab_size, pad_token_id)
+    adapter = resolve_tokenizer(tokenizer, pad_token_id=pad_token_id, add_special_tokens=add_special_tokens)
+    if vocab_size is not None and vocab_size != adapter.vocab_size:
+        with_what = "the built-in tokenizer" if tokenizer is None else "the given tokenizer"
+        raise InputValueError(
+            f"vocab_size={vocab_size} conflicts with {with_what}'s vocabulary of {adapter.vocab_size} "
+            f"token ids ({source.kind} corpus); the vocabulary is the tokenizer's, and vocab_size only "
+            "sets it for token-id corpora without a tokenizer: leave vocab_size unset (None)", parameter="vocab_size")
+    return adapter
 
 
 @delegate_settings
@@ -68,12 +181,15 @@ class BalancedTextDataModule(L.LightningDataModule):
     Data flow: ``prepare_data`` (one process per node) tokenizes the corpus into a cache of plain
     arrays keyed by corpus and tokenizer; ``setup`` loads it on every rank, splits documents into train
     and validation (a permutation seeded by ``seed``), truncates each to ``max_length`` tokens, and
-    builds one :class:`BalancedBatchSampler` per split from ``trainer.world_size`` and
-    ``trainer.global_rank``: the training split's with :attr:`settings` and the Trainer's
-    ``accumulate_grad_batches``, the validation split's unshuffled, without drop_last, largest_first or
-    accumulation, with the default cost model. Loaders are ``DataLoader(dataset, sampler=sampler, batch_size=None)``:
-    because the sampler is a ``DistributedSampler``, Lightning calls its ``set_epoch`` every epoch and
-    leaves it in place under either value of ``Trainer(use_distributed_sampler=...)``.
+    builds one :class:`BalancedBatchSampler` per split for this rank of the data-parallel world
+    (:func:`lit_balance.world.data_parallel_world`: the Trainer's ``global_rank`` and ``world_size``): the training
+    split's with :attr:`settings` and the Trainer's ``accumulate_grad_batches``, the validation split's unshuffled,
+    without drop_last, largest_first or accumulation, with the default cost model. Loaders are
+    ``DataLoader(dataset, sampler=sampler, batch_size=None)``: because the sampler is a ``DistributedSampler``,
+    Lightning calls its ``set_epoch`` every epoch and leaves it in place under either value of
+    ``Trainer(use_distributed_sampler=...)``. The training loader is stateful as Lightning sees it (``state_dict``
+    / ``load_state_dict``, with no state of its own): it resumes mid-epoch through its sampler, whose position
+    :meth:`state_dict` saves.
 
     Batches are those of :class:`PadCollator`: ``input_ids``, ``attention_mask``, ``labels`` ``[B, T]``,
     ``indices``, ``is_fill`` ``[B]``, ``num_real_tokens``, ``num_padded_tokens`` (per rank). With ``packing=True``
@@ -108,7 +224,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         settings: all batching settings as one :class:`~lit_balance.BatchingSettings` instead of the keywords
             above (``max_tokens`` ... ``packing``), which must then be left at their defaults or agree with
             it. Its ``accumulate_grad_batches`` is used only without a Trainer; with one, the Trainer's is.
-        cost_model: see :class:`BalancedBatchSampler` (training split); default: padded tokens.
+        cost_model: cost of a training micro-batch, see :class:`BalancedBatchSampler`: a
+            :class:`~lit_balance.CostModel` or any other cost model (:class:`~lit_balance.plan.CostModelProtocol`,
+            e.g. a :class:`~lit_balance.plan.CostModelBase` subclass); default: padded tokens.
         text_key: field holding the text in ``.jsonl`` files, or column holding it in a Hugging Face dataset.
         txt_documents: how plain-text (non-``.jsonl``) corpus files split into documents: ``"line"`` (the
             default: each non-blank line) or ``"paragraph"`` (runs of non-blank lines separated by blank
@@ -160,7 +278,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         corpus: Any = None,
         tokenizer: Any = None,
         *,
-        max_tokens: int = 4096,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         max_length: int | None = 512,
         val_fraction: float | None = None,
         seed: int = 0,
@@ -184,89 +302,38 @@ class BalancedTextDataModule(L.LightningDataModule):
         pin_memory: bool = False,
     ) -> None:
         super().__init__()
-        if val_fraction is not None and (
-                isinstance(val_fraction, (bool, np.bool_))
-                or not isinstance(val_fraction, (int, float, np.integer, np.floating)) or not 0 <= val_fraction < 1):
-            raise InputValueError(f"val_fraction must be a number in [0, 1) or None, got {val_fraction!r}")
-        keywords = {"max_tokens": max_tokens, "shuffle": shuffle, "seed": seed, "drop_last": drop_last,
-                    "too_long": too_long, "pad_to_multiple_of": pad_to_multiple_of, "max_batch_size": max_batch_size,
-                    "shuffle_window": shuffle_window, "largest_first": largest_first, "packing": packing}
-        if settings is not None:  # keywords left at their defaults say nothing
-            defaults = {**BatchingSettings(max_tokens=_DEFAULT_MAX_TOKENS).to_dict(), "max_tokens": _DEFAULT_MAX_TOKENS}
-            keywords = {k: v for k, v in keywords.items() if not (type(v) is type(defaults[k]) and v == defaults[k])}
-        self.settings = BatchingSettings.build(settings, keywords, owner="BalancedTextDataModule")
+        if val_fraction is not None:
+            resolve_val_fraction(val_fraction)  # its type and range, before the corpus is read
+        self.settings = _batching_settings(settings, {
+            "max_tokens": max_tokens, "shuffle": shuffle, "seed": seed, "drop_last": drop_last, "too_long": too_long,
+            "pad_to_multiple_of": pad_to_multiple_of, "max_batch_size": max_batch_size,
+            "shuffle_window": shuffle_window, "largest_first": largest_first, "packing": packing})
         if max_length is not None:
             max_length = check_int("max_length", max_length, 1, "tokens kept per document, or None for no truncation")
-        num_workers = check_int("num_workers", num_workers, 0, "DataLoader worker processes per rank")
-        pin_memory = check_bool("pin_memory", pin_memory)
-        add_special_tokens = check_bool("add_special_tokens", add_special_tokens)
-        if vocab_size is not None:
-            vocab_size = check_int("vocab_size", vocab_size, 1, "token ids of a token-id corpus without a "
-                                   "tokenizer, or None (the default: largest id + 1, or the tokenizer's)",
-                                   maximum=2**31)
-        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
-            raise InputTypeError(f"cache_dir must be a directory path (str or os.PathLike) or None, got {cache_dir!r} "
-                            f"of type {type(cache_dir).__name__}")
-        if cache_dir is not None and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
-            raise InputValueError(f"cache_dir {str(cache_dir)!r} exists and is not a directory; pass a directory path")
-        self.source = resolve_corpus(corpus, text_key=text_key, txt_documents=txt_documents)
-        if self.source.split_sizes is not None and val_fraction is not None:
-            raise InputValueError(
-                f"val_fraction={val_fraction!r} conflicts with the corpus' own validation split "
-                f"({self.source.split_sizes[1]} rows of the DatasetDict's 'validation'); leave val_fraction=None to "
-                "validate on that split, or pass corpus=dataset_dict['train'] to hold out val_fraction of the "
-                "training split instead (val_fraction=0: no validation)"
-            )
-        if val_fraction is None:
-            val_fraction = 0.0 if self.source.split_sizes is not None else _DEFAULT_VAL_FRACTION
-        if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)):
-            raise InputTypeError(f"pad_token_id must be an int or None, got {type(pad_token_id).__name__} {pad_token_id!r}")
-        if self.source.holds_token_ids and add_special_tokens:
-            raise InputValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as "
-                             "given (never re-encoded, with or without a tokenizer), so add the special ids to each "
-                             "document yourself, or leave add_special_tokens=False")
-        if self.source.holds_token_ids and tokenizer is None:
-            pad = 0 if pad_token_id is None else pad_token_id
-            if self.source.key_after_reading and vocab_size is None:
-                raise InputValueError("a Hugging Face IterableDataset of token ids is read once, into the cache, so its "
-                                 "largest id is not known in advance: pass vocab_size= (or a tokenizer)")
-            # an IterableDataset's ids are checked against vocab_size when it is read into the cache
-            largest = 0 if self.source.key_after_reading else max(
-                (int(np.max(d)) for d in self.source.load_token_ids() if len(d)), default=0)
-            if vocab_size is None:
-                vocab_size = max(largest, pad) + 1
-            # validates vocab_size and pad_token_id now, not at prepare_data
-            self.tokenizer = TokenizerAdapter.for_token_ids(vocab_size=vocab_size, pad_token_id=pad)
-            if largest >= self.tokenizer.vocab_size:
-                raise InputValueError(f"token id {largest} is outside vocab_size={vocab_size}; raise vocab_size")
-        else:
-            self.tokenizer = resolve_tokenizer(tokenizer, pad_token_id=pad_token_id,
-                                               add_special_tokens=add_special_tokens)
-            if vocab_size is not None and vocab_size != self.tokenizer.vocab_size:
-                with_what = "the built-in tokenizer" if tokenizer is None else "the given tokenizer"
-                raise InputValueError(
-                    f"vocab_size={vocab_size} conflicts with {with_what}'s vocabulary of {self.tokenizer.vocab_size} "
-                    f"token ids ({self.source.kind} corpus); the vocabulary is the tokenizer's, and vocab_size only "
-                    "sets it for token-id corpora without a tokenizer: leave vocab_size unset (None)"
-                )
+        self.max_length = max_length
+        self.num_workers = check_int("num_workers", num_workers, 0, "DataLoader worker processes per rank")
+        self.pin_memory = check_bool("pin_memory", pin_memory)
+        self.add_special_tokens = check_bool("add_special_tokens", add_special_tokens)
         self.txt_documents = txt_documents
-        self.add_special_tokens = add_special_tokens
+        vocab_size = _check_vocab_size(vocab_size)
+        pad_token_id = _check_pad_token_id(pad_token_id)
+        self.cache_dir = _check_cache_dir(cache_dir)
+        self.source = resolve_corpus(corpus, text_key=text_key, txt_documents=txt_documents)
+        #: Share of the corpus held out for validation (0.0 when the corpus brings its own validation split).
+        self.val_fraction = resolve_val_fraction(val_fraction, self.source.split_sizes)
+        self.tokenizer = _corpus_tokenizer(self.source, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
+                                           add_special_tokens=self.add_special_tokens)
         self.pad_token_id = self.tokenizer.pad_token_id
         self.vocab_size = self.tokenizer.vocab_size
-        self.max_length = max_length
-        #: Share of the corpus held out for validation (0.0 when the corpus brings its own validation split).
-        self.val_fraction = float(val_fraction)
-        self.num_workers = num_workers
         self.cost_model = None if cost_model is None else check_cost_model(cost_model)
         self._train_sampler_state: dict[str, Any] | None = None
         self._saved_data: dict[str, Any] | None = None
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        self.pin_memory = pin_memory
         self.corpus: TokenizedCorpus | None = None
         self.train_dataset: TokenDataset | None = None
         self.val_dataset: TokenDataset | None = None
         self.train_sampler: BalancedBatchSampler | None = None
         self.val_sampler: BalancedBatchSampler | None = None
+        self.collator: PadCollator | PackedCollator | None = None
 
     # ------------------------------------------------------------------------------------------------
     def _tokenized(self) -> TokenizedCorpus:
@@ -276,22 +343,55 @@ class BalancedTextDataModule(L.LightningDataModule):
         """Tokenize the corpus into the cache (once per node; other ranks wait at Lightning's barrier)."""
         self._tokenized()
 
-    def _world(self) -> tuple[int, int]:
-        trainer = self.trainer
-        if trainer is not None:
-            return trainer.world_size, trainer.global_rank
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_world_size(), dist.get_rank()
-        return 1, 0
+    def _world(self) -> DataParallelWorld:
+        """The data-parallel rank and number of ranks the samplers are built for."""
+        return data_parallel_world(self.trainer)
+
+    def _splits(self) -> _Splits:
+        """Load the cache and build the training and validation datasets; changes nothing on the DataModule.
+
+        Raises:
+            ValueError: as :func:`lit_balance.data.splits.split_corpus`; with ``too_long="error"``, a document
+                longer than ``max_tokens`` after ``max_length`` truncation.
+        """
+        corpus = self._tokenized()
+        train, val = split_corpus(corpus, val_fraction=self.val_fraction, seed=self.seed, max_length=self.max_length,
+                                  split_sizes=self.source.split_sizes)
+        self._check_too_long(corpus)
+        return _Splits(corpus, train, val)
+
+    def _train_settings(self) -> BatchingSettings:
+        """:attr:`settings` with the Trainer's ``accumulate_grad_batches`` at setup time (the plan balances each
+        optimizer step)."""
+        if self.trainer is None:
+            return self.settings
+        accumulate = getattr(self.trainer, "accumulate_grad_batches", 1)
+        try:
+            return self.settings.replace(accumulate_grad_batches=1 if accumulate is None else accumulate)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"the Trainer's accumulate_grad_batches={accumulate!r} cannot be planned: {error}; "
+                              "set Trainer(accumulate_grad_batches=...) to an int >= 1") from error
+
+    def _sampler(self, split: str, dataset: TokenDataset, settings: BatchingSettings, world: DataParallelWorld,
+                 **kwargs: Any) -> BalancedBatchSampler:
+        if dataset.labels is not None:  # masked labels: the plan counts each sample's next-token targets exactly
+            cut = settings.truncate_to if settings.too_long == "truncate" else None
+            kwargs["supervised_lengths"] = dataset.supervised_lengths(cut)
+        try:
+            return BalancedBatchSampler(dataset.lengths, settings=settings, num_replicas=world.num_replicas,
+                                        rank=world.rank, **kwargs)
+        except ValueError as error:
+            raise InputValueError(f"{split} split ({len(dataset)} documents, val_fraction={self.val_fraction}): "
+                                  f"{error}") from error
 
     def setup(self, stage: str | None = None) -> None:
         """Load the cache, split train/validation and build the samplers for this rank.
 
-        Under a Trainer with several ranks, the ranks then compare what they planned (corpus document count
-        and token lengths, tokenizer, ``max_length``, ``seed``, ``val_fraction``, batching settings, split
-        lengths) in one small ``all_gather``; every rank takes part even when its own setup failed, and every
-        rank raises when any differs or failed, so no rank trains on a plan the others do not share and none
-        waits forever.
+        Under a Trainer with several processes, the processes then compare what they planned (corpus document
+        count and token lengths, tokenizer, ``max_length``, ``seed``, ``val_fraction``, batching settings, split
+        lengths) in one small ``all_gather`` (:func:`lit_balance.lightning.agreement.check_ranks_agree`); every
+        process takes part even when its own setup failed, and every process raises when any differs or failed,
+        so no rank trains on a plan the others do not share and none waits forever.
 
         Raises:
             ValueError: the corpus is too small for the requested validation split; with
@@ -301,148 +401,47 @@ class BalancedTextDataModule(L.LightningDataModule):
                 cause), or another rank's setup failed.
         """
         error: BaseException | None = None
+        fields = None
         try:
             self._plan_splits()
-        except Exception as exc:  # the other ranks still wait on this one's fingerprint: tell them, then raise
+            fields = self._fingerprint()
+        except Exception as exc:  # noqa: BLE001  the other ranks wait on this one's fingerprint: tell them, then raise
             error = exc
-        self._check_ranks_agree(error)
-
-    def _split(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(train_docs, val_docs)``: the corpus' own splits, or a permutation seeded by ``seed``."""
-        num_docs = len(self.corpus)
-        if self.source.split_sizes is not None:  # a DatasetDict's train split, then its validation split
-            is_val = np.asarray(self.corpus.source_index) >= self.source.split_sizes[0]
-            train_docs, val_docs = np.flatnonzero(~is_val), np.flatnonzero(is_val)
-            if not train_docs.size or not val_docs.size:
-                which = "training" if not train_docs.size else "validation"
-                raise InputValueError(f"every document of the corpus' {which} split is empty after tokenization")
-            return train_docs, val_docs
-        num_val = round(self.val_fraction * num_docs)
-        if self.val_fraction > 0:
-            num_val = max(num_val, 1)
-        if num_docs - num_val < 1:
-            raise InputValueError(
-                f"the corpus has {num_docs} document(s); val_fraction={self.val_fraction} leaves none for training; "
-                "lower val_fraction or add documents"
-            )
-        perm = np.random.default_rng(np.random.SeedSequence([int(self.seed), 0x5EED])).permutation(num_docs)
-        return np.sort(perm[num_val:]), np.sort(perm[:num_val])
+        check_ranks_agree(self.trainer, fields, error)
 
     def _plan_splits(self) -> None:
-        self.corpus = self._tokenized()
-        train_docs, val_docs = self._split()
-        num_val = len(val_docs)
-        world_size, rank = self._world()
-        self._check_too_long()
-        # The plan balances each optimizer step: Lightning's accumulate_grad_batches at setup time.
-        train_settings = self.settings
-        if self.trainer is not None:
-            accumulate = getattr(self.trainer, "accumulate_grad_batches", 1)
-            try:
-                train_settings = train_settings.replace(accumulate_grad_batches=1 if accumulate is None else accumulate)
-            except (TypeError, ValueError) as error:
-                raise type(error)(f"the Trainer's accumulate_grad_batches={accumulate!r} cannot be planned: {error}; "
-                                  "set Trainer(accumulate_grad_batches=...) to an int >= 1") from error
-        val_settings = self.settings.replace(shuffle=False, drop_last=False, largest_first=False,
-                                             accumulate_grad_batches=1)
-        world = {"num_replicas": world_size, "rank": rank}
-        labels = self.corpus.labels
-        self.train_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, train_docs, self.max_length,
-                                          labels=labels)
-        self.train_sampler = self._sampler("training", self.train_dataset, train_settings, cost_model=self.cost_model,
-                                           **world)
-        self.val_dataset = self.val_sampler = None
-        if num_val:
-            self.val_dataset = TokenDataset(self.corpus.token_ids, self.corpus.offsets, val_docs, self.max_length,
-                                            labels=labels)
-            self.val_sampler = self._sampler("validation", self.val_dataset, val_settings, **world)
-        truncate = self.train_sampler.truncate_to if self.too_long == "truncate" else None
+        """Build the datasets, samplers and collator of this rank and assign them together."""
+        splits = self._splits()
+        world = self._world()
+        train_sampler = self._sampler("training", splits.train_dataset, self._train_settings(), world,
+                                      cost_model=self.cost_model)
+        val_sampler = None
+        if splits.val_dataset is not None:
+            val_settings = self.settings.replace(shuffle=False, drop_last=False, largest_first=False,
+                                                 accumulate_grad_batches=1)
+            val_sampler = self._sampler("validation", splits.val_dataset, val_settings, world)
+        truncate = train_sampler.truncate_to if self.too_long == "truncate" else None
         collator = PackedCollator if self.packing else PadCollator
+        self.corpus, self.train_dataset, self.val_dataset = splits
+        self.train_sampler, self.val_sampler = train_sampler, val_sampler
         self.collator = collator(self.pad_token_id, self.pad_to_multiple_of, max_length=truncate)
 
     def _fingerprint(self) -> list[tuple[str, int, bool]]:
-        """What this rank planned, as ``(field, int64 value, shown)``: a count, or a hash's first 8 bytes."""
-        def digest(*parts: str | bytes) -> int:
-            return int.from_bytes(bytes.fromhex(sha256_of(*parts))[:8], "little", signed=True)
-
-        def lengths(values: np.ndarray) -> int:  # the int64 bytes' digest, hashed in chunks (no whole copy)
-            return int.from_bytes(bytes.fromhex(sha256_of_int64(values))[:8], "little", signed=True)
-
-        def split(dataset: TokenDataset | None) -> np.ndarray:
-            return np.empty(0, np.int64) if dataset is None else np.asarray(dataset.lengths)
-
-        corpus = self.corpus
-        return [
-            ("documents", len(corpus), True),
-            ("corpus token lengths", lengths(corpus.lengths), False),
-            ("tokenizer", digest(self.tokenizer.fingerprint), False),
-            ("max_length", -1 if self.max_length is None else int(self.max_length), True),
-            ("seed", int(self.seed), True),
-            ("val_fraction", digest(repr(self.val_fraction)), False),
-            ("batching settings", digest(json.dumps(self.train_sampler.settings.to_dict(), sort_keys=True)), False),
-            ("training lengths", lengths(split(self.train_dataset)), False),
-            ("validation lengths", lengths(split(self.val_dataset)), False),
-        ]
-
-    def _check_ranks_agree(self, error: BaseException | None) -> None:
-        """Under a Trainer with several ranks, compare what every rank planned; all raise on a difference.
-
-        One ``all_gather`` of a small int64 tensor, taken by every rank even when its own planning failed,
-        so that no rank waits for one that stopped. Without a Trainer, with one rank, or without an
-        initialised process group (ranks simulated by hand) only ``error`` is raised.
-
-        Raises:
-            RuntimeError: another rank's setup failed, or the ranks planned different data (naming the ranks
-                and what differs, with the likely cause).
-        """
-        trainer = self.trainer
-        if trainer is None or trainer.world_size <= 1 or not _process_group_ready():
-            if error is not None:
-                raise error
-            return
-        fields = self._fingerprint() if error is None else []
-        local = torch.tensor([int(error is not None)] + [v for _, v, _ in fields] if fields else
-                             [1] + [0] * _NUM_FINGERPRINT_FIELDS, dtype=torch.int64)
-        gathered = trainer.strategy.all_gather(local.to(trainer.strategy.root_device))
-        table = gathered.cpu().reshape(trainer.world_size, -1).tolist()
-        rank = trainer.global_rank
-        failed = [r for r, row in enumerate(table) if row[0]]
-        if error is not None:
-            raise error
-        if failed:
-            raise RuntimeError(
-                f"BalancedTextDataModule.setup failed on rank(s) {failed} (see their error); rank {rank} stops too, "
-                "so that no rank waits for the others"
-            )
-        reference = table[0]
-        differ = [r for r, row in enumerate(table) if row != reference]
-        if not differ:
-            return
-        parts = []
-        for i, (name, _, shown) in enumerate(fields, start=1):
-            values = [row[i] for row in table]
-            if len(set(values)) == 1:
-                continue
-            if shown:
-                parts.append(f"{name}: " + ", ".join(f"rank {r} has {v}" for r, v in enumerate(values)))
-            else:
-                others = [r for r, v in enumerate(values) if v != values[0]]
-                parts.append(f"{name} differ on rank(s) {others} from rank 0's")
-        raise RuntimeError(
-            f"ranks planned different data: rank(s) {differ} differ from rank 0 ({'; '.join(parts)}); every rank "
-            "must tokenize the same corpus with the same tokenizer and settings. Likely causes: per-node corpus "
-            "copies that differ (a stale copy on one node), a different tokenizer or tokenizer version, a "
-            "different max_length, seed or val_fraction; make them the same on every rank"
-        )
+        """What this rank planned at ``setup``: :func:`lit_balance.lightning.agreement.plan_fingerprint`."""
+        return plan_fingerprint(
+            corpus_lengths=self.corpus.lengths, tokenizer_fingerprint=self.tokenizer.fingerprint,
+            max_length=self.max_length, seed=self.seed, val_fraction=self.val_fraction,
+            settings=self.train_sampler.settings.to_dict(), train_lengths=self.train_dataset.lengths,
+            val_lengths=None if self.val_dataset is None else self.val_dataset.lengths)
 
     def plan_summary(self, num_replicas: int, accumulate_grad_batches: int = 1, *, epoch: int = 0) -> dict[str, Any]:
         """Preview the training split's plan for ``num_replicas`` ranks, without a Trainer or the CLI.
 
-        Tokenizes into the cache (:meth:`prepare_data`), splits train/validation as :meth:`setup` does, and
+        Tokenizes into the cache (as :meth:`prepare_data`), splits train/validation as :meth:`setup` does, and
         plans epoch ``epoch`` of the training split with :func:`lit_balance.report.plan_report` (the figures
-        are :func:`lit_balance.plan.stats.plan_stats`'s). The DataModule's samplers and datasets are left as they
-        were. Call it before ``Trainer.fit`` or on every rank: with a Trainer of several ranks attached,
-        ``setup`` compares the ranks' plans in a collective.
+        are :func:`lit_balance.plan.stats.plan_stats`'s). It changes nothing on the DataModule (its datasets,
+        samplers and collator stay as they were) and communicates with no other rank, so any rank may call it,
+        before or after ``setup``.
 
         Args:
             num_replicas: ranks (world size) to plan for.
@@ -463,21 +462,10 @@ class BalancedTextDataModule(L.LightningDataModule):
             >>> dm.plan_summary(num_replicas=1)["balanced"]["micro_batches_per_rank"]
             1
         """
-        from lit_balance.report.figures import plan_report
+        from lit_balance.report import plan_report
 
         settings = self.settings.replace(accumulate_grad_batches=accumulate_grad_batches)
-        state = ("corpus", "train_dataset", "val_dataset", "train_sampler", "val_sampler", "collator")
-        saved = {name: self.__dict__[name] for name in state if name in self.__dict__}
-        try:
-            self.prepare_data()
-            self.setup("fit")
-            lengths = np.asarray(self.train_dataset.lengths, dtype=np.int64)
-        finally:
-            for name in state:
-                if name in saved:
-                    setattr(self, name, saved[name])
-                else:
-                    self.__dict__.pop(name, None)
+        lengths = np.asarray(self._splits().train_dataset.lengths, dtype=np.int64)
         report = plan_report(lengths, settings=settings, num_replicas=num_replicas, epoch=epoch,
                              cost_model=self.cost_model)
         return report.summary()
@@ -493,37 +481,27 @@ class BalancedTextDataModule(L.LightningDataModule):
             raise RuntimeError("num_empty_documents is known after setup(); call setup() first")
         return int(self.corpus.num_empty)
 
-    def _check_too_long(self) -> None:
+    def _check_too_long(self, corpus: TokenizedCorpus) -> None:
         """With ``too_long="error"``, name the corpus documents (source indices) that cannot fit."""
         if self.too_long != "error":
             return
-        lengths = self.corpus.lengths if self.max_length is None else np.minimum(self.corpus.lengths, self.max_length)
+        lengths = corpus.lengths if self.max_length is None else np.minimum(corpus.lengths, self.max_length)
         m = self.pad_to_multiple_of
         bad = np.flatnonzero(padded_lengths(lengths, m) > self.max_tokens)
         if bad.size:
-            shown = ", ".join(f"document {self.corpus.source_index[d]}: {lengths[d]} tokens" for d in bad[:5])
+            shown = ", ".join(f"document {corpus.source_index[d]}: {lengths[d]} tokens" for d in bad[:5])
             raise InputValueError(
                 f"{bad.size} corpus document(s) are longer than max_tokens={self.max_tokens} padded token slots "
                 f"(max_length={self.max_length}, pad_to_multiple_of={m}): {shown}{', ...' if bad.size > 5 else ''}; "
                 f"set max_length <= {(self.max_tokens // m) * m} to truncate documents, raise max_tokens, or pass "
-                'too_long="skip" or "truncate"'
+                'too_long="skip" or "truncate"', parameter="max_length"
             )
 
-    def _sampler(self, split: str, dataset: TokenDataset, settings: BatchingSettings,
-                 **kwargs: Any) -> BalancedBatchSampler:
-        if dataset.labels is not None:  # masked labels: the plan counts each sample's next-token targets exactly
-            cut = settings.truncate_to if settings.too_long == "truncate" else None
-            kwargs["supervised_lengths"] = dataset.supervised_lengths(cut)
-        try:
-            return BalancedBatchSampler(dataset.lengths, settings=settings, **kwargs)
-        except ValueError as error:
-            raise InputValueError(f"{split} split ({len(dataset)} documents, val_fraction={self.val_fraction}): "
-                             f"{error}") from error
-
-    def _loader(self, dataset: TokenDataset | None, sampler: BalancedBatchSampler | None) -> DataLoader:
+    def _loader(self, dataset: TokenDataset | None, sampler: BalancedBatchSampler | None,
+                loader_class: type[DataLoader] = DataLoader) -> DataLoader:
         if dataset is None or sampler is None:
             raise RuntimeError("call setup() before asking for a dataloader")
-        return DataLoader(
+        return loader_class(
             dataset,
             sampler=sampler,
             batch_size=None,
@@ -552,7 +530,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             # Lightning reads len(loader) before it calls set_epoch; select the new epoch first, so that its
             # length counts a cost model or rank speeds handed over for it (unequal speeds can lengthen it).
             self.train_sampler.set_epoch(int(trainer.current_epoch))
-        return self._loader(self.train_dataset, self.train_sampler)
+        return self._loader(self.train_dataset, self.train_sampler, _SamplerResumedLoader)
 
     def state_dict(self) -> dict[str, Any]:
         """The training sampler's position, for Lightning checkpoints (rank-independent, plain types).
@@ -636,9 +614,6 @@ class BalancedTextDataModule(L.LightningDataModule):
         if self._saved_data is not None and self.corpus is not None:
             self._check_saved_data(self._saved_data)
         self._train_sampler_state = state_dict.get("train_sampler")
-        if self._train_sampler_state is not None:
-            # Lightning cannot see that this DataLoader resumes through its sampler; it does.
-            warnings.filterwarnings("ignore", message=r".*your dataloader is not resumable.*")
 
     def val_dataloader(self) -> DataLoader | list:
         """Validation micro-batches of this rank (unshuffled), or ``[]`` without a validation split."""

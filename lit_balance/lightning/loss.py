@@ -1,7 +1,8 @@
 """Token-weighted loss: each optimizer step averages over every supervised token of every rank and micro-batch.
 
 Lightning divides the loss that ``training_step`` returns by ``trainer.accumulate_grad_batches`` and DDP
-averages gradients over ``world_size`` ranks. Averaging per micro-batch and then over micro-batches and ranks
+averages gradients over the ``num_replicas`` data-parallel ranks (:func:`lit_balance.world.data_parallel_world`;
+"ranks" below are those). Averaging per micro-batch and then over micro-batches and ranks
 weights a token of a short micro-batch more than a token of a long one. :class:`StepTokenLoss` instead makes
 each optimizer step's gradient the gradient of
 
@@ -12,13 +13,14 @@ one process computed the mean over those tokens at once. Two ways to know ``N``:
 
 * **Plan divisor** (no communication): when the batch carries ``step_supervised_tokens`` (the sampler's plan
   knows every rank's micro-batches of the step ahead, see :class:`lit_balance.PadCollator`) and accumulation is
-  fixed (no :class:`lit_balance.callbacks.AdaptiveGradAccumulation`, and the sampler planned with the
-  Trainer's ``accumulate_grad_batches``), each micro-batch returns
-  ``sum_local * world_size * accumulate_grad_batches / N``.
+  fixed (no callback in the Trainer that changes ``accumulate_grad_batches`` during fit, which such a callback
+  declares by the class attribute ``sets_accumulate_grad_batches = True`` as
+  :class:`lit_balance.callbacks.AdaptiveGradAccumulation` does; and the sampler planned with the Trainer's
+  ``accumulate_grad_batches``), each micro-batch returns ``sum_local * num_replicas * accumulate_grad_batches / N``.
 * **All-reduce divisor** (one all-reduce of two numbers per optimizer step): otherwise each micro-batch
   returns ``sum_local * accumulate_grad_batches`` and, in ``on_before_optimizer_step`` (before gradient
-  clipping), ``N`` is summed over ranks and gradients are multiplied by ``world_size / N``. This is the scheme
-  of torchtune's distributed fine-tuning recipes (``scale_grads`` by ``world_size / num_tokens``).
+  clipping), ``N`` is summed over ranks and gradients are multiplied by ``num_replicas / N``. This is the
+  scheme of torchtune's distributed fine-tuning recipes (``scale_grads`` by ``world_size / num_tokens``).
 
 A step with ``N == 0`` has zero loss and zero gradient, never NaN.
 
@@ -35,6 +37,7 @@ from typing import Any
 import torch
 
 from lit_balance.data.collate import IGNORE_INDEX
+from lit_balance.world import data_parallel_world
 
 __all__ = ["StepTokenLoss", "token_loss_sum"]
 
@@ -111,29 +114,30 @@ class StepTokenLoss:
 
     @staticmethod
     def _context(module: Any) -> tuple[int, int, bool]:
+        """``(data-parallel ranks, accumulate_grad_batches, whether accumulation may differ from the plan's)``."""
         trainer = getattr(module, "_trainer", None)
         if trainer is None:
             return 1, 1, False
         acc = int(trainer.accumulate_grad_batches)
-        from lit_balance.lightning.callbacks.accumulation import AdaptiveGradAccumulation
-
-        adaptive = any(isinstance(c, AdaptiveGradAccumulation) for c in trainer.callbacks)
+        # a callback that changes accumulate_grad_batches during fit says so by this class attribute
+        # (AdaptiveGradAccumulation does); the plan's per-step token count then no longer matches the steps run
+        adaptive = any(getattr(c, "sets_accumulate_grad_batches", False) is True for c in trainer.callbacks)
         if not adaptive:
             sampler = getattr(getattr(trainer, "train_dataloader", None), "sampler", None)
             planned_acc = getattr(sampler, "accumulate_grad_batches", None)
             adaptive = planned_acc is not None and int(planned_acc) != acc
-        return int(trainer.world_size), acc, adaptive
+        return data_parallel_world(trainer).num_replicas, acc, adaptive
 
     def micro_batch(self, module: Any, batch: dict[str, Any], loss_sum: torch.Tensor, num_tokens: int) -> torch.Tensor:
         """Return the loss to hand to Lightning for this micro-batch (see the module docstring for the scaling).
 
         Args:
-            module: the LightningModule (its trainer gives ``world_size`` and ``accumulate_grad_batches``).
+            module: the LightningModule (its trainer gives the data-parallel world and ``accumulate_grad_batches``).
             batch: the micro-batch; ``step_supervised_tokens`` selects the plan divisor when accumulation is fixed.
             loss_sum: scalar tensor, sum of token losses of this micro-batch (this rank).
             num_tokens: supervised tokens of this micro-batch (this rank).
         """
-        world_size, acc, adaptive = self._context(module)
+        num_replicas, acc, adaptive = self._context(module)
         planned = batch.get("step_supervised_tokens") if isinstance(batch, dict) else None
         mode = PLAN if planned is not None and not adaptive else ALL_REDUCE
         if not self._open:  # first micro-batch of an optimizer step
@@ -152,11 +156,11 @@ class StepTokenLoss:
             self._planned = planned
             if planned == 0:
                 return loss_sum * 0.0
-            return loss_sum * (world_size * acc / planned)
+            return loss_sum * (num_replicas * acc / planned)
         return loss_sum * acc
 
     def finish_step(self, module: Any) -> torch.Tensor:
-        """Finish the optimizer step: in the all-reduce path scale gradients by ``world_size / N``.
+        """Finish the optimizer step: in the all-reduce path scale gradients by ``num_replicas / N``.
 
         Call it from ``on_before_optimizer_step`` (Lightning calls that once per optimizer step, after the
         last micro-batch's backward and before gradient clipping).
@@ -171,18 +175,18 @@ class StepTokenLoss:
         (counted in :attr:`num_corrected_steps`).
         """
         trainer = getattr(module, "_trainer", None)
+        world = data_parallel_world(trainer) if trainer is not None else None
         local = torch.stack([torch.as_tensor(self._sum, dtype=torch.float64).cpu(),
                              torch.tensor(float(self._count), dtype=torch.float64)])
         reduce = self.mode == ALL_REDUCE or self.sync_log
         total = local
-        if reduce and trainer is not None and trainer.world_size > 1:
-            device = module.device
-            total = trainer.strategy.reduce(local.to(device), reduce_op="sum").cpu()
+        if reduce and world is not None:
+            total = world.all_reduce_sum(local)
         loss_sum, n = float(total[0]), round(float(total[1]))
         scale = None
         if self.mode == ALL_REDUCE:
-            world_size = trainer.world_size if trainer is not None else 1
-            scale = world_size / n if n else 0.0
+            num_replicas = world.num_replicas if world is not None else 1
+            scale = num_replicas / n if n else 0.0
         elif reduce and self._planned is not None and n != self._planned:
             # the step ran fewer micro-batches than planned (e.g. limit_train_batches cut it short):
             # gradients were divided by the planned count; this makes them the mean over the tokens seen

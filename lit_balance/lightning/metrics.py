@@ -19,6 +19,10 @@ class PaddingRatio(Metric):
     the synced value is the ratio over all ranks' tokens, never an average of per-rank ratios. With
     ``sync_on_compute=False`` it is this rank's own ratio.
 
+    Which ranks: torchmetrics sums the states through ``torch.distributed`` itself, over its ``process_group``
+    (default: every process of the default group, which under plain DDP is the data-parallel world of
+    :func:`lit_balance.world.data_parallel_world`); pass ``process_group=`` for another group of ranks.
+
     ``update(num_real_tokens, num_padded_tokens)`` takes the counts of one or more micro-batches (ints or
     tensors of any shape, summed), e.g. a :class:`lit_balance.PadCollator` batch's ``num_real_tokens`` and
     ``num_padded_tokens``.
@@ -68,6 +72,10 @@ class TokenMeanLoss(Metric):
     synced value is the mean over all ranks' tokens however unequal their counts are; logging a per-rank mean
     with ``self.log(..., batch_size=n, sync_dist=True)`` instead reduces through an integer ``batch_size`` and
     comes out biased. With ``sync_on_compute=False`` it is this rank's own mean.
+
+    Which ranks: torchmetrics sums the states through ``torch.distributed`` itself, over its ``process_group``
+    (default: every process of the default group, which under plain DDP is the data-parallel world of
+    :func:`lit_balance.world.data_parallel_world`); pass ``process_group=`` for another group of ranks.
 
     ``update(loss_sum, num_tokens)`` takes the summed loss (a scalar tensor or number, e.g. the first value of
     :func:`lit_balance.lightning.loss.token_loss_sum`; detached here) and the number of tokens it sums over, of one or

@@ -1,11 +1,11 @@
 """The plan report: what an epoch of token-budgeted micro-batches looks like before any training.
 
-:func:`plan_report` plans one epoch with :class:`~lit_balance.BalancedBatchSampler` and, for comparison,
-with PyTorch's ``DistributedSampler`` and the largest fixed batch size that never exceeds the budget;
-:func:`format_report` renders per-rank tables and the epoch's figures (rank imbalance, useful compute
-fraction, padding) with rich; :func:`save_plots` draws the length histogram with the length buckets and
-the per-step, per-rank cost of both plans. ``lit-balance plan`` (:mod:`lit_balance.cli`) wires them to the
-command line.
+:func:`plan_report` plans one epoch with :class:`~lit_balance.BalancedBatchSampler` and, for comparison, with
+PyTorch's ``DistributedSampler`` and the largest fixed batch size that never exceeds the budget, and measures both
+(:class:`PlanReport`). :func:`~lit_balance.report.tables.format_report` renders per-rank tables and the epoch's figures
+(rank imbalance, useful compute fraction, padding) with rich; :func:`~lit_balance.report.plots.save_plots` draws the
+length histogram with the length buckets and the per-step, per-rank cost of both plans. ``lit-balance plan``
+(:mod:`lit_balance.cli`) wires them to the command line.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from torch.utils.data import DistributedSampler
 
 from lit_balance.errors import InputValueError
 from lit_balance.plan.cost import CostModel, check_cost_model
-from lit_balance.plan.types import EpochPlan, padded_lengths
+from lit_balance.plan.epoch import planner_for
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.stats import PlanStats, plan_stats
+from lit_balance.plan.types import EpochPlan, padded_lengths
 from lit_balance.sampler.sampler import BalancedBatchSampler
 
-__all__ = ["PlanReport", "distributed_sampler_plan", "format_report", "plan_report", "save_plots", "summary_line"]
+__all__ = ["PlanReport", "distributed_sampler_plan", "plan_report", "summary_line", "write_summary"]
 
 
 @dataclass(frozen=True)
@@ -211,64 +212,13 @@ def plan_report(
                           accumulate_grad_batches=accumulate, max_tokens=settings.max_tokens)
     summary = {**settings.to_dict(), "num_replicas": sampler.num_replicas, "epoch": sampler.epoch,
                "cost_model": cost_model.to_dict()}
-    unit = ("tokens" if settings.packing else "padded slots") if cost_model == CostModel() else "cost units"
+    planner = planner_for(settings)
+    unit = planner.cost_unit if cost_model == CostModel() else "cost units"
     return PlanReport(lengths=kept_lengths, settings=summary, balanced=balanced, baseline=baseline,
                       baseline_batch_size=batch_size,
-                      bucket_edges=(np.zeros(0) if settings.packing else _bucket_edges(kept_lengths, settings.max_tokens)),
+                      bucket_edges=(_bucket_edges(kept_lengths, settings.max_tokens) if planner.name == "padded"
+                                    else np.zeros(0)),
                       cost_unit=unit)
-
-
-def _number(value: float) -> str:
-    return f"{value:.0f}" if abs(value) >= 1e4 else f"{value:.5g}"
-
-
-def format_report(report: PlanReport, title: str = "") -> list[Any]:
-    """Rich renderables: a per-rank table for each plan and a table comparing the epoch's figures.
-
-    Per rank: micro-batches, real tokens, padded slots, padding ratio and cost (in ``report.cost_unit``).
-    Epoch: padding ratio, epoch rank imbalance (slowest rank's total cost over the mean), mean and worst
-    per-step imbalance (max over mean rank cost in one optimizer step), useful compute fraction.
-    """
-    from rich import box
-    from rich.table import Table
-
-    summary = report.summary()
-    out: list[Any] = []
-    names = (("balanced", "BalancedBatchSampler"),
-             ("distributed_sampler", f"DistributedSampler, batch_size={report.baseline_batch_size}"))
-    for key, name in names:
-        fig = summary[key]
-        table = Table(title=f"{name}: per rank, epoch {report.settings['epoch']}", box=box.SIMPLE_HEAD,
-                      title_justify="left")
-        columns = ("rank", "micro-batches", "real tokens", "padded slots", "padding ratio",
-                   f"cost ({report.cost_unit})")
-        for col in columns:
-            table.add_column(col, justify="right")
-        for r in fig["ranks"]:
-            table.add_row(str(r["rank"]), str(r["micro_batches"]), str(r["real_tokens"]), str(r["padded_tokens"]),
-                          f"{r['padding_ratio']:.4f}", _number(r["cost"]))
-        real = sum(r["real_tokens"] for r in fig["ranks"])
-        padded = sum(r["padded_tokens"] for r in fig["ranks"])
-        table.add_row("total", str(sum(r["micro_batches"] for r in fig["ranks"])), str(real), str(padded),
-                      f"{fig['padding_ratio']:.4f}", _number(sum(r["cost"] for r in fig["ranks"])), style="bold")
-        out.append(table)
-    comparison = Table(title=title or "epoch figures (global)", box=box.SIMPLE_HEAD, title_justify="left")
-    comparison.add_column("figure")
-    comparison.add_column("BalancedBatchSampler", justify="right")
-    comparison.add_column(f"DistributedSampler (batch_size={report.baseline_batch_size})", justify="right")
-    rows = (("padding ratio", "padding_ratio", "{:.4f}"),
-            ("epoch rank imbalance (max/mean rank cost)", "epoch_rank_imbalance", "{:.4f}"),
-            ("mean step imbalance (max/mean per step)", "mean_step_imbalance", "{:.4f}"),
-            ("worst step imbalance (max/mean per step)", "max_step_imbalance", "{:.4f}"),
-            ("useful compute fraction", "useful_fraction", "{:.4f}"),
-            ("its bound for these steps (stats.useful_fraction_bound)", "useful_fraction_bound", "{:.4f}"),
-            ("micro-batches per rank", "micro_batches_per_rank", "{}"),
-            ("optimizer steps", "optimizer_steps", "{}"),
-            (f"largest micro-batch (padded slots, budget {report.settings['max_tokens']})", "max_batch_tokens", "{}"))
-    for label, key, fmt in rows:
-        comparison.add_row(label, fmt.format(summary["balanced"][key]), fmt.format(summary["distributed_sampler"][key]))
-    out.append(comparison)
-    return out
 
 
 def summary_line(summary: dict[str, Any]) -> str:
@@ -283,87 +233,6 @@ def summary_line(summary: dict[str, Any]) -> str:
     return (f"plan for {s['num_replicas']} ranks{epoch}: padding ratio {fig['padding_ratio']:.4f} | "
             f"useful compute fraction {fig['useful_fraction']:.4f} | "
             f"micro-batches per rank {fig['micro_batches_per_rank']}")
-
-
-def save_plots(report: PlanReport, output_dir: str | Path, *, dpi: int = 80) -> list[Path]:
-    """Write ``lengths_histogram.png`` and ``step_cost.png`` into ``output_dir`` (created if missing).
-
-    ``lengths_histogram.png``: samples per length (log-spaced bins, log axes) with the edges of the budget's
-    length buckets (``max_tokens / k``: ``k`` rows per micro-batch fit at or below the edge).
-    ``step_cost.png``: each rank's cost in each optimizer
-    step for both plans (one line per rank up to 8 ranks, else the min-max band and the mean).
-
-    Returns:
-        The paths written.
-    """
-    from matplotlib.figure import Figure
-
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    s = report.settings
-    lengths = report.lengths
-
-    fig = Figure(figsize=(8, 3.6), layout="constrained")
-    ax = fig.add_subplot()
-    lo, hi = max(int(lengths.min()), 1), int(lengths.max())
-    bins = np.unique(np.geomspace(lo, hi + 1, 60).astype(int)) if hi > lo else np.array([lo, lo + 1])
-    ax.hist(lengths, bins=bins, color="#4878a8")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo * 0.9, hi * 1.15)
-    for edge in report.bucket_edges:
-        k = round(s["max_tokens"] / edge)
-        ax.axvline(edge, color="#d08020", lw=0.8, alpha=0.8)
-        ax.text(edge, 1.0, f"{k}", transform=ax.get_xaxis_transform(), ha="right", va="top", fontsize=7,
-                color="#a06010")
-    ax.set_xlabel("tokens per sample (as planned); orange: max_tokens / k, at or below which k rows fit (k on top)",
-                  fontsize=8)
-    ax.set_ylabel("samples")
-    ax.set_title(f"{lengths.size} samples, p50 {int(np.median(lengths))}, p99 {int(np.percentile(lengths, 99))}, "
-                 f"max {hi} tokens; max_tokens={s['max_tokens']}", fontsize=10)
-    hist_path = output_dir / "lengths_histogram.png"
-    _save_png(fig, hist_path, dpi)
-
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    axes = fig.subplots(2, 1, sharey=True)
-    summary = report.summary()
-    top = 1.05 * max(float(report.balanced.rank_cost.max(initial=0)), float(report.baseline.rank_cost.max(initial=0)))
-    for ax, stats, key, name in (
-            (axes[0], report.balanced, "balanced", "BalancedBatchSampler"),
-            (axes[1], report.baseline, "distributed_sampler",
-             f"DistributedSampler, batch_size={report.baseline_batch_size}")):
-        cost = stats.rank_cost
-        steps = np.arange(cost.shape[0])
-        if cost.shape[1] <= 8:
-            for r in range(cost.shape[1]):
-                ax.plot(steps, cost[:, r], lw=0.8, label=f"rank {r}")
-        else:
-            ax.fill_between(steps, cost.min(axis=1), cost.max(axis=1), alpha=0.4, label="min-max over ranks")
-            ax.plot(steps, cost.mean(axis=1), lw=0.8, label="mean over ranks")
-        fig_ = summary[key]
-        ax.set_title(f"{name}: useful compute {fig_['useful_fraction']:.1%}, padding {fig_['padding_ratio']:.1%}, "
-                     f"mean step imbalance {fig_['mean_step_imbalance']:.2f}", fontsize=9)
-        ax.set_ylabel(f"cost ({report.cost_unit})", fontsize=8)
-        ax.set_ylim(0, top or 1.0)
-    axes[0].legend(fontsize=7, loc="lower right", ncols=min(report.balanced.rank_cost.shape[1], 8))
-    axes[1].set_xlabel("optimizer step")
-    fig.suptitle(f"per-step, per-rank cost: {s['num_replicas']} ranks, max_tokens={s['max_tokens']}", fontsize=10)
-    cost_path = output_dir / "step_cost.png"
-    _save_png(fig, cost_path, dpi)
-    return [hist_path, cost_path]
-
-
-def _save_png(fig: Any, path: Path, dpi: int) -> None:
-    """Save a figure as a small PNG: rendered at ``dpi``, then reduced to a 64-colour palette."""
-    import io
-
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    buffer.seek(0)
-    with Image.open(buffer) as image:
-        image.convert("RGB").quantize(colors=64).save(path, optimize=True)
 
 
 def write_summary(report: PlanReport, output_dir: str | Path) -> Path:

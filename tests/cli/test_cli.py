@@ -20,7 +20,7 @@ from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks import RunSummary
 from lit_balance.cli import LitBalanceCLI, build_cli, main, plan_parser, run_plan
 from lit_balance.plan.cost import CostModel
-from lit_balance.report.figures import distributed_sampler_plan, plan_report
+from lit_balance.report import distributed_sampler_plan, plan_report
 from lit_balance.plan.stats import plan_stats
 
 ROOT = Path(__file__).resolve().parents[2]

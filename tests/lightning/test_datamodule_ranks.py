@@ -1,4 +1,5 @@
-"""The ranks' agreement check of BalancedTextDataModule.setup, with a stand-in for the other rank (one process).
+"""The ranks' agreement check of BalancedTextDataModule.setup (lit_balance.lightning.agreement), with a stand-in for
+the other rank (one process).
 
 The real 2-process run is tests/ddp/test_ranks_agree_ddp.py.
 """
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from lit_balance import BalancedTextDataModule
-from lit_balance.lightning import datamodule
+from lit_balance.lightning import agreement
 
 
 def _docs(n=30):
@@ -26,7 +27,7 @@ def _dm(tmp_path, docs=None, **kwargs):
 @pytest.fixture(autouse=True)
 def _process_group(monkeypatch):
     """The check runs where a process group exists; here the stand-in strategy below plays it."""
-    monkeypatch.setattr(datamodule, "_process_group_ready", lambda: True)
+    monkeypatch.setattr(agreement, "_process_group_ready", lambda: True)
 
 
 def _attach(dm, other_row):
@@ -50,7 +51,7 @@ def test_equal_ranks_pass(tmp_path):
 
 
 def test_ranks_simulated_without_a_process_group_are_not_compared(tmp_path, monkeypatch):
-    monkeypatch.setattr(datamodule, "_process_group_ready", lambda: False)
+    monkeypatch.setattr(agreement, "_process_group_ready", lambda: False)
     _attach(_dm(tmp_path), lambda row: 1 / 0).setup("fit")  # no gather
 
 

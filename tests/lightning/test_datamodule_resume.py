@@ -1,6 +1,7 @@
 """Resume through Lightning checkpoints in one process, with DataLoader workers running ahead of training."""
 
 import signal
+import warnings
 
 import lightning as L
 import numpy as np
@@ -155,3 +156,41 @@ def test_malformed_data_record_is_refused_and_a_record_of_earlier_versions_is_op
         dm.load_state_dict({**saved, "data": {"seed": 1}})
     dm.load_state_dict({"train_sampler": saved["train_sampler"]})  # saved before the record existed
     assert len(dm.train_dataloader()) == len(dm.train_sampler)
+
+
+class PlainLoaderDataModule(BalancedTextDataModule):
+    """The same batches through a plain DataLoader, which Lightning cannot tell resumes through its sampler."""
+
+    def train_dataloader(self):
+        from torch.utils.data import DataLoader
+
+        loader = super().train_dataloader()
+        return DataLoader(loader.dataset, sampler=loader.sampler, batch_size=None, collate_fn=loader.collate_fn)
+
+
+def _fit_small(tmp_path, dm_class, *, max_steps=-1, ckpt_path=None, callbacks=()):
+    rng = np.random.default_rng(4)
+    docs = [rng.integers(1, 200, size=int(n)) for n in rng.integers(1, 40, 80)]
+    dm = dm_class(docs, max_tokens=128, max_length=None, val_fraction=0, cache_dir=tmp_path / "cache", seed=3)
+    model = DemoTransformerLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=max_steps, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks),
+                        default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    return trainer
+
+
+@pytest.mark.parametrize(("dm_class", "warned"), [(BalancedTextDataModule, False), (PlainLoaderDataModule, True)])
+def test_a_mid_epoch_resume_is_not_called_unresumable_and_leaves_the_warning_filters_alone(tmp_path, dm_class,
+                                                                                           warned):
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="mid", every_n_train_steps=3, save_top_k=-1)
+    first = _fit_small(tmp_path, dm_class, max_steps=3, callbacks=[checkpoint])
+    assert first.num_training_batches > 3  # the checkpoint is inside the epoch
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        filters = list(warnings.filters)
+        second = _fit_small(tmp_path, dm_class, ckpt_path=tmp_path / "ckpt" / "mid.ckpt")
+        assert warnings.filters == filters  # nothing filtered for the rest of the process
+    assert second.global_step == first.num_training_batches  # the resume finished the epoch
+    shown = [str(w.message) for w in caught if "not resumable" in str(w.message)]
+    assert bool(shown) is warned, shown  # the plain DataLoader shows that the resume above is one Lightning checks

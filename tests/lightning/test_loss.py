@@ -27,8 +27,8 @@ class FakeModule(torch.nn.Module):
     def __init__(self, world_size, acc, strategy, callbacks=()):
         super().__init__()
         self.theta = torch.nn.Parameter(torch.tensor(1.0, dtype=torch.float64))
-        self._trainer = SimpleNamespace(world_size=world_size, accumulate_grad_batches=acc, strategy=strategy,
-                                        callbacks=list(callbacks), train_dataloader=None)
+        self._trainer = SimpleNamespace(world_size=world_size, global_rank=0, accumulate_grad_batches=acc,
+                                        strategy=strategy, callbacks=list(callbacks), train_dataloader=None)
 
     @property
     def device(self):
@@ -177,6 +177,32 @@ def test_adaptive_accumulation_selects_the_all_reduce_path():
     sl = StepTokenLoss()
     sl.micro_batch(module, {"step_supervised_tokens": 3}, module.theta * 1.0, 1)
     assert sl.mode == "all_reduce"
+
+
+@pytest.mark.parametrize(("marker", "mode"), [(True, "all_reduce"), (False, "plan"), ("yes", "plan")])
+def test_any_callback_declaring_it_sets_accumulate_grad_batches_selects_the_all_reduce_path(marker, mode):
+    class Scheduler:  # not a lit_balance callback: only the class attribute counts, and only True
+        sets_accumulate_grad_batches = marker
+
+    module = FakeModule(1, 1, FakeStrategy(), callbacks=[Scheduler()])
+    sl = StepTokenLoss()
+    sl.micro_batch(module, {"step_supervised_tokens": 3}, module.theta * 1.0, 1)
+    assert sl.mode == mode
+
+
+def test_the_loss_module_imports_no_callback():
+    import ast
+    import inspect
+
+    import lit_balance.lightning.loss as loss_module
+
+    imported = set()
+    for node in ast.walk(ast.parse(inspect.getsource(loss_module))):
+        if isinstance(node, ast.ImportFrom):
+            imported.add(node.module or "")
+        elif isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+    assert imported and not any("callbacks" in name for name in imported), sorted(imported)
 
 
 def test_token_loss_sum_matches_cross_entropy_and_handles_no_targets():

@@ -35,8 +35,8 @@ def simulate_steps(model, steps, collate, world_size, acc, lr=0.5):
     replicas = [copy.deepcopy(model) for _ in range(world_size)]
     losses = [StepTokenLoss() for _ in range(world_size)]
     for replica in replicas:
-        replica._trainer = SimpleNamespace(world_size=world_size, accumulate_grad_batches=acc, strategy=strategy,
-                                           callbacks=[], train_dataloader=None)
+        replica._trainer = SimpleNamespace(world_size=world_size, global_rank=0, accumulate_grad_batches=acc,
+                                           strategy=strategy, callbacks=[], train_dataloader=None)
     logged = []
     for step in steps:
         docs = [d for rank in step for micro in rank for d in micro]

@@ -27,7 +27,7 @@ def test_plan_summary_matches_the_sampler_built_at_setup(tmp_path, world_size, a
     assert summary["settings"]["num_replicas"] == world_size
     assert summary["settings"]["accumulate_grad_batches"] == accumulate
 
-    dm.trainer = SimpleNamespace(world_size=world_size, global_rank=0, current_epoch=0,
+    dm.trainer = SimpleNamespace(world_size=world_size, global_rank=0, strategy=None, current_epoch=0,
                                  accumulate_grad_batches=accumulate)
     dm.prepare_data()
     dm.setup("fit")
@@ -54,3 +54,26 @@ def test_plan_summary_rejects_a_bad_accumulate(tmp_path):
     dm = BalancedTextDataModule(_texts(20), max_tokens=256, max_length=48, cache_dir=tmp_path)
     with pytest.raises(ValueError, match="accumulate_grad_batches"):
         dm.plan_summary(num_replicas=2, accumulate_grad_batches=0)
+
+
+@pytest.mark.parametrize("after_setup", [False, True])
+def test_the_preview_leaves_every_attribute_as_it_was_and_runs_no_setup(tmp_path, monkeypatch, after_setup):
+    dm = BalancedTextDataModule(_texts(60), max_tokens=256, max_length=48, val_fraction=0.1, cache_dir=tmp_path)
+    if after_setup:
+        dm.setup("fit")
+    monkeypatch.setattr(dm, "setup", lambda *args, **kwargs: pytest.fail("the preview must not run setup"))
+    before = dict(vars(dm))
+    summary = dm.plan_summary(num_replicas=2, accumulate_grad_batches=2)
+    assert summary["num_samples"] == 60 - round(0.1 * 60)  # the training split
+    after = vars(dm)
+    assert after.keys() == before.keys()
+    changed = [name for name, value in before.items() if after[name] is not value]
+    assert changed == []
+
+
+def test_the_preview_saves_and_restores_nothing():
+    import inspect
+
+    from lit_balance.lightning import datamodule
+
+    assert "__dict__" not in inspect.getsource(datamodule)

@@ -6,4 +6,5 @@ from lit_balance.lightning.callbacks.padding import PaddingRatioMonitor
 from lit_balance.lightning.callbacks.straggler import StragglerMonitor, backward_is_local
 from lit_balance.lightning.callbacks.summary import RunSummary
 
-__all__ = ["AdaptiveGradAccumulation", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor", "backward_is_local"]
+__all__ = ["AdaptiveGradAccumulation", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor",
+           "backward_is_local"]

@@ -1,4 +1,4 @@
-"""Helpers shared by the callbacks: reading batch fields, sending exact values to every logger, gathering."""
+"""What the callbacks share: reading batch fields, sending exact values to every logger, gathering over ranks."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import lightning as L
 import torch
 
 from lit_balance.errors import InputTypeError
+from lit_balance.world import data_parallel_world
 
 
 def emit(trainer: L.Trainer, metrics: dict[str, float]) -> None:
@@ -32,12 +33,10 @@ def emit(trainer: L.Trainer, metrics: dict[str, float]) -> None:
         callback_metrics[k] = torch.tensor(float(v))
 
 
-def gather(trainer: L.Trainer, pl_module: L.LightningModule, local: torch.Tensor) -> torch.Tensor:
-    """All-gather a small float64 tensor from every rank: ``[world_size, *local.shape]`` on the CPU."""
-    if trainer.world_size == 1:
-        return local.unsqueeze(0).clone()
-    out = trainer.strategy.all_gather(local.to(pl_module.device))
-    return out.cpu().reshape(trainer.world_size, *local.shape)
+def gather(trainer: L.Trainer, local: torch.Tensor) -> torch.Tensor:
+    """All-gather a small tensor over the data-parallel ranks (:func:`lit_balance.world.data_parallel_world`):
+    ``[num_replicas, *local.shape]`` on the CPU, by rank."""
+    return data_parallel_world(trainer).all_gather(local)
 
 
 def train_sampler(trainer: L.Trainer) -> Any:

@@ -14,6 +14,7 @@ from lit_balance.errors import InputValueError
 from lit_balance.lightning.callbacks._common import batch_fields, emit, train_sampler
 from lit_balance.lightning.callbacks.straggler import COMPUTE, StragglerMonitor, step_imbalance
 from lit_balance.sampler.sampler import BalancedBatchSampler
+from lit_balance.world import data_parallel_world
 
 __all__ = ["AdaptiveGradAccumulation", "plan_step_tokens"]
 
@@ -51,7 +52,8 @@ class AdaptiveGradAccumulation(L.Callback):
     **Same value on every rank.** Decisions use only what every rank knows alike: the sampler's global plan
     (real tokens of every rank's micro-batch at every step, :func:`plan_step_tokens`), and the timings that
     :class:`StragglerMonitor` has gathered (identical on every rank). A sampler without a plan falls back to
-    the real tokens actually seen, summed over ranks by one all-reduce per optimizer step.
+    the real tokens actually seen, summed over the data-parallel ranks
+    (:func:`lit_balance.world.data_parallel_world`) by one all-reduce per optimizer step.
 
     **Policy.** Let ``m`` be the mean global real tokens per micro-step over the next ``lookahead``
     micro-steps. Tokens alone ask for ``k_tok = round(target / m)``; by default that is the value.
@@ -60,7 +62,7 @@ class AdaptiveGradAccumulation(L.Callback):
     per optimizer step, and a rank slow on one micro-batch and fast on the next would lose nothing: longer
     steps would average per-micro-batch imbalance out. With ``target_straggler_ratio`` set and a
     StragglerMonitor in the callbacks, the latest gathered window of per-micro-batch compute seconds
-    ``[world_size, n]`` gives that imbalance for steps of ``k`` micro-batches (:func:`step_imbalance`: sum of
+    ``[num_replicas, n]`` gives that imbalance for steps of ``k`` micro-batches (:func:`step_imbalance`: sum of
     the slowest rank's time over sum of the median rank's); if ``k_tok`` gives more than
     ``target_straggler_ratio``, the smallest ``k`` up to ``max_overshoot * k_tok`` that meets it is taken (or
     the best one there), and the token target becomes a floor exceeded by at most ``max_overshoot``. But
@@ -103,6 +105,11 @@ class AdaptiveGradAccumulation(L.Callback):
     Example:
         >>> cb = AdaptiveGradAccumulation(target_tokens_per_step=32768)
     """
+
+    #: Declares that this callback changes ``trainer.accumulate_grad_batches`` during fit: read (by this attribute,
+    #: without importing any callback) by :class:`lit_balance.StepTokenLoss`, which then divides by the tokens of
+    #: the steps actually run instead of the plan's.
+    sets_accumulate_grad_batches = True
 
     def __init__(
         self,
@@ -217,7 +224,7 @@ class AdaptiveGradAccumulation(L.Callback):
 
         Args:
             mean_tokens: global real tokens per micro-step (> 0).
-            compute_s: float ``[world_size, n]`` per-micro-batch compute seconds, or None.
+            compute_s: float ``[num_replicas, n]`` per-micro-batch compute seconds, or None.
         """
         cap = self.max_accumulate_grad_batches
         k_tok = min(max(round(self.target_tokens_per_step / mean_tokens), 1), cap)
@@ -270,9 +277,7 @@ class AdaptiveGradAccumulation(L.Callback):
             tokens = int(self._cum[batch_idx + 1] - self._cum[self._window_start])
         else:  # no plan: sum the real tokens actually seen over ranks (one all-reduce per optimizer step)
             local = torch.tensor(float(self._window_local), dtype=torch.float64)
-            if trainer.world_size > 1:
-                local = trainer.strategy.reduce(local.to(pl_module.device), reduce_op="sum").cpu()
-            tokens = round(float(local))
+            tokens = round(float(data_parallel_world(trainer).all_reduce_sum(local)))
             self._measured_mean = tokens / micro_batches
         self.history.append((int(trainer.current_epoch), self._window_start, micro_batches, tokens))
         emit(trainer, {"balance/accumulate_grad_batches": float(micro_batches),

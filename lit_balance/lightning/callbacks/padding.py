@@ -22,9 +22,10 @@ class PaddingRatioMonitor(L.Callback):
 
     Every rank counts real tokens and padded slots of each training micro-batch (the ``num_real_tokens``
     and ``num_padded_tokens`` of :class:`lit_balance.PadCollator` batches) in a
-    :class:`lit_balance.lightning.metrics.PaddingRatio`. Every ``log_every_n_micro_batches`` micro-batches (the same batches on
-    every rank) and at the end of each training epoch, the ranks take part in one ``all_gather`` of four
-    numbers each, and rank 0 logs (packed micro-batches of :class:`lit_balance.PackedCollator` have no padding
+    :class:`lit_balance.lightning.metrics.PaddingRatio`. Every ``log_every_n_micro_batches`` micro-batches (the same
+    batches on every rank) and at the end of each training epoch, the data-parallel ranks
+    (:func:`lit_balance.world.data_parallel_world`) take part in one ``all_gather`` of four numbers each, and
+    global rank 0 logs (packed micro-batches of :class:`lit_balance.PackedCollator` have no padding
     unless ``pad_to_multiple_of`` pads the row's tail, so the ratio is then exactly 0):
 
     * ``balance/padding_ratio``: ``1 - sum(real) / sum(padded)`` over all ranks, this epoch so far.
@@ -94,7 +95,7 @@ class PaddingRatioMonitor(L.Callback):
         self.metric.update(self._since_real, self._since_padded)
         local = torch.tensor([float(self.metric.real_tokens), float(self.metric.padded_tokens),
                               float(self._since_real), now - self._last_time], dtype=torch.float64)
-        g = gather(trainer, pl_module, local)
+        g = gather(trainer, local)
         self._since_real, self._since_padded, self._since_batches, self._last_time = 0, 0, 0, now
         real, padded = g[:, 0], g[:, 1]
         metrics = {"balance/padding_ratio": _ratio(float(real.sum()), float(padded.sum()))}

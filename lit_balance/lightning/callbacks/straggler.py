@@ -12,33 +12,40 @@ import numpy as np
 import torch
 
 from lit_balance._checks import check_bool, check_callable, check_int, check_number
-from lit_balance.errors import InputTypeError
 from lit_balance.lightning.callbacks._common import batch_fields, emit, gather, train_sampler
-from lit_balance.plan.cost import CostModel
+from lit_balance.plan.cost import CostModelProtocol, check_cost_model
+from lit_balance.world import data_parallel_world
 
 __all__ = ["StragglerMonitor", "backward_is_local", "packed_rows_and_length", "step_imbalance"]
 
-#: Columns of one timed micro-batch, in the gathered tensor ``[world_size, n, len(FIELDS)]``.
+#: Columns of one timed micro-batch, in the gathered tensor ``[num_replicas, n, len(FIELDS)]``.
 FIELDS = ("compute_s", "data_wait_s", "rows", "padded_length", "real_tokens", "cost", "backward_s")
 COMPUTE, DATA_WAIT, ROWS, LENGTH, REAL, COST, BACKWARD = range(len(FIELDS))
 
 
+def _document_lengths(cu_seq_lens: Any) -> np.ndarray:
+    """int64 ``[D]``: the segment lengths of ``cu_seq_lens`` (int ``[D + 1]``, a tensor or a sequence)."""
+    cu = np.asarray(cu_seq_lens.tolist() if hasattr(cu_seq_lens, "tolist") else cu_seq_lens, dtype=np.int64)
+    return np.diff(cu)
+
+
 def packed_rows_and_length(cu_seq_lens: Any) -> tuple[float, float]:
-    """The padded shape ``(rows, L)`` that costs what a packed row of documents costs, under any cost model.
+    """The padded shape ``(rows, L)`` that costs what a packed row of documents costs, under any :class:`CostModel`.
 
     A packed micro-batch of documents of ``l_1 ... l_D`` tokens (the segments of ``cu_seq_lens``, int
     ``[D + 1]``) costs ``per_batch + linear * S1 + quadratic * S2`` with ``S1 = sum(l)`` and ``S2 = sum(l**2)``
     (each document attends within itself). ``rows = S1**2 / S2`` rows of ``L = S2 / S1`` tokens give
     ``rows * L = S1`` and ``rows * L**2 = S2``, so :meth:`lit_balance.CostModel.batch_cost` and
     :meth:`lit_balance.CostModel.fit` of ``(rows, L)`` are exactly those of the packed row (``rows`` need not be an
-    integer). For one document, ``(1, l)``.
+    integer), whatever the coefficients. For one document, ``(1, l)``. Another cost model's row cost need not be
+    linear in ``L`` and ``L**2``: its cost of a packed row is its own ``packed_cost`` (which
+    :class:`StragglerMonitor`'s cost column uses), and ``(rows, L)`` is then the shape its ``fit`` sees.
 
     Example:
         >>> packed_rows_and_length([0, 2, 6])  # documents of 2 and 4 tokens: S1 = 6, S2 = 20
         (1.8, 3.3333333333333335)
     """
-    cu = np.asarray(cu_seq_lens.tolist() if hasattr(cu_seq_lens, "tolist") else cu_seq_lens, dtype=np.float64)
-    lengths = np.diff(cu)
+    lengths = _document_lengths(cu_seq_lens).astype(np.float64)
     s1, s2 = float(lengths.sum()), float((lengths * lengths).sum())
     if s1 <= 0:
         return 0.0, 0.0
@@ -46,14 +53,14 @@ def packed_rows_and_length(cu_seq_lens: Any) -> tuple[float, float]:
 
 
 def backward_is_local(trainer: L.Trainer) -> bool:
-    """Whether the backward about to run holds no collective: a single process, or DDP inside ``no_sync``.
+    """Whether the backward about to run holds no collective: one data-parallel rank, or DDP inside ``no_sync``.
 
     Lightning runs the micro-batches inside an accumulation window (all but the optimizer step's last) under
     :meth:`torch.nn.parallel.DistributedDataParallel.no_sync`, which clears the wrapped model's
     ``require_backward_grad_sync``; their backward computes gradients without the all-reduce. Any other
     strategy (FSDP, DeepSpeed, ...) is assumed to communicate in backward.
     """
-    if trainer.world_size <= 1:
+    if data_parallel_world(trainer).num_replicas <= 1:
         return True
     model = getattr(trainer.strategy, "model", None)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -72,7 +79,7 @@ def step_imbalance(compute_s: np.ndarray, accumulate_grad_batches: int) -> float
     no rank ever waits).
 
     Args:
-        compute_s: float ``[world_size, n]``: compute seconds of ``n`` consecutive micro-batches per rank.
+        compute_s: float ``[num_replicas, n]``: compute seconds of ``n`` consecutive micro-batches per rank.
         accumulate_grad_batches: micro-batches per optimizer step (the last step may be shorter).
     """
     c = np.asarray(compute_s, dtype=np.float64)
@@ -106,15 +113,16 @@ class StragglerMonitor(L.Callback):
 
     **Data wait.** From the previous ``on_train_batch_end`` (or ``on_train_epoch_start``) to
     ``on_train_batch_start``: fetching and transferring the batch, plus Lightning's per-batch SIGTERM broadcast
-    from rank 0 (a collective when ``world_size > 1``), so it is reported apart from compute.
+    from rank 0 (a collective when there are several processes), so it is reported apart from compute.
 
     With ``synchronize=True`` on a CUDA device, both ends of the compute interval call
     ``torch.cuda.synchronize()`` so that asynchronous kernels are counted.
 
     Every ``log_every_n_micro_batches`` micro-batches (the same batches on every rank, since every rank runs the same
-    number) and at the end of each training epoch, the ranks take part in one ``all_gather`` of a
-    ``[n, 7]`` float64 tensor (compute s, data wait s, rows, padded length, real tokens, cost, local backward s
-    or NaN, per micro-batch) and rank 0 logs, over that window:
+    number) and at the end of each training epoch, the data-parallel ranks
+    (:func:`lit_balance.world.data_parallel_world`) take part in one ``all_gather`` of a ``[n, 7]`` float64 tensor
+    (compute s, data wait s, rows, padded length, real tokens, cost, local backward s or NaN, per micro-batch) and
+    global rank 0 logs, over that window:
 
     * ``balance/straggler_ratio``: max over ranks / median over ranks of the summed compute seconds.
     * ``balance/straggler_gap_s``: max minus median of the same (seconds).
@@ -122,10 +130,13 @@ class StragglerMonitor(L.Callback):
     * ``balance/compute_s_rank{r}``, ``balance/data_wait_s_rank{r}`` (seconds), ``balance/real_tokens_rank{r}``
       (tokens) and ``balance/cost_rank{r}`` (the sampler's cost model's unit) per rank.
 
-    For a packed micro-batch (a batch with ``cu_seq_lens_q``, :class:`lit_balance.PackedCollator`), the ``rows``
-    and ``padded_length`` columns hold :func:`packed_rows_and_length`: the padded shape with the same ``sum(l)``
-    and ``sum(l**2)`` over its documents, so the cost column and :class:`lit_balance.callbacks.CostModelFeedback`'s
-    fit are those of per-document costs, ``per_batch + linear * sum(l) + quadratic * sum(l**2)``.
+    The cost column is the cost model's own: ``batch_cost(rows, T)`` of a padded micro-batch ``[rows, T]``, and
+    ``packed_cost(document lengths)`` of a packed one (a batch with ``cu_seq_lens_q``,
+    :class:`lit_balance.PackedCollator`; the lengths are the segments of ``cu_seq_lens_q``). For a packed
+    micro-batch the ``rows`` and ``padded_length`` columns hold :func:`packed_rows_and_length`: the padded shape with
+    the same ``sum(l)`` and ``sum(l**2)`` over its documents, so :class:`lit_balance.callbacks.CostModelFeedback`'s
+    fit of a :class:`lit_balance.CostModel` is that of per-document costs,
+    ``per_batch + linear * sum(l) + quadratic * sum(l**2)``.
 
     It warns when the same rank is the slowest, with a ratio above ``warn_ratio``, for more than
     ``warn_after`` windows in a row. The gathered windows of the current epoch stay in :attr:`epoch_windows`
@@ -137,14 +148,16 @@ class StragglerMonitor(L.Callback):
             a micro-batch is one ``training_step``, not an optimizer step.
         warn_ratio: straggler ratio above which a window counts towards the warning.
         warn_after: windows in a row with the same slowest rank above ``warn_ratio`` before warning.
-        cost_model: cost of a micro-batch for ``balance/cost_rank{r}``; default: the sampler's
-            ``cost_model`` if it has one, else :class:`lit_balance.plan.cost.CostModel()` (padded slots).
+        cost_model: cost of a micro-batch for ``balance/cost_rank{r}``: any cost model
+            (:class:`lit_balance.plan.cost.CostModelProtocol`, e.g. a :class:`lit_balance.plan.CostModelBase`
+            subclass); default: the training sampler's ``cost_model`` of each epoch if it has one, else
+            :class:`lit_balance.plan.cost.CostModel()` (padded slots).
         synchronize: synchronize CUDA at the ends of the compute interval.
         clock: seconds, monotonic (default :func:`time.perf_counter`); tests inject a fake one.
 
     Raises:
         TypeError: ``log_every_n_micro_batches`` or ``warn_after`` not an int; ``warn_ratio`` not a real number;
-            ``cost_model`` neither a :class:`lit_balance.CostModel` nor None; ``synchronize`` not a bool; a
+            ``cost_model`` neither a cost model nor None (``check_cost_model``); ``synchronize`` not a bool; a
             ``clock`` that is not callable; a training batch that is not a dict.
         ValueError: ``log_every_n_micro_batches < 1``, ``warn_after < 1``, ``warn_ratio < 1`` or not finite.
         KeyError: a training batch lacks ``input_ids`` or ``num_real_tokens``.
@@ -159,14 +172,12 @@ class StragglerMonitor(L.Callback):
         *,
         warn_ratio: float = 1.2,
         warn_after: int = 3,
-        cost_model: CostModel | None = None,
+        cost_model: CostModelProtocol | None = None,
         synchronize: bool = True,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if cost_model is not None and not isinstance(cost_model, CostModel):
-            raise InputTypeError(f"cost_model must be a lit_balance.CostModel or None, got {cost_model!r} of type "
-                            f"{type(cost_model).__name__}; pass e.g. CostModel(linear=1.0), or None for the "
-                            "sampler's cost model", parameter="cost_model")
+        if cost_model is not None:
+            cost_model = check_cost_model(cost_model)
         self.log_every_n_micro_batches = check_int("log_every_n_micro_batches", log_every_n_micro_batches, 1,
                                                    "set the micro-batches per window")
         self.warn_ratio = check_number("warn_ratio", warn_ratio, 1, None,
@@ -175,7 +186,7 @@ class StragglerMonitor(L.Callback):
         self.cost_model = cost_model
         self.synchronize = check_bool("synchronize", synchronize)
         self.clock = check_callable("clock", clock, "pass a function returning seconds, or leave the default")
-        #: Gathered windows of the current epoch: float64 arrays ``[world_size, n, 7]`` (columns :data:`FIELDS`).
+        #: Gathered windows of the current epoch: float64 arrays ``[num_replicas, n, 7]`` (columns :data:`FIELDS`).
         self.epoch_windows: list[np.ndarray] = []
         #: The last gathered window, kept across epochs (None before the first).
         self.last_window: np.ndarray | None = None
@@ -189,7 +200,7 @@ class StragglerMonitor(L.Callback):
         self._pending: list[float] | None = None
         self._backward_start: float | None = None
         self._slowest_run = (-1, 0)
-        self._coef = (1.0, 0.0, 0.0)
+        self._cost: CostModelProtocol = check_cost_model(None)
 
     # -- timing ------------------------------------------------------------------------------------------
     def _now(self, pl_module: L.LightningModule) -> float:
@@ -198,8 +209,11 @@ class StragglerMonitor(L.Callback):
         return self.clock()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        cost = self.cost_model or getattr(train_sampler(trainer), "cost_model", None) or CostModel()
-        self._coef = (float(cost.linear), float(cost.quadratic), float(cost.per_batch))
+        cost = self.cost_model
+        if cost is None:  # the sampler's cost model of this epoch, or padded slots
+            cost = check_cost_model(getattr(train_sampler(trainer), "cost_model", None),
+                                    parameter="the training sampler's cost_model")
+        self._cost = cost
         self.epoch_windows = []
         self._records = []
         self._prev_end = self.clock()
@@ -257,21 +271,21 @@ class StragglerMonitor(L.Callback):
         input_ids, real = batch_fields(batch, ("input_ids", "num_real_tokens"), "StragglerMonitor")
         if isinstance(batch, dict) and "cu_seq_lens_q" in batch:
             rows, length = packed_rows_and_length(batch["cu_seq_lens_q"])
+            cost = self._cost.packed_cost(_document_lengths(batch["cu_seq_lens_q"]))
         else:
             rows, length = float(input_ids.shape[0]), float(input_ids.shape[1])
-        linear, quadratic, per_batch = self._coef  # CostModel.batch_cost, in plain floats
-        cost = per_batch + rows * (linear * length + quadratic * length * length)
-        return [rows, length, float(real), cost]
+            cost = self._cost.batch_cost(input_ids.shape[0], input_ids.shape[1])
+        return [rows, length, float(real), float(cost)]
 
     # -- gathering ---------------------------------------------------------------------------------------
     def _gather(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         local = torch.tensor(self._records, dtype=torch.float64)
         self._records = []
-        window = gather(trainer, pl_module, local).numpy()
+        window = gather(trainer, local).numpy()
         self.epoch_windows.append(window)
         self.last_window = window
         self.num_windows += 1
-        per_rank = window.sum(axis=1)  # [world_size, 7] (the backward column may hold NaN; not logged)
+        per_rank = window.sum(axis=1)  # [num_replicas, 7] (the backward column may hold NaN; not logged)
         compute = per_rank[:, COMPUTE]
         median = float(np.median(compute))
         slowest = int(np.argmax(compute))

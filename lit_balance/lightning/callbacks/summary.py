@@ -9,7 +9,7 @@ import lightning as L
 import torch
 
 from lit_balance._checks import check_bool
-from lit_balance.lightning.callbacks._common import batch_fields
+from lit_balance.lightning.callbacks._common import batch_fields, gather
 
 __all__ = ["RunSummary"]
 
@@ -22,10 +22,11 @@ class RunSummary(L.Callback):
     Counts per rank, over all training micro-batches of the fit (batches from
     :class:`lit_balance.PadCollator`, which carry ``num_real_tokens`` and ``num_padded_tokens``):
     micro-batches, real tokens, padded token slots, and wall seconds from ``on_train_start`` to
-    ``on_train_end``. At ``on_train_end`` every rank takes part in one ``all_gather``; afterwards
+    ``on_train_end``. At ``on_train_end`` every data-parallel rank (:func:`lit_balance.world.data_parallel_world`)
+    takes part in one ``all_gather``; afterwards
     :attr:`rows` holds one dict per rank (keys ``rank``, ``micro_batches``, ``real_tokens``,
     ``padded_tokens``, ``padding_ratio``, ``wall_s``) and :attr:`total` the sums (wall time: the slowest
-    rank), on every rank. With ``print_table=True`` rank 0 prints them.
+    rank), on every rank. With ``print_table=True`` global rank 0 prints them.
 
     Args:
         print_table: print the table on rank 0 at the end of training.
@@ -55,7 +56,7 @@ class RunSummary(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         local = torch.tensor([*self._counts, time.perf_counter() - self._start], dtype=torch.float64)
-        gathered = trainer.strategy.all_gather(local.to(pl_module.device)).cpu().reshape(-1, len(_FIELDS))
+        gathered = gather(trainer, local)
         self.rows = []
         for rank, values in enumerate(gathered.tolist()):
             row: dict[str, float] = {"rank": rank, **dict(zip(_FIELDS, values))}

@@ -1,9 +1,15 @@
-"""Fakes for callback tests: a trainer with a recording logger, a scripted clock and simulated ranks."""
+"""Fakes for callback tests: a trainer with a recording logger, a scripted clock, simulated ranks and custom cost
+models."""
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
+from scipy.optimize import nnls
+
+from lit_balance.plan.cost import CostModelBase
 
 
 class RecordingLogger:
@@ -80,3 +86,37 @@ MODULE = SimpleNamespace(device=torch.device("cpu"), automatic_optimization=True
 @pytest.fixture
 def clock():
     return Clock()
+
+
+@dataclass(frozen=True)
+class RowCost(CostModelBase):
+    """A custom cost model: a fixed cost per row (or packed document) plus a cost per token, no quadratic term."""
+
+    per_token: float = 1.0
+    per_row: float = 8.0
+    per_batch: float = 0.0
+
+    def row_cost(self, length):
+        return self.per_row + self.per_token * np.asarray(length, dtype=np.float64)
+
+    @classmethod
+    def fit(cls, rows, padded_length, seconds, *, min_samples=3):
+        """Non-negative least squares of seconds on ``[rows * L, rows, 1]``."""
+        rows, length, seconds = (np.asarray(a, dtype=np.float64).reshape(-1) for a in (rows, padded_length, seconds))
+        if rows.size < min_samples:
+            raise ValueError(f"RowCost.fit needs {min_samples} micro-batches, got {rows.size}")
+        columns = np.stack([rows * length, rows, np.ones_like(rows)], axis=1)
+        scale = columns.max(axis=0)
+        coef = nnls(columns / scale, seconds)[0] / scale
+        return cls(per_token=float(coef[0]), per_row=float(coef[1]), per_batch=float(coef[2]))
+
+
+@dataclass(frozen=True)
+class RowCostWithoutFit(CostModelBase):
+    """A custom cost model that cannot be refitted from seconds (no ``fit``)."""
+
+    per_row: float = 8.0
+    per_batch: float = 0.0
+
+    def row_cost(self, length):
+        return self.per_row + np.asarray(length, dtype=np.float64)

@@ -91,7 +91,7 @@ def test_forward_seconds_of_every_micro_batch_when_a_rank_has_too_few_local_back
 
 
 def test_a_window_of_the_wrong_shape_is_refused():
-    with pytest.raises(ValueError, match=r"window must be \[world_size, n, 7\]"):
+    with pytest.raises(ValueError, match=r"window must be \[num_replicas, n, 7\]"):
         fit_cost_and_speeds(np.zeros((2, 10, 3)))
 
 
@@ -237,8 +237,8 @@ class ThreadedStrategy:
 
 def test_feedback_at_least_halves_the_straggler_gap():
     # The loop of recipes/straggler_feedback.py on two simulated ranks (threads) with fixed clocks: a micro-batch of
-    # rows x L takes exactly true_cost.batch_cost(rows, L) * slowdown[r] seconds. Epoch 0 is planned on padded slots with
-    # equal ranks; CostModelFeedback fits seconds and speeds and the sampler plans epoch 1 with them. The costs are
+    # rows x L takes exactly true_cost.batch_cost(rows, L) * slowdown[r] seconds. Epoch 0 is planned on padded slots
+    # with equal ranks; CostModelFeedback fits seconds and speeds and the sampler plans epoch 1 with them. The costs are
     # powers of two and the slowdown 1.5, so every clock reading, difference and sum is exact in float64.
     true_cost = CostModel(linear=2.0**-20, quadratic=2.0**-30, per_batch=2.0**-14)
     slowdown, max_tokens = (1.0, 1.5), 1024
@@ -348,4 +348,108 @@ def test_a_fit_that_is_not_finite_is_not_handed_over(monkeypatch):
     monkeypatch.setattr(feedback_module, "fit_cost_and_speeds", lambda window, **kw: (COST, [1.0, float("nan")]))
     with pytest.warns(RuntimeWarning, match=r"not finite .*nan.*the sampler keeps its cost model and speeds"):
         feedback.on_train_epoch_end(trainer, MODULE)
-    assert sampler._pending is None and feedback.last_fit is None
+    assert feedback.last_fit is None
+    sampler.set_epoch(1)  # nothing was handed over for the next epoch: it plans as before
+    assert sampler.cost_model == CostModel() and sampler.rank_speeds is None
+
+
+def _row_cost_window(true, speeds, n=40, seed=0):
+    """[R, n, 6] timings of padded micro-batches that take true.batch_cost(rows, L) / speed[r] seconds exactly."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((len(speeds), n, 6))
+    for r, s in enumerate(speeds):
+        length = rng.integers(8, 512, n).astype(float)
+        rows = np.maximum(np.floor(1024 / length), 1)
+        out[r, :, 0] = true.batch_cost(rows, length) / s
+        out[r, :, 2], out[r, :, 3] = rows, length
+    return out
+
+
+def test_a_custom_cost_model_stays_of_its_class_across_epochs_and_resume():
+    from conftest import RowCost
+
+    true = RowCost(per_token=2e-5, per_row=4e-4, per_batch=3e-3)
+    lengths = np.load(LENGTHS)[:200]
+    sampler = BalancedBatchSampler(lengths, 1024, num_replicas=2, rank=0, cost_model=RowCost())
+    monitor, feedback = StragglerMonitor(), CostModelFeedback(smoothing=0.0)
+    trainer, logger = make_trainer(world_size=2, sampler=sampler, callbacks=[monitor, feedback])
+    feedback.on_train_start(trainer, MODULE)
+    for epoch in (0, 1):
+        monitor.epoch_windows = [_row_cost_window(true, [1.0, 0.5], seed=epoch)]
+        feedback.on_train_epoch_end(trainer, MODULE)
+        sampler.set_epoch(epoch + 1)
+        cost, speeds = feedback.last_fit
+        assert type(cost) is RowCost and type(sampler.cost_model) is RowCost and sampler.cost_model == cost
+        assert (cost.per_token, cost.per_row, cost.per_batch) == pytest.approx(
+            (true.per_token, true.per_row, true.per_batch), rel=1e-6)
+        assert speeds == pytest.approx([1.0, 0.5], rel=1e-6)
+    logged = logger.calls[-1][1]
+    assert {k for k in logged if k.startswith("balance/cost_")} == {
+        "balance/cost_per_token", "balance/cost_per_row", "balance/cost_per_batch"}
+    assert logged["balance/cost_per_row"] == cost.per_row
+    # resume: a sampler built with the custom class restores the fitted model, and the feedback refits that class
+    resumed = BalancedBatchSampler(lengths, 1024, num_replicas=2, rank=0, cost_model=RowCost())
+    resumed.load_state_dict(sampler.state_dict())
+    assert type(resumed.cost_model) is RowCost and resumed.cost_model == cost
+    again = CostModelFeedback()
+    trainer, _ = make_trainer(world_size=2, sampler=resumed, callbacks=[monitor, again])
+    again.on_train_start(trainer, MODULE)
+    again.on_train_epoch_end(trainer, MODULE)
+    assert type(again.last_fit[0]) is RowCost
+
+
+def test_fit_cost_and_speeds_fits_the_given_class():
+    from conftest import RowCost
+
+    true = RowCost(per_token=1e-5, per_row=2e-4, per_batch=1e-3)
+    cost, speeds = fit_cost_and_speeds(_row_cost_window(true, [1.0, 0.8]), cost_class=RowCost)
+    assert type(cost) is RowCost and cost.per_row == pytest.approx(true.per_row, rel=1e-6)
+    assert speeds == pytest.approx([1.0, 0.8], rel=1e-6)
+    default, _ = fit_cost_and_speeds(synthetic_window([1.0, 0.8]))
+    assert type(default) is CostModel
+
+
+def test_a_cost_model_class_without_fit_is_refused_at_fit_start_naming_it():
+    from conftest import RowCostWithoutFit
+
+    sampler = BalancedBatchSampler(np.load(LENGTHS)[:50], 1024, num_replicas=2, rank=0,
+                                   cost_model=RowCostWithoutFit())
+    monitor, feedback = StragglerMonitor(), CostModelFeedback()
+    trainer, _ = make_trainer(world_size=2, sampler=sampler, callbacks=[monitor, feedback])
+    with pytest.raises(TypeError, match=r"RowCostWithoutFit has no fit: add a classmethod fit\(cls, rows, "
+                                        r"padded_length, seconds, \*, min_samples\) -> RowCostWithoutFit") as err:
+        feedback.on_train_start(trainer, MODULE)
+    assert err.value.parameter == "cost_model"
+    with pytest.raises(TypeError, match="RowCostWithoutFit has no fit"):
+        fit_cost_and_speeds(synthetic_window([1.0, 1.0]), cost_class=RowCostWithoutFit)
+
+
+def test_a_fit_of_another_shape_fails_on_every_rank_alike():
+    from dataclasses import dataclass
+
+    from conftest import RowCost
+
+    @dataclass(frozen=True)
+    class Changing(RowCost):
+        @classmethod
+        def fit(cls, rows, padded_length, seconds, *, min_samples=3):
+            return CostModel()  # not a Changing: other to_dict() keys
+
+    sent = []  # what rank 0 broadcasts, handed to rank 1
+
+    def broadcast(obj, src=0):
+        if not sent:  # rank 0 sends
+            sent.append(obj)
+        return sent[0]
+
+    for rank in (0, 1):
+        sampler = RecordingSampler()
+        sampler.cost_model = Changing()
+        monitor, feedback = StragglerMonitor(), CostModelFeedback()
+        trainer, _ = make_trainer(rank=rank, world_size=2, sampler=sampler, callbacks=[monitor, feedback])
+        trainer.strategy.broadcast = broadcast
+        feedback.on_train_start(trainer, MODULE)
+        monitor.epoch_windows = [synthetic_window([1.0, 1.0])]
+        with pytest.raises(TypeError, match=r"Changing.fit returned a cost model whose to_dict\(\) is not .*'per_row'"):
+            feedback.on_train_epoch_end(trainer, MODULE)
+        assert sampler.calls == [] and len(sent) == 1

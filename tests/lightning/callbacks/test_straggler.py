@@ -154,3 +154,40 @@ def test_step_imbalance_averages_out_over_accumulation():
 def test_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         StragglerMonitor(**kwargs)
+
+
+def _packed_batch(lengths):
+    from lit_balance.data.collate import PackedCollator
+
+    return PackedCollator(0)([{"input_ids": np.arange(1, n + 1), "index": i} for i, n in enumerate(lengths)])
+
+
+@pytest.mark.parametrize("given_to", ["monitor", "sampler"])
+def test_cost_column_is_the_custom_cost_models_own_for_padded_and_packed_micro_batches(clock, given_to):
+    from conftest import RowCost
+
+    from lit_balance import BalancedBatchSampler
+    from lit_balance.lightning.callbacks.straggler import COST
+
+    model = RowCost(per_token=0.5, per_row=8.0, per_batch=3.0)
+    sampler = BalancedBatchSampler([4, 6, 9], 64, num_replicas=1, rank=0, cost_model=model)
+    trainer, logger = make_trainer(sampler=sampler if given_to == "sampler" else None)
+    cb = StragglerMonitor(log_every_n_micro_batches=3, clock=clock,
+                          cost_model=model if given_to == "monitor" else None)
+    micro_batches = [batch(3, 10, 25), _packed_batch([2, 4, 9]), _packed_batch([7])]
+    cb.on_train_epoch_start(trainer, MODULE)
+    for i, b in enumerate(micro_batches):
+        cb.on_train_batch_start(trainer, MODULE, b, i)
+        clock.tick(1.0)
+        cb.on_train_batch_end(trainer, MODULE, None, b, i)
+    expected = [model.batch_cost(3, 10), model.packed_cost([2, 4, 9]), model.packed_cost([7])]
+    np.testing.assert_allclose(cb.epoch_windows[0][0, :, COST], expected, rtol=1e-12)
+    # a fixed cost per row or document: 3 rows of 10 and 3 documents of 15 tokens cost alike, unlike CostModel's
+    assert expected == [3.0 + 3 * (8.0 + 5.0), 3.0 + 3 * 8.0 + 0.5 * 15, 3.0 + 8.0 + 3.5]
+    assert logger.calls[0][1]["balance/cost_rank0"] == pytest.approx(sum(expected), rel=1e-12)
+
+
+def test_refuses_an_object_that_is_not_a_cost_model():
+    with pytest.raises(TypeError, match=r"cost_model must be a lit_balance.CostModel or None.*lacks") as err:
+        StragglerMonitor(cost_model=object())
+    assert err.value.parameter == "cost_model"

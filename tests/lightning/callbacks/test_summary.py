@@ -22,7 +22,7 @@ def test_counts_and_table(monkeypatch, capsys):
     clock = iter([100.0, 112.5])
     monkeypatch.setattr(summary_mod.time, "perf_counter", lambda: next(clock))
     other = torch.tensor([2.0, 30.0, 40.0, 11.0], dtype=torch.float64)
-    trainer = SimpleNamespace(strategy=_TwoRankStrategy(other), is_global_zero=True)
+    trainer = SimpleNamespace(world_size=2, global_rank=0, strategy=_TwoRankStrategy(other), is_global_zero=True)
     module = SimpleNamespace(device=torch.device("cpu"))
     cb = RunSummary()
     cb.on_train_start(trainer, module)
@@ -42,11 +42,25 @@ def test_counts_and_table(monkeypatch, capsys):
 
 
 def test_other_ranks_do_not_print(capsys):
-    trainer = SimpleNamespace(strategy=SimpleNamespace(all_gather=lambda t: t), is_global_zero=False)
+    other = torch.tensor([2.0, 30.0, 40.0, 11.0], dtype=torch.float64)  # rank 0's counts, as rank 1 gathers them
+    strategy = SimpleNamespace(all_gather=lambda t: torch.stack([other, t]))
+    trainer = SimpleNamespace(world_size=2, global_rank=1, strategy=strategy, is_global_zero=False)
     module = SimpleNamespace(device=torch.device("cpu"))
     cb = RunSummary()
     cb.on_train_start(trainer, module)
     cb.on_train_batch_end(trainer, module, None, {"num_real_tokens": 3, "num_padded_tokens": 4}, 0)
     cb.on_train_end(trainer, module)
     assert capsys.readouterr().out == ""
+    assert cb.total["real_tokens"] == 33.0 and cb.total["padded_tokens"] == 44.0 and len(cb.rows) == 2
+    assert cb.rows[1]["real_tokens"] == 3.0 and cb.rows[1]["rank"] == 1
+
+
+def test_one_rank_gathers_without_communicating():
+    strategy = SimpleNamespace(all_gather=lambda t: 1 / 0)  # a single rank needs no collective
+    trainer = SimpleNamespace(world_size=1, global_rank=0, strategy=strategy, is_global_zero=False)
+    module = SimpleNamespace(device=torch.device("cpu"))
+    cb = RunSummary()
+    cb.on_train_start(trainer, module)
+    cb.on_train_batch_end(trainer, module, None, {"num_real_tokens": 3, "num_padded_tokens": 4}, 0)
+    cb.on_train_end(trainer, module)
     assert cb.total["real_tokens"] == 3.0 and cb.total["padded_tokens"] == 4.0 and len(cb.rows) == 1

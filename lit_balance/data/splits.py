@@ -1,0 +1,140 @@
+"""The train/validation split of a tokenized corpus: a permutation seeded by ``seed``, or the corpus' own split.
+
+NumPy and the data layer only. :class:`lit_balance.BalancedTextDataModule` resolves ``val_fraction`` with
+:func:`resolve_val_fraction` at construction and splits with :func:`split_corpus` at ``setup`` (and in its plan
+preview); every rank computes the same split from the same corpus and ``seed``, without communication.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from lit_balance._checks import check_number
+from lit_balance.data.cache import TokenizedCorpus
+from lit_balance.data.dataset import TokenDataset
+from lit_balance.errors import InputValueError
+
+__all__ = ["DEFAULT_VAL_FRACTION", "resolve_val_fraction", "split_corpus", "split_documents"]
+
+#: Share of documents held out for validation when ``val_fraction=None`` and the corpus has no validation split.
+DEFAULT_VAL_FRACTION = 0.05
+
+_SPLIT_SALT = 0x5EED  # the split's seed sequence is [seed, _SPLIT_SALT]: apart from the samplers' streams
+
+
+def resolve_val_fraction(val_fraction: Any, split_sizes: tuple[int, int] | None = None) -> float:
+    """The share of documents to hold out for validation, checked.
+
+    Args:
+        val_fraction: a number in ``[0, 1)``, or None: :data:`DEFAULT_VAL_FRACTION`, or 0.0 for a corpus with its
+            own validation split (nothing is held out of its training split).
+        split_sizes: ``(training rows, validation rows)`` of a corpus with its own validation split (a Hugging Face
+            ``DatasetDict``'s ``train`` and ``validation``), or None.
+
+    Returns:
+        ``val_fraction`` as a float in ``[0, 1)``.
+
+    Raises:
+        TypeError: ``val_fraction`` neither a real number nor None (bools too).
+        ValueError: ``val_fraction`` outside ``[0, 1)`` or NaN; a number beside the corpus' own validation split.
+
+    Example:
+        >>> resolve_val_fraction(None), resolve_val_fraction(None, split_sizes=(90, 10)), resolve_val_fraction(0.2)
+        (0.05, 0.0, 0.2)
+    """
+    if val_fraction is not None:
+        val_fraction = check_number("val_fraction", val_fraction, 0, 1, "set the share of documents held out for "
+                                    "validation (0: no validation), or None for the default", high_open=True)
+    if split_sizes is not None and val_fraction is not None:
+        raise InputValueError(
+            f"val_fraction={val_fraction!r} conflicts with the corpus' own validation split "
+            f"({split_sizes[1]} rows of the DatasetDict's 'validation'); leave val_fraction=None to "
+            "validate on that split, or pass corpus=dataset_dict['train'] to hold out val_fraction of the "
+            "training split instead (val_fraction=0: no validation)", parameter="val_fraction")
+    if val_fraction is None:
+        return 0.0 if split_sizes is not None else DEFAULT_VAL_FRACTION
+    return float(val_fraction)
+
+
+def split_documents(num_documents: int, *, val_fraction: float, seed: int, source_index: Any = None,
+                    split_sizes: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Which documents train and which validate.
+
+    With ``split_sizes`` (a corpus with its own validation split), a document validates when its index in the
+    source (``source_index``) is at or past the training split's row count. Otherwise ``round(val_fraction *
+    num_documents)`` documents (at least 1 when ``val_fraction > 0``) validate, drawn by a permutation seeded by
+    ``seed`` (``numpy.random.default_rng(SeedSequence([seed, 0x5EED]))``): the same on every rank and run.
+
+    Args:
+        num_documents: documents of the tokenized corpus (empty ones already dropped).
+        val_fraction: share held out for validation, in ``[0, 1)`` (see :func:`resolve_val_fraction`).
+        seed: seed of the permutation (>= 0).
+        source_index: int ``[num_documents]``: each document's index in the source; needed with ``split_sizes``.
+        split_sizes: ``(training rows, validation rows)`` of the source, or None.
+
+    Returns:
+        ``(train_docs, val_docs)``: sorted int64 document indices, disjoint, together every document once.
+
+    Raises:
+        ValueError: ``val_fraction`` leaves no document for training; with ``split_sizes``, every document of
+            one split was empty after tokenization (or ``source_index`` is missing).
+
+    Example:
+        >>> train, val = split_documents(10, val_fraction=0.2, seed=0)
+        >>> len(train), len(val), sorted([*train, *val]) == list(range(10))
+        (8, 2, True)
+    """
+    if split_sizes is not None:  # a DatasetDict's train split, then its validation split
+        if source_index is None or len(source_index) != num_documents:
+            raise InputValueError(f"split_sizes={split_sizes} needs source_index, each document's index in the source "
+                                  f"({num_documents} documents), got {source_index!r}", parameter="source_index")
+        is_val = np.asarray(source_index) >= split_sizes[0]
+        train_docs, val_docs = np.flatnonzero(~is_val), np.flatnonzero(is_val)
+        if not train_docs.size or not val_docs.size:
+            which = "training" if not train_docs.size else "validation"
+            raise InputValueError(f"every document of the corpus' {which} split is empty after tokenization "
+                                  f"({train_docs.size} training and {val_docs.size} validation documents are left); "
+                                  "check that split's rows")
+        return train_docs.astype(np.int64), val_docs.astype(np.int64)
+    num_val = round(val_fraction * num_documents)
+    if val_fraction > 0:
+        num_val = max(num_val, 1)
+    if num_documents - num_val < 1:
+        raise InputValueError(
+            f"the corpus has {num_documents} document(s); val_fraction={val_fraction} leaves none for training; "
+            "lower val_fraction or add documents", parameter="val_fraction")
+    perm = np.random.default_rng(np.random.SeedSequence([int(seed), _SPLIT_SALT])).permutation(num_documents)
+    return np.sort(perm[num_val:]).astype(np.int64), np.sort(perm[:num_val]).astype(np.int64)
+
+
+def split_corpus(corpus: TokenizedCorpus, *, val_fraction: float, seed: int, max_length: int | None,
+                 split_sizes: tuple[int, int] | None = None) -> tuple[TokenDataset, TokenDataset | None]:
+    """The training and validation datasets of ``corpus`` (:func:`split_documents`), truncated to ``max_length``.
+
+    Args:
+        corpus: the tokenized corpus (its ``labels``, if any, are carried into both datasets).
+        val_fraction, seed, split_sizes: as :func:`split_documents`.
+        max_length: keep at most this many tokens of each document, or None.
+
+    Returns:
+        ``(train_dataset, val_dataset)``; ``val_dataset`` is None when no document validates.
+
+    Raises:
+        ValueError: as :func:`split_documents`.
+
+    Example:
+        >>> corpus = TokenizedCorpus(np.arange(1, 7, dtype=np.int32), np.array([0, 1, 3, 6]), np.arange(3),
+        ...                          num_empty=0, vocab_size=10, pad_token_id=0)
+        >>> train, val = split_corpus(corpus, val_fraction=0.0, seed=0, max_length=2)
+        >>> train.lengths.tolist(), val
+        ([1, 2, 2], None)
+    """
+    train_docs, val_docs = split_documents(len(corpus), val_fraction=val_fraction, seed=seed,
+                                           source_index=corpus.source_index, split_sizes=split_sizes)
+
+    def dataset(docs: np.ndarray) -> TokenDataset:
+        return TokenDataset(corpus.token_ids, corpus.offsets, docs, max_length, labels=corpus.labels)
+
+    return dataset(train_docs), dataset(val_docs) if len(val_docs) else None

@@ -1,0 +1,62 @@
+"""The plan report as rich tables: each plan per rank, and the epoch's figures side by side."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lit_balance.report.figures import PlanReport
+
+__all__ = ["format_report"]
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 1e4 else f"{value:.5g}"
+
+
+def format_report(report: PlanReport, title: str = "") -> list[Any]:
+    """Rich renderables: a per-rank table for each plan and a table comparing the epoch's figures.
+
+    Per rank: micro-batches, real tokens, padded slots, padding ratio and cost (in ``report.cost_unit``).
+    Epoch: padding ratio, epoch rank imbalance (slowest rank's total cost over the mean), mean and worst
+    per-step imbalance (max over mean rank cost in one optimizer step), useful compute fraction.
+    """
+    from rich import box
+    from rich.table import Table
+
+    summary = report.summary()
+    out: list[Any] = []
+    names = (("balanced", "BalancedBatchSampler"),
+             ("distributed_sampler", f"DistributedSampler, batch_size={report.baseline_batch_size}"))
+    for key, name in names:
+        fig = summary[key]
+        table = Table(title=f"{name}: per rank, epoch {report.settings['epoch']}", box=box.SIMPLE_HEAD,
+                      title_justify="left")
+        columns = ("rank", "micro-batches", "real tokens", "padded slots", "padding ratio",
+                   f"cost ({report.cost_unit})")
+        for col in columns:
+            table.add_column(col, justify="right")
+        for r in fig["ranks"]:
+            table.add_row(str(r["rank"]), str(r["micro_batches"]), str(r["real_tokens"]), str(r["padded_tokens"]),
+                          f"{r['padding_ratio']:.4f}", _number(r["cost"]))
+        real = sum(r["real_tokens"] for r in fig["ranks"])
+        padded = sum(r["padded_tokens"] for r in fig["ranks"])
+        table.add_row("total", str(sum(r["micro_batches"] for r in fig["ranks"])), str(real), str(padded),
+                      f"{fig['padding_ratio']:.4f}", _number(sum(r["cost"] for r in fig["ranks"])), style="bold")
+        out.append(table)
+    comparison = Table(title=title or "epoch figures (global)", box=box.SIMPLE_HEAD, title_justify="left")
+    comparison.add_column("figure")
+    comparison.add_column("BalancedBatchSampler", justify="right")
+    comparison.add_column(f"DistributedSampler (batch_size={report.baseline_batch_size})", justify="right")
+    rows = (("padding ratio", "padding_ratio", "{:.4f}"),
+            ("epoch rank imbalance (max/mean rank cost)", "epoch_rank_imbalance", "{:.4f}"),
+            ("mean step imbalance (max/mean per step)", "mean_step_imbalance", "{:.4f}"),
+            ("worst step imbalance (max/mean per step)", "max_step_imbalance", "{:.4f}"),
+            ("useful compute fraction", "useful_fraction", "{:.4f}"),
+            ("its bound for these steps (stats.useful_fraction_bound)", "useful_fraction_bound", "{:.4f}"),
+            ("micro-batches per rank", "micro_batches_per_rank", "{}"),
+            ("optimizer steps", "optimizer_steps", "{}"),
+            (f"largest micro-batch (padded slots, budget {report.settings['max_tokens']})", "max_batch_tokens", "{}"))
+    for label, key, fmt in rows:
+        comparison.add_row(label, fmt.format(summary["balanced"][key]), fmt.format(summary["distributed_sampler"][key]))
+    out.append(comparison)
+    return out
