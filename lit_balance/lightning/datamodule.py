@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from lit_balance._checks import check_bool, check_int
 from lit_balance._fingerprint import sha256_of_int64
 from lit_balance.data.cache import TokenizedCorpus, default_cache_dir, load_or_build
-from lit_balance.data.collate import PackedCollator, PadCollator
+from lit_balance.data.collate import PackedCollator, PadCollator, collator_for
 from lit_balance.data.dataset import TokenDataset
 from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.splits import resolve_val_fraction, split_corpus
@@ -28,8 +28,9 @@ from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.agreement import check_ranks_agree, plan_fingerprint
 from lit_balance.plan.cost import CostModel, check_cost_model
-from lit_balance.plan.padded import padded_lengths
+from lit_balance.plan.epoch import planner_for
 from lit_balance.plan.settings import BatchingSettings, delegate_settings
+from lit_balance.plan.types import padded_lengths
 from lit_balance.sampler.sampler import BalancedBatchSampler
 from lit_balance.world import DataParallelWorld, data_parallel_world
 
@@ -421,10 +422,10 @@ class BalancedTextDataModule(L.LightningDataModule):
                                                  accumulate_grad_batches=1)
             val_sampler = self._sampler("validation", splits.val_dataset, val_settings, world)
         truncate = train_sampler.truncate_to if self.too_long == "truncate" else None
-        collator = PackedCollator if self.packing else PadCollator
         self.corpus, self.train_dataset, self.val_dataset = splits
         self.train_sampler, self.val_sampler = train_sampler, val_sampler
-        self.collator = collator(self.pad_token_id, self.pad_to_multiple_of, max_length=truncate)
+        self.collator = collator_for(planner_for(self.settings).name, self.pad_token_id, self.pad_to_multiple_of,
+                                     max_length=truncate)
 
     def _fingerprint(self) -> list[tuple[str, int, bool]]:
         """What this rank planned at ``setup``: :func:`lit_balance.lightning.agreement.plan_fingerprint`."""

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lit_balance import IGNORE_INDEX, BalancedTextDataModule
-from lit_balance.demo import DemoTransformerLM
-from lit_balance.data import sources as corpus_module
+from lit_balance.data.sources import builtin as corpus_module
 from lit_balance.data.tokenizer import TokenizerAdapter, builtin_tokenizer
+from lit_balance.demo import DemoTransformerLM
 
 BATCH_KEYS = {"input_ids", "attention_mask", "labels", "indices", "is_fill", "num_real_tokens", "num_padded_tokens",
               "step_real_tokens", "step_rows", "step_supervised_tokens"}
