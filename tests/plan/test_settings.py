@@ -13,7 +13,8 @@ import torch
 from lit_balance import (BalancedBatchSampler, BalancedTextDataModule, BatchingSettings, CostModel, plan_epoch,
                          plan_report)
 from lit_balance._checks import MAX_TOKENS_LIMIT
-from lit_balance.cli import _PLAN_FLAGS, plan_parser
+from lit_balance.cli import plan_parser
+from lit_balance.cli.plan import PLAN_FLAGS
 
 LENGTHS = np.random.default_rng(0).integers(1, 300, 400)
 
@@ -174,7 +175,7 @@ def test_plan_report_from_settings_equals_keywords():
 def test_plan_cli_has_one_flag_per_setting_with_its_default():
     cfg = plan_parser().parse_args([])
     for f in dataclasses.fields(BatchingSettings):
-        assert f.name in _PLAN_FLAGS
+        assert f.name in PLAN_FLAGS
         assert cfg[f.name] == (4096 if f.name == "max_tokens" else f.default)
 
 
@@ -192,7 +193,8 @@ def test_datamodule_with_settings_equals_keywords(tmp_path, texts):
     assert (dms[0].max_tokens, dms[0].seed, dms[0].shuffle_window) == (256, 2, 1.0)
     out = []
     for dm in dms:
-        dm.trainer = SimpleNamespace(world_size=2, global_rank=1, current_epoch=0, accumulate_grad_batches=2)
+        dm.trainer = SimpleNamespace(world_size=2, global_rank=1, current_epoch=0, accumulate_grad_batches=2,
+                                     strategy=None)
         dm.prepare_data()
         dm.setup("fit")
         # the training sampler takes the Trainer's accumulate_grad_batches; validation is plain
@@ -248,7 +250,8 @@ def test_rank_speeds_beyond_the_float_range_are_named():
 
 def test_a_trainer_accumulate_grad_batches_below_one_is_named_at_setup(tmp_path):
     dm = BalancedTextDataModule([[1, 2, 3], [4, 5]], max_tokens=64, val_fraction=0, cache_dir=tmp_path)
-    dm.trainer = SimpleNamespace(accumulate_grad_batches=0, world_size=1, global_rank=0, current_epoch=0)
+    dm.trainer = SimpleNamespace(accumulate_grad_batches=0, world_size=1, global_rank=0, current_epoch=0,
+                                 strategy=None)
     dm.prepare_data()
     with pytest.raises(ValueError, match=r"the Trainer's accumulate_grad_batches=0 cannot be planned.*Trainer\("
                                          r"accumulate_grad_batches=\.\.\.\) to an int >= 1"):

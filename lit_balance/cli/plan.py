@@ -1,52 +1,28 @@
-"""The ``lit-balance`` command: Lightning CLI subcommands (fit, validate, ...) and the ``plan`` dry run.
+"""``lit-balance plan``: plan one epoch without training and report it (:mod:`lit_balance.report`).
 
-Run:
-    lit-balance fit --config conf/cli/fit_cpu.yaml          # 2 CPU DDP ranks, BalancedTextDataModule + DemoTransformerLM
-    lit-balance fit --print_config                          # every option with its default
-    lit-balance plan --lengths lit_balance/data/lengths/lengths_fortunes.npy --num-replicas 8 --max-tokens 2048
-    lit-balance plan --config conf/cli/fit_cpu.yaml          # the plan that fit config trains on
-    lit-balance fit --config conf/cli/fit_cpu.yaml --model.class_path=my_package.MyModule   # any LightningModule
-    python -m lit_balance.cli plan --help                   # the same without the console script
-
-``fit``, ``validate``, ``test`` and ``predict`` are :class:`lightning.pytorch.cli.LightningCLI`'s: the model is any
-LightningModule (``--model.class_path=my.Module``, its arguments ``--model.*``; default
-:class:`~lit_balance.demo.DemoTransformerLM`), the data :class:`~lit_balance.BalancedTextDataModule` (``--data.*``); a
-model whose ``__init__`` takes ``vocab_size`` gets the built data module's, and callbacks are set with
-``--trainer.callbacks`` (class paths and init args) in the config. ``plan`` plans one epoch without
-training and reports it (see :mod:`lit_balance.report`); ``plan --config`` also reads a ``fit`` config and plans
-with its data settings, its ranks (``trainer.devices`` x ``trainer.num_nodes``) and its
-``trainer.accumulate_grad_batches``.
+``plan`` reads a lengths file, or a corpus and tokenizer as :class:`~lit_balance.BalancedTextDataModule` does, plans
+epoch ``--epoch`` with the sampler's settings and ``--num-replicas`` ranks, and writes a table, a JSON summary and PNG
+plots; ``plan --config`` also reads a ``lit-balance fit`` config (:func:`plan_options_from_fit`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
-import os
-import re
-import sys
 import typing
-from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
-from lightning.pytorch import Callback, LightningDataModule, LightningModule
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
 
 from lit_balance._checks import MAX_TOKENS_LIMIT, check_int
+from lit_balance.cli.messages import flag_names, plan_flag
 from lit_balance.errors import InputError, InputTypeError, InputValueError
 from lit_balance.lightning.datamodule import DEFAULT_MAX_TOKENS, BalancedTextDataModule
 from lit_balance.plan.cost import CostModel
 from lit_balance.plan.settings import BatchingSettings
 
-__all__ = ["LitBalanceCLI", "build_cli", "main", "plan_options_from_fit", "plan_parser", "run_plan"]
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+__all__ = ["PLAN_FLAGS", "plan_options_from_fit", "plan_parser", "run_plan"]
 
 
 def plan_parser(fit_parser: ArgumentParser | None = None) -> ArgumentParser:
@@ -56,10 +32,10 @@ def plan_parser(fit_parser: ArgumentParser | None = None) -> ArgumentParser:
         fit_parser: the ``fit`` subcommand's parser; with it, ``--config`` also reads a ``lit-balance fit`` config
             (see :func:`plan_options_from_fit`). Without it, ``--config`` reads these options from YAML only.
     """
-    parser = ArgumentParser(allow_abbrev=False, description="Plan one epoch without training: per-rank micro-batches, tokens, padding "
-                                        "and cost, rank imbalance and useful compute fraction, against "
-                                        "DistributedSampler with a fixed batch size; writes a table, a JSON summary "
-                                        "and PNG plots.")
+    parser = ArgumentParser(allow_abbrev=False,
+                            description="Plan one epoch without training: per-rank micro-batches, tokens, padding and "
+                                        "cost, rank imbalance and useful compute fraction, against DistributedSampler "
+                                        "with a fixed batch size; writes a table, a JSON summary and PNG plots.")
     action = type("PlanConfigFile", (_PlanConfigFile,), {"fit_parser": fit_parser})
     parser.add_argument("--config", action=action,
                         help="YAML file holding any of these options, or a lit-balance fit config (its data settings, "
@@ -88,7 +64,7 @@ def plan_parser(fit_parser: ArgumentParser | None = None) -> ArgumentParser:
     hints = typing.get_type_hints(BatchingSettings)
     for setting in dataclasses.fields(BatchingSettings):
         default = DEFAULT_MAX_TOKENS if setting.name == "max_tokens" else setting.default
-        group.add_argument(_flag(setting.name), type=hints[setting.name], default=default,
+        group.add_argument(plan_flag(setting.name), type=hints[setting.name], default=default,
                            help=setting.metadata["help"])
     group = parser.add_argument_group("cost model: cost = per_batch + rows * (linear * L + quadratic * L**2)")
     group.add_argument("--linear", type=float, default=1.0, help="cost per padded token slot")
@@ -101,7 +77,7 @@ def plan_parser(fit_parser: ArgumentParser | None = None) -> ArgumentParser:
 
 
 class _PlanConfigFile(ActionConfigFile):
-    """``plan --config``: a ``lit-balance fit`` config (when the ``fit`` parser accepts it) or a YAML of plan options."""
+    """``plan --config``: a ``lit-balance fit`` config (when the ``fit`` parser accepts it), or plan options."""
 
     fit_parser: ArgumentParser | None = None
 
@@ -177,7 +153,7 @@ def plan_options_from_fit(fit_cfg: Namespace, source: str = "the fit config") ->
             if isinstance(model, Namespace) and "init_args" in model:  # jsonargparse's class_path / init_args
                 model = CostModel(**model.init_args.as_dict())
             options.update({name: getattr(model, name) for name in ("linear", "quadratic", "per_batch")})
-        elif key in _PLAN_FLAGS or key in ("corpus", "tokenizer"):
+        elif key in PLAN_FLAGS or key in ("corpus", "tokenizer"):
             options[key] = value
         else:
             extra[key] = value.as_dict() if isinstance(value, Namespace) else value
@@ -190,130 +166,9 @@ def plan_options_from_fit(fit_cfg: Namespace, source: str = "the fit config") ->
 # data module arguments that do not change the plan (loading only)
 _IGNORED_DATA_KWARGS = ("num_workers", "pin_memory")
 
-# plan options whose Python names (as in BalancedBatchSampler / BalancedTextDataModule messages) become flags
-_PLAN_FLAGS = (*BatchingSettings.names(), "max_length", "num_replicas", "val_fraction", "text_key", "cache_dir",
-               "linear", "quadratic", "per_batch", "epoch")
-_NAMES = "|".join(_PLAN_FLAGS)
-_PATH_RE = re.compile(r"^(corpus|tokenizer) (file|path|glob pattern)\b")
-_COST_RE = re.compile(r"\bCostModel\.(?=linear|quadratic|per_batch)")
-
-
-@functools.lru_cache(maxsize=8)
-def _name_patterns(names: tuple[str, ...]) -> tuple[re.Pattern, re.Pattern, re.Pattern]:
-    alternatives = "|".join(sorted(names, key=len, reverse=True))
-    return (re.compile(rf"(?<![\w.-])({alternatives})=([\"'])([\w-]+)\2(?: or ([\"'])([\w-]+)\4)?"),
-            re.compile(rf"(?<![\w.-])({alternatives})=([^\s,;:()\[\]]*)"),
-            re.compile(rf"(?<![\w.-])({alternatives})(?!\w)"))
-
-
-def _flag_names(message: str, names: Iterable[str] = _PLAN_FLAGS, flag: Callable[[str], str] = _flag,
-                sep: str = " ") -> str:
-    """Rewrite library messages' Python argument names as flags: ``too_long="skip"`` -> ``--too-long skip``.
-
-    Args:
-        message: the library's message.
-        names: the argument names to rewrite (``corpus`` and ``tokenizer`` only where a message starts
-            with "corpus file", "tokenizer path", ...).
-        flag: a name's flag, e.g. ``--too-long`` (``plan``) or ``--data.too_long`` (``fit``).
-        sep: between a flag and its value: ``" "`` (``plan``) or ``"="`` (``fit``).
-    """
-    quoted_re, value_re, name_re = _name_patterns(tuple(names))
-
-    def quoted(m: re.Match) -> str:
-        return f"{flag(m[1])}{sep}{m[3]}" + (f" or {flag(m[1])}{sep}{m[5]}" if m[5] else "")
-
-    def valued(m: re.Match) -> str:
-        value = {"True": "true", "False": "false", "None": "null"}.get(m[2], m[2])
-        return f"{flag(m[1])}{sep}{value}" if value else flag(m[1])
-
-    message = _PATH_RE.sub(lambda m: f"{flag(m[1])} {m[2]}", message)
-    if flag is _flag:
-        message = _COST_RE.sub("", message)
-    message = value_re.sub(valued, quoted_re.sub(quoted, message))
-    return name_re.sub(lambda m: flag(m[1]), message)
-
-
-_INPUT_ERRORS = (FileNotFoundError, TypeError, ValueError)
-#: set to "true" to raise library input errors with their traceback instead of the one-line message (as jsonargparse)
-_DEBUG_ENV = "JSONARGPARSE_DEBUG"
-
-
-def _input_error(error: BaseException) -> BaseException | None:
-    """The lit_balance check that rejected an input in ``error`` (itself or its ``__cause__``), else None.
-
-    A check raises an :class:`~lit_balance.errors.InputError`; jsonargparse wraps those of classes built from a list
-    (``trainer.callbacks``) in its own ValueError, hence the ``__cause__`` chain. A ValueError or TypeError from
-    anywhere else (Python, NumPy, torch, or lit_balance code that is not a check) is a bug or an unexpected input,
-    and keeps its traceback.
-    """
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, InputError):
-            return error
-        seen.add(id(error))
-        error = error.__cause__
-    return None
-
-
-def _is_input_error(error: BaseException) -> bool:
-    """True if a lit_balance check rejected an input (see :func:`_input_error`)."""
-    return _input_error(error) is not None
-
-
-def _frames(error: BaseException) -> Iterable[Any]:
-    tb = error.__traceback__
-    while tb is not None:
-        yield tb.tb_frame
-        tb = tb.tb_next
-
-
-def _component(error: BaseException) -> tuple[str, Any] | None:
-    """``("data", the data module)``, ``("model", the model)`` or ``("callback", it)`` whose code raised ``error``."""
-    for frame in _frames(error):  # outermost first
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, LightningDataModule):
-            return "data", owner
-        if isinstance(owner, LightningModule):
-            return "model", owner
-        if isinstance(owner, Callback):
-            return "callback", owner
-    return None
-
-
-def _in_data_setup(error: BaseException) -> bool:
-    """True if ``error`` was raised inside a data module's ``prepare_data`` or ``setup`` (called by the trainer), or
-    its ``plan_summary`` (the preview :meth:`LitBalanceCLI.before_fit` prints, which splits the data as ``setup``)."""
-    return any(frame.f_code.co_name in ("prepare_data", "setup", "plan_summary")
-               and isinstance(frame.f_locals.get("self"), LightningDataModule) for frame in _frames(error))
-
-
-def _fit_message(error: BaseException) -> str:
-    """The message of the check that rejected a setting, with the data module's or model's argument names as
-    LightningCLI flags (``max_tokens=0`` -> ``--data.max_tokens=0``) or naming the callback."""
-    error = _input_error(error) or error
-    message = str(error)
-    found = _component(error)
-    if found is None:
-        return message
-    key, owner = found
-    if key == "callback":
-        return f"{type(owner).__name__} in --trainer.callbacks: {message}"
-    names = tuple(name for name, p in inspect.signature(type(owner).__init__).parameters.items()
-                  if name not in ("self", "corpus", "tokenizer", "settings")
-                  and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
-    if key == "data":
-        message = _PATH_RE.sub(lambda m: f"--data.{m[1]} {m[2]}", message)
-    return _flag_names(message, names, lambda name: f"--{key}.{name}", "=")
-
-
-def _exit_on_input_error(subcommand: str, message: str, error: BaseException) -> typing.NoReturn:
-    """Print ``lit-balance <subcommand>: error: <message>`` as one line on stderr and exit with status 2."""
-    if os.environ.get(_DEBUG_ENV, "").lower() == "true":  # as jsonargparse reads it
-        raise error
-    message = " ".join(message.split())
-    sys.stderr.write(f"lit-balance {subcommand}: error: {message}\n")
-    sys.stderr.flush()
-    raise SystemExit(2)
+#: plan options whose Python names (as in BalancedBatchSampler / BalancedTextDataModule messages) become flags
+PLAN_FLAGS = (*BatchingSettings.names(), "max_length", "num_replicas", "val_fraction", "text_key", "cache_dir",
+              "linear", "quadratic", "per_batch", "epoch")
 
 
 def _check_max_length(cfg: Namespace) -> None:
@@ -436,7 +291,7 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
         )
     except InputError as error:
         # the library names its Python arguments (max_tokens, too_long="skip"); here they are flags
-        raise type(error)(_flag_names(str(error)), parameter=error.parameter) from error
+        raise type(error)(flag_names(str(error), PLAN_FLAGS), parameter=error.parameter) from error
     console = Console(record=True, width=max(Console().width, 120))
     console.print(f"plan of {source}: {cfg.num_replicas} ranks, max_tokens={cfg.max_tokens} padded slots per "
                   f"micro-batch per rank, epoch {cfg.epoch}", highlight=False, soft_wrap=True)
@@ -451,140 +306,3 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
     table_path.write_text(console.export_text(), encoding="utf-8")
     console.print("wrote " + ", ".join(str(p) for p in [table_path, *written]), highlight=False, soft_wrap=True)
     return report.summary()
-
-
-class _ModelInstantiator(_InstantiatorFn):
-    """Lightning's model instantiator, minus linked values the model's ``__init__`` does not take.
-
-    jsonargparse skips an instantiation link whose target the chosen class lacks (``vocab_size`` for a model
-    without it), but still reports it as applied, and Lightning would record it in ``model.hparams``, which
-    ``load_from_checkpoint`` then passes back to ``__init__``.
-    """
-
-    def __call__(self, class_type: type, *args: Any, applied_instantiation_links: dict, **kwargs: Any) -> Any:
-        prefix = f"{self.key}.init_args."
-        links = {key: value for key, value in applied_instantiation_links.items()
-                 if not key.startswith(prefix) or _takes(class_type, key[len(prefix):])}
-        return super().__call__(class_type, *args, applied_instantiation_links=links, **kwargs)
-
-
-def _takes(cls: type, name: str) -> bool:
-    """Whether ``cls(...)`` has a parameter ``name`` (by name, not through ``**kwargs``)."""
-    parameter = inspect.signature(cls.__init__).parameters.get(name)
-    return parameter is not None and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
-
-
-class LitBalanceCLI(LightningCLI):
-    """LightningCLI for any LightningModule on :class:`BalancedTextDataModule`, plus the ``plan`` subcommand.
-
-    Built by :func:`build_cli` with ``subclass_mode_model=True``: ``--model.class_path=my.Module`` (or
-    ``model: {class_path: ..., init_args: ...}`` in a config) picks any LightningModule, and the model defaults to
-    :class:`~lit_balance.demo.DemoTransformerLM`, whose arguments a config may give without a ``class_path``. When
-    the model's ``__init__`` takes ``vocab_size``, it is linked to the instantiated data module's ``vocab_size``
-    (``link_arguments(..., apply_on="instantiate")``), so configs never repeat it; other models get no
-    ``vocab_size``. Flags cannot be abbreviated. A setting rejected by lit_balance (building the data module or
-    model, the data module's ``setup``, or ``plan``) exits with status 2 and one stderr line naming the flag
-    (``lit-balance fit: error: --data.max_tokens must be ...``); other errors keep their traceback, and
-    ``JSONARGPARSE_DEBUG=true`` raises rejected settings too.
-    """
-
-    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
-        """The parsers of the command and of each subcommand; flags must be spelled out (no abbreviations)."""
-        kwargs.setdefault("allow_abbrev", False)  # else --data.max_token=2048 silently sets data.max_tokens
-        return super().init_parser(**kwargs)
-
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        if self.subclass_mode_model:
-            parser.set_defaults({"model": {"class_path": "lit_balance.demo.DemoTransformerLM"}})
-            parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
-        else:
-            parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
-
-    def _add_instantiators(self) -> None:
-        super()._add_instantiators()
-        if self.subclass_mode_model:  # replaces Lightning's (jsonargparse keeps the last one added for a type)
-            self.parser.add_instantiator(_ModelInstantiator(cli=self, key="model"), LightningModule, subclasses=True)
-
-    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
-        super()._add_subcommands(parser, **kwargs)
-        fit_parser = parser._subcommands_action._name_parser_map.get("fit")
-        parser._subcommands_action.add_subcommand(
-            "plan", plan_parser(fit_parser), help="Plan one epoch without training and report padding, balance and cost")
-
-    def _set_seed(self) -> None:
-        if self.subcommand != "plan":
-            super()._set_seed()
-
-    def instantiate_classes(self) -> None:
-        if self.subcommand == "plan":
-            return
-        try:
-            super().instantiate_classes()
-        except _INPUT_ERRORS as error:
-            if self.subcommand is None or not _is_input_error(error):
-                raise
-            _exit_on_input_error(self.subcommand, _fit_message(error), error)
-
-    def before_fit(self) -> None:
-        """Print the derived budget and the training split's plan (:func:`~lit_balance.report.summary_line`; rank 0)."""
-        from lit_balance.report import summary_line
-
-        trainer, dm = self.trainer, self.datamodule
-        if trainer.is_global_zero:
-            print(f"world size {trainer.world_size} | per-rank budget {dm.max_tokens} padded slots per micro-batch | "
-                  f"global budget {dm.max_tokens * trainer.world_size * trainer.accumulate_grad_batches} padded slots "
-                  f"per optimizer step | max_length {dm.max_length} tokens | corpus: {dm.source.description}",
-                  flush=True)
-            if isinstance(dm, BalancedTextDataModule):  # the preview communicates with no other rank
-                print(summary_line(dm.plan_summary(trainer.world_size, trainer.accumulate_grad_batches)), flush=True)
-
-    def _run_subcommand(self, subcommand: str) -> None:
-        # a bad setting or input file (a lit_balance check raised): one line naming the flag, exit status 2, no
-        # traceback (JSONARGPARSE_DEBUG=true raises instead); any other error keeps its traceback
-        if subcommand == "plan":
-            try:
-                self.plan_summary = run_plan(self.config.plan)
-            except _INPUT_ERRORS as error:
-                if not _is_input_error(error):
-                    raise
-                _exit_on_input_error(subcommand, str(error), error)
-            return
-        try:
-            super()._run_subcommand(subcommand)
-        except _INPUT_ERRORS as error:
-            if not (_is_input_error(error) and _in_data_setup(_input_error(error))):
-                raise
-            _exit_on_input_error(subcommand, _fit_message(error), error)
-
-
-def build_cli(args: list[str] | None = None) -> LitBalanceCLI:
-    """Run the ``lit-balance`` command on ``args`` and return the :class:`LitBalanceCLI`.
-
-    The returned object holds what the subcommand built: ``trainer``, ``model`` and ``datamodule`` after
-    ``fit``, ``plan_summary`` after ``plan``.
-
-    Args:
-        args: command-line arguments without the program name (default: ``sys.argv[1:]``).
-    """
-    return LitBalanceCLI(
-        LightningModule,
-        BalancedTextDataModule,
-        subclass_mode_model=True,
-        seed_everything_default=0,
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"prog": "lit-balance"},
-        args=args,
-    )
-
-
-def main(args: list[str] | None = None) -> None:
-    """Entry point of the ``lit-balance`` console script (and of ``python -m lit_balance.cli``).
-
-    Args:
-        args: command-line arguments without the program name (default: ``sys.argv[1:]``).
-    """
-    build_cli(args)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,149 @@
+"""The ``lit-balance`` command: LightningCLI's subcommands with any LightningModule, and ``plan``."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
+
+from lit_balance.cli.messages import INPUT_ERRORS, exit_on_input_error, fit_message, in_data_setup, input_error
+from lit_balance.cli.plan import plan_parser, run_plan
+from lit_balance.lightning.datamodule import BalancedTextDataModule
+
+__all__ = ["LitBalanceCLI", "build_cli", "main"]
+
+
+class _ModelInstantiator(_InstantiatorFn):
+    """Lightning's model instantiator, minus linked values the model's ``__init__`` does not take.
+
+    jsonargparse skips an instantiation link whose target the chosen class lacks (``vocab_size`` for a model
+    without it), but still reports it as applied, and Lightning would record it in ``model.hparams``, which
+    ``load_from_checkpoint`` then passes back to ``__init__``.
+    """
+
+    def __call__(self, class_type: type, *args: Any, applied_instantiation_links: dict, **kwargs: Any) -> Any:
+        prefix = f"{self.key}.init_args."
+        links = {key: value for key, value in applied_instantiation_links.items()
+                 if not key.startswith(prefix) or _takes(class_type, key[len(prefix):])}
+        return super().__call__(class_type, *args, applied_instantiation_links=links, **kwargs)
+
+
+def _takes(cls: type, name: str) -> bool:
+    """Whether ``cls(...)`` has a parameter ``name`` (by name, not through ``**kwargs``)."""
+    parameter = inspect.signature(cls.__init__).parameters.get(name)
+    return parameter is not None and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+
+
+class LitBalanceCLI(LightningCLI):
+    """LightningCLI for any LightningModule on :class:`BalancedTextDataModule`, plus the ``plan`` subcommand.
+
+    Built by :func:`build_cli` with ``subclass_mode_model=True``: ``--model.class_path=my.Module`` (or
+    ``model: {class_path: ..., init_args: ...}`` in a config) picks any LightningModule, and the model defaults to
+    :class:`~lit_balance.demo.DemoTransformerLM`, whose arguments a config may give without a ``class_path``. When
+    the model's ``__init__`` takes ``vocab_size``, it is linked to the instantiated data module's ``vocab_size``
+    (``link_arguments(..., apply_on="instantiate")``), so configs never repeat it; other models get no
+    ``vocab_size``. Flags cannot be abbreviated. A setting rejected by lit_balance (building the data module or
+    model, the data module's ``setup``, or ``plan``) exits with status 2 and one stderr line naming the flag
+    (``lit-balance fit: error: --data.max_tokens must be ...``); other errors keep their traceback, and
+    ``JSONARGPARSE_DEBUG=true`` raises rejected settings too.
+    """
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """The parsers of the command and of each subcommand; flags must be spelled out (no abbreviations)."""
+        kwargs.setdefault("allow_abbrev", False)  # else --data.max_token=2048 silently sets data.max_tokens
+        return super().init_parser(**kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        if self.subclass_mode_model:
+            parser.set_defaults({"model": {"class_path": "lit_balance.demo.DemoTransformerLM"}})
+            parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
+        else:
+            parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+
+    def _add_instantiators(self) -> None:
+        super()._add_instantiators()
+        if self.subclass_mode_model:  # replaces Lightning's (jsonargparse keeps the last one added for a type)
+            self.parser.add_instantiator(_ModelInstantiator(cli=self, key="model"), LightningModule, subclasses=True)
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        fit_parser = parser._subcommands_action._name_parser_map.get("fit")
+        parser._subcommands_action.add_subcommand(
+            "plan", plan_parser(fit_parser),
+            help="Plan one epoch without training and report padding, balance and cost")
+
+    def _set_seed(self) -> None:
+        if self.subcommand != "plan":
+            super()._set_seed()
+
+    def instantiate_classes(self) -> None:
+        if self.subcommand == "plan":
+            return
+        try:
+            super().instantiate_classes()
+        except INPUT_ERRORS as error:
+            if self.subcommand is None or not input_error(error) is not None:
+                raise
+            exit_on_input_error(self.subcommand, fit_message(error), error)
+
+    def before_fit(self) -> None:
+        """Print the derived budget and the training split's plan (:func:`~lit_balance.report.summary_line`; rank 0)."""
+        from lit_balance.report import summary_line
+
+        trainer, dm = self.trainer, self.datamodule
+        if trainer.is_global_zero:
+            print(f"world size {trainer.world_size} | per-rank budget {dm.max_tokens} padded slots per micro-batch | "
+                  f"global budget {dm.max_tokens * trainer.world_size * trainer.accumulate_grad_batches} padded slots "
+                  f"per optimizer step | max_length {dm.max_length} tokens | corpus: {dm.source.description}",
+                  flush=True)
+            if isinstance(dm, BalancedTextDataModule):  # the preview communicates with no other rank
+                print(summary_line(dm.plan_summary(trainer.world_size, trainer.accumulate_grad_batches)), flush=True)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        # a bad setting or input file (a lit_balance check raised): one line naming the flag, exit status 2, no
+        # traceback (JSONARGPARSE_DEBUG=true raises instead); any other error keeps its traceback
+        if subcommand == "plan":
+            try:
+                self.plan_summary = run_plan(self.config.plan)
+            except INPUT_ERRORS as error:
+                if not input_error(error) is not None:
+                    raise
+                exit_on_input_error(subcommand, str(error), error)
+            return
+        try:
+            super()._run_subcommand(subcommand)
+        except INPUT_ERRORS as error:
+            if not (input_error(error) is not None and in_data_setup(input_error(error))):
+                raise
+            exit_on_input_error(subcommand, fit_message(error), error)
+
+
+def build_cli(args: list[str] | None = None) -> LitBalanceCLI:
+    """Run the ``lit-balance`` command on ``args`` and return the :class:`LitBalanceCLI`.
+
+    The returned object holds what the subcommand built: ``trainer``, ``model`` and ``datamodule`` after
+    ``fit``, ``plan_summary`` after ``plan``.
+
+    Args:
+        args: command-line arguments without the program name (default: ``sys.argv[1:]``).
+    """
+    return LitBalanceCLI(
+        LightningModule,
+        BalancedTextDataModule,
+        subclass_mode_model=True,
+        seed_everything_default=0,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"prog": "lit-balance"},
+        args=args,
+    )
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of the ``lit-balance`` console script (and of ``python -m lit_balance.cli``).
+
+    Args:
+        args: command-line arguments without the program name (default: ``sys.argv[1:]``).
+    """
+    build_cli(args)

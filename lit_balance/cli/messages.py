@@ -1,0 +1,145 @@
+"""The ``lit-balance`` command's messages for rejected settings: one line naming the flag, exit status 2.
+
+A setting lit_balance rejects raises an :class:`~lit_balance.errors.InputError` (jsonargparse may wrap it, as the
+cause of its own error); its message names the library's Python argument (``too_long="skip"``), which becomes the flag
+the user typed (``--too-long skip`` for ``plan``, ``--data.too_long=skip`` for ``fit``). Any other error is a bug or
+an unexpected input, and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import re
+import sys
+import typing
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from lightning.pytorch import Callback, LightningDataModule, LightningModule
+
+from lit_balance.errors import InputError
+
+__all__ = ["DEBUG_ENV", "INPUT_ERRORS", "exit_on_input_error", "fit_message", "flag_names", "in_data_setup",
+           "input_error", "plan_flag"]
+
+#: the built-in errors an InputError also is (what a subcommand catches before telling them apart)
+INPUT_ERRORS = (FileNotFoundError, TypeError, ValueError)
+#: set to "true" to raise library input errors with their traceback instead of the one-line message (as jsonargparse)
+DEBUG_ENV = "JSONARGPARSE_DEBUG"
+PATH_RE = re.compile(r"^(corpus|tokenizer) (file|path|glob pattern)\b")
+_COST_RE = re.compile(r"\bCostModel\.(?=linear|quadratic|per_batch)")
+
+
+def plan_flag(name: str) -> str:
+    """The ``plan`` subcommand's flag of a Python argument name: ``too_long`` -> ``--too-long``."""
+    return "--" + name.replace("_", "-")
+
+
+@functools.lru_cache(maxsize=8)
+def _name_patterns(names: tuple[str, ...]) -> tuple[re.Pattern, re.Pattern, re.Pattern]:
+    alternatives = "|".join(sorted(names, key=len, reverse=True))
+    return (re.compile(rf"(?<![\w.-])({alternatives})=([\"'])([\w-]+)\2(?: or ([\"'])([\w-]+)\4)?"),
+            re.compile(rf"(?<![\w.-])({alternatives})=([^\s,;:()\[\]]*)"),
+            re.compile(rf"(?<![\w.-])({alternatives})(?!\w)"))
+
+
+def flag_names(message: str, names: Iterable[str], flag: Callable[[str], str] | None = None, sep: str = " ") -> str:
+    """Rewrite library messages' Python argument names as flags: ``too_long="skip"`` -> ``--too-long skip``.
+
+    Args:
+        message: the library's message.
+        names: the argument names to rewrite (``corpus`` and ``tokenizer`` only where a message starts
+            with "corpus file", "tokenizer path", ...).
+        flag: a name's flag, e.g. ``--too-long`` (``plan``) or ``--data.too_long`` (``fit``).
+        sep: between a flag and its value: ``" "`` (``plan``) or ``"="`` (``fit``).
+    """
+    flag = flag or plan_flag
+    quoted_re, value_re, name_re = _name_patterns(tuple(names))
+
+    def quoted(m: re.Match) -> str:
+        return f"{flag(m[1])}{sep}{m[3]}" + (f" or {flag(m[1])}{sep}{m[5]}" if m[5] else "")
+
+    def valued(m: re.Match) -> str:
+        value = {"True": "true", "False": "false", "None": "null"}.get(m[2], m[2])
+        return f"{flag(m[1])}{sep}{value}" if value else flag(m[1])
+
+    message = PATH_RE.sub(lambda m: f"{flag(m[1])} {m[2]}", message)
+    if flag is plan_flag:
+        message = _COST_RE.sub("", message)
+    message = value_re.sub(valued, quoted_re.sub(quoted, message))
+    return name_re.sub(lambda m: flag(m[1]), message)
+
+
+def input_error(error: BaseException) -> BaseException | None:
+    """The lit_balance check that rejected an input in ``error`` (itself or its ``__cause__``), else None.
+
+    A check raises an :class:`~lit_balance.errors.InputError`; jsonargparse wraps those of classes built from a list
+    (``trainer.callbacks``) in its own ValueError, hence the ``__cause__`` chain. A ValueError or TypeError from
+    anywhere else (Python, NumPy, torch, or lit_balance code that is not a check) is a bug or an unexpected input,
+    and keeps its traceback.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, InputError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__
+    return None
+
+
+def _frames(error: BaseException) -> Iterable[Any]:
+    tb = error.__traceback__
+    while tb is not None:
+        yield tb.tb_frame
+        tb = tb.tb_next
+
+
+def _component(error: BaseException) -> tuple[str, Any] | None:
+    """``("data", the data module)``, ``("model", the model)`` or ``("callback", it)`` whose code raised ``error``."""
+    for frame in _frames(error):  # outermost first
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, LightningDataModule):
+            return "data", owner
+        if isinstance(owner, LightningModule):
+            return "model", owner
+        if isinstance(owner, Callback):
+            return "callback", owner
+    return None
+
+
+def in_data_setup(error: BaseException) -> bool:
+    """True if ``error`` was raised inside a data module's ``prepare_data`` or ``setup`` (called by the trainer), or
+    its ``plan_summary`` (the preview :meth:`LitBalanceCLI.before_fit` prints, which splits the data as ``setup``)."""
+    return any(frame.f_code.co_name in ("prepare_data", "setup", "plan_summary")
+               and isinstance(frame.f_locals.get("self"), LightningDataModule) for frame in _frames(error))
+
+
+def fit_message(error: BaseException) -> str:
+    """The message of the check that rejected a setting, with the data module's or model's argument names as
+    LightningCLI flags (``max_tokens=0`` -> ``--data.max_tokens=0``) or naming the callback."""
+    error = input_error(error) or error
+    message = str(error)
+    found = _component(error)
+    if found is None:
+        return message
+    key, owner = found
+    if key == "callback":
+        return f"{type(owner).__name__} in --trainer.callbacks: {message}"
+    names = tuple(name for name, p in inspect.signature(type(owner).__init__).parameters.items()
+                  if name not in ("self", "corpus", "tokenizer", "settings")
+                  and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+    if key == "data":
+        message = PATH_RE.sub(lambda m: f"--data.{m[1]} {m[2]}", message)
+    return flag_names(message, names, lambda name: f"--{key}.{name}", "=")
+
+
+def exit_on_input_error(subcommand: str, message: str, error: BaseException) -> typing.NoReturn:
+    """Print ``lit-balance <subcommand>: error: <message>`` as one line on stderr and exit with status 2."""
+    if os.environ.get(DEBUG_ENV, "").lower() == "true":  # as jsonargparse reads it
+        raise error
+    message = " ".join(message.split())
+    sys.stderr.write(f"lit-balance {subcommand}: error: {message}\n")
+    sys.stderr.flush()
+    raise SystemExit(2)
