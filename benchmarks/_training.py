@@ -1,30 +1,93 @@
-"""What a training benchmark measures inside its DDP ranks: a model hook, a metrics callback, and the figures of a run.
+"""What the training benchmarks share: the documents and model of a run, its Trainer, a model hook, a metrics
+callback, and the figures of a run.
 
-:class:`CompareLM` records each optimizer step's loss and the exact validation loss (and can slow one rank down,
-a demonstration of a slower device); :class:`Meter` records every micro-batch's trace row (:data:`TRACE_FIELDS`:
-times, real tokens, padded slots, rows, attention pairs) on every rank and gathers them once at the end; :func:`run_stats`, :func:`loss_curve` and
-:func:`loss_step_noise` turn the records into the figures of ``benchmarks/compare_strategies.py``.
+:func:`corpus_documents` picks a run's documents of the built-in corpus; :data:`MODEL_SIZES` names the model;
+:func:`make_trainer` is the Trainer every run trains with; :class:`CompareLM` records each optimizer step's loss and
+the exact validation loss (and can slow one rank down, a demonstration of a slower device); :class:`Meter` records
+every micro-batch's trace row (:data:`TRACE_FIELDS`: times, real tokens, padded slots, rows, attention pairs) on
+every rank and gathers them once at the end; :func:`run_stats` and :func:`loss_curve` turn the records into the
+figures of ``benchmarks/compare_strategies.py`` and ``benchmarks/packed_vs_padded.py``.
 """
 
 from __future__ import annotations
 
-import math
 import resource
 import sys
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.strategies import DDPStrategy
 
-from lit_balance.lightning.callbacks.straggler import backward_is_local
+from lit_balance.callbacks import backward_is_local
+from lit_balance.data import load_or_build, resolve_corpus, resolve_tokenizer
 from lit_balance.demo import DemoTransformerLM
-from lit_balance.lightning.loss import token_loss_sum
 
-__all__ = ["REAL", "TRACE_FIELDS", "CompareLM", "Meter", "loss_curve", "loss_step_noise", "real_tokens", "run_stats",
-           "trace_shape"]
+__all__ = ["MODEL_SIZES", "REAL", "TRACE_FIELDS", "CompareLM", "Meter", "corpus_documents", "loss_curve",
+           "make_trainer", "real_tokens", "run_stats", "split_documents", "trace_shape"]
+
+#: DemoTransformerLM sizes: ``small`` is the main job's model (4.3M parameters with the 30,522-token vocabulary),
+#: ``bert`` BERT-base's shape (about 110M), ``tiny`` for tests.
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"d_model": 32, "num_heads": 2, "num_layers": 1, "dim_feedforward": 64},
+    "small": {"d_model": 128, "num_heads": 4, "num_layers": 2, "dim_feedforward": 512},
+    "bert": {"d_model": 768, "num_heads": 12, "num_layers": 12, "dim_feedforward": 3072},
+}
+
+
+def split_documents(num_docs: int, val_fraction: float, num_train: int | None, seed: int = 0) -> tuple[np.ndarray,
+                                                                                                       np.ndarray]:
+    """``(train_docs, val_docs)``: a seeded split of corpus documents, the same for every strategy and run.
+
+    Args:
+        num_docs: documents in the corpus.
+        val_fraction: share held out for validation (at least one document).
+        num_train: keep this many training documents (a seeded subset), or None for all.
+        seed: data seed (independent of the run's seed, so every run sees the same documents).
+
+    Returns:
+        Sorted document indices, int64 ``[train]`` and ``[validation]``.
+
+    Raises:
+        ValueError: nothing left for training, or ``num_train < 1``.
+    """
+    perm = np.random.default_rng([seed, 0xC0]).permutation(num_docs)
+    num_val = max(1, round(val_fraction * num_docs))
+    train = perm[num_val:]
+    if num_train is not None:
+        if num_train < 1:
+            raise ValueError(f"num_train must be >= 1, got {num_train}")
+        train = train[:num_train]
+    if train.size == 0:
+        raise ValueError(f"{num_docs} documents, val_fraction={val_fraction}: none left to train on")
+    return np.sort(train), np.sort(perm[:num_val])
+
+
+def corpus_documents(num_train: int | None, val_fraction: float, cache_dir: str | None,
+                     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Token ids (int32, untruncated) of the training and validation documents of :func:`split_documents` of the
+    built-in corpus (Python standard-library docstrings, BERT-uncased WordPiece), tokenized into ``cache_dir``
+    (None: lit_balance's default cache)."""
+    corpus = load_or_build(resolve_corpus(None), resolve_tokenizer(None), cache_dir)
+    train, val = split_documents(len(corpus), val_fraction, num_train)
+    return [corpus.document(d) for d in train], [corpus.document(d) for d in val]
+
+
+def make_trainer(spec: dict[str, Any], callbacks: list[L.Callback], accumulate_grad_batches: int = 1) -> L.Trainer:
+    """The Trainer of one run: ``spec``'s ``accelerator``, ``devices``, ``precision`` (default ``"32-true"``) and
+    ``epochs`` under DDP (collective timeout ``ddp_timeout_s``), validating once after the last epoch, the train
+    loader reloaded every epoch (rank speeds handed to a sampler can lengthen an epoch), no logger, checkpoint or
+    progress bar."""
+    return L.Trainer(
+        accelerator=spec["accelerator"], devices=spec["devices"], precision=spec.get("precision", "32-true"),
+        strategy=DDPStrategy(timeout=timedelta(seconds=spec["ddp_timeout_s"])), max_epochs=spec["epochs"],
+        accumulate_grad_batches=accumulate_grad_batches, callbacks=callbacks, use_distributed_sampler=False,
+        reload_dataloaders_every_n_epochs=1, check_val_every_n_epoch=spec["epochs"], num_sanity_val_steps=0,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 
 
 def _spin(seconds: float) -> None:
@@ -40,6 +103,9 @@ def _spin(seconds: float) -> None:
 
 class CompareLM(DemoTransformerLM):
     """DemoTransformerLM that records each optimizer step's loss and the exact validation loss; optionally slowed.
+
+    The validation loss is the demo model's own (:class:`lit_balance.lightning.TokenMeanLoss`: the mean over every
+    validation token of all ranks), read once per validation.
 
     Args:
         slow_rank: the rank slowed down by the demo-only hook, or None.
@@ -57,7 +123,6 @@ class CompareLM(DemoTransformerLM):
         self.val_losses: list[tuple[int, int, float]] = []
         self.micro_batches = 0
         self._forward_s = self._forward_sum = self._backward_sum = 0.0
-        self._val: list[torch.Tensor] = []
 
     def _slowed(self) -> bool:
         return self.slow_rank is not None and self.slowdown > 0 and self.global_rank == self.slow_rank
@@ -79,7 +144,8 @@ class CompareLM(DemoTransformerLM):
         if not self._slowed():
             return
         elapsed = time.perf_counter() - start
-        if backward_is_local(self.trainer):  # inside no_sync: all compute; learn this rank's backward/forward ratio
+        if backward_is_local(self.trainer):
+            # inside no_sync: all compute; learn this rank's backward/forward ratio
             self._backward_sum += elapsed
             self._forward_sum += self._forward_s
         elif self._forward_sum > 0:
@@ -103,25 +169,14 @@ class CompareLM(DemoTransformerLM):
             _spin(self.slowdown * (time.perf_counter() - marks[-1]))
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # a Python float (finish_step's value is already on the CPU): keeping a small tensor per step would pin
-        # freed heap memory between the large activation buffers and inflate the process's RSS step by step
+        # kept, not logged (no logger in a run); a Python float (finish_step's value is already on the CPU): keeping
+        # a small tensor per step would pin freed heap memory between the large activation buffers and inflate the
+        # process's RSS step by step
         self.step_losses.append((self.micro_batches, float(self.step_loss.finish_step(self))))
 
-    def on_validation_epoch_start(self) -> None:
-        self._val = [torch.zeros((), dtype=torch.float64, device=self.device), torch.zeros((), dtype=torch.float64,
-                                                                                          device=self.device)]
-
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        loss_sum, n = token_loss_sum(self(**self._inputs(batch)), batch["labels"])
-        self._val[0] += loss_sum.detach().double()
-        self._val[1] += n
-
     def on_validation_epoch_end(self) -> None:
-        total = torch.stack(self._val)
-        if self.trainer.world_size > 1:
-            total = self.trainer.strategy.reduce(total, reduce_op="sum")
-        loss = float(total[0] / total[1]) if float(total[1]) > 0 else float("nan")
-        self.val_losses.append((int(self.current_epoch), self.micro_batches, loss))
+        # every rank takes part in the metric's sum over ranks; Lightning's own compute then reuses the value
+        self.val_losses.append((int(self.current_epoch), self.micro_batches, float(self.val_loss.compute())))
 
 
 def real_tokens(batch: dict[str, Any]) -> int:
@@ -324,15 +379,3 @@ def loss_curve(step_losses: Sequence[tuple[int, float]], gathered: np.ndarray) -
     """
     cum = np.concatenate([[0.0], np.cumsum(np.asarray(gathered)[:, :, REAL].sum(axis=0))])
     return [float(cum[m]) for m, _ in step_losses], [float(v) for _, v in step_losses]
-
-
-def loss_step_noise(losses: Sequence[float]) -> float:
-    """Step-to-step variability of the loss: std of consecutive differences over the second half of steps / sqrt 2.
-
-    For independent noise of standard deviation ``s`` around a slowly moving mean this estimates ``s`` (nats).
-    Returns nan with fewer than 3 steps in the second half.
-    """
-    tail = np.asarray(losses[len(losses) // 2:], dtype=np.float64)
-    if tail.size < 3:
-        return float("nan")
-    return float(np.std(np.diff(tail), ddof=1) / math.sqrt(2))

@@ -6,7 +6,9 @@ Run:
 
 Each repetition runs the fit without callbacks, then with PaddingRatioMonitor, StragglerMonitor,
 CostModelFeedback and AdaptiveGradAccumulation (its target set so that it keeps accumulate_grad_batches at 1,
-so both fits take the same optimizer steps), on the same data and initial weights. Two figures:
+so both fits take the same optimizer steps), on the same data and initial weights: random token ids with the
+lengths of the first ``--num-docs`` documents of the shipped ``fortunes`` distribution, through a
+:class:`lit_balance.BalancedTextDataModule` set up before each fit's clock starts. Two figures:
 
 * **hook time / fit time**: seconds spent inside the callbacks' own hooks (each hook wrapped with a pair of
   clock reads) over the callback fit's time, as CPU seconds (``time.thread_time`` for the hooks,
@@ -21,30 +23,31 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
+import tempfile
 import time
 
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
-from benchmarks._harness import ROOT, positive_int
-from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset
-from lit_balance.demo import DemoTransformerLM
+from benchmarks._harness import load_lengths, positive_int
+from lit_balance import BalancedTextDataModule
 from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, PaddingRatioMonitor, StragglerMonitor
+from lit_balance.demo import DemoTransformerLM
 
-LENGTHS = ROOT / "lit_balance/data/lengths/lengths_fortunes.npy"
+VOCAB_SIZE = 512
 HOOKS = ("on_train_start", "on_train_epoch_start", "on_train_batch_start", "on_before_backward", "on_after_backward",
          "on_train_batch_end", "on_train_epoch_end", "on_train_end")
 
 
-def loader(num_docs: int, max_tokens: int, vocab_size: int) -> DataLoader:
-    rng = np.random.default_rng(0)
-    lengths = np.minimum(np.load(LENGTHS)[:num_docs].astype(np.int64), max_tokens)
-    tokens = rng.integers(1, vocab_size, size=int(lengths.sum()))
-    ds = TokenDataset(tokens, np.concatenate([[0], np.cumsum(lengths)]), np.arange(num_docs))
-    sampler = BalancedBatchSampler(ds.lengths, max_tokens, num_replicas=1, rank=0, seed=0)
-    return DataLoader(ds, sampler=sampler, batch_size=None, collate_fn=PadCollator(0))
+def data(num_docs: int, max_tokens: int, cache_dir: str) -> BalancedTextDataModule:
+    """The fits' DataModule: random token ids (seeded) with the lengths of the first ``num_docs`` documents of
+    ``fortunes``, capped at ``max_tokens``; no validation."""
+    lengths = load_lengths("fortunes", max_tokens, num_docs)
+    tokens = np.random.default_rng(0).integers(1, VOCAB_SIZE, size=int(lengths.sum()))
+    docs = np.split(tokens, np.cumsum(lengths)[:-1])
+    return BalancedTextDataModule(docs, max_tokens=max_tokens, max_length=max_tokens, val_fraction=0, seed=0,
+                                  vocab_size=VOCAB_SIZE, pad_token_id=0, cache_dir=cache_dir)
 
 
 def timed(callbacks: list[L.Callback]) -> list[float]:
@@ -67,10 +70,10 @@ def timed(callbacks: list[L.Callback]) -> list[float]:
     return total
 
 
-def fit(args, with_callbacks: bool) -> tuple[float, float, list[float], int]:
+def fit(args, dm: BalancedTextDataModule, with_callbacks: bool) -> tuple[float, float, list[float], int]:
     torch.manual_seed(0)
-    model = DemoTransformerLM(vocab_size=512, d_model=args.d_model, num_heads=4, num_layers=2,
-                          dim_feedforward=4 * args.d_model)
+    model = DemoTransformerLM(vocab_size=VOCAB_SIZE, d_model=args.d_model, num_heads=4, num_layers=2,
+                              dim_feedforward=4 * args.d_model)
     callbacks: list[L.Callback] = []
     hook_s = [0.0, 0.0]
     if with_callbacks:
@@ -80,7 +83,8 @@ def fit(args, with_callbacks: bool) -> tuple[float, float, list[float], int]:
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, callbacks=callbacks, logger=False,
                         reload_dataloaders_every_n_epochs=1,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    dl = loader(args.num_docs, args.max_tokens, 512)
+    dm.setup("fit")  # a fresh sampler every fit (CostModelFeedback hands the sampler its fit)
+    dl = dm.train_dataloader()
     start, cpu = time.perf_counter(), time.process_time()
     trainer.fit(model, train_dataloaders=dl)
     return time.perf_counter() - start, time.process_time() - cpu, hook_s, len(dl)
@@ -90,15 +94,18 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reps", type=positive_int, default=5, help="interleaved pairs of fits (default: %(default)s)")
     p.add_argument("--num-docs", type=positive_int, default=1500, help="documents (default: %(default)s)")
-    p.add_argument("--max-tokens", type=positive_int, default=1024, help="padded slots per micro-batch (default: %(default)s)")
+    p.add_argument("--max-tokens", type=positive_int, default=1024,
+                   help="padded slots per micro-batch (default: %(default)s)")
     p.add_argument("--d-model", type=positive_int, default=64, help="model width (default: %(default)s)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    fit(args, False)  # warm-up: imports, allocator, kernels
+    with tempfile.TemporaryDirectory(prefix="bench_callbacks-") as cache_dir:
+        dm = data(args.num_docs, args.max_tokens, cache_dir)
+        dm.prepare_data()
+        fit(args, dm, False)  # warm-up: imports, allocator, kernels
+        runs = [(fit(args, dm, False), fit(args, dm, True)) for _ in range(args.reps)]
     base, with_cb, hooks_wall, hooks_cpu, cpu_ratios = [], [], [], [], []
-    for _ in range(args.reps):
-        t0, c0, _, steps = fit(args, False)
-        t1, c1, h, _ = fit(args, True)
+    for (t0, c0, _, steps), (t1, c1, h, _) in runs:
         base.append(t0)
         with_cb.append(t1)
         hooks_wall.append(h[0] / t1)

@@ -5,9 +5,9 @@ Run:
     python -m benchmarks.bench_packing --quick    # first 3,000 documents, 8 ranks, 200,000 documents timed
 
 Ranks are simulated in one process: every strategy is a pure function of (lengths, budget, ranks, seed, epoch)
-returning each rank's micro-batches of epochs 0 and 1; every figure comes from :mod:`lit_balance.plan.stats`
-(:func:`~lit_balance.plan.stats.plan_stats` with ``packing=True`` for packed rows, ``packing=False`` for padded ones, and
-:func:`~lit_balance.plan.stats.batch_persistence`). Peers are in :mod:`benchmarks.packing_peers`.
+returning each rank's micro-batches of epochs 0 and 1; every figure comes from :func:`lit_balance.plan_stats` (with
+``packing=True`` for packed rows, ``packing=False`` for padded ones) and :func:`lit_balance.plan.batch_persistence`.
+Peers are in :mod:`benchmarks.packing_peers`.
 
 Workloads: the shipped length arrays capped at ``--max-length`` (512) with a budget of ``--max-tokens`` (4,096)
 tokens per micro-batch per rank, and "long documents": the distributions that have documents past 512 tokens,
@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -36,13 +34,19 @@ from typing import Any
 
 import numpy as np
 
-import lit_balance
-from benchmarks._harness import git_state, positive_int
-from benchmarks.bench_samplers import DISTRIBUTIONS, _versions, load_lengths
+from benchmarks._harness import (
+    DISTRIBUTIONS,
+    git_state,
+    load_lengths,
+    machine,
+    markdown_table,
+    positive_int,
+    timed,
+    versions,
+)
 from benchmarks.packing_peers import PACKING_PEERS, flatten_with_collator, flattening_batch_size
-from benchmarks.peers import timed
 from lit_balance import BatchingSettings, CostModel, EpochPlan, plan_epoch
-from lit_balance.plan.stats import RankBatches, batch_persistence, plan_stats
+from lit_balance.plan import RankBatches, batch_persistence, plan_stats
 
 #: The costs every row is evaluated on (and lit_balance plans for, one row each).
 COSTS = {"tokens": CostModel(), "attn_1.2e-4": CostModel(linear=1.0, quadratic=1.2e-4),
@@ -85,18 +89,21 @@ def strategy(name: str) -> tuple[Callable[[np.ndarray, int, int, int, int], Rank
 
 def row_figures(epochs: Sequence[RankBatches | EpochPlan], lengths: np.ndarray, max_tokens: int, packed: bool,
                 ) -> dict[str, Any]:
-    """Every figure of one row from epochs 0 and 1 of one strategy (all from :mod:`lit_balance.plan.stats`)."""
+    """Every figure of one row from epochs 0 and 1 of one strategy (all from :func:`lit_balance.plan_stats` and
+    :func:`lit_balance.plan.batch_persistence`)."""
     stats = {name: plan_stats(epochs[0], lengths, cost, packing=packed, max_tokens=max_tokens)
              for name, cost in COSTS.items()}
     tok = stats["tokens"]
     counts = tok.rank_micro_batches
     marked = int(epochs[0].is_fill.sum()) if isinstance(epochs[0], EpochPlan) else 0
     out = {
-        "steps_min": int(counts.min()), "steps_max": int(counts.max()), "equal_counts": bool(counts.min() == counts.max()),
+        "steps_min": int(counts.min()), "steps_max": int(counts.max()),
+        "equal_counts": bool(counts.min() == counts.max()),
         "budget_fill_ratio": tok.budget_fill_ratio(max_tokens), "padding_ratio": tok.padding_ratio,
         "over_budget_ratio": tok.over_budget_ratio(max_tokens), "max_batch_tokens": tok.max_batch_tokens,
         "max_batch_ratio": tok.max_batch_tokens / max_tokens,
-        "dropped": tok.dropped_samples, "duplicated_marked": marked, "duplicated_unmarked": tok.duplicated_rows - marked,
+        "dropped": tok.dropped_samples, "duplicated_marked": marked,
+        "duplicated_unmarked": tok.duplicated_rows - marked,
         "persistence": batch_persistence(epochs[0], epochs[1]),
     }
     for name, st in stats.items():
@@ -156,7 +163,7 @@ def plan_seconds_per_million(pool: np.ndarray, num_documents: int, ranks: Sequen
     rows = []
     for num_replicas in ranks:
         for packing, cost in ((True, "tokens"), (True, "attn_1e-3"), (False, "tokens")):
-            def plan(packing: bool = packing, cost: str = cost) -> EpochPlan:
+            def plan(packing: bool = packing, cost: str = cost, num_replicas: int = num_replicas) -> EpochPlan:
                 return lit_plan(big, max_tokens, num_replicas, seed, 0, packing=packing, cost=cost)
 
             clocks = [_clocked(plan) for _ in range(repeats)]
@@ -183,7 +190,8 @@ def target_rows(rows: list[dict[str, Any]], million: list[dict[str, Any]]) -> li
     for (workload, ranks), long_docs in {(r["workload"], r["ranks"]): r["long_documents"] for r in rows}.items():
         ours = [by.get((workload, ranks, n)) for n in ("lit_packed", "lit_packed_attn_1.2e-4", "lit_packed_attn_1e-3")]
 
-        def add(target: str, value: float | None, ok: bool | None, detail: str = "") -> None:
+        def add(target: str, value: float | None, ok: bool | None, detail: str = "", workload: str = workload,
+                ranks: int = ranks) -> None:
             out.append({"workload": workload, "ranks": ranks, "target": target, "value": value, "met": ok,
                         "detail": detail})
 
@@ -198,15 +206,16 @@ def target_rows(rows: list[dict[str, Any]], million: list[dict[str, Any]]) -> li
             attn = ours[2]
             b = attn and attn["U_bound_attn_1e-3"]
             peers = [by[(workload, ranks, p)]["U_attn_1e-3"] for p in PACKING_PEERS if (workload, ranks, p) in by]
-            add(f"U attn q=1e-3 >= {TARGETS['bound_fraction']} x per-step bound", attn and b and attn["U_attn_1e-3"] / b,
+            add(f"U attn q=1e-3 >= {TARGETS['bound_fraction']} x per-step bound",
+                attn and b and attn["U_attn_1e-3"] / b,
                 None if not (attn and b) else attn["U_attn_1e-3"] >= TARGETS["bound_fraction"] * b,
                 "" if not b else f"value: U / bound = {attn['U_attn_1e-3']:.4f} / {b:.4f}")
             add("U attn q=1e-3 above every packing peer", attn and attn["U_attn_1e-3"],
                 None if not (attn and peers) else attn["U_attn_1e-3"] > max(peers),
                 f"best peer {max(peers):.4f}" if peers else "")
         worst = max((r["persistence"] for r in packed_rows), default=None)
-        add(f"persistence <= {TARGETS['persistence']}", worst, None if worst is None else worst <= TARGETS["persistence"],
-            "worst packed row")
+        add(f"persistence <= {TARGETS['persistence']}", worst,
+            None if worst is None else worst <= TARGETS["persistence"], "worst packed row")
         over = max((r["over_budget_ratio"] for r in packed_rows), default=None)
         add("no micro-batch over budget", over, None if over is None else over == 0)
         bad = sum(r["dropped"] + r["duplicated_unmarked"] + (not r["equal_counts"]) for r in packed_rows)
@@ -223,7 +232,8 @@ def target_rows(rows: list[dict[str, Any]], million: list[dict[str, Any]]) -> li
 
 
 HEADER = ["strategy", "planned for", "ranks", "steps", "budget fill", "largest / budget", "over budget", "padding",
-          "U tok", "U attn 1.2e-4", "U attn 1e-3", "bound attn 1e-3", "dropped", "dup. marked / unmarked", "persistence", "plan s"]
+          "U tok", "U attn 1.2e-4", "U attn 1e-3", "bound attn 1e-3", "dropped", "dup. marked / unmarked",
+          "persistence", "plan s"]
 
 
 def _fmt_row(r: dict[str, Any]) -> list[str]:
@@ -240,27 +250,22 @@ def _fmt_row(r: dict[str, Any]) -> list[str]:
                    f"{r['plan_s']:.2f}"]
 
 
-def markdown_table(header: Sequence[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
 LEGEND = """\
 steps: micro-batches per rank (bold range: ranks differ, which hangs DDP). budget fill: mean tokens per micro-batch
 / budget (packed: the row's tokens; padded: rows x longest). largest / budget: the largest micro-batch over the
 budget. over budget: share of micro-batches past the budget (bold where any). padding: 1 - real tokens / token
 slots (packed rows: repeated documents only). U: real-document cost / sum over micro-steps of (ranks x the slowest
-rank's cost), for the token cost and the attention costs. bound: lit_balance.plan.stats.useful_fraction_bound, the
-most U any plan with as many micro-steps could reach on the attention cost q = 1e-3. dropped: documents in no micro-batch of epoch 0.
-dup. marked / unmarked: extra rows of repeated documents, marked as fill rows (the loss ignores them) / trained
-again. persistence: mean share of a document's epoch-0 batch-mates that are its batch-mates again in epoch 1.
+rank's cost), for the token cost and the attention costs. bound: lit_balance.useful_fraction_bound, the most U any
+plan with as many micro-steps could reach on the attention cost q = 1e-3. dropped: documents in no micro-batch of
+epoch 0. dup. marked / unmarked: extra rows of repeated documents, marked as fill rows (the loss ignores them) /
+trained again. persistence: mean share of a document's epoch-0 batch-mates that are its batch-mates again in epoch 1.
 plan s: seconds to plan epoch 0 for every rank in one process (lit_balance, FFD, KK and the greedy packs are one
 global computation that every rank repeats; DistributedSampler-based peers split theirs over ranks)."""
 
 
 SIDE_BY_SIDE_HEADER = ["workload", "ranks", "U tok: ours (target >= 0.995)", "U tok: best packing peer",
-                       "U attn 1e-3: ours, planned for it (target >= 0.99; long documents: >= 0.95 x bound and "
-                       "above every peer)", "bound", "U attn 1e-3: best packing peer",
+                       ("U attn 1e-3: ours, planned for it (target >= 0.99; long documents: >= 0.95 x bound and "
+                       "above every peer)"), "bound", "U attn 1e-3: best packing peer",
                        "persistence: ours (target <= 0.05)", "persistence: that peer", "over budget: ours (target 0)",
                        "over budget: worst peer"]
 
@@ -298,10 +303,10 @@ def side_by_side(rows: list[dict[str, Any]]) -> list[list[str]]:
 
 def render(results: dict[str, Any]) -> str:
     """The markdown report of a run: a table per workload, the targets, plan time per million, notes."""
-    out = [f"Command: `{results['command']}`  ", f"Commit: {results['source']['commit']} "
-           f"({results['source']['uncommitted_files']} uncommitted files under lit_balance/ and benchmarks/)  ",
-           f"Machine: {results['machine']['platform']}, {results['machine']['cpu_count']} CPUs; date "
-           f"{results['date_utc']}; wall {results['wall_s']:.0f} s  ",
+    out = [f"Command: `{results['command']}`  ", (f"Commit: {results['source']['commit']} "
+           f"({results['source']['uncommitted_files']} uncommitted files under lit_balance/ and benchmarks/)  "),
+           (f"Machine: {results['machine']['platform']}, {results['machine']['cpu_count']} CPUs; date "
+           f"{results['date_utc']}; wall {results['wall_s']:.0f} s  "),
            f"Versions: {', '.join(f'{k} {v}' for k, v in results['versions'].items())}", "", LEGEND, ""]
     lines = side_by_side(results["rows"])
     if lines:
@@ -309,17 +314,17 @@ def render(results: dict[str, Any]) -> str:
                 ""]
     for w in results["workloads"]:
         rows = [r for r in results["rows"] if r["workload"] == w["name"]]
-        out += [f"**{w['name']}**: {w['documents']} documents, {w['tokens']} tokens, capped at {w['max_length']} "
-                f"({w['capped']} capped), budget {w['max_tokens']} tokens per micro-batch per rank", "",
+        out += [(f"**{w['name']}**: {w['documents']} documents, {w['tokens']} tokens, capped at {w['max_length']} "
+                f"({w['capped']} capped), budget {w['max_tokens']} tokens per micro-batch per rank"), "",
                 markdown_table(HEADER, [_fmt_row(r) for r in rows]), ""]
     out += ["**Targets**", "", markdown_table(
         ["workload", "ranks", "target", "value", "met"],
         [[t["workload"], str(t["ranks"]), t["target"] + (f" ({t['detail']})" if t["detail"] else ""),
           "-" if t["value"] is None else f"{t['value']:.4g}", _met(t["met"])] for t in results["targets"]]), ""]
     if results["plan_seconds_per_million"]:
-        out += ["**lit_balance planning time** (documents drawn from every shipped distribution, capped at "
+        out += [("**lit_balance planning time** (documents drawn from every shipped distribution, capped at "
                 f"{results['config']['max_length']}; best of the repeats; the padded planner side by side as a "
-                "reference for the machine's load; CPU: this process's CPU time)", "", markdown_table(
+                "reference for the machine's load; CPU: this process's CPU time)"), "", markdown_table(
                     ["ranks", "plan", "planned for", "documents", "wall s per million", "CPU s per million"],
                     [[str(m["ranks"]), "packed" if m["packing"] else "padded", m["cost"], str(m.get("documents", "-")),
                       f"{m['plan_s_per_million']:.2f}" if m["status"] == "ok" else m["status"],
@@ -330,23 +335,23 @@ def render(results: dict[str, Any]) -> str:
 
 
 NOTES = [
-    "hf_flattening: torch DistributedSampler + BatchSampler of a fixed document count, each micro-batch flattened "
+    ("hf_flattening: torch DistributedSampler + BatchSampler of a fixed document count, each micro-batch flattened "
     "into one row by transformers' DataCollatorWithFlattening (run on every micro-batch of epoch 0: "
     "collator_longest_row in results.json); the count is round(budget / mean length), so rows pass the budget "
-    "whenever their documents run long.",
-    "greedy_sequential: torchtune PackedDataset style, packed once in dataset order (torchtune pads each pack to "
+    "whenever their documents run long."),
+    ("greedy_sequential: torchtune PackedDataset style, packed once in dataset order (torchtune pads each pack to "
     "the budget: that padding is not counted here), one pack per micro-batch dealt by DistributedSampler, whose "
-    "drop_last=False repeats packs (unmarked duplicates).",
-    "ffd_round_robin: first-fit-decreasing packed once (NeMo writes its packs before training), pack order "
+    "drop_last=False repeats packs (unmarked duplicates)."),
+    ("ffd_round_robin: first-fit-decreasing packed once (NeMo writes its packs before training), pack order "
     "shuffled per epoch, dealt round-robin; ffd_repacked re-packs every epoch with a random order among equal "
-    "lengths.",
-    "kk_balanced: Karmarkar-Karp (largest differencing) on verl's workload 24576 L + L^2, re-implemented after "
+    "lengths."),
+    ("kk_balanced: Karmarkar-Karp (largest differencing) on verl's workload 24576 L + L^2, re-implemented after "
     "verl's seqlen_balancing (the verl package needs ray, tensordict and transformers < 5.11, so it does not "
     "install beside this project): the whole epoch is one global batch (the most room to balance), split across "
     "ranks with equal counts, then each rank's documents into the fewest micro-batches within the budget, the "
-    "count agreed across ranks (verl all-reduces it); the n mod ranks documents left over are dropped.",
-    "lit_*: lit_balance.plan_epoch with BatchingSettings(max_tokens, packing=True/False) and the cost model named "
-    "under 'planned for'; repeated documents are marked fill rows.",
+    "count agreed across ranks (verl all-reduces it); the n mod ranks documents left over are dropped."),
+    ("lit_*: lit_balance.plan_epoch with BatchingSettings(max_tokens, packing=True/False) and the cost model named "
+    "under 'planned for'; repeated documents are marked fill rows."),
 ]
 
 
@@ -407,8 +412,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = {
         "command": " ".join(["python", "-m", "benchmarks.bench_packing", *(sys.argv[1:] if argv is None else argv)]),
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count()},
-        "versions": _versions(),
+        "machine": machine(),
+        "versions": versions(),
         "source": dict(zip(("commit", "uncommitted_files"), git_state("lit_balance", "benchmarks"))),
         "config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "ranks": ranks,
                    "num_samples": num_samples, "million": million, "costs": {k: asdict(v) for k, v in COSTS.items()},

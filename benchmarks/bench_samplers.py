@@ -8,7 +8,7 @@ Run:
 Ranks are simulated in one process: one sampler per rank, each asked for its micro-batches of epochs 0 and 1
 (no process group). Every strategy's output becomes the same thing, a list per rank of micro-batches (lists of
 dataset indices), and the code path that measures lit_balance's own plans measures all of them
-(:func:`lit_balance.plan.stats.plan_stats`, :func:`lit_balance.plan.stats.batch_persistence`, via :func:`sampler_metrics`).
+(:func:`lit_balance.plan_stats`, :func:`lit_balance.plan.batch_persistence`, via :func:`sampler_metrics`).
 The peers are in :mod:`benchmarks.peers`.
 
 Strategies (lengths capped at ``--max-length``; budget ``--max-tokens`` padded slots per micro-batch):
@@ -40,10 +40,7 @@ rank 0's time x ranks.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -53,10 +50,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-import lit_balance
-from benchmarks._harness import git_state, positive_int
+from benchmarks._harness import DISTRIBUTIONS, LENGTHS_DIR, git_state, load_lengths, machine, positive_int, timed
 from benchmarks.peers import (
     BenchConfig,
     PeerUnavailable,
@@ -70,14 +65,10 @@ from benchmarks.peers import (
     run_hf_length_grouped,
     run_lhotse_dynamic,
     run_sort_fill,
-    timed,
 )
-from lit_balance import BalancedBatchSampler
-from lit_balance.plan.cost import CostModel
-from lit_balance.plan.stats import batch_persistence, plan_stats
+from lit_balance import BalancedBatchSampler, CostModel
+from lit_balance.plan import batch_persistence, plan_stats
 
-LENGTHS_DIR = Path(lit_balance.__file__).resolve().parent / "data" / "lengths"
-DISTRIBUTIONS = ("stdlib_docstrings", "pydocs_paragraphs", "fortunes")
 STRATEGIES = ("distributed_fixed", "hf_length_grouped", "hf_batch_rebalance", "lhotse_dynamic", "sort_fill",
               "lit_balance", "lit_balance_attention")
 #: Cost of a micro-batch in padded token slots, and with an attention term (per row ``L + 1e-3 L^2``).
@@ -87,14 +78,14 @@ COST_MODELS = {"tokens": TOKEN_COST, "attention": ATTENTION_COST}
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Every strategy is measured from its per-rank lists of micro-batches, by lit_balance.plan.stats.
+# Every strategy is measured from its per-rank lists of micro-batches, by lit_balance.plan_stats.
 
 
 def sampler_metrics(run: StrategyRun, lengths: np.ndarray, max_tokens: int) -> dict[str, Any]:
     """Every figure of the table for one strategy at one rank count (epoch 0; persistence epoch 0 -> 1).
 
-    All come from :func:`lit_balance.plan.stats.plan_stats` and :func:`lit_balance.plan.stats.batch_persistence` of the
-    per-rank lists (one optimizer step per micro-batch; repeated indices count as padding).
+    All come from :func:`lit_balance.plan_stats` and :func:`lit_balance.plan.batch_persistence` of the per-rank
+    lists (one optimizer step per micro-batch; repeated indices count as padding).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     epoch0 = run.batches[0]
@@ -130,25 +121,17 @@ def sampler_metrics(run: StrategyRun, lengths: np.ndarray, max_tokens: int) -> d
 # lit_balance's own strategies (the peers are in benchmarks.peers).
 
 
-def _accepts_cost_model() -> bool:
-    return "cost_model" in inspect.signature(BalancedBatchSampler.__init__).parameters
-
-
 def _run_lit_balance(lengths: np.ndarray, num_replicas: int, cfg: BenchConfig, cost_model: CostModel) -> StrategyRun:
-    kwargs: dict[str, Any] = {"cost_model": cost_model} if _accepts_cost_model() else {}
-
     def build(rank: int) -> BalancedBatchSampler:
         return BalancedBatchSampler(lengths, cfg.max_tokens, num_replicas=num_replicas, rank=rank, seed=cfg.seed,
-                                    **kwargs)
+                                    cost_model=cost_model)
 
     def epoch(e: int, sampler: BalancedBatchSampler) -> list[list[int]]:
         sampler.set_epoch(e)
         return as_lists(sampler)
 
     batches, times = per_rank_epochs(num_replicas, build, epoch)
-    notes = [(f"cost_model={cost_model}" if kwargs else
-             "this BalancedBatchSampler has no cost_model argument: planned with its built-in padded-slot cost")]
-    return StrategyRun(batches, times, notes=notes)
+    return StrategyRun(batches, times, notes=[f"cost_model={cost_model}"])
 
 
 def run_lit_balance(lengths: np.ndarray, num_replicas: int, cfg: BenchConfig) -> StrategyRun:
@@ -200,17 +183,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_lengths(name: str, max_length: int, num_samples: int | None = None) -> np.ndarray:
-    """Token counts of distribution ``name`` (int64), capped at ``max_length``, first ``num_samples`` only."""
-    path = LENGTHS_DIR / f"lengths_{name}.npy"
-    if not path.is_file():
-        raise FileNotFoundError(f"length array {path} not found; expected one of {DISTRIBUTIONS} in {LENGTHS_DIR}")
-    lengths = np.load(path).astype(np.int64)
-    if num_samples is not None:
-        lengths = lengths[:num_samples]
-    return np.minimum(lengths, max_length)
-
-
 def _fmt(row: dict[str, Any]) -> list[str]:
     if row["status"] != "ok":
         return [row["strategy"], str(row["ranks"]), f"{row['status']}: {row['reason']}"] + [""] * 11
@@ -247,17 +219,6 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
     lines += ["| " + " | ".join(_fmt(r)) + " |" for r in rows]
     return "\n".join(lines)
-
-
-def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__,
-           "lit_balance": lit_balance.__version__}
-    for name in ("transformers", "lhotse"):
-        try:
-            out[name] = __import__(name).__version__
-        except ImportError:
-            out[name] = "not installed"
-    return out
 
 
 def window_tradeoff(lengths: np.ndarray, ranks: Sequence[int], windows: Sequence[float], cfg: BenchConfig,
@@ -370,7 +331,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     print(f"lit_balance sampler benchmark: max_tokens={args.max_tokens} padded slots per micro-batch per rank, "
           f"documents capped at {args.max_length} tokens, ranks {args.ranks}, seed {args.seed}")
-    print(f"versions: {_versions()}; BalancedBatchSampler accepts cost_model: {_accepts_cost_model()}\n")
+    host = machine()
+    print(f"machine: {host}\n")
     print(LEGEND + "\n")
     rows: list[dict[str, Any]] = []
     for dist_name in args.distributions:
@@ -452,14 +414,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                      for r in million) + "\n")
     elapsed = time.perf_counter() - start
     results = {
-        "command": " ".join(["python", "-m", "benchmarks.bench_samplers", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python", "-m", "benchmarks.bench_samplers",
+                             *(argv if argv is not None else sys.argv[1:])]),
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count()},
-        "versions": _versions(),
+        "machine": host,
         "source": dict(zip(("commit", "lit_balance_uncommitted_files"), git_state("lit_balance"))),
         "config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                   "cost_models": {k: asdict(v) for k, v in COST_MODELS.items()},
-                   "lit_balance_accepts_cost_model": _accepts_cost_model()},
+                   "cost_models": {k: asdict(v) for k, v in COST_MODELS.items()}},
         "rows": rows,
         "shuffle_window_tradeoff": tradeoff,
         "persistence_bound": bound,

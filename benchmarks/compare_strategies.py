@@ -9,9 +9,12 @@ Every run trains :class:`lit_balance.demo.DemoTransformerLM` (token-weighted los
 for the same number of epochs over the same training documents of the built-in corpus (Python standard library
 docstrings, BERT-uncased WordPiece, truncated to ``--max-length`` tokens), with the same per-rank budget of
 ``--max-tokens`` token slots per micro-batch (padded slots; packed: tokens), and is validated on the same held-out
-documents after the last epoch. Each run is one job of ``--devices`` ranks under torch's own launcher
-(``python -m torch.distributed.run``, each rank running this module again with a hidden worker flag) with a timeout;
-the parent collects one JSON file and one trace per run.
+documents after the last epoch. The documents are a seeded split (:func:`benchmarks._training.split_documents`), the
+same for every run; each run's data is :class:`lit_balance.BalancedTextDataModule` over its training documents and
+over its validation documents (:class:`CompareData`), which cache, truncate and batch alike for every strategy; a
+baseline strategy replaces only the training batches. Each run is one job of ``--devices`` ranks under torch's own
+launcher (``python -m torch.distributed.run``, each rank running this module again with a hidden worker flag) with a
+timeout; the parent collects one JSON file and one trace per run.
 
 Strategies (:data:`STRATEGIES`):
 
@@ -23,7 +26,7 @@ Strategies (:data:`STRATEGIES`):
 * ``dynamic``: sort by length, fill each micro-batch up to ``max_tokens`` *real* tokens (fairseq-style
   ``batch_by_size``; :func:`benchmarks.peers.sort_fill_batches`), shuffle, deal round-robin.
 * ``dynamic_accum``: the same micro-batches with ``Trainer(accumulate_grad_batches=--accumulate)``.
-* ``lit_balance``: :class:`lit_balance.BalancedBatchSampler` (padded rows) with
+* ``lit_balance``: the DataModule's own :class:`lit_balance.BalancedBatchSampler` (padded rows) with
   :class:`~lit_balance.callbacks.AdaptiveGradAccumulation` (target: ``--accumulate`` x ranks x ``max_tokens`` real
   tokens per optimizer step, the nominal step of ``dynamic_accum``), :class:`~lit_balance.callbacks.StragglerMonitor`
   and :class:`~lit_balance.callbacks.CostModelFeedback`.
@@ -34,7 +37,7 @@ Strategies (:data:`STRATEGIES`):
   ``BatchSampler`` of :func:`benchmarks.packing_peers.flattening_batch_size` documents (the mean packed row is about
   the budget), concatenated into one packed row. The row is built by :class:`lit_balance.PackedCollator`, whose
   layout is that of ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` (checked equal in
-  ``tests/test_collate_packed.py``) plus the token counts the meter reads; a row passes the budget whenever its
+  ``tests/data/test_collate_packed.py``) plus the token counts the meter reads; a row passes the budget whenever its
   documents run long (counted in ``over_budget_micro_batches``).
 
 Slowed rank (scenario ``slowed_rank``): ``lit_balance`` with and without ``CostModelFeedback`` while rank
@@ -86,17 +89,14 @@ page, with command, commit, machine and date at the top), ``tokens_per_s.png`` (
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
-import os
-import platform
 import statistics
 import sys
 import time
 import traceback
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -104,19 +104,33 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
-import lit_balance
-from benchmarks._harness import ROOT, git_state, launch_ranks, non_negative, number, positive_int
-from benchmarks._training import REAL, CompareLM, Meter, loss_curve, loss_step_noise, run_stats
+from benchmarks._harness import (
+    commit_label,
+    launch_run,
+    load_lengths,
+    machine,
+    markdown_table,
+    non_negative,
+    number,
+    positive_int,
+)
+from benchmarks._training import (
+    MODEL_SIZES,
+    REAL,
+    CompareLM,
+    Meter,
+    corpus_documents,
+    loss_curve,
+    make_trainer,
+    run_stats,
+)
 from benchmarks.packing_peers import flattening_batch_size
 from benchmarks.peers import EpochBatchSampler, deal_even, fixed_batch_size, sort_fill_batches, sorted_bucket_batches
-from lit_balance import BalancedBatchSampler, PackedCollator, PadCollator, TokenDataset
-from lit_balance.data.cache import load_or_build
+from lit_balance import BalancedTextDataModule, PackedCollator, PadCollator
 from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, StragglerMonitor
-from lit_balance.data.sources import resolve_corpus
-from lit_balance.data.tokenizer import resolve_tokenizer
+from lit_balance.data import resolve_tokenizer
 
 STRATEGIES = ("random", "sorted_buckets", "dynamic", "dynamic_accum", "lit_balance", "lit_balance_packed",
               "hf_flatten")
@@ -124,16 +138,10 @@ STRATEGIES = ("random", "sorted_buckets", "dynamic", "dynamic_accum", "lit_balan
 _DISTRIBUTED_SAMPLER = ("random", "hf_flatten")
 #: Strategies whose micro-batch is one packed row of documents.
 _PACKED = ("lit_balance_packed", "hf_flatten")
-#: Strategies trained with lit_balance's callbacks (adaptive accumulation, straggler monitor, feedback).
+#: Strategies trained on the DataModule's own sampler, with lit_balance's callbacks (adaptive accumulation,
+#: straggler monitor, feedback).
 _LIT_BALANCE = ("lit_balance", "lit_balance_packed")
 SCENARIOS = ("main", "slowed_rank")
-#: DemoTransformerLM sizes: ``small`` is the main job's model (4.3M parameters with the 30,522-token vocabulary),
-#: ``bert`` BERT-base's shape (about 110M), ``tiny`` for tests.
-MODEL_SIZES: dict[str, dict[str, int]] = {
-    "tiny": {"d_model": 32, "num_heads": 2, "num_layers": 1, "dim_feedforward": 64},
-    "small": {"d_model": 128, "num_heads": 4, "num_layers": 2, "dim_feedforward": 512},
-    "bert": {"d_model": 768, "num_heads": 12, "num_layers": 12, "dim_feedforward": 3072},
-}
 #: Per model size, ``(max_tokens, max_length)`` when not given: token slots per micro-batch per rank, tokens kept.
 DEFAULT_BUDGET = {"tiny": (512, 128), "small": (1024, 256), "bert": (16384, 512)}
 #: Keys every object of results.json has.
@@ -165,42 +173,22 @@ _WORKER_FLAG = "--_worker"
 # Data of one run and the run itself (inside the DDP processes; what it measures: benchmarks._training).
 
 
-def split_documents(num_docs: int, val_fraction: float, num_train: int | None, seed: int = 0) -> tuple[np.ndarray,
-                                                                                                       np.ndarray]:
-    """``(train_docs, val_docs)``: a seeded split of corpus documents, the same for every strategy and run.
-
-    Args:
-        num_docs: documents in the corpus.
-        val_fraction: share held out for validation (at least one document).
-        num_train: keep this many training documents (a seeded subset), or None for all.
-        seed: data seed (independent of the run's seed, so every run sees the same documents).
-
-    Raises:
-        ValueError: nothing left for training, or ``num_train < 1``.
-    """
-    perm = np.random.default_rng([seed, 0xC0]).permutation(num_docs)
-    num_val = max(1, round(val_fraction * num_docs))
-    train = perm[num_val:]
-    if num_train is not None:
-        if num_train < 1:
-            raise ValueError(f"num_train must be >= 1, got {num_train}")
-        train = train[:num_train]
-    if train.size == 0:
-        raise ValueError(f"{num_docs} documents, val_fraction={val_fraction}: none left to train on")
-    return np.sort(train), np.sort(perm[:num_val])
-
-
-
-
 class CompareData(L.LightningDataModule):
-    """The built-in corpus split once; the training loader of one strategy, the same validation loader for all.
+    """A run's data: the main job's DataModule over the training documents; for a baseline strategy, its batches.
+
+    Two :class:`lit_balance.BalancedTextDataModule` hold the run's documents (token ids,
+    :func:`benchmarks._training.corpus_documents`), so the split is the same for every run, whatever its seed: one
+    over the training documents (``val_fraction=0``; ``packing=True`` for ``lit_balance_packed``), whose own sampler
+    ``lit_balance`` and ``lit_balance_packed`` train on, and whose ``train_dataset`` (truncated to ``max_length``)
+    every other strategy's sampler (:attr:`sampler`) draws from, collated with :class:`lit_balance.PadCollator`
+    (``hf_flatten``: :class:`lit_balance.PackedCollator`); and one over the validation documents, unshuffled, whose
+    padded micro-batches validate every strategy alike.
 
     Args:
         strategy: one of :data:`STRATEGIES`.
+        train_docs, val_docs: token ids of the training and validation documents.
         max_tokens: token slots per micro-batch, per rank (padded slots; packed: tokens).
         max_length: tokens kept per document.
-        num_train: training documents (seeded subset), or None for all.
-        val_fraction: share of documents held out.
         seed: seed of the samplers (the run's seed).
         cache_dir: tokenization cache (None: lit_balance's default).
 
@@ -208,53 +196,51 @@ class CompareData(L.LightningDataModule):
         ValueError: an unknown strategy.
     """
 
-    def __init__(self, strategy: str, max_tokens: int, max_length: int, num_train: int | None, val_fraction: float,
-                 seed: int, cache_dir: str | None = None) -> None:
+    def __init__(self, strategy: str, train_docs: Sequence[np.ndarray], val_docs: Sequence[np.ndarray],
+                 max_tokens: int, max_length: int, seed: int, cache_dir: str | None = None) -> None:
         super().__init__()
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-        self.strategy, self.max_tokens, self.max_length = strategy, max_tokens, max_length
-        self.num_train, self.val_fraction, self.seed, self.cache_dir = num_train, val_fraction, seed, cache_dir
-        self.tokenizer = resolve_tokenizer(None)
-        self.source = resolve_corpus(None)
-        self.vocab_size = self.tokenizer.vocab_size
+        tokenizer = resolve_tokenizer(None)
+        common = {"max_tokens": max_tokens, "max_length": max_length, "val_fraction": 0.0,
+                  "vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_token_id, "cache_dir": cache_dir}
+        self.train_data = BalancedTextDataModule(list(train_docs), seed=seed, packing=strategy == "lit_balance_packed",
+                                                 **common)
+        self.val_data = BalancedTextDataModule(list(val_docs), seed=0, shuffle=False, **common)
+        self.strategy, self.max_tokens, self.seed = strategy, max_tokens, seed
+        self.vocab_size, self.pad_token_id = tokenizer.vocab_size, tokenizer.pad_token_id
         self.batch_size = fixed_batch_size(max_tokens, max_length)
+        self.sampler: Any = None
+        self.batch_sampler: Any = None
 
     def prepare_data(self) -> None:
-        load_or_build(self.source, self.tokenizer, self.cache_dir)
-
-    def datasets(self) -> tuple[TokenDataset, TokenDataset]:
-        """``(train, validation)`` documents of the run, truncated to ``max_length``."""
-        corpus = load_or_build(self.source, self.tokenizer, self.cache_dir)
-        train_docs, val_docs = split_documents(len(corpus), self.val_fraction, self.num_train)
-        return (TokenDataset(corpus.token_ids, corpus.offsets, train_docs, self.max_length),
-                TokenDataset(corpus.token_ids, corpus.offsets, val_docs, self.max_length))
+        self.train_data.prepare_data()
+        self.val_data.prepare_data()
 
     def setup(self, stage: str | None = None) -> None:
-        self.train_dataset, self.val_dataset = self.datasets()
+        self.train_data.trainer = self.trainer  # its world, rank, epoch and accumulation are the run's
+        self.train_data.setup(stage)
+        self.val_data.setup(stage)  # no Trainer: the process group's world and rank, one micro-batch per step
+        self.train_dataset = self.train_data.train_dataset
+        if self.strategy in _LIT_BALANCE:
+            self.sampler = self.train_data.train_sampler
+            return
         world, rank = self.trainer.world_size, self.trainer.global_rank
         lengths = self.train_dataset.lengths
-        pad = self.tokenizer.pad_token_id
-        self.collator = PackedCollator(pad) if self.strategy in _PACKED else PadCollator(pad)
-        self.val_collator = PadCollator(pad)
-        self.batch_sampler: Any = None
+        self.collator = PackedCollator(self.pad_token_id) if self.strategy in _PACKED else PadCollator(
+            self.pad_token_id)
         if self.strategy == "hf_flatten":
             self.batch_size = flattening_batch_size(lengths, self.max_tokens)
         if self.strategy in _DISTRIBUTED_SAMPLER:
-            self.sampler: Any = DistributedSampler(self.train_dataset, num_replicas=world, rank=rank, shuffle=True,
-                                                   seed=self.seed, drop_last=True)
+            self.sampler = DistributedSampler(self.train_dataset, num_replicas=world, rank=rank, shuffle=True,
+                                              seed=self.seed, drop_last=True)
             self.batch_sampler = BatchSampler(self.sampler, self.batch_size, drop_last=False)
         elif self.strategy == "sorted_buckets":
             self.sampler = EpochBatchSampler(partial(sorted_bucket_batches, lengths, self.batch_size, self.seed),
                                              world, rank)
-        elif self.strategy in ("dynamic", "dynamic_accum"):
+        else:  # dynamic, dynamic_accum
             self.sampler = EpochBatchSampler(partial(sort_fill_batches, lengths, self.max_tokens, self.seed), world,
                                              rank)
-        else:
-            self.sampler = BalancedBatchSampler(lengths, self.max_tokens, num_replicas=world, rank=rank, seed=self.seed,
-                                                packing=self.strategy == "lit_balance_packed")
-        self.val_sampler = BalancedBatchSampler(self.val_dataset.lengths, self.max_tokens, num_replicas=world,
-                                                rank=rank, shuffle=False, seed=0)
 
     def planned_tokens(self, epoch: int) -> tuple[int, int]:
         """``(samples, real tokens)`` the strategy plans to train in ``epoch`` (global, after dropping for equal
@@ -279,18 +265,19 @@ class CompareData(L.LightningDataModule):
         """A new loader every epoch (``reload_dataloaders_every_n_epochs=1``) over this rank's sampler.
 
         Lightning (2.6, ``_FitLoop.on_advance_start``) reads the loader's length before it calls ``set_epoch``;
-        a :class:`BalancedBatchSampler` given new rank speeds by CostModelFeedback plans the next epoch with them
-        only at ``set_epoch``, and that plan can be longer, so Lightning would end the epoch early and skip its
-        last micro-batches. Selecting the epoch here first gives Lightning the right length (for every strategy
-        alike; Lightning's own ``set_epoch`` with the same epoch then changes nothing).
+        a :class:`lit_balance.BalancedBatchSampler` given new rank speeds by CostModelFeedback plans the next epoch
+        with them only at ``set_epoch``, and that plan can be longer, so the epoch is selected first (by the
+        DataModule for its own sampler, here for every baseline's alike).
         """
+        if self.strategy in _LIT_BALANCE:
+            return self.train_data.train_dataloader()
         self.sampler.set_epoch(self.trainer.current_epoch)
         if self.batch_sampler is not None:
             return DataLoader(self.train_dataset, batch_sampler=self.batch_sampler, collate_fn=self.collator)
         return DataLoader(self.train_dataset, sampler=self.sampler, batch_size=None, collate_fn=self.collator)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_dataset, sampler=self.val_sampler, batch_size=None, collate_fn=self.val_collator)
+        return self.val_data.train_dataloader()
 
 
 def run_worker(spec_path: Path) -> None:
@@ -298,8 +285,8 @@ def run_worker(spec_path: Path) -> None:
     and ``spec["trace_path"]`` (the gathered trace, ``.npy``)."""
     spec = json.loads(Path(spec_path).read_text())
     L.seed_everything(spec["seed"], verbose=False)
-    data = CompareData(spec["strategy"], spec["max_tokens"], spec["max_length"], spec["num_docs"],
-                       spec["val_fraction"], spec["seed"], spec.get("cache_dir"))
+    data = CompareData(spec["strategy"], *corpus_documents(spec["num_docs"], spec["val_fraction"], spec["cache_dir"]),
+                       spec["max_tokens"], spec["max_length"], spec["seed"], spec["cache_dir"])
     slowed = spec["scenario"] == "slowed_rank"
     model = CompareLM(slow_rank=spec["slow_rank"] if slowed else None, slowdown=spec["slowdown"] if slowed else 0.0,
                       vocab_size=data.vocab_size, lr=spec["lr"], **MODEL_SIZES[spec["model_size"]])
@@ -312,15 +299,7 @@ def run_worker(spec_path: Path) -> None:
         callbacks += [StragglerMonitor(log_every_n_micro_batches=50, warn_ratio=10.0), adaptive]
         if spec["feedback"]:
             callbacks.append(CostModelFeedback())
-    trainer = L.Trainer(
-        accelerator=spec["accelerator"], devices=spec["devices"], precision=spec["precision"],
-        strategy=DDPStrategy(timeout=timedelta(seconds=spec["ddp_timeout_s"])), max_epochs=spec["epochs"],
-        accumulate_grad_batches=accumulate, callbacks=callbacks, use_distributed_sampler=False,
-        reload_dataloaders_every_n_epochs=1,  # CostModelFeedback's rank speeds can lengthen an epoch; all alike
-        check_val_every_n_epoch=spec["epochs"],  # validate once, after the last epoch (wall time; not in tokens/s)
-        num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = make_trainer(spec, callbacks, accumulate)
     trainer.fit(model, datamodule=data)
     if not trainer.is_global_zero:
         return
@@ -335,7 +314,7 @@ def run_worker(spec_path: Path) -> None:
     result = {
         **{k: spec[k] for k in ("run", "strategy", "scenario", "pair", "seed", "feedback")}, "status": "ok", **stats,
         "val_loss": val[-1]["val_loss"] if val else float("nan"), "val_losses": val,
-        "loss_step_noise": loss_step_noise(losses), "final_train_loss": losses[-1] if losses else float("nan"),
+        "final_train_loss": losses[-1] if losses else float("nan"),
         "all_planned_tokens_trained": stats["real_tokens_per_epoch"] == planned,
         "planned_real_tokens_per_epoch": planned, "trained_real_tokens_per_epoch": stats.pop("real_tokens_per_epoch"),
         "dropped_samples_per_epoch": [len(data.train_dataset) - data.planned_tokens(e)[0]
@@ -361,8 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where results.json, the plots and logs go (default: %(default)s)")
     p.add_argument("--quick", action="store_true",
                    help=f"smaller run: {QUICK['pairs']} pairs, {QUICK['num_docs']} training documents, "
-                        f"slowed-rank runs over {QUICK['slowed_num_docs']} (12 min 24 s measured on 2 shared CPU cores at "
-                        "load average 3.5-6, about half of it the start-up of its 18 runs)")
+                        f"slowed-rank runs over {QUICK['slowed_num_docs']} (12 min 24 s measured on 2 shared CPU "
+                        "cores at load average 3.5-6, about half of it the start-up of its 18 runs)")
     p.add_argument("--pairs", type=positive_int, default=None,
                    help=f"interleaved rounds of every run (default: {FULL['pairs']}; --quick: {QUICK['pairs']})")
     p.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
@@ -472,41 +451,17 @@ def plan_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def launch(spec: dict[str, Any], out_dir: Path, timeout_s: int, worker: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run one spec as ``spec["devices"]`` ranks under ``torchrun`` (:func:`benchmarks._harness.launch_ranks`:
-    every rank is stopped when one fails or time runs out, so none waits forever for a collective); return its
-    result dict (its trace, when the run succeeded, under ``runs/<run>.trace.npy``).
+    """Run one spec as ``spec["devices"]`` ranks under ``torchrun`` (:func:`benchmarks._harness.launch_run`: every
+    rank is stopped when one fails or time runs out, so none waits forever for a collective); return its result dict,
+    with every key of :data:`RESULT_KEYS` (None for a run that failed). Its trace, when the run succeeded, is
+    ``runs/<run>.trace.npy``.
 
     ``worker``: what each rank runs, before the spec's path (default: this module with the hidden worker flag).
     """
-    worker = list(worker or ["-m", "benchmarks.compare_strategies", _WORKER_FLAG])
-    runs_dir, logs_dir = out_dir / "runs", out_dir / "logs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    logs_dir.mkdir(parents=True, exist_ok=True)
-    spec = {**spec, "result_path": str((runs_dir / f"{spec['run']}.json").resolve()),
-            "trace_path": str((runs_dir / f"{spec['run']}.trace.npy").resolve())}
-    Path(spec["result_path"]).unlink(missing_ok=True)
-    Path(spec["trace_path"]).unlink(missing_ok=True)
-    spec_path = runs_dir / f"{spec['run']}.spec.json"
-    spec_path.write_text(json.dumps(spec, indent=1))
-    load_before = os.getloadavg()[0]
-    start = time.perf_counter()
-    status, rc = launch_ranks([*worker, str(spec_path.resolve())], spec["devices"], logs_dir / f"{spec['run']}.log",
-                              out_dir, timeout_s)
-    wall = time.perf_counter() - start
-    result_path = Path(spec["result_path"])
-    if status == "ok" and (rc != 0 or not result_path.exists()):
-        status = "failed"
-    if status != "ok":
-        tail = (logs_dir / f"{spec['run']}.log").read_text(errors="replace")[-2000:]
-        result: dict[str, Any] = {k: spec.get(k) for k in ("run", "strategy", "scenario", "pair", "seed", "feedback")}
-        result.update({"status": status, "returncode": rc, "log_tail": tail})
-        for key in RESULT_KEYS:
-            result.setdefault(key, None)
-    else:
-        result = json.loads(result_path.read_text())
-    result["subprocess_wall_s"] = wall
-    result["load_avg_1min_before"] = load_before
-    result["load_avg_1min_after"] = os.getloadavg()[0]
+    result = launch_run(spec, out_dir, timeout_s, worker or ["-m", "benchmarks.compare_strategies", _WORKER_FLAG],
+                        keys=("run", "strategy", "scenario", "pair", "seed", "feedback"))
+    for key in RESULT_KEYS:
+        result.setdefault(key, None)
     return result
 
 
@@ -598,26 +553,6 @@ def _spread(values: Sequence[float]) -> dict[str, Any]:
             "max": max(values) if values else None, "values": list(values)}
 
 
-def strategy_summary(results: list[dict[str, Any]], ratios: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Per series (strategy, ``slowed_feedback``, ``slowed_no_feedback``): median / min / max over pairs of its real
-    tokens/s, padding ratio, straggler ratio, peak memory, validation loss, over-budget micro-batches, calibration
-    error, and of its ratio to ``lit_balance`` (main strategies)."""
-    out: dict[str, Any] = {}
-    for runs in _by_pair(results).values():
-        for key, r in runs.items():
-            out.setdefault(key, []).append(r)
-    summary = {}
-    for key, runs in out.items():
-        entry = {f: _spread([r.get(f) for r in runs]) for f in (
-            "real_tokens_per_s", "padding_ratio", "straggler_ratio", "peak_memory_mb", "val_loss",
-            "over_budget_micro_batches", "calibration_error")}
-        ratio = ratios.get(f"{key}/lit_balance")
-        if ratio is not None:
-            entry["ratio_to_lit_balance"] = {k: ratio[k] for k in ("median", "min", "max", "per_pair")}
-        summary[key] = entry
-    return summary
-
-
 def evaluate_targets(results: list[dict[str, Any]], ratios: dict[str, dict[str, Any]], args: argparse.Namespace,
                      projection: list[dict[str, Any]] | None = None, wall_s: float | None = None) -> dict[str, Any]:
     """The targets of the specification: each with its value (median over pairs), min, max, rule and whether it was
@@ -674,8 +609,9 @@ def evaluate_targets(results: list[dict[str, Any]], ratios: dict[str, dict[str, 
                 hi=max(vals, default=None), per_distribution=margins, upper_bound_per_distribution=bounds)
     if wall_s is not None:
         limit = 600 if args.quick else 5400
-        put("wall_time", None, limit, f"wall time of this invocation <= {limit} s ({'--quick' if args.quick else 'default'})",
-            value=wall_s, at_least=False)
+        mode = "--quick" if args.quick else "default"
+        put("wall_time", None, limit, f"wall time of this invocation <= {limit} s ({mode})", value=wall_s,
+            at_least=False)
     # informational, not targets of the specification
     put("straggler_ratio", None, 1.05, "informational: lit_balance max/median per-rank compute s, median over "
         "pairs", value=_spread([r["straggler_ratio"] for r in lb_runs if r["strategy"] == "lit_balance"
@@ -705,17 +641,15 @@ def projection_bound(rows: dict[str, dict[str, Any]]) -> float | None:
 
 
 def calibrate_and_project(results: list[dict[str, Any]], traces: dict[str, np.ndarray], args: argparse.Namespace,
-                          lengths: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any] | None:
+                          lengths: dict[str, np.ndarray], out_dir: Path) -> dict[str, Any]:
     """Fit :mod:`benchmarks.time_model` on every successful run's trace, add ``predicted_real_tokens_per_s`` and
     ``calibration_error`` to each result, project every strategy to 8, 64 and 512 ranks on ``lengths``
     (``{distribution: token lengths}``), write ``projection.json``, ``calibration.png`` and ``projection.png``.
 
     Returns:
-        ``{"time_model": fitted costs, "projection": rows}``, or None when ``benchmarks.time_model`` is missing.
+        ``{"time_model": fitted costs, "projection": rows, "predictions": per run}``.
     """
-    if importlib.util.find_spec("benchmarks.time_model") is None:
-        return None
-    from benchmarks import time_model
+    from benchmarks import time_model  # here, not in the ranks: scipy would add to their measured memory
     runs = [time_model.RunTrace(run=r["run"], strategy=r["strategy"], trace=traces[r["run"]],
                                 headline_epochs=tuple(r["headline_epochs"]), rank_factors=tuple(r["rank_factors"]),
                                 measured_real_tokens_per_s=r["real_tokens_per_s"])
@@ -740,8 +674,7 @@ def projection_lengths(corpus_lengths: np.ndarray, max_length: int) -> dict[str,
     truncated) and the shipped distributions of ``lit_balance/data/lengths/``, truncated to ``max_length``."""
     out = {MAIN_CORPUS: np.asarray(corpus_lengths, dtype=np.int64)}
     for name in SHIPPED_LENGTHS:
-        shipped = np.load(ROOT / "lit_balance" / "data" / "lengths" / f"lengths_{name}.npy").astype(np.int64)
-        out[name] = np.minimum(shipped, max_length)
+        out[name] = load_lengths(name, max_length)
     return out
 
 
@@ -753,12 +686,7 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-
-
-def markdown_table(results: list[dict[str, Any]], max_tokens: int) -> str:
+def runs_table(results: list[dict[str, Any]], max_tokens: int) -> str:
     """The per-run table (Markdown), in run order."""
     head = ["run", "pair", "scenario", "real tokens/s (epochs >= 1)", "real tokens/s (all)", "predicted tokens/s",
             "optimizer steps/s", "padding ratio", "straggler ratio (run / per step)", "peak memory MB (max rank)",
@@ -779,13 +707,13 @@ def markdown_table(results: list[dict[str, Any]], max_tokens: int) -> str:
             f"{r['train_real_tokens']:,}", str(r["optimizer_steps"]),
             "-".join(map(str, [min(acc), max(acc)])) if acc and min(acc) != max(acc) else str(acc[0] if acc else "-"),
             _fmt(r.get("load_avg_1min_before"), 1)])
-    return _table(head, rows)
+    return markdown_table(head, rows)
 
 
 def ratios_table(ratios: dict[str, dict[str, Any]], pairs: int) -> str:
     """Per-pair ratios with median and min-max (Markdown)."""
     head = ["ratio (real tokens/s)", *[f"pair {p}" for p in range(1, pairs + 1)], "median", "min", "max"]
-    return _table(head, [[name, *[_fmt(e["per_pair"].get(p)) for p in range(1, pairs + 1)], _fmt(e["median"]),
+    return markdown_table(head, [[name, *[_fmt(e["per_pair"].get(p)) for p in range(1, pairs + 1)], _fmt(e["median"]),
                           _fmt(e["min"]), _fmt(e["max"])] for name, e in ratios.items()])
 
 
@@ -800,31 +728,32 @@ def targets_text(targets: dict[str, Any]) -> str:
             rule += "; upper bound (U = 1, no sync): " + ", ".join(
                 f"{d} {_fmt(b)}" for d, b in t["upper_bound_per_distribution"].items())
         rows.append([name, _fmt(t["value"]), spread, rule.replace("|", "/"), met])
-    return _table(["target", "value", "min - max", "rule", "verdict"], rows)
+    return markdown_table(["target", "value", "min - max", "rule", "verdict"], rows)
 
 
 def calibration_table(fit: dict[str, Any] | None) -> str:
     """Measured against predicted real tokens/s per run, and the fitted costs (Markdown)."""
     if fit is None:
-        return "benchmarks/time_model.py is not installed: no calibration."
+        return "no calibration: the time model was not fitted."
     costs = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in fit["time_model"].items())
-    rows = [[p["run"], _fmt(float(p["measured_real_tokens_per_s"]), 0), _fmt(float(p["predicted_real_tokens_per_s"]), 0),
-             f"{100 * p['calibration_error']:+.1f} %"] for p in fit["predictions"]]
-    return f"fitted time model: {costs}\n\n" + _table(["run", "measured real tokens/s", "predicted real tokens/s",
-                                                      "error"], rows)
+    rows = [[p["run"], _fmt(float(p["measured_real_tokens_per_s"]), 0),
+             _fmt(float(p["predicted_real_tokens_per_s"]), 0), f"{100 * p['calibration_error']:+.1f} %"]
+            for p in fit["predictions"]]
+    head = ["run", "measured real tokens/s", "predicted real tokens/s", "error"]
+    return f"fitted time model: {costs}\n\n" + markdown_table(head, rows)
 
 
 def projection_table(rows: Sequence[dict[str, Any]] | None) -> str:
     """The projection rows (Markdown), labelled as a projection from measured costs."""
     if not rows:
-        return "no projection (benchmarks/time_model.py is not installed)."
+        return "no projection: the time model was not fitted."
     head = ["distribution", "ranks", "strategy", "predicted real tokens/s", "optimizer steps/s", "padding ratio",
             "useful compute fraction U", "largest micro-batch (slots)", "over budget"]
     body = [[r["distribution"], str(r["num_replicas"]), r["strategy"], _fmt(float(r["predicted_real_tokens_per_s"]), 0),
              _fmt(r.get("predicted_optimizer_steps_per_s"), 2), _fmt(r.get("padding_ratio")),
              _fmt(r.get("useful_compute_fraction")), _fmt(r.get("max_micro_batch_slots")),
              _fmt(r.get("over_budget_micro_batches"))] for r in rows]
-    return f"{rows[0].get('label', 'projection from measured costs')}\n\n" + _table(head, body)
+    return f"{rows[0].get('label', 'projection from measured costs')}\n\n" + markdown_table(head, body)
 
 
 COLORS = {"random": "tab:gray", "sorted_buckets": "tab:brown", "dynamic": "tab:orange", "dynamic_accum": "tab:red",
@@ -884,18 +813,6 @@ def plot(results: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     return paths
 
 
-def _machine() -> dict[str, Any]:
-    return {"platform": platform.platform(), "machine": platform.machine(), "processor": platform.processor(),
-            "cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "lightning": L.__version__, "numpy": np.__version__, "lit_balance": lit_balance.__version__,
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-
-
-def _commit() -> str | None:
-    commit, dirty = git_state("benchmarks", "lit_balance")
-    return None if commit is None else commit[:7] + ("+local changes" if dirty else "")
-
-
 def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     """Parse the command line; run the benchmark (parent) or one run (hidden worker flag).
 
@@ -913,12 +830,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     out_dir.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.compare_strategies " + " ".join(argv if argv is not None else sys.argv[1:])
     # tokenize once here, so the runs only load the cache
-    corpus = load_or_build(resolve_corpus(None), resolve_tokenizer(None), args.cache_dir)
-    train_docs, val_docs = split_documents(len(corpus), args.val_fraction, args.num_docs)
-    lengths = np.minimum(corpus.lengths, args.max_length)
+    train_docs, val_docs = corpus_documents(args.num_docs, args.val_fraction, args.cache_dir)
+    train_lengths = np.minimum([len(d) for d in train_docs], args.max_length)
     print(f"world size {args.devices} ({args.accelerator}) | budget {args.max_tokens} slots per micro-batch per rank "
           f"| max_length {args.max_length} | fixed batch size {fixed_batch_size(args.max_tokens, args.max_length)} "
-          f"rows | {len(train_docs)} training documents ({int(lengths[train_docs].sum()):,} tokens), "
+          f"rows | {len(train_docs)} training documents ({int(train_lengths.sum()):,} tokens), "
           f"{len(val_docs)} validation | {args.epochs} epochs | {args.pairs} pairs | slowed-rank runs: "
           f"{args.slowed_epochs} epochs, {args.slowed_num_docs} documents | model {args.model_size} | lr {args.lr} | "
           f"lit_balance target {args.accumulate * args.devices * args.max_tokens} real tokens per optimizer step",
@@ -944,7 +860,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))  # kept should the time model fail
     fit, fit_error = None, None
     try:
-        fit = calibrate_and_project(results, traces, args, projection_lengths(lengths[train_docs], args.max_length),
+        fit = calibrate_and_project(results, traces, args, projection_lengths(train_lengths, args.max_length),
                                     out_dir)
     except Exception as error:  # noqa: BLE001 - an hour of measurements is written out whatever the model does
         fit_error = f"{type(error).__name__}: {error}"
@@ -955,27 +871,26 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     wall = time.perf_counter() - start
     targets = evaluate_targets(results, ratios, args, fit["projection"] if fit else None, wall_s=wall)
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    machine, commit = _machine(), _commit()
+    host, commit = machine(), commit_label()
     summary = {
-        "command": command, "date_utc": date, "wall_s": wall, "commit": commit, "machine": machine,
+        "command": command, "date_utc": date, "wall_s": wall, "commit": commit, "machine": host,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "worker"},
-        "train_documents": len(train_docs), "train_tokens_per_epoch": int(lengths[train_docs].sum()),
+        "train_documents": len(train_docs), "train_tokens_per_epoch": int(train_lengths.sum()),
         "validation_documents": len(val_docs), "pairs": args.pairs,
         "ratios": {k: {**v, "per_pair": {str(p): x for p, x in v["per_pair"].items()}} for k, v in ratios.items()},
-        "strategies": strategy_summary(results, ratios), "targets": targets,
+        "targets": targets,
         "calibration": {r["run"]: r["calibration_error"] for r in results if r.get("status") == "ok"},
         "time_model": fit["time_model"] if fit else None,
-        "time_model_note": None if fit else (fit_error or "benchmarks/time_model.py is missing: no calibration or "
-                                             "projection"),
+        "time_model_note": fit_error,
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     (out_dir / "curves.json").write_text(json.dumps(curves))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     text = "\n\n".join([
-        (f"Command: `{command}`  \nCommit: {commit}  \nMachine: {machine['platform']}, {machine['cpu_count']} CPUs, "
-         f"torch {machine['torch']}, Lightning {machine['lightning']}  \nDate (UTC): {date}  \nWall time: "
+        (f"Command: `{command}`  \nCommit: {commit}  \nMachine: {host['platform']}, {host['cpu_count']} CPUs, "
+         f"torch {host['torch']}, Lightning {host['lightning']}  \nDate (UTC): {date}  \nWall time: "
          f"{wall:.0f} s; {len(train_docs)} training documents, {args.epochs} epochs, {args.pairs} pairs"),
-        "### Runs\n\n" + markdown_table(results, args.max_tokens),
+        "### Runs\n\n" + runs_table(results, args.max_tokens),
         "### Ratios per pair\n\n" + ratios_table(ratios, args.pairs),
         "### Targets\n\n" + targets_text(targets),
         "### Calibration\n\n" + (f"the time model failed: {fit_error}" if fit_error else calibration_table(fit)),

@@ -16,7 +16,7 @@ passed to the DataModule as token ids.
 
 Runs alternate, padded then packed, ``--pairs`` times, so both variants meet the same machine load (this machine
 is shared); pair ``i`` uses seed ``i`` for both (split, plan and model initialisation). Each run is one job of
-``--devices`` ranks under torch's launcher (:func:`benchmarks._harness.launch_ranks`, with a timeout).
+``--devices`` ranks under torch's launcher (:func:`benchmarks._harness.launch_run`, with a timeout).
 
 Measured per run (:mod:`benchmarks._training`): ``real_tokens_per_s``, real training tokens of all ranks (fill
 documents excluded) over the slowest rank's training seconds per epoch (first ``on_train_batch_start`` to last
@@ -32,25 +32,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import numpy as np
-from lightning.pytorch.strategies import DDPStrategy
 
-from benchmarks._harness import git_state, launch_ranks, positive_int
-from benchmarks._training import CompareLM, Meter, run_stats
-from benchmarks.compare_strategies import MODEL_SIZES, _machine, split_documents
+from benchmarks._harness import commit_label, launch_run, machine, positive_int
+from benchmarks._training import MODEL_SIZES, CompareLM, Meter, corpus_documents, make_trainer, run_stats
 from lit_balance import BalancedTextDataModule
-from lit_balance.data.cache import load_or_build
-from lit_balance.data.sources import resolve_corpus
-from lit_balance.data.tokenizer import resolve_tokenizer
+from lit_balance.data import load_or_build, resolve_corpus, resolve_tokenizer
 
 VARIANTS = ("padded", "packed")
 #: Defaults of a run and of ``--quick``: corpus documents (a seeded subset; 0 = all), epochs, pairs.
@@ -62,14 +57,12 @@ NOISE_RULE = ("noise = sample standard deviation (ddof=1) over pairs of the padd
 _WORKER_FLAG = "--_worker"
 
 
-def corpus_documents(num_docs: int, cache_dir: str | None) -> list[list[int]]:
+def documents(num_docs: int, cache_dir: str | None) -> list[np.ndarray]:
     """Token ids of a seeded subset of ``num_docs`` documents of the main job's corpus (0: every document)."""
+    if num_docs:  # a seeded subset (:func:`benchmarks._training.split_documents`), the same for every run
+        return corpus_documents(num_docs, 0.0, cache_dir)[0]
     corpus = load_or_build(resolve_corpus(None), resolve_tokenizer(None), cache_dir)
-    if num_docs:
-        docs, _ = split_documents(len(corpus), 0.0, num_docs)  # a seeded subset, the same for every run
-    else:
-        docs = np.arange(len(corpus))
-    return [corpus.token_ids[corpus.offsets[d]:corpus.offsets[d + 1]].tolist() for d in docs]
+    return [corpus.document(d) for d in range(len(corpus))]
 
 
 def run_worker(spec_path: Path) -> None:
@@ -77,16 +70,13 @@ def run_worker(spec_path: Path) -> None:
     spec = json.loads(Path(spec_path).read_text())
     L.seed_everything(spec["seed"], verbose=False)
     tokenizer = resolve_tokenizer(None)
-    dm = BalancedTextDataModule(corpus_documents(spec["num_docs"], spec["cache_dir"]), max_tokens=spec["max_tokens"],
+    dm = BalancedTextDataModule(documents(spec["num_docs"], spec["cache_dir"]), max_tokens=spec["max_tokens"],
                                 max_length=spec["max_length"], val_fraction=spec["val_fraction"], seed=spec["seed"],
                                 packing=spec["variant"] == "packed", vocab_size=tokenizer.vocab_size,
                                 pad_token_id=tokenizer.pad_token_id, cache_dir=spec["cache_dir"])
     model = CompareLM(vocab_size=dm.vocab_size, lr=spec["lr"], **MODEL_SIZES[spec["model_size"]])
     meter = Meter()
-    trainer = L.Trainer(accelerator=spec["accelerator"], devices=spec["devices"],
-                        strategy=DDPStrategy(timeout=timedelta(seconds=spec["ddp_timeout_s"])),
-                        max_epochs=spec["epochs"], callbacks=[meter], num_sanity_val_steps=0, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = make_trainer(spec, [meter])
     trainer.fit(model, datamodule=dm)
     if not trainer.is_global_zero:
         return
@@ -100,29 +90,6 @@ def run_worker(spec_path: Path) -> None:
                   val_loss=model.val_losses[-1][2] if model.val_losses else float("nan"),
                   train_documents=len(dm.train_dataset))
     Path(spec["result_path"]).write_text(json.dumps(result))
-
-
-def launch(spec: dict[str, Any], out_dir: Path, timeout_s: int) -> dict[str, Any]:
-    """Run one spec as ``spec["devices"]`` ranks (every rank stopped on failure or timeout); its result dict."""
-    runs, logs = out_dir / "runs", out_dir / "logs"
-    runs.mkdir(parents=True, exist_ok=True)
-    logs.mkdir(parents=True, exist_ok=True)
-    spec = {**spec, "result_path": str((runs / f"{spec['run']}.json").resolve())}
-    Path(spec["result_path"]).unlink(missing_ok=True)
-    spec_path = runs / f"{spec['run']}.spec.json"
-    spec_path.write_text(json.dumps(spec, indent=1))
-    load_before, start = os.getloadavg()[0], time.perf_counter()
-    status, rc = launch_ranks(["-m", "benchmarks.packed_vs_padded", _WORKER_FLAG, str(spec_path.resolve())],
-                              spec["devices"], logs / f"{spec['run']}.log", out_dir, timeout_s)
-    if status == "ok" and Path(spec["result_path"]).exists():
-        result = json.loads(Path(spec["result_path"]).read_text())
-    else:
-        result = {k: spec[k] for k in ("run", "variant", "pair", "seed")}
-        result.update(status="failed" if status == "ok" else status, returncode=rc,
-                      log_tail=(logs / f"{spec['run']}.log").read_text(errors="replace")[-2000:])
-    result.update(subprocess_wall_s=time.perf_counter() - start, load_avg_1min_before=load_before,
-                  load_avg_1min_after=os.getloadavg()[0])
-    return result
 
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -167,8 +134,8 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown_table(results: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     """The per-run table (in run order) and the summary lines."""
-    lines = ["| run | real tokens | real tokens/s | padding ratio | micro-batches per rank | optimizer steps | "
-             "val loss | load before |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [("| run | real tokens | real tokens/s | padding ratio | micro-batches per rank | optimizer steps | "
+              "val loss | load before |"), "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         if r["status"] != "ok":
             lines.append(f"| {r['run']} | {r['status']} | | | | | | |")
@@ -178,12 +145,13 @@ def markdown_table(results: list[dict[str, Any]], summary: dict[str, Any]) -> st
                      f"{r['val_loss']:.4f} | {r['load_avg_1min_before']:.1f} |")
     s = summary
     if s["median_speedup"] is not None:
-        lines += ["", f"packed / padded real tokens/s: median {s['median_speedup']:.3f} (min {s['min_speedup']:.3f}, "
-                      f"max {s['max_speedup']:.3f}) over {s['pairs']} interleaved pairs "
-                      f"({', '.join(f'{x:.3f}' for x in s['speedups'])}); same real tokens in every pair: "
-                      f"{'yes' if s['same_real_tokens'] else 'NO'}; packed faster: {'yes' if s['faster'] else 'no'}",
-                  f"validation loss, packed - padded: mean {s['val_loss_mean_difference']:+.4f}, noise "
-                  f"{s['val_loss_noise']:.4f}; equal within noise: {'yes' if s['val_loss_equal_within_noise'] else 'no'}"]
+        lines += ["", (f"packed / padded real tokens/s: median {s['median_speedup']:.3f} (min {s['min_speedup']:.3f}, "
+                       f"max {s['max_speedup']:.3f}) over {s['pairs']} interleaved pairs "
+                       f"({', '.join(f'{x:.3f}' for x in s['speedups'])}); same real tokens in every pair: "
+                       f"{'yes' if s['same_real_tokens'] else 'NO'}; packed faster: {'yes' if s['faster'] else 'no'}"),
+                  (f"validation loss, packed - padded: mean {s['val_loss_mean_difference']:+.4f}, noise "
+                   f"{s['val_loss_noise']:.4f}; equal within noise: "
+                   f"{'yes' if s['val_loss_equal_within_noise'] else 'no'}")]
     return "\n".join(lines)
 
 
@@ -230,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     out_dir = args.output_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.packed_vs_padded " + " ".join(argv if argv is not None else sys.argv[1:])
-    docs = corpus_documents(args.num_docs, args.cache_dir)  # tokenizes the corpus once, here
+    docs = documents(args.num_docs, args.cache_dir)  # tokenizes the corpus once, here
     print(f"{len(docs)} documents ({sum(min(len(d), args.max_length) for d in docs):,} tokens after truncation) | "
           f"{args.devices} {args.accelerator} ranks | max_tokens {args.max_tokens} | {args.epochs} epoch(s) | "
           f"{args.pairs} interleaved pairs", flush=True)
@@ -241,17 +209,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     for pair in range(args.pairs):
         for variant in VARIANTS:
             spec = {**common, "run": f"pair{pair}_{variant}", "variant": variant, "pair": pair, "seed": pair}
-            r = launch(spec, out_dir, args.timeout_s)
+            r = launch_run(spec, out_dir, args.timeout_s, ["-m", "benchmarks.packed_vs_padded", _WORKER_FLAG],
+                           keys=("run", "variant", "pair", "seed"))
             results.append(r)
             print(f"{r['run']:>14}: " + (f"{r['real_tokens_per_s']:8.0f} real tokens/s | {r['train_real_tokens']} "
                                          f"tokens | val loss {r['val_loss']:.4f} | {r['subprocess_wall_s']:.0f} s"
                                          if r["status"] == "ok" else f"{r['status']} (see logs/{r['run']}.log)"),
                   flush=True)
     summary = summarise(results)
-    commit, dirty = git_state("benchmarks", "lit_balance")
     summary.update(command=command, date_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   commit=None if commit is None else commit[:7] + ("+local changes" if dirty else ""),
-                   machine=_machine(), wall_s=time.perf_counter() - start,
+                   commit=commit_label(), machine=machine(), wall_s=time.perf_counter() - start,
                    settings={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "worker"})
     text = markdown_table(results, summary)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))

@@ -1,9 +1,9 @@
 """Packing peers: how other libraries build packed (padding-free) micro-batches for DDP ranks.
 
 Every peer is a pure function of ``(lengths, max_tokens, num_replicas, seed, epoch)`` that returns the epoch's
-micro-batches per rank (:data:`lit_balance.plan.stats.RankBatches`: ``[rank][micro_step]`` -> document indices); each
+micro-batches per rank (:data:`lit_balance.plan.RankBatches`: ``[rank][micro_step]`` -> document indices); each
 micro-batch becomes one packed row of whole documents. :mod:`benchmarks.bench_packing` measures them with
-:func:`lit_balance.plan.stats.plan_stats` (``packed=True``) beside lit_balance's packed plans. A peer that can pass the
+:func:`lit_balance.plan_stats` (``packing=True``) beside lit_balance's packed plans. A peer that can pass the
 token budget or give ranks different counts does so here as it would in training; the benchmark records it.
 
 Peers:

@@ -3,7 +3,7 @@
 Every function here is a pure function of (lengths, settings, seed, epoch) or drives a peer library's own
 sampler; :mod:`benchmarks.bench_samplers` measures them side by side with lit_balance (simulated ranks) and
 :mod:`benchmarks.compare_strategies` trains with them (real DDP ranks). Every figure of their micro-batches
-comes from :mod:`lit_balance.plan.stats`.
+comes from :func:`lit_balance.plan_stats`.
 
 Peers:
 
@@ -20,8 +20,6 @@ Peers:
 
 from __future__ import annotations
 
-import gc
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +28,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import BatchSampler, DistributedSampler, Sampler
 
-from lit_balance.plan.stats import RankBatches
+from benchmarks._harness import timed
+from lit_balance.plan import RankBatches
 
 __all__ = ["EPOCHS", "BenchConfig", "EpochBatchSampler", "PeerUnavailable", "StrategyRun", "deal_even",
            "fixed_batch_size", "run_distributed_fixed", "run_hf_batch_rebalance", "run_hf_length_grouped",
@@ -81,19 +80,8 @@ class StrategyRun:
     notes: list[str] = field(default_factory=list)
 
 
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    """``(fn(), seconds)`` with the cyclic garbage collector paused, so no strategy pays for another's garbage."""
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        result = fn()
-        return result, time.perf_counter() - start
-    finally:
-        gc.enable()
-
-
 def as_lists(batches: Any) -> list[list[int]]:
+    """Micro-batches as lists of Python ints."""
     return [[int(i) for i in b] for b in batches]
 
 
@@ -292,7 +280,8 @@ def run_sort_fill(lengths: np.ndarray, num_replicas: int, cfg: BenchConfig) -> S
     batches: dict[int, RankBatches] = {e: [] for e in EPOCHS}
     times = []
     for rank in range(num_replicas):
-        b0, seconds = timed(lambda rank=rank: sort_fill_batches(lengths, cfg.max_tokens, cfg.seed, 0)[rank::num_replicas])
+        b0, seconds = timed(lambda rank=rank: sort_fill_batches(lengths, cfg.max_tokens, cfg.seed,
+                                                                0)[rank::num_replicas])
         batches[0].append(b0)
         batches[1].append(sort_fill_batches(lengths, cfg.max_tokens, cfg.seed, 1)[rank::num_replicas])
         times.append(seconds)
@@ -321,7 +310,6 @@ def fixed_batch_size(max_tokens: int, max_length: int) -> int:
         raise ValueError(f"max_length={max_length} exceeds max_tokens={max_tokens}: no fixed batch size fits the "
                          "budget; lower --max-length or raise --max-tokens")
     return max_tokens // max_length
-
 
 
 def sorted_bucket_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[list[int]]:

@@ -1,6 +1,6 @@
-"""Planning at scale: a hundred million documents, and tokenizing corpora larger than memory.
+"""Planning at scale: a hundred million documents, planned in windows from memory-mapped lengths.
 
-Lengths part. For each size (1M, 10M and 100M documents by default) the lengths are sampled (seeded) from the
+For each size (1M, 10M and 100M documents by default) the lengths are sampled (seeded) from the
 pooled shipped distributions (``lit_balance/data/lengths/*.npy``, capped at ``--max-length`` tokens) and written
 as an int32 ``.npy`` file, which the measured process memory-maps as it would map the cache. Each measurement
 runs in a fresh subprocess, so that its peak resident memory (``VmHWM``) is its own:
@@ -16,13 +16,12 @@ runs in a fresh subprocess, so that its peak resident memory (``VmHWM``) is its 
   :func:`benchmarks.peers.run_lhotse_dynamic`, cuts built from the lengths (time as that runner reports it:
   rank 0's first epoch), its process's peak memory.
 
-Then, per shipped distribution, U of the windowed and the whole-epoch plan of ``--u-size`` documents.
-
-Text part: :func:`benchmarks.scale_text.run` (``prepare_data`` beside ``encode_batch`` on sampled JSONL corpora).
+Then, per shipped distribution, U of the windowed and the whole-epoch plan of ``--u-size`` documents. (Tokenizing
+corpora larger than memory is :mod:`benchmarks.scale_text`.)
 
 Run:
-    python -m benchmarks.scale                       # lengths (1M, 10M, 100M) and text (150 MB, 1.5 GB)
-    python -m benchmarks.scale --part lengths --sizes 1000000 10000000
+    python -m benchmarks.scale                       # 1M, 10M, 100M documents
+    python -m benchmarks.scale --sizes 1000000 10000000
     python -m benchmarks.scale --quick               # small sizes with small windows, for tests
 """
 
@@ -31,9 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,32 +40,17 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._harness import ROOT, git_state, positive_int
+from benchmarks._harness import DISTRIBUTIONS, git_state, load_lengths, machine, positive_int, run_child, status_kib
 
-LENGTHS_DIR = ROOT / "lit_balance" / "data" / "lengths"
-DISTRIBUTIONS = ("stdlib_docstrings", "pydocs_paragraphs", "fortunes")
 FULL_SIZES = (1_000_000, 10_000_000, 100_000_000)
 QUICK_SIZES = (20_000, 200_000)
 QUICK_PLAN_WINDOW = 50_000  # --quick: windows of this many samples, so that the windowed path runs
 _MIB = 1 << 20
 
 
-def _status_kib(field: str) -> int:
-    """A ``VmRSS``/``VmHWM`` line of /proc/self/status, in KiB (Linux; 0 elsewhere)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def pooled_lengths(max_length: int) -> np.ndarray:
     """int32: every shipped distribution's lengths, concatenated and capped at ``max_length`` tokens."""
-    return np.concatenate([np.minimum(np.load(LENGTHS_DIR / f"lengths_{name}.npy"), max_length)
-                           for name in DISTRIBUTIONS]).astype(np.int32)
+    return np.concatenate([load_lengths(name, max_length) for name in DISTRIBUTIONS]).astype(np.int32)
 
 
 def write_lengths(path: Path, pool: np.ndarray, num_samples: int, seed: int, chunk: int = 1 << 22) -> None:
@@ -86,7 +68,8 @@ def _u_sums(plan: Any, lengths: np.ndarray, num_replicas: int) -> tuple[float, f
     """(real tokens, sum over micro-steps of num_replicas x the longest rank's padded slots) of one plan part.
 
     With the padded-token cost and one micro-batch per optimizer step, their ratio over all parts is U
-    (:attr:`lit_balance.plan.stats.PlanStats.useful_fraction`).
+    (:attr:`lit_balance.PlanStats.useful_fraction`). Summed here part by part: :func:`lit_balance.plan_stats` of each
+    window's part would count every sample of the corpus (dropped and repeated samples) once per window.
     """
     if not plan.num_batches:
         return 0.0, 0.0
@@ -101,7 +84,7 @@ def _child_plan(path: Path, num_replicas: int, max_tokens: int, plan_window: int
     from lit_balance import BalancedBatchSampler, BatchingSettings
 
     lengths = np.load(path, mmap_mode="r")
-    rss_after_import = _status_kib("VmRSS")
+    rss_after_import = status_kib("VmRSS")
     settings = BatchingSettings(max_tokens=max_tokens) if plan_window is None else BatchingSettings(
         max_tokens=max_tokens, plan_window=plan_window)
     start, cpu = time.perf_counter(), time.process_time()
@@ -115,14 +98,14 @@ def _child_plan(path: Path, num_replicas: int, max_tokens: int, plan_window: int
     first_s, first_cpu_s = time.perf_counter() - start, time.process_time() - cpu
     count = 1 + sum(1 for _ in iterator)
     epoch_s, epoch_cpu_s = time.perf_counter() - start, time.process_time() - cpu
-    peak_after_epoch = _status_kib("VmHWM")
+    peak_after_epoch = status_kib("VmHWM")
     real = denominator = 0.0
     for part in sampler.plan_parts():
         r, d = _u_sums(part, lengths, num_replicas)
         real, denominator = real + r, denominator + d
     if count != length:
         raise RuntimeError(f"rank 0 yielded {count} micro-batches, len() said {length}")
-    return {"version": lit_balance.__version__ if hasattr(lit_balance, "__version__") else None,
+    return {"version": lit_balance.__version__,
             "windows": 1 if sampler.windows is None else sampler.windows.num_windows,
             "micro_batches_per_rank": length, "construct_s": construct_s, "first_batch_s": first_s,
             "epoch_s": epoch_s, "construct_cpu_s": construct_cpu_s, "first_batch_cpu_s": first_cpu_s,
@@ -141,23 +124,18 @@ def _child_lhotse(path: Path, num_replicas: int, max_tokens: int, seed: int) -> 
     from benchmarks.peers import BenchConfig, lhotse_cuts, run_lhotse_dynamic
 
     lengths = np.load(path).astype(np.int64)
-    rss_before = _status_kib("VmRSS")
+    rss_before = status_kib("VmRSS")
     start = time.perf_counter()
     cuts = lhotse_cuts(lengths)
     cuts_s = time.perf_counter() - start
     run = run_lhotse_dynamic(lengths, num_replicas, BenchConfig(max_tokens=max_tokens, seed=seed,
                                                                 fixed_batch_size=1), cuts=cuts)
     return {"cuts_s": cuts_s, "epoch_s": run.rank_plan_s[0], "timing": run.timing, "rss_before_kib": rss_before,
-            "peak_rss_kib": _status_kib("VmHWM")}
+            "peak_rss_kib": status_kib("VmHWM")}
 
 
 def _run_child(*args: str, timeout_s: float) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "benchmarks.scale", "--child", *args], capture_output=True,
-                          text=True, timeout=timeout_s, env=env, cwd=ROOT)
-    if done.returncode:
-        raise RuntimeError(f"the {args[0]} subprocess failed (exit code {done.returncode}):\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child("benchmarks.scale", *args, timeout_s=timeout_s)
 
 
 def run_lengths(sizes: list[int], work_dir: Path, *, num_replicas: int = 8, max_tokens: int = 4096,
@@ -218,7 +196,7 @@ def u_by_distribution(num_samples: int, *, num_replicas: int = 8, max_tokens: in
 
     rows = []
     for name in DISTRIBUTIONS:
-        pool = np.minimum(np.load(LENGTHS_DIR / f"lengths_{name}.npy"), max_length)
+        pool = load_lengths(name, max_length)
         lengths = pool[np.random.default_rng(seed).integers(0, pool.shape[0], num_samples)].astype(np.int32)
         row: dict[str, Any] = {"distribution": name, "num_samples": num_samples}
         windowed = {} if plan_window is None else {"plan_window": plan_window}
@@ -237,9 +215,9 @@ def u_by_distribution(num_samples: int, *, num_replicas: int = 8, max_tokens: in
 
 
 def _lengths_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| documents | windows | micro-batches / rank | construction (CPU) | first micro-batch (CPU) | "
-             "epoch per rank (CPU) | per million (CPU) | ratio to argsort (CPU) | peak RSS beyond lengths | U | "
-             "whole epoch: s (CPU) / peak beyond lengths / U |", "|" + "---|" * 11]
+    lines = [("| documents | windows | micro-batches / rank | construction (CPU) | first micro-batch (CPU) | "
+              "epoch per rank (CPU) | per million (CPU) | ratio to argsort (CPU) | peak RSS beyond lengths | U | "
+              "whole epoch: s (CPU) / peak beyond lengths / U |"), "|" + "---|" * 11]
     for r in rows:
         whole = (f"{r['whole_epoch_s']:.2f} s ({r['whole_epoch_cpu_s']:.2f} s) / "
                  f"{r['whole_peak_beyond_lengths_mb']:,.0f} MiB / {r['whole_useful_fraction']:.4f}"
@@ -258,7 +236,6 @@ def _lengths_table(rows: list[dict[str, Any]]) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--part", choices=("lengths", "text", "all"), default="all", help="which half of the table")
     p.add_argument("--sizes", type=positive_int, nargs="*", default=[],
                    help=f"documents per lengths run (default {list(FULL_SIZES)}; --quick: {list(QUICK_SIZES)})")
     p.add_argument("--quick", action="store_true",
@@ -272,7 +249,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="documents per distribution in the U table (0 skips it)")
     p.add_argument("--no-lhotse", action="store_true", help="skip the lhotse peer")
     p.add_argument("--seed", type=int, default=0, help="seed of the length sampling")
-    p.add_argument("--work-dir", type=Path, default=None, help="lengths files and text corpora go here (temporary)")
+    p.add_argument("--work-dir", type=Path, default=None, help="the lengths files go here (temporary)")
     p.add_argument("--output-dir", type=Path, default=Path("outputs/scale"), help="results.json goes here")
     return p
 
@@ -304,31 +281,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {
         "command": " ".join(["python", "-m", "benchmarks.scale", *argv]),
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count(),
-                    "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
+        "machine": machine(),
         "source": dict(zip(("commit", "lit_balance_uncommitted_files"), git_state("lit_balance"))),
     }
     try:
-        if args.part in ("lengths", "all"):
-            sizes = list(dict.fromkeys(args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)))
-            rows = run_lengths(sizes, work, num_replicas=args.num_replicas, max_tokens=args.max_tokens,
-                               max_length=args.max_length, seed=args.seed, whole_up_to=args.whole_up_to,
-                               lhotse=not args.no_lhotse, plan_window=plan_window)
-            results["lengths"] = rows
-            print(_lengths_table(rows) + "\n")
-            u_size = min(args.u_size, 100_000) if args.quick else args.u_size
-            if u_size:
-                results["u_by_distribution"] = u_by_distribution(
-                    u_size, num_replicas=args.num_replicas, max_tokens=args.max_tokens, max_length=args.max_length,
-                    seed=args.seed, plan_window=QUICK_PLAN_WINDOW // 2 if args.quick else None)
-                for r in results["u_by_distribution"]:
-                    print(f"{r['distribution']}: U windowed {r['windowed_useful_fraction']:.4f} "
-                          f"({r['windowed_windows']} windows), whole {r['whole_useful_fraction']:.4f}")
-        if args.part in ("text", "all"):
-            from benchmarks import scale_text
-
-            results["text"] = scale_text.run([], work, args.quick, seed=args.seed)
-            print(scale_text._table(results["text"]))
+        sizes = list(dict.fromkeys(args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)))
+        rows = run_lengths(sizes, work, num_replicas=args.num_replicas, max_tokens=args.max_tokens,
+                           max_length=args.max_length, seed=args.seed, whole_up_to=args.whole_up_to,
+                           lhotse=not args.no_lhotse, plan_window=plan_window)
+        results["lengths"] = rows
+        print(_lengths_table(rows) + "\n")
+        u_size = min(args.u_size, 100_000) if args.quick else args.u_size
+        if u_size:
+            results["u_by_distribution"] = u_by_distribution(
+                u_size, num_replicas=args.num_replicas, max_tokens=args.max_tokens, max_length=args.max_length,
+                seed=args.seed, plan_window=QUICK_PLAN_WINDOW // 2 if args.quick else None)
+            for r in results["u_by_distribution"]:
+                print(f"{r['distribution']}: U windowed {r['windowed_useful_fraction']:.4f} "
+                      f"({r['windowed_windows']} windows), whole {r['whole_useful_fraction']:.4f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results["wall_s"] = time.perf_counter() - started

@@ -30,10 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,9 +39,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import ROOT, git_state, number, positive_int
+import numpy as np
 
-__all__ = ["make_corpus", "run"]
+from benchmarks._harness import git_state, machine, number, positive_int, run_child, status_kib
+from lit_balance.data import load_or_build, resolve_corpus, resolve_tokenizer, stdlib_docstrings
+
+__all__ = ["make_corpus", "run", "table"]
 
 FULL_SIZES_MB = (150.0, 1500.0)
 QUICK_SIZES_MB = (5.0, 20.0)
@@ -60,10 +61,6 @@ def make_corpus(path: Path, size_mb: float, seed: int = 0) -> dict[str, int]:
     Returns:
         ``{"bytes": file size, "num_docs": lines written}``.
     """
-    import numpy as np
-
-    from lit_balance.data.sources import stdlib_docstrings
-
     lines = [(json.dumps({"text": doc}, ensure_ascii=False) + "\n").encode("utf-8") for doc in stdlib_docstrings()]
     rng = np.random.default_rng(seed)
     target, written, num_docs = int(size_mb * _MB), 0, 0
@@ -78,35 +75,21 @@ def make_corpus(path: Path, size_mb: float, seed: int = 0) -> dict[str, int]:
     return {"bytes": written, "num_docs": num_docs}
 
 
-def _status_kib(field: str) -> int:
-    """A ``VmRSS``/``VmHWM`` line of /proc/self/status, in KiB (Linux)."""
-    with open("/proc/self/status", encoding="ascii") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field} line; this benchmark needs Linux")
-
-
 def _child_prepare(corpus: Path, cache_dir: Path) -> dict[str, Any]:
-    import lit_balance  # noqa: F401  (the baseline: the package and the DataModule imported)
-    from lit_balance import BalancedTextDataModule
+    from lit_balance import BalancedTextDataModule  # the baseline: the package and the DataModule imported
 
-    rss_after_import = _status_kib("VmRSS")
+    rss_after_import = status_kib("VmRSS")
     module = BalancedTextDataModule(corpus=corpus, cache_dir=cache_dir)
     start = time.perf_counter()
     module.prepare_data()
     seconds = time.perf_counter() - start
-    entry = next(p for p in cache_dir.iterdir() if not p.name.startswith("."))
-    meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
-    return {"rss_after_import_kib": rss_after_import, "peak_rss_kib": _status_kib("VmHWM"), "seconds": seconds,
-            "num_docs": meta["num_docs"] + meta["num_empty"], "num_tokens": meta["num_tokens"],
-            "entry": str(entry)}
+    peak = status_kib("VmHWM")
+    built = load_or_build(module.source, module.tokenizer, cache_dir)  # the entry just built, read back
+    return {"rss_after_import_kib": rss_after_import, "peak_rss_kib": peak, "seconds": seconds,
+            "num_docs": len(built) + built.num_empty, "num_tokens": int(built.offsets[-1])}
 
 
 def _child_encode(corpus: Path) -> dict[str, Any]:
-    from lit_balance.data.sources import resolve_corpus
-    from lit_balance.data.tokenizer import resolve_tokenizer
-
     backend = resolve_tokenizer().backend
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
     encode_s, num_docs, num_tokens, start = 0.0, 0, 0, time.perf_counter()
@@ -122,12 +105,7 @@ def _child_encode(corpus: Path) -> dict[str, Any]:
 
 
 def _run_child(*args: str) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "benchmarks.scale_text", "--child", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=_CHILD_TIMEOUT_S)
-    if done.returncode:
-        raise RuntimeError(f"the {args[0]} subprocess failed (exit code {done.returncode}):\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child("benchmarks.scale_text", *args, timeout_s=_CHILD_TIMEOUT_S)
 
 
 def run(sizes_mb: list[float] | tuple[float, ...], work_dir: str | os.PathLike | None = None, quick: bool = False,
@@ -139,7 +117,8 @@ def run(sizes_mb: list[float] | tuple[float, ...], work_dir: str | os.PathLike |
         work_dir: where the corpora and caches are written (a fresh temporary directory inside it, removed at
             the end unless ``keep``); None: the system's temporary directory.
         quick: use :data:`QUICK_SIZES_MB` when ``sizes_mb`` is empty (else :data:`FULL_SIZES_MB`).
-        keep: keep the corpora and cache entries (their paths are in the rows: ``corpus``, ``entry``).
+        keep: keep the corpora and caches (their paths are in the rows: ``corpus``, ``cache_dir``, the cache of
+            the median pair).
         seed: seed of the document sampling.
         pairs: runs of each subprocess per size, alternating which goes first (``prepare_data`` in pair 1).
 
@@ -177,7 +156,7 @@ def run(sizes_mb: list[float] | tuple[float, ...], work_dir: str | os.PathLike |
                 order = ("prepare", "encode") if pair % 2 else ("encode", "prepare")
                 child_args = {"prepare": (str(corpus), str(cache_dir)), "encode": (str(corpus),)}
                 got = {kind: _run_child(kind, *child_args[kind]) for kind in order}
-                prepared, encoded = got["prepare"], got["encode"]
+                prepared, encoded = {**got["prepare"], "cache_dir": str(cache_dir)}, got["encode"]
                 if (prepared["num_docs"], prepared["num_tokens"]) != (encoded["num_docs"], encoded["num_tokens"]):
                     raise RuntimeError(f"prepare_data saw {prepared['num_docs']} documents / "
                                        f"{prepared['num_tokens']} tokens but encode_batch {encoded['num_docs']} / "
@@ -202,7 +181,8 @@ def run(sizes_mb: list[float] | tuple[float, ...], work_dir: str | os.PathLike |
                 "encode_batch_s": encoded["seconds"], "encode_batch_wall_s": encoded["wall_s"],
                 "encode_batch_tokens_per_s": encode_rate, "ratio_to_encode_batch": median,
                 "ratio_per_pair": ratios, "pairs": pairs,
-                "make_corpus_s": make_s, **({"corpus": str(corpus), "entry": prepared["entry"]} if keep else {}),
+                "make_corpus_s": make_s,
+                **({"corpus": str(corpus), "cache_dir": prepared["cache_dir"]} if keep else {}),
             })
             if not keep:
                 corpus.unlink()
@@ -213,9 +193,10 @@ def run(sizes_mb: list[float] | tuple[float, ...], work_dir: str | os.PathLike |
     return rows
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| corpus | documents | tokens | RSS after import | peak RSS | peak above import | prepare_data | "
-             "tokens/s | encode_batch tokens/s | ratio |", "|" + "---|" * 10]
+def table(rows: list[dict[str, Any]]) -> str:
+    """The rows of :func:`run` as a Markdown table (the ratio of every pair in brackets when there are several)."""
+    lines = [("| corpus | documents | tokens | RSS after import | peak RSS | peak above import | prepare_data | "
+              "tokens/s | encode_batch tokens/s | ratio |"), "|" + "---|" * 10]
     for r in rows:
         lines.append(f"| {r['bytes'] / _MB:,.0f} MiB | {r['num_docs']:,} | {r['num_tokens']:,} | "
                      f"{r['rss_after_import_mb']:,.0f} MiB | {r['peak_rss_mb']:,.0f} MiB | "
@@ -255,11 +236,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = _parser().parse_args(argv)
     started = time.perf_counter()
     rows = run(args.sizes_mb, args.work_dir, args.quick, seed=args.seed, pairs=args.pairs)
-    print(_table(rows))
+    print(table(rows))
     results = {
         "command": " ".join(["python", "-m", "benchmarks.scale_text", *argv]),
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count()},
+        "machine": machine(),
         "source": dict(zip(("commit", "lit_balance_uncommitted_files"), git_state("lit_balance"))),
         "rows": rows,
         "wall_s": time.perf_counter() - started,

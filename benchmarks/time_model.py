@@ -9,7 +9,7 @@ squared lengths) takes, on rank ``r``,
 seconds, where ``f_r`` is the rank's known slowdown factor (1.0, or ``1 + slowdown`` on a rank slowed by the demo
 hook). The token term is the linear FLOPs of the projections, MLP and LM head, the pair term the attention scores
 and values (per layer ``24 L d^2`` and ``4 L^2 d`` FLOPs per row of length ``L``: the count of
-:class:`lit_balance.plan.cost.CostModel`, whose ``batch_cost`` / ``packed_cost`` this term equals with
+:class:`lit_balance.CostModel`, whose ``batch_cost`` / ``packed_cost`` this term equals with
 ``linear=per_token_s, quadratic=per_attention_pair_s, per_batch=per_micro_batch_s``). An optimizer step adds
 ``per_step_sync_s`` once: the gradient all-reduce and the parameter update (data-parallel training's step is the
 slowest rank's compute plus the all-reduce).
@@ -50,11 +50,12 @@ choice is stable; the best coefficients under the true maximum are then polished
 ``scipy.optimize.least_squares`` (bounds >= 0) under the expected maximum. ``noise_ratio`` is read from the trace
 before that: the spread of a rank's micro-batch seconds against the other ranks' at the same micro-step, on the
 micro-batches inside accumulation windows (whose start-to-end seconds hold no wait), so a load that slows every rank
-alike (another process on the machine) is not mistaken for it. Residuals are
-relative: each step's error over its measured time, weighted ``1 / sqrt(steps of its run)`` so every run weighs alike whatever its length, plus one row per run for its
-total time (the headline epochs' seconds), so every run's predicted tokens/s is pulled to its measured one. Only the
-headline epochs are fitted (the first epoch carries warm-up). ``per_micro_batch_s`` and ``per_step_sync_s`` are told
-apart only by steps of more than one micro-batch (accumulation), and ``f_r`` scales the former but not the latter.
+alike (another process on the machine) is not mistaken for it. Residuals are relative: each step's error over its
+measured time, weighted ``1 / sqrt(steps of its run)`` so every run weighs alike whatever its length, plus one row per
+run for its total time (the headline epochs' seconds), so every run's predicted tokens/s is pulled to its measured
+one. Only the headline epochs are fitted (the first epoch carries warm-up). ``per_micro_batch_s`` and
+``per_step_sync_s`` are told apart only by steps of more than one micro-batch (accumulation), and ``f_r`` scales the
+former but not the latter.
 
 **Projection** (:func:`project`). Every strategy's plan of one epoch (epoch 1, the first headline epoch) is built at
 each world size exactly as the runner's strategies build it, timed with the fitted model on equal ranks
@@ -67,7 +68,7 @@ the all-reduce's latency term (``2 (n - 1)`` messages) and the per-micro-batch b
 left out; the noise of a micro-batch's time is the measured machine's and independent between ranks; the measured
 machine's per-token speed holds for every rank.
 
-Functions: :func:`fit_time_model`, :func:`predict_run`, :func:`project`, :func:`lit_balance_margins`,
+Functions: :func:`fit_time_model`, :func:`predict_run`, :func:`project`,
 :func:`plot_calibration`, :func:`plot_projection`; :func:`measured_step_times` for the measured side.
 """
 
@@ -87,7 +88,7 @@ from scipy.special import ndtr
 from benchmarks._training import TRACE_FIELDS
 
 __all__ = ["BARRIERS", "PROJECTION_LABEL", "PROJECTION_STRATEGIES", "RunTrace", "TimeModel", "fit_time_model",
-           "lit_balance_margins", "measured_step_times", "plot_calibration", "plot_projection", "predict_run", "project",
+           "measured_step_times", "plot_calibration", "plot_projection", "predict_run", "project",
            "projection_size", "ring_factor"]
 
 _COL = {name: i for i, name in enumerate(TRACE_FIELDS)}
@@ -465,8 +466,8 @@ def fit_time_model(runs: Sequence[RunTrace], *, barrier: str = "micro_batch", to
         A :class:`TimeModel` in seconds, with ``barrier`` and the runs' ``world_size``.
 
     Raises:
-        ValueError: no runs, runs of different world sizes, an unknown ``barrier`` or ``noise``, fewer than 4 optimizer steps
-            over all runs, or times no coefficient explains (all 0).
+        ValueError: no runs, runs of different world sizes, an unknown ``barrier`` or ``noise``, fewer than 4
+            optimizer steps over all runs, or times no coefficient explains (all 0).
         TypeError: a run that is not a :class:`RunTrace`.
 
     Example:
@@ -485,7 +486,8 @@ def fit_time_model(runs: Sequence[RunTrace], *, barrier: str = "micro_batch", to
         raise TypeError(f"fit_time_model needs RunTrace objects, got {bad}")
     worlds = sorted({r.world_size for r in runs})
     if len(worlds) != 1:
-        raise ValueError(f"fit_time_model needs runs of one world size (sync is fitted at it), got world sizes {worlds}")
+        raise ValueError(f"fit_time_model needs runs of one world size (sync is fitted at it), got world sizes "
+                         f"{worlds}")
     data = [_steps(r) for r in runs]
     if sum(s.num_steps for s in data) < 4:
         raise ValueError(f"fit_time_model needs at least 4 optimizer steps over all runs to fit 4 coefficients, got "
@@ -496,20 +498,19 @@ def fit_time_model(runs: Sequence[RunTrace], *, barrier: str = "micro_batch", to
     scale = np.where(scale > 0, scale, 1.0)
     # 1. no noise: non-negative least squares, alternating with the choice of the slowest rank
     coef = np.array([0.0, 1.0, 0.0, 0.0])  # first guess of the slowest rank: the most padded slots
-    best: tuple[float, np.ndarray, float] | None = None
+    best: tuple[float, np.ndarray, float] = (math.inf, coef.copy(), 0.0)
     seen: set[bytes] = set()
     for _ in range(max_iterations):
         a, b = _design(data, coef, barrier, total_weight)
         solution, _ = nnls(a / scale, b)
         coef = solution / scale
         value = _objective(data, coef, barrier, total_weight)
-        if best is None or value < best[0]:
+        if value < best[0]:
             best = (value, coef.copy(), 0.0)
         key = np.round(coef * scale, 12).tobytes()
         if key in seen:
             break
         seen.add(key)
-    assert best is not None
     if not np.any(best[1][:3] > 0):
         raise ValueError("fit_time_model: the measured step times are explained by no micro-batch coefficient "
                          "(all fitted 0); check the trace's start_s / end_s columns")
@@ -788,10 +789,11 @@ def project(model: TimeModel, *, strategies: Sequence[str], lengths: Mapping[str
     ``micro_batches_per_rank`` full-budget micro-batches per rank they are resampled with replacement to
     :func:`projection_size` documents (``numpy.random.default_rng([seed, num_replicas])``), the same documents for
     every strategy. Plans are built as the runner builds them: ``random`` torch ``DistributedSampler(drop_last=True)``
-    + ``BatchSampler`` of ``max_tokens // max_length`` rows; ``sorted_buckets`` and ``dynamic`` / ``dynamic_accum`` (``accumulate``) dealt round-robin with the
-    remainder dropped; ``lit_balance`` / ``lit_balance_packed`` :class:`lit_balance.BalancedBatchSampler` (padded /
-    ``packing=True``) with steps as :class:`lit_balance.callbacks.AdaptiveGradAccumulation` sets them for ``accumulate
-    x num_replicas x max_tokens`` real tokens per step; ``hf_flatten`` ``DistributedSampler(drop_last=True)`` +
+    + ``BatchSampler`` of ``max_tokens // max_length`` rows; ``sorted_buckets`` and ``dynamic`` / ``dynamic_accum``
+    (``accumulate``) dealt round-robin with the remainder dropped; ``lit_balance`` / ``lit_balance_packed``
+    :class:`lit_balance.BalancedBatchSampler` (padded / ``packing=True``) with steps as
+    :class:`lit_balance.callbacks.AdaptiveGradAccumulation` sets them for ``accumulate x num_replicas x max_tokens``
+    real tokens per step; ``hf_flatten`` ``DistributedSampler(drop_last=True)`` +
     ``BatchSampler`` of :func:`benchmarks.packing_peers.flattening_batch_size` documents, each micro-batch one packed
     row (Hugging Face ``DataCollatorWithFlattening``).
 
@@ -814,7 +816,7 @@ def project(model: TimeModel, *, strategies: Sequence[str], lengths: Mapping[str
         all ranks), ``useful_compute_fraction`` (U = the model's cost of the real tokens, ``per_token_s x l +
         per_attention_pair_s x l**2`` summed over real documents, over ``num_replicas x`` the sum over optimizer steps
         of the step's predicted compute without sync; with ``barrier="step"`` exactly
-        :attr:`lit_balance.plan.stats.PlanStats.useful_fraction` under ``CostModel(linear=per_token_s,
+        :attr:`lit_balance.PlanStats.useful_fraction` under ``CostModel(linear=per_token_s,
         quadratic=per_attention_pair_s, per_batch=per_micro_batch_s)``), ``sync_share`` (share of the epoch in sync),
         ``max_rank_compute_s`` (the busiest rank's own compute, s), ``max_micro_batch_slots``,
         ``over_budget_micro_batches`` (above ``max_tokens``), ``micro_batches_per_rank``, ``optimizer_steps``,
@@ -837,7 +839,8 @@ def project(model: TimeModel, *, strategies: Sequence[str], lengths: Mapping[str
     if sync_scaling not in _SYNC_SCALINGS:
         raise ValueError(f"project: sync_scaling must be one of {_SYNC_SCALINGS}, got {sync_scaling!r}")
     for name, value in (("max_tokens", max_tokens), ("max_length", max_length), ("accumulate", accumulate),
-                        ("micro_batches_per_rank", micro_batches_per_rank), *(("num_replicas", n) for n in num_replicas)):
+                        ("micro_batches_per_rank", micro_batches_per_rank),
+                        *(("num_replicas", n) for n in num_replicas)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"project: {name} must be an int >= 1, got {value!r}")
     if not list(num_replicas):
@@ -869,41 +872,6 @@ def project(model: TimeModel, *, strategies: Sequence[str], lengths: Mapping[str
                             "sync_scaling": sync_scaling, "barrier": model.barrier, "label": PROJECTION_LABEL})
                 rows.append(row)
     return rows
-
-
-def lit_balance_margins(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per (distribution, num_replicas): lit_balance's better variant (padded or packed) over the fastest other
-    strategy, in predicted real tokens/s (the projection target's figure).
-
-    Returns:
-        One dict per (distribution, num_replicas) holding a lit_balance row and another strategy's row:
-        ``distribution``, ``num_replicas``, ``lit_balance`` (the faster of ``lit_balance`` / ``lit_balance_packed``),
-        ``closest_other`` (the fastest other strategy), ``ratio`` (their predicted real tokens/s, lit_balance over
-        it) and ``label``.
-
-    Example:
-        >>> lit_balance_margins([{"distribution": "d", "num_replicas": 8, "strategy": "lit_balance",
-        ...                       "predicted_real_tokens_per_s": 130.0},
-        ...                      {"distribution": "d", "num_replicas": 8, "strategy": "dynamic",
-        ...                       "predicted_real_tokens_per_s": 100.0}])[0]["ratio"]
-        1.3
-    """
-    groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r["distribution"], int(r["num_replicas"])), []).append(r)
-    out = []
-    for (dist, n), mine in groups.items():
-        ours = [r for r in mine if r["strategy"] in ("lit_balance", "lit_balance_packed")]
-        others = [r for r in mine if r["strategy"] not in ("lit_balance", "lit_balance_packed")]
-        if not ours or not others:
-            continue
-        best = max(ours, key=lambda r: r["predicted_real_tokens_per_s"])
-        rival = max(others, key=lambda r: r["predicted_real_tokens_per_s"])
-        out.append({"distribution": dist, "num_replicas": n, "lit_balance": best["strategy"],
-                    "closest_other": rival["strategy"],
-                    "ratio": float(best["predicted_real_tokens_per_s"]) / float(rival["predicted_real_tokens_per_s"]),
-                    "label": PROJECTION_LABEL})
-    return out
 
 
 # ------------------------------------------------------------------------------------------------------------------

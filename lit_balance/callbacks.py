@@ -4,11 +4,13 @@ The public home of :mod:`lit_balance.lightning.callbacks`: ``from lit_balance.ca
 """
 
 from lit_balance.lightning.callbacks import (
-                                             AdaptiveGradAccumulation,
-                                             CostModelFeedback,
-                                             PaddingRatioMonitor,
-                                             RunSummary,
-                                             StragglerMonitor,
+    AdaptiveGradAccumulation,
+    CostModelFeedback,
+    PaddingRatioMonitor,
+    RunSummary,
+    StragglerMonitor,
+    backward_is_local,
 )
 
-__all__ = ["AdaptiveGradAccumulation", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor"]
+__all__ = ["AdaptiveGradAccumulation", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor",
+           "backward_is_local"]

@@ -34,7 +34,8 @@ def test_row_figures_of_packed_rank_lists():
     real = sum(n + 1e-3 * n * n for n in LENGTHS)
     cost = [[4 + 2 + 1e-3 * 20, 2 + 3 + 1e-3 * 13], [1 + 1e-3, 3 + 5 + 1e-3 * 34]]
     assert r["U_attn_1e-3"] == pytest.approx(real / (2 * sum(max(step) for step in cost)))
-    assert r["persistence"] == pytest.approx(0.5)  # of 0, 1, 2, 4 (3 and 5 have no real batch-mate), 0 and 1 keep theirs
+    # of 0, 1, 2, 4 (3 and 5 have no real batch-mate), 0 and 1 keep theirs
+    assert r["persistence"] == pytest.approx(0.5)
 
 
 def test_row_figures_of_a_padded_plan_count_marked_fills():
@@ -58,7 +59,8 @@ def test_target_rows_mark_each_target_met_or_not():
             _row("short", "lit_packed_attn_1e-3", **{"U_attn_1e-3": 0.99}),
             _row("long", "lit_packed", over_budget_ratio=0.01), _row("long", "lit_packed_attn_1.2e-4"),
             _row("long", "lit_packed_attn_1e-3", dropped=1, **{"U_attn_1e-3": 0.80, "U_bound_attn_1e-3": 0.84}),
-            _row("long", "kk_balanced", **{"U_attn_1e-3": 0.81}), _row("long", "greedy_sequential", **{"U_attn_1e-3": 0.5})]
+            _row("long", "kk_balanced", **{"U_attn_1e-3": 0.81}),
+            _row("long", "greedy_sequential", **{"U_attn_1e-3": 0.5})]
     million = [{"status": "ok", "packing": True, "plan_s_per_million": 0.7, "plan_cpu_s_per_million": 0.6},
                {"status": "ok", "packing": True, "plan_s_per_million": 1.2, "plan_cpu_s_per_million": 0.9},
                {"status": "ok", "packing": False, "plan_s_per_million": 5.0, "plan_cpu_s_per_million": 5.0}]

@@ -1,6 +1,6 @@
 """benchmarks/bench_samplers.py and the peers it runs: the table's figures on a hand-made case, peers against their
-own per-rank samplers, the command line. The figures themselves are tested with lit_balance.plan.stats
-(tests/test_cost_stats.py).
+own per-rank samplers, the command line. The figures themselves are tested with lit_balance.plan_stats
+(tests/plan/).
 
 Run:
     python -m pytest tests/benchmarks/test_bench_samplers.py -q
@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from benchmarks import bench_samplers as bench
 from benchmarks import peers
-from lit_balance import BalancedBatchSampler
-from lit_balance.plan.stats import plan_stats
+from benchmarks._harness import load_lengths
+from lit_balance import BalancedBatchSampler, plan_stats
 
 pytestmark = pytest.mark.benchmark
 
@@ -44,7 +44,8 @@ RANK_BATCHES = [
 def test_sampler_metrics_hand_made():
     run = bench.StrategyRun({0: RANK_BATCHES, 1: RANK_BATCHES}, rank_plan_s=[0.25, 0.5])
     m = bench.sampler_metrics(run, LENGTHS, max_tokens=6)
-    assert (m["steps"], m["batches_per_rank_min"], m["batches_per_rank_max"], m["uneven_batch_counts"]) == (3, 2, 3, True)
+    counts = (m["steps"], m["batches_per_rank_min"], m["batches_per_rank_max"], m["uneven_batch_counts"])
+    assert counts == (3, 2, 3, True)
     assert m["micro_batches"] == 5 and m["budget_fill_ratio"] == pytest.approx(19 / 30)
     assert m["padding_ratio"] == pytest.approx(7 / 19) and m["over_budget_ratio"] == pytest.approx(0.2)
     imbalance = [8 / 5, 6 / 3.5, 2.0]
@@ -61,7 +62,7 @@ def test_sampler_metrics_hand_made():
 
 
 def _fortunes(n: int, cap: int = 64) -> np.ndarray:
-    return bench.load_lengths("fortunes", cap, n)
+    return load_lengths("fortunes", cap, n)
 
 
 def test_sort_fill_batches_fill_real_tokens_and_keep_every_sample():
@@ -78,29 +79,18 @@ def test_sort_fill_batches_fill_real_tokens_and_keep_every_sample():
     assert peers.sort_fill_batches(lengths, 300, seed=1, epoch=1) != batches
 
 
-def test_lit_balance_runner_passes_cost_model_only_when_accepted(monkeypatch):
-    seen = []
-
-    class WithCostModel(BalancedBatchSampler):
-        def __init__(self, *args, cost_model=None, **kwargs):
-            seen.append(cost_model)
-            super().__init__(*args, **kwargs)
-
-    class WithoutCostModel(BalancedBatchSampler):
-        def __init__(self, *args, **kwargs):
-            seen.append(kwargs.get("cost_model", "absent"))
-            kwargs.pop("cost_model", None)
-            super().__init__(*args, **kwargs)
-
-    cfg = peers.BenchConfig(max_tokens=256, seed=0, fixed_batch_size=4)
+@pytest.mark.parametrize(("runner", "cost_model"), [("run_lit_balance", bench.TOKEN_COST),
+                                                    ("run_lit_balance_attention", bench.ATTENTION_COST)])
+def test_lit_balance_runners_are_the_sampler_planned_for_their_cost_model(runner, cost_model):
+    cfg = peers.BenchConfig(max_tokens=256, seed=3, fixed_batch_size=4)
     lengths = _fortunes(300)
-    monkeypatch.setattr(bench, "BalancedBatchSampler", WithCostModel)
-    run = bench.run_lit_balance_attention(lengths, 2, cfg)
-    assert seen == [bench.ATTENTION_COST] * 2 and "cost_model=" in run.notes[0]
-    seen.clear()
-    monkeypatch.setattr(bench, "BalancedBatchSampler", WithoutCostModel)
-    run = bench.run_lit_balance_attention(lengths, 2, cfg)
-    assert seen == ["absent"] * 2 and "no cost_model argument" in run.notes[0]
+    run = getattr(bench, runner)(lengths, 2, cfg)
+    for rank in range(2):
+        sampler = BalancedBatchSampler(lengths, 256, num_replicas=2, rank=rank, seed=3, cost_model=cost_model)
+        for epoch in (0, 1):
+            sampler.set_epoch(epoch)
+            assert run.batches[epoch][rank] == [list(map(int, b)) for b in sampler]
+    assert run.notes == [f"cost_model={cost_model}"] and len(run.rank_plan_s) == 2
 
 
 def test_hf_batch_rebalance_columns_equal_per_rank_samplers():

@@ -1,6 +1,7 @@
-"""benchmarks/compare_strategies.py: the baseline batch builders it trains with, the meter's trace, the figures of a
-run, the per-pair ratios and targets, the command line and its pairs, the torchrun launcher, and one small end-to-end
-run (2 CPU DDP ranks, one pair of three strategies, with the time model's calibration and projection).
+"""benchmarks/compare_strategies.py and benchmarks/_training.py: the baseline batch builders it trains with, each
+strategy's data on simulated ranks, the meter's trace, the figures of a run, the per-pair ratios and targets, the
+command line and its pairs, the torchrun launcher, and one small end-to-end run (2 CPU DDP ranks, one pair of three
+strategies, with the time model's calibration and projection).
 
 Run:
     python -m pytest -m benchmark tests/benchmarks/test_compare_strategies.py -q
@@ -25,9 +26,9 @@ import torch
 from benchmarks import _training as training
 from benchmarks import compare_strategies as cs
 from benchmarks import packing_peers, peers
+from benchmarks._harness import ROOT, load_lengths
 
-ROOT = Path(__file__).resolve().parents[2]
-LENGTHS = np.minimum(np.load(ROOT / "lit_balance/data/lengths/lengths_stdlib_docstrings.npy")[:3000], 256)
+LENGTHS = load_lengths("stdlib_docstrings", 256, 3000)
 
 
 pytestmark = pytest.mark.benchmark
@@ -101,12 +102,12 @@ def test_epoch_batch_sampler_ranks_yield_equal_counts_and_change_every_epoch():
 
 
 def test_split_documents_is_seeded_disjoint_and_subsets_training_documents():
-    train, val = cs.split_documents(1000, 0.05, None)
+    train, val = training.split_documents(1000, 0.05, None)
     assert len(val) == 50 and len(train) == 950 and not set(train) & set(val)
-    sub, val2 = cs.split_documents(1000, 0.05, 100)
+    sub, val2 = training.split_documents(1000, 0.05, 100)
     assert len(sub) == 100 and set(sub) <= set(train) and list(val2) == list(val)
     with pytest.raises(ValueError, match="none left"):
-        cs.split_documents(1, 0.5, None)
+        training.split_documents(1, 0.5, None)
 
 
 @pytest.fixture(scope="module")
@@ -114,17 +115,38 @@ def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
+@pytest.fixture(scope="module")
+def documents(cache_dir):
+    """600 training documents of the built-in corpus and the held-out ones, as every run of the benchmark gets them."""
+    return training.corpus_documents(600, 0.05, str(cache_dir))
+
+
+def test_corpus_documents_are_the_split_of_the_built_in_corpus(documents, cache_dir):
+    from lit_balance.data import load_or_build, resolve_corpus, resolve_tokenizer
+
+    corpus = load_or_build(resolve_corpus(None), resolve_tokenizer(None), str(cache_dir))
+    train_docs, val_docs = training.split_documents(len(corpus), 0.05, 600)
+    train, val = documents
+    assert len(train) == 600 and len(val) == len(val_docs) == round(0.05 * len(corpus))
+    for got, docs in ((train, train_docs), (val, val_docs)):
+        assert all(np.array_equal(g, corpus.document(d)) for g, d in zip(got, docs))
+
+
 @pytest.mark.parametrize("strategy", cs.STRATEGIES)
-def test_each_strategy_gives_ranks_equal_counts_and_yields_what_it_plans(strategy, cache_dir):
-    """Each strategy's loaders on 2 simulated ranks: equal counts, what is planned is what the ranks yield."""
+def test_each_strategy_gives_ranks_equal_counts_and_yields_what_it_plans(strategy, documents, cache_dir):
+    """Each strategy's loaders on 2 simulated ranks: equal counts, what is planned is what the ranks yield; the
+    training documents truncated to max_length, and the same padded validation of the held-out ones for every
+    strategy."""
     loaders, data = [], []
     for rank in range(2):
-        dm = cs.CompareData(strategy, 1024, 256, 600, 0.05, seed=0, cache_dir=str(cache_dir))
-        dm.trainer = SimpleNamespace(world_size=2, global_rank=rank, current_epoch=1)
+        dm = cs.CompareData(strategy, *documents, 1024, 256, seed=0, cache_dir=str(cache_dir))
+        dm.trainer = SimpleNamespace(world_size=2, global_rank=rank, current_epoch=1, strategy=None)
+        dm.prepare_data()
         dm.setup("fit")
         loaders.append(dm.train_dataloader())
         data.append(dm)
     lengths = data[0].train_dataset.lengths
+    assert lengths.tolist() == [min(len(d), 256) for d in documents[0]]
     batches = [[b["indices"].tolist() for b in loader] for loader in loaders]
     assert len(batches[0]) == len(batches[1]) == len(loaders[0])
     rows = [i for rank in batches for b in rank for i in b]
@@ -153,7 +175,9 @@ def test_each_strategy_gives_ranks_equal_counts_and_yields_what_it_plans(strateg
             assert max(slots) > 1024  # a real-token budget passes the padded budget (what the benchmark measures)
     first = next(iter(loaders[0]))
     assert ("cu_seq_lens_q" in first) == (strategy in cs._PACKED)
-    assert "attention_mask" in next(iter(data[0].val_dataloader()))  # the same padded validation for every strategy
+    val = list(data[0].val_dataloader())  # no process group here: one simulated rank validates on every document
+    assert all("attention_mask" in b and b["attention_mask"].shape[1] <= 256 for b in val)
+    assert sorted(i for b in val for i in b["indices"].tolist()) == list(range(len(documents[1])))
     data[0].trainer.current_epoch = 2  # a new epoch: train_dataloader selects it before Lightning reads the length
     data[0].train_dataloader()
     assert data[0].sampler.epoch == 2
@@ -210,15 +234,11 @@ def test_meter_trace_rows_follow_the_trace_fields(monkeypatch):
     assert meter.epoch_intervals.tolist() == [[[10.0, 21.0]]] and meter.peak_memory_mb[0] > 0
 
 
-def test_loss_curve_and_step_noise():
+def test_loss_curve_puts_each_step_loss_at_the_real_tokens_trained_up_to_it():
     gathered = np.zeros((2, 3, 5))
     gathered[:, :, 3] = [[10, 20, 30], [1, 2, 3]]
     tokens, losses = training.loss_curve([(2, 5.0), (3, 4.0)], gathered)
     assert tokens == [33.0, 66.0] and losses == [5.0, 4.0]
-    rng = np.random.default_rng(0)
-    noisy = 3.0 + rng.normal(0, 0.1, 4000)
-    assert training.loss_step_noise(noisy) == pytest.approx(0.1, rel=0.05)
-    assert math.isnan(training.loss_step_noise([1.0, 2.0, 3.0]))
 
 
 def _result(run, strategy, tps, val, pair=1, **kw):
@@ -287,8 +307,8 @@ def test_projection_targets_compare_the_better_lit_balance_with_the_best_other_s
                                        "lit_balance_packed": 95.0},
                       "fortunes": {"random": 10.0, "dynamic": 50.0, "lit_balance": 49.0, "lit_balance_packed": 51.0}
                       }.items():
-        rows += [{"distribution": d, "num_replicas": n, "strategy": s, "predicted_real_tokens_per_s": v if n == 64 else 9 * v}
-                 for s, v in values.items() for n in (8, 64)]
+        rows += [{"distribution": d, "num_replicas": n, "strategy": s,
+                  "predicted_real_tokens_per_s": v if n == 64 else 9 * v} for s, v in values.items() for n in (8, 64)]
     t = cs.evaluate_targets([], cs.pair_ratios([]), args, projection=rows)
     main = t["projection_64_main_corpus"]
     assert main["value"] == pytest.approx(95 / 70) and main["met"]
@@ -379,7 +399,7 @@ def _full_results():
                 ("lit_balance_slowed_feedback", "lit_balance", "slowed_rank")]):
             r = _result(f"{run}_pair{pair}", strategy, 100.0 + i + pair, 6.0 + i / 10, pair, scenario=scenario,
                         feedback=run != "lit_balance_slowed_no_feedback", optimizer_steps=10,
-                        optimizer_steps_per_s=1.0, loss_step_noise=0.05, train_real_tokens=1000,
+                        optimizer_steps_per_s=1.0, train_real_tokens=1000,
                         accumulate_grad_batches=[1, 4] if strategy == "lit_balance" else [1],
                         val_losses=[{"epoch": 0, "tokens": 500.0, "val_loss": 7.0},
                                     {"epoch": 1, "tokens": 1000.0, "val_loss": 6.0}],
@@ -393,7 +413,7 @@ def _full_results():
 
 def test_tables_and_plots_name_every_run_and_ratio(tmp_path):
     results = _full_results()
-    table = cs.markdown_table(results, 1024)
+    table = cs.runs_table(results, 1024)
     lines = table.splitlines()
     assert len(lines) == 2 + len(results) and all(line.count("|") == lines[0].count("|") for line in lines)
     for r in results:
@@ -411,7 +431,7 @@ def test_tables_and_plots_name_every_run_and_ratio(tmp_path):
                                                                              quick=True)))
     assert "| tokens_per_s_vs_random | 1.039 | 1.039 - 1.040 | median over pairs of lit_balance / random" in targets
     assert targets.splitlines()[2].endswith("| NOT met |")
-    assert "not installed" in cs.calibration_table(None) and "no projection" in cs.projection_table(None)
+    assert "no calibration" in cs.calibration_table(None) and "no projection" in cs.projection_table(None)
 
 
 def _alive(pid: int) -> bool:
@@ -515,7 +535,9 @@ def test_end_to_end_small_run_writes_results_traces_ratios_and_projection(tmp_pa
 def test_docstring_examples():
     import doctest
 
-    for module in (cs, peers, training):
+    from benchmarks import _harness
+
+    for module in (cs, peers, training, _harness):
         assert doctest.testmod(module, verbose=False).failed == 0, module.__name__
 
 

@@ -7,6 +7,7 @@ Run:
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import numpy as np
@@ -57,7 +58,7 @@ def test_greedy_packs_keep_dataset_order_and_cut_only_when_the_next_does_not_fit
     packs = pk.greedy_packs(lengths, max_tokens)
     assert [i for p in packs for i in p] == list(range(lengths.size))
     assert all(int(lengths[p].sum()) <= max_tokens for p in packs)
-    assert all(int(lengths[a].sum() + lengths[b[0]]) > max_tokens for a, b in zip(packs, packs[1:]))
+    assert all(int(lengths[a].sum() + lengths[b[0]]) > max_tokens for a, b in itertools.pairwise(packs))
 
 
 def _differencing(values):

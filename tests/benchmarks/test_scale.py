@@ -19,7 +19,7 @@ pytestmark = pytest.mark.benchmark
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("scale")
-    results = scale.main(["--quick", "--part", "lengths", "--work-dir", str(out / "work"), "--output-dir", str(out)])
+    results = scale.main(["--quick", "--work-dir", str(out / "work"), "--output-dir", str(out)])
     return results, json.loads((out / "results.json").read_text())
 
 
@@ -58,8 +58,7 @@ def test_u_by_distribution_covers_every_shipped_distribution(quick):
 
 
 def test_u_sums_match_plan_stats():
-    from lit_balance import BalancedBatchSampler
-    from lit_balance.plan.stats import plan_stats
+    from lit_balance import BalancedBatchSampler, plan_stats
 
     lengths = np.random.default_rng(1).integers(1, 400, 3000)
     sampler = BalancedBatchSampler(lengths, 1024, num_replicas=3, rank=0, plan_window=700)
@@ -77,18 +76,3 @@ def test_written_lengths_are_int32_draws_from_the_pool(tmp_path):
     got = np.load(path)
     assert got.dtype == np.int32 and got.shape == (10_001,)
     assert np.isin(got, pool).all() and got.max() <= 512
-
-
-def test_text_part_calls_scale_text(monkeypatch, tmp_path):
-    from benchmarks import scale_text
-
-    calls = []
-
-    def fake_run(sizes_mb, work_dir, quick, *, seed=0):
-        calls.append((list(sizes_mb), quick, seed))
-        return []
-
-    monkeypatch.setattr(scale_text, "run", fake_run)
-    results = scale.main(["--part", "text", "--quick", "--seed", "4", "--work-dir", str(tmp_path / "w"),
-                          "--output-dir", str(tmp_path)])
-    assert calls == [([], True, 4)] and results["text"] == [] and "lengths" not in results

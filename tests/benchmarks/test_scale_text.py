@@ -14,13 +14,18 @@ import numpy as np
 import pytest
 
 from benchmarks import scale_text
-from lit_balance.data.sources import resolve_corpus
-from lit_balance.data.tokenizer import resolve_tokenizer
+from lit_balance.data import load_or_build, resolve_corpus, resolve_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))  # tests/data/: the in-memory oracle
-from _inmemory_cache import in_memory_arrays  # noqa: E402
+from _inmemory_cache import in_memory_arrays
 
 pytestmark = pytest.mark.benchmark
+
+
+def _files(directory: str) -> dict[str, tuple[int, int]]:
+    """``{relative path: (size, mtime ns)}`` of every file below ``directory``."""
+    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in Path(directory).rglob("*") if p.is_file()}
 
 
 @pytest.mark.timeout(600)
@@ -30,20 +35,22 @@ def test_a_quick_run_reports_every_figure_and_builds_the_in_memory_entry(tmp_pat
     for row in rows:
         corpus = Path(row["corpus"])
         assert row["bytes"] == corpus.stat().st_size >= row["corpus_mb"] * (1 << 20)
-        assert row["num_docs"] == sum(1 for _ in open(corpus, encoding="utf-8"))
+        with open(corpus, encoding="utf-8") as lines:
+            assert row["num_docs"] == sum(1 for _ in lines)
         assert 0 < row["rss_after_import_mb"] <= row["peak_rss_mb"]
         assert row["peak_above_import_mb"] == pytest.approx(row["peak_rss_mb"] - row["rss_after_import_mb"])
         assert row["tokens_per_s"] == pytest.approx(row["num_tokens"] / row["tokenize_s"])
         assert row["encode_batch_tokens_per_s"] == pytest.approx(row["num_tokens"] / row["encode_batch_s"])
         assert row["ratio_to_encode_batch"] == pytest.approx(row["tokens_per_s"] / row["encode_batch_tokens_per_s"])
         assert row["encode_batch_s"] <= row["encode_batch_wall_s"]
-        entry = Path(row["entry"])
         reference = in_memory_arrays(resolve_corpus(corpus), resolve_tokenizer())
+        built = _files(row["cache_dir"])
+        cached = load_or_build(resolve_corpus(corpus), resolve_tokenizer(), row["cache_dir"])
+        assert built and _files(row["cache_dir"]) == built  # prepare_data built the entry; the look-up wrote nothing
         for name, expected in reference.items():
-            np.testing.assert_array_equal(np.load(entry / f"{name}.npy"), expected, err_msg=name)
-        meta = json.loads((entry / "meta.json").read_text())
-        assert meta["num_tokens"] == row["num_tokens"] == len(reference["token_ids"])
-        assert meta["num_docs"] + meta["num_empty"] == row["num_docs"]
+            np.testing.assert_array_equal(getattr(cached, name), expected, err_msg=name)
+        assert row["num_tokens"] == len(reference["token_ids"])
+        assert len(cached) + cached.num_empty == row["num_docs"]
 
 
 def test_the_corpus_is_sampled_deterministically(tmp_path):
@@ -72,7 +79,7 @@ def test_pairs_alternate_which_runs_first_and_report_the_median_ratio(tmp_path, 
         calls.append(kind)
         out = {"num_docs": 7, "num_tokens": 100, "seconds": next(seconds)}
         if kind == "prepare":
-            return {**out, "rss_after_import_kib": 1024, "peak_rss_kib": 2048 * (len(calls) + 1), "entry": "x"}
+            return {**out, "rss_after_import_kib": 1024, "peak_rss_kib": 2048 * (len(calls) + 1)}
         return {**out, "wall_s": out["seconds"]}
 
     monkeypatch.setattr(scale_text, "_run_child", fake_child)
@@ -88,7 +95,7 @@ def test_pairs_alternate_which_runs_first_and_report_the_median_ratio(tmp_path, 
     assert row["ratio_to_encode_batch"] == pytest.approx(1 / 3) and row["pairs"] == 3
     assert (row["tokenize_s"], row["encode_batch_s"]) == (3.0, 1.0)  # the median pair's figures
     assert row["peak_above_import_mb"] == pytest.approx(2 * 6 - 1)  # the largest over pairs (fifth call)
-    assert "0.33 (0.50, 0.25, 0.33)" in scale_text._table([row])
+    assert "0.33 (0.50, 0.25, 0.33)" in scale_text.table([row])
 
 
 def test_the_command_line_writes_results(tmp_path, monkeypatch):

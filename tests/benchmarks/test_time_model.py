@@ -17,8 +17,7 @@ from torch.utils.data import BatchSampler, DistributedSampler
 from benchmarks import time_model as tm
 from benchmarks._training import TRACE_FIELDS
 from benchmarks.peers import deal_even, fixed_batch_size, sort_fill_batches, sorted_bucket_batches
-from lit_balance.plan.cost import CostModel
-from lit_balance.plan.stats import plan_stats
+from lit_balance import CostModel, plan_stats
 
 pytestmark = pytest.mark.benchmark
 
@@ -379,22 +378,6 @@ def test_projection_rows_keep_their_invariants(dists, ranks, coef, barrier, accu
         assert r["num_documents"] == size and r["resampled"] == (size != d.size)
 
 
-def test_margins_compare_the_faster_lit_balance_variant_with_the_fastest_other_strategy():
-    lengths = {"a": np.random.default_rng(5).integers(1, 257, 2000), "b": np.random.default_rng(6).integers(1, 60, 900)}
-    rows = tm.project(tm.TimeModel(0.05, 1.4e-3, 1.7e-7, 0.06), strategies=ALL, lengths=lengths, num_replicas=(2, 4),
-                      max_tokens=1024, max_length=256, accumulate=4)
-    margins = tm.lit_balance_margins(rows)
-    assert {(m["distribution"], m["num_replicas"]) for m in margins} == {(d, n) for d in lengths for n in (2, 4)}
-    for m in margins:
-        mine = {r["strategy"]: r["predicted_real_tokens_per_s"] for r in rows
-                if (r["distribution"], r["num_replicas"]) == (m["distribution"], m["num_replicas"])}
-        ours = max(mine["lit_balance"], mine["lit_balance_packed"])
-        others = {k: v for k, v in mine.items() if not k.startswith("lit_balance")}
-        assert m["ratio"] == pytest.approx(ours / max(others.values()))
-        assert m["ratio"] <= min(ours / v for v in others.values()) + 1e-12
-        assert mine[m["lit_balance"]] == ours and others[m["closest_other"]] == max(others.values())
-
-
 def test_projection_is_deterministic_and_resamples_only_small_distributions():
     lengths = {"small": np.random.default_rng(3).integers(1, 257, 400), "big": np.full(40000, 30)}
     model = tm.TimeModel(0.05, 1.4e-3, 1.7e-7, 0.06)
@@ -458,4 +441,4 @@ def test_the_docstring_examples_hold():
     import doctest
 
     result = doctest.testmod(tm)
-    assert result.failed == 0 and result.attempted >= 3
+    assert result.failed == 0 and result.attempted >= 2  # ring_factor, projection_size
