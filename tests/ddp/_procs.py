@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Hashable
@@ -24,6 +25,27 @@ def finish(proc: subprocess.Popen, timeout_s: float) -> str:
     return log
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on localhost now (bound together, so no two are the same)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def ddp_env(port: int, root: Path | None = None) -> dict[str, str]:
+    """The environment of one multi-rank run: its own rendezvous port (runs started side by side would otherwise
+    each pick a free port at the same moment and may pick the same one), and ``root`` on ``PYTHONPATH``."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    if root is not None:
+        env["PYTHONPATH"] = str(root)
+    return env
+
+
 def run_ranks(script: Path, runs: dict[Hashable, tuple[Path, list[str]]], timeout_s: float,
               num_ranks: int = 2) -> dict[Hashable, list[dict[str, Any]]]:
     """Start ``script`` once per run, all side by side, and return each run's per-rank JSON records.
@@ -41,8 +63,9 @@ def run_ranks(script: Path, runs: dict[Hashable, tuple[Path, list[str]]], timeou
         AssertionError: a run exited non-zero (with the tail of its output).
         subprocess.TimeoutExpired: a run ran past ``timeout_s``.
     """
-    env = {**os.environ, "PYTHONPATH": str(script.parents[2])}
-    procs = {key: (out, subprocess.Popen([sys.executable, str(script), str(out), *args], env=env,
+    ports = dict(zip(runs, free_ports(len(runs))))
+    procs = {key: (out, subprocess.Popen([sys.executable, str(script), str(out), *args],
+                                         env=ddp_env(ports[key], script.parents[2]),
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
              for key, (out, args) in runs.items()}
     records = {}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import finish  # tests/ddp/_procs.py
+from _procs import ddp_env, finish, free_ports  # tests/ddp/_procs.py
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
 
@@ -19,11 +19,11 @@ SETTINGS = [(False, 0), (True, 2)]  # (use_distributed_sampler, num_workers)
 def runs(tmp_path_factory):
     """Both settings, run side by side (each is 2 ranks); returns {setting: out_dir}."""
     procs = {}
-    for use_distributed_sampler, num_workers in SETTINGS:
+    for (use_distributed_sampler, num_workers), port in zip(SETTINGS, free_ports(len(SETTINGS))):
         out = tmp_path_factory.mktemp(f"ds{int(use_distributed_sampler)}_w{num_workers}")
         procs[use_distributed_sampler, num_workers] = (out, subprocess.Popen(
             [sys.executable, str(SCRIPT), str(out), str(int(use_distributed_sampler)), str(num_workers)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            env=ddp_env(port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = {}
     for setting, (out, proc) in procs.items():
         log = finish(proc, 240)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import finish  # tests/ddp/_procs.py
+from _procs import ddp_env, finish, free_ports# tests/ddp/_procs.py
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
 
@@ -17,10 +17,10 @@ SCRIPT = Path(__file__).with_name("fit_resume.py")
 ACCUMULATE = 2  # the stop after 3 micro-batches falls inside an optimizer step's window
 
 
-def _start(out: Path, phase: str, devices: int, workers: int) -> subprocess.Popen:
+def _start(out: Path, phase: str, devices: int, workers: int, port: int) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(SCRIPT), str(out), phase, str(devices), str(workers),
                              str(ACCUMULATE)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=ddp_env(port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _wait(proc: subprocess.Popen, out: Path, phase: str, devices: int) -> list[dict]:
@@ -41,13 +41,13 @@ def runs(tmp_path_factory):
     side, the first resumed on 2 ranks (2 workers) and on 1 rank (no workers), the failure's on 2 ranks (2 workers,
     key "fail")."""
     stop_dir = tmp_path_factory.mktemp("stop")
-    stopped = _wait(_start(stop_dir, "stop", 2, 2), stop_dir, "stop", 2)
+    stopped = _wait(_start(stop_dir, "stop", 2, 2, free_ports(1)[0]), stop_dir, "stop", 2)
     procs = {}
-    for key, phase, ckpt, devices, workers in ((2, "resume", "mid", 2, 2), (1, "resume", "mid", 1, 0),
-                                               ("fail", "resume_fail", "fail", 2, 2)):
+    resumes = ((2, "resume", "mid", 2, 2), (1, "resume", "mid", 1, 0), ("fail", "resume_fail", "fail", 2, 2))
+    for (key, phase, ckpt, devices, workers), port in zip(resumes, free_ports(len(resumes))):
         out = tmp_path_factory.mktemp(f"resume{key}")
         shutil.copy(stop_dir / f"{ckpt}.ckpt", out / f"{ckpt}.ckpt")
-        procs[key] = (out, phase, devices, _start(out, phase, devices, workers))
+        procs[key] = (out, phase, devices, _start(out, phase, devices, workers, port))
     resumed = {key: _wait(proc, out, phase, devices) for key, (out, phase, devices, proc) in procs.items()}
     return stopped, resumed, tmp_path_factory.mktemp("plan")
 
