@@ -235,12 +235,14 @@ def _loaded(result: dict, package: str) -> list[str]:
     return [m for m in result["modules"] if m == package or m.startswith(package + ".")]
 
 
+@pytest.mark.slow
 def test_importing_the_planner_loads_numpy_only():
     result = _probe("import lit_balance.plan\nfrom lit_balance import plan_epoch, BatchingSettings, CostModel")
     assert {p: _loaded(result, p)[:3] for p in ("torch", "lightning", "matplotlib", "rich")} == {
         "torch": [], "lightning": [], "matplotlib": [], "rich": []}
 
 
+@pytest.mark.slow
 def test_importing_the_sampler_and_the_data_layer_loads_no_lightning():
     result = _probe("import lit_balance.sampler, lit_balance.data, lit_balance.report\n"
                     "from lit_balance import BalancedBatchSampler, TokenDataset, PadCollator")
@@ -248,6 +250,7 @@ def test_importing_the_sampler_and_the_data_layer_loads_no_lightning():
         == {"lightning": [], "pytorch_lightning": [], "matplotlib": [], "rich": [], "datasets": []}
 
 
+@pytest.mark.slow
 def test_no_plot_or_table_library_is_imported_by_the_package_on_import():
     result = _probe("import lit_balance\nfrom lit_balance import BalancedTextDataModule, BalancedBatchSampler\n"
                     "import lit_balance.lightning, lit_balance.sampler, lit_balance.callbacks, lit_balance.cli")
@@ -256,6 +259,7 @@ def test_no_plot_or_table_library_is_imported_by_the_package_on_import():
     assert by_us == []
 
 
+@pytest.mark.slow
 def test_drawing_a_table_is_where_rich_is_imported():
     # the probe sees the import where the rule allows it (so the check above can fail)
     result = _probe("import numpy as np\nfrom lit_balance.report import format_report, plan_report\n"

@@ -58,6 +58,7 @@ def test_console_script_is_declared():
         assert next(iter(scripts)).value == "lit_balance.cli:main"
 
 
+@pytest.mark.slow
 def test_console_script_exits_zero(tmp_path):
     script = shutil.which("lit-balance")
     if script is None:
@@ -72,6 +73,7 @@ def test_console_script_exits_zero(tmp_path):
     assert main(["plan", "--lengths", str(lengths), "--plots", "false", "--output-dir", str(tmp_path / "o")]) is None
 
 
+@pytest.mark.slow
 def test_print_config_with_no_other_argument(tmp_path):
     proc = _run(["fit", "--print_config"], tmp_path, timeout=180)
     cfg = yaml.safe_load(proc.stdout)
@@ -94,6 +96,8 @@ def test_fit_cpu_yaml_builds(tmp_path, monkeypatch):
     assert any(isinstance(c, RunSummary) for c in cli.trainer.callbacks)
 
 
+@pytest.mark.slow
+@pytest.mark.ddp
 def test_fit_two_steps_on_two_cpu_ranks(tmp_path):
     corpus = tmp_path / "docs.txt"
     corpus.write_text("\n".join(f"line {i} " + "some words here " * (i % 11 + 1) for i in range(120)), encoding="utf-8")
@@ -115,6 +119,7 @@ def test_fit_two_steps_on_two_cpu_ranks(tmp_path):
     assert saved["trainer"]["max_steps"] == 2 and saved["data"]["corpus"] == str(corpus)
 
 
+@pytest.mark.slow
 def test_plan_on_a_shipped_lengths_file(tmp_path):
     lengths_file = LENGTHS / "lengths_fortunes.npy"
     out_dir = tmp_path / "report"
@@ -271,6 +276,7 @@ def test_plan_corpus_errors_name_the_flag(tmp_path, monkeypatch, capsys):
     assert "--corpus file" in _plan_error(["--corpus", str(tmp_path / "missing.txt")], capsys)
 
 
+@pytest.mark.slow
 def test_plan_bad_max_length_exits_without_traceback_in_a_process(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lit_balance.cli", "plan", "--lengths",
                            str(LENGTHS / "lengths_fortunes.npy"), "--max-length", "0", "--plots", "false"],
@@ -358,6 +364,7 @@ def test_fit_debug_env_raises_the_setting_error(tmp_path, monkeypatch):
         main(["fit", "--config", str(FIT_CPU), "--data.max_tokens=0"])
 
 
+@pytest.mark.slow
 def test_fit_bad_setting_exits_without_traceback_in_a_process(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lit_balance.cli", "fit", "--config", str(FIT_CPU),
                            "--data.max_tokens=0"], check=False, capture_output=True, text=True, timeout=180,

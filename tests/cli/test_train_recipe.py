@@ -54,6 +54,7 @@ def test_train_recipe_prints_per_rank_summary(tmp_path):
     assert yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) == overrides  # rank 0's record
 
 
+@pytest.mark.slow
 def test_config_dir_and_config_name_select_another_config(tmp_path):
     # Hydra's own flags: a user's directory searched first, with a primary config that extends conf/config.yaml
     my_conf = tmp_path / "my_conf"
@@ -70,6 +71,7 @@ def test_config_dir_and_config_name_select_another_config(tmp_path):
     assert not (tmp_path / "outputs").exists()  # --cfg prints and exits: no run
 
 
+@pytest.mark.slow
 def test_a_mistyped_key_fails_with_hydras_hint(tmp_path):
     proc = subprocess.run([sys.executable, str(RECIPE), "trainer.devicez=4"], check=False, capture_output=True,
                           text=True, timeout=120, env=_env(tmp_path), cwd=tmp_path)

@@ -193,6 +193,7 @@ def _aged(path: Path, seconds: float) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_leftovers_of_killed_builds_are_removed_and_live_builds_kept(tmp_path):
     cache_dir = tmp_path / "cache"

@@ -211,6 +211,7 @@ def test_without_datasets_installed_the_error_names_the_extra(monkeypatch):
         resolve_corpus(fake)
 
 
+@pytest.mark.slow
 def test_importing_the_package_and_the_data_module_does_not_import_datasets():
     code = ("import sys, lit_balance, lit_balance.lightning.datamodule, lit_balance.data.sources, lit_balance.data.cache; "
             "from lit_balance import BalancedTextDataModule; "

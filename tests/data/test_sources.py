@@ -574,6 +574,7 @@ np.savez(out, token_ids=result.token_ids, offsets=result.offsets, source_index=r
 """
 
 
+@pytest.mark.slow
 def test_concurrent_builders_agree(tmp_path, tok):
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(2)
