@@ -353,18 +353,6 @@ def test_a_fit_that_is_not_finite_is_not_handed_over(monkeypatch):
     assert sampler.cost_model == CostModel() and sampler.rank_speeds is None
 
 
-def _row_cost_window(true, speeds, n=40, seed=0):
-    """[R, n, 6] timings of padded micro-batches that take true.batch_cost(rows, L) / speed[r] seconds exactly."""
-    rng = np.random.default_rng(seed)
-    out = np.zeros((len(speeds), n, 6))
-    for r, s in enumerate(speeds):
-        length = rng.integers(8, 512, n).astype(float)
-        rows = np.maximum(np.floor(1024 / length), 1)
-        out[r, :, 0] = true.batch_cost(rows, length) / s
-        out[r, :, 2], out[r, :, 3] = rows, length
-    return out
-
-
 def test_a_custom_cost_model_stays_of_its_class_across_epochs_and_resume():
     from conftest import RowCost
 
@@ -375,7 +363,7 @@ def test_a_custom_cost_model_stays_of_its_class_across_epochs_and_resume():
     trainer, logger = make_trainer(world_size=2, sampler=sampler, callbacks=[monitor, feedback])
     feedback.on_train_start(trainer, MODULE)
     for epoch in (0, 1):
-        monitor.epoch_windows = [_row_cost_window(true, [1.0, 0.5], seed=epoch)]
+        monitor.epoch_windows = [synthetic_window(cost=true, speeds=[1.0, 0.5], seed=epoch)]
         feedback.on_train_epoch_end(trainer, MODULE)
         sampler.set_epoch(epoch + 1)
         cost, speeds = feedback.last_fit
@@ -402,7 +390,7 @@ def test_fit_cost_and_speeds_fits_the_given_class():
     from conftest import RowCost
 
     true = RowCost(per_token=1e-5, per_row=2e-4, per_batch=1e-3)
-    cost, speeds = fit_cost_and_speeds(_row_cost_window(true, [1.0, 0.8]), cost_class=RowCost)
+    cost, speeds = fit_cost_and_speeds(synthetic_window(cost=true, speeds=[1.0, 0.8]), cost_class=RowCost)
     assert type(cost) is RowCost and cost.per_row == pytest.approx(true.per_row, rel=1e-6)
     assert speeds == pytest.approx([1.0, 0.8], rel=1e-6)
     default, _ = fit_cost_and_speeds(synthetic_window([1.0, 0.8]))
