@@ -53,9 +53,9 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs
     from lit_balance.lightning.metrics import PaddingRatio, TokenMeanLoss  # noqa: F401
     from lit_balance.plan.cost import CostModel  # noqa: F401
     from lit_balance.plan.epoch import plan_epoch  # noqa: F401
-    from lit_balance.plan.types import EpochPlan, MicroBatch  # noqa: F401
     from lit_balance.plan.settings import BatchingSettings  # noqa: F401
     from lit_balance.plan.stats import PlanStats, plan_stats, useful_fraction_bound  # noqa: F401
+    from lit_balance.plan.types import EpochPlan, MicroBatch  # noqa: F401
     from lit_balance.plan.windows import PlanWindows, WindowedPlan  # noqa: F401
     from lit_balance.report.figures import PlanReport, plan_report  # noqa: F401
     from lit_balance.sampler.sampler import BalancedBatchSampler  # noqa: F401

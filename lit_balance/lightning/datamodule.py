@@ -205,7 +205,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             ``prompt`` and ``completion``); a list of token-id sequences; or a Hugging Face
             ``datasets.Dataset``, ``DatasetDict`` or ``IterableDataset`` (columns ``input_ids`` with optional
             ``labels``, the ``text_key`` column, or ``prompt`` and ``completion``; see
-            :mod:`lit_balance.data.hf_datasets`). Prompt–completion records and ``labels`` mask tokens: batches
+            :mod:`lit_balance.data.sources.hf`). Prompt–completion records and ``labels`` mask tokens: batches
             carry their labels (``-100`` on a prompt), and the plan's ``step_supervised_tokens`` counts exactly
             the targets left.
         tokenizer: None for the built-in tokenizer, a ``tokenizers.Tokenizer``, a Hugging Face tokenizer

@@ -18,7 +18,7 @@ from lit_balance.plan.cost import CostModelProtocol, check_cost_model
 from lit_balance.plan.settings import TOO_LONG_POLICIES, BatchingSettings, delegate_settings
 from lit_balance.plan.types import EpochPlan, MicroBatch
 from lit_balance.plan.windows import PlanWindows, WindowedPlan
-from lit_balance.sampler import state as sampler_state
+from lit_balance.sampler import state as sampler_state  # the resume state: build, parse, replay
 from lit_balance.sampler.inputs import PlanInputs
 from lit_balance.sampler.state import STATE_VERSION, ReplayRecord
 from lit_balance.world import process_group_world
