@@ -16,11 +16,10 @@ import pytest
 import yaml
 
 from lit_balance import BalancedBatchSampler, BalancedTextDataModule
-from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks import RunSummary
 from lit_balance.cli import LitBalanceCLI, build_cli, main, plan_parser, run_plan
+from lit_balance.demo import DemoTransformerLM
 from lit_balance.plan.cost import CostModel
-from lit_balance.report import distributed_sampler_plan, plan_report
 from lit_balance.plan.stats import plan_stats
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -284,15 +283,6 @@ def test_plan_bad_max_length_exits_without_traceback_in_a_process(tmp_path):
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "--max-length must be >= 1, got 0" in proc.stderr
     assert "every length" not in proc.stderr and not (tmp_path / "plan_report").exists()
-
-
-def test_distributed_sampler_baseline_counts_fill_rows():
-    plan = distributed_sampler_plan(7, 2, num_replicas=3, shuffle=True, seed=1, epoch=0, drop_last=False)
-    assert plan.assignment.shape == (2, 3) and int(plan.is_fill.sum()) == 2  # 9 slots for 7 samples
-    assert sorted(plan.rows[~plan.is_fill].tolist()) == list(range(7))
-    report = plan_report([10, 20, 30, 40, 50, 60, 70], 140, num_replicas=3, shuffle_window=0)
-    assert report.baseline_batch_size == 2 and report.baseline.rank_real_tokens.sum() == 280
-    assert report.baseline.max_batch_tokens <= 140 and report.balanced.max_batch_tokens <= 140
 
 
 def _fit_error(args: list[str], capsys) -> str:
