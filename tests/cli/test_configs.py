@@ -49,7 +49,7 @@ def test_conf_has_the_groups_and_the_primary_configs():
     for group in HYDRA_GROUPS:
         assert _options(group), f"conf/{group}/ has no options"
     assert {"cpu_ddp", "gpu_ddp"} <= set(_options("trainer"))
-    assert (CONF / "cli" / "fit_cpu.yaml").is_file()  # LightningCLI's; built by tests/test_cli.py
+    assert (CONF / "cli" / "fit_cpu.yaml").is_file()  # LightningCLI's; built by tests/cli/test_cli.py
 
 
 @pytest.mark.parametrize("path", ALL_YAML, ids=lambda p: str(p.relative_to(CONF)))

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "bring_your_own.md"
-MARK = "<!-- runs as a script: tests/test_bring_your_own.py -->"
+MARK = "<!-- runs as a script: tests/docs/test_bring_your_own.py -->"
 EXAMPLES = re.findall(re.escape(MARK) + r"\n```python\n(.*?)```", PAGE.read_text("utf-8"), flags=re.DOTALL)
 
 
