@@ -18,7 +18,8 @@ __all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "check_bool", "check_call
 def check_int(name: str, value: Any, minimum: int, hint: str, maximum: int | None = None) -> int:
     """Return ``value`` as an int in ``[minimum, maximum]``; TypeError for non-ints (bools too), else ValueError."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise InputTypeError(f"{name} must be an int >= {minimum}, got {value!r} of type {type(value).__name__}; {hint}", parameter=name)
+        raise InputTypeError(f"{name} must be an int >= {minimum}, got {value!r} of type {type(value).__name__}; "
+                             f"{hint}", parameter=name)
     if value < minimum or (maximum is not None and value > maximum):
         bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise InputValueError(f"{name} must be {bound}, got {value}; {hint}", parameter=name)
@@ -28,7 +29,8 @@ def check_int(name: str, value: Any, minimum: int, hint: str, maximum: int | Non
 def check_bool(name: str, value: Any) -> bool:
     """Return ``value`` as a bool; TypeError for anything but ``bool`` / ``numpy.bool_`` (e.g. ``"false"``)."""
     if not isinstance(value, (bool, np.bool_)):
-        raise InputTypeError(f"{name} must be True or False, got {value!r} of type {type(value).__name__}", parameter=name)
+        raise InputTypeError(f"{name} must be True or False, got {value!r} of type {type(value).__name__}",
+                             parameter=name)
     return bool(value)
 
 
@@ -48,7 +50,8 @@ def check_number(name: str, value: Any, low: float | None, high: float | None, h
     else:
         bound = ""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise InputTypeError(f"{name} must be a real number{bound}, got {value!r} of type {type(value).__name__}; {hint}", parameter=name)
+        raise InputTypeError(f"{name} must be a real number{bound}, got {value!r} of type "
+                             f"{type(value).__name__}; {hint}", parameter=name)
     try:
         number = float(value)
     except OverflowError:  # a Python int beyond the float range
@@ -64,7 +67,8 @@ def check_number(name: str, value: Any, low: float | None, high: float | None, h
 def check_callable(name: str, value: Any, hint: str) -> Any:
     """Return ``value`` if it is callable; TypeError otherwise."""
     if not callable(value):
-        raise InputTypeError(f"{name} must be callable, got {value!r} of type {type(value).__name__}; {hint}", parameter=name)
+        raise InputTypeError(f"{name} must be callable, got {value!r} of type {type(value).__name__}; {hint}",
+                             parameter=name)
     return value
 
 
@@ -92,7 +96,7 @@ def check_lengths(lengths: Any, keep_dtype: bool = False) -> np.ndarray:
         raise InputValueError("lengths is a masked array: fill or drop the masked entries first (tokens per sample)")
     if lengths is None or isinstance(lengths, (dict, set, frozenset)):
         raise InputValueError(f"lengths must be a 1-D sequence, array or tensor of ints (tokens per sample), got "
-                         f"{type(lengths).__name__}{'' if lengths is None else ' (unordered or keyed)'}; {hint}")
+                              f"{type(lengths).__name__}{'' if lengths is None else ' (unordered or keyed)'}; {hint}")
     if isinstance(lengths, (str, bytes)) or (not hasattr(lengths, "__len__") and hasattr(lengths, "__iter__")):
         raise InputValueError(
             f"lengths must be a 1-D sequence, array or tensor of ints (tokens per sample), got "
@@ -172,9 +176,10 @@ def check_speeds(rank_speeds: Any, num_replicas: int) -> np.ndarray | None:
         speeds = np.asarray(rank_speeds, dtype=np.float64).reshape(-1)
     except OverflowError as exc:  # a Python int beyond the float range
         raise InputValueError(f"rank_speeds must hold {num_replicas} finite numbers > 0 (one relative throughput per "
-                         f"rank), got {rank_speeds!r}; pass None for equal ranks") from exc
+                              f"rank), got {rank_speeds!r}; pass None for equal ranks") from exc
     except (TypeError, ValueError) as exc:
-        raise InputTypeError(f"rank_speeds must be a sequence of {num_replicas} positive numbers, got {rank_speeds!r}") from exc
+        raise InputTypeError(f"rank_speeds must be a sequence of {num_replicas} positive numbers, got "
+                             f"{rank_speeds!r}", parameter="rank_speeds") from exc
     if speeds.shape[0] != num_replicas or not np.all(np.isfinite(speeds)) or np.any(speeds <= 0):
         raise InputValueError(
             f"rank_speeds must hold {num_replicas} finite numbers > 0 (one relative throughput per rank), "
@@ -198,14 +203,16 @@ def check_supervised_lengths(supervised: Any, lengths: np.ndarray) -> np.ndarray
     except (ValueError, TypeError) as exc:
         raise InputValueError(f"supervised_lengths must be a 1-D sequence of ints; could not read it: {exc}") from exc
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-        raise InputValueError(f"supervised_lengths must be a 1-D sequence of ints, got shape {arr.shape} dtype {arr.dtype}; "
-                         f"{hint}")
+        raise InputValueError(f"supervised_lengths must be a 1-D sequence of ints, got shape {arr.shape} dtype "
+                              f"{arr.dtype}; "
+                              f"{hint}")
     if arr.shape != lengths.shape:
         raise InputValueError(f"supervised_lengths has {arr.size} entries but lengths has {lengths.size}; {hint}")
     arr = arr.astype(np.int64)
     bad = np.flatnonzero((arr < 0) | (arr > np.maximum(lengths - 1, 0)))
     if bad.size:
         i = int(bad[0])
-        raise InputValueError(f"supervised_lengths[{i}] = {int(arr[i])} is outside [0, {max(int(lengths[i]) - 1, 0)}] for a "
-                         f"sample of {int(lengths[i])} tokens as planned ({bad.size} such sample(s)); {hint}")
+        raise InputValueError(f"supervised_lengths[{i}] = {int(arr[i])} is outside [0, {max(int(lengths[i]) - 1, 0)}] "
+                              "for a "
+                              f"sample of {int(lengths[i])} tokens as planned ({bad.size} such sample(s)); {hint}")
     return arr

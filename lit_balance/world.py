@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lit_balance.errors import InputValueError
+
 __all__ = ["DataParallelWorld", "data_parallel_world", "process_group_world"]
 
 
@@ -41,6 +43,15 @@ class DataParallelWorld:
     rank: int
     num_replicas: int
     strategy: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name, low in (("num_replicas", 1), ("rank", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InputValueError(f"{name} must be an int >= {low}, got {value!r}", parameter=name)
+        if self.rank >= self.num_replicas:
+            raise InputValueError(f"rank must be in [0, num_replicas) = [0, {self.num_replicas}), got {self.rank}",
+                                  parameter="rank")
 
     def _device_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         device = getattr(self.strategy, "root_device", None)

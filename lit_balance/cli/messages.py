@@ -45,8 +45,13 @@ def _name_patterns(names: tuple[str, ...]) -> tuple[re.Pattern, re.Pattern, re.P
             re.compile(rf"(?<![\w.-])({alternatives})(?!\w)"))
 
 
-def flag_names(message: str, names: Iterable[str], flag: Callable[[str], str] | None = None, sep: str = " ") -> str:
+def flag_names(message: str, names: Iterable[str], flag: Callable[[str], str] | None = None, sep: str = " ",
+               parameter: str | None = None) -> str:
     """Rewrite library messages' Python argument names as flags: ``too_long="skip"`` -> ``--too-long skip``.
+
+    A name with a value (``name=value``) is always rewritten; a bare name only when it is a Python identifier no
+    sentence would hold (it has an underscore, e.g. ``max_tokens``), is compared (``linear > 0``) or is the
+    ``parameter`` the error names, so that a word such as "epoch" in a sentence stays a word.
 
     Args:
         message: the library's message.
@@ -54,6 +59,7 @@ def flag_names(message: str, names: Iterable[str], flag: Callable[[str], str] | 
             with "corpus file", "tokenizer path", ...).
         flag: a name's flag, e.g. ``--too-long`` (``plan``) or ``--data.too_long`` (``fit``).
         sep: between a flag and its value: ``" "`` (``plan``) or ``"="`` (``fit``).
+        parameter: the setting the error names (:attr:`lit_balance.errors.InputError.parameter`), or None.
     """
     flag = flag or plan_flag
     quoted_re, value_re, name_re = _name_patterns(tuple(names))
@@ -69,7 +75,11 @@ def flag_names(message: str, names: Iterable[str], flag: Callable[[str], str] | 
     if flag is plan_flag:
         message = _COST_RE.sub("", message)
     message = value_re.sub(valued, quoted_re.sub(quoted, message))
-    return name_re.sub(lambda m: flag(m[1]), message)
+    def bare(m: re.Match) -> str:
+        compared = re.match(r"\s*[<>]=?\s", message[m.end():])  # "linear > 0": a setting, not a word
+        return flag(m[1]) if "_" in m[1] or m[1] == parameter or compared else m[0]
+
+    return name_re.sub(bare, message)
 
 
 def input_error(error: BaseException) -> BaseException | None:
@@ -132,7 +142,7 @@ def fit_message(error: BaseException) -> str:
                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
     if key == "data":
         message = PATH_RE.sub(lambda m: f"--data.{m[1]} {m[2]}", message)
-    return flag_names(message, names, lambda name: f"--{key}.{name}", "=")
+    return flag_names(message, names, lambda name: f"--{key}.{name}", "=", getattr(error, "parameter", None))
 
 
 def exit_on_input_error(subcommand: str, message: str, error: BaseException) -> typing.NoReturn:

@@ -8,6 +8,7 @@ plots; ``plan --config`` also reads a ``lit-balance fit`` config (:func:`plan_op
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import typing
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ class _PlanConfigFile(ActionConfigFile):
             _, plan_error = _try_parse(parser, values, defaults=False)
             if plan_error is not None:
                 raise InputTypeError(f"--config {values}: neither plan options ({plan_error}) nor a lit-balance fit "
-                                f"config ({fit_error})") from plan_error
+                                     f"config ({fit_error})") from plan_error
         super().__call__(parser, cfg, values, option_string)
 
 
@@ -118,8 +119,8 @@ def _num_replicas(trainer: Namespace, source: str) -> int:
         devices = len([d for d in devices.split(",") if d.strip()])
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise InputTypeError(f"--config {source}: trainer.devices is {devices!r}, which names no count of ranks; set "
-                        "trainer.devices to a number in that config, or give plan a config of its own with "
-                        "num_replicas")
+                             "trainer.devices to a number in that config, or give plan a config of its own with "
+                             "num_replicas")
     return devices * int(trainer.get("num_nodes", 1) or 1)
 
 
@@ -189,7 +190,7 @@ def _load_lengths(path: Path) -> np.ndarray:
             raise InputValueError(f"--lengths {str(path)!r} cannot be read: {error}") from error
         if head != b"\x93NUMPY":
             raise InputValueError(f"--lengths {str(path)!r} must be {expected}; got a file that is not a NumPy .npy "
-                             f"array (it starts with {head!r}, not the .npy header)")
+                                  f"array (it starts with {head!r}, not the .npy header)")
         try:
             lengths = np.load(path, allow_pickle=False)
         except (ValueError, OSError, EOFError) as error:
@@ -205,7 +206,7 @@ def _load_lengths(path: Path) -> np.ndarray:
             raise InputValueError(_text_lengths_error(path, error)) from error
     if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
         raise InputValueError(f"--lengths {str(path)!r} must be {expected}; got dtype {lengths.dtype} "
-                         f"and shape {lengths.shape}")
+                              f"and shape {lengths.shape}")
     if lengths.size == 0 or lengths.min() < 1:
         got = "no lengths" if lengths.size == 0 else f"the length {int(lengths.min())} at index {int(lengths.argmin())}"
         raise InputValueError(f"--lengths {str(path)!r} must hold token counts >= 1, got {got}; drop empty samples")
@@ -213,8 +214,8 @@ def _load_lengths(path: Path) -> np.ndarray:
     if too_long.size:
         i = int(too_long[0])
         raise InputValueError(f"--lengths {str(path)!r} must hold token counts <= {MAX_TOKENS_LIMIT} (2**40), got the "
-                         f"length {int(lengths[i])} at index {i} ({too_long.size} such); a length counts tokens "
-                         "per sample: check the file")
+                              f"length {int(lengths[i])} at index {i} ({too_long.size} such); a length counts tokens "
+                              "per sample: check the file")
     return lengths.astype(np.int64)
 
 
@@ -244,14 +245,20 @@ def _check_output_dir(output_dir: Path) -> None:
         if path.is_symlink() or path.exists():
             if not path.is_dir():
                 raise InputValueError(f"--output-dir {str(output_dir)!r}: expected a directory (created if missing), "
-                                 f"but {str(path)!r} is an existing file; pass a directory path")
+                                      f"but {str(path)!r} is an existing file; pass a directory path")
             return
 
 
 def _corpus_lengths(cfg: Namespace, settings: BatchingSettings) -> tuple[np.ndarray, str]:
+    extra = dict(cfg.data_kwargs or {})
+    taken = set(inspect.signature(BalancedTextDataModule.__init__).parameters) - {"self", "settings"}
+    unknown = sorted(set(extra) - taken)
+    if unknown:
+        raise InputTypeError(f"--data-kwargs names {unknown}, which BalancedTextDataModule does not take (its "
+                             "arguments: lit-balance fit --print_config, under data)", parameter="data_kwargs")
     dm = BalancedTextDataModule(cfg.corpus, cfg.tokenizer, settings=settings, max_length=cfg.max_length,
                                 val_fraction=cfg.val_fraction, text_key=cfg.text_key, cache_dir=cfg.cache_dir,
-                                **(cfg.data_kwargs or {}))
+                                **extra)
     dm.prepare_data()  # tokenizes into the cache, with a progress bar, unless cached
     dm.setup("fit")
     return np.asarray(dm.train_dataset.lengths, dtype=np.int64), (
@@ -291,7 +298,8 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
         )
     except InputError as error:
         # the library names its Python arguments (max_tokens, too_long="skip"); here they are flags
-        raise type(error)(flag_names(str(error), PLAN_FLAGS), parameter=error.parameter) from error
+        raise type(error)(flag_names(str(error), PLAN_FLAGS, parameter=error.parameter),
+                          parameter=error.parameter) from error
     console = Console(record=True, width=max(Console().width, 120))
     console.print(f"plan of {source}: {cfg.num_replicas} ranks, max_tokens={cfg.max_tokens} padded slots per "
                   f"micro-batch per rank, epoch {cfg.epoch}", highlight=False, soft_wrap=True)

@@ -18,5 +18,6 @@ from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
 
 __all__ = ["IGNORE_INDEX", "CorpusChunk", "CorpusSource", "MicroBatchDataset", "PackedCollator", "PadCollator",
            "PadFieldsCollator", "PromptCompletion", "TokenDataset", "TokenIds", "TokenizedCorpus", "TokenizerAdapter",
-           "balanced_dataloader", "collator_for", "item_lengths", "load_or_build", "resolve_corpus", "resolve_tokenizer",
+           "balanced_dataloader", "collator_for", "item_lengths", "load_or_build", "resolve_corpus",
+           "resolve_tokenizer",
            "stdlib_docstrings"]

@@ -114,8 +114,9 @@ class TokenizedCorpus:
                                         or self.labels.shape != self.token_ids.shape):
             got = (f"{self.labels.dtype} with shape {self.labels.shape}" if isinstance(self.labels, np.ndarray)
                    else type(self.labels).__name__)
-            raise InputValueError(f"labels must be None or an int32 array shaped like token_ids {self.token_ids.shape}, "
-                             f"got {got}")
+            raise InputValueError("labels must be None or an int32 array shaped like token_ids "
+                                  f"{self.token_ids.shape}, "
+                                  f"got {got}")
         for name, dtype in _ARRAYS.items():
             array = getattr(self, name)
             if not isinstance(array, np.ndarray) or array.dtype != dtype or array.ndim != 1:
@@ -125,7 +126,7 @@ class TokenizedCorpus:
         offsets = self.offsets
         if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(self.token_ids):
             raise InputValueError(f"offsets must run from 0 to len(token_ids)={len(self.token_ids)}, "
-                             f"got {offsets[:1].tolist()}..{offsets[-1:].tolist()}")
+                                  f"got {offsets[:1].tolist()}..{offsets[-1:].tolist()}")
         for begin in range(0, len(offsets) - 1, _CHECK_BLOCK):  # in blocks: no temporary as large as the corpus
             block = np.asarray(offsets[begin:begin + _CHECK_BLOCK + 1])
             if np.any(block[1:] < block[:-1]):
@@ -216,10 +217,11 @@ def _check_types(source: Any, tokenizer: Any) -> None:
         raise InputTypeError(f"source must be a CorpusSource (from resolve_corpus), got {type(source).__name__}")
     if not isinstance(tokenizer, TokenizerAdapter):
         raise InputTypeError(f"tokenizer must be a TokenizerAdapter (from resolve_tokenizer), "
-                        f"got {type(tokenizer).__name__}")
+                             f"got {type(tokenizer).__name__}")
     if tokenizer.add_special_tokens and source.holds_token_ids:
-        raise InputValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as given, "
-                         "so add the special ids to each document yourself, or leave add_special_tokens=False")
+        raise InputValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as "
+                              "given, "
+                              "so add the special ids to each document yourself, or leave add_special_tokens=False")
 
 
 def _array_sha256(path: Path) -> str:
@@ -240,8 +242,9 @@ def _check_ids(flat: np.ndarray, sizes: np.ndarray, start: int, vocab_size: int,
         first = int(np.flatnonzero(bad_mask)[0])
         doc = start + int(np.searchsorted(np.cumsum(sizes), first, side="right"))
         allowed = f"[0, vocab_size={vocab_size})" + (" or -100" if ignore else "")
-        raise InputValueError(f"document {doc} holds the {what} {int(flat[first])}, outside {allowed}; pass a tokenizer or "
-                         "vocab_size that covers it")
+        raise InputValueError(f"document {doc} holds the {what} {int(flat[first])}, outside {allowed}; pass a "
+                              "tokenizer or "
+                              "vocab_size that covers it")
 
 
 class _NpyAppender:
@@ -307,13 +310,31 @@ def _tokenized_chunks(source: CorpusSource, tokenizer: TokenizerAdapter
                 pending.append((chunk, pool.submit(encode_chunk_deferred, chunk, tokenizer)))
                 if len(pending) > _IN_FLIGHT:
                     done, future = pending.popleft()
-                    yield done, *future.result()()
+                    yield done, *_encoded(done, future)
             while pending:
                 done, future = pending.popleft()
-                yield done, *future.result()()
+                yield done, *_encoded(done, future)
         finally:
             for _, future in pending:
                 future.cancel()
+
+
+def _encoded(chunk: CorpusChunk, future: Future) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The flat arrays of a chunk the encoding thread tokenized; a text that is not valid Unicode (a lone surrogate,
+    which no tokenizer takes) raises naming its document."""
+    try:
+        return future.result()()
+    except TypeError as error:
+        texts = chunk.texts if chunk.texts is not None else [p + c for p, c in chunk.pairs or ()]
+        for i, text in enumerate(texts):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as bad:
+                raise InputValueError(
+                    f"document {chunk.start + i} of the corpus is not valid Unicode text: it holds "
+                    f"{text[bad.start:bad.end]!r} at character {bad.start} (a lone surrogate, e.g. from a JSON "
+                    "\\ud800 escape), which cannot be tokenized; fix or drop that document") from error
+        raise
 
 
 @contextmanager
@@ -453,11 +474,14 @@ def _build(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: Path, k
             if _read_entry(cache_dir / key, key, tokenizer) is not None:
                 return cache_dir / key  # built before from the same content
         elif _key_of_read(source, tokenizer) != key:
-            raise RuntimeError(f"the corpus ({source.description}) changed while it was tokenized; run again once "
-                               "its files no longer change")
+            raise RuntimeError(f"the corpus ({source.description}) changed while it was tokenized; run again once it "
+                               "no "
+                               f"longer changes (its identity, {type(source).__qualname__}.identity() and for files "
+                               "their "
+                               "content, differs before and after reading it)")
         if not num_kept:
             raise InputValueError(f"all {num_docs} documents of the corpus ({source.description}) are empty after "
-                             "tokenization")
+                                  "tokenization")
         target = cache_dir / key
         names = [*_ARRAYS, *([_LABELS] if has_labels else [])]
         digests = {f"{name}.npy": _array_sha256(tmp / f"{name}.npy") for name in names}

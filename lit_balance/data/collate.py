@@ -38,7 +38,7 @@ class PadCollator:
     When the samples carry the plan's ``step_real_tokens`` and ``step_rows`` (see
     :class:`lit_balance.TokenDataset`), the batch also carries them (ints, global: all ranks and all
     micro-batches of the micro-batch's optimizer step, fill rows excluded) and ``step_supervised_tokens``: the
-    tokens with a next-token target in that step, the divisor of :class:`lit_balance.lightning.loss.StepTokenLoss`. It is
+    tokens with a next-token target in that step, the divisor of :class:`lit_balance.StepTokenLoss`. It is
     the samples' ``step_supervised_tokens`` when they carry it (the plan counts masked labels exactly, see
     ``supervised_lengths`` of :class:`lit_balance.BalancedBatchSampler`), else ``step_real_tokens - step_rows``
     (a row of ``l`` tokens without masked labels supervises ``l - 1``).
@@ -76,7 +76,7 @@ class PadCollator:
                 label = torch.from_numpy(np.array(s["labels"], dtype=np.int64)).reshape(-1)
                 if label.numel() != ids.numel():
                     raise InputValueError(f"sample at dataset index {s.get('index')} has {label.numel()} labels for "
-                                     f"{ids.numel()} input_ids; give one (unshifted) label per token")
+                                          f"{ids.numel()} input_ids; give one (unshifted) label per token")
             if self.max_length is not None:
                 ids = ids[: self.max_length]
                 label = None if label is None else label[: self.max_length]
@@ -201,7 +201,7 @@ class PackedCollator:
         labels = ids if s.get("labels") is None else np.asarray(s["labels"], dtype=np.int64).reshape(-1)
         if labels.shape != ids.shape:
             raise InputValueError(f"sample at dataset index {s.get('index')} has {labels.size} labels for {ids.size} "
-                             "input_ids; labels must give one value (or -100) per token")
+                                  "input_ids; labels must give one value (or -100) per token")
         if self.max_length is not None:
             ids, labels = ids[: self.max_length], labels[: self.max_length]
         if ids.size == 0:

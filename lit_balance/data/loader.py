@@ -44,8 +44,9 @@ def _field_length(item: Mapping[str, Any], field: str, index: int) -> int:
     if not isinstance(item, Mapping):
         raise InputTypeError(f"item {index} is a {type(item).__name__}, expected a mapping (dict) of fields")
     if field not in item:
-        raise InputValueError(f"item {index} has no field {field!r} (its fields: {sorted(item)}); pass the length field "
-                         "that holds the token ids, or a function of the item")
+        raise InputValueError(f"item {index} has no field {field!r} (its fields: {sorted(item)}); pass the length "
+                              "field "
+                              "that holds the token ids, or a function of the item")
     value = item[field]
     if isinstance(value, (bool, np.bool_)):
         raise InputTypeError(f"item {index} field {field!r} is a bool; expected a sequence of tokens or an int length")
@@ -55,7 +56,7 @@ def _field_length(item: Mapping[str, Any], field: str, index: int) -> int:
         return len(value)
     except TypeError:
         raise InputTypeError(f"item {index} field {field!r} is a {type(value).__name__}; expected a sequence of tokens "
-                        "(its length counts) or an int length") from None
+                             "(its length counts) or an int length") from None
 
 
 def _length_function(length: LengthSpec) -> Callable[[Mapping[str, Any], int], int]:
@@ -67,7 +68,7 @@ def _length_function(length: LengthSpec) -> Callable[[Mapping[str, Any], int], i
         fields = tuple(length)
     else:
         raise InputTypeError(f"length must be a field name, a non-empty list of field names or a function of the item, "
-                        f"got {length!r}")
+                             f"got {length!r}")
     return lambda item, index: max(_field_length(item, f, index) for f in fields)
 
 
@@ -106,8 +107,9 @@ def item_lengths(dataset: Any, length: LengthSpec) -> np.ndarray:
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
             raise InputTypeError(f"the length of item {i} is {value!r} ({type(value).__name__}); expected an int")
         if value < 1:
-            raise InputValueError(f"item {i} has length {value} (length={length!r}); every item needs at least 1 token: "
-                             "drop empty items from the dataset first")
+            raise InputValueError(f"item {i} has length {value} (length={length!r}); every item needs at least 1 "
+                                  "token: "
+                                  "drop empty items from the dataset first")
         out[i] = value
     return out
 
@@ -143,7 +145,7 @@ def _arrow_lengths(dataset: Any, length: LengthSpec) -> np.ndarray | None:
     if bad.size:
         i = int(bad[0])
         raise InputValueError(f"item {i} has length {int(lengths[i])} (length={length!r}); every item needs at least 1 "
-                         "token: drop empty items from the dataset first")
+                              "token: drop empty items from the dataset first")
     return lengths
 
 
@@ -230,8 +232,9 @@ def _mask_name(field: str) -> str:
 def _as_row(value: Any, field: str, index: Any) -> torch.Tensor:
     row = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
     if row.ndim != 1:
-        raise InputValueError(f"item {index} field {field!r} has shape {tuple(row.shape)}; a sequence field must be 1-D "
-                         "(list it in scalar_fields if it is one value per item)")
+        raise InputValueError(f"item {index} field {field!r} has shape {tuple(row.shape)}; a sequence field must be "
+                              "1-D "
+                              "(list it in scalar_fields if it is one value per item)")
     if row.numel() and (row.dtype == torch.bool or row.is_floating_point()):
         return row
     return row.to(torch.long)  # token ids (and an empty row, which numpy makes float64)
@@ -314,7 +317,8 @@ class PadFieldsCollator:
                     where = f"twice in {what}" if seen[name] == what else f"in both {seen[name]} and {what}"
                     raise InputValueError(f"field {name!r} is listed {where}; list it once")
                 seen[name] = what
-        if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer))):
+        if pad_token_id is not None and (isinstance(pad_token_id, bool)
+                                         or not isinstance(pad_token_id, (int, np.integer))):
             raise InputTypeError(f"pad_token_id must be an int or None, got {pad_token_id!r}")
         if isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, (int, np.integer)) \
                 or pad_to_multiple_of < 1:
@@ -332,9 +336,10 @@ class PadFieldsCollator:
             elif _is_mask(name):
                 self.pad_values[name] = 0
             elif pad_token_id is None:
-                raise InputValueError(f"sequence field {name!r} holds token ids (not a label or mask field by its name) "
-                                 "and has no pad value: pass pad_token_id=tokenizer.pad_token_id, or "
-                                 f"pad_values={{{name!r}: ...}}")
+                raise InputValueError(f"sequence field {name!r} holds token ids (not a label or mask field by its "
+                                      "name) "
+                                      "and has no pad value: pass pad_token_id=tokenizer.pad_token_id, or "
+                                      f"pad_values={{{name!r}: ...}}")
             else:
                 self.pad_values[name] = int(pad_token_id)
         self.sequence_fields = tuple(names)
@@ -358,18 +363,20 @@ class PadFieldsCollator:
         indices = meta.indices if meta is not None else tuple(range(len(samples)))
         for position, item in enumerate(samples):
             if not isinstance(item, Mapping):
-                raise InputTypeError(f"item {indices[position]} is a {type(item).__name__}, expected a mapping of fields")
+                raise InputTypeError(f"item {indices[position]} is a {type(item).__name__}, expected a mapping of "
+                                     "fields")
             unlisted = sorted(set(item) - self._known)
             if unlisted:
                 raise InputValueError(f"item {indices[position]} has fields {unlisted} that PadFieldsCollator does not "
-                                 f"list; add them to sequence_fields, scalar_fields or drop_fields")
+                                      f"list; add them to sequence_fields, scalar_fields or drop_fields")
         batch: dict[str, Any] = {}
         rows_of: dict[str, list[torch.Tensor]] = {}
         for field in self.sequence_fields:
             rows = []
             for position, item in enumerate(samples):
                 if field not in item:
-                    raise InputValueError(f"item {indices[position]} has no field {field!r} (its fields: {sorted(item)})")
+                    raise InputValueError(f"item {indices[position]} has no field {field!r} (its fields: "
+                                          f"{sorted(item)})")
                 rows.append(_as_row(item[field], field, indices[position]))
             rows_of[field] = rows
         row_lengths = {f: [r.numel() for r in rows] for f, rows in rows_of.items()}
@@ -380,9 +387,12 @@ class PadFieldsCollator:
         for field, lengths in row_lengths.items():
             for position, (n, p) in enumerate(zip(lengths, planned)):
                 if n > p:
-                    raise InputValueError(f"item {indices[position]} field {field!r} has {n} tokens but was planned at {p}: "
-                                     "its padded slots could exceed max_tokens; make the dataset's length cover every "
-                                     f"sequence field (e.g. MicroBatchDataset(dataset, length={list(self.sequence_fields)}))")
+                    raise InputValueError(f"item {indices[position]} field {field!r} has {n} tokens but was planned at "
+                                          f"{p}: "
+                                          "its padded slots could exceed max_tokens; make the dataset's length cover "
+                                          "every "
+                                          "sequence field (e.g. MicroBatchDataset(dataset, "
+                                          f"length={list(self.sequence_fields)}))")
         for field, rows in rows_of.items():
             width = self._width(max(row_lengths[field]))
             dtype = next((r.dtype for r in rows if r.numel()), torch.long)
@@ -397,14 +407,15 @@ class PadFieldsCollator:
             if mask in rows_of:
                 if row_lengths[mask] != row_lengths[field]:
                     raise InputValueError(f"field {mask!r} has row lengths {row_lengths[mask]} but {field!r} has "
-                                     f"{row_lengths[field]}; a mask must have one entry per token of its field")
+                                          f"{row_lengths[field]}; a mask must have one entry per token of its field")
                 continue
             batch[mask] = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
         for field in self.scalar_fields:
             values = []
             for position, item in enumerate(samples):
                 if field not in item:
-                    raise InputValueError(f"item {indices[position]} has no field {field!r} (its fields: {sorted(item)})")
+                    raise InputValueError(f"item {indices[position]} has no field {field!r} (its fields: "
+                                          f"{sorted(item)})")
                 values.append(item[field])
             batch[field] = default_collate(values)
         is_fill = torch.tensor(meta.is_fill if meta is not None else [False] * len(samples), dtype=torch.bool)
@@ -455,25 +466,29 @@ def balanced_dataloader(dataset: Dataset, sampler: Any, collate_fn: Callable[[An
     owned = sorted(set(dataloader_kwargs) & set(_LOADER_OWNED))
     if owned:
         raise InputTypeError(f"balanced_dataloader got {owned}: the sampler forms the micro-batches; set "
-                        + "; ".join(f"{k} through {_LOADER_OWNED[k]}" for k in owned)
-                        + " (BatchingSettings) instead")
+                             + "; ".join(f"{k} through {_LOADER_OWNED[k]}" for k in owned)
+                             + " (BatchingSettings) instead")
     if not isinstance(dataset, (MicroBatchDataset, TokenDataset)):
-        raise InputTypeError(f"dataset must be a MicroBatchDataset (or TokenDataset), got {type(dataset).__name__}; wrap "
-                        "it: MicroBatchDataset(dataset, length='input_ids')")
+        raise InputTypeError(f"dataset must be a MicroBatchDataset (or TokenDataset), got {type(dataset).__name__}; "
+                             "wrap "
+                             "it: MicroBatchDataset(dataset, length='input_ids')")
     if not isinstance(sampler, BalancedBatchSampler):
         raise InputTypeError(f"sampler must be a lit_balance.BalancedBatchSampler, got {type(sampler).__name__}")
     lengths = np.asarray(dataset.lengths, dtype=np.int64)
     if sampler.lengths.shape != lengths.shape:
-        raise InputValueError(f"the sampler plans {sampler.lengths.shape[0]} samples but the dataset holds {len(dataset)}; "
-                         "build the sampler from dataset.lengths")
+        raise InputValueError(f"the sampler plans {sampler.lengths.shape[0]} samples but the dataset holds "
+                              f"{len(dataset)}; "
+                              "build the sampler from dataset.lengths")
     if sampler.settings.too_long == "truncate" and not isinstance(dataset, TokenDataset):
         if np.any(lengths > sampler.truncate_to):
-            raise InputValueError(f"too_long='truncate' plans {int(np.sum(lengths > sampler.truncate_to))} sample(s) at "
-                             f"{sampler.truncate_to} tokens, but the dataset's items are longer and the collator "
-                             "does not cut them: truncate the items first, or pass too_long='skip' or raise max_tokens")
+            raise InputValueError(f"too_long='truncate' plans {int(np.sum(lengths > sampler.truncate_to))} sample(s) "
+                                  "at "
+                                  f"{sampler.truncate_to} tokens, but the dataset's items are longer and the collator "
+                                  "does not cut them: truncate the items first, or pass too_long='skip' or raise "
+                                  "max_tokens")
     elif not np.array_equal(sampler.lengths, lengths):
         first = int(np.flatnonzero(sampler.lengths != lengths)[0])
         raise InputValueError(f"the sampler planned other lengths than the dataset's (index {first}: "
-                         f"{int(sampler.lengths[first])} planned, {int(lengths[first])} in the dataset); "
-                         "build the sampler from dataset.lengths")
+                              f"{int(sampler.lengths[first])} planned, {int(lengths[first])} in the dataset); "
+                              "build the sampler from dataset.lengths")
     return DataLoader(dataset, sampler=sampler, batch_size=None, collate_fn=collate_fn, **dataloader_kwargs)

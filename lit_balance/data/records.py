@@ -153,7 +153,7 @@ def _given_ids(chunk: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     for i, (a, lab) in enumerate(zip(docs, chunk.labels)):
         if lab is not None and len(lab) != len(a):
             raise InputValueError(f"document {chunk.start + i} has {len(lab)} labels for {len(a)} tokens; give one "
-                             "(unshifted) label per token, -100 where a token has no target")
+                                  "(unshifted) label per token, -100 where a token has no target")
     labels = [a if lab is None else np.asarray(lab, dtype=np.int64) for a, lab in zip(docs, chunk.labels)]
     return sizes, ids, (np.concatenate(labels) if labels else np.zeros(0, np.int64))
 
@@ -193,7 +193,7 @@ def supervised_counts(labels: np.ndarray | None, offsets: np.ndarray, doc_ids: n
                       lengths: np.ndarray) -> np.ndarray:
     """Next-token targets per document as a causal LM counts them: labels ``1 .. length-1`` that are not ``-100``.
 
-    :func:`lit_balance.lightning.loss.token_loss_sum` shifts: position ``t`` predicts label ``t + 1``, so a row's first label
+    :func:`lit_balance.token_loss_sum` shifts: position ``t`` predicts label ``t + 1``, so a row's first label
     never counts. Without labels every token but the first is a target (``length - 1``).
 
     Args:

@@ -122,7 +122,8 @@ def split_corpus(corpus: TokenizedCorpus, *, val_fraction: float, seed: int, max
         ``(train_dataset, val_dataset)``; ``val_dataset`` is None when no document validates.
 
     Raises:
-        ValueError: as :func:`split_documents`.
+        ValueError: as :func:`split_documents`; ``split_sizes`` that are not two ints >= 1 adding up to the
+            documents the corpus read (empty ones included).
 
     Example:
         >>> corpus = TokenizedCorpus(np.arange(1, 7, dtype=np.int32), np.array([0, 1, 3, 6]), np.arange(3),
@@ -131,6 +132,8 @@ def split_corpus(corpus: TokenizedCorpus, *, val_fraction: float, seed: int, max
         >>> train.lengths.tolist(), val
         ([1, 2, 2], None)
     """
+    if split_sizes is not None:
+        _check_split_sizes(split_sizes, len(corpus) + corpus.num_empty)
     train_docs, val_docs = split_documents(len(corpus), val_fraction=val_fraction, seed=seed,
                                            source_index=corpus.source_index, split_sizes=split_sizes)
 
@@ -138,3 +141,14 @@ def split_corpus(corpus: TokenizedCorpus, *, val_fraction: float, seed: int, max
         return TokenDataset(corpus.token_ids, corpus.offsets, docs, max_length, labels=corpus.labels)
 
     return dataset(train_docs), dataset(val_docs) if len(val_docs) else None
+
+
+def _check_split_sizes(split_sizes: Any, num_read: int) -> None:
+    """Raise unless ``split_sizes`` is two ints >= 1 that add up to ``num_read``, the documents a corpus yielded."""
+    ok = (isinstance(split_sizes, (tuple, list)) and len(split_sizes) == 2
+          and all(isinstance(n, (int, np.integer)) and not isinstance(n, (bool, np.bool_)) and n >= 1
+                  for n in split_sizes))
+    if not ok or sum(int(n) for n in split_sizes) != num_read:
+        raise InputValueError(f"the corpus' split_sizes must be (training documents, validation documents), two ints "
+                              f">= 1 that add up to the {num_read} documents it yielded (training first), got "
+                              f"{split_sizes!r}; check the source's split_sizes", parameter="split_sizes")

@@ -76,8 +76,9 @@ class TokenizerAdapter:
 
     def __post_init__(self) -> None:
         if not isinstance(self.add_special_tokens, (bool, np.bool_)):
-            raise InputTypeError(f"add_special_tokens must be True or False, got {type(self.add_special_tokens).__name__} "
-                            f"{self.add_special_tokens!r}")
+            raise InputTypeError("add_special_tokens must be True or False, got "
+                                 f"{type(self.add_special_tokens).__name__} "
+                                 f"{self.add_special_tokens!r}")
         object.__setattr__(self, "add_special_tokens", bool(self.add_special_tokens))
         for name in ("vocab_size", "pad_token_id"):
             value = getattr(self, name)
@@ -183,7 +184,7 @@ class TokenizerAdapter:
         holds the GIL: a ``tokenizers`` encoding's ids become a Python list only when asked for)."""
         if self.backend is None:
             raise InputTypeError("this TokenizerAdapter describes pre-tokenized ids and cannot encode text; "
-                            "pass a tokenizer to resolve_tokenizer()")
+                                 "pass a tokenizer to resolve_tokenizer()")
         texts = list(texts)
         if isinstance(self.backend, tokenizers.Tokenizer):
             encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
@@ -257,11 +258,11 @@ def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None,
     """
     if not isinstance(add_special_tokens, (bool, np.bool_)):
         raise InputTypeError(f"add_special_tokens must be True or False, got {type(add_special_tokens).__name__} "
-                        f"{add_special_tokens!r}")
+                             f"{add_special_tokens!r}")
     if isinstance(tokenizer, TokenizerAdapter):
         if pad_token_id is not None and pad_token_id != tokenizer.pad_token_id:
             raise InputValueError(f"pad_token_id={pad_token_id!r} conflicts with the given TokenizerAdapter's "
-                             f"pad_token_id={tokenizer.pad_token_id}; drop one of them")
+                                  f"pad_token_id={tokenizer.pad_token_id}; drop one of them")
         return dataclasses.replace(tokenizer, add_special_tokens=True) if add_special_tokens else tokenizer
     if tokenizer is None:
         tokenizer = builtin_tokenizer()
@@ -299,7 +300,8 @@ def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None,
         )
     pad = pad_token_id if pad_token_id is not None else found
     if pad is None:
-        raise InputValueError(f"the tokenizer ({type(tokenizer).__name__}) defines no padding token; pass pad_token_id=")
+        raise InputValueError(f"the tokenizer ({type(tokenizer).__name__}) defines no padding token; pass "
+                              "pad_token_id=")
     if isinstance(pad, bool) or not isinstance(pad, (int, np.integer)):
         raise InputTypeError(f"pad_token_id must be an int, got {type(pad).__name__} {pad!r}")
     fingerprint = _sha256(*identity, str(vocab_size), str(int(pad)))

@@ -135,8 +135,9 @@ def _flex(cu_seq_lens: torch.Tensor) -> Attend:
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
         if dropout_p:
-            raise InputValueError("packed_attention='flex_attention' has no attention dropout; set the model's dropout to 0 "
-                             "or use 'sdpa_groups'")
+            raise InputValueError("packed_attention='flex_attention' has no attention dropout; set the model's dropout "
+                                  "to 0 "
+                                  "or use 'sdpa_groups'")
         return kernel(q, k, v, block_mask=block_mask)
 
     return attend

@@ -98,13 +98,16 @@ class DemoTransformerLM(L.LightningModule):
         num_layers = check_int("num_layers", num_layers, 1, "set the number of transformer blocks")
         dim_feedforward = check_int("dim_feedforward", dim_feedforward, 1, "set the feed-forward hidden size")
         if d_model % num_heads:
-            raise InputValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads}); change d_model or "
-                             "num_heads")
+            raise InputValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads}); change d_model "
+                                  "or "
+                                  "num_heads")
         dropout = check_number("dropout", dropout, 0.0, 1.0, "set dropout to a probability, e.g. 0.0 or 0.1")
         lr = check_number("lr", lr, 0.0, None, "set lr to the AdamW learning rate, e.g. 1e-3")
-        weight_decay = check_number("weight_decay", weight_decay, 0.0, None, "set weight_decay to the AdamW weight decay, e.g. 0.01")
+        weight_decay = check_number("weight_decay", weight_decay, 0.0, None, "set weight_decay to the AdamW weight "
+                                                                             "decay, e.g. 0.01")
         if packed_attention not in ("auto", *PACKED_ATTENTION):
-            raise InputValueError(f"packed_attention must be one of {('auto', *PACKED_ATTENTION)}, got {packed_attention!r}")
+            raise InputValueError(f"packed_attention must be one of {('auto', *PACKED_ATTENTION)}, got "
+                                  f"{packed_attention!r}")
         self.save_hyperparameters()
         self.embed = nn.Embedding(vocab_size, d_model)
         layer = nn.TransformerEncoderLayer(
@@ -144,18 +147,19 @@ class DemoTransformerLM(L.LightningModule):
                         attention_mask: torch.Tensor | None) -> torch.Tensor:
         if input_ids.ndim != 2 or input_ids.shape[0] != 1:
             raise InputValueError(f"a packed batch is one row: input_ids [1, N], got shape {tuple(input_ids.shape)}; "
-                             "collate with lit_balance.PackedCollator")
+                                  "collate with lit_balance.PackedCollator")
         if attention_mask is not None:
             raise InputValueError("a packed batch takes no attention_mask (documents are delimited by cu_seq_lens); "
-                             "pass attention_mask=None")
+                                  "pass attention_mask=None")
         if position_ids is None or position_ids.shape != input_ids.shape:
             raise InputValueError(f"a packed batch needs position_ids of shape {tuple(input_ids.shape)} (0 at each "
-                             f"document's start), got {None if position_ids is None else tuple(position_ids.shape)}")
+                                  f"document's start), got "
+                                  f"{None if position_ids is None else tuple(position_ids.shape)}")
         n = input_ids.shape[1]
         cu = cu_seq_lens.reshape(-1)
         if cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != n:
             raise InputValueError(f"cu_seq_lens must run from 0 to N={n} (cumulative document lengths), got "
-                             f"{cu.tolist()[:4]}...{cu.tolist()[-2:]}")
+                                  f"{cu.tolist()[:4]}...{cu.tolist()[-2:]}")
         d_model = self.hparams.d_model
         positions = _sinusoidal(int(position_ids.max()) + 1, d_model, input_ids.device)[position_ids]
         x = self.embed(input_ids) * math.sqrt(d_model) + positions

@@ -575,7 +575,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         if not isinstance(saved, Mapping) or set(saved) != set(_DATA_KEYS):
             got = sorted(saved) if isinstance(saved, Mapping) else saved
             raise InputValueError(f"BalancedTextDataModule state_dict 'data' must have keys {sorted(_DATA_KEYS)}, "
-                             f"got {got!r}")
+                                  f"got {got!r}")
         now = self._data_identity()
         diff = [f"{k}: saved {saved[k]!r}, now {now[k]!r}" for k in ("seed", "val_fraction", "max_length")
                 if saved[k] != now[k]]
@@ -607,7 +607,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         """
         if not isinstance(state_dict, Mapping):
             raise InputTypeError(f"BalancedTextDataModule.load_state_dict expects the dict returned by state_dict() "
-                            f"(key 'train_sampler'), got {state_dict!r} of type {type(state_dict).__name__}")
+                                 f"(key 'train_sampler'), got {state_dict!r} of type {type(state_dict).__name__}")
         unknown = set(state_dict) - {"train_sampler", "data"}
         if unknown:
             raise InputValueError(f"BalancedTextDataModule state_dict has unknown keys {sorted(unknown)}")

@@ -110,7 +110,7 @@ class TokenMeanLoss(Metric):
             raise InputValueError(f"expected num_tokens to be an int >= 0, got {count:g}")
         if not bool(torch.isfinite(total)) or (count == 0 and float(total) != 0):
             raise InputValueError(f"expected a finite loss_sum, 0 over 0 tokens; got loss_sum={float(total):g} over "
-                             f"num_tokens={count:g}")
+                                  f"num_tokens={count:g}")
         self.loss_sum += total
         self.num_tokens += count
 

@@ -55,6 +55,19 @@ class CostModelProtocol(Protocol):
         """The model :meth:`to_dict` describes; raise ``ValueError`` for values it does not describe."""
 
 
+def _plain(value: Any) -> Any:
+    """``value`` with NumPy scalars and arrays as Python numbers and lists (nested in lists and dicts too)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def _check_coef(name: str, value: Any) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise InputTypeError(f"CostModel.{name} must be a number >= 0, got {value!r} of type {type(value).__name__}",
@@ -124,18 +137,20 @@ class CostModelBase:
         return self.per_batch + cumulative[offsets[1:]] - cumulative[offsets[:-1]]
 
     def to_dict(self) -> dict[str, Any]:
-        """The dataclass fields as a dict of plain values (e.g. for a ``state_dict``)."""
-        return dataclasses.asdict(self)
+        """The dataclass fields as plain Python values (NumPy scalars and arrays become ``int``, ``float`` and lists),
+        so that a ``state_dict`` holding them loads with ``torch.load(weights_only=True)``."""
+        return {name: _plain(value) for name, value in dataclasses.asdict(self).items()}
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> CostModelBase:
-        """Build from :meth:`to_dict`'s output.
+        """Build from :meth:`to_dict`'s output: every field of the class, no other key.
 
         Raises:
-            ValueError: ``values`` is not a mapping of this class's fields (naming those expected and those given).
+            ValueError: ``values`` is not a mapping of exactly this class's fields (naming those expected and those
+                given), or a value the class rejects.
         """
         names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
-        if not isinstance(values, Mapping) or set(values) - set(names):
+        if not isinstance(values, Mapping) or set(values) != set(names):
             got = sorted(values) if isinstance(values, Mapping) else type(values).__name__
             raise InputValueError(f"a {cls.__name__} is described by the keys {names}, got {got}")
         return cls(**values)
@@ -225,8 +240,8 @@ class CostModel(CostModelBase):
         for name, value in (("rows", rows), ("padded_length", padded_length), ("seconds", seconds)):
             a = np.asarray(value)
             if a.dtype.kind not in "iuf":
-                raise InputTypeError(f"CostModel.fit: {name} must be numbers (an int or float array), got dtype {a.dtype} "
-                                f"(e.g. {a.reshape(-1)[:3].tolist()!r})")
+                raise InputTypeError(f"CostModel.fit: {name} must be numbers (an int or float array), got dtype "
+                                     f"{a.dtype} (e.g. {a.reshape(-1)[:3].tolist()!r})")
             arrays.append(a.astype(np.float64).reshape(-1))
         r, length, t = arrays
         if not (r.shape == length.shape == t.shape):
@@ -246,7 +261,8 @@ class CostModel(CostModelBase):
             try:
                 coef, *_ = np.linalg.lstsq(a, t, rcond=None)
             except np.linalg.LinAlgError as exc:
-                raise InputValueError(f"CostModel.fit: the timings cannot be fitted ({exc}); check for extreme values") from exc
+                raise InputValueError(f"CostModel.fit: the timings cannot be fitted ({exc}); check for extreme "
+                                      "values") from exc
             if np.any(coef < 0):
                 continue
             resid = float(np.sum((a @ coef - t) ** 2))
@@ -256,7 +272,8 @@ class CostModel(CostModelBase):
                 best = (resid, full)
         token_part = 0.0 if best is None else float(np.mean(columns[:, :2] @ best[1][:2]))
         if best is None or token_part <= 1e-6 * max(float(np.mean(t)), 1e-300):
-            raise InputValueError("CostModel.fit: the timings do not grow with tokens; time more (or longer) micro-batches")
+            raise InputValueError("CostModel.fit: the timings do not grow with tokens; time more (or longer) "
+                                  "micro-batches")
         linear, quadratic, per_batch = (float(x) for x in best[1])
         return cls(linear=linear, quadratic=quadratic, per_batch=per_batch)
 
@@ -264,11 +281,21 @@ class CostModel(CostModelBase):
 _REQUIRED = ("per_batch", "row_cost", "batch_cost", "packed_cost", "to_dict", "from_dict")
 
 
+#: lengths (tokens) at which a cost model's costs are checked when it is given: 1 to 2**20, about 4 per octave
+_PROBE_LENGTHS = np.unique(np.geomspace(1, 2**20, 81).astype(np.int64))
+
+
 def check_cost_model(cost_model: Any, parameter: str = "cost_model") -> CostModelProtocol:
     """Return ``cost_model``, or the default :class:`CostModel` (padded token slots) for None.
 
+    A cost model other than :class:`CostModel` is also checked on lengths from 1 to 2**20 tokens: its ``row_cost``
+    must return float costs of the lengths' shape, finite, >= 0 and not all 0, its ``per_batch`` a finite number >= 0;
+    a :class:`CostModelBase` subclass must be a dataclass (its fields are what ``to_dict`` saves).
+
     Raises:
-        TypeError: ``cost_model`` lacks a member of :class:`CostModelProtocol` (naming it) or is not hashable.
+        TypeError: ``cost_model`` lacks a member of :class:`CostModelProtocol` (naming it), is not hashable, or is a
+            :class:`CostModelBase` that is not a dataclass.
+        ValueError: its costs are not finite, negative, all 0, or of another shape than the lengths.
     """
     if cost_model is None:
         return CostModel()
@@ -276,12 +303,46 @@ def check_cost_model(cost_model: Any, parameter: str = "cost_model") -> CostMode
     if missing or isinstance(cost_model, type):
         raise InputTypeError(
             f"{parameter} must be a lit_balance.CostModel or None, or another cost model (an object with "
-            f"{', '.join(_REQUIRED)}: see lit_balance.plan.CostModelBase); got {cost_model!r} of type {type(cost_model).__name__}"
-            + (f", which lacks {missing}" if missing and not isinstance(cost_model, type) else ""),
-            parameter=parameter)
+            f"{', '.join(_REQUIRED)}: see lit_balance.plan.CostModelBase); got {cost_model!r} of type "
+            f"{type(cost_model).__name__}" + (f", which lacks {missing}" if missing and not isinstance(cost_model, type)
+                                              else ""), parameter=parameter)
     try:
         hash(cost_model)
     except TypeError:
         raise InputTypeError(f"{parameter} must be hashable and compare by value (e.g. a frozen dataclass), got an "
                              f"unhashable {type(cost_model).__name__}", parameter=parameter) from None
+    if type(cost_model) is not CostModel:
+        _check_costs(cost_model, parameter)
     return cost_model
+
+
+def _check_costs(cost_model: Any, parameter: str) -> None:
+    """Raise unless ``cost_model`` is a dataclass (if a :class:`CostModelBase`) with sane costs on probe lengths."""
+    name = type(cost_model).__name__
+    if isinstance(cost_model, CostModelBase) and not dataclasses.is_dataclass(cost_model):
+        raise InputTypeError(f"{parameter}: a CostModelBase subclass must be a (frozen) dataclass, whose fields "
+                             f"to_dict() saves and from_dict() restores; decorate {name} with "
+                             "@dataclass(frozen=True)", parameter=parameter)
+    per_batch = cost_model.per_batch
+    if isinstance(per_batch, (bool, np.bool_)) or not isinstance(per_batch, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(per_batch)) or per_batch < 0:
+        raise InputValueError(f"{parameter}: {name}.per_batch must be a finite number >= 0 (the cost of one "
+                              f"micro-batch beyond its rows), got {per_batch!r}", parameter=parameter)
+    try:
+        costs = np.asarray(cost_model.row_cost(_PROBE_LENGTHS), dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise InputValueError(f"{parameter}: {name}.row_cost(lengths) must return a float cost per length (an array "
+                              f"of the lengths' shape); on an int64 array of {_PROBE_LENGTHS.size} lengths it raised "
+                              f"{type(error).__name__}: {error}", parameter=parameter) from error
+    if costs.shape != _PROBE_LENGTHS.shape:
+        raise InputValueError(f"{parameter}: {name}.row_cost(lengths) must return one cost per length, shape "
+                              f"{_PROBE_LENGTHS.shape}, got shape {costs.shape}", parameter=parameter)
+    bad = np.flatnonzero(~np.isfinite(costs) | (costs < 0))
+    if bad.size:
+        i = int(bad[0])
+        raise InputValueError(f"{parameter}: {name}.row_cost must be finite and >= 0 for every length, got "
+                              f"{float(costs[i])} at a length of {int(_PROBE_LENGTHS[i])} tokens ({bad.size} of "
+                              f"{costs.size} lengths from 1 to {int(_PROBE_LENGTHS[-1])})", parameter=parameter)
+    if not costs.any():
+        raise InputValueError(f"{parameter}: {name}.row_cost is 0 for every length from 1 to "
+                              f"{int(_PROBE_LENGTHS[-1])} tokens; the cost must grow with tokens", parameter=parameter)

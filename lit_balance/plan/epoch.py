@@ -62,6 +62,9 @@ def planner_for(settings: BatchingSettings) -> Planner:
         >>> planner_for(BatchingSettings(max_tokens=64, packing=True)).name
         'packed'
     """
+    if not isinstance(settings, BatchingSettings):
+        raise InputTypeError(f"settings must be a lit_balance.BatchingSettings, got {type(settings).__name__}",
+                             parameter="settings")
     return PLANNERS["packed" if settings.packing else "padded"]
 
 

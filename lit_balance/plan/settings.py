@@ -94,7 +94,7 @@ class BatchingSettings:
         >>> BatchingSettings(max_tokens=0)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        lit_balance.errors.InputValueError: max_tokens must be in [1, 1099511627776], got 0; set max_tokens to the padded token slots ...
+        lit_balance.errors.InputValueError: max_tokens must be in [1, 1099511627776], got 0; set max_tokens to ...
     """
 
     max_tokens: int = field(metadata=_help("padded token slots per micro-batch, per rank"))
@@ -193,13 +193,14 @@ class BatchingSettings:
         """
         if not isinstance(values, Mapping):
             raise InputTypeError(f"BatchingSettings.from_dict expects a mapping of setting names to values, got "
-                            f"{type(values).__name__}")
+                                 f"{type(values).__name__}")
         unknown = sorted(set(values) - set(cls.names()), key=repr)
         if unknown:
             raise InputValueError(f"unknown batching settings {unknown}; the settings are {list(cls.names())}")
         if "max_tokens" not in values:
-            raise InputValueError("BatchingSettings.from_dict needs max_tokens (padded token slots per micro-batch, per "
-                             "rank), which has no default")
+            raise InputValueError("BatchingSettings.from_dict needs max_tokens (padded token slots per micro-batch, "
+                                  "per "
+                                  "rank), which has no default")
         return cls(**values)
 
     @classmethod
@@ -216,18 +217,19 @@ class BatchingSettings:
         unknown = sorted(set(keywords) - set(cls.names()))
         if unknown:
             raise InputTypeError(f"{owner} got unexpected keyword argument(s) {unknown}; the batching settings are "
-                            f"{list(cls.names())}")
+                                 f"{list(cls.names())}")
         if settings is None:
             return cls(**keywords)
         if not isinstance(settings, BatchingSettings):
             raise InputTypeError(f"settings must be a lit_balance.BatchingSettings or None, got {settings!r} of type "
-                            f"{type(settings).__name__}")
+                                 f"{type(settings).__name__}")
         merged = settings.replace(**keywords)
         conflicts = [f"{name}={getattr(merged, name)!r} but settings.{name}={getattr(settings, name)!r}"
                      for name in keywords if getattr(merged, name) != getattr(settings, name)]
         if conflicts:
             raise InputValueError(f"{owner}: keyword arguments disagree with settings ({'; '.join(conflicts)}); pass "
-                             "the value once, in settings (settings.replace(...)) or as a keyword without settings")
+                                  "the value once, in settings (settings.replace(...)) or as a keyword without "
+                                  "settings")
         return settings
 
 

@@ -70,7 +70,7 @@ def _batches(plan: EpochPlan | RankBatches) -> _Batches:
         return _Batches(plan.rows, plan.is_fill, plan.batch_offsets, plan.assignment)
     if isinstance(plan, (str, bytes, np.ndarray)) or not isinstance(plan, Sequence):
         raise InputTypeError(f"plan must be a lit_balance EpochPlan or per-rank lists of micro-batches "
-                        f"(rank_batches[rank][step] -> indices), got {type(plan).__name__}")
+                             f"(rank_batches[rank][step] -> indices), got {type(plan).__name__}")
     num_replicas = len(plan)
     num_steps = max((len(b) for b in plan), default=0)
     assignment = np.full((num_steps, num_replicas), -1, dtype=np.int64)

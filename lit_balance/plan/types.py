@@ -52,7 +52,7 @@ class MicroBatch(list):
             self.is_fill = tuple(bool(f) for f in is_fill) if is_fill is not None else (False,) * len(self)
         if len(self.is_fill) != len(self):
             raise InputValueError(f"is_fill mask has {len(self.is_fill)} entries but the micro-batch has {len(self)} "
-                             "indices")
+                                  "indices")
         self.step_real_tokens = None if step_real_tokens is None else int(step_real_tokens)
         self.step_rows = None if step_rows is None else int(step_rows)
         self.step_supervised_tokens = None if step_supervised_tokens is None else int(step_supervised_tokens)
@@ -104,7 +104,7 @@ class EpochPlan:
         return np.maximum.reduceat(padded[self.rows], self.batch_offsets[:-1])
 
     def sum_per_batch(self, row_values: np.ndarray) -> np.ndarray:
-        """int64 ``[num_batches]``: ``row_values`` (int64 ``[num_rows]``, one per row) summed per micro-batch, exactly."""
+        """int64 ``[num_batches]``: ``row_values`` (int64 ``[num_rows]``, one per row) summed per micro-batch."""
         cumulative = np.concatenate([[0], np.cumsum(row_values, dtype=np.int64)])
         return cumulative[self.batch_offsets[1:]] - cumulative[self.batch_offsets[:-1]]
 

@@ -36,7 +36,8 @@ class BalancedBatchSampler(DistributedSampler):
     (any map-style dataset of dicts, through :class:`~lit_balance.MicroBatchDataset`): it is
     ``DataLoader(dataset, sampler=sampler, batch_size=None)`` over a dataset indexed by a whole micro-batch, so
     that Lightning neither replaces the sampler nor forgets ``set_epoch`` whatever ``use_distributed_sampler``;
-    outside Lightning ``DataLoader(dataset, batch_sampler=sampler)`` works too. It subclasses :class:`~torch.utils.data.distributed.DistributedSampler`
+    outside Lightning ``DataLoader(dataset, batch_sampler=sampler)`` works too. It subclasses
+    :class:`~torch.utils.data.distributed.DistributedSampler`
     because it already shards the data over ranks, which is how Lightning and Fabric recognise such a
     sampler; it calls none of the parent's code.
 
@@ -52,7 +53,8 @@ class BalancedBatchSampler(DistributedSampler):
       optimizer step is about equal (or proportional to ``rank_speeds``).
     * **Nothing lost.** With ``drop_last=False`` every eligible index appears on some rank; duplicates
       (fill rows, marked in :attr:`MicroBatch.is_fill`) appear only when there are fewer samples than
-      micro-batches needed, at most ``num_replicas - 1`` per epoch. With ``drop_last=True`` there are no
+      micro-batches needed, at most ``num_replicas - 1`` per epoch (per window, for an epoch planned in windows of
+      ``plan_window`` samples). With ``drop_last=True`` there are no
       duplicates and only the samples that cannot be placed are dropped (:attr:`num_dropped`).
     * **Determinism.** The plan depends only on (lengths, settings, epoch, cost model, speeds), never on
       global RNG state or the process; every rank computes the same global plan and keeps its own column.
@@ -505,7 +507,8 @@ class BalancedBatchSampler(DistributedSampler):
 
     @property
     def num_fill_rows(self) -> int:
-        """Fill rows (marked duplicates) in the current epoch over all ranks (at most ``num_replicas - 1``)."""
+        """Fill rows (marked duplicates) in the current epoch over all ranks (at most ``num_replicas - 1``, per window
+        for an epoch planned in windows)."""
         return int(self.plan().is_fill.sum())
 
 

@@ -13,10 +13,12 @@ every rank. Layout (version :data:`STATE_VERSION`)::
     {"version": 1, "epoch": int, "segments": [[num_replicas, consumed], ...],
      "num_samples": int, "lengths_sha256": str, "settings": BatchingSettings.to_dict(),
      "cost_model": cost_model.to_dict(), "rank_speeds": [float] | None, "first_rank_speeds": [float] | None,
-     "pending": None | {"cost_model": cost_model.to_dict(), "rank_speeds": [float] | None}}
+     "pending": None | {"cost_model": cost_model.to_dict(), "rank_speeds": [float] | None},
+     "cost_model_class": "lit_balance.CostModel" | "module.QualifiedName"}
 
 A cost model is rebuilt with ``from_dict`` of the class of the sampler's own cost model
-(:class:`~lit_balance.plan.CostModelProtocol`), so a sampler of a custom cost model resumes one.
+(:class:`~lit_balance.plan.CostModelProtocol`), which must be the class that saved it (``cost_model_class``; a state
+without that key was saved with :class:`~lit_balance.CostModel`), so a sampler of a custom cost model resumes one.
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ import numpy as np
 
 from lit_balance._checks import check_int, check_speeds
 from lit_balance.errors import InputTypeError, InputValueError
-from lit_balance.plan.cost import CostModelProtocol
+from lit_balance.plan.cost import CostModel, CostModelProtocol, check_cost_model
 from lit_balance.plan.types import EpochPlan, empty_plan
 from lit_balance.plan.windows import WindowedPlan
 from lit_balance.sampler.inputs import PlanInputs
 
-__all__ = ["STATE_KEYS", "STATE_VERSION", "Replay", "ReplayRecord", "build_state", "micro_step_totals",
-           "parse_state", "replay", "window_supervised_tokens", "window_totals"]
+__all__ = ["OPTIONAL_STATE_KEYS", "STATE_KEYS", "STATE_VERSION", "Replay", "ReplayRecord", "build_state", "class_name",
+           "micro_step_totals", "parse_state", "replay", "window_supervised_tokens", "window_totals"]
 
 #: Version of the state dict's layout.
 STATE_VERSION = 1
@@ -43,6 +45,8 @@ STATE_VERSION = 1
 #: Keys of the state dict.
 STATE_KEYS = ("version", "epoch", "segments", "num_samples", "lengths_sha256", "settings", "cost_model",
               "rank_speeds", "first_rank_speeds", "pending")
+#: Keys a state dict may lack: ``cost_model_class`` (absent: :class:`~lit_balance.CostModel`).
+OPTIONAL_STATE_KEYS = ("cost_model_class",)
 
 Speeds = np.ndarray | None
 
@@ -148,7 +152,13 @@ def build_state(inputs: PlanInputs, record: ReplayRecord, num_replicas: int, con
         "rank_speeds": _plain(speeds),
         "first_rank_speeds": _plain(first_speeds),
         "pending": None if pending is None else {"cost_model": pending[0].to_dict(), "rank_speeds": _plain(pending[1])},
+        "cost_model_class": class_name(type(cost_model)),
     }
+
+
+def class_name(cls: type) -> str:
+    """How a state names the class of its cost model: ``lit_balance.CostModel``, else ``module.QualifiedName``."""
+    return "lit_balance.CostModel" if cls is CostModel else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _check_segments(raw: Any) -> list[list[int]]:
@@ -169,6 +179,8 @@ def _check_segments(raw: Any) -> list[list[int]]:
 def _check_identity(state_dict: dict[str, Any], inputs: PlanInputs) -> None:
     """Raise unless the state was saved by a sampler of the same lengths and settings."""
     num_samples, settings = inputs.num_samples, inputs.settings
+    if type(state_dict["num_samples"]) is not int:
+        raise InputValueError(f"sampler state_dict num_samples must be an int, got {state_dict['num_samples']!r}")
     if state_dict["num_samples"] != num_samples:
         raise InputValueError(
             f"cannot resume: the saved sampler planned {state_dict['num_samples']} samples, this one has "
@@ -200,12 +212,23 @@ def _cost_models(state_dict: dict[str, Any], cost_class: type) -> tuple[Any, Any
     if pending is not None and (not isinstance(pending, dict) or set(pending) != {"cost_model", "rank_speeds"}):
         raise InputValueError(f"sampler state_dict pending must be None or a dict with keys cost_model, rank_speeds; "
                               f"got {pending!r}")
+    saved = state_dict.get("cost_model_class", class_name(CostModel))
+    if saved != class_name(cost_class):
+        raise InputValueError(f"cannot resume: the saved sampler planned with a cost model of class {saved}, this one "
+                              f"has a {class_name(cost_class)}; construct the sampler (or the DataModule) with a cost "
+                              f"model of the saved class", parameter="cost_model")
     try:
         cost_model = cost_class.from_dict(state_dict["cost_model"])
         pending_model = None if pending is None else cost_class.from_dict(pending["cost_model"])
     except (TypeError, ValueError) as exc:
         raise InputValueError(f"sampler state_dict cost_model must describe a {cost_class.__name__} (the class of "
                               f"this sampler's cost model, from its to_dict()): {exc}") from exc
+    for model in (cost_model,) if pending is None else (cost_model, pending_model):
+        if type(model) is not cost_class:
+            raise InputTypeError(f"{cost_class.__name__}.from_dict returned {model!r:.80} of type "
+                                 f"{type(model).__name__}, not a {cost_class.__name__}; it must rebuild the model "
+                                 "to_dict() describes", parameter="cost_model")
+        check_cost_model(model, parameter="the saved cost_model")
     return cost_model, pending_model
 
 
@@ -229,11 +252,11 @@ def parse_state(state_dict: Any, inputs: PlanInputs, *, num_replicas: int, cost_
     if not isinstance(state_dict, dict):
         raise InputTypeError(f"state_dict must be a dict from BalancedBatchSampler.state_dict(), got "
                              f"{type(state_dict).__name__}")
-    expected = set(STATE_KEYS)
-    if set(state_dict) != expected:
-        missing, unknown = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
+    expected, keys = set(STATE_KEYS), set(state_dict)
+    if not expected <= keys <= expected | set(OPTIONAL_STATE_KEYS):
+        missing, unknown = sorted(expected - keys), sorted(keys - expected - set(OPTIONAL_STATE_KEYS))
         raise InputValueError(f"sampler state_dict keys do not match: missing {missing}, unknown {unknown}")
-    if state_dict["version"] != STATE_VERSION:
+    if type(state_dict["version"]) is not int or state_dict["version"] != STATE_VERSION:
         raise InputValueError(f"sampler state_dict version {state_dict['version']!r} is not supported "
                               f"(this version reads {STATE_VERSION})")
     _check_identity(state_dict, inputs)

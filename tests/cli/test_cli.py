@@ -216,6 +216,7 @@ def _plan_error(args: list[str], capsys) -> str:
     (["--max-length", "-5"], "--max-length must be >= 1, got -5"),
     (["--num-replicas", "0"], "--num-replicas must be >= 1, got 0"),
     (["--pad-to-multiple-of", "9000"], r"--pad-to-multiple-of \(9000\) exceeds --max-tokens \(4096\)"),
+    (["--plan-window", "0"], r"^--plan-window must be in .*; a larger epoch is planned in windows$"),  # a word stays
 ])
 def test_plan_errors_name_the_option(tmp_path, monkeypatch, capsys, args, match):
     monkeypatch.chdir(tmp_path)
@@ -224,6 +225,12 @@ def test_plan_errors_name_the_option(tmp_path, monkeypatch, capsys, args, match)
     message = _plan_error([*base, *args] if args[0] != "--lengths" else args, capsys)
     assert re.search(match, message), message
     assert "max_tokens" not in message and 'too_long="' not in message and "every length" not in message
+
+
+def test_plan_data_kwargs_a_data_module_does_not_take_are_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    message = _plan_error(["--corpus", "missing.txt", "--data-kwargs", '{"bogus": 1}'], capsys)
+    assert message.startswith("--data-kwargs names ['bogus'], which BalancedTextDataModule does not take")
 
 
 def test_plan_run_plan_raises_with_flag_names(tmp_path):

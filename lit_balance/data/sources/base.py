@@ -168,7 +168,10 @@ class CorpusSource(abc.ABC):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "kind" not in cls.__dict__:
-            if not cls._kind_declared:  # no class above declared one: the class's own name
+            outside = not cls.__module__.startswith(_PACKAGE + ".")
+            # no class above declared one, or a built-in's kind (whose cache entries hold the built-in's documents):
+            # the class's own name
+            if not cls._kind_declared or (outside and getattr(cls, "kind", None) in _BUILTIN_KINDS):
                 cls.kind = f"{cls.__module__}.{cls.__qualname__}"
             return
         kind = cls.__dict__["kind"]
@@ -232,6 +235,9 @@ class CorpusSource(abc.ABC):
             TypeError: :meth:`identity` returned a part that is neither ``str`` nor ``bytes``.
         """
         parts = self.identity()
+        if parts is None or not isinstance(parts, (str, bytes, Iterable)):
+            raise InputTypeError(f"{type(self).__qualname__}.identity() must return a str, bytes or an iterable of "
+                                 f"them, got {parts!r:.60} of type {type(parts).__name__}")
         parts = [parts] if isinstance(parts, (str, bytes)) else list(parts)
         for index, part in enumerate(parts):
             if not isinstance(part, (str, bytes)):

@@ -57,8 +57,8 @@ def batch_fields(batch: Any, keys: tuple[str, ...], owner: str) -> list[Any]:
     except (KeyError, TypeError, IndexError):
         if not isinstance(batch, Mapping):
             raise InputTypeError(f"{owner} needs dict training batches with keys {list(keys)}, got a "
-                            f"{type(batch).__name__}; collate with lit_balance.PadCollator, which produces "
-                            "them, or remove the callback") from None
+                                 f"{type(batch).__name__}; collate with lit_balance.PadCollator, which produces "
+                                 "them, or remove the callback") from None
         missing = [key for key in keys if key not in batch]
         if not missing:
             raise

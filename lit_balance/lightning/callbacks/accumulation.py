@@ -159,7 +159,7 @@ class AdaptiveGradAccumulation(L.Callback):
                                "itself; remove AdaptiveGradAccumulation or use strategy='ddp'")
         if trainer.accumulate_grad_batches != 1:
             raise InputValueError(f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) conflicts with "
-                             "AdaptiveGradAccumulation, which sets it; leave the Trainer's value at 1")
+                                  "AdaptiveGradAccumulation, which sets it; leave the Trainer's value at 1")
         others = [type(c).__name__ for c in trainer.callbacks
                   if c is not self and (isinstance(c, AdaptiveGradAccumulation)
                                         or type(c).__name__ == "GradientAccumulationScheduler")]
