@@ -372,13 +372,8 @@ class PadFieldsCollator:
         batch: dict[str, Any] = {}
         rows_of: dict[str, list[torch.Tensor]] = {}
         for field in self.sequence_fields:
-            rows = []
-            for position, item in enumerate(samples):
-                if field not in item:
-                    raise InputValueError(f"item {indices[position]} has no field {field!r} (its fields: "
-                                          f"{sorted(item)})")
-                rows.append(_as_row(item[field], field, indices[position]))
-            rows_of[field] = rows
+            rows_of[field] = [_as_row(value, field, indices[position])
+                              for position, value in enumerate(_field_values(samples, field, indices))]
         row_lengths = {f: [r.numel() for r in rows] for f, rows in rows_of.items()}
         if meta is not None:
             planned = list(meta.lengths)
@@ -411,13 +406,7 @@ class PadFieldsCollator:
                 continue
             batch[mask] = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
         for field in self.scalar_fields:
-            values = []
-            for position, item in enumerate(samples):
-                if field not in item:
-                    raise InputValueError(f"item {indices[position]} has no field {field!r} (its fields: "
-                                          f"{sorted(item)})")
-                values.append(item[field])
-            batch[field] = default_collate(values)
+            batch[field] = default_collate(_field_values(samples, field, indices))
         is_fill = torch.tensor(meta.is_fill if meta is not None else [False] * len(samples), dtype=torch.bool)
         if is_fill.any():
             for field in self.label_fields:
@@ -432,6 +421,16 @@ class PadFieldsCollator:
         if meta is not None and meta.step_real_tokens is not None and meta.step_rows is not None:
             batch["step_real_tokens"], batch["step_rows"] = int(meta.step_real_tokens), int(meta.step_rows)
         return batch
+
+
+def _field_values(samples: Sequence[Mapping[str, Any]], field: str, indices: Sequence[Any]) -> list[Any]:
+    """``field`` of every item; an item without it raises naming its dataset index and its fields."""
+    values = []
+    for position, item in enumerate(samples):
+        if field not in item:
+            raise InputValueError(f"item {indices[position]} has no field {field!r} (its fields: {sorted(item)})")
+        values.append(item[field])
+    return values
 
 
 def balanced_dataloader(dataset: Dataset, sampler: Any, collate_fn: Callable[[Any], Any],
