@@ -118,7 +118,7 @@ def plan_padded(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
         if ends is None or ends.size > target:  # (the second: float precision lost to an extreme cost model)
             continue
         plan = layout.finish(order, ends, target, by_lpt=uniform or method == "greedy")
-        waste = hold_time(_batch_costs(padded, plan.rows, plan.batch_offsets, cost_model), plan.assignment,
+        waste = hold_time(_batch_costs(padded, plan.rows, plan.batch_offsets, cost_model)[0], plan.assignment,
                           plan.accumulate_grad_batches, speeds)
         if best is None or waste < best[0]:
             best = (waste, plan)
@@ -232,7 +232,7 @@ def _num_batches(padded: np.ndarray, candidates: np.ndarray, settings: BatchingS
     waste = []
     for k in (target, target + num_replicas):
         plan = layout.finish(order, plain.greedy(k), k, by_lpt=True)
-        waste.append(hold_time(_batch_costs(padded, plan.rows, plan.batch_offsets, cost_model), plan.assignment,
+        waste.append(hold_time(_batch_costs(padded, plan.rows, plan.batch_offsets, cost_model)[0], plan.assignment,
                                plan.accumulate_grad_batches, speeds))
     return target if waste[0] <= waste[1] else target + num_replicas
 
@@ -497,12 +497,15 @@ def _assign(cost: np.ndarray, num_steps: int, num_replicas: int, accumulate: int
 
 
 def _batch_costs(padded: np.ndarray, rows: np.ndarray, offsets: np.ndarray,
-                 cost_model: CostModelProtocol) -> np.ndarray:
-    """float64 ``[num_batches]``: each (non-empty) micro-batch's cost, its rows padded to its longest."""
-    if offsets.shape[0] < 2:
-        return np.zeros(0)
-    widths = np.maximum.reduceat(padded[rows], offsets[:-1])
-    return np.asarray(cost_model.batch_cost(np.diff(offsets), widths), dtype=np.float64).reshape(-1)
+                 cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray]:
+    """``(cost, slots)``, float64 and int64 ``[num_batches]``, from lengths already padded (see :func:`batch_costs`)."""
+    sizes = np.diff(offsets)
+    filled = sizes > 0
+    width = np.zeros(sizes.shape[0], dtype=np.int64)
+    if filled.any():  # segments of the non-empty batches are contiguous: empty ones hold no rows
+        width[filled] = np.maximum.reduceat(padded[rows], offsets[:-1][filled])
+    cost = np.where(filled, cost_model.batch_cost(sizes, width), 0.0) if sizes.shape[0] else np.zeros(0)
+    return np.asarray(cost, dtype=np.float64).reshape(-1), sizes * width
 
 
 def batch_costs(lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray, pad_to_multiple_of: int,
@@ -519,14 +522,7 @@ def batch_costs(lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray, pad_
     Returns:
         ``(cost, slots)``: float64 and int64 ``[num_batches]``; ``slots`` = rows x longest padded row.
     """
-    padded = padded_lengths(lengths, pad_to_multiple_of)
-    sizes = np.diff(offsets)
-    filled = sizes > 0
-    width = np.zeros(sizes.shape[0], dtype=np.int64)
-    if filled.any():  # segments of the non-empty batches are contiguous: empty ones hold no rows
-        width[filled] = np.maximum.reduceat(padded[rows], offsets[:-1][filled])
-    cost = np.where(filled, cost_model.batch_cost(sizes, width), 0.0) if sizes.shape[0] else np.zeros(0)
-    return np.asarray(cost, dtype=np.float64).reshape(-1), sizes * width
+    return _batch_costs(padded_lengths(lengths, pad_to_multiple_of), rows, offsets, cost_model)
 
 
 class PaddedPlanner:

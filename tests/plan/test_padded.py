@@ -265,7 +265,7 @@ def test_plan_epoch_checks_its_inputs(lengths, kwargs, error, pattern):
 
 
 def _hold_time(plan, padded, cost, speeds):
-    return hold_time(_batch_costs(padded, plan.rows, plan.batch_offsets, cost), plan.assignment,
+    return hold_time(_batch_costs(padded, plan.rows, plan.batch_offsets, cost)[0], plan.assignment,
                      plan.accumulate_grad_batches, speeds)
 
 
