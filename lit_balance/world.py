@@ -33,6 +33,8 @@ class DataParallelWorld:
     Attributes:
         rank: this process's data-parallel rank, in ``[0, num_replicas)``.
         num_replicas: the number of data-parallel ranks (>= 1).
+        strategy: the Lightning strategy (``trainer.strategy``) whose collectives are used, or ``None``: then
+            ``torch.distributed`` collectives on the default process group.
 
     Example:
         >>> world = DataParallelWorld(rank=0, num_replicas=1)
