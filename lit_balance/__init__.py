@@ -23,6 +23,7 @@ _EXPORTS = {
     "MicroBatchDataset": "lit_balance.data.loader",
     "PadFieldsCollator": "lit_balance.data.loader",
     "balanced_dataloader": "lit_balance.data.loader",
+    "BalancedDataLoader": "lit_balance.data.loader",
     "item_lengths": "lit_balance.data.loader",
     "StepTokenLoss": "lit_balance.lightning.loss",
     "token_loss_sum": "lit_balance.lightning.loss",
@@ -47,7 +48,13 @@ __all__ = sorted([*_EXPORTS, "__version__"])
 if TYPE_CHECKING:  # static names for type checkers and IDEs
     from lit_balance.data.collate import IGNORE_INDEX, PackedCollator, PadCollator  # noqa: F401
     from lit_balance.data.dataset import TokenDataset  # noqa: F401
-    from lit_balance.data.loader import MicroBatchDataset, PadFieldsCollator, balanced_dataloader, item_lengths  # noqa: F401
+    from lit_balance.data.loader import (  # noqa: F401
+        BalancedDataLoader,
+        MicroBatchDataset,
+        PadFieldsCollator,
+        balanced_dataloader,
+        item_lengths,
+    )
     from lit_balance.lightning.datamodule import BalancedTextDataModule  # noqa: F401
     from lit_balance.lightning.loss import StepTokenLoss, token_loss_sum  # noqa: F401
     from lit_balance.lightning.metrics import PaddingRatio, TokenMeanLoss  # noqa: F401

@@ -4,7 +4,13 @@ loaders."""
 from lit_balance.data.cache import TokenizedCorpus, load_or_build
 from lit_balance.data.collate import PackedCollator, PadCollator, collator_for
 from lit_balance.data.dataset import TokenDataset
-from lit_balance.data.loader import MicroBatchDataset, PadFieldsCollator, balanced_dataloader, item_lengths
+from lit_balance.data.loader import (
+    BalancedDataLoader,
+    MicroBatchDataset,
+    PadFieldsCollator,
+    balanced_dataloader,
+    item_lengths,
+)
 from lit_balance.data.records import IGNORE_INDEX
 from lit_balance.data.sources import (
     CorpusChunk,
@@ -16,7 +22,7 @@ from lit_balance.data.sources import (
 )
 from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
 
-__all__ = ["IGNORE_INDEX", "CorpusChunk", "CorpusSource", "MicroBatchDataset", "PackedCollator", "PadCollator",
+__all__ = ["IGNORE_INDEX", "BalancedDataLoader", "CorpusChunk", "CorpusSource", "MicroBatchDataset", "PackedCollator", "PadCollator",
            "PadFieldsCollator", "PromptCompletion", "TokenDataset", "TokenIds", "TokenizedCorpus", "TokenizerAdapter",
            "balanced_dataloader", "collator_for", "item_lengths", "load_or_build", "resolve_corpus",
            "resolve_tokenizer",

@@ -30,7 +30,11 @@ from lit_balance.data.collate import IGNORE_INDEX
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.types import MicroBatch, padded_lengths
 
-__all__ = ["MicroBatchDataset", "MicroBatchItems", "PadFieldsCollator", "balanced_dataloader", "item_lengths"]
+__all__ = ["LOADER_STATE_VERSION", "BalancedDataLoader", "MicroBatchDataset", "MicroBatchItems", "PadFieldsCollator",
+           "balanced_dataloader", "item_lengths"]
+
+#: Version of :meth:`BalancedDataLoader.state_dict`'s layout.
+LOADER_STATE_VERSION = 1
 
 #: How to read a sample's planned length: a field name, several (their longest), or a function of the item.
 LengthSpec = str | Sequence[str] | Callable[[Mapping[str, Any]], int]
@@ -433,24 +437,171 @@ def _field_values(samples: Sequence[Mapping[str, Any]], field: str, indices: Seq
     return values
 
 
+class _PassCount:
+    """Micro-batches one pass of a :class:`BalancedDataLoader` handed to the loop, and where in the epoch it began."""
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None  # the sampler's epoch, read at the first micro-batch handed out
+        self.start = 0  # the epoch micro-step the pass began at
+        self.yielded = 0
+
+
+class _CountingIterator:
+    """The DataLoader's iterator, counting the micro-batches it returns (to the training loop, not to the workers)."""
+
+    def __init__(self, iterator: Any, count: _PassCount, sampler: Any) -> None:
+        self._iterator, self._count, self._sampler = iterator, count, sampler
+
+    def __iter__(self) -> _CountingIterator:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self._iterator)
+        count = self._count
+        if count.epoch is None:  # read now: the pass's start is known once the sampler has begun it
+            count.epoch, count.start = self._sampler.epoch, self._sampler.start_micro_step
+        count.yielded += 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._iterator)
+
+
+class BalancedDataLoader(DataLoader):
+    """A DataLoader over a :class:`~lit_balance.BalancedBatchSampler` that saves what training consumed.
+
+    With ``num_workers > 0`` a DataLoader reads its sampler ahead of training (about ``num_workers *
+    prefetch_factor`` micro-batches, more with ``persistent_workers=True`` across a checkpoint), so the sampler's own
+    position counts micro-batches that were never trained, and a resume from it skips them. This loader counts the
+    micro-batches its iterator hands to the loop and saves the sampler's state at that count,
+    ``sampler.state_dict(batches_consumed=...)`` (the mechanism :class:`~lit_balance.BalancedTextDataModule` uses with
+    Lightning's own count), as torchdata's ``StatefulDataLoader`` counts batches yielded rather than fetched.
+
+    It is stateful as Lightning sees it (``state_dict`` / ``load_state_dict``): Lightning saves :meth:`state_dict` in
+    the checkpoint's fit loop and restores it before the epoch's iterator is created, so ``Trainer.fit(ckpt_path=...)``
+    resumes exactly, with workers. Lightning reads no batch ahead of a loader that has a length, so the count is the
+    batches that reached ``training_step``; a checkpoint saved after a training step *raised* (``OnExceptionCheckpoint``)
+    counts the failed micro-batch as consumed unless ``batches_consumed`` is given (see
+    :func:`lit_balance.lightning.fit_batches_consumed`). In a plain loop (torchrun, Fabric) save :meth:`state_dict`
+    after the micro-batches trained so far and restore it into a loader over a fresh sampler before iterating.
+
+    Build it with :func:`balanced_dataloader` (checked), or like a ``DataLoader`` with the sampler as ``sampler``
+    (``batch_size=None``) or as ``batch_sampler``.
+
+    Args:
+        *args, **kwargs: ``DataLoader`` arguments.
+        batches_consumed: a function of no argument returning the micro-batches of the current epoch consumed by
+            training, counted from the epoch's start (or None to use this loader's count), e.g.
+            ``lambda: fit_batches_consumed(trainer)``; None (the default): this loader's count.
+
+    Raises:
+        TypeError: the loader's ``sampler`` or ``batch_sampler`` is not a BalancedBatchSampler.
+
+    Example:
+        >>> from lit_balance import BalancedBatchSampler
+        >>> sampler = BalancedBatchSampler([3, 5, 2, 7], max_tokens=8, num_replicas=1, rank=0, shuffle=False)
+        >>> loader = BalancedDataLoader(list(range(4)), batch_sampler=sampler)
+        >>> it = iter(loader); first = next(it)
+        >>> fresh = BalancedDataLoader(list(range(4)), batch_sampler=BalancedBatchSampler(
+        ...     [3, 5, 2, 7], max_tokens=8, num_replicas=1, rank=0, shuffle=False))
+        >>> fresh.load_state_dict(loader.state_dict())
+        >>> [b.tolist() for b in fresh] == [b.tolist() for b in it]
+        True
+    """
+
+    def __init__(self, *args: Any, batches_consumed: Callable[[], int | None] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from lit_balance.sampler.sampler import BalancedBatchSampler
+
+        sampler = self.sampler if isinstance(self.sampler, BalancedBatchSampler) else self.batch_sampler
+        if not isinstance(sampler, BalancedBatchSampler):
+            raise InputTypeError(f"BalancedDataLoader needs a lit_balance.BalancedBatchSampler as its sampler or "
+                                 f"batch_sampler, got sampler={type(self.sampler).__name__}, "
+                                 f"batch_sampler={type(self.batch_sampler).__name__}")
+        if batches_consumed is not None and not callable(batches_consumed):
+            raise InputTypeError(f"batches_consumed must be a function of no argument or None, got "
+                                 f"{batches_consumed!r}", parameter="batches_consumed")
+        self.balanced_sampler = sampler
+        self._batches_consumed = batches_consumed
+        self._count: _PassCount | None = None
+
+    def __iter__(self) -> Any:
+        count = _PassCount()
+        self._count = count
+        return _CountingIterator(super().__iter__(), count, self.balanced_sampler)
+
+    @property
+    def batches_consumed(self) -> int:
+        """Micro-batches of the sampler's current epoch consumed by training, counted from the epoch's start (the
+        same on every rank): the ``batches_consumed`` function's value when given, else the micro-batches this
+        loader's latest iterator handed out plus where that pass began."""
+        sampler = self.balanced_sampler
+        if self._batches_consumed is not None:
+            given = self._batches_consumed()
+            if given is not None:
+                return int(given)
+        count = self._count
+        if count is None or count.epoch is None or count.epoch != sampler.epoch:
+            return sampler.start_micro_step  # nothing handed out in this epoch's pass yet
+        return count.start + count.yielded
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's state at the micro-batches consumed by training (:attr:`batches_consumed`).
+
+        Returns:
+            ``{"version": LOADER_STATE_VERSION, "sampler": BalancedBatchSampler.state_dict(batches_consumed=...)}``:
+            plain types (``torch.load(weights_only=True)`` reads it), the same on every rank.
+
+        Raises:
+            ValueError: the count is outside the current epoch (see :meth:`BalancedBatchSampler.state_dict`).
+        """
+        return {"version": LOADER_STATE_VERSION,
+                "sampler": self.balanced_sampler.state_dict(batches_consumed=self.batches_consumed)}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: the next iterator yields exactly the micro-batches an uninterrupted run
+        would have yielded from there on (see :meth:`BalancedBatchSampler.load_state_dict`, also on another number
+        of ranks).
+
+        Raises:
+            TypeError: ``state_dict`` is not a mapping.
+            ValueError: other keys or version; a sampler state this sampler refuses (naming what differs).
+        """
+        if not isinstance(state_dict, Mapping):
+            raise InputTypeError(f"BalancedDataLoader.load_state_dict expects the dict its state_dict() returned, got "
+                                 f"{type(state_dict).__name__}", parameter="state_dict")
+        if set(state_dict) != {"version", "sampler"}:
+            raise InputValueError(f"BalancedDataLoader state_dict must have keys ['sampler', 'version'], got "
+                                  f"{sorted(state_dict)}; a sampler's own state loads with "
+                                  "sampler.load_state_dict(...)", parameter="state_dict")
+        if state_dict["version"] != LOADER_STATE_VERSION:
+            raise InputValueError(f"BalancedDataLoader state_dict version {state_dict['version']!r} is not supported "
+                                  f"(this version reads {LOADER_STATE_VERSION})", parameter="state_dict")
+        self.balanced_sampler.load_state_dict(dict(state_dict["sampler"]))
+        self._count = None
+
+
 def balanced_dataloader(dataset: Dataset, sampler: Any, collate_fn: Callable[[Any], Any],
-                        **dataloader_kwargs: Any) -> DataLoader:
+                        **dataloader_kwargs: Any) -> BalancedDataLoader:
     """``DataLoader(dataset, sampler=sampler, batch_size=None, collate_fn=collate_fn, ...)``, checked.
 
     The form that works under Lightning with either ``use_distributed_sampler``: Lightning keeps a
     ``DistributedSampler`` it finds in ``sampler`` and calls its ``set_epoch`` every epoch. Build it in
     ``setup()`` or ``train_dataloader()``, with the sampler built there from ``trainer.world_size``,
-    ``trainer.global_rank`` and the Trainer's ``accumulate_grad_batches``.
+    ``trainer.global_rank`` and the Trainer's ``accumulate_grad_batches``. The loader is a
+    :class:`BalancedDataLoader`: its ``state_dict()`` saves the micro-batches training consumed (not those its
+    workers fetched ahead), and Lightning saves and restores it with every checkpoint.
 
     Args:
         dataset: a :class:`MicroBatchDataset` (or :class:`lit_balance.TokenDataset`): indexed by a whole
             micro-batch.
         sampler: a :class:`lit_balance.BalancedBatchSampler` over ``dataset.lengths``.
         collate_fn: turns a micro-batch's items into a batch, e.g. :class:`PadFieldsCollator`.
-        **dataloader_kwargs: other DataLoader arguments (``num_workers``, ``pin_memory``, ...).
+        **dataloader_kwargs: other DataLoader arguments (``num_workers``, ``pin_memory``, ...), and
+            ``batches_consumed`` of :class:`BalancedDataLoader`.
 
     Returns:
-        A DataLoader whose ``len()`` is the sampler's (micro-batches per rank per epoch).
+        A :class:`BalancedDataLoader` whose ``len()`` is the sampler's (micro-batches per rank per epoch).
 
     Raises:
         TypeError: a dataset that a micro-batch cannot index, a sampler that is not a BalancedBatchSampler, or a
@@ -490,4 +641,4 @@ def balanced_dataloader(dataset: Dataset, sampler: Any, collate_fn: Callable[[An
         raise InputValueError(f"the sampler planned other lengths than the dataset's (index {first}: "
                               f"{int(sampler.lengths[first])} planned, {int(lengths[first])} in the dataset); "
                               "build the sampler from dataset.lengths")
-    return DataLoader(dataset, sampler=sampler, batch_size=None, collate_fn=collate_fn, **dataloader_kwargs)
+    return BalancedDataLoader(dataset, sampler=sampler, batch_size=None, collate_fn=collate_fn, **dataloader_kwargs)

@@ -1,7 +1,7 @@
 """Lightning glue: the DataModule, the token-weighted loss, metrics and callbacks."""
 
-from lit_balance.lightning.datamodule import BalancedTextDataModule
+from lit_balance.lightning.datamodule import BalancedTextDataModule, fit_batches_consumed
 from lit_balance.lightning.loss import StepTokenLoss, token_loss_sum
 from lit_balance.lightning.metrics import PaddingRatio, TokenMeanLoss
 
-__all__ = ["BalancedTextDataModule", "PaddingRatio", "StepTokenLoss", "TokenMeanLoss", "token_loss_sum"]
+__all__ = ["BalancedTextDataModule", "PaddingRatio", "StepTokenLoss", "TokenMeanLoss", "fit_batches_consumed", "token_loss_sum"]

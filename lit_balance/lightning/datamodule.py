@@ -9,6 +9,7 @@ checks at ``setup`` that every process planned the same data.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -22,6 +23,7 @@ from lit_balance._fingerprint import sha256_of_int64
 from lit_balance.data.cache import TokenizedCorpus, default_cache_dir, load_or_build
 from lit_balance.data.collate import PackedCollator, PadCollator, collator_for
 from lit_balance.data.dataset import TokenDataset
+from lit_balance.data.records import supervised_counts
 from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.splits import resolve_val_fraction, split_corpus
 from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
@@ -32,12 +34,13 @@ from lit_balance.plan.epoch import planner_for
 from lit_balance.plan.settings import BatchingSettings, delegate_settings
 from lit_balance.plan.types import padded_lengths
 from lit_balance.sampler.sampler import BalancedBatchSampler
+from lit_balance.sampler.state import SettingsMismatchError
 from lit_balance.world import DataParallelWorld, data_parallel_world
 
 if TYPE_CHECKING:
     from lit_balance.data.sources import CorpusSource
 
-__all__ = ["DEFAULT_MAX_TOKENS", "BalancedTextDataModule"]
+__all__ = ["DEFAULT_MAX_TOKENS", "BalancedTextDataModule", "fit_batches_consumed"]
 
 #: ``max_tokens`` of :class:`BalancedTextDataModule` (and of ``lit-balance plan``) when not given: padded token
 #: slots per micro-batch, per rank.
@@ -59,6 +62,44 @@ def _batches_done_on_restore(progress: Any) -> int:
     if total.ready == total.started == total.processed == total.completed + 1:
         done += 1
     return done
+
+
+def fit_batches_consumed(trainer: Any) -> int | None:
+    """Training micro-batches of the current epoch that Lightning counts as done if a checkpoint is saved now.
+
+    The count a resume state must hold (``BalancedBatchSampler.state_dict(batches_consumed=...)``): Lightning restores
+    a mid-epoch checkpoint at its fit loop's *completed* batches, plus the batch of a checkpoint saved in
+    ``on_train_batch_end``; a micro-batch whose training step raised (an exception, Ctrl-C, then
+    ``OnExceptionCheckpoint``) is not done and runs again. :class:`BalancedTextDataModule` saves its sampler's position
+    at this count; pass ``batches_consumed=lambda: fit_batches_consumed(self.trainer)`` to
+    :func:`~lit_balance.balanced_dataloader` for the same with any map-style dataset.
+
+    Args:
+        trainer: the ``lightning.Trainer``.
+
+    Returns:
+        Micro-batches counted from the epoch's start, or None when the trainer is not fitting (no count applies).
+    """
+    if trainer is None or trainer.state.fn != "fit":  # also while validating inside fit
+        return None
+    return _batches_done_on_restore(trainer.fit_loop.epoch_loop.batch_progress)
+
+
+def _settings_advice(differences: Mapping[str, tuple[Any, Any]]) -> str:
+    """The message of a resume whose batching settings differ from the checkpoint's, naming where a DataModule user
+    sets each one: ``accumulate_grad_batches`` is the Trainer's, the others the DataModule's."""
+    diff = "; ".join(f"{k}: saved {old!r}, now {new!r}" for k, (old, new) in differences.items())
+    fixes = []
+    if "accumulate_grad_batches" in differences:
+        fixes.append(f"set Trainer(accumulate_grad_batches={differences['accumulate_grad_batches'][0]!r}) as when "
+                     "the checkpoint was saved")
+    others = {k: old for k, (old, _) in differences.items() if k != "accumulate_grad_batches"}
+    if others:
+        fixes.append("construct BalancedTextDataModule with the saved " + ", ".join(f"{k}={v!r}" for k, v in
+                                                                                   others.items())
+                     + " (keywords, or settings=BatchingSettings(...) with them)")
+    return (f"cannot resume: the training batching settings differ from the checkpoint's ({diff}); "
+            + " and ".join(fixes) + ", or start without ckpt_path")
 
 
 class _SamplerResumedLoader(DataLoader):
@@ -232,6 +273,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         txt_documents: how plain-text (non-``.jsonl``) corpus files split into documents: ``"line"`` (the
             default: each non-blank line) or ``"paragraph"`` (runs of non-blank lines separated by blank
             lines, joined with ``"\\n"``, so wrapped paragraphs stay one document). Part of the cache key.
+        max_documents: rows read at most from a Hugging Face ``IterableDataset`` corpus (global, before the
+            validation split), which needs this bound: a stream may never end, and one without it is refused. None
+            (the default) for every other corpus, which is read to its end; a number beside one is a ValueError.
         add_special_tokens: add the tokenizer's own special tokens to every document, exactly as
             ``tokenizer(text, add_special_tokens=True)`` does in Hugging Face: the built-in BERT tokenizer
             gives ``[CLS] ... [SEP]``, a Llama-style tokenizer a BOS, GPT-2 none (its template adds nothing;
@@ -296,6 +340,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         settings: BatchingSettings | None = None,
         text_key: str = "text",
         txt_documents: Literal["line", "paragraph"] = "line",
+        max_documents: int | None = None,
         add_special_tokens: bool = False,
         pad_token_id: int | None = None,
         vocab_size: int | None = None,
@@ -319,7 +364,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         vocab_size = _check_vocab_size(vocab_size)
         pad_token_id = _check_pad_token_id(pad_token_id)
         self.cache_dir = _check_cache_dir(cache_dir)
-        self.source = resolve_corpus(corpus, text_key=text_key, txt_documents=txt_documents)
+        self.source = resolve_corpus(corpus, text_key=text_key, txt_documents=txt_documents,
+                                     max_documents=max_documents)
+        self.max_documents = max_documents
         #: Share of the corpus held out for validation (0.0 when the corpus brings its own validation split).
         self.val_fraction = resolve_val_fraction(val_fraction, self.source.split_sizes)
         self.tokenizer = _corpus_tokenizer(self.source, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
@@ -329,6 +376,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.cost_model = None if cost_model is None else check_cost_model(cost_model)
         self._train_sampler_state: dict[str, Any] | None = None
         self._saved_data: dict[str, Any] | None = None
+        self._warned_zero_targets = False
         self.corpus: TokenizedCorpus | None = None
         self.train_dataset: TokenDataset | None = None
         self.val_dataset: TokenDataset | None = None
@@ -385,6 +433,38 @@ class BalancedTextDataModule(L.LightningDataModule):
             raise InputValueError(f"{split} split ({len(dataset)} documents, val_fraction={self.val_fraction}): "
                                   f"{error}") from error
 
+    def _check_targets(self, corpus: TokenizedCorpus, dataset: TokenDataset, supervised: np.ndarray,
+                       cut: int | None) -> None:
+        """Report training records whose labels leave no next-token target: warn once (count, first corpus records,
+        the setting to change), or raise when no record has one."""
+        zero = np.flatnonzero(supervised == 0)
+        if zero.size == 0:
+            return
+        full = dataset.offsets[dataset.doc_ids + 1] - dataset.offsets[dataset.doc_ids]
+        lost = int(np.count_nonzero(supervised_counts(dataset.labels, dataset.offsets, dataset.doc_ids[zero],
+                                                      full[zero]) > 0))
+        shown = ", ".join(str(int(corpus.source_index[d])) for d in dataset.doc_ids[zero[:5]])
+        shown += ", ..." if zero.size > 5 else ""
+        limit = f"max_length={self.max_length}" + (f" (and too_long='truncate' at {cut} tokens)" if cut else "")
+        parts = []
+        if lost:
+            parts.append(f"{lost} of them lose every target to truncation ({limit}: the prompt fills the tokens kept)")
+        if zero.size - lost:
+            parts.append(f"{zero.size - lost} have none to begin with (a completion of at most one token, or labels "
+                         "all -100)")
+        why = ", ".join(parts)
+        fix = ("raise max_length (or max_tokens with too_long='truncate') so that completions survive truncation, "
+               "shorten those prompts, or drop those records")
+        if zero.size == len(dataset):
+            raise InputValueError(f"no training record has a next-token target: all {zero.size} records' labels are "
+                                  f"-100 after the shift, so the loss would be 0 and the gradients zero; {why}; "
+                                  f"{fix}", parameter="max_length")
+        if not self._warned_zero_targets:
+            self._warned_zero_targets = True
+            warnings.warn(
+                f"{zero.size} of {len(dataset)} training records have no next-token target (corpus records {shown}) "
+                f"and train nothing; {why}; {fix}", UserWarning, stacklevel=2)
+
     def setup(self, stage: str | None = None) -> None:
         """Load the cache, split train/validation and build the samplers for this rank.
 
@@ -397,7 +477,13 @@ class BalancedTextDataModule(L.LightningDataModule):
         Raises:
             ValueError: the corpus is too small for the requested validation split; with
                 ``too_long="error"``, a document longer than ``max_tokens`` after ``max_length``
-                truncation (naming its index in the corpus); a split the sampler cannot plan.
+                truncation (naming its index in the corpus); a split the sampler cannot plan; a masked-label corpus
+                (prompt–completion records, ``labels``) whose training records keep no next-token target at all.
+
+        Warns:
+            UserWarning: once, when some training records of a masked-label corpus keep no next-token target (e.g.
+                a prompt that fills ``max_length``): their count, the first corpus records and the setting to
+                change.
             RuntimeError: the ranks planned different data (naming the ranks, what differs and the likely
                 cause), or another rank's setup failed.
         """
@@ -422,6 +508,8 @@ class BalancedTextDataModule(L.LightningDataModule):
                                                  accumulate_grad_batches=1)
             val_sampler = self._sampler("validation", splits.val_dataset, val_settings, world)
         truncate = train_sampler.truncate_to if self.too_long == "truncate" else None
+        if train_sampler.supervised_lengths is not None:
+            self._check_targets(splits.corpus, splits.train_dataset, train_sampler.supervised_lengths, truncate)
         self.corpus, self.train_dataset, self.val_dataset = splits
         self.train_sampler, self.val_sampler = train_sampler, val_sampler
         self.collator = collator_for(planner_for(self.settings).name, self.pad_token_id, self.pad_to_multiple_of,
@@ -524,7 +612,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         if self._train_sampler_state is not None and self.train_sampler is not None:
             if self._saved_data is not None:
                 self._check_saved_data(self._saved_data)
-            self.train_sampler.load_state_dict(self._train_sampler_state)
+            try:
+                self.train_sampler.load_state_dict(self._train_sampler_state)
+            except SettingsMismatchError as error:
+                raise InputValueError(_settings_advice(error.differences), parameter="settings") from error
             self._train_sampler_state = None
         trainer = self.trainer
         if trainer is not None and self.train_sampler is not None and trainer.current_epoch > self.train_sampler.epoch:
@@ -537,7 +628,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         """The training sampler's position, for Lightning checkpoints (rank-independent, plain types).
 
         The position counts the micro-batches of the current epoch that Lightning's fit loop will count as
-        done when it restores this checkpoint (:func:`_batches_done_on_restore`), not those the DataLoader's
+        done when it restores this checkpoint (:func:`fit_batches_consumed`), not those the DataLoader's
         workers fetched ahead: a checkpoint saved after a failure inside a training step (e.g. by
         ``OnExceptionCheckpoint``, also after Ctrl-C) resumes with the failed micro-batch. Empty before
         ``setup``.
@@ -549,10 +640,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         """
         if self.train_sampler is None:
             return {}
-        consumed = None
-        trainer = self.trainer
-        if trainer is not None and trainer.state.fn == "fit":  # also while validating inside fit
-            consumed = _batches_done_on_restore(trainer.fit_loop.epoch_loop.batch_progress)
+        consumed = fit_batches_consumed(self.trainer)
+        if consumed is not None:
             earlier = self.train_sampler.first_micro_step  # consumed on other ranks before
             consumed = min(max(consumed, earlier), len(self.train_sampler))
         return {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed),

@@ -124,11 +124,13 @@ class PlanWindows:
 
 @dataclass
 class _Window:
-    """One planned window: its plan in corpus indices and the real tokens / rows of each of its micro-steps."""
+    """One planned window: its plan in corpus indices and the real tokens / rows / next-token targets of each of its
+    micro-steps."""
 
     plan: EpochPlan
     step_tokens: np.ndarray
     step_rows: np.ndarray
+    step_supervised: np.ndarray
 
 
 class WindowedPlan:
@@ -147,13 +149,16 @@ class WindowedPlan:
         min_steps: plan at least this many micro-steps in all, where the samples allow (windows with samples
             grow, in the epoch's order, until there are enough).
         count_cache: ``{(num_replicas, window): (steps, min_steps)}`` of whole windows, shared across epochs.
+        supervised_lengths: int64 ``[num_samples]`` next-token targets per sample (masked labels), or None
+            (``lengths - 1``): what :meth:`step_sums` counts as each micro-step's targets. Does not change the plan.
     """
 
     def __init__(self, lengths: np.ndarray, settings: BatchingSettings, windows: PlanWindows, *, num_replicas: int,
                  epoch: int, eligible: np.ndarray | None, base_eligible: np.ndarray | None,
                  cost_model: CostModelProtocol, rank_speeds: np.ndarray | None, min_steps: int = 0,
-                 count_cache: dict | None = None) -> None:
+                 count_cache: dict | None = None, supervised_lengths: np.ndarray | None = None) -> None:
         self.lengths, self.settings, self.windows = lengths, settings, windows
+        self.supervised_lengths = supervised_lengths
         self.num_replicas, self.epoch = int(num_replicas), int(epoch)
         self.cost_model, self.rank_speeds = cost_model, rank_speeds
         self.accumulate_grad_batches = settings.accumulate_grad_batches
@@ -229,7 +234,7 @@ class WindowedPlan:
             return held
         if not self._has_samples(j):
             plan = empty_plan(self.num_replicas, self.accumulate_grad_batches)
-            held = _Window(plan, np.empty(0, np.int64), np.empty(0, np.int64))
+            held = _Window(plan, np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64))
         else:
             local_plan, members, local = self._plan_local(j)
             if local_plan.num_micro_steps != self.counts[j]:
@@ -237,13 +242,19 @@ class WindowedPlan:
                                    f"micro-steps, but its count was {int(self.counts[j])}: the windowed plan is "
                                    "inconsistent")
             a = local_plan.assignment
+            step_tokens = local_plan.real_tokens_per_batch(local)[a].sum(axis=1).astype(np.int64)
+            step_rows = local_plan.real_rows_per_batch()[a].sum(axis=1).astype(np.int64)
+            if self.supervised_lengths is None:  # every token but a row's first is a target
+                step_supervised = step_tokens - step_rows
+            else:
+                supervised = np.asarray(self.supervised_lengths[members], dtype=np.int64)
+                step_supervised = local_plan.real_tokens_per_batch(supervised)[a].sum(axis=1).astype(np.int64)
             held = _Window(
                 plan=EpochPlan(rows=members[local_plan.rows], is_fill=local_plan.is_fill,
                                batch_offsets=local_plan.batch_offsets, assignment=a,
                                dropped=np.sort(members[local_plan.dropped]),
                                accumulate_grad_batches=local_plan.accumulate_grad_batches),
-                step_tokens=local_plan.real_tokens_per_batch(local)[a].sum(axis=1).astype(np.int64),
-                step_rows=local_plan.real_rows_per_batch()[a].sum(axis=1).astype(np.int64),
+                step_tokens=step_tokens, step_rows=step_rows, step_supervised=step_supervised,
             )
         self._planned[position] = held
         return held
@@ -259,31 +270,35 @@ class WindowedPlan:
         for position in [p for p in self._planned if self.starts[p + 1] <= step]:
             del self._planned[position]
 
-    def step_sums(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """int64 ``[hi - lo]`` each: real tokens and rows, summed over the ranks, of micro-steps ``[lo, hi)``."""
-        tokens, rows = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    def step_sums(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """int64 ``[hi - lo]`` each: real tokens, rows and next-token targets (``supervised_lengths``), summed over
+        the ranks, of micro-steps ``[lo, hi)``."""
+        parts: list[list[np.ndarray]] = [[np.zeros(0, np.int64)] for _ in range(3)]
         if hi > lo:
             for position in self._positions(lo, hi):
                 held, start = self.window(position), int(self.starts[position])
                 a, b = max(lo, start) - start, min(hi, int(self.starts[position + 1])) - start
-                tokens.append(held.step_tokens[a:b])
-                rows.append(held.step_rows[a:b])
-        return np.concatenate(tokens), np.concatenate(rows)
+                for part, sums in zip(parts, (held.step_tokens, held.step_rows, held.step_supervised)):
+                    part.append(sums[a:b])
+        tokens, rows, supervised = (np.concatenate(part) for part in parts)
+        return tokens, rows, supervised
 
-    def consume(self, consumed: int, seen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Mark in ``seen`` the real rows of micro-steps ``[0, consumed)`` (all ranks); return their step sums.
+    def consume(self, consumed: int, seen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Mark in ``seen`` the real rows of micro-steps ``[0, consumed)`` (all ranks); return their step sums
+        (tokens, rows, next-token targets, as :meth:`step_sums`).
 
         Windows are planned one at a time and released, so memory stays that of one window.
         """
-        tokens, rows = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        parts: list[list[np.ndarray]] = [[np.zeros(0, np.int64)] for _ in range(3)]
         for position in self._positions(0, consumed) if consumed else ():
             held, start = self.window(position), int(self.starts[position])
             upto = min(consumed, int(self.starts[position + 1])) - start
             held.plan.mark_rows(upto, seen)
-            tokens.append(held.step_tokens[:upto])
-            rows.append(held.step_rows[:upto])
+            for part, sums in zip(parts, (held.step_tokens, held.step_rows, held.step_supervised)):
+                part.append(sums[:upto])
             self._planned.pop(position, None)
-        return np.concatenate(tokens), np.concatenate(rows)
+        tokens, rows, supervised = (np.concatenate(part) for part in parts)
+        return tokens, rows, supervised
 
     def materialise(self) -> EpochPlan:
         """The whole epoch as one :class:`~lit_balance.EpochPlan` (plans every window; memory of the epoch)."""

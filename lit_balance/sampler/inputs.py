@@ -54,7 +54,7 @@ class PlanInputs:
 
         Raises:
             ValueError: a too-long sample with ``too_long="error"`` (naming its index and length); bad
-                ``supervised_lengths``, or any with windows; every sample skipped.
+                ``supervised_lengths``; every sample skipped.
         """
         lengths_arr = lengths
         windowed = lengths_arr.shape[0] > settings.plan_window
@@ -71,12 +71,6 @@ class PlanInputs:
                 lengths_arr = np.minimum(lengths_arr, settings.truncate_to)
         supervised = (None if supervised_lengths is None
                       else check_supervised_lengths(supervised_lengths, np.asarray(lengths_arr, np.int64)))
-        if supervised is not None and windowed:
-            raise InputValueError(
-                f"supervised_lengths is not supported yet for an epoch planned in windows ({lengths_arr.shape[0]} "
-                f"samples > plan_window={settings.plan_window}); raise plan_window to plan the epoch whole, or leave "
-                "supervised_lengths=None (the divisor then counts length - 1 per sample; StepTokenLoss's all-reduce "
-                "path stays exact)", parameter="supervised_lengths")
         windows = PlanWindows(lengths_arr.shape[0], settings.plan_window, settings.seed) if windowed else None
         inputs = cls(lengths_arr, settings, eligible, windows, supervised, sha256_of_int64(lengths_arr))
         if inputs.skipped_indices.size == lengths_arr.size:
@@ -102,7 +96,7 @@ class PlanInputs:
             return WindowedPlan(self.lengths, self.settings, self.windows, num_replicas=num_replicas, epoch=epoch,
                                 eligible=None if eligible is self.eligible else eligible, base_eligible=self.eligible,
                                 cost_model=cost_model, rank_speeds=speeds, min_steps=min_steps,
-                                count_cache=self._window_counts)
+                                count_cache=self._window_counts, supervised_lengths=self.supervised_lengths)
         return plan_epoch(self.lengths, self.settings, num_replicas=num_replicas, epoch=epoch, eligible=eligible,
                           cost_model=cost_model, rank_speeds=speeds, min_steps=min_steps)
 

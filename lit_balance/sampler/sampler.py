@@ -371,6 +371,7 @@ class BalancedBatchSampler(DistributedSampler):
         """This rank's micro-batches of an epoch planned in windows: each window is planned when it is reached."""
         replayed = self._replay()
         plan, earlier_tokens, earlier_rows = replayed.plan, replayed.earlier_tokens, replayed.earlier_rows
+        earlier_supervised = replayed.earlier_supervised
         start = self._offset()
         self._resume_pending = False
         self._cursor = start
@@ -384,12 +385,14 @@ class BalancedBatchSampler(DistributedSampler):
             lo = (earlier + first) // accumulate * accumulate
             hi = min(-(-(earlier + end) // accumulate) * accumulate, total)
             plan.release_before(max(lo - earlier, 0))
-            tokens, rows = plan.step_sums(max(lo - earlier, 0), hi - earlier)
+            tokens, rows, supervised = plan.step_sums(max(lo - earlier, 0), hi - earlier)
             tokens = np.concatenate([earlier_tokens[lo:earlier], tokens])
             rows = np.concatenate([earlier_rows[lo:earlier], rows])
+            supervised = np.concatenate([earlier_supervised[lo:earlier], supervised])
             cuts = np.arange(0, hi - lo, accumulate)
             group_tokens = np.add.reduceat(tokens, cuts).tolist()
             group_rows = np.add.reduceat(rows, cuts).tolist()
+            group_supervised = np.add.reduceat(supervised, cuts).tolist()
             held = plan.window(position).plan
             column = held.assignment[:, self.rank].tolist()
             base = int(plan.starts[position])
@@ -397,7 +400,7 @@ class BalancedBatchSampler(DistributedSampler):
                 idx, fill = held.batch(column[s - base])
                 g = (earlier + s - lo) // accumulate
                 self._cursor = s + 1
-                yield MicroBatch(idx, fill, group_tokens[g], group_rows[g])
+                yield MicroBatch(idx, fill, group_tokens[g], group_rows[g], group_supervised[g])
 
     def _check_world(self) -> None:
         """Raise when a defaulted ``num_replicas`` / ``rank`` disagrees with the initialised process group."""
@@ -418,8 +421,11 @@ class BalancedBatchSampler(DistributedSampler):
 
         Args:
             batches_consumed: micro-batches of the current epoch consumed by training, counted from the
-                start of the epoch (e.g. Lightning's ``batch_progress.current.ready``); default: those
-                yielded by the latest iterator. Pass it when a DataLoader's workers run ahead of training.
+                start of the epoch (:attr:`start_micro_step` plus those the loop consumed in this pass); default:
+                those yielded by the latest iterator. A DataLoader with workers (``num_workers > 0``) reads the
+                sampler ahead of training (about ``num_workers * prefetch_factor`` micro-batches), so the default then
+                counts micro-batches that were never trained: pass the count, or save
+                :meth:`lit_balance.data.BalancedDataLoader.state_dict`, which counts what it handed to the loop.
 
         Returns:
             ``{"version", "epoch", "segments", "num_samples", "lengths_sha256", "settings", "cost_model",
@@ -484,6 +490,16 @@ class BalancedBatchSampler(DistributedSampler):
         before it ran on the old ranks, and ``len(self)`` counts them too.
         """
         return self._record.earlier
+
+    @property
+    def start_micro_step(self) -> int:
+        """Micro-step of the current epoch (counted from its start, on every rank) at which the pass now running, or
+        the next one, begins: 0, or the position restored by :meth:`load_state_dict`.
+
+        A loop that counts the micro-batches it consumed in this pass saves ``state_dict(batches_consumed=
+        sampler.start_micro_step + consumed)`` (:class:`lit_balance.data.BalancedDataLoader` does).
+        """
+        return self._record.earlier + self._offset()
 
     def micro_step_totals(self) -> tuple[np.ndarray, np.ndarray]:
         """Real tokens and rows of every micro-step of the current epoch, summed over the ranks (global).

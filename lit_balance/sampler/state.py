@@ -36,8 +36,9 @@ from lit_balance.plan.types import EpochPlan, empty_plan
 from lit_balance.plan.windows import WindowedPlan
 from lit_balance.sampler.inputs import PlanInputs
 
-__all__ = ["OPTIONAL_STATE_KEYS", "STATE_KEYS", "STATE_VERSION", "Replay", "ReplayRecord", "build_state", "class_name",
-           "micro_step_totals", "parse_state", "replay", "window_supervised_tokens", "window_totals"]
+__all__ = ["OPTIONAL_STATE_KEYS", "STATE_KEYS", "STATE_VERSION", "Replay", "ReplayRecord", "SettingsMismatchError",
+           "build_state", "class_name", "micro_step_totals", "parse_state", "replay", "window_supervised_tokens",
+           "window_totals"]
 
 #: Version of the state dict's layout.
 STATE_VERSION = 1
@@ -49,6 +50,21 @@ STATE_KEYS = ("version", "epoch", "segments", "num_samples", "lengths_sha256", "
 OPTIONAL_STATE_KEYS = ("cost_model_class",)
 
 Speeds = np.ndarray | None
+
+
+class SettingsMismatchError(InputValueError):
+    """A resume state saved with other batching settings than the sampler's.
+
+    Attributes:
+        differences: ``{setting: (saved value, current value)}`` of every setting that differs.
+    """
+
+    def __init__(self, message: str, differences: dict[str, tuple[Any, Any]]) -> None:
+        super().__init__(message, parameter="settings")
+        self.differences = dict(differences)
+
+    def __reduce__(self) -> tuple:  # pickles with its differences (errors cross process boundaries in DDP runs)
+        return type(self), (self.args[0], self.differences)
 
 
 @dataclass(frozen=True)
@@ -200,10 +216,14 @@ def _check_identity(state_dict: dict[str, Any], inputs: PlanInputs) -> None:
     if not isinstance(saved, dict) or set(saved) != set(now):
         got = sorted(saved) if isinstance(saved, dict) else saved
         raise InputValueError(f"sampler state_dict settings must have keys {sorted(now)}, got {got}")
-    diff = [f"{k}: saved {saved[k]!r}, now {now[k]!r}" for k in now if saved[k] != now[k]]
-    if diff:
-        raise InputValueError("cannot resume: the sampler's settings differ from the saved ones (" + "; ".join(diff)
-                              + "); construct the sampler with the saved settings")
+    differences = {k: (saved[k], now[k]) for k in now if saved[k] != now[k]}
+    if differences:
+        diff = "; ".join(f"{k}: saved {old!r}, now {new!r}" for k, (old, new) in differences.items())
+        wanted = ", ".join(f"{k}={old!r}" for k, (old, _) in differences.items())
+        raise SettingsMismatchError(
+            f"cannot resume: the sampler's settings differ from the saved ones ({diff}); construct the sampler with "
+            f"the saved settings (BalancedBatchSampler(..., {wanted}), or settings=BatchingSettings(...) with them)",
+            differences)
 
 
 def _cost_models(state_dict: dict[str, Any], cost_class: type) -> tuple[Any, Any]:
@@ -339,14 +359,14 @@ def replay(inputs: PlanInputs, record: ReplayRecord, num_replicas: int) -> Repla
             )
         seen = np.zeros(inputs.num_samples, dtype=bool)
         if isinstance(plan, WindowedPlan):
-            step_tokens, step_rows = plan.consume(consumed, seen)
+            step_tokens, step_rows, step_supervised = plan.consume(consumed, seen)
         else:
             step_tokens, step_rows = _micro_step_sums(plan, inputs.lengths)
+            step_supervised = _micro_step_supervised(plan, inputs)
             plan.mark_rows(consumed, seen)
         tokens.append(step_tokens[:consumed])
         rows.append(step_rows[:consumed])
-        supervised.append(step_tokens[:consumed] - step_rows[:consumed] if isinstance(plan, WindowedPlan)
-                          else _micro_step_supervised(plan, inputs)[:consumed])
+        supervised.append(step_supervised[:consumed])
         eligible = (np.ones_like(seen) if eligible is None else eligible) & ~seen
         if not eligible.any():
             plan = empty_plan(num_replicas, inputs.settings.accumulate_grad_batches)
@@ -364,7 +384,7 @@ def micro_step_totals(inputs: PlanInputs, replayed: Replay) -> tuple[np.ndarray,
     """
     plan = replayed.plan
     if isinstance(plan, WindowedPlan):
-        step_tokens, step_rows = plan.step_sums(0, plan.num_micro_steps)
+        step_tokens, step_rows, _ = plan.step_sums(0, plan.num_micro_steps)
     else:
         step_tokens, step_rows = _micro_step_sums(plan, inputs.lengths)
     return (np.concatenate([replayed.earlier_tokens, step_tokens]),

@@ -150,7 +150,7 @@ class _Counting:
 def test_an_iterable_dataset_is_read_once_into_the_cache_keyed_by_its_content(tmp_path, tok, monkeypatch):
     gen = _Counting(TEXTS)
     it = datasets.IterableDataset.from_generator(gen)
-    source = resolve_corpus(it)
+    source = resolve_corpus(it, max_documents=100)
     assert source.key_after_reading
     reads = gen.reads  # describing it may peek at the first row (columns of a generator without features)
     corpus = load_or_build(source, tok, tmp_path)
@@ -160,22 +160,25 @@ def test_an_iterable_dataset_is_read_once_into_the_cache_keyed_by_its_content(tm
     assert gen.reads == reads + 1
     entries = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
     # the same content in another process (a fresh source) finds the same entry; other content makes another
-    load_or_build(resolve_corpus(datasets.IterableDataset.from_generator(_Counting(list(TEXTS)))), tok, tmp_path)
+    load_or_build(resolve_corpus(datasets.IterableDataset.from_generator(_Counting(list(TEXTS))), max_documents=100), tok,
+                  tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == entries
-    load_or_build(resolve_corpus(datasets.IterableDataset.from_generator(_Counting(TEXTS[:2]))), tok, tmp_path)
+    load_or_build(resolve_corpus(datasets.IterableDataset.from_generator(_Counting(TEXTS[:2])), max_documents=100), tok,
+                  tmp_path)
     assert len([p for p in tmp_path.iterdir() if not p.name.startswith(".")]) == 2
 
 
 def test_an_iterable_dataset_through_the_data_module(tmp_path, tok):
-    dm = _setup(datasets.Dataset.from_dict({"text": TEXTS}).to_iterable_dataset(), tmp_path, val_fraction=0)
+    dm = _setup(datasets.Dataset.from_dict({"text": TEXTS}).to_iterable_dataset(), tmp_path, val_fraction=0,
+                max_documents=100)
     assert sorted(i for i, _ in _rows(dm.train_dataset)) == sorted(tok.encode_batch(TEXTS))
 
 
 def test_an_iterable_dataset_of_token_ids_needs_vocab_size(tmp_path):
     it = datasets.Dataset.from_dict({"input_ids": [[1, 2], [3]]}).to_iterable_dataset()
     with pytest.raises(ValueError, match="pass vocab_size="):
-        BalancedTextDataModule(it)
-    dm = _setup(it, tmp_path, val_fraction=0, vocab_size=8)
+        BalancedTextDataModule(it, max_documents=10)
+    dm = _setup(it, tmp_path, val_fraction=0, vocab_size=8, max_documents=10)
     assert sorted(i for i, _ in _rows(dm.train_dataset)) == [[1, 2], [3]]
 
 

@@ -71,7 +71,8 @@ def _refuse_paths_as_texts(texts: tuple[str, ...]) -> None:
     )
 
 
-def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents: str = "line") -> CorpusSource:
+def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents: str = "line",
+                   max_documents: int | None = None) -> CorpusSource:
     """Turn a corpus argument into a :class:`CorpusSource`.
 
     Rules, in order:
@@ -104,13 +105,16 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents:
         text_key: key of the document text in JSONL objects (the text column of a dataset).
         txt_documents: ``"line"`` or ``"paragraph"``, how plain-text files split into documents (part of
             the cache key; ignored for other corpora).
+        max_documents: rows read at most from a Hugging Face ``IterableDataset``, which needs this bound (a
+            stream may never end); None for every other corpus.
 
     Returns:
         The source.
 
     Raises:
         FileNotFoundError: a path does not exist, or a glob pattern matches no file.
-        ValueError: ``txt_documents`` is not ``"line"`` or ``"paragraph"``; a directory or ``.json``
+        ValueError: ``txt_documents`` is not ``"line"`` or ``"paragraph"``; an ``IterableDataset`` without
+            ``max_documents``, or ``max_documents`` with any other corpus; a directory or ``.json``
             file, an unreadable file, a negative token id, an
             empty corpus or path, or a list of ``str`` that all name existing files or are glob
             patterns matching files.
@@ -126,10 +130,14 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents:
         raise InputTypeError(f"text_key must be a str, got {type(text_key).__name__} {text_key!r}",
                              parameter="text_key")
     txt_documents = check_txt_documents(txt_documents)
+    if is_datasets_object(corpus):
+        return HuggingFaceSource(corpus, text_key, max_documents=max_documents)
+    if max_documents is not None:
+        what = "a CorpusSource" if isinstance(corpus, CorpusSource) else "this corpus"
+        raise InputValueError(f"max_documents={max_documents!r} bounds a Hugging Face IterableDataset (a stream), but "
+                              f"{what} is read to its end: leave max_documents=None", parameter="max_documents")
     if isinstance(corpus, CorpusSource):
         return corpus
-    if is_datasets_object(corpus):
-        return HuggingFaceSource(corpus, text_key)
     if corpus is None or (isinstance(corpus, str) and corpus == BUILTIN_CORPUS):
         return StdlibDocstringsSource()
     if isinstance(corpus, str) and not corpus.strip():

@@ -15,6 +15,10 @@ Identity (the cache key): a ``Dataset`` has a ``_fingerprint`` that ``datasets``
 every transform applied to it; the key hashes it with the columns read and the row count. An ``IterableDataset``
 has none, so its key is the sha256 of what it yields (the values of the columns read, in order), computed while
 it is read into the cache: it is read once per process that builds or looks up the cache entry.
+
+A stream has no length and may never end (``load_dataset(..., streaming=True)`` of a large corpus, a generator), so
+an ``IterableDataset`` needs a stated bound, ``max_documents``: reading stops after that many rows (or at the
+stream's end, if it comes first). Without one it is refused when the source is built.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from lit_balance._checks import check_int
 from lit_balance._fingerprint import sha256_of
 from lit_balance.data.sources.base import CorpusSource, PromptCompletion, TokenIds
 from lit_balance.errors import InputTypeError, InputValueError
@@ -97,18 +102,37 @@ class HuggingFaceSource(CorpusSource):
         dataset: a ``Dataset``, ``DatasetDict`` (its ``train`` split, and its ``validation`` split when present:
             :attr:`split_sizes`), ``IterableDataset`` or ``Column`` (one column of a ``Dataset``).
         text_key: the text column.
+        max_documents: rows read at most from an ``IterableDataset`` (global: the whole corpus, before the
+            validation split is drawn from it); required for one, since a stream may never end. Not accepted for
+            the other kinds, which have a length (``dataset.select(range(n))`` takes the first ``n`` rows).
 
     Raises:
         ImportError: ``datasets`` cannot be imported (the message says how to install it).
         TypeError: another ``datasets`` object (e.g. an ``IterableDatasetDict``: pass its ``train`` split).
         ValueError: no usable column, a ``DatasetDict`` without a ``train`` split or whose ``validation`` split
-            lacks a column or rows, an empty dataset.
+            lacks a column or rows, an empty dataset; an ``IterableDataset`` without ``max_documents``, or
+            ``max_documents`` with another kind.
+        TypeError: ``max_documents`` not an int.
     """
 
     kind = "datasets"
 
-    def __init__(self, dataset: Any, text_key: str = "text") -> None:
+    def __init__(self, dataset: Any, text_key: str = "text", max_documents: int | None = None) -> None:
         datasets = _import_datasets()
+        if max_documents is not None:
+            max_documents = check_int("max_documents", max_documents, 1, "rows read from an IterableDataset")
+        if isinstance(dataset, datasets.IterableDataset) and max_documents is None:
+            raise InputValueError(
+                "the corpus is a Hugging Face IterableDataset: a stream has no length and may never end, so reading it "
+                "into the cache needs a bound; pass max_documents=<rows to read> (BalancedTextDataModule(..., "
+                "max_documents=...) or HuggingFaceSource(..., max_documents=...))",
+                parameter="max_documents")
+        if max_documents is not None and not isinstance(dataset, datasets.IterableDataset):
+            raise InputValueError(
+                f"max_documents={max_documents} bounds a streamed Hugging Face IterableDataset, but the corpus is a "
+                f"{type(dataset).__name__}, which has a length: leave max_documents=None (to train on fewer rows, "
+                "pass dataset.select(range(n)))", parameter="max_documents")
+        self.max_documents = max_documents
         column_cls = getattr(datasets.arrow_dataset, "Column", None)
         if column_cls is not None and isinstance(dataset, column_cls):
             source = dataset.source.select_columns([dataset.column_name])
@@ -255,12 +279,16 @@ class HuggingFaceSource(CorpusSource):
         for name, split in (("train", self._train), ("validation", self._validation)):
             if split is None:
                 continue
-            row = 0
+            row, bound = 0, self.max_documents
             for batch in split.select_columns(list(self._columns)).with_format(None).iter(batch_size=_READ_ROWS):
                 n = len(batch[self._columns[0]])
+                if bound is not None:
+                    n = min(n, bound - row)
                 for i in range(n):
                     yield self._record(batch, i, name, row + i, digest)
                 row += n
+                if bound is not None and row >= bound:
+                    break  # the stated bound: a stream may never end
             count += row
         if count == 0:
             raise InputValueError(f"corpus is empty: the {self._description} yields no rows")
