@@ -223,3 +223,27 @@ def test_importing_the_package_and_the_data_module_does_not_import_datasets():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, check=True)
     assert json.loads(out.stdout.replace("'", '"')) == []
+
+
+def _endless():
+    """A stream that never ends, as a large ``load_dataset(..., streaming=True)`` is to a reader."""
+    i = 0
+    while True:
+        yield {"text": f"document number {i}"}
+        i += 1
+
+
+def test_an_iterable_dataset_without_a_bound_is_refused_naming_max_documents(tmp_path):
+    endless = datasets.IterableDataset.from_generator(_endless)
+    with pytest.raises(ValueError, match=r"IterableDataset.*max_documents=") as refused:
+        BalancedTextDataModule(endless, cache_dir=tmp_path)
+    assert refused.value.parameter == "max_documents"
+    with pytest.raises(ValueError, match=r"max_documents=3 bounds .*IterableDataset"):
+        BalancedTextDataModule(TEXTS, max_documents=3, cache_dir=tmp_path)  # a corpus with an end takes no bound
+
+
+def test_reading_an_endless_iterable_dataset_stops_at_max_documents(tmp_path, tok):
+    dm = _setup(datasets.IterableDataset.from_generator(_endless), tmp_path, val_fraction=0, max_documents=30)
+    expected = tok.encode_batch([f"document number {i}" for i in range(30)])
+    assert len(dm.corpus) == 30
+    assert sorted(i for i, _ in _rows(dm.train_dataset)) == sorted(expected)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
-from lit_balance import BalancedTextDataModule
+from lit_balance import BalancedBatchSampler, BalancedTextDataModule
 from lit_balance.demo import DemoTransformerLM
 
 
@@ -194,3 +194,53 @@ def test_a_mid_epoch_resume_is_not_called_unresumable_and_leaves_the_warning_fil
     assert second.global_step == first.num_training_batches  # the resume finished the epoch
     shown = [str(w.message) for w in caught if "not resumable" in str(w.message)]
     assert bool(shown) is warned, shown  # the plain DataLoader shows that the resume above is one Lightning checks
+
+
+def _resume_with(tmp_path, saved_trainer, resumed_trainer, resumed_kwargs=None):
+    """Save the state of a DataModule set up under ``saved_trainer``; load it into one under ``resumed_trainer``."""
+    first = BalancedTextDataModule(_words_docs(), cache_dir=tmp_path / "cache", **_WORDS_KWARGS)
+    first.trainer = saved_trainer
+    first.setup("fit")
+    state = first.state_dict()
+    second = BalancedTextDataModule(_words_docs(), cache_dir=tmp_path / "cache", **(resumed_kwargs or _WORDS_KWARGS))
+    second.trainer = resumed_trainer
+    second.setup("fit")
+    second.load_state_dict(state)
+    return second
+
+
+_WORDS_KWARGS = {"max_tokens": 128, "max_length": 48, "val_fraction": 0.1, "seed": 1}
+
+
+def _words_docs():
+    rng = np.random.default_rng(2)
+    return [rng.integers(1, 200, size=int(n)) for n in rng.integers(1, 60, 40)]
+
+
+def _trainer(accumulate):
+    return L.Trainer(accelerator="cpu", devices=1, accumulate_grad_batches=accumulate, logger=False,
+                     enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+
+
+def test_resume_after_changing_the_trainers_accumulation_names_the_trainer_setting(tmp_path):
+    second = _resume_with(tmp_path, _trainer(2), _trainer(1))
+    with pytest.raises(ValueError, match=r"accumulate_grad_batches: saved 2, now 1.*set "
+                                         r"Trainer\(accumulate_grad_batches=2\)") as refused:
+        second.train_dataloader()
+    assert "construct the sampler" not in str(refused.value)  # a DataModule user builds no sampler
+
+
+def test_resume_after_changing_a_batching_setting_names_the_data_module_keyword(tmp_path):
+    second = _resume_with(tmp_path, _trainer(1), _trainer(1),
+                          resumed_kwargs={**_WORDS_KWARGS, "max_tokens": 96})
+    with pytest.raises(ValueError, match=r"max_tokens: saved 128, now 96.*construct BalancedTextDataModule with the "
+                                         r"saved max_tokens=128"):
+        second.train_dataloader()
+
+
+def test_a_sampler_resume_with_other_settings_names_the_sampler_keywords():
+    saved = BalancedBatchSampler([5, 9, 3, 7] * 5, 32, num_replicas=1, rank=0, accumulate_grad_batches=2)
+    fresh = BalancedBatchSampler([5, 9, 3, 7] * 5, 32, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match=r"construct the sampler with the saved settings "
+                                         r"\(BalancedBatchSampler\(\.\.\., accumulate_grad_batches=2\)"):
+        fresh.load_state_dict(saved.state_dict())
