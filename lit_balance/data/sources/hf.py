@@ -156,7 +156,7 @@ class HuggingFaceSource(CorpusSource):
         elif isinstance(dataset, datasets.Dataset):
             train, label, sizes = dataset, "Hugging Face Dataset", [f"{len(dataset)} rows"]
         elif isinstance(dataset, datasets.IterableDataset):
-            train, label, sizes = dataset, "Hugging Face IterableDataset", []
+            train, label, sizes = dataset, "Hugging Face IterableDataset", [f"at most {max_documents} rows"]
         else:
             raise InputTypeError(f"corpus is a {type(dataset).__module__}.{type(dataset).__qualname__}; expected a "
                                  "datasets.Dataset, DatasetDict (train and optional validation splits), "
