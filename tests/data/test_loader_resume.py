@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from lit_balance import BalancedBatchSampler, BalancedDataLoader, MicroBatchDataset, PadFieldsCollator
-from lit_balance import balanced_dataloader
+from lit_balance import (
+    BalancedBatchSampler,
+    BalancedDataLoader,
+    MicroBatchDataset,
+    PadFieldsCollator,
+    balanced_dataloader,
+)
 
 WORLD, MAX_TOKENS, CUT = 2, 64, 5
 
