@@ -125,14 +125,15 @@ def plan_per_rank(base, lengths: np.ndarray, candidates: np.ndarray, settings: B
     padded = padded_lengths(lengths, multiple)
     classes = budget_classes(budgets)
     class_budgets = np.array([b for b, _ in classes], dtype=np.int64)
-    shortest = candidates[np.lexsort((candidates, padded[candidates]))][0]
+    shortest = int(np.argmin(padded))  # the first of the shortest samples: any class's last resort fill row
     if int(padded[shortest]) > int(class_budgets[-1]):
         small = [r for r, b in enumerate(budgets) if b < padded[shortest]]
         raise InputValueError(
-            f"max_tokens={list(budgets)}: rank(s) {small} have a budget below every sample planned (the shortest, "
-            f"index {int(shortest)}, is {int(lengths[shortest])} tokens, {int(padded[shortest])} padded to a multiple "
-            f"of {multiple}), so they could run no micro-batch; raise those ranks' max_tokens to at least "
-            f"{int(padded[shortest])}", parameter="max_tokens")
+            f"max_tokens={list(budgets)}: rank(s) {small} have a budget below every sample (the shortest, "
+            f"index {shortest}, is {int(lengths[shortest])} tokens, {int(padded[shortest])} padded to a multiple "
+            f"of {multiple}; an epoch planned in windows of plan_window samples looks at one window), so they could "
+            f"run no micro-batch; raise those ranks' max_tokens to at least {int(padded[shortest])}",
+            parameter="max_tokens")
     shares = np.array([float(speeds[ranks].sum()) for _, ranks in classes])
     members = class_members(padded, candidates, class_budgets, shares / shares.sum())
 
@@ -150,16 +151,15 @@ def plan_per_rank(base, lengths: np.ndarray, candidates: np.ndarray, settings: B
     plans = [p if p is None or p.num_micro_steps >= steps else plan_class(c, steps) for c, p in enumerate(plans)]
     steps = max(p.num_micro_steps for p in plans if p is not None)
 
-    rows, fills, offsets, dropped, columns = [], [], [np.zeros(1, dtype=np.int64)], [], []
+    rows, fills, offsets, dropped = [], [], [np.zeros(1, dtype=np.int64)], []
     num_rows = num_batches = 0
     out = np.empty((steps, num_replicas), dtype=np.int64)
-    step_times = []
     for c, ((budget, ranks), plan) in enumerate(zip(classes, plans)):
-        plan = _with_fill_batches(plan, steps, ranks.shape[0], members[c], padded, candidates, budget, accumulate)
+        plan = _with_fill_batches(plan, steps, ranks.shape[0], members[c], padded, candidates, budget, shortest,
+                                  accumulate)
         cost = base.batch_costs(lengths, plan.rows, plan.batch_offsets, multiple, cost_model)[0]
         order = _steps_by_time(cost[plan.assignment] / speeds[ranks], accumulate)
         out[:, ranks] = plan.assignment[order] + num_batches
-        step_times.append(order)
         rows.append(plan.rows)
         fills.append(plan.is_fill)
         offsets.append(plan.batch_offsets[1:] + num_rows)
@@ -179,15 +179,18 @@ def plan_per_rank(base, lengths: np.ndarray, candidates: np.ndarray, settings: B
 
 
 def _with_fill_batches(plan: EpochPlan | None, steps: int, num_ranks: int, members: np.ndarray, padded: np.ndarray,
-                       candidates: np.ndarray, budget: int, accumulate: int) -> EpochPlan:
+                       candidates: np.ndarray, budget: int, shortest: int, accumulate: int) -> EpochPlan:
     """``plan`` (None: no samples) extended to ``steps`` micro-steps by micro-batches of one fill row each: the
-    cheapest of the class's samples, or of all candidates within ``budget`` when the class has none."""
+    shortest of the class's samples, else of all candidates when it is within ``budget``, else ``shortest``, the
+    shortest sample of all (the rest of a resumed epoch may hold no sample within a small budget)."""
     if plan is not None and plan.num_micro_steps == steps:
         return plan
     if plan is None:
         plan = empty_plan(num_ranks, accumulate)
-    pool = members if members.shape[0] else candidates[padded[candidates] <= budget]
+    pool = members if members.shape[0] else candidates
     fill = int(pool[np.lexsort((pool, padded[pool]))][0])
+    if padded[fill] > budget:
+        fill = shortest
     extra = (steps - plan.num_micro_steps) * num_ranks
     first = plan.num_batches
     return EpochPlan(
