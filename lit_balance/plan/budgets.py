@@ -25,12 +25,20 @@ plans as one int gives. Otherwise (a direct approach, chosen for its guarantees;
    one class meet long steps of the others. With ``shuffle`` the optimizer steps then run in random order
    (seeded by ``(seed, epoch)``) and ``largest_first`` moves the step holding the epoch's longest sample first.
 
-Worked example (``max_tokens=[100, 50]``, 2 ranks, ``shuffle=False``, padded)::
+Worked example (``max_tokens=[100, 50]``, 2 ranks, ``shuffle=False``, padded slots as the cost)::
 
-    lengths = [80, 40, 40, 30, 20, 20, 10, 10]   # 80 fits rank 0 only; shares 1/2 each
-    # longest first, each to the eligible class with the least tokens per share:
-    #   80 -> rank 0, 40 -> rank 1, 40 -> rank 1, 30 -> rank 1 (110 < 80? no: 80 < 110 -> rank 0) ...
-    # each rank's samples are planned alone, then both get the same number of micro-batches
+    lengths = [80, 40, 40, 30, 20, 20, 10, 10]   # shares 1/2 each (equal speeds)
+    # longest first, each to the eligible class holding the fewest tokens per share (ties: the larger budget):
+    #   80 -> rank 0 (only it holds 80), 40 -> rank 1, 40 -> rank 1, 30 -> rank 0 (80 + 30 vs 80: a tie),
+    #   20 -> rank 1, 20 -> rank 1, 10 -> rank 0, 10 -> rank 0: rank 0 plans 80 30 10 10, rank 1 40 40 20 20
+    # rank 1 needs 3 micro-batches ([40] [40] [20 20]), so rank 0 is planned with 3 too: [80] [30] [10 10]
+    # steps, longest first on each rank: [80] + [40], [30] + [40], [10 10] + [20 20]
+
+>>> from lit_balance import BatchingSettings, plan_epoch
+>>> lengths = [80, 40, 40, 30, 20, 20, 10, 10]
+>>> plan = plan_epoch(lengths, BatchingSettings(max_tokens=[100, 50], shuffle=False), num_replicas=2, epoch=0)
+>>> [[[lengths[i] for i in plan.batch(b)[0]] for b in step] for step in plan.assignment.tolist()]
+[[[80], [40]], [[30], [40]], [[10, 10], [20, 20]]]
 
 Raises an :class:`~lit_balance.errors.InputValueError` naming ``max_tokens`` when its length is not
 ``num_replicas``, or when a rank's budget holds none of the samples (it could run no micro-batch).
