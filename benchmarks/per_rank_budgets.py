@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks._harness import DISTRIBUTIONS, git_state, load_lengths, machine, markdown_table, positive_int
-from lit_balance import BatchingSettings, plan_epoch, plan_stats
+from lit_balance import BatchingSettings, CostModel, plan_epoch, plan_stats
 from lit_balance.plan import EpochPlan, planner_for
 
 __all__ = ["check_plan", "compare", "main", "mixed_budgets"]
@@ -55,18 +55,13 @@ def check_plan(plan: EpochPlan, lengths: np.ndarray, settings: BatchingSettings,
     """Raise AssertionError unless every micro-batch is within its rank's budget and every sample appears once."""
     budgets = np.asarray(settings.rank_max_tokens(num_replicas))
     slots = planner_for(settings).batch_costs(lengths, plan.rows, plan.batch_offsets, settings.pad_to_multiple_of,
-                                              plan_cost_unit())[1]
+                                              CostModel())[1]
     over = slots[plan.assignment] > budgets[None, :]
     if over.any():
         raise AssertionError(f"{int(over.sum())} micro-batch(es) over their rank's budget")
     real = plan.rows[~plan.is_fill]
     if real.shape[0] != lengths.shape[0] or np.unique(real).shape[0] != lengths.shape[0]:
         raise AssertionError("not every sample exactly once")
-
-
-def plan_cost_unit():
-    from lit_balance import CostModel
-    return CostModel()
 
 
 def _figures(lengths: np.ndarray, settings: BatchingSettings, num_replicas: int, speeds: np.ndarray | None,
