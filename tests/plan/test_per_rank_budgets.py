@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from lit_balance import BalancedBatchSampler, BatchingSettings, CostModel, plan_epoch, plan_stats
 from lit_balance.plan import padded_lengths, planner_for
-from lit_balance.plan.budgets import budget_classes, class_members
 
 
 def _ranks(lengths, max_tokens, num_replicas, epoch=0, **kwargs):
@@ -221,6 +220,8 @@ def test_samples_only_a_large_budget_holds_go_to_large_ranks(packing):
 
 
 def test_membership_follows_speeds_and_budgets():
+    from lit_balance.plan.budgets import budget_classes, class_members
+
     padded = np.array([90, 80, 50, 40, 30, 30, 20, 20, 10, 10])
     members = class_members(padded, np.arange(10), np.array([100, 50]), np.array([0.5, 0.5]))
     assert members[0].tolist()[:2] == [0, 1]  # only the large class holds 90 and 80

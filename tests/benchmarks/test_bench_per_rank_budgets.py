@@ -2,7 +2,7 @@
 on the three shipped length distributions at 8 ranks, padded and packed (the target of docs/per_rank_budgets.md).
 
 Run:
-    python -m pytest tests/benchmarks/test_per_rank_budgets.py -q
+    python -m pytest tests/benchmarks/test_bench_per_rank_budgets.py -q
 """
 
 import json
