@@ -4,7 +4,9 @@ With ``BatchingSettings(max_tokens=[...])`` rank ``r``'s micro-batches hold at m
 slots (packed: tokens of the row). :class:`PerRankPlanner` wraps a planner (padded or packed) and keeps its every
 guarantee: equal micro-batch counts on every rank, every micro-batch within its own rank's budget, every sample
 once, determinism, and exact resume. When every rank has the same budget it is the wrapped planner, with the same
-plans as one int gives. Otherwise (a direct approach, chosen for its guarantees; no published planner does this):
+plans as one int gives. Otherwise the ranks are split into classes of equal budget, the samples into the classes by
+proportional shares (each sample to the eligible class furthest below its share, as in a largest-deficit
+apportionment), and each class is planned by the wrapped planner on its own ranks:
 
 1. **Classes.** Ranks with the same budget form a class; classes are ordered by budget, largest first.
 2. **Membership.** Each sample goes to one class whose budget holds it (padded length within the budget), so a
@@ -18,8 +20,8 @@ plans as one int gives. Otherwise (a direct approach, chosen for its guarantees;
 3. **Plans.** Each class is planned by the wrapped planner on its own ranks, budget and speeds, with every
    guarantee there. The class with the most micro-steps fixes the epoch's count; the others are planned again
    with that many (``min_steps``: smaller micro-batches). A class that still has fewer (too few samples fit its
-   budget) runs fill micro-batches of one marked fill row each (its cheapest sample): then there can be more fill
-   rows than ``num_replicas - 1``, also with ``drop_last``.
+   budget) runs fill micro-batches of one marked fill row each (its shortest sample, else the shortest sample of
+   all): then there can be more fill rows than ``num_replicas - 1``, also with ``drop_last``.
 4. **Steps.** Each class's optimizer steps are ordered by their time (the slowest rank's cost over its speed),
    longest first, a shorter last step staying last; the ``j``-th of every class run together, so long steps of
    one class meet long steps of the others. With ``shuffle`` the optimizer steps then run in random order
@@ -29,7 +31,7 @@ Worked example (``max_tokens=[100, 50]``, 2 ranks, ``shuffle=False``, padded slo
 
     lengths = [80, 40, 40, 30, 20, 20, 10, 10]   # shares 1/2 each (equal speeds)
     # longest first, each to the eligible class holding the fewest tokens per share (ties: the larger budget):
-    #   80 -> rank 0 (only it holds 80), 40 -> rank 1, 40 -> rank 1, 30 -> rank 0 (80 + 30 vs 80: a tie),
+    #   80 -> rank 0 (only it holds 80), 40 -> rank 1, 40 -> rank 1, 30 -> rank 0 (both hold 80: a tie),
     #   20 -> rank 1, 20 -> rank 1, 10 -> rank 0, 10 -> rank 0: rank 0 plans 80 30 10 10, rank 1 40 40 20 20
     # rank 1 needs 3 micro-batches ([40] [40] [20 20]), so rank 0 is planned with 3 too: [80] [30] [10 10]
     # steps, longest first on each rank: [80] + [40], [30] + [40], [10 10] + [20 20]
