@@ -94,8 +94,9 @@ class LitBalanceCLI(LightningCLI):
 
         trainer, dm = self.trainer, self.datamodule
         if trainer.is_global_zero:
+            budgets = dm.settings.rank_max_tokens(trainer.world_size)
             print(f"world size {trainer.world_size} | per-rank budget {dm.max_tokens} padded slots per micro-batch | "
-                  f"global budget {dm.max_tokens * trainer.world_size * trainer.accumulate_grad_batches} padded slots "
+                  f"global budget {sum(budgets) * trainer.accumulate_grad_batches} padded slots "
                   f"per optimizer step | max_length {dm.max_length} tokens | corpus: {dm.source.description}",
                   flush=True)
             if isinstance(dm, BalancedTextDataModule):  # the preview communicates with no other rank

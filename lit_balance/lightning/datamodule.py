@@ -251,7 +251,8 @@ class BalancedTextDataModule(L.LightningDataModule):
             the targets left.
         tokenizer: None for the built-in tokenizer, a ``tokenizers.Tokenizer``, a Hugging Face tokenizer
             object, or a path to a ``tokenizer.json``. Ignored for token-id corpora unless given.
-        max_tokens: padded token slots per micro-batch, per rank (the memory budget).
+        max_tokens: padded token slots per micro-batch, per rank (the memory budget): one int for every rank, or a
+            list of one per data-parallel rank (ranks of different memory; its length must be the world size).
         max_length: keep at most this many tokens of each document (truncation), or None.
         val_fraction: share of documents held out for validation, in ``[0, 1)``; 0 disables validation. None
             (the default): 0.05, or, for a ``DatasetDict`` with a ``validation`` split, that split (nothing is
@@ -323,7 +324,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         corpus: Any = None,
         tokenizer: Any = None,
         *,
-        max_tokens: int = DEFAULT_MAX_TOKENS,
+        max_tokens: int | list[int] = DEFAULT_MAX_TOKENS,
         max_length: int | None = 512,
         val_fraction: float | None = None,
         seed: int = 0,
@@ -576,13 +577,14 @@ class BalancedTextDataModule(L.LightningDataModule):
             return
         lengths = corpus.lengths if self.max_length is None else np.minimum(corpus.lengths, self.max_length)
         m = self.pad_to_multiple_of
-        bad = np.flatnonzero(padded_lengths(lengths, m) > self.max_tokens)
+        largest = self.settings.largest_max_tokens  # per-rank budgets: a document goes to a rank that holds it
+        bad = np.flatnonzero(padded_lengths(lengths, m) > largest)
         if bad.size:
             shown = ", ".join(f"document {corpus.source_index[d]}: {lengths[d]} tokens" for d in bad[:5])
             raise InputValueError(
-                f"{bad.size} corpus document(s) are longer than max_tokens={self.max_tokens} padded token slots "
+                f"{bad.size} corpus document(s) are longer than max_tokens={largest} padded token slots "
                 f"(max_length={self.max_length}, pad_to_multiple_of={m}): {shown}{', ...' if bad.size > 5 else ''}; "
-                f"set max_length <= {(self.max_tokens // m) * m} to truncate documents, raise max_tokens, or pass "
+                f"set max_length <= {(largest // m) * m} to truncate documents, raise max_tokens, or pass "
                 'too_long="skip" or "truncate"', parameter="max_length"
             )
 

@@ -5,6 +5,8 @@ A planner turns the lengths of the samples to plan into an :class:`~lit_balance.
 :class:`~lit_balance.plan.packed.PackedPlanner` (``BatchingSettings(packing=True)``: whole documents in one row).
 :func:`planner_for` is the one place that chooses between them; everything that depends on the layout of a
 micro-batch (the plan, a window's count, a micro-batch's cost and slots, the unit a cost counts) asks the planner.
+With a budget per rank (``max_tokens`` a list), the planner chosen is wrapped in
+:class:`~lit_balance.plan.budgets.PerRankPlanner`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 
 from lit_balance._checks import check_int, check_lengths, check_speeds
 from lit_balance.errors import InputTypeError, InputValueError
+from lit_balance.plan.budgets import PerRankPlanner
 from lit_balance.plan.cost import CostModelProtocol, check_cost_model
 from lit_balance.plan.packed import PackedPlanner
 from lit_balance.plan.padded import PaddedPlanner
@@ -56,7 +59,9 @@ PLANNERS: dict[str, Planner] = {"padded": PaddedPlanner(), "packed": PackedPlann
 
 
 def planner_for(settings: BatchingSettings) -> Planner:
-    """The planner ``settings`` choose: packed with ``packing=True``, else padded.
+    """The planner ``settings`` choose: packed with ``packing=True``, else padded; with per-rank ``max_tokens`` (a
+    list), that planner wrapped in :class:`~lit_balance.plan.budgets.PerRankPlanner` (its ``name`` is the wrapped
+    planner's).
 
     Example:
         >>> planner_for(BatchingSettings(max_tokens=64, packing=True)).name
@@ -65,7 +70,8 @@ def planner_for(settings: BatchingSettings) -> Planner:
     if not isinstance(settings, BatchingSettings):
         raise InputTypeError(f"settings must be a lit_balance.BatchingSettings, got {type(settings).__name__}",
                              parameter="settings")
-    return PLANNERS["packed" if settings.packing else "padded"]
+    planner = PLANNERS["packed" if settings.packing else "padded"]
+    return PerRankPlanner(planner) if settings.per_rank else planner
 
 
 def plan_epoch(
@@ -84,8 +90,9 @@ def plan_epoch(
 
     Args:
         lengths: int ``[num_samples]``, tokens per sample, already truncated where that applies; every
-            eligible sample must satisfy ``padded(length) <= settings.max_tokens``.
-        settings: the :class:`~lit_balance.BatchingSettings` (budget per rank, shuffle and its window, seed,
+            eligible sample must satisfy ``padded(length) <= settings.max_tokens`` (the largest of per-rank budgets).
+        settings: the :class:`~lit_balance.BatchingSettings` (budget per rank, one int or one per rank, shuffle and
+            its window, seed,
             drop_last, padding multiple, row cap, accumulation, largest_first, packing: the planner,
             :func:`planner_for`). ``too_long`` is not read here: the caller has already truncated the lengths or
             excluded samples through ``eligible``.
@@ -115,7 +122,8 @@ def plan_epoch(
         ValueError: ``lengths`` not 1-D positive ints; ``num_replicas < 1``, ``epoch < 0``, ``min_steps < 0`` or
             ``num_batches < 0``;
             ``eligible`` not a bool mask of ``num_samples``; an eligible sample whose padded length exceeds
-            ``max_tokens``; ``rank_speeds`` of the wrong length, or not all finite and positive.
+            ``max_tokens``; ``rank_speeds`` of the wrong length, or not all finite and positive; per-rank
+            ``max_tokens`` of another length than ``num_replicas``, or with a budget below every sample.
 
     Example:
         >>> plan = plan_epoch([95] * 5 + [20] * 5, BatchingSettings(max_tokens=100, shuffle=False), num_replicas=2,
@@ -131,6 +139,7 @@ def plan_epoch(
     min_steps = check_int("min_steps", min_steps, 0, "0 plans as many micro-steps as the samples need")
     if num_batches is not None:
         num_batches = check_int("num_batches", num_batches, 0, "pass None to count the micro-batches here")
+    settings.rank_max_tokens(num_replicas)  # per-rank budgets: one per rank
     lengths = check_lengths(lengths)
     candidates = _candidates(lengths, eligible, settings)
     speeds = check_speeds(rank_speeds, num_replicas)
@@ -154,7 +163,7 @@ def _candidates(lengths: np.ndarray, eligible: np.ndarray | None, settings: Batc
             raise InputValueError(f"eligible must be a bool mask of shape {lengths.shape} (one flag per sample), got "
                                   f"dtype {mask.dtype} and shape {mask.shape}", parameter="eligible")
         candidates = candidates[mask]
-    max_tokens, multiple = settings.max_tokens, settings.pad_to_multiple_of
+    max_tokens, multiple = settings.largest_max_tokens, settings.pad_to_multiple_of
     over = candidates[padded_lengths(lengths[candidates], multiple) > max_tokens]
     if over.size:
         raise InputValueError(f"{over.size} eligible sample(s) exceed max_tokens={max_tokens} padded token slots once "

@@ -20,7 +20,7 @@ import numpy as np
 from lit_balance._checks import MAX_TOKENS_LIMIT, check_bool, check_int
 from lit_balance.errors import InputTypeError, InputValueError
 
-__all__ = ["DEFAULT_PLAN_WINDOW", "TOO_LONG_POLICIES", "BatchingSettings"]
+__all__ = ["DEFAULT_PLAN_WINDOW", "TOO_LONG_POLICIES", "BatchingSettings", "check_max_tokens"]
 
 #: Default :attr:`BatchingSettings.plan_window`: corpora of up to this many samples (2**20 = 1,048,576) are
 #: planned whole, as one window.
@@ -28,6 +28,31 @@ DEFAULT_PLAN_WINDOW = 1 << 20
 
 #: Accepted values of :attr:`BatchingSettings.too_long`.
 TOO_LONG_POLICIES = ("error", "skip", "truncate")
+
+
+_MAX_TOKENS_HINT = ("set max_tokens to the padded token slots per micro-batch, per rank: one int for every rank, or a "
+                    "list of one int per data-parallel rank")
+
+
+def check_max_tokens(value: Any) -> int | tuple[int, ...]:
+    """``max_tokens`` checked: an int, or a tuple of ints (one per data-parallel rank) from a list, tuple or 1-D array.
+
+    Raises:
+        TypeError: neither an int nor a sequence of ints (naming the entry at fault).
+        ValueError: a value outside ``[1, MAX_TOKENS_LIMIT]``, or an empty sequence.
+    """
+    if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "iu":
+        value = [int(v) for v in value]
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise InputValueError(f"max_tokens must be an int or a non-empty list of ints (one per data-parallel rank), "
+                                  f"got {value!r}; {_MAX_TOKENS_HINT}", parameter="max_tokens")
+        return tuple(check_int(f"max_tokens[{r}]", v, 1, _MAX_TOKENS_HINT, MAX_TOKENS_LIMIT)
+                     for r, v in enumerate(value))
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InputTypeError(f"max_tokens must be an int >= 1, got {value!r} of type {type(value).__name__}; "
+                             f"{_MAX_TOKENS_HINT}", parameter="max_tokens")
+    return check_int("max_tokens", value, 1, _MAX_TOKENS_HINT, MAX_TOKENS_LIMIT)
 
 
 def _help(text: str) -> dict[str, str]:
@@ -39,18 +64,23 @@ def _help(text: str) -> dict[str, str]:
 class BatchingSettings:
     """The twelve settings that, with the lengths, world size, epoch, cost model and rank speeds, fix a plan.
 
-    All budgets are per rank: ``max_tokens`` bounds each micro-batch of each rank. Values are checked and
+    All budgets are per rank: ``max_tokens`` bounds each micro-batch of each rank, and may differ per data-parallel
+    rank (a list of one budget per rank; see docs/per_rank_budgets.md). Values are checked and
     normalised once, at construction (numpy ints become ``int``, ``shuffle_window`` a ``float``); the object is
     frozen, so a plan's settings never change under it. Use :meth:`replace` for a variant.
 
     Args:
         max_tokens: padded token slots per micro-batch (rows x longest padded row), per rank: a hard cap. With
             ``packing``, the token slots of the one packed row of a micro-batch: its documents' real tokens summed,
-            rounded up to a multiple of ``pad_to_multiple_of``.
+            rounded up to a multiple of ``pad_to_multiple_of``. One int for every rank, or a sequence of one int per
+            data-parallel rank (``max_tokens[r]`` bounds every micro-batch of rank ``r``; kept as a tuple, and its
+            length must equal ``num_replicas`` wherever the settings are planned): ranks of different memory.
         shuffle: change batch composition and order every epoch (``set_epoch``).
         seed: base seed, the same on every rank; randomness comes from a generator seeded by (seed, epoch).
         drop_last: drop instead of duplicate when samples are too few for equal counts on every rank.
-        too_long: what to do with a sample whose padded length exceeds ``max_tokens``: ``"error"`` raises,
+        too_long: what to do with a sample whose padded length exceeds ``max_tokens`` (with per-rank budgets, the
+            largest, :attr:`largest_max_tokens`: a sample that only some ranks can hold goes to one of them):
+            ``"error"`` raises,
             ``"skip"`` leaves it out, ``"truncate"`` keeps it at the largest multiple of ``pad_to_multiple_of``
             that fits (tokens).
         pad_to_multiple_of: rows are padded to a multiple of this many tokens. With ``packing``, the packed row
@@ -81,7 +111,8 @@ class BatchingSettings:
     Raises:
         TypeError: a setting of the wrong type (e.g. ``shuffle="false"``, ``max_tokens=1.5``).
         ValueError: a value out of range, naming the setting and the value: ``max_tokens`` outside
-            ``[1, MAX_TOKENS_LIMIT]``; ``pad_to_multiple_of`` below 1 or above ``max_tokens``; a negative
+            ``[1, MAX_TOKENS_LIMIT]`` (or an empty list of them); ``pad_to_multiple_of`` below 1 or above the
+            smallest ``max_tokens``; a negative
             ``seed``; ``max_batch_size`` or ``accumulate_grad_batches`` outside ``[1, MAX_TOKENS_LIMIT]``;
             ``shuffle_window`` negative or not finite; an unknown ``too_long``; ``plan_window`` below 1.
 
@@ -97,7 +128,8 @@ class BatchingSettings:
         lit_balance.errors.InputValueError: max_tokens must be in [1, 1099511627776], got 0; set max_tokens to ...
     """
 
-    max_tokens: int = field(metadata=_help("padded token slots per micro-batch, per rank"))
+    max_tokens: int | tuple[int, ...] = field(
+        metadata=_help("padded token slots per micro-batch, per rank; or a list of one per data-parallel rank"))
     shuffle: bool = field(default=True, metadata=_help("shuffle within length buckets and steps"))
     seed: int = field(default=0, metadata=_help("sampler seed, the same on every rank"))
     drop_last: bool = field(default=False, metadata=_help("drop instead of duplicating when too few"))
@@ -121,12 +153,13 @@ class BatchingSettings:
                                          "max-tokens = real tokens of the row"))
 
     def __post_init__(self) -> None:
-        max_tokens = check_int("max_tokens", self.max_tokens, 1,
-                               "set max_tokens to the padded token slots per micro-batch, per rank", MAX_TOKENS_LIMIT)
+        max_tokens = check_max_tokens(self.max_tokens)
         pad = check_int("pad_to_multiple_of", self.pad_to_multiple_of, 1, "use 1 for no rounding")
-        if pad > max_tokens:
+        smallest = min(max_tokens) if isinstance(max_tokens, tuple) else max_tokens
+        if pad > smallest:
+            where = " on some rank" if smallest != max_tokens else ""
             raise InputValueError(
-                f"pad_to_multiple_of ({pad}) exceeds max_tokens ({max_tokens}): no row would fit; "
+                f"pad_to_multiple_of ({pad}) exceeds max_tokens ({smallest}{where}): no row would fit; "
                 "lower pad_to_multiple_of or raise max_tokens"
             )
         window = self.shuffle_window
@@ -171,17 +204,47 @@ class BatchingSettings:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @property
+    def per_rank(self) -> bool:
+        """``max_tokens`` is a sequence of one budget per data-parallel rank (possibly all equal)."""
+        return isinstance(self.max_tokens, tuple)
+
+    @property
+    def largest_max_tokens(self) -> int:
+        """The largest per-rank budget (padded token slots): ``max_tokens`` itself for one int."""
+        return max(self.max_tokens) if isinstance(self.max_tokens, tuple) else self.max_tokens
+
+    def rank_max_tokens(self, num_replicas: int) -> tuple[int, ...]:
+        """The budget of each of ``num_replicas`` ranks (padded token slots), ``max_tokens[r]`` for rank ``r``.
+
+        Raises:
+            ValueError: a per-rank ``max_tokens`` whose length is not ``num_replicas``.
+        """
+        if not isinstance(self.max_tokens, tuple):
+            return (self.max_tokens,) * int(num_replicas)
+        if len(self.max_tokens) != num_replicas:
+            raise InputValueError(
+                f"max_tokens holds {len(self.max_tokens)} per-rank budgets {list(self.max_tokens)}, but the "
+                f"data-parallel world has num_replicas={num_replicas} ranks; pass one budget per rank (a list of "
+                f"{num_replicas} ints), or one int for every rank", parameter="max_tokens")
+        return self.max_tokens
+
+    @property
     def truncate_to(self) -> int:
-        """Longest length (tokens) that fits the budget once padded: ``max_tokens`` rounded down to the multiple."""
-        return (self.max_tokens // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        """Longest length (tokens) that fits the budget once padded: ``max_tokens`` rounded down to the multiple
+        (with per-rank budgets, the largest: such a sample is planned on a rank that holds it)."""
+        return (self.largest_max_tokens // self.pad_to_multiple_of) * self.pad_to_multiple_of
 
     def replace(self, **changes: Any) -> BatchingSettings:
         """A copy with ``changes`` applied and checked (:func:`dataclasses.replace`)."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings as plain Python values (``int``, ``float``, ``bool``, ``str``, None), in field order."""
-        return {name: getattr(self, name) for name in self.names()}
+        """The settings as plain Python values (``int``, ``float``, ``bool``, ``str``, None; per-rank ``max_tokens`` a
+        ``list`` of ints), in field order."""
+        values = {name: getattr(self, name) for name in self.names()}
+        if isinstance(values["max_tokens"], tuple):
+            values["max_tokens"] = list(values["max_tokens"])
+        return values
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> BatchingSettings:

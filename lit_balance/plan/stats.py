@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lit_balance._checks import check_int
+from lit_balance._checks import check_int, check_speeds
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.cost import CostModel, CostModelProtocol, check_cost_model  # noqa: F401 (CostModel: examples)
 from lit_balance.plan.epoch import PLANNERS
@@ -106,6 +106,8 @@ class PlanStats:
         duplicated_rows: rows beyond the first of each sample (fill rows and repeats).
         useful_fraction_bound: the upper bound on :attr:`useful_fraction` of :func:`useful_fraction_bound` for
             this plan's optimizer steps, or None when ``max_tokens`` was not given to :func:`plan_stats`.
+        rank_speeds: float64 ``[num_replicas]`` relative rank speeds :attr:`useful_fraction` weighs ranks by, or None
+            for equal ranks.
     """
 
     rank_cost: np.ndarray
@@ -118,6 +120,7 @@ class PlanStats:
     dropped_samples: int
     duplicated_rows: int
     useful_fraction_bound: float | None = None
+    rank_speeds: np.ndarray | None = None
 
     @property
     def padding_ratio(self) -> float:
@@ -135,8 +138,13 @@ class PlanStats:
         """U = real-token cost / sum over optimizer steps of (num_replicas x the slowest rank's cost).
 
         1.0 means no padding, no overhead and no rank ever waits; it falls with padding, per-batch overhead
-        and per-step imbalance alike.
+        and per-step imbalance alike. With :attr:`rank_speeds` ``s``, a rank's time is its cost over its speed and
+        U = real-token cost / sum over optimizer steps of (``sum(s)`` x the slowest rank's time): the share of the
+        ranks' capacity spent on real tokens.
         """
+        if self.rank_speeds is not None:
+            denom = float((self.rank_cost / self.rank_speeds).max(axis=1).sum()) * float(self.rank_speeds.sum())
+            return self.real_cost / denom if denom > 0 else 1.0
         denom = float(self.rank_cost.max(axis=1).sum()) * self.rank_cost.shape[1]
         return self.real_cost / denom if denom > 0 else 1.0
 
@@ -159,6 +167,7 @@ def plan_stats(
     accumulate_grad_batches: int = 1,
     packing: bool = False,
     max_tokens: int | None = None,
+    rank_speeds: np.ndarray | None = None,
 ) -> PlanStats:
     """Compute :class:`PlanStats` of ``plan`` (vectorised; no communication).
 
@@ -176,11 +185,13 @@ def plan_stats(
             its real tokens rounded up to ``pad_to_multiple_of`` (the padded tail of the row), so the padding ratio
             is 0 without rounding.
         max_tokens: the budget per micro-batch (tokens); when given, :attr:`PlanStats.useful_fraction_bound` is
-            computed for this plan's optimizer steps.
+            computed for this plan's optimizer steps (per-rank budgets: pass the largest).
+        rank_speeds: float ``[num_replicas]`` relative rank speeds that :attr:`PlanStats.useful_fraction` weighs the
+            ranks by (ranks of different speed), or None for equal ranks.
 
     Raises:
         ValueError: ``accumulate_grad_batches`` or ``pad_to_multiple_of`` < 1; ``lengths`` not 1-D or too short;
-            a negative index in per-rank lists.
+            a negative index in per-rank lists; ``rank_speeds`` of another length than the ranks, or not positive.
         TypeError: a non-int ``accumulate_grad_batches`` / ``pad_to_multiple_of``; ``cost_model`` not a CostModel;
             ``plan`` neither an EpochPlan nor per-rank lists.
 
@@ -213,6 +224,7 @@ def plan_stats(
     num_groups = int(groups[-1]) + 1 if a.shape[0] else 0
     rank_cost = np.zeros((num_groups, a.shape[1]))
     np.add.at(rank_cost, groups, cost)
+    speeds = check_speeds(rank_speeds, a.shape[1])
     counts = np.bincount(p.rows, minlength=lengths.shape[0])
     real_lengths = lengths[p.rows[real_rows]]
     bound = None
@@ -230,6 +242,7 @@ def plan_stats(
         dropped_samples=int((counts == 0).sum()),
         duplicated_rows=int(np.maximum(counts - 1, 0).sum()),
         useful_fraction_bound=bound,
+        rank_speeds=speeds,
     )
 
 

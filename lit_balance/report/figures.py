@@ -162,7 +162,8 @@ def plan_report(
 
     The baseline batches the same samples (those the balanced plan keeps) with ``DistributedSampler`` and
     the largest fixed batch size ``max_tokens // longest padded length`` (capped by ``max_batch_size``),
-    so neither plan ever exceeds ``max_tokens`` padded slots per micro-batch. With ``packing=True`` the balanced
+    so neither plan ever exceeds ``max_tokens`` padded slots per micro-batch (per-rank budgets: the smallest
+    budget, and at least one row, so the baseline's longest rows may exceed a small rank's budget). With ``packing=True`` the balanced
     plan is packed (one row of whole documents per micro-batch, measured with its packed cost and zero padding
     but for the row's rounding to ``pad_to_multiple_of``), the baseline stays padded. Both are measured with
     :func:`lit_balance.plan.stats.plan_stats` under the same cost model, per optimizer step of
@@ -199,25 +200,27 @@ def plan_report(
     pad, accumulate = settings.pad_to_multiple_of, settings.accumulate_grad_batches
     balanced = plan_stats(sampler.plan(), planned, cost_model, pad_to_multiple_of=pad,
                           accumulate_grad_batches=accumulate, packing=settings.packing,
-                          max_tokens=settings.max_tokens)
+                          max_tokens=settings.largest_max_tokens)
 
     kept = np.setdiff1d(np.arange(planned.size), sampler.skipped_indices)
     kept_lengths = planned[kept]
-    batch_size = settings.max_tokens // int(padded_lengths(kept_lengths, pad).max())
+    # one batch size for every rank: within the smallest per-rank budget where the longest sample allows
+    smallest = min(settings.rank_max_tokens(sampler.num_replicas))
+    batch_size = max(1, smallest // int(padded_lengths(kept_lengths, pad).max()))
     if settings.max_batch_size is not None:
         batch_size = min(batch_size, settings.max_batch_size)
     base_plan = distributed_sampler_plan(kept.size, batch_size, num_replicas=num_replicas, shuffle=settings.shuffle,
                                          seed=settings.seed, epoch=epoch, drop_last=settings.drop_last)
     baseline = plan_stats(base_plan, kept_lengths, cost_model, pad_to_multiple_of=pad,
-                          accumulate_grad_batches=accumulate, max_tokens=settings.max_tokens)
+                          accumulate_grad_batches=accumulate, max_tokens=settings.largest_max_tokens)
     summary = {**settings.to_dict(), "num_replicas": sampler.num_replicas, "epoch": sampler.epoch,
                "cost_model": cost_model.to_dict()}
     planner = planner_for(settings)
     unit = planner.cost_unit if cost_model == CostModel() else "cost units"
     return PlanReport(lengths=kept_lengths, settings=summary, balanced=balanced, baseline=baseline,
                       baseline_batch_size=batch_size,
-                      bucket_edges=(_bucket_edges(kept_lengths, settings.max_tokens) if planner.name == "padded"
-                                    else np.zeros(0)),
+                      bucket_edges=(_bucket_edges(kept_lengths, settings.largest_max_tokens)
+                                    if planner.name == "padded" else np.zeros(0)),
                       cost_unit=unit)
 
 

@@ -38,8 +38,9 @@ def save_plots(report: PlanReport, output_dir: str | Path, *, dpi: int = 80) -> 
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo * 0.9, hi * 1.15)
+    largest = max(s["max_tokens"]) if isinstance(s["max_tokens"], (list, tuple)) else s["max_tokens"]
     for edge in report.bucket_edges:
-        k = round(s["max_tokens"] / edge)
+        k = round(largest / edge)
         ax.axvline(edge, color="#d08020", lw=0.8, alpha=0.8)
         ax.text(edge, 1.0, f"{k}", transform=ax.get_xaxis_transform(), ha="right", va="top", fontsize=7,
                 color="#a06010")

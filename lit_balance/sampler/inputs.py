@@ -42,7 +42,7 @@ class PlanInputs:
     windows: PlanWindows | None
     supervised_lengths: np.ndarray | None
     lengths_sha256: str
-    _window_counts: dict = field(default_factory=dict, repr=False)  # windows counted once, shared across epochs
+    _window_counts: dict = field(default_factory=dict, repr=False)  # windows counted once (per budget), every epoch
 
     @classmethod
     def build(cls, lengths: np.ndarray, settings: BatchingSettings, supervised_lengths: Any = None) -> PlanInputs:
@@ -74,7 +74,7 @@ class PlanInputs:
         windows = PlanWindows(lengths_arr.shape[0], settings.plan_window, settings.seed) if windowed else None
         inputs = cls(lengths_arr, settings, eligible, windows, supervised, sha256_of_int64(lengths_arr))
         if inputs.skipped_indices.size == lengths_arr.size:
-            raise InputValueError(f"all {lengths_arr.size} samples exceed max_tokens={settings.max_tokens} and "
+            raise InputValueError(f"all {lengths_arr.size} samples exceed max_tokens={settings.largest_max_tokens} and "
                                   "too_long='skip' leaves none; raise max_tokens", parameter="max_tokens")
         return inputs
 
@@ -89,21 +89,28 @@ class PlanInputs:
         return np.empty(0, np.int64) if self.eligible is None else np.flatnonzero(~self.eligible)
 
     def plan(self, epoch: int, num_replicas: int, *, eligible: np.ndarray | None, speeds: np.ndarray | None,
-             cost_model: CostModelProtocol, min_steps: int = 0) -> EpochPlan | WindowedPlan:
+             cost_model: CostModelProtocol, min_steps: int = 0,
+             max_tokens: int | tuple[int, ...] | None = None) -> EpochPlan | WindowedPlan:
         """The plan of ``eligible`` samples (None: :attr:`eligible`) in ``epoch`` on ``num_replicas`` ranks: an
-        :class:`EpochPlan`, or a lazy :class:`WindowedPlan` (each window planned when it is reached)."""
+        :class:`EpochPlan`, or a lazy :class:`WindowedPlan` (each window planned when it is reached). ``max_tokens``
+        (None: the settings') is the budget of the ranks that run it: an earlier segment of a resumed epoch ran on
+        ranks of other per-rank budgets."""
+        settings = self.settings
+        if max_tokens is not None and max_tokens != settings.max_tokens:
+            settings = settings.replace(max_tokens=max_tokens)
         if self.windows is not None:
-            return WindowedPlan(self.lengths, self.settings, self.windows, num_replicas=num_replicas, epoch=epoch,
+            cache = self._window_counts.setdefault(settings.max_tokens, {})
+            return WindowedPlan(self.lengths, settings, self.windows, num_replicas=num_replicas, epoch=epoch,
                                 eligible=None if eligible is self.eligible else eligible, base_eligible=self.eligible,
-                                cost_model=cost_model, rank_speeds=speeds, min_steps=min_steps,
-                                count_cache=self._window_counts, supervised_lengths=self.supervised_lengths)
-        return plan_epoch(self.lengths, self.settings, num_replicas=num_replicas, epoch=epoch, eligible=eligible,
+                                cost_model=cost_model, rank_speeds=speeds, min_steps=min_steps, count_cache=cache,
+                                supervised_lengths=self.supervised_lengths)
+        return plan_epoch(self.lengths, settings, num_replicas=num_replicas, epoch=epoch, eligible=eligible,
                           cost_model=cost_model, rank_speeds=speeds, min_steps=min_steps)
 
 
 def _too_long_error(lengths: np.ndarray, bad: np.ndarray, settings: BatchingSettings) -> InputValueError:
     shown = ", ".join(f"index {i}: {lengths[i]} tokens" for i in bad[:5])
     return InputValueError(
-        f"{bad.size} sample(s) exceed max_tokens={settings.max_tokens} padded token slots "
+        f"{bad.size} sample(s) exceed max_tokens={settings.largest_max_tokens} padded token slots "
         f"(pad_to_multiple_of={settings.pad_to_multiple_of}): {shown}{', ...' if bad.size > 5 else ''}; "
         'raise max_tokens, truncate the data, or pass too_long="skip" or "truncate"', parameter="too_long")

@@ -43,7 +43,8 @@ class BalancedBatchSampler(DistributedSampler):
 
     Guarantees, per epoch:
 
-    * **Budget.** Every micro-batch ``b`` has ``len(b) * padded(max(lengths[b])) <= max_tokens``, where
+    * **Budget.** Every micro-batch ``b`` has ``len(b) * padded(max(lengths[b])) <= max_tokens`` (per-rank budgets:
+      ``max_tokens[r]`` of the rank ``r`` that runs it), where
       ``padded`` rounds up to a multiple of ``pad_to_multiple_of``; ``max_tokens`` counts padded slots. With
       ``packing=True`` a micro-batch is one row of whole documents: ``padded(sum(lengths[b])) <= max_tokens``
       (see :mod:`lit_balance.plan.packed`).
@@ -65,8 +66,10 @@ class BalancedBatchSampler(DistributedSampler):
 
     Args:
         lengths: 1-D sequence, array or tensor of ints ``[num_samples]``: tokens per sample.
-        max_tokens: padded token slots per micro-batch (rows x longest padded row), per rank: a hard cap.
-            Shorthand for ``settings.max_tokens``; required unless ``settings`` is given.
+        max_tokens: padded token slots per micro-batch (rows x longest padded row), per rank: a hard cap. One int
+            for every rank, or a list of one int per data-parallel rank (``max_tokens[r]`` bounds rank ``r``'s
+            micro-batches; :mod:`lit_balance.plan.budgets`). Shorthand for ``settings.max_tokens``; required unless
+            ``settings`` is given.
         settings: the :class:`~lit_balance.BatchingSettings` of the plan (budget, shuffle, seed, drop_last,
             too_long, pad_to_multiple_of, max_batch_size, shuffle_window, accumulate_grad_batches,
             largest_first, packing). Without it, the keyword arguments ``**settings_kwargs`` (the same names) build it;
@@ -107,7 +110,9 @@ class BalancedBatchSampler(DistributedSampler):
 
     Raises:
         ValueError: ``lengths`` empty, not 1-D, not integers, or with a value < 1; ``max_tokens < 1``;
-            ``rank`` outside ``[0, num_replicas)``; unknown ``too_long``; a length or ``max_tokens`` above
+            ``rank`` outside ``[0, num_replicas)``; per-rank ``max_tokens`` of another length than
+            ``num_replicas``, or with a budget below every sample; unknown ``too_long``; a length or ``max_tokens``
+            above
             :data:`MAX_TOKENS_LIMIT`; a negative ``seed``; a too-long sample with
             ``too_long="error"`` (naming its index, length and ``max_tokens``); ``pad_to_multiple_of`` above
             ``max_tokens``; ``shuffle_window`` negative or not finite; ``rank_speeds`` of the wrong length or
@@ -149,6 +154,7 @@ class BalancedBatchSampler(DistributedSampler):
         self.num_replicas, self.rank = _resolve_world(num_replicas, rank)
         cost_model = check_cost_model(cost_model)
         speeds = check_speeds(rank_speeds, self.num_replicas)
+        settings.rank_max_tokens(self.num_replicas)  # per-rank budgets: one per rank
         self.dataset = None  # DistributedSampler attribute; this sampler works on lengths only
         self._inputs = PlanInputs.build(lengths, settings, supervised_lengths)
         #: Longest length (tokens) that fits the budget once padded: max_tokens rounded down to the multiple.
@@ -462,7 +468,10 @@ class BalancedBatchSampler(DistributedSampler):
 
         Rule for a different ``num_replicas``: the rest of the saved epoch is re-planned over the new ranks
         from the samples not yet consumed (nothing lost, nothing repeated beyond marked fill rows); rank
-        speeds of the old ranks are dropped (equal ranks) until the next :meth:`set_cost_model`.
+        speeds of the old ranks are dropped (equal ranks) until the next :meth:`set_cost_model`. ``max_tokens`` must
+        equal the saved one on the same number of ranks; on another number it may change (per-rank budgets: a list
+        of the new length), keeping the largest budget where ``too_long`` cuts or skips samples between the two
+        (:mod:`lit_balance.sampler.state`).
 
         Raises:
             ValueError: unknown or missing keys, another ``version``, different lengths (count or content) or

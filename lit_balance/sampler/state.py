@@ -14,7 +14,16 @@ every rank. Layout (version :data:`STATE_VERSION`)::
      "num_samples": int, "lengths_sha256": str, "settings": BatchingSettings.to_dict(),
      "cost_model": cost_model.to_dict(), "rank_speeds": [float] | None, "first_rank_speeds": [float] | None,
      "pending": None | {"cost_model": cost_model.to_dict(), "rank_speeds": [float] | None},
-     "cost_model_class": "lit_balance.CostModel" | "module.QualifiedName"}
+     "cost_model_class": "lit_balance.CostModel" | "module.QualifiedName",
+     "segment_max_tokens": [int | [int, ...], ...]}
+
+``segment_max_tokens`` (present only when an earlier segment of the epoch ran on ranks of other per-rank budgets)
+holds each segment's ``max_tokens``; without it every segment ran with ``settings["max_tokens"]``.
+
+Rule for ``max_tokens`` on a resume: on the same number of ranks it must equal the saved value (one int or the same
+list). On another number of ranks it may change (per-rank budgets need a list of the new length): the rest of the
+epoch is planned with the new budgets, the segments before with those they ran with; the largest budget must stay
+the same when it changes which samples ``too_long="skip"`` or ``"truncate"`` leaves out or cuts.
 
 A cost model is rebuilt with ``from_dict`` of the class of the sampler's own cost model
 (:class:`~lit_balance.plan.CostModelProtocol`), which must be the class that saved it (``cost_model_class``; a state
@@ -46,8 +55,9 @@ STATE_VERSION = 1
 #: Keys of the state dict.
 STATE_KEYS = ("version", "epoch", "segments", "num_samples", "lengths_sha256", "settings", "cost_model",
               "rank_speeds", "first_rank_speeds", "pending")
-#: Keys a state dict may lack: ``cost_model_class`` (absent: :class:`~lit_balance.CostModel`).
-OPTIONAL_STATE_KEYS = ("cost_model_class",)
+#: Keys a state dict may lack: ``cost_model_class`` (absent: :class:`~lit_balance.CostModel`),
+#: ``segment_max_tokens`` (absent: every segment of the epoch ran with the saved settings' ``max_tokens``).
+OPTIONAL_STATE_KEYS = ("cost_model_class", "segment_max_tokens")
 
 Speeds = np.ndarray | None
 
@@ -80,6 +90,8 @@ class ReplayRecord:
         rank_speeds: float64 ``[num_replicas]`` speeds of the current plan, or None for equal ranks.
         first_speeds: speeds the epoch's first segment ran with when there are several segments, else None.
         pending: ``(cost_model, rank_speeds)`` handed over for the next epoch, or None.
+        segment_max_tokens: each segment's ``max_tokens`` (an int or a tuple of per-rank budgets) when an earlier
+            segment ran with other budgets than the sampler's, else None (every segment ran with the sampler's).
     """
 
     epoch: int
@@ -88,6 +100,7 @@ class ReplayRecord:
     rank_speeds: Speeds = None
     first_speeds: Speeds = None
     pending: tuple[CostModelProtocol, Speeds] | None = None
+    segment_max_tokens: tuple | None = None
 
     @property
     def offset(self) -> int:
@@ -102,7 +115,7 @@ class ReplayRecord:
     def key(self) -> tuple:
         """A hashable summary of everything the plan of the record's epoch depends on."""
         return (self.epoch, self.segments, self.cost_model, _plain_tuple(self.rank_speeds),
-                _plain_tuple(self.first_speeds))
+                _plain_tuple(self.first_speeds), self.segment_max_tokens)
 
     def to_epoch(self, epoch: int) -> ReplayRecord:
         """The record at the start of ``epoch`` (unchanged for the current one): the pending cost model and speeds
@@ -114,7 +127,7 @@ class ReplayRecord:
 
     def fresh(self) -> ReplayRecord:
         """The same epoch run from its start on the sampler's own ranks (a later pass over the epoch)."""
-        return dataclasses.replace(self, segments=(), first_speeds=None)
+        return dataclasses.replace(self, segments=(), first_speeds=None, segment_max_tokens=None)
 
 
 @dataclass(frozen=True)
@@ -152,11 +165,13 @@ def build_state(inputs: PlanInputs, record: ReplayRecord, num_replicas: int, con
     segments = [list(seg) for seg in record.segments[:-1]] + [[num_replicas, int(consumed)]]
     epoch, cost_model, speeds, pending = record.epoch, record.cost_model, record.rank_speeds, record.pending
     first_speeds = record.first_speeds if len(record.segments) > 1 else speeds
+    segment_max_tokens = record.segment_max_tokens if len(record.segments) > 1 else None
     if consumed >= plan_micro_steps:  # the epoch is done: the state is the start of the next one
         epoch, segments = epoch + 1, [[num_replicas, 0]]
-        first_speeds = None
+        first_speeds = segment_max_tokens = None
         if pending is not None:
             (cost_model, speeds), pending = pending, None
+    extra = {} if segment_max_tokens is None else {"segment_max_tokens": [_plain_budget(b) for b in segment_max_tokens]}
     return {
         "version": STATE_VERSION,
         "epoch": int(epoch),
@@ -169,7 +184,12 @@ def build_state(inputs: PlanInputs, record: ReplayRecord, num_replicas: int, con
         "first_rank_speeds": _plain(first_speeds),
         "pending": None if pending is None else {"cost_model": pending[0].to_dict(), "rank_speeds": _plain(pending[1])},
         "cost_model_class": class_name(type(cost_model)),
+        **extra,
     }
+
+
+def _plain_budget(max_tokens: int | tuple[int, ...]) -> int | list[int]:
+    return list(max_tokens) if isinstance(max_tokens, tuple) else int(max_tokens)
 
 
 def class_name(cls: type) -> str:
@@ -192,8 +212,9 @@ def _check_segments(raw: Any) -> list[list[int]]:
     return segments
 
 
-def _check_identity(state_dict: dict[str, Any], inputs: PlanInputs) -> None:
-    """Raise unless the state was saved by a sampler of the same lengths and settings."""
+def _check_identity(state_dict: dict[str, Any], inputs: PlanInputs, resized: bool) -> None:
+    """Raise unless the state was saved by a sampler of the same lengths and settings (``max_tokens`` may differ when
+    ``resized``, the state's last world size is not this sampler's: :func:`_check_max_tokens`)."""
     num_samples, settings = inputs.num_samples, inputs.settings
     if type(state_dict["num_samples"]) is not int:
         raise InputValueError(f"sampler state_dict num_samples must be an int, got {state_dict['num_samples']!r}")
@@ -202,6 +223,9 @@ def _check_identity(state_dict: dict[str, Any], inputs: PlanInputs) -> None:
             f"cannot resume: the saved sampler planned {state_dict['num_samples']} samples, this one has "
             f"{num_samples}: resume needs the same dataset, tokenization and truncation"
         )
+    saved_settings = state_dict["settings"]
+    if resized and isinstance(saved_settings, dict) and "max_tokens" in saved_settings:
+        _check_max_tokens(saved_settings["max_tokens"], inputs)
     if state_dict["lengths_sha256"] != inputs.lengths_sha256:
         raise InputValueError(
             f"cannot resume: the saved sampler planned the same number of samples ({num_samples}) with other "
@@ -216,14 +240,41 @@ def _check_identity(state_dict: dict[str, Any], inputs: PlanInputs) -> None:
     if not isinstance(saved, dict) or set(saved) != set(now):
         got = sorted(saved) if isinstance(saved, dict) else saved
         raise InputValueError(f"sampler state_dict settings must have keys {sorted(now)}, got {got}")
-    differences = {k: (saved[k], now[k]) for k in now if saved[k] != now[k]}
+    differences = {k: (saved[k], now[k]) for k in now
+                   if saved[k] != now[k] and not (k == "max_tokens" and resized)}
     if differences:
         diff = "; ".join(f"{k}: saved {old!r}, now {new!r}" for k, (old, new) in differences.items())
         wanted = ", ".join(f"{k}={old!r}" for k, (old, _) in differences.items())
         raise SettingsMismatchError(
             f"cannot resume: the sampler's settings differ from the saved ones ({diff}); construct the sampler with "
-            f"the saved settings (BalancedBatchSampler(..., {wanted}), or settings=BatchingSettings(...) with them)",
+            f"the saved settings (BalancedBatchSampler(..., {wanted}), or settings=BatchingSettings(...) with them; "
+            "max_tokens may change only with the number of ranks)",
             differences)
+
+
+def _check_max_tokens(saved: Any, inputs: PlanInputs) -> None:
+    """Raise unless the saved ``max_tokens`` (of a resume onto another number of ranks) leaves out and cuts the same
+    samples as this sampler's: the largest budgets agree, or no sample lies between them."""
+    settings = inputs.settings
+    try:
+        old = settings.replace(max_tokens=saved)
+    except (TypeError, ValueError) as exc:
+        raise InputValueError(f"sampler state_dict settings max_tokens must be an int or a list of ints, got "
+                              f"{saved!r}: {exc}", parameter="max_tokens") from exc
+    if old.truncate_to == settings.truncate_to or settings.too_long == "error":
+        return
+    low, high = sorted((old.truncate_to, settings.truncate_to))
+    lengths = np.asarray(inputs.lengths)
+    if settings.too_long == "truncate":  # planned lengths at or above the lower cut were (or may have been) cut
+        affected = int(np.count_nonzero(lengths >= low))
+    else:  # "skip": samples between the two budgets are planned by one run and left out by the other
+        affected = int(np.count_nonzero((lengths > low) & (lengths <= high)))
+    if affected:
+        raise InputValueError(
+            f"cannot resume: the saved run's largest budget was max_tokens={old.largest_max_tokens}, this one's is "
+            f"{settings.largest_max_tokens}, and too_long={settings.too_long!r} treats {affected} sample(s) between "
+            f"them differently; keep the largest per-rank budget when resuming on another number of ranks",
+            parameter="max_tokens")
 
 
 def _cost_models(state_dict: dict[str, Any], cost_class: type) -> tuple[Any, Any]:
@@ -279,15 +330,17 @@ def parse_state(state_dict: Any, inputs: PlanInputs, *, num_replicas: int, cost_
     if type(state_dict["version"]) is not int or state_dict["version"] != STATE_VERSION:
         raise InputValueError(f"sampler state_dict version {state_dict['version']!r} is not supported "
                               f"(this version reads {STATE_VERSION})")
-    _check_identity(state_dict, inputs)
     segments = _check_segments(state_dict["segments"])
+    resized = segments[-1][0] != num_replicas
+    _check_identity(state_dict, inputs, resized)
     epoch = check_int("epoch", state_dict["epoch"], 0, "epochs count from 0")
     cost_model, pending_model = _cost_models(state_dict, cost_class)
     speeds = state_dict["rank_speeds"]
     first = state_dict["first_rank_speeds"]
     first_speeds = None if first is None else check_speeds(first, segments[0][0])
-    resized = segments[-1][0] != num_replicas
+    budgets = _segment_budgets(state_dict, len(segments))
     if resized:
+        budgets.append(inputs.settings.max_tokens)
         if len(segments) == 1:
             first_speeds = None if speeds is None else check_speeds(speeds, segments[0][0])
         segments.append([num_replicas, 0])
@@ -297,25 +350,43 @@ def parse_state(state_dict: Any, inputs: PlanInputs, *, num_replicas: int, cost_
     if state_dict["pending"] is not None:  # speeds measured on the old ranks are dropped after a resize
         pending = (pending_model, check_speeds(None if resized else state_dict["pending"]["rank_speeds"],
                                                num_replicas))
+    for (replicas, _), budget in zip(segments, budgets):  # each segment's budgets fit its ranks
+        inputs.settings.replace(max_tokens=budget).rank_max_tokens(replicas)
+    same = all(b == inputs.settings.max_tokens for b in budgets)
     return ReplayRecord(epoch=epoch, segments=tuple((r, c) for r, c in segments), cost_model=cost_model,
                         rank_speeds=rank_speeds, first_speeds=first_speeds if len(segments) > 1 else None,
-                        pending=pending)
+                        pending=pending, segment_max_tokens=None if same or len(segments) < 2 else tuple(budgets))
+
+
+def _segment_budgets(state_dict: dict[str, Any], num_segments: int) -> list:
+    """Each saved segment's ``max_tokens`` (an int or a tuple): ``segment_max_tokens``, else the saved settings'."""
+    raw = state_dict.get("segment_max_tokens")
+    if raw is None:
+        saved = state_dict["settings"]["max_tokens"]
+        return [tuple(saved) if isinstance(saved, list) else saved] * num_segments
+    if not isinstance(raw, list) or len(raw) != num_segments:
+        raise InputValueError(f"sampler state_dict segment_max_tokens must be a list of one max_tokens per segment "
+                              f"({num_segments}), got {raw!r}")
+    return [tuple(b) if isinstance(b, list) else b for b in raw]
 
 
 def _segment_plan(inputs: PlanInputs, record: ReplayRecord, segments: tuple[tuple[int, int], ...], i: int,
                   eligible: np.ndarray | None) -> EpochPlan | WindowedPlan:
     """The plan segment ``i`` of the epoch ran (or runs) on, given the samples still eligible then."""
     replicas, epoch, cost_model = segments[i][0], record.epoch, record.cost_model
+    budget = None if record.segment_max_tokens is None else record.segment_max_tokens[i]
     if i == 0:
         speeds = record.rank_speeds if len(segments) <= 1 else record.first_speeds
-        return inputs.plan(epoch, replicas, eligible=eligible, speeds=speeds, cost_model=cost_model)
+        return inputs.plan(epoch, replicas, eligible=eligible, speeds=speeds, cost_model=cost_model,
+                           max_tokens=budget)
     # The rest of the epoch on new ranks: at least as many micro-steps as a whole epoch on them has, counting
     # those consumed before, so the epoch is never shorter than the next (a training loop that fixed its
     # epoch length at the resume keeps every micro-batch of later epochs).
-    full = inputs.plan(epoch, replicas, eligible=inputs.eligible, speeds=None, cost_model=cost_model).num_micro_steps
+    full = inputs.plan(epoch, replicas, eligible=inputs.eligible, speeds=None, cost_model=cost_model,
+                       max_tokens=budget).num_micro_steps
     earlier = sum(consumed for _, consumed in segments[:i])
     return inputs.plan(epoch, replicas, eligible=eligible, speeds=None, cost_model=cost_model,
-                       min_steps=max(0, full - earlier))
+                       min_steps=max(0, full - earlier), max_tokens=budget)
 
 
 def _micro_step_sums(plan: EpochPlan, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -409,3 +409,26 @@ def test_plan_lengths_beyond_int64_name_index_and_value(tmp_path, monkeypatch, c
     message = _plan_error(["--lengths", str(path)], capsys)
     assert f"--lengths {str(path)!r}" in message and "index 1" in message and str(huge) in message, message
     assert "-9223372036854775" not in message and "int64 at row" not in message
+
+
+def test_plan_with_per_rank_budgets(tmp_path, monkeypatch, capsys):
+    """``--max-tokens`` takes a list, one budget per rank: each rank's micro-batches stay within its own."""
+    lengths = np.minimum(np.load(LENGTHS / "lengths_fortunes.npy")[:3000], 512)
+    np.save(tmp_path / "lengths.npy", lengths)
+    cli = build_cli(["plan", "--lengths", str(tmp_path / "lengths.npy"), "--num-replicas", "3", "--max-tokens",
+                     "[1024, 512, 1024]", "--plots", "false", "--output-dir", str(tmp_path / "out")])
+    summary = cli.plan_summary
+    assert summary["settings"]["max_tokens"] == [1024, 512, 1024]
+    bal = summary["balanced"]
+    assert sum(r["real_tokens"] for r in bal["ranks"]) == int(lengths.sum())
+    assert len({r["micro_batches"] for r in bal["ranks"]}) == 1
+    sampler = BalancedBatchSampler(lengths, [1024, 512, 1024], num_replicas=3, rank=0)
+    plan = sampler.plan()
+    slots = np.array([len(plan.batch(b)[0]) * int(lengths[plan.batch(b)[0]].max()) for b in range(plan.num_batches)])
+    assert (slots[plan.assignment] <= np.array([1024, 512, 1024])).all()
+    assert bal["micro_batches_per_rank"] == len(sampler)
+    monkeypatch.chdir(tmp_path)
+    message = _plan_error(["--lengths", str(tmp_path / "lengths.npy"), "--num-replicas", "3", "--max-tokens",
+                           "[1024, 512]"], capsys)
+    assert message.startswith("--max-tokens holds 2 per-rank budgets [1024, 512], but the data-parallel world has "
+                              "--num-replicas 3 ranks; pass one budget per rank (a list of 3 ints)"), message

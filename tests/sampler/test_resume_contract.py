@@ -7,7 +7,8 @@ an uninterrupted run:
 
 * same number of ranks: each rank yields exactly the remaining micro-batches (indices, fill rows, step totals);
 * another number of ranks: every sample of the uninterrupted epoch is trained exactly once over both halves
-  (fill rows aside), with equal counts on the new ranks and every micro-batch within ``max_tokens``;
+  (fill rows aside), with equal counts on the new ranks and every micro-batch within ``max_tokens`` (per-rank
+  budgets: its own rank's; a resume onto another number of ranks gets a list of the new length);
 
 and then the next epoch equals a fresh sampler's. Only the public keyword API is used. The property-based
 checks of single behaviours (random lengths, any world sizes) are in ``test_resume.py``.
@@ -30,15 +31,22 @@ LENGTHS = np.minimum(_FORTUNES[:240].astype(np.int64), MAX_TOKENS)
 LONG = np.concatenate([LENGTHS[:200], [MAX_TOKENS + 1, 3 * MAX_TOKENS], LENGTHS[200:]])
 
 
-def _sampler(lengths=LENGTHS, speeds=None, **settings):
-    """A factory: (num_replicas, rank) -> a BalancedBatchSampler of these settings."""
+def _sampler(lengths=LENGTHS, speeds=None, budgets=None, **settings):
+    """A factory: (num_replicas, rank) -> a BalancedBatchSampler of these settings; ``budgets`` maps a number of
+    ranks to its ``max_tokens`` (default ``MAX_TOKENS``)."""
 
     def make(num_replicas, rank):
         extra = {"rank_speeds": speeds[num_replicas]} if speeds else {}
-        return BalancedBatchSampler(lengths, MAX_TOKENS, num_replicas=num_replicas, rank=rank, seed=11,
+        max_tokens = budgets[num_replicas] if budgets else MAX_TOKENS
+        return BalancedBatchSampler(lengths, max_tokens, num_replicas=num_replicas, rank=rank, seed=11,
                                     **settings, **extra)
 
     return make
+
+
+# per-rank budgets (the largest is MAX_TOKENS, so too_long treats the same samples on every world size)
+PER_RANK = {2: [MAX_TOKENS, MAX_TOKENS // 2], 3: [MAX_TOKENS // 2, MAX_TOKENS, 3 * MAX_TOKENS // 4]}
+PER_RANK_SPEEDS = {2: [1.0, 0.5], 3: [0.5, 1.0, 0.75]}
 
 
 # (id, factory, ranks before the checkpoint, ranks after it)
@@ -82,6 +90,20 @@ SAMPLERS_TO_TEST = [
     ("packed_world_2_to_3_accumulate_2_no_shuffle", _sampler(packing=True, accumulate_grad_batches=2, shuffle=False),
      2, 3),
     ("packed_world_3_to_2_max_batch_size", _sampler(packing=True, max_batch_size=3), 3, 2),
+    ("per_rank", _sampler(budgets=PER_RANK), 2, 2),
+    ("per_rank_speeds_accumulate_2", _sampler(budgets=PER_RANK, speeds=PER_RANK_SPEEDS, accumulate_grad_batches=2),
+     3, 3),
+    ("per_rank_too_long_skip_largest_first", _sampler(LONG, budgets=PER_RANK, too_long="skip", largest_first=True),
+     2, 2),
+    ("per_rank_world_2_to_3", _sampler(budgets=PER_RANK), 2, 3),
+    ("per_rank_world_3_to_2_accumulate_2", _sampler(budgets=PER_RANK, accumulate_grad_batches=2), 3, 2),
+    ("int_to_per_rank_world_2_to_3", _sampler(budgets={2: MAX_TOKENS, 3: PER_RANK[3]}), 2, 3),
+    ("per_rank_windowed", _sampler(budgets=PER_RANK, plan_window=70), 2, 2),
+    ("per_rank_windowed_world_3_to_2", _sampler(budgets=PER_RANK, plan_window=70), 3, 2),
+    ("per_rank_packed", _sampler(budgets=PER_RANK, packing=True), 2, 2),
+    ("per_rank_packed_speeds", _sampler(budgets=PER_RANK, speeds=PER_RANK_SPEEDS, packing=True), 3, 3),
+    ("per_rank_packed_world_2_to_3_no_shuffle", _sampler(budgets=PER_RANK, packing=True, shuffle=False), 2, 3),
+    ("per_rank_packed_world_3_to_2", _sampler(budgets=PER_RANK, packing=True), 3, 2),
 ]
 EPOCH = 1  # a later epoch, so that the saved epoch is carried over
 
@@ -139,14 +161,15 @@ def test_resume_mid_epoch_continues_the_uninterrupted_run(make, old, new, cut):
     else:
         assert len(after[0]) == k + len(rests[0])
         lengths = np.asarray(after[0].lengths)
-        for rest in rests:
+        for rank, rest in enumerate(rests):
+            budget = after[rank].settings.rank_max_tokens(new)[rank]  # this rank's own budget
             for b in rest:
                 if after[0].packing:  # one row of whole documents, padded at its tail to the multiple
                     assert -(-int(lengths[list(b)].sum()) // after[0].pad_to_multiple_of) * after[0].pad_to_multiple_of \
-                        <= MAX_TOKENS
+                        <= budget
                 else:
                     padded = -(-lengths[list(b)] // after[0].pad_to_multiple_of) * after[0].pad_to_multiple_of
-                    assert len(b) * int(padded.max()) <= MAX_TOKENS
+                    assert len(b) * int(padded.max()) <= budget
         trained = collections.Counter(_real(h for head in heads for h in head) + _real(b for rest in rests for b in rest))
         expected = collections.Counter(_real(b for f in full for b in f))
         assert set(expected.values()) == {1}
