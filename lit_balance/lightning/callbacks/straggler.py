@@ -14,7 +14,6 @@ import torch
 from lit_balance._checks import check_bool, check_callable, check_int, check_number
 from lit_balance.lightning.callbacks._common import batch_fields, emit, gather, train_sampler
 from lit_balance.plan.cost import CostModelProtocol, check_cost_model
-from lit_balance.world import data_parallel_world
 
 __all__ = ["StragglerMonitor", "backward_is_local", "packed_rows_and_length", "step_imbalance"]
 
@@ -53,14 +52,15 @@ def packed_rows_and_length(cu_seq_lens: Any) -> tuple[float, float]:
 
 
 def backward_is_local(trainer: L.Trainer) -> bool:
-    """Whether the backward about to run holds no collective: one data-parallel rank, or DDP inside ``no_sync``.
+    """Whether the backward about to run holds no collective: one process, or DDP inside ``no_sync``.
 
     Lightning runs the micro-batches inside an accumulation window (all but the optimizer step's last) under
     :meth:`torch.nn.parallel.DistributedDataParallel.no_sync`, which clears the wrapped model's
     ``require_backward_grad_sync``; their backward computes gradients without the all-reduce. Any other
-    strategy (FSDP, DeepSpeed, ...) is assumed to communicate in backward.
+    strategy (FSDP, DeepSpeed, tensor parallelism even with one data-parallel rank, ...) is assumed to communicate in
+    backward.
     """
-    if data_parallel_world(trainer).num_replicas <= 1:
+    if trainer.world_size <= 1:
         return True
     model = getattr(trainer.strategy, "model", None)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
