@@ -96,9 +96,9 @@ class DataParallelWorld:
         if self.num_replicas == 1:
             return tensor.detach().cpu().clone()
         if self.strategy is not None and self.process_group is None:
-            # a Lightning strategy has reduce(); a Fabric strategy has all_reduce()
+            # a Lightning strategy has reduce(); a Fabric strategy has all_reduce(); both reduce in place: a copy
             reduce = getattr(self.strategy, "reduce", None) or self.strategy.all_reduce
-            return reduce(self._device_tensor(tensor), reduce_op="sum").cpu()
+            return reduce(self._device_tensor(tensor).clone(), reduce_op="sum").cpu()
         out = self._device_tensor(tensor).clone()
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.process_group)
         return out.cpu()

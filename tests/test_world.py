@@ -114,3 +114,16 @@ def test_bad_mesh_and_sources_are_refused():
         data_parallel_world(trainer(1, 0), mesh=FakeMesh((1,), (0,), ("dp",)))
     with pytest.raises(RuntimeError, match="torch.distributed is not initialised"):
         data_parallel_world(process_group=object())
+
+
+@pytest.mark.parametrize("method", ["reduce", "all_reduce"])  # a Lightning strategy's, a Fabric strategy's
+def test_all_reduce_sum_leaves_the_callers_tensor_alone(method):
+    def in_place_sum(tensor, reduce_op):  # as Lightning's and Fabric's DDP reduce: torch.distributed.all_reduce
+        assert reduce_op == "sum"
+        return tensor.mul_(2)
+
+    strategy = {method: in_place_sum, "distributed_sampler_kwargs": {"num_replicas": 2, "rank": 0}}
+    world = data_parallel_world(trainer(2, 0, **strategy))
+    local = torch.tensor([1.0, 3.0])
+    assert world.all_reduce_sum(local).tolist() == [2.0, 6.0]
+    assert local.tolist() == [1.0, 3.0]
