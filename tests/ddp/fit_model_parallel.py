@@ -7,7 +7,7 @@ is split over the device mesh's ``tensor_parallel`` dimension (``parallelize_mod
 and FSDP2 (``fully_shard``) shards the model over its ``data_parallel`` dimension when DP > 1; "fsdp2": FSDP2 alone.
 Plain SGD, ``accumulate_grad_batches=2``, one epoch, the plan divisor of StepTokenLoss. Each process writes
 OUT_DIR/rank{r}.json (its data-parallel world, the micro-batches it trained, each step's loss and token count, what
-RunSummary and a TokenMeanLoss over the data-parallel group gathered) and OUT_DIR/rank{r}.pt (its micro-batches'
+RunSummary, StragglerMonitor and a TokenMeanLoss over the data-parallel group gathered) and OUT_DIR/rank{r}.pt (its micro-batches'
 tensors, by optimizer step); global rank 0 also writes OUT_DIR/params.pt: the full parameters before training and
 after every optimizer step.
 """
@@ -25,7 +25,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from lit_balance import BalancedTextDataModule, TokenMeanLoss
-from lit_balance.callbacks import RunSummary
+from lit_balance.callbacks import RunSummary, StragglerMonitor
 from lit_balance.lightning.loss import StepTokenLoss, token_loss_sum
 from lit_balance.world import data_parallel_world
 
@@ -125,10 +125,11 @@ def main():
                                   cache_dir=out / "cache")
     model = Model(out, sharding)
     summary = RunSummary()
+    straggler = StragglerMonitor(log_every_n_micro_batches=4)
     strategy = ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp, timeout=timedelta(seconds=90))
     trainer = L.Trainer(accelerator="cpu", devices=dp * tp, strategy=strategy, max_epochs=1,
                         accumulate_grad_batches=ACCUMULATE, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[summary])
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[summary, straggler])
     trainer.fit(model, datamodule=data)
     world = data_parallel_world(trainer)
     rank = trainer.global_rank
@@ -139,7 +140,8 @@ def main():
               "num_replicas": world.num_replicas, "sampler_kwargs": trainer.strategy.distributed_sampler_kwargs,
               "micro_batches": model.micro_batches, "steps": model.steps, "num_train": len(data.train_dataset),
               "num_batches": len(data.train_sampler), "summary_rows": len(summary.rows),
-              "summary_real_tokens": summary.total["real_tokens"], "train_mean_loss": model.train_mean_loss}
+              "summary_real_tokens": summary.total["real_tokens"], "train_mean_loss": model.train_mean_loss,
+              "straggler_windows": [w.tolist() for w in straggler.epoch_windows]}
     (out / f"rank{rank}.json").write_text(json.dumps(record))
 
 

@@ -3,7 +3,8 @@
 The processes of one replica (tensor-parallel peers) must train the same micro-batches; the data-parallel ranks
 together every document once per epoch; each optimizer step's parameter update must equal one process's SGD update
 on the token mean over the step's tokens of every data-parallel rank (within 1e-5); RunSummary and a TokenMeanLoss
-over the data-parallel group sum over the data-parallel ranks only.
+over the data-parallel group sum over the data-parallel ranks only; StragglerMonitor's windows (what feedback
+and accumulation decide on) are the same on every process.
 """
 
 from pathlib import Path
@@ -63,6 +64,18 @@ def test_peers_of_a_replica_train_identical_micro_batches(runs, run):
             for a, b in zip(tensors[0], other):
                 assert a["step"] == b["step"] and torch.equal(a["input_ids"], b["input_ids"])
                 assert torch.equal(a["labels"], b["labels"])
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_straggler_windows_hold_the_data_parallel_ranks_and_are_the_same_on_every_process(runs, run):
+    dp, _, _ = RUNS[run]
+    _, ranks = runs[run]
+    windows = ranks[0]["straggler_windows"]
+    assert len(windows) >= 2 and all(len(w) == dp for w in windows)  # [num_replicas, micro-batches, 7] each
+    assert all(r["straggler_windows"] == windows for r in ranks)  # what feedback and accumulation decide on
+    first = [peers[0] for _, peers in sorted(replicas(ranks).items())]
+    for d, record in enumerate(first):  # each data-parallel rank's row counts its own micro-batches' real tokens
+        assert sum(m[4] for w in windows for m in w[d]) == sum(m[3] for m in record["micro_batches"])
 
 
 @pytest.mark.parametrize("run", RUNS)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from lit_balance._checks import check_bool, check_callable, check_int, check_number
-from lit_balance.lightning.callbacks._common import batch_fields, emit, gather, train_sampler
+from lit_balance.lightning.callbacks._common import batch_fields, emit, gather_same_everywhere, train_sampler
 from lit_balance.plan.cost import CostModelProtocol, check_cost_model
 
 __all__ = ["StragglerMonitor", "backward_is_local", "packed_rows_and_length", "step_imbalance"]
@@ -122,7 +122,8 @@ class StragglerMonitor(L.Callback):
     number) and at the end of each training epoch, the data-parallel ranks
     (:func:`lit_balance.world.data_parallel_world`) take part in one ``all_gather`` of a ``[n, 7]`` float64 tensor
     (compute s, data wait s, rows, padded length, real tokens, cost, local backward s or NaN, per micro-batch) and
-    global rank 0 logs, over that window:
+    global rank 0 logs, over that window (where a replica spans several processes, tensor parallelism, global rank 0's
+    gathered window is then broadcast to every process, so that the decisions taken on it are the same everywhere):
 
     * ``balance/straggler_ratio``: max over ranks / median over ranks of the summed compute seconds.
     * ``balance/straggler_gap_s``: max minus median of the same (seconds).
@@ -281,7 +282,7 @@ class StragglerMonitor(L.Callback):
     def _gather(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         local = torch.tensor(self._records, dtype=torch.float64)
         self._records = []
-        window = gather(trainer, local).numpy()
+        window = gather_same_everywhere(trainer, local).numpy()  # feedback and accumulation decide on it
         self.epoch_windows.append(window)
         self.last_window = window
         self.num_windows += 1
