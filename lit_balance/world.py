@@ -137,7 +137,8 @@ def process_group_world(group: Any = None) -> DataParallelWorld | None:
         raise RuntimeError(f"this process (global rank {dist.get_rank()}) is not a member of the data-parallel process "
                            "group it was given; pass the group of the data-parallel ranks this process belongs to")
     size = dist.get_world_size(group)
-    return DataParallelWorld(rank=rank, num_replicas=size, process_group=group if size < dist.get_world_size() else None)
+    subgroup = group if size < dist.get_world_size() else None  # the whole world: the default group's collectives
+    return DataParallelWorld(rank=rank, num_replicas=size, process_group=subgroup)
 
 
 def _mesh_world(mesh: Any, strategy: Any = None) -> DataParallelWorld:
@@ -168,14 +169,19 @@ def _strategy_world(trainer: Any) -> DataParallelWorld:
            "and rank (DDP, FSDP, DeepSpeed, ModelParallelStrategy; see docs/strategies.md); for another strategy, "
            "give it a distributed_sampler_kwargs property (and, when a replica spans several processes, a "
            "device_mesh with a 'data_parallel' dimension)")
-    kwargs = getattr(strategy, "distributed_sampler_kwargs", None)
+    try:
+        kwargs = getattr(strategy, "distributed_sampler_kwargs", None)
+    except RuntimeError as error:  # ModelParallelStrategy before its processes and device mesh are set up
+        raise RuntimeError(f"the {name} strategy cannot say its data-parallel world yet ({error}); ask for it once the "
+                           "Trainer has set up its processes (in setup(), configure_model() or later)") from error
     if not isinstance(kwargs, dict) or "num_replicas" not in kwargs or "rank" not in kwargs:
         raise RuntimeError(f"the {name} strategy runs {world_size} processes but does not say which data-parallel "
                            f"rank this process is (its distributed_sampler_kwargs is {kwargs!r}, not a dict with "
                            f"num_replicas and rank); {how}")
     num_replicas, rank = kwargs["num_replicas"], kwargs["rank"]
     valid = all(isinstance(v, int) and not isinstance(v, bool) for v in (num_replicas, rank))
-    if not valid or not (1 <= num_replicas <= world_size and world_size % num_replicas == 0 and 0 <= rank < num_replicas):
+    fits = valid and 1 <= num_replicas <= world_size and world_size % num_replicas == 0 and 0 <= rank < num_replicas
+    if not fits:
         raise RuntimeError(f"the {name} strategy's distributed_sampler_kwargs {kwargs} do not describe a data-parallel "
                            f"world of this run of {world_size} processes (this one is global rank {global_rank}): "
                            f"expected num_replicas dividing {world_size} and 0 <= rank < num_replicas; {how}")

@@ -127,3 +127,14 @@ def test_all_reduce_sum_leaves_the_callers_tensor_alone(method):
     local = torch.tensor([1.0, 3.0])
     assert world.all_reduce_sum(local).tolist() == [2.0, 6.0]
     assert local.tolist() == [1.0, 3.0]
+
+
+def test_a_strategy_asked_before_its_processes_exist_is_told_when_to_ask():
+    class ModelParallelStrategy:  # Lightning's raises from distributed_sampler_kwargs before setup_environment()
+        @property
+        def distributed_sampler_kwargs(self):
+            raise RuntimeError("Accessing the device mesh before processes have initialized is not allowed.")
+
+    with pytest.raises(RuntimeError, match=r"the ModelParallelStrategy strategy cannot say its data-parallel world yet "
+                                           r"\(Accessing the device mesh .*\); ask for it once the Trainer has set up"):
+        data_parallel_world(SimpleNamespace(world_size=2, global_rank=0, strategy=ModelParallelStrategy()))

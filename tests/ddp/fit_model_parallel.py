@@ -7,9 +7,9 @@ is split over the device mesh's ``tensor_parallel`` dimension (``parallelize_mod
 and FSDP2 (``fully_shard``) shards the model over its ``data_parallel`` dimension when DP > 1; "fsdp2": FSDP2 alone.
 Plain SGD, ``accumulate_grad_batches=2``, one epoch, the plan divisor of StepTokenLoss. Each process writes
 OUT_DIR/rank{r}.json (its data-parallel world, the micro-batches it trained, each step's loss and token count, what
-RunSummary, StragglerMonitor and a TokenMeanLoss over the data-parallel group gathered) and OUT_DIR/rank{r}.pt (its micro-batches'
-tensors, by optimizer step); global rank 0 also writes OUT_DIR/params.pt: the full parameters before training and
-after every optimizer step.
+RunSummary, StragglerMonitor and a TokenMeanLoss over the data-parallel group gathered) and OUT_DIR/rank{r}.pt
+(its micro-batches' tensors, by optimizer step); global rank 0 also writes OUT_DIR/params.pt: the full parameters
+before training and after every optimizer step.
 """
 
 import json
@@ -58,7 +58,8 @@ class TinyLM(nn.Module):
 
 def full_parameters(module):
     """``{name: full tensor}`` (a collective for sharded parameters: every process calls it alike)."""
-    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for n, p in module.named_parameters()}
+    return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+            for name, p in module.named_parameters()}
 
 
 class Model(L.LightningModule):
@@ -77,7 +78,8 @@ class Model(L.LightningModule):
 
         mesh = self.device_mesh
         if self.sharding == "tp":
-            parallelize_module(self.model, mesh["tensor_parallel"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+            plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
+            parallelize_module(self.model, mesh["tensor_parallel"], plan)
         if mesh["data_parallel"].size() > 1:
             fully_shard(self.model, mesh=mesh["data_parallel"])
 
