@@ -4,7 +4,7 @@ The four parts, used together (see ``docs/bring_your_own.md``)::
 
     train = MicroBatchDataset(my_dataset, length="input_ids")          # any dataset whose items are dicts
     sampler = BalancedBatchSampler(train.lengths, settings=settings,  # in setup() / train_dataloader()
-                                   num_replicas=trainer.world_size, rank=trainer.global_rank)
+                                   num_replicas=world.num_replicas, rank=world.rank)  # data_parallel_world(trainer)
     collate = PadFieldsCollator(["input_ids"], pad_token_id=0, scalar_fields=["label"])
     loader = balanced_dataloader(train, sampler, collate)
 
@@ -587,10 +587,10 @@ def balanced_dataloader(dataset: Dataset, sampler: Any, collate_fn: Callable[[An
 
     The form that works under Lightning with either ``use_distributed_sampler``: Lightning keeps a
     ``DistributedSampler`` it finds in ``sampler`` and calls its ``set_epoch`` every epoch. Build it in
-    ``setup()`` or ``train_dataloader()``, with the sampler built there from ``trainer.world_size``,
-    ``trainer.global_rank`` and the Trainer's ``accumulate_grad_batches``. The loader is a
-    :class:`BalancedDataLoader`: its ``state_dict()`` saves the micro-batches training consumed (not those its
-    workers fetched ahead), and Lightning saves and restores it with every checkpoint.
+    ``setup()`` or ``train_dataloader()``, with the sampler built there for the data-parallel world
+    (:func:`lit_balance.world.data_parallel_world` of the Trainer) and the Trainer's ``accumulate_grad_batches``.
+    The loader is a :class:`BalancedDataLoader`: its ``state_dict()`` saves the micro-batches training consumed (not
+    those its workers fetched ahead), and Lightning saves and restores it with every checkpoint.
 
     Args:
         dataset: a :class:`MicroBatchDataset` (or :class:`lit_balance.TokenDataset`): indexed by a whole

@@ -14,6 +14,7 @@ from lit_balance.demo.attention import PACKED_ATTENTION, packed_attention, resol
 from lit_balance.errors import InputValueError
 from lit_balance.lightning.loss import StepTokenLoss, token_loss_sum
 from lit_balance.lightning.metrics import TokenMeanLoss
+from lit_balance.world import data_parallel_world
 
 __all__ = ["DemoTransformerLM"]
 
@@ -54,7 +55,8 @@ class DemoTransformerLM(L.LightningModule):
     without any (only fill rows) contributes zero, never NaN. ``val/loss`` is the exact mean next-token
     cross-entropy over all supervised validation tokens of all ranks, logged once per validation epoch: sums
     of token losses and token counts are kept in a :class:`lit_balance.lightning.metrics.TokenMeanLoss` (attribute
-    ``val_loss``), summed over ranks and divided once at epoch end.
+    ``val_loss``), summed over the data-parallel ranks (:func:`lit_balance.world.data_parallel_world`; its process
+    group is set at ``setup``) and divided once at epoch end.
 
     Args:
         vocab_size: number of token ids.
@@ -182,6 +184,10 @@ class DemoTransformerLM(L.LightningModule):
         """Mean next-token cross-entropy of one batch over its supervised tokens (0, with a graph, if none)."""
         loss_sum, n = token_loss_sum(self(**self._inputs(batch)), batch["labels"])
         return loss_sum / max(n, 1)
+
+    def setup(self, stage: str) -> None:
+        # the metric sums over the data-parallel ranks: tensor-parallel peers of one replica hold the same tokens
+        self.val_loss.process_group = data_parallel_world(self.trainer).process_group
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss_sum, n = token_loss_sum(self(**self._inputs(batch)), batch["labels"])

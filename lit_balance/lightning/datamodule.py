@@ -224,7 +224,8 @@ class BalancedTextDataModule(L.LightningDataModule):
     arrays keyed by corpus and tokenizer; ``setup`` loads it on every rank, splits documents into train
     and validation (a permutation seeded by ``seed``), truncates each to ``max_length`` tokens, and
     builds one :class:`BalancedBatchSampler` per split for this rank of the data-parallel world
-    (:func:`lit_balance.world.data_parallel_world`: the Trainer's ``global_rank`` and ``world_size``): the training
+    (:func:`lit_balance.world.data_parallel_world`: the rank and size of the strategy's
+    ``distributed_sampler_kwargs``; processes of one tensor-parallel replica get the same micro-batches): the training
     split's with :attr:`settings` and the Trainer's ``accumulate_grad_batches``, the validation split's unshuffled,
     without drop_last, largest_first or accumulation, with the default cost model. Loaders are
     ``DataLoader(dataset, sampler=sampler, batch_size=None)``: because the sampler is a ``DistributedSampler``,

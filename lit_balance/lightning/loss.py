@@ -1,8 +1,9 @@
 """Token-weighted loss: each optimizer step averages over every supervised token of every rank and micro-batch.
 
-Lightning divides the loss that ``training_step`` returns by ``trainer.accumulate_grad_batches`` and DDP
-averages gradients over the ``num_replicas`` data-parallel ranks (:func:`lit_balance.world.data_parallel_world`;
-"ranks" below are those). Averaging per micro-batch and then over micro-batches and ranks
+Lightning divides the loss that ``training_step`` returns by ``trainer.accumulate_grad_batches`` and DDP (FSDP2:
+over the device mesh's ``data_parallel`` dimension) averages gradients over the ``num_replicas`` data-parallel ranks
+(:func:`lit_balance.world.data_parallel_world`; "ranks" below are those: the processes of one tensor-parallel replica
+hold the same tokens and count once). Averaging per micro-batch and then over micro-batches and ranks
 weights a token of a short micro-batch more than a token of a long one. :class:`StepTokenLoss` instead makes
 each optimizer step's gradient the gradient of
 

@@ -21,7 +21,9 @@ class PaddingRatio(Metric):
 
     Which ranks: torchmetrics sums the states through ``torch.distributed`` itself, over its ``process_group``
     (default: every process of the default group, which under plain DDP is the data-parallel world of
-    :func:`lit_balance.world.data_parallel_world`); pass ``process_group=`` for another group of ranks.
+    :func:`lit_balance.world.data_parallel_world`); pass ``process_group=`` (or set the attribute before syncing)
+    ``data_parallel_world(...).process_group`` to sum over the data-parallel ranks only, where the processes of a
+    tensor-parallel replica hold the same tokens.
 
     ``update(num_real_tokens, num_padded_tokens)`` takes the counts of one or more micro-batches (ints or
     tensors of any shape, summed), e.g. a :class:`lit_balance.PadCollator` batch's ``num_real_tokens`` and
@@ -75,7 +77,9 @@ class TokenMeanLoss(Metric):
 
     Which ranks: torchmetrics sums the states through ``torch.distributed`` itself, over its ``process_group``
     (default: every process of the default group, which under plain DDP is the data-parallel world of
-    :func:`lit_balance.world.data_parallel_world`); pass ``process_group=`` for another group of ranks.
+    :func:`lit_balance.world.data_parallel_world`); pass ``process_group=`` (or set the attribute before syncing)
+    ``data_parallel_world(...).process_group`` to sum over the data-parallel ranks only, where the processes of a
+    tensor-parallel replica hold the same tokens.
 
     ``update(loss_sum, num_tokens)`` takes the summed loss (a scalar tensor or number, e.g. the first value of
     :func:`lit_balance.lightning.loss.token_loss_sum`; detached here) and the number of tokens it sums over, of one or

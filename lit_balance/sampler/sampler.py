@@ -77,15 +77,22 @@ class BalancedBatchSampler(DistributedSampler):
             :attr:`truncate_to` tokens (the collator must truncate it too); ``too_long="skip"`` leaves it out
             (:attr:`num_skipped`). ``accumulate_grad_batches`` should be the Trainer's value: each yielded
             micro-batch then also carries its optimizer step's global real tokens and rows.
-        num_replicas: number of ranks; defaults to the initialised process group's world size, else 1. Under
-            Lightning, build the sampler in ``setup()`` or ``train_dataloader()`` and pass
-            ``num_replicas=self.trainer.world_size, rank=self.trainer.global_rank`` (or use
-            :class:`~lit_balance.BalancedTextDataModule`): a sampler built before the process group exists (in a
+        num_replicas: number of data-parallel ranks; defaults to the size of ``process_group``, else of the
+            initialised default process group, else 1. Under Lightning, build the sampler in ``setup()`` or
+            ``train_dataloader()`` and pass ``**self.trainer.distributed_sampler_kwargs`` (the data-parallel
+            ``num_replicas`` and ``rank``; :func:`lit_balance.world.data_parallel_world` checks them) or use
+            :class:`~lit_balance.BalancedTextDataModule`: a sampler built before the process group exists (in a
             DataModule's ``__init__``) cannot know its world. Left to the default then, it raises when the
             environment says the run is distributed (``WORLD_SIZE``, ``srun``'s ``SLURM_STEP_NUM_TASKS``,
             ``OMPI_COMM_WORLD_SIZE`` or ``PMI_SIZE`` above 1), and at the first ``next()`` when the process
             group initialised since has another world size or rank. Explicit values are never checked.
-        rank: this process's rank in ``[0, num_replicas)``; defaults to the process group's rank, else 0.
+        rank: this process's data-parallel rank in ``[0, num_replicas)``; defaults to its rank in ``process_group``,
+            else in the default process group, else 0. Processes that hold one replica (tensor-parallel peers) pass
+            the same rank and get the same micro-batches.
+        process_group: the ``torch.distributed`` process group of the data-parallel ranks this process belongs to
+            (``mesh["dp"].get_group()`` of a device mesh; ``data_parallel_world(mesh=...).process_group``), whose size
+            and rank are the defaults of ``num_replicas`` and ``rank`` (then checked to agree with them); for a loop
+            without Lightning whose processes are not all data-parallel ranks. Not kept.
         cost_model: cost of a micro-batch (:class:`~lit_balance.plan.cost.CostModel`); default: padded tokens.
         rank_speeds: ``[num_replicas]`` relative throughput of each rank (e.g. ``[1.0, 0.67]`` when rank 1
             is 1.5x slower), or None for equal ranks. With equal ranks the number of micro-batches per epoch
@@ -140,6 +147,7 @@ class BalancedBatchSampler(DistributedSampler):
         settings: BatchingSettings | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
+        process_group: Any = None,
         cost_model: CostModelProtocol | None = None,
         rank_speeds: Sequence[float] | None = None,
         supervised_lengths: Sequence[int] | np.ndarray | torch.Tensor | None = None,
@@ -150,8 +158,8 @@ class BalancedBatchSampler(DistributedSampler):
             settings_kwargs["max_tokens"] = max_tokens
         settings = BatchingSettings.build(settings, settings_kwargs, owner="BalancedBatchSampler")
         # Defaults come from the process group; which of them did is checked again at the first next().
-        self._world_defaults = (num_replicas is None, rank is None)
-        self.num_replicas, self.rank = _resolve_world(num_replicas, rank)
+        self._world_defaults = (num_replicas is None, rank is None) if process_group is None else (False, False)
+        self.num_replicas, self.rank = _resolve_world(num_replicas, rank, process_group)
         cost_model = check_cost_model(cost_model)
         speeds = check_speeds(rank_speeds, self.num_replicas)
         settings.rank_max_tokens(self.num_replicas)  # per-rank budgets: one per rank
@@ -538,21 +546,31 @@ class BalancedBatchSampler(DistributedSampler):
 
 
 _HOW_TO_PASS = (
-    "Pass num_replicas and rank: under Lightning, build the sampler in LightningDataModule.setup() or "
-    "train_dataloader() with num_replicas=self.trainer.world_size, rank=self.trainer.global_rank (or use "
-    "lit_balance.BalancedTextDataModule, which does); elsewhere, the world size and this process's global rank."
+    "Pass num_replicas and rank, the data-parallel ones: under Lightning, build the sampler in "
+    "LightningDataModule.setup() or train_dataloader() with **self.trainer.distributed_sampler_kwargs (or use "
+    "lit_balance.BalancedTextDataModule, which does); elsewhere, process_group= the data-parallel process group, or "
+    "the data-parallel world size and this process's data-parallel rank (lit_balance.world.data_parallel_world)."
 )
 
 
-def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    """``(num_replicas, rank)``: those given, else the initialised process group's (:func:`lit_balance.world.
-    process_group_world`), else one rank; refused in a launched multi-process run before its process group exists.
+def _resolve_world(num_replicas: int | None, rank: int | None, process_group: Any = None) -> tuple[int, int]:
+    """``(num_replicas, rank)``: those given, else those of ``process_group``, else the initialised default process
+    group's (:func:`lit_balance.world.process_group_world`), else one rank; refused in a launched multi-process run
+    before its process group exists.
 
     Raises:
         RuntimeError: a default taken where the environment says the run is distributed but no process group is
-            initialised yet.
-        TypeError, ValueError: ``num_replicas`` below 1, or ``rank`` outside ``[0, num_replicas)``.
+            initialised yet; ``process_group`` without an initialised ``torch.distributed``.
+        TypeError, ValueError: ``num_replicas`` below 1, or ``rank`` outside ``[0, num_replicas)``; values given
+            with ``process_group`` that disagree with it.
     """
+    if process_group is not None:
+        world = process_group_world(process_group)
+        for name, given, value in (("num_replicas", num_replicas, world.num_replicas), ("rank", rank, world.rank)):
+            if given is not None and given != value:
+                raise InputValueError(f"{name}={given!r} disagrees with the process_group given, whose {name} is "
+                                      f"{value}; pass one or the other", parameter=name)
+        return world.num_replicas, world.rank
     group = process_group_world()
     if (num_replicas is None or rank is None) and group is None:
         _refuse_distributed_environment(num_replicas, rank)

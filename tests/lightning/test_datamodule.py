@@ -636,7 +636,9 @@ def _rank_modules(corpus, world_size: int, cache_dir: Path, **kwargs) -> list[Ba
     for rank in range(world_size):
         dm = BalancedTextDataModule(corpus, cache_dir=cache_dir, **kwargs)
         # a Trainer of world_size ranks as data_parallel_world reads it; no process group: ranks are not compared
-        dm.trainer = SimpleNamespace(world_size=world_size, global_rank=rank, strategy=None, current_epoch=0,
+        dm.trainer = SimpleNamespace(world_size=world_size, global_rank=rank, current_epoch=0,
+                                     strategy=SimpleNamespace(distributed_sampler_kwargs={"num_replicas": world_size,
+                                                                                          "rank": rank}),
                                      accumulate_grad_batches=1)
         modules.append(ready(dm))
     return modules
@@ -836,7 +838,8 @@ def test_demo_model_starts_near_uniform_loss():
 def test_train_dataloader_length_counts_rank_speeds_handed_over_for_the_new_epoch(tmp_path):
     """Lightning reads len(loader) before set_epoch: a loader built for epoch 1 must already count its plan."""
     dm = BalancedTextDataModule(synthetic_texts(400), max_tokens=256, val_fraction=0.0, cache_dir=tmp_path)
-    dm.trainer = SimpleNamespace(world_size=2, global_rank=0, strategy=None, current_epoch=0)
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=0, current_epoch=0,
+                                 strategy=SimpleNamespace(distributed_sampler_kwargs={"num_replicas": 2, "rank": 0}))
     ready(dm)
     sampler = dm.train_sampler
     before = len(dm.train_dataloader())

@@ -36,7 +36,8 @@ def _attach(dm, other_row):
         return torch.stack([local, other_row(local.clone())])
 
     dm.trainer = SimpleNamespace(world_size=2, global_rank=0, accumulate_grad_batches=1,
-                                 strategy=SimpleNamespace(all_gather=all_gather, root_device=torch.device("cpu")))
+                                 strategy=SimpleNamespace(all_gather=all_gather, root_device=torch.device("cpu"),
+                                                          distributed_sampler_kwargs={"num_replicas": 2, "rank": 0}))
     return dm
 
 

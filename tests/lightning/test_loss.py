@@ -27,6 +27,7 @@ class FakeModule(torch.nn.Module):
     def __init__(self, world_size, acc, strategy, callbacks=()):
         super().__init__()
         self.theta = torch.nn.Parameter(torch.tensor(1.0, dtype=torch.float64))
+        strategy.distributed_sampler_kwargs = {"num_replicas": world_size, "rank": 0}  # DDP's, as rank 0
         self._trainer = SimpleNamespace(world_size=world_size, global_rank=0, accumulate_grad_batches=acc,
                                         strategy=strategy, callbacks=list(callbacks), train_dataloader=None)
 

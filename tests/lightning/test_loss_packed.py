@@ -32,6 +32,7 @@ def simulate_steps(model, steps, collate, world_size, acc, lr=0.5):
     every step and the final parameters.
     """
     strategy = SumStrategy()
+    strategy.distributed_sampler_kwargs = {"num_replicas": world_size, "rank": 0}  # DDP's, as rank 0
     replicas = [copy.deepcopy(model) for _ in range(world_size)]
     losses = [StepTokenLoss() for _ in range(world_size)]
     for replica in replicas:

@@ -27,7 +27,9 @@ def test_plan_summary_matches_the_sampler_built_at_setup(tmp_path, world_size, a
     assert summary["settings"]["num_replicas"] == world_size
     assert summary["settings"]["accumulate_grad_batches"] == accumulate
 
-    dm.trainer = SimpleNamespace(world_size=world_size, global_rank=0, strategy=None, current_epoch=0,
+    dm.trainer = SimpleNamespace(world_size=world_size, global_rank=0, current_epoch=0,
+                                 strategy=SimpleNamespace(distributed_sampler_kwargs={"num_replicas": world_size,
+                                                                                      "rank": 0}),
                                  accumulate_grad_batches=accumulate)
     dm.prepare_data()
     dm.setup("fit")

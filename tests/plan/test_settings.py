@@ -194,7 +194,7 @@ def test_datamodule_with_settings_equals_keywords(tmp_path, texts):
     out = []
     for dm in dms:
         dm.trainer = SimpleNamespace(world_size=2, global_rank=1, current_epoch=0, accumulate_grad_batches=2,
-                                     strategy=None)
+                                     strategy=SimpleNamespace(distributed_sampler_kwargs={"num_replicas": 2, "rank": 1}))
         dm.prepare_data()
         dm.setup("fit")
         # the training sampler takes the Trainer's accumulate_grad_batches; validation is plain

@@ -39,6 +39,20 @@ def gather(trainer: L.Trainer, local: torch.Tensor) -> torch.Tensor:
     return data_parallel_world(trainer).all_gather(local)
 
 
+def gather_same_everywhere(trainer: L.Trainer, local: torch.Tensor) -> torch.Tensor:
+    """:func:`gather`, made the same on every process: where a replica spans several processes (tensor parallelism),
+    each process gathers with its own peers of the other replicas, so global rank 0's result is broadcast to every
+    process (one more collective; none under DDP, where the gather already is the same everywhere). Timings differ
+    between the processes of a replica; what decides the plan or the accumulation must not."""
+    gathered = gather(trainer, local)
+    if int(trainer.world_size) <= data_parallel_world(trainer).num_replicas:
+        return gathered
+    strategy = trainer.strategy
+    device = getattr(strategy, "root_device", None)
+    out = strategy.broadcast(gathered if device is None else gathered.to(device), src=0)
+    return out.cpu()
+
+
 def train_sampler(trainer: L.Trainer) -> Any:
     """The training loader's ``sampler`` (the :class:`lit_balance.BalancedBatchSampler`), or None."""
     loader = getattr(trainer, "train_dataloader", None)

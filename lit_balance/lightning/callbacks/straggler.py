@@ -12,9 +12,8 @@ import numpy as np
 import torch
 
 from lit_balance._checks import check_bool, check_callable, check_int, check_number
-from lit_balance.lightning.callbacks._common import batch_fields, emit, gather, train_sampler
+from lit_balance.lightning.callbacks._common import batch_fields, emit, gather_same_everywhere, train_sampler
 from lit_balance.plan.cost import CostModelProtocol, check_cost_model
-from lit_balance.world import data_parallel_world
 
 __all__ = ["StragglerMonitor", "backward_is_local", "packed_rows_and_length", "step_imbalance"]
 
@@ -53,14 +52,15 @@ def packed_rows_and_length(cu_seq_lens: Any) -> tuple[float, float]:
 
 
 def backward_is_local(trainer: L.Trainer) -> bool:
-    """Whether the backward about to run holds no collective: one data-parallel rank, or DDP inside ``no_sync``.
+    """Whether the backward about to run holds no collective: one process, or DDP inside ``no_sync``.
 
     Lightning runs the micro-batches inside an accumulation window (all but the optimizer step's last) under
     :meth:`torch.nn.parallel.DistributedDataParallel.no_sync`, which clears the wrapped model's
     ``require_backward_grad_sync``; their backward computes gradients without the all-reduce. Any other
-    strategy (FSDP, DeepSpeed, ...) is assumed to communicate in backward.
+    strategy (FSDP, DeepSpeed, tensor parallelism even with one data-parallel rank, ...) is assumed to communicate in
+    backward.
     """
-    if data_parallel_world(trainer).num_replicas <= 1:
+    if trainer.world_size <= 1:
         return True
     model = getattr(trainer.strategy, "model", None)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -122,7 +122,8 @@ class StragglerMonitor(L.Callback):
     number) and at the end of each training epoch, the data-parallel ranks
     (:func:`lit_balance.world.data_parallel_world`) take part in one ``all_gather`` of a ``[n, 7]`` float64 tensor
     (compute s, data wait s, rows, padded length, real tokens, cost, local backward s or NaN, per micro-batch) and
-    global rank 0 logs, over that window:
+    global rank 0 logs, over that window (where a replica spans several processes, tensor parallelism, global rank 0's
+    gathered window is then broadcast to every process, so that the decisions taken on it are the same everywhere):
 
     * ``balance/straggler_ratio``: max over ranks / median over ranks of the summed compute seconds.
     * ``balance/straggler_gap_s``: max minus median of the same (seconds).
@@ -281,7 +282,7 @@ class StragglerMonitor(L.Callback):
     def _gather(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         local = torch.tensor(self._records, dtype=torch.float64)
         self._records = []
-        window = gather(trainer, local).numpy()
+        window = gather_same_everywhere(trainer, local).numpy()  # feedback and accumulation decide on it
         self.epoch_windows.append(window)
         self.last_window = window
         self.num_windows += 1

@@ -36,6 +36,7 @@ class FakeStrategy:
         self.others = others or (lambda local: [local] * (world_size - 1))
         self.gathers = 0
         self.handles_gradient_accumulation = False
+        self.distributed_sampler_kwargs = {"num_replicas": world_size, "rank": rank}  # DDP: every rank a replica
 
     def all_gather(self, tensor):
         self.gathers += 1

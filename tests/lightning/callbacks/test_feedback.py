@@ -219,6 +219,7 @@ class ThreadedStrategy:
 
     def __init__(self, rank, exchange):
         self.rank, self.exchange = rank, exchange
+        self.distributed_sampler_kwargs = {"num_replicas": len(exchange[0]), "rank": rank}
 
     def _swap(self, value):
         slots, barrier = self.exchange

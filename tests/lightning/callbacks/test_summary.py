@@ -13,6 +13,7 @@ class _TwoRankStrategy:
 
     def __init__(self, other):
         self.other = other
+        self.distributed_sampler_kwargs = {"num_replicas": 2, "rank": 0}
 
     def all_gather(self, tensor):
         return torch.stack([tensor, self.other])
@@ -43,7 +44,8 @@ def test_counts_and_table(monkeypatch, capsys):
 
 def test_other_ranks_do_not_print(capsys):
     other = torch.tensor([2.0, 30.0, 40.0, 11.0], dtype=torch.float64)  # rank 0's counts, as rank 1 gathers them
-    strategy = SimpleNamespace(all_gather=lambda t: torch.stack([other, t]))
+    strategy = SimpleNamespace(all_gather=lambda t: torch.stack([other, t]),
+                               distributed_sampler_kwargs={"num_replicas": 2, "rank": 1})
     trainer = SimpleNamespace(world_size=2, global_rank=1, strategy=strategy, is_global_zero=False)
     module = SimpleNamespace(device=torch.device("cpu"))
     cb = RunSummary()
