@@ -21,7 +21,8 @@ def _rank_batches(tmp_path, rank, **kwargs):
     dm = BalancedTextDataModule(_docs(), max_tokens=[256, 128], max_length=None, val_fraction=0.1, seed=1,
                                 cache_dir=tmp_path / "cache", **kwargs)
     dm.trainer = SimpleNamespace(world_size=2, global_rank=rank, accumulate_grad_batches=1, current_epoch=0,
-                                 strategy=SimpleNamespace(root_device=torch.device("cpu")))
+                                 strategy=SimpleNamespace(root_device=torch.device("cpu"),
+                                                          distributed_sampler_kwargs={"num_replicas": 2, "rank": rank}))
     dm.setup("fit")
     return dm, list(dm.train_dataloader())
 
@@ -46,7 +47,8 @@ def test_a_list_of_another_length_than_the_world_is_refused(tmp_path):
     dm = BalancedTextDataModule(_docs(), max_tokens=[256, 128, 128], max_length=None, val_fraction=0.1,
                                 cache_dir=tmp_path / "cache")
     dm.trainer = SimpleNamespace(world_size=2, global_rank=0, accumulate_grad_batches=1,
-                                 strategy=SimpleNamespace(root_device=torch.device("cpu")))
+                                 strategy=SimpleNamespace(root_device=torch.device("cpu"),
+                                                          distributed_sampler_kwargs={"num_replicas": 2, "rank": 0}))
     with pytest.raises(ValueError, match=r"max_tokens holds 3 per-rank budgets \[256, 128, 128\], but the "
                                          r"data-parallel world has num_replicas=2 ranks"):
         dm.setup("fit")
