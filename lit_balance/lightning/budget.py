@@ -15,8 +15,8 @@ can also be run alone (:func:`find_max_tokens`, :meth:`BalancedTextDataModule.fi
    micro-batch; ``squares``: the sum of its squared row lengths, or, packed, of its squared document lengths), with
    ``b, c >= 0``. The largest budget ``B`` whose predicted peak for any micro-batch it admits (at most ``B`` slots,
    rows of at most the longest length ``L``: ``a + b * B + c * B * L``) is at most ``memory_fraction`` of the
-   capacity (CUDA: the device's memory, or ``memory_limit`` if smaller; CPU: ``memory_limit``) is then run for the
-   shape predicted to need more (the first time aiming 5 % below the fitted room); the fit is refined with every
+   capacity (CUDA: the device's memory, or ``memory_limit`` if smaller; CPU: ``memory_limit``) is then run for both
+   shapes (the first time aiming 5 % below the fitted room); the fit is refined with every
    measurement until the next candidate is within 7 % of
    the largest budget measured under the target. The budget of a rank is the largest budget it measured under the
    target; after an out-of-memory error (which measures no peak), the token slots of the largest micro-batch that
@@ -560,16 +560,6 @@ class TokenBudgetProbe:
             lo, hi = (mid, hi) if fits(mid * m) else (lo, mid - 1)
         return lo * m
 
-    def _worst_shape(self, budget: int) -> str:
-        coef = getattr(self, "coefficients", (0.0, 1.0, 0.0))
-        preds = {}
-        for shape, length in self.shapes.items():
-            rows = _rows(self.settings, budget, length)
-            if rows is not None:
-                slots, squares = _features(self.settings, rows)
-                preds[shape] = coef[1] * slots + coef[2] * squares
-        return max(preds, key=preds.get)
-
     def run(self) -> TokenBudget:
         """Probe on every rank of the world together and return the budget (the same object on every rank).
 
@@ -597,7 +587,7 @@ class TokenBudgetProbe:
                 if round_index < len(first):  # the same budgets on every rank, both shapes
                     done = round_index > 0 and best_ok == 0  # the smallest budget failed here: nothing more to try
                     budget, shapes = first[round_index], list(self.shapes)
-                else:  # this rank's own candidate, the shape predicted to need more memory
+                else:  # this rank's own candidate, both shapes
                     first_try = round_index == len(first)
                     candidate = self._candidate(min(self.max_budget, fail_min - m), _MARGIN if first_try else 0.0)
                     if candidate is not None and blind_fail <= self.max_budget:
@@ -605,7 +595,7 @@ class TokenBudgetProbe:
                         candidate = min(candidate, max(self.min_budget, (best_ok + blind_fail) // (2 * m) * m))
                     done = (candidate is None or candidate <= best_ok * _TOLERANCE
                             or round_index == len(first) + _MAX_REFINE_ROUNDS)
-                    budget, shapes = (candidate, [self._worst_shape(candidate)]) if not done else (0, [])
+                    budget, shapes = (candidate, list(self.shapes)) if not done else (0, [])
                 if done:
                     budget, shapes = 0, []
                 gathered, error = self._round(budget, shapes, done, best_ok)
