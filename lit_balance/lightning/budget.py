@@ -15,8 +15,8 @@ can also be run alone (:func:`find_max_tokens`, :meth:`BalancedTextDataModule.fi
    micro-batch; ``squares``: the sum of its squared row lengths, or, packed, of its squared document lengths), with
    ``b, c >= 0``. The largest budget ``B`` whose predicted peak for any micro-batch it admits (at most ``B`` slots,
    rows of at most the longest length ``L``: ``a + b * B + c * B * L``) is at most ``memory_fraction`` of the
-   capacity (CUDA: the device's memory, or ``memory_limit`` if smaller; CPU: ``memory_limit``) is then run for both
-   shapes (the first time aiming 5 % below the fitted room); the fit is refined with every
+   capacity (CUDA: the device's memory, or ``memory_limit`` if smaller; CPU: ``memory_limit``) is then run for the
+   shape the fit predicts to need more there (the first time aiming 5 % below the fitted room); the fit is refined with every
    measurement until the next candidate is within 7 % of
    the largest budget measured under the target. The budget of a rank is the largest budget it measured under the
    target; after an out-of-memory error (which measures no peak), the token slots of the largest micro-batch that
@@ -560,6 +560,17 @@ class TokenBudgetProbe:
             lo, hi = (mid, hi) if fits(mid * m) else (lo, mid - 1)
         return lo * m
 
+    def _worst_shape(self, budget: int) -> str:
+        """The shape whose micro-batch at ``budget`` the current fit predicts to need more memory."""
+        a, b, c = self.coefficients
+        predicted = {}
+        for shape, length in self.shapes.items():
+            rows = _rows(self.settings, budget, length)
+            if rows is not None:
+                slots, squares = _features(self.settings, rows)
+                predicted[shape] = b * slots + c * squares
+        return max(predicted, key=predicted.get)
+
     def run(self) -> TokenBudget:
         """Probe on every rank of the world together and return the budget (the same object on every rank).
 
@@ -568,6 +579,11 @@ class TokenBudgetProbe:
                 the ranks, their need and capacity, and the settings to change); ``training_step`` raised on some
                 rank (that rank re-raises its own error).
         """
+        # the first dataloader call of Trainer.fit may come from the sanity check, inside torch.inference_mode
+        with torch.inference_mode(False), torch.enable_grad():
+            return self._run()
+
+    def _run(self) -> TokenBudget:
         start = time.perf_counter()
         self.coefficients = (0.0, 0.0, 0.0)
         m = self.settings.pad_to_multiple_of
@@ -579,15 +595,13 @@ class TokenBudgetProbe:
         if second > self.min_budget:
             first.append(second)
         with self.probing():
-            # a first pass allocates once-only memory (thread pools, kernel caches): run it, keep it out of the fit
-            with contextlib.suppress(Exception):
-                self.measure(self.min_budget, "longest")
-            self._warmup = len(self.measurements)
+            # the first pass allocates once-only memory (thread pools, kernel caches): it stays out of the fit
+            self._warmup = 1
             for round_index in range(len(first) + _MAX_REFINE_ROUNDS + 1):
                 if round_index < len(first):  # the same budgets on every rank, both shapes
                     done = round_index > 0 and best_ok == 0  # the smallest budget failed here: nothing more to try
                     budget, shapes = first[round_index], list(self.shapes)
-                else:  # this rank's own candidate, both shapes
+                else:  # this rank's own candidate, the shape the fit says needs more there
                     first_try = round_index == len(first)
                     candidate = self._candidate(min(self.max_budget, fail_min - m), _MARGIN if first_try else 0.0)
                     if candidate is not None and blind_fail <= self.max_budget:
@@ -595,7 +609,7 @@ class TokenBudgetProbe:
                         candidate = min(candidate, max(self.min_budget, (best_ok + blind_fail) // (2 * m) * m))
                     done = (candidate is None or candidate <= best_ok * _TOLERANCE
                             or round_index == len(first) + _MAX_REFINE_ROUNDS)
-                    budget, shapes = (candidate, list(self.shapes)) if not done else (0, [])
+                    budget, shapes = (candidate, [self._worst_shape(candidate)]) if not done else (0, [])
                 if done:
                     budget, shapes = 0, []
                 gathered, error = self._round(budget, shapes, done, best_ok)
@@ -627,7 +641,7 @@ class TokenBudgetProbe:
         per_rank = tuple(int(b) for b in rows[:, 0])
         if min(per_rank) == 0:
             bad = [r for r, b in enumerate(per_rank) if b == 0]
-            here = [m for m in self.measurements[self._warmup:] if m.budget == self.min_budget]
+            here = [m for m in self.measurements if m.budget == self.min_budget]
             mine = ("" if not here else "; this rank: out of memory" if min(m.peak_bytes for m in here) == 0
                     else f"; this rank measured {max(m.peak_bytes for m in here)} bytes")
             raise RuntimeError(

@@ -143,7 +143,9 @@ def test_cpu_budget_is_near_the_bisection_optimum_and_an_epoch_stays_under_the_l
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     optimum = lo
-    assert 0.9 * optimum <= chosen <= 1.1 * optimum, (chosen, optimum)
+    log = "\n".join(f"{m.budget} {m.shape} {m.slots} {m.peak_bytes >> 20} MiB {m.status}" for m in probe.measurements)
+    print(log)
+    assert 0.9 * optimum <= chosen <= 1.1 * optimum, (chosen, optimum, probe.target >> 20, log)
     assert chosen > probe.min_budget  # a budget found, not the floor
 
     # the same probe inside Trainer.fit, then a whole epoch at its budget: the process stays under the limit
