@@ -331,8 +331,9 @@ def fit_memory(slots: Sequence[float], squares: Sequence[float], peak_bytes: Seq
         ``(a, b, c)``: bytes, bytes per token slot, bytes per squared token.
 
     Example:
-        >>> [round(x) for x in fit_memory([100, 200, 100], [1e4, 4e4, 2e3], [1300, 2600, 1220])]
-        [1000, 2, 0]
+        >>> a, b, c = fit_memory([100, 200, 300], [1e4, 4e4, 2e3], [1300, 1800, 1620])  # 1000 + 2 s + 0.01 q
+        >>> round(a), round(b, 6), round(c, 6)
+        (1000, 2.0, 0.01)
     """
     x = np.column_stack([np.ones(len(slots)), np.asarray(slots, float), np.asarray(squares, float)])
     y = np.asarray(peak_bytes, float)
