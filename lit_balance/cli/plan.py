@@ -272,8 +272,8 @@ def _probe_model(spec: Any, vocab_size: int) -> Any:
     import importlib
 
     if not isinstance(spec, dict) or "class_path" not in spec:
-        raise InputValueError("--max-tokens auto measures the budget with a model: pass --config with a lit-balance fit "
-                              "config (its model section), or --model '{class_path: ..., init_args: {...}}'",
+        raise InputValueError("--max-tokens auto measures the budget with a model: pass --config with a lit-balance "
+                              "fit config (its model section), or --model '{class_path: ..., init_args: {...}}'",
                               parameter="max_tokens")
     module_name, _, class_name = str(spec["class_path"]).rpartition(".")
     cls = getattr(importlib.import_module(module_name), class_name)
@@ -321,7 +321,7 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
 
     Returns:
         The report's summary (see :meth:`lit_balance.report.PlanReport.summary`); with ``--max-tokens auto`` also
-        ``"token_budget"``: :meth:`lit_balance.lightning.budget.TokenBudget.to_dict` (also written to token_budget.json).
+        ``"token_budget"``: :meth:`lit_balance.lightning.budget.TokenBudget.to_dict` (also in token_budget.json).
 
     Raises:
         ValueError, TypeError: a bad option, ``--lengths`` file or ``--output-dir`` (the message names the

@@ -16,9 +16,8 @@ can also be run alone (:func:`find_max_tokens`, :meth:`BalancedTextDataModule.fi
    ``b, c >= 0``. The largest budget ``B`` whose predicted peak for any micro-batch it admits (at most ``B`` slots,
    rows of at most the longest length ``L``: ``a + b * B + c * B * L``) is at most ``memory_fraction`` of the
    capacity (CUDA: the device's memory, or ``memory_limit`` if smaller; CPU: ``memory_limit``) is then run for the
-   shape the fit predicts to need more there (the first time aiming 5 % below the fitted room); the fit is refined with every
-   measurement until the next candidate is within 7 % of
-   the largest budget measured under the target. The budget of a rank is the largest budget it measured under the
+   shape the fit predicts to need more there (the first time aiming 5 % below the fitted room); the fit is refined
+   with every measurement until the next candidate is within 7 % of the largest budget measured under the target. The budget of a rank is the largest budget it measured under the
    target; after an out-of-memory error (which measures no peak), the token slots of the largest micro-batch that
    ran at that budget.
 
@@ -39,11 +38,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import math
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
