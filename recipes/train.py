@@ -4,6 +4,7 @@ Run:
     python recipes/train.py                                  # conf/config.yaml: 2 CPU ranks, 40 steps
     python recipes/train.py trainer.devices=4 data.max_tokens=8192
     python recipes/train.py data.packing=true                # padding-free: whole documents packed into one row
+    python recipes/train.py data.max_tokens=auto data.memory_limit=2147483648   # budget measured per rank (bytes)
     python recipes/train.py trainer=gpu_ddp experiment=budget_4k
     python recipes/train.py --config-dir my_conf --config-name config trainer.max_steps=100
     python recipes/train.py --cfg job                        # print the composed config and exit
@@ -47,7 +48,11 @@ def main(cfg: DictConfig) -> None:
     model = instantiate(cfg.model, vocab_size=dm.vocab_size)
     callbacks = list((instantiate(cfg.callbacks) or {}).values()) if cfg.get("callbacks") else []
     trainer = instantiate(cfg.trainer, callbacks=callbacks)
-    if trainer.is_global_zero:
+    if trainer.is_global_zero and dm.max_tokens == "auto":
+        print(f"world size {trainer.world_size} | per-rank budget: auto, measured before the first epoch "
+              f"(memory_limit {dm.memory_limit} bytes, memory_fraction {dm.memory_fraction}) | max_length "
+              f"{dm.max_length} tokens | corpus: {dm.source.description}", flush=True)
+    elif trainer.is_global_zero:
         unit = "tokens per packed row" if dm.packing else "padded slots"
         print(
             f"world size {trainer.world_size} | per-rank budget {dm.max_tokens} {unit} per micro-batch | "
@@ -59,6 +64,8 @@ def main(cfg: DictConfig) -> None:
         # the DataModule has no Trainer yet, so its setup here takes part in no collective
         print(summary_line(dm.plan_summary(trainer.world_size, trainer.accumulate_grad_batches)), flush=True)
     trainer.fit(model, datamodule=dm)
+    if trainer.is_global_zero and dm.token_budget is not None:
+        print(f"token budget: {dm.token_budget.describe()}", flush=True)
     if trainer.is_global_zero:
         sampler = dm.train_sampler
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}

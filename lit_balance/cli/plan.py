@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import typing
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,21 @@ def plan_parser(fit_parser: ArgumentParser | None = None) -> ArgumentParser:
     hints = typing.get_type_hints(BatchingSettings)
     for setting in dataclasses.fields(BatchingSettings):
         default = DEFAULT_MAX_TOKENS if setting.name == "max_tokens" else setting.default
-        group.add_argument(plan_flag(setting.name), type=hints[setting.name], default=default,
-                           help=setting.metadata["help"])
+        kind, text = hints[setting.name], setting.metadata["help"]
+        if setting.name == "max_tokens":
+            kind = int | typing.Literal["auto"]
+            text += ('; "auto": measured with the fit config\'s model (--config) on worst-case micro-batches, '
+                     "see --memory-limit")
+        group.add_argument(plan_flag(setting.name), type=kind, default=default, help=text)
+    group = parser.add_argument_group("--max-tokens auto: the token budget probe (docs/token_budget.md)")
+    group.add_argument("--memory-limit", type=int | None, default=None,
+                       help="bytes the process may use (CPU: peak resident memory, required; CUDA: optional cap)")
+    group.add_argument("--memory-fraction", type=float, default=0.9,
+                       help="share of that capacity the budget may use")
+    group.add_argument("--device", type=typing.Literal["cpu", "cuda"], default="cpu",
+                       help="where the model runs during the probe")
+    group.add_argument("--model", type=dict | None, default=None,
+                       help="the model: {class_path: ..., init_args: {...}}; set by a fit --config (its model)")
     group = parser.add_argument_group("cost model: cost = per_batch + rows * (linear * L + quadratic * L**2)")
     group.add_argument("--linear", type=float, default=1.0, help="cost per padded token slot")
     group.add_argument("--quadratic", type=float, default=0.0, help="cost per squared padded length, per row")
@@ -88,6 +102,9 @@ class _PlanConfigFile(ActionConfigFile):
             if fit_cfg is not None:
                 for key, value in plan_options_from_fit(fit_cfg, source=str(values)).items():
                     cfg[key] = value
+                model = fit_cfg.get("model")
+                if isinstance(model, Namespace) and "class_path" in model:
+                    cfg["model"] = model.as_dict()
                 return
             _, plan_error = _try_parse(parser, values, defaults=False)
             if plan_error is not None:
@@ -154,7 +171,7 @@ def plan_options_from_fit(fit_cfg: Namespace, source: str = "the fit config") ->
             if isinstance(model, Namespace) and "init_args" in model:  # jsonargparse's class_path / init_args
                 model = CostModel(**model.init_args.as_dict())
             options.update({name: getattr(model, name) for name in ("linear", "quadratic", "per_batch")})
-        elif key in PLAN_FLAGS or key in ("corpus", "tokenizer"):
+        elif key in PLAN_FLAGS or key in ("corpus", "tokenizer", "memory_limit", "memory_fraction"):
             options[key] = value
         else:
             extra[key] = value.as_dict() if isinstance(value, Namespace) else value
@@ -249,8 +266,41 @@ def _check_output_dir(output_dir: Path) -> None:
             return
 
 
+def _probe_model(spec: Any, vocab_size: int) -> Any:
+    """The LightningModule of a fit config's ``model`` (``class_path`` and ``init_args``), with the data's
+    ``vocab_size`` when it takes one and none is given."""
+    import importlib
+
+    if not isinstance(spec, dict) or "class_path" not in spec:
+        raise InputValueError("--max-tokens auto measures the budget with a model: pass --config with a lit-balance "
+                              "fit config (its model section), or --model '{class_path: ..., init_args: {...}}'",
+                              parameter="max_tokens")
+    module_name, _, class_name = str(spec["class_path"]).rpartition(".")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    kwargs = dict(spec.get("init_args") or {})
+    if _takes(cls, "vocab_size") and kwargs.get("vocab_size") is None:
+        kwargs["vocab_size"] = vocab_size
+    return cls(**kwargs)
+
+
+def _takes(cls: type, name: str) -> bool:
+    return name in inspect.signature(cls.__init__).parameters
+
+
+def _probe(cfg: Namespace, settings: BatchingSettings) -> Any:
+    """Run the token budget probe (``--max-tokens auto``) on the corpus with the config's model: one rank."""
+    extra = {k: v for k, v in dict(cfg.data_kwargs or {}).items() if k not in ("memory_limit", "memory_fraction")}
+    dm = BalancedTextDataModule(cfg.corpus, cfg.tokenizer, settings=settings, max_length=cfg.max_length,
+                                val_fraction=cfg.val_fraction, text_key=cfg.text_key, cache_dir=cfg.cache_dir,
+                                **extra)
+    dm.prepare_data()
+    dm.setup("fit")
+    model = _probe_model(cfg.model, dm.vocab_size).to(cfg.device)
+    return dm.find_max_tokens(model, memory_limit=cfg.memory_limit, memory_fraction=cfg.memory_fraction)
+
+
 def _corpus_lengths(cfg: Namespace, settings: BatchingSettings) -> tuple[np.ndarray, str]:
-    extra = dict(cfg.data_kwargs or {})
+    extra = {k: v for k, v in dict(cfg.data_kwargs or {}).items() if k not in ("memory_limit", "memory_fraction")}
     taken = set(inspect.signature(BalancedTextDataModule.__init__).parameters) - {"self", "settings"}
     unknown = sorted(set(extra) - taken)
     if unknown:
@@ -270,7 +320,8 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
     """Run the ``plan`` subcommand on parsed options; print the report and write it to ``--output-dir``.
 
     Returns:
-        The report's summary (see :meth:`lit_balance.report.PlanReport.summary`).
+        The report's summary (see :meth:`lit_balance.report.PlanReport.summary`); with ``--max-tokens auto`` also
+        ``"token_budget"``: :meth:`lit_balance.lightning.budget.TokenBudget.to_dict` (also in token_budget.json).
 
     Raises:
         ValueError, TypeError: a bad option, ``--lengths`` file or ``--output-dir`` (the message names the
@@ -283,8 +334,16 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
 
     _check_max_length(cfg)
     _check_output_dir(Path(cfg.output_dir))
+    budget = None
     try:
-        settings = BatchingSettings.from_dict({name: cfg[name] for name in BatchingSettings.names()})
+        values = {name: cfg[name] for name in BatchingSettings.names()}
+        if values["max_tokens"] == "auto":
+            if cfg.lengths is not None:
+                raise InputValueError("--max-tokens auto measures the budget on the corpus' documents with a model: "
+                                      "pass --corpus (or a fit --config), not --lengths", parameter="max_tokens")
+            budget = _probe(cfg, BatchingSettings.from_dict({**values, "max_tokens": DEFAULT_MAX_TOKENS}))
+            values["max_tokens"] = budget.max_tokens
+        settings = BatchingSettings.from_dict(values)
         if cfg.lengths is not None:
             lengths = _load_lengths(Path(cfg.lengths))
             if cfg.max_length is not None:
@@ -301,16 +360,25 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
         raise type(error)(flag_names(str(error), PLAN_FLAGS, parameter=error.parameter),
                           parameter=error.parameter) from error
     console = Console(record=True, width=max(Console().width, 120))
-    console.print(f"plan of {source}: {cfg.num_replicas} ranks, max_tokens={cfg.max_tokens} padded slots per "
+    if budget is not None:
+        console.print(f"token budget probe (--max-tokens auto, on {cfg.device}): {budget.describe()}",
+                      highlight=False, soft_wrap=True)
+    console.print(f"plan of {source}: {cfg.num_replicas} ranks, max_tokens={settings.max_tokens} padded slots per "
                   f"micro-batch per rank, epoch {cfg.epoch}", highlight=False, soft_wrap=True)
     for renderable in format_report(report):
         console.print(renderable)
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     written = [write_summary(report, output_dir)]
+    summary = report.summary()
+    if budget is not None:
+        summary["token_budget"] = budget.to_dict()
+        budget_path = output_dir / "token_budget.json"
+        budget_path.write_text(json.dumps(summary["token_budget"], indent=1), encoding="utf-8")
+        written.append(budget_path)
     if cfg.plots:
         written += save_plots(report, output_dir)
     table_path = output_dir / "plan_table.txt"
     table_path.write_text(console.export_text(), encoding="utf-8")
     console.print("wrote " + ", ".join(str(p) for p in [table_path, *written]), highlight=False, soft_wrap=True)
-    return report.summary()
+    return summary

@@ -18,7 +18,7 @@ import lightning as L
 import numpy as np
 from torch.utils.data import DataLoader
 
-from lit_balance._checks import check_bool, check_int
+from lit_balance._checks import check_bool, check_int, check_number
 from lit_balance._fingerprint import sha256_of_int64
 from lit_balance.data.cache import TokenizedCorpus, default_cache_dir, load_or_build
 from lit_balance.data.collate import PackedCollator, PadCollator, collator_for
@@ -29,6 +29,7 @@ from lit_balance.data.splits import resolve_val_fraction, split_corpus
 from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.agreement import check_ranks_agree, plan_fingerprint
+from lit_balance.lightning.budget import DEFAULT_MEMORY_FRACTION, TokenBudget, TokenBudgetProbe
 from lit_balance.plan.cost import CostModel, check_cost_model
 from lit_balance.plan.epoch import planner_for
 from lit_balance.plan.settings import BatchingSettings, delegate_settings
@@ -252,8 +253,16 @@ class BalancedTextDataModule(L.LightningDataModule):
             the targets left.
         tokenizer: None for the built-in tokenizer, a ``tokenizers.Tokenizer``, a Hugging Face tokenizer
             object, or a path to a ``tokenizer.json``. Ignored for token-id corpora unless given.
-        max_tokens: padded token slots per micro-batch, per rank (the memory budget): one int for every rank, or a
-            list of one per data-parallel rank (ranks of different memory; its length must be the world size).
+        max_tokens: padded token slots per micro-batch, per rank (the memory budget): one int for every rank, a
+            list of one per data-parallel rank (ranks of different memory; its length must be the world size), or
+            ``"auto"``: measured
+            before the first epoch under a Trainer by running the model's ``training_step`` forward and backward on
+            worst-case micro-batches (:mod:`lit_balance.lightning.budget`, ``docs/token_budget.md``); the result is
+            :attr:`token_budget`, logged, and saved by :meth:`state_dict` so that a resume uses it. Until it is
+            known, ``dm.max_tokens`` reads ``"auto"``. Not with ``settings``.
+        memory_limit: with ``max_tokens="auto"``: bytes one rank may use (on a CPU required: the process's peak
+            resident set size; on CUDA optional, a cap below the device's memory). Ignored otherwise.
+        memory_fraction: with ``max_tokens="auto"``: share of the capacity the budget may use, in (0, 1].
         max_length: keep at most this many tokens of each document (truncation), or None.
         val_fraction: share of documents held out for validation, in ``[0, 1)``; 0 disables validation. None
             (the default): 0.05, or, for a ``DatasetDict`` with a ``validation`` split, that split (nothing is
@@ -325,7 +334,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         corpus: Any = None,
         tokenizer: Any = None,
         *,
-        max_tokens: int | list[int] = DEFAULT_MAX_TOKENS,
+        max_tokens: int | list[int] | Literal["auto"] = DEFAULT_MAX_TOKENS,
         max_length: int | None = 512,
         val_fraction: float | None = None,
         seed: int = 0,
@@ -348,10 +357,29 @@ class BalancedTextDataModule(L.LightningDataModule):
         vocab_size: int | None = None,
         cache_dir: str | os.PathLike | None = None,
         pin_memory: bool = False,
+        memory_limit: int | None = None,
+        memory_fraction: float = DEFAULT_MEMORY_FRACTION,
     ) -> None:
         super().__init__()
         if val_fraction is not None:
             resolve_val_fraction(val_fraction)  # its type and range, before the corpus is read
+        #: True when ``max_tokens="auto"``: the budget is measured by the probe before the first epoch.
+        self.auto_max_tokens = isinstance(max_tokens, str) and max_tokens == "auto"
+        if self.auto_max_tokens:
+            if settings is not None:
+                raise InputValueError("max_tokens='auto' cannot be combined with settings= (whose max_tokens is an "
+                                      "int): pass the batching settings as keywords, or an int max_tokens",
+                                      parameter="max_tokens")
+            max_tokens = DEFAULT_MAX_TOKENS  # a stand-in inside settings until the probe replaces it; never planned
+            if memory_limit is not None:
+                memory_limit = check_int("memory_limit", memory_limit, 1, "bytes one rank may use, e.g. 8 * 2**30")
+            check_number("memory_fraction", memory_fraction, 0.0, 1.0, "the share of memory the budget may use, "
+                         "e.g. 0.9", low_open=True)
+        self.memory_limit, self.memory_fraction = memory_limit, memory_fraction
+        #: The probe's result (:class:`~lit_balance.lightning.budget.TokenBudget`) with ``max_tokens="auto"``, once
+        #: known; None before, and with an int ``max_tokens``.
+        self.token_budget: TokenBudget | None = None
+        self._saved_budget: dict[str, Any] | None = None
         self.settings = _batching_settings(settings, {
             "max_tokens": max_tokens, "shuffle": shuffle, "seed": seed, "drop_last": drop_last, "too_long": too_long,
             "pad_to_multiple_of": pad_to_multiple_of, "max_batch_size": max_batch_size,
@@ -492,7 +520,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         error: BaseException | None = None
         fields = None
         try:
-            self._plan_splits()
+            if self._budget_pending():  # max_tokens="auto": the samplers are built once the probe has run
+                self.corpus, self.train_dataset, self.val_dataset = self._splits()
+            else:
+                self._plan_splits()
             fields = self._fingerprint()
         except Exception as exc:  # noqa: BLE001  the other ranks wait on this one's fingerprint: tell them, then raise
             error = exc
@@ -522,8 +553,71 @@ class BalancedTextDataModule(L.LightningDataModule):
         return plan_fingerprint(
             corpus_lengths=self.corpus.lengths, tokenizer_fingerprint=self.tokenizer.fingerprint,
             max_length=self.max_length, seed=self.seed, val_fraction=self.val_fraction,
-            settings=self.train_sampler.settings.to_dict(), train_lengths=self.train_dataset.lengths,
+            settings=self._fingerprint_settings(), train_lengths=self.train_dataset.lengths,
             val_lengths=None if self.val_dataset is None else self.val_dataset.lengths)
+
+    def _fingerprint_settings(self) -> dict[str, Any]:
+        if self._budget_pending():
+            return {**self.settings.to_dict(), "max_tokens": "auto"}
+        return self.train_sampler.settings.to_dict()
+
+    # ---- max_tokens="auto" ------------------------------------------------------------------------------------
+    def _budget_pending(self) -> bool:
+        """True while ``max_tokens="auto"`` has no measured (or restored) budget yet."""
+        return self.auto_max_tokens and self.token_budget is None
+
+    def find_max_tokens(self, model: Any, *, memory_limit: int | None = None, memory_fraction: float | None = None,
+                        trainer: Any = None, world: DataParallelWorld | None = None) -> TokenBudget:
+        """Run only the probe (:class:`~lit_balance.lightning.budget.TokenBudgetProbe`) for ``model`` on this
+        DataModule's training split and layout; the DataModule is left as it was.
+
+        Args:
+            model: the LightningModule, on the device to measure.
+            memory_limit: bytes one rank may use (default: this DataModule's ``memory_limit``); required on a CPU.
+            memory_fraction: share of the capacity (default: this DataModule's ``memory_fraction``).
+            trainer: a Trainer whose strategy, precision and optimizers to use, or None.
+            world: the data-parallel ranks that probe together (default: ``data_parallel_world(trainer)``); all
+                of them must call this.
+
+        Returns:
+            The :class:`~lit_balance.lightning.budget.TokenBudget`, the same on every rank.
+
+        Raises:
+            RuntimeError: a rank fits not even one row of the longest documents; ``training_step`` failed.
+            ValueError: on a CPU without ``memory_limit``; bad arguments.
+        """
+        train = self.train_dataset if self.train_dataset is not None else self._splits().train_dataset
+        lengths = np.asarray(train.lengths, dtype=np.int64)
+        longest = int(np.argmax(lengths))
+        world = world if world is not None else data_parallel_world(trainer)
+        probe = TokenBudgetProbe(
+            model, lengths=lengths, settings=self.settings, pad_token_id=self.pad_token_id,
+            token_ids=np.asarray(train[longest]["input_ids"], dtype=np.int64),
+            memory_limit=self.memory_limit if memory_limit is None else memory_limit,
+            memory_fraction=self.memory_fraction if memory_fraction is None else memory_fraction,
+            trainer=trainer, world=world)
+        return probe.run()
+
+    def _resolve_max_tokens(self) -> None:
+        """With ``max_tokens="auto"``: take the checkpoint's budget or run the probe, then plan with it."""
+        if not self._budget_pending() or self.train_dataset is None:
+            return
+        if self._saved_budget is not None:
+            budget = TokenBudget.from_dict(self._saved_budget)
+        else:
+            trainer = self.trainer
+            if trainer is None or trainer.lightning_module is None:
+                raise RuntimeError("max_tokens='auto' is measured with the model before the first epoch: run "
+                                   "Trainer.fit(model, datamodule=dm), or call dm.find_max_tokens(model, ...) and "
+                                   "pass its max_tokens")
+            budget = self.find_max_tokens(trainer.lightning_module, trainer=trainer)
+        self.token_budget = budget
+        from lightning.pytorch.utilities import rank_zero_info
+
+        rank_zero_info(f"BalancedTextDataModule token budget: {budget.describe()}")
+        # per-rank budgets where the ranks' measurements differ by more than noise, else one for every rank
+        self.settings = self.settings.replace(max_tokens=budget.plan_max_tokens(self._world().num_replicas))
+        self._plan_splits()
 
     def plan_summary(self, num_replicas: int, accumulate_grad_batches: int = 1, *, epoch: int = 0) -> dict[str, Any]:
         """Preview the training split's plan for ``num_replicas`` ranks, without a Trainer or the CLI.
@@ -555,6 +649,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         """
         from lit_balance.report import plan_report
 
+        if self._budget_pending():
+            raise RuntimeError("max_tokens='auto' is measured at fit start; preview the plan after Trainer.fit, or "
+                               "pass the budget of dm.find_max_tokens(model, ...) (or lit-balance plan --max_tokens "
+                               "auto --config <fit config>) as max_tokens")
         settings = self.settings.replace(accumulate_grad_batches=accumulate_grad_batches)
         lengths = np.asarray(self._splits().train_dataset.lengths, dtype=np.int64)
         report = plan_report(lengths, settings=settings, num_replicas=num_replicas, epoch=epoch,
@@ -574,7 +672,7 @@ class BalancedTextDataModule(L.LightningDataModule):
 
     def _check_too_long(self, corpus: TokenizedCorpus) -> None:
         """With ``too_long="error"``, name the corpus documents (source indices) that cannot fit."""
-        if self.too_long != "error":
+        if self.too_long != "error" or self._budget_pending():
             return
         lengths = corpus.lengths if self.max_length is None else np.minimum(corpus.lengths, self.max_length)
         m = self.pad_to_multiple_of
@@ -612,6 +710,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         ``len()`` (with ``reload_dataloaders_every_n_epochs=1``, the length then counts rank speeds handed over
         by :class:`~lit_balance.callbacks.CostModelFeedback`).
         """
+        self._resolve_max_tokens()
         if self._train_sampler_state is not None and self.train_sampler is not None:
             if self._saved_data is not None:
                 self._check_saved_data(self._saved_data)
@@ -639,7 +738,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         Returns:
             ``{"train_sampler": BalancedBatchSampler.state_dict(...), "data": {"seed", "val_fraction",
             "max_length", "num_documents", "corpus_lengths_sha256", "tokenizer"}}``: ``data`` identifies the
-            training split, so that a resume with another one names what changed.
+            training split, so that a resume with another one names what changed. With ``max_tokens="auto"`` also
+            ``"token_budget"``: :meth:`~lit_balance.lightning.budget.TokenBudget.to_dict`, so that a resume plans with
+            the measured budget instead of probing again.
         """
         if self.train_sampler is None:
             return {}
@@ -647,8 +748,11 @@ class BalancedTextDataModule(L.LightningDataModule):
         if consumed is not None:
             earlier = self.train_sampler.first_micro_step  # consumed on other ranks before
             consumed = min(max(consumed, earlier), len(self.train_sampler))
-        return {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed),
-                "data": self._data_identity()}
+        state = {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed),
+                 "data": self._data_identity()}
+        if self.auto_max_tokens and self.token_budget is not None:
+            state["token_budget"] = self.token_budget.to_dict()
+        return state
 
     def _data_identity(self) -> dict[str, Any]:
         """What the training split is made from, as plain types: settings outside the sampler's, and the corpus."""
@@ -700,16 +804,28 @@ class BalancedTextDataModule(L.LightningDataModule):
         if not isinstance(state_dict, Mapping):
             raise InputTypeError(f"BalancedTextDataModule.load_state_dict expects the dict returned by state_dict() "
                                  f"(key 'train_sampler'), got {state_dict!r} of type {type(state_dict).__name__}")
-        unknown = set(state_dict) - {"train_sampler", "data"}
+        unknown = set(state_dict) - {"train_sampler", "data", "token_budget"}
         if unknown:
             raise InputValueError(f"BalancedTextDataModule state_dict has unknown keys {sorted(unknown)}")
         self._saved_data = state_dict.get("data")  # absent from checkpoints of earlier versions
         if self._saved_data is not None and self.corpus is not None:
             self._check_saved_data(self._saved_data)
         self._train_sampler_state = state_dict.get("train_sampler")
+        if self.auto_max_tokens and state_dict.get("token_budget") is not None:
+            TokenBudget.from_dict(state_dict["token_budget"])  # checked now, used when the samplers are built
+            self._saved_budget = dict(state_dict["token_budget"])
 
     def val_dataloader(self) -> DataLoader | list:
         """Validation micro-batches of this rank (unshuffled), or ``[]`` without a validation split."""
         if self.val_fraction == 0 and self.source.split_sizes is None:
             return []
+        self._resolve_max_tokens()
         return self._loader(self.val_dataset, self.val_sampler)
+
+
+def _max_tokens(self: BalancedTextDataModule) -> int | str:
+    return "auto" if self._budget_pending() else self.settings.max_tokens
+
+
+BalancedTextDataModule.max_tokens = property(  # type: ignore[assignment]
+    _max_tokens, doc='``settings.max_tokens`` (read-only); ``"auto"`` while ``max_tokens="auto"`` is not measured.')

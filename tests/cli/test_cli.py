@@ -432,3 +432,31 @@ def test_plan_with_per_rank_budgets(tmp_path, monkeypatch, capsys):
                            "[1024, 512]"], capsys)
     assert message.startswith("--max-tokens holds 2 per-rank budgets [1024, 512], but the data-parallel world has "
                               "--num-replicas 3 ranks; pass one budget per rank (a list of 3 ints)"), message
+
+
+@pytest.mark.slow  # the probe runs real forward and backward passes of a model
+def test_plan_max_tokens_auto_runs_the_probe_and_shows_its_budget(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": "word " * (i % 60 + 1)}) for i in range(200)), encoding="utf-8")
+    with open("/proc/self/status") as handle:
+        rss = int(re.search(r"VmRSS:\s+(\d+)", handle.read()).group(1)) * 1024
+    model = json.dumps({"class_path": "lit_balance.demo.DemoTransformerLM",
+                        "init_args": {"d_model": 16, "num_heads": 2, "num_layers": 1, "dim_feedforward": 32}})
+    out = tmp_path / "o"
+    cli = build_cli(["plan", "--corpus", str(corpus), "--cache-dir", str(tmp_path / "cache"), "--val-fraction", "0",
+                     "--max-tokens", "auto", "--memory-limit", str(rss + 300 * 2**20), "--model", model,
+                     "--num-replicas", "2", "--plots", "false", "--output-dir", str(out)])
+    budget = cli.plan_summary["token_budget"]
+    assert json.loads((out / "token_budget.json").read_text()) == budget
+    assert budget["per_rank"] == [budget["max_tokens"]] and budget["max_tokens"] >= 61  # one longest row at least
+    table = (out / "plan_table.txt").read_text()
+    assert "token budget probe (--max-tokens auto, on cpu): max_tokens=" in table
+    assert f"max_tokens={budget['max_tokens']} padded slots per micro-batch per rank" in table
+
+
+def test_plan_max_tokens_auto_without_a_model_names_what_to_pass(tmp_path, monkeypatch, capsys):
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join("word " * (i % 9 + 1) for i in range(40)), encoding="utf-8")
+    message = _plan_error(["--corpus", str(corpus), "--cache-dir", str(tmp_path / "c"), "--max-tokens", "auto",
+                           "--memory-limit", "1000000000", "--output-dir", str(tmp_path / "o")], capsys)
+    assert "--max-tokens auto measures the budget with a model" in message and "--config" in message

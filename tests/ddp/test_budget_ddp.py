@@ -1,0 +1,40 @@
+"""max_tokens="auto" on real 2-process CPU DDP (gloo): a rank that runs out of memory never leaves another waiting."""
+
+from pathlib import Path
+
+import pytest
+
+from _procs import run_ranks  # tests/ddp/_procs.py
+
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses
+
+SCRIPT = Path(__file__).with_name("fit_budget.py")
+
+
+def test_one_rank_out_of_memory_ends_with_its_smaller_budget_on_every_rank(tmp_path):
+    records = run_ranks(SCRIPT, {"oom": (tmp_path, ["300"])}, timeout_s=240)["oom"]
+    budgets = [r["token_budget"] for r in records]
+    assert budgets[0] == budgets[1]  # the same result on every rank
+    per_rank = budgets[0]["per_rank"]
+    assert per_rank[1] <= 300 < per_rank[0], per_rank  # rank 1's device is the smaller one
+    for rank, record in enumerate(records):  # budgets this far apart are planned per rank
+        assert record["max_tokens"] == record["sampler_max_tokens"] == per_rank
+        assert record["trained"] == record["micro_batches"] > 0  # a whole epoch, the same count on both ranks
+        assert record["largest_trained"] <= per_rank[rank]
+    assert records[0]["largest_trained"] > per_rank[1]  # rank 0 uses the budget only it holds
+
+
+def test_one_rank_out_of_memory_at_every_size_stops_every_rank_with_the_cause(tmp_path):
+    import subprocess
+    import sys
+
+    from _procs import ddp_env, finish, free_ports
+
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=ddp_env(free_ports(1)[0], SCRIPT.parents[2]))
+    log = finish(proc, 240)  # never a hang
+    assert proc.returncode != 0, log[-4000:]
+    for rank in (0, 1):
+        error = (tmp_path / f"rank{rank}.json").read_text()
+        assert "RuntimeError" in error and "rank(s) [1] cannot fit even one micro-batch" in error, (rank, error)
+        assert "lower max_length" in error and "memory_limit" in error
