@@ -21,7 +21,6 @@ def test_one_rank_out_of_memory_ends_with_its_smaller_budget_on_every_rank(tmp_p
         assert record["max_tokens"] == record["sampler_max_tokens"] == per_rank
         assert record["trained"] == record["micro_batches"] > 0  # a whole epoch, the same count on both ranks
         assert record["largest_trained"] <= per_rank[rank]
-    assert records[0]["largest_trained"] > per_rank[1]  # rank 0 uses the budget only it holds
 
 
 def test_one_rank_out_of_memory_at_every_size_stops_every_rank_with_the_cause(tmp_path):
