@@ -55,7 +55,8 @@ def report_outputs(trainer: L.Trainer, plot: bool = True) -> list[str]:
     lines = [f"metrics file (CSV, one row per logged step): {_shown(p)}" for p in outputs["metrics"]]
     lines += [f"logger directory: {_shown(p)}" for p in outputs["logs"]]
     if not outputs["metrics"] and not outputs["logs"]:
-        lines.append("no metrics file: the Trainer has no logger (set trainer.logger)")
+        lines.append("no metrics file: the Trainer has no logger (set trainer.logger)" if not trainer.loggers else
+                     "no metrics file: nothing was logged")
     lines += [f"checkpoint: {_shown(p)}" for p in outputs["checkpoint"]]
     if not outputs["checkpoint"]:
         lines.append("no checkpoint was written (trainer.enable_checkpointing is false, or training ended before the "

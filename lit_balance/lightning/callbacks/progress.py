@@ -80,6 +80,8 @@ class BalanceProgressBar(RichProgressBar):
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         items = super().get_metrics(trainer, pl_module)
+        if isinstance(items.get("v_num"), (int, float)):  # the logger's version: 3, not 3.000
+            items["v_num"] = f"{items['v_num']:g}"
         max_steps = trainer.max_steps
         items["step"] = f"{trainer.global_step}/{max_steps}" if max_steps and max_steps > 0 else str(trainer.global_step)
         figures = live_figures(trainer)
