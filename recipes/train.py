@@ -15,7 +15,7 @@ training split's plan (padding ratio, useful compute fraction, micro-batches per
 on stdout while training (rank 0; ``BalanceProgressBar``: epoch, optimizer step, real tokens/s, padding ratio and
 straggler ratio, as the monitors in ``callbacks`` log them), and, at the end, per rank and in total: micro-batches,
 real tokens, padded slots, padding ratio, compute, waiting and other seconds (``RunSummary``). The run directory
-(``outputs/train/<date>/<time>``) keeps the metrics file (``metrics.csv``: every logged figure by optimizer step),
+(``outputs/train/<date>/<time>``) keeps, in ``logs/``, the metrics file (``metrics.csv``: every logged figure by step),
 a checkpoint (``checkpoints/``) and ``training.png`` (the figures per rank over steps); the last lines name them.
 
 With ``trainer.strategy=ddp`` Lightning re-runs this script once per extra rank, with the same overrides,

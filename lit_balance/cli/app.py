@@ -243,10 +243,10 @@ def write_configs(directory: str | os.PathLike, overwrite: bool = False) -> list
         target.parent.mkdir(parents=True, exist_ok=True)
         with resources.as_file(resource) as source:
             shutil.copyfile(source, target)
-    return [f"wrote {sum(rel.startswith('conf/') for rel, _ in files)} configs to {directory / 'conf'} and "
-            f"{sum(rel.startswith('recipes/') for rel, _ in files)} recipes to {directory / 'recipes'}",
-            f"run them there: cd {directory} && python recipes/train.py   (or: lit-balance fit --config "
-            "conf/cli/fit_cpu.yaml)"]
+    configs = sum(rel.startswith("conf/") for rel, _ in files)
+    wrote = f"wrote {configs} configs to {directory / 'conf'} and {len(files) - configs} recipes to {directory / 'recipes'}"
+    run = f"run them there: cd {directory} && python recipes/train.py   (or: lit-balance fit --config conf/cli/fit_cpu.yaml)"
+    return [wrote, run]
 
 
 def main(args: list[str] | None = None) -> None:

@@ -34,9 +34,10 @@ def plan_parser(fit_parser: ArgumentParser | None = None) -> ArgumentParser:
             (see :func:`plan_options_from_fit`). Without it, ``--config`` reads these options from YAML only.
     """
     parser = ErrorFirstParser(allow_abbrev=False,
-                              description="Plan one epoch without training: per-rank micro-batches, tokens, padding and "
-                                        "cost, rank imbalance and useful compute fraction, against DistributedSampler "
-                                        "with a fixed batch size; writes a table, a JSON summary and PNG plots.")
+                              description="Plan one epoch without training: per-rank micro-batches, tokens, padding "
+                                          "and cost, rank imbalance and useful compute fraction, against "
+                                          "DistributedSampler with a fixed batch size; writes a table, a JSON summary "
+                                          "and PNG plots.")
     action = type("PlanConfigFile", (_PlanConfigFile,), {"fit_parser": fit_parser})
     parser.add_argument("--config", action=action,
                         help="YAML file holding any of these options, or a lit-balance fit config (its data settings, "

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from lit_balance.errors import InputValueError
 from lit_balance.report.figures import PlanReport
 
 __all__ = ["read_metrics_csv", "save_plots", "save_training_plot"]
@@ -96,7 +97,7 @@ def read_metrics_csv(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         if "step" not in (reader.fieldnames or []):
-            raise ValueError(f"expected a CSVLogger metrics file with a 'step' column, got the columns "
+            raise InputValueError(f"expected a CSVLogger metrics file with a 'step' column, got the columns "
                              f"{reader.fieldnames} in {path}")
         points: dict[str, list[tuple[float, float]]] = {}
         for row in reader:

@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
-from lit_balance import BalancedBatchSampler, BalancedTextDataModule
 from lightning.pytorch.loggers import CSVLogger
 
+from lit_balance import BalancedBatchSampler, BalancedTextDataModule
 from lit_balance.callbacks import BalanceProgressBar, PaddingRatioMonitor, RunSummary, StragglerMonitor
 from lit_balance.cli import LitBalanceCLI, build_cli, main, plan_parser, run_plan
 from lit_balance.demo import DemoTransformerLM
@@ -408,8 +407,8 @@ def test_abbreviated_flags_are_rejected(tmp_path, monkeypatch, capsys):
      "did you mean --data.max_tokens?"),
     (["plan", "--max-tokenz=3"], "lit-balance plan: error: unrecognized arguments: --max-tokenz=3",
      "did you mean --max-tokens?"),
-    (["fitt"], "lit-balance: error: argument subcommand: invalid choice: 'fitt' (choose from 'fit', 'validate', "
-               "'test', 'predict', 'plan', 'configs')", "did you mean fit?"),
+    (["fitt"], ("lit-balance: error: argument subcommand: invalid choice: 'fitt' (choose from 'fit', 'validate', "
+                "'test', 'predict', 'plan', 'configs')"), "did you mean fit?"),
     (["fit", "--xyzzy=1"], "lit-balance fit: error: unrecognized arguments: --xyzzy=1", None),
 ])
 def test_a_mistyped_flag_prints_the_error_first_then_a_suggestion_then_usage(capsys, args, error, close):
@@ -445,6 +444,24 @@ def test_configs_writes_the_shipped_configs_and_recipes(tmp_path, capsys):
     assert (tmp_path / "mine" / "conf" / "config.yaml").read_text() == "mine: 1  # edited\n"
     main(["configs", str(tmp_path / "mine"), "--overwrite", "true"])
     assert (tmp_path / "mine" / "conf" / "config.yaml").read_bytes() == (ROOT / "conf" / "config.yaml").read_bytes()
+
+
+def test_configs_and_recipes_are_package_data():
+    # lit_balance/conf and lit_balance/recipes link to the repository's conf/ and recipes/; the package-data globs
+    # of pyproject.toml take every config and recipe through them into a built wheel
+    import glob
+
+    assert (ROOT / "lit_balance" / "conf").resolve() == (ROOT / "conf").resolve()
+    assert (ROOT / "lit_balance" / "recipes").resolve() == (ROOT / "recipes").resolve()
+    line = next(line for line in (ROOT / "pyproject.toml").read_text(encoding="utf-8").splitlines()
+                if line.startswith("lit_balance = ["))
+    patterns = re.findall(r'"([^"]+)"', line)
+    assert {"conf/**/*.yaml", "recipes/*.py"} <= set(patterns)
+    packaged = {Path(p).relative_to(ROOT / "lit_balance").as_posix() for pattern in patterns
+                for p in glob.glob(str(ROOT / "lit_balance" / pattern), recursive=True)}
+    shipped = {p.relative_to(ROOT).as_posix()
+               for p in [*(ROOT / "conf").rglob("*.yaml"), *(ROOT / "recipes").glob("*.py")]}
+    assert shipped <= packaged and "conf/cli/fit_cpu.yaml" in shipped
 
 
 def test_plan_output_dir_must_be_a_directory(tmp_path, monkeypatch, capsys):

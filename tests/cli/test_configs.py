@@ -13,14 +13,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, InstantiationException, MissingConfigException
 from hydra.errors import OverrideParseException
 from hydra.utils import instantiate
+from lightning.pytorch.loggers import CSVLogger
 from omegaconf import OmegaConf, open_dict, read_write
 from omegaconf.errors import MissingMandatoryValue
 
 from lit_balance import BalancedTextDataModule
-from lit_balance.demo import DemoTransformerLM
-from lightning.pytorch.loggers import CSVLogger
-
 from lit_balance.callbacks import BalanceProgressBar, PaddingRatioMonitor, RunSummary, StragglerMonitor
+from lit_balance.demo import DemoTransformerLM
 from lit_balance.plan.cost import CostModel
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -105,7 +104,7 @@ def test_base_config_is_the_main_job(tmp_path, monkeypatch):
     # a metrics file and a checkpoint, both in the run's directory
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     assert run_dir.parent.parent == tmp_path / "outputs" / "train"
-    assert isinstance(trainer.logger, CSVLogger) and Path(trainer.logger.log_dir) == run_dir
+    assert isinstance(trainer.logger, CSVLogger) and Path(trainer.logger.log_dir) == run_dir / "logs"
     assert trainer.checkpoint_callback is not None and Path(trainer.default_root_dir) == run_dir
     assert type(trainer.strategy).__name__ == "DDPStrategy" and trainer.strategy.root_device.type == "cpu"
 

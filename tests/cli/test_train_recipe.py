@@ -46,7 +46,7 @@ def test_train_recipe_prints_per_rank_summary(tmp_path):
     rows = _table(out)
     assert set(rows) == {"0", "1", "total"}
     for rank in ("0", "1"):
-        micro, real, padded, ratio, compute, wait, other = rows[rank]
+        micro, real, padded, ratio, compute, wait, _ = rows[rank]
         assert int(micro) == 3 and 0 < int(real) <= int(padded) <= 3 * 512
         assert abs(float(ratio) - (1 - int(real) / int(padded))) < 1e-4
         assert float(compute) > 0 and float(wait) >= 0
@@ -58,18 +58,19 @@ def test_train_recipe_prints_per_rank_summary(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "outputs"]
     assert any((tmp_path / "cache").iterdir())
     (run_dir,) = (tmp_path / "outputs" / "train").glob("*/*")
-    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "checkpoints", "hparams.yaml", "metrics.csv",
-                                                          "train.log", "train_ddp_process_1.log", "training.png"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "logs", "train.log", "train_ddp_process_1.log"]
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["checkpoints", "hparams.yaml", "metrics.csv",
+                                                                    "training.png"]
     assert yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) == overrides  # rank 0's record
 
     # the last lines name the metrics file, the checkpoint and the plot, which exist
     named = dict(re.findall(r"^(metrics file|checkpoint|training figures)[^:]*: (\S+)$", out, flags=re.MULTILINE))
     assert set(named) == {"metrics file", "checkpoint", "training figures"}, out[-2000:]
-    rel = run_dir.relative_to(tmp_path)
+    rel = run_dir.relative_to(tmp_path) / "logs"
     assert (named["metrics file"], named["training figures"]) == (str(rel / "metrics.csv"), str(rel / "training.png"))
     assert re.fullmatch(re.escape(str(rel / "checkpoints")) + r"/epoch=0-step=3\.ckpt", named["checkpoint"])
     assert all((tmp_path / path).is_file() for path in named.values())
-    header = (run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
+    header = (run_dir / "logs" / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"step", "train/loss", "balance/real_tokens_per_s", "balance/padding_ratio_rank1",
             "balance/straggler_ratio", "balance/compute_s_rank1", "balance/data_wait_s_rank0"} <= set(header)
 

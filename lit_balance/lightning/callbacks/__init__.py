@@ -7,5 +7,6 @@ from lit_balance.lightning.callbacks.progress import BalanceProgressBar, live_fi
 from lit_balance.lightning.callbacks.straggler import StragglerMonitor, backward_is_local
 from lit_balance.lightning.callbacks.summary import RunSummary
 
-__all__ = ["AdaptiveGradAccumulation", "BalanceProgressBar", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor",
+__all__ = ["AdaptiveGradAccumulation", "BalanceProgressBar", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary",
+           "StragglerMonitor",
            "backward_is_local", "live_figures"]

@@ -83,7 +83,8 @@ class BalanceProgressBar(RichProgressBar):
         if isinstance(items.get("v_num"), (int, float)):  # the logger's version: 3, not 3.000
             items["v_num"] = f"{items['v_num']:g}"
         max_steps = trainer.max_steps
-        items["step"] = f"{trainer.global_step}/{max_steps}" if max_steps and max_steps > 0 else str(trainer.global_step)
+        step = trainer.global_step
+        items["step"] = f"{step}/{max_steps}" if max_steps and max_steps > 0 else str(step)
         figures = live_figures(trainer)
         for key, (label, fmt) in FIGURES.items():
             if key in figures:

@@ -124,8 +124,8 @@ class RunSummary(L.Callback):
                 f"{int(r['padded_tokens']):>13} {r['padding_ratio']:>14.4f} {r['compute_s']:>10.1f} "
                 f"{r['wait_s']:>8.1f} {r['other_s']:>8.1f}"
             )
-        lines.append(f"wall {self.total['wall_s']:.1f} s | straggler ratio {self.total['straggler_ratio']:.3f} (largest "
-                     "compute s over the median) | compute s: forward and loss; wait s: data and waiting for the other "
+        lines.append(f"wall {self.total['wall_s']:.1f} s | straggler ratio {self.total['straggler_ratio']:.3f} "
+                     "(largest compute s over the median) | compute s: forward and loss; wait s: data and waiting for the other "
                      "ranks before each micro-batch; other s: backward with the gradient all-reduce, optimizer, "
                      "validation")
         return "\n".join(lines)
