@@ -186,9 +186,9 @@ def build_cli(args: list[str] | None = None) -> LitBalanceCLI:
 def configs_parser() -> ErrorFirstParser:
     """The ``configs`` subcommand's parser: ``lit-balance configs DIRECTORY [--overwrite true]``."""
     parser = ErrorFirstParser(allow_abbrev=False,
-                              description="Write the configs (conf/) and recipes (recipes/) that come with the package "
-                                        "into DIRECTORY, to run and edit them: cd DIRECTORY; python recipes/train.py; "
-                                        "lit-balance fit --config conf/cli/fit_cpu.yaml")
+                              description="Write the configs (conf/) and recipes (recipes/) that come with the "
+                                          "package into DIRECTORY, to run and edit them: cd DIRECTORY; python "
+                                          "recipes/train.py; lit-balance fit --config conf/cli/fit_cpu.yaml")
     parser.add_argument("directory", type=Path, help="where conf/ and recipes/ go (created if missing)")
     parser.add_argument("--overwrite", type=bool, default=False, help="replace files that already exist")
     return parser
