@@ -55,7 +55,7 @@ def _takes(cls: type, name: str) -> bool:
 
 
 class LitBalanceCLI(LightningCLI):
-    """LightningCLI for any LightningModule on :class:`BalancedTextDataModule`, plus the ``plan`` subcommand.
+    """LightningCLI for any LightningModule on :class:`BalancedTextDataModule`, plus ``plan`` and ``configs``.
 
     Built by :func:`build_cli` with ``subclass_mode_model=True``: ``--model.class_path=my.Module`` (or
     ``model: {class_path: ..., init_args: ...}`` in a config) picks any LightningModule, and the model defaults to
@@ -65,7 +65,10 @@ class LitBalanceCLI(LightningCLI):
     ``vocab_size``. Flags cannot be abbreviated. A setting rejected by lit_balance (building the data module or
     model, the data module's ``setup``, or ``plan``) exits with status 2 and one stderr line naming the flag
     (``lit-balance fit: error: --data.max_tokens must be ...``); other errors keep their traceback, and
-    ``JSONARGPARSE_DEBUG=true`` raises rejected settings too.
+    ``JSONARGPARSE_DEBUG=true`` raises rejected settings too. A flag the parser does not know prints the error first,
+    then the closest flag, then the usage (:class:`LitBalanceArgumentParser`). With the progress bar on and no bar
+    among the callbacks, the Trainer gets a :class:`~lit_balance.callbacks.BalanceProgressBar`. ``configs DIR``
+    writes the shipped ``conf/`` and ``recipes/`` (:func:`write_configs`).
     """
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
@@ -98,6 +101,18 @@ class LitBalanceCLI(LightningCLI):
         parser._subcommands_action.add_subcommand(
             "configs", configs_parser(),
             help="Write the shipped configs (conf/) and recipes (recipes/) into a directory")
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        """Lightning's, plus a :class:`~lit_balance.callbacks.BalanceProgressBar` when the progress bar is on and no
+        other bar is given: the epoch and optimizer step right, and the monitors' live figures when they run."""
+        from lightning.pytorch.callbacks import ProgressBar
+
+        from lit_balance.lightning.callbacks import BalanceProgressBar
+
+        given = [*(config.get("callbacks") or []), *callbacks]
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
+            callbacks = [*callbacks, BalanceProgressBar()]
+        return super()._instantiate_trainer(config, callbacks)
 
     def _set_seed(self) -> None:
         if self.subcommand not in ("plan", "configs"):

@@ -80,10 +80,12 @@ def user_models(tmp_path, monkeypatch):
 def _fit(corpus: Path, *args: str):
     from lit_balance.cli import build_cli
 
+    bar = [] if any(a.startswith("--trainer.enable_progress_bar") for a in args) else [
+        "--trainer.enable_progress_bar=false"]
     return build_cli(["fit", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_steps=2",
-                      "--trainer.logger=false", "--trainer.enable_checkpointing=false",
-                      "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0",
-                      f"--data.corpus={corpus}", "--data.max_tokens=256", "--data.val_fraction=0.1", *args])
+                      "--trainer.logger=false", "--trainer.enable_checkpointing=false", *bar,
+                      "--trainer.limit_val_batches=0", f"--data.corpus={corpus}", "--data.max_tokens=256",
+                      "--data.val_fraction=0.1", *args])
 
 
 @pytest.mark.parametrize("takes_vocab_size", [False, True])
@@ -132,6 +134,8 @@ def test_the_installed_console_script_finds_a_model_module_in_the_working_direct
     assert re.search(r"^checkpoint: lightning_logs/version_0/checkpoints/epoch=0-step=2\.ckpt$", proc.stdout,
                      flags=re.MULTILINE), proc.stdout[-2000:]
     assert "no metrics file: nothing was logged" in proc.stdout  # CountingLM logs nothing
+    bar = " ".join(proc.stdout[proc.stdout.rindex("Epoch "):].split())  # the bar's last frame
+    assert bar.startswith("Epoch 0 ") and "/-2" not in bar and "step: 2/2" in bar, bar[:600]
 
 
 def test_an_argument_the_chosen_model_lacks_is_an_error(user_models, capsys):
@@ -231,3 +235,14 @@ def test_plan_config_that_is_neither_names_both_readings(tmp_path, monkeypatch, 
     err = capsys.readouterr().err
     assert excinfo.value.code == 2 and "neither plan options" in err and "nor a lit-balance fit config" in err
     assert "max_tokenz" in err
+
+
+@pytest.mark.parametrize("bar", [True, False])
+def test_fit_without_a_config_gets_the_balance_progress_bar_unless_the_bar_is_off(user_models, bar):
+    from lightning.pytorch.callbacks import ProgressBar
+
+    from lit_balance.callbacks import BalanceProgressBar
+
+    cli = _fit(user_models, "--model.class_path=my_models.CountingLM", f"--trainer.enable_progress_bar={bar}")
+    bars = [c for c in cli.trainer.callbacks if isinstance(c, ProgressBar)]
+    assert [type(b) for b in bars] == ([BalanceProgressBar] if bar else [])

@@ -60,3 +60,5 @@ def test_the_hugging_face_model_trains_from_the_command_line_as_the_page_shows(t
     assert "world size 2 | per-rank budget 1024 padded slots" in proc.stdout
     assert re.search(r"max_steps=3. reached", proc.stderr + proc.stdout), (proc.stdout + proc.stderr)[-3000:]
     assert re.search(r"^checkpoint: lightning_logs/version_0/checkpoints/\S+\.ckpt$", proc.stdout, flags=re.MULTILINE)
+    bar = " ".join(proc.stdout[proc.stdout.rindex("Epoch "):].split())  # the progress bar's last frame
+    assert bar.startswith("Epoch 0 ") and "/-2" not in bar and "step: 3/3" in bar, bar[:600]
