@@ -6,8 +6,6 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
-from rich.progress import ProgressColumn
-from rich.text import Text
 
 from lit_balance.lightning.callbacks.padding import PaddingRatioMonitor
 from lit_balance.lightning.callbacks.straggler import StragglerMonitor
@@ -92,12 +90,17 @@ class BalanceProgressBar(RichProgressBar):
         return items
 
 
-class _RateColumn(ProgressColumn):
-    """Average micro-batches per second of the bar's task (completed / elapsed)."""
+def _RateColumn(style: Any) -> Any:  # noqa: N802 (a Rich column; rich is imported when the bar is drawn)
+    """A Rich column: the average micro-batches per second of the bar's task (completed / elapsed)."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
 
-    def __init__(self, style: Any) -> None:
-        self.style = style
-        super().__init__()
+    class RateColumn(ProgressColumn):
+        def __init__(self, style: Any) -> None:
+            self.style = style
+            super().__init__()
 
-    def render(self, task: Any) -> Text:
-        return Text(_rate(task.completed, task.elapsed), style=self.style)
+        def render(self, task: Any) -> Text:
+            return Text(_rate(task.completed, task.elapsed), style=self.style)
+
+    return RateColumn(style)
