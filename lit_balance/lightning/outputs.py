@@ -52,6 +52,8 @@ def report_outputs(trainer: L.Trainer, plot: bool = True) -> list[str]:
         a line saying that none was kept when the Trainer has no logger or no checkpointing.
     """
     outputs = run_outputs(trainer)
+    if getattr(trainer, "fast_dev_run", False):
+        return ["no metrics file and no checkpoint: fast_dev_run turns the loggers and checkpointing off"]
     lines = [f"metrics file (CSV, one row per logged step): {_shown(p)}" for p in outputs["metrics"]]
     lines += [f"logger directory: {_shown(p)}" for p in outputs["logs"]]
     if not outputs["metrics"] and not outputs["logs"]:
