@@ -132,7 +132,7 @@ def test_the_installed_console_script_finds_a_model_module_in_the_working_direct
                           check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "`max_steps=2` reached" in proc.stderr + proc.stdout, (proc.stdout + proc.stderr)[-3000:]
-    assert re.search(r"^checkpoint: lightning_logs/version_0/checkpoints/epoch=0-step=2\.ckpt$", proc.stdout,
+    assert re.search(r"^checkpoint: checkpoints/epoch=0-step=2\.ckpt$", proc.stdout,
                      flags=re.MULTILINE), proc.stdout[-2000:]
     assert "no metrics file: the Trainer has no logger (set trainer.logger)" in proc.stdout
     bar = " ".join(proc.stdout[proc.stdout.rindex("Epoch "):].split())  # the bar's last frame
