@@ -5,6 +5,7 @@ The public home of :mod:`lit_balance.lightning.callbacks`: ``from lit_balance.ca
 
 from lit_balance.lightning.callbacks import (
     AdaptiveGradAccumulation,
+    BalanceProgressBar,
     CostModelFeedback,
     PaddingRatioMonitor,
     RunSummary,
@@ -12,5 +13,5 @@ from lit_balance.lightning.callbacks import (
     backward_is_local,
 )
 
-__all__ = ["AdaptiveGradAccumulation", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor",
-           "backward_is_local"]
+__all__ = ["AdaptiveGradAccumulation", "BalanceProgressBar", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary",
+           "StragglerMonitor", "backward_is_local"]

@@ -12,9 +12,12 @@ Run:
 A Hydra application (https://hydra.cc): ``key=value`` overrides an existing key, ``group=option`` picks
 another file of ``conf/<group>/``, ``+key=value`` adds a key; ``--config-dir``/``--config-name`` select
 another config. ``hydra.utils.instantiate`` builds each ``_target_`` node. Prints the derived budget and the
-training split's plan (padding ratio, useful compute fraction, micro-batches per rank) first, shows
-Lightning's progress bar on stderr while training, and, at the end, per rank and in total: micro-batches, real tokens, padded slots, padding ratio and wall
-time.
+training split's plan (padding ratio, useful compute fraction, micro-batches per rank) first, shows a progress bar
+on stdout while training (rank 0; ``BalanceProgressBar``: epoch, optimizer step, real tokens/s, padding ratio and
+straggler ratio, as the monitors in ``callbacks`` log them), and, at the end, per rank and in total: micro-batches,
+real tokens, padded slots, padding ratio, compute, waiting and other seconds (``RunSummary``). The run directory
+(``outputs/train/<date>/<time>``) keeps, in ``logs/``, the metrics file (``metrics.csv``: every logged figure by step),
+a checkpoint (``checkpoints/``) and ``training.png`` (the figures per rank over steps); the last lines name them.
 
 With ``trainer.strategy=ddp`` Lightning re-runs this script once per extra rank, with the same overrides,
 in the launch directory, and points it at the same Hydra run directory
@@ -32,6 +35,7 @@ import lightning as L
 from hydra.utils import instantiate, to_absolute_path
 from omegaconf import DictConfig
 
+from lit_balance.lightning.outputs import report_outputs
 from lit_balance.report import summary_line
 
 _START = time.perf_counter()
@@ -77,6 +81,7 @@ def main(cfg: DictConfig) -> None:
             + f"script wall time {time.perf_counter() - _START:.1f} s",
             flush=True,
         )
+        print("\n".join(report_outputs(trainer)), flush=True)
 
 
 if __name__ == "__main__":

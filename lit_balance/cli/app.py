@@ -3,16 +3,34 @@
 from __future__ import annotations
 
 import inspect
+import os
+import shutil
+import sys
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
 
-from lit_balance.cli.messages import INPUT_ERRORS, exit_on_input_error, fit_message, in_data_setup, input_error
+from lit_balance.cli.messages import (
+    INPUT_ERRORS,
+    ErrorFirstMixin,
+    ErrorFirstParser,
+    exit_on_input_error,
+    fit_message,
+    in_data_setup,
+    input_error,
+)
 from lit_balance.cli.plan import plan_parser, run_plan
+from lit_balance.errors import InputValueError
 from lit_balance.lightning.datamodule import BalancedTextDataModule
 
-__all__ = ["LitBalanceCLI", "build_cli", "main"]
+__all__ = ["LitBalanceArgumentParser", "LitBalanceCLI", "build_cli", "configs_parser", "main", "write_configs"]
+
+
+class LitBalanceArgumentParser(ErrorFirstMixin, LightningArgumentParser):
+    """Lightning's argument parser, with errors printed first (:class:`~lit_balance.cli.messages.ErrorFirstMixin`)."""
 
 
 class _ModelInstantiator(_InstantiatorFn):
@@ -37,7 +55,7 @@ def _takes(cls: type, name: str) -> bool:
 
 
 class LitBalanceCLI(LightningCLI):
-    """LightningCLI for any LightningModule on :class:`BalancedTextDataModule`, plus the ``plan`` subcommand.
+    """LightningCLI for any LightningModule on :class:`BalancedTextDataModule`, plus ``plan`` and ``configs``.
 
     Built by :func:`build_cli` with ``subclass_mode_model=True``: ``--model.class_path=my.Module`` (or
     ``model: {class_path: ..., init_args: ...}`` in a config) picks any LightningModule, and the model defaults to
@@ -47,13 +65,20 @@ class LitBalanceCLI(LightningCLI):
     ``vocab_size``. Flags cannot be abbreviated. A setting rejected by lit_balance (building the data module or
     model, the data module's ``setup``, or ``plan``) exits with status 2 and one stderr line naming the flag
     (``lit-balance fit: error: --data.max_tokens must be ...``); other errors keep their traceback, and
-    ``JSONARGPARSE_DEBUG=true`` raises rejected settings too.
+    ``JSONARGPARSE_DEBUG=true`` raises rejected settings too. A flag the parser does not know prints the error first,
+    then the closest flag, then the usage (:class:`LitBalanceArgumentParser`). With the progress bar on and no bar
+    among the callbacks, the Trainer gets a :class:`~lit_balance.callbacks.BalanceProgressBar`. ``configs DIR``
+    writes the shipped ``conf/`` and ``recipes/`` (:func:`write_configs`).
     """
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         """The parsers of the command and of each subcommand; flags must be spelled out (no abbreviations)."""
         kwargs.setdefault("allow_abbrev", False)  # else --data.max_token=2048 silently sets data.max_tokens
         return super().init_parser(**kwargs)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parser_class", LitBalanceArgumentParser)
+        super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         if self.subclass_mode_model:
@@ -73,13 +98,28 @@ class LitBalanceCLI(LightningCLI):
         parser._subcommands_action.add_subcommand(
             "plan", plan_parser(fit_parser),
             help="Plan one epoch without training and report padding, balance and cost")
+        parser._subcommands_action.add_subcommand(
+            "configs", configs_parser(),
+            help="Write the shipped configs (conf/) and recipes (recipes/) into a directory")
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        """Lightning's, plus a :class:`~lit_balance.callbacks.BalanceProgressBar` when the progress bar is on and no
+        other bar is given: the epoch and optimizer step right, and the monitors' live figures when they run."""
+        from lightning.pytorch.callbacks import ProgressBar
+
+        from lit_balance.lightning.callbacks import BalanceProgressBar
+
+        given = [*(config.get("callbacks") or []), *callbacks]
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
+            callbacks = [*callbacks, BalanceProgressBar()]
+        return super()._instantiate_trainer(config, callbacks)
 
     def _set_seed(self) -> None:
-        if self.subcommand != "plan":
+        if self.subcommand not in ("plan", "configs"):
             super()._set_seed()
 
     def instantiate_classes(self) -> None:
-        if self.subcommand == "plan":
+        if self.subcommand in ("plan", "configs"):
             return
         try:
             super().instantiate_classes()
@@ -102,9 +142,27 @@ class LitBalanceCLI(LightningCLI):
             if isinstance(dm, BalancedTextDataModule):  # the preview communicates with no other rank
                 print(summary_line(dm.plan_summary(trainer.world_size, trainer.accumulate_grad_batches)), flush=True)
 
+    def after_fit(self) -> None:
+        """Name the metrics file, logger directories and checkpoint the fit wrote, and plot the figures (rank 0;
+        :func:`lit_balance.lightning.outputs.report_outputs`)."""
+        from lit_balance.lightning.outputs import report_outputs
+
+        if self.trainer.is_global_zero:
+            print("\n".join(report_outputs(self.trainer)), flush=True)
+
     def _run_subcommand(self, subcommand: str) -> None:
         # a bad setting or input file (a lit_balance check raised): one line naming the flag, exit status 2, no
         # traceback (JSONARGPARSE_DEBUG=true raises instead); any other error keeps its traceback
+        if subcommand == "configs":
+            options = self.config.configs
+            try:
+                lines = write_configs(options.directory, overwrite=options.overwrite)
+            except INPUT_ERRORS as error:
+                if input_error(error) is None:
+                    raise
+                exit_on_input_error(subcommand, str(error), error)
+            print("\n".join(lines), flush=True)
+            return
         if subcommand == "plan":
             try:
                 self.plan_summary = run_plan(self.config.plan)
@@ -141,10 +199,83 @@ def build_cli(args: list[str] | None = None) -> LitBalanceCLI:
     )
 
 
+def configs_parser() -> ErrorFirstParser:
+    """The ``configs`` subcommand's parser: ``lit-balance configs DIRECTORY [--overwrite true]``."""
+    parser = ErrorFirstParser(allow_abbrev=False,
+                              description="Write the configs (conf/) and recipes (recipes/) that come with the "
+                                          "package into DIRECTORY, to run and edit them: cd DIRECTORY; python "
+                                          "recipes/train.py; lit-balance fit --config conf/cli/fit_cpu.yaml")
+    parser.add_argument("directory", type=Path, help="where conf/ and recipes/ go (created if missing)")
+    parser.add_argument("--overwrite", type=bool, default=False, help="replace files that already exist")
+    return parser
+
+
+def _shipped() -> list[tuple[str, Any]]:
+    """``(relative path, resource)`` of every shipped config and recipe: ``conf/**/*.yaml``, ``recipes/*.py``."""
+    found: list[tuple[str, Any]] = []
+
+    def walk(node: Any, rel: str) -> None:
+        for child in sorted(node.iterdir(), key=lambda c: c.name):
+            path = f"{rel}/{child.name}"
+            if child.is_dir():
+                walk(child, path)
+            elif child.name.endswith((".yaml", ".py")):
+                found.append((path, child))
+
+    root = resources.files("lit_balance")
+    for top in ("conf", "recipes"):
+        if root.joinpath(top).is_dir():
+            walk(root.joinpath(top), top)
+    return found
+
+
+def write_configs(directory: str | os.PathLike, overwrite: bool = False) -> list[str]:
+    """Copy the configs and recipes that come with the package into ``directory`` (``conf/``, ``recipes/``).
+
+    Args:
+        directory: the target directory (created if missing).
+        overwrite: replace files that exist; False: refuse before writing anything.
+
+    Returns:
+        Lines for the user: what was written and how to run it.
+
+    Raises:
+        ValueError: some target files exist and ``overwrite`` is False (names them).
+        RuntimeError: the installed package holds no configs (a broken installation).
+    """
+    directory = Path(directory)
+    files = _shipped()
+    if not files:
+        raise RuntimeError("the installed lit_balance holds no conf/ or recipes/ files; reinstall it "
+                           "(pip install --force-reinstall lit_balance)")
+    existing = [rel for rel, _ in files if (directory / rel).exists()]
+    if existing and not overwrite:
+        raise InputValueError(
+            f"expected a directory without conf/ and recipes/ files, got {len(existing)} existing files in "
+            f"{directory} (e.g. {', '.join(existing[:3])}); pass --overwrite true to replace them, or another "
+            "directory")
+    for rel, resource in files:
+        target = directory / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with resources.as_file(resource) as source:
+            shutil.copyfile(source, target)
+    configs = sum(rel.startswith("conf/") for rel, _ in files)
+    wrote = f"wrote {configs} configs to {directory / 'conf'} and {len(files) - configs} recipes to {directory / 'recipes'}"
+    run = f"run them there: cd {directory} && python recipes/train.py   (or: lit-balance fit --config conf/cli/fit_cpu.yaml)"
+    return [wrote, run]
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``lit-balance`` console script (and of ``python -m lit_balance.cli``).
+
+    Puts the working directory first on ``sys.path``, as ``python -m`` does, so that ``--model.class_path=my_lm.MyLM``
+    finds ``my_lm.py`` there (the console script's own ``sys.path[0]`` is its ``bin`` directory). Every rank that
+    Lightning's DDP launcher starts runs this too, in the same working directory.
 
     Args:
         args: command-line arguments without the program name (default: ``sys.argv[1:]``).
     """
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
     build_cli(args)

@@ -8,6 +8,7 @@ an unexpected input, and keeps its traceback.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import os
@@ -17,12 +18,13 @@ import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from jsonargparse import ArgumentParser
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
 
 from lit_balance.errors import InputError
 
-__all__ = ["DEBUG_ENV", "INPUT_ERRORS", "exit_on_input_error", "fit_message", "flag_names", "in_data_setup",
-           "input_error", "plan_flag"]
+__all__ = ["DEBUG_ENV", "INPUT_ERRORS", "ErrorFirstMixin", "ErrorFirstParser", "close_flags", "exit_on_input_error",
+           "fit_message", "flag_names", "in_data_setup", "input_error", "plan_flag"]
 
 #: the built-in errors an InputError also is (what a subcommand catches before telling them apart)
 INPUT_ERRORS = (FileNotFoundError, TypeError, ValueError)
@@ -153,3 +155,60 @@ def exit_on_input_error(subcommand: str, message: str, error: BaseException) -> 
     sys.stderr.write(f"lit-balance {subcommand}: error: {message}\n")
     sys.stderr.flush()
     raise SystemExit(2)
+
+
+def close_flags(message: str, parser: ArgumentParser) -> list[str]:
+    """Flags or subcommands of ``parser`` close to those an argparse error ``message`` rejects (``difflib``).
+
+    Reads "unrecognized arguments: --trainer.max_step=3 ..." (each rejected flag, without its value) and
+    "invalid choice: 'fitt' (choose from ...)"; returns, for each, the closest spelled-out option strings of ``parser``
+    (the closest, similarity >= 0.75), or the closest choice. Empty when nothing is close.
+    """
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        choices = re.findall(r"'([^']*)'", choice[2])
+        return difflib.get_close_matches(choice[1], choices, n=1, cutoff=0.6)
+    rejected = re.search(r"unrecognized arguments: (.*)", message)
+    if not rejected:
+        return []
+    options = [o for o in getattr(parser, "_option_string_actions", {}) if o.startswith("--")]
+    found: list[str] = []
+    for arg in rejected[1].split():
+        if arg.startswith("-"):
+            for match in difflib.get_close_matches(arg.split("=", 1)[0], options, n=1, cutoff=0.75):
+                if match not in found:
+                    found.append(match)
+    return found
+
+
+class ErrorFirstMixin:
+    """A jsonargparse parser's ``error``, with the error printed first: ``lit-balance fit: error: ...``, then "did you
+    mean --trainer.max_steps?" where a flag or subcommand of the (sub)command is close (:func:`close_flags`), then
+    the usage.
+
+    Exits with status 2, as argparse; with ``JSONARGPARSE_DEBUG=true`` (or ``exit_on_error=False``) it raises as
+    jsonargparse does.
+    """
+
+    def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
+        from jsonargparse._common import debug_mode_active
+
+        if not self.exit_on_error or debug_mode_active():
+            super().error(message, ex)  # type: ignore[misc]
+        parser = getattr(ex, "subcommand_parser", None) or self
+        if getattr(ex, "default_config_file", None):
+            parser.default_config_files = []
+        prog = parser.prog.replace(" [options]", "")
+        sys.stderr.write(f"{prog}: error: {message}\n")
+        close = close_flags(message, parser)
+        if close:
+            sys.stderr.write(f"did you mean {' or '.join(close)}?\n")
+        sys.stderr.write("\n")
+        parser.print_usage(sys.stderr)
+        sys.stderr.write(f"every option with its help: {prog} --help\n")
+        sys.stderr.flush()
+        self.exit(2)  # type: ignore[attr-defined]
+
+
+class ErrorFirstParser(ErrorFirstMixin, ArgumentParser):
+    """A jsonargparse ``ArgumentParser`` whose errors come first (:class:`ErrorFirstMixin`)."""

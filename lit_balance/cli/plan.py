@@ -18,7 +18,7 @@ import numpy as np
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from lit_balance._checks import MAX_TOKENS_LIMIT, check_int
-from lit_balance.cli.messages import flag_names, plan_flag
+from lit_balance.cli.messages import ErrorFirstParser, flag_names, plan_flag
 from lit_balance.errors import InputError, InputTypeError, InputValueError
 from lit_balance.lightning.datamodule import DEFAULT_MAX_TOKENS, BalancedTextDataModule
 from lit_balance.plan.cost import CostModel
@@ -34,10 +34,11 @@ def plan_parser(fit_parser: ArgumentParser | None = None) -> ArgumentParser:
         fit_parser: the ``fit`` subcommand's parser; with it, ``--config`` also reads a ``lit-balance fit`` config
             (see :func:`plan_options_from_fit`). Without it, ``--config`` reads these options from YAML only.
     """
-    parser = ArgumentParser(allow_abbrev=False,
-                            description="Plan one epoch without training: per-rank micro-batches, tokens, padding and "
-                                        "cost, rank imbalance and useful compute fraction, against DistributedSampler "
-                                        "with a fixed batch size; writes a table, a JSON summary and PNG plots.")
+    parser = ErrorFirstParser(allow_abbrev=False,
+                              description="Plan one epoch without training: per-rank micro-batches, tokens, padding "
+                                          "and cost, rank imbalance and useful compute fraction, against "
+                                          "DistributedSampler with a fixed batch size; writes a table, a JSON summary "
+                                          "and PNG plots.")
     action = type("PlanConfigFile", (_PlanConfigFile,), {"fit_parser": fit_parser})
     parser.add_argument("--config", action=action,
                         help="YAML file holding any of these options, or a lit-balance fit config (its data settings, "

@@ -1,15 +1,19 @@
-"""The plan report as PNG plots (matplotlib, imported when a plot is drawn)."""
+"""The plan report and a training run's logged figures as PNG plots (matplotlib, imported when a plot is drawn)."""
 
 from __future__ import annotations
 
+import csv
+import math
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lit_balance.errors import InputValueError
 from lit_balance.report.figures import PlanReport
 
-__all__ = ["save_plots"]
+__all__ = ["read_metrics_csv", "save_plots", "save_training_plot"]
 
 
 def save_plots(report: PlanReport, output_dir: str | Path, *, dpi: int = 80) -> list[Path]:
@@ -79,6 +83,96 @@ def save_plots(report: PlanReport, output_dir: str | Path, *, dpi: int = 80) -> 
     cost_path = output_dir / "step_cost.png"
     _save_png(fig, cost_path, dpi)
     return [hist_path, cost_path]
+
+
+def read_metrics_csv(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every column of a metrics file as written by Lightning's ``CSVLogger``, as ``{key: (steps, values)}``.
+
+    The file holds one row per logged point, a ``step`` column and one column per metric key, empty where a row
+    does not log that key; each key gets only its own points (float64 ``[n]`` each, in file order).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: a file without a ``step`` column.
+    """
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        if "step" not in (reader.fieldnames or []):
+            raise InputValueError(f"expected a CSVLogger metrics file with a 'step' column, got the columns "
+                             f"{reader.fieldnames} in {path}")
+        points: dict[str, list[tuple[float, float]]] = {}
+        for row in reader:
+            step = float(row["step"])
+            for key, value in row.items():
+                if key != "step" and value not in ("", None):
+                    points.setdefault(key, []).append((step, float(value)))
+    return {key: (np.array([p[0] for p in pts]), np.array([p[1] for p in pts])) for key, pts in points.items()}
+
+
+#: panels of the training plot: (per-rank key pattern or global key, y label)
+_TRAINING_PANELS = (
+    (r"balance/compute_s_rank(\d+)", "compute s per window (forward and loss)"),
+    (r"balance/data_wait_s_rank(\d+)", "wait s per window (data, other ranks)"),
+    (r"balance/padding_ratio_rank(\d+)", "padding ratio (epoch so far)"),
+    ("balance/real_tokens_per_s", "real tokens/s (all ranks)"),
+)
+
+
+def save_training_plot(metrics_csv: str | Path, output_path: str | Path | None = None, *, dpi: int = 80) -> Path:
+    """Plot a training run's figures per rank over optimizer steps, from its metrics file, as a PNG.
+
+    Reads the file of Lightning's ``CSVLogger`` (:func:`read_metrics_csv`) holding what
+    :class:`lit_balance.callbacks.StragglerMonitor` and :class:`lit_balance.callbacks.PaddingRatioMonitor` log, and
+    draws four panels over the logged step: compute seconds and waiting seconds of each rank per timing window
+    (``balance/compute_s_rank{r}``, ``balance/data_wait_s_rank{r}``), each rank's padding ratio
+    (``balance/padding_ratio_rank{r}``), and real tokens per second of all ranks (``balance/real_tokens_per_s``) with
+    the straggler ratio (``balance/straggler_ratio``) on a second axis. A panel whose keys were not logged says so.
+
+    Args:
+        metrics_csv: the ``metrics.csv`` of a ``CSVLogger``.
+        output_path: the PNG to write; default ``training.png`` beside ``metrics_csv``.
+        dpi: resolution of the PNG.
+
+    Returns:
+        The path written.
+
+    Raises:
+        FileNotFoundError: no file at ``metrics_csv``.
+        ValueError: a file without a ``step`` column.
+    """
+    from matplotlib.figure import Figure
+
+    metrics = read_metrics_csv(metrics_csv)
+    output_path = Path(output_path) if output_path is not None else Path(metrics_csv).with_name("training.png")
+    fig = Figure(figsize=(9, 6), layout="constrained")
+    axes = fig.subplots(2, 2, sharex=True).ravel()
+    for ax, (pattern, label) in zip(axes, _TRAINING_PANELS):
+        ranks = sorted((int(m[1]), key) for key in metrics if (m := re.fullmatch(pattern, key)) and m.groups())
+        series = [(f"rank {r}", metrics[key]) for r, key in ranks] if ranks else (
+            [("all ranks", metrics[pattern])] if pattern in metrics else [])
+        for name, (steps, values) in series[:16]:
+            ax.plot(steps, values, lw=1.0, marker="." if steps.size < 40 else None, label=name)
+        if not series:
+            ax.text(0.5, 0.5, "not logged (add the monitor to the callbacks)", transform=ax.transAxes, ha="center",
+                    fontsize=8)
+        ax.set_ylabel(label, fontsize=8)
+        if 1 < len(series) <= 8:
+            ax.legend(fontsize=7)
+    if "balance/straggler_ratio" in metrics:
+        steps, values = metrics["balance/straggler_ratio"]
+        twin = axes[3].twinx()
+        twin.plot(steps, values, lw=1.0, color="#a06010", marker="." if steps.size < 40 else None)
+        twin.set_ylabel("straggler ratio (max / median compute s)", fontsize=8, color="#a06010")
+    for ax in axes[2:]:
+        ax.set_xlabel("optimizer step")
+    loss = metrics.get("train/loss")
+    title = "training figures per rank"
+    if loss is not None and loss[1].size and math.isfinite(float(loss[1][-1])):
+        title += f" (last train/loss {float(loss[1][-1]):.3f} at step {int(loss[0][-1])})"
+    fig.suptitle(title, fontsize=10)
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    _save_png(fig, output_path, dpi)
+    return output_path
 
 
 def _save_png(fig: Any, path: Path, dpi: int) -> None:

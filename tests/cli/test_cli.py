@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from lightning.pytorch.loggers import CSVLogger
 
 from lit_balance import BalancedBatchSampler, BalancedTextDataModule
-from lit_balance.callbacks import RunSummary
+from lit_balance.callbacks import BalanceProgressBar, PaddingRatioMonitor, RunSummary, StragglerMonitor
 from lit_balance.cli import LitBalanceCLI, build_cli, main, plan_parser, run_plan
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.plan.cost import CostModel
@@ -91,8 +92,10 @@ def test_fit_cpu_yaml_builds(tmp_path, monkeypatch):
     assert cli.model.hparams.vocab_size == cli.datamodule.vocab_size == 30522
     assert cli.model.hparams.d_model == 128
     assert cli.trainer.world_size == 2 and cli.trainer.max_steps == 40
-    assert cli.trainer.progress_bar_callback is not None  # Lightning's default bar (rich's when installed)
-    assert any(isinstance(c, RunSummary) for c in cli.trainer.callbacks)
+    # the live figures: the monitors log them, the bar shows them; a metrics file and a checkpoint
+    assert isinstance(cli.trainer.progress_bar_callback, BalanceProgressBar)
+    assert {RunSummary, PaddingRatioMonitor, StragglerMonitor} <= {type(c) for c in cli.trainer.callbacks}
+    assert isinstance(cli.trainer.logger, CSVLogger) and cli.trainer.checkpoint_callback is not None
 
 
 @pytest.mark.slow
@@ -109,13 +112,24 @@ def test_fit_two_steps_on_two_cpu_ranks(tmp_path):
     assert re.search(r"^plan for 2 ranks: padding ratio 0\.\d{4} \| useful compute fraction [01]\.\d{4} \| "
                      r"micro-batches per rank \d+$", out, flags=re.MULTILINE), out[:2000]
     rows = {m.group(1): m.groups()[1:] for m in re.finditer(
-        r"^\s*(0|1|total)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", out, flags=re.MULTILINE)}
+        r"^\s*(0|1|total)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)$", out,
+        flags=re.MULTILINE)}
     assert set(rows) == {"0", "1", "total"}
     for rank in ("0", "1"):
         micro, real, padded = (int(x) for x in rows[rank][:3])
         assert micro == 2 and 0 < real <= padded <= 2 * 256
-    saved = yaml.safe_load((tmp_path / "lightning_logs" / "fit_cpu" / "config.yaml").read_text())
+    run_dir = tmp_path / "lightning_logs" / "fit_cpu" / "version_0"
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["trainer"]["max_steps"] == 2 and saved["data"]["corpus"] == str(corpus)
+    # the output names the metrics file, the checkpoint and the plot, and they exist
+    named = dict(re.findall(r"^(metrics file|checkpoint|training figures)[^:]*: (\S+)$", out, flags=re.MULTILINE))
+    assert set(named) == {"metrics file", "checkpoint", "training figures"}, out[-2000:]
+    assert Path(named["metrics file"]) == Path("lightning_logs/fit_cpu/version_0/metrics.csv")
+    assert all((tmp_path / path).is_file() for path in named.values())
+    assert "balance/straggler_ratio" in (tmp_path / named["metrics file"]).read_text().splitlines()[0]
+    bar = " ".join(out[out.rindex("Epoch "):].split())  # the bar's last frame (wrapped at 80 columns)
+    assert bar.startswith("Epoch 0 ") and "step: 2/2" in bar and "/-2" not in bar, bar[:600]
+    assert re.search(r"tokens/s: [\d,]+ padding: 0\.\d{3} straggler: \d\.\d\d", bar), bar[:600]
 
 
 @pytest.mark.slow
@@ -384,6 +398,70 @@ def test_abbreviated_flags_are_rejected(tmp_path, monkeypatch, capsys):
         main(["plan", "--lengths", str(tmp_path / "l.npy"), "--max-token", "2048", "--plots", "false"])
     assert excinfo.value.code == 2 and "--max-token" in capsys.readouterr().err
     assert not (tmp_path / "plan_report").exists()
+
+
+@pytest.mark.parametrize("args,error,close", [
+    (["fit", "--trainer.max_step=3"], "lit-balance fit: error: unrecognized arguments: --trainer.max_step=3",
+     "did you mean --trainer.max_steps?"),
+    (["fit", "--data.max_tokenz", "3"], "lit-balance fit: error: unrecognized arguments: --data.max_tokenz 3",
+     "did you mean --data.max_tokens?"),
+    (["plan", "--max-tokenz=3"], "lit-balance plan: error: unrecognized arguments: --max-tokenz=3",
+     "did you mean --max-tokens?"),
+    (["fitt"], ("lit-balance: error: argument subcommand: invalid choice: 'fitt' (choose from 'fit', 'validate', "
+                "'test', 'predict', 'plan', 'configs')"), "did you mean fit?"),
+    (["fit", "--xyzzy=1"], "lit-balance fit: error: unrecognized arguments: --xyzzy=1", None),
+])
+def test_a_mistyped_flag_prints_the_error_first_then_a_suggestion_then_usage(capsys, args, error, close):
+    with pytest.raises(SystemExit) as excinfo:
+        main(args)
+    lines = capsys.readouterr().err.splitlines()
+    assert excinfo.value.code == 2
+    assert lines[0] == error, lines[:3]
+    if close:
+        assert lines[1] == close
+    else:
+        assert not lines[1].strip()
+    usage = next(i for i, line in enumerate(lines) if line.startswith("usage: lit-balance"))
+    assert usage <= 3 and lines[-1].startswith("every option with its help: lit-balance")
+
+
+def test_configs_writes_the_shipped_configs_and_recipes(tmp_path, capsys):
+    main(["configs", str(tmp_path / "mine")])
+    out = capsys.readouterr().out
+    written = sorted(p.relative_to(tmp_path / "mine").as_posix() for p in (tmp_path / "mine").rglob("*") if p.is_file())
+    shipped = sorted([p.relative_to(ROOT).as_posix() for p in (ROOT / "conf").rglob("*.yaml")]
+                     + [p.relative_to(ROOT).as_posix() for p in (ROOT / "recipes").glob("*.py")])
+    assert written == shipped and "conf/cli/fit_cpu.yaml" in written and "recipes/train.py" in written
+    for rel in written:
+        assert (tmp_path / "mine" / rel).read_bytes() == (ROOT / rel).read_bytes()
+    assert f"wrote {len(written) - 2} configs" in out and "python recipes/train.py" in out
+    # a second time it refuses to overwrite, naming the option
+    (tmp_path / "mine" / "conf" / "config.yaml").write_text("mine: 1  # edited\n")
+    with pytest.raises(SystemExit) as excinfo:
+        main(["configs", str(tmp_path / "mine")])
+    err = capsys.readouterr().err
+    assert excinfo.value.code == 2 and "--overwrite true" in err and "existing files" in err
+    assert (tmp_path / "mine" / "conf" / "config.yaml").read_text() == "mine: 1  # edited\n"
+    main(["configs", str(tmp_path / "mine"), "--overwrite", "true"])
+    assert (tmp_path / "mine" / "conf" / "config.yaml").read_bytes() == (ROOT / "conf" / "config.yaml").read_bytes()
+
+
+def test_configs_and_recipes_are_package_data():
+    # lit_balance/conf and lit_balance/recipes link to the repository's conf/ and recipes/; the package-data globs
+    # of pyproject.toml take every config and recipe through them into a built wheel
+    import glob
+
+    assert (ROOT / "lit_balance" / "conf").resolve() == (ROOT / "conf").resolve()
+    assert (ROOT / "lit_balance" / "recipes").resolve() == (ROOT / "recipes").resolve()
+    line = next(line for line in (ROOT / "pyproject.toml").read_text(encoding="utf-8").splitlines()
+                if line.startswith("lit_balance = ["))
+    patterns = re.findall(r'"([^"]+)"', line)
+    assert {"conf/**/*.yaml", "recipes/*.py"} <= set(patterns)
+    packaged = {Path(p).relative_to(ROOT / "lit_balance").as_posix() for pattern in patterns
+                for p in glob.glob(str(ROOT / "lit_balance" / pattern), recursive=True)}
+    shipped = {p.relative_to(ROOT).as_posix()
+               for p in [*(ROOT / "conf").rglob("*.yaml"), *(ROOT / "recipes").glob("*.py")]}
+    assert shipped <= packaged and "conf/cli/fit_cpu.yaml" in shipped
 
 
 def test_plan_output_dir_must_be_a_directory(tmp_path, monkeypatch, capsys):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -15,6 +18,8 @@ from lit_balance.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 FIT_CPU = ROOT / "conf" / "cli" / "fit_cpu.yaml"
+#: the installed console script (pip install -e . puts it beside the interpreter)
+CONSOLE = Path(sys.executable).with_name("lit-balance")
 
 MODELS = '''
 import lightning as L
@@ -75,10 +80,12 @@ def user_models(tmp_path, monkeypatch):
 def _fit(corpus: Path, *args: str):
     from lit_balance.cli import build_cli
 
+    bar = [] if any(a.startswith("--trainer.enable_progress_bar") for a in args) else [
+        "--trainer.enable_progress_bar=false"]
     return build_cli(["fit", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_steps=2",
-                      "--trainer.logger=false", "--trainer.enable_checkpointing=false",
-                      "--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0",
-                      f"--data.corpus={corpus}", "--data.max_tokens=256", "--data.val_fraction=0.1", *args])
+                      "--trainer.logger=false", "--trainer.enable_checkpointing=false", *bar,
+                      "--trainer.limit_val_batches=0", f"--data.corpus={corpus}", "--data.max_tokens=256",
+                      "--data.val_fraction=0.1", *args])
 
 
 @pytest.mark.parametrize("takes_vocab_size", [False, True])
@@ -107,6 +114,29 @@ def test_a_config_picks_the_model_by_class_path_and_the_saved_config_names_it(us
     assert type(cli.model).__name__ == "CountingLM" and cli.model.hparams["buckets"] == 32
     saved = yaml.safe_load((tmp_path / "logs" / "config.yaml").read_text())
     assert saved["model"] == {"class_path": "my_models.CountingLM", "init_args": {"buckets": 32, "hidden": 8}}
+
+
+@pytest.mark.slow
+def test_the_installed_console_script_finds_a_model_module_in_the_working_directory(tmp_path):
+    """`lit-balance fit --model.class_path=my_models.CountingLM` with my_models.py in the working directory only."""
+    assert CONSOLE.is_file(), f"no console script at {CONSOLE}: install the package (pip install -e .)"
+    (tmp_path / "my_models.py").write_text(MODELS, encoding="utf-8")
+    (tmp_path / "docs.txt").write_text("\n".join(f"line {i} " + "some words here " * (i % 7 + 1) for i in range(60)),
+                                       encoding="utf-8")
+    python_path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p) != tmp_path]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(python_path), "LIT_BALANCE_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([str(CONSOLE), "fit", "--model.class_path=my_models.CountingLM", "--trainer.accelerator=cpu",
+                           "--trainer.devices=1", "--trainer.max_steps=2", "--trainer.limit_val_batches=0",
+                           "--trainer.logger=false",  # (TensorBoard's or CSV's, by what is installed: not the point)
+                           "--data.corpus=docs.txt", "--data.max_tokens=256", "--data.val_fraction=0.1"],
+                          check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "`max_steps=2` reached" in proc.stderr + proc.stdout, (proc.stdout + proc.stderr)[-3000:]
+    assert re.search(r"^checkpoint: checkpoints/epoch=0-step=2\.ckpt$", proc.stdout,
+                     flags=re.MULTILINE), proc.stdout[-2000:]
+    assert "no metrics file: the Trainer has no logger (set trainer.logger)" in proc.stdout
+    bar = " ".join(proc.stdout[proc.stdout.rindex("Epoch "):].split())  # the bar's last frame
+    assert bar.startswith("Epoch 0 ") and "/-2" not in bar and "step: 2/2" in bar, bar[:600]
 
 
 def test_an_argument_the_chosen_model_lacks_is_an_error(user_models, capsys):
@@ -206,3 +236,14 @@ def test_plan_config_that_is_neither_names_both_readings(tmp_path, monkeypatch, 
     err = capsys.readouterr().err
     assert excinfo.value.code == 2 and "neither plan options" in err and "nor a lit-balance fit config" in err
     assert "max_tokenz" in err
+
+
+@pytest.mark.parametrize("bar", [True, False])
+def test_fit_without_a_config_gets_the_balance_progress_bar_unless_the_bar_is_off(user_models, bar):
+    from lightning.pytorch.callbacks import ProgressBar
+
+    from lit_balance.callbacks import BalanceProgressBar
+
+    cli = _fit(user_models, "--model.class_path=my_models.CountingLM", f"--trainer.enable_progress_bar={bar}")
+    bars = [c for c in cli.trainer.callbacks if isinstance(c, ProgressBar)]
+    assert [type(b) for b in bars] == ([BalanceProgressBar] if bar else [])

@@ -9,15 +9,17 @@ import lightning as L
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, InstantiationException, MissingConfigException
 from hydra.errors import OverrideParseException
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from lightning.pytorch.loggers import CSVLogger
+from omegaconf import OmegaConf, open_dict, read_write
 from omegaconf.errors import MissingMandatoryValue
 
 from lit_balance import BalancedTextDataModule
+from lit_balance.callbacks import BalanceProgressBar, PaddingRatioMonitor, RunSummary, StragglerMonitor
 from lit_balance.demo import DemoTransformerLM
-from lit_balance.callbacks import RunSummary
 from lit_balance.plan.cost import CostModel
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -31,10 +33,18 @@ def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
-def _compose(overrides=(), config_name: str = "config", **kwargs):
-    """``hydra.compose`` of ``conf/<config_name>.yaml``, as ``@hydra.main`` composes it for a recipe."""
+def _compose(overrides=(), config_name: str = "config", return_hydra_config: bool = False):
+    """``hydra.compose`` of ``conf/<config_name>.yaml``, as ``@hydra.main`` composes it for a recipe; Hydra's own
+    settings are set as a run sets them, so that ``${hydra:runtime.output_dir}`` (the run directory) resolves."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides), **kwargs)
+        cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+    with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
+        cfg.hydra.runtime.output_dir = str(Path(cfg.hydra.run.dir).resolve())  # as hydra.core.utils.run_job does
+    HydraConfig.instance().set_config(cfg)
+    if not return_hydra_config:
+        with open_dict(cfg):
+            del cfg["hydra"]
+    return cfg
 
 
 @pytest.fixture
@@ -86,10 +96,16 @@ def test_base_config_is_the_main_job(tmp_path, monkeypatch):
     assert (dm.max_tokens, dm.max_length, dm.val_fraction, dm.seed) == (1024, 256, 0.02, 0)
     assert dm.source.kind == "builtin"
     assert model.hparams.vocab_size == dm.vocab_size == 30522 and model.hparams.d_model == 128
-    assert [type(c) for c in callbacks] == [RunSummary]
+    # the live figures: two monitors and the bar that shows them
+    assert [type(c) for c in callbacks] == [RunSummary, PaddingRatioMonitor, StragglerMonitor, BalanceProgressBar]
+    assert trainer.progress_bar_callback is callbacks[-1]
     assert (trainer.world_size, trainer.max_steps, trainer.accumulate_grad_batches) == (2, 40, 1)
     assert trainer.val_check_interval == 20 and trainer.limit_val_batches == 4
-    assert trainer.logger is None and trainer.checkpoint_callback is None
+    # a metrics file and a checkpoint, both in the run's directory
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    assert run_dir.parent.parent == tmp_path / "outputs" / "train"
+    assert isinstance(trainer.logger, CSVLogger) and Path(trainer.logger.log_dir) == run_dir / "logs"
+    assert trainer.checkpoint_callback is not None and Path(trainer.default_root_dir) == run_dir
     assert type(trainer.strategy).__name__ == "DDPStrategy" and trainer.strategy.root_device.type == "cpu"
 
 

@@ -50,11 +50,15 @@ def test_the_hugging_face_model_trains_from_the_command_line_as_the_page_shows(t
     args = command.replace("\\\n", " ").split()[1:]
     assert args[:2] == ["fit", "--model.class_path=my_lm.HFCausalLM"] and "--trainer.devices=2" in args
     (tmp_path / "my_lm.py").write_text(EXAMPLES[0], encoding="utf-8")
-    path = os.pathsep.join(p for p in (str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run([sys.executable, "-m", "lit_balance.cli", *args, "--trainer.logger=false",
-                           "--trainer.enable_checkpointing=false", "--trainer.limit_val_batches=0"],
+    # the installed console script, in the directory holding my_lm.py, which is on no path but the working directory
+    console = Path(sys.executable).with_name("lit-balance")
+    assert console.is_file(), f"no console script at {console}: install the package (pip install -e .)"
+    proc = subprocess.run([str(console), *args, "--trainer.limit_val_batches=0"],
                           check=False, capture_output=True, text=True, timeout=500, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": path, "LIT_BALANCE_CACHE": str(tmp_path / "cache")})
+                          env={**os.environ, "LIT_BALANCE_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "world size 2 | per-rank budget 1024 padded slots" in proc.stdout
     assert re.search(r"max_steps=3. reached", proc.stderr + proc.stdout), (proc.stdout + proc.stderr)[-3000:]
+    assert re.search(r"^checkpoint: lightning_logs/version_0/checkpoints/\S+\.ckpt$", proc.stdout, flags=re.MULTILINE)
+    bar = " ".join(proc.stdout[proc.stdout.rindex("Epoch "):].split())  # the progress bar's last frame
+    assert bar.startswith("Epoch 0 ") and "/-2" not in bar and "step: 3/3" in bar, bar[:600]

@@ -3,8 +3,10 @@
 from lit_balance.lightning.callbacks.accumulation import AdaptiveGradAccumulation
 from lit_balance.lightning.callbacks.feedback import CostModelFeedback
 from lit_balance.lightning.callbacks.padding import PaddingRatioMonitor
+from lit_balance.lightning.callbacks.progress import BalanceProgressBar, live_figures
 from lit_balance.lightning.callbacks.straggler import StragglerMonitor, backward_is_local
 from lit_balance.lightning.callbacks.summary import RunSummary
 
-__all__ = ["AdaptiveGradAccumulation", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor",
-           "backward_is_local"]
+__all__ = ["AdaptiveGradAccumulation", "BalanceProgressBar", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary",
+           "StragglerMonitor",
+           "backward_is_local", "live_figures"]

@@ -19,31 +19,47 @@ class _TwoRankStrategy:
         return torch.stack([tensor, self.other])
 
 
-def test_counts_and_table(monkeypatch, capsys):
-    clock = iter([100.0, 112.5])
+def test_counts_times_and_table(monkeypatch, capsys):
+    # train start 100; three micro-batches: (wait, forward, rest) = (1, 2, 0.5), (0.5, 3, 0.5), (0, 1, -: no backward)
+    times = [100.0,
+             101.0, 103.0, 103.5,
+             104.0, 107.0, 107.5,
+             107.5, 108.5,
+             112.5]
+    clock = iter(times)
     monkeypatch.setattr(summary_mod.time, "perf_counter", lambda: next(clock))
-    other = torch.tensor([2.0, 30.0, 40.0, 11.0], dtype=torch.float64)
+    # rank 1: 2 micro-batches, 30 real tokens, 40 slots, compute 9 s, wait 1 s, wall 12 s
+    other = torch.tensor([2.0, 30.0, 40.0, 9.0, 1.0, 12.0], dtype=torch.float64)
     trainer = SimpleNamespace(world_size=2, global_rank=0, strategy=_TwoRankStrategy(other), is_global_zero=True)
     module = SimpleNamespace(device=torch.device("cpu"))
     cb = RunSummary()
     cb.on_train_start(trainer, module)
-    for real, padded in [(7, 8), (10, 12), (5, 5)]:
-        cb.on_train_batch_end(trainer, module, None, {"num_real_tokens": real, "num_padded_tokens": padded}, 0)
+    for i, (real, padded) in enumerate([(7, 8), (10, 12), (5, 5)]):
+        cb.on_train_batch_start(trainer, module, None, i)
+        if i < 2:
+            cb.on_before_backward(trainer, module, torch.tensor(0.0))
+        cb.on_train_batch_end(trainer, module, None, {"num_real_tokens": real, "num_padded_tokens": padded}, i)
     cb.on_train_end(trainer, module)
 
     assert cb.rows[0] == {"rank": 0, "micro_batches": 3.0, "real_tokens": 22.0, "padded_tokens": 25.0,
-                          "wall_s": 12.5, "padding_ratio": 1 - 22 / 25}
+                          "compute_s": 6.0, "wait_s": 1.5, "wall_s": 12.5, "other_s": 5.0,
+                          "padding_ratio": 1 - 22 / 25}
     assert cb.rows[1]["padding_ratio"] == 0.25 and cb.rows[1]["micro_batches"] == 2.0
-    assert cb.total == {"micro_batches": 5.0, "real_tokens": 52.0, "padded_tokens": 65.0, "wall_s": 12.5,
-                        "padding_ratio": 1 - 52 / 65}
+    assert cb.rows[1]["compute_s"] == 9.0 and cb.rows[1]["other_s"] == 2.0  # per rank: not rank 0's
+    assert cb.total == {"micro_batches": 5.0, "real_tokens": 52.0, "padded_tokens": 65.0, "compute_s": 15.0,
+                        "wait_s": 2.5, "wall_s": 12.5, "other_s": 7.0, "padding_ratio": 1 - 52 / 65,
+                        "straggler_ratio": 9.0 / 7.5}
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[1].split() == ["0", "3", "22", "25", "0.1200", "12.5"]
-    assert lines[2].split() == ["1", "2", "30", "40", "0.2500", "11.0"]
-    assert lines[3].split() == ["total", "5", "52", "65", "0.2000", "12.5"]
+    assert lines[0].split() == ["rank", "micro-batches", "real", "tokens", "padded", "slots", "padding", "ratio",
+                                "compute", "s", "wait", "s", "other", "s"]
+    assert lines[1].split() == ["0", "3", "22", "25", "0.1200", "6.0", "1.5", "5.0"]
+    assert lines[2].split() == ["1", "2", "30", "40", "0.2500", "9.0", "1.0", "2.0"]
+    assert lines[3].split() == ["total", "5", "52", "65", "0.2000", "15.0", "2.5", "7.0"]
+    assert lines[4].startswith("wall 12.5 s | straggler ratio 1.200 (largest compute s over the median) | ")
 
 
 def test_other_ranks_do_not_print(capsys):
-    other = torch.tensor([2.0, 30.0, 40.0, 11.0], dtype=torch.float64)  # rank 0's counts, as rank 1 gathers them
+    other = torch.tensor([2.0, 30.0, 40.0, 5.0, 1.0, 11.0], dtype=torch.float64)  # rank 0's counts, as rank 1 gathers them
     strategy = SimpleNamespace(all_gather=lambda t: torch.stack([other, t]),
                                distributed_sampler_kwargs={"num_replicas": 2, "rank": 1})
     trainer = SimpleNamespace(world_size=2, global_rank=1, strategy=strategy, is_global_zero=False)
