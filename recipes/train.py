@@ -37,6 +37,7 @@ from omegaconf import DictConfig
 
 from lit_balance.lightning.outputs import report_outputs
 from lit_balance.report import summary_line
+from lit_balance.world import data_parallel_world
 
 _START = time.perf_counter()
 
@@ -52,21 +53,28 @@ def main(cfg: DictConfig) -> None:
     model = instantiate(cfg.model, vocab_size=dm.vocab_size)
     callbacks = list((instantiate(cfg.callbacks) or {}).values()) if cfg.get("callbacks") else []
     trainer = instantiate(cfg.trainer, callbacks=callbacks)
-    if trainer.is_global_zero and dm.max_tokens == "auto":
-        print(f"world size {trainer.world_size} | per-rank budget: auto, measured before the first epoch "
-              f"(memory_limit {dm.memory_limit} bytes, memory_fraction {dm.memory_fraction}) | max_length "
-              f"{dm.max_length} tokens | corpus: {dm.source.description}", flush=True)
+    try:
+        num_replicas = data_parallel_world(trainer).num_replicas
+    except RuntimeError:  # ModelParallelStrategy: the data-parallel size is its device mesh's, built by fit
+        num_replicas = None
+    world = (f"data-parallel size {num_replicas}" if num_replicas is not None
+             else f"world size {trainer.world_size} processes (data-parallel size set when fit builds the mesh)")
+    if trainer.is_global_zero and (dm.max_tokens == "auto" or num_replicas is None):
+        print(f"{world} | per-rank budget: {dm.max_tokens}"
+              + (f", measured before the first epoch (memory_limit {dm.memory_limit} bytes, memory_fraction "
+                 f"{dm.memory_fraction})" if dm.max_tokens == "auto" else "")
+              + f" | max_length {dm.max_length} tokens | corpus: {dm.source.description}", flush=True)
     elif trainer.is_global_zero:
         unit = "tokens per packed row" if dm.packing else "padded slots"
+        global_budget = sum(dm.settings.rank_max_tokens(num_replicas)) * trainer.accumulate_grad_batches
         print(
-            f"world size {trainer.world_size} | per-rank budget {dm.max_tokens} {unit} per micro-batch | "
-            f"global budget {dm.max_tokens * trainer.world_size * trainer.accumulate_grad_batches} {unit} "
-            "per optimizer step | "
+            f"{world} | per-rank budget {dm.max_tokens} {unit} per micro-batch | "
+            f"global budget {global_budget} {unit} per optimizer step | "
             f"max_length {dm.max_length} tokens | corpus: {dm.source.description}",
             flush=True,
         )
         # the DataModule has no Trainer yet, so its setup here takes part in no collective
-        print(summary_line(dm.plan_summary(trainer.world_size, trainer.accumulate_grad_batches)), flush=True)
+        print(summary_line(dm.plan_summary(num_replicas, trainer.accumulate_grad_batches)), flush=True)
     trainer.fit(model, datamodule=dm)
     if trainer.is_global_zero and dm.token_budget is not None:
         print(f"token budget: {dm.token_budget.describe()}", flush=True)

@@ -25,6 +25,7 @@ from lit_balance.cli.messages import (
 from lit_balance.cli.plan import plan_parser, run_plan
 from lit_balance.errors import InputValueError
 from lit_balance.lightning.datamodule import BalancedTextDataModule
+from lit_balance.world import data_parallel_world
 
 __all__ = ["LitBalanceArgumentParser", "LitBalanceCLI", "build_cli", "configs_parser", "main", "write_configs"]
 
@@ -133,14 +134,24 @@ class LitBalanceCLI(LightningCLI):
         from lit_balance.report import summary_line
 
         trainer, dm = self.trainer, self.datamodule
-        if trainer.is_global_zero:
-            budgets = dm.settings.rank_max_tokens(trainer.world_size)
-            print(f"world size {trainer.world_size} | per-rank budget {dm.max_tokens} padded slots per micro-batch | "
-                  f"global budget {sum(budgets) * trainer.accumulate_grad_batches} padded slots "
-                  f"per optimizer step | max_length {dm.max_length} tokens | corpus: {dm.source.description}",
-                  flush=True)
-            if isinstance(dm, BalancedTextDataModule):  # the preview communicates with no other rank
-                print(summary_line(dm.plan_summary(trainer.world_size, trainer.accumulate_grad_batches)), flush=True)
+        if not trainer.is_global_zero:
+            return
+        try:
+            num_replicas = data_parallel_world(trainer).num_replicas
+        except RuntimeError:  # ModelParallelStrategy: the data-parallel size is its device mesh's, built by fit
+            num_replicas = None
+        if num_replicas is None:
+            print(f"world size {trainer.world_size} processes (data-parallel size set when fit builds the device "
+                  f"mesh) | per-rank budget {dm.max_tokens} padded slots per micro-batch | max_length "
+                  f"{dm.max_length} tokens | corpus: {dm.source.description}", flush=True)
+            return
+        budgets = dm.settings.rank_max_tokens(num_replicas)
+        print(f"data-parallel size {num_replicas} | per-rank budget {dm.max_tokens} padded slots per micro-batch | "
+              f"global budget {sum(budgets) * trainer.accumulate_grad_batches} padded slots "
+              f"per optimizer step | max_length {dm.max_length} tokens | corpus: {dm.source.description}",
+              flush=True)
+        if isinstance(dm, BalancedTextDataModule):  # the preview communicates with no other rank
+            print(summary_line(dm.plan_summary(num_replicas, trainer.accumulate_grad_batches)), flush=True)
 
     def after_fit(self) -> None:
         """Name the metrics file, logger directories and checkpoint the fit wrote, and plot the figures (rank 0;

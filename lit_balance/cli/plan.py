@@ -69,8 +69,8 @@ def plan_parser(fit_parser: ArgumentParser | None = None) -> ArgumentParser:
         default = DEFAULT_MAX_TOKENS if setting.name == "max_tokens" else setting.default
         kind, text = hints[setting.name], setting.metadata["help"]
         if setting.name == "max_tokens":
-            kind = int | typing.Literal["auto"]
-            text += ('; "auto": measured with the fit config\'s model (--config) on worst-case micro-batches, '
+            kind = kind | typing.Literal["auto"]
+            text += ('; a list gives one budget per rank; "auto": measured with the fit config\'s model (--config) on worst-case micro-batches, '
                      "see --memory-limit")
         group.add_argument(plan_flag(setting.name), type=kind, default=default, help=text)
     group = parser.add_argument_group("--max-tokens auto: the token budget probe (docs/token_budget.md)")

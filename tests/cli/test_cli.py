@@ -108,7 +108,7 @@ def test_fit_two_steps_on_two_cpu_ranks(tmp_path):
             "--model.dim_feedforward=64", f"--data.corpus={corpus}", "--data.max_tokens=256",
             "--data.val_fraction=0.1"]
     out = _run(args, tmp_path, timeout=300).stdout
-    assert "world size 2" in out and "per-rank budget 256" in out
+    assert "data-parallel size 2" in out and "per-rank budget 256" in out
     assert re.search(r"^plan for 2 ranks: padding ratio 0\.\d{4} \| useful compute fraction [01]\.\d{4} \| "
                      r"micro-batches per rank \d+$", out, flags=re.MULTILINE), out[:2000]
     rows = {m.group(1): m.groups()[1:] for m in re.finditer(

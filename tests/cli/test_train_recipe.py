@@ -36,7 +36,7 @@ def test_train_recipe_prints_per_rank_summary(tmp_path):
                           timeout=300, env=_env(tmp_path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     out = proc.stdout
-    assert out.startswith("world size 2 | per-rank budget 512 padded slots per micro-batch | global budget 1024 ")
+    assert out.startswith("data-parallel size 2 | per-rank budget 512 padded slots per micro-batch | global budget 1024 ")
     assert "standard library docstrings" in out.splitlines()[0]
     # the plan summary (BalancedTextDataModule.plan_summary) comes second and predicts the epoch's length
     plan = re.match(r"plan for 2 ranks: padding ratio (0\.\d{4}) \| useful compute fraction (0\.\d{4}|1\.0000) \| "
@@ -112,7 +112,7 @@ def test_train_recipe_trains_packed_with_data_packing_true(tmp_path):
                           timeout=300, env=_env(tmp_path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     out = proc.stdout
-    assert out.startswith("world size 2 | per-rank budget 512 tokens per packed row per micro-batch | ")
+    assert out.startswith("data-parallel size 2 | per-rank budget 512 tokens per packed row per micro-batch | ")
     rows = _table(out)
     assert set(rows) == {"0", "1", "total"}
     for rank in ("0", "1", "total"):

@@ -57,7 +57,7 @@ def test_the_hugging_face_model_trains_from_the_command_line_as_the_page_shows(t
                           check=False, capture_output=True, text=True, timeout=500, cwd=tmp_path,
                           env={**os.environ, "LIT_BALANCE_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert "world size 2 | per-rank budget 1024 padded slots" in proc.stdout
+    assert "data-parallel size 2 | per-rank budget 1024 padded slots" in proc.stdout
     assert re.search(r"max_steps=3. reached", proc.stderr + proc.stdout), (proc.stdout + proc.stderr)[-3000:]
     assert re.search(r"^checkpoint: lightning_logs/version_0/checkpoints/\S+\.ckpt$", proc.stdout, flags=re.MULTILINE)
     bar = " ".join(proc.stdout[proc.stdout.rindex("Epoch "):].split())  # the progress bar's last frame
