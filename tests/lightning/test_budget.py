@@ -2,9 +2,11 @@
 memory limit (the chosen budget against a bisection with the same measurements, and a full epoch under the limit)."""
 
 import io
-import re
+import json
+import subprocess
+import sys
+from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 
 from lit_balance import BalancedTextDataModule, BatchingSettings
 from lit_balance.demo import DemoTransformerLM
-from lit_balance.lightning.budget import TokenBudget, TokenBudgetProbe, _features, _rows, fit_memory
+from lit_balance.lightning.budget import TokenBudget, _features, _rows, fit_memory
 
 LENGTHS = np.load(__import__("lit_balance").__path__[0] + "/data/lengths/lengths_fortunes.npy")
 
@@ -90,76 +92,21 @@ def test_auto_needs_a_memory_limit_on_cpu_and_no_settings_object(tmp_path):
         BalancedTextDataModule(docs, max_tokens="auto", settings=BatchingSettings(max_tokens=64), cache_dir=tmp_path)
 
 
-def _rss() -> int:
-    with open("/proc/self/status") as handle:
-        return int(re.search(r"VmRSS:\s+(\d+)", handle.read()).group(1)) * 1024
-
-
-def _hwm() -> int:
-    with open("/proc/self/status") as handle:
-        return int(re.search(r"VmHWM:\s+(\d+)", handle.read()).group(1)) * 1024
-
-
-class _EpochPeak(L.Callback):
-    """Peak resident set size of the process over the training epoch (VmHWM reset at its start)."""
-
-    def on_train_epoch_start(self, trainer, pl_module):
-        with open("/proc/self/clear_refs", "w") as handle:
-            handle.write("5")
-
-    def on_train_epoch_end(self, trainer, pl_module):
-        self.peak = _hwm()
-
-
 @pytest.mark.slow  # about 40 s alone: two probes, a bisection and an epoch of a small real transformer
 def test_cpu_budget_is_near_the_bisection_optimum_and_an_epoch_stays_under_the_limit(tmp_path):
-    rng = np.random.default_rng(0)
-    docs = [rng.integers(1, 8000, size=int(n)) for n in LENGTHS[:400]]
-
-    def make_dm(max_tokens="auto", limit=None):
-        return BalancedTextDataModule(docs, max_tokens=max_tokens, memory_limit=limit, max_length=128,
-                                      val_fraction=0, vocab_size=8000, cache_dir=tmp_path / "cache", seed=3)
-
-    torch.manual_seed(0)
-    model = DemoTransformerLM(8000, d_model=64, num_heads=2, num_layers=2, dim_feedforward=256)
-    dm = make_dm(limit=1)
-    dm.prepare_data()
-    dm.setup("fit")
-    limit = _rss() + 400 * 2**20  # the process as it is, and 400 MiB more
-    lengths = dm.train_dataset.lengths
-    probe = TokenBudgetProbe(model, lengths=lengths, settings=dm.settings, pad_token_id=dm.pad_token_id,
-                             memory_limit=limit, token_ids=dm.train_dataset[0]["input_ids"])
-    chosen = probe.run().max_tokens
-
-    def fits(budget):
-        return all(probe.measure(budget, shape).status == "ok" for shape in probe.shapes)
-
-    with probe.probing():  # bisection on the same measurements: the largest budget that measures under target
-        # bracketed from below, as the probe goes: passes far above the limit leave retained memory behind them
-        lo, hi = probe.min_budget, min(probe.max_budget, 2 * chosen)
-        assert fits(lo)
-        if fits(hi):
-            lo = hi
-        while hi - lo > max(1, lo // 200):
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    optimum = lo
-    log = "\n".join(f"{m.budget} {m.shape} {m.slots} {m.peak_bytes >> 20} MiB {m.status}" for m in probe.measurements)
-    print(log)
-    assert 0.9 * optimum <= chosen <= 1.1 * optimum, (chosen, optimum, probe.target >> 20, log)
-    assert chosen > probe.min_budget  # a budget found, not the floor
-
-    # the same probe inside Trainer.fit, then a whole epoch at its budget: the process stays under the limit
-    dm = make_dm(limit=limit)
-    peak = _EpochPeak()
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[peak])
-    trainer.fit(model, datamodule=dm)
-    budget = dm.token_budget
-    assert budget.per_rank == (budget.max_tokens,) and dm.train_sampler.settings.max_tokens == budget.max_tokens
+    # a process of its own: peak resident memory is the process's, and earlier tests leave allocations behind
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("budget_bisection.py")), str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    optimum, chosen = r["optimum"], r["chosen"]
+    assert r["floor_fits"], r["log"]
+    assert 0.9 * optimum <= chosen <= 1.1 * optimum, (chosen, optimum, r["target_mib"], r["log"])
+    assert chosen > r["min_budget"]  # a budget found, not the floor
+    assert r["fit_per_rank"] == [r["fit_max_tokens"]] and r["sampler_max_tokens"] == r["fit_max_tokens"]
     # this probe measures a process that has run the probe and the bisection before (their retained memory counts)
-    assert 0.8 * optimum <= budget.max_tokens <= 1.1 * optimum, (budget.max_tokens, optimum)
-    assert trainer.fit_loop.epoch_loop.batch_progress.total.completed == len(dm.train_sampler)
-    assert peak.peak <= limit, (peak.peak, limit)
-    print(f"chosen {chosen}, fit {budget.max_tokens}, bisection {optimum}; epoch peak {peak.peak / 2**20:.0f} MiB "
-          f"of {limit / 2**20:.0f} MiB; probe {budget.probe_seconds:.2f} s")
+    assert 0.8 * optimum <= r["fit_max_tokens"] <= 1.1 * optimum, (r["fit_max_tokens"], optimum)
+    assert r["completed"] == r["micro_batches"]
+    assert r["peak"] <= r["limit"], (r["peak"], r["limit"])  # a whole epoch at that budget stays under the limit
+    print(f"chosen {chosen}, fit {r['fit_max_tokens']}, bisection {optimum}; epoch peak {r['peak'] / 2**20:.0f} MiB "
+          f"of {r['limit'] / 2**20:.0f} MiB; probe {r['probe_seconds']:.2f} s")
