@@ -26,6 +26,8 @@ Each probe (one budget on every rank) ends in one ``all_gather`` of its outcome,
 same collective, and an error of another kind in ``training_step`` is raised on every rank; no rank waits on another.
 Gradients, the module's training mode, the random number generators and the state of any
 :class:`~lit_balance.lightning.loss.StepTokenLoss` attribute are restored afterwards; the optimizer does not step.
+The objects alive when the probe starts are frozen (``gc.freeze``) while it runs, so the garbage collection before
+each pass walks only what the probe made; they are unfrozen afterwards (unless the process had frozen objects itself).
 ``self.log`` calls inside ``training_step`` are ignored during the probe.
 
 The fit-then-verify search follows the secant/regula-falsi idea of fitting a model of a monotone function and
@@ -504,12 +506,9 @@ class TokenBudgetProbe:
                 status = _OVER
         except (torch.OutOfMemoryError, MemoryError, ProbeOutOfMemory):
             status, peak = _OOM, 0
-        finally:
+        finally:  # the next pass's meter.reset() collects garbage, and probing() does after the last
             for p in self.module.parameters():
                 p.grad = None
-            gc.collect()
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
         m = ProbeMeasurement(int(budget), shape, length, slots, squares, int(peak), _STATUS[status])
         self.measurements.append(m)
         return m
@@ -527,11 +526,22 @@ class TokenBudgetProbe:
         for name in patched:
             object.__setattr__(module, name, _ignore)
         devices = [self.device] if self.device.type == "cuda" else []
+        # what was alive before the probe is not the probe's garbage: frozen, every pass's gc.collect() walks only
+        # the objects made since (unless the process froze objects itself, whose choice is kept)
+        freeze = gc.get_freeze_count() == 0
+        if freeze:
+            gc.collect()
+            gc.freeze()
         try:
             with torch.random.fork_rng(devices=devices):
                 module.train()
                 yield
         finally:
+            if freeze:
+                gc.unfreeze()
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
             for name in patched:
                 object.__delattr__(module, name)
             for name, saved in losses.items():
