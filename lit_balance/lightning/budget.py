@@ -117,7 +117,7 @@ class TokenBudget:
         memory_fraction: the share of the capacity a budget may use.
         coefficients: each rank's fit ``(a, b, c)``: bytes, bytes per token slot, bytes per squared token.
         device: ``"cpu"`` or ``"cuda"``.
-        probe_seconds: wall time of the probe, the slowest rank (seconds).
+        probe_seconds: wall time of the probe, the module restored included, the slowest rank (seconds).
         num_probes: probes run (each one collective).
         source: ``"probe"``, or ``"checkpoint"`` when restored from a saved state.
     """
@@ -537,9 +537,9 @@ class TokenBudgetProbe:
                 module.train()
                 yield
         finally:
+            gc.collect()  # the last pass's garbage (the probe's own objects: what it froze is not walked)
             if freeze:
                 gc.unfreeze()
-            gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             for name in patched:
@@ -674,9 +674,9 @@ class TokenBudgetProbe:
             if blind_fail <= self.max_budget:
                 # an out-of-memory error measured no peak to fit: keep to micro-batches no larger than those run
                 best_ok = best_ok_slots
-            seconds = time.perf_counter() - start
-            final = torch.tensor([best_ok, *self.coefficients, seconds, self.meter.capacity], dtype=torch.float64)
-            rows = self.world.all_gather(final).numpy()
+        seconds = time.perf_counter() - start  # the module's state restored included
+        final = torch.tensor([best_ok, *self.coefficients, seconds, self.meter.capacity], dtype=torch.float64)
+        rows = self.world.all_gather(final).numpy()
         per_rank = tuple(int(b) for b in rows[:, 0])
         if min(per_rank) == 0:
             bad = [r for r, b in enumerate(per_rank) if b == 0]
