@@ -26,6 +26,8 @@ Each probe (one budget on every rank) ends in one ``all_gather`` of its outcome,
 same collective, and an error of another kind in ``training_step`` is raised on every rank; no rank waits on another.
 Gradients, the module's training mode, the random number generators and the state of any
 :class:`~lit_balance.lightning.loss.StepTokenLoss` attribute are restored afterwards; the optimizer does not step.
+The objects alive when the probe starts are frozen (``gc.freeze``) while it runs, so the garbage collection before
+each pass walks only what the probe made; they are unfrozen afterwards (unless the process had frozen objects itself).
 ``self.log`` calls inside ``training_step`` are ignored during the probe.
 
 The fit-then-verify search follows the secant/regula-falsi idea of fitting a model of a monotone function and
@@ -115,7 +117,7 @@ class TokenBudget:
         memory_fraction: the share of the capacity a budget may use.
         coefficients: each rank's fit ``(a, b, c)``: bytes, bytes per token slot, bytes per squared token.
         device: ``"cpu"`` or ``"cuda"``.
-        probe_seconds: wall time of the probe, the slowest rank (seconds).
+        probe_seconds: wall time of the probe, the module restored included, the slowest rank (seconds).
         num_probes: probes run (each one collective).
         source: ``"probe"``, or ``"checkpoint"`` when restored from a saved state.
     """
@@ -504,12 +506,9 @@ class TokenBudgetProbe:
                 status = _OVER
         except (torch.OutOfMemoryError, MemoryError, ProbeOutOfMemory):
             status, peak = _OOM, 0
-        finally:
+        finally:  # the next pass's meter.reset() collects garbage, and probing() does after the last
             for p in self.module.parameters():
                 p.grad = None
-            gc.collect()
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
         m = ProbeMeasurement(int(budget), shape, length, slots, squares, int(peak), _STATUS[status])
         self.measurements.append(m)
         return m
@@ -527,11 +526,22 @@ class TokenBudgetProbe:
         for name in patched:
             object.__setattr__(module, name, _ignore)
         devices = [self.device] if self.device.type == "cuda" else []
+        # what was alive before the probe is not the probe's garbage: frozen, every pass's gc.collect() walks only
+        # the objects made since (unless the process froze objects itself, whose choice is kept)
+        freeze = gc.get_freeze_count() == 0
+        if freeze:
+            gc.collect()
+            gc.freeze()
         try:
             with torch.random.fork_rng(devices=devices):
                 module.train()
                 yield
         finally:
+            gc.collect()  # the last pass's garbage (the probe's own objects: what it froze is not walked)
+            if freeze:
+                gc.unfreeze()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
             for name in patched:
                 object.__delattr__(module, name)
             for name, saved in losses.items():
@@ -664,9 +674,9 @@ class TokenBudgetProbe:
             if blind_fail <= self.max_budget:
                 # an out-of-memory error measured no peak to fit: keep to micro-batches no larger than those run
                 best_ok = best_ok_slots
-            seconds = time.perf_counter() - start
-            final = torch.tensor([best_ok, *self.coefficients, seconds, self.meter.capacity], dtype=torch.float64)
-            rows = self.world.all_gather(final).numpy()
+        seconds = time.perf_counter() - start  # the module's state restored included
+        final = torch.tensor([best_ok, *self.coefficients, seconds, self.meter.capacity], dtype=torch.float64)
+        rows = self.world.all_gather(final).numpy()
         per_rank = tuple(int(b) for b in rows[:, 0])
         if min(per_rank) == 0:
             bad = [r for r, b in enumerate(per_rank) if b == 0]

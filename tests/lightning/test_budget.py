@@ -1,6 +1,7 @@
 """max_tokens="auto": the probe's fit and shapes, its saved state, and a real CPU run of the demo model under a
 memory limit (the chosen budget against a bisection with the same measurements, and a full epoch under the limit)."""
 
+import gc
 import io
 import json
 import subprocess
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from lit_balance import BalancedTextDataModule, BatchingSettings
 from lit_balance.demo import DemoTransformerLM
-from lit_balance.lightning.budget import TokenBudget, _features, _rows, fit_memory
+from lit_balance.lightning.budget import TokenBudget, TokenBudgetProbe, _features, _rows, fit_memory
 
 LENGTHS = np.load(__import__("lit_balance").__path__[0] + "/data/lengths/lengths_fortunes.npy")
 
@@ -110,3 +111,28 @@ def test_cpu_budget_is_near_the_bisection_optimum_and_an_epoch_stays_under_the_l
     assert r["peak"] <= r["limit"], (r["peak"], r["limit"])  # a whole epoch at that budget stays under the limit
     print(f"chosen {chosen}, fit {r['fit_max_tokens']}, bisection {optimum}; epoch peak {r['peak'] / 2**20:.0f} MiB "
           f"of {r['limit'] / 2**20:.0f} MiB; probe {r['probe_seconds']:.2f} s")
+
+
+def test_probing_leaves_the_garbage_collector_as_found(tmp_path):
+    docs = [np.arange(1, 1 + n) for n in (5, 9, 30, 12)]
+    dm = BalancedTextDataModule(docs, max_tokens="auto", val_fraction=0, cache_dir=tmp_path)
+    dm.prepare_data()
+    dm.setup("fit")
+    model = DemoTransformerLM(dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
+    probe = TokenBudgetProbe(model, lengths=dm.train_dataset.lengths, settings=dm.settings,
+                             pad_token_id=dm.pad_token_id, memory_limit=2**40)
+    gc.unfreeze()  # a process that froze nothing: the probe freezes what was alive before it, and unfreezes it
+    with probe.probing():
+        frozen = gc.get_freeze_count()
+        measured = probe.measure(probe.min_budget, "longest")
+    assert frozen > 0 and gc.get_freeze_count() == 0 and measured.status == "ok" and measured.peak_bytes > 0
+    gc.freeze()  # a process that froze objects itself keeps exactly those frozen
+    held = gc.get_freeze_count()
+    try:
+        with probe.probing():
+            inside = gc.get_freeze_count()
+            probe.measure(probe.min_budget, "longest")
+        after = gc.get_freeze_count()
+    finally:
+        gc.unfreeze()
+    assert inside == held and after == held, (held, inside, after)
