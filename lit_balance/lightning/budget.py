@@ -348,14 +348,16 @@ def _features(settings: BatchingSettings, rows: list[int]) -> tuple[int, int]:
     return len(rows) * width, len(rows) * width * width
 
 
-def fit_memory(slots: Sequence[float], squares: Sequence[float], peak_bytes: Sequence[float]) -> tuple[float, ...]:
+def fit_memory(slots: Sequence[float], squares: Sequence[float], peak_bytes: Sequence[float],
+               weights: Sequence[float] | None = None) -> tuple[float, ...]:
     """Least-squares fit ``peak = a + b * slots + c * squares`` with ``b, c >= 0`` (a coefficient that comes out
-    negative is set to 0 and the rest refitted).
+    negative is set to 0 and the rest refitted), each measurement weighted by ``weights`` (None: equally).
 
     Args:
         slots: padded token slots of each measured micro-batch.
         squares: sum of squared row lengths of each (tokens**2).
         peak_bytes: measured peak of each (bytes).
+        weights: the weight of each measurement in the squared error (> 0), or None.
 
     Returns:
         ``(a, b, c)``: bytes, bytes per token slot, bytes per squared token.
@@ -367,6 +369,9 @@ def fit_memory(slots: Sequence[float], squares: Sequence[float], peak_bytes: Seq
     """
     x = np.column_stack([np.ones(len(slots)), np.asarray(slots, float), np.asarray(squares, float)])
     y = np.asarray(peak_bytes, float)
+    if weights is not None:  # weighted least squares: scale each row by the square root of its weight
+        root = np.sqrt(np.asarray(weights, float))
+        x, y = x * root[:, None], y * root
     active = [0, 1, 2]
     while True:
         coef = np.zeros(3)
@@ -579,8 +584,10 @@ class TokenBudgetProbe:
         measured = [m for m in self.measurements[self._warmup:] if m.peak_bytes > 0]
         if not measured or upper < self.min_budget:
             return None
+        # weighted by slots: the budget is decided near the largest passes, where small passes' noise (the fit's
+        # intercept) would otherwise pull the extrapolated slope
         coef = fit_memory([m.slots for m in measured], [m.squares for m in measured],
-                          [m.peak_bytes for m in measured])
+                          [m.peak_bytes for m in measured], weights=[m.slots for m in measured])
         self.coefficients = coef
         target = coef[0] + (self.target - coef[0]) * (1.0 - margin)
         m = self.settings.pad_to_multiple_of
@@ -629,6 +636,7 @@ class TokenBudgetProbe:
         best_ok, fail_min, num_probes = 0, self.max_budget + m, 0
         blind_fail = fail_min
         best_ok_slots = 0
+        best_ok_peak, fail_peak = 0, 0  # bytes: the peaks measured at best_ok and at fail_min
         first = [self.min_budget]
         second = min(self.max_budget, max(2 * self.min_budget, -(-512 // m) * m))
         if second > self.min_budget:
@@ -646,6 +654,12 @@ class TokenBudgetProbe:
                     if candidate is not None and blind_fail <= self.max_budget:
                         # an out-of-memory error measures no peak: halve the gap to the smallest such budget
                         candidate = min(candidate, max(self.min_budget, (best_ok + blind_fail) // (2 * m) * m))
+                    elif candidate is not None and best_ok and fail_peak > best_ok_peak:
+                        # a pass measured over the target: interpolate between it and the largest budget that
+                        # fitted (regula falsi), 10 % short of the interpolated point so that it is not missed again
+                        share = min(1.0, max(0.0, (self.target - best_ok_peak) / (fail_peak - best_ok_peak)))
+                        step = best_ok + int(0.9 * share * (fail_min - best_ok))
+                        candidate = min(candidate, max(best_ok, step // m * m))
                     done = (candidate is None or candidate <= best_ok * _TOLERANCE
                             or round_index == len(first) + _MAX_REFINE_ROUNDS)
                     budget, shapes = (candidate, [self._worst_shape(candidate)]) if not done else (0, [])
@@ -665,8 +679,10 @@ class TokenBudgetProbe:
                         if budget > best_ok:
                             best_ok = budget
                             best_ok_slots = min(m.slots for m in self.measurements[-len(shapes):])
+                            best_ok_peak = max(m.peak_bytes for m in self.measurements[-len(shapes):])
                     else:
-                        fail_min = min(fail_min, budget)
+                        if budget < fail_min:
+                            fail_min, fail_peak = budget, self.measurements[-1].peak_bytes
                         if self.measurements[-1].peak_bytes == 0:
                             blind_fail = min(blind_fail, budget)
                 if round_index >= len(first) and gathered[:, 3].all():

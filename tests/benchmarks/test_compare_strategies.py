@@ -140,7 +140,8 @@ def test_each_strategy_gives_ranks_equal_counts_and_yields_what_it_plans(strateg
     loaders, data = [], []
     for rank in range(2):
         dm = cs.CompareData(strategy, *documents, 1024, 256, seed=0, cache_dir=str(cache_dir))
-        dm.trainer = SimpleNamespace(world_size=2, global_rank=rank, current_epoch=1, strategy=None)
+        dm.trainer = SimpleNamespace(world_size=2, global_rank=rank, current_epoch=1, strategy=SimpleNamespace(
+            distributed_sampler_kwargs={"num_replicas": 2, "rank": rank}))
         dm.prepare_data()
         dm.setup("fit")
         loaders.append(dm.train_dataloader())
