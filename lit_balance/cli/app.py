@@ -145,7 +145,10 @@ class LitBalanceCLI(LightningCLI):
                   f"mesh) | per-rank budget {dm.max_tokens} padded slots per micro-batch | max_length "
                   f"{dm.max_length} tokens | corpus: {dm.source.description}", flush=True)
             return
-        budgets = dm.settings.rank_max_tokens(num_replicas)
+        try:
+            budgets = dm.settings.rank_max_tokens(num_replicas)
+        except INPUT_ERRORS as error:
+            exit_on_input_error(self.subcommand, fit_message(error), error)
         print(f"data-parallel size {num_replicas} | per-rank budget {dm.max_tokens} padded slots per micro-batch | "
               f"global budget {sum(budgets) * trainer.accumulate_grad_batches} padded slots "
               f"per optimizer step | max_length {dm.max_length} tokens | corpus: {dm.source.description}",

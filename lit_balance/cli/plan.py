@@ -307,6 +307,8 @@ def _corpus_lengths(cfg: Namespace, settings: BatchingSettings) -> tuple[np.ndar
     if unknown:
         raise InputTypeError(f"--data-kwargs names {unknown}, which BalancedTextDataModule does not take (its "
                              "arguments: lit-balance fit --print_config, under data)", parameter="data_kwargs")
+    if settings.per_rank:  # the split does not depend on the budgets; only documents no rank holds are refused
+        settings = settings.replace(max_tokens=settings.largest_max_tokens)
     dm = BalancedTextDataModule(cfg.corpus, cfg.tokenizer, settings=settings, max_length=cfg.max_length,
                                 val_fraction=cfg.val_fraction, text_key=cfg.text_key, cache_dir=cfg.cache_dir,
                                 **extra)

@@ -538,3 +538,18 @@ def test_plan_max_tokens_auto_without_a_model_names_what_to_pass(tmp_path, monke
     message = _plan_error(["--corpus", str(corpus), "--cache-dir", str(tmp_path / "c"), "--max-tokens", "auto",
                            "--memory-limit", "1000000000", "--output-dir", str(tmp_path / "o")], capsys)
     assert "--max-tokens auto measures the budget with a model" in message and "--config" in message
+
+
+def test_fit_with_per_rank_budgets_of_another_length_than_the_world_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    message = _fit_error(["--data.max_tokens=[512, 256, 256]"], capsys)  # fit_cpu.yaml: 2 ranks
+    assert "holds 3 per-rank budgets [512, 256, 256]" in message and "num_replicas=2" in message, message
+
+
+def test_plan_of_a_corpus_with_per_rank_budgets_plans_for_num_replicas(tmp_path):
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join("word " * (i % 90 + 1) for i in range(300)), encoding="utf-8")
+    cli = build_cli(["plan", "--corpus", str(corpus), "--cache-dir", str(tmp_path / "cache"), "--num-replicas", "3",
+                     "--max-tokens", "[512, 256, 256]", "--plots", "false", "--output-dir", str(tmp_path / "out")])
+    summary = cli.plan_summary
+    assert summary["settings"]["max_tokens"] == [512, 256, 256] and len(summary["balanced"]["ranks"]) == 3
