@@ -608,7 +608,7 @@ class TokenBudgetProbe:
 
     def _worst_shape(self, budget: int) -> str:
         """The shape whose micro-batch at ``budget`` the current fit predicts to need more memory."""
-        a, b, c = self.coefficients
+        _, b, c = self.coefficients
         predicted = {}
         for shape, length in self.shapes.items():
             rows = _rows(self.settings, budget, length)

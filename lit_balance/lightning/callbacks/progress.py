@@ -90,7 +90,7 @@ class BalanceProgressBar(RichProgressBar):
         return items
 
 
-def _RateColumn(style: Any) -> Any:  # noqa: N802 (a Rich column; rich is imported when the bar is drawn)
+def _RateColumn(style: Any) -> Any:  # a Rich column; rich is imported when the bar is drawn
     """A Rich column: the average micro-batches per second of the bar's task (completed / elapsed)."""
     from rich.progress import ProgressColumn
     from rich.text import Text
