@@ -33,6 +33,7 @@ import time
 import hydra
 import lightning as L
 from hydra.utils import instantiate, to_absolute_path
+from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig
 
 from lit_balance.lightning.outputs import report_outputs
@@ -52,6 +53,8 @@ def main(cfg: DictConfig) -> None:
     dm = instantiate(cfg.data, **paths)
     model = instantiate(cfg.model, vocab_size=dm.vocab_size)
     callbacks = list((instantiate(cfg.callbacks) or {}).values()) if cfg.get("callbacks") else []
+    if not cfg.trainer.get("enable_progress_bar", True):  # trainer.enable_progress_bar=false: no bar, as asked
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     trainer = instantiate(cfg.trainer, callbacks=callbacks)
     try:
         num_replicas = data_parallel_world(trainer).num_replicas

@@ -120,3 +120,12 @@ def test_train_recipe_trains_packed_with_data_packing_true(tmp_path):
         assert 0 < int(real) == int(slots) and float(ratio) == 0.0  # packed rows: no padding at all
         assert int(micro) == (6 if rank == "total" else 3) and int(slots) <= int(micro) * 512
     assert re.search(r"last train/loss \d+\.\d+", out)
+
+
+def test_train_recipe_runs_without_a_progress_bar_when_asked(tmp_path):
+    # the default callbacks hold the live-figures bar; trainer.enable_progress_bar=false leaves it out
+    overrides = ["experiment=smoke", "trainer.enable_progress_bar=false", "data.cache_dir=cache"]
+    proc = subprocess.run([sys.executable, str(RECIPE), *overrides], check=False, capture_output=True, text=True,
+                          timeout=300, env=_env(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert set(_table(proc.stdout)) == {"0", "1", "total"} and "Epoch 0" not in proc.stdout
