@@ -135,4 +135,6 @@ def test_probing_leaves_the_garbage_collector_as_found(tmp_path):
         after = gc.get_freeze_count()
     finally:
         gc.unfreeze()
-    assert inside == held and after == held, (held, inside, after)
+    # the probe neither froze more nor unfroze them (unfreezing empties the permanent generation); frozen objects
+    # that die meanwhile leave it, so the count may only fall by those
+    assert 0 < after <= inside <= held and after > held // 2, (held, inside, after)
