@@ -467,6 +467,20 @@ class _CountingIterator:
         return len(self._iterator)
 
 
+def _checked_count(value: Any, source: str) -> int:
+    """``value`` as a count of micro-batches; a bool, a float, a string or a negative value raises, naming ``source``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InputTypeError(f"batches_consumed must be an int >= 0 (the micro-batches of the current epoch consumed "
+                             f"by training, counted from its start), but {source} returned {value!r} of type "
+                             f"{type(value).__name__}; return the count as an int, e.g. "
+                             "lambda: fit_batches_consumed(trainer) under Lightning", parameter="batches_consumed")
+    if value < 0:
+        raise InputValueError(f"batches_consumed must be an int >= 0 (the micro-batches of the current epoch consumed "
+                              f"by training, counted from its start), but {source} returned {value}",
+                              parameter="batches_consumed")
+    return int(value)
+
+
 class BalancedDataLoader(DataLoader):
     """A DataLoader over a :class:`~lit_balance.BalancedBatchSampler` that saves what training consumed.
 
@@ -479,11 +493,14 @@ class BalancedDataLoader(DataLoader):
 
     It is stateful as Lightning sees it (``state_dict`` / ``load_state_dict``): Lightning saves :meth:`state_dict` in
     the checkpoint's fit loop and restores it before the epoch's iterator is created, so ``Trainer.fit(ckpt_path=...)``
-    resumes exactly, with workers. Lightning reads no batch ahead of a loader that has a length, so the count is the
-    batches that reached ``training_step``; a checkpoint saved after a training step *raised* (``OnExceptionCheckpoint``)
-    counts the failed micro-batch as consumed unless ``batches_consumed`` is given (see
-    :func:`lit_balance.lightning.fit_batches_consumed`). In a plain loop (torchrun, Fabric) save :meth:`state_dict`
-    after the micro-batches trained so far and restore it into a loader over a fresh sampler before iterating.
+    resumes exactly, with workers. Under ``Trainer.fit`` the count is Lightning's own by default
+    (:func:`lit_balance.lightning.fit_batches_consumed`, handed to the loader by the
+    :class:`lit_balance.lightning.FitLoopCount` callback that the package registers with every Trainer): the batches
+    the fit loop counts as done when it restores the checkpoint, so a micro-batch whose training step raised
+    (``OnExceptionCheckpoint``) runs again after the resume. In a plain loop (torchrun, Fabric) the count is the
+    micro-batches this loader's iterator handed to the loop: save :meth:`state_dict` after the micro-batches trained so
+    far and restore it into a loader over a fresh sampler before iterating. While it iterates, the sampler's own
+    ``state_dict()`` without a count refuses to save a position ahead of this count.
 
     Build it with :func:`balanced_dataloader` (checked), or like a ``DataLoader`` with the sampler as ``sampler``
     (``batch_size=None``) or as ``batch_sampler``.
@@ -491,11 +508,13 @@ class BalancedDataLoader(DataLoader):
     Args:
         *args, **kwargs: ``DataLoader`` arguments.
         batches_consumed: a function of no argument returning the micro-batches of the current epoch consumed by
-            training, counted from the epoch's start (or None to use this loader's count), e.g.
-            ``lambda: fit_batches_consumed(trainer)``; None (the default): this loader's count.
+            training, counted from the epoch's start, as an int (or None to use the default count); it takes
+            precedence over the default. None (the default): Lightning's count under ``Trainer.fit``, else this
+            loader's.
 
     Raises:
-        TypeError: the loader's ``sampler`` or ``batch_sampler`` is not a BalancedBatchSampler.
+        TypeError: the loader's ``sampler`` or ``batch_sampler`` is not a BalancedBatchSampler; ``batches_consumed``
+            is not callable.
 
     Example:
         >>> from lit_balance import BalancedBatchSampler
@@ -523,27 +542,61 @@ class BalancedDataLoader(DataLoader):
                                  f"{batches_consumed!r}", parameter="batches_consumed")
         self.balanced_sampler = sampler
         self._batches_consumed = batches_consumed
+        self._count_source: Callable[[], int | None] | None = None
         self._count: _PassCount | None = None
 
     def __iter__(self) -> Any:
         count = _PassCount()
         self._count = count
+        self.balanced_sampler._read_by(self)  # the sampler's own state_dict() then knows who counts its pass
         return _CountingIterator(super().__iter__(), count, self.balanced_sampler)
+
+    def set_count_source(self, source: Callable[[], int | None] | None) -> None:
+        """Take the default count from ``source``, a training loop's own count (None: this loader's count again).
+
+        :class:`lit_balance.lightning.FitLoopCount` sets Lightning's fit-loop count here at the start of each training
+        epoch. A ``batches_consumed`` function given to the constructor still takes precedence.
+
+        Args:
+            source: a function of no argument returning the micro-batches of the current epoch consumed by training,
+                counted from the epoch's start, or None when it has no count (then this loader's count applies).
+
+        Raises:
+            TypeError: ``source`` is neither callable nor None.
+        """
+        if source is not None and not callable(source):
+            raise InputTypeError(f"the count source must be a function of no argument or None, got {source!r}",
+                                 parameter="source")
+        self._count_source = source
 
     @property
     def batches_consumed(self) -> int:
         """Micro-batches of the sampler's current epoch consumed by training, counted from the epoch's start (the
-        same on every rank): the ``batches_consumed`` function's value when given, else the micro-batches this
-        loader's latest iterator handed out plus where that pass began."""
+        same on every rank): the ``batches_consumed`` function's value when given, else the count source's (Lightning's
+        under ``Trainer.fit``), else the micro-batches this loader's latest iterator handed out plus where that pass
+        began.
+
+        Raises:
+            TypeError: the function or the source returned something other than an int (a bool, a float, a string),
+                naming ``batches_consumed`` and the value.
+            ValueError: it returned a negative count.
+        """
+        return self._count_and_source()[0]
+
+    def _count_and_source(self) -> tuple[int, str]:
+        """:attr:`batches_consumed` and where it came from (for error messages)."""
         sampler = self.balanced_sampler
-        if self._batches_consumed is not None:
-            given = self._batches_consumed()
-            if given is not None:
-                return int(given)
+        for source, what in ((self._batches_consumed, "the batches_consumed function given to BalancedDataLoader"),
+                             (getattr(self, "_count_source", None), "the loader's count source (under Lightning: "
+                                                                    "fit_batches_consumed of the trainer)")):
+            if source is not None:
+                given = source()
+                if given is not None:
+                    return _checked_count(given, what), what
         count = self._count
         if count is None or count.epoch is None or count.epoch != sampler.epoch:
-            return sampler.start_micro_step  # nothing handed out in this epoch's pass yet
-        return count.start + count.yielded
+            return sampler.start_micro_step, "the loader's own count"  # nothing handed out in this epoch's pass yet
+        return count.start + count.yielded, "the loader's own count"
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler's state at the micro-batches consumed by training (:attr:`batches_consumed`).
@@ -553,10 +606,16 @@ class BalancedDataLoader(DataLoader):
             plain types (``torch.load(weights_only=True)`` reads it), the same on every rank.
 
         Raises:
-            ValueError: the count is outside the current epoch (see :meth:`BalancedBatchSampler.state_dict`).
+            TypeError: the count is not an int (:attr:`batches_consumed`).
+            ValueError: the count is negative or outside the current epoch (see
+                :meth:`BalancedBatchSampler.state_dict`), naming ``batches_consumed`` and the value.
         """
-        return {"version": LOADER_STATE_VERSION,
-                "sampler": self.balanced_sampler.state_dict(batches_consumed=self.batches_consumed)}
+        consumed, source = self._count_and_source()
+        try:
+            state = self.balanced_sampler.state_dict(batches_consumed=consumed)
+        except InputValueError as error:
+            raise InputValueError(f"{error} (the count came from {source})", parameter="batches_consumed") from error
+        return {"version": LOADER_STATE_VERSION, "sampler": state}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next iterator yields exactly the micro-batches an uninterrupted run
@@ -590,7 +649,8 @@ def balanced_dataloader(dataset: Dataset, sampler: Any, collate_fn: Callable[[An
     ``setup()`` or ``train_dataloader()``, with the sampler built there for the data-parallel world
     (:func:`lit_balance.world.data_parallel_world` of the Trainer) and the Trainer's ``accumulate_grad_batches``.
     The loader is a :class:`BalancedDataLoader`: its ``state_dict()`` saves the micro-batches training consumed (not
-    those its workers fetched ahead), and Lightning saves and restores it with every checkpoint.
+    those its workers fetched ahead; under ``Trainer.fit``, the fit loop's own count, with no argument needed), and
+    Lightning saves and restores it with every checkpoint.
 
     Args:
         dataset: a :class:`MicroBatchDataset` (or :class:`lit_balance.TokenDataset`): indexed by a whole

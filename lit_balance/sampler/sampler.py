@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -175,6 +177,9 @@ class BalancedBatchSampler(DistributedSampler):
         self._reported_length: int | None = None  # what len() last told a consumer (a training loop fixes it)
         self._length_at_iter: int | None = None
         self._warned_length = False
+        self._pass: _Pass | None = None  # the pass now running (or the latest), and who reads it
+        self._reader: Any = None  # the BalancedDataLoader that iterates this sampler, a weak reference (see _read_by)
+        self._warned_ahead = False
         if self._epoch_length() == 0:
             raise InputValueError(
                 f"drop_last=True with {self._inputs.num_samples - self.num_skipped} sample(s) and "
@@ -279,6 +284,7 @@ class BalancedBatchSampler(DistributedSampler):
         if epoch != self.epoch:
             self._cursor = 0
             self._resume_pending = False
+            self._pass = None  # what the last pass handed out was of the previous epoch
         self._record = self._record.to_epoch(epoch)
 
     def set_cost_model(self, cost_model: CostModelProtocol, rank_speeds: Sequence[float] | None = None) -> None:
@@ -357,13 +363,20 @@ class BalancedBatchSampler(DistributedSampler):
         # The length a training loop fixed for this pass is the one len() told it before the pass began: Lightning
         # sets its limit when it loads the loader, and a len() it reads after iter() is capped by that limit.
         self._length_at_iter = getattr(self, "_reported_length", None)
-        return self._iterate()
+        self._pass = _Pass(getattr(self, "_reader", None))
+        return self._iterate(self._pass)
 
-    def _iterate(self) -> Iterator[MicroBatch]:
+    def _read_by(self, loader: Any) -> None:
+        """Called by :class:`lit_balance.data.BalancedDataLoader` just before its DataLoader iterates this sampler: the
+        passes that start from now on are read by ``loader`` (a weak reference), whose ``batches_consumed`` counts what
+        training consumed."""
+        self._reader = weakref.ref(loader)
+
+    def _iterate(self, trace: _Pass) -> Iterator[MicroBatch]:
         self._check_world()
         self._check_length()
         if self.windows is not None:
-            yield from self._iterate_windows()
+            yield from self._iterate_windows(trace)
             return
         plan = self.plan()
         replayed = self._replay()
@@ -378,10 +391,10 @@ class BalancedBatchSampler(DistributedSampler):
         for s in range(start, plan.num_micro_steps):
             idx, fill = plan.batch(int(column[s]))
             self._cursor = s + 1
-            yield MicroBatch(idx, fill, int(step_tokens[earlier + s]), int(step_rows[earlier + s]),
-                             int(step_supervised[earlier + s]))
+            yield _SentMicroBatch(idx, fill, int(step_tokens[earlier + s]), int(step_rows[earlier + s]),
+                                  int(step_supervised[earlier + s]), trace=trace)
 
-    def _iterate_windows(self) -> Iterator[MicroBatch]:
+    def _iterate_windows(self, trace: _Pass) -> Iterator[MicroBatch]:
         """This rank's micro-batches of an epoch planned in windows: each window is planned when it is reached."""
         replayed = self._replay()
         plan, earlier_tokens, earlier_rows = replayed.plan, replayed.earlier_tokens, replayed.earlier_rows
@@ -414,7 +427,7 @@ class BalancedBatchSampler(DistributedSampler):
                 idx, fill = held.batch(column[s - base])
                 g = (earlier + s - lo) // accumulate
                 self._cursor = s + 1
-                yield MicroBatch(idx, fill, group_tokens[g], group_rows[g], group_supervised[g])
+                yield _SentMicroBatch(idx, fill, group_tokens[g], group_rows[g], group_supervised[g], trace=trace)
 
     def _check_world(self) -> None:
         """Raise when a defaulted ``num_replicas`` / ``rank`` disagrees with the initialised process group."""
@@ -438,8 +451,9 @@ class BalancedBatchSampler(DistributedSampler):
                 start of the epoch (:attr:`start_micro_step` plus those the loop consumed in this pass); default:
                 those yielded by the latest iterator. A DataLoader with workers (``num_workers > 0``) reads the
                 sampler ahead of training (about ``num_workers * prefetch_factor`` micro-batches), so the default then
-                counts micro-batches that were never trained: pass the count, or save
-                :meth:`lit_balance.data.BalancedDataLoader.state_dict`, which counts what it handed to the loop.
+                counts micro-batches that were never trained: save
+                :meth:`lit_balance.data.BalancedDataLoader.state_dict` instead, which counts what it handed to the
+                loop, or pass the count.
 
         Returns:
             ``{"version", "epoch", "segments", "num_samples", "lengths_sha256", "settings", "cost_model",
@@ -449,18 +463,60 @@ class BalancedBatchSampler(DistributedSampler):
             ``torch.load(weights_only=True)``.
 
         Raises:
-            ValueError: ``batches_consumed`` negative or beyond the epoch.
+            TypeError: ``batches_consumed`` is not an int (a bool, a float, a string), naming the value.
+            ValueError: ``batches_consumed`` negative, below :attr:`first_micro_step` or beyond the epoch's
+                micro-batches, naming the value and the range.
+            RuntimeError: no ``batches_consumed`` while a :class:`~lit_balance.data.BalancedDataLoader` iterates this
+                sampler and has handed the training loop fewer micro-batches than the sampler gave out (its workers
+                read ahead): the default would skip those on resume; the message names both counts and the call to
+                make instead.
+
+        Warns:
+            RuntimeWarning: once per sampler, no ``batches_consumed`` while another DataLoader sent this pass's
+                micro-batches to worker processes (they read ahead of training), naming what to call instead.
         """
         earlier = self._record.earlier
         if batches_consumed is None:
+            self._check_default_count()
             return self._build_state(self._cursor)
-        batches_consumed = check_int("batches_consumed", batches_consumed, 0, "count from the epoch start")
+        batches_consumed = check_int("batches_consumed", batches_consumed, 0,
+                                     "pass the micro-batches of the current epoch consumed by training, counted from "
+                                     "the epoch's start")
         length = self._epoch_length()
         if batches_consumed < earlier or batches_consumed > length:
             raise InputValueError(
-                f"batches_consumed must be in [{earlier}, {length}] for epoch {self.epoch}, got {batches_consumed}"
-            )
+                f"batches_consumed must be in [{earlier}, {length}] for epoch {self.epoch} (the micro-batches this "
+                f"rank runs in it, counted from the epoch's start), got {batches_consumed}; pass the micro-batches "
+                "training consumed, e.g. sampler.start_micro_step plus those the loop trained in this pass",
+                parameter="batches_consumed")
         return self._build_state(batches_consumed - earlier)
+
+    def _check_default_count(self) -> None:
+        """Refuse (or warn) when the default count of :meth:`state_dict`, the micro-batches handed out, is not what
+        training consumed because a DataLoader's workers read this sampler ahead."""
+        trace = getattr(self, "_pass", None)
+        if trace is None:
+            return
+        handed = self._record.earlier + self._cursor
+        reader = trace.reader() if trace.reader is not None else None
+        if reader is not None and getattr(reader, "balanced_sampler", None) is self:
+            consumed = reader.batches_consumed
+            if consumed != handed:
+                raise RuntimeError(
+                    f"BalancedBatchSampler.state_dict() was called without batches_consumed while a "
+                    f"BalancedDataLoader with num_workers={reader.num_workers} reads this sampler: the sampler has "
+                    f"handed out {handed} micro-batches of epoch {self.epoch}, training has consumed {consumed}, so "
+                    f"a resume from this state would skip {handed - consumed} that never trained. Save "
+                    f"loader.state_dict() instead (it counts what training consumed; restore it with "
+                    f"loader.load_state_dict(...)), or call sampler.state_dict(batches_consumed={consumed}).")
+        elif trace.sent_to_workers and not getattr(self, "_warned_ahead", False):
+            self._warned_ahead = True
+            warnings.warn(
+                f"BalancedBatchSampler.state_dict() was called without batches_consumed while a DataLoader's worker "
+                f"processes read this sampler ahead of training: the state counts the {handed} micro-batches of "
+                f"epoch {self.epoch} handed to the workers, not those the loop trained, so a resume from it skips the "
+                f"ones fetched but not trained. {_SAVE_WHAT_TRAINED}",
+                RuntimeWarning, stacklevel=3)
 
     def _build_state(self, consumed: int) -> dict[str, Any]:
         """The state with ``consumed`` micro-steps of the current plan consumed."""
@@ -498,6 +554,7 @@ class BalancedBatchSampler(DistributedSampler):
         self._record, self._replayed = record, None
         self._cursor = consumed
         self._resume_pending = True
+        self._pass = None
 
     @property
     def first_micro_step(self) -> int:
@@ -543,6 +600,51 @@ class BalancedBatchSampler(DistributedSampler):
         """Fill rows (marked duplicates) in the current epoch over all ranks (at most ``num_replicas - 1``, per window
         for an epoch planned in windows)."""
         return int(self.plan().is_fill.sum())
+
+
+_SAVE_WHAT_TRAINED = (
+    "Build the loader with lit_balance.balanced_dataloader(...) and save loader.state_dict() after the steps trained "
+    "(restore it with loader.load_state_dict(...)), or count the micro-batches the loop trained and call "
+    "sampler.state_dict(batches_consumed=sampler.start_micro_step + trained)."
+)
+
+
+class _Pass:
+    """One pass over a sampler: the loader that reads it (a weak reference, or None) and whether its micro-batches
+    were sent to DataLoader worker processes (pickled: a loader with ``num_workers > 0`` reads ahead of training)."""
+
+    __slots__ = ("reader", "sent_to_workers")
+
+    def __init__(self, reader: Any = None) -> None:
+        self.reader = reader
+        self.sent_to_workers = False
+
+
+class _SentMicroBatch(MicroBatch):
+    """A micro-batch as the sampler yields it: pickling it (a DataLoader sends it to a worker process) marks its pass
+    as read by workers, and it arrives there as a plain :class:`MicroBatch`; a copy is a plain one too."""
+
+    def __init__(self, *args: Any, trace: _Pass | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._trace = trace
+
+    def _plain(self) -> MicroBatch:
+        plain = MicroBatch.__new__(MicroBatch)
+        plain.extend(self)
+        plain.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_trace"})
+        return plain
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        trace = self.__dict__.get("_trace")
+        if trace is not None:
+            trace.sent_to_workers = True
+        return MicroBatch, (list(self),), {k: v for k, v in self.__dict__.items() if k != "_trace"}
+
+    def __copy__(self) -> MicroBatch:
+        return self._plain()
+
+    def __deepcopy__(self, memo: dict) -> MicroBatch:
+        return copy.deepcopy(self._plain(), memo)
 
 
 _HOW_TO_PASS = (
