@@ -20,6 +20,7 @@ from typing import Any
 import lightning as L
 
 from lit_balance.data.loader import BalancedDataLoader
+from lit_balance.lightning.datamodule import fit_batches_consumed
 
 __all__ = ["FitLoopCount", "trainer_callbacks"]
 
@@ -44,8 +45,6 @@ class _TrainerCount:
         self._trainer = weakref.ref(trainer)
 
     def __call__(self) -> int | None:
-        from lit_balance.lightning import fit_batches_consumed
-
         trainer = self._trainer()
         return None if trainer is None else fit_batches_consumed(trainer)
 

@@ -1,0 +1,60 @@
+"""balanced_dataloader with default arguments under a real 2-process Trainer.fit (gloo, CPU), 2 persistent workers per
+rank: a resume from OnExceptionCheckpoint after a training step raised, and from a ModelCheckpoint mid-epoch, trains
+every document of the epoch exactly once, as the uninterrupted run does: the loader takes the fit loop's count by
+itself."""
+
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from _procs import run_ranks  # tests/ddp/_procs.py
+
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses with DataLoader workers
+
+SCRIPT = Path(__file__).with_name("fit_mapstyle_resume.py")
+MID, FAIL_AT, NUM_DOCUMENTS = 3, 5, 203  # as in the script
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{phase: [rank 0 record, rank 1 record]}: the uninterrupted run and the stopped one side by side, then the two
+    resumes (from the stopped run's checkpoints) side by side."""
+    dirs = {phase: tmp_path_factory.mktemp(phase) for phase in ("whole", "stop", "resume_mid", "resume_fail")}
+    records = run_ranks(SCRIPT, {phase: (dirs[phase], [phase]) for phase in ("whole", "stop")}, 300)
+    for phase, ckpt in (("resume_mid", "mid.ckpt"), ("resume_fail", "fail.ckpt")):
+        shutil.copy(dirs["stop"] / ckpt, dirs[phase] / ckpt)
+    records.update(run_ranks(SCRIPT, {phase: (dirs[phase], [phase]) for phase in ("resume_mid", "resume_fail")}, 300))
+    return records
+
+
+def _documents(batches_per_rank: list[list[list[int]]]) -> Counter:
+    return Counter(i for batches in batches_per_rank for batch in batches for i in batch)
+
+
+def test_the_fit_loop_count_is_registered_with_every_trainer(runs):
+    assert all("FitLoopCount" in r["callbacks"] for records in runs.values() for r in records)
+
+
+def test_a_resume_from_on_exception_checkpoint_reruns_the_failed_micro_batch_and_nothing_else(runs):
+    whole, stop, resumed = runs["whole"], runs["stop"], runs["resume_fail"]
+    assert sorted(_documents([r["finished"] for r in whole])) == list(range(NUM_DOCUMENTS))
+    for r in (0, 1):
+        expected = whole[r]["finished"]
+        assert len(expected) > FAIL_AT + 4  # the workers (2 x prefetch 2) read ahead of the failure, inside the epoch
+        assert stop[r]["started"] == expected[:FAIL_AT + 1]  # micro-batch FAIL_AT raised, on both ranks
+        assert stop[r]["finished"] == expected[:FAIL_AT]
+        assert resumed[r]["finished"][0] == expected[FAIL_AT]  # the failed micro-batch runs again, first
+        assert stop[r]["finished"] + resumed[r]["finished"] == expected  # in the uninterrupted order
+    trained = _documents([r["finished"] for r in stop + resumed])
+    assert trained == _documents([r["finished"] for r in whole])  # every document exactly once
+
+
+def test_a_resume_from_a_mid_epoch_model_checkpoint_continues_after_it(runs):
+    whole, stop, resumed = runs["whole"], runs["stop"], runs["resume_mid"]
+    for r in (0, 1):
+        expected = whole[r]["finished"]
+        assert stop[r]["finished"][:MID] + resumed[r]["finished"] == expected
+    trained = _documents([r["finished"][:MID] for r in stop] + [r["finished"] for r in resumed])
+    assert trained == _documents([r["finished"] for r in whole])  # every document exactly once
