@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from lit_balance import BalancedBatchSampler, MicroBatchDataset, PadFieldsCollator, balanced_dataloader
-from lit_balance.lightning import fit_batches_consumed
+from lit_balance.lightning import FitLoopCount, fit_batches_consumed
 
 pytestmark = pytest.mark.slow  # in-process fits with DataLoader worker processes, ~10 s each
 
@@ -95,3 +95,25 @@ def test_a_checkpoint_after_a_failed_step_reruns_it_with_the_trainers_count(tmp_
     second = _fit(tmp_path, Classifier(count_from_trainer=True), ckpt_path=tmp_path / "ckpt" / "on_exception.ckpt")
     assert len(first) == fail_at  # the failed micro-batch did not finish
     assert first + second == expected  # it runs after the resume; nothing else twice, nothing skipped
+
+
+def test_every_trainer_gets_the_fit_loop_count():
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    assert any(isinstance(c, FitLoopCount) for c in trainer.callbacks), (
+        "FitLoopCount is added by the package's lightning.pytorch.callbacks_factory entry point: reinstall the package "
+        "(pip install -e .) so that its metadata lists it")
+
+
+def test_default_arguments_take_the_trainers_count_so_a_failed_step_runs_again(tmp_path):
+    expected = _epoch_plan()
+    fail_at = 5
+    model = Classifier(fail_at=fail_at)  # balanced_dataloader with no batches_consumed
+    with pytest.raises(RuntimeError, match="boom"):
+        _fit(tmp_path, model, callbacks=[OnExceptionCheckpoint(tmp_path / "ckpt")])
+    first = model.trained
+    resumed = Classifier()
+    second = _fit(tmp_path, resumed, ckpt_path=tmp_path / "ckpt" / "on_exception.ckpt")
+    assert len(first) == fail_at
+    assert second[0] == expected[fail_at]  # the failed micro-batch runs again
+    assert first + second == expected  # nothing else twice, nothing skipped
+    assert _documents(first + second) == _documents(expected)
