@@ -65,7 +65,10 @@ class FitLoopCount(L.Callback):
     """
 
     def __init__(self) -> None:
-        self._attached: list[weakref.ReferenceType] = []
+        self._attached: list[weakref.ReferenceType] = []  # the loaders given the count, to take it back at teardown
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled with the Trainer (ddp_spawn): weak references do not pickle
+        return {"_attached": []}
 
     def _attach(self, trainer: L.Trainer) -> None:
         for loader in _balanced_loaders(trainer.train_dataloader):
