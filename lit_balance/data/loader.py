@@ -468,7 +468,8 @@ class _CountingIterator:
 
 
 def _checked_count(value: Any, source: str) -> int:
-    """``value`` as a count of micro-batches; a bool, a float, a string or a negative value raises, naming ``source``."""
+    """``value`` as a count of micro-batches; a bool, a float, a string or a negative value raises, naming
+    ``source``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise InputTypeError(f"batches_consumed must be an int >= 0 (the micro-batches of the current epoch consumed "
                              f"by training, counted from its start), but {source} returned {value!r} of type "

@@ -59,7 +59,8 @@ def test_saving_the_samplers_own_state_while_workers_read_ahead_is_refused_or_wa
             r"with num_workers=2 reads this sampler: the sampler has handed out (\d+) micro-batches of epoch 0, "
             r"training has consumed 5, so a resume from this state would skip (\d+) that never trained\. Save "
             r"loader\.state_dict\(\) instead \(it counts what training consumed; restore it with "
-            r"loader\.load_state_dict\(\.\.\.\)\), or call sampler\.state_dict\(batches_consumed=5\)\.", refused["error"])
+            r"loader\.load_state_dict\(\.\.\.\)\), or call sampler\.state_dict\(batches_consumed=5\)\.",
+            refused["error"])
         handed, skipped = map(int, re.search(r"handed out (\d+).*skip (\d+)", refused["error"]).groups())
         assert handed == 5 + skipped and skipped > 0
         assert refused["warnings"] == []
