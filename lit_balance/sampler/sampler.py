@@ -366,6 +366,10 @@ class BalancedBatchSampler(DistributedSampler):
         self._pass = _Pass(getattr(self, "_reader", None))
         return self._iterate(self._pass)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The sampler's attributes for pickling, without the loader that reads it and its pass (weak references)."""
+        return {**self.__dict__, "_reader": None, "_pass": None}
+
     def _read_by(self, loader: Any) -> None:
         """Called by :class:`lit_balance.data.BalancedDataLoader` just before its DataLoader iterates this sampler: the
         passes that start from now on are read by ``loader`` (a weak reference), whose ``batches_consumed`` counts what

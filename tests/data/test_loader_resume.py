@@ -1,7 +1,9 @@
 """Resume of a plain training loop (torchrun-style, no Lightning) through BalancedDataLoader, with 2 persistent
 DataLoader workers reading ahead: each rank simulated in this process; nothing skipped, nothing repeated."""
 
+import copy
 import io
+import pickle
 import warnings
 from collections import Counter
 
@@ -12,6 +14,7 @@ import torch
 from lit_balance import (
     BalancedBatchSampler,
     BalancedDataLoader,
+    MicroBatch,
     MicroBatchDataset,
     PadFieldsCollator,
     balanced_dataloader,
@@ -180,3 +183,17 @@ def test_the_samplers_own_state_warns_once_while_a_plain_dataloaders_workers_rea
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no workers: the default count is what the loop took
         assert single.state_dict()["segments"] == [[WORLD, CUT]]
+
+
+def test_a_sampler_that_a_loader_read_still_pickles_and_copies():
+    train = _train_set()
+    loader = _loader(train, 0)
+    iterator = iter(loader)
+    batch = next(iterator)
+    sampler = loader.balanced_sampler
+    micro_batch = next(iter(sampler))
+    assert type(pickle.loads(pickle.dumps(micro_batch))) is MicroBatch  # what a worker process receives
+    assert type(copy.deepcopy(micro_batch)) is MicroBatch and copy.copy(micro_batch) == micro_batch
+    clone = pickle.loads(pickle.dumps(sampler))  # the loader that reads it is not part of it
+    assert clone.state_dict(batches_consumed=1) == sampler.state_dict(batches_consumed=1)
+    assert batch["indices"].tolist() == list(next(iter(clone)))
