@@ -98,13 +98,14 @@ class BalanceProgressBar(RichProgressBar):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._items: dict[str, str] = {}  # set on the training thread, drawn by Rich's
-        self._epoch_offset = 0  # batch_idx of the first micro-batch this process ran in the current epoch
+        self._epoch_offset: int | None = 0  # batch_idx of the first micro-batch this process ran in this epoch
+        self._epoch_start_step = 0  # global_step when this process started the epoch
 
     def configure_columns(self, trainer: L.Trainer) -> list:
         columns = super().configure_columns(trainer)
         speed = [i for i, c in enumerate(columns) if type(c).__name__ == "ProcessingSpeedColumn"]
         if speed:
-            columns[speed[0]] = _RateColumn(self.theme.processing_speed)
+            columns[speed[0]] = _RateColumn(self)
         return columns
 
     def _own_columns(self) -> None:
@@ -129,21 +130,37 @@ class BalanceProgressBar(RichProgressBar):
         super().on_validation_start(trainer, pl_module)
         self._own_columns()
 
+    @property
+    def total_train_batches(self) -> int | float:
+        """Micro-batches of this epoch the bar counts to, from the epoch's start (also after a mid-epoch resume).
+
+        The epoch's micro-batches, or fewer when ``max_steps`` ends training first: the batch index this process
+        started the epoch at plus the micro-batches of the optimizer steps left (Lightning's own bar takes the steps
+        left for micro-batches from the epoch's start, and shows ``24/3`` after a resume late in an epoch).
+        """
+        total = self.trainer.num_training_batches
+        max_steps = self.trainer.max_steps
+        if max_steps is not None and max_steps > 0:
+            left = max(max_steps - self._epoch_start_step, 0) * max(int(self.trainer.accumulate_grad_batches), 1)
+            total = min(total, (self._epoch_offset or 0) + left)
+        return total
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch_start_step, self._epoch_offset = int(trainer.global_step), None
         super().on_train_epoch_start(trainer, pl_module)
         self._own_columns()
-        self._epoch_offset = None
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        if self._epoch_offset is None:
-            self._epoch_offset = batch_idx
         progress, task = self.progress, self.train_progress_bar_id
-        total = next((t.total for t in progress.tasks if t.id == task), None) if progress is not None else None
-        if total is not None and batch_idx >= total:
-            # a loader that yields only the micro-batches left after a mid-epoch resume: count them from the
-            # epoch's start, over the micro-batches done before the resume plus those left
-            progress.update(task, total=self._epoch_offset + self.total_train_batches)
+        if progress is None or task is None:
+            return
+        if self._epoch_offset is None:  # the first micro-batch this process runs in this epoch: 0, or a resume's
+            self._epoch_offset = batch_idx
+            progress.update(task, total=self.total_train_batches)
+        total = next((t.total for t in progress.tasks if t.id == task), None)
+        if total is not None and batch_idx + 1 > total:  # accumulation changed on the way: never count past the total
+            progress.update(task, total=batch_idx + 1)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
@@ -201,17 +218,15 @@ class _Items:
         yield Text("\n".join(lines), style=self.style, no_wrap=True, overflow="ellipsis")
 
 
-def _RateColumn(style: Any) -> Any:  # a Rich column; rich is imported when the bar is drawn
-    """A Rich column: the average micro-batches per second of the bar's task (completed / elapsed)."""
+def _RateColumn(bar: BalanceProgressBar) -> Any:  # a Rich column; rich is imported when the bar is drawn
+    """A Rich column: the average micro-batches per second this process ran in the bar's task (after a resume, those
+    since the resume)."""
     from rich.progress import ProgressColumn
     from rich.text import Text
 
     class RateColumn(ProgressColumn):
-        def __init__(self, style: Any) -> None:
-            self.style = style
-            super().__init__()
-
         def render(self, task: Any) -> Text:
-            return Text(_rate(task.completed, task.elapsed), style=self.style)
+            offset = (bar._epoch_offset or 0) if task.id == bar.train_progress_bar_id else 0
+            return Text(_rate(task.completed - offset, task.elapsed), style=bar.theme.processing_speed)
 
-    return RateColumn(style)
+    return RateColumn()

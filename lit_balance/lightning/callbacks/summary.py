@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
 
-from lit_balance._checks import check_bool
+from lit_balance._checks import check_bool, check_callable
 from lit_balance.lightning.callbacks._common import batch_fields, gather
 from lit_balance.lightning.callbacks.phases import PhaseTotals, phase_clock, remove_phase_clock
 
@@ -46,14 +48,17 @@ class RunSummary(L.Callback):
 
     Args:
         print_table: print the table on rank 0 at the end of the fit.
+        clock: seconds, monotonic (default :func:`time.perf_counter`), for the :class:`PhaseClock` this callback puts
+            in front of the Trainer's profiler when no other monitor has; tests inject a fake one.
 
     Raises:
         TypeError: ``print_table`` not a bool; a training batch that is not a dict.
         KeyError: a training batch lacks ``num_real_tokens`` or ``num_padded_tokens``.
     """
 
-    def __init__(self, print_table: bool = True) -> None:
+    def __init__(self, print_table: bool = True, *, clock: Callable[[], float] = time.perf_counter) -> None:
         self.print_table = check_bool("print_table", print_table)
+        self.clock = check_callable("clock", clock, "pass a function returning seconds, or leave the default")
         self.rows: list[dict[str, float]] = []
         self.total: dict[str, float] = {}
         self._counts = [0, 0, 0]
@@ -61,14 +66,14 @@ class RunSummary(L.Callback):
         self._print_pending = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        phase_clock(trainer)
+        phase_clock(trainer, clock=self.clock)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         remove_phase_clock(trainer)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._counts = [0, 0, 0]
-        self._start = phase_clock(trainer).totals()
+        self._start = phase_clock(trainer, clock=self.clock).totals()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -78,7 +83,7 @@ class RunSummary(L.Callback):
         self._counts[2] += int(padded)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        now = phase_clock(trainer).totals()
+        now = phase_clock(trainer, clock=self.clock).totals()
         times = (now - (self._start if self._start is not None else now)).as_list()
         gathered = gather(trainer, torch.tensor([*self._counts, *times], dtype=torch.float64))
         fields = (*_COUNTS, *_TIMES)
