@@ -13,7 +13,7 @@ import numpy as np
 from lit_balance.errors import InputValueError
 from lit_balance.report.figures import PlanReport
 
-__all__ = ["read_metrics_csv", "save_plots", "save_training_plot", "training_plot_data"]
+__all__ = ["read_metrics_csv", "save_plots", "save_training_plot", "training_figure", "training_plot_data"]
 
 
 def save_plots(report: PlanReport, output_dir: str | Path, *, dpi: int = 80) -> list[Path]:
@@ -169,10 +169,18 @@ def save_training_plot(metrics_csv: str | Path, output_path: str | Path | None =
         FileNotFoundError: no file at ``metrics_csv``.
         ValueError: a file without a ``step`` column.
     """
+    output_path = Path(output_path) if output_path is not None else Path(metrics_csv).with_name("training.png")
+    fig = training_figure(read_metrics_csv(metrics_csv))
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    _save_png(fig, output_path, dpi)
+    return output_path
+
+
+def training_figure(metrics: dict[str, tuple[np.ndarray, np.ndarray]]) -> Any:
+    """The matplotlib ``Figure`` that :func:`save_training_plot` saves, from :func:`read_metrics_csv`'s ``metrics``:
+    six panels (axes 0-5, then the straggler ratio's own axis when logged)."""
     from matplotlib.figure import Figure
 
-    metrics = read_metrics_csv(metrics_csv)
-    output_path = Path(output_path) if output_path is not None else Path(metrics_csv).with_name("training.png")
     fig = Figure(figsize=(10, 8), layout="constrained")
     axes = fig.subplots(3, 2, sharex=True).ravel()
     for ax, (label, series) in zip(axes, training_plot_data(metrics)):
@@ -206,9 +214,7 @@ def save_training_plot(metrics_csv: str | Path, output_path: str | Path | None =
     if loss is not None and loss[1].size and math.isfinite(float(loss[1][-1])):
         title += f" (last train/loss {float(loss[1][-1]):.3f} at step {int(loss[0][-1])})"
     fig.suptitle(title, fontsize=10)
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    _save_png(fig, output_path, dpi)
-    return output_path
+    return fig
 
 
 def _save_png(fig: Any, path: Path, dpi: int) -> None:
