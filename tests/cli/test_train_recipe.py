@@ -49,7 +49,7 @@ def test_train_recipe_prints_per_rank_summary(tmp_path):
     plan = re.match(r"plan for 2 ranks: padding ratio (0\.\d{4}) \| useful compute fraction (0\.\d{4}|1\.0000) \| "
                     r"micro-batches per rank (\d+)$", out.splitlines()[3])
     assert plan, out.splitlines()[:5]
-    assert re.search(rf"micro-batches per rank per epoch {plan.group(3)} \|", out)
+    assert re.search(rf"micro-batches per rank per epoch {plan.group(3)}$", out, flags=re.MULTILINE)
     rows = _table(out)
     assert set(rows) == {"0", "1", "total"}
     for rank in ("0", "1"):
