@@ -77,8 +77,9 @@ def test_train_recipe_prints_per_rank_summary(tmp_path):
     assert sorted({kind for kind, _ in named}) == ["checkpoint", "metrics file", "training figures"], out[-2000:]
     rel = run_dir.relative_to(tmp_path) / "logs"
     paths = {kind: [p for k, p in named if k == kind] for kind in ("metrics file", "checkpoint", "training figures")}
-    assert paths["metrics file"] == [str(rel / "metrics.csv")] and paths["training figures"] == [str(rel / "training.png")]
-    assert paths["checkpoint"] == [str(rel / "checkpoints" / "epoch=0-step=3.ckpt"), str(rel / "checkpoints" / "last.ckpt")]
+    assert paths["metrics file"] == [str(rel / "metrics.csv")]
+    assert paths["training figures"] == [str(rel / "training.png")]
+    assert paths["checkpoint"] == [str(rel / "checkpoints" / name) for name in ("epoch=0-step=3.ckpt", "last.ckpt")]
     assert all((tmp_path / path).is_file() for _, path in named)
     assert f"resume: python recipes/train.py ckpt_path={rel / 'checkpoints' / 'last.ckpt'} " in out
     header = (run_dir / "logs" / "metrics.csv").read_text().splitlines()[0].split(",")

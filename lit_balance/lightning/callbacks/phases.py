@@ -3,8 +3,9 @@
 The Trainer reports what it is doing through its profiler (Lightning's public :class:`~lightning.pytorch.profilers.
 Profiler` API: ``start(action)`` / ``stop(action)``, the actions that ``SimpleProfiler`` lists). :class:`PhaseClock`
 stands in front of the Trainer's own profiler, passes every call on to it, and adds up, on its rank, the seconds spent
-in each phase; :class:`lit_balance.callbacks.StragglerMonitor` (per window) and :class:`lit_balance.callbacks.RunSummary`
-(per fit) read the same totals, so the live bar, ``metrics.csv``, ``training.png`` and the per-rank table agree.
+in each phase; :class:`lit_balance.callbacks.StragglerMonitor` (per window) and
+:class:`lit_balance.callbacks.RunSummary` (per fit) read the same totals, so the live bar, ``metrics.csv``,
+``training.png`` and the per-rank table agree.
 """
 
 from __future__ import annotations

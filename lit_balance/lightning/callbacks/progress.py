@@ -78,10 +78,10 @@ class BalanceProgressBar(RichProgressBar):
     mid-epoch resume, counted from the epoch's start, the total no smaller than the count), the time elapsed in this
     epoch in this process and the time remaining, and the average rate of this epoch's micro-batches in this process
     (``it/s``, or ``s/it`` below one per second; Rich's windowed speed reads ``0.00it/s`` when micro-batches take
-    long). Below it, ``name: value`` items on lines as wide as the terminal, never splitting an item: the LightningModule's
-    ``prog_bar`` metrics, ``step: 12/40`` (optimizer steps done, global; ``/max_steps`` when set) and the monitors'
-    figures (:func:`bar_figures`: the window they cover, tokens/s, straggler ratio, where the ranks' time went,
-    padding ratio of the epoch). A figure appears once its monitor has logged; the same figures go to every logger.
+    long). Below it, ``name: value`` items on lines as wide as the terminal, never splitting an item: the
+    LightningModule's ``prog_bar`` metrics, ``step: 12/40`` (optimizer steps done, global; ``/max_steps`` when set)
+    and the monitors' figures (:func:`bar_figures`: the window they cover, tokens/s, straggler ratio, where the
+    ranks' time went, padding ratio of the epoch). A figure appears once its monitor has logged; the same figures go to every logger.
 
     The bar closes at ``on_train_end``, before anything printed after training (:class:`RunSummary`'s table).
 

@@ -1,4 +1,4 @@
-"""StragglerMonitor: per-rank compute and data-wait time of every micro-batch, gathered every N micro-batches."""
+"""StragglerMonitor: every rank's micro-batches and where its time went, gathered every N micro-batches."""
 
 from __future__ import annotations
 

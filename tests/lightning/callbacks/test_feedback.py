@@ -62,8 +62,8 @@ def test_slow_rank_given_smaller_micro_batches_is_still_measured_slow():
 
 
 def window_with_backward(forward_speeds, backward_speeds, local_every=(2, 2), n=40, seed=3):
-    """[R, n, 7] columns (see as_window): forward takes cost/forward_speed, backward 2 x cost/backward_speed; every ``local_every[r]``-th
-    micro-batch of rank r syncs (its backward: NaN, its forward 10x too long, as if it had waited)."""
+    """[R, n, 7] columns (see as_window): forward takes cost/forward_speed, backward 2 x cost/backward_speed;
+    every ``local_every[r]``-th micro-batch of rank r syncs (its backward: NaN, its forward 10x too long, as if it had waited)."""
     rng = np.random.default_rng(seed)
     out = np.zeros((len(forward_speeds), n, 7))
     for r, (fs, bs) in enumerate(zip(forward_speeds, backward_speeds)):

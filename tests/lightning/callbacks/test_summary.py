@@ -1,4 +1,4 @@
-"""RunSummary: exact per-rank counts and phases with a scripted clock, Lightning's profiler actions and a fake gather."""
+"""RunSummary: exact per-rank counts and phases from a scripted clock, Lightning's profiler actions, a fake gather."""
 
 from types import SimpleNamespace
 
