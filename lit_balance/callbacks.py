@@ -7,11 +7,13 @@ from lit_balance.lightning.callbacks import (
     AdaptiveGradAccumulation,
     BalanceProgressBar,
     CostModelFeedback,
+    LastStepCheckpoint,
     PaddingRatioMonitor,
     RunSummary,
     StragglerMonitor,
+    TimingWindow,
     backward_is_local,
 )
 
-__all__ = ["AdaptiveGradAccumulation", "BalanceProgressBar", "CostModelFeedback", "PaddingRatioMonitor", "RunSummary",
-           "StragglerMonitor", "backward_is_local"]
+__all__ = ["AdaptiveGradAccumulation", "BalanceProgressBar", "CostModelFeedback", "LastStepCheckpoint",
+           "PaddingRatioMonitor", "RunSummary", "StragglerMonitor", "TimingWindow", "backward_is_local"]

@@ -33,8 +33,7 @@ from torch.utils.data import DataLoader
 
 from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset
 from lit_balance.demo import DemoTransformerLM
-from lit_balance.callbacks import CostModelFeedback, StragglerMonitor
-from lit_balance.lightning.callbacks.straggler import COMPUTE, COST
+from lit_balance.callbacks import CostModelFeedback, StragglerMonitor, TimingWindow
 
 LENGTHS = Path(__file__).resolve().parents[1] / "lit_balance/data/lengths/lengths_fortunes.npy"
 
@@ -81,7 +80,7 @@ class SlowRankLM(DemoTransformerLM):
 
 
 class EpochGap(L.Callback):
-    """Per epoch: each rank's summed compute seconds and cost (from the monitor's windows) and the gap."""
+    """Per epoch: each rank's summed forward seconds and cost (from the monitor's windows) and the gap."""
 
     def __init__(self, monitor: StragglerMonitor) -> None:
         self.monitor = monitor
@@ -89,14 +88,14 @@ class EpochGap(L.Callback):
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         self.monitor.flush(trainer, pl_module)
-        window = np.concatenate(self.monitor.epoch_windows, axis=1)
-        compute = window[:, :, COMPUTE].sum(axis=1)
+        window = TimingWindow.concatenate(self.monitor.epoch_windows)
+        compute = window.forward_s.sum(axis=1)
         median = float(np.median(compute))
         sampler = trainer.train_dataloader.sampler
         self.epochs.append({
             "epoch": trainer.current_epoch, "compute_s": compute.tolist(), "gap_s": float(compute.max()) - median,
-            "ratio": float(compute.max()) / median, "cost": window[:, :, COST].sum(axis=1).tolist(),
-            "micro_batches": int(window.shape[1]),
+            "ratio": float(compute.max()) / median, "cost": window.cost.sum(axis=1).tolist(),
+            "micro_batches": window.num_micro_batches,
             "rank_speeds": None if sampler.rank_speeds is None else [float(s) for s in sampler.rank_speeds],
         })
 

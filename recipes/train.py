@@ -8,16 +8,19 @@ Run:
     python recipes/train.py trainer=gpu_ddp experiment=budget_4k
     python recipes/train.py --config-dir my_conf --config-name config trainer.max_steps=100
     python recipes/train.py --cfg job                        # print the composed config and exit
+    python recipes/train.py ckpt_path=outputs/train/<date>/<time>/logs/checkpoints/last.ckpt trainer.max_steps=80
 
 A Hydra application (https://hydra.cc): ``key=value`` overrides an existing key, ``group=option`` picks
 another file of ``conf/<group>/``, ``+key=value`` adds a key; ``--config-dir``/``--config-name`` select
 another config. ``hydra.utils.instantiate`` builds each ``_target_`` node. Prints the derived budget and the
 training split's plan (padding ratio, useful compute fraction, micro-batches per rank) first, shows a progress bar
 on stdout while training (rank 0; ``BalanceProgressBar``: epoch, optimizer step, real tokens/s, padding ratio and
-straggler ratio, as the monitors in ``callbacks`` log them), and, at the end, per rank and in total: micro-batches,
-real tokens, padded slots, padding ratio, compute, waiting and other seconds (``RunSummary``). The run directory
-(``outputs/train/<date>/<time>``) keeps, in ``logs/``, the metrics file (``metrics.csv``: every logged figure by step),
-a checkpoint (``checkpoints/``) and ``training.png`` (the figures per rank over steps); the last lines name them.
+straggler ratio, where the ranks' time went, as the monitors in ``callbacks`` log them), and, at the end, per rank and
+in total: micro-batches, real tokens, padded slots, padding ratio, compute, data wait, rank wait and other seconds
+(``RunSummary``). The run directory (``outputs/train/<date>/<time>``) keeps, in ``logs/``, the metrics file
+(``metrics.csv``: every logged figure by step), checkpoints (``checkpoints/``: ``last.ckpt``, the last optimizer step
+however training ended, and the one after the last validation) and ``training.png`` (the figures per rank over steps);
+the last lines name them and the command that resumes. Printed lines are at most 100 characters, but for file paths.
 
 With ``trainer.strategy=ddp`` Lightning re-runs this script once per extra rank, with the same overrides,
 in the launch directory, and points it at the same Hydra run directory
@@ -36,7 +39,8 @@ from hydra.utils import instantiate, to_absolute_path
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig
 
-from lit_balance.lightning.outputs import report_outputs
+from lit_balance.callbacks import LastStepCheckpoint
+from lit_balance.lightning.outputs import report_outputs, shown_path as _shown
 from lit_balance.report import summary_line
 from lit_balance.world import data_parallel_world
 
@@ -64,21 +68,22 @@ def main(cfg: DictConfig) -> None:
              else f"world size {trainer.world_size} processes (data-parallel size set when fit builds the mesh)")
     if trainer.is_global_zero and (dm.max_tokens == "auto" or num_replicas is None):
         print(f"{world} | per-rank budget: {dm.max_tokens}"
-              + (f", measured before the first epoch (memory_limit {dm.memory_limit} bytes, memory_fraction "
+              + (f", measured before the first epoch\n(memory_limit {dm.memory_limit} bytes, memory_fraction "
                  f"{dm.memory_fraction})" if dm.max_tokens == "auto" else "")
-              + f" | max_length {dm.max_length} tokens | corpus: {dm.source.description}", flush=True)
+              + f" | max_length {dm.max_length} tokens\ncorpus: {dm.source.description}", flush=True)
     elif trainer.is_global_zero:
         unit = "tokens per packed row" if dm.packing else "padded slots"
         global_budget = sum(dm.settings.rank_max_tokens(num_replicas)) * trainer.accumulate_grad_batches
         print(
-            f"{world} | per-rank budget {dm.max_tokens} {unit} per micro-batch | "
-            f"global budget {global_budget} {unit} per optimizer step | "
-            f"max_length {dm.max_length} tokens | corpus: {dm.source.description}",
+            f"{world} | per-rank budget {dm.max_tokens} {unit} per micro-batch\n"
+            f"global budget {global_budget} {unit} per optimizer step | max_length {dm.max_length} tokens\n"
+            f"corpus: {dm.source.description}",
             flush=True,
         )
         # the DataModule has no Trainer yet, so its setup here takes part in no collective
         print(summary_line(dm.plan_summary(num_replicas, trainer.accumulate_grad_batches)), flush=True)
-    trainer.fit(model, datamodule=dm)
+    ckpt_path = to_absolute_path(cfg.ckpt_path) if cfg.get("ckpt_path") else None
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
     if trainer.is_global_zero and dm.token_budget is not None:
         print(f"token budget: {dm.token_budget.describe()}", flush=True)
     if trainer.is_global_zero:
@@ -86,13 +91,18 @@ def main(cfg: DictConfig) -> None:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         print(
             f"train documents {len(dm.train_dataset)} (empty after tokenization, dropped: {dm.num_empty_documents}) | "
-            f"micro-batches per rank per epoch {len(sampler)} | fill rows this epoch {sampler.num_fill_rows} | "
-            f"last train/loss {metrics['train/loss']:.3f} | "
+            f"micro-batches per rank per epoch {len(sampler)}\n"
+            f"fill rows this epoch {sampler.num_fill_rows} | last train/loss {metrics['train/loss']:.3f} | "
             + (f"val/loss {metrics['val/loss']:.3f} | " if "val/loss" in metrics else "validation not run | ")
             + f"script wall time {time.perf_counter() - _START:.1f} s",
             flush=True,
         )
         print("\n".join(report_outputs(trainer)), flush=True)
+        last = [c.last_model_path for c in trainer.checkpoint_callbacks
+                if isinstance(c, LastStepCheckpoint) and c.last_model_path]
+        if last:
+            print(f"resume: python recipes/train.py ckpt_path={_shown(last[0])} trainer.max_steps=<more steps>",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -265,3 +265,91 @@ def test_drawing_a_table_is_where_rich_is_imported():
     result = _probe("import numpy as np\nfrom lit_balance.report import format_report, plan_report\n"
                     "format_report(plan_report(np.arange(1, 60), 128, num_replicas=2))")
     assert any(who.startswith("lit_balance.report") and name == "rich" for who, name in result["importers"])
+
+
+# Lightning's public API only: no private attribute (``._name``, or ``getattr(obj, "_name")``) of a Trainer, strategy,
+# loop, LightningModule or other Lightning object, nor a private member a Lightning subclass inherits.
+#: names that hold Lightning objects in the package's code (a variable, a parameter or the last attribute of a chain)
+LIGHTNING_OBJECTS = {
+    "trainer", "_trainer", "strategy", "loop", "fit_loop", "epoch_loop", "val_loop", "lightning_module", "pl_module",
+    "precision_plugin", "accelerator", "profiler", "progress_bar_callback", "checkpoint_callback", "datamodule",
+    "launcher", "cluster_environment", "fabric", "parser",
+}
+
+
+def _object_name(node: ast.AST) -> str | None:
+    """The name an expression is reached by: ``trainer`` for ``trainer`` and ``self.trainer``, else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super":
+        return "super()"
+    return None
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _lightning_bases(tree: ast.Module) -> set[str]:
+    """Names bound to Lightning classes in a module: ``from lightning... import X`` and the ``L``/``pl`` aliases."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("lightning", "pytorch_lightning"):
+            names.update(alias.asname or alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.asname or alias.name for alias in node.names
+                         if alias.name.split(".")[0] in ("lightning", "pytorch_lightning"))
+    return names
+
+
+def private_lightning_uses(source: str) -> list[tuple[int, str]]:
+    """``(line, expression)`` of every use of a private attribute of a Lightning object in ``source``."""
+    tree = ast.parse(source)
+    bases = _lightning_bases(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = _object_name(node.value)
+            if owner in LIGHTNING_OBJECTS or owner == "super()":
+                found.append((node.lineno, ast.unparse(node)))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+              and _private(node.args[1].value) and _object_name(node.args[0]) in LIGHTNING_OBJECTS):
+            found.append((node.lineno, ast.unparse(node)))
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        roots = {ast.unparse(b).split(".")[0] for b in cls.bases}
+        if not roots & bases:
+            continue
+        own = {n.name for n in ast.walk(cls) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        own |= {t.attr for n in ast.walk(cls) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+        for node in ast.walk(cls):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+                    and _private(node.attr) and node.attr not in own):
+                found.append((node.lineno, ast.unparse(node)))
+    return sorted(set(found))
+
+
+def test_no_private_lightning_attribute_in_the_package():
+    uses = {module: found for module, source in _sources().items() if (found := private_lightning_uses(source))}
+    assert uses == {}
+
+
+@pytest.mark.parametrize("planted", [
+    "trainer._logger_connector._callback_metrics",
+    "self.trainer.fit_loop._data_fetcher",
+    'getattr(trainer, "_logger_connector", None)',
+    "trainer.strategy._launcher",
+])
+def test_the_checker_reports_a_private_lightning_attribute(planted):
+    assert private_lightning_uses(f"def f(trainer, self):\n    return {planted}\n")
+
+
+def test_the_checker_reports_a_private_member_a_lightning_subclass_inherits():
+    source = ("from lightning.pytorch.callbacks import RichProgressBar\n\n"
+              "class Bar(RichProgressBar):\n    def __init__(self):\n        self._mine = 1\n\n"
+              "    def f(self):\n        return self._mine, self._stop_progress()\n")
+    assert [expr for _, expr in private_lightning_uses(source)] == ["self._stop_progress"]

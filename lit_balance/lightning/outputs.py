@@ -8,10 +8,10 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.loggers import CSVLogger
 
-__all__ = ["report_outputs", "run_outputs"]
+__all__ = ["report_outputs", "run_outputs", "shown_path"]
 
 
-def _shown(path: str | os.PathLike) -> str:
+def shown_path(path: str | os.PathLike) -> str:
     """``path`` relative to the working directory when it lies below it, else absolute."""
     path = Path(path).resolve()
     try:
@@ -26,7 +26,8 @@ def run_outputs(trainer: L.Trainer) -> dict[str, list[Path]]:
 
     Keys: ``metrics`` (each ``CSVLogger``'s ``metrics.csv``), ``logs`` (the directory of every other logger, e.g.
     TensorBoard's event files), ``checkpoint`` (the best or, without a monitored metric, the latest checkpoint of
-    each ``ModelCheckpoint``, and its ``last.ckpt`` when it keeps one). Call it after ``trainer.fit`` returns (the
+    each ``ModelCheckpoint``, its ``last.ckpt`` when it keeps one, and the file of a
+    :class:`lit_balance.callbacks.LastStepCheckpoint`). Call it after ``trainer.fit`` returns (the
     loggers write their last rows when the fit ends), on global rank 0, which writes them.
     """
     out: dict[str, list[Path]] = {"metrics": [], "logs": [], "checkpoint": []}
@@ -54,18 +55,18 @@ def report_outputs(trainer: L.Trainer, plot: bool = True) -> list[str]:
     outputs = run_outputs(trainer)
     if getattr(trainer, "fast_dev_run", False):
         return ["no metrics file and no checkpoint: fast_dev_run turns the loggers and checkpointing off"]
-    lines = [f"metrics file (CSV, one row per logged step): {_shown(p)}" for p in outputs["metrics"]]
-    lines += [f"logger directory: {_shown(p)}" for p in outputs["logs"]]
+    lines = [f"metrics file (CSV, one row per logged step): {shown_path(p)}" for p in outputs["metrics"]]
+    lines += [f"logger directory: {shown_path(p)}" for p in outputs["logs"]]
     if not outputs["metrics"] and not outputs["logs"]:
         lines.append("no metrics file: the Trainer has no logger (set trainer.logger)" if not trainer.loggers else
                      "no metrics file: nothing was logged")
-    lines += [f"checkpoint: {_shown(p)}" for p in outputs["checkpoint"]]
+    lines += [f"checkpoint: {shown_path(p)}" for p in outputs["checkpoint"]]
     if not outputs["checkpoint"]:
-        lines.append("no checkpoint was written (trainer.enable_checkpointing is false, or training ended before the "
-                     "first save)")
+        lines.append("no checkpoint was written: trainer.enable_checkpointing is false, or no checkpoint callback\n"
+                     "saved; add lit_balance.callbacks.LastStepCheckpoint to keep the last step however training ends")
     if plot:
         from lit_balance.report import save_training_plot
 
         for path in outputs["metrics"]:
-            lines.append(f"training figures per rank over steps: {_shown(save_training_plot(path))}")
+            lines.append(f"training figures per rank over steps: {shown_path(save_training_plot(path))}")
     return lines

@@ -13,7 +13,7 @@ import numpy as np
 from lit_balance.errors import InputValueError
 from lit_balance.report.figures import PlanReport
 
-__all__ = ["read_metrics_csv", "save_plots", "save_training_plot"]
+__all__ = ["read_metrics_csv", "save_plots", "save_training_plot", "training_figure", "training_plot_data"]
 
 
 def save_plots(report: PlanReport, output_dir: str | Path, *, dpi: int = 80) -> list[Path]:
@@ -109,13 +109,39 @@ def read_metrics_csv(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray
     return {key: (np.array([p[0] for p in pts]), np.array([p[1] for p in pts])) for key, pts in points.items()}
 
 
-#: panels of the training plot: (per-rank key pattern or global key, y label)
+#: panels of the training plot: (per-rank key pattern, or global keys, y label)
 _TRAINING_PANELS = (
-    (r"balance/compute_s_rank(\d+)", "compute s per window (forward and loss)"),
-    (r"balance/data_wait_s_rank(\d+)", "wait s per window (data, other ranks)"),
-    (r"balance/padding_ratio_rank(\d+)", "padding ratio (epoch so far)"),
+    (r"balance/compute_s_rank(\d+)", "compute s per window\n(forward, backward, optimizer)"),
+    (r"balance/data_wait_s_rank(\d+)", "data wait s per window\n(fetching and moving batches)"),
+    (r"balance/rank_wait_s_rank(\d+)", "rank wait s per window\n(waiting for the other ranks)"),
+    (r"balance/other_s_rank(\d+)", "other s per window (validation,\ncheckpointing, logging, callbacks)"),
+    (r"balance/padding_ratio_rank(\d+)", "padding ratio\n(epoch so far)"),
     ("balance/real_tokens_per_s", "real tokens/s (all ranks)"),
 )
+_STRAGGLER = "balance/straggler_ratio"
+#: the straggler axis starts at 1.0 (no straggler) and spans at least this much, so noise is not magnified
+STRAGGLER_MIN_SPAN = 0.2
+
+
+def training_plot_data(metrics: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[tuple[str, list[tuple[str, np.ndarray,
+                                                                                                     np.ndarray]]]]:
+    """What :func:`save_training_plot` draws: per panel, its y label and its series ``(label, steps, values)``.
+
+    ``metrics``: :func:`read_metrics_csv` of a metrics file. Per-rank panels hold one series per rank (``rank 0``,
+    ``rank 1``, ... at most 16); the last panel holds ``real tokens/s`` and, when logged, ``straggler ratio`` (drawn
+    on its own axis). Steps and values are those of the file, unchanged.
+    """
+    panels = []
+    for pattern, label in _TRAINING_PANELS:
+        ranks = sorted((int(m[1]), key) for key in metrics if (m := re.fullmatch(pattern, key)) and m.groups())
+        if ranks:
+            series = [(f"rank {r}", *metrics[key]) for r, key in ranks][:16]
+        else:
+            series = [("real tokens/s", *metrics[pattern])] if pattern in metrics else []
+            if pattern == "balance/real_tokens_per_s" and _STRAGGLER in metrics:
+                series.append(("straggler ratio", *metrics[_STRAGGLER]))
+        panels.append((label, series))
+    return panels
 
 
 def save_training_plot(metrics_csv: str | Path, output_path: str | Path | None = None, *, dpi: int = 80) -> Path:
@@ -123,10 +149,13 @@ def save_training_plot(metrics_csv: str | Path, output_path: str | Path | None =
 
     Reads the file of Lightning's ``CSVLogger`` (:func:`read_metrics_csv`) holding what
     :class:`lit_balance.callbacks.StragglerMonitor` and :class:`lit_balance.callbacks.PaddingRatioMonitor` log, and
-    draws four panels over the logged step: compute seconds and waiting seconds of each rank per timing window
-    (``balance/compute_s_rank{r}``, ``balance/data_wait_s_rank{r}``), each rank's padding ratio
-    (``balance/padding_ratio_rank{r}``), and real tokens per second of all ranks (``balance/real_tokens_per_s``) with
-    the straggler ratio (``balance/straggler_ratio``) on a second axis. A panel whose keys were not logged says so.
+    draws six panels over the logged step (Lightning's ``global_step`` at the start of the micro-batch, the step
+    ``metrics.csv`` holds for every key): where each rank's time went in each timing window (compute, data wait, rank
+    wait and other seconds: ``balance/{compute_s,data_wait_s,rank_wait_s,other_s}_rank{r}``), each rank's padding
+    ratio (``balance/padding_ratio_rank{r}``), and real tokens per second of all ranks
+    (``balance/real_tokens_per_s``, axis from 0) with the straggler ratio of each window (``balance/straggler_ratio``,
+    its own axis from 1.0, spanning at least :data:`STRAGGLER_MIN_SPAN`). Every panel has a legend; a panel whose keys
+    were not logged says so. The series are :func:`training_plot_data`'s.
 
     Args:
         metrics_csv: the ``metrics.csv`` of a ``CSVLogger``.
@@ -140,39 +169,52 @@ def save_training_plot(metrics_csv: str | Path, output_path: str | Path | None =
         FileNotFoundError: no file at ``metrics_csv``.
         ValueError: a file without a ``step`` column.
     """
+    output_path = Path(output_path) if output_path is not None else Path(metrics_csv).with_name("training.png")
+    fig = training_figure(read_metrics_csv(metrics_csv))
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    _save_png(fig, output_path, dpi)
+    return output_path
+
+
+def training_figure(metrics: dict[str, tuple[np.ndarray, np.ndarray]]) -> Any:
+    """The matplotlib ``Figure`` that :func:`save_training_plot` saves, from :func:`read_metrics_csv`'s ``metrics``:
+    six panels (axes 0-5, then the straggler ratio's own axis when logged)."""
     from matplotlib.figure import Figure
 
-    metrics = read_metrics_csv(metrics_csv)
-    output_path = Path(output_path) if output_path is not None else Path(metrics_csv).with_name("training.png")
-    fig = Figure(figsize=(9, 6), layout="constrained")
-    axes = fig.subplots(2, 2, sharex=True).ravel()
-    for ax, (pattern, label) in zip(axes, _TRAINING_PANELS):
-        ranks = sorted((int(m[1]), key) for key in metrics if (m := re.fullmatch(pattern, key)) and m.groups())
-        series = [(f"rank {r}", metrics[key]) for r, key in ranks] if ranks else (
-            [("all ranks", metrics[pattern])] if pattern in metrics else [])
-        for name, (steps, values) in series[:16]:
-            ax.plot(steps, values, lw=1.0, marker="." if steps.size < 40 else None, label=name)
+    fig = Figure(figsize=(10, 8), layout="constrained")
+    axes = fig.subplots(3, 2, sharex=True).ravel()
+    for ax, (label, series) in zip(axes, training_plot_data(metrics)):
+        lines = []
+        for name, steps, values in series:
+            marker = "." if steps.size < 40 else None
+            if name == "straggler ratio":
+                twin = ax.twinx()
+                lines += twin.plot(steps, values, lw=1.0, ls="--", color="black", marker="x" if marker else None,
+                                   label=name)
+                top = max(1.0 + STRAGGLER_MIN_SPAN, float(np.nanmax(values)) * 1.02 if values.size else 0.0)
+                twin.set_ylim(1.0, top)
+                twin.set_ylabel("straggler ratio per window\n(max / median compute s)", fontsize=8)
+            elif name == "real tokens/s":
+                lines += ax.plot(steps, values, lw=1.2, color="black", marker=marker, label=name)
+                ax.set_ylim(0, max(float(np.nanmax(values)) * 1.1, 1.0) if values.size else 1.0)
+            else:
+                lines += ax.plot(steps, values, lw=1.0, marker=marker, label=name)
+        if series and series[0][0].startswith("rank "):
+            ax.set_ylim(bottom=0)  # after every line: seconds and ratios from 0
         if not series:
             ax.text(0.5, 0.5, "not logged (add the monitor to the callbacks)", transform=ax.transAxes, ha="center",
                     fontsize=8)
+        else:
+            ax.legend(handles=lines, fontsize=7, loc="best", ncols=min(len(lines), 4))
         ax.set_ylabel(label, fontsize=8)
-        if 1 < len(series) <= 8:
-            ax.legend(fontsize=7)
-    if "balance/straggler_ratio" in metrics:
-        steps, values = metrics["balance/straggler_ratio"]
-        twin = axes[3].twinx()
-        twin.plot(steps, values, lw=1.0, color="#a06010", marker="." if steps.size < 40 else None)
-        twin.set_ylabel("straggler ratio (max / median compute s)", fontsize=8, color="#a06010")
-    for ax in axes[2:]:
-        ax.set_xlabel("optimizer step")
+    for ax in axes[-2:]:
+        ax.set_xlabel("step (Lightning's global_step, as in metrics.csv)", fontsize=8)
     loss = metrics.get("train/loss")
     title = "training figures per rank"
     if loss is not None and loss[1].size and math.isfinite(float(loss[1][-1])):
         title += f" (last train/loss {float(loss[1][-1]):.3f} at step {int(loss[0][-1])})"
     fig.suptitle(title, fontsize=10)
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    _save_png(fig, output_path, dpi)
-    return output_path
+    return fig
 
 
 def _save_png(fig: Any, path: Path, dpi: int) -> None:

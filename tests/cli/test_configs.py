@@ -13,12 +13,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, InstantiationException, MissingConfigException
 from hydra.errors import OverrideParseException
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from omegaconf import OmegaConf, open_dict, read_write
 from omegaconf.errors import MissingMandatoryValue
 
 from lit_balance import BalancedTextDataModule
-from lit_balance.callbacks import BalanceProgressBar, PaddingRatioMonitor, RunSummary, StragglerMonitor
+from lit_balance.callbacks import (BalanceProgressBar, LastStepCheckpoint, PaddingRatioMonitor, RunSummary,
+                                   StragglerMonitor)
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.plan.cost import CostModel
 
@@ -96,9 +98,10 @@ def test_base_config_is_the_main_job(tmp_path, monkeypatch):
     assert (dm.max_tokens, dm.max_length, dm.val_fraction, dm.seed) == (1024, 256, 0.02, 0)
     assert dm.source.kind == "builtin"
     assert model.hparams.vocab_size == dm.vocab_size == 30522 and model.hparams.d_model == 128
-    # the live figures: two monitors and the bar that shows them
-    assert [type(c) for c in callbacks] == [RunSummary, PaddingRatioMonitor, StragglerMonitor, BalanceProgressBar]
-    assert trainer.progress_bar_callback is callbacks[-1]
+    # the live figures: two monitors and the bar that shows them; checkpoints after validation and of the last step
+    assert [type(c) for c in callbacks] == [RunSummary, PaddingRatioMonitor, StragglerMonitor, BalanceProgressBar,
+                                            ModelCheckpoint, LastStepCheckpoint]
+    assert trainer.progress_bar_callback is callbacks[3]
     assert (trainer.world_size, trainer.max_steps, trainer.accumulate_grad_batches) == (2, 40, 1)
     assert trainer.val_check_interval == 20 and trainer.limit_val_batches == 4
     # a metrics file and a checkpoint, both in the run's directory
@@ -136,7 +139,7 @@ def test_every_group_option_builds(group, option, tmp_path, monkeypatch, corpus_
     assert isinstance(dm, BalancedTextDataModule) and isinstance(model, DemoTransformerLM)
     assert isinstance(trainer, L.Trainer) and all(isinstance(c, L.Callback) for c in callbacks)
     if group == "callbacks":
-        assert len(callbacks) == 1
+        assert len(callbacks) == (2 if option == "checkpoints" else 1)
     if (group, option) == ("trainer", "gpu_ddp"):
         assert trainer.precision == "bf16-mixed" and trainer.max_steps == 1000
 

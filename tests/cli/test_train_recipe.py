@@ -1,10 +1,15 @@
 """The main job, recipes/train.py on conf/config.yaml, as a user runs it: a Hydra app, 2 CPU DDP ranks."""
 
+import fcntl
 import os
 import re
+import select
 import shutil
+import struct
 import subprocess
 import sys
+import termios
+import time
 from pathlib import Path
 
 import pytest
@@ -21,10 +26,11 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _table(out: str) -> dict[str, tuple[str, ...]]:
-    """RunSummary's rows: rank -> (micro-batches, real tokens, padded slots, padding ratio, compute s, wait s, other s)."""
+    """RunSummary's rows: rank -> (micro-batches, real tokens, padded slots, padding ratio, compute s, data wait s,
+    rank wait s, other s)."""
     return {m.group(1): m.groups()[1:] for m in re.finditer(
-        r"^\s*(0|1|total)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)$", out,
-        flags=re.MULTILINE)}
+        r"^\s*(0|1|total)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)$",
+        out, flags=re.MULTILINE)}
 
 
 @pytest.mark.ddp
@@ -36,22 +42,24 @@ def test_train_recipe_prints_per_rank_summary(tmp_path):
                           timeout=300, env=_env(tmp_path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     out = proc.stdout
-    assert out.startswith("data-parallel size 2 | per-rank budget 512 padded slots per micro-batch | global budget 1024 ")
-    assert "standard library docstrings" in out.splitlines()[0]
-    # the plan summary (BalancedTextDataModule.plan_summary) comes second and predicts the epoch's length
+    assert out.startswith("data-parallel size 2 | per-rank budget 512 padded slots per micro-batch\n"
+                          "global budget 1024 padded slots per optimizer step | ")
+    assert "standard library docstrings" in out.splitlines()[2]
+    # the plan summary (BalancedTextDataModule.plan_summary) comes next and predicts the epoch's length
     plan = re.match(r"plan for 2 ranks: padding ratio (0\.\d{4}) \| useful compute fraction (0\.\d{4}|1\.0000) \| "
-                    r"micro-batches per rank (\d+)$", out.splitlines()[1])
-    assert plan, out.splitlines()[:3]
-    assert re.search(rf"micro-batches per rank per epoch {plan.group(3)} \|", out)
+                    r"micro-batches per rank (\d+)$", out.splitlines()[3])
+    assert plan, out.splitlines()[:5]
+    assert re.search(rf"micro-batches per rank per epoch {plan.group(3)}$", out, flags=re.MULTILINE)
     rows = _table(out)
     assert set(rows) == {"0", "1", "total"}
     for rank in ("0", "1"):
-        micro, real, padded, ratio, compute, wait, _ = rows[rank]
+        micro, real, padded, ratio, compute, data_wait, rank_wait, _ = rows[rank]
         assert int(micro) == 3 and 0 < int(real) <= int(padded) <= 3 * 512
         assert abs(float(ratio) - (1 - int(real) / int(padded))) < 1e-4
-        assert float(compute) > 0 and float(wait) >= 0
+        assert float(compute) > 0 and float(data_wait) >= 0 and float(rank_wait) >= 0
     assert int(rows["total"][1]) == int(rows["0"][1]) + int(rows["1"][1])
-    assert re.search(r"^wall \d+\.\d s \| straggler ratio \d\.\d{3} ", out, flags=re.MULTILINE)
+    assert re.search(r"^wall \d+\.\d s \(slowest rank\) \| straggler ratio \d\.\d{3}: largest compute s over the "
+                     r"median, whole run$", out, flags=re.MULTILINE)
     assert re.search(r"last train/loss \d+\.\d+", out)
 
     # both ranks worked in the launch directory: one tokenization cache and one Hydra run directory, nothing else
@@ -61,23 +69,30 @@ def test_train_recipe_prints_per_rank_summary(tmp_path):
     assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "logs", "train.log", "train_ddp_process_1.log"]
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["checkpoints", "hparams.yaml", "metrics.csv",
                                                                     "training.png"]
+    assert sorted(p.name for p in (run_dir / "logs" / "checkpoints").iterdir()) == ["epoch=0-step=3.ckpt", "last.ckpt"]
     assert yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) == overrides  # rank 0's record
 
     # the last lines name the metrics file, the checkpoint and the plot, which exist
-    named = dict(re.findall(r"^(metrics file|checkpoint|training figures)[^:]*: (\S+)$", out, flags=re.MULTILINE))
-    assert set(named) == {"metrics file", "checkpoint", "training figures"}, out[-2000:]
+    named = re.findall(r"^(metrics file|checkpoint|training figures)[^:]*: (\S+)$", out, flags=re.MULTILINE)
+    assert sorted({kind for kind, _ in named}) == ["checkpoint", "metrics file", "training figures"], out[-2000:]
     rel = run_dir.relative_to(tmp_path) / "logs"
-    assert (named["metrics file"], named["training figures"]) == (str(rel / "metrics.csv"), str(rel / "training.png"))
-    assert re.fullmatch(re.escape(str(rel / "checkpoints")) + r"/epoch=0-step=3\.ckpt", named["checkpoint"])
-    assert all((tmp_path / path).is_file() for path in named.values())
+    paths = {kind: [p for k, p in named if k == kind] for kind in ("metrics file", "checkpoint", "training figures")}
+    assert paths["metrics file"] == [str(rel / "metrics.csv")]
+    assert paths["training figures"] == [str(rel / "training.png")]
+    assert paths["checkpoint"] == [str(rel / "checkpoints" / name) for name in ("epoch=0-step=3.ckpt", "last.ckpt")]
+    assert all((tmp_path / path).is_file() for _, path in named)
+    assert f"resume: python recipes/train.py ckpt_path={rel / 'checkpoints' / 'last.ckpt'} " in out
     header = (run_dir / "logs" / "metrics.csv").read_text().splitlines()[0].split(",")
-    assert {"step", "train/loss", "balance/real_tokens_per_s", "balance/padding_ratio_rank1",
-            "balance/straggler_ratio", "balance/compute_s_rank1", "balance/data_wait_s_rank0"} <= set(header)
+    assert {"step", "train/loss", "balance/real_tokens_per_s", "balance/padding_ratio_rank1", "balance/straggler_ratio",
+            "balance/compute_s_rank1", "balance/data_wait_s_rank0", "balance/rank_wait_s_rank1",
+            "balance/other_s_rank0"} <= set(header)
 
-    # the progress bar (rank 0, stdout; its last frame, wrapped at 80 columns): the epoch, the step, the figures
+    # the progress bar (rank 0, stdout; its last frame, not a terminal: wrapped at 80 columns): the epoch, the step,
+    # the figures and the window they cover
     bar = " ".join(out[out.rindex("Epoch "):].split())
     assert bar.startswith("Epoch 0 ") and "/-2" not in bar and "0.00it/s" not in bar, bar[:600]
-    assert re.search(r"step: 3/3 tokens/s: [\d,]+ padding: 0\.\d{3} straggler: \d\.\d\d", bar), bar[:600]
+    assert re.search(r"step: 3/3 window: steps 0-2 tokens/s: [\d,]+ straggler: \d\.\d\d compute: \d+% data wait: \d+% "
+                     r"rank wait: \d+% other: \d+% padding \(epoch\): 0\.\d{3}", bar), bar[:600]
 
 
 @pytest.mark.slow
@@ -94,7 +109,8 @@ def test_config_dir_and_config_name_select_another_config(tmp_path):
     cfg = yaml.safe_load(proc.stdout)
     assert cfg["seed"] == 7 and cfg["data"]["seed"] == "${seed}" and cfg["trainer"]["devices"] == 1
     assert cfg["model"]["_target_"] == "lit_balance.demo.DemoTransformerLM"
-    assert list(cfg["callbacks"]) == ["run_summary", "padding_monitor", "straggler_monitor", "progress_bar"]
+    assert list(cfg["callbacks"]) == ["run_summary", "padding_monitor", "straggler_monitor", "progress_bar",
+                                      "model_checkpoint", "last_step_checkpoint"]
     assert not (tmp_path / "outputs").exists()  # --cfg prints and exits: no run
 
 
@@ -112,7 +128,7 @@ def test_train_recipe_trains_packed_with_data_packing_true(tmp_path):
                           timeout=300, env=_env(tmp_path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     out = proc.stdout
-    assert out.startswith("data-parallel size 2 | per-rank budget 512 tokens per packed row per micro-batch | ")
+    assert out.startswith("data-parallel size 2 | per-rank budget 512 tokens per packed row per micro-batch\n")
     rows = _table(out)
     assert set(rows) == {"0", "1", "total"}
     for rank in ("0", "1", "total"):
@@ -129,3 +145,92 @@ def test_train_recipe_runs_without_a_progress_bar_when_asked(tmp_path):
                           timeout=300, env=_env(tmp_path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert set(_table(proc.stdout)) == {"0", "1", "total"} and "Epoch 0" not in proc.stdout
+
+
+def _run_in_terminal(args: list[str], cwd: Path, env: dict[str, str], columns: int = 80, lines: int = 40,
+                     timeout: float = 400) -> tuple[int, list[list[str]]]:
+    """Run the main job under a pseudo-terminal of ``columns`` x ``lines``, as a user does, and read its screen
+    (pyte, a VT100 emulator) after every chunk of output. Returns the exit status and every screen seen."""
+    import pyte
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
+    env = {**env, "TERM": "xterm", "COLUMNS": str(columns), "LINES": str(lines)}
+    proc = subprocess.Popen([sys.executable, str(RECIPE), *args], stdin=slave, stdout=slave, stderr=slave, cwd=cwd,
+                            env=env, start_new_session=True)
+    os.close(slave)
+    screen = pyte.Screen(columns, lines)
+    stream = pyte.ByteStream(screen)
+    screens = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # the terminal closed: every process of the job exited
+                break
+            if not chunk:
+                break
+            stream.feed(chunk)
+            screens.append(list(screen.display))
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    return proc.wait(timeout=60), screens
+
+
+def _unwrapped(shown: list[str], columns: int = 80) -> str:
+    """The screen's text with the terminal's line wrapping undone (a line filled to the last column continues)."""
+    out = ""
+    for line in shown:
+        out += line.rstrip() + ("" if len(line.rstrip()) == columns else "\n")
+    return out
+
+
+_BAR = re.compile(r"^Epoch \d+\s.*?(\d+)/(\d+)\s+(\d+):(\d\d):(\d\d)")
+_LABELS = ("train/loss", "step", "window", "tokens/s", "straggler", "compute", "data wait", "rank wait", "other",
+           "padding (epoch)")
+
+
+@pytest.mark.ddp
+def test_the_main_job_in_a_terminal_keeps_a_readable_screen_and_resumes_from_its_last_step(tmp_path):
+    # max_steps=3 of the smoke model under an 80 x 40 terminal; then a resume from the checkpoint it printed
+    env = _env(tmp_path)
+    base = ["experiment=smoke", "data.cache_dir=cache", "callbacks.straggler_monitor.log_every_n_micro_batches=2"]
+    status, screens = _run_in_terminal([*base, "trainer.max_steps=3"], tmp_path, env)
+    final = [line.rstrip() for line in screens[-1]]
+    assert status == 0, "\n".join(final)
+    text = "\n".join(final)
+    # the bar closed before the table: no frame of it below the table's header
+    head = next(i for i, line in enumerate(final) if line.lstrip().startswith("rank micro-batches"))
+    assert not any(_BAR.match(line) or "━" in line for line in final[head:]), text
+    # every name: value of every frame of the bar on one line
+    for shown in screens:
+        for line in shown:
+            for label in _LABELS:
+                for match in re.finditer(rf"(?<![\w/]){re.escape(label)}:", line):
+                    assert line[match.end():match.end() + 2].strip(), (label, "\n".join(shown))
+    assert any(re.search(r"straggler: \d\.\d\d", line) for shown in screens for line in shown)
+    # the summary names a checkpoint of the last step, which exists
+    checkpoint = re.search(r"^resume: python recipes/train.py ckpt_path=(\S+) ", _unwrapped(screens[-1]),
+                           flags=re.MULTILINE)
+    assert checkpoint and (tmp_path / checkpoint[1]).is_file() and checkpoint[1].endswith("last.ckpt"), text
+
+    status, screens = _run_in_terminal([*base, "trainer.max_steps=12", f"ckpt_path={checkpoint[1]}"], tmp_path, env)
+    final = "\n".join(line.rstrip() for line in screens[-1])
+    assert status == 0, final
+    bars = [m for shown in screens for line in shown if (m := _BAR.match(line))]
+    assert bars, final
+    counts = [(int(m[1]), int(m[2])) for m in bars]
+    assert all(count <= total for count, total in counts), counts
+    assert counts[-1] == (12, 12), counts  # the epoch's micro-batches from its start, to max_steps
+    assert min(count for count, _ in counts if count > 0) >= 4, counts  # resumed after step 3, not from 0
+    last = bars[-1]
+    assert int(last[3]) * 3600 + int(last[4]) * 60 + int(last[5]) > 0, last[0]  # 9 micro-batches take seconds
+    assert re.search(r"^checkpoint: \S+/last\.ckpt$", _unwrapped(screens[-1]), flags=re.MULTILINE), final

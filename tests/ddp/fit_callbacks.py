@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset
 from lit_balance.demo import DemoTransformerLM
-from lit_balance.callbacks import AdaptiveGradAccumulation, PaddingRatioMonitor, StragglerMonitor
+from lit_balance.callbacks import AdaptiveGradAccumulation, PaddingRatioMonitor, StragglerMonitor, TimingWindow
 
 
 class ScriptedClock:
@@ -148,7 +148,7 @@ def main():
         "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
         "final_accumulate_grad_batches": trainer.accumulate_grad_batches,
         # the last epoch's gathered local-backward seconds, [world_size, micro-batches] (NaN: synced backward)
-        "backward_s": np.concatenate(monitor.epoch_windows, axis=1)[:, :, 6].tolist(),
+        "backward_s": TimingWindow.concatenate(monitor.epoch_windows).backward_s.tolist(),
     }
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 

@@ -143,7 +143,9 @@ def main():
               "micro_batches": model.micro_batches, "steps": model.steps, "num_train": len(data.train_dataset),
               "num_batches": len(data.train_sampler), "summary_rows": len(summary.rows),
               "summary_real_tokens": summary.total["real_tokens"], "train_mean_loss": model.train_mean_loss,
-              "straggler_windows": [w.tolist() for w in straggler.epoch_windows]}
+              "straggler_windows": [{name: getattr(w, name).tolist() for name in ("forward_s", "real_tokens", "compute_s",
+                                                                                   "other_s")}
+                                    for w in straggler.epoch_windows]}
     (out / f"rank{rank}.json").write_text(json.dumps(record))
 
 

@@ -18,7 +18,8 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 
 from lit_balance import BalancedTextDataModule
-from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, PaddingRatioMonitor, StragglerMonitor
+from lit_balance.callbacks import (AdaptiveGradAccumulation, CostModelFeedback, PaddingRatioMonitor, StragglerMonitor,
+                                   TimingWindow)
 from lit_balance.demo import DemoTransformerLM
 
 
@@ -82,9 +83,9 @@ def main():
         "padding_metrics": padding.last_metrics,
         "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
         "cost_fit": None if adaptive or feedback.last_fit is None else feedback.last_fit[0].to_dict(),
-        "cost_column": np.concatenate(straggler.epoch_windows, axis=1)[:, :, 5].tolist(),
+        "cost_column": TimingWindow.concatenate(straggler.epoch_windows).cost.tolist(),
         "epoch_cost_models": model.epoch_cost_models,
-        "rows_column": np.concatenate(straggler.epoch_windows, axis=1)[:, :, 2].tolist(),
+        "rows_column": TimingWindow.concatenate(straggler.epoch_windows).rows.tolist(),
     }
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 

@@ -71,11 +71,11 @@ def test_straggler_windows_hold_the_data_parallel_ranks_and_are_the_same_on_ever
     dp, _, _ = RUNS[run]
     _, ranks = runs[run]
     windows = ranks[0]["straggler_windows"]
-    assert len(windows) >= 2 and all(len(w) == dp for w in windows)  # [num_replicas, micro-batches, 7] each
+    assert len(windows) >= 2 and all(len(w["real_tokens"]) == dp for w in windows)  # [num_replicas, micro-batches]
     assert all(r["straggler_windows"] == windows for r in ranks)  # what feedback and accumulation decide on
     first = [peers[0] for _, peers in sorted(replicas(ranks).items())]
     for d, record in enumerate(first):  # each data-parallel rank's row counts its own micro-batches' real tokens
-        assert sum(m[4] for w in windows for m in w[d]) == sum(m[3] for m in record["micro_batches"])
+        assert sum(t for w in windows for t in w["real_tokens"][d]) == sum(m[3] for m in record["micro_batches"])
 
 
 @pytest.mark.parametrize("run", RUNS)

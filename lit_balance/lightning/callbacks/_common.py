@@ -12,23 +12,22 @@ from lit_balance.errors import InputTypeError
 from lit_balance.world import data_parallel_world
 
 
-def emit(trainer: L.Trainer, metrics: dict[str, float]) -> None:
-    """Send ``metrics`` (the same on every rank) to every logger, at ``trainer.global_step``, from rank 0.
+def emit(trainer: L.Trainer, metrics: dict[str, float], step: int | None = None) -> None:
+    """Send ``metrics`` (the same on every rank) to every logger, from rank 0, at ``step``.
 
-    Values go straight to ``Logger.log_metrics`` (not through ``LightningModule.log``), so they are logged
-    exactly as computed, whatever the Trainer's ``log_every_n_steps`` says; they also appear in
-    ``trainer.callback_metrics``.
+    ``step``: Lightning's ``global_step`` at the start of the micro-batch the figures end with, the step that
+    micro-batch's ``self.log`` values are logged at (so one optimizer step has one step value in ``metrics.csv``);
+    default ``trainer.global_step``. Values go straight to ``Logger.log_metrics`` (not through
+    ``LightningModule.log``), so they are logged exactly as computed, whatever the Trainer's ``log_every_n_steps``
+    says; they also appear in ``trainer.callback_metrics``.
     """
     if not metrics:
         return
+    step = int(trainer.global_step) if step is None else int(step)
     if trainer.is_global_zero:
         for logger in trainer.loggers:
-            logger.log_metrics(dict(metrics), step=trainer.global_step)
-    # the connector's dict itself: the public property recomputes every logged metric on each access
-    connector = getattr(trainer, "_logger_connector", None)
-    callback_metrics = getattr(connector, "_callback_metrics", None)
-    if callback_metrics is None:
-        callback_metrics = trainer.callback_metrics
+            logger.log_metrics(dict(metrics), step=step)
+    callback_metrics = trainer.callback_metrics  # Lightning's own dict (the property returns it, updated)
     for k, v in metrics.items():
         callback_metrics[k] = torch.tensor(float(v))
 

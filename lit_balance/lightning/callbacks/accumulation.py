@@ -12,7 +12,7 @@ import torch
 from lit_balance._checks import check_int, check_number
 from lit_balance.errors import InputValueError
 from lit_balance.lightning.callbacks._common import batch_fields, emit, train_sampler
-from lit_balance.lightning.callbacks.straggler import COMPUTE, StragglerMonitor, step_imbalance
+from lit_balance.lightning.callbacks.straggler import StragglerMonitor, step_imbalance
 from lit_balance.sampler.sampler import BalancedBatchSampler
 from lit_balance.world import data_parallel_world
 
@@ -148,6 +148,7 @@ class AdaptiveGradAccumulation(L.Callback):
         self._window_start = 0
         self._window_local = 0
         self._first_batch = False  # the first batch of this fit is still to come
+        self._step = 0  # global_step at the start of the current micro-batch
 
     # -- checks ------------------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -217,7 +218,7 @@ class AdaptiveGradAccumulation(L.Callback):
         monitor = self._monitor
         if monitor is None or monitor.last_window is None:
             return None
-        return monitor.last_window[:, :, COMPUTE]
+        return monitor.last_window.forward_s
 
     def wanted(self, mean_tokens: float, compute_s: np.ndarray | None = None) -> int:
         """The value the policy wants, before hysteresis and alignment (see the class docstring).
@@ -239,6 +240,7 @@ class AdaptiveGradAccumulation(L.Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
+        self._step = int(trainer.global_step)  # the step this micro-batch's figures are logged at
         current = int(trainer.accumulate_grad_batches)
         if self._first_batch:  # the fit's first batch: a resume may start inside a window, which began earlier
             self._first_batch = False
@@ -281,4 +283,4 @@ class AdaptiveGradAccumulation(L.Callback):
             self._measured_mean = tokens / micro_batches
         self.history.append((int(trainer.current_epoch), self._window_start, micro_batches, tokens))
         emit(trainer, {"balance/accumulate_grad_batches": float(micro_batches),
-                       "balance/tokens_per_optimizer_step": float(tokens)})
+                       "balance/tokens_per_optimizer_step": float(tokens)}, step=self._step)

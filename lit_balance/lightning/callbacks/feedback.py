@@ -13,7 +13,7 @@ import torch
 from lit_balance._checks import MIN_RANK_SPEED_RATIO, check_bool, check_int, check_number
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.callbacks._common import emit, train_sampler
-from lit_balance.lightning.callbacks.straggler import BACKWARD, COMPUTE, LENGTH, ROWS, StragglerMonitor
+from lit_balance.lightning.callbacks.straggler import StragglerMonitor, TimingWindow
 from lit_balance.plan.cost import CostModel, CostModelProtocol
 from lit_balance.world import data_parallel_world
 
@@ -65,7 +65,7 @@ def _fitted_class(sampler: Any) -> tuple[type, tuple[str, ...]]:
 
 
 
-def fit_cost_and_speeds(window: np.ndarray, *, cost_class: type = CostModel, iterations: int = 5,
+def fit_cost_and_speeds(window: TimingWindow, *, cost_class: type = CostModel, iterations: int = 5,
                         min_samples: int = 3) -> tuple[CostModelProtocol, list[float]]:
     """Fit a cost model in seconds (of class ``cost_class``) and each rank's relative speed from timed micro-batches.
 
@@ -80,16 +80,16 @@ def fit_cost_and_speeds(window: np.ndarray, *, cost_class: type = CostModel, ite
     rank's padded slots per second, so a slow rank that ran smaller micro-batches is not mistaken for a
     per-micro-batch cost. Speeds are scaled so the fastest rank has 1.0.
 
-    **Which seconds.** Forward + backward of the micro-batches whose backward was local (column ``backward_s``
+    **Which seconds.** Forward + backward of the micro-batches whose backward was local (``backward_s``
     finite: inside DDP ``no_sync``, or a single process) when every rank has at least ``min_samples`` of them;
     then only those micro-batches are used. Otherwise (e.g. ``accumulate_grad_batches=1`` under DDP, where every
     backward waits in the all-reduce) forward seconds of every micro-batch. Backward is most of a micro-batch's
     compute, and a rank can be slower in backward than in forward, so forward alone can overrate a slow rank.
 
     Args:
-        window: float ``[num_replicas, n, 7]`` (columns of :data:`lit_balance.lightning.callbacks.straggler.FIELDS`),
-            e.g. the concatenated :attr:`StragglerMonitor.epoch_windows`; ``[num_replicas, n, 6]`` (no backward
-            column) fits forward seconds.
+        window: the micro-batches of every rank (their ``forward_s``, ``backward_s``, ``rows`` and
+            ``padded_length``), e.g. ``TimingWindow.concatenate(monitor.epoch_windows)``; one without backward
+            seconds (all NaN) fits forward seconds.
         cost_class: the cost model's class: a classmethod ``fit(rows, padded_length, seconds, *, min_samples)``
             returning an instance (:meth:`CostModel.fit` is the model), and ``batch_cost`` on that instance.
         iterations: alternations (>= 1).
@@ -106,19 +106,18 @@ def fit_cost_and_speeds(window: np.ndarray, *, cost_class: type = CostModel, ite
     """
     if not callable(getattr(cost_class, "fit", None)):
         raise InputTypeError(_no_fit_message(cost_class), parameter="cost_class")
-    w = np.asarray(window, dtype=np.float64)
-    if w.ndim != 3 or w.shape[2] < BACKWARD:
-        raise InputValueError(f"window must be [num_replicas, n, {BACKWARD + 1}] (columns of StragglerMonitor's "
-                              f"FIELDS), got shape {w.shape}", parameter="window")
-    if w.shape[1] < min_samples:
-        raise InputValueError(f"need at least {min_samples} timed micro-batches per rank, got window shape {w.shape}")
-    rows, length, seconds = w[:, :, ROWS], w[:, :, LENGTH], w[:, :, COMPUTE]
+    if not isinstance(window, TimingWindow):
+        raise InputTypeError(f"window must be a TimingWindow (StragglerMonitor's epoch_windows, joined with "
+                             f"TimingWindow.concatenate), got {type(window).__name__}", parameter="window")
+    if window.num_micro_batches < min_samples:
+        raise InputValueError(f"need at least {min_samples} timed micro-batches per rank, got "
+                              f"{window.num_micro_batches} on each of {window.num_replicas} ranks")
+    rows, length, seconds = window.rows, window.padded_length, window.forward_s
     use = np.ones(rows.shape, dtype=bool)
-    if w.shape[2] > BACKWARD:
-        local = np.isfinite(w[:, :, BACKWARD])
-        if (local.sum(axis=1) >= min_samples).all():
-            use = local
-            seconds = seconds + np.where(local, w[:, :, BACKWARD], 0.0)
+    local = np.isfinite(window.backward_s)
+    if (local.sum(axis=1) >= min_samples).all():
+        use = local
+        seconds = seconds + np.where(local, window.backward_s, 0.0)
     rows, length, seconds = (np.where(use, a, 0.0) for a in (rows, length, seconds))
     # Start from each rank's padded slots per second. Starting from equal speeds, the first cost fit explains a
     # slow rank that ran smaller micro-batches (as the plan for its speed gives it) by a per-micro-batch cost, and
@@ -234,11 +233,11 @@ class CostModelFeedback(L.Callback):
         monitor.flush(trainer, pl_module)  # the epoch's last partial window, if the monitor has not yet
         if not monitor.epoch_windows:
             return
-        window = np.concatenate(monitor.epoch_windows, axis=1)
+        window = TimingWindow.concatenate(monitor.epoch_windows)
         sampler = train_sampler(trainer)
         cost_class, names = _fitted_class(sampler)
         world = data_parallel_world(trainer)
-        payload = torch.zeros(1 + len(names) + window.shape[0], dtype=torch.float64)  # [status, *coefs, *speeds]
+        payload = torch.zeros(1 + len(names) + window.num_replicas, dtype=torch.float64)  # [status, *coefs, *speeds]
         if world.rank == 0:
             payload = self._fit(window, cost_class, names)
         values = world.broadcast(payload, src=0).tolist()
@@ -265,19 +264,20 @@ class CostModelFeedback(L.Callback):
         metrics = {f"balance/cost_{name}": value for name, value in zip(names, coefs)}
         for r, s in enumerate(fitted_speeds):
             metrics[f"balance/rank_speed_rank{r}"] = s
-        emit(trainer, metrics)
+        last = self._monitor.last_window if self._monitor is not None else None
+        emit(trainer, metrics, step=last.last_step if last is not None else None)
 
-    def _fit(self, window: np.ndarray, cost_class: type, names: tuple[str, ...]) -> torch.Tensor:
+    def _fit(self, window: TimingWindow, cost_class: type, names: tuple[str, ...]) -> torch.Tensor:
         """On data-parallel rank 0: ``[status, *coefficients, *rank speeds]``, smoothed with the previous fit."""
         try:
             cost, speeds = fit_cost_and_speeds(window, cost_class=cost_class, min_samples=self.min_samples)
         except ValueError as error:
             warnings.warn(f"CostModelFeedback: no fit this epoch: {error}", RuntimeWarning, stacklevel=3)
-            return torch.zeros(1 + len(names) + window.shape[0], dtype=torch.float64)
+            return torch.zeros(1 + len(names) + window.num_replicas, dtype=torch.float64)
         try:
             new = np.array([*_coefficients(cost, names), *speeds], dtype=np.float64)
         except (TypeError, ValueError):
-            return torch.tensor([_FIT_MISMATCH] + [0.0] * (len(names) + window.shape[0]), dtype=torch.float64)
+            return torch.tensor([_FIT_MISMATCH] + [0.0] * (len(names) + window.num_replicas), dtype=torch.float64)
         previous = self._previous
         if previous is not None and previous[:2] == (cost_class, names) and previous[2].shape == new.shape:
             new = self.smoothing * previous[2] + (1 - self.smoothing) * new

@@ -65,6 +65,11 @@ class PaddingRatioMonitor(L.Callback):
         self._since_batches = 0
         self._last_time = 0.0
         self._batches = 0
+        self._step = 0
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._step = int(trainer.global_step)  # the step this micro-batch's figures are logged at
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.metric.reset()
@@ -104,7 +109,7 @@ class PaddingRatioMonitor(L.Callback):
         elapsed = float(g[:, 3].max())
         metrics["balance/real_tokens_per_s"] = float(g[:, 2].sum()) / elapsed if elapsed > 0 else 0.0
         self.last_metrics = metrics
-        emit(trainer, metrics)
+        emit(trainer, metrics, step=self._step)
 
 
 def _ratio(real: float, padded: float) -> float:

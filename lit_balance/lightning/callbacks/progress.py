@@ -5,19 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import numpy as np
 from lightning.pytorch.callbacks import RichProgressBar
 
 from lit_balance.lightning.callbacks.padding import PaddingRatioMonitor
 from lit_balance.lightning.callbacks.straggler import StragglerMonitor
 
-__all__ = ["BalanceProgressBar", "live_figures"]
-
-#: logged metric key -> (label in the bar, format)
-FIGURES = {
-    "balance/real_tokens_per_s": ("tokens/s", "{:,.0f}"),
-    "balance/padding_ratio": ("padding", "{:.3f}"),
-    "balance/straggler_ratio": ("straggler", "{:.2f}"),
-}
+__all__ = ["BalanceProgressBar", "bar_figures", "live_figures"]
 
 
 def live_figures(trainer: L.Trainer) -> dict[str, float]:
@@ -28,6 +22,43 @@ def live_figures(trainer: L.Trainer) -> dict[str, float]:
         if isinstance(callback, (PaddingRatioMonitor, StragglerMonitor)):
             figures.update(callback.last_metrics)
     return figures
+
+
+def bar_figures(trainer: L.Trainer) -> dict[str, str]:
+    """The monitors' figures as the bar shows them, label -> value, each label saying what it covers.
+
+    From the trainer's :class:`StragglerMonitor`'s last window (``window: steps a-b``, Lightning's ``global_step`` of
+    its first and last micro-batch, as in ``metrics.csv``): ``tokens/s`` (real tokens of all ranks over the slowest
+    rank's wall time of the window), ``straggler`` (the window's largest compute seconds over the median; the
+    :class:`RunSummary` table's ``straggler ratio`` is the same over the whole run), and where the ranks' time went
+    (``compute``, ``data wait``, ``rank wait``, ``other``: shares of the window's seconds summed over ranks, as the
+    per-rank columns of ``metrics.csv``). From :class:`PaddingRatioMonitor`: ``padding (epoch)``, the padding ratio
+    of the epoch so far (all ranks), and ``tokens/s`` (its last window) when there is no StragglerMonitor.
+    """
+    items: dict[str, str] = {}
+    window = None
+    padding: dict[str, float] = {}
+    for callback in trainer.callbacks:
+        if isinstance(callback, StragglerMonitor) and callback.last_window is not None:
+            window = callback.last_window
+        if isinstance(callback, PaddingRatioMonitor):
+            padding = callback.last_metrics
+    if window is not None:
+        items["window"] = f"steps {window.first_step}-{window.last_step}"
+        wall = window.compute_s + window.data_wait_s + window.rank_wait_s + window.other_s  # [num_replicas]
+        slowest = float(wall.max())
+        items["tokens/s"] = f"{float(window.real_tokens.sum()) / slowest:,.0f}" if slowest > 0 else "--"
+        median = float(np.median(window.compute_s))
+        items["straggler"] = f"{float(window.compute_s.max()) / median:.2f}" if median > 0 else "1.00"
+        total = float(wall.sum())
+        for label, phase in (("compute", window.compute_s), ("data wait", window.data_wait_s),
+                             ("rank wait", window.rank_wait_s), ("other", window.other_s)):
+            items[label] = f"{100 * float(phase.sum()) / total:.0f}%" if total > 0 else "--"
+    elif "balance/real_tokens_per_s" in padding:
+        items["tokens/s"] = f"{padding['balance/real_tokens_per_s']:,.0f}"
+    if "balance/padding_ratio" in padding:
+        items["padding (epoch)"] = f"{padding['balance/padding_ratio']:.3f}"
+    return items
 
 
 def _rate(completed: float, elapsed: float | None) -> str:
@@ -43,14 +74,16 @@ class BalanceProgressBar(RichProgressBar):
     figures of the balancing monitors, with an epoch display that is right when ``max_epochs`` is -1 or None.
 
     On global rank 0, the training bar reads ``Epoch 3`` (``Epoch 3/9`` when ``max_epochs=10``; Lightning's own bar
-    prints ``Epoch 3/-2`` for ``max_epochs=-1``), its micro-batches done in this epoch, the elapsed and remaining
-    time, and the average rate of this epoch's micro-batches (``it/s``, or ``s/it`` below one per second; Rich's
-    windowed speed reads ``0.00it/s`` when micro-batches take long). The metrics after it are the LightningModule's
-    ``prog_bar`` metrics, then ``step: 12/40`` (optimizer steps done, global; ``/max_steps`` when set) and the last
-    window's figures of the trainer's monitors (:func:`live_figures`): ``tokens/s`` (real tokens per second, all ranks,
-    :class:`PaddingRatioMonitor`), ``padding`` (padding ratio of this epoch so far, all ranks) and ``straggler``
-    (slowest rank's compute seconds over the median's, :class:`StragglerMonitor`). A figure appears once its monitor
-    has logged; the same figures go to every logger of the Trainer.
+    prints ``Epoch 3/-2`` for ``max_epochs=-1``), its micro-batches done in this epoch over the epoch's (after a
+    mid-epoch resume, counted from the epoch's start, the total no smaller than the count), the time elapsed in this
+    epoch in this process and the time remaining, and the average rate of this epoch's micro-batches in this process
+    (``it/s``, or ``s/it`` below one per second; Rich's windowed speed reads ``0.00it/s`` when micro-batches take
+    long). Below it, ``name: value`` items on lines as wide as the terminal, never splitting an item: the
+    LightningModule's ``prog_bar`` metrics, ``step: 12/40`` (optimizer steps done, global; ``/max_steps`` when set)
+    and the monitors' figures (:func:`bar_figures`: the window they cover, tokens/s, straggler ratio, where the
+    ranks' time went, padding ratio of the epoch). A figure appears once its monitor has logged; the same figures go to every logger.
+
+    The bar closes at ``on_train_end``, before anything printed after training (:class:`RunSummary`'s table).
 
     Args:
         refresh_rate, leave, theme, console_kwargs: as :class:`~lightning.pytorch.callbacks.RichProgressBar`
@@ -62,12 +95,76 @@ class BalanceProgressBar(RichProgressBar):
         ...                     logger=False, max_steps=40)
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._items: dict[str, str] = {}  # set on the training thread, drawn by Rich's
+        self._epoch_offset: int | None = 0  # batch_idx of the first micro-batch this process ran in this epoch
+        self._epoch_start_step = 0  # global_step when this process started the epoch
+
     def configure_columns(self, trainer: L.Trainer) -> list:
         columns = super().configure_columns(trainer)
         speed = [i for i, c in enumerate(columns) if type(c).__name__ == "ProcessingSpeedColumn"]
         if speed:
-            columns[speed[0]] = _RateColumn(self.theme.processing_speed)
+            columns[speed[0]] = _RateColumn(self)
         return columns
+
+    def _own_columns(self) -> None:
+        """Draw the ``name: value`` items on full-width lines below the bars (Rich's ``Progress.get_renderables``, its
+        hook for a layout of one's own), instead of Lightning's text column, which wraps them in a narrow cell."""
+        progress = self.progress
+        if progress is not None:
+            progress.columns = tuple(c for c in progress.columns if type(c).__name__ != "MetricsTextColumn")
+            progress.get_renderables = lambda: self._renderables(progress)
+
+    def _renderables(self, progress: Any) -> Any:
+        yield progress.make_tasks_table(progress.tasks)
+        texts = [f"{name}: {value}" for name, value in dict(self._items).items()]
+        if texts and any(t.id == self.train_progress_bar_id and t.visible for t in progress.tasks):
+            yield _Items(texts, self.theme.metrics)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._own_columns()
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_start(trainer, pl_module)
+        self._own_columns()
+
+    @property
+    def total_train_batches(self) -> int | float:
+        """Micro-batches of this epoch the bar counts to, from the epoch's start (also after a mid-epoch resume).
+
+        The epoch's micro-batches, or fewer when ``max_steps`` ends training first: the batch index this process
+        started the epoch at plus the micro-batches of the optimizer steps left (Lightning's own bar takes the steps
+        left for micro-batches from the epoch's start, and shows ``24/3`` after a resume late in an epoch).
+        """
+        total = self.trainer.num_training_batches
+        max_steps = self.trainer.max_steps
+        if max_steps is not None and max_steps > 0:
+            left = max(max_steps - self._epoch_start_step, 0) * max(int(self.trainer.accumulate_grad_batches), 1)
+            total = min(total, (self._epoch_offset or 0) + left)
+        return total
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch_start_step, self._epoch_offset = int(trainer.global_step), None
+        super().on_train_epoch_start(trainer, pl_module)
+        self._own_columns()
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        progress, task = self.progress, self.train_progress_bar_id
+        if progress is None or task is None:
+            return
+        if self._epoch_offset is None:  # the first micro-batch this process runs in this epoch: 0, or a resume's
+            self._epoch_offset = batch_idx
+            progress.update(task, total=self.total_train_batches)
+        total = next((t.total for t in progress.tasks if t.id == task), None)
+        if total is not None and batch_idx + 1 > total:  # accumulation changed on the way: never count past the total
+            progress.update(task, total=batch_idx + 1)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        self.teardown(trainer, pl_module, "fit")  # closes the bar: what is printed next comes below its last frame
 
     def _get_train_description(self, current_epoch: int) -> str:
         description = f"Epoch {current_epoch}"
@@ -83,24 +180,53 @@ class BalanceProgressBar(RichProgressBar):
         max_steps = trainer.max_steps
         step = trainer.global_step
         items["step"] = f"{step}/{max_steps}" if max_steps and max_steps > 0 else str(step)
-        figures = live_figures(trainer)
-        for key, (label, fmt) in FIGURES.items():
-            if key in figures:
-                items[label] = fmt.format(figures[key])
+        items.update(bar_figures(trainer))
+        self._items = {name: _shown(value, self.theme.metrics_format) for name, value in items.items()}
         return items
 
 
-def _RateColumn(style: Any) -> Any:  # a Rich column; rich is imported when the bar is drawn
-    """A Rich column: the average micro-batches per second of the bar's task (completed / elapsed)."""
+def _shown(value: Any, fmt: str) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return f"{value:{fmt}}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+class _Items:
+    """A Rich renderable: ``name: value`` items on as few lines as fit the width, never splitting an item."""
+
+    def __init__(self, texts: list[str], style: Any) -> None:
+        self.texts, self.style = texts, style
+
+    def __rich_measure__(self, console: Any, options: Any) -> Any:
+        from rich.measure import Measurement
+
+        widths = [len(t) for t in self.texts] or [0]
+        return Measurement(max(widths), sum(widths) + len(widths) - 1)
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.text import Text
+
+        lines: list[str] = []
+        for text in self.texts:
+            if lines and len(lines[-1]) + 1 + len(text) <= options.max_width:
+                lines[-1] += " " + text
+            else:
+                lines.append(text)
+        yield Text("\n".join(lines), style=self.style, no_wrap=True, overflow="ellipsis")
+
+
+def _RateColumn(bar: BalanceProgressBar) -> Any:  # a Rich column; rich is imported when the bar is drawn
+    """A Rich column: the average micro-batches per second this process ran in the bar's task (after a resume, those
+    since the resume)."""
     from rich.progress import ProgressColumn
     from rich.text import Text
 
     class RateColumn(ProgressColumn):
-        def __init__(self, style: Any) -> None:
-            self.style = style
-            super().__init__()
-
         def render(self, task: Any) -> Text:
-            return Text(_rate(task.completed, task.elapsed), style=self.style)
+            offset = (bar._epoch_offset or 0) if task.id == bar.train_progress_bar_id else 0
+            return Text(_rate(task.completed - offset, task.elapsed), style=bar.theme.processing_speed)
 
-    return RateColumn(style)
+    return RateColumn()

@@ -1,10 +1,11 @@
-"""StragglerMonitor: per-rank compute and data-wait time of every micro-batch, gathered every N micro-batches."""
+"""StragglerMonitor: every rank's micro-batches and where its time went, gathered every N micro-batches."""
 
 from __future__ import annotations
 
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -12,14 +13,85 @@ import numpy as np
 import torch
 
 from lit_balance._checks import check_bool, check_callable, check_int, check_number
+from lit_balance.errors import InputValueError
 from lit_balance.lightning.callbacks._common import batch_fields, emit, gather_same_everywhere, train_sampler
+from lit_balance.lightning.callbacks.phases import (PHASES, PhaseTotals, backward_is_local, phase_clock,
+                                                   remove_phase_clock)
 from lit_balance.plan.cost import CostModelProtocol, check_cost_model
 
-__all__ = ["StragglerMonitor", "backward_is_local", "packed_rows_and_length", "step_imbalance"]
+__all__ = ["StragglerMonitor", "TimingWindow", "backward_is_local", "packed_rows_and_length", "step_imbalance"]
 
-#: Columns of one timed micro-batch, in the gathered tensor ``[num_replicas, n, len(FIELDS)]``.
-FIELDS = ("compute_s", "data_wait_s", "rows", "padded_length", "real_tokens", "cost", "backward_s")
-COMPUTE, DATA_WAIT, ROWS, LENGTH, REAL, COST, BACKWARD = range(len(FIELDS))
+@dataclass(frozen=True)
+class TimingWindow:
+    """One gathered window of :class:`StragglerMonitor`: every rank's micro-batches and where its time went.
+
+    Per micro-batch, float64 ``[num_replicas, n]`` (rank by rank, in the order they ran; the same on every rank):
+    ``forward_s`` (seconds from ``on_train_batch_start`` to ``on_before_backward``: forward and loss, no collective),
+    ``backward_s`` (seconds of a backward that holds no collective, NaN otherwise; see :func:`backward_is_local`),
+    ``rows`` and ``padded_length`` (the micro-batch's shape ``[rows, padded_length]``; for a packed one,
+    :func:`packed_rows_and_length`), ``real_tokens`` and ``cost`` (in the cost model's unit).
+
+    Per rank over the window, float64 ``[num_replicas]`` seconds (:class:`lit_balance.lightning.callbacks.phases.
+    PhaseClock`; they add up to the window's wall time on that rank): ``compute_s`` (forward, backward, optimizer
+    step), ``data_wait_s`` (fetching and moving batches), ``rank_wait_s`` (waiting for the other ranks), ``other_s``
+    (validation, checkpointing, logging, callbacks). ``first_step`` and ``last_step``: Lightning's ``global_step`` at
+    the start of the window's first and last micro-batch (the step the loss of that micro-batch is logged at).
+
+    Phases left out (None) are zeros; :meth:`concatenate` joins windows (micro-batches side by side, phases added).
+    """
+
+    forward_s: np.ndarray
+    rows: np.ndarray
+    padded_length: np.ndarray
+    backward_s: np.ndarray | None = None
+    real_tokens: np.ndarray | None = None
+    cost: np.ndarray | None = None
+    compute_s: np.ndarray | None = None
+    data_wait_s: np.ndarray | None = None
+    rank_wait_s: np.ndarray | None = None
+    other_s: np.ndarray | None = None
+    first_step: int = 0
+    last_step: int = 0
+
+    def __post_init__(self) -> None:
+        shape = np.shape(self.forward_s)
+        for name in MICRO_BATCH_FIELDS:
+            value = getattr(self, name)
+            fill = np.nan if name == "backward_s" else 0.0
+            value = np.full(shape, fill) if value is None else np.asarray(value, dtype=np.float64)
+            if value.shape != shape or len(shape) != 2:
+                raise InputValueError(f"TimingWindow fields per micro-batch must all be [num_replicas, n], got "
+                                      f"{name} of shape {value.shape} beside forward_s of shape {shape}")
+            object.__setattr__(self, name, value)
+        for name in PHASES:
+            value = getattr(self, name)
+            value = np.zeros(shape[0]) if value is None else np.asarray(value, dtype=np.float64)
+            if value.shape != (shape[0],):
+                raise InputValueError(f"TimingWindow phase {name} must be [num_replicas] = [{shape[0]}], got "
+                                      f"shape {value.shape}")
+            object.__setattr__(self, name, value)
+
+    @property
+    def num_replicas(self) -> int:
+        return int(self.forward_s.shape[0])
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Micro-batches per rank in the window."""
+        return int(self.forward_s.shape[1])
+
+    @classmethod
+    def concatenate(cls, windows: list[TimingWindow]) -> TimingWindow:
+        """One window holding ``windows`` one after the other (the same number of ranks each)."""
+        if not windows:
+            raise InputValueError("TimingWindow.concatenate needs at least one window, got none")
+        return cls(**{name: np.concatenate([getattr(w, name) for w in windows], axis=1) for name in MICRO_BATCH_FIELDS},
+                   **{name: np.sum([getattr(w, name) for w in windows], axis=0) for name in PHASES},
+                   first_step=windows[0].first_step, last_step=windows[-1].last_step)
+
+
+#: The per-micro-batch fields of a :class:`TimingWindow`, in the order :class:`StragglerMonitor` gathers them.
+MICRO_BATCH_FIELDS = ("forward_s", "backward_s", "rows", "padded_length", "real_tokens", "cost")
 
 
 def _document_lengths(cu_seq_lens: Any) -> np.ndarray:
@@ -51,22 +123,6 @@ def packed_rows_and_length(cu_seq_lens: Any) -> tuple[float, float]:
     return s1 * s1 / s2, s2 / s1
 
 
-def backward_is_local(trainer: L.Trainer) -> bool:
-    """Whether the backward about to run holds no collective: one process, or DDP inside ``no_sync``.
-
-    Lightning runs the micro-batches inside an accumulation window (all but the optimizer step's last) under
-    :meth:`torch.nn.parallel.DistributedDataParallel.no_sync`, which clears the wrapped model's
-    ``require_backward_grad_sync``; their backward computes gradients without the all-reduce. Any other
-    strategy (FSDP, DeepSpeed, tensor parallelism even with one data-parallel rank, ...) is assumed to communicate in
-    backward.
-    """
-    if trainer.world_size <= 1:
-        return True
-    model = getattr(trainer.strategy, "model", None)
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return not bool(model.require_backward_grad_sync)
-    return False
-
 
 def step_imbalance(compute_s: np.ndarray, accumulate_grad_batches: int) -> float:
     """Straggler ratio of optimizer steps of ``accumulate_grad_batches`` consecutive micro-batches.
@@ -92,52 +148,44 @@ def step_imbalance(compute_s: np.ndarray, accumulate_grad_batches: int) -> float
 
 
 class StragglerMonitor(L.Callback):
-    """Time every rank's compute and data wait per micro-batch; every N micro-batches, compare the ranks.
+    """Time every rank's micro-batches and where its time goes; every N micro-batches, compare the ranks.
 
-    **Timed interval (compute).** From ``on_train_batch_start`` to ``on_before_backward``: the forward pass
-    and the loss of ``training_step``, on this rank. It deliberately stops before backward: under DDP the
-    gradient all-reduce runs *inside* backward (bucket hooks overlap it with the gradient computation, and
-    the last bucket waits for the slowest rank), so a backward-inclusive interval would charge the fast ranks
-    with waiting for the slow one. The forward pass contains no collective when the module has no buffers
-    (DDP broadcasts buffers before forward only when there are some and ``broadcast_buffers=True``; pass
-    ``DDPStrategy(broadcast_buffers=False)`` otherwise). Forward seconds are a fixed share of a
-    micro-batch's compute, which is all that ranking ranks needs. If ``on_before_backward`` is not reached
-    (no loss), the interval ends at ``on_train_batch_end``.
+    **Where the time goes** (per rank, :class:`lit_balance.lightning.callbacks.phases.PhaseClock`, which the monitor
+    puts in front of the Trainer's profiler at ``setup``): ``compute`` (forward, backward, optimizer step), ``data
+    wait`` (fetching and moving batches), ``rank wait`` (waiting for the other ranks: a barrier right before each
+    backward that synchronises gradients, and Lightning's stop-flag broadcast before each fetch) and ``other``
+    (validation, checkpointing, logging, callbacks), each window's four adding up to its wall time on that rank.
 
-    **Backward, where it is local.** From ``on_before_backward`` to ``on_after_backward`` (the LightningModule's
-    ``backward``), but only for a backward that holds no collective (:func:`backward_is_local`): every
-    micro-batch of a single process, and under DDP those inside an accumulation window (``no_sync``), but not
-    the optimizer step's last, whose backward waits in the gradient all-reduce. Other micro-batches get NaN.
-    :class:`lit_balance.callbacks.CostModelFeedback` fits rank speeds on forward + backward seconds where there
-    are enough of these, so a rank that is slow in backward only is seen too.
+    **Per micro-batch** (:class:`TimingWindow`): ``forward_s`` from ``on_train_batch_start`` to
+    ``on_before_backward`` (the forward pass and the loss of ``training_step``; no collective when the module has no
+    buffers, or with ``DDPStrategy(broadcast_buffers=False)``; to ``on_train_batch_end`` when no backward runs), and
+    ``backward_s`` from ``on_before_backward`` to ``on_after_backward`` for a backward that holds no collective
+    (:func:`backward_is_local`: a single process, or DDP inside ``no_sync``), NaN otherwise.
+    :class:`lit_balance.callbacks.CostModelFeedback` fits rank speeds on these.
 
-    **Data wait.** From the previous ``on_train_batch_end`` (or ``on_train_epoch_start``) to
-    ``on_train_batch_start``: fetching and transferring the batch, plus Lightning's per-batch SIGTERM broadcast
-    from rank 0 (a collective when there are several processes), so it is reported apart from compute.
-
-    With ``synchronize=True`` on a CUDA device, both ends of the compute interval call
-    ``torch.cuda.synchronize()`` so that asynchronous kernels are counted.
+    With ``synchronize=True`` on a CUDA device, the ends of the timed intervals call ``torch.cuda.synchronize()`` so
+    that asynchronous kernels are counted where they run.
 
     Every ``log_every_n_micro_batches`` micro-batches (the same batches on every rank, since every rank runs the same
     number) and at the end of each training epoch, the data-parallel ranks
-    (:func:`lit_balance.world.data_parallel_world`) take part in one ``all_gather`` of a ``[n, 7]`` float64 tensor
-    (compute s, data wait s, rows, padded length, real tokens, cost, local backward s or NaN, per micro-batch) and
-    global rank 0 logs, over that window (where a replica spans several processes, tensor parallelism, global rank 0's
-    gathered window is then broadcast to every process, so that the decisions taken on it are the same everywhere):
+    (:func:`lit_balance.world.data_parallel_world`) take part in one ``all_gather`` (where a replica spans several
+    processes, tensor parallelism, global rank 0's gathered window is then broadcast to every process, so that the
+    decisions taken on it are the same everywhere), and global rank 0 logs, over that window, at Lightning's
+    ``global_step`` of the window's last micro-batch (the step its loss is logged at):
 
-    * ``balance/straggler_ratio``: max over ranks / median over ranks of the summed compute seconds.
+    * ``balance/straggler_ratio``: max over ranks / median over ranks of the window's compute seconds.
     * ``balance/straggler_gap_s``: max minus median of the same (seconds).
     * ``balance/slowest_rank``: the rank with the most compute seconds.
-    * ``balance/compute_s_rank{r}``, ``balance/data_wait_s_rank{r}`` (seconds), ``balance/real_tokens_rank{r}``
-      (tokens) and ``balance/cost_rank{r}`` (the sampler's cost model's unit) per rank.
+    * ``balance/compute_s_rank{r}``, ``balance/data_wait_s_rank{r}``, ``balance/rank_wait_s_rank{r}``,
+      ``balance/other_s_rank{r}`` (seconds), ``balance/real_tokens_rank{r}`` (tokens) and ``balance/cost_rank{r}``
+      (the sampler's cost model's unit) per rank.
 
-    The cost column is the cost model's own: ``batch_cost(rows, T)`` of a padded micro-batch ``[rows, T]``, and
+    The cost is the cost model's own: ``batch_cost(rows, T)`` of a padded micro-batch ``[rows, T]``, and
     ``packed_cost(document lengths)`` of a packed one (a batch with ``cu_seq_lens_q``,
-    :class:`lit_balance.PackedCollator`; the lengths are the segments of ``cu_seq_lens_q``). For a packed
-    micro-batch the ``rows`` and ``padded_length`` columns hold :func:`packed_rows_and_length`: the padded shape with
-    the same ``sum(l)`` and ``sum(l**2)`` over its documents, so :class:`lit_balance.callbacks.CostModelFeedback`'s
-    fit of a :class:`lit_balance.CostModel` is that of per-document costs,
-    ``per_batch + linear * sum(l) + quadratic * sum(l**2)``.
+    :class:`lit_balance.PackedCollator`). For a packed micro-batch ``rows`` and ``padded_length`` hold
+    :func:`packed_rows_and_length`: the padded shape with the same ``sum(l)`` and ``sum(l**2)`` over its documents, so
+    :class:`lit_balance.callbacks.CostModelFeedback`'s fit of a :class:`lit_balance.CostModel` is that of
+    per-document costs, ``per_batch + linear * sum(l) + quadratic * sum(l**2)``.
 
     It warns when the same rank is the slowest, with a ratio above ``warn_ratio``, for more than
     ``warn_after`` windows in a row. The gathered windows of the current epoch stay in :attr:`epoch_windows`
@@ -153,7 +201,7 @@ class StragglerMonitor(L.Callback):
             (:class:`lit_balance.plan.cost.CostModelProtocol`, e.g. a :class:`lit_balance.plan.CostModelBase`
             subclass); default: the training sampler's ``cost_model`` of each epoch if it has one, else
             :class:`lit_balance.plan.cost.CostModel()` (padded slots).
-        synchronize: synchronize CUDA at the ends of the compute interval.
+        synchronize: synchronize CUDA at the ends of the timed intervals.
         clock: seconds, monotonic (default :func:`time.perf_counter`); tests inject a fake one.
 
     Raises:
@@ -187,27 +235,38 @@ class StragglerMonitor(L.Callback):
         self.cost_model = cost_model
         self.synchronize = check_bool("synchronize", synchronize)
         self.clock = check_callable("clock", clock, "pass a function returning seconds, or leave the default")
-        #: Gathered windows of the current epoch: float64 arrays ``[num_replicas, n, 7]`` (columns :data:`FIELDS`).
-        self.epoch_windows: list[np.ndarray] = []
+        #: Gathered windows of the current epoch (the same on every rank).
+        self.epoch_windows: list[TimingWindow] = []
         #: The last gathered window, kept across epochs (None before the first).
-        self.last_window: np.ndarray | None = None
+        self.last_window: TimingWindow | None = None
         #: Number of windows gathered so far in this fit (the same on every rank).
         self.num_windows = 0
         #: The last values logged (the same on every rank).
         self.last_metrics: dict[str, float] = {}
         self._records: list[list[float]] = []
+        self._steps: list[int] = []
         self._start = 0.0
-        self._prev_end: float | None = None
         self._pending: list[float] | None = None
+        self._timed = False
         self._backward_start: float | None = None
         self._slowest_run = (-1, 0)
         self._cost: CostModelProtocol = check_cost_model(None)
+        self._phases: PhaseTotals | None = None
 
     # -- timing ------------------------------------------------------------------------------------------
     def _now(self, pl_module: L.LightningModule) -> float:
         if self.synchronize and pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
         return self.clock()
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        phase_clock(trainer, synchronize=self.synchronize, clock=self.clock)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        remove_phase_clock(trainer)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._phases = phase_clock(trainer, synchronize=self.synchronize, clock=self.clock).totals()
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         cost = self.cost_model
@@ -217,13 +276,15 @@ class StragglerMonitor(L.Callback):
         self._cost = cost
         self.epoch_windows = []
         self._records = []
-        self._prev_end = self.clock()
+        self._steps = []
+        if self._phases is None:  # driven without on_train_start
+            self.on_train_start(trainer, pl_module)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         self._start = self._now(pl_module)
-        wait = self._start - self._prev_end if self._prev_end is not None else 0.0
-        self._pending = [0.0, wait, *self._shape(trainer, batch), 0.0]
+        self._pending = [0.0, 0.0, *self._shape(trainer, batch)]
+        self._steps.append(int(trainer.global_step))
         self._timed = False
         self._backward_start = None
 
@@ -232,16 +293,16 @@ class StragglerMonitor(L.Callback):
             return
         now = self._now(pl_module)
         if not self._timed:
-            self._pending[COMPUTE] = now - self._start
+            self._pending[_FORWARD] = now - self._start
             self._timed = True
         # several backwards (manual optimization) add up; one that communicates makes the sum unusable
         self._backward_start = now if backward_is_local(trainer) else None
         if self._backward_start is None:
-            self._pending[BACKWARD] = float("nan")
+            self._pending[_BACKWARD] = float("nan")
 
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._pending is not None and self._backward_start is not None:
-            self._pending[BACKWARD] += self._now(pl_module) - self._backward_start
+            self._pending[_BACKWARD] += self._now(pl_module) - self._backward_start
         self._backward_start = None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -249,16 +310,15 @@ class StragglerMonitor(L.Callback):
         end = self.clock()
         if self._pending is not None:
             if self._backward_start is not None:  # a backward that never reached on_after_backward
-                self._pending[BACKWARD] = float("nan")
+                self._pending[_BACKWARD] = float("nan")
                 self._backward_start = None
             if not self._timed:
-                self._pending[COMPUTE] = end - self._start
-                self._pending[BACKWARD] = float("nan")  # no backward ran
+                self._pending[_FORWARD] = end - self._start
+                self._pending[_BACKWARD] = float("nan")  # no backward ran
             self._records.append(self._pending)
             self._pending = None
         if len(self._records) >= self.log_every_n_micro_batches:
             self._gather(trainer, pl_module)
-        self._prev_end = self.clock()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.flush(trainer, pl_module)
@@ -280,14 +340,24 @@ class StragglerMonitor(L.Callback):
 
     # -- gathering ---------------------------------------------------------------------------------------
     def _gather(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        local = torch.tensor(self._records, dtype=torch.float64)
-        self._records = []
-        window = gather_same_everywhere(trainer, local).numpy()  # feedback and accumulation decide on it
+        now = phase_clock(trainer, synchronize=self.synchronize, clock=self.clock).totals()
+        phases = now - (self._phases if self._phases is not None else now)
+        self._phases = now
+        n = len(self._records)
+        local = torch.tensor([x for record in self._records for x in record] + phases.as_list()[:4],
+                             dtype=torch.float64)
+        steps = (self._steps[0], self._steps[-1]) if self._steps else (int(trainer.global_step),) * 2
+        self._records, self._steps = [], []
+        gathered = gather_same_everywhere(trainer, local).numpy()  # feedback and accumulation decide on it
+        per_batch = gathered[:, :n * len(MICRO_BATCH_FIELDS)].reshape(gathered.shape[0], n, len(MICRO_BATCH_FIELDS))
+        totals = gathered[:, n * len(MICRO_BATCH_FIELDS):]
+        window = TimingWindow(**{name: per_batch[:, :, i] for i, name in enumerate(MICRO_BATCH_FIELDS)},
+                              **{name: totals[:, i] for i, name in enumerate(PHASES)},
+                              first_step=steps[0], last_step=steps[1])
         self.epoch_windows.append(window)
         self.last_window = window
         self.num_windows += 1
-        per_rank = window.sum(axis=1)  # [num_replicas, 7] (the backward column may hold NaN; not logged)
-        compute = per_rank[:, COMPUTE]
+        compute = window.compute_s
         median = float(np.median(compute))
         slowest = int(np.argmax(compute))
         metrics = {
@@ -295,13 +365,14 @@ class StragglerMonitor(L.Callback):
             "balance/straggler_gap_s": float(compute.max()) - median,
             "balance/slowest_rank": float(slowest),
         }
-        for r in range(window.shape[0]):
-            metrics[f"balance/compute_s_rank{r}"] = float(per_rank[r, COMPUTE])
-            metrics[f"balance/data_wait_s_rank{r}"] = float(per_rank[r, DATA_WAIT])
-            metrics[f"balance/real_tokens_rank{r}"] = float(per_rank[r, REAL])
-            metrics[f"balance/cost_rank{r}"] = float(per_rank[r, COST])
+        real, cost = window.real_tokens.sum(axis=1), window.cost.sum(axis=1)
+        for r in range(window.num_replicas):
+            for name in PHASES:
+                metrics[f"balance/{name}_rank{r}"] = float(getattr(window, name)[r])
+            metrics[f"balance/real_tokens_rank{r}"] = float(real[r])
+            metrics[f"balance/cost_rank{r}"] = float(cost[r])
         self.last_metrics = metrics
-        emit(trainer, metrics)
+        emit(trainer, metrics, step=window.last_step)
         self._check_warn(trainer, slowest, metrics["balance/straggler_ratio"])
 
     def _check_warn(self, trainer: L.Trainer, slowest: int, ratio: float) -> None:
@@ -319,3 +390,6 @@ class StragglerMonitor(L.Callback):
                 RuntimeWarning,
                 stacklevel=2,
             )
+
+
+_FORWARD, _BACKWARD = MICRO_BATCH_FIELDS.index("forward_s"), MICRO_BATCH_FIELDS.index("backward_s")

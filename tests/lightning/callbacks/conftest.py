@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.profilers import PassThroughProfiler
 from scipy.optimize import nnls
 
 from lit_balance.plan.cost import CostModelBase
@@ -72,6 +73,7 @@ def make_trainer(*, rank=0, world_size=1, others=None, sampler=None, callbacks=(
         strategy=FakeStrategy(rank, world_size, others), train_dataloader=SimpleNamespace(sampler=sampler),
         callbacks=list(callbacks), accumulate_grad_batches=1, current_epoch=0,
         num_training_batches=num_training_batches, reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
+        profiler=PassThroughProfiler(), lightning_module=None,
     )
     return trainer, logger
 

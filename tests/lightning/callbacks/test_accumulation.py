@@ -9,7 +9,7 @@ from conftest import MODULE, batch, make_trainer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lit_balance.callbacks import AdaptiveGradAccumulation, StragglerMonitor
+from lit_balance.callbacks import AdaptiveGradAccumulation, StragglerMonitor, TimingWindow
 from lit_balance.lightning.callbacks.accumulation import plan_step_tokens
 from lit_balance.plan import EpochPlan
 
@@ -126,7 +126,7 @@ def test_straggler_timings_raise_accumulation_until_imbalance_averages_out():
     assert capped.wanted(100.0, compute) == 1
     # through the hooks: the monitor's last window is the input, and the change is logged
     monitor = StragglerMonitor(log_every_n_micro_batches=16)
-    monitor.last_window = np.stack([compute, compute, compute, compute, compute, compute], axis=2)
+    monitor.last_window = TimingWindow(forward_s=compute, rows=compute, padded_length=compute)
     cb = AdaptiveGradAccumulation(target_tokens_per_step=100, target_straggler_ratio=1.05)
     trainer, logger = make_trainer(world_size=2, sampler=fake_sampler([[50, 50]] * 8), callbacks=[monitor, cb])
     cb.on_train_start(trainer, MODULE)

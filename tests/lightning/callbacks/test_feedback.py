@@ -12,15 +12,23 @@ from conftest import MODULE, Clock, batch, make_trainer
 from lit_balance import BalancedBatchSampler
 from lit_balance.callbacks import CostModelFeedback, StragglerMonitor
 from lit_balance.lightning.callbacks.feedback import fit_cost_and_speeds
-from lit_balance.lightning.callbacks.straggler import COMPUTE
+from lit_balance.lightning.callbacks.straggler import TimingWindow
 from lit_balance.plan.cost import CostModel
 
 COST = CostModel(linear=2e-5, quadratic=1e-7, per_batch=3e-3)
 LENGTHS = Path(__file__).resolve().parents[3] / "lit_balance/data/lengths/lengths_fortunes.npy"
 
 
+def as_window(columns):
+    """A TimingWindow from ``[R, n, 6 or 7]`` columns: forward s, (unused), rows, padded length, real tokens, cost,
+    and local backward s (NaN where absent)."""
+    c = np.asarray(columns, dtype=np.float64)
+    return TimingWindow(forward_s=c[:, :, 0], rows=c[:, :, 2], padded_length=c[:, :, 3], real_tokens=c[:, :, 4],
+                        cost=c[:, :, 5], backward_s=c[:, :, 6] if c.shape[2] > 6 else None)
+
+
 def synthetic_window(speeds, cost=COST, n=40, seed=0):
-    """[R, n, 6] timings of micro-batches that take cost(rows, L) / speed[r] seconds exactly."""
+    """Timings of micro-batches that take cost(rows, L) / speed[r] seconds exactly."""
     rng = np.random.default_rng(seed)
     out = np.zeros((len(speeds), n, 6))
     for r, s in enumerate(speeds):
@@ -28,7 +36,7 @@ def synthetic_window(speeds, cost=COST, n=40, seed=0):
         rows = np.maximum(np.floor(1024 / length), 1)
         out[r, :, 0] = cost.batch_cost(rows, length) / s
         out[r, :, 2], out[r, :, 3] = rows, length
-    return out
+    return as_window(out)
 
 
 def test_recovers_cost_model_and_rank_speeds():
@@ -48,14 +56,14 @@ def test_slow_rank_given_smaller_micro_batches_is_still_measured_slow():
         rows = np.maximum(np.floor(share * 1024 / length), 1)
         window[r, :, 0] = 5e-4 * rows * length / speed * rng.lognormal(0.0, 0.05, n)
         window[r, :, 2], window[r, :, 3] = rows, length
-    cost, speeds = fit_cost_and_speeds(window)
+    cost, speeds = fit_cost_and_speeds(as_window(window))
     assert speeds[1] == pytest.approx(0.68, abs=0.02)
     assert cost.per_batch < 0.1 * cost.batch_cost(1, 512)  # not a large invented per-micro-batch cost
 
 
 def window_with_backward(forward_speeds, backward_speeds, local_every=(2, 2), n=40, seed=3):
-    """[R, n, 7]: forward takes cost/forward_speed, backward 2 x cost/backward_speed; every ``local_every[r]``-th
-    micro-batch of rank r syncs (its backward: NaN, its forward 10x too long, as if it had waited)."""
+    """[R, n, 7] columns (see as_window): forward takes cost/forward_speed, backward 2 x cost/backward_speed;
+    every ``local_every[r]``-th micro-batch of rank r syncs (its backward: NaN, its forward 10x too long, as if it had waited)."""
     rng = np.random.default_rng(seed)
     out = np.zeros((len(forward_speeds), n, 7))
     for r, (fs, bs) in enumerate(zip(forward_speeds, backward_speeds)):
@@ -73,7 +81,7 @@ def window_with_backward(forward_speeds, backward_speeds, local_every=(2, 2), n=
 def test_speeds_come_from_forward_and_backward_of_the_micro_batches_whose_backward_was_local():
     # rank 1 is 0.8x as fast in forward and 0.5x in backward: forward + backward take 1/0.8 + 2/0.5 = 5.25 cost
     # units on it against 3 on rank 0, a speed of 3 / 5.25 (forward alone would say 0.8)
-    cost, speeds = fit_cost_and_speeds(window_with_backward([1.0, 0.8], [1.0, 0.5]), min_samples=8)
+    cost, speeds = fit_cost_and_speeds(as_window(window_with_backward([1.0, 0.8], [1.0, 0.5])), min_samples=8)
     assert speeds == pytest.approx([1.0, 3 / 5.25], rel=1e-6)
     # the cost model is in forward + backward seconds of the fast rank: 3x the forward cost
     assert (cost.linear, cost.quadratic, cost.per_batch) == pytest.approx((6e-5, 3e-7, 9e-3), rel=1e-3)
@@ -83,16 +91,18 @@ def test_forward_seconds_of_every_micro_batch_when_a_rank_has_too_few_local_back
     # rank 1 syncs every micro-batch (accumulate_grad_batches=1): 0 local backwards, so forward only, all of them
     window = window_with_backward([1.0, 0.8], [1.0, 0.5], local_every=(2, 1))
     window[:, :, 0] = window[:, :, 0] / np.where(np.isnan(window[:, :, 6]), 10, 1)  # undo the waits
-    _, speeds = fit_cost_and_speeds(window, min_samples=8)
+    _, speeds = fit_cost_and_speeds(as_window(window), min_samples=8)
     assert speeds == pytest.approx([1.0, 0.8], rel=1e-6)
-    # a six-column window (no backward timings) is fitted the same way
-    _, six = fit_cost_and_speeds(window[:, :, :6], min_samples=8)
+    # a window without backward timings (all NaN) is fitted the same way
+    _, six = fit_cost_and_speeds(as_window(window[:, :, :6]), min_samples=8)
     assert six == pytest.approx(speeds, rel=1e-12)
 
 
-def test_a_window_of_the_wrong_shape_is_refused():
-    with pytest.raises(ValueError, match=r"window must be \[num_replicas, n, 7\]"):
-        fit_cost_and_speeds(np.zeros((2, 10, 3)))
+def test_a_window_that_is_not_a_timing_window_is_refused():
+    with pytest.raises(TypeError, match=r"window must be a TimingWindow .*got ndarray"):
+        fit_cost_and_speeds(np.zeros((2, 10, 7)))
+    with pytest.raises(ValueError, match=r"must all be \[num_replicas, n\], got rows of shape \(2, 3\)"):
+        TimingWindow(forward_s=np.zeros((2, 4)), rows=np.zeros((2, 3)), padded_length=np.zeros((2, 4)))
 
 
 def test_too_few_timings_raise():
@@ -254,6 +264,7 @@ def test_feedback_at_least_halves_the_straggler_gap():
         feedback = CostModelFeedback()
         trainer, logger = make_trainer(rank=rank, world_size=2, sampler=sampler, callbacks=[monitor, feedback])
         trainer.strategy = ThreadedStrategy(rank, exchange)
+        monitor.setup(trainer, MODULE, "fit")
         feedback.on_train_start(trainer, MODULE)
         seconds, logged = [], []
         for epoch in (0, 1):
@@ -265,18 +276,20 @@ def test_feedback_at_least_halves_the_straggler_gap():
                 rows, width = len(micro_batch), int(lengths[list(micro_batch)].max())
                 b = batch(rows, width, int(lengths[list(micro_batch)].sum()))
                 monitor.on_train_batch_start(trainer, MODULE, b, i)
+                trainer.profiler.start("run_training_batch")  # Lightning's profiler action of the micro-batch
                 took = float(true_cost.batch_cost(rows, width)) * slowdown[rank]
-                clock.tick(took)  # forward and loss: the monitor's compute interval
+                clock.tick(took)  # forward and loss: the monitor's forward interval, and compute
                 total += took
                 monitor.on_before_backward(trainer, MODULE, torch.tensor(1.0))
                 monitor.on_after_backward(trainer, MODULE)
+                trainer.profiler.stop("run_training_batch")
                 monitor.on_train_batch_end(trainer, MODULE, None, b, i)
             monitor.on_train_epoch_end(trainer, MODULE)
             feedback.on_train_epoch_end(trainer, MODULE)
             seconds.append(total)
             logged.append(dict(monitor.last_metrics))
             if epoch == 0:
-                window, fit = np.concatenate(monitor.epoch_windows, axis=1), feedback.last_fit
+                window, fit = TimingWindow.concatenate(monitor.epoch_windows), feedback.last_fit
         results[rank] = (seconds, logged, window, fit, logger.calls)
 
     def guarded(rank):
@@ -295,7 +308,8 @@ def test_feedback_at_least_halves_the_straggler_gap():
         raise errors[0]
     (seconds0, logged, window, fit, calls), (seconds1, logged1, window1, fit1, _) = results
     # every rank gathered the same window, logged the same values and handed its sampler the same fit
-    np.testing.assert_array_equal(window, window1)
+    for name in ("forward_s", "backward_s", "rows", "padded_length", "real_tokens", "cost", "compute_s", "other_s"):
+        np.testing.assert_array_equal(getattr(window, name), getattr(window1, name))
     assert logged == logged1 and fit == fit1
     # the sampler got the fit of epoch 0's window (the first fit: no smoothing), as logged
     cost, planned = fit

@@ -7,7 +7,7 @@ from conftest import MODULE, make_trainer
 
 from lit_balance.callbacks import CostModelFeedback, PaddingRatioMonitor, StragglerMonitor
 from lit_balance.lightning.callbacks.feedback import fit_cost_and_speeds
-from lit_balance.lightning.callbacks.straggler import COST, LENGTH, ROWS, packed_rows_and_length
+from lit_balance.lightning.callbacks.straggler import TimingWindow, packed_rows_and_length
 from lit_balance.data.collate import PackedCollator
 from lit_balance.plan.cost import CostModel
 
@@ -37,11 +37,11 @@ def test_straggler_monitor_records_packed_micro_batches_by_their_documents(clock
         cb.on_train_batch_start(trainer, MODULE, b, i)
         clock.tick(1.0)
         cb.on_train_batch_end(trainer, MODULE, None, b, i)
-    window = cb.epoch_windows[0][0]
-    np.testing.assert_allclose(window[:, ROWS], [36 / 20, 1.0])
-    np.testing.assert_allclose(window[:, LENGTH], [20 / 6, 3.0])
+    window = cb.epoch_windows[0]
+    np.testing.assert_allclose(window.rows[0], [36 / 20, 1.0])
+    np.testing.assert_allclose(window.padded_length[0], [20 / 6, 3.0])
     # cost = linear * sum(l) + quadratic * sum(l^2): (6 + 10) and (3 + 4.5), not rows x width of one row
-    np.testing.assert_allclose(window[:, COST], [16.0, 7.5])
+    np.testing.assert_allclose(window.cost[0], [16.0, 7.5])
     assert logger.calls[0][1]["balance/cost_rank0"] == pytest.approx(23.5)
     assert logger.calls[0][1]["balance/real_tokens_rank0"] == 9.0
 
@@ -58,7 +58,8 @@ def test_feedback_fits_per_document_coefficients_from_packed_timings():
             rows, length = packed_rows_and_length(np.concatenate([[0], np.cumsum(lengths)]))
             seconds = (true.per_batch + float(true.row_cost(lengths).sum())) / speed
             window[r, i] = [seconds, 0.0, rows, length, lengths.sum(), 0.0, np.nan]
-    cost, fitted = fit_cost_and_speeds(window)
+    cost, fitted = fit_cost_and_speeds(TimingWindow(forward_s=window[:, :, 0], rows=window[:, :, 2],
+                                                    padded_length=window[:, :, 3], real_tokens=window[:, :, 4]))
     assert cost.linear == pytest.approx(true.linear, rel=1e-6)
     assert cost.quadratic == pytest.approx(true.quadratic, rel=1e-6)
     assert cost.per_batch == pytest.approx(true.per_batch, rel=1e-6)

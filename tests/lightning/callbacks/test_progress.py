@@ -65,14 +65,35 @@ def test_bar_shows_epoch_step_and_the_monitors_figures_with_max_epochs_minus_one
     assert line.startswith("Epoch 1 ") and "/-2" not in line, line
     assert "step: 6/6" in line, line
     # epoch 1 so far: micro-batches 0 and 1 (real 12 + 8 of padded 16 + 8); one rank: straggler ratio exactly 1
-    assert "padding: 0.167" in line and "straggler: 1.00" in line, line
-    tokens = re.search(r"tokens/s: ([\d,]+)", line)
+    assert "padding (epoch): 0.167" in line and "straggler: 1.00" in line, line
+    # the StragglerMonitor's last window: micro-batches 4 and 5 (steps 4 and 5), 12 + 8 real tokens over its seconds
+    window = next(c for c in trainer.callbacks if isinstance(c, StragglerMonitor)).last_window
+    assert "window: steps 4-5 " in line and (window.first_step, window.last_step) == (4, 5), line
+    seconds = float(window.compute_s[0] + window.data_wait_s[0] + window.rank_wait_s[0] + window.other_s[0])
+    tokens = re.search(r"tokens/s: ([\d,]+) ", line)
+    assert tokens and int(tokens[1].replace(",", "")) == round(20 / seconds), line
+    shares = re.search(r"compute: (\d+)% data wait: (\d+)% rank wait: (\d+)% other: (\d+)%", line)
+    assert shares and shares[3] == "0" and abs(sum(map(int, shares.groups())) - 100) <= 2, line  # one rank: no wait
+    assert shares[1] == f"{100 * window.compute_s[0] / seconds:.0f}", line
     figures = live_figures(trainer)
-    assert tokens and int(tokens[1].replace(",", "")) == round(figures["balance/real_tokens_per_s"]), line
     assert figures["balance/padding_ratio"] == pytest.approx(1 - 20 / 24)
     # micro-batches of this epoch (Lightning counts to the last one max_steps leaves), a real rate
     assert re.search(r" 2/2 \S+ • \S+ \d+\.\d\d(it/s|s/it) ", line), line
     assert "0.00it/s" not in line and "train/loss:" in line
+
+
+def test_each_name_and_value_stay_on_one_line_at_40_columns():
+    buffer = io.StringIO()
+    _fit(BalanceProgressBar(console_kwargs={"file": buffer, "width": 40, "force_terminal": False}), max_steps=6,
+         max_epochs=-1)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buffer.getvalue())
+    frame = text[text.rindex("Epoch"):]
+    lines = frame.splitlines()
+    for label in ("train/loss", "step", "window", "tokens/s", "straggler", "compute", "data wait", "rank wait",
+                  "other", "padding (epoch)"):
+        assert any(re.search(rf"{re.escape(label)}: \S", line) for line in lines), (label, frame)
+    assert all(not line.rstrip().endswith(":") for line in lines), frame
+    assert max(len(line.rstrip()) for line in lines) <= 40, frame
 
 
 def test_bar_counts_epochs_up_to_max_epochs_minus_one():

@@ -12,19 +12,36 @@ from lit_balance.lightning.callbacks.straggler import step_imbalance
 from lit_balance.plan.cost import CostModel
 
 
+FETCH, BATCH = "[_TrainingEpochLoop].train_dataloader_next", "run_training_batch"
+
+
 def drive(cb, trainer, clock, steps, after=0.0):
-    """steps: (data wait s, forward s, backward s, rows, width, real) per micro-batch; ``after``: s after backward."""
+    """steps: (data wait s, forward s, backward s, rows, width, real) per micro-batch; ``after``: s after backward (the
+    optimizer step). Lightning's profiler actions as the Trainer reports them: the fetch, then the micro-batch."""
+    if trainer.profiler.__class__.__name__ != "PhaseClock":
+        cb.setup(trainer, MODULE, "fit")
     cb.on_train_epoch_start(trainer, MODULE)
     for i, (wait, fwd, bwd, rows, width, real) in enumerate(steps):
+        trainer.profiler.start(FETCH)
         clock.tick(wait)
+        trainer.profiler.stop(FETCH)
         b = batch(rows, width, real)
         cb.on_train_batch_start(trainer, MODULE, b, i)
+        trainer.profiler.start(BATCH)
         clock.tick(fwd)
         cb.on_before_backward(trainer, MODULE, torch.tensor(1.0))
-        clock.tick(bwd)  # backward, where DDP's all-reduce waits: not counted in compute
+        clock.tick(bwd)
         cb.on_after_backward(trainer, MODULE)
-        clock.tick(after)  # e.g. the optimizer step: counted nowhere
+        clock.tick(after)  # e.g. the optimizer step
+        trainer.profiler.stop(BATCH)
         cb.on_train_batch_end(trainer, MODULE, None, b, i)
+        trainer.global_step += 1
+
+
+def payload(records, phases):
+    """What a rank contributes to the window's all_gather: its micro-batches (forward s, backward s, rows, padded
+    length, real tokens, cost) and its phases (compute, data wait, rank wait, other s)."""
+    return torch.tensor([x for r in records for x in r] + list(phases), dtype=torch.float64)
 
 
 def fake_ddp(require_backward_grad_sync):
@@ -34,28 +51,36 @@ def fake_ddp(require_backward_grad_sync):
     return model
 
 
-def test_window_gathers_forward_time_and_data_wait_and_logs_exact_values(clock):
-    # rank 1's window: 2 micro-batches, compute 1.0 + 2.0 s, data wait 0.5 s, 10 + 20 real tokens, cost 40 + 40
+def test_window_gathers_micro_batches_and_phases_and_logs_exact_values(clock):
+    # rank 1's window: 2 micro-batches, compute 3.0 s, data wait 0.5 s, 10 + 20 real tokens, cost 40 + 40
     nan = float("nan")
-    other = torch.tensor([[1.0, 0.25, 2, 20, 10, 40, nan], [2.0, 0.25, 4, 10, 20, 40, nan]], dtype=torch.float64)
+    other = payload([[1.0, nan, 2, 20, 10, 40], [2.0, nan, 4, 10, 20, 40]], [3.0, 0.5, 0.25, 0.125])
     trainer, logger = make_trainer(world_size=2, others=lambda local: [other])
     cb = StragglerMonitor(log_every_n_micro_batches=2, clock=clock, cost_model=CostModel())
-    drive(cb, trainer, clock, [(0.1, 0.5, 9.0, 2, 8, 12), (0.2, 0.25, 9.0, 3, 4, 10)])
+    # rank 0: compute = forward + backward + optimizer step = (0.5 + 9 + 0.25) + (0.25 + 9 + 0.25)
+    drive(cb, trainer, clock, [(0.1, 0.5, 9.0, 2, 8, 12), (0.2, 0.25, 9.0, 3, 4, 10)], after=0.25)
     assert len(logger.calls) == 1
-    # rank 0: 0.75 s compute, rank 1: 3.0 s; median of two = their mean 1.875
-    assert logger.calls[0][1] == {
-        "balance/straggler_ratio": 3.0 / 1.875,
-        "balance/straggler_gap_s": 3.0 - 1.875,
-        "balance/slowest_rank": 1.0,
-        "balance/compute_s_rank0": 0.75, "balance/compute_s_rank1": 3.0,
+    step, logged = logger.calls[0]
+    assert step == 1  # global_step at the start of the window's last micro-batch, the step its loss is logged at
+    compute0 = 0.5 + 9.0 + 0.25 + 0.25 + 9.0 + 0.25
+    median = (compute0 + 3.0) / 2
+    assert logged == {
+        "balance/straggler_ratio": compute0 / median,
+        "balance/straggler_gap_s": compute0 - median,
+        "balance/slowest_rank": 0.0,
+        "balance/compute_s_rank0": compute0, "balance/compute_s_rank1": 3.0,
         "balance/data_wait_s_rank0": pytest.approx(0.1 + 0.2), "balance/data_wait_s_rank1": 0.5,
+        "balance/rank_wait_s_rank0": 0.0, "balance/rank_wait_s_rank1": 0.25,
+        "balance/other_s_rank0": pytest.approx(0.0, abs=1e-12), "balance/other_s_rank1": 0.125,
         "balance/real_tokens_rank0": 22.0, "balance/real_tokens_rank1": 30.0,
         "balance/cost_rank0": 16.0 + 12.0, "balance/cost_rank1": 80.0,
     }
     window = cb.epoch_windows[0]
-    assert window.shape == (2, 2, 7)
-    np.testing.assert_allclose(window[0, :, 0], [0.5, 0.25])  # forward only, never the 9 s backward
-    assert np.isnan(window[0, :, 6]).all()  # 2 ranks, no DDP model: the backward may communicate
+    assert (window.num_replicas, window.num_micro_batches, window.first_step, window.last_step) == (2, 2, 0, 1)
+    np.testing.assert_allclose(window.forward_s[0], [0.5, 0.25])  # forward only, never the 9 s backward
+    np.testing.assert_array_equal(window.rows, [[2, 3], [2, 4]])
+    np.testing.assert_array_equal(window.real_tokens, [[12, 10], [10, 20]])
+    assert np.isnan(window.backward_s[0]).all()  # 2 ranks, no DDP model: the backward may communicate
     assert cb.last_window is window
 
 
@@ -73,8 +98,8 @@ def test_backward_is_timed_only_where_it_holds_no_collective(clock, world_size, 
     drive(cb, trainer, clock, [(0.1, 1.0, 2.0, 1, 4, 4), (0.1, 0.5, 3.0, 1, 4, 4)], after=7.0)
     cb.flush(trainer, MODULE)
     window = cb.epoch_windows[0]
-    np.testing.assert_array_equal(window[0, :, 6], expected)  # from on_before_backward to on_after_backward only
-    np.testing.assert_array_equal(window[0, :, 0], [1.0, 0.5])
+    np.testing.assert_array_equal(window.backward_s[0], expected)  # from on_before_backward to on_after_backward
+    np.testing.assert_array_equal(window.forward_s[0], [1.0, 0.5])
 
 
 def test_backwards_add_up_and_one_that_communicates_spoils_the_sum(clock):
@@ -93,19 +118,14 @@ def test_backwards_add_up_and_one_that_communicates_spoils_the_sum(clock):
                 cb.on_after_backward(trainer, MODULE)
         cb.on_train_batch_end(trainer, MODULE, None, b, i)
     cb.flush(trainer, MODULE)
-    np.testing.assert_array_equal(cb.epoch_windows[0][0, :, 6], [3.0, np.nan, np.nan])
+    np.testing.assert_array_equal(cb.epoch_windows[0].backward_s[0], [3.0, np.nan, np.nan])
 
 
 def test_three_ranks_median_and_epoch_end_flush(clock):
-    rows = {1: 4.0, 2: 1.0}  # compute seconds of ranks 1 and 2 in the one-batch window
+    compute = {1: 4.0, 2: 1.0}  # compute seconds of ranks 1 and 2 in the one-batch window
 
     def others(local):
-        out = []
-        for r in (1, 2):
-            t = local.clone()
-            t[:, 0] = rows[r]
-            out.append(t)
-        return out
+        return [payload([[1.0, 0.0, 1, 4, 4, 16]], [compute[r], 0.0, 0.0, 0.0]) for r in (1, 2)]
 
     trainer, logger = make_trainer(world_size=3, others=others)
     cb = StragglerMonitor(log_every_n_micro_batches=10, clock=clock)
@@ -124,11 +144,11 @@ def test_without_backward_the_interval_ends_at_batch_end(clock):
     cb.on_train_batch_start(trainer, MODULE, b, 0)
     clock.tick(0.75)
     cb.on_train_batch_end(trainer, MODULE, None, b, 0)
-    assert logger.calls[0][1]["balance/compute_s_rank0"] == 0.75
+    assert cb.epoch_windows[0].forward_s[0, 0] == 0.75 and np.isnan(cb.epoch_windows[0].backward_s[0, 0])
 
 
 def test_warns_when_one_rank_stays_slowest(clock):
-    trainer, _ = make_trainer(world_size=2, others=lambda local: [local * torch.tensor([3.0, 1, 1, 1, 1, 1, 1])])
+    trainer, _ = make_trainer(world_size=2, others=lambda local: [local * 3.0])  # rank 1: 3x rank 0's seconds
     cb = StragglerMonitor(log_every_n_micro_batches=1, warn_after=2, warn_ratio=1.2, clock=clock)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -167,8 +187,6 @@ def test_cost_column_is_the_custom_cost_models_own_for_padded_and_packed_micro_b
     from conftest import RowCost
 
     from lit_balance import BalancedBatchSampler
-    from lit_balance.lightning.callbacks.straggler import COST
-
     model = RowCost(per_token=0.5, per_row=8.0, per_batch=3.0)
     sampler = BalancedBatchSampler([4, 6, 9], 64, num_replicas=1, rank=0, cost_model=model)
     trainer, logger = make_trainer(sampler=sampler if given_to == "sampler" else None)
@@ -181,7 +199,7 @@ def test_cost_column_is_the_custom_cost_models_own_for_padded_and_packed_micro_b
         clock.tick(1.0)
         cb.on_train_batch_end(trainer, MODULE, None, b, i)
     expected = [model.batch_cost(3, 10), model.packed_cost([2, 4, 9]), model.packed_cost([7])]
-    np.testing.assert_allclose(cb.epoch_windows[0][0, :, COST], expected, rtol=1e-12)
+    np.testing.assert_allclose(cb.epoch_windows[0].cost[0], expected, rtol=1e-12)
     # a fixed cost per row or document: 3 rows of 10 and 3 documents of 15 tokens cost alike, unlike CostModel's
     assert expected == [3.0 + 3 * (8.0 + 5.0), 3.0 + 3 * 8.0 + 0.5 * 15, 3.0 + 8.0 + 3.5]
     assert logger.calls[0][1]["balance/cost_rank0"] == pytest.approx(sum(expected), rel=1e-12)
