@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from lit_balance import BalancedBatchSampler, BatchingSettings, CostModel
-from lit_balance.plan import plan_epoch, plan_stats
+from lit_balance.plan import plan_epoch, plan_stats, planner_for
 from lit_balance.report import plan_report
 
 LENGTHS = Path(__file__).resolve().parents[2] / "lit_balance" / "data" / "lengths"
@@ -64,7 +64,7 @@ def hashes() -> dict[str, str]:
                 for epoch, cost in ((0, None), (1, quadratic)):
                     plan = plan_epoch(lengths, s, num_replicas=num_replicas, epoch=epoch, cost_model=cost)
                     stats = plan_stats(plan, lengths, cost, pad_to_multiple_of=s.pad_to_multiple_of,
-                                       accumulate_grad_batches=s.accumulate_grad_batches, packing=s.packing,
+                                       accumulate_grad_batches=s.accumulate_grad_batches, planner=planner_for(s),
                                        max_tokens=s.largest_max_tokens)
                     parts += [plan.assignment, plan.rows, plan.batch_offsets, plan.is_fill, plan.dropped,
                               stats.rank_cost, stats.rank_padded_tokens, stats.rank_real_tokens,
