@@ -33,7 +33,7 @@ import numpy as np
 from lit_balance.errors import InputValueError
 
 __all__ = ["MARGIN", "MAX_ROUNDS", "TOLERANCE", "BudgetSpace", "MemoryMeasurement", "MemoryModel", "chosen_budget",
-           "next_budget"]
+           "next_budget", "shared_budgets"]
 
 #: The search stops once the smallest budget that failed is within this factor of the largest that fitted.
 TOLERANCE = 1.04
@@ -266,3 +266,28 @@ def _fitted_candidate(measurements: Sequence[MemoryMeasurement], space: BudgetSp
     model = MemoryModel.fit(measurements)
     aim = model.intercept + (space.target - model.intercept) * (1.0 - (MARGIN if first else 0.0))
     return model.largest_budget(aim, space.min_budget, upper, space.multiple, space.longest)
+
+
+def shared_budgets(measured: Sequence[int], devices: Sequence[tuple]) -> tuple[int, ...]:
+    """The budget each rank plans with: the smallest measured among the ranks of the same device (the same type and
+    capacity), so that measurement noise between equal devices never gives them different budgets; ranks of different
+    devices keep their own.
+
+    Args:
+        measured: each rank's measured budget (padded token slots), by rank.
+        devices: each rank's device, e.g. ``(device type, capacity in bytes)``, by rank.
+
+    Returns:
+        One budget per rank.
+
+    Example:
+        >>> shared_budgets([2526, 2348, 5100], [("cpu", 2**30), ("cpu", 2**30), ("cpu", 2**31)])
+        (2348, 2348, 5100)
+    """
+    if len(measured) != len(devices):
+        raise InputValueError(f"one device per rank: got {len(measured)} budgets and {len(devices)} devices",
+                              parameter="devices")
+    smallest: dict[tuple, int] = {}
+    for budget, device in zip(measured, devices):
+        smallest[tuple(device)] = min(int(budget), smallest.get(tuple(device), int(budget)))
+    return tuple(smallest[tuple(d)] for d in devices)
