@@ -27,6 +27,7 @@ from lit_balance.data.tokenizer import TokenizerAdapter
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.agreement import check_ranks_agree, plan_fingerprint
 from lit_balance.lightning.budget import DEFAULT_MEMORY_FRACTION, AutoTokenBudget, TokenBudget
+from lit_balance.lightning.dm_settings import DEFAULT_MAX_TOKENS, auto_budget, batching_settings
 from lit_balance.lightning.resume_checks import (
     SamplerResumedLoader,
     check_saved_data,
@@ -43,9 +44,6 @@ from lit_balance.world import DataParallelWorld, data_parallel_world
 
 __all__ = ["DEFAULT_MAX_TOKENS", "BalancedTextDataModule", "fit_batches_consumed"]
 
-#: ``max_tokens`` of :class:`BalancedTextDataModule` (and of ``lit-balance plan``) when not given: padded token
-#: slots per micro-batch, per rank.
-DEFAULT_MAX_TOKENS = 4096
 
 class _Splits(NamedTuple):
     """The tokenized corpus and its training and validation datasets (the latter None without validation)."""
@@ -54,31 +52,6 @@ class _Splits(NamedTuple):
     train_dataset: TokenDataset
     val_dataset: TokenDataset | None
 
-
-
-def _auto_budget(given: dict[str, Any], settings: BatchingSettings | None, memory_limit: Any,
-                 memory_fraction: Any) -> AutoTokenBudget | None:
-    """The owner of ``max_tokens="auto"``, or None for an int (or per-rank) budget."""
-    if not (isinstance(given.get("max_tokens"), str) and given["max_tokens"] == "auto"):
-        return None
-    if settings is not None:
-        raise InputValueError("max_tokens='auto' cannot be combined with settings= (whose max_tokens is an int): pass "
-                              "the batching settings as keywords, or an int max_tokens", parameter="max_tokens")
-    return AutoTokenBudget(memory_limit, memory_fraction)
-
-
-def _batching(settings: BatchingSettings | None, given: dict[str, Any],
-              auto: bool) -> tuple[BatchingSettings | None, dict[str, Any]]:
-    """``(settings, their values but max_tokens)``: ``settings`` (every keyword given beside it must agree), or the
-    keywords given (the others at :class:`BatchingSettings`' defaults, ``max_tokens`` at :data:`DEFAULT_MAX_TOKENS`);
-    with ``max_tokens="auto"``, no settings yet (the other values checked now)."""
-    if auto:
-        checked = BatchingSettings.build(None, {**given, "max_tokens": MAX_TOKENS_LIMIT}, owner="BalancedTextDataModule")
-        return None, {k: v for k, v in checked.to_dict().items() if k != "max_tokens"}
-    if settings is None:
-        given = {"max_tokens": DEFAULT_MAX_TOKENS, **given}
-    built = BatchingSettings.build(settings, given, owner="BalancedTextDataModule")
-    return built, {k: v for k, v in built.to_dict().items() if k != "max_tokens"}
 
 
 def _setting(name: str) -> property:
@@ -241,9 +214,9 @@ class BalancedTextDataModule(L.LightningDataModule):
                                    ("shuffle_window", shuffle_window), ("largest_first", largest_first),
                                    ("packing", packing)) if v is not None}
         #: The owner of ``max_tokens="auto"`` (:class:`~lit_balance.lightning.budget.AutoTokenBudget`), or None.
-        self.auto_budget = _auto_budget(given, settings, memory_limit, memory_fraction)
+        self.auto_budget = auto_budget(given, settings, memory_limit, memory_fraction)
         self.memory_limit, self.memory_fraction = memory_limit, memory_fraction
-        self._settings, self._batching = _batching(settings, given, auto=self.auto_budget is not None)
+        self._settings, self._batching = batching_settings(settings, given, auto=self.auto_budget is not None)
         if max_length is not None:
             max_length = check_int("max_length", max_length, 1, "tokens kept per document, or None for no truncation")
         self.max_length = max_length
@@ -545,16 +518,16 @@ class BalancedTextDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """Training micro-batches of this rank; ``len()`` is the same on every rank.
 
+        With ``max_tokens="auto"`` the first call plans with :attr:`auto_budget`'s budget (measured now, or restored).
         After a checkpoint is restored (:meth:`load_state_dict`), the sampler continues the saved epoch (after
-        checking that the training split is the saved one). When
-        the trainer has moved on to a later epoch, the sampler is set to it here, before Lightning reads
-        ``len()`` (with ``reload_dataloaders_every_n_epochs=1``, the length then counts rank speeds handed over
-        by :class:`~lit_balance.callbacks.CostModelFeedback`).
+        checking that the training split is the saved one). When the trainer has moved on to a later epoch, the
+        sampler is set to it here, before Lightning reads ``len()`` (with ``reload_dataloaders_every_n_epochs=1``,
+        the length then counts rank speeds handed over by :class:`~lit_balance.callbacks.CostModelFeedback`).
         """
         self._resolve_max_tokens()
         if self._train_sampler_state is not None and self.train_sampler is not None:
             if self._saved_data is not None:
-                check_saved_data(self._saved_data, self._data_identity())
+                check_saved_data(self._saved_data, data_identity(self))
             try:
                 self.train_sampler.load_state_dict(self._train_sampler_state)
             except SettingsMismatchError as error:
@@ -577,11 +550,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         ``setup``.
 
         Returns:
-            ``{"train_sampler": BalancedBatchSampler.state_dict(...), "data": {"seed", "val_fraction",
-            "max_length", "num_documents", "corpus_lengths_sha256", "tokenizer"}}``: ``data`` identifies the
-            training split, so that a resume with another one names what changed. With ``max_tokens="auto"`` also
-            ``"token_budget"``: :meth:`~lit_balance.lightning.budget.TokenBudget.to_dict`, so that a resume plans with
-            the measured budget instead of probing again.
+            ``{"train_sampler": BalancedBatchSampler.state_dict(...), "data": data_identity(dm)}``
+            (:func:`~lit_balance.lightning.resume_checks.data_identity`: a resume on another split names what changed);
+            with ``max_tokens="auto"`` also ``"token_budget"`` (:meth:`AutoTokenBudget.state_dict`): a resume plans
+            with it instead of probing again.
         """
         if self.train_sampler is None:
             return {}
@@ -590,14 +562,10 @@ class BalancedTextDataModule(L.LightningDataModule):
             earlier = self.train_sampler.first_micro_step  # consumed on other ranks before
             consumed = min(max(consumed, earlier), len(self.train_sampler))
         state = {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed),
-                 "data": self._data_identity()}
+                 "data": data_identity(self)}
         if self.auto_budget is not None and self.auto_budget.budget is not None:
             state["token_budget"] = self.auto_budget.state_dict()
         return state
-
-    def _data_identity(self) -> dict[str, Any]:
-        return data_identity(self.corpus, self.tokenizer, seed=self.seed, val_fraction=self.val_fraction,
-                             max_length=self.max_length)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the training sampler's position; applied when ``train_dataloader()`` is next called.
@@ -607,9 +575,8 @@ class BalancedTextDataModule(L.LightningDataModule):
 
         Raises:
             TypeError: ``state_dict`` is not a dict (mapping).
-            ValueError: keys other than ``train_sampler`` and ``data``; here or at ``train_dataloader()``, a
-                checkpoint saved with another ``seed``, ``val_fraction``, ``max_length``, corpus or tokenizer
-                (naming each, with the saved and current values).
+            ValueError: unknown keys; a bad ``token_budget``; here or at ``train_dataloader()``, another ``seed``,
+                ``val_fraction``, ``max_length``, corpus or tokenizer than the checkpoint's (naming each).
         """
         if not isinstance(state_dict, Mapping):
             raise InputTypeError(f"BalancedTextDataModule.load_state_dict expects the dict returned by state_dict() "
@@ -619,7 +586,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             raise InputValueError(f"BalancedTextDataModule state_dict has unknown keys {sorted(unknown)}")
         self._saved_data = state_dict.get("data")  # absent from checkpoints of earlier versions
         if self._saved_data is not None and self.corpus is not None:
-            check_saved_data(self._saved_data, self._data_identity())
+            check_saved_data(self._saved_data, data_identity(self))
         self._train_sampler_state = state_dict.get("train_sampler")
         if self.auto_budget is not None and state_dict.get("token_budget"):
             self.auto_budget.load_state_dict(state_dict["token_budget"])  # checked now, planned at train_dataloader

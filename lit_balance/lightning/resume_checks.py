@@ -63,16 +63,17 @@ class SamplerResumedLoader(DataLoader):
                 "BalancedTextDataModule, or without ckpt_path", parameter="state_dict")
 
 
-def data_identity(corpus: Any, tokenizer: Any, *, seed: int, val_fraction: float,
-                  max_length: int | None) -> dict[str, Any]:
-    """What the training split is made from, as plain types: settings outside the sampler's, and the corpus."""
+def data_identity(datamodule: Any) -> dict[str, Any]:
+    """What a :class:`~lit_balance.BalancedTextDataModule`'s training split is made from, as plain types: its settings
+    outside the sampler's (``seed``, ``val_fraction``, ``max_length``), and its corpus and tokenizer."""
+    corpus = datamodule.corpus
     return {
-        "seed": int(seed),
-        "val_fraction": float(val_fraction),
-        "max_length": None if max_length is None else int(max_length),
+        "seed": int(datamodule.seed),
+        "val_fraction": float(datamodule.val_fraction),
+        "max_length": None if datamodule.max_length is None else int(datamodule.max_length),
         "num_documents": len(corpus),
         "corpus_lengths_sha256": sha256_of_int64(corpus.lengths),
-        "tokenizer": tokenizer.fingerprint,
+        "tokenizer": datamodule.tokenizer.fingerprint,
     }
 
 
