@@ -14,6 +14,7 @@ from typing import Any, Literal, NamedTuple
 
 import lightning as L
 import numpy as np
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from lit_balance._checks import MAX_TOKENS_LIMIT, check_bool, check_int
@@ -402,14 +403,14 @@ class BalancedTextDataModule(L.LightningDataModule):
             val_lengths=None if self.val_dataset is None else self.val_dataset.lengths)
 
     # ---- max_tokens="auto" ------------------------------------------------------------------------------------
-    def _probe_inputs(self) -> dict[str, Any]:
-        """What the probe measures: the training split's lengths, its longest document, the layout."""
+    def probe_inputs(self) -> dict[str, Any]:
+        """The :class:`~lit_balance.lightning.budget.TokenBudgetProbe` arguments this DataModule gives: ``lengths``
+        (training split), ``settings`` (the layout; ``max_tokens`` not read), ``pad_token_id``, ``token_ids``."""
         train = self.train_dataset if self.train_dataset is not None else self._splits().train_dataset
         lengths = np.asarray(train.lengths, dtype=np.int64)
-        longest = int(np.argmax(lengths))
-        layout = BatchingSettings(**{**self._batching, "max_tokens": MAX_TOKENS_LIMIT})  # max_tokens: not read
+        layout = BatchingSettings(**self._batching, max_tokens=MAX_TOKENS_LIMIT)  # max_tokens: not read
         return {"lengths": lengths, "settings": layout, "pad_token_id": self.pad_token_id,
-                "token_ids": np.asarray(train[longest]["input_ids"], dtype=np.int64)}
+                "token_ids": np.asarray(train[int(np.argmax(lengths))]["input_ids"], dtype=np.int64)}
 
     def find_max_tokens(self, model: Any, *, memory_limit: int | None = None, memory_fraction: float | None = None,
                         trainer: Any = None, world: DataParallelWorld | None = None) -> TokenBudget:
@@ -435,19 +436,17 @@ class BalancedTextDataModule(L.LightningDataModule):
                                self.memory_fraction if memory_fraction is None else memory_fraction,
                                meter=None if self.auto_budget is None else self.auto_budget.meter)
         return auto.probe(model, trainer=trainer, world=world if world is not None else data_parallel_world(trainer),
-                          **self._probe_inputs())
+                          **self.probe_inputs())
 
     def _resolve_max_tokens(self) -> None:
         """With ``max_tokens="auto"``: ask :attr:`auto_budget` for the budget (restored, or measured now), log what the
         plan uses, and plan with it."""
         if self._settings is not None or self.auto_budget is None or self.train_dataset is None:
             return
-        budget = self.auto_budget.resolve(self.trainer, **self._probe_inputs())
+        budget = self.auto_budget.resolve(self.trainer, **self.probe_inputs())
         num_replicas = self._world().num_replicas
-        from lightning.pytorch.utilities import rank_zero_info
-
         rank_zero_info(f"BalancedTextDataModule token budget: {budget.describe(num_replicas)}")
-        self._settings = BatchingSettings(**{**self._batching, "max_tokens": budget.plan_max_tokens(num_replicas)})
+        self._settings = BatchingSettings(**self._batching, max_tokens=budget.plan_max_tokens(num_replicas))
         self._plan_splits()
 
     def plan_summary(self, num_replicas: int, accumulate_grad_batches: int = 1, *, epoch: int = 0) -> dict[str, Any]:

@@ -35,11 +35,12 @@ def auto_budget(given: dict[str, Any], settings: BatchingSettings | None, memory
 
 def batching_settings(settings: BatchingSettings | None, given: dict[str, Any],
               auto: bool) -> tuple[BatchingSettings | None, dict[str, Any]]:
-    """``(settings or None, the values of every setting but max_tokens)``: ``settings`` (every keyword given beside it must agree), or the
-    keywords given (the others at :class:`BatchingSettings`' defaults, ``max_tokens`` at :data:`DEFAULT_MAX_TOKENS`);
+    """``(settings or None, the values of every setting but max_tokens)``: ``settings`` (every keyword given beside it
+    must agree), or the keywords given (the others at :class:`BatchingSettings`' defaults, ``max_tokens`` at :data:`DEFAULT_MAX_TOKENS`);
     with ``max_tokens="auto"``, no settings yet (the other values checked now)."""
     if auto:
-        checked = BatchingSettings.build(None, {**given, "max_tokens": MAX_TOKENS_LIMIT}, owner="BalancedTextDataModule")
+        checked = BatchingSettings.build(None, {**given, "max_tokens": MAX_TOKENS_LIMIT},
+                                         owner="BalancedTextDataModule")
         return None, {k: v for k, v in checked.to_dict().items() if k != "max_tokens"}
     if settings is None:
         given = {"max_tokens": DEFAULT_MAX_TOKENS, **given}

@@ -214,7 +214,8 @@ def test_datamodule_settings_conflicts_and_checks(tmp_path, texts):
         BalancedTextDataModule(texts, settings=settings, max_tokens=4096, cache_dir=tmp_path)
     with pytest.raises(ValueError, match=r"shuffle=True but settings.shuffle=False"):
         BalancedTextDataModule(texts, settings=settings.replace(shuffle=False), shuffle=True, cache_dir=tmp_path)
-    assert BalancedTextDataModule(texts, settings=settings, max_tokens=256, seed=0, cache_dir=tmp_path).max_tokens == 256
+    same = BalancedTextDataModule(texts, settings=settings, max_tokens=256, seed=0, cache_dir=tmp_path)
+    assert same.max_tokens == 256
     assert BalancedTextDataModule(texts, settings=settings.replace(shuffle=False), cache_dir=tmp_path).shuffle is False
     with pytest.raises(TypeError, match="settings must be a lit_balance.BatchingSettings"):
         BalancedTextDataModule(texts, settings=256, cache_dir=tmp_path)
