@@ -36,8 +36,8 @@ def auto_budget(given: dict[str, Any], settings: BatchingSettings | None, memory
 def batching_settings(settings: BatchingSettings | None, given: dict[str, Any],
               auto: bool) -> tuple[BatchingSettings | None, dict[str, Any]]:
     """``(settings or None, the values of every setting but max_tokens)``: ``settings`` (every keyword given beside it
-    must agree), or the keywords given (the others at :class:`BatchingSettings`' defaults, ``max_tokens`` at :data:`DEFAULT_MAX_TOKENS`);
-    with ``max_tokens="auto"``, no settings yet (the other values checked now)."""
+    must agree), or the keywords given (the others at :class:`BatchingSettings`' defaults, ``max_tokens`` at
+    :data:`DEFAULT_MAX_TOKENS`); with ``max_tokens="auto"``, no settings yet (the other values checked now)."""
     if auto:
         checked = BatchingSettings.build(None, {**given, "max_tokens": MAX_TOKENS_LIMIT},
                                          owner="BalancedTextDataModule")
