@@ -45,6 +45,7 @@ from benchmarks._harness import (
     versions,
 )
 from benchmarks.packing_peers import PACKING_PEERS, flatten_with_collator, flattening_batch_size
+from lit_balance.plan import PLANNERS
 from lit_balance import BatchingSettings, CostModel, EpochPlan, plan_epoch
 from lit_balance.plan import RankBatches, batch_persistence, plan_stats
 
@@ -91,7 +92,8 @@ def row_figures(epochs: Sequence[RankBatches | EpochPlan], lengths: np.ndarray, 
                 ) -> dict[str, Any]:
     """Every figure of one row from epochs 0 and 1 of one strategy (all from :func:`lit_balance.plan_stats` and
     :func:`lit_balance.plan.batch_persistence`)."""
-    stats = {name: plan_stats(epochs[0], lengths, cost, packing=packed, max_tokens=max_tokens)
+    planner = PLANNERS["packed" if packed else "padded"]
+    stats = {name: plan_stats(epochs[0], lengths, cost, planner=planner, max_tokens=max_tokens)
              for name, cost in COSTS.items()}
     tok = stats["tokens"]
     counts = tok.rank_micro_batches

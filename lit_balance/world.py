@@ -21,15 +21,18 @@ A strategy whose data-parallel world cannot be known that way is refused (:func:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from lit_balance._checks import check_int
 from lit_balance.errors import InputTypeError, InputValueError
 
-__all__ = ["DATA_PARALLEL_MESH_DIMS", "DataParallelWorld", "data_parallel_world", "process_group_world"]
+__all__ = ["DATA_PARALLEL_MESH_DIMS", "DataParallelWorld", "check_defaulted_world", "data_parallel_world",
+           "process_group_world", "resolve_world"]
 
 #: Names of a device mesh's data-parallel dimension that :func:`data_parallel_world` recognises, in order:
 #: Lightning's ``ModelParallelStrategy`` (``"data_parallel"``) and torchtitan (``"dp"``).
@@ -253,3 +256,100 @@ def data_parallel_world(trainer: Any = None, *, mesh: Any = None, process_group:
             return DataParallelWorld(rank=0, num_replicas=1, strategy=getattr(trainer, "strategy", None))
         return _strategy_world(trainer)
     return process_group_world() or DataParallelWorld(rank=0, num_replicas=1)
+
+
+# --- a sampler's world from its arguments, or from the environment ---------------------------------------------
+_HOW_TO_PASS = (
+    "Pass num_replicas and rank, the data-parallel ones: under Lightning, build the sampler in "
+    "LightningDataModule.setup() or train_dataloader() with **self.trainer.distributed_sampler_kwargs (or use "
+    "lit_balance.BalancedTextDataModule, which does); elsewhere, process_group= the data-parallel process group, or "
+    "the data-parallel world size and this process's data-parallel rank (lit_balance.world.data_parallel_world)."
+)
+
+
+def resolve_world(num_replicas: int | None, rank: int | None, process_group: Any = None, *,
+                  owner: str = "BalancedBatchSampler") -> tuple[int, int]:
+    """``(num_replicas, rank)``: those given, else those of ``process_group``, else the initialised default process
+    group's (:func:`lit_balance.world.process_group_world`), else one rank; refused in a launched multi-process run
+    before its process group exists.
+
+    Raises:
+        RuntimeError: a default taken where the environment says the run is distributed but no process group is
+            initialised yet; ``process_group`` without an initialised ``torch.distributed``.
+        TypeError, ValueError: ``num_replicas`` below 1, or ``rank`` outside ``[0, num_replicas)``; values given
+            with ``process_group`` that disagree with it.
+    """
+    if process_group is not None:
+        world = process_group_world(process_group)
+        for name, given, value in (("num_replicas", num_replicas, world.num_replicas), ("rank", rank, world.rank)):
+            if given is not None and given != value:
+                raise InputValueError(f"{name}={given!r} disagrees with the process_group given, whose {name} is "
+                                      f"{value}; pass one or the other", parameter=name)
+        return world.num_replicas, world.rank
+    group = process_group_world()
+    if (num_replicas is None or rank is None) and group is None:
+        _refuse_distributed_environment(num_replicas, rank, owner)
+    if num_replicas is None:
+        num_replicas = group.num_replicas if group is not None else 1
+    if rank is None:
+        rank = group.rank if group is not None else 0
+    num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
+    rank = check_int("rank", rank, 0, "pass this process's global rank")
+    if rank >= num_replicas:
+        raise InputValueError(f"rank must be in [0, num_replicas) = [0, {num_replicas}), got rank={rank}",
+                              parameter="rank")
+    return num_replicas, rank
+
+
+def _launch_environment() -> dict[str, str]:
+    """Variables by which a launcher says this process is one of several, as ``{name: value}`` (empty: one process).
+
+    torchrun and Lightning's DDP launcher set ``WORLD_SIZE``; ``srun`` sets ``SLURM_STEP_NUM_TASKS`` for the tasks
+    of a job step (``SLURM_NTASKS`` alone is also set in an ``sbatch`` script that runs one process); Open MPI
+    sets ``OMPI_COMM_WORLD_SIZE``, MPICH and Intel MPI ``PMI_SIZE``.
+    """
+    found = {}
+    for name in ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        value = os.environ.get(name, "")
+        if value.strip().isascii() and value.strip().isdigit() and int(value) > 1:
+            found[name] = value.strip()
+    if found:
+        for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+            if name in os.environ:
+                found[name] = os.environ[name]
+    return found
+
+
+def _refuse_distributed_environment(num_replicas: int | None, rank: int | None, owner: str) -> None:
+    """Raise when defaults would be taken in a process that its launcher started as one of several."""
+    found = _launch_environment()
+    if not found:
+        return
+    shown = ", ".join(f"{k}={v}" for k, v in found.items())
+    defaulted = " and ".join(name for name, value in (("num_replicas", num_replicas), ("rank", rank)) if value is None)
+    raise RuntimeError(
+        f"{owner} was left to default {defaulted}, and the environment says this is a distributed "
+        f"run ({shown}), but no torch.distributed process group is initialised yet: the defaults would be "
+        f"num_replicas=1, rank=0 and every rank would train the whole epoch. {_HOW_TO_PASS}"
+    )
+
+
+def check_defaulted_world(owner: str, num_replicas: int, rank: int, replicas_defaulted: bool,
+                          rank_defaulted: bool) -> None:
+    """Raise when ``num_replicas`` / ``rank`` taken as defaults (:func:`resolve_world`) when ``owner`` was built
+    disagree with the process group initialised since.
+
+    Raises:
+        RuntimeError: they disagree (naming both, and how to pass the data-parallel world).
+    """
+    group = process_group_world()
+    if group is None or not (replicas_defaulted or rank_defaulted):
+        return
+    world, group_rank = group.num_replicas, group.rank
+    if (replicas_defaulted and world != num_replicas) or (rank_defaulted and group_rank != rank):
+        raise RuntimeError(
+            f"{owner} was built for num_replicas={num_replicas}, rank={rank} (the defaults, taken when it was "
+            f"constructed), but the initialised process group has world size {world} and this process is rank "
+            f"{group_rank}: iterating would not shard the epoch over the ranks. {_HOW_TO_PASS}"
+        )
+

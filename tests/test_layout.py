@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lit_balance"
 
-BASE = {"errors": set(), "_checks": {"errors"}, "_fingerprint": set(), "world": {"errors"}}
+BASE = {"errors": set(), "_checks": {"errors"}, "_fingerprint": set(), "world": {"errors", "_checks"}}
 #: top-level part of lit_balance -> the parts it may import (besides itself); a base module may import base modules
 LAYERS = {
     **BASE,

@@ -130,11 +130,18 @@ class LitBalanceCLI(LightningCLI):
             exit_on_input_error(self.subcommand, fit_message(error), error)
 
     def before_fit(self) -> None:
-        """Print the derived budget and the training split's plan (:func:`~lit_balance.report.summary_line`; rank 0)."""
+        """Print the derived budget and the training split's plan (:func:`~lit_balance.report.summary_line`; rank 0);
+        with ``max_tokens="auto"``, that the budget will be measured at fit start (the DataModule logs it then)."""
         from lit_balance.report import summary_line
 
         trainer, dm = self.trainer, self.datamodule
         if not trainer.is_global_zero:
+            return
+        tail = f"max_length {dm.max_length} tokens | corpus: {dm.source.description}"
+        if dm.max_tokens == "auto":
+            print(f"world size {trainer.world_size} processes | per-rank budget: max_tokens=auto, measured at fit "
+                  f"start on worst-case micro-batches (memory_limit {dm.memory_limit} bytes, memory_fraction "
+                  f"{dm.memory_fraction}) | {tail}", flush=True)
             return
         try:
             num_replicas = data_parallel_world(trainer).num_replicas
@@ -142,8 +149,7 @@ class LitBalanceCLI(LightningCLI):
             num_replicas = None
         if num_replicas is None:
             print(f"world size {trainer.world_size} processes (data-parallel size set when fit builds the device "
-                  f"mesh) | per-rank budget {dm.max_tokens} padded slots per micro-batch | max_length "
-                  f"{dm.max_length} tokens | corpus: {dm.source.description}", flush=True)
+                  f"mesh) | per-rank budget {dm.max_tokens} padded slots per micro-batch | {tail}", flush=True)
             return
         try:
             budgets = dm.settings.rank_max_tokens(num_replicas)
@@ -151,8 +157,7 @@ class LitBalanceCLI(LightningCLI):
             exit_on_input_error(self.subcommand, fit_message(error), error)
         print(f"data-parallel size {num_replicas} | per-rank budget {dm.max_tokens} padded slots per micro-batch | "
               f"global budget {sum(budgets) * trainer.accumulate_grad_batches} padded slots "
-              f"per optimizer step | max_length {dm.max_length} tokens | corpus: {dm.source.description}",
-              flush=True)
+              f"per optimizer step | {tail}", flush=True)
         if isinstance(dm, BalancedTextDataModule):  # the preview communicates with no other rank
             print(summary_line(dm.plan_summary(num_replicas, trainer.accumulate_grad_batches)), flush=True)
 

@@ -288,35 +288,35 @@ def _takes(cls: type, name: str) -> bool:
     return name in inspect.signature(cls.__init__).parameters
 
 
-def _probe(cfg: Namespace, settings: BatchingSettings) -> Any:
-    """Run the token budget probe (``--max-tokens auto``) on the corpus with the config's model: one rank."""
-    extra = {k: v for k, v in dict(cfg.data_kwargs or {}).items() if k not in ("memory_limit", "memory_fraction")}
-    dm = BalancedTextDataModule(cfg.corpus, cfg.tokenizer, settings=settings, max_length=cfg.max_length,
-                                val_fraction=cfg.val_fraction, text_key=cfg.text_key, cache_dir=cfg.cache_dir,
-                                **extra)
-    dm.prepare_data()
-    dm.setup("fit")
-    model = _probe_model(cfg.model, dm.vocab_size).to(cfg.device)
-    return dm.find_max_tokens(model, memory_limit=cfg.memory_limit, memory_fraction=cfg.memory_fraction)
-
-
-def _corpus_lengths(cfg: Namespace, settings: BatchingSettings) -> tuple[np.ndarray, str]:
+def _datamodule(cfg: Namespace, values: dict[str, Any]) -> BalancedTextDataModule:
+    """The one DataModule of the plan (set up, the corpus tokenized into the cache): with ``max_tokens="auto"``,
+    built as a fit builds it (its budget then measured by :func:`_probe`), else with the settings planned."""
     extra = {k: v for k, v in dict(cfg.data_kwargs or {}).items() if k not in ("memory_limit", "memory_fraction")}
     taken = set(inspect.signature(BalancedTextDataModule.__init__).parameters) - {"self", "settings"}
     unknown = sorted(set(extra) - taken)
     if unknown:
         raise InputTypeError(f"--data-kwargs names {unknown}, which BalancedTextDataModule does not take (its "
                              "arguments: lit-balance fit --print_config, under data)", parameter="data_kwargs")
-    if settings.per_rank:  # the split does not depend on the budgets; only documents no rank holds are refused
-        settings = settings.replace(max_tokens=settings.largest_max_tokens)
-    dm = BalancedTextDataModule(cfg.corpus, cfg.tokenizer, settings=settings, max_length=cfg.max_length,
-                                val_fraction=cfg.val_fraction, text_key=cfg.text_key, cache_dir=cfg.cache_dir,
-                                **extra)
+    common = {"max_length": cfg.max_length, "val_fraction": cfg.val_fraction, "text_key": cfg.text_key,
+              "cache_dir": cfg.cache_dir, **extra}
+    if values["max_tokens"] == "auto":
+        batching = {k: v for k, v in values.items() if k in taken}  # the layout the probe measures
+        dm = BalancedTextDataModule(cfg.corpus, cfg.tokenizer, **batching, memory_limit=cfg.memory_limit,
+                                    memory_fraction=cfg.memory_fraction, **common)
+    else:
+        settings = BatchingSettings.from_dict(values)
+        if settings.per_rank:  # the split does not depend on the budgets; only documents no rank holds are refused
+            settings = settings.replace(max_tokens=settings.largest_max_tokens)
+        dm = BalancedTextDataModule(cfg.corpus, cfg.tokenizer, settings=settings, **common)
     dm.prepare_data()  # tokenizes into the cache, with a progress bar, unless cached
     dm.setup("fit")
-    return np.asarray(dm.train_dataset.lengths, dtype=np.int64), (
-        f"{dm.source.description}, training split: {len(dm.train_dataset)} documents "
-        f"(val_fraction={dm.val_fraction}, max_length={dm.max_length})")
+    return dm
+
+
+def _probe(cfg: Namespace, dm: BalancedTextDataModule) -> Any:
+    """Run the token budget probe (``--max-tokens auto``) on the DataModule with the config's model: one rank."""
+    model = _probe_model(cfg.model, dm.vocab_size).to(cfg.device)
+    return dm.find_max_tokens(model)
 
 
 def run_plan(cfg: Namespace) -> dict[str, Any]:
@@ -340,20 +340,23 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
     budget = None
     try:
         values = {name: cfg[name] for name in BatchingSettings.names()}
-        if values["max_tokens"] == "auto":
-            if cfg.lengths is not None:
-                raise InputValueError("--max-tokens auto measures the budget on the corpus' documents with a model: "
-                                      "pass --corpus (or a fit --config), not --lengths", parameter="max_tokens")
-            budget = _probe(cfg, BatchingSettings.from_dict({**values, "max_tokens": DEFAULT_MAX_TOKENS}))
-            values["max_tokens"] = budget.max_tokens
-        settings = BatchingSettings.from_dict(values)
+        if values["max_tokens"] == "auto" and cfg.lengths is not None:
+            raise InputValueError("--max-tokens auto measures the budget on the corpus' documents with a model: "
+                                  "pass --corpus (or a fit --config), not --lengths", parameter="max_tokens")
         if cfg.lengths is not None:
             lengths = _load_lengths(Path(cfg.lengths))
             if cfg.max_length is not None:
                 lengths = np.minimum(lengths, cfg.max_length)
             source = f"{cfg.lengths} ({lengths.size} samples, max_length={cfg.max_length})"
         else:
-            lengths, source = _corpus_lengths(cfg, settings)
+            dm = _datamodule(cfg, values)
+            if values["max_tokens"] == "auto":
+                budget = _probe(cfg, dm)
+                values["max_tokens"] = budget.max_tokens
+            lengths = np.asarray(dm.train_dataset.lengths, dtype=np.int64)
+            source = (f"{dm.source.description}, training split: {len(dm.train_dataset)} documents "
+                      f"(val_fraction={dm.val_fraction}, max_length={dm.max_length})")
+        settings = BatchingSettings.from_dict(values)
         report = plan_report(
             lengths, settings=settings, num_replicas=cfg.num_replicas, epoch=cfg.epoch,
             cost_model=CostModel(linear=cfg.linear, quadratic=cfg.quadratic, per_batch=cfg.per_batch),

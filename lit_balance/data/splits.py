@@ -7,6 +7,7 @@ preview); every rank computes the same split from the same corpus and ``seed``, 
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -14,9 +15,12 @@ import numpy as np
 from lit_balance._checks import check_number
 from lit_balance.data.cache import TokenizedCorpus
 from lit_balance.data.dataset import TokenDataset
+from lit_balance.data.records import supervised_counts
 from lit_balance.errors import InputValueError
+from lit_balance.plan.types import padded_lengths
 
-__all__ = ["DEFAULT_VAL_FRACTION", "resolve_val_fraction", "split_corpus", "split_documents"]
+__all__ = ["DEFAULT_VAL_FRACTION", "check_supervised_targets", "check_too_long", "resolve_val_fraction", "split_corpus",
+           "split_documents"]
 
 #: Share of documents held out for validation when ``val_fraction=None`` and the corpus has no validation split.
 DEFAULT_VAL_FRACTION = 0.05
@@ -152,3 +156,71 @@ def _check_split_sizes(split_sizes: Any, num_read: int) -> None:
         raise InputValueError(f"the corpus' split_sizes must be (training documents, validation documents), two ints "
                               f">= 1 that add up to the {num_read} documents it yielded (training first), got "
                               f"{split_sizes!r}; check the source's split_sizes", parameter="split_sizes")
+
+
+def check_supervised_targets(corpus: TokenizedCorpus, dataset: TokenDataset, supervised: np.ndarray,
+                             cut: int | None, max_length: int | None, *, warn: bool = True) -> bool:
+    """Report training records whose labels leave no next-token target: warn (count, first corpus records, the
+    setting to change), or raise when no record has one.
+
+    Args:
+        corpus: the tokenized corpus.
+        dataset: the training split.
+        supervised: int ``[len(dataset)]``: next-token targets of each record as planned.
+        cut: the truncation of ``too_long="truncate"`` (tokens), or None.
+        max_length: the DataModule's truncation (tokens), or None.
+        warn: warn when some records have none (False: only raise when all have none).
+
+    Returns:
+        True when some records have no target (whether or not it warned).
+
+    Raises:
+        ValueError: no record has a next-token target.
+    """
+    zero = np.flatnonzero(supervised == 0)
+    if zero.size == 0:
+        return False
+    full = dataset.offsets[dataset.doc_ids + 1] - dataset.offsets[dataset.doc_ids]
+    lost = int(np.count_nonzero(supervised_counts(dataset.labels, dataset.offsets, dataset.doc_ids[zero],
+                                                  full[zero]) > 0))
+    shown = ", ".join(str(int(corpus.source_index[d])) for d in dataset.doc_ids[zero[:5]])
+    shown += ", ..." if zero.size > 5 else ""
+    limit = f"max_length={max_length}" + (f" (and too_long='truncate' at {cut} tokens)" if cut else "")
+    parts = []
+    if lost:
+        parts.append(f"{lost} of them lose every target to truncation ({limit}: the prompt fills the tokens kept)")
+    if zero.size - lost:
+        parts.append(f"{zero.size - lost} have none to begin with (a completion of at most one token, or labels "
+                     "all -100)")
+    why = ", ".join(parts)
+    fix = ("raise max_length (or max_tokens with too_long='truncate') so that completions survive truncation, "
+           "shorten those prompts, or drop those records")
+    if zero.size == len(dataset):
+        raise InputValueError(f"no training record has a next-token target: all {zero.size} records' labels are "
+                              f"-100 after the shift, so the loss would be 0 and the gradients zero; {why}; "
+                              f"{fix}", parameter="max_length")
+    if warn:
+        warnings.warn(
+            f"{zero.size} of {len(dataset)} training records have no next-token target (corpus records {shown}) "
+            f"and train nothing; {why}; {fix}", UserWarning, stacklevel=3)
+    return True
+
+
+def check_too_long(corpus: TokenizedCorpus, max_length: int | None, pad_to_multiple_of: int, max_tokens: int) -> None:
+    """Raise naming the corpus documents (source indices) longer than ``max_tokens`` padded slots after ``max_length``
+    truncation (``too_long="error"``; per-rank budgets: pass the largest, a document goes to a rank that holds it).
+
+    Raises:
+        ValueError: such documents exist (the first five named, with the settings to change).
+    """
+    lengths = corpus.lengths if max_length is None else np.minimum(corpus.lengths, max_length)
+    m = pad_to_multiple_of
+    bad = np.flatnonzero(padded_lengths(lengths, m) > max_tokens)
+    if bad.size:
+        shown = ", ".join(f"document {corpus.source_index[d]}: {lengths[d]} tokens" for d in bad[:5])
+        raise InputValueError(
+            f"{bad.size} corpus document(s) are longer than max_tokens={max_tokens} padded token slots "
+            f"(max_length={max_length}, pad_to_multiple_of={m}): {shown}{', ...' if bad.size > 5 else ''}; "
+            f"set max_length <= {(max_tokens // m) * m} to truncate documents, raise max_tokens, or pass "
+            'too_long="skip" or "truncate"', parameter="max_length"
+        )

@@ -9,126 +9,41 @@ checks at ``setup`` that every process planned the same data.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import lightning as L
 import numpy as np
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from lit_balance._checks import check_bool, check_int, check_number
-from lit_balance._fingerprint import sha256_of_int64
-from lit_balance.data.cache import TokenizedCorpus, default_cache_dir, load_or_build
+from lit_balance._checks import MAX_TOKENS_LIMIT, check_bool, check_int
+from lit_balance.data.cache import TokenizedCorpus, load_or_build
 from lit_balance.data.collate import PackedCollator, PadCollator, collator_for
 from lit_balance.data.dataset import TokenDataset
-from lit_balance.data.records import supervised_counts
+from lit_balance.data.corpus_tokenizer import check_cache_dir, corpus_tokenizer
 from lit_balance.data.sources import resolve_corpus
-from lit_balance.data.splits import resolve_val_fraction, split_corpus
-from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
+from lit_balance.data.splits import check_supervised_targets, check_too_long, resolve_val_fraction, split_corpus
+from lit_balance.data.tokenizer import TokenizerAdapter
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.agreement import check_ranks_agree, plan_fingerprint
-from lit_balance.lightning.budget import DEFAULT_MEMORY_FRACTION, TokenBudget, TokenBudgetProbe
+from lit_balance.lightning.budget import DEFAULT_MEMORY_FRACTION, AutoTokenBudget, TokenBudget
+from lit_balance.lightning.dm_settings import DEFAULT_MAX_TOKENS, auto_budget, batching_settings
+from lit_balance.lightning.resume_checks import (
+    SamplerResumedLoader,
+    check_saved_data,
+    data_identity,
+    fit_batches_consumed,
+    settings_advice,
+)
 from lit_balance.plan.cost import CostModel, check_cost_model
 from lit_balance.plan.epoch import planner_for
-from lit_balance.plan.settings import BatchingSettings, delegate_settings
-from lit_balance.plan.types import padded_lengths
+from lit_balance.plan.settings import BatchingSettings
 from lit_balance.sampler.sampler import BalancedBatchSampler
 from lit_balance.sampler.state import SettingsMismatchError
 from lit_balance.world import DataParallelWorld, data_parallel_world
 
-if TYPE_CHECKING:
-    from lit_balance.data.sources import CorpusSource
-
 __all__ = ["DEFAULT_MAX_TOKENS", "BalancedTextDataModule", "fit_batches_consumed"]
-
-#: ``max_tokens`` of :class:`BalancedTextDataModule` (and of ``lit-balance plan``) when not given: padded token
-#: slots per micro-batch, per rank.
-DEFAULT_MAX_TOKENS = 4096
-_DATA_KEYS = ("seed", "val_fraction", "max_length", "num_documents", "corpus_lengths_sha256", "tokenizer")
-
-
-def _batches_done_on_restore(progress: Any) -> int:
-    """Micro-batches of the current epoch that Lightning's fit loop counts as done when it restores ``progress``.
-
-    ``progress`` is ``trainer.fit_loop.epoch_loop.batch_progress`` at save time. On restore, Lightning 2.x
-    (``_TrainingEpochLoop.reset``) restarts from ``current.completed``, plus the batch of a checkpoint saved in
-    ``on_train_batch_end`` (``ready == started == processed == completed + 1``: the step ran, its end hook did
-    not count yet). ``ready`` also counts a batch whose training step raised (an exception, Ctrl-C): that one
-    runs again.
-    """
-    total, current = progress.total, progress.current
-    done = int(current.completed)
-    if total.ready == total.started == total.processed == total.completed + 1:
-        done += 1
-    return done
-
-
-def fit_batches_consumed(trainer: Any) -> int | None:
-    """Training micro-batches of the current epoch that Lightning counts as done if a checkpoint is saved now.
-
-    The count a resume state must hold (``BalancedBatchSampler.state_dict(batches_consumed=...)``): Lightning restores
-    a mid-epoch checkpoint at its fit loop's *completed* batches, plus the batch of a checkpoint saved in
-    ``on_train_batch_end``; a micro-batch whose training step raised (an exception, Ctrl-C, then
-    ``OnExceptionCheckpoint``) is not done and runs again. :class:`BalancedTextDataModule` saves its sampler's position
-    at this count; pass ``batches_consumed=lambda: fit_batches_consumed(self.trainer)`` to
-    :func:`~lit_balance.balanced_dataloader` for the same with any map-style dataset.
-
-    Args:
-        trainer: the ``lightning.Trainer``.
-
-    Returns:
-        Micro-batches counted from the epoch's start, or None when the trainer is not fitting (no count applies).
-    """
-    if trainer is None or trainer.state.fn != "fit":  # also while validating inside fit
-        return None
-    return _batches_done_on_restore(trainer.fit_loop.epoch_loop.batch_progress)
-
-
-def _settings_advice(differences: Mapping[str, tuple[Any, Any]]) -> str:
-    """The message of a resume whose batching settings differ from the checkpoint's, naming where a DataModule user
-    sets each one: ``accumulate_grad_batches`` is the Trainer's, the others the DataModule's."""
-    diff = "; ".join(f"{k}: saved {old!r}, now {new!r}" for k, (old, new) in differences.items())
-    fixes = []
-    if "accumulate_grad_batches" in differences:
-        fixes.append(f"set Trainer(accumulate_grad_batches={differences['accumulate_grad_batches'][0]!r}) as when "
-                     "the checkpoint was saved")
-    others = {k: old for k, (old, _) in differences.items() if k != "accumulate_grad_batches"}
-    if others:
-        fixes.append("construct BalancedTextDataModule with the saved " + ", ".join(f"{k}={v!r}" for k, v in
-                                                                                   others.items())
-                     + " (keywords, or settings=BatchingSettings(...) with them)")
-    return (f"cannot resume: the training batching settings differ from the checkpoint's ({diff}); "
-            + " and ".join(fixes) + ", or start without ckpt_path")
-
-
-class _SamplerResumedLoader(DataLoader):
-    """The training DataLoader: it resumes through its sampler, whose position the DataModule's state_dict holds.
-
-    Lightning 2.x (``_TrainingEpochLoop.reset``) warns on a mid-epoch resume ("your dataloader is not resumable")
-    unless every training loader is stateful: has ``state_dict`` and ``load_state_dict``
-    (``lightning.fabric.utilities.types._Stateful``). It then saves ``state_dict()`` in the checkpoint's fit loop
-    and hands it back to ``load_state_dict`` on restore. This loader keeps no state of its own: the sampler's
-    position is saved by :meth:`BalancedTextDataModule.state_dict` and restored before the loader is built, so the
-    loader saves ``{}`` and accepts only that.
-    """
-
-    def state_dict(self) -> dict[str, Any]:
-        """``{}``: the position lives in the sampler (see :meth:`BalancedTextDataModule.state_dict`)."""
-        return {}
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Accept the ``{}`` that :meth:`state_dict` saved.
-
-        Raises:
-            ValueError: a non-empty state (not saved by this loader).
-        """
-        if not isinstance(state_dict, Mapping) or state_dict:
-            raise InputValueError(
-                f"the training DataLoader of BalancedTextDataModule saves no state of its own (its sampler's position "
-                f"is in the DataModule's state), got {state_dict!r}; resume from a checkpoint written with "
-                "BalancedTextDataModule, or without ckpt_path", parameter="state_dict")
 
 
 class _Splits(NamedTuple):
@@ -139,82 +54,13 @@ class _Splits(NamedTuple):
     val_dataset: TokenDataset | None
 
 
-def _batching_settings(settings: BatchingSettings | None, keywords: dict[str, Any]) -> BatchingSettings:
-    """The DataModule's :class:`BatchingSettings`: ``settings``, or the keywords; keywords at their defaults say
-    nothing beside ``settings``."""
-    if settings is not None:
-        defaults = {**BatchingSettings(max_tokens=DEFAULT_MAX_TOKENS).to_dict(), "max_tokens": DEFAULT_MAX_TOKENS}
-        keywords = {k: v for k, v in keywords.items() if not (type(v) is type(defaults[k]) and v == defaults[k])}
-    return BatchingSettings.build(settings, keywords, owner="BalancedTextDataModule")
+
+def _setting(name: str) -> property:
+    """A read-only property of the DataModule that returns the batching setting ``name``."""
+    return property(lambda self: self._batching[name],
+                    doc=f"``settings.{name}`` (read-only; see :class:`~lit_balance.BatchingSettings`).")
 
 
-def _check_cache_dir(cache_dir: Any) -> Path:
-    """``cache_dir`` as a Path (the default cache directory for None)."""
-    if cache_dir is None:
-        return default_cache_dir()
-    if not isinstance(cache_dir, (str, os.PathLike)):
-        raise InputTypeError(f"cache_dir must be a directory path (str or os.PathLike) or None, got {cache_dir!r} "
-                             f"of type {type(cache_dir).__name__}", parameter="cache_dir")
-    if Path(cache_dir).exists() and not Path(cache_dir).is_dir():
-        raise InputValueError(f"cache_dir {str(cache_dir)!r} exists and is not a directory; pass a directory path",
-                              parameter="cache_dir")
-    return Path(cache_dir)
-
-
-def _check_vocab_size(vocab_size: Any) -> int | None:
-    if vocab_size is None:
-        return None
-    return check_int("vocab_size", vocab_size, 1, "token ids of a token-id corpus without a tokenizer, or None (the "
-                     "default: largest id + 1, or the tokenizer's)", maximum=2**31)
-
-
-def _check_pad_token_id(pad_token_id: Any) -> int | None:
-    if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)):
-        raise InputTypeError(f"pad_token_id must be an int or None, got {type(pad_token_id).__name__} "
-                             f"{pad_token_id!r}", parameter="pad_token_id")
-    return pad_token_id
-
-
-def _token_id_tokenizer(source: CorpusSource, vocab_size: int | None, pad_token_id: int | None) -> TokenizerAdapter:
-    """The vocabulary of a token-id corpus without a tokenizer: ``vocab_size``, or its largest id + 1."""
-    pad = 0 if pad_token_id is None else pad_token_id
-    if source.key_after_reading and vocab_size is None:
-        raise InputValueError("a Hugging Face IterableDataset of token ids is read once, into the cache, so its "
-                              "largest id is not known in advance: pass vocab_size= (or a tokenizer)",
-                              parameter="vocab_size")
-    # an IterableDataset's ids are checked against vocab_size when it is read into the cache
-    largest = 0 if source.key_after_reading else max(
-        (int(np.max(d)) for d in source.load_token_ids() if len(d)), default=0)
-    if vocab_size is None:
-        vocab_size = max(largest, pad) + 1
-    # validates vocab_size and pad_token_id now, not at prepare_data
-    adapter = TokenizerAdapter.for_token_ids(vocab_size=vocab_size, pad_token_id=pad)
-    if largest >= adapter.vocab_size:
-        raise InputValueError(f"token id {largest} is outside vocab_size={vocab_size}; raise vocab_size",
-                              parameter="vocab_size")
-    return adapter
-
-
-def _corpus_tokenizer(source: CorpusSource, tokenizer: Any, *, vocab_size: int | None, pad_token_id: int | None,
-                      add_special_tokens: bool) -> TokenizerAdapter:
-    """The tokenizer of ``source``: the given one (or the built-in one), or a token-id corpus' vocabulary."""
-    if source.holds_token_ids and add_special_tokens:
-        raise InputValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as "
-                              "given (never re-encoded, with or without a tokenizer), so add the special ids to each "
-                              "document yourself, or leave add_special_tokens=False", parameter="add_special_tokens")
-    if source.holds_token_ids and tokenizer is None:
-        return _token_id_tokenizer(source, vocab_size, pad_token_id)
-    adapter = resolve_tokenizer(tokenizer, pad_token_id=pad_token_id, add_special_tokens=add_special_tokens)
-    if vocab_size is not None and vocab_size != adapter.vocab_size:
-        with_what = "the built-in tokenizer" if tokenizer is None else "the given tokenizer"
-        raise InputValueError(
-            f"vocab_size={vocab_size} conflicts with {with_what}'s vocabulary of {adapter.vocab_size} "
-            f"token ids ({source.kind} corpus); the vocabulary is the tokenizer's, and vocab_size only "
-            "sets it for token-id corpora without a tokenizer: leave vocab_size unset (None)", parameter="vocab_size")
-    return adapter
-
-
-@delegate_settings
 class BalancedTextDataModule(L.LightningDataModule):
     """A LightningDataModule that tokenizes a corpus and feeds each rank token-budgeted micro-batches.
 
@@ -255,11 +101,11 @@ class BalancedTextDataModule(L.LightningDataModule):
             object, or a path to a ``tokenizer.json``. Ignored for token-id corpora unless given.
         max_tokens: padded token slots per micro-batch, per rank (the memory budget): one int for every rank, a
             list of one per data-parallel rank (ranks of different memory; its length must be the world size), or
-            ``"auto"``: measured
-            before the first epoch under a Trainer by running the model's ``training_step`` forward and backward on
-            worst-case micro-batches (:mod:`lit_balance.lightning.budget`, ``docs/token_budget.md``); the result is
-            :attr:`token_budget`, logged, and saved by :meth:`state_dict` so that a resume uses it. Until it is
-            known, ``dm.max_tokens`` reads ``"auto"``. Not with ``settings``.
+            ``"auto"``: measured once at fit start by :attr:`auto_budget` (an
+            :class:`~lit_balance.lightning.budget.AutoTokenBudget`: the model's ``training_step`` forward and backward
+            on worst-case micro-batches, ``docs/token_budget.md``), logged, and saved by :meth:`state_dict` so that a
+            resume plans with it; until then ``dm.max_tokens`` reads ``"auto"`` and ``dm.settings`` raises. None (the
+            default): 4096, or ``settings.max_tokens``. Not ``"auto"`` with ``settings``.
         memory_limit: with ``max_tokens="auto"``: bytes one rank may use (on a CPU required: the process's peak
             resident set size; on CUDA optional, a cap below the device's memory). Ignored otherwise.
         memory_fraction: with ``max_tokens="auto"``: share of the capacity the budget may use, in (0, 1].
@@ -270,13 +116,13 @@ class BalancedTextDataModule(L.LightningDataModule):
             ``corpus=dataset_dict["train"]`` to split the training rows by ``val_fraction`` instead).
         seed: seed of the train/validation split and of the samplers (the same on every rank).
         num_workers: DataLoader worker processes per rank.
-        shuffle: reshuffle training micro-batches every epoch.
-        drop_last, too_long, pad_to_multiple_of, max_batch_size, shuffle_window, largest_first, packing: batching
-            settings, see :class:`~lit_balance.BatchingSettings` (``too_long`` only matters when ``max_length``
-            exceeds ``max_tokens``; ``packing=True``: padding-free micro-batches, one row of whole documents each).
+        shuffle, drop_last, too_long, pad_to_multiple_of, max_batch_size, shuffle_window, largest_first, packing:
+            batching settings, see :class:`~lit_balance.BatchingSettings` (``too_long`` only matters when
+            ``max_length`` exceeds ``max_tokens``; ``packing=True``: padding-free micro-batches, one row of whole
+            documents each). None (the default, also ``seed``): the BatchingSettings default, or ``settings``'.
         settings: all batching settings as one :class:`~lit_balance.BatchingSettings` instead of the keywords
-            above (``max_tokens`` ... ``packing``), which must then be left at their defaults or agree with
-            it. Its ``accumulate_grad_batches`` is used only without a Trainer; with one, the Trainer's is.
+            above (``max_tokens`` ... ``packing``); a keyword given beside it (not None) must agree with it (else a
+            ValueError names both). Its ``accumulate_grad_batches`` is used only without a Trainer.
         cost_model: cost of a training micro-batch, see :class:`BalancedBatchSampler`: a
             :class:`~lit_balance.CostModel` or any other cost model (:class:`~lit_balance.plan.CostModelProtocol`,
             e.g. a :class:`~lit_balance.plan.CostModelBase` subclass); default: padded tokens.
@@ -303,8 +149,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         pin_memory: passed to the DataLoaders (True or False).
 
     Attributes:
-        settings: the :class:`~lit_balance.BatchingSettings`, built and checked at construction; its fields are
-            also readable as attributes (``dm.max_tokens``, ``dm.shuffle``, ...; read-only).
+        settings: the :class:`~lit_balance.BatchingSettings`, checked at construction (with ``max_tokens="auto"``,
+            once measured); its fields are also readable as attributes (``dm.max_tokens``, ``dm.shuffle``, ...).
         vocab_size: number of token ids, known at construction.
         txt_documents, add_special_tokens: the tokenization options as given.
         pad_token_id: padding token id, known at construction.
@@ -334,20 +180,20 @@ class BalancedTextDataModule(L.LightningDataModule):
         corpus: Any = None,
         tokenizer: Any = None,
         *,
-        max_tokens: int | list[int] | Literal["auto"] = DEFAULT_MAX_TOKENS,
+        max_tokens: int | list[int] | Literal["auto"] | None = None,
         max_length: int | None = 512,
         val_fraction: float | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         num_workers: int = 0,
-        shuffle: bool = True,
-        drop_last: bool = False,
-        too_long: str = "error",
-        pad_to_multiple_of: int = 1,
+        shuffle: bool | None = None,
+        drop_last: bool | None = None,
+        too_long: str | None = None,
+        pad_to_multiple_of: int | None = None,
         max_batch_size: int | None = None,
-        shuffle_window: float = 0.25,
+        shuffle_window: float | None = None,
         cost_model: CostModel | None = None,
-        largest_first: bool = False,
-        packing: bool = False,
+        largest_first: bool | None = None,
+        packing: bool | None = None,
         settings: BatchingSettings | None = None,
         text_key: str = "text",
         txt_documents: Literal["line", "paragraph"] = "line",
@@ -363,27 +209,15 @@ class BalancedTextDataModule(L.LightningDataModule):
         super().__init__()
         if val_fraction is not None:
             resolve_val_fraction(val_fraction)  # its type and range, before the corpus is read
-        #: True when ``max_tokens="auto"``: the budget is measured by the probe before the first epoch.
-        self.auto_max_tokens = isinstance(max_tokens, str) and max_tokens == "auto"
-        if self.auto_max_tokens:
-            if settings is not None:
-                raise InputValueError("max_tokens='auto' cannot be combined with settings= (whose max_tokens is an "
-                                      "int): pass the batching settings as keywords, or an int max_tokens",
-                                      parameter="max_tokens")
-            max_tokens = DEFAULT_MAX_TOKENS  # a stand-in inside settings until the probe replaces it; never planned
-            if memory_limit is not None:
-                memory_limit = check_int("memory_limit", memory_limit, 1, "bytes one rank may use, e.g. 8 * 2**30")
-            check_number("memory_fraction", memory_fraction, 0.0, 1.0, "the share of memory the budget may use, "
-                         "e.g. 0.9", low_open=True)
+        given = {k: v for k, v in (("max_tokens", max_tokens), ("shuffle", shuffle), ("seed", seed),
+                                   ("drop_last", drop_last), ("too_long", too_long),
+                                   ("pad_to_multiple_of", pad_to_multiple_of), ("max_batch_size", max_batch_size),
+                                   ("shuffle_window", shuffle_window), ("largest_first", largest_first),
+                                   ("packing", packing)) if v is not None}
+        #: The owner of ``max_tokens="auto"`` (:class:`~lit_balance.lightning.budget.AutoTokenBudget`), or None.
+        self.auto_budget = auto_budget(given, settings, memory_limit, memory_fraction)
         self.memory_limit, self.memory_fraction = memory_limit, memory_fraction
-        #: The probe's result (:class:`~lit_balance.lightning.budget.TokenBudget`) with ``max_tokens="auto"``, once
-        #: known; None before, and with an int ``max_tokens``.
-        self.token_budget: TokenBudget | None = None
-        self._saved_budget: dict[str, Any] | None = None
-        self.settings = _batching_settings(settings, {
-            "max_tokens": max_tokens, "shuffle": shuffle, "seed": seed, "drop_last": drop_last, "too_long": too_long,
-            "pad_to_multiple_of": pad_to_multiple_of, "max_batch_size": max_batch_size,
-            "shuffle_window": shuffle_window, "largest_first": largest_first, "packing": packing})
+        self._settings, self._batching = batching_settings(settings, given, auto=self.auto_budget is not None)
         if max_length is not None:
             max_length = check_int("max_length", max_length, 1, "tokens kept per document, or None for no truncation")
         self.max_length = max_length
@@ -391,16 +225,13 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.pin_memory = check_bool("pin_memory", pin_memory)
         self.add_special_tokens = check_bool("add_special_tokens", add_special_tokens)
         self.txt_documents = txt_documents
-        vocab_size = _check_vocab_size(vocab_size)
-        pad_token_id = _check_pad_token_id(pad_token_id)
-        self.cache_dir = _check_cache_dir(cache_dir)
+        self.cache_dir = check_cache_dir(cache_dir)
         self.source = resolve_corpus(corpus, text_key=text_key, txt_documents=txt_documents,
                                      max_documents=max_documents)
         self.max_documents = max_documents
         #: Share of the corpus held out for validation (0.0 when the corpus brings its own validation split).
         self.val_fraction = resolve_val_fraction(val_fraction, self.source.split_sizes)
-        self.tokenizer = _corpus_tokenizer(self.source, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
-                                           add_special_tokens=self.add_special_tokens)
+        self.tokenizer = self._resolve_tokenizer(tokenizer, vocab_size, pad_token_id)
         self.pad_token_id = self.tokenizer.pad_token_id
         self.vocab_size = self.tokenizer.vocab_size
         self.cost_model = None if cost_model is None else check_cost_model(cost_model)
@@ -414,8 +245,50 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.val_sampler: BalancedBatchSampler | None = None
         self.collator: PadCollator | PackedCollator | None = None
 
-    # ------------------------------------------------------------------------------------------------
+    # ---- the batching settings ------------------------------------------------------------------------------------
+    @property
+    def settings(self) -> BatchingSettings:
+        """The :class:`~lit_balance.BatchingSettings` (``max_tokens`` the measured one with ``max_tokens="auto"``).
+
+        Raises:
+            RuntimeError: ``max_tokens="auto"`` before the budget is measured (at fit start) or restored.
+        """
+        if self._settings is None:
+            raise RuntimeError("max_tokens='auto' is measured with the model at fit start, so the batching settings "
+                               "are known after that: read dm.settings after Trainer.fit starts, or pass the "
+                               "max_tokens of dm.find_max_tokens(model, ...) as an int")
+        return self._settings
+
+    @property
+    def max_tokens(self) -> int | tuple[int, ...] | str:
+        """``settings.max_tokens`` (read-only); ``"auto"`` while ``max_tokens="auto"`` is not measured yet."""
+        return "auto" if self._settings is None else self._settings.max_tokens
+
+    @property
+    def token_budget(self) -> TokenBudget | None:
+        """The probe's result with ``max_tokens="auto"`` once known (measured or restored); None otherwise."""
+        return None if self.auto_budget is None else self.auto_budget.budget
+
+    shuffle = _setting("shuffle")
+    seed = _setting("seed")
+    drop_last = _setting("drop_last")
+    too_long = _setting("too_long")
+    pad_to_multiple_of = _setting("pad_to_multiple_of")
+    max_batch_size = _setting("max_batch_size")
+    shuffle_window = _setting("shuffle_window")
+    largest_first = _setting("largest_first")
+    plan_window = _setting("plan_window")
+    packing = _setting("packing")
+    accumulate_grad_batches = _setting("accumulate_grad_batches")  # the Trainer's is used under a Trainer
+
+    # ---- the corpus -------------------------------------------------------------------------------------------------
+    def _resolve_tokenizer(self, tokenizer: Any, vocab_size: Any, pad_token_id: Any) -> TokenizerAdapter:
+        """The tokenizer (and vocabulary) of the corpus, checked now."""
+        return corpus_tokenizer(self.source, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
+                                add_special_tokens=self.add_special_tokens)
+
     def _tokenized(self) -> TokenizedCorpus:
+        """The tokenized corpus: read from the cache, or tokenized into it."""
         return load_or_build(self.source, self.tokenizer, self.cache_dir, progress=True)
 
     def prepare_data(self) -> None:
@@ -436,7 +309,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         corpus = self._tokenized()
         train, val = split_corpus(corpus, val_fraction=self.val_fraction, seed=self.seed, max_length=self.max_length,
                                   split_sizes=self.source.split_sizes)
-        self._check_too_long(corpus)
+        if self.too_long == "error" and self._settings is not None:
+            check_too_long(corpus, self.max_length, self.pad_to_multiple_of, self.settings.largest_max_tokens)
         return _Splits(corpus, train, val)
 
     def _train_settings(self) -> BatchingSettings:
@@ -463,38 +337,6 @@ class BalancedTextDataModule(L.LightningDataModule):
             raise InputValueError(f"{split} split ({len(dataset)} documents, val_fraction={self.val_fraction}): "
                                   f"{error}") from error
 
-    def _check_targets(self, corpus: TokenizedCorpus, dataset: TokenDataset, supervised: np.ndarray,
-                       cut: int | None) -> None:
-        """Report training records whose labels leave no next-token target: warn once (count, first corpus records,
-        the setting to change), or raise when no record has one."""
-        zero = np.flatnonzero(supervised == 0)
-        if zero.size == 0:
-            return
-        full = dataset.offsets[dataset.doc_ids + 1] - dataset.offsets[dataset.doc_ids]
-        lost = int(np.count_nonzero(supervised_counts(dataset.labels, dataset.offsets, dataset.doc_ids[zero],
-                                                      full[zero]) > 0))
-        shown = ", ".join(str(int(corpus.source_index[d])) for d in dataset.doc_ids[zero[:5]])
-        shown += ", ..." if zero.size > 5 else ""
-        limit = f"max_length={self.max_length}" + (f" (and too_long='truncate' at {cut} tokens)" if cut else "")
-        parts = []
-        if lost:
-            parts.append(f"{lost} of them lose every target to truncation ({limit}: the prompt fills the tokens kept)")
-        if zero.size - lost:
-            parts.append(f"{zero.size - lost} have none to begin with (a completion of at most one token, or labels "
-                         "all -100)")
-        why = ", ".join(parts)
-        fix = ("raise max_length (or max_tokens with too_long='truncate') so that completions survive truncation, "
-               "shorten those prompts, or drop those records")
-        if zero.size == len(dataset):
-            raise InputValueError(f"no training record has a next-token target: all {zero.size} records' labels are "
-                                  f"-100 after the shift, so the loss would be 0 and the gradients zero; {why}; "
-                                  f"{fix}", parameter="max_length")
-        if not self._warned_zero_targets:
-            self._warned_zero_targets = True
-            warnings.warn(
-                f"{zero.size} of {len(dataset)} training records have no next-token target (corpus records {shown}) "
-                f"and train nothing; {why}; {fix}", UserWarning, stacklevel=2)
-
     def setup(self, stage: str | None = None) -> None:
         """Load the cache, split train/validation and build the samplers for this rank.
 
@@ -520,7 +362,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         error: BaseException | None = None
         fields = None
         try:
-            if self._budget_pending():  # max_tokens="auto": the samplers are built once the probe has run
+            if self._settings is None:  # max_tokens="auto": the samplers are built once the budget is known
                 self.corpus, self.train_dataset, self.val_dataset = self._splits()
             else:
                 self._plan_splits()
@@ -542,7 +384,9 @@ class BalancedTextDataModule(L.LightningDataModule):
             val_sampler = self._sampler("validation", splits.val_dataset, val_settings, world)
         truncate = train_sampler.truncate_to if self.too_long == "truncate" else None
         if train_sampler.supervised_lengths is not None:
-            self._check_targets(splits.corpus, splits.train_dataset, train_sampler.supervised_lengths, truncate)
+            self._warned_zero_targets |= check_supervised_targets(
+                splits.corpus, splits.train_dataset, train_sampler.supervised_lengths, truncate, self.max_length,
+                warn=not self._warned_zero_targets)
         self.corpus, self.train_dataset, self.val_dataset = splits
         self.train_sampler, self.val_sampler = train_sampler, val_sampler
         self.collator = collator_for(planner_for(self.settings).name, self.pad_token_id, self.pad_to_multiple_of,
@@ -550,21 +394,23 @@ class BalancedTextDataModule(L.LightningDataModule):
 
     def _fingerprint(self) -> list[tuple[str, int, bool]]:
         """What this rank planned at ``setup``: :func:`lit_balance.lightning.agreement.plan_fingerprint`."""
+        settings = ({**self._batching, "max_tokens": "auto"} if self._settings is None
+                    else self.train_sampler.settings.to_dict())
         return plan_fingerprint(
             corpus_lengths=self.corpus.lengths, tokenizer_fingerprint=self.tokenizer.fingerprint,
             max_length=self.max_length, seed=self.seed, val_fraction=self.val_fraction,
-            settings=self._fingerprint_settings(), train_lengths=self.train_dataset.lengths,
+            settings=settings, train_lengths=self.train_dataset.lengths,
             val_lengths=None if self.val_dataset is None else self.val_dataset.lengths)
 
-    def _fingerprint_settings(self) -> dict[str, Any]:
-        if self._budget_pending():
-            return {**self.settings.to_dict(), "max_tokens": "auto"}
-        return self.train_sampler.settings.to_dict()
-
     # ---- max_tokens="auto" ------------------------------------------------------------------------------------
-    def _budget_pending(self) -> bool:
-        """True while ``max_tokens="auto"`` has no measured (or restored) budget yet."""
-        return self.auto_max_tokens and self.token_budget is None
+    def probe_inputs(self) -> dict[str, Any]:
+        """The :class:`~lit_balance.lightning.budget.TokenBudgetProbe` arguments this DataModule gives: ``lengths``
+        (training split), ``settings`` (the layout; ``max_tokens`` not read), ``pad_token_id``, ``token_ids``."""
+        train = self.train_dataset if self.train_dataset is not None else self._splits().train_dataset
+        lengths = np.asarray(train.lengths, dtype=np.int64)
+        layout = BatchingSettings(**self._batching, max_tokens=MAX_TOKENS_LIMIT)  # max_tokens: not read
+        return {"lengths": lengths, "settings": layout, "pad_token_id": self.pad_token_id,
+                "token_ids": np.asarray(train[int(np.argmax(lengths))]["input_ids"], dtype=np.int64)}
 
     def find_max_tokens(self, model: Any, *, memory_limit: int | None = None, memory_fraction: float | None = None,
                         trainer: Any = None, world: DataParallelWorld | None = None) -> TokenBudget:
@@ -584,39 +430,23 @@ class BalancedTextDataModule(L.LightningDataModule):
 
         Raises:
             RuntimeError: a rank fits not even one row of the longest documents; ``training_step`` failed.
-            ValueError: on a CPU without ``memory_limit``; bad arguments.
+            ValueError: on a CPU without ``memory_limit``; a model with manual optimization; bad arguments.
         """
-        train = self.train_dataset if self.train_dataset is not None else self._splits().train_dataset
-        lengths = np.asarray(train.lengths, dtype=np.int64)
-        longest = int(np.argmax(lengths))
-        world = world if world is not None else data_parallel_world(trainer)
-        probe = TokenBudgetProbe(
-            model, lengths=lengths, settings=self.settings, pad_token_id=self.pad_token_id,
-            token_ids=np.asarray(train[longest]["input_ids"], dtype=np.int64),
-            memory_limit=self.memory_limit if memory_limit is None else memory_limit,
-            memory_fraction=self.memory_fraction if memory_fraction is None else memory_fraction,
-            trainer=trainer, world=world)
-        return probe.run()
+        auto = AutoTokenBudget(self.memory_limit if memory_limit is None else memory_limit,
+                               self.memory_fraction if memory_fraction is None else memory_fraction,
+                               meter=None if self.auto_budget is None else self.auto_budget.meter)
+        return auto.probe(model, trainer=trainer, world=world if world is not None else data_parallel_world(trainer),
+                          **self.probe_inputs())
 
     def _resolve_max_tokens(self) -> None:
-        """With ``max_tokens="auto"``: take the checkpoint's budget or run the probe, then plan with it."""
-        if not self._budget_pending() or self.train_dataset is None:
+        """With ``max_tokens="auto"``: ask :attr:`auto_budget` for the budget (restored, or measured now), log what the
+        plan uses, and plan with it."""
+        if self._settings is not None or self.auto_budget is None or self.train_dataset is None:
             return
-        if self._saved_budget is not None:
-            budget = TokenBudget.from_dict(self._saved_budget)
-        else:
-            trainer = self.trainer
-            if trainer is None or trainer.lightning_module is None:
-                raise RuntimeError("max_tokens='auto' is measured with the model before the first epoch: run "
-                                   "Trainer.fit(model, datamodule=dm), or call dm.find_max_tokens(model, ...) and "
-                                   "pass its max_tokens")
-            budget = self.find_max_tokens(trainer.lightning_module, trainer=trainer)
-        self.token_budget = budget
-        from lightning.pytorch.utilities import rank_zero_info
-
-        rank_zero_info(f"BalancedTextDataModule token budget: {budget.describe()}")
-        # per-rank budgets where the ranks' measurements differ by more than noise, else one for every rank
-        self.settings = self.settings.replace(max_tokens=budget.plan_max_tokens(self._world().num_replicas))
+        budget = self.auto_budget.resolve(self.trainer, **self.probe_inputs())
+        num_replicas = self._world().num_replicas
+        rank_zero_info(f"BalancedTextDataModule token budget: {budget.describe(num_replicas)}")
+        self._settings = BatchingSettings(**self._batching, max_tokens=budget.plan_max_tokens(num_replicas))
         self._plan_splits()
 
     def plan_summary(self, num_replicas: int, accumulate_grad_batches: int = 1, *, epoch: int = 0) -> dict[str, Any]:
@@ -649,10 +479,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         """
         from lit_balance.report import plan_report
 
-        if self._budget_pending():
-            raise RuntimeError("max_tokens='auto' is measured at fit start; preview the plan after Trainer.fit, or "
-                               "pass the budget of dm.find_max_tokens(model, ...) (or lit-balance plan --max_tokens "
-                               "auto --config <fit config>) as max_tokens")
+        if self._settings is None:
+            raise RuntimeError("max_tokens='auto' is measured at fit start; preview the plan after Trainer.fit starts, "
+                               "or pass the budget of dm.find_max_tokens(model, ...) (or of lit-balance plan "
+                               "--max-tokens auto --config <fit config>) as max_tokens")
         settings = self.settings.replace(accumulate_grad_batches=accumulate_grad_batches)
         lengths = np.asarray(self._splits().train_dataset.lengths, dtype=np.int64)
         report = plan_report(lengths, settings=settings, num_replicas=num_replicas, epoch=epoch,
@@ -669,23 +499,6 @@ class BalancedTextDataModule(L.LightningDataModule):
         if self.corpus is None:
             raise RuntimeError("num_empty_documents is known after setup(); call setup() first")
         return int(self.corpus.num_empty)
-
-    def _check_too_long(self, corpus: TokenizedCorpus) -> None:
-        """With ``too_long="error"``, name the corpus documents (source indices) that cannot fit."""
-        if self.too_long != "error" or self._budget_pending():
-            return
-        lengths = corpus.lengths if self.max_length is None else np.minimum(corpus.lengths, self.max_length)
-        m = self.pad_to_multiple_of
-        largest = self.settings.largest_max_tokens  # per-rank budgets: a document goes to a rank that holds it
-        bad = np.flatnonzero(padded_lengths(lengths, m) > largest)
-        if bad.size:
-            shown = ", ".join(f"document {corpus.source_index[d]}: {lengths[d]} tokens" for d in bad[:5])
-            raise InputValueError(
-                f"{bad.size} corpus document(s) are longer than max_tokens={largest} padded token slots "
-                f"(max_length={self.max_length}, pad_to_multiple_of={m}): {shown}{', ...' if bad.size > 5 else ''}; "
-                f"set max_length <= {(largest // m) * m} to truncate documents, raise max_tokens, or pass "
-                'too_long="skip" or "truncate"', parameter="max_length"
-            )
 
     def _loader(self, dataset: TokenDataset | None, sampler: BalancedBatchSampler | None,
                 loader_class: type[DataLoader] = DataLoader) -> DataLoader:
@@ -704,27 +517,27 @@ class BalancedTextDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         """Training micro-batches of this rank; ``len()`` is the same on every rank.
 
+        With ``max_tokens="auto"`` the first call plans with :attr:`auto_budget`'s budget (measured now, or restored).
         After a checkpoint is restored (:meth:`load_state_dict`), the sampler continues the saved epoch (after
-        checking that the training split is the saved one). When
-        the trainer has moved on to a later epoch, the sampler is set to it here, before Lightning reads
-        ``len()`` (with ``reload_dataloaders_every_n_epochs=1``, the length then counts rank speeds handed over
-        by :class:`~lit_balance.callbacks.CostModelFeedback`).
+        checking that the training split is the saved one). When the trainer has moved on to a later epoch, the
+        sampler is set to it here, before Lightning reads ``len()`` (with ``reload_dataloaders_every_n_epochs=1``,
+        the length then counts rank speeds handed over by :class:`~lit_balance.callbacks.CostModelFeedback`).
         """
         self._resolve_max_tokens()
         if self._train_sampler_state is not None and self.train_sampler is not None:
             if self._saved_data is not None:
-                self._check_saved_data(self._saved_data)
+                check_saved_data(self._saved_data, data_identity(self))
             try:
                 self.train_sampler.load_state_dict(self._train_sampler_state)
             except SettingsMismatchError as error:
-                raise InputValueError(_settings_advice(error.differences), parameter="settings") from error
+                raise InputValueError(settings_advice(error.differences), parameter="settings") from error
             self._train_sampler_state = None
         trainer = self.trainer
         if trainer is not None and self.train_sampler is not None and trainer.current_epoch > self.train_sampler.epoch:
             # Lightning reads len(loader) before it calls set_epoch; select the new epoch first, so that its
             # length counts a cost model or rank speeds handed over for it (unequal speeds can lengthen it).
             self.train_sampler.set_epoch(int(trainer.current_epoch))
-        return self._loader(self.train_dataset, self.train_sampler, _SamplerResumedLoader)
+        return self._loader(self.train_dataset, self.train_sampler, SamplerResumedLoader)
 
     def state_dict(self) -> dict[str, Any]:
         """The training sampler's position, for Lightning checkpoints (rank-independent, plain types).
@@ -736,11 +549,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         ``setup``.
 
         Returns:
-            ``{"train_sampler": BalancedBatchSampler.state_dict(...), "data": {"seed", "val_fraction",
-            "max_length", "num_documents", "corpus_lengths_sha256", "tokenizer"}}``: ``data`` identifies the
-            training split, so that a resume with another one names what changed. With ``max_tokens="auto"`` also
-            ``"token_budget"``: :meth:`~lit_balance.lightning.budget.TokenBudget.to_dict`, so that a resume plans with
-            the measured budget instead of probing again.
+            ``{"train_sampler": BalancedBatchSampler.state_dict(...), "data": data_identity(dm)}``
+            (:func:`~lit_balance.lightning.resume_checks.data_identity`: a resume on another split names what changed);
+            with ``max_tokens="auto"`` also ``"token_budget"`` (:meth:`AutoTokenBudget.state_dict`): a resume plans
+            with it instead of probing again.
         """
         if self.train_sampler is None:
             return {}
@@ -749,45 +561,10 @@ class BalancedTextDataModule(L.LightningDataModule):
             earlier = self.train_sampler.first_micro_step  # consumed on other ranks before
             consumed = min(max(consumed, earlier), len(self.train_sampler))
         state = {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed),
-                 "data": self._data_identity()}
-        if self.auto_max_tokens and self.token_budget is not None:
-            state["token_budget"] = self.token_budget.to_dict()
+                 "data": data_identity(self)}
+        if self.auto_budget is not None and self.auto_budget.budget is not None:
+            state["token_budget"] = self.auto_budget.state_dict()
         return state
-
-    def _data_identity(self) -> dict[str, Any]:
-        """What the training split is made from, as plain types: settings outside the sampler's, and the corpus."""
-        corpus = self.corpus
-        return {
-            "seed": int(self.seed),
-            "val_fraction": float(self.val_fraction),
-            "max_length": None if self.max_length is None else int(self.max_length),
-            "num_documents": len(corpus),
-            "corpus_lengths_sha256": sha256_of_int64(corpus.lengths),
-            "tokenizer": self.tokenizer.fingerprint,
-        }
-
-    def _check_saved_data(self, saved: Any) -> None:
-        """Compare a checkpoint's ``data`` entry with this DataModule; raise naming every difference."""
-        if not isinstance(saved, Mapping) or set(saved) != set(_DATA_KEYS):
-            got = sorted(saved) if isinstance(saved, Mapping) else saved
-            raise InputValueError(f"BalancedTextDataModule state_dict 'data' must have keys {sorted(_DATA_KEYS)}, "
-                                  f"got {got!r}")
-        now = self._data_identity()
-        diff = [f"{k}: saved {saved[k]!r}, now {now[k]!r}" for k in ("seed", "val_fraction", "max_length")
-                if saved[k] != now[k]]
-        if saved["num_documents"] != now["num_documents"]:
-            diff.append(f"corpus: saved {saved['num_documents']} documents, now {now['num_documents']}")
-        elif saved["corpus_lengths_sha256"] != now["corpus_lengths_sha256"]:
-            diff.append(f"corpus: the same number of documents ({now['num_documents']}), but their token lengths "
-                        "differ")
-        if saved["tokenizer"] != now["tokenizer"]:
-            diff.append("tokenizer: another tokenizer (fingerprint) than the saved one")
-        if diff:
-            raise InputValueError(
-                "cannot resume: the training split differs from the checkpoint's (" + "; ".join(diff) + "); "
-                "construct the DataModule with the saved seed, val_fraction and max_length on the same corpus and "
-                "tokenizer, or start without ckpt_path"
-            )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the training sampler's position; applied when ``train_dataloader()`` is next called.
@@ -797,9 +574,8 @@ class BalancedTextDataModule(L.LightningDataModule):
 
         Raises:
             TypeError: ``state_dict`` is not a dict (mapping).
-            ValueError: keys other than ``train_sampler`` and ``data``; here or at ``train_dataloader()``, a
-                checkpoint saved with another ``seed``, ``val_fraction``, ``max_length``, corpus or tokenizer
-                (naming each, with the saved and current values).
+            ValueError: unknown keys; a bad ``token_budget``; here or at ``train_dataloader()``, another ``seed``,
+                ``val_fraction``, ``max_length``, corpus or tokenizer than the checkpoint's (naming each).
         """
         if not isinstance(state_dict, Mapping):
             raise InputTypeError(f"BalancedTextDataModule.load_state_dict expects the dict returned by state_dict() "
@@ -809,11 +585,10 @@ class BalancedTextDataModule(L.LightningDataModule):
             raise InputValueError(f"BalancedTextDataModule state_dict has unknown keys {sorted(unknown)}")
         self._saved_data = state_dict.get("data")  # absent from checkpoints of earlier versions
         if self._saved_data is not None and self.corpus is not None:
-            self._check_saved_data(self._saved_data)
+            check_saved_data(self._saved_data, data_identity(self))
         self._train_sampler_state = state_dict.get("train_sampler")
-        if self.auto_max_tokens and state_dict.get("token_budget") is not None:
-            TokenBudget.from_dict(state_dict["token_budget"])  # checked now, used when the samplers are built
-            self._saved_budget = dict(state_dict["token_budget"])
+        if self.auto_budget is not None and state_dict.get("token_budget"):
+            self.auto_budget.load_state_dict(state_dict["token_budget"])  # checked now, planned at train_dataloader
 
     def val_dataloader(self) -> DataLoader | list:
         """Validation micro-batches of this rank (unshuffled), or ``[]`` without a validation split."""
@@ -823,9 +598,3 @@ class BalancedTextDataModule(L.LightningDataModule):
         return self._loader(self.val_dataset, self.val_sampler)
 
 
-def _max_tokens(self: BalancedTextDataModule) -> int | str:
-    return "auto" if self._budget_pending() else self.settings.max_tokens
-
-
-BalancedTextDataModule.max_tokens = property(  # type: ignore[assignment]
-    _max_tokens, doc='``settings.max_tokens`` (read-only); ``"auto"`` while ``max_tokens="auto"`` is not measured.')

@@ -22,7 +22,7 @@ from lit_balance.plan.cost import CostModelProtocol, check_cost_model
 from lit_balance.plan.packed import PackedPlanner
 from lit_balance.plan.padded import PaddedPlanner
 from lit_balance.plan.settings import BatchingSettings
-from lit_balance.plan.types import EpochPlan, padded_lengths
+from lit_balance.plan.types import EpochPlan, WorstCaseBatch, padded_lengths
 
 __all__ = ["PLANNERS", "Planner", "plan_epoch", "planner_for"]
 
@@ -33,10 +33,13 @@ class Planner(Protocol):
     Attributes:
         name: ``"padded"`` or ``"packed"`` (the key in :data:`PLANNERS`).
         cost_unit: what the default :class:`~lit_balance.CostModel` counts under it (``"padded slots"``, ``"tokens"``).
+        row_buckets: rows of similar length share a micro-batch, so length buckets describe its plans (reports show
+            their edges).
     """
 
     name: str
     cost_unit: str
+    row_buckets: bool
 
     def plan(self, lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int,
              epoch: int, cost_model: CostModelProtocol, speeds: np.ndarray, min_steps: int = 0,
@@ -53,9 +56,14 @@ class Planner(Protocol):
                     cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray]:
         """``(cost, slots)``: float64 and int64 ``[num_batches]``, each micro-batch's cost and token slots."""
 
+    def worst_case_batch(self, settings: BatchingSettings, budget: int, length: int) -> WorstCaseBatch | None:
+        """The largest micro-batch of ``length``-token rows (documents, packed) this planner may form within ``budget``
+        padded token slots, as the token budget probe builds it; None when not one row fits."""
 
+
+_PADDED, _PACKED = PaddedPlanner(), PackedPlanner()
 #: The planners by name.
-PLANNERS: dict[str, Planner] = {"padded": PaddedPlanner(), "packed": PackedPlanner()}
+PLANNERS: dict[str, Planner] = {_PADDED.name: _PADDED, _PACKED.name: _PACKED}
 
 
 def planner_for(settings: BatchingSettings) -> Planner:
@@ -70,7 +78,7 @@ def planner_for(settings: BatchingSettings) -> Planner:
     if not isinstance(settings, BatchingSettings):
         raise InputTypeError(f"settings must be a lit_balance.BatchingSettings, got {type(settings).__name__}",
                              parameter="settings")
-    planner = PLANNERS["packed" if settings.packing else "padded"]
+    planner = _PACKED if settings.packing else _PADDED
     return PerRankPlanner(planner) if settings.per_rank else planner
 
 

@@ -67,7 +67,7 @@ from lit_balance.plan.assign import (
 )
 from lit_balance.plan.cost import CostModelProtocol
 from lit_balance.plan.settings import BatchingSettings
-from lit_balance.plan.types import EpochPlan, padded_lengths
+from lit_balance.plan.types import EpochPlan, WorstCaseBatch, padded_lengths
 
 __all__ = ["PackedPlanner", "batch_costs", "count_steps", "packed_count", "plan_packed"]
 
@@ -682,6 +682,25 @@ class PackedPlanner:
 
     name = "packed"
     cost_unit = "tokens"  # what the default cost model counts under this planner
+    row_buckets = False  # one row per micro-batch: no length buckets
+
+    @staticmethod
+    def worst_case_batch(settings: BatchingSettings, budget: int, length: int) -> WorstCaseBatch | None:
+        """The largest packed micro-batch of ``length``-token documents within ``budget`` slots: one row of
+        ``budget // length`` whole documents (the budget rounded down to ``pad_to_multiple_of``) and the rest of the
+        row as one shorter document; None when not one document fits.
+
+        Example:
+            >>> PackedPlanner.worst_case_batch(BatchingSettings(max_tokens=64), 100, 30)
+            WorstCaseBatch(rows=(30, 30, 30, 10), slots=100, squares=2800)
+        """
+        m = settings.pad_to_multiple_of
+        room = (int(budget) // m) * m  # real tokens of one packed row, as the packed planner allows
+        if room < length:
+            return None
+        docs = [int(length)] * (room // length) + ([room % length] if room % length else [])
+        slots = int(padded_lengths(np.array([sum(docs)]), m)[0])
+        return WorstCaseBatch(rows=tuple(docs), slots=slots, squares=sum(d * d for d in docs))
 
     @staticmethod
     def plan(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int, epoch: int,

@@ -54,7 +54,7 @@ import numpy as np
 from lit_balance.plan.assign import fastest_rank_first, hold_time, longest_first, lpt_steps, one_row_each, shuffle_steps
 from lit_balance.plan.cost import CostModel, CostModelProtocol
 from lit_balance.plan.settings import BatchingSettings
-from lit_balance.plan.types import EpochPlan, padded_lengths
+from lit_balance.plan.types import EpochPlan, WorstCaseBatch, padded_lengths
 
 __all__ = ["PaddedPlanner", "batch_costs", "count_steps", "plan_padded"]
 
@@ -531,6 +531,24 @@ class PaddedPlanner:
 
     name = "padded"
     cost_unit = "padded slots"  # what the default cost model counts under this planner
+    row_buckets = True  # rows of similar length share a micro-batch: bucket edges describe the plan
     plan = staticmethod(plan_padded)
     count_steps = staticmethod(count_steps)
     batch_costs = staticmethod(batch_costs)
+
+    @staticmethod
+    def worst_case_batch(settings: BatchingSettings, budget: int, length: int) -> WorstCaseBatch | None:
+        """The largest padded micro-batch of ``length``-token rows within ``budget`` slots: as many rows as fit
+        (``budget // padded(length)``, capped by ``max_batch_size``); None when not one fits.
+
+        Example:
+            >>> PaddedPlanner.worst_case_batch(BatchingSettings(max_tokens=64, pad_to_multiple_of=8), 100, 30)
+            WorstCaseBatch(rows=(30, 30, 30), slots=96, squares=3072)
+        """
+        width = int(padded_lengths(np.array([length]), settings.pad_to_multiple_of)[0])
+        rows = int(budget) // width
+        if settings.max_batch_size is not None:
+            rows = min(rows, settings.max_batch_size)
+        if rows < 1:
+            return None
+        return WorstCaseBatch(rows=(int(length),) * rows, slots=rows * width, squares=rows * width * width)

@@ -21,7 +21,7 @@ import numpy as np
 from lit_balance._checks import check_int, check_speeds
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.cost import CostModel, CostModelProtocol, check_cost_model  # noqa: F401 (CostModel: examples)
-from lit_balance.plan.epoch import PLANNERS
+from lit_balance.plan.epoch import PLANNERS, Planner
 from lit_balance.plan.types import EpochPlan
 
 __all__ = ["PlanStats", "RankBatches", "batch_persistence", "plan_stats", "useful_fraction_bound"]
@@ -165,7 +165,7 @@ def plan_stats(
     *,
     pad_to_multiple_of: int = 1,
     accumulate_grad_batches: int = 1,
-    packing: bool = False,
+    planner: Planner | None = None,
     max_tokens: int | None = None,
     rank_speeds: np.ndarray | None = None,
 ) -> PlanStats:
@@ -180,10 +180,11 @@ def plan_stats(
         accumulate_grad_batches: micro-batches per rank per optimizer step; ranks wait for each other once
             per optimizer step, so a rank's cost per step is the sum over this many micro-batches (the last
             step may be shorter).
-        packing: the micro-batches are packed rows (``BatchingSettings(packing=True)``): each costs
-            :meth:`CostModel.packed_cost` of its documents (fill rows included: they run), and its padded slots are
-            its real tokens rounded up to ``pad_to_multiple_of`` (the padded tail of the row), so the padding ratio
-            is 0 without rounding.
+        planner: the planner whose layout the micro-batches have (:func:`~lit_balance.plan.planner_for` of the
+            settings), which says a micro-batch's cost and slots; None: the padded one. Packed micro-batches
+            (``BatchingSettings(packing=True)``) each cost :meth:`CostModel.packed_cost` of their documents (fill rows
+            included: they run), and their padded slots are their real tokens rounded up to ``pad_to_multiple_of``
+            (the padded tail of the row), so the padding ratio is 0 without rounding.
         max_tokens: the budget per micro-batch (tokens); when given, :attr:`PlanStats.useful_fraction_bound` is
             computed for this plan's optimizer steps (per-rank budgets: pass the largest).
         rank_speeds: float ``[num_replicas]`` relative rank speeds that :attr:`PlanStats.useful_fraction` weighs the
@@ -213,7 +214,7 @@ def plan_stats(
         )
     offsets = p.batch_offsets
     num_batches = p.num_batches
-    planner = PLANNERS["packed" if packing else "padded"]
+    planner = PLANNERS["padded"] if planner is None else planner
     batch_cost, slots = planner.batch_costs(lengths, p.rows, offsets, pad_to_multiple_of, cost_model)
     real_rows = ~p.is_fill
     batch_real = p.real_tokens_per_batch(lengths)

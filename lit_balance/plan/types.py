@@ -14,7 +14,7 @@ import numpy as np
 
 from lit_balance.errors import InputValueError
 
-__all__ = ["EpochPlan", "MicroBatch", "empty_plan", "padded_lengths"]
+__all__ = ["EpochPlan", "MicroBatch", "WorstCaseBatch", "empty_plan", "padded_lengths"]
 
 
 class MicroBatch(list):
@@ -147,3 +147,25 @@ def empty_plan(num_replicas: int, accumulate_grad_batches: int = 1) -> EpochPlan
                      assignment=np.empty((0, num_replicas), dtype=np.int64), dropped=z,
                      accumulate_grad_batches=accumulate_grad_batches)
 
+
+
+@dataclass(frozen=True)
+class WorstCaseBatch:
+    """The largest micro-batch a planner may form from rows of one length under a budget: what the token budget
+    probe measures (:meth:`lit_balance.plan.padded.PaddedPlanner.worst_case_batch`, and the packed planner's).
+
+    Attributes:
+        rows: tokens of each row (padded layout: every row the given length) or, packed, of each document of the one
+            packed row (whole documents of the given length, and the rest of the row as one shorter document).
+        slots: padded token slots of the micro-batch (at most the budget).
+        squares: the sum of squared row lengths (padded: of padded rows; packed: of documents), tokens**2; attention
+            memory grows with it.
+
+    Example:
+        >>> WorstCaseBatch(rows=(100, 100), slots=200, squares=20000).slots
+        200
+    """
+
+    rows: tuple[int, ...]
+    slots: int
+    squares: int

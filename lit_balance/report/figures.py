@@ -198,8 +198,9 @@ def plan_report(
     sampler.set_epoch(epoch)
     planned = sampler.lengths
     pad, accumulate = settings.pad_to_multiple_of, settings.accumulate_grad_batches
+    planner = planner_for(settings)
     balanced = plan_stats(sampler.plan(), planned, cost_model, pad_to_multiple_of=pad,
-                          accumulate_grad_batches=accumulate, packing=settings.packing,
+                          accumulate_grad_batches=accumulate, planner=planner,
                           max_tokens=settings.largest_max_tokens)
 
     kept = np.setdiff1d(np.arange(planned.size), sampler.skipped_indices)
@@ -215,12 +216,11 @@ def plan_report(
                           accumulate_grad_batches=accumulate, max_tokens=settings.largest_max_tokens)
     summary = {**settings.to_dict(), "num_replicas": sampler.num_replicas, "epoch": sampler.epoch,
                "cost_model": cost_model.to_dict()}
-    planner = planner_for(settings)
     unit = planner.cost_unit if cost_model == CostModel() else "cost units"
     return PlanReport(lengths=kept_lengths, settings=summary, balanced=balanced, baseline=baseline,
                       baseline_batch_size=batch_size,
                       bucket_edges=(_bucket_edges(kept_lengths, settings.largest_max_tokens)
-                                    if planner.name == "padded" else np.zeros(0)),
+                                    if planner.row_buckets else np.zeros(0)),
                       cost_unit=unit)
 
 

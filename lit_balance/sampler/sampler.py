@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
@@ -23,7 +22,7 @@ from lit_balance.plan.windows import PlanWindows, WindowedPlan
 from lit_balance.sampler import state as sampler_state  # the resume state: build, parse, replay
 from lit_balance.sampler.inputs import PlanInputs
 from lit_balance.sampler.state import STATE_VERSION, ReplayRecord
-from lit_balance.world import process_group_world
+from lit_balance.world import check_defaulted_world, resolve_world
 
 __all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "STATE_VERSION", "TOO_LONG_POLICIES", "BalancedBatchSampler",
            "MicroBatch"]
@@ -161,7 +160,7 @@ class BalancedBatchSampler(DistributedSampler):
         settings = BatchingSettings.build(settings, settings_kwargs, owner="BalancedBatchSampler")
         # Defaults come from the process group; which of them did is checked again at the first next().
         self._world_defaults = (num_replicas is None, rank is None) if process_group is None else (False, False)
-        self.num_replicas, self.rank = _resolve_world(num_replicas, rank, process_group)
+        self.num_replicas, self.rank = resolve_world(num_replicas, rank, process_group, owner="BalancedBatchSampler")
         cost_model = check_cost_model(cost_model)
         speeds = check_speeds(rank_speeds, self.num_replicas)
         settings.rank_max_tokens(self.num_replicas)  # per-rank budgets: one per rank
@@ -436,16 +435,7 @@ class BalancedBatchSampler(DistributedSampler):
     def _check_world(self) -> None:
         """Raise when a defaulted ``num_replicas`` / ``rank`` disagrees with the initialised process group."""
         replicas_defaulted, rank_defaulted = getattr(self, "_world_defaults", (False, False))
-        group = process_group_world()
-        if group is None or not (replicas_defaulted or rank_defaulted):
-            return
-        world, rank = group.num_replicas, group.rank
-        if (replicas_defaulted and world != self.num_replicas) or (rank_defaulted and rank != self.rank):
-            raise RuntimeError(
-                f"BalancedBatchSampler was built for num_replicas={self.num_replicas}, rank={self.rank} (the defaults, "
-                f"taken when it was constructed), but the initialised process group has world size {world} and this "
-                f"process is rank {rank}: iterating would not shard the epoch over the ranks. {_HOW_TO_PASS}"
-            )
+        check_defaulted_world("BalancedBatchSampler", self.num_replicas, self.rank, replicas_defaulted, rank_defaulted)
 
     def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
         """Position and plan inputs as plain Python types; the same on every rank.
@@ -650,76 +640,3 @@ class _SentMicroBatch(MicroBatch):
     def __deepcopy__(self, memo: dict) -> MicroBatch:
         return copy.deepcopy(self._plain(), memo)
 
-
-_HOW_TO_PASS = (
-    "Pass num_replicas and rank, the data-parallel ones: under Lightning, build the sampler in "
-    "LightningDataModule.setup() or train_dataloader() with **self.trainer.distributed_sampler_kwargs (or use "
-    "lit_balance.BalancedTextDataModule, which does); elsewhere, process_group= the data-parallel process group, or "
-    "the data-parallel world size and this process's data-parallel rank (lit_balance.world.data_parallel_world)."
-)
-
-
-def _resolve_world(num_replicas: int | None, rank: int | None, process_group: Any = None) -> tuple[int, int]:
-    """``(num_replicas, rank)``: those given, else those of ``process_group``, else the initialised default process
-    group's (:func:`lit_balance.world.process_group_world`), else one rank; refused in a launched multi-process run
-    before its process group exists.
-
-    Raises:
-        RuntimeError: a default taken where the environment says the run is distributed but no process group is
-            initialised yet; ``process_group`` without an initialised ``torch.distributed``.
-        TypeError, ValueError: ``num_replicas`` below 1, or ``rank`` outside ``[0, num_replicas)``; values given
-            with ``process_group`` that disagree with it.
-    """
-    if process_group is not None:
-        world = process_group_world(process_group)
-        for name, given, value in (("num_replicas", num_replicas, world.num_replicas), ("rank", rank, world.rank)):
-            if given is not None and given != value:
-                raise InputValueError(f"{name}={given!r} disagrees with the process_group given, whose {name} is "
-                                      f"{value}; pass one or the other", parameter=name)
-        return world.num_replicas, world.rank
-    group = process_group_world()
-    if (num_replicas is None or rank is None) and group is None:
-        _refuse_distributed_environment(num_replicas, rank)
-    if num_replicas is None:
-        num_replicas = group.num_replicas if group is not None else 1
-    if rank is None:
-        rank = group.rank if group is not None else 0
-    num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
-    rank = check_int("rank", rank, 0, "pass this process's global rank")
-    if rank >= num_replicas:
-        raise InputValueError(f"rank must be in [0, num_replicas) = [0, {num_replicas}), got rank={rank}",
-                              parameter="rank")
-    return num_replicas, rank
-
-
-def _launch_environment() -> dict[str, str]:
-    """Variables by which a launcher says this process is one of several, as ``{name: value}`` (empty: one process).
-
-    torchrun and Lightning's DDP launcher set ``WORLD_SIZE``; ``srun`` sets ``SLURM_STEP_NUM_TASKS`` for the tasks
-    of a job step (``SLURM_NTASKS`` alone is also set in an ``sbatch`` script that runs one process); Open MPI
-    sets ``OMPI_COMM_WORLD_SIZE``, MPICH and Intel MPI ``PMI_SIZE``.
-    """
-    found = {}
-    for name in ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        value = os.environ.get(name, "")
-        if value.strip().isascii() and value.strip().isdigit() and int(value) > 1:
-            found[name] = value.strip()
-    if found:
-        for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
-            if name in os.environ:
-                found[name] = os.environ[name]
-    return found
-
-
-def _refuse_distributed_environment(num_replicas: int | None, rank: int | None) -> None:
-    """Raise when defaults would be taken in a process that its launcher started as one of several."""
-    found = _launch_environment()
-    if not found:
-        return
-    shown = ", ".join(f"{k}={v}" for k, v in found.items())
-    defaulted = " and ".join(name for name, value in (("num_replicas", num_replicas), ("rank", rank)) if value is None)
-    raise RuntimeError(
-        f"BalancedBatchSampler was left to default {defaulted}, and the environment says this is a distributed "
-        f"run ({shown}), but no torch.distributed process group is initialised yet: the defaults would be "
-        f"num_replicas=1, rank=0 and every rank would train the whole epoch. {_HOW_TO_PASS}"
-    )

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from lightning.pytorch.loggers import CSVLogger
 
+from lit_balance.plan import PLANNERS
 from lit_balance import BalancedBatchSampler, BalancedTextDataModule
 from lit_balance.callbacks import BalanceProgressBar, PaddingRatioMonitor, RunSummary, StragglerMonitor
 from lit_balance.cli import LitBalanceCLI, build_cli, main, plan_parser, run_plan
@@ -192,7 +193,7 @@ def test_plan_packed_on_a_shipped_lengths_file(tmp_path):
     assert summary["settings"]["packing"] is True and bal["padding_ratio"] == 0.0 and bal["max_batch_tokens"] <= 2048
     cost_model = CostModel(quadratic=0.001)
     sampler = BalancedBatchSampler(lengths, 2048, num_replicas=4, rank=0, seed=3, packing=True, cost_model=cost_model)
-    stats = plan_stats(sampler.plan(), sampler.lengths, cost_model, packing=True, max_tokens=2048)
+    stats = plan_stats(sampler.plan(), sampler.lengths, cost_model, planner=PLANNERS["packed"], max_tokens=2048)
     assert bal["useful_fraction"] == pytest.approx(stats.useful_fraction) and bal["useful_fraction"] > 0.99
     assert bal["useful_fraction_bound"] == pytest.approx(stats.useful_fraction_bound)
     assert sum(r["real_tokens"] for r in bal["ranks"]) == int(lengths.sum())

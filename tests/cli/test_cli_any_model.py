@@ -247,3 +247,41 @@ def test_fit_without_a_config_gets_the_balance_progress_bar_unless_the_bar_is_of
     cli = _fit(user_models, "--model.class_path=my_models.CountingLM", f"--trainer.enable_progress_bar={bar}")
     bars = [c for c in cli.trainer.callbacks if isinstance(c, ProgressBar)]
     assert [type(b) for b in bars] == ([BalanceProgressBar] if bar else [])
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_fit_with_max_tokens_auto_trains_on_two_ranks_and_resumes_without_probing_again(tmp_path):
+    """`lit-balance fit --data.max_tokens=auto` with a model module of the working directory, 2 CPU ranks: the probe
+    runs at fit start (the banner before says so, with no made-up budget), and a resume plans with the saved budget."""
+    assert CONSOLE.is_file(), f"no console script at {CONSOLE}: install the package (pip install -e .)"
+    (tmp_path / "my_models.py").write_text(MODELS, encoding="utf-8")
+    (tmp_path / "docs.txt").write_text("\n".join(f"line {i} " + "some words here " * (i % 7 + 1) for i in range(60)),
+                                       encoding="utf-8")
+    python_path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p) != tmp_path]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(python_path), "LIT_BALANCE_CACHE": str(tmp_path / "cache")}
+    common = [str(CONSOLE), "fit", "--model.class_path=my_models.CountingLM", "--trainer.accelerator=cpu",
+              "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.limit_val_batches=0",
+              "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--data.corpus=docs.txt",
+              "--data.max_tokens=auto", f"--data.memory_limit={64 * 2**30}", "--data.val_fraction=0.1",
+              "--data.max_length=64"]
+
+    def run(*args):
+        proc = subprocess.run([*common, *args], check=False, capture_output=True, text=True, timeout=600,
+                              cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        return proc.stdout + proc.stderr
+
+    first = run("--trainer.max_epochs=1")
+    assert "per-rank budget: max_tokens=auto, measured at fit start" in first, first[-3000:]
+    assert "budget 8192" not in first and "budget 4096" not in first
+    measured = re.search(r"token budget: max_tokens=(\d+) padded token slots per micro-batch, every rank \(probe;",
+                         first)
+    assert measured, first[-3000:]
+    checkpoint = next((tmp_path / "checkpoints").glob("*.ckpt"))
+    second = run("--trainer.max_epochs=2", f"--ckpt_path={checkpoint}")
+    restored = re.search(r"token budget: max_tokens=(\d+) padded token slots per micro-batch, every rank "
+                         r"\(checkpoint;", second)
+    assert restored and restored.group(1) == measured.group(1), second[-3000:]
+    assert "(probe;" not in second  # no probe on resume
+    assert "max_epochs=2` reached" in second, second[-2000:]

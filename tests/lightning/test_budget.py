@@ -1,5 +1,6 @@
-"""max_tokens="auto": the probe's fit and shapes, its saved state, and a real CPU run of the demo model under a
-memory limit (the chosen budget against a bisection with the same measurements, and a full epoch under the limit)."""
+"""max_tokens="auto": the saved budget, and a real CPU run of the demo model under a memory limit (the chosen budget
+against a bisection with the same measurements, and a full epoch under the limit). The search alone:
+tests/plan/test_budget_search.py; the module left as it was: test_budget_state.py."""
 
 import gc
 import io
@@ -11,57 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from lit_balance import BalancedTextDataModule, BatchingSettings
 from lit_balance.demo import DemoTransformerLM
-from lit_balance.lightning.budget import TokenBudget, TokenBudgetProbe, _features, _rows, fit_memory
+from lit_balance.lightning.budget import TokenBudget, TokenBudgetProbe
 
 LENGTHS = np.load(__import__("lit_balance").__path__[0] + "/data/lengths/lengths_fortunes.npy")
 
 
-@given(a=st.floats(1e6, 1e9), b=st.floats(0, 1e5), c=st.floats(0, 100),
-       lengths=st.lists(st.integers(1, 512), min_size=2, max_size=6, unique=True))
-@settings(max_examples=50, deadline=None)
-def test_fit_memory_recovers_exact_coefficients(a, b, c, lengths):
-    slots = [n * k for n in lengths for k in (1, 3)]
-    squares = [n * n * k for n in lengths for k in (1, 3)]
-    peaks = [a + b * s + c * q for s, q in zip(slots, squares)]
-    fa, fb, fc = fit_memory(slots, squares, peaks)
-    for s, q, p in zip(slots, squares, peaks):
-        assert fa + fb * s + fc * q == pytest.approx(p, rel=1e-6, abs=1e-3)
-    assert fb >= 0 and fc >= 0
-
-
-def test_fit_memory_never_returns_a_negative_slope():
-    a, b, c = fit_memory([100, 200, 400, 100], [1e4, 4e4, 1.6e5, 2e3], [1000, 1100, 1150, 1001])
-    assert b >= 0 and c >= 0
-
-
-@given(budget=st.integers(1, 5000), length=st.integers(1, 600), packing=st.booleans(),
-       multiple=st.sampled_from([1, 8]), cap=st.one_of(st.none(), st.integers(1, 50)))
-@settings(max_examples=200, deadline=None)
-def test_probe_micro_batches_are_within_the_budget_and_as_large_as_it_allows(budget, length, packing, multiple, cap):
-    s = BatchingSettings(max_tokens=4096, packing=packing, pad_to_multiple_of=multiple,  # max_tokens unused here
-                         max_batch_size=None if packing else cap)
-    rows = _rows(s, budget, length)
-    width = -(-length // multiple) * multiple
-    if rows is None:
-        assert (budget // multiple) * multiple < length if packing else budget < width
-        return
-    slots, squares = _features(s, rows)
-    assert slots <= budget and max(rows) == length
-    if packing:
-        assert sum(rows) == (budget // multiple) * multiple and squares == sum(r * r for r in rows)
-    else:
-        assert len(rows) == min(budget // width, cap or budget) and squares == slots * width
-
-
 def test_token_budget_state_loads_with_weights_only_and_resumes_without_probing(tmp_path):
-    budget = TokenBudget(max_tokens=384, per_rank=(512, 384), capacity_bytes=(2**30, 2**30), memory_fraction=0.9,
-                         coefficients=((1e8, 1e4, 1.0), (1e8, 2e4, 1.0)), device="cpu", probe_seconds=1.5,
-                         num_probes=5)
+    budget = TokenBudget(max_tokens=384, per_rank=(384, 384), measured=(512, 384), capacity_bytes=(2**30, 2**30),
+                         memory_fraction=0.9, coefficients=((1e8, 1e4, 1.0), (1e8, 2e4, 1.0)), device="cpu",
+                         probe_seconds=1.5, num_probes=5)
     buffer = io.BytesIO()
     torch.save(budget.to_dict(), buffer)
     state = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
@@ -74,6 +36,8 @@ def test_token_budget_state_loads_with_weights_only_and_resumes_without_probing(
     dm.setup("fit")
     with pytest.raises(RuntimeError, match="Trainer.fit"):
         dm.train_dataloader()  # no Trainer, no saved budget: nothing to measure with
+    with pytest.raises(RuntimeError, match="measured with the model at fit start"):
+        dm.settings  # never a placeholder budget
     dm.load_state_dict({"token_budget": budget.to_dict()})
     loader = dm.train_dataloader()
     assert dm.max_tokens == 384 and dm.train_sampler.settings.max_tokens == 384 and len(loader) > 0
@@ -119,8 +83,7 @@ def test_probing_leaves_the_garbage_collector_as_found(tmp_path):
     dm.prepare_data()
     dm.setup("fit")
     model = DemoTransformerLM(dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
-    probe = TokenBudgetProbe(model, lengths=dm.train_dataset.lengths, settings=dm.settings,
-                             pad_token_id=dm.pad_token_id, memory_limit=2**40)
+    probe = TokenBudgetProbe(model, memory_limit=2**40, **dm.probe_inputs())
     gc.unfreeze()  # a process that froze nothing: the probe freezes what was alive before it, and unfreezes it
     with probe.probing():
         frozen = gc.get_freeze_count()

@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lit_balance.plan import PLANNERS
 from lit_balance import BalancedBatchSampler, BatchingSettings, CostModel, plan_epoch
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan import CostModelBase, CostModelProtocol, plan_stats
@@ -67,8 +68,9 @@ def test_a_subclass_with_costmodels_formula_plans_exactly_as_costmodel(seed, num
                         cost_model=CostModel(1.0, 1e-3, per_batch))
     for name in ("rows", "is_fill", "batch_offsets", "assignment", "dropped"):
         assert np.array_equal(getattr(ours, name), getattr(theirs, name)), name
-    a = plan_stats(ours, lengths, Affine(1.0, 1e-3, per_batch), packing=packing, accumulate_grad_batches=accumulate)
-    b = plan_stats(theirs, lengths, CostModel(1.0, 1e-3, per_batch), packing=packing,
+    planner = PLANNERS["packed" if packing else "padded"]
+    a = plan_stats(ours, lengths, Affine(1.0, 1e-3, per_batch), planner=planner, accumulate_grad_batches=accumulate)
+    b = plan_stats(theirs, lengths, CostModel(1.0, 1e-3, per_batch), planner=planner,
                    accumulate_grad_batches=accumulate)
     assert a.useful_fraction == b.useful_fraction and np.array_equal(a.rank_cost, b.rank_cost)
 

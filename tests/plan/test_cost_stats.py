@@ -5,6 +5,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from lit_balance.plan import PLANNERS
 from lit_balance import BalancedBatchSampler, CostModel, EpochPlan
 from lit_balance.plan.stats import batch_persistence, plan_stats
 
@@ -284,7 +285,7 @@ def test_figures_of_a_plan_and_of_its_rank_lists_agree(lengths, num_replicas, ac
 
 def test_plan_stats_packed_exact_values():
     cost = CostModel(linear=1, quadratic=0.5, per_batch=3)
-    stats = plan_stats(RANK_BATCHES, LENGTHS, cost, packing=True)
+    stats = plan_stats(RANK_BATCHES, LENGTHS, cost, planner=PLANNERS["packed"])
     # packed rows: rank 0: [4 + 2], [1]; rank 1: [2], [3 + 3] (a repeat of 4, computed all the same), [2]
     np.testing.assert_array_equal(stats.batch_padded_tokens, [6, 2, 1, 6, 2])  # step-major: (0, 0), (0, 1), ...
     np.testing.assert_array_equal(stats.rank_padded_tokens, [7, 10])
@@ -311,7 +312,7 @@ def test_plan_stats_packed_equal_a_direct_sum(lengths, data, accumulate, pad, co
     indices = st.lists(st.integers(0, len(lengths) - 1), min_size=1, max_size=6)
     rank_batches = [data.draw(st.lists(indices, max_size=5)) for _ in range(num_replicas)]
     cost = CostModel(*coefficients)
-    stats = plan_stats(rank_batches, np.array(lengths), cost, packing=True, pad_to_multiple_of=pad,
+    stats = plan_stats(rank_batches, np.array(lengths), cost, planner=PLANNERS["packed"], pad_to_multiple_of=pad,
                        accumulate_grad_batches=accumulate)
     def row(batch):  # the packed row's tokens, its tail padded to the multiple
         return -(-sum(lengths[i] for i in batch) // pad) * pad

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from lit_balance.plan import PLANNERS, planner_for
 from lit_balance import BalancedBatchSampler, BatchingSettings, CostModel, plan_epoch, plan_report, plan_stats
 from lit_balance.plan import padded_lengths
 from lit_balance.plan.stats import batch_persistence, useful_fraction_bound
@@ -102,7 +103,7 @@ def test_packing_changes_composition_and_balances_on_a_shipped_distribution():
     for cost_model in (CostModel(), CostModel(quadratic=1e-3)):
         s = BatchingSettings(max_tokens=4096, packing=True)
         p0, p1 = (plan_epoch(lengths, s, num_replicas=8, epoch=e, cost_model=cost_model) for e in (0, 1))
-        stats = plan_stats(p0, lengths, cost_model, packing=True, max_tokens=4096)
+        stats = plan_stats(p0, lengths, cost_model, planner=PLANNERS["packed"], max_tokens=4096)
         assert stats.useful_fraction >= 0.99
         assert stats.padding_ratio == 0.0 and stats.max_batch_tokens <= 4096
         assert batch_persistence(p0, p1) <= 0.05
@@ -115,7 +116,7 @@ def test_long_documents_under_attention_cost_reach_the_bound():
     for num_replicas in (8, 64):
         plan = plan_epoch(lengths, BatchingSettings(max_tokens=4096, packing=True), num_replicas=num_replicas,
                           epoch=0, cost_model=cost_model)
-        stats = plan_stats(plan, lengths, cost_model, packing=True, max_tokens=4096)
+        stats = plan_stats(plan, lengths, cost_model, planner=PLANNERS["packed"], max_tokens=4096)
         assert stats.useful_fraction_bound < 1.0  # the outliers cost U, whatever the plan
         assert stats.useful_fraction >= 0.95 * stats.useful_fraction_bound
 
@@ -148,14 +149,15 @@ def test_no_plan_beats_the_useful_fraction_bound(lengths, max_tokens, num_replic
     lengths = np.array(lengths)
     s = BatchingSettings(max_tokens=max_tokens, packing=packing, accumulate_grad_batches=accumulate, seed=seed)
     plan = plan_epoch(lengths, s, num_replicas=num_replicas, epoch=0, cost_model=cost_model)
-    stats = plan_stats(plan, lengths, cost_model, packing=packing, accumulate_grad_batches=accumulate,
+    planner = planner_for(s)
+    stats = plan_stats(plan, lengths, cost_model, planner=planner, accumulate_grad_batches=accumulate,
                        max_tokens=max_tokens)
     assert stats.useful_fraction <= stats.useful_fraction_bound + 1e-9
     # any other grouping of the same micro-batches into the same steps is bounded too
     rng = np.random.default_rng(seed)
     shuffled = plan.assignment.reshape(-1)[rng.permutation(plan.assignment.size)].reshape(plan.assignment.shape)
     other = plan_stats(type(plan)(plan.rows, plan.is_fill, plan.batch_offsets, shuffled, plan.dropped, accumulate),
-                       lengths, cost_model, packing=packing, accumulate_grad_batches=accumulate, max_tokens=max_tokens)
+                       lengths, cost_model, planner=planner, accumulate_grad_batches=accumulate, max_tokens=max_tokens)
     assert other.useful_fraction <= stats.useful_fraction_bound + 1e-9
 
 
@@ -165,7 +167,7 @@ def test_bound_of_two_outlier_steps_is_reached_by_the_obvious_plan():
     bound = useful_fraction_bound(lengths, cost_model, num_replicas=2, num_micro_steps=3, max_tokens=4096)
     # step 0: two outliers; step 1: the third and 40 short documents; step 2: 12 short ones per rank
     rank_batches = [[[0], [2], list(range(43, 55))], [[1], list(range(3, 43)), list(range(55, 67))]]
-    u = plan_stats(rank_batches, lengths, cost_model, packing=True).useful_fraction
+    u = plan_stats(rank_batches, lengths, cost_model, planner=PLANNERS["packed"]).useful_fraction
     assert u <= bound and u >= 0.995 * bound
     with pytest.raises(ValueError, match="num_replicas must be >= 1"):
         useful_fraction_bound(lengths, cost_model, num_replicas=0, num_micro_steps=3, max_tokens=4096)
@@ -175,12 +177,13 @@ def test_packed_cost_and_padding_in_the_figures():
     lengths = np.array([5, 3, 7, 2])
     cost_model = CostModel(linear=1.0, quadratic=0.5, per_batch=2.0)
     rank_batches = [[[0, 1]], [[2, 3, 0]]]  # the second 0 is a fill row: it runs, but is not real
-    stats = plan_stats(rank_batches, lengths, cost_model, packing=True, pad_to_multiple_of=4)
+    stats = plan_stats(rank_batches, lengths, cost_model, planner=PLANNERS["packed"], pad_to_multiple_of=4)
     assert stats.rank_cost.tolist() == [[2 + 5 + 12.5 + 3 + 4.5, 2 + 7 + 24.5 + 2 + 2 + 5 + 12.5]]
     assert stats.rank_real_tokens.tolist() == [8, 9]
     assert stats.rank_padded_tokens.tolist() == [8, 16]  # 8 fits the multiple; 14 rounds up to 16
     assert stats.max_batch_tokens == 16 and stats.duplicated_rows == 1
-    assert plan_stats(rank_batches, lengths, cost_model, packing=True).padding_ratio == pytest.approx(1 - 17 / 22)
+    packed = plan_stats(rank_batches, lengths, cost_model, planner=PLANNERS["packed"])
+    assert packed.padding_ratio == pytest.approx(1 - 17 / 22)
     assert CostModel().packed_cost([3, 4]) == 7.0
 
 

@@ -209,8 +209,14 @@ def test_datamodule_settings_conflicts_and_checks(tmp_path, texts):
     settings = BatchingSettings(max_tokens=256)
     with pytest.raises(ValueError, match=r"shuffle=False but settings.shuffle=True"):
         BalancedTextDataModule(texts, settings=settings, shuffle=False, cache_dir=tmp_path)
-    # keywords at their defaults defer to settings
-    assert BalancedTextDataModule(texts, settings=settings, max_tokens=4096, cache_dir=tmp_path).max_tokens == 256
+    # a keyword given beside settings says the same thing or fails, even at the BatchingSettings default
+    with pytest.raises(ValueError, match=r"max_tokens=4096 but settings.max_tokens=256"):
+        BalancedTextDataModule(texts, settings=settings, max_tokens=4096, cache_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"shuffle=True but settings.shuffle=False"):
+        BalancedTextDataModule(texts, settings=settings.replace(shuffle=False), shuffle=True, cache_dir=tmp_path)
+    same = BalancedTextDataModule(texts, settings=settings, max_tokens=256, seed=0, cache_dir=tmp_path)
+    assert same.max_tokens == 256
+    assert BalancedTextDataModule(texts, settings=settings.replace(shuffle=False), cache_dir=tmp_path).shuffle is False
     with pytest.raises(TypeError, match="settings must be a lit_balance.BatchingSettings"):
         BalancedTextDataModule(texts, settings=256, cache_dir=tmp_path)
     with pytest.raises(TypeError, match="cost_model must be a lit_balance.CostModel or None"):

@@ -1,0 +1,141 @@
+"""What :class:`~lit_balance.BalancedTextDataModule` checks when it resumes: the training split a checkpoint was saved
+with, the batching settings, and the stateful (but stateless) training loader Lightning needs to resume mid-epoch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from lit_balance._fingerprint import sha256_of_int64
+from lit_balance.errors import InputValueError
+
+__all__ = ["DATA_KEYS", "SamplerResumedLoader", "check_saved_data", "data_identity", "fit_batches_consumed",
+           "settings_advice"]
+
+#: Keys of the ``data`` entry of the DataModule's state: what the training split is made from.
+DATA_KEYS = ("seed", "val_fraction", "max_length", "num_documents", "corpus_lengths_sha256", "tokenizer")
+
+
+def settings_advice(differences: Mapping[str, tuple[Any, Any]]) -> str:
+    """The message of a resume whose batching settings differ from the checkpoint's, naming where a DataModule user
+    sets each one: ``accumulate_grad_batches`` is the Trainer's, the others the DataModule's."""
+    diff = "; ".join(f"{k}: saved {old!r}, now {new!r}" for k, (old, new) in differences.items())
+    fixes = []
+    if "accumulate_grad_batches" in differences:
+        fixes.append(f"set Trainer(accumulate_grad_batches={differences['accumulate_grad_batches'][0]!r}) as when "
+                     "the checkpoint was saved")
+    others = {k: old for k, (old, _) in differences.items() if k != "accumulate_grad_batches"}
+    if others:
+        fixes.append("construct BalancedTextDataModule with the saved " + ", ".join(f"{k}={v!r}" for k, v in
+                                                                                   others.items())
+                     + " (keywords, or settings=BatchingSettings(...) with them)")
+    return (f"cannot resume: the training batching settings differ from the checkpoint's ({diff}); "
+            + " and ".join(fixes) + ", or start without ckpt_path")
+
+
+class SamplerResumedLoader(DataLoader):
+    """The training DataLoader: it resumes through its sampler, whose position the DataModule's state_dict holds.
+
+    Lightning 2.x (``_TrainingEpochLoop.reset``) warns on a mid-epoch resume ("your dataloader is not resumable")
+    unless every training loader is stateful: has ``state_dict`` and ``load_state_dict``
+    (``lightning.fabric.utilities.types._Stateful``). It then saves ``state_dict()`` in the checkpoint's fit loop
+    and hands it back to ``load_state_dict`` on restore. This loader keeps no state of its own: the sampler's
+    position is saved by :meth:`BalancedTextDataModule.state_dict` and restored before the loader is built, so the
+    loader saves ``{}`` and accepts only that.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{}``: the position lives in the sampler (see :meth:`BalancedTextDataModule.state_dict`)."""
+        return {}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Accept the ``{}`` that :meth:`state_dict` saved.
+
+        Raises:
+            ValueError: a non-empty state (not saved by this loader).
+        """
+        if not isinstance(state_dict, Mapping) or state_dict:
+            raise InputValueError(
+                f"the training DataLoader of BalancedTextDataModule saves no state of its own (its sampler's position "
+                f"is in the DataModule's state), got {state_dict!r}; resume from a checkpoint written with "
+                "BalancedTextDataModule, or without ckpt_path", parameter="state_dict")
+
+
+def data_identity(datamodule: Any) -> dict[str, Any]:
+    """What a :class:`~lit_balance.BalancedTextDataModule`'s training split is made from, as plain types: its settings
+    outside the sampler's (``seed``, ``val_fraction``, ``max_length``), and its corpus and tokenizer."""
+    corpus = datamodule.corpus
+    return {
+        "seed": int(datamodule.seed),
+        "val_fraction": float(datamodule.val_fraction),
+        "max_length": None if datamodule.max_length is None else int(datamodule.max_length),
+        "num_documents": len(corpus),
+        "corpus_lengths_sha256": sha256_of_int64(corpus.lengths),
+        "tokenizer": datamodule.tokenizer.fingerprint,
+    }
+
+
+def check_saved_data(saved: Any, now: Mapping[str, Any]) -> None:
+    """Compare a checkpoint's ``data`` entry with :func:`data_identity` of this run; raise naming every difference.
+
+    Raises:
+        ValueError: other keys; a different seed, val_fraction, max_length, corpus or tokenizer.
+    """
+    if not isinstance(saved, Mapping) or set(saved) != set(DATA_KEYS):
+        got = sorted(saved) if isinstance(saved, Mapping) else saved
+        raise InputValueError(f"BalancedTextDataModule state_dict 'data' must have keys {sorted(DATA_KEYS)}, "
+                              f"got {got!r}")
+    diff = [f"{k}: saved {saved[k]!r}, now {now[k]!r}" for k in ("seed", "val_fraction", "max_length")
+            if saved[k] != now[k]]
+    if saved["num_documents"] != now["num_documents"]:
+        diff.append(f"corpus: saved {saved['num_documents']} documents, now {now['num_documents']}")
+    elif saved["corpus_lengths_sha256"] != now["corpus_lengths_sha256"]:
+        diff.append(f"corpus: the same number of documents ({now['num_documents']}), but their token lengths "
+                    "differ")
+    if saved["tokenizer"] != now["tokenizer"]:
+        diff.append("tokenizer: another tokenizer (fingerprint) than the saved one")
+    if diff:
+        raise InputValueError(
+            "cannot resume: the training split differs from the checkpoint's (" + "; ".join(diff) + "); "
+            "construct the DataModule with the saved seed, val_fraction and max_length on the same corpus and "
+            "tokenizer, or start without ckpt_path"
+        )
+
+
+def _batches_done_on_restore(progress: Any) -> int:
+    """Micro-batches of the current epoch that Lightning's fit loop counts as done when it restores ``progress``.
+
+    ``progress`` is ``trainer.fit_loop.epoch_loop.batch_progress`` at save time. On restore, Lightning 2.x
+    (``_TrainingEpochLoop.reset``) restarts from ``current.completed``, plus the batch of a checkpoint saved in
+    ``on_train_batch_end`` (``ready == started == processed == completed + 1``: the step ran, its end hook did
+    not count yet). ``ready`` also counts a batch whose training step raised (an exception, Ctrl-C): that one
+    runs again.
+    """
+    total, current = progress.total, progress.current
+    done = int(current.completed)
+    if total.ready == total.started == total.processed == total.completed + 1:
+        done += 1
+    return done
+
+
+def fit_batches_consumed(trainer: Any) -> int | None:
+    """Training micro-batches of the current epoch that Lightning counts as done if a checkpoint is saved now.
+
+    The count a resume state must hold (``BalancedBatchSampler.state_dict(batches_consumed=...)``): Lightning restores
+    a mid-epoch checkpoint at its fit loop's *completed* batches, plus the batch of a checkpoint saved in
+    ``on_train_batch_end``; a micro-batch whose training step raised (an exception, Ctrl-C, then
+    ``OnExceptionCheckpoint``) is not done and runs again. :class:`BalancedTextDataModule` saves its sampler's position
+    at this count; pass ``batches_consumed=lambda: fit_batches_consumed(self.trainer)`` to
+    :func:`~lit_balance.balanced_dataloader` for the same with any map-style dataset.
+
+    Args:
+        trainer: the ``lightning.Trainer``.
+
+    Returns:
+        Micro-batches counted from the epoch's start, or None when the trainer is not fitting (no count applies).
+    """
+    if trainer is None or trainer.state.fn != "fit":  # also while validating inside fit
+        return None
+    return _batches_done_on_restore(trainer.fit_loop.epoch_loop.batch_progress)

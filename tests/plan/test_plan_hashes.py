@@ -1,0 +1,22 @@
+"""The planner's output is bit-identical to the recorded one for every case of ``plan_hashes.py``.
+
+``plan_hashes.json`` was written by ``python tests/plan/plan_hashes.py > tests/plan/plan_hashes.json`` at commit
+7d17127; a change of the planner that changes a plan on purpose rewrites it in the same commit, saying why.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from plan_hashes import hashes  # tests/plan/plan_hashes.py
+
+pytestmark = pytest.mark.slow  # about 20 s: 960 plans, their figures and reports
+
+
+def test_plans_are_bit_identical_to_the_recorded_ones():
+    recorded = json.loads(Path(__file__).with_name("plan_hashes.json").read_text())
+    now = hashes()
+    assert set(now) == set(recorded)
+    changed = sorted(k for k in now if now[k] != recorded[k])
+    assert not changed, f"{len(changed)} of {len(now)} plans changed, e.g. {changed[:3]}"
