@@ -342,7 +342,7 @@ class ArrowSource(StoreSource):
 
     kind = "arrow"
 
-    def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike], column: str = "input_ids",
+    def __init__(self, paths: Sequence[str | os.PathLike] | str | os.PathLike, column: str = "input_ids",
                  labels: str | None = "labels") -> None:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
