@@ -355,3 +355,24 @@ def test_a_custom_store_source_trains_through_the_interface(tmp_path):
     assert dm.vocab_size == VOCAB
     assert_same_batches(epoch_batches(dm, 0), epoch_batches(ref, 0))
     assert not (tmp_path / "s" / "cache").exists()  # nothing written to the tokenization cache
+
+
+def test_map_style_path_reads_a_store_dataset_by_micro_batch(tmp_path):
+    from lit_balance import BalancedBatchSampler, MicroBatchDataset, PadFieldsCollator, balanced_dataloader
+    from lit_balance.data.stores import StoreCorpus
+    from lit_balance.data.tokenizer import TokenizerAdapter
+
+    docs = documents(90, seed=8)
+    source = make_source("to_parquet", tmp_path, docs)
+    corpus = StoreCorpus(source.store, vocab_size=VOCAB, pad_token_id=0)
+    store_items = MicroBatchDataset(StoreDataset(corpus, max_length=20), "input_ids")
+    list_items = MicroBatchDataset([{"input_ids": np.array(d[:20], np.int32)} for d in docs if d], "input_ids")
+    assert np.array_equal(store_items.lengths, list_items.lengths)
+    collate = PadFieldsCollator(["input_ids"], pad_token_id=0, drop_fields=["index", "is_fill"])
+    loaders = [balanced_dataloader(items, BalancedBatchSampler(items.lengths, 64, num_replicas=2, rank=1, seed=2),
+                                   collate) for items in (store_items, list_items)]
+    got, want = (list(loader) for loader in loaders)
+    assert len(got) == len(want) > 0
+    for a, b in zip(got, want):
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["attention_mask"], b["attention_mask"])
+    assert TokenizerAdapter.for_token_ids(VOCAB).vocab_size == corpus.vocab_size
