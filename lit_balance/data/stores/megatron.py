@@ -92,8 +92,8 @@ class _Index:
             raise InputValueError(f"{self.idx_path} has an empty document index (it must hold at least 0)",
                                   parameter="corpus")
         self.num_sequences, self.num_entries = s, d
-        self._map()
         self._check()
+        self._map()
 
     def _map(self) -> None:
         """Memory-map the three arrays (no byte is read until an entry is)."""
@@ -103,35 +103,59 @@ class _Index:
         self.documents = np.memmap(self.idx_path, np.int64, "r", offset + 12 * s, (d,))
 
     def __getstate__(self) -> dict[str, Any]:  # the maps are reopened, not pickled (a memmap pickles as a copy)
-        return {k: v for k, v in self.__dict__.items() if k not in ("sequence_lengths", "pointers", "documents")}
+        skip = ("sequence_lengths", "pointers", "documents", "_doc_lengths")
+        return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._doc_lengths = None
         self._map()
 
+    def _block(self, dtype: Any, base: int, start: int, count: int) -> np.ndarray:
+        """``count`` entries from entry ``start`` of the array at byte ``base``, read with a plain file read (pages
+        of a read are not kept mapped, so a pass over a large index does not grow the resident memory)."""
+        dtype = np.dtype(dtype)
+        return np.fromfile(self.idx_path, dtype=dtype, count=count, offset=base + start * dtype.itemsize)
+
     def _check(self) -> None:
-        s, docs, lengths = self.num_sequences, self.documents, self.sequence_lengths
-        if int(docs[0]) != 0 or int(docs[-1]) != s:
-            raise InputValueError(f"{self.idx_path}: the document index runs from {int(docs[0])} to {int(docs[-1])}, "
+        """One pass over the index in blocks: the document index runs from 0 to S without decreasing, no length is
+        negative, the pointers end where the lengths say, the .bin is as long as the tokens; the document lengths of
+        a store with one sequence per document (``preprocess_data.py`` without ``--split-sentences``) on the way."""
+        s, d, header = self.num_sequences, self.num_entries, _HEADER.itemsize
+        lengths_at, pointers_at, documents_at = header, header + 4 * s, header + 12 * s
+        first, last = self._block(np.int64, documents_at, 0, 1)[0], self._block(np.int64, documents_at, d - 1, 1)[0]
+        if int(first) != 0 or int(last) != s:
+            raise InputValueError(f"{self.idx_path}: the document index runs from {int(first)} to {int(last)}, "
                                   f"expected 0 to the sequence count {s}", parameter="corpus")
-        one_each = len(docs) == s + 1
-        total = 0
-        for start in range(0, max(s, len(docs) - 1), _BLOCK):
-            block = np.asarray(docs[start:start + _BLOCK + 1])
-            steps = np.diff(block)
-            if steps.size and steps.min() < 0:
-                raise InputValueError(f"{self.idx_path}: the document index decreases", parameter="corpus")
-            one_each = one_each and (not steps.size or steps.min() == 1)
-            seq = np.asarray(lengths[start:start + _BLOCK])
+        one_each = d == s + 1
+        doc_lengths = np.empty(s if one_each else 0, dtype=np.int64)
+        total, previous = 0, 0
+        for start in range(0, max(s, d - 1), _BLOCK):
+            entries = self._block(np.int64, documents_at, start + 1, min(_BLOCK, d - 1 - start)) if start < d - 1 \
+                else np.zeros(0, np.int64)
+            if entries.size:
+                steps = np.diff(entries, prepend=previous)
+                if steps.min() < 0:
+                    raise InputValueError(f"{self.idx_path}: the document index decreases", parameter="corpus")
+                one_each = one_each and bool(steps.min() == 1)
+                previous = int(entries[-1])
+            seq = self._block(np.int32, lengths_at, start, min(_BLOCK, s - start)) if start < s \
+                else np.zeros(0, np.int32)
             if seq.size and seq.min() < 0:
                 raise InputValueError(f"{self.idx_path}: a negative sequence length", parameter="corpus")
             total += int(seq.sum(dtype=np.int64))
+            if one_each:
+                doc_lengths[start:start + seq.size] = seq
         self.one_sequence_per_document = one_each
+        self._doc_lengths = doc_lengths if one_each else None
         itemsize = self.dtype.itemsize
         expected = total * itemsize
-        last = (int(self.pointers[-1]) + int(lengths[-1]) * itemsize) if s else 0
-        if last != expected:
-            raise InputValueError(f"{self.idx_path}: the sequence pointers end at byte {last} but the lengths add up "
+        end = 0
+        if s:
+            end = int(self._block(np.int64, pointers_at, s - 1, 1)[0]) + \
+                int(self._block(np.int32, lengths_at, s - 1, 1)[0]) * itemsize
+        if end != expected:
+            raise InputValueError(f"{self.idx_path}: the sequence pointers end at byte {end} but the lengths add up "
                                   f"to {total} tokens of {self.dtype} ({expected} bytes): the index is inconsistent, or "
                                   "its dtype is not the one the .bin was written with", parameter="corpus")
         if self.bin_size != expected:
@@ -142,9 +166,10 @@ class _Index:
         self.num_tokens = total
 
     def document_lengths(self) -> np.ndarray:
-        """int64 ``[documents]``."""
-        if self.one_sequence_per_document:
-            return np.asarray(self.sequence_lengths).astype(np.int64)
+        """int64 ``[documents]``: tokens per document (handed over once: the index keeps no copy)."""
+        if self._doc_lengths is not None:
+            lengths, self._doc_lengths = self._doc_lengths, None
+            return lengths
         cumulative = np.zeros(self.num_sequences + 1, dtype=np.int64)
         np.cumsum(self.sequence_lengths, out=cumulative[1:])
         docs = np.asarray(self.documents)
