@@ -9,7 +9,8 @@ size (its tokens read as zeros). Each measurement runs in a fresh subprocess, so
 ``data_parallel_world`` reads it):
 
 * ``store``: ``BalancedTextDataModule(MegatronSource(prefix), vocab_size=..., pad_token_id=0, val_fraction=0)``:
-  the time of ``setup("fit")`` (index read and checked, lengths, split, sampler built), then
+  its construction (the index read and checked, the lengths: ``construct_s``), the time of ``setup("fit")`` (split,
+  sampler built), then
   ``train_dataloader()``, ``set_epoch(0)`` and the first micro-batch out of the loader: from the start of
   ``setup()`` to the first micro-batch; peak RSS of the process.
 * ``cache`` (``--cache-sizes``, 1M by default): the same token ids (zeros of the same lengths) given as a list of
@@ -129,10 +130,12 @@ def _child_store(prefix: str, num_replicas: int, max_tokens: int) -> dict[str, A
     from lit_balance.data.stores import MegatronSource
 
     rss_after_import = status_kib("VmRSS")
+    start = time.perf_counter()
     dm = BalancedTextDataModule(MegatronSource(prefix), vocab_size=VOCAB, pad_token_id=0, max_tokens=max_tokens,
                                 max_length=None, val_fraction=0.0, num_workers=0, cache_dir=Path(prefix).parent / "c")
+    construct_s = time.perf_counter() - start  # the .idx read and checked, the lengths
     row = _first_batch(dm, num_replicas)
-    return {**row, "rss_after_import_kib": rss_after_import, "peak_rss_kib": status_kib("VmHWM"),
+    return {**row, "construct_s": construct_s, "rss_after_import_kib": rss_after_import, "peak_rss_kib": status_kib("VmHWM"),
             "cache_written": (Path(prefix).parent / "c").exists()}
 
 
