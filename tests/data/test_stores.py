@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from lit_balance import BalancedTextDataModule
+from lit_balance import BalancedTextDataModule, BatchingSettings
 from lit_balance.data.stores import ArrowSource, MegatronSource, StoreDataset, StoreSource, TokenStore
 from tests.data._stores import (
     VOCAB,
@@ -55,6 +55,8 @@ def modules(corpus, tmp_path: Path, world_size: int = 1, **kwargs) -> list[Balan
     settings = dict(vocab_size=VOCAB, pad_token_id=0, max_tokens=96, val_fraction=0.1, seed=3,
                     cache_dir=tmp_path / "cache")
     settings.update(kwargs)
+    if "settings" in kwargs:
+        del settings["max_tokens"]
     out = []
     for rank in range(world_size):
         dm = BalancedTextDataModule(corpus() if callable(corpus) else corpus, **settings)  # callable: one per rank
@@ -86,7 +88,10 @@ def assert_same_batches(got: list[dict], want: list[dict]) -> None:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize(("world_size", "extra"), [(1, {}), (2, {"max_length": 24}), (2, {"packing": True})])
+@pytest.mark.parametrize(("world_size", "extra"), [
+    (1, {}), (2, {"max_length": 24}), (2, {"packing": True}), (2, {"max_tokens": [64, 160]}),  # per-rank budgets
+    (2, {"settings": BatchingSettings(max_tokens=96, plan_window=40, seed=3)}),  # plans in windows
+], ids=["one_rank", "max_length", "packed", "per_rank_budgets", "windows"])
 def test_plans_and_micro_batches_equal_the_token_id_list(tmp_path, fmt, world_size, extra):
     docs = documents()
     source = make_source(fmt, tmp_path / "store", docs)

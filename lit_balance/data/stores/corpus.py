@@ -11,7 +11,6 @@ checked against the vocabulary.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -174,9 +173,6 @@ class StoreDataset(TokenDataset):
         self.lengths = full if max_length is None else np.minimum(full, max_length)
         self.vocab_size = corpus.vocab_size
 
-    def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()
-
     @property
     def doc_ids(self) -> np.ndarray:  # type: ignore[override]
         """int64 ``[len(self)]``: the corpus documents (built on access when the dataset holds all of them)."""
@@ -226,9 +222,6 @@ class StoreDataset(TokenDataset):
         if labels is not None:
             item["labels"] = np.asarray(labels, dtype=np.int32)
         return item
-
-    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        return super().__getitems__(indices)
 
 
 def store_tokenizer(source: StoreSource, tokenizer: Any = None, *, vocab_size: int | None = None,
