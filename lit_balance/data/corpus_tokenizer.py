@@ -14,6 +14,7 @@ import numpy as np
 
 from lit_balance._checks import check_int
 from lit_balance.data.cache import default_cache_dir
+from lit_balance.data.stores import StoreSource, store_tokenizer
 from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
 from lit_balance.errors import InputTypeError, InputValueError
 
@@ -83,6 +84,8 @@ def corpus_tokenizer(source: CorpusSource, tokenizer: Any, *, vocab_size: Any, p
         raise InputValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as "
                               "given (never re-encoded, with or without a tokenizer), so add the special ids to each "
                               "document yourself, or leave add_special_tokens=False", parameter="add_special_tokens")
+    if isinstance(source, StoreSource):  # a tokenized store: its own metadata, or what is given
+        return store_tokenizer(source, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id)
     if source.holds_token_ids and tokenizer is None:
         return _token_id_tokenizer(source, vocab_size, pad_token_id)
     adapter = resolve_tokenizer(tokenizer, pad_token_id=pad_token_id, add_special_tokens=add_special_tokens)

@@ -18,13 +18,14 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from lit_balance._checks import MAX_TOKENS_LIMIT, check_bool, check_int
-from lit_balance.data.cache import TokenizedCorpus, load_or_build
+from lit_balance.data.cache import TokenizedCorpus
 from lit_balance.data.collate import PackedCollator, PadCollator, collator_for
 from lit_balance.data.dataset import TokenDataset
 from lit_balance.data.corpus_tokenizer import check_cache_dir, corpus_tokenizer
 from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.splits import check_supervised_targets, check_too_long, resolve_val_fraction, split_corpus
 from lit_balance.data.tokenizer import TokenizerAdapter
+from lit_balance.data.stores import open_corpus
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.agreement import check_ranks_agree, plan_fingerprint
 from lit_balance.lightning.budget import DEFAULT_MEMORY_FRACTION, AutoTokenBudget, TokenBudget
@@ -288,8 +289,8 @@ class BalancedTextDataModule(L.LightningDataModule):
                                 add_special_tokens=self.add_special_tokens)
 
     def _tokenized(self) -> TokenizedCorpus:
-        """The tokenized corpus: read from the cache, or tokenized into it."""
-        return load_or_build(self.source, self.tokenizer, self.cache_dir, progress=True)
+        """The tokenized corpus: read in place from a tokenized store, else from the cache, or tokenized into it."""
+        return open_corpus(self.source, self.tokenizer, self.cache_dir, progress=True)
 
     def prepare_data(self) -> None:
         """Tokenize the corpus into the cache (once per node; other ranks wait at Lightning's barrier)."""
