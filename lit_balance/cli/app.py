@@ -23,6 +23,7 @@ from lit_balance.cli.messages import (
     input_error,
 )
 from lit_balance.cli.plan import plan_parser, run_plan
+from lit_balance.cli.tokenize import run_tokenize, tokenize_parser
 from lit_balance.errors import InputValueError
 from lit_balance.lightning.datamodule import BalancedTextDataModule
 from lit_balance.world import data_parallel_world
@@ -102,6 +103,9 @@ class LitBalanceCLI(LightningCLI):
         parser._subcommands_action.add_subcommand(
             "configs", configs_parser(),
             help="Write the shipped configs (conf/) and recipes (recipes/) into a directory")
+        parser._subcommands_action.add_subcommand(
+            "tokenize", tokenize_parser(),
+            help="Tokenize a JSONL/Parquet corpus into a datatrove token store (datatrove's executor)")
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
         """Lightning's, plus a :class:`~lit_balance.callbacks.BalanceProgressBar` when the progress bar is on and no
@@ -116,11 +120,11 @@ class LitBalanceCLI(LightningCLI):
         return super()._instantiate_trainer(config, callbacks)
 
     def _set_seed(self) -> None:
-        if self.subcommand not in ("plan", "configs"):
+        if self.subcommand not in ("plan", "configs", "tokenize"):
             super()._set_seed()
 
     def instantiate_classes(self) -> None:
-        if self.subcommand in ("plan", "configs"):
+        if self.subcommand in ("plan", "configs", "tokenize"):
             return
         try:
             super().instantiate_classes()
@@ -176,6 +180,14 @@ class LitBalanceCLI(LightningCLI):
                     raise
                 exit_on_input_error(subcommand, str(error), error)
             print("\n".join(lines), flush=True)
+            return
+        if subcommand == "tokenize":
+            try:
+                self.tokenize_result = run_tokenize(self.config.tokenize)
+            except INPUT_ERRORS as error:
+                if input_error(error) is None:
+                    raise
+                exit_on_input_error(subcommand, str(error), error)
             return
         if subcommand == "plan":
             try:
