@@ -1,0 +1,209 @@
+"""What a tokenized store read in place is: :class:`TokenStore`, and the source that is one, :class:`StoreSource`.
+
+A tokenized store is a corpus that a distributed engine already tokenized and wrote with an index of every
+document's length: Megatron ``.bin/.idx``, datatrove's ``*.ds`` with ``*.ds.index``, Arrow / Parquet with an
+``input_ids`` list column. The DataModule plans from :attr:`TokenStore.lengths` (read from the index or the list
+offsets only) and reads a document's tokens (:meth:`TokenStore.read`) when a rank builds the micro-batch that holds
+it, from memory-mapped files; nothing is tokenized, written to the tokenization cache or copied.
+
+A store is picklable: the memory maps and open files it keeps in the attributes named by
+:attr:`TokenStore.process_local` are dropped when it is pickled (e.g. to a DataLoader worker) and reopened on
+first use in the process that unpickles it.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import numpy as np
+
+from lit_balance.data.records import IGNORE_INDEX
+from lit_balance.data.sources.base import CorpusSource, TokenIds
+from lit_balance.errors import InputValueError
+
+__all__ = ["StoreSource", "TokenStore"]
+
+
+class TokenStore(abc.ABC):
+    """Token ids of a corpus stored on disk with an index of document lengths, read in place.
+
+    A subclass defines :attr:`lengths`, :attr:`dtype`, :meth:`read` and :meth:`identity`, and may set
+    :attr:`vocab_size`, :attr:`pad_token_id` and :attr:`has_labels` (class attributes or properties) and override
+    :attr:`description`, :meth:`where` and :meth:`supervised_lengths`.
+
+    Attributes:
+        vocab_size: number of token ids when the store's own metadata says it (e.g. the tokenizer's vocabulary
+            recorded by the writer), else None: every id lies in ``[0, vocab_size)``.
+        pad_token_id: padding id when the store's metadata says it, else None.
+        has_labels: whether :meth:`read` returns labels (a label mask or column stored beside the ids).
+        process_local: names of attributes holding memory maps or open files: set to None when the store is
+            pickled, reopened lazily (by the subclass's accessors) in the process that uses them.
+    """
+
+    vocab_size: int | None = None
+    pad_token_id: int | None = None
+    has_labels: bool = False
+    process_local: ClassVar[tuple[str, ...]] = ()
+
+    # -- what a subclass defines ------------------------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def lengths(self) -> np.ndarray:
+        """int64 ``[num_docs]``: tokens per document, from the index (or list offsets) only, never the token bytes."""
+
+    @property
+    @abc.abstractmethod
+    def dtype(self) -> np.dtype:
+        """NumPy dtype of the token ids on disk (e.g. ``uint16``, ``int32``)."""
+
+    @abc.abstractmethod
+    def read(self, doc: int, length: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Read the first ``length`` tokens of document ``doc`` from the memory-mapped files.
+
+        Only ``length`` tokens' bytes (and their labels') are read: a document truncated to ``max_length`` costs
+        ``max_length`` tokens.
+
+        Args:
+            doc: document index in ``[0, len(self))``.
+            length: tokens to read, in ``[0, lengths[doc]]``.
+
+        Returns:
+            ``(ids, labels)``: ``ids`` a 1-D integer array ``[length]`` (a copy, the store's dtype or wider);
+            ``labels`` int32 ``[length]``, unshifted, ``-100`` where a token has no target, or None when the store
+            has no labels (every token a target).
+
+        Raises:
+            IndexError: ``doc`` or ``length`` out of range.
+            ValueError: the file is shorter than its index says (naming the file).
+        """
+
+    @abc.abstractmethod
+    def identity(self) -> list[str]:
+        """Fingerprint parts from the index only: file names, sizes and a hash of the lengths (never the tokens).
+
+        Returns:
+            Strings that change whenever the documents' files or lengths change.
+        """
+
+    # -- what a subclass may override ---------------------------------------------------------------------------
+
+    @property
+    def description(self) -> str:
+        """Human-readable summary, e.g. ``"Megatron store corpus (2 files, 1,000 documents)"``."""
+        return f"{type(self).__qualname__} ({len(self):,} documents)"
+
+    def where(self, doc: int) -> str:
+        """Where document ``doc`` lives, for error messages, e.g. ``"document 3 of /data/corpus.bin"``."""
+        return f"document {doc} of {self.description}"
+
+    def supervised_lengths(self, lengths: np.ndarray, docs: np.ndarray | None = None) -> np.ndarray:
+        """int64 ``[n]``: next-token targets of documents ``docs`` cut to ``lengths`` tokens, as a causal LM counts.
+
+        Labels ``1 .. length-1`` that are not ``-100``; without labels, ``length - 1``. The base class reads each
+        document's labels (:meth:`read`); a store with a cheaper way (a label-mask file read in bulk) overrides it.
+
+        Args:
+            lengths: int ``[n]``, tokens kept of each document.
+            docs: int ``[n]``, the documents (None: every document, ``n = len(self)``).
+        """
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if not self.has_labels:
+            return np.maximum(lengths - 1, 0)
+        docs = np.arange(len(self), dtype=np.int64) if docs is None else np.asarray(docs, dtype=np.int64)
+        out = np.zeros(len(lengths), dtype=np.int64)
+        for i, (doc, length) in enumerate(zip(docs.tolist(), lengths.tolist())):
+            if length > 1:
+                _, labels = self.read(doc, length)
+                out[i] = int(np.count_nonzero(np.asarray(labels)[1:] != IGNORE_INDEX))
+        return out
+
+    # -- shared ---------------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return int(len(self.lengths))
+
+    def _check_read(self, doc: int, length: int) -> tuple[int, int]:
+        """``(doc, length)`` as ints, or IndexError when outside the store."""
+        n = len(self)
+        if not 0 <= doc < n:
+            raise IndexError(f"document {doc} is out of range for {self.description} ({n} documents)")
+        full = int(self.lengths[doc])
+        if not 0 <= length <= full:
+            raise IndexError(f"cannot read {length} tokens of {self.where(doc)}: it holds {full}")
+        return int(doc), int(length)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in self.process_local:
+            if name in state:
+                state[name] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+class StoreSource(CorpusSource):
+    """A corpus source that is a tokenized store: planned from its index, read in place.
+
+    A subclass defines :meth:`open_store`. The DataModule (:func:`lit_balance.data.stores.open_corpus`) plans from
+    the store and reads tokens per micro-batch; the generic path (:meth:`read_records`, e.g. the tokenization
+    cache) still works and yields :class:`~lit_balance.data.sources.TokenIds` per document.
+
+    The store is opened once per process (:attr:`store`); the source pickles without it.
+    """
+
+    holds_token_ids = True
+
+    @abc.abstractmethod
+    def open_store(self) -> TokenStore:
+        """Open the store: read and check its index (never the token bytes).
+
+        Raises:
+            FileNotFoundError: a file of the store is missing.
+            ValueError: a file is not what its format says (naming the file and what is wrong).
+        """
+
+    @property
+    def store(self) -> TokenStore:
+        """The store, opened on first access (:meth:`open_store`) and kept."""
+        store = self.__dict__.get("_store")
+        if store is None:
+            store = self.open_store()
+            if not isinstance(store, TokenStore):
+                raise InputValueError(f"{type(self).__qualname__}.open_store() must return a TokenStore, got "
+                                      f"{type(store).__name__}")
+            self.__dict__["_store"] = store
+        return store
+
+    def read_records(self) -> Iterator[TokenIds]:
+        """Every document in store order as :class:`~lit_balance.data.sources.TokenIds` (ids and labels)."""
+        store = self.store
+        for doc, length in enumerate(store.lengths.tolist()):
+            ids, labels = store.read(doc, length)
+            yield TokenIds(np.asarray(ids, dtype=np.int64), labels)
+
+    def identity(self) -> list[str]:
+        """The store's :meth:`TokenStore.identity` (its index: names, sizes, lengths), never its tokens."""
+        return list(self.store.identity())
+
+    @property
+    def description(self) -> str:
+        """The store's description."""
+        return self.store.description
+
+    @property
+    def num_documents(self) -> int:
+        """Documents of the store (empty ones included)."""
+        return len(self.store)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_store", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
