@@ -14,6 +14,7 @@ import numpy as np
 from lit_balance._checks import check_number
 from lit_balance.data.cache import TokenizedCorpus
 from lit_balance.data.dataset import TokenDataset
+from lit_balance.data.stores.corpus import StoreCorpus, StoreDataset
 from lit_balance.errors import InputValueError
 
 __all__ = ["DEFAULT_VAL_FRACTION", "resolve_val_fraction", "split_corpus", "split_documents"]
@@ -109,12 +110,14 @@ def split_documents(num_documents: int, *, val_fraction: float, seed: int, sourc
     return np.sort(perm[num_val:]).astype(np.int64), np.sort(perm[:num_val]).astype(np.int64)
 
 
-def split_corpus(corpus: TokenizedCorpus, *, val_fraction: float, seed: int, max_length: int | None,
+def split_corpus(corpus: TokenizedCorpus | StoreCorpus, *, val_fraction: float, seed: int, max_length: int | None,
                  split_sizes: tuple[int, int] | None = None) -> tuple[TokenDataset, TokenDataset | None]:
     """The training and validation datasets of ``corpus`` (:func:`split_documents`), truncated to ``max_length``.
 
     Args:
-        corpus: the tokenized corpus (its ``labels``, if any, are carried into both datasets).
+        corpus: the tokenized corpus (its ``labels``, if any, are carried into both datasets), or a tokenized store
+            (:class:`~lit_balance.data.stores.StoreCorpus`: the datasets are
+            :class:`~lit_balance.data.stores.StoreDataset`, read from the store per document).
         val_fraction, seed, split_sizes: as :func:`split_documents`.
         max_length: keep at most this many tokens of each document, or None.
 
@@ -134,10 +137,14 @@ def split_corpus(corpus: TokenizedCorpus, *, val_fraction: float, seed: int, max
     """
     if split_sizes is not None:
         _check_split_sizes(split_sizes, len(corpus) + corpus.num_empty)
+    if isinstance(corpus, StoreCorpus) and split_sizes is None and val_fraction == 0:
+        return StoreDataset(corpus, None, max_length), None  # every document trains: no index array at all
     train_docs, val_docs = split_documents(len(corpus), val_fraction=val_fraction, seed=seed,
                                            source_index=corpus.source_index, split_sizes=split_sizes)
 
     def dataset(docs: np.ndarray) -> TokenDataset:
+        if isinstance(corpus, StoreCorpus):
+            return StoreDataset(corpus, docs, max_length)
         return TokenDataset(corpus.token_ids, corpus.offsets, docs, max_length, labels=corpus.labels)
 
     return dataset(train_docs), dataset(val_docs) if len(val_docs) else None

@@ -20,12 +20,13 @@ from torch.utils.data import DataLoader
 
 from lit_balance._checks import check_bool, check_int, check_number
 from lit_balance._fingerprint import sha256_of_int64
-from lit_balance.data.cache import TokenizedCorpus, default_cache_dir, load_or_build
+from lit_balance.data.cache import TokenizedCorpus, default_cache_dir
 from lit_balance.data.collate import PackedCollator, PadCollator, collator_for
 from lit_balance.data.dataset import TokenDataset
 from lit_balance.data.records import supervised_counts
 from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.splits import resolve_val_fraction, split_corpus
+from lit_balance.data.stores import StoreSource, open_corpus, store_tokenizer
 from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.agreement import check_ranks_agree, plan_fingerprint
@@ -202,6 +203,8 @@ def _corpus_tokenizer(source: CorpusSource, tokenizer: Any, *, vocab_size: int |
         raise InputValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as "
                               "given (never re-encoded, with or without a tokenizer), so add the special ids to each "
                               "document yourself, or leave add_special_tokens=False", parameter="add_special_tokens")
+    if isinstance(source, StoreSource):  # a tokenized store: its own metadata, or what is given
+        return store_tokenizer(source, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id)
     if source.holds_token_ids and tokenizer is None:
         return _token_id_tokenizer(source, vocab_size, pad_token_id)
     adapter = resolve_tokenizer(tokenizer, pad_token_id=pad_token_id, add_special_tokens=add_special_tokens)
@@ -416,7 +419,7 @@ class BalancedTextDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------------------------------------
     def _tokenized(self) -> TokenizedCorpus:
-        return load_or_build(self.source, self.tokenizer, self.cache_dir, progress=True)
+        return open_corpus(self.source, self.tokenizer, self.cache_dir, progress=True)
 
     def prepare_data(self) -> None:
         """Tokenize the corpus into the cache (once per node; other ranks wait at Lightning's barrier)."""
