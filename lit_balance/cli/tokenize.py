@@ -45,6 +45,14 @@ TOKENIZER_FILE = "tokenizer.json"  # the plain copy of the tokenizer, written in
 _READERS = ("jsonl", "parquet")
 
 
+def _require_datatrove() -> None:
+    try:
+        import datatrove  # noqa: F401
+    except ImportError as error:
+        raise ImportError('lit-balance tokenize runs datatrove, which is not installed: pip install '
+                          '"lit_balance[datatrove]"') from error
+
+
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -141,7 +149,9 @@ def datatrove_pipeline(input_folder: str, output_folder: str, tokenizer_file: st
 
     Raises:
         ValueError: an unknown ``reader``.
+        ImportError: datatrove is not installed (``pip install "lit_balance[datatrove]"``).
     """
+    _require_datatrove()
     from datatrove.pipeline.readers import JsonlReader, ParquetReader
     from datatrove.pipeline.tokens import DocumentTokenizer
 
@@ -210,11 +220,13 @@ def tokenize_corpus(input_path: str | os.PathLike, output_folder: str | os.PathL
     Raises:
         FileNotFoundError: the input does not exist or the folder holds no matching file.
         ValueError: ``tasks``/``workers`` below 1, more tasks than input files, the output folder holds ``.ds``
-            files already, or a datatrove task failed.
+            files already, or datatrove wrote no ``.ds`` file.
+        ImportError: datatrove is not installed (``pip install "lit_balance[datatrove]"``).
     """
-    from datatrove.executor import LocalPipelineExecutor
-
     import numpy as np
+
+    _require_datatrove()
+    from datatrove.executor import LocalPipelineExecutor
 
     input_folder, pattern, num_files = _input_folder(input_path, glob_pattern)
     for name, value in (("tasks", tasks), ("workers", workers)):
