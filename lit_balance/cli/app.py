@@ -57,7 +57,8 @@ def _takes(cls: type, name: str) -> bool:
 
 
 class LitBalanceCLI(LightningCLI):
-    """LightningCLI for any LightningModule on :class:`BalancedTextDataModule`, plus ``plan`` and ``configs``.
+    """LightningCLI for any LightningModule on :class:`BalancedTextDataModule`, plus ``plan``, ``configs`` and
+    ``tokenize``.
 
     Built by :func:`build_cli` with ``subclass_mode_model=True``: ``--model.class_path=my.Module`` (or
     ``model: {class_path: ..., init_args: ...}`` in a config) picks any LightningModule, and the model defaults to
@@ -70,7 +71,8 @@ class LitBalanceCLI(LightningCLI):
     ``JSONARGPARSE_DEBUG=true`` raises rejected settings too. A flag the parser does not know prints the error first,
     then the closest flag, then the usage (:class:`LitBalanceArgumentParser`). With the progress bar on and no bar
     among the callbacks, the Trainer gets a :class:`~lit_balance.callbacks.BalanceProgressBar`. ``configs DIR``
-    writes the shipped ``conf/`` and ``recipes/`` (:func:`write_configs`).
+    writes the shipped ``conf/`` and ``recipes/`` (:func:`write_configs`). ``tokenize INPUT --output-folder DIR``
+    tokenizes a JSONL/Parquet corpus into a datatrove token store (:mod:`lit_balance.cli.tokenize`).
     """
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
@@ -209,7 +211,7 @@ def build_cli(args: list[str] | None = None) -> LitBalanceCLI:
     """Run the ``lit-balance`` command on ``args`` and return the :class:`LitBalanceCLI`.
 
     The returned object holds what the subcommand built: ``trainer``, ``model`` and ``datamodule`` after
-    ``fit``, ``plan_summary`` after ``plan``.
+    ``fit``, ``plan_summary`` after ``plan``, ``tokenize_result`` after ``tokenize``.
 
     Args:
         args: command-line arguments without the program name (default: ``sys.argv[1:]``).
