@@ -48,8 +48,10 @@ def plan_parser(fit_parser: ArgumentParser | None = None) -> ArgumentParser:
     group.add_argument("--lengths", type=Path | None, default=None,
                        help="a .npy array or a text file (one integer per line) of tokens per sample; "
                             "when given, the corpus options are not used")
-    group.add_argument("--corpus", type=str | None, default=None,
-                       help="null = the built-in corpus; or a path or glob of .txt / .jsonl files")
+    group.add_argument("--corpus", type=str | dict | None, default=None,
+                       help="null = the built-in corpus; or a path or glob of .txt / .jsonl files; or a source as "
+                            "{class_path: lit_balance.data.stores.MegatronSource, init_args: {prefixes: [...]}} "
+                            "(vocab_size and pad_token_id in --data-kwargs)")
     group.add_argument("--tokenizer", type=str | None, default=None,
                        help="null = the built-in BERT-uncased WordPiece; or a tokenizer.json path")
     group.add_argument("--text-key", type=str, default="text", help="JSONL field holding the text")
@@ -173,7 +175,7 @@ def plan_options_from_fit(fit_cfg: Namespace, source: str = "the fit config") ->
                 model = CostModel(**model.init_args.as_dict())
             options.update({name: getattr(model, name) for name in ("linear", "quadratic", "per_batch")})
         elif key in PLAN_FLAGS or key in ("corpus", "tokenizer", "memory_limit", "memory_fraction"):
-            options[key] = value
+            options[key] = value.as_dict() if isinstance(value, Namespace) and "class_path" in value else value
         else:
             extra[key] = value.as_dict() if isinstance(value, Namespace) else value
     options["data_kwargs"] = {k: v for k, v in extra.items() if k not in _IGNORED_DATA_KWARGS}
@@ -284,6 +286,17 @@ def _probe_model(spec: Any, vocab_size: int) -> Any:
     return cls(**kwargs)
 
 
+def _corpus(spec: Any) -> Any:
+    """The ``--corpus`` as BalancedTextDataModule takes it: a source built from ``class_path`` and ``init_args``
+    (e.g. a tokenized store), else the value itself."""
+    import importlib
+
+    if not isinstance(spec, dict) or "class_path" not in spec:
+        return spec
+    module_name, _, class_name = str(spec["class_path"]).rpartition(".")
+    return getattr(importlib.import_module(module_name), class_name)(**dict(spec.get("init_args") or {}))
+
+
 def _takes(cls: type, name: str) -> bool:
     return name in inspect.signature(cls.__init__).parameters
 
@@ -291,7 +304,7 @@ def _takes(cls: type, name: str) -> bool:
 def _probe(cfg: Namespace, settings: BatchingSettings) -> Any:
     """Run the token budget probe (``--max-tokens auto``) on the corpus with the config's model: one rank."""
     extra = {k: v for k, v in dict(cfg.data_kwargs or {}).items() if k not in ("memory_limit", "memory_fraction")}
-    dm = BalancedTextDataModule(cfg.corpus, cfg.tokenizer, settings=settings, max_length=cfg.max_length,
+    dm = BalancedTextDataModule(_corpus(cfg.corpus), cfg.tokenizer, settings=settings, max_length=cfg.max_length,
                                 val_fraction=cfg.val_fraction, text_key=cfg.text_key, cache_dir=cfg.cache_dir,
                                 **extra)
     dm.prepare_data()
@@ -309,7 +322,7 @@ def _corpus_lengths(cfg: Namespace, settings: BatchingSettings) -> tuple[np.ndar
                              "arguments: lit-balance fit --print_config, under data)", parameter="data_kwargs")
     if settings.per_rank:  # the split does not depend on the budgets; only documents no rank holds are refused
         settings = settings.replace(max_tokens=settings.largest_max_tokens)
-    dm = BalancedTextDataModule(cfg.corpus, cfg.tokenizer, settings=settings, max_length=cfg.max_length,
+    dm = BalancedTextDataModule(_corpus(cfg.corpus), cfg.tokenizer, settings=settings, max_length=cfg.max_length,
                                 val_fraction=cfg.val_fraction, text_key=cfg.text_key, cache_dir=cfg.cache_dir,
                                 **extra)
     dm.prepare_data()  # tokenizes into the cache, with a progress bar, unless cached

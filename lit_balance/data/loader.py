@@ -27,6 +27,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lit_balance.data.collate import IGNORE_INDEX
+from lit_balance.data.stores.corpus import StoreDataset
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.types import MicroBatch, padded_lengths
 
@@ -89,7 +90,8 @@ def item_lengths(dataset: Any, length: LengthSpec) -> np.ndarray:
 
     Returns:
         int64 ``[len(dataset)]``: tokens per item. Columns of a Hugging Face ``datasets.Dataset`` are read in
-        Arrow, without a Python loop over the rows.
+        Arrow, without a Python loop over the rows; a :class:`~lit_balance.data.stores.StoreDataset` (a tokenized
+        store) gives its lengths from the store's index, reading no token.
 
     Raises:
         TypeError: ``length`` is none of the above, an item is not a mapping, or a field holds neither a
@@ -102,6 +104,9 @@ def item_lengths(dataset: Any, length: LengthSpec) -> np.ndarray:
         [3, 2]
     """
     read = _length_function(length)
+    fields = (length,) if isinstance(length, str) else length
+    if isinstance(dataset, StoreDataset) and not callable(length) and set(fields) <= {"input_ids", "labels"}:
+        return np.array(dataset.lengths, dtype=np.int64)  # a store's index: no token read
     fast = _arrow_lengths(dataset, length)
     if fast is not None:
         return fast

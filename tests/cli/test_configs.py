@@ -130,7 +130,9 @@ def test_every_group_option_builds(group, option, tmp_path, monkeypatch, corpus_
     monkeypatch.chdir(tmp_path)
     overrides = [f"{group}={option}" if group != "callbacks" else f"callbacks=[{option}]",
                  *_CPU_OVERRIDES.get((group, option), [])]
-    if group == "data" and OmegaConf.is_missing(OmegaConf.load(CONF / "data" / f"{option}.yaml"), "corpus"):
+    if group == "data" and option in STORE_CONFIGS:
+        overrides += STORE_CONFIGS[option](tmp_path)
+    elif group == "data" and OmegaConf.is_missing(OmegaConf.load(CONF / "data" / f"{option}.yaml"), "corpus"):
         overrides.append(f"data.corpus={corpus_file}")
     dm, model, callbacks, trainer = _build(_compose(overrides), tmp_path)
     assert isinstance(dm, BalancedTextDataModule) and isinstance(model, DemoTransformerLM)
@@ -155,6 +157,37 @@ def test_data_files_builds_and_tokenizes(tmp_path, corpus_file):
     dm.setup("fit")
     assert dm.source.kind == "files" and len(dm.train_dataset) + len(dm.val_dataset) == 60
     assert dm.cost_model == CostModel(linear=1.0, quadratic=0.001, per_batch=0.0)  # a nested _target_ node
+
+
+def _megatron_overrides(tmp_path: Path) -> list[str]:
+    from tests.data._stores import VOCAB, documents, write_megatron
+
+    prefix = write_megatron(tmp_path / "store" / "corpus", documents())
+    return [f"data.corpus.prefixes=[{prefix}]", f"data.vocab_size={VOCAB}", "data.pad_token_id=0"]
+
+
+def _arrow_overrides(tmp_path: Path) -> list[str]:
+    from tests.data._stores import VOCAB, documents, write_save_to_disk
+
+    path = write_save_to_disk(tmp_path / "store" / "saved", documents())
+    return [f"data.corpus.paths=[{path}]", f"data.vocab_size={VOCAB}", "data.pad_token_id=0"]
+
+
+#: data configs of tokenized stores -> the overrides that point them at a store written by its own producer
+STORE_CONFIGS = {"megatron": _megatron_overrides, "arrow": _arrow_overrides}
+
+
+@pytest.mark.parametrize("option", sorted(STORE_CONFIGS))
+def test_data_store_configs_train_from_the_store_in_place(option, tmp_path):
+    cfg = _compose([f"data={option}", *STORE_CONFIGS[option](tmp_path), "data.num_workers=0", "data.max_tokens=256"])
+    dm = instantiate(cfg.data, cache_dir=str(tmp_path / "cache"))
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.source.kind == option and dm.vocab_size == 500 and type(dm.train_dataset).__name__ == "StoreDataset"
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["input_ids"].max() < 500 and not (tmp_path / "cache").exists()  # nothing tokenized or cached
+    with pytest.raises(MissingMandatoryValue, match="vocab_size"):
+        instantiate(_compose([f"data={option}", *STORE_CONFIGS[option](tmp_path)[:1]]).data)
 
 
 def test_mandatory_values_must_be_set(corpus_file):

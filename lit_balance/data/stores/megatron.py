@@ -272,7 +272,7 @@ class MegatronSource(StoreSource):
 
     kind = "megatron"
 
-    def __init__(self, prefixes: str | os.PathLike | Sequence[str | os.PathLike], dtype: Any = None) -> None:
+    def __init__(self, prefixes: Sequence[str | os.PathLike] | str | os.PathLike, dtype: Any = None) -> None:
         if isinstance(prefixes, (str, os.PathLike)):
             prefixes = [prefixes]
         if not isinstance(prefixes, Sequence) or not prefixes:

@@ -1,0 +1,362 @@
+"""Arrow and Parquet files with an ``input_ids`` list column, read in place: :class:`ArrowSource`, :class:`ArrowStore`.
+
+Accepted inputs (several make one corpus, in the order given):
+
+* a ``datasets.Dataset.save_to_disk`` directory: its ``state.json`` lists the ``.arrow`` files, in order;
+* ``.arrow`` / ``.feather`` / ``.ipc`` files in Arrow IPC (stream format, as ``datasets`` writes, or file format,
+  as ``pyarrow.ipc.new_file`` and Feather v2 write; uncompressed);
+* ``.parquet`` files (``Dataset.to_parquet``, ``pyarrow.parquet.write_table``, Spark, Ray Data).
+
+Arrow IPC files are memory-mapped with pyarrow: every document's length is the difference of two list offsets, so
+the lengths read the offsets buffer only; a document's tokens are a slice of the values buffer, read when its
+micro-batch is built. Parquet has no offsets buffer: the lengths are computed once by streaming the ``input_ids``
+column one row group at a time (one pass over that column, in bounded memory), and a document is read by decoding
+its row group's ``input_ids`` (and ``labels``) column chunk only (the last few decoded row groups are kept per
+process). The ``labels`` column, when present (or named by ``labels=``), gives unshifted labels, ``-100`` where a
+token has no target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lit_balance.data.stores.base import StoreSource, TokenStore
+from lit_balance.data.stores.corpus import check_labels
+from lit_balance.errors import InputFileNotFoundError, InputTypeError, InputValueError
+
+__all__ = ["ArrowSource", "ArrowStore"]
+
+_ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
+_ROW_GROUPS_KEPT = 4  # decoded Parquet row groups kept per process
+
+
+def _import_pyarrow() -> Any:
+    try:
+        import pyarrow as pa
+        import pyarrow.compute  # noqa: F401  (list_value_length)
+        import pyarrow.parquet  # noqa: F401
+    except ImportError as error:  # pragma: no cover - pyarrow comes with the test extra
+        raise ImportError('reading Arrow / Parquet stores needs pyarrow: pip install "lit_balance[stores]"') from error
+    return pa
+
+
+def _expand(paths: Sequence[str | os.PathLike]) -> list[str]:
+    """The Arrow / Parquet files of ``paths`` in order: a ``save_to_disk`` directory becomes its data files."""
+    files: list[str] = []
+    for path in paths:
+        if not isinstance(path, (str, os.PathLike)):
+            raise InputTypeError(f"an Arrow / Parquet store is named by paths (str or os.PathLike), got "
+                                 f"{type(path).__name__} {path!r:.80}", parameter="corpus")
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            state = os.path.join(path, "state.json")
+            if os.path.isfile(os.path.join(path, "dataset_dict.json")):
+                raise InputValueError(f"{path} is a saved DatasetDict; pass the directory of one split (e.g. "
+                                      f"{os.path.join(path, 'train')!r})", parameter="corpus")
+            if not os.path.isfile(state):
+                raise InputValueError(f"{path} is a directory without a state.json: not a datasets.save_to_disk "
+                                      "directory; pass it, or the .arrow / .parquet files themselves",
+                                      parameter="corpus")
+            with open(state, encoding="utf-8") as stream:
+                names = [entry["filename"] for entry in json.load(stream).get("_data_files", [])]
+            if not names:
+                raise InputValueError(f"{state} lists no data file", parameter="corpus")
+            files.extend(os.path.join(path, name) for name in names)
+        elif not os.path.isfile(path):
+            raise InputFileNotFoundError(f"Arrow / Parquet store: {path} does not exist", parameter="corpus")
+        else:
+            files.append(path)
+    for file in files:
+        if not os.path.isfile(file):
+            raise InputFileNotFoundError(f"Arrow / Parquet store: {file} does not exist", parameter="corpus")
+        if not file.endswith((*_ARROW_SUFFIXES, ".parquet")):
+            raise InputValueError(f"{file}: expected a .arrow, .feather, .ipc or .parquet file (or a save_to_disk "
+                                  "directory)", parameter="corpus")
+    if not files:
+        raise InputValueError("an Arrow / Parquet store needs at least one file", parameter="corpus")
+    return files
+
+
+def _list_type(pa: Any, field: Any, path: str, column: str) -> Any:
+    kind = field.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):
+        raise InputValueError(f"{path}: column {column!r} is {kind}, expected a list of integers (token ids)",
+                              parameter="corpus")
+    return kind
+
+
+class _ArrowFile:
+    """One memory-mapped Arrow IPC file: its table (zero-copy over the map) and column chunks."""
+
+    def __init__(self, path: str, column: str, labels: str | None) -> None:
+        pa = _import_pyarrow()
+        self.path = path
+        source = pa.memory_map(path, "r")
+        try:
+            with open(path, "rb") as stream:
+                is_file_format = stream.read(6) == b"ARROW1"
+            reader = pa.ipc.open_file(source) if is_file_format else pa.ipc.open_stream(source)
+            table = reader.read_all()
+        except (pa.ArrowInvalid, OSError) as error:
+            raise InputValueError(f"{path} cannot be read as an Arrow IPC file: {error}", parameter="corpus") from None
+        self.table = table
+        self.ids = table.column(column).chunks if column in table.column_names else None
+        self.labels = table.column(labels).chunks if labels is not None and labels in table.column_names else None
+        sizes = [len(chunk) for chunk in self.ids] if self.ids is not None else []
+        self.chunk_starts = np.cumsum([0, *sizes]).astype(np.int64)  # first row of each record batch
+
+
+class ArrowStore(TokenStore):
+    """Arrow / Parquet files with an ``input_ids`` list column (optional ``labels``) as one corpus, read in place.
+
+    Args:
+        paths: files or ``save_to_disk`` directories (see the module docstring), in corpus order.
+        column: the token-id list column.
+        labels: the label list column: ``"labels"`` by default when the files have it; None for none; a name that
+            the files lack is a ValueError.
+
+    Raises:
+        FileNotFoundError: a path does not exist.
+        ValueError: a file without the ``column`` (naming the file and its columns), a column that is not a list of
+            integers, a null row, labels of another length than the ids, files that disagree on having labels.
+    """
+
+    process_local = ("_arrow", "_parquet", "_groups")
+
+    def __init__(self, paths: Sequence[str | os.PathLike], column: str = "input_ids",
+                 labels: str | None = "labels", *, require_labels: bool = False) -> None:
+        pa = _import_pyarrow()
+        self.files = _expand(paths)
+        self.column, self.labels_column = column, labels
+        lengths, starts, groups, dtypes, has_labels, sizes = [], [0], [], set(), [], []
+        self._arrow: dict[int, _ArrowFile] | None = {}
+        for k, path in enumerate(self.files):
+            sizes.append(os.path.getsize(path))
+            if path.endswith(".parquet"):
+                part, file_groups, dtype, with_labels = self._parquet_lengths(pa, path)
+            else:
+                part, dtype, with_labels = self._arrow_lengths(pa, k, path)
+                file_groups = None
+            lengths.append(part)
+            starts.append(starts[-1] + len(part))
+            groups.append(file_groups)
+            dtypes.add(dtype)
+            has_labels.append(with_labels)
+        if labels is not None and any(has_labels) and not all(has_labels):
+            missing = [f for f, h in zip(self.files, has_labels) if not h]
+            raise InputValueError(f"{missing[0]} has no {labels!r} column but other files of the corpus do; give every "
+                                  "file its labels, or pass labels=None", parameter="labels")
+        if require_labels and not all(has_labels):
+            raise InputValueError(f"{self.files[has_labels.index(False)]} has no {labels!r} column (labels={labels!r} "
+                                  "was asked for)", parameter="labels")
+        self.has_labels = bool(has_labels) and all(has_labels)
+        self._dtype = np.result_type(*dtypes)
+        self._lengths = lengths[0] if len(lengths) == 1 else np.concatenate(lengths)
+        self._starts = np.asarray(starts, dtype=np.int64)
+        self._row_groups = groups  # per Parquet file: int64 [row groups + 1], first row of each; None for Arrow
+        self._sizes = sizes
+        self._parquet: dict[int, Any] | None = None
+        self._groups: OrderedDict | None = None
+
+    # -- opening ------------------------------------------------------------------------------------------------
+
+    def _missing(self, path: str, names: list[str]) -> InputValueError:
+        return InputValueError(f"{path} has no {self.column!r} column (its columns: {names}); a tokenized Arrow / "
+                               f"Parquet store holds the token ids of each document in a list column: name it with "
+                               "column=", parameter="column")
+
+    def _arrow_lengths(self, pa: Any, k: int, path: str) -> tuple[np.ndarray, np.dtype, bool]:
+        arrow = _ArrowFile(path, self.column, self.labels_column)
+        if arrow.ids is None:
+            raise self._missing(path, arrow.table.column_names)
+        field = arrow.table.schema.field(self.column)
+        kind = _list_type(pa, field, path, self.column)
+        parts = []
+        for chunk in arrow.ids:
+            if chunk.null_count:
+                raise InputValueError(f"{path}: {chunk.null_count} rows of {self.column!r} are null; every document "
+                                      "needs a list of ids (empty for an empty document)", parameter="corpus")
+            offsets = chunk.offsets.to_numpy()
+            parts.append(np.diff(offsets).astype(np.int64))
+        lengths = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        if arrow.labels is not None:
+            _list_type(pa, arrow.table.schema.field(self.labels_column), path, self.labels_column)
+            label_lengths = np.concatenate([np.diff(c.offsets.to_numpy()) for c in arrow.labels]) if parts else lengths
+            if not np.array_equal(label_lengths, lengths):
+                row = int(np.flatnonzero(label_lengths != lengths)[0])
+                raise InputValueError(f"{path}: row {row} has {int(label_lengths[row])} labels for "
+                                      f"{int(lengths[row])} token ids; give one label per token", parameter="labels")
+        self._arrow[k] = arrow
+        return lengths, np.dtype(kind.value_type.to_pandas_dtype()), arrow.labels is not None
+
+    def _parquet_lengths(self, pa: Any, path: str) -> tuple[np.ndarray, np.ndarray, np.dtype, bool]:
+        try:
+            parquet = pa.parquet.ParquetFile(path, memory_map=True)
+        except (pa.ArrowInvalid, OSError) as error:
+            raise InputValueError(f"{path} cannot be read as a Parquet file: {error}", parameter="corpus") from None
+        schema = parquet.schema_arrow
+        if self.column not in schema.names:
+            raise self._missing(path, schema.names)
+        kind = _list_type(pa, schema.field(self.column), path, self.column)
+        with_labels = self.labels_column is not None and self.labels_column in schema.names
+        if with_labels:
+            _list_type(pa, schema.field(self.labels_column), path, self.labels_column)
+        parts, firsts = [], [0]
+        columns = [self.column, self.labels_column] if with_labels else [self.column]
+        for group in range(parquet.num_row_groups):  # one row group at a time: bounded memory
+            table = parquet.read_row_group(group, columns=columns)
+            ids = table.column(self.column)
+            if ids.null_count:
+                raise InputValueError(f"{path}: row group {group} has null rows in {self.column!r}",
+                                      parameter="corpus")
+            lengths = np.asarray(pa.compute.list_value_length(ids).to_numpy(), dtype=np.int64)
+            if with_labels:
+                label_lengths = pa.compute.list_value_length(table.column(self.labels_column)).to_numpy()
+                label_lengths = np.asarray(label_lengths, dtype=np.int64)
+                if not np.array_equal(label_lengths, lengths):
+                    row = firsts[-1] + int(np.flatnonzero(label_lengths != lengths)[0])
+                    raise InputValueError(f"{path}: row {row} has labels of another length than its token ids",
+                                          parameter="labels")
+            parts.append(lengths)
+            firsts.append(firsts[-1] + len(lengths))
+        lengths = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return lengths, np.asarray(firsts, dtype=np.int64), np.dtype(kind.value_type.to_pandas_dtype()), with_labels
+
+    # -- the interface ------------------------------------------------------------------------------------------
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """int64 ``[num_docs]``: tokens per row (Arrow: from the list offsets; Parquet: computed once at opening)."""
+        return self._lengths
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The token-id dtype of the list values (the widest over the files)."""
+        return self._dtype
+
+    @property
+    def description(self) -> str:
+        """E.g. ``"Arrow store data-00000-of-00002.arrow, ... (1,000 documents)"``."""
+        names = ", ".join(Path(f).name for f in self.files[:2]) + (", ..." if len(self.files) > 2 else "")
+        return f"Arrow store {names} ({len(self._lengths):,} documents)"
+
+    def _locate(self, doc: int) -> tuple[int, int]:
+        k = int(np.searchsorted(self._starts, doc, side="right")) - 1
+        return k, doc - int(self._starts[k])
+
+    def where(self, doc: int) -> str:
+        """E.g. ``"row 3 of /data/train.parquet"``."""
+        k, row = self._locate(doc)
+        return f"row {row} of {self.files[k]}"
+
+    def _arrow_file(self, k: int) -> _ArrowFile:
+        if self._arrow is None:
+            self._arrow = {}
+        if k not in self._arrow:
+            self._arrow[k] = _ArrowFile(self.files[k], self.column, self.labels_column if self.has_labels else None)
+        return self._arrow[k]
+
+    def _row_group(self, k: int, group: int) -> tuple[Any, Any]:
+        """The decoded ``(ids, labels)`` column chunks of a Parquet row group (kept for the next reads)."""
+        pa = _import_pyarrow()
+        if self._groups is None:
+            self._groups = OrderedDict()
+        key = (k, group)
+        if key in self._groups:
+            self._groups.move_to_end(key)
+            return self._groups[key]
+        if self._parquet is None:
+            self._parquet = {}
+        if k not in self._parquet:
+            self._parquet[k] = pa.parquet.ParquetFile(self.files[k], memory_map=True)
+        columns = [self.column, self.labels_column] if self.has_labels else [self.column]
+        table = self._parquet[k].read_row_group(group, columns=columns)
+        value = (table.column(self.column).combine_chunks(),
+                 table.column(self.labels_column).combine_chunks() if self.has_labels else None)
+        self._groups[key] = value
+        while len(self._groups) > _ROW_GROUPS_KEPT:
+            self._groups.popitem(last=False)
+        return value
+
+    @staticmethod
+    def _slice(chunk: Any, row: int, length: int) -> np.ndarray:
+        start = int(chunk.offsets[row].as_py())
+        return np.array(chunk.values.slice(start, length).to_numpy(zero_copy_only=False))
+
+    def read(self, doc: int, length: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The first ``length`` token ids (and labels) of row ``doc``: a slice of the memory-mapped values (Arrow), or
+        of its decoded row group (Parquet)."""
+        doc, length = self._check_read(doc, length)
+        k, row = self._locate(doc)
+        groups = self._row_groups[k]
+        if groups is None:
+            arrow = self._arrow_file(k)
+            chunk_index = int(np.searchsorted(arrow.chunk_starts, row, side="right")) - 1
+            local = row - int(arrow.chunk_starts[chunk_index])
+            ids_chunk = arrow.ids[chunk_index]
+            label_chunk = arrow.labels[chunk_index] if self.has_labels else None
+        else:
+            group = int(np.searchsorted(groups, row, side="right")) - 1
+            ids_chunk, label_chunk = self._row_group(k, group)
+            local = row - int(groups[group])
+        ids = self._slice(ids_chunk, local, length)
+        labels = None
+        if label_chunk is not None:
+            labels = check_labels(self._slice(label_chunk, local, length), self.where(doc))
+        return ids, labels
+
+    def identity(self) -> list[str]:
+        """File names and sizes, the columns read, and the sha256 of the lengths (never the token values)."""
+        digest = hashlib.sha256(np.ascontiguousarray(self._lengths, dtype="<i8").tobytes()).hexdigest()
+        files = [f"{Path(f).name}:{size}" for f, size in zip(self.files, self._sizes)]
+        return [*files, self.column, str(self.labels_column if self.has_labels else None), digest]
+
+
+class ArrowSource(StoreSource):
+    """Arrow / Parquet files or a ``save_to_disk`` directory with an ``input_ids`` list column, read in place.
+
+    The files say neither the vocabulary size nor the padding id: give ``vocab_size`` and ``pad_token_id`` (or a
+    tokenizer) to the DataModule.
+
+    Args:
+        paths: one path or a list: ``.arrow`` / ``.feather`` / ``.ipc`` / ``.parquet`` files or ``save_to_disk``
+            directories, in corpus order.
+        column: the token-id list column (default ``"input_ids"``).
+        labels: the label list column, read when the files have it (default ``"labels"``); None to ignore labels.
+
+    Raises:
+        As :class:`ArrowStore`, when the store is first opened (at the DataModule's construction).
+
+    Example:
+        >>> dataset.save_to_disk("tokenized")  # doctest: +SKIP
+        >>> BalancedTextDataModule(corpus=ArrowSource("tokenized"), vocab_size=32000, pad_token_id=0)  # doctest: +SKIP
+    """
+
+    kind = "arrow"
+
+    def __init__(self, paths: Sequence[str | os.PathLike] | str | os.PathLike, column: str = "input_ids",
+                 labels: str | None = "labels") -> None:
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
+        if not isinstance(paths, Sequence) or not paths:
+            raise InputValueError(f"paths must be a path or a non-empty list of them, got {paths!r:.80}",
+                                  parameter="corpus")
+        for name, value in (("column", column), ("labels", labels)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InputTypeError(f"{name} must be a column name (str), got {value!r}", parameter=name)
+        if column is None:
+            raise InputTypeError("column must name the token-id list column, got None", parameter="column")
+        self.paths = [os.fspath(p) if isinstance(p, (str, os.PathLike)) else p for p in paths]
+        self.column, self.labels = column, labels
+
+    def open_store(self) -> ArrowStore:
+        """Map the files and read their lengths (Arrow: list offsets; Parquet: one pass over the column)."""
+        return ArrowStore(self.paths, self.column, self.labels)
