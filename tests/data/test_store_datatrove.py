@@ -308,3 +308,66 @@ def test_paths_that_name_no_store_are_refused(tmp_path, store_dir):
         DatatroveStore(str(tmp_path / "*.ds"))
     one = DatatroveStore(str(store_dir / "00001_*.ds"))
     assert len(one) == len(DatatroveStore(store_dir)) - len(DatatroveStore(store_dir / "00000_unshuffled.ds"))
+
+
+# -- what is read: no token byte before the first micro-batch, each rank its own micro-batches' tokens only ----------
+
+class _Counting:
+    """A memory-mapped ``.ds`` whose every slice read is recorded as ``(first token, tokens, bytes)``."""
+
+    def __init__(self, array: np.ndarray, log: list) -> None:
+        self.array, self.log = array, log
+
+    def __getitem__(self, key):
+        assert isinstance(key, slice), f"the .ds is read only by slices, got {key!r}"
+        out = self.array[key]
+        self.log.append((key.start, len(out), out.nbytes))
+        return out
+
+
+def _rank_modules(source, world_size: int, **kwargs) -> list[BalancedTextDataModule]:
+    from types import SimpleNamespace
+
+    out = []
+    for rank in range(world_size):
+        dm = BalancedTextDataModule(source(), max_tokens=512, val_fraction=0, seed=3, **kwargs)
+        dm.trainer = SimpleNamespace(world_size=world_size, global_rank=rank, current_epoch=0,
+                                     strategy=SimpleNamespace(distributed_sampler_kwargs={
+                                         "num_replicas": world_size, "rank": rank}), accumulate_grad_batches=1)
+        dm.prepare_data()
+        dm.setup("fit")
+        out.append(dm)
+    return out
+
+
+@pytest.mark.parametrize("extra", [{"max_length": 64}, {"packing": True, "max_length": 100}])
+def test_each_rank_reads_only_the_tokens_of_its_micro_batches(store_dir, tmp_path, monkeypatch, extra):
+    copy = Path(shutil.copytree(store_dir, tmp_path / "store"))
+    log_of: dict[int, list] = {}
+    current = {"rank": None}
+    real_map = DatatroveStore._map
+
+    def counting_map(self, kind, file):
+        mapped = real_map(self, kind, file)
+        return _Counting(mapped, log_of.setdefault(current["rank"], [])) if kind == "_tokens" else mapped
+
+    monkeypatch.setattr(DatatroveStore, "_map", counting_map)
+    before = {str(p): p.stat().st_size for p in tmp_path.rglob("*")}
+    ranks = _rank_modules(lambda: DatatroveSource(copy), 2, **extra)
+    assert log_of == {}  # setup planned from the .ds.index files alone
+    read = []
+    for rank, dm in enumerate(ranks):
+        current["rank"] = rank
+        dataset = dm.train_dataset
+        dm.train_sampler.set_epoch(0)
+        planned = [int(i) for micro_batch in dm.train_sampler for i in micro_batch]
+        dm.train_sampler.set_epoch(0)
+        assert list(dm.train_dataloader())
+        log = log_of[rank]
+        tokens = sum(int(dataset.lengths[i]) for i in planned)
+        assert sum(nbytes for *_, nbytes in log) == tokens * 2  # uint16: 2 bytes a token
+        assert sorted(count for _, count, _ in log) == sorted(int(dataset.lengths[i]) for i in planned)
+        read.append({dataset._store_doc(i) for i in planned})
+    assert {str(p): p.stat().st_size for p in tmp_path.rglob("*")} == before  # nothing written
+    if "packing" not in extra:  # no fill rows here: the ranks' documents are disjoint and cover the corpus
+        assert not read[0] & read[1] and len(read[0] | read[1]) == len(DatatroveStore(copy))
