@@ -15,8 +15,15 @@ The figure is the ratio of their token rates (datatrove over cache) per pair, an
 have tokenized the same documents: equal token counts and equal sorted multisets of non-empty document lengths (a
 store keeps a document whose text tokenizes to nothing as a 0-token document; the cache drops it), else the run fails.
 
+Both paths tokenize with the ``tokenizers`` library, whose ``encode_batch`` runs on all cores by itself (its own
+thread pool), so on a machine of few cores the cache path already uses them all and two datatrove workers can only
+add what the cache path leaves idle (reading, converting, writing). ``--single-thread-tokenizer`` sets
+``TOKENIZERS_PARALLELISM=false`` in both subprocesses: one tokenizing thread per process, the comparison of one process
+against two workers that datatrove scales out to many machines.
+
 Run:
     python -m benchmarks.tokenize_datatrove                          # 150 MiB, 3 pairs
+    python -m benchmarks.tokenize_datatrove --single-thread-tokenizer
     python -m benchmarks.tokenize_datatrove --size-mb 5 --pairs 1    # a quick look
 """
 
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -167,6 +175,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=positive_int, default=2, help="datatrove tasks and workers (input files)")
     p.add_argument("--seed", type=int, default=0, help="seed of the document sampling")
     p.add_argument("--work-dir", type=Path, default=None, help="temporary files go in a folder inside it")
+    p.add_argument("--single-thread-tokenizer", action="store_true",
+                   help="TOKENIZERS_PARALLELISM=false in both subprocesses (one tokenizing thread per process)")
     p.add_argument("--output-dir", type=Path, default=Path("outputs/tokenize_datatrove"),
                    help="results.json goes here")
     return p
@@ -183,6 +193,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(json.dumps(out))
         return out
     args = _parser().parse_args(argv)
+    if args.single_thread_tokenizer:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # inherited by both subprocesses (run_child copies os.environ)
     started = time.perf_counter()
     load_before = machine()["load_average"]
     row = run(args.size_mb, args.work_dir, pairs=args.pairs, workers=args.workers, seed=args.seed)
@@ -191,6 +203,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": " ".join(["python", "-m", "benchmarks.tokenize_datatrove", *argv]),
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(), "load_average_before": load_before,
+        "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
         "source": dict(zip(("commit", "lit_balance_uncommitted_files"), git_state("lit_balance"))),
         "row": row,
         "wall_s": time.perf_counter() - started,
