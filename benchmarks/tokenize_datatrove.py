@@ -158,7 +158,8 @@ def run(size_mb: float = 150.0, work_dir: str | Path | None = None, *, pairs: in
 
 def table(row: dict[str, Any]) -> str:
     """The result as a Markdown table: one line per pair, then the medians."""
-    lines = ["| pair | first | datatrove (2 workers) | cache (prepare_data) | ratio of tokens/s |", "|---|---|---|---|---|"]
+    lines = ["| pair | first | datatrove (2 workers) | cache (prepare_data) | ratio of tokens/s |",
+             "|---|---|---|---|---|"]
     for r in row["pairs"]:
         lines.append(f"| {r['pair']} | {r['first']} | {r['datatrove_s']:.1f} s | {r['cache_s']:.1f} s | "
                      f"{r['ratio']:.2f} |")

@@ -24,7 +24,9 @@ The same steps (:func:`datatrove_pipeline`) run on a cluster with datatrove's ``
 Run:
     lit-balance tokenize data/corpus/ --output-folder data/tokens          # every *.jsonl* file of the folder
     lit-balance tokenize corpus.jsonl --output-folder data/tokens --tasks 1
-    lit-balance fit --config conf/cli/fit_cpu.yaml --data.corpus.class_path=lit_balance.data.stores.datatrove.DatatroveSource --data.corpus.init_args.paths=data/tokens
+    lit-balance plan --corpus '{"class_path": "lit_balance.data.stores.datatrove.DatatroveSource",
+                                "init_args": {"paths": "data/tokens"}}' --num-replicas 8 --max-tokens 4096
+    lit-balance fit --config conf/cli/fit_cpu.yaml --data.corpus='{"class_path": "...DatatroveSource", ...}'
 """
 
 from __future__ import annotations

@@ -78,6 +78,14 @@ def test_the_subcommand_writes_a_store_of_the_cache_s_ids_and_the_data_module_tr
     assert not (tmp_path / "default_cache").exists()
     batch = next(iter(dm.train_dataloader()))
     assert batch["input_ids"].shape[1] <= 128
+    # and lit-balance plan plans it from the index files
+    corpus_arg = json.dumps({"class_path": "lit_balance.data.stores.datatrove.DatatroveSource",
+                             "init_args": {"paths": str(out)}})
+    build_cli(["plan", "--corpus", corpus_arg, "--max-tokens", "512", "--max-length", "128", "--num-replicas", "2",
+               "--val-fraction", "0", "--plots", "false", "--output-dir", str(tmp_path / "plan")])
+    summary = json.loads((tmp_path / "plan" / "plan_summary.json").read_text())
+    assert summary["num_samples"] == 398
+    assert not (tmp_path / "default_cache").exists()
 
 
 def test_special_tokens_and_eos_follow_the_options(corpus, tmp_path):

@@ -57,8 +57,8 @@ def _datatrove(input_folder: Path, output: Path, tokenizer: Path, *, tasks: int,
     options = {"shuffle_documents": False, **options}
     steps = [JsonlReader(str(input_folder), glob_pattern="*.jsonl"),
              DocumentTokenizer(output_folder=str(output), tokenizer_name_or_path=str(tokenizer), **options)]
-    LocalPipelineExecutor(pipeline=steps, tasks=tasks, workers=1, logging_dir=str(output.parent / f"{output.name}_logs"),
-                          ).run()
+    logs = output.parent / f"{output.name}_logs"
+    LocalPipelineExecutor(pipeline=steps, tasks=tasks, workers=1, logging_dir=str(logs)).run()
     return output
 
 
@@ -267,7 +267,8 @@ def test_metadata_that_disagrees_is_named(broken):
 
 def test_ids_beyond_the_vocabulary_are_named_when_read(store_dir, tmp_path):
     store = DatatroveStore(store_dir, vocab_size=1000)  # the store's ids reach far beyond 1000
-    doc = next(d for d, n in enumerate(store.lengths) if n and DatatroveStore(store_dir).read(d, int(n))[0].max() >= 1000)
+    plain = DatatroveStore(store_dir)
+    doc = next(d for d, n in enumerate(store.lengths) if n and plain.read(d, int(n))[0].max() >= 1000)
     with pytest.raises(ValueError, match=rf"document {doc} of .*00000_unshuffled\.ds holds the id \d+, beyond the "
                                          r"vocabulary of 1000 ids"):
         store.read(doc, int(store.lengths[doc]))
