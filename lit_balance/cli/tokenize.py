@@ -104,6 +104,19 @@ def plain_tokenizer_file(tokenizer: str | os.PathLike | None, path: str | os.Pat
     return path
 
 
+def _count_rows(folder: str, pattern: str | None, reader: str) -> int | None:
+    """Non-blank lines of the plain ``.jsonl`` files datatrove reads, or None when some input is not one."""
+    files = [Path(folder) / p for p in glob.glob(pattern or "**", root_dir=folder, recursive=True)
+             if (Path(folder) / p).is_file()]
+    if reader != "jsonl" or not all(f.suffix == ".jsonl" for f in files):
+        return None
+    rows = 0
+    for path in files:
+        with open(path, "rb") as handle:
+            rows += sum(1 for line in handle if line.strip())
+    return rows
+
+
 def _input_folder(input_path: str | os.PathLike, glob_pattern: str | None) -> tuple[str, str | None, int]:
     """``(data folder, glob pattern, number of files)`` for datatrove's reader from a file or a folder."""
     path = Path(input_path).expanduser()
@@ -178,6 +191,9 @@ class TokenizeResult:
         num_tokens: tokens in the store.
         seconds: wall time of the executor's run (s).
         tasks: tasks run; workers: processes that ran them at once.
+        skipped_rows: input rows datatrove's reader skipped (empty or missing text, invalid JSON; its log names
+            them): non-blank lines of the ``.jsonl`` inputs minus documents written; None when not counted
+            (compressed or Parquet inputs).
     """
 
     output_folder: str
@@ -187,6 +203,7 @@ class TokenizeResult:
     seconds: float
     tasks: int
     workers: int
+    skipped_rows: int | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -260,7 +277,9 @@ def tokenize_corpus(input_path: str | os.PathLike, output_folder: str | os.PathL
     ends = [np.fromfile(f + ".index", dtype="<u8") for f in files]
     num_documents = sum(len(e) for e in ends)
     num_tokens = sum(int(e[-1]) if len(e) else 0 for e in ends)
-    return TokenizeResult(str(output), files, num_documents, num_tokens, seconds, tasks, workers)
+    rows = _count_rows(input_folder, pattern, reader)
+    skipped = None if rows is None else rows - num_documents
+    return TokenizeResult(str(output), files, num_documents, num_tokens, seconds, tasks, workers, skipped)
 
 
 def tokenize_parser() -> Any:
@@ -299,5 +318,9 @@ def run_tokenize(options: Any) -> TokenizeResult:
     print(f"wrote {result.num_documents} documents, {result.num_tokens} tokens in {len(result.files)} .ds file(s) "
           f"to {result.output_folder} in {result.seconds:.1f} s ({result.tokens_per_s:,.0f} tokens/s, "
           f"{result.tasks} tasks on {result.workers} workers)", flush=True)
+    if result.skipped_rows:
+        print(f"datatrove's reader skipped {result.skipped_rows} input row(s) (empty or missing text under "
+              f"--text-key {options.text_key!r}, or invalid JSON): they are not in the store; its log names them "
+              f"({options.logging_dir or Path(result.output_folder) / 'logs'})", flush=True)
     print(f"train from it in place: corpus=DatatroveSource({result.output_folder!r})", flush=True)
     return result

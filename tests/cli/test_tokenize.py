@@ -59,6 +59,7 @@ def test_the_subcommand_writes_a_store_of_the_cache_s_ids_and_the_data_module_tr
     printed = capsys.readouterr().out
     assert f"wrote {result.num_documents} documents, {result.num_tokens} tokens in 2 .ds file(s) to {out}" in printed
     assert "2 tasks on 1 workers" in printed and f"DatatroveSource({str(out)!r})" in printed
+    assert result.skipped_rows == 1 and "datatrove's reader skipped 1 input row(s)" in printed  # the empty text
     assert sorted(p.name for p in out.glob("*.ds*")) == sorted(
         f"0000{t}_unshuffled.ds{ext}" for t in (0, 1) for ext in ("", ".index", ".metadata"))
     assert (out / TOKENIZER_FILE).is_file()
