@@ -133,6 +133,9 @@ class DatatroveStore(TokenStore):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
                 raise InputTypeError(f"{name} must be an int or None, got {type(value).__name__} {value!r}",
                                      parameter=name)
+        if labels is not None and not isinstance(labels, (bool, np.bool_)):
+            raise InputTypeError(f"labels must be True, False or None, got {type(labels).__name__} {labels!r}",
+                                 parameter="labels")
         if token_size is not None and token_size not in _DTYPES:
             raise InputValueError(f"token_size must be 2 or 4 (bytes per token), got {token_size}",
                                   parameter="token_size")
