@@ -7,6 +7,7 @@ Run:
     lit-balance plan --config conf/cli/fit_cpu.yaml          # the plan that fit config trains on
     lit-balance fit --config conf/cli/fit_cpu.yaml --model.class_path=my_package.MyModule   # any LightningModule
     python -m lit_balance.cli plan --help                   # the same without the console script
+    lit-balance tokenize corpus/ --output-folder tokens      # JSONL to a datatrove token store (datatrove's executor)
 
 ``fit``, ``validate``, ``test`` and ``predict`` are :class:`lightning.pytorch.cli.LightningCLI`'s: the model is any
 LightningModule (``--model.class_path=my.Module``, its arguments ``--model.*``; default
@@ -15,7 +16,9 @@ model whose ``__init__`` takes ``vocab_size`` gets the built data module's, and 
 ``--trainer.callbacks`` (class paths and init args) in the config. ``plan`` plans one epoch without
 training and reports it (see :mod:`lit_balance.report`); ``plan --config`` also reads a ``fit`` config and plans
 with its data settings, its ranks (``trainer.devices`` x ``trainer.num_nodes``) and its
-``trainer.accumulate_grad_batches``.
+``trainer.accumulate_grad_batches``. ``tokenize`` runs datatrove's tokenizer on a corpus
+(:mod:`lit_balance.cli.tokenize`); training then reads its output in place
+(:class:`~lit_balance.data.stores.datatrove.DatatroveSource`).
 """
 
 from lit_balance.cli.app import LitBalanceCLI, build_cli, main

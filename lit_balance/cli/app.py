@@ -23,6 +23,7 @@ from lit_balance.cli.messages import (
     input_error,
 )
 from lit_balance.cli.plan import plan_parser, run_plan
+from lit_balance.cli.tokenize import run_tokenize, tokenize_parser
 from lit_balance.errors import InputValueError
 from lit_balance.lightning.datamodule import BalancedTextDataModule
 from lit_balance.world import data_parallel_world
@@ -56,7 +57,8 @@ def _takes(cls: type, name: str) -> bool:
 
 
 class LitBalanceCLI(LightningCLI):
-    """LightningCLI for any LightningModule on :class:`BalancedTextDataModule`, plus ``plan`` and ``configs``.
+    """LightningCLI for any LightningModule on :class:`BalancedTextDataModule`, plus ``plan``, ``configs`` and
+    ``tokenize``.
 
     Built by :func:`build_cli` with ``subclass_mode_model=True``: ``--model.class_path=my.Module`` (or
     ``model: {class_path: ..., init_args: ...}`` in a config) picks any LightningModule, and the model defaults to
@@ -69,7 +71,8 @@ class LitBalanceCLI(LightningCLI):
     ``JSONARGPARSE_DEBUG=true`` raises rejected settings too. A flag the parser does not know prints the error first,
     then the closest flag, then the usage (:class:`LitBalanceArgumentParser`). With the progress bar on and no bar
     among the callbacks, the Trainer gets a :class:`~lit_balance.callbacks.BalanceProgressBar`. ``configs DIR``
-    writes the shipped ``conf/`` and ``recipes/`` (:func:`write_configs`).
+    writes the shipped ``conf/`` and ``recipes/`` (:func:`write_configs`). ``tokenize INPUT --output-folder DIR``
+    tokenizes a JSONL/Parquet corpus into a datatrove token store (:mod:`lit_balance.cli.tokenize`).
     """
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
@@ -102,6 +105,9 @@ class LitBalanceCLI(LightningCLI):
         parser._subcommands_action.add_subcommand(
             "configs", configs_parser(),
             help="Write the shipped configs (conf/) and recipes (recipes/) into a directory")
+        parser._subcommands_action.add_subcommand(
+            "tokenize", tokenize_parser(),
+            help="Tokenize a JSONL/Parquet corpus into a datatrove token store (datatrove's executor)")
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
         """Lightning's, plus a :class:`~lit_balance.callbacks.BalanceProgressBar` when the progress bar is on and no
@@ -116,11 +122,11 @@ class LitBalanceCLI(LightningCLI):
         return super()._instantiate_trainer(config, callbacks)
 
     def _set_seed(self) -> None:
-        if self.subcommand not in ("plan", "configs"):
+        if self.subcommand not in ("plan", "configs", "tokenize"):
             super()._set_seed()
 
     def instantiate_classes(self) -> None:
-        if self.subcommand in ("plan", "configs"):
+        if self.subcommand in ("plan", "configs", "tokenize"):
             return
         try:
             super().instantiate_classes()
@@ -182,6 +188,14 @@ class LitBalanceCLI(LightningCLI):
                 exit_on_input_error(subcommand, str(error), error)
             print("\n".join(lines), flush=True)
             return
+        if subcommand == "tokenize":
+            try:
+                self.tokenize_result = run_tokenize(self.config.tokenize)
+            except INPUT_ERRORS as error:
+                if input_error(error) is None:
+                    raise
+                exit_on_input_error(subcommand, str(error), error)
+            return
         if subcommand == "plan":
             try:
                 self.plan_summary = run_plan(self.config.plan)
@@ -202,7 +216,7 @@ def build_cli(args: list[str] | None = None) -> LitBalanceCLI:
     """Run the ``lit-balance`` command on ``args`` and return the :class:`LitBalanceCLI`.
 
     The returned object holds what the subcommand built: ``trainer``, ``model`` and ``datamodule`` after
-    ``fit``, ``plan_summary`` after ``plan``.
+    ``fit``, ``plan_summary`` after ``plan``, ``tokenize_result`` after ``tokenize``.
 
     Args:
         args: command-line arguments without the program name (default: ``sys.argv[1:]``).

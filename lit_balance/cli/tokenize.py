@@ -1,0 +1,326 @@
+"""``lit-balance tokenize``: raw text to a datatrove token store, on datatrove's own executors.
+
+The pipeline is datatrove's: a reader (``JsonlReader``, or ``ParquetReader``) then ``DocumentTokenizer``, run by
+``LocalPipelineExecutor`` with one task per input-file shard and one worker per core. The output folder then holds,
+per task, ``NNNNN_unshuffled.ds`` (token ids, ``uint16`` for vocabularies up to 65,536 ids, else ``uint32``),
+``.ds.index`` (``uint64`` document ends), ``.ds.metadata`` (tokenizer, token size, token count) and, with
+``save_loss_metadata``, ``.ds.loss`` (one byte per token: 1 a target, 0 not; rows carrying datatrove's
+``no_loss_ranges`` metadata, e.g. a prompt's characters, are masked there). Training then reads that folder in
+place: :class:`lit_balance.data.stores.datatrove.DatatroveSource`.
+
+The tokenizer written beside the output (``tokenizer.json``) is the given one with truncation and padding cleared
+(datatrove keeps a file's own: the package's tokenizer would cut every document to 128 tokens) and, unless
+``add_special_tokens``, its post-processor cleared too. With the defaults the ids are those of the library's own
+tokenization cache for the same documents (``add_special_tokens=False``: no ``[CLS]``/``[SEP]``, no EOS);
+``add_special_tokens=True`` gives the cache's ``add_special_tokens=True`` ids; ``eos_token`` (datatrove's option,
+one EOS id after each document) has no counterpart in the cache. Differences from the cache besides: a JSONL row
+whose text is empty is skipped by datatrove's reader (the cache counts it as empty and drops it too); a row whose
+text tokenizes to nothing is kept as a 0-token document in the store; the store's document order is task by task
+(files ``rank::tasks`` of the sorted input list per task), not the input's order.
+
+The same steps (:func:`datatrove_pipeline`) run on a cluster with datatrove's ``SlurmPipelineExecutor`` or
+``RayPipelineExecutor`` (see ``docs/store_datatrove.md``).
+
+Run:
+    lit-balance tokenize data/corpus/ --output-folder data/tokens          # every *.jsonl* file of the folder
+    lit-balance tokenize corpus.jsonl --output-folder data/tokens --tasks 1
+    lit-balance plan --corpus '{"class_path": "lit_balance.data.stores.datatrove.DatatroveSource",
+                                "init_args": {"paths": "data/tokens"}}' --num-replicas 8 --max-tokens 4096
+    lit-balance fit --config conf/cli/fit_cpu.yaml --data.corpus='{"class_path": "...DatatroveSource", ...}'
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lit_balance.errors import InputFileNotFoundError, InputValueError
+
+__all__ = ["TokenizeResult", "datatrove_pipeline", "plain_tokenizer_file", "run_tokenize", "tokenize_corpus",
+           "tokenize_parser"]
+
+TOKENIZER_FILE = "tokenizer.json"  # the plain copy of the tokenizer, written in the output folder
+_READERS = ("jsonl", "parquet")
+
+
+def _require_datatrove() -> None:
+    try:
+        import datatrove  # noqa: F401
+    except ImportError as error:
+        raise ImportError('lit-balance tokenize runs datatrove, which is not installed: pip install '
+                          '"lit_balance[datatrove]"') from error
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def plain_tokenizer_file(tokenizer: str | os.PathLike | None, path: str | os.PathLike,
+                         add_special_tokens: bool = False) -> Path:
+    """Write a copy of a ``tokenizer.json`` with truncation and padding cleared, for datatrove to load.
+
+    Args:
+        tokenizer: path of a ``tokenizer.json``; None for the package's (BERT-uncased WordPiece, 30,522 ids).
+        path: where the copy goes (its folder is created).
+        add_special_tokens: keep the tokenizer's post-processor (e.g. BERT's ``[CLS] ... [SEP]``); False clears it,
+            so that the ids are those of ``encode(text, add_special_tokens=False)``, the library's default.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        FileNotFoundError: ``tokenizer`` is not a file.
+        ValueError: ``tokenizer`` is not a valid ``tokenizer.json``.
+    """
+    import tokenizers
+
+    from lit_balance.data.tokenizer import builtin_tokenizer
+
+    if tokenizer is None:
+        backend = builtin_tokenizer()
+    else:
+        if not Path(tokenizer).is_file():
+            raise InputFileNotFoundError(f"tokenizer {str(tokenizer)!r} is not a file; pass the path of a "
+                                         "tokenizer.json (--tokenizer)", parameter="tokenizer")
+        try:
+            backend = tokenizers.Tokenizer.from_file(str(tokenizer))
+        except Exception as error:
+            raise InputValueError(f"tokenizer file {str(tokenizer)!r} is not a valid tokenizer.json: {error}",
+                                  parameter="tokenizer") from error
+    backend.no_truncation()
+    backend.no_padding()
+    if not add_special_tokens:
+        backend.post_processor = None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    backend.save(str(path))
+    return path
+
+
+def _count_rows(folder: str, pattern: str | None, reader: str) -> int | None:
+    """Non-blank lines of the plain ``.jsonl`` files datatrove reads, or None when some input is not one."""
+    files = [Path(folder) / p for p in glob.glob(pattern or "**", root_dir=folder, recursive=True)
+             if (Path(folder) / p).is_file()]
+    if reader != "jsonl" or not all(f.suffix == ".jsonl" for f in files):
+        return None
+    rows = 0
+    for path in files:
+        with open(path, "rb") as handle:
+            rows += sum(1 for line in handle if line.strip())
+    return rows
+
+
+def _input_folder(input_path: str | os.PathLike, glob_pattern: str | None) -> tuple[str, str | None, int]:
+    """``(data folder, glob pattern, number of files)`` for datatrove's reader from a file or a folder."""
+    path = Path(input_path).expanduser()
+    if path.is_file():
+        if glob_pattern is not None:
+            raise InputValueError(f"glob_pattern={glob_pattern!r} selects files in a folder, but the input "
+                                  f"{str(path)!r} is a file; pass its folder, or leave glob_pattern out",
+                                  parameter="glob_pattern")
+        return str(path.parent.resolve()), glob.escape(path.name), 1
+    if not path.is_dir():
+        raise InputFileNotFoundError(f"input {str(input_path)!r} is neither a file nor a folder", parameter="input")
+    pattern = glob_pattern or "**"
+    files = [p for p in glob.glob(pattern, root_dir=path, recursive=True) if (path / p).is_file()]
+    if not files:
+        raise InputFileNotFoundError(f"input folder {str(path)!r} holds no file matching {pattern!r}; pass "
+                                     "--glob-pattern (e.g. '*.jsonl')", parameter="glob_pattern")
+    return str(path.resolve()), glob_pattern, len(files)
+
+
+def datatrove_pipeline(input_folder: str, output_folder: str, tokenizer_file: str | os.PathLike, *,
+                       glob_pattern: str | None = None, reader: str = "jsonl", text_key: str = "text",
+                       eos_token: str | None = None, save_loss_metadata: bool = False,
+                       shuffle_documents: bool = False, seed: int | None = None) -> list[Any]:
+    """The datatrove steps that tokenize a corpus into a store: a reader, then ``DocumentTokenizer``.
+
+    Give the list to any datatrove executor: ``LocalPipelineExecutor`` (:func:`tokenize_corpus`),
+    ``SlurmPipelineExecutor`` or ``RayPipelineExecutor``. Paths may be any fsspec URL datatrove reads (``s3://...``).
+
+    Args:
+        input_folder: folder of the input files (datatrove gives task ``r`` of ``T`` the sorted files ``r::T``).
+        output_folder: where the ``.ds`` files go.
+        tokenizer_file: a ``tokenizer.json`` without truncation or padding (:func:`plain_tokenizer_file`).
+        glob_pattern: which files of ``input_folder`` to read (datatrove's reader option); None: every file.
+        reader: ``"jsonl"`` (``JsonlReader``, ``.jsonl`` and compressed variants) or ``"parquet"``.
+        text_key: the key (column) of the text.
+        eos_token: datatrove's option: the text of a token appended to each document (e.g. ``"[SEP]"``); None
+            appends nothing.
+        save_loss_metadata: also write ``.ds.loss`` (one byte per token); a row's ``no_loss_ranges`` (a list of
+            ``[start, end)`` character ranges) marks its tokens as no target.
+        shuffle_documents: let datatrove shuffle the documents within each file (the sampler shuffles anyway).
+        seed: datatrove's shuffling seed.
+
+    Returns:
+        The pipeline steps.
+
+    Raises:
+        ValueError: an unknown ``reader``.
+        ImportError: datatrove is not installed (``pip install "lit_balance[datatrove]"``).
+    """
+    _require_datatrove()
+    from datatrove.pipeline.readers import JsonlReader, ParquetReader
+    from datatrove.pipeline.tokens import DocumentTokenizer
+
+    if reader not in _READERS:
+        raise InputValueError(f"reader must be one of {', '.join(_READERS)}, got {reader!r}", parameter="reader")
+    read = (JsonlReader if reader == "jsonl" else ParquetReader)(input_folder, glob_pattern=glob_pattern,
+                                                                  text_key=text_key)
+    tokenize = DocumentTokenizer(output_folder=output_folder, tokenizer_name_or_path=str(tokenizer_file),
+                                 eos_token=eos_token, save_loss_metadata=save_loss_metadata,
+                                 shuffle_documents=shuffle_documents, seed=seed)
+    return [read, tokenize]
+
+
+@dataclass(frozen=True)
+class TokenizeResult:
+    """What :func:`tokenize_corpus` wrote.
+
+    Attributes:
+        output_folder: the store's folder (pass it to ``DatatroveSource``).
+        files: the ``.ds`` files written, sorted.
+        num_documents: documents in the store (from the ``.ds.index`` files).
+        num_tokens: tokens in the store.
+        seconds: wall time of the executor's run (s).
+        tasks: tasks run; workers: processes that ran them at once.
+        skipped_rows: input rows datatrove's reader skipped (empty or missing text, invalid JSON; its log names
+            them): non-blank lines of the ``.jsonl`` inputs minus documents written; None when not counted
+            (compressed or Parquet inputs).
+    """
+
+    output_folder: str
+    files: tuple[str, ...]
+    num_documents: int
+    num_tokens: int
+    seconds: float
+    tasks: int
+    workers: int
+    skipped_rows: int | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Tokens written per second of the executor's run."""
+        return self.num_tokens / self.seconds if self.seconds > 0 else float("inf")
+
+
+def tokenize_corpus(input_path: str | os.PathLike, output_folder: str | os.PathLike,
+                    tokenizer: str | os.PathLike | None = None, *, glob_pattern: str | None = None,
+                    reader: str = "jsonl", text_key: str = "text", tasks: int | None = None,
+                    workers: int | None = None, add_special_tokens: bool = False, eos_token: str | None = None,
+                    save_loss_metadata: bool = False, logging_dir: str | os.PathLike | None = None) -> TokenizeResult:
+    """Tokenize a corpus into a datatrove store with datatrove's ``LocalPipelineExecutor``.
+
+    Args:
+        input_path: a JSONL (or Parquet) file, or a folder of them.
+        output_folder: the store's folder: must hold no ``.ds`` file yet (created if missing).
+        tokenizer: path of a ``tokenizer.json``; None for the package's.
+        glob_pattern: with a folder, which of its files to read (default: all, recursively).
+        reader: ``"jsonl"`` or ``"parquet"``.
+        text_key: key (column) of the text.
+        tasks: datatrove tasks (each reads the sorted files ``rank::tasks`` and writes its own ``.ds``); default:
+            the number of cores, at most the number of input files.
+        workers: tasks run at once (processes); default: ``min(tasks, cores)``.
+        add_special_tokens: keep the tokenizer's post-processor (:func:`plain_tokenizer_file`).
+        eos_token: datatrove's ``eos_token`` (:func:`datatrove_pipeline`).
+        save_loss_metadata: write ``.ds.loss`` files (:func:`datatrove_pipeline`).
+        logging_dir: datatrove's logs and completion markers; default: ``<output_folder>/logs``.
+
+    Returns:
+        A :class:`TokenizeResult`.
+
+    Raises:
+        FileNotFoundError: the input does not exist or the folder holds no matching file.
+        ValueError: ``tasks``/``workers`` below 1, more tasks than input files, the output folder holds ``.ds``
+            files already, or datatrove wrote no ``.ds`` file.
+        ImportError: datatrove is not installed (``pip install "lit_balance[datatrove]"``).
+    """
+    import numpy as np
+
+    _require_datatrove()
+    from datatrove.executor import LocalPipelineExecutor
+
+    input_folder, pattern, num_files = _input_folder(input_path, glob_pattern)
+    for name, value in (("tasks", tasks), ("workers", workers)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InputValueError(f"{name} must be an int >= 1, got {value!r}", parameter=name)
+    tasks = tasks if tasks is not None else max(1, min(_cores(), num_files))
+    if tasks > num_files:
+        raise InputValueError(f"tasks={tasks} but the input holds {num_files} file(s): datatrove gives each task "
+                              "whole files, so a task would have none; split the corpus into at least as many "
+                              "files, or lower --tasks", parameter="tasks")
+    workers = workers if workers is not None else min(tasks, _cores())
+    output = Path(output_folder).expanduser().resolve()
+    existing = sorted(output.glob("*.ds")) if output.is_dir() else []
+    if existing:
+        raise InputValueError(f"output folder {str(output)!r} holds .ds files already ({existing[0].name}, ...); "
+                              "expected a new or empty folder: pass another --output-folder", parameter="output_folder")
+    tokenizer_file = plain_tokenizer_file(tokenizer, output / TOKENIZER_FILE, add_special_tokens)
+    steps = datatrove_pipeline(input_folder, str(output), tokenizer_file, glob_pattern=pattern, reader=reader,
+                               text_key=text_key, eos_token=eos_token, save_loss_metadata=save_loss_metadata)
+    executor = LocalPipelineExecutor(pipeline=steps, tasks=tasks, workers=workers,
+                                     logging_dir=str(logging_dir if logging_dir is not None else output / "logs"))
+    start = time.perf_counter()
+    executor.run()
+    seconds = time.perf_counter() - start
+    files = tuple(sorted(str(p) for p in output.glob("*.ds")))
+    if not files:
+        raise InputValueError(f"datatrove wrote no .ds file into {str(output)!r}: every document of {input_folder!r}"
+                              f" was empty or lacked the key {text_key!r} (--text-key)", parameter="text_key")
+    ends = [np.fromfile(f + ".index", dtype="<u8") for f in files]
+    num_documents = sum(len(e) for e in ends)
+    num_tokens = sum(int(e[-1]) if len(e) else 0 for e in ends)
+    rows = _count_rows(input_folder, pattern, reader)
+    skipped = None if rows is None else rows - num_documents
+    return TokenizeResult(str(output), files, num_documents, num_tokens, seconds, tasks, workers, skipped)
+
+
+def tokenize_parser() -> Any:
+    """The ``tokenize`` subcommand's parser (jsonargparse, errors first like the other subcommands)."""
+    from lit_balance.cli.messages import ErrorFirstParser
+
+    parser = ErrorFirstParser(allow_abbrev=False, prog="lit-balance tokenize",
+                              description="Tokenize a JSONL (or Parquet) corpus into a datatrove token store with "
+                                          "datatrove's LocalPipelineExecutor, then train from the store in place "
+                                          "(DatatroveSource)")
+    parser.add_argument("input", type=Path, help="a JSONL/Parquet file, or a folder of them")
+    parser.add_argument("--output-folder", type=Path, required=True, help="the store's folder (new or empty)")
+    parser.add_argument("--tokenizer", type=Path, default=None,
+                        help="a tokenizer.json (default: the package's BERT-uncased WordPiece)")
+    parser.add_argument("--glob-pattern", type=str, default=None, help="with a folder: which files (default: all)")
+    parser.add_argument("--reader", type=str, default="jsonl", help="jsonl or parquet")
+    parser.add_argument("--text-key", type=str, default="text", help="the key (column) of the text")
+    parser.add_argument("--tasks", type=int, default=None, help="datatrove tasks (default: cores, at most files)")
+    parser.add_argument("--workers", type=int, default=None, help="tasks run at once (default: min(tasks, cores))")
+    parser.add_argument("--add-special-tokens", type=bool, default=False,
+                        help="keep the tokenizer's special tokens (BERT: [CLS] ... [SEP])")
+    parser.add_argument("--eos-token", type=str, default=None, help="append this token after each document")
+    parser.add_argument("--save-loss-metadata", type=bool, default=False,
+                        help="write .ds.loss label masks (rows' no_loss_ranges)")
+    parser.add_argument("--logging-dir", type=Path, default=None, help="datatrove's logs (default: OUTPUT/logs)")
+    return parser
+
+
+def run_tokenize(options: Any) -> TokenizeResult:
+    """Run ``tokenize`` with parsed options (jsonargparse's ``Namespace``) and print a summary."""
+    result = tokenize_corpus(options.input, options.output_folder, options.tokenizer,
+                             glob_pattern=options.glob_pattern, reader=options.reader, text_key=options.text_key,
+                             tasks=options.tasks, workers=options.workers,
+                             add_special_tokens=options.add_special_tokens, eos_token=options.eos_token,
+                             save_loss_metadata=options.save_loss_metadata, logging_dir=options.logging_dir)
+    print(f"wrote {result.num_documents} documents, {result.num_tokens} tokens in {len(result.files)} .ds file(s) "
+          f"to {result.output_folder} in {result.seconds:.1f} s ({result.tokens_per_s:,.0f} tokens/s, "
+          f"{result.tasks} tasks on {result.workers} workers)", flush=True)
+    if result.skipped_rows:
+        print(f"datatrove's reader skipped {result.skipped_rows} input row(s) (empty or missing text under "
+              f"--text-key {options.text_key!r}, or invalid JSON): they are not in the store; its log names them "
+              f"({options.logging_dir or Path(result.output_folder) / 'logs'})", flush=True)
+    print(f"train from it in place: corpus=DatatroveSource({result.output_folder!r})", flush=True)
+    return result
