@@ -10,3 +10,22 @@ settings.load_profile("lit_balance")
 # Two conftest.py files share the module name "conftest": keep --doctest-modules from importing them as modules
 # (pytest still loads both as conftests).
 collect_ignore = ["conftest.py", "lightning/callbacks/conftest.py"]
+
+
+def _weight(item) -> int:
+    """0 for real multi-process runs, 1 for other tests that start processes or take long, 2 for the rest."""
+    return 0 if item.get_closest_marker("ddp") else 1 if item.get_closest_marker("slow") else 2
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules with multi-process runs first, then the other slow ones, then the rest (stable otherwise).
+
+    With ``-n 2 --dist loadscope --no-loadscope-reorder`` (pyproject.toml) the workers take whole modules in this
+    order, so the long modules start first and the many short ones fill both workers up to the end; pytest-xdist's
+    own order (most tests first) left the few-test multi-process modules for last, one worker idle beside the other.
+    """
+    module_weight = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        module_weight[module] = min(module_weight.get(module, 2), _weight(item))
+    items.sort(key=lambda item: module_weight[item.nodeid.split("::", 1)[0]])

@@ -43,7 +43,10 @@ def builtin_tokenizer() -> tokenizers.Tokenizer:
         >>> builtin_tokenizer().encode("hello world", add_special_tokens=False).ids
         [7592, 2088]
     """
-    return _plain_copy(tokenizers.Tokenizer.from_str(_builtin_tokenizer_json()))
+    tokenizer = tokenizers.Tokenizer.from_str(_builtin_tokenizer_json())  # a new object each call
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 @dataclass(frozen=True)
@@ -264,7 +267,8 @@ def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None,
             raise InputValueError(f"pad_token_id={pad_token_id!r} conflicts with the given TokenizerAdapter's "
                                   f"pad_token_id={tokenizer.pad_token_id}; drop one of them")
         return dataclasses.replace(tokenizer, add_special_tokens=True) if add_special_tokens else tokenizer
-    if tokenizer is None:
+    fresh = tokenizer is None  # builtin_tokenizer() returns a new plain object: no copy needed
+    if fresh:
         tokenizer = builtin_tokenizer()
     elif isinstance(tokenizer, (str, os.PathLike)):
         path = Path(tokenizer)
@@ -277,7 +281,7 @@ def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None,
         except Exception as error:
             raise InputValueError(f"tokenizer file {str(path)!r} is not a valid tokenizer.json: {error}") from error
     if isinstance(tokenizer, tokenizers.Tokenizer):
-        backend = _plain_copy(tokenizer)
+        backend = tokenizer if fresh else _plain_copy(tokenizer)
         vocab_size = backend.get_vocab_size(with_added_tokens=True)
         found = tokenizer.padding["pad_id"] if tokenizer.padding else None
         for token in ("[PAD]", "<pad>"):

@@ -104,7 +104,7 @@ def test_config_dir_and_config_name_select_another_config(tmp_path):
     shutil.copy(ROOT / "conf" / "trainer" / "cpu_ddp.yaml", my_conf / "trainer" / "my_trainer.yaml")
     args = ["--config-dir", "my_conf", "--config-name", "mine", "trainer=my_trainer", "trainer.devices=1", "--cfg", "job"]
     proc = subprocess.run([sys.executable, str(RECIPE), *args], check=False, capture_output=True, text=True,
-                          timeout=120, env=_env(tmp_path), cwd=tmp_path)
+                          timeout=300, env=_env(tmp_path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     cfg = yaml.safe_load(proc.stdout)
     assert cfg["seed"] == 7 and cfg["data"]["seed"] == "${seed}" and cfg["trainer"]["devices"] == 1
@@ -117,7 +117,7 @@ def test_config_dir_and_config_name_select_another_config(tmp_path):
 @pytest.mark.slow
 def test_a_mistyped_key_fails_with_hydras_hint(tmp_path):
     proc = subprocess.run([sys.executable, str(RECIPE), "trainer.devicez=4"], check=False, capture_output=True,
-                          text=True, timeout=120, env=_env(tmp_path), cwd=tmp_path)
+                          text=True, timeout=300, env=_env(tmp_path), cwd=tmp_path)
     assert proc.returncode == 1 and "+trainer.devicez=4" in proc.stderr, proc.stderr[-3000:]
 
 

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -121,13 +122,19 @@ def test_flat_ids_keep_an_id_outside_int32():
     assert ids.dtype == np.int32 and ids.tolist() == [1, 2, 3]
 
 
+@functools.cache
+def _tokenizer(special: bool = False):
+    """The built-in tokenizer's adapter, built once per value (examples only read it)."""
+    return resolve_tokenizer(add_special_tokens=special)
+
+
 _TEXT = st.lists(st.sampled_from(list("ab cé,.\n") + ["hello", "world", "😀"]), max_size=8).map("".join)
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(_TEXT, max_size=8), st.booleans())
 def test_encode_batch_flat_is_encode_batch_concatenated(texts, special):
-    tok = resolve_tokenizer(add_special_tokens=special)
+    tok = _tokenizer(special)
     sizes, ids = tok.encode_batch_flat(texts)
     rows = tok.encode_batch(texts)
     assert sizes.dtype == np.int64 and ids.dtype == np.int32
@@ -138,7 +145,7 @@ def test_encode_batch_flat_is_encode_batch_concatenated(texts, special):
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(_TEXT, _TEXT), min_size=1, max_size=8))
 def test_flat_prompt_labels_mask_each_documents_common_prefix(pairs):
-    tok = resolve_tokenizer()
+    tok = _tokenizer()
     sizes, ids, labels = encode_chunk_flat(CorpusChunk(3, pairs=pairs), tok)
     expected_ids, expected_labels = [], []
     for prompt, completion in pairs:  # one document at a time, as TRL masks a prompt

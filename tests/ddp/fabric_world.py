@@ -22,10 +22,10 @@ LENGTHS = np.random.default_rng(0).integers(1, 300, 80)
 def main():
     out, mode = Path(sys.argv[1]), sys.argv[2]
     if mode == "ddp":
-        strategy = DDPStrategy(timeout=timedelta(seconds=60))
+        strategy = DDPStrategy(timeout=timedelta(seconds=120))
     else:
         strategy = ModelParallelStrategy(lambda model, mesh: model, data_parallel_size=1, tensor_parallel_size=2,
-                                         timeout=timedelta(seconds=60))
+                                         timeout=timedelta(seconds=120))
     fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
     fabric.launch()
     world = data_parallel_world(fabric)

@@ -136,7 +136,7 @@ def main():
         callbacks += [PaddingRatioMonitor(log_every_n_micro_batches=5, clock=CLOCK), monitor, acc_cb]
     else:
         callbacks.append(monitor)
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=60)),
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=120)),
                         callbacks=callbacks, max_epochs=2, accumulate_grad_batches=1 if adaptive else 2,
                         use_distributed_sampler=False, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)

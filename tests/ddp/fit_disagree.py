@@ -28,7 +28,7 @@ def main() -> None:
     dm = BalancedTextDataModule(docs, max_tokens=256, max_length=None, val_fraction=0.1,
                                 cache_dir=out / f"cache{rank}", seed=7)
     model = DemoTransformerLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=60)),
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=120)),
                         max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False)
     try:

@@ -119,7 +119,7 @@ def main() -> None:
     dm = MapStyleData(task, workers)
     model = Classifier() if task == "classify" else SourceTarget()
     rec = Recorder()
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=60)),
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=120)),
                         callbacks=[rec], max_epochs=2, use_distributed_sampler=use_ds, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, datamodule=dm)

@@ -92,7 +92,7 @@ def main():
     data = BalancedTextDataModule(corpus(mode, out), max_tokens=96, max_length=24, val_fraction=0, seed=5,
                                   cache_dir=out / "cache")
     model = Model(out, drop_plan=mode == "jsonl-allreduce")
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=60)),
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=120)),
                         max_epochs=1, accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, datamodule=data)

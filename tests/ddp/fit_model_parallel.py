@@ -128,7 +128,7 @@ def main():
     model = Model(out, sharding)
     summary = RunSummary()
     straggler = StragglerMonitor(log_every_n_micro_batches=4)
-    strategy = ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp, timeout=timedelta(seconds=90))
+    strategy = ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp, timeout=timedelta(seconds=120))
     trainer = L.Trainer(accelerator="cpu", devices=dp * tp, strategy=strategy, max_epochs=1,
                         accumulate_grad_batches=ACCUMULATE, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[summary, straggler])

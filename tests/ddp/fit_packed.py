@@ -71,7 +71,7 @@ def main():
         feedback = CostModelFeedback(min_samples=4)
         callbacks.append(feedback)
     model = Model(dm.vocab_size)
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=60)),
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=120)),
                         callbacks=callbacks, max_epochs=2, accumulate_grad_batches=1 if adaptive else 2,
                         reload_dataloaders_every_n_epochs=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)

@@ -36,7 +36,7 @@ def main() -> None:
                                 cache_dir=out / "cache", seed=7)
     model = DemoTransformerLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
     rec = Recorder()
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=60)),
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=120)),
                         callbacks=[rec],
                         max_epochs=2, use_distributed_sampler=use_ds, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=2)

@@ -58,7 +58,7 @@ def main() -> None:
     model = FailingLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
     model.fail, model.started = phase == "stop", {}
     rec = Recorder(out, stop=phase == "stop")
-    strategy = DDPStrategy(timeout=timedelta(seconds=60)) if devices > 1 else "auto"
+    strategy = DDPStrategy(timeout=timedelta(seconds=120)) if devices > 1 else "auto"
     callbacks = [rec, OnExceptionCheckpoint(out, filename="fail")] if phase == "stop" else [rec]
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, callbacks=callbacks, max_epochs=2,
                         accumulate_grad_batches=accumulate, logger=False, enable_checkpointing=phase == "stop",

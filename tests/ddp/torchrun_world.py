@@ -23,7 +23,7 @@ LENGTHS = np.random.default_rng(0).integers(1, 300, 120)
 
 def main():
     out = Path(sys.argv[1])
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     world = data_parallel_world(mesh=mesh)
     by_group = data_parallel_world(process_group=mesh["dp"].get_group())
