@@ -167,7 +167,8 @@ class StragglerMonitor(L.Callback):
     that asynchronous kernels are counted where they run.
 
     Every ``log_every_n_micro_batches`` micro-batches (the same batches on every rank, since every rank runs the same
-    number) and at the end of each training epoch, the data-parallel ranks
+    number) and at the end of each training epoch (a window that ends with the epoch's or the fit's last micro-batch is
+    gathered there, so it holds the validation and checkpoints that follow that micro-batch), the data-parallel ranks
     (:func:`lit_balance.world.data_parallel_world`) take part in one ``all_gather`` (where a replica spans several
     processes, tensor parallelism, global rank 0's gathered window is then broadcast to every process, so that the
     decisions taken on it are the same everywhere), and global rank 0 logs, over that window, at Lightning's
@@ -317,7 +318,7 @@ class StragglerMonitor(L.Callback):
                 self._pending[_BACKWARD] = float("nan")  # no backward ran
             self._records.append(self._pending)
             self._pending = None
-        if len(self._records) >= self.log_every_n_micro_batches:
+        if len(self._records) >= self.log_every_n_micro_batches and not _last_of_epoch(trainer, batch_idx):
             self._gather(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -393,3 +394,13 @@ class StragglerMonitor(L.Callback):
 
 
 _FORWARD, _BACKWARD = MICRO_BATCH_FIELDS.index("forward_s"), MICRO_BATCH_FIELDS.index("backward_s")
+
+
+def _last_of_epoch(trainer: L.Trainer, batch_idx: int) -> bool:
+    """Whether this micro-batch ends the epoch or the fit (its last batch, or ``max_steps`` reached): its window is
+    gathered at ``on_train_epoch_end`` instead, so that the validation and checkpoints that follow it count in it."""
+    max_steps = getattr(trainer, "max_steps", None)
+    if max_steps is not None and max_steps > 0 and int(trainer.global_step) >= max_steps:
+        return True
+    total = getattr(trainer, "num_training_batches", None)
+    return isinstance(total, int) and batch_idx + 1 >= total

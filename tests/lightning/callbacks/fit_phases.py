@@ -1,8 +1,9 @@
 """Fit a tiny model on 2 CPU ranks (gloo) with known sleeps; record where the monitors put each rank's time.
 
 Run: python tests/lightning/callbacks/fit_phases.py OUT_DIR DATA_S VALIDATION_S CHECKPOINT_S
-8 micro-batches per rank, one per optimizer step; StragglerMonitor windows of 2 micro-batches (logged at steps 1, 3,
-5, 7) and RunSummary. The sleeps: DATA_S on rank 1 only, split over fetching micro-batches 2 and 3; VALIDATION_S on
+8 micro-batches per rank in the epoch, one per optimizer step, 7 steps (max_steps, so one validation only);
+StragglerMonitor windows of 2 micro-batches (logged at steps 1, 3, 5, and 6 for the last, which ends the fit) and
+RunSummary. The sleeps: DATA_S on rank 1 only, split over fetching micro-batches 2 and 3; VALIDATION_S on
 both ranks, split over the two validation_step calls of the validation after step 4; CHECKPOINT_S on both ranks in a
 callback's on_save_checkpoint, when ModelCheckpoint saves after step 6. Rank 0 writes OUT_DIR/result.json (the
 RunSummary rows) and Lightning's CSVLogger writes OUT_DIR/logs/metrics.csv.
@@ -79,7 +80,7 @@ def main(out_dir, data_s, validation_s, checkpoint_s):
     out_dir = Path(out_dir)
     summary = RunSummary(print_table=False)
     trainer = L.Trainer(
-        accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=60)), max_steps=8,
+        accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=60)), max_steps=7,
         val_check_interval=4, check_val_every_n_epoch=None, limit_val_batches=2, num_sanity_val_steps=0,
         logger=CSVLogger(out_dir, name="logs", version=""), log_every_n_steps=1, enable_progress_bar=False,
         enable_model_summary=False,

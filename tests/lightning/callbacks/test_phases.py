@@ -47,16 +47,16 @@ def _column(metrics, phase, rank):
 @pytest.mark.ddp
 def test_each_sleep_lands_in_its_own_column_and_in_no_other(fit):
     _, metrics = fit
-    # windows of 2 micro-batches, logged at the step of their last micro-batch: 1, 3, 5, 7
+    # windows of 2 micro-batches, logged at the step of their last micro-batch: 1, 3, 5, and 6 (max_steps=7)
     window = {rank: {phase: _column(metrics, phase, rank) for phase in PHASES} for rank in (0, 1)}
-    assert all(sorted(window[r][p]) == [1, 3, 5, 7] for r in (0, 1) for p in PHASES)
+    assert all(sorted(window[r][p]) == [1, 3, 5, 6] for r in (0, 1) for p in PHASES)
     expected = {  # (step, rank) -> the phase the sleep must land in and its seconds; nothing else anywhere
         (3, 1): ("data_wait_s", DATA_S),  # rank 1 fetches slowly
         (3, 0): ("rank_wait_s", DATA_S),  # ... and rank 0 waits for it before the gradient all-reduce
         (5, 0): ("other_s", VALIDATION_S), (5, 1): ("other_s", VALIDATION_S),  # the validation after step 4
-        (7, 0): ("other_s", CHECKPOINT_S), (7, 1): ("other_s", CHECKPOINT_S),  # the checkpoint after step 6
+        (6, 0): ("other_s", CHECKPOINT_S), (6, 1): ("other_s", CHECKPOINT_S),  # the checkpoint after step 6
     }
-    for step in (1, 3, 5, 7):
+    for step in (1, 3, 5, 6):
         for rank in (0, 1):
             phase, seconds = expected.get((step, rank), (None, 0.0))
             for p in PHASES:
@@ -73,10 +73,10 @@ def test_the_table_the_csv_and_the_plot_agree(fit):
     assert [row["rank"] for row in table] == [0, 1]
     for row in table:
         r = row["rank"]
-        assert row["micro_batches"] == 8
+        assert row["micro_batches"] == 7
         total = sum(row[p] for p in PHASES)
         assert total == pytest.approx(row["wall_s"], rel=1e-9)  # every second in exactly one phase
-        for p in PHASES:  # the windows cover the fit but its last hooks (on_train_end)
+        for p in PHASES:  # the windows cover the fit but its last hooks (on_train_epoch_end, on_train_end)
             assert abs(sum(_column(metrics, p, r).values()) - row[p]) < 0.2, (r, p, row, metrics)
     assert _close(table[1]["data_wait_s"], DATA_S) and _close(table[0]["rank_wait_s"], DATA_S)
     assert all(_close(row["other_s"], VALIDATION_S + CHECKPOINT_S) for row in table)
@@ -94,9 +94,9 @@ def test_the_table_the_csv_and_the_plot_agree(fit):
 def test_one_step_numbering_for_every_key(fit):
     _, metrics = fit
     steps = {key: set(s.astype(int).tolist()) for key, (s, _) in metrics.items()}
-    assert steps["train/loss"] == set(range(8))  # log_every_n_steps=1: Lightning's global_step of each micro-batch
+    assert steps["train/loss"] == set(range(7))  # log_every_n_steps=1: Lightning's global_step of each micro-batch
     for key in ("balance/straggler_ratio", "balance/compute_s_rank0", "balance/other_s_rank1"):
-        assert steps[key] == {1, 3, 5, 7} <= steps["train/loss"]  # the step of the window's last micro-batch
+        assert steps[key] == {1, 3, 5, 6} <= steps["train/loss"]  # the step of the window's last micro-batch
 
 
 def test_phase_clock_forwards_every_call_and_splits_the_time():
