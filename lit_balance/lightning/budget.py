@@ -443,26 +443,26 @@ class TokenBudgetProbe:
         return bool(flags[:, 1].all())
 
     def settle(self, budget: int) -> int:
-        """The budget that stays under the target in training: ``budget`` if :data:`SETTLE_PASSES` passes in a row at
-        it (the shapes in turn, without the meter's reset between them, so what the allocator keeps from one
-        micro-batch to the next counts, as in training) peak under the target; else the largest budget the memory
-        model puts under the target less that excess (checked the same way, once more). 0 when none settles.
-        Takes part in no collective."""
+        """The budget that stays under the capacity in training: ``budget`` if :data:`SETTLE_PASSES` passes in a row
+        at it (the shapes in turn, without the meter's reset between them, so what the allocator keeps from one
+        micro-batch to the next counts, as in training) peak at most halfway from the target to the capacity; else
+        the largest budget the memory model puts there less that excess (checked the same way, once more). The
+        smallest budget when even it does not settle (its single passes fitted under the target). Takes part in no
+        collective."""
+        bound = (self.target + self.meter.capacity) / 2
+        smallest = budget
         for _ in range(2):
-            if budget < self.min_budget:
-                return 0
             peak = self._passes_in_a_row(budget)
             self.settled_peak = peak
-            if peak <= self.target:
+            if peak <= bound or budget <= self.min_budget:
                 return budget
-            fitted = [m for m in self.measurements if m.peak_bytes > 0]
-            model = MemoryModel.fit(fitted)
-            excess = peak - model.bound(budget, self.space.longest)
-            smaller = None if budget <= self.min_budget else model.largest_budget(
-                self.target - max(excess, 0.0), self.min_budget, budget - self.space.multiple, self.space.multiple,
-                self.space.longest)
-            budget = 0 if smaller is None else smaller
-        return 0
+            model = MemoryModel.fit([m for m in self.measurements if m.peak_bytes > 0])
+            excess = max(0.0, peak - model.bound(budget, self.space.longest))
+            smaller = model.largest_budget(bound - excess, self.min_budget, budget - self.space.multiple,
+                                           self.space.multiple, self.space.longest)
+            budget = self.min_budget if smaller is None else smaller
+            smallest = min(smallest, budget)
+        return smallest
 
     def _passes_in_a_row(self, budget: int) -> int:
         """Peak bytes (optimizer state included) over :data:`SETTLE_PASSES` passes in a row at ``budget``."""
