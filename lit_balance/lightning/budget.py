@@ -70,6 +70,8 @@ DEFAULT_MEMORY_FRACTION = 0.9
 #: One measured pass (:class:`lit_balance.plan.budget_search.MemoryMeasurement`).
 ProbeMeasurement = MemoryMeasurement
 _STATE_VERSION = 2
+#: Passes in a row at the chosen budget that must peak under the target (:meth:`TokenBudgetProbe.settle`).
+SETTLE_PASSES = 4
 _DEVICE_CODES = {"cpu": 0, "cuda": 1}
 
 
@@ -291,6 +293,8 @@ class TokenBudgetProbe:
         self._ids = ids
         self.state_bytes = optimizer_state_bytes(self._find_optimizers(optimizers))
         self.measurements: list[ProbeMeasurement] = []
+        #: Peak bytes of the last :meth:`settle` (passes in a row), or None before.
+        self.settled_peak: int | None = None
 
     def _space(self, lengths: np.ndarray, max_budget: int | None) -> BudgetSpace:
         multiple = self.settings.pad_to_multiple_of
@@ -410,17 +414,26 @@ class TokenBudgetProbe:
     def _round(self, budget: int | None, record: bool = True) -> bool:
         """Measure ``budget`` (None: this rank is done), then one all_gather of every rank's outcome; True when every
         rank is done. A pass not recorded (the warm-up) is measured but left out of the search."""
-        error = None
-        if budget is not None:
-            try:
-                for shape in self._shapes_at(budget):
-                    if self.measure(budget, shape).status == OUT_OF_MEMORY:
-                        break
-            except Exception as exc:  # noqa: BLE001  the other ranks wait for this outcome: tell them, then raise
-                error = exc
+
+        def measure() -> None:
+            for shape in self._shapes_at(budget):
+                if self.measure(budget, shape).status == OUT_OF_MEMORY:
+                    break
             if not record:
                 del self.measurements[:]
-        flags = self.world.all_gather(torch.tensor([error is not None, budget is None], dtype=torch.float64))
+
+        return self._collective(measure if budget is not None else None)
+
+    def _collective(self, action: Any) -> bool:
+        """Run ``action`` (None: nothing, this rank is done), then one all_gather of every rank's outcome, so that an
+        error on any rank is raised on every rank; True when every rank is done."""
+        error = None
+        if action is not None:
+            try:
+                action()
+            except Exception as exc:  # noqa: BLE001  the other ranks wait for this outcome: tell them, then raise
+                error = exc
+        flags = self.world.all_gather(torch.tensor([error is not None, action is None], dtype=torch.float64))
         failed = [r for r in range(self.world.num_replicas) if flags[r, 0]]
         if error is not None:
             raise error
@@ -428,6 +441,40 @@ class TokenBudgetProbe:
             raise RuntimeError(f"the token budget probe failed on rank(s) {failed} (their training_step raised, see "
                                "their log); no rank trains")
         return bool(flags[:, 1].all())
+
+    def settle(self, budget: int) -> int:
+        """The budget that stays under the capacity in training: ``budget`` if :data:`SETTLE_PASSES` passes in a row
+        at it (the shapes in turn, without the meter's reset between them, so what the allocator keeps from one
+        micro-batch to the next counts, as in training) peak at most halfway from the target to the capacity; else
+        the largest budget the memory model puts there less that excess (checked the same way, once more). The
+        smallest budget when even it does not settle (its single passes fitted under the target). Takes part in no
+        collective."""
+        bound = (self.target + self.meter.capacity) / 2
+        smallest = budget
+        for _ in range(2):
+            peak = self._passes_in_a_row(budget)
+            self.settled_peak = peak
+            if peak <= bound or budget <= self.min_budget:
+                return budget
+            model = MemoryModel.fit([m for m in self.measurements if m.peak_bytes > 0])
+            excess = max(0.0, peak - model.bound(budget, self.space.longest))
+            smaller = model.largest_budget(bound - excess, self.min_budget, budget - self.space.multiple,
+                                           self.space.multiple, self.space.longest)
+            budget = self.min_budget if smaller is None else smaller
+            smallest = min(smallest, budget)
+        return smallest
+
+    def _passes_in_a_row(self, budget: int) -> int:
+        """Peak bytes (optimizer state included) over :data:`SETTLE_PASSES` passes in a row at ``budget``."""
+        self.meter.reset()
+        shapes = [s for s in self.shapes if self.planner.worst_case_batch(self.settings, budget, self.shapes[s])]
+        try:
+            for i in range(SETTLE_PASSES):
+                worst = self.planner.worst_case_batch(self.settings, budget, self.shapes[shapes[i % len(shapes)]])
+                self._forward_backward(self._batch(worst.rows))
+            return int(self.meter.peak()) + self.state_bytes
+        except (torch.OutOfMemoryError, MemoryError):
+            return self.meter.capacity + 1
 
     def run(self) -> TokenBudget:
         """Probe on every rank of the world together and return the budget (the same object on every rank).
@@ -444,14 +491,21 @@ class TokenBudgetProbe:
             self._round(self.min_budget, record=False)  # once-only allocations (thread pools, kernel caches)
             while not self._round(next_budget(self.measurements, self.space)):
                 rounds += 1
-        return self._result(time.perf_counter() - start, rounds + 1)
+            settled = chosen_budget(self.measurements)
 
-    def _result(self, seconds: float, rounds: int) -> TokenBudget:
+            def settle() -> None:
+                nonlocal settled
+                settled = self.settle(settled)
+
+            self._collective(settle if settled else None)
+        return self._result(settled, time.perf_counter() - start, rounds + 2)
+
+    def _result(self, chosen: int, seconds: float, rounds: int) -> TokenBudget:
         """Gather every rank's outcome into the :class:`TokenBudget`, or raise on every rank when one fits nothing."""
         fitted = [m for m in self.measurements if m.peak_bytes > 0]
         model = MemoryModel.fit(fitted) if fitted else MemoryModel(0.0, 0.0, 0.0)
         kind = _DEVICE_CODES.get(self.meter.device_kind, len(_DEVICE_CODES))
-        local = [chosen_budget(self.measurements), self.meter.capacity, seconds, kind, model.intercept,
+        local = [chosen, self.meter.capacity, seconds, kind, model.intercept,
                  model.per_slot, model.per_square]
         rows = self.world.all_gather(torch.tensor(local, dtype=torch.float64)).numpy()
         measured = tuple(int(b) for b in rows[:, 0])

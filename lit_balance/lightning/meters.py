@@ -70,7 +70,7 @@ class CpuMeter:
         memory_limit: bytes of resident memory the process may use (required).
 
     Raises:
-        ValueError: no ``memory_limit``; not Linux.
+        ValueError: no ``memory_limit``, or one above the machine's memory; not Linux.
     """
 
     device_kind = "cpu"
@@ -83,6 +83,12 @@ class CpuMeter:
         if not sys.platform.startswith("linux"):
             raise InputValueError(f"the CPU probe reads the peak resident set size from /proc (Linux); this is "
                                   f"{sys.platform}: set max_tokens to an int", parameter="max_tokens")
+        total = _memory_total()
+        if total is not None and memory_limit > total:
+            raise InputValueError(f"memory_limit={memory_limit} bytes exceeds this machine's memory ({total} bytes, "
+                                  "MemTotal of /proc/meminfo): the probe would try micro-batches the machine cannot "
+                                  "hold; pass the bytes one rank's process may really use (its share of the memory)",
+                                  parameter="memory_limit")
         self.capacity = int(memory_limit)
         try:
             self._trim = ctypes.CDLL("libc.so.6").malloc_trim
@@ -102,6 +108,16 @@ class CpuMeter:
         if match is None:
             raise RuntimeError("/proc/self/status has no VmHWM line; set max_tokens to an int")
         return int(match.group(1)) * 1024
+
+
+def _memory_total() -> int | None:
+    """This machine's memory (bytes, MemTotal of ``/proc/meminfo``), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as handle:
+            match = re.search(r"MemTotal:\s+(\d+)\s+kB", handle.read())
+    except OSError:
+        return None
+    return None if match is None else int(match.group(1)) * 1024
 
 
 def meter_for(device: torch.device, memory_limit: int | None) -> MemoryMeter:

@@ -263,7 +263,7 @@ def test_fit_with_max_tokens_auto_trains_on_two_ranks_and_resumes_without_probin
     common = [str(CONSOLE), "fit", "--model.class_path=my_models.CountingLM", "--trainer.accelerator=cpu",
               "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.limit_val_batches=0",
               "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--data.corpus=docs.txt",
-              "--data.max_tokens=auto", f"--data.memory_limit={64 * 2**30}", "--data.val_fraction=0.1",
+              "--data.max_tokens=auto", f"--data.memory_limit={2 * 2**30}", "--data.val_fraction=0.1",
               "--data.max_length=64"]
 
     def run(*args):

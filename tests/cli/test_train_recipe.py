@@ -234,3 +234,18 @@ def test_the_main_job_in_a_terminal_keeps_a_readable_screen_and_resumes_from_its
     last = bars[-1]
     assert int(last[3]) * 3600 + int(last[4]) * 60 + int(last[5]) > 0, last[0]  # 9 micro-batches take seconds
     assert re.search(r"^checkpoint: \S+/last\.ckpt$", _unwrapped(screens[-1]), flags=re.MULTILINE), final
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+def test_train_recipe_with_max_tokens_auto_measures_the_budget_on_both_ranks(tmp_path):
+    overrides = ["experiment=smoke", "data.max_tokens=auto", f"data.memory_limit={3 * 2**29}",
+                 "callbacks=[run_summary]", "data.cache_dir=cache"]
+    proc = subprocess.run([sys.executable, str(RECIPE), *overrides], check=False, capture_output=True, text=True,
+                          timeout=600, env=_env(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    out = proc.stdout
+    assert out.startswith("data-parallel size 2 | per-rank budget: auto, measured before the first epoch"), out[:300]
+    budget = re.search(r"^token budget: max_tokens=(\d+) padded token slots per micro-batch, every rank \(probe;", out,
+                       flags=re.MULTILINE)
+    assert budget and int(budget.group(1)) > 0, out[-3000:]

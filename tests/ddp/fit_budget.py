@@ -46,7 +46,7 @@ def main() -> None:
     rank = int(os.environ.get("LOCAL_RANK", 0))
     rng = np.random.default_rng(0)
     docs = [rng.integers(1, 200, size=int(n)) for n in rng.integers(1, 48, 80)]
-    dm = BalancedTextDataModule(docs, max_tokens="auto", memory_limit=64 * 2**30, max_length=None, val_fraction=0.1,
+    dm = BalancedTextDataModule(docs, max_tokens="auto", memory_limit=8 * 2**30, max_length=None, val_fraction=0.1,
                                 cache_dir=out / "cache", seed=7)
     model = SmallDeviceLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32,
                           oom_above=oom_above)

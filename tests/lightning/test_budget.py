@@ -83,7 +83,7 @@ def test_probing_leaves_the_garbage_collector_as_found(tmp_path):
     dm.prepare_data()
     dm.setup("fit")
     model = DemoTransformerLM(dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
-    probe = TokenBudgetProbe(model, memory_limit=2**40, **dm.probe_inputs())
+    probe = TokenBudgetProbe(model, memory_limit=8 * 2**30, **dm.probe_inputs())
     gc.unfreeze()  # a process that froze nothing: the probe freezes what was alive before it, and unfreezes it
     with probe.probing():
         frozen = gc.get_freeze_count()
@@ -101,3 +101,13 @@ def test_probing_leaves_the_garbage_collector_as_found(tmp_path):
     # the probe neither froze more nor unfroze them (unfreezing empties the permanent generation); frozen objects
     # that die meanwhile leave it, so the count may only fall by those
     assert 0 < after <= inside <= held and after > held // 2, (held, inside, after)
+
+
+def test_a_cpu_memory_limit_above_the_machine_is_refused(tmp_path):
+    from lit_balance.lightning.meters import CpuMeter
+
+    with open("/proc/meminfo") as handle:
+        total = int(handle.read().split("MemTotal:")[1].split()[0]) * 1024
+    with pytest.raises(ValueError, match=r"memory_limit=\d+ bytes exceeds this machine's memory"):
+        CpuMeter(total + 1)
+    assert CpuMeter(total // 4).capacity == total // 4
