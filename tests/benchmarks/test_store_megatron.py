@@ -32,7 +32,7 @@ def test_numpy_written_index_reads_back_through_megatron_core(tmp_path):
 
 
 def test_quick_rows(tmp_path):
-    results = store_megatron.main(["--quick", "--num-replicas", "2", "--max-tokens", "2048",
+    results = store_megatron.main(["--quick", "--num-replicas", "2", "--max-tokens", "2048", "--max-length", "1024",
                                    "--output-dir", str(tmp_path)])
     assert json.loads((tmp_path / "results.json").read_text())["rows"] == results["rows"]
     rows = results["rows"]
