@@ -133,8 +133,8 @@ def test_every_group_option_builds(group, option, tmp_path, monkeypatch, corpus_
     monkeypatch.chdir(tmp_path)
     overrides = [f"{group}={option}" if group != "callbacks" else f"callbacks=[{option}]",
                  *_CPU_OVERRIDES.get((group, option), [])]
-    if group == "data" and option in STORE_CONFIGS:
-        overrides += STORE_CONFIGS[option](tmp_path)
+    if group == "data" and option in BUILD_OVERRIDES:
+        overrides += BUILD_OVERRIDES[option](tmp_path)
     elif group == "data" and OmegaConf.is_missing(OmegaConf.load(CONF / "data" / f"{option}.yaml"), "corpus"):
         overrides.append(f"data.corpus={corpus_file}")
     dm, model, callbacks, trainer = _build(_compose(overrides), tmp_path)
@@ -178,6 +178,21 @@ def _arrow_overrides(tmp_path: Path) -> list[str]:
 
 #: data configs of tokenized stores -> the overrides that point them at a store written by its own producer
 STORE_CONFIGS = {"megatron": _megatron_overrides, "arrow": _arrow_overrides}
+
+
+def _datatrove_overrides(tmp_path: Path) -> list[str]:
+    """A datatrove store written by datatrove's DocumentTokenizer (lit-balance tokenize); it names its tokenizer, so
+    vocab_size and pad_token_id need not be given."""
+    from lit_balance.cli.tokenize import tokenize_corpus
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"text": "document {i} {"word " * (i % 37 + 1)}"}}\n' for i in range(60)))
+    result = tokenize_corpus(corpus, tmp_path / "tokens", tasks=1, workers=1)
+    return [f"data.corpus.paths={result.output_folder}"]
+
+
+#: every data config that reads a store (the datatrove one needs no vocab_size)
+BUILD_OVERRIDES = {**STORE_CONFIGS, "datatrove": _datatrove_overrides}
 
 
 @pytest.mark.parametrize("option", sorted(STORE_CONFIGS))

@@ -143,6 +143,11 @@ class PhaseClock(Profiler):
         s = self._seconds
         return PhaseTotals(now - self._origin, s["compute"], s["data"], s["rank"])
 
+    @property
+    def rank_wait_s(self) -> float:
+        """Seconds this rank has waited for the others so far (the barriers and broadcasts counted up to now)."""
+        return self._seconds["rank"]
+
     def _current(self) -> str:
         return self._stack[-1] if self._stack else "other"
 

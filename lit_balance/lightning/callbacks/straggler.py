@@ -15,7 +15,7 @@ import torch
 from lit_balance._checks import check_bool, check_callable, check_int, check_number
 from lit_balance.errors import InputValueError
 from lit_balance.lightning.callbacks._common import batch_fields, emit, gather_same_everywhere, train_sampler
-from lit_balance.lightning.callbacks.phases import (PHASES, PhaseTotals, backward_is_local, phase_clock,
+from lit_balance.lightning.callbacks.phases import (PHASES, PhaseClock, PhaseTotals, backward_is_local, phase_clock,
                                                    remove_phase_clock)
 from lit_balance.plan.cost import CostModelProtocol, check_cost_model
 
@@ -157,8 +157,9 @@ class StragglerMonitor(L.Callback):
     (validation, checkpointing, logging, callbacks), each window's four adding up to its wall time on that rank.
 
     **Per micro-batch** (:class:`TimingWindow`): ``forward_s`` from ``on_train_batch_start`` to
-    ``on_before_backward`` (the forward pass and the loss of ``training_step``; no collective when the module has no
-    buffers, or with ``DDPStrategy(broadcast_buffers=False)``; to ``on_train_batch_end`` when no backward runs), and
+    ``on_before_backward`` less the rank wait of the barrier in between (the forward pass and the loss of
+    ``training_step``; no collective when the module has no buffers, or with ``DDPStrategy(broadcast_buffers=False)``;
+    to ``on_train_batch_end`` when no backward runs), and
     ``backward_s`` from ``on_before_backward`` to ``on_after_backward`` for a backward that holds no collective
     (:func:`backward_is_local`: a single process, or DDP inside ``no_sync``), NaN otherwise.
     :class:`lit_balance.callbacks.CostModelFeedback` fits rank speeds on these.
@@ -253,6 +254,7 @@ class StragglerMonitor(L.Callback):
         self._slowest_run = (-1, 0)
         self._cost: CostModelProtocol = check_cost_model(None)
         self._phases: PhaseTotals | None = None
+        self._rank_wait_start = 0.0
 
     # -- timing ------------------------------------------------------------------------------------------
     def _now(self, pl_module: L.LightningModule) -> float:
@@ -284,6 +286,7 @@ class StragglerMonitor(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         self._start = self._now(pl_module)
+        self._rank_wait_start = _rank_wait(trainer)
         self._pending = [0.0, 0.0, *self._shape(trainer, batch)]
         self._steps.append(int(trainer.global_step))
         self._timed = False
@@ -293,8 +296,8 @@ class StragglerMonitor(L.Callback):
         if self._pending is None:
             return
         now = self._now(pl_module)
-        if not self._timed:
-            self._pending[_FORWARD] = now - self._start
+        if not self._timed:  # less the PhaseClock's barrier before a synchronising backward: waiting, not forward
+            self._pending[_FORWARD] = now - self._start - (_rank_wait(trainer) - self._rank_wait_start)
             self._timed = True
         # several backwards (manual optimization) add up; one that communicates makes the sum unusable
         self._backward_start = now if backward_is_local(trainer) else None
@@ -394,6 +397,11 @@ class StragglerMonitor(L.Callback):
 
 
 _FORWARD, _BACKWARD = MICRO_BATCH_FIELDS.index("forward_s"), MICRO_BATCH_FIELDS.index("backward_s")
+
+
+def _rank_wait(trainer: L.Trainer) -> float:
+    profiler = getattr(trainer, "profiler", None)
+    return profiler.rank_wait_s if isinstance(profiler, PhaseClock) else 0.0
 
 
 def _last_of_epoch(trainer: L.Trainer, batch_idx: int) -> bool:

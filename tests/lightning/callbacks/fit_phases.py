@@ -5,7 +5,7 @@ Run: python tests/lightning/callbacks/fit_phases.py OUT_DIR DATA_S VALIDATION_S 
 StragglerMonitor windows of 2 micro-batches (logged at steps 1, 3, 5, and 6 for the last, which ends the fit) and
 RunSummary. The sleeps: DATA_S on rank 1 only, split over fetching micro-batches 2 and 3; VALIDATION_S on
 both ranks, split over the two validation_step calls of the validation after step 4; CHECKPOINT_S on both ranks in a
-callback's on_save_checkpoint, when ModelCheckpoint saves after step 6. Rank 0 writes OUT_DIR/result.json (the
+callback's on_save_checkpoint, when ModelCheckpoint saves after step 2. Rank 0 writes OUT_DIR/result.json (the
 RunSummary rows) and Lightning's CSVLogger writes OUT_DIR/logs/metrics.csv.
 """
 
@@ -72,7 +72,7 @@ class SlowSave(L.Callback):
         self.seconds = seconds
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
-        if trainer.global_step == 6:
+        if trainer.global_step == 2:
             time.sleep(self.seconds)
 
 
@@ -85,7 +85,7 @@ def main(out_dir, data_s, validation_s, checkpoint_s):
         logger=CSVLogger(out_dir, name="logs", version=""), log_every_n_steps=1, enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=[summary, StragglerMonitor(log_every_n_micro_batches=2), SlowSave(checkpoint_s),
-                   ModelCheckpoint(dirpath=out_dir / "checkpoints", every_n_train_steps=6, save_top_k=-1)],
+                   ModelCheckpoint(dirpath=out_dir / "checkpoints", every_n_train_steps=2, save_top_k=-1)],
     )
     train = DataLoader(Items(16, data_s / 2, sleepy=(2, 3)), batch_size=1)
     val = DataLoader(Items(4), batch_size=1)

@@ -19,8 +19,11 @@ from lit_balance.report import read_metrics_csv, training_plot_data
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).with_name("fit_phases.py")
 PHASES = ("compute_s", "data_wait_s", "rank_wait_s", "other_s")
-#: seconds slept: in fetching two batches on rank 1, in validation_step (both ranks), in on_save_checkpoint (both)
-DATA_S, VALIDATION_S, CHECKPOINT_S = 1.5, 1.0, 1.2
+#: seconds slept: in fetching two batches on rank 1, in validation_step (both ranks), in on_save_checkpoint (both);
+#: 10 % of them is above the waits a loaded machine adds to a window
+DATA_S, VALIDATION_S, CHECKPOINT_S = 3.0, 3.0, 3.0
+#: most seconds a column may hold without a sleep of its own: the tiny model's, and waits of a loaded machine
+NOISE_S = 0.5
 
 
 def _close(measured: float, injected: float) -> bool:
@@ -31,7 +34,7 @@ def _close(measured: float, injected: float) -> bool:
 def fit(tmp_path_factory):
     out = tmp_path_factory.mktemp("phases")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    # about 35 s on 2 loaded cores, most of it starting the two processes
+    # about 40 s on 2 loaded cores, most of it starting the two processes
     proc = subprocess.run([sys.executable, str(SCRIPT), str(out), str(DATA_S), str(VALIDATION_S), str(CHECKPOINT_S)],
                           capture_output=True, text=True, timeout=240, env=env, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -51,20 +54,19 @@ def test_each_sleep_lands_in_its_own_column_and_in_no_other(fit):
     window = {rank: {phase: _column(metrics, phase, rank) for phase in PHASES} for rank in (0, 1)}
     assert all(sorted(window[r][p]) == [1, 3, 5, 6] for r in (0, 1) for p in PHASES)
     expected = {  # (step, rank) -> the phase the sleep must land in and its seconds; nothing else anywhere
-        (3, 1): ("data_wait_s", DATA_S),  # rank 1 fetches slowly
-        (3, 0): ("rank_wait_s", DATA_S),  # ... and rank 0 waits for it before the gradient all-reduce
-        (5, 0): ("other_s", VALIDATION_S), (5, 1): ("other_s", VALIDATION_S),  # the validation after step 4
-        (6, 0): ("other_s", CHECKPOINT_S), (6, 1): ("other_s", CHECKPOINT_S),  # the checkpoint after step 6
+        (3, 1): {"data_wait_s": DATA_S, "other_s": CHECKPOINT_S},  # rank 1 fetches slowly; the checkpoint after step 2
+        (3, 0): {"rank_wait_s": DATA_S, "other_s": CHECKPOINT_S},  # ... rank 0 waits for it before the all-reduce
+        (5, 0): {"other_s": VALIDATION_S}, (5, 1): {"other_s": VALIDATION_S},  # the validation after step 4
     }
     for step in (1, 3, 5, 6):
         for rank in (0, 1):
-            phase, seconds = expected.get((step, rank), (None, 0.0))
+            injected = expected.get((step, rank), {})
             for p in PHASES:
-                measured = window[rank][p][step]
-                if p == phase:
+                measured, seconds = window[rank][p][step], injected.get(p)
+                if seconds is not None:
                     assert _close(measured, seconds), (step, rank, p, measured, seconds)
-                else:  # the tiny model's own seconds: far below any sleep
-                    assert measured < 0.2, (step, rank, p, measured, window)
+                else:  # the tiny model's own seconds and a loaded machine's scheduling: far below any sleep
+                    assert measured < NOISE_S, (step, rank, p, measured, window)
 
 
 @pytest.mark.ddp
@@ -78,8 +80,8 @@ def test_the_table_the_csv_and_the_plot_agree(fit):
         assert total == pytest.approx(row["wall_s"], rel=1e-9)  # every second in exactly one phase
         for p in PHASES:  # the windows cover the fit but its last hooks (on_train_epoch_end, on_train_end)
             assert abs(sum(_column(metrics, p, r).values()) - row[p]) < 0.2, (r, p, row, metrics)
-    assert _close(table[1]["data_wait_s"], DATA_S) and _close(table[0]["rank_wait_s"], DATA_S)
-    assert all(_close(row["other_s"], VALIDATION_S + CHECKPOINT_S) for row in table)
+    assert table[1]["data_wait_s"] >= 0.9 * DATA_S and table[0]["rank_wait_s"] >= 0.9 * DATA_S
+    assert all(row["other_s"] >= 0.9 * (VALIDATION_S + CHECKPOINT_S) for row in table)
     # the plot draws exactly the file's points, one panel per phase, one series per rank
     panels = dict(training_plot_data(metrics))
     for p, label in zip(PHASES, ("compute s", "data wait s", "rank wait s", "other s")):
