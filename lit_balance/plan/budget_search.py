@@ -231,10 +231,8 @@ def next_budget(measurements: Sequence[MemoryMeasurement], space: BudgetSpace) -
         second = space.second_budget
         return second if second > space.min_budget else None
     m = space.multiple
-    fitted = [b for b, passes in groups.items() if _fitted(passes)]
-    failed = [b for b in groups if b not in fitted]
-    best_ok = max(fitted)
-    fail_min = min(failed, default=space.max_budget + m)
+    failed = [b for b, passes in groups.items() if not _fitted(passes)]
+    best_ok, fail_min = max(b for b in groups if b not in failed), min(failed, default=space.max_budget + m)
     upper = min(space.max_budget, fail_min - m) // m * m
     if upper <= best_ok or fail_min <= best_ok * TOLERANCE:
         return None  # bracketed: the boundary lies within TOLERANCE above the largest budget that fitted
