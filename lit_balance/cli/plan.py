@@ -174,6 +174,8 @@ def plan_options_from_fit(fit_cfg: Namespace, source: str = "the fit config") ->
             if isinstance(model, Namespace) and "init_args" in model:  # jsonargparse's class_path / init_args
                 model = CostModel(**model.init_args.as_dict())
             options.update({name: getattr(model, name) for name in ("linear", "quadratic", "per_batch")})
+        elif key in BatchingSettings.names() and value is None and key != "max_batch_size":
+            continue  # a DataModule batching keyword left unset (None): the plan's default, as the fit's
         elif key in PLAN_FLAGS or key in ("corpus", "tokenizer", "memory_limit", "memory_fraction"):
             options[key] = value.as_dict() if isinstance(value, Namespace) and "class_path" in value else value
         else:

@@ -16,7 +16,7 @@ SCRIPT = Path(__file__).with_name("fit_disagree.py")
 def test_a_document_missing_on_one_rank_stops_every_rank_with_the_cause(tmp_path):
     proc = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    log = finish(proc, 240)  # never a hang
+    log = finish(proc, 480)  # never a hang: 4x the ranks' 120 s rendezvous and collective limit
     assert proc.returncode != 0, log[-4000:]
     for rank in (0, 1):
         message = (tmp_path / f"rank{rank}.txt").read_text()

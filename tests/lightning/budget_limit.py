@@ -4,7 +4,7 @@ resident memory stay under the memory limit?
 Run: python tests/lightning/budget_limit.py TMP_DIR ROOM_MIB SEED. The limit is the process's resident size just
 before ``Trainer.fit`` and ROOM_MIB more. One JSON line: the budget, the limit, the peak resident memory of the
 training after the probe (forward, backward, AdamW steps, the real loader; VmHWM reset when the first epoch starts), and
-the micro-batches trained.
+the steps trained.
 """
 
 import json
@@ -48,7 +48,7 @@ def main(tmp: Path, room_mib: int, seed: int) -> dict:
     dm = BalancedTextDataModule(docs, max_tokens="auto", memory_limit=limit, max_length=128, val_fraction=0,
                                 vocab_size=8000, cache_dir=tmp / "cache", seed=seed)
     peak = TrainingPeak()
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=3, max_steps=40, logger=False,
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=3, max_steps=25, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[peak])
     trainer.fit(model, datamodule=dm)
