@@ -60,15 +60,18 @@ def plan_fingerprint(*, corpus_lengths: Any, tokenizer_fingerprint: str, max_len
         [('documents', 2), ('max_length', -1), ('seed', 0)]
     """
     empty = np.empty(0, np.int64)
+    corpus_digest = _lengths_digest(corpus_lengths)
+    # every document trains untruncated: the training split's lengths are the corpus's array, hashed once
+    train_digest = corpus_digest if train_lengths is corpus_lengths else _lengths_digest(train_lengths)
     values = [
         (len(corpus_lengths), True),
-        (_lengths_digest(corpus_lengths), False),
+        (corpus_digest, False),
         (_digest(tokenizer_fingerprint), False),
         (-1 if max_length is None else int(max_length), True),
         (int(seed), True),
         (_digest(repr(float(val_fraction))), False),
         (_digest(json.dumps(settings, sort_keys=True)), False),
-        (_lengths_digest(train_lengths), False),
+        (train_digest, False),
         (_lengths_digest(empty if val_lengths is None else val_lengths), False),
     ]
     return [(name, value, shown) for name, (value, shown) in zip(FINGERPRINT_FIELDS, values)]
