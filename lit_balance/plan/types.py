@@ -136,6 +136,8 @@ class EpochPlan:
 
 def padded_lengths(lengths: np.ndarray, pad_to_multiple_of: int) -> np.ndarray:
     """Round each length up to a multiple of ``pad_to_multiple_of`` (tokens, int64)."""
+    if pad_to_multiple_of == 1:
+        return np.array(lengths, dtype=np.int64)  # a new array, as below
     lengths = np.asarray(lengths, dtype=np.int64)
     return -(-lengths // pad_to_multiple_of) * pad_to_multiple_of
 
