@@ -44,15 +44,17 @@ _CHUNK = 1 << 16  # samples per step of the permutation: its temporaries stay in
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
-def _mix(x: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
+def _mix(x: np.ndarray, scratch: np.ndarray | None = None, *, folded: bool = False) -> np.ndarray:
     """splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014) on uint64, wrapping, in place on ``x``.
 
-    ``scratch``: a uint64 array of ``x``'s shape to use as temporary storage (None: one is made).
+    ``scratch``: a uint64 array of ``x``'s shape to use as temporary storage (None: one is made). ``folded``: ``x``
+    already holds ``x ^ (x >> 30)``, the first step.
     """
     t = np.empty_like(x) if scratch is None else scratch
     for shift, multiplier in ((_S30, _M1), (_S27, _M2)):
-        np.right_shift(x, shift, out=t)
-        np.bitwise_xor(x, t, out=x)
+        if not folded or shift != _S30:
+            np.right_shift(x, shift, out=t)
+            np.bitwise_xor(x, t, out=x)
         np.multiply(x, multiplier, out=x)
     np.right_shift(x, _S31, out=t)
     np.bitwise_xor(x, t, out=x)
@@ -95,10 +97,12 @@ class PlanWindows:
         left, right = x >> h, x & mask
         work, scratch = np.empty_like(x), np.empty_like(x)
         keys = self._keys[::-1] if inverse else self._keys
+        # halves below 2**30: (half ^ key) >> 30 == key >> 30, so mix's first step folds into the key
+        folded = self._half <= 30
         for key in keys:  # forward: (left, right) <- (right, left ^ F(right)); inverse: the other way round
             source, target = (left, right) if inverse else (right, left)
-            np.bitwise_xor(source, key, out=work)
-            _mix(work, scratch)
+            np.bitwise_xor(source, key ^ (key >> _S30) if folded else key, out=work)
+            _mix(work, scratch, folded=folded)
             np.bitwise_and(work, mask, out=work)
             np.bitwise_xor(target, work, out=target)
             left, right = right, left
