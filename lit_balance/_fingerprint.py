@@ -42,7 +42,7 @@ def sha256_of_int64(values: np.ndarray, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     digest.update((8 * values.shape[0]).to_bytes(8, "little"))
     for start in range(0, values.shape[0], chunk):
-        digest.update(np.ascontiguousarray(values[start:start + chunk], dtype="<i8").tobytes())
+        digest.update(memoryview(np.ascontiguousarray(values[start:start + chunk], dtype="<i8")))
     return digest.hexdigest()
 
 

@@ -18,7 +18,6 @@ from lit_balance.data.dataset import TokenDataset
 from lit_balance.data.records import supervised_counts
 from lit_balance.data.stores.corpus import StoreCorpus, StoreDataset
 from lit_balance.errors import InputValueError
-from lit_balance.plan.types import padded_lengths
 
 __all__ = ["DEFAULT_VAL_FRACTION", "check_supervised_targets", "check_too_long", "resolve_val_fraction", "split_corpus",
            "split_documents"]
@@ -220,11 +219,17 @@ def check_too_long(corpus: TokenizedCorpus, max_length: int | None, pad_to_multi
     Raises:
         ValueError: such documents exist (the first five named, with the settings to change).
     """
-    lengths = corpus.lengths if max_length is None else np.minimum(corpus.lengths, max_length)
     m = pad_to_multiple_of
-    bad = np.flatnonzero(padded_lengths(lengths, m) > max_tokens)
+    # a length pads above max_tokens exactly when it exceeds the largest multiple of m within max_tokens
+    limit = (max_tokens // m) * m
+    lengths = np.asarray(corpus.lengths)
+    if (max_length is not None and max_length <= limit) or not lengths.size or int(lengths.max()) <= limit:
+        return  # one pass, no copy: nothing is too long (the usual case)
+    bad = np.flatnonzero(lengths > limit)
     if bad.size:
-        shown = ", ".join(f"document {corpus.source_index[d]}: {lengths[d]} tokens" for d in bad[:5])
+        shown = ", ".join(f"document {corpus.source_index[d]}: "
+                          f"{lengths[d] if max_length is None else min(int(lengths[d]), max_length)} tokens"
+                          for d in bad[:5])
         raise InputValueError(
             f"{bad.size} corpus document(s) are longer than max_tokens={max_tokens} padded token slots "
             f"(max_length={max_length}, pad_to_multiple_of={m}): {shown}{', ...' if bad.size > 5 else ''}; "

@@ -30,14 +30,15 @@ def _digest(*parts: str | bytes) -> int:
     return int.from_bytes(bytes.fromhex(sha256_of(*parts))[:8], "little", signed=True)
 
 
-def _lengths_digest(values: Any) -> int:
-    """The first 8 bytes of the int64 lengths' sha256 (hashed in chunks, no whole copy) as a signed int64."""
-    return int.from_bytes(bytes.fromhex(sha256_of_int64(np.asarray(values)))[:8], "little", signed=True)
+def _lengths_digest(values: Any, sha256: str | None = None) -> int:
+    """The first 8 bytes of the int64 lengths' sha256 (hashed in chunks, no whole copy; ``sha256``: that hex digest,
+    already known) as a signed int64."""
+    return int.from_bytes(bytes.fromhex(sha256 or sha256_of_int64(np.asarray(values)))[:8], "little", signed=True)
 
 
 def plan_fingerprint(*, corpus_lengths: Any, tokenizer_fingerprint: str, max_length: int | None, seed: int,
                      val_fraction: float, settings: dict[str, Any], train_lengths: Any,
-                     val_lengths: Any = None) -> list[tuple[str, int, bool]]:
+                     val_lengths: Any = None, train_lengths_sha256: str | None = None) -> list[tuple[str, int, bool]]:
     """What one rank planned, as ``(field, int64 value, shown)`` per :data:`FINGERPRINT_FIELDS`.
 
     A field is a count or setting shown as it is (``shown``: its value helps the message), or the first 8 bytes of
@@ -52,6 +53,8 @@ def plan_fingerprint(*, corpus_lengths: Any, tokenizer_fingerprint: str, max_len
         settings: the training sampler's batching settings as a dict of plain values.
         train_lengths, val_lengths: int tokens per item of the training and validation split (None: no
             validation split).
+        train_lengths_sha256: the sha256 (hex) of ``train_lengths`` as little-endian int64 when already computed
+            (the training sampler's :attr:`~lit_balance.BalancedBatchSampler.lengths_sha256`), or None to hash them.
 
     Example:
         >>> fields = plan_fingerprint(corpus_lengths=[3, 4], tokenizer_fingerprint="t", max_length=None, seed=0,
@@ -60,15 +63,18 @@ def plan_fingerprint(*, corpus_lengths: Any, tokenizer_fingerprint: str, max_len
         [('documents', 2), ('max_length', -1), ('seed', 0)]
     """
     empty = np.empty(0, np.int64)
+    train_digest = _lengths_digest(train_lengths, train_lengths_sha256)
+    # every document trains untruncated: the training split's lengths are the corpus's array, hashed once
+    corpus_digest = train_digest if train_lengths is corpus_lengths else _lengths_digest(corpus_lengths)
     values = [
         (len(corpus_lengths), True),
-        (_lengths_digest(corpus_lengths), False),
+        (corpus_digest, False),
         (_digest(tokenizer_fingerprint), False),
         (-1 if max_length is None else int(max_length), True),
         (int(seed), True),
         (_digest(repr(float(val_fraction))), False),
         (_digest(json.dumps(settings, sort_keys=True)), False),
-        (_lengths_digest(train_lengths), False),
+        (train_digest, False),
         (_lengths_digest(empty if val_lengths is None else val_lengths), False),
     ]
     return [(name, value, shown) for name, (value, shown) in zip(FINGERPRINT_FIELDS, values)]

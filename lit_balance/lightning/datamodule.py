@@ -401,7 +401,10 @@ class BalancedTextDataModule(L.LightningDataModule):
             corpus_lengths=self.corpus.lengths, tokenizer_fingerprint=self.tokenizer.fingerprint,
             max_length=self.max_length, seed=self.seed, val_fraction=self.val_fraction,
             settings=settings, train_lengths=self.train_dataset.lengths,
-            val_lengths=None if self.val_dataset is None else self.val_dataset.lengths)
+            val_lengths=None if self.val_dataset is None else self.val_dataset.lengths,
+            # the sampler hashed the same array (not copied when planned in windows, nothing truncated)
+            train_lengths_sha256=(self.train_sampler.lengths_sha256 if self._settings is not None
+                                  and self.train_sampler.lengths is self.train_dataset.lengths else None))
 
     # ---- max_tokens="auto" ------------------------------------------------------------------------------------
     def probe_inputs(self) -> dict[str, Any]:

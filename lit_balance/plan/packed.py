@@ -67,7 +67,7 @@ from lit_balance.plan.assign import (
 )
 from lit_balance.plan.cost import CostModelProtocol
 from lit_balance.plan.settings import BatchingSettings
-from lit_balance.plan.types import EpochPlan, WorstCaseBatch, padded_lengths
+from lit_balance.plan.types import EpochPlan, WorstCaseBatch, longest_first_order, padded_lengths
 
 __all__ = ["PackedPlanner", "batch_costs", "count_steps", "packed_count", "plan_packed"]
 
@@ -622,7 +622,7 @@ def _one_each(candidates: np.ndarray, lengths: np.ndarray, k: int, num_replicas:
               rng: np.random.Generator | None) -> EpochPlan:
     """Too few documents for ``k`` micro-batches of several: one each, then fill rows or (drop_last) drops."""
     n = candidates.shape[0]
-    order = candidates[np.argsort(-lengths[candidates], kind="stable")]
+    order = candidates[longest_first_order(lengths[candidates])]
     dropped = np.empty(0, dtype=np.int64)
     fill = 0
     if n < k:

@@ -54,7 +54,7 @@ import numpy as np
 from lit_balance.plan.assign import fastest_rank_first, hold_time, longest_first, lpt_steps, one_row_each, shuffle_steps
 from lit_balance.plan.cost import CostModel, CostModelProtocol
 from lit_balance.plan.settings import BatchingSettings
-from lit_balance.plan.types import EpochPlan, WorstCaseBatch, padded_lengths
+from lit_balance.plan.types import EpochPlan, WorstCaseBatch, longest_first_order, padded_lengths, sorted_descending
 
 __all__ = ["PaddedPlanner", "batch_costs", "count_steps", "plan_padded"]
 
@@ -174,9 +174,13 @@ class _Cuts:
         self.run_cost = cost_model.row_cost(run_caps)
         self.run_take = np.minimum(max_tokens // np.maximum(run_caps, 1), row_cap)
         self.per_batch = cost_model.per_batch
-        self.budget_take = np.repeat(self.run_take, np.diff(np.concatenate([[0], self.run_ends])))
         self.caps = caps
         self.cost_model = cost_model
+
+    @property
+    def budget_take(self) -> np.ndarray:
+        """int64 ``[n]``: each row's run's take (rows of a micro-batch filled to the budget), row by row."""
+        return np.repeat(self.run_take, np.diff(np.concatenate([[0], self.run_ends])))
 
     def fill_count(self) -> int:
         """Micro-batches when every one is filled to the budget."""
@@ -192,9 +196,10 @@ class _Cuts:
     def cumulative(self, k: int, weights: np.ndarray) -> np.ndarray | None:
         if not self.n:
             return np.empty(0, dtype=np.int64)
-        row_weight = self.cost_model.row_cost(self.caps) + self.per_batch / np.maximum(self.budget_take, 1)
+        take = self.budget_take
+        row_weight = self.cost_model.row_cost(self.caps) + self.per_batch / np.maximum(take, 1)
         cum = np.concatenate([[0.0], np.cumsum(row_weight)]).tolist()
-        ends = _cut_equal(cum, self.budget_take.tolist(), weights)
+        ends = _cut_equal(cum, take.tolist(), weights)
         return ends if ends.size and ends[-1] == self.n and ends.size == min(k, self.n) else None
 
 
@@ -215,26 +220,50 @@ def _num_batches(padded: np.ndarray, candidates: np.ndarray, settings: BatchingS
     n = candidates.shape[0]
     if not n:
         return 0
-    order = candidates[np.argsort(-padded[candidates], kind="stable")]
-    pl = padded[order]
-    if window > 0:
-        position = np.cumsum(pl) - pl
-        earlier = np.searchsorted(position, position - window * max_tokens, side="left")
-        pl = pl[earlier]
-    target = -(-_Cuts(pl, max_tokens, row_cap, cost_model).fill_count() // num_replicas) * num_replicas
+    # Everything below reads the candidates' padded lengths only through the longest-first order's values
+    # (ties are interchangeable), so the count is planned on those values: row i of the order is longest[i].
+    whole = n == padded.shape[0]  # n distinct indices into padded: all of them
+    longest = sorted_descending(padded if whole else padded[candidates])
+    order = np.arange(n, dtype=np.int64)
+    target = -(-_shifted_fill_count(longest, window * max_tokens, max_tokens, row_cap) // num_replicas) * num_replicas
     if num_replicas == 1 or target + num_replicas > n:
         return target
-    plain = _Cuts(padded[order], max_tokens, row_cap, cost_model)
+    plain = _Cuts(longest, max_tokens, row_cap, cost_model)
     speeds = np.ones(num_replicas)
-    layout = _Layout(padded=padded, cost_model=cost_model, num_replicas=num_replicas,
+    layout = _Layout(padded=longest, cost_model=cost_model, num_replicas=num_replicas,
                      accumulate_grad_batches=settings.accumulate_grad_batches, speeds=speeds, uniform=True,
                      drop_last=False, largest_first=settings.largest_first, rng=None)
     waste = []
     for k in (target, target + num_replicas):
         plan = layout.finish(order, plain.greedy(k), k, by_lpt=True)
-        waste.append(hold_time(_batch_costs(padded, plan.rows, plan.batch_offsets, cost_model)[0], plan.assignment,
+        waste.append(hold_time(_batch_costs(longest, plan.rows, plan.batch_offsets, cost_model)[0], plan.assignment,
                                plan.accumulate_grad_batches, speeds))
     return target if waste[0] <= waste[1] else target + num_replicas
+
+
+def _shifted_fill_count(longest: np.ndarray, shift: float, max_tokens: int, row_cap: int) -> int:
+    """Micro-batches filled to the budget (:meth:`_Cuts.fill_count`) of the order whose row ``i`` is padded to
+    ``longest[earlier[i]]``, ``earlier[i]`` the first row starting at least ``shift`` tokens before row ``i``.
+
+    ``longest``: int64 ``[n]`` padded lengths, non-increasing (tokens). The same count as
+    ``_Cuts(longest[np.searchsorted(position, position - shift)], ...).fill_count()`` with ``position`` the tokens
+    before each row, computed on runs of equal lengths: row ``i`` takes run ``r``'s length once
+    ``position[start_r - 1] < position[i] - shift`` (the search's float64 comparison), one search per run, not
+    one per row.
+    """
+    n = longest.shape[0]
+    run_starts = np.flatnonzero(longest[1:] != longest[:-1]) + 1  # where each run after the first starts
+    values = longest[np.concatenate([[0], run_starts])]
+    if shift > 0:
+        position = np.cumsum(longest) - longest
+        query = position - shift  # float64, as the search compares
+        begins = np.searchsorted(query, position[run_starts - 1].astype(np.float64), side="right")
+    else:
+        begins = run_starts
+    ends = np.append(begins, n)
+    present = ends > np.concatenate([[0], begins])  # runs no row takes: none of the shifted order's lengths
+    take = np.minimum(max_tokens // np.maximum(values[present], 1), row_cap)
+    return _count_batches(take.tolist(), ends[present].tolist(), n)
 
 
 def count_steps(lengths: np.ndarray, mask: np.ndarray | None, settings: BatchingSettings, num_replicas: int,
@@ -402,9 +431,9 @@ def _order(padded: np.ndarray, candidates: np.ndarray, max_tokens: int, window: 
            rng: np.random.Generator | None) -> np.ndarray:
     """Candidates longest first; with ``rng``, random ties and sort positions moved by up to ``window`` batches."""
     if rng is None:
-        return candidates[np.argsort(-padded[candidates], kind="stable")]
+        return candidates[longest_first_order(padded[candidates])]
     perm = rng.permutation(candidates)
-    order = perm[np.argsort(-padded[perm], kind="stable")]
+    order = perm[longest_first_order(padded[perm])]
     if window > 0 and order.size:
         position = (np.cumsum(padded[order]) - padded[order]) / max_tokens  # in full micro-batches
         order = order[np.argsort(position + rng.uniform(0.0, window, order.size), kind="stable")]

@@ -136,8 +136,36 @@ class EpochPlan:
 
 def padded_lengths(lengths: np.ndarray, pad_to_multiple_of: int) -> np.ndarray:
     """Round each length up to a multiple of ``pad_to_multiple_of`` (tokens, int64)."""
+    if pad_to_multiple_of == 1:
+        return np.array(lengths, dtype=np.int64)  # a new array, as below
     lengths = np.asarray(lengths, dtype=np.int64)
     return -(-lengths // pad_to_multiple_of) * pad_to_multiple_of
+
+
+def longest_first_order(values: np.ndarray) -> np.ndarray:
+    """int64 ``[n]``: the indices that sort ``values`` (int ``[n]``, tokens) longest first, ties in index order.
+
+    The same permutation as ``np.argsort(-values, kind="stable")`` (a stable sort's result is unique); values in
+    ``[0, 32767]`` (every length below 32,768 tokens) are sorted as int16 keys, which NumPy's stable sort orders by
+    a radix sort in linear time instead of a comparison sort.
+    """
+    values = np.asarray(values)
+    if values.size and values.dtype.kind in "iu" and 0 <= int(values.min()) and int(values.max()) <= 32767:
+        return np.argsort(-(values.astype(np.int16)), kind="stable").astype(np.int64, copy=False)
+    return np.argsort(-values, kind="stable")
+
+
+def sorted_descending(values: np.ndarray) -> np.ndarray:
+    """int64 ``[n]``: ``values`` (int ``[n]``, tokens) sorted longest first; ``values[longest_first_order(values)]``.
+
+    Lengths in ``[0, 2**20]`` are counted (``np.bincount``) and laid out value by value, in linear time.
+    """
+    values = np.asarray(values)
+    if values.size and values.dtype.kind in "iu" and 0 <= int(values.min()) and int(values.max()) <= 1 << 20:
+        counts = np.bincount(values)
+        present = np.flatnonzero(counts)[::-1]
+        return np.repeat(present.astype(np.int64), counts[present])
+    return np.sort(np.asarray(values, dtype=np.int64), kind="stable")[::-1].copy()
 
 
 def empty_plan(num_replicas: int, accumulate_grad_batches: int = 1) -> EpochPlan:

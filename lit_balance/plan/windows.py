@@ -40,13 +40,25 @@ _ROUNDS = 4
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014) on uint64, wrapping."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M2
-    return x ^ (x >> np.uint64(31))
+_CHUNK = 1 << 16  # samples per step of the permutation: its temporaries stay in the processor's cache
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+def _mix(x: np.ndarray, scratch: np.ndarray | None = None, *, folded: bool = False) -> np.ndarray:
+    """splitmix64's finaliser (Steele, Lea and Flood, OOPSLA 2014) on uint64, wrapping, in place on ``x``.
+
+    ``scratch``: a uint64 array of ``x``'s shape to use as temporary storage (None: one is made). ``folded``: ``x``
+    already holds ``x ^ (x >> 30)``, the first step.
+    """
+    t = np.empty_like(x) if scratch is None else scratch
+    for shift, multiplier in ((_S30, _M1), (_S27, _M2)):
+        if not folded or shift != _S30:
+            np.right_shift(x, shift, out=t)
+            np.bitwise_xor(x, t, out=x)
+        np.multiply(x, multiplier, out=x)
+    np.right_shift(x, _S31, out=t)
+    np.bitwise_xor(x, t, out=x)
+    return x
 
 
 class PlanWindows:
@@ -74,15 +86,28 @@ class PlanWindows:
         self._keys = np.random.SeedSequence([int(seed), 0x77696E646F77]).generate_state(_ROUNDS, np.uint64)
 
     def _feistel(self, x: np.ndarray, inverse: bool) -> np.ndarray:
+        """The Feistel network (or its inverse) on uint64 ``x``, ``_CHUNK`` values at a time; a new array."""
+        out = np.empty_like(x)
+        for start in range(0, x.shape[0], _CHUNK):
+            out[start:start + _CHUNK] = self._feistel_block(x[start:start + _CHUNK], inverse)
+        return out
+
+    def _feistel_block(self, x: np.ndarray, inverse: bool) -> np.ndarray:
         h, mask = np.uint64(self._half), np.uint64((1 << self._half) - 1)
         left, right = x >> h, x & mask
+        work, scratch = np.empty_like(x), np.empty_like(x)
         keys = self._keys[::-1] if inverse else self._keys
-        for key in keys:
-            if inverse:
-                left, right = right ^ (_mix(left ^ key) & mask), left
-            else:
-                left, right = right, left ^ (_mix(right ^ key) & mask)
-        return (left << h) | right
+        # halves below 2**30: (half ^ key) >> 30 == key >> 30, so mix's first step folds into the key
+        folded = self._half <= 30
+        for key in keys:  # forward: (left, right) <- (right, left ^ F(right)); inverse: the other way round
+            source, target = (left, right) if inverse else (right, left)
+            np.bitwise_xor(source, key ^ (key >> _S30) if folded else key, out=work)
+            _mix(work, scratch, folded=folded)
+            np.bitwise_and(work, mask, out=work)
+            np.bitwise_xor(target, work, out=target)
+            left, right = right, left
+        np.left_shift(left, h, out=left)
+        return np.bitwise_or(left, right, out=left)
 
     def _walk(self, x: np.ndarray, inverse: bool) -> np.ndarray:
         """The permutation (or its inverse) on ``[0, num_samples)`` by cycle-walking the Feistel network."""

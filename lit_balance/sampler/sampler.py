@@ -198,6 +198,11 @@ class BalancedBatchSampler(DistributedSampler):
         return self._inputs.lengths
 
     @property
+    def lengths_sha256(self) -> str:
+        """sha256 (hex) of :attr:`lengths` as little-endian int64: what a resume state is checked against."""
+        return self._inputs.lengths_sha256
+
+    @property
     def supervised_lengths(self) -> np.ndarray | None:
         """int64 ``[num_samples]`` next-token targets per sample as planned, or None (``lengths - 1``)."""
         return self._inputs.supervised_lengths

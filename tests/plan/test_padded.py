@@ -293,3 +293,33 @@ def test_nearly_equal_rank_speeds_keep_the_epoch_length_when_micro_batches_have_
                          speeds=speeds, uniform=False, drop_last=False, largest_first=False, rng=None)
         split = layout.finish(order, ends, count, by_lpt=False)
         assert _hold_time(split, padded, cost, speeds) > _hold_time(near, padded, cost, speeds)
+
+
+@settings(deadline=None, max_examples=300)
+@given(values=st.lists(st.integers(0, 40000), max_size=300), small=st.booleans())
+def test_longest_first_order_and_sorted_descending_are_the_stable_sort(values, small):
+    """The linear-time orders (int16 radix keys, counting) equal NumPy's stable comparison sort, ties included."""
+    from lit_balance.plan.types import longest_first_order, sorted_descending
+
+    v = np.array(values, dtype=np.int64) % (50 if small else 40001)
+    reference = np.argsort(-v, kind="stable")
+    assert np.array_equal(longest_first_order(v), reference)
+    assert sorted_descending(v).dtype == np.int64
+    assert np.array_equal(sorted_descending(v), v[reference])
+
+
+@settings(deadline=None, max_examples=300)
+@given(lengths=st.lists(st.integers(1, 64), min_size=1, max_size=300), max_tokens=st.sampled_from([64, 100, 512]),
+       row_cap=st.sampled_from([1, 3, 10_000]), window=st.sampled_from([0.0, 0.1234567, 0.25, 1.0, 2.5]))
+def test_shifted_fill_count_equals_cutting_the_shifted_order(lengths, max_tokens, row_cap, window):
+    """The run-wise count of the shifted longest-first order equals cutting that order row by row."""
+    from lit_balance.plan.padded import _Cuts, _shifted_fill_count
+
+    longest = np.sort(np.array(lengths, dtype=np.int64))[::-1]
+    shift = window * max_tokens
+    pl = longest
+    if shift > 0:
+        position = np.cumsum(longest) - longest
+        pl = longest[np.searchsorted(position, position - shift, side="left")]
+    assert _shifted_fill_count(longest, shift, max_tokens, row_cap) == _Cuts(pl, max_tokens, row_cap,
+                                                                              CostModel()).fill_count()

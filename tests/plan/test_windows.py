@@ -266,3 +266,21 @@ def test_plan_epoch_with_the_count_passed_in_is_the_same_plan(lengths, num_repli
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
     with pytest.raises(ValueError, match="num_batches must be >= 0, got -1"):
         plan_epoch(arr, settings_, num_replicas=num_replicas, epoch=epoch, num_batches=-1)
+
+
+@pytest.mark.parametrize("num_samples, plan_window, seed, digest, windows_of", [
+    (10, 4, 0, "99d1c22fa287405b5558a629324d8c8aec1b130c9d6fc07dd17146883ba5012b", [0, 1, 2]),
+    (12345, 1000, 7, "87cf34453195da6df3e12af7bafbd8153934b6c89d5e6be4bff43264346ab8b3", [8, 0, 0]),
+    (3_000_000, 1_048_576, 3, "263eb0d2943c7c115530c6405b4fbeada2bbdfd40a48158e2c85692a38401c71", [1, 0, 1]),
+])
+def test_window_membership_is_the_recorded_permutation(num_samples, plan_window, seed, digest, windows_of):
+    """The windows' members (sha256 of every window's int64 members in order, recorded from the first version of
+    the permutation) never change: a saved resume state and every windowed plan depend on them."""
+    import hashlib
+
+    w = PlanWindows(num_samples, plan_window, seed)
+    h = hashlib.sha256()
+    for j in range(w.num_windows):
+        h.update(w.members(j).astype("<i8").tobytes())
+    assert h.hexdigest() == digest
+    assert [w.window_of(i) for i in (0, num_samples // 3, num_samples - 1)] == windows_of
