@@ -323,8 +323,10 @@ def private_lightning_uses(source: str) -> list[tuple[int, str]]:
         if not roots & bases:
             continue
         own = {n.name for n in ast.walk(cls) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        own |= {t.attr for n in ast.walk(cls) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
-                for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        targets = [t for n in ast.walk(cls) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+                   for t in (n.targets if isinstance(n, ast.Assign) else [n.target])]
+        targets += [e for t in targets if isinstance(t, (ast.Tuple, ast.List)) for e in t.elts]  # a, b = ...
+        own |= {t.attr for t in targets
                 if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
         for node in ast.walk(cls):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"

@@ -24,8 +24,8 @@ from lit_balance.data.dataset import TokenDataset
 from lit_balance.data.corpus_tokenizer import check_cache_dir, corpus_tokenizer
 from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.splits import check_supervised_targets, check_too_long, resolve_val_fraction, split_corpus
-from lit_balance.data.tokenizer import TokenizerAdapter
 from lit_balance.data.stores import open_corpus
+from lit_balance.data.tokenizer import TokenizerAdapter
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.agreement import check_ranks_agree, plan_fingerprint
 from lit_balance.lightning.budget import DEFAULT_MEMORY_FRACTION, AutoTokenBudget, TokenBudget
@@ -53,7 +53,6 @@ class _Splits(NamedTuple):
     corpus: TokenizedCorpus
     train_dataset: TokenDataset
     val_dataset: TokenDataset | None
-
 
 
 def _setting(name: str) -> property:
@@ -395,16 +394,14 @@ class BalancedTextDataModule(L.LightningDataModule):
 
     def _fingerprint(self) -> list[tuple[str, int, bool]]:
         """What this rank planned at ``setup``: :func:`lit_balance.lightning.agreement.plan_fingerprint`."""
-        settings = ({**self._batching, "max_tokens": "auto"} if self._settings is None
-                    else self.train_sampler.settings.to_dict())
+        planned = self._settings is not None  # the sampler hashed the same array when it holds the split's lengths
+        settings = self.train_sampler.settings.to_dict() if planned else {**self._batching, "max_tokens": "auto"}
+        same = planned and self.train_sampler.lengths is self.train_dataset.lengths
         return plan_fingerprint(
             corpus_lengths=self.corpus.lengths, tokenizer_fingerprint=self.tokenizer.fingerprint,
-            max_length=self.max_length, seed=self.seed, val_fraction=self.val_fraction,
-            settings=settings, train_lengths=self.train_dataset.lengths,
-            val_lengths=None if self.val_dataset is None else self.val_dataset.lengths,
-            # the sampler hashed the same array (not copied when planned in windows, nothing truncated)
-            train_lengths_sha256=(self.train_sampler.lengths_sha256 if self._settings is not None
-                                  and self.train_sampler.lengths is self.train_dataset.lengths else None))
+            max_length=self.max_length, seed=self.seed, val_fraction=self.val_fraction, settings=settings,
+            train_lengths=self.train_dataset.lengths, train_lengths_sha256=self.train_sampler.lengths_sha256 if same
+            else None, val_lengths=None if self.val_dataset is None else self.val_dataset.lengths)
 
     # ---- max_tokens="auto" ------------------------------------------------------------------------------------
     def probe_inputs(self) -> dict[str, Any]:
@@ -600,5 +597,3 @@ class BalancedTextDataModule(L.LightningDataModule):
             return []
         self._resolve_max_tokens()
         return self._loader(self.val_dataset, self.val_sampler)
-
-
