@@ -195,7 +195,7 @@ class SubcommandRun:
 
     Attributes:
         subcommand: ``"plan"``, ``"configs"`` or ``"tokenize"``.
-        config: the parsed options.
+        config: the parsed options, as LightningCLI's ``config``: ``subcommand`` and, under its name, its options.
         plan_summary: after ``plan``, its summary (:func:`~lit_balance.cli.plan.run_plan`), else None.
         tokenize_result: after ``tokenize``, what it wrote (:func:`~lit_balance.cli.tokenize.run_tokenize`), else None.
         lines: after ``configs``, the lines it printed (:func:`write_configs`), else None.
@@ -264,7 +264,7 @@ def _run_other(subcommand: str, args: list[str]) -> SubcommandRun:
     parser = builders[subcommand]()
     parser.prog = f"lit-balance {subcommand}"
     config = parser.parse_args(args)
-    run = SubcommandRun(subcommand, config)
+    run = SubcommandRun(subcommand, Namespace({"subcommand": subcommand, subcommand: config}))
     try:
         if subcommand == "plan":
             run.plan_summary = run_plan(config)
