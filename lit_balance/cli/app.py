@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import shutil
@@ -11,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _InstantiatorFn
+from jsonargparse import Namespace
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_balance.cli.messages import (
     INPUT_ERRORS,
@@ -28,26 +30,30 @@ from lit_balance.errors import InputValueError
 from lit_balance.lightning.datamodule import BalancedTextDataModule
 from lit_balance.world import data_parallel_world
 
-__all__ = ["LitBalanceArgumentParser", "LitBalanceCLI", "build_cli", "configs_parser", "main", "write_configs"]
+__all__ = ["OTHER_SUBCOMMANDS", "LitBalanceArgumentParser", "LitBalanceCLI", "SubcommandRun", "build_cli",
+           "configs_parser", "fit_parser", "main", "write_configs"]
+
+
+#: the subcommands of the ``lit-balance`` command that do not train, each run with its own parser (:func:`build_cli`)
+OTHER_SUBCOMMANDS = {
+    "plan": "Plan one epoch without training and report padding, balance and cost",
+    "configs": "Write the shipped configs (conf/) and recipes (recipes/) into a directory",
+    "tokenize": "Tokenize a JSONL/Parquet corpus into a datatrove token store (datatrove's executor)",
+}
 
 
 class LitBalanceArgumentParser(ErrorFirstMixin, LightningArgumentParser):
-    """Lightning's argument parser, with errors printed first (:class:`~lit_balance.cli.messages.ErrorFirstMixin`)."""
+    """Lightning's argument parser, with errors printed first (:class:`~lit_balance.cli.messages.ErrorFirstMixin`).
 
-
-class _ModelInstantiator(_InstantiatorFn):
-    """Lightning's model instantiator, minus linked values the model's ``__init__`` does not take.
-
-    jsonargparse skips an instantiation link whose target the chosen class lacks (``vocab_size`` for a model
-    without it), but still reports it as applied, and Lightning would record it in ``model.hparams``, which
-    ``load_from_checkpoint`` then passes back to ``__init__``.
+    Keeps the subcommands action that :meth:`add_subcommands` returns as :attr:`subcommands_action` (None until then),
+    so that :class:`LitBalanceCLI` lists ``plan``, ``configs`` and ``tokenize`` beside Lightning's subcommands.
     """
 
-    def __call__(self, class_type: type, *args: Any, applied_instantiation_links: dict, **kwargs: Any) -> Any:
-        prefix = f"{self.key}.init_args."
-        links = {key: value for key, value in applied_instantiation_links.items()
-                 if not key.startswith(prefix) or _takes(class_type, key[len(prefix):])}
-        return super().__call__(class_type, *args, applied_instantiation_links=links, **kwargs)
+    subcommands_action: Any = None
+
+    def add_subcommands(self, *args: Any, **kwargs: Any) -> Any:
+        self.subcommands_action = super().add_subcommands(*args, **kwargs)
+        return self.subcommands_action
 
 
 def _takes(cls: type, name: str) -> bool:
@@ -57,32 +63,42 @@ def _takes(cls: type, name: str) -> bool:
 
 
 class LitBalanceCLI(LightningCLI):
-    """LightningCLI for any LightningModule on :class:`BalancedTextDataModule`, plus ``plan``, ``configs`` and
-    ``tokenize``.
+    """LightningCLI for any LightningModule on :class:`BalancedTextDataModule`; its ``--help`` also lists ``plan``,
+    ``configs`` and ``tokenize``, which :func:`build_cli` runs with their own parsers.
 
     Built by :func:`build_cli` with ``subclass_mode_model=True``: ``--model.class_path=my.Module`` (or
     ``model: {class_path: ..., init_args: ...}`` in a config) picks any LightningModule, and the model defaults to
     :class:`~lit_balance.demo.DemoTransformerLM`, whose arguments a config may give without a ``class_path``. When
     the model's ``__init__`` takes ``vocab_size``, it is linked to the instantiated data module's ``vocab_size``
     (``link_arguments(..., apply_on="instantiate")``), so configs never repeat it; other models get no
-    ``vocab_size``. Flags cannot be abbreviated. A setting rejected by lit_balance (building the data module or
-    model, the data module's ``setup``, or ``plan``) exits with status 2 and one stderr line naming the flag
-    (``lit-balance fit: error: --data.max_tokens must be ...``); other errors keep their traceback, and
-    ``JSONARGPARSE_DEBUG=true`` raises rejected settings too. A flag the parser does not know prints the error first,
-    then the closest flag, then the usage (:class:`LitBalanceArgumentParser`). With the progress bar on and no bar
-    among the callbacks, the Trainer gets a :class:`~lit_balance.callbacks.BalanceProgressBar`. ``configs DIR``
-    writes the shipped ``conf/`` and ``recipes/`` (:func:`write_configs`). ``tokenize INPUT --output-folder DIR``
-    tokenizes a JSONL/Parquet corpus into a datatrove token store (:mod:`lit_balance.cli.tokenize`).
+    ``vocab_size``, neither as an argument nor in the hyperparameters their checkpoint keeps. Flags cannot be
+    abbreviated. A setting rejected by lit_balance while building the data module or model exits with status 2 and
+    one stderr line naming the flag (``lit-balance fit: error: --data.max_tokens must be ...``; :func:`build_cli`
+    does the same for the data module's ``setup``); other errors keep their traceback, and ``JSONARGPARSE_DEBUG=true``
+    raises rejected settings too. A flag the parser does not know prints the error first, then the closest flag, then
+    the usage (:class:`LitBalanceArgumentParser`). With the progress bar on and no bar among the callbacks, the
+    Trainer gets a :class:`~lit_balance.callbacks.BalanceProgressBar`.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parser_class", LitBalanceArgumentParser)
+        super().__init__(*args, **kwargs)
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         """The parsers of the command and of each subcommand; flags must be spelled out (no abbreviations)."""
         kwargs.setdefault("allow_abbrev", False)  # else --data.max_token=2048 silently sets data.max_tokens
         return super().init_parser(**kwargs)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("parser_class", LitBalanceArgumentParser)
-        super().__init__(*args, **kwargs)
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]
+                     ) -> None:
+        """Lightning's parsers; with subcommands, ``plan``, ``configs`` and ``tokenize`` are listed beside them (in
+        ``--help`` and in the choices an unknown subcommand is told); :func:`build_cli` runs them."""
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        action = getattr(self.parser, "subcommands_action", None)
+        if add_subcommands and action is not None:
+            for name, parser in (("plan", plan_parser()), ("configs", configs_parser()),
+                                 ("tokenize", tokenize_parser())):
+                action.add_subcommand(name, parser, help=OTHER_SUBCOMMANDS[name])
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         if self.subclass_mode_model:
@@ -91,79 +107,76 @@ class LitBalanceCLI(LightningCLI):
         else:
             parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
 
-    def _add_instantiators(self) -> None:
-        super()._add_instantiators()
-        if self.subclass_mode_model:  # replaces Lightning's (jsonargparse keeps the last one added for a type)
-            self.parser.add_instantiator(_ModelInstantiator(cli=self, key="model"), LightningModule, subclasses=True)
+    def instantiate_classes(self) -> None:
+        if self.subcommand in OTHER_SUBCOMMANDS:  # after an option of the command; build_cli runs them when first
+            self.parser.error(f"give {self.subcommand} first, before any option: lit-balance {self.subcommand} ...")
+        try:
+            super().instantiate_classes()
+        except INPUT_ERRORS as error:
+            if self.subcommand is None or input_error(error) is None:
+                raise
+            exit_on_input_error(self.subcommand, fit_message(error), error)
 
-    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
-        super()._add_subcommands(parser, **kwargs)
-        fit_parser = parser._subcommands_action._name_parser_map.get("fit")
-        parser._subcommands_action.add_subcommand(
-            "plan", plan_parser(fit_parser),
-            help="Plan one epoch without training and report padding, balance and cost")
-        parser._subcommands_action.add_subcommand(
-            "configs", configs_parser(),
-            help="Write the shipped configs (conf/) and recipes (recipes/) into a directory")
-        parser._subcommands_action.add_subcommand(
-            "tokenize", tokenize_parser(),
-            help="Tokenize a JSONL/Parquet corpus into a datatrove token store (datatrove's executor)")
+    def after_instantiate_classes(self) -> None:
+        """Drop ``vocab_size`` from the hyperparameters of a model whose ``__init__`` does not take it.
 
-    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        jsonargparse skips the instantiation link to ``vocab_size`` for such a model but reports it as applied, so
+        Lightning records it in ``model.hparams``, which ``load_from_checkpoint`` would pass back to ``__init__``.
+        """
+        model = getattr(self, "model", None)
+        if not isinstance(model, LightningModule) or _takes(type(model), "vocab_size"):
+            return
+        config = self.config.get(str(self.subcommand), self.config).get("model")
+        given = config.get("dict_kwargs") if isinstance(config, Namespace) else None
+        if "vocab_size" not in (given or {}):
+            model.hparams.pop("vocab_size", None)
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
         """Lightning's, plus a :class:`~lit_balance.callbacks.BalanceProgressBar` when the progress bar is on and no
         other bar is given: the epoch and optimizer step right, and the monitors' live figures when they run."""
         from lightning.pytorch.callbacks import ProgressBar
 
         from lit_balance.lightning.callbacks import BalanceProgressBar
 
-        given = [*(config.get("callbacks") or []), *callbacks]
-        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
-            callbacks = [*callbacks, BalanceProgressBar()]
-        return super()._instantiate_trainer(config, callbacks)
-
-    def _set_seed(self) -> None:
-        if self.subcommand not in ("plan", "configs", "tokenize"):
-            super()._set_seed()
-
-    def instantiate_classes(self) -> None:
-        if self.subcommand in ("plan", "configs", "tokenize"):
-            return
-        try:
-            super().instantiate_classes()
-        except INPUT_ERRORS as error:
-            if self.subcommand is None or not input_error(error) is not None:
-                raise
-            exit_on_input_error(self.subcommand, fit_message(error), error)
+        trainer = self.config_init.get(str(self.subcommand), self.config_init).get("trainer") or Namespace()
+        given = kwargs.get("callbacks", trainer.get("callbacks")) or []
+        given = list(given) if isinstance(given, (list, tuple)) else [given]
+        enabled = kwargs.get("enable_progress_bar", trainer.get("enable_progress_bar")) is not False
+        if enabled and not any(isinstance(c, ProgressBar) for c in given):
+            kwargs["callbacks"] = [*given, BalanceProgressBar()]
+        return super().instantiate_trainer(**kwargs)
 
     def before_fit(self) -> None:
-        """Print the derived budget and the training split's plan (:func:`~lit_balance.report.summary_line`; rank 0);
-        with ``max_tokens="auto"``, that the budget will be measured at fit start (the DataModule logs it then)."""
+        """Print the derived budget and the training split's plan (:func:`~lit_balance.report.summary_line`; rank 0),
+        in lines of at most 100 columns but for the corpus's description; with ``max_tokens="auto"``, that the budget
+        will be measured at fit start (the DataModule logs it then)."""
         from lit_balance.report import summary_line
 
         trainer, dm = self.trainer, self.datamodule
         if not trainer.is_global_zero:
             return
-        tail = f"max_length {dm.max_length} tokens | corpus: {dm.source.description}"
+        tail = f"max_length {dm.max_length} tokens\ncorpus: {dm.source.description}"
         if dm.max_tokens == "auto":
             print(f"world size {trainer.world_size} processes | per-rank budget: max_tokens=auto, measured at fit "
-                  f"start on worst-case micro-batches (memory_limit {dm.memory_limit} bytes, memory_fraction "
-                  f"{dm.memory_fraction}) | {tail}", flush=True)
+                  f"start\n(memory_limit {dm.memory_limit} bytes, memory_fraction {dm.memory_fraction}) | {tail}",
+                  flush=True)
             return
         try:
             num_replicas = data_parallel_world(trainer).num_replicas
         except RuntimeError:  # ModelParallelStrategy: the data-parallel size is its device mesh's, built by fit
             num_replicas = None
+        unit = "tokens per packed row" if getattr(dm, "packing", False) else "padded slots"
         if num_replicas is None:
-            print(f"world size {trainer.world_size} processes (data-parallel size set when fit builds the device "
-                  f"mesh) | per-rank budget {dm.max_tokens} padded slots per micro-batch | {tail}", flush=True)
+            print(f"world size {trainer.world_size} processes (data-parallel size set when fit builds the mesh)\n"
+                  f"per-rank budget {dm.max_tokens} {unit} per micro-batch | {tail}", flush=True)
             return
         try:
             budgets = dm.settings.rank_max_tokens(num_replicas)
         except INPUT_ERRORS as error:
             exit_on_input_error(self.subcommand, fit_message(error), error)
-        print(f"data-parallel size {num_replicas} | per-rank budget {dm.max_tokens} padded slots per micro-batch | "
-              f"global budget {sum(budgets) * trainer.accumulate_grad_batches} padded slots "
-              f"per optimizer step | {tail}", flush=True)
+        print(f"data-parallel size {num_replicas} | per-rank budget {dm.max_tokens} {unit} per micro-batch\n"
+              f"global budget {sum(budgets) * trainer.accumulate_grad_batches} {unit} per optimizer step | {tail}",
+              flush=True)
         if isinstance(dm, BalancedTextDataModule):  # the preview communicates with no other rank
             print(summary_line(dm.plan_summary(num_replicas, trainer.accumulate_grad_batches)), flush=True)
 
@@ -175,61 +188,97 @@ class LitBalanceCLI(LightningCLI):
         if self.trainer.is_global_zero:
             print("\n".join(report_outputs(self.trainer)), flush=True)
 
-    def _run_subcommand(self, subcommand: str) -> None:
-        # a bad setting or input file (a lit_balance check raised): one line naming the flag, exit status 2, no
-        # traceback (JSONARGPARSE_DEBUG=true raises instead); any other error keeps its traceback
-        if subcommand == "configs":
-            options = self.config.configs
-            try:
-                lines = write_configs(options.directory, overwrite=options.overwrite)
-            except INPUT_ERRORS as error:
-                if input_error(error) is None:
-                    raise
-                exit_on_input_error(subcommand, str(error), error)
-            print("\n".join(lines), flush=True)
-            return
-        if subcommand == "tokenize":
-            try:
-                self.tokenize_result = run_tokenize(self.config.tokenize)
-            except INPUT_ERRORS as error:
-                if input_error(error) is None:
-                    raise
-                exit_on_input_error(subcommand, str(error), error)
-            return
-        if subcommand == "plan":
-            try:
-                self.plan_summary = run_plan(self.config.plan)
-            except INPUT_ERRORS as error:
-                if not input_error(error) is not None:
-                    raise
-                exit_on_input_error(subcommand, str(error), error)
-            return
-        try:
-            super()._run_subcommand(subcommand)
-        except INPUT_ERRORS as error:
-            if not (input_error(error) is not None and in_data_setup(input_error(error))):
-                raise
-            exit_on_input_error(subcommand, fit_message(error), error)
 
+@dataclasses.dataclass
+class SubcommandRun:
+    """What :func:`build_cli` returns after ``plan``, ``configs`` or ``tokenize``.
 
-def build_cli(args: list[str] | None = None) -> LitBalanceCLI:
-    """Run the ``lit-balance`` command on ``args`` and return the :class:`LitBalanceCLI`.
-
-    The returned object holds what the subcommand built: ``trainer``, ``model`` and ``datamodule`` after
-    ``fit``, ``plan_summary`` after ``plan``, ``tokenize_result`` after ``tokenize``.
-
-    Args:
-        args: command-line arguments without the program name (default: ``sys.argv[1:]``).
+    Attributes:
+        subcommand: ``"plan"``, ``"configs"`` or ``"tokenize"``.
+        config: the parsed options, as LightningCLI's ``config``: ``subcommand`` and, under its name, its options.
+        plan_summary: after ``plan``, its summary (:func:`~lit_balance.cli.plan.run_plan`), else None.
+        tokenize_result: after ``tokenize``, what it wrote (:func:`~lit_balance.cli.tokenize.run_tokenize`), else None.
+        lines: after ``configs``, the lines it printed (:func:`write_configs`), else None.
     """
-    return LitBalanceCLI(
-        LightningModule,
-        BalancedTextDataModule,
-        subclass_mode_model=True,
-        seed_everything_default=0,
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"prog": "lit-balance"},
-        args=args,
-    )
+
+    subcommand: str
+    config: Namespace
+    plan_summary: dict[str, Any] | None = None
+    tokenize_result: Any = None
+    lines: list[str] | None = None
+
+
+class _FitParserBuilt(Exception):
+    """Stops :class:`_FitParserCLI` once its parsers are built, before it parses anything."""
+
+    def __init__(self, parser: LightningArgumentParser) -> None:
+        super().__init__("the lit-balance fit parser is built")
+        self.parser = parser
+
+
+class _FitParserCLI(LitBalanceCLI):
+    """Builds the ``lit-balance fit`` parser alone (the only subcommand), and stops before parsing."""
+
+    fit_parser: LightningArgumentParser | None = None
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {"fit": LightningCLI.subcommands()["fit"]}
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]
+                     ) -> None:
+        LightningCLI.setup_parser(self, add_subcommands, main_kwargs, subparser_kwargs)  # no plan/configs/tokenize
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        self.fit_parser = parser  # called for each subcommand's parser: here fit's only
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        raise _FitParserBuilt(self.fit_parser)
+
+
+def fit_parser() -> LightningArgumentParser:
+    """The parser of ``lit-balance fit``, built as :func:`build_cli` builds it (``plan --config`` reads fit configs
+    with it)."""
+    try:
+        _FitParserCLI(**_cli_kwargs(), args=[])
+    except _FitParserBuilt as built:
+        return built.parser
+    raise RuntimeError("building the lit-balance fit parser did not stop before parsing")  # pragma: no cover
+
+
+def _cli_kwargs() -> dict[str, Any]:
+    """The arguments :func:`build_cli` builds :class:`LitBalanceCLI` with (but ``args``)."""
+    return {"model_class": LightningModule, "datamodule_class": BalancedTextDataModule, "subclass_mode_model": True,
+            "seed_everything_default": 0, "save_config_kwargs": {"overwrite": True},
+            "parser_kwargs": {"prog": "lit-balance"}}
+
+
+def _run_other(subcommand: str, args: list[str]) -> SubcommandRun:
+    """Parse ``args`` with the parser of ``plan``, ``configs`` or ``tokenize`` and run it.
+
+    A bad setting or input file (a lit_balance check raised): one line naming the flag, exit status 2, no traceback
+    (``JSONARGPARSE_DEBUG=true`` raises instead); any other error keeps its traceback.
+    """
+    builders = {"plan": lambda: plan_parser(fit_parser()), "configs": configs_parser, "tokenize": tokenize_parser}
+    parser = builders[subcommand]()
+    parser.prog = f"lit-balance {subcommand}"
+    config = parser.parse_args(args)
+    run = SubcommandRun(subcommand, Namespace({"subcommand": subcommand, subcommand: config}))
+    try:
+        if subcommand == "plan":
+            run.plan_summary = run_plan(config)
+        elif subcommand == "tokenize":
+            run.tokenize_result = run_tokenize(config)
+        else:
+            run.lines = write_configs(config.directory, overwrite=config.overwrite)
+    except INPUT_ERRORS as error:
+        if input_error(error) is None:
+            raise
+        exit_on_input_error(subcommand, str(error), error)
+    if run.lines is not None:
+        print("\n".join(run.lines), flush=True)
+    return run
 
 
 def configs_parser() -> ErrorFirstParser:
@@ -296,6 +345,31 @@ def write_configs(directory: str | os.PathLike, overwrite: bool = False) -> list
     wrote = f"wrote {configs} configs to {directory / 'conf'} and {len(files) - configs} recipes to {directory / 'recipes'}"
     run = f"run them there: cd {directory} && python recipes/train.py   (or: lit-balance fit --config conf/cli/fit_cpu.yaml)"
     return [wrote, run]
+
+
+def build_cli(args: list[str] | None = None) -> LitBalanceCLI | SubcommandRun:
+    """Run the ``lit-balance`` command on ``args`` and return what it built.
+
+    ``plan``, ``configs`` and ``tokenize`` (given first) run with their own parsers and return a
+    :class:`SubcommandRun` (``plan_summary`` after ``plan``, ``tokenize_result`` after ``tokenize``); anything else
+    goes to :class:`LitBalanceCLI`, returned with ``trainer``, ``model`` and ``datamodule`` after ``fit``. A setting
+    that the data module's ``setup`` (or the plan preview printed before ``fit``) rejects exits with status 2 and one
+    stderr line naming the flag; other errors keep their traceback.
+
+    Args:
+        args: command-line arguments without the program name (default: ``sys.argv[1:]``).
+    """
+    argv = list(sys.argv[1:] if args is None else args)
+    if argv and argv[0] in OTHER_SUBCOMMANDS:
+        return _run_other(argv[0], argv[1:])
+    try:
+        return LitBalanceCLI(**_cli_kwargs(), args=args)
+    except INPUT_ERRORS as error:
+        found = input_error(error)
+        if found is None or not in_data_setup(found):
+            raise
+        subcommand = next((a for a in argv if a in LightningCLI.subcommands()), "fit")
+        exit_on_input_error(subcommand, fit_message(error), error)
 
 
 def main(args: list[str] | None = None) -> None:

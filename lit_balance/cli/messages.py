@@ -32,6 +32,7 @@ INPUT_ERRORS = (FileNotFoundError, TypeError, ValueError)
 DEBUG_ENV = "JSONARGPARSE_DEBUG"
 PATH_RE = re.compile(r"^(corpus|tokenizer) (file|path|glob pattern)\b")
 _COST_RE = re.compile(r"\bCostModel\.(?=linear|quadratic|per_batch)")
+_OPTION_RE = re.compile(r"(?<![\w.-])--[A-Za-z][\w.-]*[\w]")
 
 
 def plan_flag(name: str) -> str:
@@ -161,8 +162,8 @@ def close_flags(message: str, parser: ArgumentParser) -> list[str]:
     """Flags or subcommands of ``parser`` close to those an argparse error ``message`` rejects (``difflib``).
 
     Reads "unrecognized arguments: --trainer.max_step=3 ..." (each rejected flag, without its value) and
-    "invalid choice: 'fitt' (choose from ...)"; returns, for each, the closest spelled-out option strings of ``parser``
-    (the closest, similarity >= 0.75), or the closest choice. Empty when nothing is close.
+    "invalid choice: 'fitt' (choose from ...)"; returns, for each, the closest of the spelled-out ``--`` flags that
+    ``parser``'s help lists (similarity >= 0.75), or the closest choice. Empty when nothing is close.
     """
     choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
     if choice:
@@ -171,7 +172,7 @@ def close_flags(message: str, parser: ArgumentParser) -> list[str]:
     rejected = re.search(r"unrecognized arguments: (.*)", message)
     if not rejected:
         return []
-    options = [o for o in getattr(parser, "_option_string_actions", {}) if o.startswith("--")]
+    options = list(dict.fromkeys(_OPTION_RE.findall(parser.format_help())))  # argparse lists them in no public field
     found: list[str] = []
     for arg in rejected[1].split():
         if arg.startswith("-"):
@@ -191,9 +192,7 @@ class ErrorFirstMixin:
     """
 
     def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
-        from jsonargparse._common import debug_mode_active
-
-        if not self.exit_on_error or debug_mode_active():
+        if not self.exit_on_error or os.environ.get(DEBUG_ENV, "").lower() == "true":  # as jsonargparse reads it
             super().error(message, ex)  # type: ignore[misc]
         parser = getattr(ex, "subcommand_parser", None) or self
         if getattr(ex, "default_config_file", None):
