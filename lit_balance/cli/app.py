@@ -28,6 +28,8 @@ from lit_balance.cli.plan import plan_parser, run_plan
 from lit_balance.cli.tokenize import run_tokenize, tokenize_parser
 from lit_balance.errors import InputValueError
 from lit_balance.lightning.datamodule import BalancedTextDataModule
+from lit_balance.lightning.dm_settings import DEFAULT_MAX_TOKENS
+from lit_balance.plan.settings import BatchingSettings
 from lit_balance.world import data_parallel_world
 
 __all__ = ["OTHER_SUBCOMMANDS", "LitBalanceArgumentParser", "LitBalanceCLI", "SubcommandRun", "build_cli",
@@ -101,6 +103,11 @@ class LitBalanceCLI(LightningCLI):
                 action.add_subcommand(name, parser, help=OTHER_SUBCOMMANDS[name])
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # the DataModule's batching keywords default to None (not given); the command shows and passes their values
+        defaults = BatchingSettings(max_tokens=DEFAULT_MAX_TOKENS).to_dict()
+        taken = inspect.signature(BalancedTextDataModule.__init__).parameters
+        parser.set_defaults({f"data.{name}": value for name, value in defaults.items()
+                             if name in taken and name != "accumulate_grad_batches"})  # the Trainer's is used
         if self.subclass_mode_model:
             parser.set_defaults({"model": {"class_path": "lit_balance.demo.DemoTransformerLM"}})
             parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
