@@ -57,9 +57,7 @@ def run(tmp_path: Path) -> dict:
     dm.prepare_data()
     dm.setup("fit")
     limit = _rss() + 400 * 2**20  # the process as it is, and 400 MiB more
-    probe = TokenBudgetProbe(model, lengths=dm.train_dataset.lengths, settings=dm.settings,
-                             pad_token_id=dm.pad_token_id, memory_limit=limit,
-                             token_ids=dm.train_dataset[0]["input_ids"])
+    probe = TokenBudgetProbe(model, **dm.probe_inputs(), memory_limit=limit)  # the layout; its budget is not read
     chosen = probe.run().max_tokens
 
     def fits(budget):
