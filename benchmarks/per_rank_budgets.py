@@ -73,7 +73,7 @@ def _figures(lengths: np.ndarray, settings: BatchingSettings, num_replicas: int,
         seconds += time.perf_counter() - start
         check_plan(plan, lengths, settings, num_replicas)
         stats = plan_stats(plan, lengths, pad_to_multiple_of=settings.pad_to_multiple_of,
-                           accumulate_grad_batches=settings.accumulate_grad_batches, packing=settings.packing,
+                           accumulate_grad_batches=settings.accumulate_grad_batches, planner=planner_for(settings),
                            rank_speeds=speeds)
         us.append(stats.useful_fraction)
         steps.add(plan.num_micro_steps)
