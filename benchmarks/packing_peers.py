@@ -3,8 +3,8 @@
 Every peer is a pure function of ``(lengths, max_tokens, num_replicas, seed, epoch)`` that returns the epoch's
 micro-batches per rank (:data:`lit_balance.plan.RankBatches`: ``[rank][micro_step]`` -> document indices); each
 micro-batch becomes one packed row of whole documents. :mod:`benchmarks.bench_packing` measures them with
-:func:`lit_balance.plan_stats` (``planner=`` the packed planner) beside lit_balance's packed plans. A peer that can pass the
-token budget or give ranks different counts does so here as it would in training; the benchmark records it.
+:func:`lit_balance.plan_stats` (``planner=`` the packed planner) beside lit_balance's packed plans. A peer that can
+pass the token budget or give ranks different counts does so here as it would in training; the benchmark records it.
 
 Peers:
 
