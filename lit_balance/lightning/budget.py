@@ -71,7 +71,7 @@ DEFAULT_MEMORY_FRACTION = 0.9
 ProbeMeasurement = MemoryMeasurement
 _STATE_VERSION = 2
 #: Passes in a row at the chosen budget that must peak under the target (:meth:`TokenBudgetProbe.settle`).
-SETTLE_PASSES = 4
+SETTLE_PASSES = 2
 _DEVICE_CODES = {"cpu": 0, "cuda": 1}
 
 
@@ -91,6 +91,9 @@ class TokenBudget:
         probe_seconds: wall time of the probe, the module restored included, the slowest rank (seconds).
         num_probes: collective rounds (budgets tried, the warm-up pass included).
         source: ``"probe"``, or ``"checkpoint"`` when restored from a saved state.
+        measurements: this rank's measured passes (not saved in the state).
+        probe_slots: padded token slots of every pass this rank ran (the warm-up and settling passes included): the
+            probe's cost in micro-batch terms; 0 when restored (not saved in the state).
     """
 
     max_tokens: int
@@ -104,11 +107,13 @@ class TokenBudget:
     num_probes: int
     source: str = "probe"
     measurements: tuple[ProbeMeasurement, ...] = field(default=(), repr=False, compare=False)
+    probe_slots: int = field(default=0, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types (a checkpoint loads them with ``weights_only=True``); this rank's measurements left out."""
         out = asdict(self)
         out.pop("measurements")
+        out.pop("probe_slots")
         for name in ("per_rank", "measured", "capacity_bytes"):
             out[name] = list(getattr(self, name))
         out["coefficients"] = [list(c) for c in self.coefficients]
@@ -122,7 +127,7 @@ class TokenBudget:
         Raises:
             ValueError: missing or unknown keys, or another version.
         """
-        names = {f.name for f in cls.__dataclass_fields__.values()} - {"measurements"}
+        names = {f.name for f in cls.__dataclass_fields__.values()} - {"measurements", "probe_slots"}
         if not isinstance(state, Mapping) or set(state) != names | {"version"} or state["version"] != _STATE_VERSION:
             got = sorted(state) if isinstance(state, Mapping) else state
             raise InputValueError(f"a saved token budget must have keys {sorted(names | {'version'})} and version "
@@ -293,6 +298,8 @@ class TokenBudgetProbe:
         self._ids = ids
         self.state_bytes = optimizer_state_bytes(self._find_optimizers(optimizers))
         self.measurements: list[ProbeMeasurement] = []
+        #: Padded token slots of every pass run so far (the warm-up and the settling passes included), this rank.
+        self.slots_run = 0
         #: Peak bytes of the last :meth:`settle` (passes in a row), or None before.
         self.settled_peak: int | None = None
 
@@ -355,7 +362,8 @@ class TokenBudgetProbe:
             shape: ``"longest"`` or ``"typical"``.
 
         Returns:
-            The :class:`ProbeMeasurement` (``status`` ``"ok"``, ``"over"`` or ``"out of memory"``).
+            The :class:`ProbeMeasurement`: ``status`` ``"ok"``, ``"over"`` (a peak above the target, the capacity
+            too) or ``"out of memory"`` (the device raised: no peak).
 
         Raises:
             ValueError: an unknown shape, or a budget that holds no row of it.
@@ -372,12 +380,12 @@ class TokenBudgetProbe:
             self.meter.reset()
             self._forward_backward(self._batch(worst.rows))
             peak = int(self.meter.peak()) + self.state_bytes
-            status = OUT_OF_MEMORY if peak > self.meter.capacity else OVER if peak > self.target else OK
+            status = OVER if peak > self.target else OK  # a peak above the capacity too: it was measured
         except (torch.OutOfMemoryError, MemoryError):
             status, peak = OUT_OF_MEMORY, 0
-        m = ProbeMeasurement(int(budget), worst.slots, worst.squares, peak if status != OUT_OF_MEMORY else 0, status,
-                             shape, length)
+        m = ProbeMeasurement(int(budget), worst.slots, worst.squares, peak, status, shape, length)
         self.measurements.append(m)
+        self.slots_run += worst.slots
         return m
 
     @contextlib.contextmanager
@@ -417,8 +425,8 @@ class TokenBudgetProbe:
 
         def measure() -> None:
             for shape in self._shapes_at(budget):
-                if self.measure(budget, shape).status == OUT_OF_MEMORY:
-                    break
+                if self.measure(budget, shape).status != OK:
+                    break  # the budget fails: its other shape need not run
             if not record:
                 del self.measurements[:]
 
@@ -445,11 +453,12 @@ class TokenBudgetProbe:
     def settle(self, budget: int) -> int:
         """The budget that stays under the capacity in training: ``budget`` if :data:`SETTLE_PASSES` passes in a row
         at it (the shapes in turn, without the meter's reset between them, so what the allocator keeps from one
-        micro-batch to the next counts, as in training) peak at most halfway from the target to the capacity; else
-        the largest budget the memory model puts there less that excess (checked the same way, once more). The
-        smallest budget when even it does not settle (its single passes fitted under the target). Takes part in no
-        collective."""
-        bound = (self.target + self.meter.capacity) / 2
+        micro-batch to the next counts, as in training) peak at most at the target; else the largest budget the
+        memory model puts there less that excess (checked the same way, once more). The rest of the capacity is left
+        for what a long run adds beyond a few passes (the allocator's retained memory growing over many micro-batches
+        of different shapes, the optimizer step's temporaries). The smallest budget when even it does not settle (its
+        single passes fitted under the target). Takes part in no collective."""
+        bound = self.target
         smallest = budget
         for _ in range(2):
             peak = self._passes_in_a_row(budget)
@@ -471,6 +480,7 @@ class TokenBudgetProbe:
         try:
             for i in range(SETTLE_PASSES):
                 worst = self.planner.worst_case_batch(self.settings, budget, self.shapes[shapes[i % len(shapes)]])
+                self.slots_run += worst.slots
                 self._forward_backward(self._batch(worst.rows))
             return int(self.meter.peak()) + self.state_bytes
         except (torch.OutOfMemoryError, MemoryError):
@@ -498,6 +508,7 @@ class TokenBudgetProbe:
                 settled = self.settle(settled)
 
             self._collective(settle if settled else None)
+        self.meter.reset()  # hand back what the passes freed (CPU: the heap; CUDA: the cache): training starts clean
         return self._result(settled, time.perf_counter() - start, rounds + 2)
 
     def _result(self, chosen: int, seconds: float, rounds: int) -> TokenBudget:
@@ -517,7 +528,7 @@ class TokenBudgetProbe:
                            memory_fraction=self.memory_fraction,
                            coefficients=tuple(tuple(float(x) for x in r[4:7]) for r in rows),
                            device=self.meter.device_kind, probe_seconds=float(rows[:, 2].max()), num_probes=rounds,
-                           measurements=tuple(self.measurements))
+                           measurements=tuple(self.measurements), probe_slots=self.slots_run)
 
     def _raise_nothing_fits(self, measured: tuple[int, ...], capacity: tuple[int, ...]) -> None:
         bad = [r for r, b in enumerate(measured) if b == 0]

@@ -11,7 +11,7 @@ token slots, ``squares`` the sum of its squared row lengths, or, packed, documen
 
 :func:`next_budget` proposes: the smallest budget (one row of the longest documents), then a second fixed one, then
 the largest budget whose bound the fit puts under the target (the first time aiming :data:`MARGIN` below it), never
-above a budget that failed; after a pass over the target, no further than the interpolation between the largest budget
+above a budget that failed and, until one fails, at most :data:`GROWTH` times the largest that fitted; after a pass over the target, no further than the interpolation between the largest budget
 that fitted and the smallest that did not (regula falsi, 10 % short); after an out-of-memory error, which measures no
 peak, halfway between them (bisection; the geometric mean while they are more than 2x apart); where the fit sees no
 room worth a pass, just above the largest budget that fitted. It stops once the smallest budget that failed is within
@@ -32,7 +32,7 @@ import numpy as np
 
 from lit_balance.errors import InputValueError
 
-__all__ = ["MARGIN", "MAX_ROUNDS", "TOLERANCE", "BudgetSpace", "MemoryMeasurement", "MemoryModel", "chosen_budget",
+__all__ = ["GROWTH", "MARGIN", "MAX_ROUNDS", "TOLERANCE", "BudgetSpace", "MemoryMeasurement", "MemoryModel", "chosen_budget",
            "next_budget", "shared_budgets"]
 
 #: The search stops once the smallest budget that failed is within this factor of the largest that fitted.
@@ -42,6 +42,9 @@ TOLERANCE = 1.04
 MARGIN = 0.05
 #: Budgets tried at most (each one collective round of the probe).
 MAX_ROUNDS = 12
+#: Until a budget fails, the next one is at most this many times the largest that fitted (a pass far over the target
+#: costs as much as several near it).
+GROWTH = 4.0
 
 OK, OVER, OUT_OF_MEMORY = "ok", "over", "out of memory"
 
@@ -234,9 +237,11 @@ def next_budget(measurements: Sequence[MemoryMeasurement], space: BudgetSpace) -
     failed = [b for b, passes in groups.items() if not _fitted(passes)]
     best_ok, fail_min = max(b for b in groups if b not in failed), min(failed, default=space.max_budget + m)
     upper = min(space.max_budget, fail_min - m) // m * m
-    if upper <= best_ok or fail_min <= best_ok * TOLERANCE:
+    if upper <= best_ok * TOLERANCE:
         return None  # bracketed: the boundary lies within TOLERANCE above the largest budget that fitted
     candidate = _fitted_candidate(measurements, space, upper, first=len(groups) == 2)
+    if not failed and candidate is not None:  # the fit extrapolates from smaller passes: grow by GROWTH at most
+        candidate = min(candidate, max(best_ok, int(best_ok * GROWTH) // m * m))
     if failed:
         step = _interpolated(groups, best_ok, fail_min, space.target, m)
         if candidate is None or (step is not None and any(p.status == OUT_OF_MEMORY for p in groups[fail_min])):

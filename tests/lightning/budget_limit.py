@@ -1,12 +1,15 @@
 """max_tokens="auto", then real training at the chosen budget, in a process of its own: does the process's peak
 resident memory stay under the memory limit?
 
-Run: python tests/lightning/budget_limit.py TMP_DIR ROOM_MIB SEED. The limit is the process's resident size just
-before ``Trainer.fit`` and ROOM_MIB more. One JSON line: the budget, the limit, the peak resident memory of the
+Run: python tests/lightning/budget_limit.py TMP_DIR ROOM_MIB SEED [SEED ...]. The seeds run one after the other in
+this process, each a fresh model, DataModule and Trainer; the limit is the process's resident size just before each
+``Trainer.fit`` and ROOM_MIB more. One JSON line per seed: the budget, the limit, the peak resident memory of the
 training after the probe (forward, backward, AdamW steps, the real loader; VmHWM reset when the first epoch starts), and
 the steps trained.
 """
 
+import ctypes
+import gc
 import json
 import re
 import sys
@@ -59,4 +62,7 @@ def main(tmp: Path, room_mib: int, seed: int) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))))
+    for seed in sys.argv[3:]:
+        print(json.dumps(main(Path(sys.argv[1]), int(sys.argv[2]), int(seed))), flush=True)
+        gc.collect()  # the next seed's limit starts from what this process then holds
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
