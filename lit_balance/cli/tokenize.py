@@ -31,9 +31,11 @@ Run:
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,6 +215,24 @@ class TokenizeResult:
         return self.num_tokens / self.seconds if self.seconds > 0 else float("inf")
 
 
+@contextlib.contextmanager
+def _one_tokenizer_thread_per_worker(workers: int) -> Iterator[None]:
+    """With several workers, ``TOKENIZERS_PARALLELISM=false`` while they run (unless the caller set it).
+
+    Each worker process would otherwise start the ``tokenizers`` thread pool of as many threads as cores, so one
+    worker per core runs cores x workers threads and they fight for the cores: on 2 cores, 2 workers took 57 s on a
+    150 MiB corpus with their own pools and 31 s with one thread each (``benchmarks/tokenize_datatrove.py``).
+    """
+    if workers < 2 or "TOKENIZERS_PARALLELISM" in os.environ:
+        yield
+        return
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        os.environ.pop("TOKENIZERS_PARALLELISM", None)
+
+
 def tokenize_corpus(input_path: str | os.PathLike, output_folder: str | os.PathLike,
                     tokenizer: str | os.PathLike | None = None, *, glob_pattern: str | None = None,
                     reader: str = "jsonl", text_key: str = "text", tasks: int | None = None,
@@ -229,7 +249,9 @@ def tokenize_corpus(input_path: str | os.PathLike, output_folder: str | os.PathL
         text_key: key (column) of the text.
         tasks: datatrove tasks (each reads the sorted files ``rank::tasks`` and writes its own ``.ds``); default:
             the number of cores, at most the number of input files.
-        workers: tasks run at once (processes); default: ``min(tasks, cores)``.
+        workers: tasks run at once (processes); default: ``min(tasks, cores)``. With more than one, each tokenizes on
+            one thread (``TOKENIZERS_PARALLELISM=false`` while they run, unless set already), so that the workers'
+            thread pools do not oversubscribe the cores.
         add_special_tokens: keep the tokenizer's post-processor (:func:`plain_tokenizer_file`).
         eos_token: datatrove's ``eos_token`` (:func:`datatrove_pipeline`).
         save_loss_metadata: write ``.ds.loss`` files (:func:`datatrove_pipeline`).
@@ -270,7 +292,8 @@ def tokenize_corpus(input_path: str | os.PathLike, output_folder: str | os.PathL
     executor = LocalPipelineExecutor(pipeline=steps, tasks=tasks, workers=workers,
                                      logging_dir=str(logging_dir if logging_dir is not None else output / "logs"))
     start = time.perf_counter()
-    executor.run()
+    with _one_tokenizer_thread_per_worker(workers):
+        executor.run()
     seconds = time.perf_counter() - start
     files = tuple(sorted(str(p) for p in output.glob("*.ds")))
     if not files:

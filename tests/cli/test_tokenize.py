@@ -136,3 +136,20 @@ def test_the_console_script_and_the_recipe_train_from_the_store(corpus, tmp_path
     assert re.search(r"last train/loss \d+\.\d+", done.stdout)
     assert not (tmp_path / "default_cache").exists()  # nothing went through the tokenization cache
     assert np.fromfile(out / "00000_unshuffled.ds.index", "<u8").size == 199
+
+
+def test_several_workers_tokenize_on_one_thread_each_and_the_setting_is_restored(corpus, tmp_path, monkeypatch):
+    from datatrove.executor import LocalPipelineExecutor
+
+    seen = []
+    run = LocalPipelineExecutor.run
+    monkeypatch.setattr(LocalPipelineExecutor, "run",
+                        lambda self: (seen.append(os.environ.get("TOKENIZERS_PARALLELISM")), run(self))[1])
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    tokenize_corpus(corpus, tmp_path / "two", workers=2, tasks=2)
+    tokenize_corpus(corpus, tmp_path / "one", workers=1, tasks=2)
+    assert seen == ["false", None] and "TOKENIZERS_PARALLELISM" not in os.environ
+    assert _documents(tmp_path / "two") == _documents(tmp_path / "one")  # the same ids either way
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")  # the caller's own setting wins
+    tokenize_corpus(corpus, tmp_path / "mine", workers=2, tasks=2)
+    assert seen[-1] == "true" and os.environ["TOKENIZERS_PARALLELISM"] == "true"
