@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,15 @@ def ddp_env(port: int, root: Path | None = None) -> dict[str, str]:
 
 def run_ranks(script: Path, runs: dict[Hashable, tuple[Path, list[str]]], timeout_s: float,
               num_ranks: int = 2) -> dict[Hashable, list[dict[str, Any]]]:
-    """Start ``script`` once per run, all side by side, and return each run's per-rank JSON records.
+    """Run ``script`` once per run, all side by side, and return each run's per-rank JSON records.
+
+    The runs are forked from one process that imported what the script imports (``_zygote.py``): each run is still
+    ``python script output_dir arguments...`` in a process of its own, with its own rendezvous port.
 
     Args:
         script: a fit script that writes ``rank<r>.json`` into the output directory it is given first.
         runs: ``{key: (output_dir, arguments after output_dir)}``.
-        timeout_s: each run's limit in seconds; past it the run is killed and the test fails.
+        timeout_s: the runs' limit in seconds; past it every run is killed and the test fails.
         num_ranks: ranks per run whose records are read.
 
     Returns:
@@ -61,16 +65,20 @@ def run_ranks(script: Path, runs: dict[Hashable, tuple[Path, list[str]]], timeou
 
     Raises:
         AssertionError: a run exited non-zero (with the tail of its output).
-        subprocess.TimeoutExpired: a run ran past ``timeout_s``.
+        subprocess.TimeoutExpired: the runs ran past ``timeout_s``.
     """
-    ports = dict(zip(runs, free_ports(len(runs))))
-    procs = {key: (out, subprocess.Popen([sys.executable, str(script), str(out), *args],
-                                         env=ddp_env(ports[key], script.parents[2]),
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-             for key, (out, args) in runs.items()}
-    records = {}
-    for key, (out, proc) in procs.items():
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = {key: Path(tmp) / f"run{i}.log" for i, key in enumerate(runs)}
+        spec = [{"argv": [str(out), *args], "port": port, "log": str(logs[key])}
+                for (key, (out, args)), port in zip(runs.items(), free_ports(len(runs)))]
+        (Path(tmp) / "runs.json").write_text(json.dumps(spec))
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_zygote.py")), str(script),
+                                 str(Path(tmp) / "runs.json")], env=ddp_env(free_ports(1)[0], script.parents[2]),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         log = finish(proc, timeout_s)
         assert proc.returncode == 0, log[-8000:]
-        records[key] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(num_ranks)]
-    return records
+        status = json.loads(log.strip().splitlines()[-1])
+        for (key, (out, _)), code in zip(runs.items(), status):
+            assert code == 0, (key, code, logs[key].read_text()[-8000:])
+    return {key: [json.loads((out / f"rank{r}.json").read_text()) for r in range(num_ranks)]
+            for key, (out, _) in runs.items()}
