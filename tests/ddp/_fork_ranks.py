@@ -39,8 +39,10 @@ def _run_child(main: Callable[[], object], local_rank: int) -> None:
         os.environ["LOCAL_RANK"] = str(local_rank)
         main()
         code = 0
-    except SystemExit as exc:
+    except SystemExit as exc:  # as the interpreter ends: a message is printed, with status 1
         code = _exit_code(exc)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
     except BaseException:  # as an uncaught exception in a process of its own: the traceback, exit status 1
         traceback.print_exc()
     finally:

@@ -47,12 +47,40 @@ def ddp_env(port: int, root: Path | None = None) -> dict[str, str]:
     return env
 
 
+def run_scripts(script: Path, runs: dict[Hashable, list[str]], timeout_s: float) -> None:
+    """Run ``python script *arguments`` once per run, all side by side, each in a process of its own.
+
+    The runs are forked from one process that imported what the script imports (``_zygote.py``), each with its own
+    rendezvous port (``MASTER_PORT``) and the repository root on ``PYTHONPATH``.
+
+    Args:
+        script: a test script whose ``__main__`` block runs it.
+        runs: ``{key: arguments}``.
+        timeout_s: the runs' limit in seconds; past it every run is killed and the test fails.
+
+    Raises:
+        AssertionError: a run exited non-zero (with the tail of its output).
+        subprocess.TimeoutExpired: the runs ran past ``timeout_s``.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = {key: Path(tmp) / f"run{i}.log" for i, key in enumerate(runs)}
+        spec = [{"argv": [str(a) for a in args], "port": port, "log": str(logs[key])}
+                for (key, args), port in zip(runs.items(), free_ports(len(runs)))]
+        (Path(tmp) / "runs.json").write_text(json.dumps(spec))
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_zygote.py")), str(script),
+                                 str(Path(tmp) / "runs.json")], env=ddp_env(free_ports(1)[0], script.parents[2]),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        log = finish(proc, timeout_s)
+        assert proc.returncode == 0, log[-8000:]
+        status = json.loads(log.strip().splitlines()[-1])
+        for key, code in zip(runs, status):
+            assert code == 0, (key, code, logs[key].read_text()[-8000:])
+
+
 def run_ranks(script: Path, runs: dict[Hashable, tuple[Path, list[str]]], timeout_s: float,
               num_ranks: int = 2) -> dict[Hashable, list[dict[str, Any]]]:
-    """Run ``script`` once per run, all side by side, and return each run's per-rank JSON records.
-
-    The runs are forked from one process that imported what the script imports (``_zygote.py``): each run is still
-    ``python script output_dir arguments...`` in a process of its own, with its own rendezvous port.
+    """Run ``script`` once per run, all side by side (:func:`run_scripts`), and return each run's per-rank JSON
+    records.
 
     Args:
         script: a fit script that writes ``rank<r>.json`` into the output directory it is given first.
@@ -67,18 +95,6 @@ def run_ranks(script: Path, runs: dict[Hashable, tuple[Path, list[str]]], timeou
         AssertionError: a run exited non-zero (with the tail of its output).
         subprocess.TimeoutExpired: the runs ran past ``timeout_s``.
     """
-    with tempfile.TemporaryDirectory() as tmp:
-        logs = {key: Path(tmp) / f"run{i}.log" for i, key in enumerate(runs)}
-        spec = [{"argv": [str(out), *args], "port": port, "log": str(logs[key])}
-                for (key, (out, args)), port in zip(runs.items(), free_ports(len(runs)))]
-        (Path(tmp) / "runs.json").write_text(json.dumps(spec))
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_zygote.py")), str(script),
-                                 str(Path(tmp) / "runs.json")], env=ddp_env(free_ports(1)[0], script.parents[2]),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        log = finish(proc, timeout_s)
-        assert proc.returncode == 0, log[-8000:]
-        status = json.loads(log.strip().splitlines()[-1])
-        for (key, (out, _)), code in zip(runs.items(), status):
-            assert code == 0, (key, code, logs[key].read_text()[-8000:])
+    run_scripts(script, {key: [out, *args] for key, (out, args) in runs.items()}, timeout_s)
     return {key: [json.loads((out / f"rank{r}.json").read_text()) for r in range(num_ranks)]
             for key, (out, _) in runs.items()}

@@ -32,8 +32,10 @@ def _run(script: str, run: dict) -> None:
         sys.argv = [script, *run["argv"]]
         runpy.run_path(script, run_name="__main__")
         code = 0
-    except SystemExit as exc:
+    except SystemExit as exc:  # as the interpreter ends: a message is printed, with status 1
         code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
     except BaseException:
         traceback.print_exc()
     finally:
