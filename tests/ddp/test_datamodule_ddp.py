@@ -7,7 +7,7 @@ import pytest
 
 from _procs import run_scripts  # tests/ddp/_procs.py
 
-pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, seconds each
 
 SCRIPT = Path(__file__).with_name("fit_record.py")
 SETTINGS = [(False, 0), (True, 2)]  # (use_distributed_sampler, num_workers)

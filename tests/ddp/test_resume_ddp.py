@@ -8,7 +8,7 @@ import pytest
 
 from _procs import run_scripts  # tests/ddp/_procs.py
 
-pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, seconds each
 
 SCRIPT = Path(__file__).with_name("fit_resume.py")
 ACCUMULATE = 2  # the stop after 3 micro-batches falls inside an optimizer step's window
