@@ -43,7 +43,7 @@ def _run_child(main: Callable[[], object], local_rank: int) -> None:
         code = _exit_code(exc)
         if not isinstance(exc.code, int | None):
             print(exc.code, file=sys.stderr)
-    except BaseException:  # as an uncaught exception in a process of its own: the traceback, exit status 1
+    except BaseException:  # noqa: BLE001  as an uncaught exception in a process of its own: traceback, status 1
         traceback.print_exc()
     finally:
         sys.stdout.flush()

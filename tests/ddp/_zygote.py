@@ -36,7 +36,7 @@ def _run(script: str, run: dict) -> None:
         code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
         if not isinstance(exc.code, int | None):
             print(exc.code, file=sys.stderr)
-    except BaseException:
+    except BaseException:  # noqa: BLE001  as an uncaught exception in a process of its own: traceback, status 1
         traceback.print_exc()
     finally:
         sys.stdout.flush()
