@@ -448,12 +448,18 @@ def _cut_greedy(run_cost: np.ndarray, per_batch: float, run_take: np.ndarray, ru
     the cap, and never more than ``run_take[r]`` (the hard budget).
     """
     ends_list = run_ends.tolist()
+    most = float(run_take.max())
 
     def takes(cap: float) -> np.ndarray:
         with np.errstate(all="ignore"):  # extreme coefficients: inf / nan rows fall back to the budget
             rows = np.floor((cap - per_batch) / run_cost + 1e-9)
-        rows = np.nan_to_num(rows, nan=1.0, posinf=float(run_take.max()), neginf=1.0)
-        return np.clip(np.minimum(rows, run_take), 1, None).astype(np.int64)
+        # as np.nan_to_num(rows, nan=1, posinf=most, neginf=1) then np.clip(np.minimum(rows, run_take), 1, None),
+        # without their per-call overhead (this runs up to 50 times per cut)
+        rows[np.isnan(rows)] = 1.0
+        rows[rows == np.inf] = most
+        np.minimum(rows, run_take, out=rows)
+        np.maximum(rows, 1.0, out=rows)
+        return rows.astype(np.int64)
 
     hi = float((per_batch + run_take * run_cost).max())
     lo = 0.0

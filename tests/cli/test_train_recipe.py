@@ -121,13 +121,21 @@ def test_a_mistyped_key_fails_with_hydras_hint(tmp_path):
     assert proc.returncode == 1 and "+trainer.devicez=4" in proc.stderr, proc.stderr[-3000:]
 
 
-@pytest.mark.ddp
-def test_train_recipe_trains_packed_with_data_packing_true(tmp_path):
-    overrides = ["experiment=smoke", "data.packing=true", "callbacks=[run_summary]", "data.cache_dir=cache"]
+@pytest.fixture(scope="module")
+def packed_without_bar(tmp_path_factory):
+    """One 2-rank run of the smoke model, packed, with the default callbacks and trainer.enable_progress_bar=false:
+    its stdout."""
+    tmp_path = tmp_path_factory.mktemp("packed")
+    overrides = ["experiment=smoke", "data.packing=true", "trainer.enable_progress_bar=false", "data.cache_dir=cache"]
     proc = subprocess.run([sys.executable, str(RECIPE), *overrides], check=False, capture_output=True, text=True,
                           timeout=300, env=_env(tmp_path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    out = proc.stdout
+    return proc.stdout
+
+
+@pytest.mark.ddp
+def test_train_recipe_trains_packed_with_data_packing_true(packed_without_bar):
+    out = packed_without_bar
     assert out.startswith("data-parallel size 2 | per-rank budget 512 tokens per packed row per micro-batch\n")
     rows = _table(out)
     assert set(rows) == {"0", "1", "total"}
@@ -138,13 +146,10 @@ def test_train_recipe_trains_packed_with_data_packing_true(tmp_path):
     assert re.search(r"last train/loss \d+\.\d+", out)
 
 
-def test_train_recipe_runs_without_a_progress_bar_when_asked(tmp_path):
+@pytest.mark.ddp
+def test_train_recipe_runs_without_a_progress_bar_when_asked(packed_without_bar):
     # the default callbacks hold the live-figures bar; trainer.enable_progress_bar=false leaves it out
-    overrides = ["experiment=smoke", "trainer.enable_progress_bar=false", "data.cache_dir=cache"]
-    proc = subprocess.run([sys.executable, str(RECIPE), *overrides], check=False, capture_output=True, text=True,
-                          timeout=300, env=_env(tmp_path), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert set(_table(proc.stdout)) == {"0", "1", "total"} and "Epoch 0" not in proc.stdout
+    assert set(_table(packed_without_bar)) == {"0", "1", "total"} and "Epoch 0" not in packed_without_bar
 
 
 def _run_in_terminal(args: list[str], cwd: Path, env: dict[str, str], columns: int = 80, lines: int = 40,

@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -46,14 +47,45 @@ def ddp_env(port: int, root: Path | None = None) -> dict[str, str]:
     return env
 
 
+def run_scripts(script: Path, runs: dict[Hashable, list[str]], timeout_s: float) -> None:
+    """Run ``python script *arguments`` once per run, all side by side, each in a process of its own.
+
+    The runs are forked from one process that imported what the script imports (``_zygote.py``), each with its own
+    rendezvous port (``MASTER_PORT``) and the repository root on ``PYTHONPATH``.
+
+    Args:
+        script: a test script whose ``__main__`` block runs it.
+        runs: ``{key: arguments}``.
+        timeout_s: the runs' limit in seconds; past it every run is killed and the test fails.
+
+    Raises:
+        AssertionError: a run exited non-zero (with the tail of its output).
+        subprocess.TimeoutExpired: the runs ran past ``timeout_s``.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = {key: Path(tmp) / f"run{i}.log" for i, key in enumerate(runs)}
+        spec = [{"argv": [str(a) for a in args], "port": port, "log": str(logs[key])}
+                for (key, args), port in zip(runs.items(), free_ports(len(runs)))]
+        (Path(tmp) / "runs.json").write_text(json.dumps(spec))
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_zygote.py")), str(script),
+                                 str(Path(tmp) / "runs.json")], env=ddp_env(free_ports(1)[0], script.parents[2]),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        log = finish(proc, timeout_s)
+        assert proc.returncode == 0, log[-8000:]
+        status = json.loads(log.strip().splitlines()[-1])
+        for key, code in zip(runs, status):
+            assert code == 0, (key, code, logs[key].read_text()[-8000:])
+
+
 def run_ranks(script: Path, runs: dict[Hashable, tuple[Path, list[str]]], timeout_s: float,
               num_ranks: int = 2) -> dict[Hashable, list[dict[str, Any]]]:
-    """Start ``script`` once per run, all side by side, and return each run's per-rank JSON records.
+    """Run ``script`` once per run, all side by side (:func:`run_scripts`), and return each run's per-rank JSON
+    records.
 
     Args:
         script: a fit script that writes ``rank<r>.json`` into the output directory it is given first.
         runs: ``{key: (output_dir, arguments after output_dir)}``.
-        timeout_s: each run's limit in seconds; past it the run is killed and the test fails.
+        timeout_s: the runs' limit in seconds; past it every run is killed and the test fails.
         num_ranks: ranks per run whose records are read.
 
     Returns:
@@ -61,16 +93,8 @@ def run_ranks(script: Path, runs: dict[Hashable, tuple[Path, list[str]]], timeou
 
     Raises:
         AssertionError: a run exited non-zero (with the tail of its output).
-        subprocess.TimeoutExpired: a run ran past ``timeout_s``.
+        subprocess.TimeoutExpired: the runs ran past ``timeout_s``.
     """
-    ports = dict(zip(runs, free_ports(len(runs))))
-    procs = {key: (out, subprocess.Popen([sys.executable, str(script), str(out), *args],
-                                         env=ddp_env(ports[key], script.parents[2]),
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-             for key, (out, args) in runs.items()}
-    records = {}
-    for key, (out, proc) in procs.items():
-        log = finish(proc, timeout_s)
-        assert proc.returncode == 0, log[-8000:]
-        records[key] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(num_ranks)]
-    return records
+    run_scripts(script, {key: [out, *args] for key, (out, args) in runs.items()}, timeout_s)
+    return {key: [json.loads((out / f"rank{r}.json").read_text()) for r in range(num_ranks)]
+            for key, (out, _) in runs.items()}

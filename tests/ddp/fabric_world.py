@@ -16,6 +16,8 @@ from lightning.fabric.strategies import DDPStrategy, ModelParallelStrategy
 from lit_balance import BalancedBatchSampler
 from lit_balance.world import data_parallel_world
 
+from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+
 LENGTHS = np.random.default_rng(0).integers(1, 300, 80)
 
 
@@ -39,4 +41,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_as_ranks(main, 2)

@@ -20,6 +20,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from lit_balance import BalancedTextDataModule
 from lit_balance.demo import DemoTransformerLM
 
+from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+
 
 class SmallDeviceLM(DemoTransformerLM):
     """The demo model; on rank 1, out of memory on micro-batches of more than ``oom_above`` token slots."""
@@ -68,4 +70,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_as_ranks(main, 2)

@@ -25,6 +25,8 @@ from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks import AdaptiveGradAccumulation, PaddingRatioMonitor, StragglerMonitor, TimingWindow
 
+from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+
 
 class ScriptedClock:
     """Seconds that pass only when the model says so."""
@@ -154,4 +156,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_as_ranks(main, 2)

@@ -19,6 +19,8 @@ from lit_balance import BalancedTextDataModule
 from lit_balance.data.stores.datatrove import DatatroveSource
 from lit_balance.demo import DemoTransformerLM
 
+from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+
 STOP_AT = 3
 MAX_LENGTH = 48
 
@@ -55,4 +57,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_as_ranks(main, int(sys.argv[3]))

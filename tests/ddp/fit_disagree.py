@@ -17,10 +17,12 @@ from lightning.pytorch.strategies import DDPStrategy
 from lit_balance import BalancedTextDataModule
 from lit_balance.demo import DemoTransformerLM
 
+from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+
 
 def main() -> None:
     out = Path(sys.argv[1])
-    rank = int(os.environ.get("LOCAL_RANK", 0))  # set by Lightning for the process it launches (rank 1)
+    rank = int(os.environ.get("LOCAL_RANK", 0))  # set for each rank by run_as_ranks
     rng = np.random.default_rng(0)
     docs = [rng.integers(1, 200, size=int(n)) for n in rng.integers(1, 48, 60)]
     if rank == 1:
@@ -40,4 +42,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_as_ranks(main, 2)

@@ -18,6 +18,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from lit_balance import (BalancedBatchSampler, BatchingSettings, MicroBatchDataset, PadFieldsCollator, StepTokenLoss,
                          balanced_dataloader, token_loss_sum)
 
+from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+
 VOCAB, CLASSES, MAX_TOKENS = 50, 3, 96
 
 
@@ -137,4 +139,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_as_ranks(main, 2)

@@ -22,6 +22,8 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from lit_balance import BalancedBatchSampler, MicroBatchDataset, PadFieldsCollator, balanced_dataloader
 
+from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+
 MAX_TOKENS, SEED, MID, FAIL_AT = 64, 4, 3, 5
 
 
@@ -84,4 +86,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_as_ranks(main, 2)

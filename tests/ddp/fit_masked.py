@@ -24,6 +24,8 @@ from lit_balance import BalancedTextDataModule
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.lightning.loss import token_loss_sum
 
+from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+
 MODEL = {"d_model": 16, "num_heads": 2, "num_layers": 1, "dim_feedforward": 32}
 
 
@@ -107,4 +109,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_as_ranks(main, 2)

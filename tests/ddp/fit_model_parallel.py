@@ -29,6 +29,8 @@ from lit_balance.callbacks import RunSummary, StragglerMonitor
 from lit_balance.lightning.loss import StepTokenLoss, token_loss_sum
 from lit_balance.world import data_parallel_world
 
+from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+
 VOCAB, D_MODEL, HIDDEN = 48, 8, 16
 LR = 0.5
 ACCUMULATE = 2
@@ -150,4 +152,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_as_ranks(main, int(sys.argv[2]) * int(sys.argv[3]))

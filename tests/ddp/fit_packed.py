@@ -22,6 +22,8 @@ from lit_balance.callbacks import (AdaptiveGradAccumulation, CostModelFeedback, 
                                    TimingWindow)
 from lit_balance.demo import DemoTransformerLM
 
+from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+
 
 class Model(DemoTransformerLM):
     def __init__(self, vocab_size):
@@ -91,4 +93,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_as_ranks(main, 2)

@@ -16,6 +16,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from lit_balance import BalancedTextDataModule
 from lit_balance.demo import DemoTransformerLM
 
+from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+
 
 class Recorder(L.Callback):
     def __init__(self) -> None:
@@ -53,4 +55,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_as_ranks(main, 2)

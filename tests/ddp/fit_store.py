@@ -19,6 +19,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from lit_balance import BalancedTextDataModule
 from lit_balance.demo import DemoTransformerLM
 
+from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+
 STOP_AT = 3
 VOCAB = 500
 
@@ -79,4 +81,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_as_ranks(main, int(sys.argv[5]))

@@ -83,4 +83,5 @@ def worker(rank: int, out: Path, mode: str) -> None:
 if __name__ == "__main__":
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
-    mp.spawn(worker, args=(Path(sys.argv[1]), sys.argv[2]), nprocs=2)
+    # forked from this already-imported process: two processes of their own, without importing torch again
+    mp.start_processes(worker, args=(Path(sys.argv[1]), sys.argv[2]), nprocs=2, start_method="fork")

@@ -11,7 +11,7 @@ from lit_balance.lightning.loss import token_loss_sum
 
 from _procs import run_ranks  # tests/ddp/_procs.py
 
-pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, seconds each
 
 SCRIPT = Path(__file__).with_name("fit_callbacks.py")
 MODES = ("adaptive", "fixed")

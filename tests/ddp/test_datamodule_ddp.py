@@ -1,15 +1,13 @@
 """Real 2-process CPU DDP runs (gloo) of BalancedTextDataModule through Trainer.fit."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from _procs import ddp_env, finish, free_ports  # tests/ddp/_procs.py
+from _procs import run_scripts  # tests/ddp/_procs.py
 
-pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, seconds each
 
 SCRIPT = Path(__file__).with_name("fit_record.py")
 SETTINGS = [(False, 0), (True, 2)]  # (use_distributed_sampler, num_workers)
@@ -18,17 +16,9 @@ SETTINGS = [(False, 0), (True, 2)]  # (use_distributed_sampler, num_workers)
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Both settings, run side by side (each is 2 ranks); returns {setting: out_dir}."""
-    procs = {}
-    for (use_distributed_sampler, num_workers), port in zip(SETTINGS, free_ports(len(SETTINGS))):
-        out = tmp_path_factory.mktemp(f"ds{int(use_distributed_sampler)}_w{num_workers}")
-        procs[use_distributed_sampler, num_workers] = (out, subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(out), str(int(use_distributed_sampler)), str(num_workers)],
-            env=ddp_env(port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = {}
-    for setting, (out, proc) in procs.items():
-        log = finish(proc, 240)
-        assert proc.returncode == 0, log[-8000:]
-        outs[setting] = out
+    outs = {(use_ds, workers): tmp_path_factory.mktemp(f"ds{int(use_ds)}_w{workers}") for use_ds, workers in SETTINGS}
+    run_scripts(SCRIPT, {(use_ds, workers): [out, int(use_ds), workers] for (use_ds, workers), out in outs.items()},
+                240)
     return outs
 
 

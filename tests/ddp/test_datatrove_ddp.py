@@ -4,17 +4,14 @@ epoch with every document once, as the uninterrupted 2-rank run trains it."""
 
 import json
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from _procs import ddp_env, finish, free_ports  # tests/ddp/_procs.py
+from _procs import run_scripts  # tests/ddp/_procs.py
 
-pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, seconds each
 pytest.importorskip("datatrove")
 
 SCRIPT = Path(__file__).with_name("fit_datatrove.py")
@@ -22,20 +19,8 @@ ROOT = SCRIPT.parents[2]
 STOP_AT, MAX_LENGTH = 3, 48
 
 
-def _start(out: Path, phase: str, devices: int, workers: int, store: Path, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SCRIPT), str(out), phase, str(devices), str(workers), str(store)],
-                            env=ddp_env(port, ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _wait(proc: subprocess.Popen, out: Path, devices: int) -> list[dict]:
-    log = finish(proc, 300)  # a quiet run takes about 30 s
-    assert proc.returncode == 0, log[-8000:]
-    paths = [out / f"rank{r}.json" for r in range(devices)]
-    for _ in range(300):  # rank 1 is a child process of rank 0 and may finish writing a moment later
-        if all(p.exists() for p in paths):
-            break
-        time.sleep(0.1)
-    return [json.loads(p.read_text()) for p in paths]
+def _read(out: Path, devices: int) -> list[dict]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(devices)]
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +57,10 @@ def runs(store, tmp_path_factory):
     """Side by side: an uninterrupted 2-rank epoch (1 loader worker per rank) and one stopped after 3 micro-batches
     with a checkpoint (2 workers, which prefetch ahead); then the stopped one resumed on 1 rank (no worker)."""
     full_dir, stop_dir, resume_dir = (tmp_path_factory.mktemp(n) for n in ("full", "stop", "resume"))
-    ports = free_ports(3)
-    full = _start(full_dir, "full", 2, 1, store, ports[0])
-    stop = _start(stop_dir, "stop", 2, 2, store, ports[1])
-    stopped = _wait(stop, stop_dir, 2)
+    run_scripts(SCRIPT, {"full": [full_dir, "full", 2, 1, store], "stop": [stop_dir, "stop", 2, 2, store]}, 300)
     shutil.copy(stop_dir / "mid.ckpt", resume_dir / "mid.ckpt")
-    resumed = _wait(_start(resume_dir, "resume", 1, 0, store, ports[2]), resume_dir, 1)
-    return _wait(full, full_dir, 2), stopped, resumed
+    run_scripts(SCRIPT, {"resume": [resume_dir, "resume", 1, 0, store]}, 300)
+    return _read(full_dir, 2), _read(stop_dir, 2), _read(resume_dir, 1)
 
 
 def _expected(store: Path) -> dict[int, list[int]]:

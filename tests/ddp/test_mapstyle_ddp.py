@@ -12,7 +12,7 @@ import pytest
 
 from _procs import run_ranks  # tests/ddp/_procs.py
 
-pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, seconds each
 
 SCRIPT = Path(__file__).with_name("fit_mapstyle.py")
 RUNS = [("classify", True, 0), ("classify", False, 1), ("seq2seq", True, 0)]  # task, use_distributed_sampler, workers

@@ -16,7 +16,7 @@ from lit_balance.data.tokenizer import builtin_tokenizer
 
 from _procs import run_ranks  # tests/ddp/_procs.py
 
-pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, seconds each
 
 pytest.importorskip("datasets")  # the "datasets" extra; part of the test extra
 

@@ -8,7 +8,7 @@ import pytest
 
 from _procs import finish  # tests/ddp/_procs.py
 
-pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # a real 2-rank CPU fit in a subprocess, > 10 s
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # a real 2-rank CPU fit in a subprocess, seconds
 
 SCRIPT = Path(__file__).with_name("fit_disagree.py")
 

@@ -2,36 +2,20 @@
 
 import json
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from _procs import ddp_env, finish, free_ports# tests/ddp/_procs.py
+from _procs import run_scripts  # tests/ddp/_procs.py
 
-pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, seconds each
 
 SCRIPT = Path(__file__).with_name("fit_resume.py")
 ACCUMULATE = 2  # the stop after 3 micro-batches falls inside an optimizer step's window
 
 
-def _start(out: Path, phase: str, devices: int, workers: int, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SCRIPT), str(out), phase, str(devices), str(workers),
-                             str(ACCUMULATE)],
-                            env=ddp_env(port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _wait(proc: subprocess.Popen, out: Path, phase: str, devices: int) -> list[dict]:
-    log = finish(proc, 240)
-    assert proc.returncode == 0, log[-8000:]
-    paths = [out / f"{phase}_rank{r}.json" for r in range(devices)]
-    for _ in range(300):  # rank 1 is a child process of rank 0 and may finish writing a moment later
-        if all(p.exists() for p in paths):
-            break
-        time.sleep(0.1)
-    return [json.loads(p.read_text()) for p in paths]
+def _read(out: Path, phase: str, devices: int) -> list[dict]:
+    return [json.loads((out / f"{phase}_rank{r}.json").read_text()) for r in range(devices)]
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +25,16 @@ def runs(tmp_path_factory):
     side, the first resumed on 2 ranks (2 workers) and on 1 rank (no workers), the failure's on 2 ranks (2 workers,
     key "fail")."""
     stop_dir = tmp_path_factory.mktemp("stop")
-    stopped = _wait(_start(stop_dir, "stop", 2, 2, free_ports(1)[0]), stop_dir, "stop", 2)
-    procs = {}
-    resumes = ((2, "resume", "mid", 2, 2), (1, "resume", "mid", 1, 0), ("fail", "resume_fail", "fail", 2, 2))
-    for (key, phase, ckpt, devices, workers), port in zip(resumes, free_ports(len(resumes))):
-        out = tmp_path_factory.mktemp(f"resume{key}")
-        shutil.copy(stop_dir / f"{ckpt}.ckpt", out / f"{ckpt}.ckpt")
-        procs[key] = (out, phase, devices, _start(out, phase, devices, workers, port))
-    resumed = {key: _wait(proc, out, phase, devices) for key, (out, phase, devices, proc) in procs.items()}
+    run_scripts(SCRIPT, {"stop": [stop_dir, "stop", 2, 2, ACCUMULATE]}, 240)
+    stopped = _read(stop_dir, "stop", 2)
+    resumes = {2: ("resume", "mid", 2, 2), 1: ("resume", "mid", 1, 0), "fail": ("resume_fail", "fail", 2, 2)}
+    outs = {}
+    for key, (phase, ckpt, devices, workers) in resumes.items():
+        outs[key] = tmp_path_factory.mktemp(f"resume{key}")
+        shutil.copy(stop_dir / f"{ckpt}.ckpt", outs[key] / f"{ckpt}.ckpt")
+    run_scripts(SCRIPT, {key: [outs[key], phase, devices, workers, ACCUMULATE]
+                         for key, (phase, _, devices, workers) in resumes.items()}, 240)
+    resumed = {key: _read(outs[key], phase, devices) for key, (phase, _, devices, _) in resumes.items()}
     return stopped, resumed, tmp_path_factory.mktemp("plan")
 
 

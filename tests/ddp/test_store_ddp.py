@@ -3,36 +3,22 @@ ranks: every document once, each with its own tokens, and on 2 ranks exactly the
 
 import json
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from _procs import ddp_env, finish, free_ports  # tests/ddp/_procs.py
+from _procs import run_scripts  # tests/ddp/_procs.py
 
-pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, > 10 s each
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, seconds each
 
 SCRIPT = Path(__file__).with_name("fit_store.py")
 ROOT = SCRIPT.parents[2]
 STOP_AT = 3  # as fit_store.py
 
 
-def _start(out: Path, kind: str, store: Path, phase: str, devices: int, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SCRIPT), str(out), kind, str(store), phase, str(devices)],
-                            env=ddp_env(port, ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _wait(proc: subprocess.Popen, out: Path, phase: str, devices: int) -> list[dict]:
-    log = finish(proc, 300)
-    assert proc.returncode == 0, log[-8000:]
-    paths = [out / f"{phase}_rank{r}.json" for r in range(devices)]
-    for _ in range(300):  # rank 1 is a child process of rank 0 and may finish writing a moment later
-        if all(p.exists() for p in paths):
-            break
-        time.sleep(0.1)
-    return [json.loads(p.read_text()) for p in paths]
+def _read(out: Path, phase: str, devices: int) -> list[dict]:
+    return [json.loads((out / f"{phase}_rank{r}.json").read_text()) for r in range(devices)]
 
 
 def megatron_store(root: Path) -> tuple[Path, list[list[int]]]:
@@ -50,21 +36,15 @@ STORES = {"megatron": megatron_store}  # kind -> writer of (store path, document
 def runs(request, tmp_path_factory):
     kind = request.param
     store, docs = STORES[kind](tmp_path_factory.mktemp(f"{kind}_store"))
-    stop_dir = tmp_path_factory.mktemp("stop")
-    ports = free_ports(4)
-    full_dir = tmp_path_factory.mktemp("full")
-    stop = _start(stop_dir, kind, store, "stop", 2, ports[0])
-    full = _start(full_dir, kind, store, "full", 2, ports[1])
-    stopped = _wait(stop, stop_dir, "stop", 2)
-    uninterrupted = _wait(full, full_dir, "full", 2)
-    resumed = {}
-    procs = {}
-    for devices, port in ((1, ports[2]), (2, ports[3])):
-        out = tmp_path_factory.mktemp(f"resume{devices}")
-        shutil.copy(stop_dir / "mid.ckpt", out / "mid.ckpt")
-        procs[devices] = (out, _start(out, kind, store, "resume", devices, port))
-    for devices, (out, proc) in procs.items():
-        resumed[devices] = _wait(proc, out, "resume", devices)
+    stop_dir, full_dir = tmp_path_factory.mktemp("stop"), tmp_path_factory.mktemp("full")
+    run_scripts(SCRIPT, {"stop": [stop_dir, kind, store, "stop", 2], "full": [full_dir, kind, store, "full", 2]}, 300)
+    stopped, uninterrupted = _read(stop_dir, "stop", 2), _read(full_dir, "full", 2)
+    outs = {}
+    for devices in (1, 2):
+        outs[devices] = tmp_path_factory.mktemp(f"resume{devices}")
+        shutil.copy(stop_dir / "mid.ckpt", outs[devices] / "mid.ckpt")
+    run_scripts(SCRIPT, {devices: [out, kind, store, "resume", devices] for devices, out in outs.items()}, 300)
+    resumed = {devices: _read(out, "resume", devices) for devices, out in outs.items()}
     return docs, stopped, uninterrupted, resumed
 
 

@@ -24,6 +24,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from lit_balance.callbacks import RunSummary, StragglerMonitor
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ddp"))
+from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+
 
 class Items(Dataset):
     """``n`` micro-batches of 4 tokens; on rank 1, fetching items ``sleepy`` (in this rank's order) sleeps."""
@@ -95,4 +98,4 @@ def main(out_dir, data_s, validation_s, checkpoint_s):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *map(float, sys.argv[2:5]))
+    run_as_ranks(lambda: main(sys.argv[1], *map(float, sys.argv[2:5])), 2)
