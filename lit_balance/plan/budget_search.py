@@ -239,9 +239,8 @@ def next_budget(measurements: Sequence[MemoryMeasurement], space: BudgetSpace) -
     upper = min(space.max_budget, fail_min - m) // m * m
     if upper <= best_ok * TOLERANCE:
         return None  # bracketed: the boundary lies within TOLERANCE above the largest budget that fitted
-    candidate = _fitted_candidate(measurements, space, upper, first=len(groups) == 2)
-    if not failed and candidate is not None:  # the fit extrapolates from smaller passes: grow by GROWTH at most
-        candidate = min(candidate, max(best_ok, int(best_ok * GROWTH) // m * m))
+    reach = upper if failed else min(upper, max(best_ok, int(best_ok * GROWTH) // m * m))  # no failure yet: GROWTH
+    candidate = _fitted_candidate(measurements, space, reach, first=len(groups) == 2)
     if failed:
         step = _interpolated(groups, best_ok, fail_min, space.target, m)
         if candidate is None or (step is not None and any(p.status == OUT_OF_MEMORY for p in groups[fail_min])):
