@@ -27,20 +27,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _exit_code(exc: SystemExit) -> int:
-    return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
-
-
-def _run_child(main: Callable[[], object], local_rank: int) -> None:
-    """Rank ``local_rank``: dies with its parent (a test's timeout kills the parent), runs ``main``, never returns."""
+def run_in_child(body: Callable[[], object]) -> None:
+    """In a forked child: die with the parent (a test's timeout kills the parent), run ``body``, and end the process
+    as the interpreter would (exit status of ``SystemExit``, its message printed; traceback and 1 on an uncaught
+    exception); never returns."""
     code = 1
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        os.environ["LOCAL_RANK"] = str(local_rank)
-        main()
+        body()
         code = 0
-    except SystemExit as exc:  # as the interpreter ends: a message is printed, with status 1
-        code = _exit_code(exc)
+    except SystemExit as exc:
+        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
         if not isinstance(exc.code, int | None):
             print(exc.code, file=sys.stderr)
     except BaseException:  # noqa: BLE001  as an uncaught exception in a process of its own: traceback, status 1
@@ -49,6 +46,16 @@ def _run_child(main: Callable[[], object], local_rank: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _run_child(main: Callable[[], object], local_rank: int) -> None:
+    """Rank ``local_rank``: runs ``main`` in this forked child (:func:`run_in_child`)."""
+
+    def body() -> None:
+        os.environ["LOCAL_RANK"] = str(local_rank)
+        main()
+
+    run_in_child(body)
 
 
 def run_as_ranks(main: Callable[[], object], num_ranks: int) -> None:

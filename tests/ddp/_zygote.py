@@ -8,22 +8,17 @@ the run's log, sets ``MASTER_PORT`` and ``sys.argv`` and runs SCRIPT as ``__main
 statuses as one JSON list once all ended; a child dies with this process (a test's timeout kills it).
 """
 
-import ctypes
 import json
 import os
 import runpy
-import signal
 import sys
-import traceback
 from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1
+from _fork_ranks import run_in_child  # this script's folder is on sys.path
 
 
 def _run(script: str, run: dict) -> None:
-    code = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    def body() -> None:
         log = os.open(run["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(log, 1)
         os.dup2(log, 2)
@@ -31,17 +26,8 @@ def _run(script: str, run: dict) -> None:
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(run["port"])
         sys.argv = [script, *run["argv"]]
         runpy.run_path(script, run_name="__main__")
-        code = 0
-    except SystemExit as exc:  # as the interpreter ends: a message is printed, with status 1
-        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
-        if not isinstance(exc.code, int | None):
-            print(exc.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001  as an uncaught exception in a process of its own: traceback, status 1
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+
+    run_in_child(body)
 
 
 def main() -> None:
