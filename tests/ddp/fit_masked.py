@@ -12,6 +12,7 @@ OUT_DIR/init.pt (initial weights) and OUT_DIR/train_rows.json (what the training
 """
 
 import json
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -46,8 +47,10 @@ def corpus(mode, out):
 
         return datasets.Dataset.from_dict({"text": [r["prompt"] + r["completion"] for r in records()]})
     path = out / "pc.jsonl"
-    if not path.exists():
-        path.write_text("".join(json.dumps(r) + "\n" for r in records()), encoding="utf-8")
+    if not path.exists():  # both ranks may get here at once: each writes its own file, then renames it (atomic)
+        mine = out / f"pc.jsonl.{os.getpid()}"
+        mine.write_text("".join(json.dumps(r) + "\n" for r in records()), encoding="utf-8")
+        os.replace(mine, path)
     return path
 
 
