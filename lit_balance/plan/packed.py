@@ -22,6 +22,8 @@ The plan is made in five stages, all vectorised with numpy except a heap over th
    same length whatever the cost model: the smallest multiple of ``num_replicas`` at or above the most of
    ``ceil(tokens / budget)`` (with 2 % headroom), the documents longer than half the budget (no two share a
    row) and ``ceil(documents / max_batch_size)``, for which the unshuffled token-cost packing below fits.
+   With unequal rank speeds a larger count, at which the fastest rank's share fits the budget, is planned too and
+   the one that wastes less rank time is kept; epoch 0 decides, and every later epoch plans at its count.
 2. **Outliers.** Documents sorted longest first (ties at random with ``shuffle``); those longer than an eighth
    of the budget or costing more than a quarter of an even share of a micro-batch are placed one by one on the
    least costly micro-batch with room (Graham's LPT rule, a heap).
@@ -542,10 +544,13 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
         k_fast = -(-int(np.ceil(doc_len.sum() * share / (capacity * (1 - _HEADROOM)))) // num_replicas) * num_replicas
         if k < k_fast < n:
             tried.append(k_fast)
+    if len(tried) > 1 and shuffle and epoch != 0:  # the count epoch 0 chose: every epoch as long as len() said
+        tried = [plan_packed(lengths, candidates, settings, num_replicas=num_replicas, epoch=0, cost_model=cost_model,
+                             speeds=speeds, min_steps=min_steps).num_batches]
     best: tuple[float, EpochPlan] | None = None
     for count in tried:
         packed = _pack(doc_len, doc_cost, count, capacity, doc_cap, num_replicas, accumulate, speeds, rng)
-        if packed is None and count == k:  # the unshuffled token-cost packing of the count fits by construction
+        if packed is None and count == tried[0]:  # the unshuffled token-cost packing of the count fits by construction
             packed = _pack(doc_len, doc_len.astype(np.float64), verified, capacity, doc_cap, num_replicas, 1,
                            np.ones(num_replicas), None)
             if packed is not None:  # split to the count asked for (min_steps); its steps, most costly first
@@ -555,7 +560,7 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
                 group_of_bin[np.argsort(-bin_cost, kind="stable")] = np.arange(count) // (num_replicas * accumulate)
                 packed = (bin_of, group_of_bin)
         if packed is None:
-            if count == k:
+            if count == tried[0]:
                 raise RuntimeError(f"packed planning found no packing of {n} documents into {count} micro-batches of "
                                    f"{capacity} tokens; please report this with the lengths")
             continue
