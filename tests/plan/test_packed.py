@@ -98,6 +98,19 @@ def test_packed_plan_invariants(data, max_tokens, num_replicas, pad, accumulate,
                                         **{**kwargs, "cost_model": CostModel(linear=0.0, quadratic=1.0)})) == steps
 
 
+def test_unequal_rank_speeds_keep_the_epoch_length_of_epoch_0():
+    """With unequal speeds two counts are planned and the less wasteful kept: epoch 0 decides for every epoch."""
+    lengths = np.array([1] * 10 + [7] + [8] * 6)
+    sampler = BalancedBatchSampler(lengths, num_replicas=3, rank=0, packing=True, max_tokens=8, seed=3,
+                                   accumulate_grad_batches=3, cost_model=CostModel(quadratic=1e-3),
+                                   rank_speeds=[0.5, 0.375, 0.375])
+    counts = []
+    for epoch in range(6):
+        sampler.set_epoch(epoch)
+        counts.append((len(sampler), len(list(sampler))))
+    assert counts == [counts[0]] * 6 and counts[0][0] == counts[0][1]
+
+
 def test_packing_changes_composition_and_balances_on_a_shipped_distribution():
     lengths = np.minimum(np.load(LENGTHS / "lengths_fortunes.npy").astype(np.int64), 512)
     for cost_model in (CostModel(), CostModel(quadratic=1e-3)):
