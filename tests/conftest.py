@@ -1,6 +1,17 @@
 """Settings for the whole test suite."""
 
-from hypothesis import HealthCheck, settings
+import os
+
+# Two pytest-xdist workers share the machine's cores, and the processes a test starts (ranks, recipes) run beside the
+# other worker: one intra-op thread per process, unless set otherwise, so that OpenMP threads of several processes do
+# not spin against each other (on 2 cores, two 2-thread ranks beside a worker took 5x the CPU time of 1-thread ones).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # No test may depend on this machine's speed: Hypothesis neither times examples out (deadline) nor fails a test
 # whose data generation is slow on a busy machine (too_slow). A test's own @settings only overrides what it names.
