@@ -10,6 +10,8 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
+import _zygote  # tests/ddp/_zygote.py
+
 
 def finish(proc: subprocess.Popen, timeout_s: float) -> str:
     """Wait for ``proc`` and return its output (stdout with stderr merged, text).
@@ -47,11 +49,32 @@ def ddp_env(port: int, root: Path | None = None) -> dict[str, str]:
     return env
 
 
+def _forked_runs(script: Path, runs: dict[Hashable, list[str]], timeout_s: float) -> dict[Hashable, tuple[int, str]]:
+    """``{key: (exit status, output)}`` of ``python script *arguments`` run once per run, side by side
+    (:func:`run_scripts`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = {key: Path(tmp) / f"run{i}.log" for i, key in enumerate(runs)}
+        spec = [{"argv": [str(a) for a in args], "port": port, "log": str(logs[key])}
+                for (key, args), port in zip(runs.items(), free_ports(len(runs)))]
+        env = ddp_env(free_ports(1)[0], script.parents[2])
+        log, status_file = Path(tmp) / "zygote.log", Path(tmp) / "status.json"
+        process = _zygote.start(str(script), spec, {k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "PYTHONPATH")},
+                                str(log), str(status_file))
+        process.join(timeout_s)
+        if process.is_alive():  # its runs die with it
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired(str(script), timeout_s, output=log.read_text()[-8000:])
+        assert process.exitcode == 0 and status_file.exists(), (process.exitcode, log.read_text()[-8000:])
+        return {key: (code, logs[key].read_text())
+                for key, code in zip(runs, json.loads(status_file.read_text()))}
+
+
 def run_scripts(script: Path, runs: dict[Hashable, list[str]], timeout_s: float) -> None:
     """Run ``python script *arguments`` once per run, all side by side, each in a process of its own.
 
-    The runs are forked from one process that imported what the script imports (``_zygote.py``), each with its own
-    rendezvous port (``MASTER_PORT``) and the repository root on ``PYTHONPATH``.
+    The runs are forked from one process that imported torch and Lightning once for this pytest worker
+    (``_zygote.py``), each with its own rendezvous port (``MASTER_PORT``) and the repository root on ``PYTHONPATH``.
 
     Args:
         script: a test script whose ``__main__`` block runs it.
@@ -62,19 +85,17 @@ def run_scripts(script: Path, runs: dict[Hashable, list[str]], timeout_s: float)
         AssertionError: a run exited non-zero (with the tail of its output).
         subprocess.TimeoutExpired: the runs ran past ``timeout_s``.
     """
-    with tempfile.TemporaryDirectory() as tmp:
-        logs = {key: Path(tmp) / f"run{i}.log" for i, key in enumerate(runs)}
-        spec = [{"argv": [str(a) for a in args], "port": port, "log": str(logs[key])}
-                for (key, args), port in zip(runs.items(), free_ports(len(runs)))]
-        (Path(tmp) / "runs.json").write_text(json.dumps(spec))
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_zygote.py")), str(script),
-                                 str(Path(tmp) / "runs.json")], env=ddp_env(free_ports(1)[0], script.parents[2]),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        log = finish(proc, timeout_s)
-        assert proc.returncode == 0, log[-8000:]
-        status = json.loads(log.strip().splitlines()[-1])
-        for key, code in zip(runs, status):
-            assert code == 0, (key, code, logs[key].read_text()[-8000:])
+    for key, (code, log) in _forked_runs(script, runs, timeout_s).items():
+        assert code == 0, (key, code, log[-8000:])
+
+
+def run_script(script: Path, args: list[str], timeout_s: float) -> tuple[int, str]:
+    """Run ``python script *args`` once as :func:`run_scripts` does; its exit status and output, whatever the status.
+
+    Raises:
+        subprocess.TimeoutExpired: the run ran past ``timeout_s``.
+    """
+    return _forked_runs(script, {0: args}, timeout_s)[0]
 
 
 def run_ranks(script: Path, runs: dict[Hashable, tuple[Path, list[str]]], timeout_s: float,

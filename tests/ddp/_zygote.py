@@ -1,20 +1,26 @@
-"""Run a test script several times, side by side, from one process that imported what it imports once.
+"""Run a test script several times, side by side, in processes forked from one that imported torch and Lightning.
 
-Run: python tests/ddp/_zygote.py SCRIPT SPEC_JSON, SPEC_JSON a file holding a list of runs, each
-``{"argv": [...], "port": MASTER_PORT, "log": path}``. This process runs SCRIPT's module body once (its imports and
-definitions, not its ``__main__`` block), then forks one child per run: the child writes its stdout and stderr to
-the run's log, sets ``MASTER_PORT`` and ``sys.argv`` and runs SCRIPT as ``__main__`` (its imports now cached), as
-``python SCRIPT ARGV...`` would, each run a process (and its ranks' processes) of its own. Prints the runs' exit
-statuses as one JSON list once all ended; a child dies with this process (a test's timeout kills it).
+:func:`start` hands one call of :func:`serve` to a ``multiprocessing`` fork server (the standard library's
+``forkserver`` start method): a process of this pytest worker's, started once, that imported the modules of
+:data:`PRELOAD` and forks a fresh child for every call, so a call pays no import of torch or Lightning (seconds of
+CPU each). The child runs SCRIPT's module body once (its other imports and definitions, not its ``__main__`` block),
+then forks one process per run: it writes its stdout and stderr to the run's log, sets ``MASTER_PORT`` and
+``sys.argv`` and runs SCRIPT as ``__main__``, as ``python SCRIPT ARGV...`` would, each run a process (and its ranks'
+processes) of its own. A run dies with the child, and the child with a test's timeout (:meth:`Process.kill`).
 """
 
 import json
+import multiprocessing
 import os
 import runpy
 import sys
 from pathlib import Path
 
 from _fork_ranks import run_in_child  # this script's folder is on sys.path
+
+#: imported once by the fork server: what the test scripts import
+PRELOAD = ["numpy", "torch", "torch.distributed", "lightning", "lightning.pytorch", "lit_balance",
+           "lit_balance.lightning", "lit_balance.callbacks", "lit_balance.demo"]
 
 
 def _run(script: str, run: dict) -> None:
@@ -30,9 +36,17 @@ def _run(script: str, run: dict) -> None:
     run_in_child(body)
 
 
-def main() -> None:
-    script, runs = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
-    sys.path.insert(0, str(Path(script).resolve().parent))  # as for python SCRIPT
+def serve(script: str, runs: list[dict], env: dict[str, str], log: str, status_file: str) -> None:
+    """In the fork server's child: ``env`` set and ``sys.path`` as for ``python SCRIPT`` (the script's folder, then
+    ``PYTHONPATH``), output to ``log``; SCRIPT's body once, a forked process per run, their exit statuses written to
+    ``status_file`` as one JSON list once all ended."""
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    os.environ.update(env)
+    multiprocessing.set_start_method(None, force=True)  # the platform's default, as in a process of its own (fork)
+    sys.path[:0] = [str(Path(script).resolve().parent), *env.get("PYTHONPATH", "").split(os.pathsep)]
     runpy.run_path(script, run_name="_imported_once")
     sys.stdout.flush()
     sys.stderr.flush()
@@ -47,8 +61,13 @@ def main() -> None:
         pid, code = os.wait()
         if pid in children:
             status[children.pop(pid)] = os.waitstatus_to_exitcode(code)
-    print(json.dumps(status))
+    Path(status_file).write_text(json.dumps(status))
 
 
-if __name__ == "__main__":
-    main()
+def start(script: str, runs: list[dict], env: dict[str, str], log: str, status_file: str) -> multiprocessing.Process:
+    """Start :func:`serve` in a child of this process's fork server (started, with :data:`PRELOAD`, on first use)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    process = context.Process(target=serve, args=(script, runs, env, log, status_file), name="zygote")
+    process.start()
+    return process

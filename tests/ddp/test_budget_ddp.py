@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import run_ranks  # tests/ddp/_procs.py
+from _procs import run_ranks, run_script  # tests/ddp/_procs.py
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses
 
@@ -26,15 +26,8 @@ def test_one_rank_out_of_memory_ends_with_its_smaller_budget_on_every_rank(tmp_p
 
 
 def test_one_rank_out_of_memory_at_every_size_stops_every_rank_with_the_cause(tmp_path):
-    import subprocess
-    import sys
-
-    from _procs import ddp_env, finish, free_ports
-
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=ddp_env(free_ports(1)[0], SCRIPT.parents[2]))
-    log = finish(proc, 240)  # never a hang
-    assert proc.returncode != 0, log[-4000:]
+    code, log = run_script(SCRIPT, [tmp_path, "0"], 240)  # never a hang
+    assert code != 0, log[-4000:]
     for rank in (0, 1):
         error = (tmp_path / f"rank{rank}.json").read_text()
         assert "RuntimeError" in error and "rank(s) [1] cannot fit even one micro-batch" in error, (rank, error)

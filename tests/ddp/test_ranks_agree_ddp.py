@@ -1,12 +1,10 @@
 """Ranks that planned different data fail together, on real 2-process CPU DDP (gloo)."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from _procs import finish  # tests/ddp/_procs.py
+from _procs import run_script  # tests/ddp/_procs.py
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # a real 2-rank CPU fit in a subprocess, seconds
 
@@ -14,10 +12,8 @@ SCRIPT = Path(__file__).with_name("fit_disagree.py")
 
 
 def test_a_document_missing_on_one_rank_stops_every_rank_with_the_cause(tmp_path):
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    log = finish(proc, 480)  # never a hang: 4x the ranks' 120 s rendezvous and collective limit
-    assert proc.returncode != 0, log[-4000:]
+    code, log = run_script(SCRIPT, [tmp_path], 480)  # never a hang: 4x the ranks' 120 s rendezvous and collective limit
+    assert code != 0, log[-4000:]
     for rank in (0, 1):
         message = (tmp_path / f"rank{rank}.txt").read_text()
         assert message.startswith("RuntimeError: "), (rank, message)
