@@ -34,8 +34,15 @@ import os
 import time
 
 import hydra
+import lightning as L
 from hydra.utils import instantiate, to_absolute_path
+from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig
+
+from lit_balance.callbacks import LastStepCheckpoint
+from lit_balance.lightning.outputs import report_outputs, shown_path as _shown
+from lit_balance.report import summary_line
+from lit_balance.world import data_parallel_world
 
 _START = time.perf_counter()
 
@@ -43,15 +50,6 @@ _START = time.perf_counter()
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Build the data module, model, callbacks and Trainer that ``cfg`` describes, and fit."""
-    # imported here, once Hydra has composed the config: --cfg job, --help and a mistyped key answer at once
-    import lightning as L
-    from lightning.pytorch.callbacks import ProgressBar
-
-    from lit_balance.callbacks import LastStepCheckpoint
-    from lit_balance.lightning.outputs import report_outputs, shown_path as _shown
-    from lit_balance.report import summary_line
-    from lit_balance.world import data_parallel_world
-
     L.seed_everything(cfg.seed, verbose=False)
     paths = {}
     if cfg.data.get("cache_dir"):  # a relative one is read from the launch directory, even with hydra.job.chdir
