@@ -4,7 +4,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Hashable
 from pathlib import Path
@@ -56,7 +55,7 @@ def _forked_runs(script: Path, runs: dict[Hashable, list[str]], timeout_s: float
         logs = {key: Path(tmp) / f"run{i}.log" for i, key in enumerate(runs)}
         spec = [{"argv": [str(a) for a in args], "port": port, "log": str(logs[key])}
                 for (key, args), port in zip(runs.items(), free_ports(len(runs)))]
-        env = ddp_env(free_ports(1)[0], script.parents[2])
+        env = ddp_env(free_ports(1)[0], Path(__file__).resolve().parents[2])  # the repository root
         log, status_file = Path(tmp) / "zygote.log", Path(tmp) / "status.json"
         process = _zygote.start(str(script), spec, {k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "PYTHONPATH")},
                                 str(log), str(status_file))

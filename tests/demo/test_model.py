@@ -163,6 +163,7 @@ def test_val_loss_is_the_exact_token_mean_in_one_process():
 @pytest.mark.ddp
 @pytest.mark.timeout(300)
 def test_val_loss_is_the_exact_token_mean_over_two_ranks_with_unequal_token_counts():
+    import multiprocessing
     from datetime import timedelta
 
     from lightning.pytorch.strategies import DDPStrategy
@@ -171,6 +172,9 @@ def test_val_loss_is_the_exact_token_mean_over_two_ranks_with_unequal_token_coun
     per_rank = [_exact_mean(model, _rank_batches(rank))[1] for rank in (0, 1)]
     assert per_rank == [89, 58]
     exact, _ = _exact_mean(model, _rank_batches(0) + _rank_batches(1))
-    trainer = _trainer(devices=2, strategy=DDPStrategy(start_method="spawn", timeout=timedelta(seconds=60)))
+    # started as "spawn" starts them, from a process that imported torch and Lightning once (the standard library's
+    # fork server, shared with tests/ddp/_zygote.py where it already runs), not two fresh interpreters
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "lightning.pytorch", "lit_balance.demo"])
+    trainer = _trainer(devices=2, strategy=DDPStrategy(start_method="forkserver", timeout=timedelta(seconds=60)))
     trainer.validate(model, verbose=False)
     assert float(trainer.callback_metrics["val/loss"]) == pytest.approx(exact, abs=1e-6)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +13,9 @@ from lightning.pytorch.profilers import PassThroughProfiler
 
 from lit_balance.lightning.callbacks.phases import PhaseClock
 from lit_balance.report import read_metrics_csv, training_plot_data
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ddp"))
+from _procs import run_script
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).with_name("fit_phases.py")
@@ -33,11 +34,9 @@ def _close(measured: float, injected: float) -> bool:
 @pytest.fixture(scope="module")
 def fit(tmp_path_factory):
     out = tmp_path_factory.mktemp("phases")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    # about 15 s on 2 cores, 9 s of it the sleeps
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), str(DATA_S), str(VALIDATION_S), str(CHECKPOINT_S)],
-                          capture_output=True, text=True, timeout=240, env=env, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    # about 15 s on 2 cores, 9 s of it the sleeps; forked from the process that imported Lightning (tests/ddp/_procs.py)
+    code, log = run_script(SCRIPT, [out, DATA_S, VALIDATION_S, CHECKPOINT_S], 240)
+    assert code == 0, log[-8000:]
     table = json.loads((out / "result.json").read_text())["rows"]
     return table, read_metrics_csv(out / "logs" / "metrics.csv")
 
