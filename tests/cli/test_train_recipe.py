@@ -25,6 +25,13 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "LIT_BALANCE_CACHE": str(tmp_path / "default_cache"), "PYTHONPATH": python_path}
 
 
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> str:
+    """One tokenization cache for the module's other runs (the first run fills it; the cache's key is the corpus and
+    tokenizer, so later runs read it as a user's second run does)."""
+    return f"data.cache_dir={tmp_path_factory.mktemp('cache')}"
+
+
 def _table(out: str) -> dict[str, tuple[str, ...]]:
     """RunSummary's rows: rank -> (micro-batches, real tokens, padded slots, padding ratio, compute s, data wait s,
     rank wait s, other s)."""
@@ -122,11 +129,11 @@ def test_a_mistyped_key_fails_with_hydras_hint(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def packed_without_bar(tmp_path_factory):
+def packed_without_bar(tmp_path_factory, cache_dir):
     """One 2-rank run of the smoke model, packed, with the default callbacks and trainer.enable_progress_bar=false:
     its stdout."""
     tmp_path = tmp_path_factory.mktemp("packed")
-    overrides = ["experiment=smoke", "data.packing=true", "trainer.enable_progress_bar=false", "data.cache_dir=cache"]
+    overrides = ["experiment=smoke", "data.packing=true", "trainer.enable_progress_bar=false", cache_dir]
     proc = subprocess.run([sys.executable, str(RECIPE), *overrides], check=False, capture_output=True, text=True,
                           timeout=300, env=_env(tmp_path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -204,10 +211,10 @@ _LABELS = ("train/loss", "step", "window", "tokens/s", "straggler", "compute", "
 
 
 @pytest.mark.ddp
-def test_the_main_job_in_a_terminal_keeps_a_readable_screen_and_resumes_from_its_last_step(tmp_path):
+def test_the_main_job_in_a_terminal_keeps_a_readable_screen_and_resumes_from_its_last_step(tmp_path, cache_dir):
     # max_steps=3 of the smoke model under an 80 x 40 terminal; then a resume from the checkpoint it printed
     env = _env(tmp_path)
-    base = ["experiment=smoke", "data.cache_dir=cache", "callbacks.straggler_monitor.log_every_n_micro_batches=2"]
+    base = ["experiment=smoke", cache_dir, "callbacks.straggler_monitor.log_every_n_micro_batches=2"]
     status, screens = _run_in_terminal([*base, "trainer.max_steps=3"], tmp_path, env)
     final = [line.rstrip() for line in screens[-1]]
     assert status == 0, "\n".join(final)
@@ -243,9 +250,9 @@ def test_the_main_job_in_a_terminal_keeps_a_readable_screen_and_resumes_from_its
 
 @pytest.mark.ddp
 @pytest.mark.slow
-def test_train_recipe_with_max_tokens_auto_measures_the_budget_on_both_ranks(tmp_path):
+def test_train_recipe_with_max_tokens_auto_measures_the_budget_on_both_ranks(tmp_path, cache_dir):
     overrides = ["experiment=smoke", "data.max_tokens=auto", f"data.memory_limit={3 * 2**29}",
-                 "callbacks=[run_summary]", "data.cache_dir=cache"]
+                 "callbacks=[run_summary]", cache_dir]
     proc = subprocess.run([sys.executable, str(RECIPE), *overrides], check=False, capture_output=True, text=True,
                           timeout=600, env=_env(tmp_path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
