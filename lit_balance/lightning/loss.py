@@ -64,8 +64,8 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, *, shift: bool = 
         >>> round(float(loss_sum), 4), n
         (1.3863, 1)
     """
-    if shift:
-        logits, labels = logits[:, :-1], labels[:, 1:]
+    if shift:  # the labels move, not the logits: no copy of the [B, T, vocab] tensor
+        labels = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
     targets = labels.reshape(-1)
     n = int((targets != IGNORE_INDEX).sum())
     if n == 0:

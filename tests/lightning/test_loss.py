@@ -216,6 +216,11 @@ def test_token_loss_sum_matches_cross_entropy_and_handles_no_targets():
     assert n == int((targets != IGNORE_INDEX).sum()) == 6
     ref = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 7), targets.reshape(-1), reduction="sum")
     assert torch.allclose(s, ref)
+    # the gradient as the sliced reference's: the last position of each row predicts nothing
+    mine, theirs = logits.clone().requires_grad_(True), logits.clone().requires_grad_(True)
+    token_loss_sum(mine, labels)[0].backward()
+    torch.nn.functional.cross_entropy(theirs[:, :-1].reshape(-1, 7), targets.reshape(-1), reduction="sum").backward()
+    assert torch.allclose(mine.grad, theirs.grad) and float(mine.grad[:, -1].abs().sum()) == 0.0
     leaf = logits.clone().requires_grad_(True)
     s0, n0 = token_loss_sum(leaf, torch.full_like(labels, IGNORE_INDEX))
     assert n0 == 0 and float(s0.detach()) == 0.0
