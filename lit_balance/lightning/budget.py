@@ -43,7 +43,7 @@ import torch
 from lit_balance._checks import check_int, check_number
 from lit_balance.data.collate import collator_for
 from lit_balance.errors import InputTypeError, InputValueError
-from lit_balance.lightning.meters import MemoryMeter, meter_for
+from lit_balance.lightning.meters import MemoryMeter, meter_for, return_freed_memory
 from lit_balance.lightning.probe_state import ModuleSnapshot
 from lit_balance.plan.budget_search import (
     OK,
@@ -587,6 +587,9 @@ class AutoTokenBudget:
     def resolve(self, trainer: Any, **kwargs: Any) -> TokenBudget:
         """The budget: the one restored or measured before, else measured now with ``trainer.lightning_module``.
 
+        A CPU budget restored from a checkpoint sets the allocator as the probe's meter does
+        (:func:`~lit_balance.lightning.meters.return_freed_memory`).
+
         Args:
             trainer: the fitting Trainer (its strategy, precision, optimizers and data-parallel world are used).
             **kwargs: :class:`TokenBudgetProbe`'s ``lengths``, ``settings``, ``pad_token_id``, ``token_ids``.
@@ -600,6 +603,9 @@ class AutoTokenBudget:
                                    "Trainer.fit(model, datamodule=dm), or call dm.find_max_tokens(model, ...) and pass "
                                    "its max_tokens")
             self.budget = self.probe(trainer.lightning_module, trainer=trainer, **kwargs)
+        elif (self.meter is None and self.budget.device == "cpu" and trainer is not None
+              and trainer.lightning_module is not None and trainer.lightning_module.device.type == "cpu"):
+            return_freed_memory()  # a restored CPU budget trains as the probe measured it (see CpuMeter)
         return self.budget
 
     def state_dict(self) -> dict[str, Any]:

@@ -18,7 +18,11 @@ import torch
 
 from lit_balance.errors import InputValueError
 
-__all__ = ["CpuMeter", "CudaMeter", "MemoryMeter", "meter_for"]
+__all__ = ["CPU_MMAP_THRESHOLD", "CpuMeter", "CudaMeter", "MemoryMeter", "meter_for", "return_freed_memory"]
+
+#: Bytes from which glibc serves an allocation with its own mapping once :func:`return_freed_memory` ran (256 KiB).
+CPU_MMAP_THRESHOLD = 256 * 1024
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 
 class MemoryMeter(Protocol):
@@ -61,10 +65,32 @@ class CudaMeter:
         return int(torch.cuda.max_memory_allocated(self.device))
 
 
+def return_freed_memory() -> bool:
+    """Make this process's resident size follow the memory in use: glibc's ``mallopt(M_MMAP_THRESHOLD, 256 KiB)``.
+
+    By default glibc raises its mmap threshold (up to 32 MiB) each time a mapped block is freed, so later tensors of
+    that size come from the heap, and the heap keeps what they free: a CPU training run's resident size then grows
+    over micro-batches of different shapes to far more than one micro-batch needs (up to twice a probe pass's memory
+    above the process, in 25 steps of the demo transformer). With the threshold fixed, each tensor of 256 KiB or more
+    has its own mapping, returned when it is freed, so the probe's peak is what training reaches. The setting holds
+    for the whole process from then on; smaller allocations stay on the heap. Each large allocation then costs fresh
+    pages (page faults, a few per cent of a CPU step's time).
+
+    Returns:
+        True where the setting was made (glibc); False elsewhere (nothing changes).
+    """
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, CPU_MMAP_THRESHOLD))
+
+
 class CpuMeter:
     """Peak resident set size of this process (Linux: VmHWM of ``/proc/self/status``, reset by writing 5 to
     ``/proc/self/clear_refs``); freed heap memory is handed back (glibc ``malloc_trim``) before each pass, so a peak
-    starts from what is in use.
+    starts from what is in use. Constructing one calls :func:`return_freed_memory`, so that training after the probe
+    keeps to what the probe measured.
 
     Args:
         memory_limit: bytes of resident memory the process may use (required).
@@ -90,6 +116,7 @@ class CpuMeter:
                                   "hold; pass the bytes one rank's process may really use (its share of the memory)",
                                   parameter="memory_limit")
         self.capacity = int(memory_limit)
+        return_freed_memory()
         try:
             self._trim = ctypes.CDLL("libc.so.6").malloc_trim
         except OSError:  # not glibc: freed heap memory may stay resident, and passes then read high (the safe side)
