@@ -69,8 +69,9 @@ def _forked_runs(script: Path, runs: dict[Hashable, list[str]], timeout_s: float
                 for key, code in zip(runs, json.loads(status_file.read_text()))}
 
 
-def run_scripts(script: Path, runs: dict[Hashable, list[str]], timeout_s: float) -> None:
-    """Run ``python script *arguments`` once per run, all side by side, each in a process of its own.
+def run_scripts(script: Path, runs: dict[Hashable, list[str]], timeout_s: float) -> dict[Hashable, str]:
+    """Run ``python script *arguments`` once per run, all side by side, each in a process of its own; ``{key:
+    output}`` (stdout with stderr merged) once all exited zero.
 
     The runs are forked from one process that imported torch and Lightning once for this pytest worker
     (``_zygote.py``), each with its own rendezvous port (``MASTER_PORT``) and the repository root on ``PYTHONPATH``.
@@ -84,8 +85,10 @@ def run_scripts(script: Path, runs: dict[Hashable, list[str]], timeout_s: float)
         AssertionError: a run exited non-zero (with the tail of its output).
         subprocess.TimeoutExpired: the runs ran past ``timeout_s``.
     """
-    for key, (code, log) in _forked_runs(script, runs, timeout_s).items():
+    outputs = _forked_runs(script, runs, timeout_s)
+    for key, (code, log) in outputs.items():
         assert code == 0, (key, code, log[-8000:])
+    return {key: log for key, (_, log) in outputs.items()}
 
 
 def run_script(script: Path, args: list[str], timeout_s: float) -> tuple[int, str]:

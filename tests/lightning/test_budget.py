@@ -5,7 +5,6 @@ tests/plan/test_budget_search.py; the module left as it was: test_budget_state.p
 import gc
 import io
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,9 @@ import torch
 from lit_balance import BalancedTextDataModule, BatchingSettings
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.lightning.budget import TokenBudget, TokenBudgetProbe
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ddp"))
+from _procs import run_script as _run_script  # forked from a process that imported torch and Lightning once
 
 LENGTHS = np.load(__import__("lit_balance").__path__[0] + "/data/lengths/lengths_fortunes.npy")
 
@@ -60,10 +62,9 @@ def test_auto_needs_a_memory_limit_on_cpu_and_no_settings_object(tmp_path):
 @pytest.mark.slow  # about 40 s alone: two probes, a bisection and an epoch of a small real transformer
 def test_cpu_budget_is_near_the_bisection_optimum_and_an_epoch_stays_under_the_limit(tmp_path):
     # a process of its own: peak resident memory is the process's, and earlier tests leave allocations behind
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("budget_bisection.py")), str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    code, log = _run_script(Path(__file__).with_name("budget_bisection.py"), [tmp_path], 600)
+    assert code == 0, log[-4000:]
+    r = json.loads([line for line in log.splitlines() if line.startswith("{")][-1])
     optimum, chosen = r["optimum"], r["chosen"]
     assert r["floor_fits"], r["log"]
     assert 0.9 * optimum <= chosen <= 1.1 * optimum, (chosen, optimum, r["target_mib"], r["log"])
@@ -113,37 +114,15 @@ def test_a_cpu_memory_limit_above_the_machine_is_refused(tmp_path):
     assert CpuMeter(total // 4).capacity == total // 4
 
 
-_RETAINED = """
-import re, sys, torch
-from lit_balance.lightning.meters import return_freed_memory
-def rss():
-    with open("/proc/self/status") as handle:
-        return int(re.search(r"VmRSS:\\s+(\\d+)", handle.read()).group(1)) * 1024
-if sys.argv[1] == "1" and not return_freed_memory():
-    sys.exit("return_freed_memory() made no setting")
-block = torch.ones(2**21)
-del block  # a mapped 8 MiB block, freed: glibc's own threshold rises to 8 MiB
-before = rss()
-freed, kept = [], []
-for i in range(64):
-    freed.append(torch.ones(2**19))  # 2 MiB, written
-    kept.append(torch.ones(2**16))  # 256 KiB kept between them: the heap cannot shrink past it
-del freed
-print(rss() - before)
-"""
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux") or __import__("platform").libc_ver()[0] != "glibc",
                     reason="the setting is glibc's")
 def test_return_freed_memory_hands_back_what_freed_tensors_held():
-    """Without the setting glibc keeps 2 MiB blocks freed between live small ones resident; with it, they go back."""
-    procs = [subprocess.Popen([sys.executable, "-c", _RETAINED, flag], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for flag in ("0", "1")]
+    """Without the setting glibc keeps 2 MiB blocks freed between live ones resident; with it, they go back."""
     retained = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-2000:]
-        retained.append(int(out.split()[-1]) / 2**20)
+    for flag in ("0", "1"):
+        code, log = _run_script(Path(__file__).with_name("freed_memory.py"), [flag], 300)
+        assert code == 0, log[-3000:]
+        retained.append(int(log.split()[-1]) / 2**20)
     default, set_ = retained
     # 128 MiB in 2 MiB blocks were freed; the 16 MiB kept is resident either way
     assert default > 112 and set_ < 32, retained

@@ -3,12 +3,13 @@
 above the process, a few rows of the longest documents' room at the target) and a loose one, 5 times each."""
 
 import json
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ddp"))
+from _procs import run_scripts  # tests/ddp/_procs.py
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # 2 processes, each 5 probes and 5 x 25 steps
 
@@ -16,18 +17,13 @@ SCRIPT = Path(__file__).with_name("budget_limit.py")
 SEEDS = range(5)
 
 
-def _run(tmp_path: Path, room_mib: int) -> list[dict]:
-    """The seeds one after the other in one process at ``room_mib`` of room."""
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / str(room_mib)), str(room_mib),
-                           *map(str, SEEDS)], capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads(line) for line in proc.stdout.strip().splitlines()[-len(SEEDS):]]
-
-
 def test_every_training_peak_after_the_probe_stays_under_the_limit(tmp_path):
     rooms = (160, 280)
-    with ThreadPoolExecutor(2) as pool:  # a process each: peak resident memory is a whole process's
-        results = [r for runs in pool.map(lambda room: _run(tmp_path, room), rooms) for r in runs]
+    # a process each, side by side (peak resident memory is a whole process's), forked from one that imported torch
+    # and Lightning once (tests/ddp/_zygote.py); the seeds one after the other in each
+    logs = run_scripts(SCRIPT, {room: [tmp_path / str(room), room, *SEEDS] for room in rooms}, 1800)
+    results = [json.loads(line) for room in rooms for line in logs[room].splitlines() if line.startswith("{")]
+    assert len(results) == len(rooms) * len(SEEDS), {room: logs[room][-3000:] for room in rooms}
     cases = [(room, seed) for room in rooms for seed in SEEDS]
     for (room, seed), r in zip(cases, results):
         assert r["steps"] == 25
