@@ -206,29 +206,47 @@ def test_imports_under_type_checking_do_not_count():
 
 # Runtime: what importing a part loads, in a fresh interpreter. Lightning itself imports rich and matplotlib (its
 # progress bar, torchmetrics' plotting), so plot and table libraries are checked on who runs the import statement.
+# One interpreter runs the steps below in turn and lists what is loaded after each (imports only add, so a module
+# absent after a step is absent after that step's statement alone) and which import statements each step ran.
 WATCHED = ("matplotlib", "rich", "lightning", "pytorch_lightning", "torch", "datasets")
+STEPS = {
+    "planner": "import lit_balance.plan\nfrom lit_balance import plan_epoch, BatchingSettings, CostModel",
+    "sampler and data": "import lit_balance.sampler, lit_balance.data, lit_balance.report\n"
+                        "from lit_balance import BalancedBatchSampler, TokenDataset, PadCollator",
+    "package": "import lit_balance\nfrom lit_balance import BalancedTextDataModule, BalancedBatchSampler\n"
+               "import lit_balance.lightning, lit_balance.sampler, lit_balance.callbacks, lit_balance.cli\n"
+               "import lit_balance.lightning.datamodule, lit_balance.data.sources, lit_balance.data.cache",
+    "table": "import numpy as np\nfrom lit_balance.report import format_report, plan_report\n"
+             "format_report(plan_report(np.arange(1, 60), 128, num_replicas=2))",
+}
 PROBE = """
 import builtins, json, sys
-importers = []
 _import = builtins.__import__
-def _recording_import(name, globals=None, locals=None, fromlist=(), level=0):
-    if level == 0 and name.split(".")[0] in WATCHED:
-        importers.append([(globals or {}).get("__name__", "?"), name])
-    return _import(name, globals, locals, fromlist, level)
-builtins.__import__ = _recording_import
-exec(STATEMENT)
-builtins.__import__ = _import
-print(json.dumps({"modules": sorted(sys.modules), "importers": importers}))
+steps = []
+for name, statement in STEPS.items():
+    importers = []
+    def _recording_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and name.split(".")[0] in WATCHED:
+            importers.append([(globals or {}).get("__name__", "?"), name])
+        return _import(name, globals, locals, fromlist, level)
+    builtins.__import__ = _recording_import
+    exec(statement)
+    builtins.__import__ = _import
+    steps.append({"modules": sorted(sys.modules), "importers": importers})
+print(json.dumps(steps))
 """
 
 
-def _probe(statement: str) -> dict:
-    code = f"WATCHED = {WATCHED!r}\nSTATEMENT = {statement!r}\n{PROBE}"
+@pytest.fixture(scope="module")
+def imported() -> dict[str, dict]:
+    """Each step of ``STEPS``: ``{"modules": loaded after it, "importers": [[importing module, name], ...] of its
+    import statements of ``WATCHED`` packages}``."""
+    code = f"WATCHED = {WATCHED!r}\nSTEPS = {STEPS!r}\n{PROBE}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
                           cwd=ROOT, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return dict(zip(STEPS, json.loads(proc.stdout.strip().splitlines()[-1])))
 
 
 def _loaded(result: dict, package: str) -> list[str]:
@@ -236,35 +254,41 @@ def _loaded(result: dict, package: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_importing_the_planner_loads_numpy_only():
-    result = _probe("import lit_balance.plan\nfrom lit_balance import plan_epoch, BatchingSettings, CostModel")
+def test_importing_the_planner_loads_numpy_only(imported):
+    result = imported["planner"]
     assert {p: _loaded(result, p)[:3] for p in ("torch", "lightning", "matplotlib", "rich")} == {
         "torch": [], "lightning": [], "matplotlib": [], "rich": []}
 
 
 @pytest.mark.slow
-def test_importing_the_sampler_and_the_data_layer_loads_no_lightning():
-    result = _probe("import lit_balance.sampler, lit_balance.data, lit_balance.report\n"
-                    "from lit_balance import BalancedBatchSampler, TokenDataset, PadCollator")
+def test_importing_the_sampler_and_the_data_layer_loads_no_lightning(imported):
+    result = imported["sampler and data"]
+    assert _loaded(result, "torch")  # the step ran
     assert {p: _loaded(result, p)[:3] for p in ("lightning", "pytorch_lightning", "matplotlib", "rich", "datasets")} \
         == {"lightning": [], "pytorch_lightning": [], "matplotlib": [], "rich": [], "datasets": []}
 
 
 @pytest.mark.slow
-def test_no_plot_or_table_library_is_imported_by_the_package_on_import():
-    result = _probe("import lit_balance\nfrom lit_balance import BalancedTextDataModule, BalancedBatchSampler\n"
-                    "import lit_balance.lightning, lit_balance.sampler, lit_balance.callbacks, lit_balance.cli")
+def test_no_plot_or_table_library_is_imported_by_the_package_on_import(imported):
+    result = imported["package"]
+    assert _loaded(result, "lightning") and _loaded(result, "lit_balance.cli")  # the step ran
     by_us = [[who, name] for who, name in result["importers"]
              if who.split(".")[0] == "lit_balance" and name.split(".")[0] in ("matplotlib", "rich")]
     assert by_us == []
 
 
 @pytest.mark.slow
-def test_drawing_a_table_is_where_rich_is_imported():
+def test_importing_the_package_and_the_data_module_does_not_import_datasets(imported):
+    # Hugging Face datasets (and its pyarrow) is an optional extra, imported where a dataset is read
+    result = imported["package"]
+    assert _loaded(result, "lit_balance.data.sources") and _loaded(result, "lit_balance.lightning.datamodule")
+    assert _loaded(result, "datasets") + _loaded(result, "pyarrow") == []
+
+
+@pytest.mark.slow
+def test_drawing_a_table_is_where_rich_is_imported(imported):
     # the probe sees the import where the rule allows it (so the check above can fail)
-    result = _probe("import numpy as np\nfrom lit_balance.report import format_report, plan_report\n"
-                    "format_report(plan_report(np.arange(1, 60), 128, num_replicas=2))")
-    assert any(who.startswith("lit_balance.report") and name == "rich" for who, name in result["importers"])
+    assert any(who.startswith("lit_balance.report") and name == "rich" for who, name in imported["table"]["importers"])
 
 
 # Lightning's public API only: no private attribute (``._name``, or ``getattr(obj, "_name")``) of a Trainer, strategy,
