@@ -25,6 +25,16 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "LIT_BALANCE_CACHE": str(tmp_path / "default_cache"), "PYTHONPATH": python_path}
 
 
+def _forked(args: list[str], tmp_path: Path) -> tuple[int, str]:
+    """``python recipes/train.py *args`` in ``tmp_path``, forked from a process that imported torch, Lightning and the
+    package once (tests/ddp/_procs.py): for runs that only compose the config; its exit status and output (stdout
+    with stderr merged)."""
+    sys.path.insert(0, str(ROOT / "tests" / "ddp"))
+    from _procs import run_script
+
+    return run_script(RECIPE, args, 300, cwd=tmp_path, env={"LIT_BALANCE_CACHE": str(tmp_path / "default_cache")})
+
+
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory) -> str:
     """One tokenization cache for the module's other runs (the first run fills it; the cache's key is the corpus and
@@ -110,10 +120,9 @@ def test_config_dir_and_config_name_select_another_config(tmp_path):
     (my_conf / "mine.yaml").write_text("defaults:\n  - config\n  - _self_\nseed: 7\n")
     shutil.copy(ROOT / "conf" / "trainer" / "cpu_ddp.yaml", my_conf / "trainer" / "my_trainer.yaml")
     args = ["--config-dir", "my_conf", "--config-name", "mine", "trainer=my_trainer", "trainer.devices=1", "--cfg", "job"]
-    proc = subprocess.run([sys.executable, str(RECIPE), *args], check=False, capture_output=True, text=True,
-                          timeout=300, env=_env(tmp_path), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    cfg = yaml.safe_load(proc.stdout)
+    code, out = _forked(args, tmp_path)
+    assert code == 0, out[-5000:]
+    cfg = yaml.safe_load(out)
     assert cfg["seed"] == 7 and cfg["data"]["seed"] == "${seed}" and cfg["trainer"]["devices"] == 1
     assert cfg["model"]["_target_"] == "lit_balance.demo.DemoTransformerLM"
     assert list(cfg["callbacks"]) == ["run_summary", "padding_monitor", "straggler_monitor", "progress_bar",
@@ -123,9 +132,8 @@ def test_config_dir_and_config_name_select_another_config(tmp_path):
 
 @pytest.mark.slow
 def test_a_mistyped_key_fails_with_hydras_hint(tmp_path):
-    proc = subprocess.run([sys.executable, str(RECIPE), "trainer.devicez=4"], check=False, capture_output=True,
-                          text=True, timeout=300, env=_env(tmp_path), cwd=tmp_path)
-    assert proc.returncode == 1 and "+trainer.devicez=4" in proc.stderr, proc.stderr[-3000:]
+    code, out = _forked(["trainer.devicez=4"], tmp_path)
+    assert code == 1 and "+trainer.devicez=4" in out, out[-3000:]
 
 
 @pytest.fixture(scope="module")

@@ -48,12 +48,14 @@ def ddp_env(port: int, root: Path | None = None) -> dict[str, str]:
     return env
 
 
-def _forked_runs(script: Path, runs: dict[Hashable, list[str]], timeout_s: float) -> dict[Hashable, tuple[int, str]]:
+def _forked_runs(script: Path, runs: dict[Hashable, list[str]], timeout_s: float, cwd: Path | None = None,
+                 env: dict[str, str] | None = None) -> dict[Hashable, tuple[int, str]]:
     """``{key: (exit status, output)}`` of ``python script *arguments`` run once per run, side by side
-    (:func:`run_scripts`)."""
+    (:func:`run_scripts`), in ``cwd`` with ``env`` added to the environment."""
     with tempfile.TemporaryDirectory() as tmp:
         logs = {key: Path(tmp) / f"run{i}.log" for i, key in enumerate(runs)}
-        spec = [{"argv": [str(a) for a in args], "port": port, "log": str(logs[key])}
+        spec = [{"argv": [str(a) for a in args], "port": port, "log": str(logs[key]),
+                 "cwd": None if cwd is None else str(cwd), "env": env or {}}
                 for (key, args), port in zip(runs.items(), free_ports(len(runs)))]
         env = ddp_env(free_ports(1)[0], Path(__file__).resolve().parents[2])  # the repository root
         log, status_file = Path(tmp) / "zygote.log", Path(tmp) / "status.json"
@@ -91,13 +93,15 @@ def run_scripts(script: Path, runs: dict[Hashable, list[str]], timeout_s: float)
     return {key: log for key, (_, log) in outputs.items()}
 
 
-def run_script(script: Path, args: list[str], timeout_s: float) -> tuple[int, str]:
-    """Run ``python script *args`` once as :func:`run_scripts` does; its exit status and output, whatever the status.
+def run_script(script: Path, args: list[str], timeout_s: float, cwd: Path | None = None,
+               env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run ``python script *args`` once as :func:`run_scripts` does, in ``cwd`` (None: this process's) with ``env``
+    added to the environment; its exit status and output (stdout with stderr merged), whatever the status.
 
     Raises:
         subprocess.TimeoutExpired: the run ran past ``timeout_s``.
     """
-    return _forked_runs(script, {0: args}, timeout_s)[0]
+    return _forked_runs(script, {0: args}, timeout_s, cwd, env)[0]
 
 
 def run_ranks(script: Path, runs: dict[Hashable, tuple[Path, list[str]]], timeout_s: float,

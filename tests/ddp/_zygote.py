@@ -4,9 +4,9 @@
 ``forkserver`` start method): a process of this pytest worker's, started once, that imported the modules of
 :data:`PRELOAD` and forks a fresh child for every call, so a call pays no import of torch or Lightning (seconds of
 CPU each). The child runs SCRIPT's module body once (its other imports and definitions, not its ``__main__`` block),
-then forks one process per run: it writes its stdout and stderr to the run's log, sets ``MASTER_PORT`` and
-``sys.argv`` and runs SCRIPT as ``__main__``, as ``python SCRIPT ARGV...`` would, each run a process (and its ranks'
-processes) of its own. A run dies with the child, and the child with a test's timeout (:meth:`Process.kill`).
+then forks one process per run: it writes its stdout and stderr to the run's log, sets ``MASTER_PORT``, the run's
+other variables, its working directory and ``sys.argv``, and runs SCRIPT as ``__main__``, as ``python SCRIPT
+ARGV...`` would, each run a process (and its ranks' processes) of its own. A run dies with the child, and the child with a test's timeout (:meth:`Process.kill`).
 """
 
 import json
@@ -30,6 +30,9 @@ def _run(script: str, run: dict) -> None:
         os.dup2(log, 2)
         os.close(log)
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(run["port"])
+        os.environ.update(run["env"])
+        if run["cwd"] is not None:
+            os.chdir(run["cwd"])
         sys.argv = [script, *run["argv"]]
         runpy.run_path(script, run_name="__main__")
 
