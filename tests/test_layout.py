@@ -213,6 +213,7 @@ STEPS = {
     "planner": "import lit_balance.plan\nfrom lit_balance import plan_epoch, BatchingSettings, CostModel",
     "sampler and data": "import lit_balance.sampler, lit_balance.data, lit_balance.report\n"
                         "from lit_balance import BalancedBatchSampler, TokenDataset, PadCollator",
+    "plain PyTorch loop": "from lit_balance import TokenMeanLoss, StepTokenLoss, token_loss_sum, balanced_dataloader",
     "package": "import lit_balance\nfrom lit_balance import BalancedTextDataModule, BalancedBatchSampler\n"
                "import lit_balance.lightning, lit_balance.sampler, lit_balance.callbacks, lit_balance.cli\n"
                "import lit_balance.lightning.datamodule, lit_balance.data.sources, lit_balance.data.cache",
@@ -266,6 +267,14 @@ def test_importing_the_sampler_and_the_data_layer_loads_no_lightning(imported):
     assert _loaded(result, "torch")  # the step ran
     assert {p: _loaded(result, p)[:3] for p in ("lightning", "pytorch_lightning", "matplotlib", "rich", "datasets")} \
         == {"lightning": [], "pytorch_lightning": [], "matplotlib": [], "rich": [], "datasets": []}
+
+
+@pytest.mark.slow
+def test_a_plain_pytorch_loop_imports_the_loss_and_the_metric_without_lightning(imported):
+    result = imported["plain PyTorch loop"]
+    assert _loaded(result, "lit_balance.lightning.metrics") and _loaded(result, "lit_balance.lightning.loss")
+    assert {p: _loaded(result, p)[:3] for p in ("lightning", "pytorch_lightning")} == {"lightning": [],
+                                                                                      "pytorch_lightning": []}
 
 
 @pytest.mark.slow
