@@ -47,6 +47,16 @@ def _run(args: list[str], tmp_path: Path, timeout: float) -> subprocess.Complete
     return proc
 
 
+def _forked_cli(args: list[str], tmp_path: Path) -> tuple[int, str]:
+    """``python -m lit_balance.cli *args`` in ``tmp_path``, forked from a process that imported torch, Lightning and
+    the package once (tests/ddp/_procs.py); its exit status and output (stdout with stderr merged)."""
+    sys.path.insert(0, str(ROOT / "tests" / "ddp"))
+    from _procs import run_script
+
+    return run_script(Path(__file__).with_name("cli_main.py"), args, 180, cwd=tmp_path,
+                      env={"LIT_BALANCE_CACHE": str(tmp_path / "cache")})
+
+
 def test_console_script_is_declared():
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
@@ -303,12 +313,11 @@ def test_plan_corpus_errors_name_the_flag(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_plan_bad_max_length_exits_without_traceback_in_a_process(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "lit_balance.cli", "plan", "--lengths",
-                           str(LENGTHS / "lengths_fortunes.npy"), "--max-length", "0", "--plots", "false"],
-                          check=False, capture_output=True, text=True, timeout=180, env=_env(tmp_path), cwd=tmp_path)
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr and "--max-length must be >= 1, got 0" in proc.stderr
-    assert "every length" not in proc.stderr and not (tmp_path / "plan_report").exists()
+    code, out = _forked_cli(["plan", "--lengths", str(LENGTHS / "lengths_fortunes.npy"), "--max-length", "0",
+                             "--plots", "false"], tmp_path)
+    assert code == 2, out[-3000:]
+    assert "Traceback" not in out and "--max-length must be >= 1, got 0" in out
+    assert "every length" not in out and not (tmp_path / "plan_report").exists()
 
 
 def _fit_error(args: list[str], capsys) -> str:
@@ -382,13 +391,11 @@ def test_fit_debug_env_raises_the_setting_error(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_fit_bad_setting_exits_without_traceback_in_a_process(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "lit_balance.cli", "fit", "--config", str(FIT_CPU),
-                           "--data.max_tokens=0"], check=False, capture_output=True, text=True, timeout=180,
-                          env=_env(tmp_path), cwd=tmp_path)
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert "Traceback" not in proc.stderr and lines[-1].startswith("lit-balance fit: error: "), proc.stderr[-3000:]
-    assert sum("error" in line for line in lines) == 1, proc.stderr[-3000:]
+    code, out = _forked_cli(["fit", "--config", str(FIT_CPU), "--data.max_tokens=0"], tmp_path)
+    assert code == 2, out[-3000:]
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert "Traceback" not in out and lines[-1].startswith("lit-balance fit: error: "), out[-3000:]
+    assert sum("error" in line for line in lines) == 1, out[-3000:]
     assert "--data.max_tokens" in lines[-1] and "got 0" in lines[-1]
     assert not (tmp_path / "lightning_logs").exists()  # failed before training started
 
