@@ -259,7 +259,7 @@ def test_the_main_job_in_a_terminal_keeps_a_readable_screen_and_resumes_from_its
 @pytest.mark.ddp
 @pytest.mark.slow
 def test_train_recipe_with_max_tokens_auto_measures_the_budget_on_both_ranks(tmp_path, cache_dir):
-    overrides = ["experiment=smoke", "data.max_tokens=auto", f"data.memory_limit={3 * 2**29}",
+    overrides = ["experiment=smoke", "data.max_tokens=auto", f"data.memory_limit={2**30}",
                  "callbacks=[run_summary]", cache_dir]
     proc = subprocess.run([sys.executable, str(RECIPE), *overrides], check=False, capture_output=True, text=True,
                           timeout=600, env=_env(tmp_path), cwd=tmp_path)
