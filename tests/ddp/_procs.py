@@ -59,8 +59,7 @@ def _forked_runs(script: Path, runs: dict[Hashable, list[str]], timeout_s: float
                 for (key, args), port in zip(runs.items(), free_ports(len(runs)))]
         env = ddp_env(free_ports(1)[0], Path(__file__).resolve().parents[2])  # the repository root
         log, status_file = Path(tmp) / "zygote.log", Path(tmp) / "status.json"
-        process = _zygote.start(str(script), spec, {k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "PYTHONPATH")},
-                                str(log), str(status_file))
+        process = _zygote.start(str(script), spec, env, str(log), str(status_file))
         process.join(timeout_s)
         if process.is_alive():  # its runs die with it
             process.kill()
@@ -76,7 +75,8 @@ def run_scripts(script: Path, runs: dict[Hashable, list[str]], timeout_s: float)
     output}`` (stdout with stderr merged) once all exited zero.
 
     The runs are forked from one process that imported torch and Lightning once for this pytest worker
-    (``_zygote.py``), each with its own rendezvous port (``MASTER_PORT``) and the repository root on ``PYTHONPATH``.
+    (``_zygote.py``), in this process's environment and working directory of now, each with its own rendezvous port
+    (``MASTER_PORT``) and the repository root on ``PYTHONPATH``.
 
     Args:
         script: a test script whose ``__main__`` block runs it.

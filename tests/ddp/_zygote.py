@@ -40,13 +40,15 @@ def _run(script: str, run: dict) -> None:
 
 
 def serve(script: str, runs: list[dict], env: dict[str, str], log: str, status_file: str) -> None:
-    """In the fork server's child: ``env`` set and ``sys.path`` as for ``python SCRIPT`` (the script's folder, then
-    ``PYTHONPATH``), output to ``log``; SCRIPT's body once, a forked process per run, their exit statuses written to
-    ``status_file`` as one JSON list once all ended."""
+    """In the fork server's child: ``env`` as the whole environment (the caller's of now; the fork server's own is the
+    one its first caller had) and ``sys.path`` as for ``python SCRIPT`` (the script's folder, then ``PYTHONPATH``),
+    output to ``log``; SCRIPT's body once, a forked process per run, their exit statuses written to ``status_file`` as
+    one JSON list once all ended."""
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
+    os.environ.clear()
     os.environ.update(env)
     multiprocessing.set_start_method(None, force=True)  # the platform's default, as in a process of its own (fork)
     sys.path[:0] = [str(Path(script).resolve().parent), *env.get("PYTHONPATH", "").split(os.pathsep)]
