@@ -277,6 +277,16 @@ def test_a_plain_pytorch_loop_imports_the_loss_and_the_metric_without_lightning(
                                                                                       "pytorch_lightning": []}
 
 
+def test_a_submodule_not_imported_yet_is_an_attribute_of_the_lazy_package(monkeypatch):
+    import lit_balance.lightning
+    from lit_balance.lightning import budget
+
+    monkeypatch.delattr(lit_balance.lightning, "budget")  # as in a process that has not imported it yet
+    assert lit_balance.lightning.budget is budget and lit_balance.lightning.TokenMeanLoss.__name__ == "TokenMeanLoss"
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        lit_balance.lightning.no_such_name
+
+
 @pytest.mark.slow
 def test_no_plot_or_table_library_is_imported_by_the_package_on_import(imported):
     result = imported["package"]

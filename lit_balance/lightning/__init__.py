@@ -1,6 +1,6 @@
 """Lightning glue: the DataModule, the token-weighted loss, metrics and callbacks.
 
-Names are imported on first use (PEP 562), so that ``from lit_balance import TokenMeanLoss`` or
+Names and submodules are imported on first use (PEP 562), so that ``from lit_balance import TokenMeanLoss`` or
 ``import lit_balance.lightning.loss`` in a plain PyTorch loop does not import Lightning.
 """
 
@@ -31,7 +31,12 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
-    if module is None:
+    if module is None:  # a submodule (``lit_balance.lightning.budget.find_max_tokens``), imported on first use too
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
         raise AttributeError(f"module 'lit_balance.lightning' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later look-ups skip this function

@@ -587,8 +587,8 @@ class AutoTokenBudget:
     def resolve(self, trainer: Any, **kwargs: Any) -> TokenBudget:
         """The budget: the one restored or measured before, else measured now with ``trainer.lightning_module``.
 
-        A CPU budget restored from a checkpoint sets the allocator as the probe's meter does
-        (:func:`~lit_balance.lightning.meters.return_freed_memory`).
+        A CPU budget restored from a checkpoint sets the allocator as the probe's CPU meter does
+        (:func:`~lit_balance.lightning.meters.return_freed_memory`), unless this object was given a ``meter``.
 
         Args:
             trainer: the fitting Trainer (its strategy, precision, optimizers and data-parallel world are used).

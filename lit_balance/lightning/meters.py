@@ -119,7 +119,8 @@ class CpuMeter:
         return_freed_memory()
         try:
             self._trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except OSError:  # not glibc: freed heap memory may stay resident, and passes then read high (the safe side)
+        except (OSError, AttributeError):  # not glibc: freed heap memory may stay resident, and passes then read
+            # high (the safe side)
             self._trim = None
 
     def reset(self) -> None:

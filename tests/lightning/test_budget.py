@@ -59,7 +59,8 @@ def test_auto_needs_a_memory_limit_on_cpu_and_no_settings_object(tmp_path):
         BalancedTextDataModule(docs, max_tokens="auto", settings=BatchingSettings(max_tokens=64), cache_dir=tmp_path)
 
 
-@pytest.mark.slow  # about 40 s alone: two probes, a bisection and an epoch of a small real transformer
+@pytest.mark.slow  # about 25 s alone: two probes, a bisection and an epoch of a small real transformer
+@pytest.mark.timeout(1200)  # beyond the run's own 600 s limit, so that limit ends a hang
 def test_cpu_budget_is_near_the_bisection_optimum_and_an_epoch_stays_under_the_limit(tmp_path):
     # a process of its own: peak resident memory is the process's, and earlier tests leave allocations behind
     code, log = _run_script(Path(__file__).with_name("budget_bisection.py"), [tmp_path], 600)
@@ -114,6 +115,7 @@ def test_a_cpu_memory_limit_above_the_machine_is_refused(tmp_path):
     assert CpuMeter(total // 4).capacity == total // 4
 
 
+@pytest.mark.slow  # starts processes
 @pytest.mark.skipif(not sys.platform.startswith("linux") or __import__("platform").libc_ver()[0] != "glibc",
                     reason="the setting is glibc's")
 def test_return_freed_memory_hands_back_what_freed_tensors_held():
