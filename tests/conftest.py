@@ -1,6 +1,8 @@
 """Settings for the whole test suite."""
 
 import os
+import sys
+from pathlib import Path
 
 # Two pytest-xdist workers share the machine's cores, and the processes a test starts (ranks, recipes) run beside the
 # other worker: one intra-op thread per process, unless set otherwise, so that OpenMP threads of several processes do
@@ -12,6 +14,10 @@ import torch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# tests/ddp's helpers that start processes (_procs: waiting with a limit, runs forked from the fork server of
+# _zygote) are imported by tests in other folders too: on the path however few tests are selected
+sys.path.append(str(Path(__file__).with_name("ddp")))
 
 # No test may depend on this machine's speed: Hypothesis neither times examples out (deadline) nor fails a test
 # whose data generation is slow on a busy machine (too_slow). A test's own @settings only overrides what it names.

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from _procs import run_script  # tests/ddp/_procs.py
 from lightning.pytorch.loggers import CSVLogger
 
 from lit_balance.plan import PLANNERS
@@ -50,9 +51,6 @@ def _run(args: list[str], tmp_path: Path, timeout: float) -> subprocess.Complete
 def _forked_cli(args: list[str], tmp_path: Path) -> tuple[int, str]:
     """``python -m lit_balance.cli *args`` in ``tmp_path``, forked from a process that imported torch, Lightning and
     the package once (tests/ddp/_procs.py); its exit status and output (stdout with stderr merged)."""
-    sys.path.insert(0, str(ROOT / "tests" / "ddp"))
-    from _procs import run_script
-
     return run_script(Path(__file__).with_name("cli_main.py"), args, 180, cwd=tmp_path,
                       env={"LIT_BALANCE_CACHE": str(tmp_path / "cache")})
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _procs import run_script  # tests/ddp/_procs.py
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "train.py"
@@ -29,9 +30,6 @@ def _forked(args: list[str], tmp_path: Path) -> tuple[int, str]:
     """``python recipes/train.py *args`` in ``tmp_path``, forked from a process that imported torch, Lightning and the
     package once (tests/ddp/_procs.py): for runs that only compose the config; its exit status and output (stdout
     with stderr merged)."""
-    sys.path.insert(0, str(ROOT / "tests" / "ddp"))
-    from _procs import run_script
-
     return run_script(RECIPE, args, 300, cwd=tmp_path, env={"LIT_BALANCE_CACHE": str(tmp_path / "default_cache")})
 
 

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import math
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from lit_balance.demo import DemoTransformerLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ddp"))
-import _zygote  # noqa: E402  tests/ddp/_zygote.py: the fork server's preload
+import _zygote  # tests/ddp/_zygote.py: the fork server's preload
 
 SMALL = {"vocab_size": 16, "d_model": 8, "num_heads": 2, "num_layers": 1, "dim_feedforward": 16}
 

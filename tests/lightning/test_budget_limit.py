@@ -3,12 +3,10 @@
 above the process, a few rows of the longest documents' room at the target) and a loose one, 5 times each."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ddp"))
 from _procs import run_scripts  # tests/ddp/_procs.py
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # 2 processes, each 5 probes and 5 x 25 steps

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +13,7 @@ from lightning.pytorch.profilers import PassThroughProfiler
 from lit_balance.lightning.callbacks.phases import PhaseClock
 from lit_balance.report import read_metrics_csv, training_plot_data
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ddp"))
-from _procs import run_script
+from _procs import run_script  # tests/ddp/_procs.py
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).with_name("fit_phases.py")
