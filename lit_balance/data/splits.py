@@ -18,6 +18,7 @@ from lit_balance.data.dataset import TokenDataset
 from lit_balance.data.records import supervised_counts
 from lit_balance.data.stores.corpus import StoreCorpus, StoreDataset
 from lit_balance.errors import InputValueError
+from lit_balance.plan.epoch import too_long
 
 __all__ = ["DEFAULT_VAL_FRACTION", "check_supervised_targets", "check_too_long", "resolve_val_fraction", "split_corpus",
            "split_documents"]
@@ -220,12 +221,11 @@ def check_too_long(corpus: TokenizedCorpus, max_length: int | None, pad_to_multi
         ValueError: such documents exist (the first five named, with the settings to change).
     """
     m = pad_to_multiple_of
-    # a length pads above max_tokens exactly when it exceeds the largest multiple of m within max_tokens
-    limit = (max_tokens // m) * m
     lengths = np.asarray(corpus.lengths)
-    if (max_length is not None and max_length <= limit) or not lengths.size or int(lengths.max()) <= limit:
+    if (max_length is not None and not too_long(max_length, max_tokens, m)) or not lengths.size \
+            or not too_long(lengths.max(), max_tokens, m):
         return  # one pass, no copy: nothing is too long (the usual case)
-    bad = np.flatnonzero(lengths > limit)
+    bad = np.flatnonzero(too_long(lengths, max_tokens, m))
     if bad.size:
         shown = ", ".join(f"document {corpus.source_index[d]}: "
                           f"{lengths[d] if max_length is None else min(int(lengths[d]), max_length)} tokens"

@@ -22,9 +22,26 @@ from lit_balance.plan.cost import CostModelProtocol, check_cost_model
 from lit_balance.plan.packed import PackedPlanner
 from lit_balance.plan.padded import PaddedPlanner
 from lit_balance.plan.settings import BatchingSettings
-from lit_balance.plan.types import EpochPlan, WorstCaseBatch, padded_lengths
+from lit_balance.plan.types import EpochPlan, WorstCaseBatch
 
-__all__ = ["PLANNERS", "Planner", "plan_epoch", "planner_for"]
+__all__ = ["PLANNERS", "Planner", "plan_epoch", "planner_for", "too_long"]
+
+
+def too_long(lengths: np.ndarray, max_tokens: int, pad_to_multiple_of: int = 1) -> np.ndarray:
+    """bool ``[num_samples]``: the samples too long for the budget, the one rule that the sampler's ``too_long``
+    setting, the DataModule's corpus check and the planner's own check apply.
+
+    A length (tokens) is too long when, padded up to a multiple of ``pad_to_multiple_of``, it exceeds ``max_tokens``
+    padded token slots: exactly when it exceeds ``(max_tokens // pad_to_multiple_of) * pad_to_multiple_of``
+    (:attr:`BatchingSettings.truncate_to`, where ``too_long="truncate"`` cuts). With per-rank budgets, pass the
+    largest: such a sample is planned on a rank that holds it. The lengths are compared as they are (an int32 memory
+    map is not copied).
+
+    Example:
+        >>> too_long(np.array([7, 8, 9, 16]), max_tokens=10, pad_to_multiple_of=4).tolist()
+        [False, False, True, True]
+    """
+    return np.asarray(lengths) > (max_tokens // pad_to_multiple_of) * pad_to_multiple_of
 
 
 class Planner(Protocol):
@@ -172,7 +189,7 @@ def _candidates(lengths: np.ndarray, eligible: np.ndarray | None, settings: Batc
                                   f"dtype {mask.dtype} and shape {mask.shape}", parameter="eligible")
         candidates = candidates[mask]
     max_tokens, multiple = settings.largest_max_tokens, settings.pad_to_multiple_of
-    over = candidates[padded_lengths(lengths[candidates], multiple) > max_tokens]
+    over = candidates[too_long(lengths[candidates], max_tokens, multiple)]
     if over.size:
         raise InputValueError(f"{over.size} eligible sample(s) exceed max_tokens={max_tokens} padded token slots once "
                               f"padded to a multiple of {multiple} (first: index {int(over[0])}, "

@@ -12,7 +12,7 @@ from lit_balance._checks import check_supervised_lengths
 from lit_balance._fingerprint import sha256_of_int64
 from lit_balance.errors import InputValueError
 from lit_balance.plan.cost import CostModelProtocol
-from lit_balance.plan.epoch import plan_epoch
+from lit_balance.plan.epoch import plan_epoch, too_long
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.types import EpochPlan
 from lit_balance.plan.windows import PlanWindows, WindowedPlan
@@ -60,7 +60,7 @@ class PlanInputs:
         windowed = lengths_arr.shape[0] > settings.plan_window
         if not windowed:
             lengths_arr = lengths_arr.astype(np.int64)
-        too_long_mask = lengths_arr > settings.truncate_to  # padded above max_tokens
+        too_long_mask = too_long(lengths_arr, settings.largest_max_tokens, settings.pad_to_multiple_of)
         eligible = None
         if too_long_mask.any():
             if settings.too_long == "error":
