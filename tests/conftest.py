@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # tests/ddp's helpers that start processes (_procs: waiting with a limit, runs forked from the fork server of
-# _zygote) are imported by tests in other folders too: on the path however few tests are selected
+# _procs) are imported by tests in other folders too: on the path however few tests are selected
 sys.path.append(str(Path(__file__).with_name("ddp")))
 
 # No test may depend on this machine's speed: Hypothesis neither times examples out (deadline) nor fails a test

@@ -1,46 +1,30 @@
-"""Start the ranks of a test's multi-process Lightning run by forking the script's already-imported process.
-
-Lightning's own launcher for ``strategy="ddp"`` started as ``python script.py`` runs the script again for every
-other rank, and each new process imports torch and Lightning again (seconds of CPU each). Here the script's
-process forks once its imports are done: each child sets ``LOCAL_RANK`` as that launcher does and runs ``main``,
-so Lightning sees an externally launched rank (as under ``torchrun``) and every rank still is its own process in
-one gloo process group. The parent is rank 0; like Lightning's launcher it watches the other ranks and ends the
-run when one of them fails, and it exits non-zero when any rank did.
-"""
+"""A test script's ranks forked after its imports, each with ``LOCAL_RANK`` set, so Lightning runs it as an externally
+launched rank (as torchrun's); ``test_launcher_ddp.py`` runs the fits under Lightning's own launcher, as users do."""
 
 import ctypes
 import os
 import signal
-import socket
 import sys
-import threading
-import time
 import traceback
 from collections.abc import Callable
 
-_PR_SET_PDEATHSIG = 1
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_in_child(body: Callable[[], object]) -> None:
-    """In a forked child: die with the parent (a test's timeout kills the parent), run ``body``, and end the process
-    as the interpreter would (exit status of ``SystemExit``, its message printed; traceback and 1 on an uncaught
-    exception); never returns."""
+def fork(body: Callable[[], object]) -> int:
+    """The pid of a child that dies with this process, runs ``body`` and exits as the interpreter would."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if pid := os.fork():
+        return pid
     code = 1
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         body()
         code = 0
     except SystemExit as exc:
-        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
-        if not isinstance(exc.code, int | None):
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        if code and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001  as an uncaught exception in a process of its own: traceback, status 1
+    except BaseException:  # noqa: BLE001  as an uncaught exception in a process of its own
         traceback.print_exc()
     finally:
         sys.stdout.flush()
@@ -48,68 +32,22 @@ def run_in_child(body: Callable[[], object]) -> None:
         os._exit(code)
 
 
-def _run_child(main: Callable[[], object], local_rank: int) -> None:
-    """Rank ``local_rank``: runs ``main`` in this forked child (:func:`run_in_child`)."""
-
-    def body() -> None:
-        os.environ["LOCAL_RANK"] = str(local_rank)
-        main()
-
-    run_in_child(body)
+def wait_all(pids: list[int], stop_on_failure: bool) -> list[int]:
+    """Exit statuses of ``pids`` once all ended; with ``stop_on_failure`` the first failure kills the others."""
+    status: dict[int, int] = {}
+    while len(status) < len(pids):
+        pid, code = os.wait()  # the children of this process are pids
+        status[pid] = os.waitstatus_to_exitcode(code)
+        for other in (p for p in pids if p not in status and status[pid] and stop_on_failure):
+            os.kill(other, signal.SIGKILL)
+    return [status[p] for p in pids]
 
 
 def run_as_ranks(main: Callable[[], object], num_ranks: int) -> None:
-    """Run ``main`` once per rank, rank 0 in this process and ranks 1.. in forked children.
-
-    With ``num_ranks`` below 2, or ``LOCAL_RANK`` already set (another launcher started this process), ``main`` runs
-    once here. ``MASTER_ADDR``/``MASTER_PORT`` are set before the fork when missing, so every rank meets at one port.
-
-    Raises:
-        SystemExit: a child rank exited non-zero (status 1), after every rank ended.
-    """
-    if num_ranks < 2 or "LOCAL_RANK" in os.environ:
-        main()
-        return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    children = []
-    for local_rank in range(1, num_ranks):
-        pid = os.fork()
-        if pid == 0:
-            _run_child(main, local_rank)
-        children.append(pid)
-    os.environ["LOCAL_RANK"] = "0"
-    status: dict[int, int] = {}
-    reaping = threading.Lock()
-    main_pid = os.getpid()
-
-    def reap(pid: int, flags: int) -> None:
-        with reaping:
-            if pid not in status:
-                done, code = os.waitpid(pid, flags)
-                if done:
-                    status[pid] = os.waitstatus_to_exitcode(code)
-
-    def watch() -> None:  # as Lightning's launcher: a failed rank ends the others (checked every 5 s)
-        while len(status) < len(children):
-            for pid in children:
-                reap(pid, os.WNOHANG)
-            if any(code != 0 for code in status.values()):
-                for pid in children:
-                    if pid not in status:
-                        os.kill(pid, signal.SIGKILL)
-                os.kill(main_pid, signal.SIGTERM)
-                return
-            time.sleep(5)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        main()
-    finally:
-        for pid in children:  # rank 0 is done (or failed): wait for the others
-            reap(pid, 0)
-    if any(code != 0 for code in status.values()):
+    """Run ``main`` once per rank, each a forked child (exit 1 once all ended if any failed), when the rig started this
+    process (``FORK_RANKS`` set); else once here, where Lightning's launcher (or torchrun) starts the other ranks."""
+    if num_ranks < 2 or "LOCAL_RANK" in os.environ or "FORK_RANKS" not in os.environ:
+        return main()
+    ranks = [lambda r=r: (os.environ.__setitem__("LOCAL_RANK", str(r)), main()) for r in range(num_ranks)]
+    if any(wait_all([fork(rank) for rank in ranks], stop_on_failure=True)):
         sys.exit(1)

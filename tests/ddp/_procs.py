@@ -1,127 +1,97 @@
-"""Waiting on a test's subprocess with a timeout: it finishes, or it is killed and the test fails; never a hang."""
+"""Tests' runs of processes with a limit (never a hang); scripts forked from this pytest worker's fork server, started
+once with :data:`PRELOAD` (what the scripts import) imported, each run as ``python SCRIPT ARGV...`` would."""
 
 import json
+import multiprocessing
 import os
+import runpy
 import socket
 import subprocess
+import sys
 import tempfile
-from collections.abc import Hashable
 from pathlib import Path
-from typing import Any
 
-import _zygote  # tests/ddp/_zygote.py
+from _fork_ranks import fork, wait_all  # tests/ddp/_fork_ranks.py
+
+PRELOAD = ["numpy", "torch", "lightning", "lit_balance.lightning", "lit_balance.callbacks", "lit_balance.demo"]
 
 
 def finish(proc: subprocess.Popen, timeout_s: float) -> str:
-    """Wait for ``proc`` and return its output (stdout with stderr merged, text).
-
-    Raises:
-        subprocess.TimeoutExpired: ``proc`` ran past ``timeout_s`` seconds (it is killed first).
-    """
+    """``proc``'s output (text, stderr merged) once it exits; past ``timeout_s`` it is killed: ``TimeoutExpired``."""
     try:
-        log, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+        return proc.communicate(timeout=timeout_s)[0]
+    finally:  # a no-op once it exited
         proc.kill()
-        proc.communicate()
-        raise
-    return log
+        proc.wait()
 
 
 def free_ports(count: int) -> list[int]:
     """``count`` distinct TCP ports free on localhost now (bound together, so no two are the same)."""
     sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    ports = [s.bind(("127.0.0.1", 0)) or s.getsockname()[1] for s in sockets]
+    return [s.close() or port for s, port in zip(sockets, ports)]
 
 
-def ddp_env(port: int, root: Path | None = None) -> dict[str, str]:
-    """The environment of one multi-rank run: its own rendezvous port (runs started side by side would otherwise
-    each pick a free port at the same moment and may pick the same one), and ``root`` on ``PYTHONPATH``."""
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    if root is not None:
-        env["PYTHONPATH"] = str(root)
-    return env
+def ddp_env(port: int, root: Path) -> dict[str, str]:
+    """This environment with its own rendezvous port (``MASTER_PORT``) and ``root`` as ``PYTHONPATH``."""
+    return {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": str(root)}
 
 
-def _forked_runs(script: Path, runs: dict[Hashable, list[str]], timeout_s: float, cwd: Path | None = None,
-                 env: dict[str, str] | None = None) -> dict[Hashable, tuple[int, str]]:
-    """``{key: (exit status, output)}`` of ``python script *arguments`` run once per run, side by side
-    (:func:`run_scripts`), in ``cwd`` with ``env`` added to the environment."""
+def _output_to(path: str) -> None:
+    for fd in (1, 2):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), fd)
+
+
+def serve(script: str, runs: list[dict], env: dict, log: str, status_file: str) -> None:  # the fork server's child
+    _output_to(log)
+    os.environ.clear()
+    os.environ.update(env)
+    multiprocessing.set_start_method(None, force=True)  # the platform's default, as in a process of its own (fork)
+    sys.path[:0] = [str(Path(script).resolve().parent), *env.get("PYTHONPATH", "").split(os.pathsep)]
+    runpy.run_path(script, run_name="_imported_once")
+
+    def run(spec: dict) -> None:  # in a run's process
+        _output_to(spec["log"])
+        os.environ.update(spec["env"])
+        os.chdir(spec["cwd"])
+        sys.argv = [script, *spec["argv"]]
+        runpy.run_path(script, run_name="__main__")
+    status = wait_all([fork(lambda spec=spec: run(spec)) for spec in runs], stop_on_failure=False)
+    Path(status_file).write_text(json.dumps(status))
+
+
+def run_script(script: Path, args: list, timeout_s: float, cwd: Path | None = None, env: dict | None = None,
+               runs: dict | None = None) -> tuple[int, str] | dict:
+    """``(exit status, output)`` of ``python script *args``, forked, in this process's environment (plus ``env``) and
+    working directory (or ``cwd``) of now, the repository root on ``PYTHONPATH``; with ``runs`` (``{key: args}``, side
+    by side, each its own port): ``{key: (status, output)}``. Past ``timeout_s`` all are killed: ``TimeoutExpired``."""
     with tempfile.TemporaryDirectory() as tmp:
-        logs = {key: Path(tmp) / f"run{i}.log" for i, key in enumerate(runs)}
-        spec = [{"argv": [str(a) for a in args], "port": port, "log": str(logs[key]),
-                 "cwd": None if cwd is None else str(cwd), "env": env or {}}
-                for (key, args), port in zip(runs.items(), free_ports(len(runs)))]
-        env = ddp_env(free_ports(1)[0], Path(__file__).resolve().parents[2])  # the repository root
-        log, status_file = Path(tmp) / "zygote.log", Path(tmp) / "status.json"
-        process = _zygote.start(str(script), spec, env, str(log), str(status_file))
+        spec = [{"argv": [str(a) for a in argv], "log": f"{tmp}/{i}.log", "cwd": str(cwd or os.getcwd()),
+                 "env": {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "FORK_RANKS": "1", **(env or {})}}
+                for i, (argv, port) in enumerate(zip((runs or {0: args}).values(), free_ports(len(runs or [0]))))]
+        log, status = f"{tmp}/zygote.log", Path(tmp) / "status.json"
+        (context := multiprocessing.get_context("forkserver")).set_forkserver_preload(PRELOAD)
+        env_ = ddp_env(free_ports(1)[0], Path(__file__).parents[2])  # the repository root on PYTHONPATH
+        (process := context.Process(target=serve, args=(str(script), spec, env_, log, str(status)))).start()
         process.join(timeout_s)
         if process.is_alive():  # its runs die with it
             process.kill()
             process.join()
-            raise subprocess.TimeoutExpired(str(script), timeout_s, output=log.read_text()[-8000:])
-        assert process.exitcode == 0 and status_file.exists(), (process.exitcode, log.read_text()[-8000:])
-        return {key: (code, logs[key].read_text())
-                for key, code in zip(runs, json.loads(status_file.read_text()))}
+            raise subprocess.TimeoutExpired(str(script), timeout_s, output=Path(log).read_text()[-8000:])
+        assert process.exitcode == 0 and status.exists(), (process.exitcode, Path(log).read_text()[-8000:])
+        out = [(code, Path(s["log"]).read_text()) for s, code in zip(spec, json.loads(status.read_text()))]
+    return dict(zip(runs, out)) if runs else out[0]
 
 
-def run_scripts(script: Path, runs: dict[Hashable, list[str]], timeout_s: float) -> dict[Hashable, str]:
-    """Run ``python script *arguments`` once per run, all side by side, each in a process of its own; ``{key:
-    output}`` (stdout with stderr merged) once all exited zero.
-
-    The runs are forked from one process that imported torch and Lightning once for this pytest worker
-    (``_zygote.py``), in this process's environment and working directory of now, each with its own rendezvous port
-    (``MASTER_PORT``) and the repository root on ``PYTHONPATH``.
-
-    Args:
-        script: a test script whose ``__main__`` block runs it.
-        runs: ``{key: arguments}``.
-        timeout_s: the runs' limit in seconds; past it every run is killed and the test fails.
-
-    Raises:
-        AssertionError: a run exited non-zero (with the tail of its output).
-        subprocess.TimeoutExpired: the runs ran past ``timeout_s``.
-    """
-    outputs = _forked_runs(script, runs, timeout_s)
-    for key, (code, log) in outputs.items():
+def run_scripts(script: Path, runs: dict, timeout_s: float) -> dict:
+    """``{key: output}`` of :func:`run_script`'s ``runs`` once all exited 0 (else ``AssertionError``)."""
+    for key, (code, log) in (out := run_script(script, [], timeout_s, runs=runs)).items():
         assert code == 0, (key, code, log[-8000:])
-    return {key: log for key, (_, log) in outputs.items()}
+    return {key: log for key, (_, log) in out.items()}
 
 
-def run_script(script: Path, args: list[str], timeout_s: float, cwd: Path | None = None,
-               env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run ``python script *args`` once as :func:`run_scripts` does, in ``cwd`` (None: this process's) with ``env``
-    added to the environment; its exit status and output (stdout with stderr merged), whatever the status.
-
-    Raises:
-        subprocess.TimeoutExpired: the run ran past ``timeout_s``.
-    """
-    return _forked_runs(script, {0: args}, timeout_s, cwd, env)[0]
-
-
-def run_ranks(script: Path, runs: dict[Hashable, tuple[Path, list[str]]], timeout_s: float,
-              num_ranks: int = 2) -> dict[Hashable, list[dict[str, Any]]]:
-    """Run ``script`` once per run, all side by side (:func:`run_scripts`), and return each run's per-rank JSON
-    records.
-
-    Args:
-        script: a fit script that writes ``rank<r>.json`` into the output directory it is given first.
-        runs: ``{key: (output_dir, arguments after output_dir)}``.
-        timeout_s: the runs' limit in seconds; past it every run is killed and the test fails.
-        num_ranks: ranks per run whose records are read.
-
-    Returns:
-        ``{key: [rank 0 record, rank 1 record, ...]}``.
-
-    Raises:
-        AssertionError: a run exited non-zero (with the tail of its output).
-        subprocess.TimeoutExpired: the runs ran past ``timeout_s``.
-    """
+def run_ranks(script: Path, runs: dict, timeout_s: float, num_ranks: int = 2) -> dict:
+    """``{key: [rank 0 record, ...]}``, the ``out_dir/rank<r>.json`` of fit runs ``{key: (out_dir, args)}``."""
     run_scripts(script, {key: [out, *args] for key, (out, args) in runs.items()}, timeout_s)
     return {key: [json.loads((out / f"rank{r}.json").read_text()) for r in range(num_ranks)]
             for key, (out, _) in runs.items()}
