@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -54,15 +55,14 @@ def write_store(prefix: Path, num_docs: int, pool: np.ndarray, seed: int, dtype:
     One sequence per document (``preprocess_data.py`` without ``--split-sentences``): ``num_docs`` sequence lengths
     drawn from ``pool`` (seeded), pointers their byte offsets, the document index ``0..num_docs``.
     """
-    from lit_balance.data.stores.megatron import _HEADER, _MAGIC, MEGATRON_DTYPES
+    from lit_balance.data.stores.megatron import MEGATRON_DTYPES
 
     code = next(c for c, d in MEGATRON_DTYPES.items() if d == np.dtype(dtype))
     itemsize = np.dtype(dtype).itemsize
     rng = np.random.default_rng(seed)
-    header = np.array([(_MAGIC, 1, code, num_docs, num_docs + 1)], dtype=_HEADER)
     total = 0
-    with open(f"{prefix}.idx", "wb") as out:
-        out.write(header.tobytes())
+    with open(f"{prefix}.idx", "wb") as out:  # megatron-core's header: magic, version, dtype code, sequences, documents
+        out.write(struct.pack("<9sQBQQ", b"MMIDIDX\x00\x00", 1, code, num_docs, num_docs + 1))
         chunks = []
         for start in range(0, num_docs, _CHUNK):  # lengths, remembered in chunks for the pointers
             lengths = pool[rng.integers(0, len(pool), min(_CHUNK, num_docs - start))].astype(np.int32)

@@ -1,7 +1,7 @@
-"""benchmarks/packed_vs_padded.py: the pair summary, the table, the command line and one small end-to-end run.
+"""research/packed_vs_padded.py: the pair summary, the table, the command line and one small end-to-end run.
 
 Run:
-    python -m pytest tests/benchmarks/test_packed_vs_padded.py -q
+    python -m pytest research/tests/test_packed_vs_padded.py -q
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from benchmarks import packed_vs_padded as pvp
+from research import packed_vs_padded as pvp
 
 pytestmark = pytest.mark.benchmark
 

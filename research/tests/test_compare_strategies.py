@@ -1,10 +1,10 @@
-"""benchmarks/compare_strategies.py and benchmarks/_training.py: the baseline batch builders it trains with, each
+"""research/compare_strategies.py and research/_training.py: the baseline batch builders it trains with, each
 strategy's data on simulated ranks, the meter's trace, the figures of a run, the per-pair ratios and targets, the
 command line and its pairs, the torchrun launcher, and one small end-to-end run (2 CPU DDP ranks, one pair of three
 strategies, with the time model's calibration and projection).
 
 Run:
-    python -m pytest -m benchmark tests/benchmarks/test_compare_strategies.py -q
+    python -m pytest -m benchmark research/tests/test_compare_strategies.py -q
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import _training as training
-from benchmarks import compare_strategies as cs
+from research import _training as training
+from research import compare_strategies as cs
 from benchmarks import packing_peers, peers
 from benchmarks._harness import ROOT, load_lengths
 
@@ -471,7 +471,7 @@ def test_end_to_end_small_run_writes_results_traces_ratios_and_projection(tmp_pa
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     strategies = ["random", "lit_balance", "lit_balance_packed"]
-    cmd = [sys.executable, "-m", "benchmarks.compare_strategies", "--model-size", "tiny", "--num-docs", "60",
+    cmd = [sys.executable, "-m", "research.compare_strategies", "--model-size", "tiny", "--num-docs", "60",
            "--epochs", "2", "--pairs", "1", "--val-fraction", "0.01", "--strategies", *strategies,
            "--scenarios", "main", "--timeout-s", "120", "--output-dir", str(out), "--cache-dir", str(cache_dir)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False)
@@ -527,7 +527,7 @@ def test_end_to_end_small_run_writes_results_traces_ratios_and_projection(tmp_pa
     for name in ("tokens_per_s.png", "loss_vs_tokens.png", "calibration.png", "projection.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "results.md").read_text()
-    assert md.startswith("Command: `python -m benchmarks.compare_strategies --model-size tiny")
+    assert md.startswith("Command: `python -m research.compare_strategies --model-size tiny")
     for heading in ("### Runs", "### Ratios per pair", "### Targets", "### Calibration", "### Projection"):
         assert heading in md
     assert "| lit_balance_pair1 | 1 | main |" in md and "wall time" in proc.stdout

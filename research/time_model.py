@@ -20,7 +20,7 @@ last backward, so a step takes the slowest rank's *sum* over its micro-batches (
 (``lightning/pytorch/loops/training_epoch_loop.py``, ``_broadcast_sigterm_tensor``, called in ``advance``), which
 returns only when every rank has arrived (measured in ``docs/callbacks.md``: every micro-batch is a barrier), so
 under Lightning a step takes the *sum over its micro-batches of the slowest rank's time* (``barrier="micro_batch"``,
-the default, since ``benchmarks/compare_strategies.py`` trains under Lightning 2.6):
+the default, since ``research/compare_strategies.py`` trains under Lightning 2.6):
 
     ``T_step = sum over micro-steps i of max_r t(r, i) + per_step_sync_s``   (``"micro_batch"``)
     ``T_step = max_r sum over micro-steps i of t(r, i) + per_step_sync_s``   (``"step"``)
@@ -85,7 +85,7 @@ import numpy as np
 from scipy.optimize import least_squares, nnls
 from scipy.special import ndtr
 
-from benchmarks._training import TRACE_FIELDS
+from research._training import TRACE_FIELDS
 
 __all__ = ["BARRIERS", "PROJECTION_LABEL", "PROJECTION_STRATEGIES", "RunTrace", "TimeModel", "fit_time_model",
            "measured_step_times", "plot_calibration", "plot_projection", "predict_run", "project",

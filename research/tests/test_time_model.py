@@ -1,9 +1,9 @@
-"""benchmarks/time_model.py: the fit recovers known coefficients from synthetic traces, per-run predictions match,
+"""research/time_model.py: the fit recovers known coefficients from synthetic traces, per-run predictions match,
 measured step times add up, projected plans are the runner's plans, and the projection's figures keep their
 invariants. No training and no timing: every trace here is generated from known coefficients.
 
 Run:
-    python -m pytest -m benchmark tests/benchmarks/test_time_model.py -q
+    python -m pytest -m benchmark research/tests/test_time_model.py -q
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import BatchSampler, DistributedSampler
 
-from benchmarks import time_model as tm
-from benchmarks._training import TRACE_FIELDS
+from research import time_model as tm
+from research._training import TRACE_FIELDS
 from benchmarks.peers import deal_even, fixed_batch_size, sort_fill_batches, sorted_bucket_batches
 from lit_balance import CostModel, plan_stats
 

@@ -1,9 +1,9 @@
 """End-to-end strategy table: the same LM, corpus and optimizer under seven batching strategies, in interleaved pairs.
 
 Run:
-    python -m benchmarks.compare_strategies          # 3 pairs, 2 CPU DDP ranks, every strategy (41 min here)
-    python -m benchmarks.compare_strategies --quick  # 2 pairs, fewer documents (sized for under 10 min on 2 cores)
-    python -m benchmarks.compare_strategies --accelerator gpu --devices 4 --model-size bert --precision bf16-mixed
+    python -m research.compare_strategies          # 3 pairs, 2 CPU DDP ranks, every strategy (41 min here)
+    python -m research.compare_strategies --quick  # 2 pairs, fewer documents (sized for under 10 min on 2 cores)
+    python -m research.compare_strategies --accelerator gpu --devices 4 --model-size bert --precision bf16-mixed
 
 Every run trains :class:`lit_balance.demo.DemoTransformerLM` (token-weighted loss, AdamW with the same learning rate)
 for the same number of epochs over the same training documents of the built-in corpus (Python standard library
@@ -54,7 +54,7 @@ pair ``k`` seeds every run's model and sampler with ``--seed + k - 1``. Per pair
 ``feedback / no_feedback``, every strategy over ``lit_balance``); each headline is the median over pairs with its
 min and max.
 
-Measured per run (rank 0 writes it after one ``all_gather`` at the end of training; :mod:`benchmarks._training`):
+Measured per run (rank 0 writes it after one ``all_gather`` at the end of training; :mod:`research._training`):
 
 * ``real_tokens_per_s``: real (non-padding, non-fill) training tokens of all ranks / seconds, the seconds being,
   per epoch, the slowest rank's interval from its first ``on_train_batch_start`` to its last
@@ -108,7 +108,6 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from benchmarks._harness import (
     commit_label,
-    launch_run,
     load_lengths,
     machine,
     markdown_table,
@@ -116,7 +115,7 @@ from benchmarks._harness import (
     number,
     positive_int,
 )
-from benchmarks._training import (
+from research._training import (
     MODEL_SIZES,
     REAL,
     CompareLM,
@@ -128,6 +127,7 @@ from benchmarks._training import (
 )
 from benchmarks.packing_peers import flattening_batch_size
 from benchmarks.peers import EpochBatchSampler, deal_even, fixed_batch_size, sort_fill_batches, sorted_bucket_batches
+from research._launch import launch_run
 from lit_balance import BalancedTextDataModule, PackedCollator, PadCollator
 from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, StragglerMonitor
 from lit_balance.data import resolve_tokenizer
@@ -451,14 +451,14 @@ def plan_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def launch(spec: dict[str, Any], out_dir: Path, timeout_s: int, worker: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run one spec as ``spec["devices"]`` ranks under ``torchrun`` (:func:`benchmarks._harness.launch_run`: every
+    """Run one spec as ``spec["devices"]`` ranks under ``torchrun`` (:func:`research._launch.launch_run`: every
     rank is stopped when one fails or time runs out, so none waits forever for a collective); return its result dict,
     with every key of :data:`RESULT_KEYS` (None for a run that failed). Its trace, when the run succeeded, is
     ``runs/<run>.trace.npy``.
 
     ``worker``: what each rank runs, before the spec's path (default: this module with the hidden worker flag).
     """
-    result = launch_run(spec, out_dir, timeout_s, worker or ["-m", "benchmarks.compare_strategies", _WORKER_FLAG],
+    result = launch_run(spec, out_dir, timeout_s, worker or ["-m", "research.compare_strategies", _WORKER_FLAG],
                         keys=("run", "strategy", "scenario", "pair", "seed", "feedback"))
     for key in RESULT_KEYS:
         result.setdefault(key, None)
@@ -649,7 +649,7 @@ def calibrate_and_project(results: list[dict[str, Any]], traces: dict[str, np.nd
     Returns:
         ``{"time_model": fitted costs, "projection": rows, "predictions": per run}``.
     """
-    from benchmarks import time_model  # here, not in the ranks: scipy would add to their measured memory
+    from research import time_model  # here, not in the ranks: scipy would add to their measured memory
     runs = [time_model.RunTrace(run=r["run"], strategy=r["strategy"], trace=traces[r["run"]],
                                 headline_epochs=tuple(r["headline_epochs"]), rank_factors=tuple(r["rank_factors"]),
                                 measured_real_tokens_per_s=r["real_tokens_per_s"])
@@ -828,7 +828,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     start = time.perf_counter()
     out_dir = args.output_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    command = "python -m benchmarks.compare_strategies " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m research.compare_strategies " + " ".join(argv if argv is not None else sys.argv[1:])
     # tokenize once here, so the runs only load the cache
     train_docs, val_docs = corpus_documents(args.num_docs, args.val_fraction, args.cache_dir)
     train_lengths = np.minimum([len(d) for d in train_docs], args.max_length)

@@ -6,7 +6,7 @@ callback, and the figures of a run.
 the exact validation loss (and can slow one rank down, a demonstration of a slower device); :class:`Meter` records
 every micro-batch's trace row (:data:`TRACE_FIELDS`: times, real tokens, padded slots, rows, attention pairs) on
 every rank and gathers them once at the end; :func:`run_stats` and :func:`loss_curve` turn the records into the
-figures of ``benchmarks/compare_strategies.py`` and ``benchmarks/packed_vs_padded.py``.
+figures of ``research/compare_strategies.py`` and ``research/packed_vs_padded.py``.
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def real_tokens(batch: dict[str, Any]) -> int:
 #: ``real_tokens`` (fill documents excluded); ``padded_slots`` (token positions the model computes: rows x padded
 #: length, or the packed row's length with its tail padding); ``rows`` (sequences attended over: padded rows, or the
 #: documents of a packed row, fills included); ``attention_pairs`` (sum over those sequences of length squared:
-#: rows x padded length**2 padded, sum of document length**2 packed). The time model (``benchmarks/time_model.py``)
+#: rows x padded length**2 padded, sum of document length**2 packed). The time model (``research/time_model.py``)
 #: is fitted on these columns.
 TRACE_FIELDS = ("epoch", "step", "start_s", "end_s", "compute_s", "real_tokens", "padded_slots", "rows",
                 "attention_pairs")
@@ -329,7 +329,7 @@ def run_stats(gathered: np.ndarray, epoch_intervals: np.ndarray, peak_memory_mb:
         headline_from_epoch: the headline throughput counts epochs from this one on (all epochs if there are none).
 
     Returns:
-        A dict of the figures documented in the docstring of ``benchmarks/compare_strategies.py``.
+        A dict of the figures documented in the docstring of ``research/compare_strategies.py``.
     """
     g = np.asarray(gathered, dtype=np.float64)
     epochs = g[0, :, _EPOCH].astype(int)

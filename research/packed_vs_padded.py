@@ -1,9 +1,9 @@
 """End-to-end packed versus padded micro-batches: the main job's model and corpus, 2 CPU DDP ranks, interleaved pairs.
 
 Run:
-    python -m benchmarks.packed_vs_padded            # 3 pairs, 3,000 documents of the built-in corpus, 1 epoch each
-    python -m benchmarks.packed_vs_padded --quick    # 3 pairs, 400 documents (about 5 minutes on 2 busy cores)
-    python -m benchmarks.packed_vs_padded --pairs 5 --num-docs 0   # every document of the corpus
+    python -m research.packed_vs_padded            # 3 pairs, 3,000 documents of the built-in corpus, 1 epoch each
+    python -m research.packed_vs_padded --quick    # 3 pairs, 400 documents (about 5 minutes on 2 busy cores)
+    python -m research.packed_vs_padded --pairs 5 --num-docs 0   # every document of the corpus
 
 Each run trains :class:`lit_balance.demo.DemoTransformerLM` (the main job's ``small`` size, token-weighted loss,
 AdamW) through :class:`lit_balance.BalancedTextDataModule` with the main job's settings (``max_tokens=1024``,
@@ -16,9 +16,9 @@ passed to the DataModule as token ids.
 
 Runs alternate, padded then packed, ``--pairs`` times, so both variants meet the same machine load (this machine
 is shared); pair ``i`` uses seed ``i`` for both (split, plan and model initialisation). Each run is one job of
-``--devices`` ranks under torch's launcher (:func:`benchmarks._harness.launch_run`, with a timeout).
+``--devices`` ranks under torch's launcher (:func:`research._launch.launch_run`, with a timeout).
 
-Measured per run (:mod:`benchmarks._training`): ``real_tokens_per_s``, real training tokens of all ranks (fill
+Measured per run (:mod:`research._training`): ``real_tokens_per_s``, real training tokens of all ranks (fill
 documents excluded) over the slowest rank's training seconds per epoch (first ``on_train_batch_start`` to last
 ``on_train_batch_end``; start-up and validation excluded), over every epoch; ``padding_ratio``; micro-batches and
 optimizer steps; ``val_loss`` after the last epoch, the exact mean over every validation token of all ranks.
@@ -42,8 +42,9 @@ from typing import Any
 import lightning as L
 import numpy as np
 
-from benchmarks._harness import commit_label, launch_run, machine, positive_int
-from benchmarks._training import MODEL_SIZES, CompareLM, Meter, corpus_documents, make_trainer, run_stats
+from benchmarks._harness import commit_label, machine, positive_int
+from research._launch import launch_run
+from research._training import MODEL_SIZES, CompareLM, Meter, corpus_documents, make_trainer, run_stats
 from lit_balance import BalancedTextDataModule
 from lit_balance.data import load_or_build, resolve_corpus, resolve_tokenizer
 
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         parser.error(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
     out_dir = args.output_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    command = "python -m benchmarks.packed_vs_padded " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m research.packed_vs_padded " + " ".join(argv if argv is not None else sys.argv[1:])
     docs = documents(args.num_docs, args.cache_dir)  # tokenizes the corpus once, here
     print(f"{len(docs)} documents ({sum(min(len(d), args.max_length) for d in docs):,} tokens after truncation) | "
           f"{args.devices} {args.accelerator} ranks | max_tokens {args.max_tokens} | {args.epochs} epoch(s) | "
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     for pair in range(args.pairs):
         for variant in VARIANTS:
             spec = {**common, "run": f"pair{pair}_{variant}", "variant": variant, "pair": pair, "seed": pair}
-            r = launch_run(spec, out_dir, args.timeout_s, ["-m", "benchmarks.packed_vs_padded", _WORKER_FLAG],
+            r = launch_run(spec, out_dir, args.timeout_s, ["-m", "research.packed_vs_padded", _WORKER_FLAG],
                            keys=("run", "variant", "pair", "seed"))
             results.append(r)
             print(f"{r['run']:>14}: " + (f"{r['real_tokens_per_s']:8.0f} real tokens/s | {r['train_real_tokens']} "
