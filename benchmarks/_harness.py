@@ -9,12 +9,11 @@ import json
 import math
 import os
 import platform
-import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,9 @@ import numpy as np
 
 import lit_balance
 
-__all__ = ["DISTRIBUTIONS", "LENGTHS_DIR", "ROOT", "commit_label", "git_state", "load_lengths", "machine", "markdown_table", "non_negative", "number", "positive_int", "run_child",
-           "status_kib", "timed", "versions"]
+__all__ = ["DISTRIBUTIONS", "LENGTHS_DIR", "ROOT", "commit_label", "git_state", "load_lengths", "machine",
+           "markdown_table", "non_negative", "number", "positive_int", "run_child", "status_kib", "timed", "versions",
+           "write_report"]
 
 #: The repository root (benchmarks/ is one level below it).
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,3 +172,33 @@ def run_child(module: str, *args: str, timeout_s: float) -> dict[str, Any]:
     if done.returncode:
         raise RuntimeError(f"the {args[0]} subprocess failed (exit code {done.returncode}):\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def write_report(output_dir: Path, module: str, argv: Sequence[str] | None, results: dict[str, Any],
+                 markdown: str | None = None) -> dict[str, Any]:
+    """Write one run's dated report: ``results.json`` (and ``results.md`` when ``markdown`` is given) in
+    ``output_dir``, headed by the command, the commit (with the count of uncommitted files under ``benchmarks/``
+    and ``lit_balance/``), the date and the machine; return the report.
+
+    Args:
+        output_dir: folder of the report (created).
+        module: the benchmark's module name, e.g. ``"bench_samplers"`` (the command is ``python -m
+            benchmarks.<module> ARGV``).
+        argv: the command's arguments (None: ``sys.argv[1:]``).
+        results: the figures (JSON-serialisable; paths and other objects are written as strings).
+        markdown: the tables as Markdown, or None.
+    """
+    commit, dirty = git_state("benchmarks", "lit_balance")
+    report = {"command": " ".join(["python", "-m", f"benchmarks.{module}", *(sys.argv[1:] if argv is None else argv)]),
+              "commit": commit, "uncommitted_files": dirty,
+              "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(), **results}
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "results.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    written = ["results.json"]
+    if markdown is not None:
+        head = (f"Command: `{report['command']}`; commit {commit}; {report['date_utc']}; "
+                f"{report['machine']['platform']}, {report['machine']['cpu_count']} CPUs.\n\n")
+        (output_dir / "results.md").write_text(head + markdown + "\n")
+        written.append("results.md")
+    print(f"wrote {' and '.join(str(output_dir / name) for name in written)}")
+    return report

@@ -25,12 +25,13 @@ import functools
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import lightning as L
 import numpy as np
 import torch
 
-from benchmarks._harness import load_lengths, positive_int
+from benchmarks._harness import load_lengths, positive_int, write_report
 from lit_balance import BalancedTextDataModule
 from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, PaddingRatioMonitor, StragglerMonitor
 from lit_balance.demo import DemoTransformerLM
@@ -90,13 +91,14 @@ def fit(args, dm: BalancedTextDataModule, with_callbacks: bool) -> tuple[float, 
     return time.perf_counter() - start, time.process_time() - cpu, hook_s, len(dl)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reps", type=positive_int, default=5, help="interleaved pairs of fits (default: %(default)s)")
     p.add_argument("--num-docs", type=positive_int, default=1500, help="documents (default: %(default)s)")
     p.add_argument("--max-tokens", type=positive_int, default=1024,
                    help="padded slots per micro-batch (default: %(default)s)")
     p.add_argument("--d-model", type=positive_int, default=64, help="model width (default: %(default)s)")
+    p.add_argument("--output-dir", type=Path, default=Path("outputs/bench_callbacks"), help="results.json goes here")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="bench_callbacks-") as cache_dir:
@@ -122,6 +124,10 @@ def main(argv: list[str] | None = None) -> None:
           f"max {100 * max(hooks_wall):.3f} %")
     print(f"fit time ratio (with / without), wall s: median {statistics.median(ratios):.4f} "
           f"(min {min(ratios):.4f}, max {max(ratios):.4f}); CPU s: median {statistics.median(cpu_ratios):.4f}")
+    return write_report(args.output_dir, "bench_callbacks", argv, {
+        "settings": vars(args), "micro_batches_per_fit": steps, "fit_s_without": base, "fit_s_with": with_cb,
+        "hook_cpu_share": hooks_cpu, "hook_wall_share": hooks_wall, "fit_wall_ratio": ratios,
+        "fit_cpu_ratio": cpu_ratios})
 
 
 if __name__ == "__main__":

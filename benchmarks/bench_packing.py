@@ -23,27 +23,15 @@ Writes ``results.json`` and ``results.md`` (the tables) to ``--output-dir``.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks._harness import (
-    DISTRIBUTIONS,
-    git_state,
-    load_lengths,
-    machine,
-    markdown_table,
-    positive_int,
-    timed,
-    versions,
-)
+from benchmarks._harness import DISTRIBUTIONS, load_lengths, markdown_table, positive_int, timed, versions, write_report
 from benchmarks.packing_peers import PACKING_PEERS, flatten_with_collator, flattening_batch_size
 from lit_balance.plan import PLANNERS
 from lit_balance import BatchingSettings, CostModel, EpochPlan, plan_epoch
@@ -305,11 +293,8 @@ def side_by_side(rows: list[dict[str, Any]]) -> list[list[str]]:
 
 def render(results: dict[str, Any]) -> str:
     """The markdown report of a run: a table per workload, the targets, plan time per million, notes."""
-    out = [f"Command: `{results['command']}`  ", (f"Commit: {results['source']['commit']} "
-           f"({results['source']['uncommitted_files']} uncommitted files under lit_balance/ and benchmarks/)  "),
-           (f"Machine: {results['machine']['platform']}, {results['machine']['cpu_count']} CPUs; date "
-           f"{results['date_utc']}; wall {results['wall_s']:.0f} s  "),
-           f"Versions: {', '.join(f'{k} {v}' for k, v in results['versions'].items())}", "", LEGEND, ""]
+    out = [f"Wall {results['wall_s']:.0f} s; versions: {', '.join(f'{k} {v}' for k, v in results['versions'].items())}",
+           "", LEGEND, ""]
     lines = side_by_side(results["rows"])
     if lines:
         out += ["**The targets side by side with the packing peers**", "", markdown_table(SIDE_BY_SIDE_HEADER, lines),
@@ -412,27 +397,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     per_million = ([] if args.skip_million else
                    plan_seconds_per_million(pool, million, ranks, args.max_tokens, args.seed, 1 if args.quick else 3))
     results = {
-        "command": " ".join(["python", "-m", "benchmarks.bench_packing", *(sys.argv[1:] if argv is None else argv)]),
-        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(),
         "versions": versions(),
-        "source": dict(zip(("commit", "uncommitted_files"), git_state("lit_balance", "benchmarks"))),
-        "config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "ranks": ranks,
-                   "num_samples": num_samples, "million": million, "costs": {k: asdict(v) for k, v in COSTS.items()},
-                   "targets": TARGETS},
-        "workloads": described,
-        "rows": rows,
-        "plan_seconds_per_million": per_million,
-        "targets": target_rows(rows, per_million),
-        "notes": NOTES,
+        "config": {**vars(args), "ranks": ranks, "num_samples": num_samples, "million": million,
+                   "costs": {k: asdict(v) for k, v in COSTS.items()}, "targets": TARGETS},
+        "workloads": described, "rows": rows, "plan_seconds_per_million": per_million,
+        "targets": target_rows(rows, per_million), "notes": NOTES, "wall_s": time.perf_counter() - start,
     }
-    results["wall_s"] = time.perf_counter() - start
-    args.output_dir.mkdir(parents=True, exist_ok=True)
     report = render(results)
-    (args.output_dir / "results.md").write_text(report)
-    (args.output_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    print("\n" + report + f"\nwrote {args.output_dir / 'results.md'} and results.json")
-    return results
+    print("\n" + report)
+    return write_report(args.output_dir, "bench_packing", argv, results, markdown=report)
 
 
 if __name__ == "__main__":

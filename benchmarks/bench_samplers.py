@@ -40,18 +40,15 @@ rank 0's time x ranks.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks._harness import DISTRIBUTIONS, LENGTHS_DIR, git_state, load_lengths, machine, positive_int, timed
+from benchmarks._harness import DISTRIBUTIONS, LENGTHS_DIR, load_lengths, machine, positive_int, timed, write_report
 from benchmarks.peers import (
     BenchConfig,
     PeerUnavailable,
@@ -331,8 +328,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     print(f"lit_balance sampler benchmark: max_tokens={args.max_tokens} padded slots per micro-batch per rank, "
           f"documents capped at {args.max_length} tokens, ranks {args.ranks}, seed {args.seed}")
-    host = machine()
-    print(f"machine: {host}\n")
+    print(f"machine: {machine()}\n")
     print(LEGEND + "\n")
     rows: list[dict[str, Any]] = []
     for dist_name in args.distributions:
@@ -412,25 +408,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("lit_balance plan time of 1,000,000 samples drawn from " + args.distributions[-1] + " (one rank; "
               "every rank plans alone): " + ", ".join(f"{r['plan_s_per_million']:.2f} s at {r['ranks']} ranks"
                                                      for r in million) + "\n")
-    elapsed = time.perf_counter() - start
-    results = {
-        "command": " ".join(["python", "-m", "benchmarks.bench_samplers",
-                             *(argv if argv is not None else sys.argv[1:])]),
-        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": host,
-        "source": dict(zip(("commit", "lit_balance_uncommitted_files"), git_state("lit_balance"))),
-        "config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                   "cost_models": {k: asdict(v) for k, v in COST_MODELS.items()}},
-        "rows": rows,
-        "shuffle_window_tradeoff": tradeoff,
-        "persistence_bound": bound,
-        "plan_seconds_per_million": million,
-        "wall_s": elapsed,
-    }
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.output_dir / 'results.json'}; total wall {elapsed:.1f} s")
-    return results
+    return write_report(args.output_dir, "bench_samplers", argv, {
+        "config": {**vars(args), "cost_models": {k: asdict(v) for k, v in COST_MODELS.items()}},
+        "rows": rows, "shuffle_window_tradeoff": tradeoff, "persistence_bound": bound,
+        "plan_seconds_per_million": million, "wall_s": time.perf_counter() - start})
 
 
 if __name__ == "__main__":

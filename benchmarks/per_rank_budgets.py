@@ -26,16 +26,13 @@ sample exactly once.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks._harness import DISTRIBUTIONS, git_state, load_lengths, machine, markdown_table, positive_int
+from benchmarks._harness import DISTRIBUTIONS, load_lengths, markdown_table, positive_int, write_report
 from lit_balance import BatchingSettings, CostModel, plan_epoch, plan_stats
 from lit_balance.plan import EpochPlan, planner_for
 
@@ -113,13 +110,14 @@ def compare(lengths: np.ndarray, max_tokens: int, num_replicas: int, *, packing:
             "steps_vary": a["steps_vary"]}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-tokens", type=positive_int, default=1024, help="B, the larger budget (padded slots)")
     parser.add_argument("--ranks", type=positive_int, default=8, help="ranks (half at B, half at B/2)")
     parser.add_argument("--max-length", type=positive_int, default=None, help="cap on document tokens (default B/2)")
     parser.add_argument("--distributions", nargs="+", default=list(DISTRIBUTIONS), choices=DISTRIBUTIONS)
-    parser.add_argument("--output", type=Path, default=None, help="also write the rows as JSON here")
+    parser.add_argument("--output-dir", type=Path, default=Path("outputs/per_rank_budgets"),
+                        help="results.json goes here")
     args = parser.parse_args(argv)
     cap = args.max_length or args.max_tokens // 2
     rows = []
@@ -139,12 +137,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{r['U_ratio']:.3f}", str(r["steps_mixed"]), str(r["steps_half"]), f"{r['steps_ideal']:.1f}",
           f"{r['steps_ratio']:.3f}", str(r["fill_rows_mixed"])] for r in rows])
     print(f"max_tokens B={args.max_tokens}, {args.ranks} ranks (half B, half B/2), documents capped at {cap}; "
-          f"{elapsed:.1f} s; {git_state()}; {machine()}; {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+          f"{elapsed:.1f} s")
     print(table)
-    if args.output is not None:
-        args.output.write_text(json.dumps(rows, indent=1))
-    return 0
+    return write_report(args.output_dir, "per_rank_budgets", argv, {"settings": vars(args), "rows": rows,
+                                                                    "wall_s": elapsed}, markdown=table)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

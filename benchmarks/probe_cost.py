@@ -31,13 +31,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 
-from benchmarks._harness import ROOT, commit_label, machine, positive_int
+from benchmarks._harness import ROOT, positive_int, write_report
 
 __all__ = ["ProbeCostRecorder", "main", "run_once"]
 
@@ -136,14 +135,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 rows.append(run_once(mib << 20, args.max_steps, Path(tmp), args.timeout_s))
                 print(json.dumps({k: rows[-1][k] for k in ("memory_limit", "max_tokens", "probe_s", "wall_ratio",
                                                            "slot_ratio")}), flush=True)
-    result = {"command": "python -m benchmarks.probe_cost " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "commit": commit_label(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": machine(), "rows": rows}
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "results.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     print(table(rows))
-    print(f"wrote {args.output_dir / 'results.json'}")
-    return result
+    return write_report(args.output_dir, "probe_cost", argv, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -34,13 +34,12 @@ import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks._harness import DISTRIBUTIONS, git_state, load_lengths, machine, positive_int, run_child, status_kib
+from benchmarks._harness import DISTRIBUTIONS, load_lengths, positive_int, run_child, status_kib, write_report
 
 FULL_SIZES = (1_000_000, 10_000_000, 100_000_000)
 QUICK_SIZES = (20_000, 200_000)
@@ -278,12 +277,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="scale-", dir=base))
     plan_window = QUICK_PLAN_WINDOW if args.quick else None
-    results: dict[str, Any] = {
-        "command": " ".join(["python", "-m", "benchmarks.scale", *argv]),
-        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(),
-        "source": dict(zip(("commit", "lit_balance_uncommitted_files"), git_state("lit_balance"))),
-    }
+    results: dict[str, Any] = {}
     try:
         sizes = list(dict.fromkeys(args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)))
         rows = run_lengths(sizes, work, num_replicas=args.num_replicas, max_tokens=args.max_tokens,
@@ -303,10 +297,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         shutil.rmtree(work, ignore_errors=True)
     results["wall_s"] = time.perf_counter() - started
     results["load_average_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.output_dir / 'results.json'}")
-    return results
+    return write_report(args.output_dir, "scale", argv, results)
 
 
 if __name__ == "__main__":

@@ -35,13 +35,12 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks._harness import git_state, machine, number, positive_int, run_child, status_kib
+from benchmarks._harness import number, positive_int, run_child, status_kib, write_report
 from lit_balance.data import load_or_build, resolve_corpus, resolve_tokenizer, stdlib_docstrings
 
 __all__ = ["make_corpus", "run", "table"]
@@ -237,18 +236,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     rows = run(args.sizes_mb, args.work_dir, args.quick, seed=args.seed, pairs=args.pairs)
     print(table(rows))
-    results = {
-        "command": " ".join(["python", "-m", "benchmarks.scale_text", *argv]),
-        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(),
-        "source": dict(zip(("commit", "lit_balance_uncommitted_files"), git_state("lit_balance"))),
-        "rows": rows,
-        "wall_s": time.perf_counter() - started,
-    }
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.output_dir / 'results.json'}")
-    return results
+    return write_report(args.output_dir, "scale_text", argv, {"rows": rows, "wall_s": time.perf_counter() - started})
 
 
 if __name__ == "__main__":

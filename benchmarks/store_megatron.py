@@ -29,17 +29,15 @@ import json
 import os
 import shutil
 import struct
-import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-from benchmarks._harness import git_state, machine, positive_int, run_child, status_kib
+from benchmarks._harness import positive_int, run_child, status_kib, write_report
 from benchmarks.scale import pooled_lengths
 
 FULL_SIZES = (1_000_000, 10_000_000, 100_000_000)
@@ -174,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="small sizes, for tests")
     parser.add_argument("--work-dir", type=Path, default=None, help="where the stores are written (default: a "
                         "temporary directory, removed after)")
-    parser.add_argument("--output-dir", type=Path, default=Path("docs/benchmarks/store_megatron"))
+    parser.add_argument("--output-dir", type=Path, default=Path("outputs/store_megatron"))
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -210,15 +208,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
-    commit, dirty = git_state("benchmarks", "lit_balance")
-    results = {"rows": rows, "settings": {k: v for k, v in vars(args).items() if k not in ("child", "work_dir",
-                                                                                               "output_dir")},
-               "source": {"commit": commit, "dirty_files": dirty}, "machine": machine(),
-               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "command": "python -m benchmarks.store_megatron " + " ".join(argv if argv is not None else sys.argv[1:])}
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    return results
+    settings = {k: v for k, v in vars(args).items() if k not in ("child", "work_dir", "output_dir")}
+    return write_report(args.output_dir, "store_megatron", argv, {"rows": rows, "settings": settings})
 
 
 if __name__ == "__main__":

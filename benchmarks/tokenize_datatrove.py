@@ -37,13 +37,12 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks._harness import git_state, machine, number, positive_int, run_child
+from benchmarks._harness import machine, number, positive_int, run_child, write_report
 
 __all__ = ["run", "split_lines", "table"]
 
@@ -200,19 +199,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     load_before = machine()["load_average"]
     row = run(args.size_mb, args.work_dir, pairs=args.pairs, workers=args.workers, seed=args.seed)
     print(table(row))
-    results = {
-        "command": " ".join(["python", "-m", "benchmarks.tokenize_datatrove", *argv]),
-        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(), "load_average_before": load_before,
-        "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
-        "source": dict(zip(("commit", "lit_balance_uncommitted_files"), git_state("lit_balance"))),
-        "row": row,
-        "wall_s": time.perf_counter() - started,
-    }
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.output_dir / 'results.json'}")
-    return results
+    return write_report(args.output_dir, "tokenize_datatrove", argv, {
+        "load_average_before": load_before, "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
+        "row": row, "wall_s": time.perf_counter() - started})
 
 
 if __name__ == "__main__":

@@ -126,7 +126,7 @@ def test_command_runs_every_strategy_and_writes_its_tables(tmp_path):
     report = (out / "results.md").read_text()
     assert report.count("| strategy | planned for |") == 2 and "**Targets**" in report
     assert all(f"| {s} |" in report for s in bp.STRATEGIES)
-    assert saved["source"]["commit"] is None or len(saved["source"]["commit"]) == 40
+    assert saved["commit"] is None or len(saved["commit"]) == 40
 
 
 def test_a_peer_refusing_its_inputs_gives_a_refused_row():

@@ -48,9 +48,9 @@ def test_check_plan_catches_a_micro_batch_over_its_ranks_budget():
 
 
 def test_command_prints_the_table_and_writes_json(tmp_path, capsys):
-    out = tmp_path / "rows.json"
-    assert bench.main(["--distributions", "fortunes", "--output", str(out)]) == 0
+    report = bench.main(["--distributions", "fortunes", "--output-dir", str(tmp_path)])
     printed = capsys.readouterr().out
     assert "| fortunes | padded | budget |" in printed and "| fortunes | packed | equal |" in printed
-    rows = json.loads(out.read_text())
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert rows == report["rows"] and report["command"].startswith("python -m benchmarks.per_rank_budgets")
     assert len(rows) == 4 and all(row["met"] for row in rows)
