@@ -21,7 +21,7 @@ import numpy as np
 
 import lit_balance
 
-__all__ = ["DISTRIBUTIONS", "LENGTHS_DIR", "ROOT", "commit_label", "git_state", "load_lengths", "machine",
+__all__ = ["DISTRIBUTIONS", "LENGTHS_DIR", "ROOT", "git_state", "load_lengths", "machine",
            "markdown_table", "non_negative", "number", "positive_int", "run_child", "status_kib", "timed", "versions",
            "write_report"]
 
@@ -123,12 +123,6 @@ def git_state(*paths: str) -> tuple[str | None, int | None]:
     except (OSError, subprocess.SubprocessError):
         return None, None
     return commit, len(changed)
-
-
-def commit_label() -> str | None:
-    """The short commit of the checkout, ``+local changes`` when ``benchmarks/`` or ``lit_balance/`` differ from it."""
-    commit, dirty = git_state("benchmarks", "lit_balance")
-    return None if commit is None else commit[:7] + ("+local changes" if dirty else "")
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:

@@ -1,39 +1,26 @@
-"""Peer baselines of the benchmarks: how other samplers and batching rules make DDP micro-batches.
+"""Peer baselines of the sampler benchmark: how other samplers and batching rules make DDP micro-batches.
 
-Every function here is a pure function of (lengths, settings, seed, epoch) or drives a peer library's own
-sampler; :mod:`benchmarks.bench_samplers` measures them side by side with lit_balance (simulated ranks) and
-:mod:`benchmarks.compare_strategies` trains with them (real DDP ranks). Every figure of their micro-batches
-comes from :func:`lit_balance.plan_stats`.
-
-Peers:
-
-* torch ``DistributedSampler`` + ``BatchSampler`` of a fixed batch size (:func:`run_distributed_fixed`,
-  :func:`fixed_batch_size`);
-* Hugging Face ``DistributedLengthGroupedSampler`` (:func:`run_hf_length_grouped`) and ``BatchRebalanceSampler``
-  (:func:`run_hf_batch_rebalance`);
-* lhotse ``DynamicBucketingSampler`` (:func:`run_lhotse_dynamic`);
-* sort and fill up to a budget of real tokens, fairseq's ``batch_by_size`` (:func:`sort_fill_batches`,
-  :func:`run_sort_fill`);
-* length-sorted buckets of a fixed size (:func:`sorted_bucket_batches`), dealt to ranks with equal counts
-  (:func:`deal_even`, :class:`EpochBatchSampler`).
+Each is a pure function of (lengths, settings, seed, epoch) or drives a peer library's own sampler: torch
+``DistributedSampler`` with a fixed batch size, Hugging Face ``DistributedLengthGroupedSampler`` and
+``BatchRebalanceSampler``, lhotse ``DynamicBucketingSampler``, sort and fill (fairseq's ``batch_by_size``).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from torch.utils.data import BatchSampler, DistributedSampler, Sampler
+from torch.utils.data import BatchSampler, DistributedSampler
 
 from benchmarks._harness import timed
 from lit_balance.plan import RankBatches
 
-__all__ = ["EPOCHS", "BenchConfig", "EpochBatchSampler", "PeerUnavailable", "StrategyRun", "deal_even",
-           "fixed_batch_size", "run_distributed_fixed", "run_hf_batch_rebalance", "run_hf_length_grouped",
-           "run_lhotse_dynamic", "run_sort_fill", "sort_fill_batches", "sorted_bucket_batches"]
+__all__ = ["EPOCHS", "BenchConfig", "PeerUnavailable", "StrategyRun", "fixed_batch_size", "run_distributed_fixed",
+           "run_hf_batch_rebalance", "run_hf_length_grouped", "run_lhotse_dynamic", "run_sort_fill",
+           "sort_fill_batches"]
 
 #: The epochs every simulated strategy is drawn for (persistence compares them).
 EPOCHS = (0, 1)
@@ -310,100 +297,3 @@ def fixed_batch_size(max_tokens: int, max_length: int) -> int:
         raise ValueError(f"max_length={max_length} exceeds max_tokens={max_tokens}: no fixed batch size fits the "
                          "budget; lower --max-length or raise --max-tokens")
     return max_tokens // max_length
-
-
-def sorted_bucket_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
-    """Length-sorted buckets of a fixed size, in a shuffled order (global: every rank computes the same list).
-
-    Samples are sorted by length (random order among equal lengths, from ``(seed, epoch)``), cut into consecutive
-    batches of ``batch_size`` (the last may be shorter), and the batch order is shuffled.
-
-    Args:
-        lengths: int ``[num_samples]``, tokens per sample.
-        batch_size: rows per batch.
-        seed: base seed, the same on every rank.
-        epoch: epoch number; each epoch breaks ties and orders batches anew.
-
-    Returns:
-        Batches of dataset indices.
-
-    Example:
-        >>> sorted(map(sorted, sorted_bucket_batches(np.array([5, 1, 4, 2, 3]), 2, seed=0, epoch=0)))
-        [[0], [1, 3], [2, 4]]
-    """
-    lengths = np.asarray(lengths)
-    rng = np.random.default_rng([seed, epoch])
-    perm = rng.permutation(lengths.shape[0])
-    order = perm[np.argsort(lengths[perm], kind="stable")]
-    batches = [order[i:i + batch_size].tolist() for i in range(0, order.shape[0], batch_size)]
-    return [batches[k] for k in rng.permutation(len(batches))]
-
-
-def deal_even(batches: Sequence[list[int]], num_replicas: int) -> tuple[list[list[list[int]]], list[list[int]]]:
-    """Deal micro-batches round-robin to ranks, dropping the last ``len(batches) % num_replicas`` so counts match.
-
-    Args:
-        batches: the epoch's global micro-batches, in training order.
-        num_replicas: number of ranks.
-
-    Returns:
-        ``(per_rank, dropped)``: ``per_rank[r]`` is rank ``r``'s micro-batches (``batches[r::num_replicas]`` of the
-        kept ones, all ranks the same length); ``dropped`` the micro-batches left out (fewer than ``num_replicas``).
-
-    Raises:
-        ValueError: ``num_replicas < 1``.
-
-    Example:
-        >>> deal_even([[0], [1], [2], [3, 4], [5]], 2)
-        ([[[0], [2]], [[1], [3, 4]]], [[5]])
-    """
-    if num_replicas < 1:
-        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    keep = len(batches) - len(batches) % num_replicas
-    return [list(batches[r:keep:num_replicas]) for r in range(num_replicas)], list(batches[keep:])
-
-
-class EpochBatchSampler(Sampler):
-    """This rank's micro-batches of a global per-epoch batch list (:func:`deal_even`); a ``set_epoch`` sampler.
-
-    Use as ``DataLoader(dataset, sampler=sampler, batch_size=None)`` with a dataset that accepts index lists.
-
-    Args:
-        build: ``build(epoch) -> list of micro-batches`` (global, identical on every rank).
-        num_replicas: number of ranks.
-        rank: this rank, in ``[0, num_replicas)``.
-
-    Attributes:
-        epoch: the epoch ``set_epoch`` selected.
-
-    Raises:
-        ValueError: ``rank`` outside ``[0, num_replicas)``.
-    """
-
-    def __init__(self, build: Callable[[int], list[list[int]]], num_replicas: int, rank: int) -> None:
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
-        self.build, self.num_replicas, self.rank = build, num_replicas, rank
-        self.epoch = 0
-        self._cache: tuple[int, list[list[int]], list[list[int]]] | None = None
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose micro-batches ``__iter__`` yields."""
-        self.epoch = int(epoch)
-
-    def _dealt(self) -> tuple[list[list[int]], list[list[int]]]:
-        if self._cache is None or self._cache[0] != self.epoch:
-            per_rank, dropped = deal_even(self.build(self.epoch), self.num_replicas)
-            self._cache = (self.epoch, per_rank[self.rank], dropped)
-        return self._cache[1], self._cache[2]
-
-    @property
-    def dropped(self) -> list[list[int]]:
-        """The current epoch's micro-batches that no rank trains on (global, fewer than ``num_replicas``)."""
-        return self._dealt()[1]
-
-    def __len__(self) -> int:
-        return len(self._dealt()[0])
-
-    def __iter__(self):
-        yield from self._dealt()[0]

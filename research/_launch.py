@@ -18,7 +18,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks._harness import git_state
+
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def commit_label() -> str | None:
+    """The short commit of the checkout, ``+local changes`` when ``benchmarks/`` or ``lit_balance/`` differ from it."""
+    commit, dirty = git_state("benchmarks", "lit_balance")
+    return None if commit is None else commit[:7] + ("+local changes" if dirty else "")
 
 
 def _free_port() -> int:

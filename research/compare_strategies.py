@@ -107,7 +107,6 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from benchmarks._harness import (
-    commit_label,
     load_lengths,
     machine,
     markdown_table,
@@ -126,8 +125,9 @@ from research._training import (
     run_stats,
 )
 from benchmarks.packing_peers import flattening_batch_size
-from benchmarks.peers import EpochBatchSampler, deal_even, fixed_batch_size, sort_fill_batches, sorted_bucket_batches
-from research._launch import launch_run
+from benchmarks.peers import fixed_batch_size, sort_fill_batches
+from research.strategies import EpochBatchSampler, deal_even, sorted_bucket_batches
+from research._launch import commit_label, launch_run
 from lit_balance import BalancedTextDataModule, PackedCollator, PadCollator
 from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, StragglerMonitor
 from lit_balance.data import resolve_tokenizer

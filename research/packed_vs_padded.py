@@ -42,8 +42,8 @@ from typing import Any
 import lightning as L
 import numpy as np
 
-from benchmarks._harness import commit_label, machine, positive_int
-from research._launch import launch_run
+from benchmarks._harness import machine, positive_int
+from research._launch import commit_label, launch_run
 from research._training import MODEL_SIZES, CompareLM, Meter, corpus_documents, make_trainer, run_stats
 from lit_balance import BalancedTextDataModule
 from lit_balance.data import load_or_build, resolve_corpus, resolve_tokenizer

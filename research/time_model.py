@@ -661,7 +661,7 @@ def _distributed_fixed(lengths: np.ndarray, n: int, batch_size: int, seed: int, 
 
 
 def _dealt(lengths: np.ndarray, batches: list[list[int]], n: int, accumulate: int) -> _Plan:
-    """Micro-batches dealt round-robin with the last ``len % n`` dropped (:func:`benchmarks.peers.deal_even`)."""
+    """Micro-batches dealt round-robin with the last ``len % n`` dropped (:func:`research.strategies.deal_even`)."""
     keep = len(batches) - len(batches) % n
     kept = batches[:keep]
     sizes = np.fromiter((len(b) for b in kept), dtype=np.int64, count=keep)
@@ -711,7 +711,8 @@ def _balanced(lengths: np.ndarray, n: int, max_tokens: int, seed: int, epoch: in
 def _build_plan(strategy: str, lengths: np.ndarray, n: int, *, max_tokens: int, max_length: int, accumulate: int,
                 seed: int, epoch: int, cache: dict[str, Any] | None = None) -> _Plan:
     from benchmarks.packing_peers import flattening_batch_size
-    from benchmarks.peers import fixed_batch_size, sort_fill_batches, sorted_bucket_batches
+    from benchmarks.peers import fixed_batch_size, sort_fill_batches
+    from research.strategies import sorted_bucket_batches
 
     target = accumulate * n * max_tokens  # lit_balance's real tokens per optimizer step (AdaptiveGradAccumulation)
     bs = fixed_batch_size(max_tokens, max_length)

@@ -25,6 +25,7 @@ import torch
 
 from research import _training as training
 from research import compare_strategies as cs
+from research import strategies
 from benchmarks import packing_peers, peers
 from benchmarks._harness import ROOT, load_lengths
 
@@ -50,15 +51,15 @@ def _flat(batches):
 
 
 def test_sorted_bucket_batches_cover_every_sample_once_in_sorted_fixed_size_buckets():
-    batches = peers.sorted_bucket_batches(LENGTHS, 4, seed=0, epoch=0)
+    batches = strategies.sorted_bucket_batches(LENGTHS, 4, seed=0, epoch=0)
     assert _flat(batches) == list(range(len(LENGTHS)))
     sizes = sorted(len(b) for b in batches)
     assert sizes[1:] == [4] * (len(batches) - 1) and 1 <= sizes[0] <= 4  # one shorter bucket at most
     # buckets are contiguous in the length order: sorted by their shortest row, their length ranges never overlap
     ranges = sorted((LENGTHS[b].min(), LENGTHS[b].max()) for b in batches)
     assert all(hi <= next_lo for (_, hi), (next_lo, _) in pairwise(ranges))
-    assert batches == peers.sorted_bucket_batches(LENGTHS, 4, seed=0, epoch=0)  # deterministic per (seed, epoch)
-    assert batches != peers.sorted_bucket_batches(LENGTHS, 4, seed=0, epoch=1)  # another order next epoch
+    assert batches == strategies.sorted_bucket_batches(LENGTHS, 4, seed=0, epoch=0)  # deterministic per (seed, epoch)
+    assert batches != strategies.sorted_bucket_batches(LENGTHS, 4, seed=0, epoch=1)  # another order next epoch
 
 
 def test_sort_fill_batches_fill_real_tokens_up_to_the_budget_and_can_pass_it_in_padded_slots():
@@ -75,18 +76,18 @@ def test_sort_fill_batches_fill_real_tokens_up_to_the_budget_and_can_pass_it_in_
 @pytest.mark.parametrize("num_replicas", [1, 2, 3, 8])
 def test_deal_even_gives_equal_counts_and_drops_fewer_than_the_rank_count(num_replicas):
     batches = peers.sort_fill_batches(LENGTHS, 1024, seed=0, epoch=0)
-    per_rank, dropped = peers.deal_even(batches, num_replicas)
+    per_rank, dropped = strategies.deal_even(batches, num_replicas)
     assert len({len(r) for r in per_rank}) == 1
     assert len(dropped) == len(batches) % num_replicas < num_replicas
     assert sorted(map(tuple, [b for r in per_rank for b in r] + dropped)) == sorted(map(tuple, batches))
     assert per_rank[0][:2] == [batches[0], batches[num_replicas]]  # round-robin in training order
     with pytest.raises(ValueError, match="num_replicas must be >= 1"):
-        peers.deal_even(batches, 0)
+        strategies.deal_even(batches, 0)
 
 
 def test_epoch_batch_sampler_ranks_yield_equal_counts_and_change_every_epoch():
     build = lambda e: peers.sort_fill_batches(LENGTHS, 1024, seed=0, epoch=e)
-    samplers = [peers.EpochBatchSampler(build, 3, r) for r in range(3)]
+    samplers = [strategies.EpochBatchSampler(build, 3, r) for r in range(3)]
     for epoch in (0, 1):
         for s in samplers:
             s.set_epoch(epoch)
@@ -98,7 +99,7 @@ def test_epoch_batch_sampler_ranks_yield_equal_counts_and_change_every_epoch():
             first = out[0]
     assert out[0] != first
     with pytest.raises(ValueError, match="rank must be in"):
-        peers.EpochBatchSampler(build, 2, 2)
+        strategies.EpochBatchSampler(build, 2, 2)
 
 
 def test_split_documents_is_seeded_disjoint_and_subsets_training_documents():

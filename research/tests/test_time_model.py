@@ -16,7 +16,8 @@ from torch.utils.data import BatchSampler, DistributedSampler
 
 from research import time_model as tm
 from research._training import TRACE_FIELDS
-from benchmarks.peers import deal_even, fixed_batch_size, sort_fill_batches, sorted_bucket_batches
+from benchmarks.peers import fixed_batch_size, sort_fill_batches
+from research.strategies import deal_even, sorted_bucket_batches
 from lit_balance import CostModel, plan_stats
 
 pytestmark = pytest.mark.benchmark
