@@ -4,18 +4,7 @@ Run:
     python -m benchmarks.bench_callbacks                  # 5 interleaved pairs of 1-epoch fits, 1 CPU process
     python -m benchmarks.bench_callbacks --reps 3 --num-docs 400
 
-Each repetition runs the fit without callbacks, then with PaddingRatioMonitor, StragglerMonitor,
-CostModelFeedback and AdaptiveGradAccumulation (its target set so that it keeps accumulate_grad_batches at 1,
-so both fits take the same optimizer steps), on the same data and initial weights: random token ids with the
-lengths of the first ``--num-docs`` documents of the shipped ``fortunes`` distribution, through a
-:class:`lit_balance.BalancedTextDataModule` set up before each fit's clock starts. Two figures:
-
-* **hook time / fit time**: seconds spent inside the callbacks' own hooks (each hook wrapped with a pair of
-  clock reads) over the callback fit's time, as CPU seconds (``time.thread_time`` for the hooks,
-  ``time.process_time`` for the fit: immune to other processes preempting this one) and as wall seconds
-  (``time.perf_counter``). This is the overhead itself.
-* **fit time ratio**: median over repetitions of (fit with callbacks) / (fit without). End to end, but noisy
-  on a shared machine; repetitions are interleaved so drifts hit both arms.
+How it measures, and the figures of its runs: ``docs/benchmarks/reports/2026-12-01-callback-overhead.md``.
 """
 
 from __future__ import annotations

@@ -4,20 +4,7 @@ Run:
     python -m benchmarks.bench_packing            # every workload at 8 and 64 ranks, plan time of 1M documents
     python -m benchmarks.bench_packing --quick    # first 3,000 documents, 8 ranks, 200,000 documents timed
 
-Ranks are simulated in one process: every strategy is a pure function of (lengths, budget, ranks, seed, epoch)
-returning each rank's micro-batches of epochs 0 and 1; every figure comes from :func:`lit_balance.plan_stats` (with
-``packing=True`` for packed rows, ``packing=False`` for padded ones) and :func:`lit_balance.plan.batch_persistence`.
-Peers are in :mod:`benchmarks.packing_peers`.
-
-Workloads: the shipped length arrays capped at ``--max-length`` (512) with a budget of ``--max-tokens`` (4,096)
-tokens per micro-batch per rank, and "long documents": the distributions that have documents past 512 tokens,
-capped at the budget (4,096). Costs: tokens ``CostModel()``; attention ``CostModel(linear=1, quadratic=q)`` at
-q = 1.2e-4 (the built-in demo model's FLOP ratio, LM head included) and q = 1e-3. A packed micro-batch costs
-``per_batch + sum over its documents of (linear * l + quadratic * l**2)``; a padded one ``rows x (linear * L +
-quadratic * L**2)`` with ``L`` its longest row. One optimizer step per micro-batch: ranks wait for each other
-after every micro-batch. lit_balance plans once per cost it is evaluated on (``planned for``).
-
-Writes ``results.json`` and ``results.md`` (the tables) to ``--output-dir``.
+How it measures, and the figures of its runs: ``docs/benchmarks/reports/2026-12-02-packed-micro-batches.md``.
 """
 
 from __future__ import annotations

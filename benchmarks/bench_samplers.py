@@ -5,36 +5,7 @@ Run:
     python -m benchmarks.bench_samplers --ranks 8 --strategies sort_fill lit_balance --distributions fortunes
     pip install -e ".[bench]"                                          # optional peers: transformers, lhotse
 
-Ranks are simulated in one process: one sampler per rank, each asked for its micro-batches of epochs 0 and 1
-(no process group). Every strategy's output becomes the same thing, a list per rank of micro-batches (lists of
-dataset indices), and the code path that measures lit_balance's own plans measures all of them
-(:func:`lit_balance.plan_stats`, :func:`lit_balance.plan.batch_persistence`, via :func:`sampler_metrics`).
-The peers are in :mod:`benchmarks.peers`.
-
-Strategies (lengths capped at ``--max-length``; budget ``--max-tokens`` padded slots per micro-batch):
-
-* ``distributed_fixed``: torch ``DistributedSampler`` (shuffle, ``drop_last=False``: pads the index list with
-  repeats from its start to a multiple of the rank count) + ``BatchSampler`` of the fixed batch size
-  ``max_tokens // longest capped length``, the largest that never exceeds the budget.
-* ``hf_length_grouped``: Hugging Face ``transformers.trainer_pt_utils.DistributedLengthGroupedSampler`` (random
-  mega-batches sorted by length, strided over ranks; pads like ``DistributedSampler``) + the fixed batch size.
-* ``hf_batch_rebalance``: Hugging Face ``BatchRebalanceSampler`` (``train_sampling_strategy="batch_rebalance"``),
-  configured as the Trainer does: ``effective_batch_size = fixed batch size x ranks``, ``grad_accum=1``,
-  ``drop_last=False``. Its micro-batch sizes vary; the budget is not one of its inputs.
-* ``lhotse_dynamic``: lhotse ``DynamicBucketingSampler`` over cuts whose duration is the token count,
-  ``max_duration=max_tokens`` (lhotse >= 1.4 counts ``rows x longest``, i.e. padded slots, but checks after
-  adding a cut, so a longer last cut can overshoot), per rank ``world_size``/``rank``.
-* ``sort_fill``: sort by length (random tie order), fill each micro-batch while the summed *real* length stays
-  within the budget, shuffle the micro-batch order, deal round-robin to ranks (fairseq-style ``batch_by_size``
-  on real tokens).
-* ``lit_balance`` / ``lit_balance_attention``: :class:`lit_balance.BalancedBatchSampler` with
-  ``cost_model=CostModel()`` / ``CostModel(linear=1, quadratic=1e-3)``, defaults otherwise.
-
-Plan seconds: wall time to build the sampler and produce one rank's micro-batches of epoch 0, summed over ranks
-(``plan_s``) and the slowest rank (``plan_rank_s``). ``hf_batch_rebalance`` and ``lhotse_dynamic`` run every
-rank's identical global computation in each rank; rank 0 is timed and the other ranks' micro-batches are taken
-from the same computation (the library's own per-rank selection code runs on it), so their ``plan_s`` is
-rank 0's time x ranks.
+How it measures, and the figures of its runs: ``docs/benchmarks/reports/2026-11-29-samplers.md``.
 """
 
 from __future__ import annotations
@@ -172,8 +143,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="base seed of every sampler (>= 0)")
     p.add_argument("--shuffle-windows", type=float, nargs="*", default=[0.0, 0.25, 1.0, 2.0, 4.0],
                    help="lit_balance shuffle_window values for the padding / randomness trade-off table (none: skip)")
-    p.add_argument("--skip-bound", action="store_true",
-                   help="skip the table of lit_balance's persistence beside the best pool partitions")
     p.add_argument("--skip-million", action="store_true", help="skip the plan time of a million samples")
     p.add_argument("--output-dir", type=Path, default=Path("outputs/bench_samplers"),
                    help="results.json is written here")
@@ -232,69 +201,6 @@ def window_tradeoff(lengths: np.ndarray, ranks: Sequence[int], windows: Sequence
             rows.append({"ranks": num_replicas, "shuffle_window": window, "padding_ratio": token.padding_ratio,
                          "U_token": token.useful_fraction, "U_attention_with_token_plan": attention.useful_fraction,
                          "persistence": batch_persistence(p0, p1)})
-    return rows
-
-
-def pool_partition_frontier(lengths: np.ndarray, tokens_per_batch: float, num_lambdas: int = 60,
-                            ) -> list[tuple[float, float]]:
-    """Padding against persistence of the best *pool partitions* of ``lengths`` (an estimate, for comparison).
-
-    A pool partition splits the distinct lengths into contiguous ranges (pools); every epoch it shuffles each
-    pool and cuts it into micro-batches of ``tokens_per_batch / longest length in the pool`` rows, all padded to
-    that longest length. Its expected padding slots are ``sum(pool max - length)``; a sample's expected
-    persistence is ``(rows - 1) / (pool size - 1)`` (at most 1). An exact dynamic program over the distinct
-    lengths minimises ``padding slots + lambda x summed persistence`` for ``num_lambdas`` values of lambda
-    (log-spaced), giving points of the lower convex frontier. Noisy-sort orders (``shuffle_window``) are not
-    pool partitions, but if this frontier needs more padding than a target allows, mixing lengths cannot
-    reach that persistence cheaply either.
-
-    Args:
-        lengths: int ``[num_samples]``, tokens per sample (capped).
-        tokens_per_batch: padded token slots per micro-batch (e.g. a plan's mean), > 0.
-
-    Returns:
-        ``(padding_ratio, persistence)`` points, global (all samples), one per lambda.
-    """
-    values, counts = np.unique(np.asarray(lengths, dtype=np.int64), return_counts=True)
-    cum_n = np.concatenate([[0], np.cumsum(counts)])
-    cum_t = np.concatenate([[0], np.cumsum(counts * values)])
-    total, num = float(cum_t[-1]), float(cum_n[-1])
-    points = []
-    for lam in np.geomspace(1e-2, 1e4, num_lambdas):
-        best, pad, pers = np.zeros(values.size + 1), np.zeros(values.size + 1), np.zeros(values.size + 1)
-        for j in range(1, values.size + 1):  # pools end at distinct length j - 1; i: first length of the pool
-            i = np.arange(j)
-            n = cum_n[j] - cum_n[i]
-            pool_pad = n * values[j - 1] - (cum_t[j] - cum_t[i])
-            rows = max(tokens_per_batch / values[j - 1], 1.0)
-            pool_pers = n * np.minimum(1.0, (rows - 1.0) / np.maximum(n - 1, 1))
-            k = int(np.argmin(best[i] + pool_pad + lam * pool_pers))
-            best[j] = best[k] + pool_pad[k] + lam * pool_pers[k]
-            pad[j], pers[j] = pad[k] + pool_pad[k], pers[k] + pool_pers[k]
-        points.append((float(pad[-1] / (total + pad[-1])), float(pers[-1] / num)))
-    return points
-
-
-def persistence_bound_rows(lengths: np.ndarray, ranks: Sequence[int], cfg: BenchConfig) -> list[dict[str, Any]]:
-    """lit_balance at defaults beside the best pool partitions (:func:`pool_partition_frontier`) per rank count.
-
-    Pools are cut into micro-batches of the default plan's mean padded slots, so both use the same number of
-    micro-batches. Rows: the default plan's padding ratio and persistence, the least persistence of any pool
-    partition at no more padding, and the least padding of any pool partition with persistence <= 0.2.
-    """
-    rows = []
-    for num_replicas in ranks:
-        sampler = BalancedBatchSampler(lengths, cfg.max_tokens, num_replicas=num_replicas, rank=0, seed=cfg.seed)
-        p0, p1 = sampler.plan(0), sampler.plan(1)
-        stats = plan_stats(p0, sampler.lengths, TOKEN_COST)
-        per_batch = float(stats.rank_padded_tokens.sum()) / max(p0.num_batches, 1)
-        points = pool_partition_frontier(sampler.lengths, per_batch)
-        pads = [pad for pad, pers in points if pers <= 0.2]
-        rows.append({"ranks": num_replicas, "tokens_per_batch": per_batch, "padding_ratio": stats.padding_ratio,
-                     "persistence": batch_persistence(p0, p1),
-                     "pool_persistence_at_padding": min((pers for pad, pers in points
-                                                         if pad <= stats.padding_ratio), default=1.0),
-                     "pool_padding_for_0.2": min(pads) if pads else None})
     return rows
 
 
@@ -386,21 +292,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(f"| {dist_name} | {row['ranks']} | {row['shuffle_window']:g} | {row['padding_ratio']:.3f} | "
                       f"{row['U_token']:.3f} | {row['persistence']:.3f} |")
         print()
-    bound: list[dict[str, Any]] = []
-    if not args.skip_bound:
-        print("## Persistence against padding: lit_balance defaults beside the best pool partitions\n")
-        print("| distribution | ranks | slots per micro-batch | lit_balance padding | lit_balance persistence | "
-              "best pool persistence at that padding | least pool padding for persistence <= 0.2 |\n"
-              "|---|---|---|---|---|---|---|")
-        for dist_name in args.distributions:
-            lengths = load_lengths(dist_name, args.max_length, args.num_samples)
-            for row in persistence_bound_rows(lengths, args.ranks, cfg):
-                bound.append({"distribution": dist_name, **row})
-                need = row["pool_padding_for_0.2"]
-                print(f"| {dist_name} | {row['ranks']} | {row['tokens_per_batch']:.0f} | {row['padding_ratio']:.3f} | "
-                      f"{row['persistence']:.3f} | {row['pool_persistence_at_padding']:.3f} | "
-                      f"{'none' if need is None else f'{need:.3f}'} |")
-        print()
     million: list[dict[str, Any]] = []
     if not args.skip_million:
         lengths = load_lengths(args.distributions[-1], args.max_length)
@@ -410,7 +301,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                      for r in million) + "\n")
     return write_report(args.output_dir, "bench_samplers", argv, {
         "config": {**vars(args), "cost_models": {k: asdict(v) for k, v in COST_MODELS.items()}},
-        "rows": rows, "shuffle_window_tradeoff": tradeoff, "persistence_bound": bound,
+        "rows": rows, "shuffle_window_tradeoff": tradeoff,
         "plan_seconds_per_million": million, "wall_s": time.perf_counter() - start})
 
 

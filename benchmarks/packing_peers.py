@@ -1,25 +1,6 @@
 """Packing peers: how other libraries build packed (padding-free) micro-batches for DDP ranks.
 
-Every peer is a pure function of ``(lengths, max_tokens, num_replicas, seed, epoch)`` that returns the epoch's
-micro-batches per rank (:data:`lit_balance.plan.RankBatches`: ``[rank][micro_step]`` -> document indices); each
-micro-batch becomes one packed row of whole documents. :mod:`benchmarks.bench_packing` measures them with
-:func:`lit_balance.plan_stats` (``planner=`` the packed planner) beside lit_balance's packed plans. A peer that can
-pass the token budget or give ranks different counts does so here as it would in training; the benchmark records it.
-
-Peers:
-
-* :func:`hf_flattening`: Hugging Face ``DataCollatorWithFlattening`` over torch ``DistributedSampler`` +
-  ``BatchSampler`` with a fixed number of documents per micro-batch (:func:`flattening_batch_size`: the mean
-  packed row is about the budget); :func:`flatten_with_collator` runs the collator itself on a micro-batch.
-* :func:`greedy_sequential`: torchtune ``PackedDataset`` style: documents appended in dataset order until the next
-  does not fit (:func:`greedy_packs`, packed once), packs shuffled and dealt by ``DistributedSampler``.
-* :func:`ffd_round_robin`: NeMo / Megatron style: first-fit-decreasing bin packing (:func:`first_fit_decreasing`),
-  packed once, pack order shuffled per epoch and dealt round-robin; ``repack_each_epoch=True`` re-packs every
-  epoch with a random order among equal lengths (a variant more favourable to the peer).
-* :func:`kk_balanced`: verl style: Karmarkar–Karp balancing (:func:`karmarkar_karp`) on the workload
-  ``24576 L + L^2`` (:func:`verl_workload`), first across ranks with equal document counts, then each rank's
-  documents into the fewest balanced micro-batches that keep every rank within the budget, the count agreed by
-  all ranks (verl's all-reduce of the maximum).
+How it measures, and the figures of its runs: ``docs/benchmarks/reports/2026-12-02-packed-micro-batches.md``.
 """
 
 from __future__ import annotations

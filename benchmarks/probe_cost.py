@@ -1,24 +1,10 @@
 """What ``max_tokens="auto"`` costs on the main job: the probe's wall time and token slots against one epoch.
 
-For each ``memory_limit`` (bytes per rank; the defaults make the probe pick budgets near 1,000, 2,500 and 4,000 padded
-token slots on this project's 2-core test machine), ``--runs`` runs of the main job (``recipes/train.py``: the demo
-transformer, the built-in corpus, 2 CPU ranks over gloo) with ``data.max_tokens=auto`` and ``trainer.max_steps``
-optimizer steps (before the first validation). In each run, :class:`ProbeCostRecorder` (a callback the run adds through
-Hydra) measures, on rank 0, side by side in the same process:
-
-* the probe: its wall time (``dm.token_budget.probe_seconds``, the slower rank) and the padded token slots of every
-  pass it ran on rank 0 (``dm.token_budget.probe_slots``: the warm-up, the search and the settling passes);
-* the epoch at the chosen budget: its padded token slots on rank 0 (``plan_stats`` of the sampler's epoch-0 plan) and
-  its micro-batches per rank; its wall time estimated as the median time of one training loop iteration (from one
-  ``on_train_batch_end`` to the next, the first two left out as warm-up) times those micro-batches.
-
-Each run gives the two ratios (probe over epoch: wall time, token slots); the figure per limit is the median over its
-runs. Validation is not in the epoch estimate (the main job validates every 20 micro-batches), so the wall-time ratio
-is the larger one the probe could be.
-
 Run:
     python -m benchmarks.probe_cost                                   # 3 limits, 3 runs each
     python -m benchmarks.probe_cost --memory-limits-mib 700 --runs 1  # a quick look
+
+How it measures, and the figures of its runs: ``docs/benchmarks/reports/2026-12-03-token-budget-probe.md``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """Planning at scale: a hundred million documents, planned in windows from memory-mapped lengths.
 
-For each size (1M, 10M and 100M documents by default) the lengths are sampled (seeded) from the
-pooled shipped distributions (``lit_balance/data/lengths/*.npy``, capped at ``--max-length`` tokens) and written
-as an int32 ``.npy`` file, which the measured process memory-maps as it would map the cache. Each measurement
-runs in a fresh subprocess, so that its peak resident memory (``VmHWM``) is its own:
-
-* ``windowed``: ``BalancedBatchSampler`` at default settings (an epoch of more than ``plan_window`` = 2**20
-  samples is planned in windows) for rank 0 of ``--num-replicas``: construction (reads the lengths, counts
-  every window's micro-batches), then ``set_epoch(1)`` and the time to its first micro-batch, then the rest of
-  the epoch (every window planned, this rank's micro-batches yielded): the epoch's time per rank. Then U of the
-  epoch's plan (all ranks; padded-token cost), summed window by window.
-* ``whole`` (sizes up to ``--whole-up-to``): the same with ``plan_window`` above the size: the whole-epoch plan.
-* ``argsort``: ``np.argsort`` of the same lengths, loaded into memory (the yardstick of the ratio column).
-* ``lhotse`` (the smallest size only): lhotse's ``DynamicBucketingSampler`` through
-  :func:`benchmarks.peers.run_lhotse_dynamic`, cuts built from the lengths (time as that runner reports it:
-  rank 0's first epoch), its process's peak memory.
-
-Then, per shipped distribution, U of the windowed and the whole-epoch plan of ``--u-size`` documents. (Tokenizing
-corpora larger than memory is :mod:`benchmarks.scale_text`.)
-
 Run:
     python -m benchmarks.scale                       # 1M, 10M, 100M documents
     python -m benchmarks.scale --sizes 1000000 10000000
     python -m benchmarks.scale --quick               # small sizes with small windows, for tests
+
+How it measures, and the figures of its runs: ``docs/benchmarks/reports/2026-12-02-planning-at-scale.md``.
 """
 
 from __future__ import annotations

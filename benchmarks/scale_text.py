@@ -1,28 +1,12 @@
 """Tokenizing large corpora: peak memory and speed of ``prepare_data`` beside the tokenizer's own ``encode_batch``.
 
-JSONL corpora of a given size are made by sampling the built-in corpus's documents (the standard library's
-docstrings) with a seeded generator, one ``{"text": ...}`` object per line. For each size, two fresh
-subprocesses run one after the other in the same invocation:
-
-* ``prepare_data``: ``BalancedTextDataModule(corpus=<file>).prepare_data()`` into an empty cache directory
-  (hashing the file, reading it in blocks of lines, tokenizing chunk by chunk, writing the entry).
-  Measured: the process's resident memory after ``import lit_balance`` and the DataModule (``VmRSS``), its
-  peak over the whole run (``VmHWM``), and the wall time of ``prepare_data``.
-* ``encode_batch``: the same file streamed the same way (:meth:`CorpusSource.iter_chunks`), each chunk passed
-  to the tokenizer's own ``encode_batch`` (``tokenizers.Tokenizer.encode_batch_fast``); only the time inside
-  those calls counts.
-
-The ratio of the two token rates (``prepare_data`` over ``encode_batch``) is the figure the target speaks of;
-memory is reported as the peak above the post-import resident memory. With ``--pairs N`` the two subprocesses run
-``N`` times, alternating which goes first (``prepare_data`` first in odd-numbered pairs), and the row reports the
-median of the per-pair ratios with every pair's ratio: on a shared machine the speed of the cores moves by 10-20 %
-between minutes, so one pair's ratio is as noisy as that (medians of paired runs resolve it).
-
 Run:
     python -m benchmarks.scale_text                    # 150 MB and 1.5 GB (about an hour on 2 busy cores)
     python -m benchmarks.scale_text --quick            # 5 MB and 20 MB
     python -m benchmarks.scale_text --sizes-mb 150 --pairs 5   # 5 interleaved pairs (about 6 min quiet)
     python -m benchmarks.scale_text --sizes-mb 150 --work-dir /big/tmp --output-dir outputs/scale_text
+
+How it measures, and the figures of its runs: ``docs/benchmarks/reports/2026-12-02-tokenizing.md``.
 """
 
 from __future__ import annotations

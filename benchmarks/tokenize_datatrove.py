@@ -1,30 +1,11 @@
 """Raw text to tokens: datatrove's ``DocumentTokenizer`` with 2 workers against the library's tokenization cache.
 
-The corpus is :func:`benchmarks.scale_text.make_corpus`'s JSONL (documents sampled from the built-in corpus with a
-seeded generator; 150 MiB by default), its lines split into two files of consecutive halves (datatrove gives each task
-whole files). For each pair, two fresh subprocesses run one after the other, alternating which goes first:
-
-* ``datatrove``: :func:`lit_balance.cli.tokenize.tokenize_corpus` on the folder (``LocalPipelineExecutor``,
-  ``tasks=2``, ``workers=2``, the package's tokenizer without truncation, padding or special tokens): the wall time
-  of the whole call (the tokenizer copy, the executor's start, the two tasks, their ``.ds``/``.ds.index`` writes);
-* ``cache``: ``BalancedTextDataModule(corpus=[the two files], cache_dir=...).prepare_data()``, the library's own path
-  (hash the files, read, tokenize chunk by chunk on one process, write the cache entry): the wall time of
-  ``prepare_data``.
-
-The figure is the ratio of their token rates (datatrove over cache) per pair, and the median over pairs. Both must
-have tokenized the same documents: equal token counts and equal sorted multisets of non-empty document lengths (a
-store keeps a document whose text tokenizes to nothing as a 0-token document; the cache drops it), else the run fails.
-
-Both paths tokenize with the ``tokenizers`` library, whose ``encode_batch`` runs on all cores by itself (its own
-thread pool), so on a machine of few cores the cache path already uses them all and two datatrove workers can only
-add what the cache path leaves idle (reading, converting, writing). ``--single-thread-tokenizer`` sets
-``TOKENIZERS_PARALLELISM=false`` in both subprocesses: one tokenizing thread per process, the comparison of one process
-against two workers that datatrove scales out to many machines.
-
 Run:
     python -m benchmarks.tokenize_datatrove                          # 150 MiB, 3 pairs
     python -m benchmarks.tokenize_datatrove --single-thread-tokenizer
     python -m benchmarks.tokenize_datatrove --size-mb 5 --pairs 1    # a quick look
+
+How it measures, and the figures of its runs: ``docs/benchmarks/reports/2026-12-02-tokenizing.md``.
 """
 
 from __future__ import annotations

@@ -16,8 +16,6 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from benchmarks import bench_samplers as bench
 from benchmarks import peers
@@ -210,45 +208,3 @@ def test_shuffle_window_table_trades_padding_for_randomness(tmp_path, capsys):
         assert rows[ranks, 4.0]["persistence"] < rows[ranks, 0.0]["persistence"]
         assert rows[ranks, 4.0]["padding_ratio"] > rows[ranks, 0.0]["padding_ratio"]
     assert "shuffle_window" in capsys.readouterr().out
-
-
-def _pool_partitions(lengths: np.ndarray, tokens_per_batch: float) -> list[tuple[float, float]]:
-    """(padding ratio, persistence) of every contiguous partition of the distinct lengths, by enumeration."""
-    values = np.unique(lengths)
-    out = []
-    for cut_mask in itertools.product((False, True), repeat=values.size - 1):
-        bounds = [0, *[i + 1 for i, cut in enumerate(cut_mask) if cut], values.size]
-        pad = pers = 0.0
-        for lo, hi in itertools.pairwise(bounds):
-            pool = lengths[(lengths >= values[lo]) & (lengths <= values[hi - 1])]
-            rows = max(tokens_per_batch / pool.max(), 1.0)
-            pad += float((pool.max() - pool).sum())
-            pers += pool.size * min(1.0, (rows - 1.0) / max(pool.size - 1, 1))
-        out.append((pad / (lengths.sum() + pad), pers / lengths.size))
-    return out
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(1, 12), min_size=2, max_size=40), st.integers(4, 64))
-def test_pool_partition_frontier_is_pareto_optimal_among_all_pool_partitions(lengths, tokens_per_batch):
-    lengths = np.array(lengths)
-    every = _pool_partitions(lengths, float(tokens_per_batch))
-    points = bench.pool_partition_frontier(lengths, float(tokens_per_batch))
-    for pad, pers in points:
-        assert any(math.isclose(pad, p, abs_tol=1e-12) and math.isclose(pers, q, abs_tol=1e-12) for p, q in every)
-        assert not any(p < pad - 1e-12 and q < pers - 1e-12 for p, q in every)  # nothing better on both
-    # the extremes are reached: one pool per length (least padding) is on the frontier
-    assert min(p for p, _ in points) == pytest.approx(min(p for p, _ in every), abs=1e-12)
-
-
-def test_persistence_bound_table_rows(tmp_path, capsys):
-    results = _main(tmp_path, "--strategies", "lit_balance", "--shuffle-windows")
-    rows = {r["ranks"]: r for r in results["persistence_bound"]}
-    ours = {r["ranks"]: r for r in results["rows"]}
-    assert set(rows) == {2, 3}
-    for ranks, row in rows.items():
-        assert row["persistence"] == pytest.approx(ours[ranks]["persistence"])
-        assert row["padding_ratio"] == pytest.approx(ours[ranks]["padding_ratio"])
-        assert 0.0 <= row["pool_persistence_at_padding"] <= 1.0 and 0 < row["tokens_per_batch"] <= 256
-    assert "best pool persistence at that padding" in capsys.readouterr().out
-    assert _main(tmp_path, "--strategies", "lit_balance", "--skip-bound")["persistence_bound"] == []
