@@ -32,9 +32,6 @@ OURS = {"lit_packed": (True, "tokens"), "lit_packed_attn_1.2e-4": (True, "attn_1
         "lit_packed_attn_1e-3": (True, "attn_1e-3"), "lit_padded": (False, "tokens"),
         "lit_padded_attn_1e-3": (False, "attn_1e-3")}
 STRATEGIES = (*PACKING_PEERS, *OURS)
-#: Targets of the packed planner (the benchmark's, not a timed test's).
-TARGETS = {"U_tokens": 0.995, "U_attention_planned": 0.99, "persistence": 0.05, "bound_fraction": 0.95,
-           "plan_s_per_million": 1.0}
 
 
 @dataclass(frozen=True)
@@ -153,59 +150,7 @@ def plan_seconds_per_million(pool: np.ndarray, num_documents: int, ranks: Sequen
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Targets and tables.
-
-
-def _met(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("met" if ok else "**not met**")
-
-
-def target_rows(rows: list[dict[str, Any]], million: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each target, per workload and rank count, with the measured value and met / not met (None: no figure)."""
-    by = {(r["workload"], r["ranks"], r["strategy"]): r for r in rows if r["status"] == "ok"}
-    out = []
-    for (workload, ranks), long_docs in {(r["workload"], r["ranks"]): r["long_documents"] for r in rows}.items():
-        ours = [by.get((workload, ranks, n)) for n in ("lit_packed", "lit_packed_attn_1.2e-4", "lit_packed_attn_1e-3")]
-
-        def add(target: str, value: float | None, ok: bool | None, detail: str = "", workload: str = workload,
-                ranks: int = ranks) -> None:
-            out.append({"workload": workload, "ranks": ranks, "target": target, "value": value, "met": ok,
-                        "detail": detail})
-
-        packed_rows = [r for r in ours if r]
-        if not long_docs:
-            tok, attn = ours[0], ours[2]
-            add(f"U tokens >= {TARGETS['U_tokens']}", tok and tok["U_tokens"],
-                tok and tok["U_tokens"] >= TARGETS["U_tokens"])
-            add(f"U attn q=1e-3 >= {TARGETS['U_attention_planned']} (planned for it)", attn and attn["U_attn_1e-3"],
-                attn and attn["U_attn_1e-3"] >= TARGETS["U_attention_planned"])
-        else:
-            attn = ours[2]
-            b = attn and attn["U_bound_attn_1e-3"]
-            peers = [by[(workload, ranks, p)]["U_attn_1e-3"] for p in PACKING_PEERS if (workload, ranks, p) in by]
-            add(f"U attn q=1e-3 >= {TARGETS['bound_fraction']} x per-step bound",
-                attn and b and attn["U_attn_1e-3"] / b,
-                None if not (attn and b) else attn["U_attn_1e-3"] >= TARGETS["bound_fraction"] * b,
-                "" if not b else f"value: U / bound = {attn['U_attn_1e-3']:.4f} / {b:.4f}")
-            add("U attn q=1e-3 above every packing peer", attn and attn["U_attn_1e-3"],
-                None if not (attn and peers) else attn["U_attn_1e-3"] > max(peers),
-                f"best peer {max(peers):.4f}" if peers else "")
-        worst = max((r["persistence"] for r in packed_rows), default=None)
-        add(f"persistence <= {TARGETS['persistence']}", worst,
-            None if worst is None else worst <= TARGETS["persistence"], "worst packed row")
-        over = max((r["over_budget_ratio"] for r in packed_rows), default=None)
-        add("no micro-batch over budget", over, None if over is None else over == 0)
-        bad = sum(r["dropped"] + r["duplicated_unmarked"] + (not r["equal_counts"]) for r in packed_rows)
-        add("nothing dropped, duplicates only as marked fills, equal counts", bad if packed_rows else None,
-            bad == 0 if packed_rows else None)
-    ok = [m for m in million if m["status"] == "ok" and m.get("packing", True)]
-    for clock, key in (("CPU", "plan_cpu_s_per_million"), ("wall", "plan_s_per_million")):
-        worst = max((m[key] for m in ok), default=None)
-        out.append({"workload": "1M documents", "ranks": "all", "target": f"packed plan <= "
-                    f"{TARGETS['plan_s_per_million']} s per million documents ({clock} time)", "value": worst,
-                    "met": None if worst is None else worst <= TARGETS["plan_s_per_million"],
-                    "detail": "slowest packed row"})
-    return out
+# Tables.
 
 
 HEADER = ["strategy", "planned for", "ranks", "steps", "budget fill", "largest / budget", "over budget", "padding",
@@ -240,61 +185,15 @@ plan s: seconds to plan epoch 0 for every rank in one process (lit_balance, FFD,
 global computation that every rank repeats; DistributedSampler-based peers split theirs over ranks)."""
 
 
-SIDE_BY_SIDE_HEADER = ["workload", "ranks", "U tok: ours (target >= 0.995)", "U tok: best packing peer",
-                       ("U attn 1e-3: ours, planned for it (target >= 0.99; long documents: >= 0.95 x bound and "
-                       "above every peer)"), "bound", "U attn 1e-3: best packing peer",
-                       "persistence: ours (target <= 0.05)", "persistence: that peer", "over budget: ours (target 0)",
-                       "over budget: worst peer"]
-
-
-def side_by_side(rows: list[dict[str, Any]]) -> list[list[str]]:
-    """One line per workload and rank count: each target's figure for lit_balance (its packed rows, each planned
-    for the cost it is read on) beside the best packing peer's, the target met or not (markdown cells)."""
-    by = {(r["workload"], r["ranks"], r["strategy"]): r for r in rows if r["status"] == "ok"}
-    out = []
-    for workload, ranks, long_docs in dict.fromkeys((r["workload"], r["ranks"], r["long_documents"]) for r in rows):
-        tok, attn = by.get((workload, ranks, "lit_packed")), by.get((workload, ranks, "lit_packed_attn_1e-3"))
-        peers = [by[(workload, ranks, p)] for p in PACKING_PEERS if (workload, ranks, p) in by]
-        if not (tok and attn and peers):
-            continue
-        best_tok = max(peers, key=lambda r: r["U_tokens"])
-        best_attn = max(peers, key=lambda r: r["U_attn_1e-3"])
-        bound = attn["U_bound_attn_1e-3"]
-        ours_persistence = max(by[(workload, ranks, n)]["persistence"] for n in OURS
-                               if OURS[n][0] and (workload, ranks, n) in by)
-        ours_over = max(by[(workload, ranks, n)]["over_budget_ratio"] for n in OURS
-                        if OURS[n][0] and (workload, ranks, n) in by)
-        attn_ok = (attn["U_attn_1e-3"] >= TARGETS["bound_fraction"] * bound and
-                   attn["U_attn_1e-3"] > best_attn["U_attn_1e-3"]) if long_docs else (
-                       attn["U_attn_1e-3"] >= TARGETS["U_attention_planned"])
-        tok_cell = f"{tok['U_tokens']:.4f}" + ("" if long_docs else f" {_met(tok['U_tokens'] >= TARGETS['U_tokens'])}")
-        worst_over = max(peers, key=lambda r: r["over_budget_ratio"])
-        out.append([workload, str(ranks), tok_cell, f"{best_tok['U_tokens']:.4f} {best_tok['strategy']}",
-                    f"{attn['U_attn_1e-3']:.4f} {_met(attn_ok)}", f"{bound:.4f}",
-                    f"{best_attn['U_attn_1e-3']:.4f} {best_attn['strategy']}",
-                    f"{ours_persistence:.3f} {_met(ours_persistence <= TARGETS['persistence'])}",
-                    f"{best_attn['persistence']:.3f}", f"{ours_over:.3f} {_met(ours_over == 0)}",
-                    f"{worst_over['over_budget_ratio']:.3f} {worst_over['strategy']}"])
-    return out
-
-
 def render(results: dict[str, Any]) -> str:
-    """The markdown report of a run: a table per workload, the targets, plan time per million, notes."""
+    """The markdown report of a run: a table per workload and the plan time per million documents."""
     out = [f"Wall {results['wall_s']:.0f} s; versions: {', '.join(f'{k} {v}' for k, v in results['versions'].items())}",
            "", LEGEND, ""]
-    lines = side_by_side(results["rows"])
-    if lines:
-        out += ["**The targets side by side with the packing peers**", "", markdown_table(SIDE_BY_SIDE_HEADER, lines),
-                ""]
     for w in results["workloads"]:
         rows = [r for r in results["rows"] if r["workload"] == w["name"]]
         out += [(f"**{w['name']}**: {w['documents']} documents, {w['tokens']} tokens, capped at {w['max_length']} "
                 f"({w['capped']} capped), budget {w['max_tokens']} tokens per micro-batch per rank"), "",
                 markdown_table(HEADER, [_fmt_row(r) for r in rows]), ""]
-    out += ["**Targets**", "", markdown_table(
-        ["workload", "ranks", "target", "value", "met"],
-        [[t["workload"], str(t["ranks"]), t["target"] + (f" ({t['detail']})" if t["detail"] else ""),
-          "-" if t["value"] is None else f"{t['value']:.4g}", _met(t["met"])] for t in results["targets"]]), ""]
     if results["plan_seconds_per_million"]:
         out += [("**lit_balance planning time** (documents drawn from every shipped distribution, capped at "
                 f"{results['config']['max_length']}; best of the repeats; the padded planner side by side as a "
@@ -304,29 +203,7 @@ def render(results: dict[str, Any]) -> str:
                       f"{m['plan_s_per_million']:.2f}" if m["status"] == "ok" else m["status"],
                       f"{m['plan_cpu_s_per_million']:.2f}" if m["status"] == "ok" else "-"]
                      for m in results["plan_seconds_per_million"]]), ""]
-    out += ["Notes:", *(f"- {n}" for n in results["notes"])]
     return "\n".join(out) + "\n"
-
-
-NOTES = [
-    ("hf_flattening: torch DistributedSampler + BatchSampler of a fixed document count, each micro-batch flattened "
-    "into one row by transformers' DataCollatorWithFlattening (run on every micro-batch of epoch 0: "
-    "collator_longest_row in results.json); the count is round(budget / mean length), so rows pass the budget "
-    "whenever their documents run long."),
-    ("greedy_sequential: torchtune PackedDataset style, packed once in dataset order (torchtune pads each pack to "
-    "the budget: that padding is not counted here), one pack per micro-batch dealt by DistributedSampler, whose "
-    "drop_last=False repeats packs (unmarked duplicates)."),
-    ("ffd_round_robin: first-fit-decreasing packed once (NeMo writes its packs before training), pack order "
-    "shuffled per epoch, dealt round-robin; ffd_repacked re-packs every epoch with a random order among equal "
-    "lengths."),
-    ("kk_balanced: Karmarkar-Karp (largest differencing) on verl's workload 24576 L + L^2, re-implemented after "
-    "verl's seqlen_balancing (the verl package needs ray, tensordict and transformers < 5.11, so it does not "
-    "install beside this project): the whole epoch is one global batch (the most room to balance), split across "
-    "ranks with equal counts, then each rank's documents into the fewest micro-batches within the budget, the "
-    "count agreed across ranks (verl all-reduces it); the n mod ranks documents left over are dropped."),
-    ("lit_*: lit_balance.plan_epoch with BatchingSettings(max_tokens, packing=True/False) and the cost model named "
-    "under 'planned for'; repeated documents are marked fill rows."),
-]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -386,9 +263,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = {
         "versions": versions(),
         "config": {**vars(args), "ranks": ranks, "num_samples": num_samples, "million": million,
-                   "costs": {k: asdict(v) for k, v in COSTS.items()}, "targets": TARGETS},
+                   "costs": {k: asdict(v) for k, v in COSTS.items()}},
         "workloads": described, "rows": rows, "plan_seconds_per_million": per_million,
-        "targets": target_rows(rows, per_million), "notes": NOTES, "wall_s": time.perf_counter() - start,
+        "wall_s": time.perf_counter() - start,
     }
     report = render(results)
     print("\n" + report)

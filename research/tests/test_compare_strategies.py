@@ -539,7 +539,7 @@ def test_docstring_examples():
 
     from benchmarks import _harness
 
-    for module in (cs, peers, training, _harness):
+    for module in (cs, peers, strategies, training, _harness):
         assert doctest.testmod(module, verbose=False).failed == 0, module.__name__
 
 

@@ -197,7 +197,7 @@ def test_docstring_examples_of_the_benchmark_hold():
     import doctest
 
     result = doctest.testmod(peers)
-    assert result.attempted >= 3 and result.failed == 0
+    assert result.attempted >= 2 and result.failed == 0
 
 
 def test_shuffle_window_table_trades_padding_for_randomness(tmp_path, capsys):
