@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import platform
 import subprocess
@@ -22,7 +21,7 @@ import numpy as np
 import lit_balance
 
 __all__ = ["DISTRIBUTIONS", "LENGTHS_DIR", "ROOT", "git_state", "load_lengths", "machine",
-           "markdown_table", "non_negative", "number", "positive_int", "run_child", "status_kib", "timed", "versions",
+           "markdown_table", "number", "positive_int", "run_child", "status_kib", "timed", "versions",
            "write_report"]
 
 #: The repository root (benchmarks/ is one level below it).
@@ -57,9 +56,6 @@ def number(check: Callable[[float], bool], expected: str) -> Callable[[str], flo
 
     return parse
 
-
-#: An argparse ``type``: a finite number >= 0.
-non_negative = number(lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0")
 
 
 def load_lengths(name: str, max_length: int | None = None, num_samples: int | None = None) -> np.ndarray:
@@ -170,29 +166,18 @@ def run_child(module: str, *args: str, timeout_s: float) -> dict[str, Any]:
 
 def write_report(output_dir: Path, module: str, argv: Sequence[str] | None, results: dict[str, Any],
                  markdown: str | None = None) -> dict[str, Any]:
-    """Write one run's dated report: ``results.json`` (and ``results.md`` when ``markdown`` is given) in
-    ``output_dir``, headed by the command, the commit (with the count of uncommitted files under ``benchmarks/``
-    and ``lit_balance/``), the date and the machine; return the report.
-
-    Args:
-        output_dir: folder of the report (created).
-        module: the benchmark's module name, e.g. ``"bench_samplers"`` (the command is ``python -m
-            benchmarks.<module> ARGV``).
-        argv: the command's arguments (None: ``sys.argv[1:]``).
-        results: the figures (JSON-serialisable; paths and other objects are written as strings).
-        markdown: the tables as Markdown, or None.
-    """
+    """Write one run's dated report, ``output_dir/results.json`` (and ``results.md`` with ``markdown``): the command
+    (``python -m <module> ARGV``; ``argv`` None: ``sys.argv[1:]``), the commit with the count of files
+    changed under ``benchmarks/`` and ``lit_balance/``, the date and the machine, then ``results``; return it."""
     commit, dirty = git_state("benchmarks", "lit_balance")
-    report = {"command": " ".join(["python", "-m", f"benchmarks.{module}", *(sys.argv[1:] if argv is None else argv)]),
+    report = {"command": " ".join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)]),
               "commit": commit, "uncommitted_files": dirty,
               "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(), **results}
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "results.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-    written = ["results.json"]
     if markdown is not None:
-        head = (f"Command: `{report['command']}`; commit {commit}; {report['date_utc']}; "
-                f"{report['machine']['platform']}, {report['machine']['cpu_count']} CPUs.\n\n")
-        (output_dir / "results.md").write_text(head + markdown + "\n")
-        written.append("results.md")
-    print(f"wrote {' and '.join(str(output_dir / name) for name in written)}")
+        (output_dir / "results.md").write_text(f"Command: `{report['command']}`; commit {commit}; {report['date_utc']}; "
+                                               f"{report['machine']['platform']}, {report['machine']['cpu_count']} "
+                                               f"CPUs.\n\n{markdown}\n")
+    print(f"wrote {output_dir / 'results.json'}" + (" and results.md" if markdown is not None else ""))
     return report

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"max {100 * max(hooks_wall):.3f} %")
     print(f"fit time ratio (with / without), wall s: median {statistics.median(ratios):.4f} "
           f"(min {min(ratios):.4f}, max {max(ratios):.4f}); CPU s: median {statistics.median(cpu_ratios):.4f}")
-    return write_report(args.output_dir, "bench_callbacks", argv, {
+    return write_report(args.output_dir, "benchmarks.bench_callbacks", argv, {
         "settings": vars(args), "micro_batches_per_fit": steps, "fit_s_without": base, "fit_s_with": with_cb,
         "hook_cpu_share": hooks_cpu, "hook_wall_share": hooks_wall, "fit_wall_ratio": ratios,
         "fit_cpu_ratio": cpu_ratios})

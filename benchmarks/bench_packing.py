@@ -149,7 +149,6 @@ def plan_seconds_per_million(pool: np.ndarray, num_documents: int, ranks: Sequen
     return rows
 
 
-# ------------------------------------------------------------------------------------------------------------------
 # Tables.
 
 
@@ -269,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     report = render(results)
     print("\n" + report)
-    return write_report(args.output_dir, "bench_packing", argv, results, markdown=report)
+    return write_report(args.output_dir, "benchmarks.bench_packing", argv, results, markdown=report)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ How it measures, and the figures of its runs: ``docs/benchmarks/reports/2026-11-
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -45,7 +46,6 @@ ATTENTION_COST = CostModel(linear=1.0, quadratic=1e-3)
 COST_MODELS = {"tokens": TOKEN_COST, "attention": ATTENTION_COST}
 
 
-# ------------------------------------------------------------------------------------------------------------------
 # Every strategy is measured from its per-rank lists of micro-batches, by lit_balance.plan_stats.
 
 
@@ -85,11 +85,12 @@ def sampler_metrics(run: StrategyRun, lengths: np.ndarray, max_tokens: int) -> d
     return out
 
 
-# ------------------------------------------------------------------------------------------------------------------
 # lit_balance's own strategies (the peers are in benchmarks.peers).
 
 
-def _run_lit_balance(lengths: np.ndarray, num_replicas: int, cfg: BenchConfig, cost_model: CostModel) -> StrategyRun:
+def run_lit_balance(lengths: np.ndarray, num_replicas: int, cfg: BenchConfig, cost_model: CostModel = TOKEN_COST,
+                    ) -> StrategyRun:
+    """:class:`lit_balance.BalancedBatchSampler` with ``cost_model`` (defaults otherwise)."""
     def build(rank: int) -> BalancedBatchSampler:
         return BalancedBatchSampler(lengths, cfg.max_tokens, num_replicas=num_replicas, rank=rank, seed=cfg.seed,
                                     cost_model=cost_model)
@@ -102,16 +103,6 @@ def _run_lit_balance(lengths: np.ndarray, num_replicas: int, cfg: BenchConfig, c
     return StrategyRun(batches, times, notes=[f"cost_model={cost_model}"])
 
 
-def run_lit_balance(lengths: np.ndarray, num_replicas: int, cfg: BenchConfig) -> StrategyRun:
-    """:class:`lit_balance.BalancedBatchSampler` with ``cost_model=CostModel()``."""
-    return _run_lit_balance(lengths, num_replicas, cfg, TOKEN_COST)
-
-
-def run_lit_balance_attention(lengths: np.ndarray, num_replicas: int, cfg: BenchConfig) -> StrategyRun:
-    """:class:`lit_balance.BalancedBatchSampler` with ``cost_model=CostModel(linear=1, quadratic=1e-3)``."""
-    return _run_lit_balance(lengths, num_replicas, cfg, ATTENTION_COST)
-
-
 RUNNERS: dict[str, Callable[..., StrategyRun]] = {
     "distributed_fixed": run_distributed_fixed,
     "hf_length_grouped": run_hf_length_grouped,
@@ -119,11 +110,10 @@ RUNNERS: dict[str, Callable[..., StrategyRun]] = {
     "lhotse_dynamic": run_lhotse_dynamic,
     "sort_fill": run_sort_fill,
     "lit_balance": run_lit_balance,
-    "lit_balance_attention": run_lit_balance_attention,
+    "lit_balance_attention": functools.partial(run_lit_balance, cost_model=ATTENTION_COST),
 }
 
 
-# ------------------------------------------------------------------------------------------------------------------
 # Command line, table, JSON.
 
 
@@ -299,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("lit_balance plan time of 1,000,000 samples drawn from " + args.distributions[-1] + " (one rank; "
               "every rank plans alone): " + ", ".join(f"{r['plan_s_per_million']:.2f} s at {r['ranks']} ranks"
                                                      for r in million) + "\n")
-    return write_report(args.output_dir, "bench_samplers", argv, {
+    return write_report(args.output_dir, "benchmarks.bench_samplers", argv, {
         "config": {**vars(args), "cost_models": {k: asdict(v) for k, v in COST_MODELS.items()}},
         "rows": rows, "shuffle_window_tradeoff": tradeoff,
         "plan_seconds_per_million": million, "wall_s": time.perf_counter() - start})

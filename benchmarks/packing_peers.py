@@ -39,7 +39,6 @@ def _dealt_by_distributed_sampler(num_items: int, num_replicas: int, seed: int, 
     return out
 
 
-# ------------------------------------------------------------------------------------------------------------------
 # Hugging Face: DataCollatorWithFlattening over DistributedSampler, a fixed number of documents per micro-batch.
 
 
@@ -84,7 +83,6 @@ def flatten_with_collator(batch: Sequence[int], lengths: np.ndarray) -> dict:
     return collator([{"input_ids": [int(i)] * int(lengths[i])} for i in batch])
 
 
-# ------------------------------------------------------------------------------------------------------------------
 # torchtune: greedy sequential packing in dataset order, packed once.
 
 
@@ -117,7 +115,6 @@ def greedy_sequential(lengths: np.ndarray, max_tokens: int, num_replicas: int, s
     return [[packs[b[0]] for b in rank] for rank in dealt]
 
 
-# ------------------------------------------------------------------------------------------------------------------
 # NeMo / Megatron: first-fit-decreasing, dealt round-robin.
 
 
@@ -175,7 +172,6 @@ def ffd_round_robin(lengths: np.ndarray, max_tokens: int, num_replicas: int, see
     return [packs[r::num_replicas] for r in range(num_replicas)]
 
 
-# ------------------------------------------------------------------------------------------------------------------
 # verl: Karmarkar–Karp on 24576 L + L^2.
 
 

@@ -4,23 +4,7 @@ Run:
     python -m benchmarks.per_rank_budgets                         # 8 ranks, B = 1024, every shipped distribution
     python -m benchmarks.per_rank_budgets --max-tokens 2048 --ranks 16 --distributions fortunes
 
-Half the ranks (the first) have budget ``B``, the other half ``B/2`` (the mixed world). The reference is the same
-number of ranks with ``B/2`` each (the uniform world). "Scaled by total capacity": the mixed world holds
-``kappa = sum(max_tokens) / (num_replicas * B/2)`` times the token slots per micro-step (1.5 for half and half), so
-at the reference's useful compute fraction it should need ``steps_half / kappa`` micro-steps. Two speed scenarios:
-
-* ``speeds = budget``: rank speeds proportional to the budgets (``[1, ..., 0.5, ...]``), the throughput that total
-  capacity assumes: a rank of twice the budget does twice the work per second. U is weighed by the speeds
-  (:attr:`lit_balance.plan.PlanStats.useful_fraction` with ``rank_speeds``): real-token cost over the ranks'
-  capacity held by the plan. The target: ``U_mixed >= 0.95 * U_half``, with ``steps_mixed / (steps_half / kappa)``
-  stated beside it.
-* ``equal speeds``: every rank equally fast; the balance then gives every rank the same cost per optimizer step,
-  so the larger budgets hold the long samples but the count stays near the reference's. Reported for information.
-
-Documents are capped at ``B/2`` tokens (``--max-length``, default ``B/2``) so that both worlds plan the same
-samples; U uses the default :class:`lit_balance.CostModel` (padded slots padded, tokens packed), epochs 0 and 1,
-the lower figure kept. Every plan is checked: equal counts, each micro-batch within its own rank's budget, every
-sample exactly once.
+How it measures: ``docs/benchmarks.md`` (per-rank budgets).
 """
 
 from __future__ import annotations
@@ -139,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"max_tokens B={args.max_tokens}, {args.ranks} ranks (half B, half B/2), documents capped at {cap}; "
           f"{elapsed:.1f} s")
     print(table)
-    return write_report(args.output_dir, "per_rank_budgets", argv, {"settings": vars(args), "rows": rows,
+    return write_report(args.output_dir, "benchmarks.per_rank_budgets", argv, {"settings": vars(args), "rows": rows,
                                                                     "wall_s": elapsed}, markdown=table)
 
 

@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         shutil.rmtree(work, ignore_errors=True)
     results["wall_s"] = time.perf_counter() - started
     results["load_average_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    return write_report(args.output_dir, "scale", argv, results)
+    return write_report(args.output_dir, "benchmarks.scale", argv, results)
 
 
 if __name__ == "__main__":

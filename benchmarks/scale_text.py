@@ -96,22 +96,15 @@ def run(sizes_mb: list[float] | tuple[float, ...], work_dir: str | os.PathLike |
     """Measure ``prepare_data`` and ``encode_batch`` on JSONL corpora of the given sizes; one row per size.
 
     Args:
-        sizes_mb: corpus sizes in MiB (None-free, each > 0); empty: the quick or full default sizes.
-        work_dir: where the corpora and caches are written (a fresh temporary directory inside it, removed at
-            the end unless ``keep``); None: the system's temporary directory.
-        quick: use :data:`QUICK_SIZES_MB` when ``sizes_mb`` is empty (else :data:`FULL_SIZES_MB`).
-        keep: keep the corpora and caches (their paths are in the rows: ``corpus``, ``cache_dir``, the cache of
-            the median pair).
-        seed: seed of the document sampling.
-        pairs: runs of each subprocess per size, alternating which goes first (``prepare_data`` in pair 1).
+        sizes_mb: corpus sizes in MiB, each > 0; empty: :data:`QUICK_SIZES_MB` with ``quick``, else
+            :data:`FULL_SIZES_MB`.
+        work_dir: where a temporary folder of the corpora and caches goes (removed unless ``keep``); None: the
+            system's temporary directory.
+        seed: seed of the document sampling; pairs: runs of both subprocesses, alternating which goes first.
 
     Returns:
-        Rows with ``corpus_mb``, ``bytes``, ``num_docs``, ``num_tokens``, ``rss_after_import_mb``,
-        ``peak_rss_mb``, ``peak_above_import_mb`` (MiB; the largest over pairs), ``tokenize_s``,
-        ``tokens_per_s``, ``encode_batch_s`` (time inside ``encode_batch`` only), ``encode_batch_tokens_per_s``
-        (these four from the pair with the median ratio), ``ratio_to_encode_batch`` (``tokens_per_s /
-        encode_batch_tokens_per_s`` of each pair, the median over pairs), ``ratio_per_pair`` (in pair order),
-        ``pairs``, ``make_corpus_s``.
+        One row per size: the corpus, the peak memory above the post-import process (MiB), the token rates of both
+        paths and their ratio (of the pair with the median ratio; every pair's in ``ratio_per_pair``).
 
     Raises:
         ValueError: a size is not a positive number; ``pairs`` not a positive int.
@@ -220,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     rows = run(args.sizes_mb, args.work_dir, args.quick, seed=args.seed, pairs=args.pairs)
     print(table(rows))
-    return write_report(args.output_dir, "scale_text", argv, {"rows": rows, "wall_s": time.perf_counter() - started})
+    return write_report(args.output_dir, "benchmarks.scale_text", argv, {"rows": rows, "wall_s": time.perf_counter() - started})
 
 
 if __name__ == "__main__":

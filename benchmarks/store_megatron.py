@@ -1,25 +1,11 @@
 """Training from a Megatron store read in place: time from ``setup()`` to the first micro-batch, and peak memory.
 
-For each size (1M, 10M and 100M documents by default) a synthetic Megatron store is written: lengths sampled
-(seeded) from the pooled shipped distributions (``lit_balance/data/lengths/*.npy``, capped at ``--max-length``),
-the ``.idx`` written with NumPy in the layout megatron-core reads (checked against megatron-core's
-``IndexedDataset`` at a small size first, and the header of every store), the ``.bin`` a sparse file of the right
-size (its tokens read as zeros). Each measurement runs in a fresh subprocess, so its peak resident memory
-(``VmHWM``) is its own, with rank 0 of ``--num-replicas`` ranks' plans (a Trainer of that many ranks, as
-``data_parallel_world`` reads it):
-
-* ``store``: ``BalancedTextDataModule(MegatronSource(prefix), vocab_size=..., pad_token_id=0, val_fraction=0)``:
-  its construction (the index read and checked, the lengths: ``construct_s``), the time of ``setup("fit")`` (split,
-  sampler built), then
-  ``train_dataloader()``, ``set_epoch(0)`` and the first micro-batch out of the loader: from the start of
-  ``setup()`` to the first micro-batch; peak RSS of the process.
-* ``cache`` (``--cache-sizes``, 1M by default): the same token ids (zeros of the same lengths) given as a list of
-  arrays, through the tokenization cache: ``prepare_data()`` (the cache build), then the same timings.
-
 Run:
     python -m benchmarks.store_megatron                          # 1M, 10M, 100M documents; the cache at 1M
     python -m benchmarks.store_megatron --sizes 1000000 --cache-sizes 1000000
     python -m benchmarks.store_megatron --quick                  # small sizes, for tests
+
+How it measures: ``docs/benchmarks.md`` (a megatron store read in place).
 """
 
 from __future__ import annotations
@@ -209,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     settings = {k: v for k, v in vars(args).items() if k not in ("child", "work_dir", "output_dir")}
-    return write_report(args.output_dir, "store_megatron", argv, {"rows": rows, "settings": settings})
+    return write_report(args.output_dir, "benchmarks.store_megatron", argv, {"rows": rows, "settings": settings})
 
 
 if __name__ == "__main__":

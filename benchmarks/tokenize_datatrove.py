@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     load_before = machine()["load_average"]
     row = run(args.size_mb, args.work_dir, pairs=args.pairs, workers=args.workers, seed=args.seed)
     print(table(row))
-    return write_report(args.output_dir, "tokenize_datatrove", argv, {
+    return write_report(args.output_dir, "benchmarks.tokenize_datatrove", argv, {
         "load_average_before": load_before, "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
         "row": row, "wall_s": time.perf_counter() - started})
 

@@ -110,7 +110,6 @@ from benchmarks._harness import (
     load_lengths,
     machine,
     markdown_table,
-    non_negative,
     number,
     positive_int,
 )
@@ -128,6 +127,9 @@ from benchmarks.packing_peers import flattening_batch_size
 from benchmarks.peers import fixed_batch_size, sort_fill_batches
 from research.strategies import EpochBatchSampler, deal_even, sorted_bucket_batches
 from research._launch import commit_label, launch_run
+
+#: An argparse ``type``: a finite number >= 0.
+non_negative = number(lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0")
 from lit_balance import BalancedTextDataModule, PackedCollator, PadCollator
 from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, StragglerMonitor
 from lit_balance.data import resolve_tokenizer

@@ -1,8 +1,8 @@
 """What ``max_tokens="auto"`` costs on the main job: the probe's wall time and token slots against one epoch.
 
 Run:
-    python -m benchmarks.probe_cost                                   # 3 limits, 3 runs each
-    python -m benchmarks.probe_cost --memory-limits-mib 700 --runs 1  # a quick look
+    python -m research.probe_cost                                   # 3 limits, 3 runs each
+    python -m research.probe_cost --memory-limits-mib 700 --runs 1  # a quick look
 
 How it measures, and the figures of its runs: ``docs/benchmarks/reports/2026-12-03-token-budget-probe.md``.
 """
@@ -72,7 +72,7 @@ def run_once(memory_limit: int, max_steps: int, work: Path, timeout_s: float) ->
     args = [sys.executable, "recipes/train.py", "data.max_tokens=auto", f"data.memory_limit={memory_limit}",
             f"trainer.max_steps={max_steps}", "trainer.enable_progress_bar=false",
             f"hydra.run.dir={work / out.stem}",
-            "+callbacks.probe_cost._target_=benchmarks.probe_cost.ProbeCostRecorder", f"+callbacks.probe_cost.path={out}"]
+            "+callbacks.probe_cost._target_=research.probe_cost.ProbeCostRecorder", f"+callbacks.probe_cost.path={out}"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
     done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(json.dumps({k: rows[-1][k] for k in ("memory_limit", "max_tokens", "probe_s", "wall_ratio",
                                                            "slot_ratio")}), flush=True)
     print(table(rows))
-    return write_report(args.output_dir, "probe_cost", argv, {"rows": rows})
+    return write_report(args.output_dir, "research.probe_cost", argv, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""benchmarks/probe_cost.py: one short run of the main job with max_tokens=auto, and what it records (never its speed).
+"""research/probe_cost.py: one short run of the main job with max_tokens=auto, and what it records (never its speed).
 
 Run:
-    python -m pytest tests/benchmarks/test_probe_cost.py -q
+    python -m pytest research/tests/test_probe_cost.py -q
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from benchmarks import probe_cost
+from research import probe_cost
 
 pytestmark = [pytest.mark.benchmark, pytest.mark.timeout(1800)]  # two CPU ranks, the probe and 4 steps: ~1 min here
 
