@@ -100,20 +100,21 @@ class BalanceProgressBar(RichProgressBar):
         self._items: dict[str, str] = {}  # set on the training thread, drawn by Rich's
         self._epoch_offset: int | None = 0  # batch_idx of the first micro-batch this process ran in this epoch
         self._epoch_start_step = 0  # global_step when this process started the epoch
+        self._columns: tuple = ()  # the progress's columns (configure_columns)
 
     def configure_columns(self, trainer: L.Trainer) -> list:
-        columns = super().configure_columns(trainer)
-        speed = [i for i, c in enumerate(columns) if type(c).__name__ == "ProcessingSpeedColumn"]
-        if speed:
-            columns[speed[0]] = _RateColumn(self)
-        return columns
+        """The bar's columns, built here from Rich's public classes: the description, the bar, micro-batches done over
+        the total, the time elapsed and remaining, and the average rate (:func:`_rate`)."""
+        self._columns = _columns(self)
+        return list(self._columns)
 
     def _own_columns(self) -> None:
         """Draw the ``name: value`` items on full-width lines below the bars (Rich's ``Progress.get_renderables``, its
-        hook for a layout of one's own), instead of Lightning's text column, which wraps them in a narrow cell."""
+        hook for a layout of one's own), instead of the text column Lightning appends to :meth:`configure_columns`'s,
+        which wraps them in a narrow cell: the progress keeps the columns built here only."""
         progress = self.progress
         if progress is not None:
-            progress.columns = tuple(c for c in progress.columns if type(c).__name__ != "MetricsTextColumn")
+            progress.columns = tuple(self._columns)
             progress.get_renderables = lambda: self._renderables(progress)
 
     def _renderables(self, progress: Any) -> Any:
@@ -218,15 +219,38 @@ class _Items:
         yield Text("\n".join(lines), style=self.style, no_wrap=True, overflow="ellipsis")
 
 
-def _RateColumn(bar: BalanceProgressBar) -> Any:  # a Rich column; rich is imported when the bar is drawn
-    """A Rich column: the average micro-batches per second this process ran in the bar's task (after a resume, those
-    since the resume)."""
-    from rich.progress import ProgressColumn
+def _columns(bar: BalanceProgressBar) -> tuple:
+    """Rich columns (rich is imported when the bar is drawn): the description, the bar, ``done/total`` micro-batches,
+    ``elapsed • remaining`` and the average micro-batches per second this process ran in the bar's task (after a
+    resume, those since the resume)."""
+    from datetime import timedelta
+
+    from rich.progress import BarColumn, ProgressColumn, TextColumn
     from rich.text import Text
+
+    theme = bar.theme
+
+    def clock(seconds: float | None) -> str:
+        return "-:--:--" if seconds is None else str(timedelta(seconds=int(seconds)))
+
+    class CountColumn(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            total = "--" if task.total is None or task.total == float("inf") else f"{int(task.total)}"
+            return Text(f"{int(task.completed)}/{total}", style=theme.batch_progress)
+
+    class TimeColumn(ProgressColumn):
+        max_refresh = 0.5  # seconds: no jitter
+
+        def render(self, task: Any) -> Text:
+            elapsed = task.finished_time if task.finished else task.elapsed
+            return Text(f"{clock(elapsed)} • {clock(task.time_remaining)}", style=theme.time)
 
     class RateColumn(ProgressColumn):
         def render(self, task: Any) -> Text:
             offset = (bar._epoch_offset or 0) if task.id == bar.train_progress_bar_id else 0
-            return Text(_rate(task.completed - offset, task.elapsed), style=bar.theme.processing_speed)
+            return Text(_rate(task.completed - offset, task.elapsed), style=theme.processing_speed)
 
-    return RateColumn()
+    return (TextColumn("[progress.description]{task.description}"),
+            BarColumn(complete_style=theme.progress_bar, finished_style=theme.progress_bar_finished,
+                      pulse_style=theme.progress_bar_pulse),
+            CountColumn(), TimeColumn(), RateColumn())
