@@ -215,16 +215,10 @@ class SubcommandRun:
     lines: list[str] | None = None
 
 
-class _FitParserBuilt(Exception):
-    """Stops :class:`_FitParserCLI` once its parsers are built, before it parses anything."""
-
-    def __init__(self, parser: LightningArgumentParser) -> None:
-        super().__init__("the lit-balance fit parser is built")
-        self.parser = parser
-
-
 class _FitParserCLI(LitBalanceCLI):
-    """Builds the ``lit-balance fit`` parser alone (the only subcommand), and stops before parsing."""
+    """Builds the ``lit-balance fit`` parser alone (the only subcommand) through LightningCLI's hooks, and parses,
+    seeds, instantiates and runs nothing: :meth:`parse_arguments` keeps an empty config (no subcommand, no seed), and
+    the instantiation hooks do nothing, so the constructor returns with :attr:`fit_parser` set."""
 
     fit_parser: LightningArgumentParser | None = None
 
@@ -241,17 +235,25 @@ class _FitParserCLI(LitBalanceCLI):
         self.fit_parser = parser  # called for each subcommand's parser: here fit's only
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        raise _FitParserBuilt(self.fit_parser)
+        self.config = Namespace(subcommand=None, seed_everything=False)  # no subcommand to run, no seed to set
+
+    def before_instantiate_classes(self) -> None:
+        pass
+
+    def instantiate_classes(self) -> None:
+        pass
+
+    def after_instantiate_classes(self) -> None:
+        pass
 
 
 def fit_parser() -> LightningArgumentParser:
     """The parser of ``lit-balance fit``, built as :func:`build_cli` builds it (``plan --config`` reads fit configs
     with it)."""
-    try:
-        _FitParserCLI(**_cli_kwargs(), args=[])
-    except _FitParserBuilt as built:
-        return built.parser
-    raise RuntimeError("building the lit-balance fit parser did not stop before parsing")  # pragma: no cover
+    parser = _FitParserCLI(**_cli_kwargs(), args=[], load_from_checkpoint_support=False).fit_parser
+    if parser is None:  # pragma: no cover  (LightningCLI no longer calls add_arguments_to_parser per subcommand)
+        raise RuntimeError("LightningCLI built no parser for the fit subcommand")
+    return parser
 
 
 def _cli_kwargs() -> dict[str, Any]:
