@@ -31,16 +31,19 @@ rank reads relative paths (``data.corpus``, ``data.cache_dir``) from the launch 
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import time
 
 import hydra
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate, to_absolute_path
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig
 
 from lit_balance.callbacks import LastStepCheckpoint
-from lit_balance.lightning.outputs import report_outputs, shown_path as _shown
+from lit_balance.lightning.outputs import hydra_resume_command, report_outputs, shown_path as _shown
 from lit_balance.report import summary_line
 from lit_balance.world import data_parallel_world
 
@@ -83,26 +86,42 @@ def main(cfg: DictConfig) -> None:
         # the DataModule has no Trainer yet, so its setup here takes part in no collective
         print(summary_line(dm.plan_summary(num_replicas, trainer.accumulate_grad_batches)), flush=True)
     ckpt_path = to_absolute_path(cfg.ckpt_path) if cfg.get("ckpt_path") else None
+    started = time.time()
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    last = next((c for c in trainer.checkpoint_callbacks if isinstance(c, LastStepCheckpoint)), None)
+    stopped_by = last.stopped_by if last is not None else None
     if trainer.is_global_zero and dm.token_budget is not None:
         print(f"token budget: {dm.token_budget.describe()}", flush=True)
     if trainer.is_global_zero:
         sampler = dm.train_sampler
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        if stopped_by:
+            print(f"stopped by {stopped_by} at optimizer step {trainer.global_step} of {trainer.max_steps}, on every "
+                  "rank", flush=True)
         print(
-            f"train documents {len(dm.train_dataset)} (empty after tokenization, dropped: {dm.num_empty_documents}) | "
-            f"micro-batches per rank per epoch {len(sampler)}\n"
-            f"fill rows this epoch {sampler.num_fill_rows} | last train/loss {metrics['train/loss']:.3f} | "
+            f"train documents {len(dm.train_dataset)} | empty after tokenization, dropped: {dm.num_empty_documents}\n"
+            f"micro-batches per rank per epoch {len(sampler)} | fill rows this epoch {sampler.num_fill_rows}\n"
+            f"last train/loss {metrics['train/loss']:.3f} | "
             + (f"val/loss {metrics['val/loss']:.3f} | " if "val/loss" in metrics else "validation not run | ")
             + f"script wall time {time.perf_counter() - _START:.1f} s",
             flush=True,
         )
-        print("\n".join(report_outputs(trainer)), flush=True)
-        last = [c.last_model_path for c in trainer.checkpoint_callbacks
-                if isinstance(c, LastStepCheckpoint) and c.last_model_path]
-        if last:
-            print(f"resume: python recipes/train.py ckpt_path={_shown(last[0])} trainer.max_steps=<more steps>",
-                  flush=True)
+        print("\n".join(report_outputs(trainer, since=started)), flush=True)
+        if last is not None and last.last_model_path:
+            print(f"resume: {_resume(last.last_model_path, trainer.max_steps, finished=not stopped_by)}", flush=True)
+    if stopped_by and trainer.is_global_zero:  # the launcher's rank: the others end as usual (Lightning's launcher
+        sys.exit(128 + signal.Signals[stopped_by].value)  # stops every rank when one exits with an error status)
+
+
+def _resume(ckpt: str, max_steps: int, finished: bool) -> str:
+    """The command that resumes this run from ``ckpt``, with every override it was given (Hydra's record of them);
+    after a run that reached ``max_steps``, with twice as many steps."""
+    hydra_cfg = HydraConfig.get()
+    config_dir = next((s["path"] for s in hydra_cfg.runtime.config_sources if s["provider"] == "command-line"), None)
+    config_name = hydra_cfg.job.config_name if hydra_cfg.job.config_name != "config" else None
+    return hydra_resume_command(_shown(sys.argv[0]), list(hydra_cfg.overrides.task), _shown(ckpt),
+                                max_steps=2 * max_steps if finished and max_steps > 0 else None,
+                                config_dir=config_dir and _shown(config_dir), config_name=config_name)
 
 
 if __name__ == "__main__":

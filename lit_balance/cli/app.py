@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import shlex
 import shutil
+import signal
 import sys
+import time
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -84,6 +87,9 @@ class LitBalanceCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("parser_class", LitBalanceArgumentParser)
+        given = kwargs.get("args")
+        self._argv = [str(a) for a in given] if isinstance(given, (list, tuple)) else list(sys.argv[1:])
+        self._fit_started: float | None = None
         super().__init__(*args, **kwargs)
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
@@ -160,6 +166,7 @@ class LitBalanceCLI(LightningCLI):
         from lit_balance.report import summary_line
 
         trainer, dm = self.trainer, self.datamodule
+        self._fit_started = time.time()
         if not trainer.is_global_zero:
             return
         tail = f"max_length {dm.max_length} tokens\ncorpus: {dm.source.description}"
@@ -188,12 +195,47 @@ class LitBalanceCLI(LightningCLI):
             print(summary_line(dm.plan_summary(num_replicas, trainer.accumulate_grad_batches)), flush=True)
 
     def after_fit(self) -> None:
-        """Name the metrics file, logger directories and checkpoint the fit wrote, and plot the figures (rank 0;
-        :func:`lit_balance.lightning.outputs.report_outputs`)."""
-        from lit_balance.lightning.outputs import report_outputs
+        """Name the metrics file, logger directories and checkpoints this fit wrote, and plot the figures (rank 0;
+        :func:`lit_balance.lightning.outputs.report_outputs`); with a
+        :class:`~lit_balance.callbacks.LastStepCheckpoint`, the command that resumes from its ``last.ckpt`` (the
+        command's own arguments, ``--ckpt_path`` and, after a run that reached ``max_steps``, twice the steps). When a
+        signal stopped training (Ctrl-C, SIGTERM), say so and exit with ``128 + signal number`` on rank 0."""
+        from lit_balance.callbacks import LastStepCheckpoint
+        from lit_balance.lightning.outputs import report_outputs, shown_path
 
-        if self.trainer.is_global_zero:
-            print("\n".join(report_outputs(self.trainer)), flush=True)
+        trainer = self.trainer
+        last = next((c for c in trainer.checkpoint_callbacks if isinstance(c, LastStepCheckpoint)), None)
+        stopped_by = last.stopped_by if last is not None else None
+        if not trainer.is_global_zero:
+            return
+        if stopped_by:
+            print(f"stopped by {stopped_by} at optimizer step {trainer.global_step} of {trainer.max_steps}, on every "
+                  "rank", flush=True)
+        print("\n".join(report_outputs(trainer, since=self._fit_started)), flush=True)
+        if last is not None and last.last_model_path:
+            more = 2 * trainer.max_steps if not stopped_by and trainer.max_steps > 0 else None
+            print(f"resume: {_resume_command(self._argv, shown_path(last.last_model_path), more)}", flush=True)
+        if stopped_by:  # the launcher's rank only: Lightning's launcher stops every rank when one exits with an error
+            raise SystemExit(128 + signal.Signals[stopped_by].value)
+
+
+def _resume_command(argv: list[str], ckpt_path: str, max_steps: int | None) -> str:
+    """``lit-balance <argv>`` less its ``--ckpt_path`` (and ``--trainer.max_steps`` when ``max_steps`` is given), plus
+    ``--ckpt_path=<ckpt_path>`` and ``--trainer.max_steps=<max_steps>``, quoted for a POSIX shell."""
+    dropped = {"--ckpt_path"} | ({"--trainer.max_steps"} if max_steps is not None else set())
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in dropped:
+            skip = True  # its value follows
+        elif arg.split("=", 1)[0] not in dropped:
+            kept.append(arg)
+    kept.append(f"--ckpt_path={ckpt_path}")
+    if max_steps is not None:
+        kept.append(f"--trainer.max_steps={max_steps}")
+    return shlex.join(["lit-balance", *kept])
 
 
 @dataclasses.dataclass
@@ -215,16 +257,10 @@ class SubcommandRun:
     lines: list[str] | None = None
 
 
-class _FitParserBuilt(Exception):
-    """Stops :class:`_FitParserCLI` once its parsers are built, before it parses anything."""
-
-    def __init__(self, parser: LightningArgumentParser) -> None:
-        super().__init__("the lit-balance fit parser is built")
-        self.parser = parser
-
-
 class _FitParserCLI(LitBalanceCLI):
-    """Builds the ``lit-balance fit`` parser alone (the only subcommand), and stops before parsing."""
+    """Builds the ``lit-balance fit`` parser alone (the only subcommand) through LightningCLI's hooks, and parses,
+    seeds, instantiates and runs nothing: :meth:`parse_arguments` keeps an empty config (no subcommand, no seed), and
+    the instantiation hooks do nothing, so the constructor returns with :attr:`fit_parser` set."""
 
     fit_parser: LightningArgumentParser | None = None
 
@@ -241,17 +277,25 @@ class _FitParserCLI(LitBalanceCLI):
         self.fit_parser = parser  # called for each subcommand's parser: here fit's only
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        raise _FitParserBuilt(self.fit_parser)
+        self.config = Namespace(subcommand=None, seed_everything=False)  # no subcommand to run, no seed to set
+
+    def before_instantiate_classes(self) -> None:
+        pass
+
+    def instantiate_classes(self) -> None:
+        pass
+
+    def after_instantiate_classes(self) -> None:
+        pass
 
 
 def fit_parser() -> LightningArgumentParser:
     """The parser of ``lit-balance fit``, built as :func:`build_cli` builds it (``plan --config`` reads fit configs
     with it)."""
-    try:
-        _FitParserCLI(**_cli_kwargs(), args=[])
-    except _FitParserBuilt as built:
-        return built.parser
-    raise RuntimeError("building the lit-balance fit parser did not stop before parsing")  # pragma: no cover
+    parser = _FitParserCLI(**_cli_kwargs(), args=[], load_from_checkpoint_support=False).fit_parser
+    if parser is None:  # pragma: no cover  (LightningCLI no longer calls add_arguments_to_parser per subcommand)
+        raise RuntimeError("LightningCLI built no parser for the fit subcommand")
+    return parser
 
 
 def _cli_kwargs() -> dict[str, Any]:

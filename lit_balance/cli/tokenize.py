@@ -174,10 +174,12 @@ def datatrove_pipeline(input_folder: str, output_folder: str, tokenizer_file: st
 
     if reader not in _READERS:
         raise InputValueError(f"reader must be one of {', '.join(_READERS)}, got {reader!r}", parameter="reader")
-    # add_file_path=False: the reader would resolve each document's file path into its metadata, which the store
-    # does not keep (one fsspec path resolution per document)
-    read = (JsonlReader if reader == "jsonl" else ParquetReader)(input_folder, glob_pattern=glob_pattern,
-                                                                  text_key=text_key, add_file_path=False)
+    # add_file_path=False: JsonlReader would resolve each document's file path into its metadata, which the store
+    # does not keep (one fsspec path resolution per document); ParquetReader has no such option
+    if reader == "jsonl":
+        read = JsonlReader(input_folder, glob_pattern=glob_pattern, text_key=text_key, add_file_path=False)
+    else:
+        read = ParquetReader(input_folder, glob_pattern=glob_pattern, text_key=text_key)
     tokenize = DocumentTokenizer(output_folder=output_folder, tokenizer_name_or_path=str(tokenizer_file),
                                  eos_token=eos_token, save_loss_metadata=save_loss_metadata,
                                  shuffle_documents=shuffle_documents, seed=seed)

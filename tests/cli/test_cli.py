@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from _procs import run_script  # tests/ddp/_procs.py
 from lightning.pytorch.loggers import CSVLogger
@@ -143,6 +146,22 @@ def test_fit_two_steps_on_two_cpu_ranks(tmp_path):
     assert bar.startswith("Epoch 0 ") and "step: 2/2" in bar and "/-2" not in bar, bar[:600]
     assert re.search(r"window: steps 0-1 tokens/s: [\d,]+ straggler: \d\.\d\d .*padding \(epoch\): 0\.\d{3}",
                      bar), bar[:600]
+
+    # the shipped config keeps the last step; the printed line resumes from it, and the resumed fit names what it wrote
+    resume = re.search(r"^resume: (.*)$", out, flags=re.MULTILINE)
+    assert resume, out[-2000:]
+    command = shlex.split(resume[1])
+    assert command[0] == "lit-balance" and command[1:-2] == [a for a in args if a != "--trainer.max_steps=2"], command
+    assert command[-2:] == ["--ckpt_path=lightning_logs/fit_cpu/version_0/checkpoints/last.ckpt",
+                            "--trainer.max_steps=4"], command
+    started = time.time()
+    out = _run(command[1:], tmp_path, timeout=300).stdout
+    checkpoints = re.findall(r"^checkpoint: (\S+)$", out, flags=re.MULTILINE)
+    assert sorted(Path(c).name for c in checkpoints) == ["epoch=0-step=4.ckpt", "last.ckpt"], out[-2000:]
+    assert all(Path(c).parts[:3] == ("lightning_logs", "fit_cpu", "version_1") for c in checkpoints), checkpoints
+    assert all((tmp_path / c).stat().st_mtime >= started for c in checkpoints)
+    last = next(tmp_path / c for c in checkpoints if c.endswith("last.ckpt"))
+    assert torch.load(last, weights_only=False)["global_step"] == 4
 
 
 def test_plan_on_a_shipped_lengths_file(tmp_path, monkeypatch, capsys):

@@ -1,10 +1,14 @@
 """The main job, recipes/train.py on conf/config.yaml, as a user runs it: a Hydra app, 2 CPU DDP ranks."""
 
+import csv
 import fcntl
+import json
 import os
 import re
 import select
+import shlex
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -64,7 +68,7 @@ def test_train_recipe_prints_per_rank_summary(tmp_path):
     plan = re.match(r"plan for 2 ranks: padding ratio (0\.\d{4}) \| useful compute fraction (0\.\d{4}|1\.0000) \| "
                     r"micro-batches per rank (\d+)$", out.splitlines()[3])
     assert plan, out.splitlines()[:5]
-    assert re.search(rf"micro-batches per rank per epoch {plan.group(3)}$", out, flags=re.MULTILINE)
+    assert re.search(rf"^micro-batches per rank per epoch {plan.group(3)} \|", out, flags=re.MULTILINE)
     rows = _table(out)
     assert set(rows) == {"0", "1", "total"}
     for rank in ("0", "1"):
@@ -73,8 +77,8 @@ def test_train_recipe_prints_per_rank_summary(tmp_path):
         assert abs(float(ratio) - (1 - int(real) / int(padded))) < 1e-4
         assert float(compute) > 0 and float(data_wait) >= 0 and float(rank_wait) >= 0
     assert int(rows["total"][1]) == int(rows["0"][1]) + int(rows["1"][1])
-    assert re.search(r"^wall \d+\.\d s \(slowest rank\) \| straggler ratio \d\.\d{3}: largest compute s over the "
-                     r"median, whole run$", out, flags=re.MULTILINE)
+    assert re.search(r"^wall \d+\.\d s \(slowest rank\) \| straggler ratio \d\.\d{3} \(whole run\)$", out,
+                     flags=re.MULTILINE)
     assert re.search(r"last train/loss \d+\.\d+", out)
 
     # both ranks worked in the launch directory: one tokenization cache and one Hydra run directory, nothing else
@@ -96,7 +100,9 @@ def test_train_recipe_prints_per_rank_summary(tmp_path):
     assert paths["training figures"] == [str(rel / "training.png")]
     assert paths["checkpoint"] == [str(rel / "checkpoints" / name) for name in ("epoch=0-step=3.ckpt", "last.ckpt")]
     assert all((tmp_path / path).is_file() for _, path in named)
-    assert f"resume: python recipes/train.py ckpt_path={rel / 'checkpoints' / 'last.ckpt'} " in out
+    # the command that resumes: every override of the run, the checkpoint, twice the steps (the run reached its own)
+    assert f"resume: python {RECIPE} {' '.join(overrides)} ckpt_path={rel / 'checkpoints' / 'last.ckpt'} " \
+           "trainer.max_steps=6\n" in out
     header = (run_dir / "logs" / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"step", "train/loss", "balance/real_tokens_per_s", "balance/padding_ratio_rank1", "balance/straggler_ratio",
             "balance/compute_s_rank1", "balance/data_wait_s_rank0", "balance/rank_wait_s_rank1",
@@ -166,16 +172,19 @@ def test_train_recipe_runs_without_a_progress_bar_when_asked(packed_without_bar)
 
 
 def _run_in_terminal(args: list[str], cwd: Path, env: dict[str, str], columns: int = 80, lines: int = 40,
-                     timeout: float = 400) -> tuple[int, list[list[str]]]:
+                     timeout: float = 400, interrupt_at_step: int | None = None, command: list[str] | None = None
+                     ) -> tuple[int, list[list[str]]]:
     """Run the main job under a pseudo-terminal of ``columns`` x ``lines``, as a user does, and read its screen
-    (pyte, a VT100 emulator) after every chunk of output. Returns the exit status and every screen seen."""
+    (pyte, a VT100 emulator) after every chunk of output. With ``interrupt_at_step``, press Ctrl-C (SIGINT to the
+    job's process group, every rank, as a terminal sends it) once the bar shows that optimizer step. ``command``
+    replaces ``python recipes/train.py``. Returns the exit status and every screen seen."""
     import pyte
 
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
     env = {**env, "TERM": "xterm", "COLUMNS": str(columns), "LINES": str(lines)}
-    proc = subprocess.Popen([sys.executable, str(RECIPE), *args], stdin=slave, stdout=slave, stderr=slave, cwd=cwd,
-                            env=env, start_new_session=True)
+    proc = subprocess.Popen([*(command or [sys.executable, str(RECIPE)]), *args], stdin=slave, stdout=slave,
+                            stderr=slave, cwd=cwd, env=env, start_new_session=True)
     os.close(slave)
     screen = pyte.Screen(columns, lines)
     stream = pyte.ByteStream(screen)
@@ -196,6 +205,10 @@ def _run_in_terminal(args: list[str], cwd: Path, env: dict[str, str], columns: i
                 break
             stream.feed(chunk)
             screens.append(list(screen.display))
+            if interrupt_at_step is not None and any(
+                    int(m[1]) >= interrupt_at_step for line in screens[-1] if (m := re.search(r"\bstep: (\d+)/", line))):
+                os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
+                interrupt_at_step = None
     finally:
         os.close(master)
         if proc.poll() is None:
@@ -216,41 +229,72 @@ _LABELS = ("train/loss", "step", "window", "tokens/s", "straggler", "compute", "
            "padding (epoch)")
 
 
+def _corpus(path: Path, documents: int = 600) -> None:
+    """A JSONL corpus of real text: paragraphs of the standard library's pydoc topics."""
+    from pydoc_data.topics import topics
+
+    texts = [p for text in topics.values() for p in text.split("\n\n") if len(p) > 40][:documents]
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+
+
 @pytest.mark.ddp
-def test_the_main_job_in_a_terminal_keeps_a_readable_screen_and_resumes_from_its_last_step(tmp_path, cache_dir):
-    # max_steps=3 of the smoke model under an 80 x 40 terminal; then a resume from the checkpoint it printed
+def test_ctrl_c_in_a_terminal_keeps_the_last_step_and_its_resume_line_resumes(tmp_path, cache_dir):
+    # the main job on a corpus of files (a data= override), 12 steps of the smoke model under an 80 x 40 terminal;
+    # Ctrl-C at step 3; then the resume line it printed, run as printed
+    _corpus(tmp_path / "corpus.jsonl")
     env = _env(tmp_path)
-    base = ["experiment=smoke", cache_dir, "callbacks.straggler_monitor.log_every_n_micro_batches=2"]
-    status, screens = _run_in_terminal([*base, "trainer.max_steps=3"], tmp_path, env)
+    overrides = ["experiment=smoke", "data=files", "data.corpus=corpus.jsonl", "data.num_workers=0", cache_dir,
+                 "trainer.max_steps=12", "callbacks.straggler_monitor.log_every_n_micro_batches=2",
+                 "trainer.log_every_n_steps=2"]
+    status, screens = _run_in_terminal(overrides, tmp_path, env, interrupt_at_step=3)
     final = [line.rstrip() for line in screens[-1]]
-    assert status == 0, "\n".join(final)
-    text = "\n".join(final)
-    # the bar closed before the table: no frame of it below the table's header
-    head = next(i for i, line in enumerate(final) if line.lstrip().startswith("rank micro-batches"))
-    assert not any(_BAR.match(line) or "━" in line for line in final[head:]), text
-    # every name: value of every frame of the bar on one line
+    text = _unwrapped(screens[-1])
+    assert status == 128 + signal.SIGINT, "\n".join(final)  # stopped by Ctrl-C, as a shell reports it
+    stopped = re.search(r"^stopped by SIGINT at optimizer step (\d+) of 12, on every rank$", text, flags=re.MULTILINE)
+    assert stopped and 3 <= int(stopped[1]) < 12, text
+    # the bar closed before the table: no frame of it below the table's header; nothing wider than the terminal
+    head = next(i for i, line in enumerate(final) if re.match(r"^\s*rank\s+micro-\s", line))
+    assert not any(_BAR.match(line) or "━" in line for line in final[head:]), "\n".join(final)
+    table = text[text.index(final[head]):text.index("\nmetrics file")].splitlines()
+    assert len(table) >= 10 and max(len(line) for line in table) < 80, table
+    # every name: value of every frame of the bar on one line; no other output inside the bar's lines
     for shown in screens:
         for line in shown:
             for label in _LABELS:
                 for match in re.finditer(rf"(?<![\w/]){re.escape(label)}:", line):
                     assert line[match.end():match.end() + 2].strip(), (label, "\n".join(shown))
-    assert any(re.search(r"straggler: \d\.\d\d", line) for shown in screens for line in shown)
-    # the summary names a checkpoint of the last step, which exists
-    checkpoint = re.search(r"^resume: python recipes/train.py ckpt_path=(\S+) ", _unwrapped(screens[-1]),
-                           flags=re.MULTILINE)
-    assert checkpoint and (tmp_path / checkpoint[1]).is_file() and checkpoint[1].endswith("last.ckpt"), text
+    # the bar's tokens/s is the metrics file's for that window (the last frame showing one)
+    shown = [" ".join(line.split()) for shown in screens for line in shown]
+    window = [m for line in shown if (m := re.search(r"window: steps (\d+)-(\d+) tokens/s: ([\d,]+)", line))][-1]
+    (run_dir,) = (tmp_path / "outputs" / "train").glob("*/*")
+    rows = list(csv.DictReader((run_dir / "logs" / "metrics.csv").open()))
+    logged = [float(r["balance/real_tokens_per_s"]) for r in rows
+              if r["step"] == window[2] and r.get("balance/real_tokens_per_s")]
+    assert logged and f"{logged[-1]:,.0f}" == window[3], (window[0], logged)
+    # last.ckpt of the step it stopped at, and a resume line with every override
+    resume = re.search(r"^resume: (.*)$", text, flags=re.MULTILINE)
+    assert resume, text
+    command = shlex.split(resume[1])
+    assert command[0] == "python" and Path(command[1]).resolve() == RECIPE, command
+    assert command[2:-1] == overrides and command[-1].startswith("ckpt_path="), command
+    checkpoint = tmp_path / command[-1].split("=", 1)[1]
+    assert checkpoint.name == "last.ckpt" and checkpoint.is_file()
+    assert re.search(rf"^checkpoint: {re.escape(command[-1].split('=', 1)[1])}$", text, flags=re.MULTILINE), text
+    import torch
 
-    status, screens = _run_in_terminal([*base, "trainer.max_steps=12", f"ckpt_path={checkpoint[1]}"], tmp_path, env)
+    assert torch.load(checkpoint, weights_only=False)["global_step"] == int(stopped[1])
+
+    status, screens = _run_in_terminal(command[2:], tmp_path, env, command=[sys.executable, command[1]])
     final = "\n".join(line.rstrip() for line in screens[-1])
     assert status == 0, final
+    assert "cannot resume" not in final
     bars = [m for shown in screens for line in shown if (m := _BAR.match(line))]
-    assert bars, final
     counts = [(int(m[1]), int(m[2])) for m in bars]
+    assert counts and counts[-1] == (12, 12), counts  # the epoch's micro-batches from its start, to max_steps
+    assert min(count for count, _ in counts if count > 0) > int(stopped[1]), counts  # resumed, not from step 0
     assert all(count <= total for count, total in counts), counts
-    assert counts[-1] == (12, 12), counts  # the epoch's micro-batches from its start, to max_steps
-    assert min(count for count, _ in counts if count > 0) >= 4, counts  # resumed after step 3, not from 0
-    last = bars[-1]
-    assert int(last[3]) * 3600 + int(last[4]) * 60 + int(last[5]) > 0, last[0]  # 9 micro-batches take seconds
+    rows = _table(_unwrapped(screens[-1]))
+    assert int(rows["0"][0]) == 12 - int(stopped[1]), rows  # the remaining steps, one micro-batch each
     assert re.search(r"^checkpoint: \S+/last\.ckpt$", _unwrapped(screens[-1]), flags=re.MULTILINE), final
 
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from pathlib import Path
+from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -25,10 +29,13 @@ class LastStepCheckpoint(Checkpoint):
       ``ModelCheckpoint(every_n_train_steps=...)`` writes), so a resume with a larger ``max_steps`` continues the same
       epoch (a state written at ``on_train_end`` would count that epoch as finished and skip the rest of it);
     * at ``on_train_end`` otherwise (``max_epochs``, a ``max_time``, an early stop), unless it already wrote this step;
-    * when training is interrupted by SIGTERM (Lightning stops every rank at the same micro-batch) and, in a single
-      process, by Ctrl-C (``KeyboardInterrupt``); under several processes a Ctrl-C may reach the ranks at different
-      places, where a collective save could hang, so it writes nothing then (send SIGTERM to stop a multi-process run
-      with a checkpoint).
+    * when a SIGINT (Ctrl-C) or SIGTERM reaches any rank during training: with ``stop_on_signal=True`` (the default)
+      the signal only sets a flag; at the end of each optimizer step every process takes part in one small all-gather
+      of the flags, and when any is set every rank stops there (``trainer.should_stop``) and this callback writes the
+      step's mid-epoch state, as at ``max_steps``. Training then ends as it normally does (``on_train_end`` and
+      ``on_fit_end`` run on every rank: a :class:`RunSummary` prints its table), ``trainer.fit`` returns, and
+      :attr:`stopped_by` names the signal. A second Ctrl-C interrupts at once (``KeyboardInterrupt``, Lightning's
+      handling; it writes ``last.ckpt`` only in a single process, where no collective save can hang).
 
     Lightning keeps its checkpoint callbacks last, so this one runs after every other callback's ``on_train_end``.
     Beside a :class:`~lightning.pytorch.callbacks.ModelCheckpoint`, pass ``Trainer(callbacks=[ModelCheckpoint(...),
@@ -38,17 +45,28 @@ class LastStepCheckpoint(Checkpoint):
         dirpath: directory of ``last.ckpt``; default: the first ModelCheckpoint's directory, else
             ``<trainer.log_dir or default_root_dir>/checkpoints``.
         filename: the file's name, ``.ckpt`` added.
+        stop_on_signal: SIGINT and SIGTERM during training stop every rank at the end of the optimizer step (one
+            all-gather of a flag per optimizer step); False: Lightning's own handling (SIGTERM stops every rank with a
+            ``SIGTERMException``, after this callback saved; Ctrl-C raises ``KeyboardInterrupt``).
 
     Attributes:
-        last_model_path: the file written at the end ("" before), as ModelCheckpoint names it, so that
-            :func:`lit_balance.lightning.outputs.run_outputs` lists it.
+        last_model_path: the file written by this fit ("" before it wrote one; not restored from a checkpoint), as
+            ModelCheckpoint names it, so that :func:`lit_balance.lightning.outputs.run_outputs` lists it.
+        stopped_by: the name of the signal that stopped training (``"SIGINT"``, ``"SIGTERM"``; the largest signal
+            number any rank received), the same on every rank; None when training was not stopped by one.
     """
 
-    def __init__(self, dirpath: str | os.PathLike | None = None, filename: str = "last") -> None:
+    def __init__(self, dirpath: str | os.PathLike | None = None, filename: str = "last",
+                 stop_on_signal: bool = True) -> None:
         self.dirpath = None if dirpath is None else Path(dirpath)
         self.filename = filename
+        self.stop_on_signal = bool(stop_on_signal)
         self.last_model_path = ""
+        self.stopped_by: str | None = None
         self._saved_step = -1
+        self._received = 0  # the signal number this process received during training, 0 if none
+        self._checked_step = -1
+        self._handlers: dict[int, Any] = {}
 
     def _path(self, trainer: L.Trainer) -> Path:
         if self.dirpath is not None:
@@ -68,18 +86,45 @@ class LastStepCheckpoint(Checkpoint):
         self._saved_step = int(trainer.global_step)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._saved_step = -1
+        self._saved_step, self._checked_step, self._received, self.stopped_by = -1, int(trainer.global_step), 0, None
+        self.last_model_path = ""  # a resumed fit names the file it writes, not the one it loaded
+        if self.stop_on_signal and threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._handlers[signum] = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """Note the signal; the next optimizer step's end stops every rank. A second SIGINT goes to the handler this
+        one replaced (Lightning's: ``KeyboardInterrupt``)."""
+        self._received = max(self._received, int(signum))
+        previous = self._handlers.pop(signum, None)
+        if previous is not None:
+            signal.signal(signum, previous)
+
+    def _restore_handlers(self) -> None:
+        while self._handlers:
+            signum, previous = self._handlers.popitem()
+            signal.signal(signum, previous)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: object, batch: object,
                            batch_idx: int) -> None:
         max_steps = trainer.max_steps
         if max_steps is not None and max_steps > 0 and trainer.global_step >= max_steps:
             self._save(trainer)
+        if self.stop_on_signal and int(trainer.global_step) != self._checked_step:  # an optimizer step ended here
+            self._checked_step = int(trainer.global_step)
+            device = getattr(trainer.strategy, "root_device", torch.device("cpu"))
+            received = int(trainer.strategy.all_gather(torch.tensor([self._received], device=device)).max())
+            if received:
+                self.stopped_by = signal.Signals(received).name
+                trainer.should_stop = True
+                self._save(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_handlers()
         self._save(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._restore_handlers()
         if isinstance(exception, SIGTERMException) or (
                 isinstance(exception, KeyboardInterrupt) and int(trainer.world_size) == 1):
             self._save(trainer)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+import warnings
 from typing import Any
 
 import lightning as L
@@ -28,12 +31,15 @@ def bar_figures(trainer: L.Trainer) -> dict[str, str]:
     """The monitors' figures as the bar shows them, label -> value, each label saying what it covers.
 
     From the trainer's :class:`StragglerMonitor`'s last window (``window: steps a-b``, Lightning's ``global_step`` of
-    its first and last micro-batch, as in ``metrics.csv``): ``tokens/s`` (real tokens of all ranks over the slowest
-    rank's wall time of the window), ``straggler`` (the window's largest compute seconds over the median; the
-    :class:`RunSummary` table's ``straggler ratio`` is the same over the whole run), and where the ranks' time went
-    (``compute``, ``data wait``, ``rank wait``, ``other``: shares of the window's seconds summed over ranks, as the
-    per-rank columns of ``metrics.csv``). From :class:`PaddingRatioMonitor`: ``padding (epoch)``, the padding ratio
-    of the epoch so far (all ranks), and ``tokens/s`` (its last window) when there is no StragglerMonitor.
+    its first and last micro-batch, as in ``metrics.csv``): ``straggler`` (the window's largest compute seconds over
+    the median; the :class:`RunSummary` table's ``straggler ratio`` is the same over the whole run), and where the
+    ranks' time went (``compute``, ``data wait``, ``rank wait``, ``other``: shares of the window's seconds summed over
+    ranks, as the per-rank columns of ``metrics.csv``). From :class:`PaddingRatioMonitor`: ``padding (epoch)``, the
+    padding ratio of the epoch so far (all ranks), and ``tokens/s``, the ``balance/real_tokens_per_s`` it logged last
+    (real tokens of all ranks over the slowest rank's wall seconds since its previous log): the figure
+    ``metrics.csv`` and ``training.png`` hold, of the same window when both monitors log at the same micro-batches
+    (the shipped configs). Without a PaddingRatioMonitor, ``tokens/s`` is the StragglerMonitor window's real tokens
+    of all ranks over the slowest rank's seconds.
     """
     items: dict[str, str] = {}
     window = None
@@ -43,19 +49,23 @@ def bar_figures(trainer: L.Trainer) -> dict[str, str]:
             window = callback.last_window
         if isinstance(callback, PaddingRatioMonitor):
             padding = callback.last_metrics
+    logged_rate = padding.get("balance/real_tokens_per_s")
     if window is not None:
         items["window"] = f"steps {window.first_step}-{window.last_step}"
         wall = window.compute_s + window.data_wait_s + window.rank_wait_s + window.other_s  # [num_replicas]
         slowest = float(wall.max())
-        items["tokens/s"] = f"{float(window.real_tokens.sum()) / slowest:,.0f}" if slowest > 0 else "--"
+        if logged_rate is not None:  # the figure metrics.csv and training.png hold
+            items["tokens/s"] = f"{logged_rate:,.0f}"
+        else:
+            items["tokens/s"] = f"{float(window.real_tokens.sum()) / slowest:,.0f}" if slowest > 0 else "--"
         median = float(np.median(window.compute_s))
         items["straggler"] = f"{float(window.compute_s.max()) / median:.2f}" if median > 0 else "1.00"
         total = float(wall.sum())
         for label, phase in (("compute", window.compute_s), ("data wait", window.data_wait_s),
                              ("rank wait", window.rank_wait_s), ("other", window.other_s)):
             items[label] = f"{100 * float(phase.sum()) / total:.0f}%" if total > 0 else "--"
-    elif "balance/real_tokens_per_s" in padding:
-        items["tokens/s"] = f"{padding['balance/real_tokens_per_s']:,.0f}"
+    elif logged_rate is not None:
+        items["tokens/s"] = f"{logged_rate:,.0f}"
     if "balance/padding_ratio" in padding:
         items["padding (epoch)"] = f"{padding['balance/padding_ratio']:.3f}"
     return items
@@ -83,7 +93,12 @@ class BalanceProgressBar(RichProgressBar):
     and the monitors' figures (:func:`bar_figures`: the window they cover, tokens/s, straggler ratio, where the
     ranks' time went, padding ratio of the epoch). A figure appears once its monitor has logged; the same figures go to every logger.
 
-    The bar closes at ``on_train_end``, before anything printed after training (:class:`RunSummary`'s table).
+    The bar closes at ``on_train_end``, before anything printed after training (:class:`RunSummary`'s table). While it
+    is drawn, what would write over it goes above it instead: on rank 0, log lines of ``logging`` handlers that write
+    to the terminal (Lightning's "`Trainer.fit` stopped: ..." line; a Hydra recipe's console log) go through the bar's
+    console, as Rich does for ``print``; on the other ranks, which share the terminal but not the bar, Python
+    warnings are held and printed once each, prefixed ``rank N:``, after the bar has closed (at ``on_train_end``,
+    where every process takes part in two barriers around them).
 
     Args:
         refresh_rate, leave, theme, console_kwargs: as :class:`~lightning.pytorch.callbacks.RichProgressBar`
@@ -100,27 +115,92 @@ class BalanceProgressBar(RichProgressBar):
         self._items: dict[str, str] = {}  # set on the training thread, drawn by Rich's
         self._epoch_offset: int | None = 0  # batch_idx of the first micro-batch this process ran in this epoch
         self._epoch_start_step = 0  # global_step when this process started the epoch
+        self._columns: tuple = ()  # the progress's columns (configure_columns)
+        self._streams: list[tuple[logging.StreamHandler, Any]] = []  # handlers sent through the bar, their streams
+        self._held: list[str] | None = None  # warnings of a rank > 0 while rank 0 draws the bar
+        self._showwarning: Any = None
 
     def configure_columns(self, trainer: L.Trainer) -> list:
-        columns = super().configure_columns(trainer)
-        speed = [i for i, c in enumerate(columns) if type(c).__name__ == "ProcessingSpeedColumn"]
-        if speed:
-            columns[speed[0]] = _RateColumn(self)
-        return columns
+        """The bar's columns, built here from Rich's public classes: the description, the bar, micro-batches done over
+        the total, the time elapsed and remaining, and the average rate (:func:`_rate`)."""
+        self._columns = _columns(self)
+        return list(self._columns)
 
     def _own_columns(self) -> None:
         """Draw the ``name: value`` items on full-width lines below the bars (Rich's ``Progress.get_renderables``, its
-        hook for a layout of one's own), instead of Lightning's text column, which wraps them in a narrow cell."""
+        hook for a layout of one's own), instead of the text column Lightning appends to :meth:`configure_columns`'s,
+        which wraps them in a narrow cell: the progress keeps the columns built here only."""
         progress = self.progress
         if progress is not None:
-            progress.columns = tuple(c for c in progress.columns if type(c).__name__ != "MetricsTextColumn")
+            progress.columns = tuple(self._columns)
             progress.get_renderables = lambda: self._renderables(progress)
+            self._route_logging()
+
+    def _route_logging(self, hold: bool = False) -> None:
+        """Send the ``logging`` handlers that write to the terminal through the bar's console while it is drawn (Rich
+        replaces ``sys.stdout`` and ``sys.stderr`` by its proxies then; a handler keeps the stream it was made with),
+        or, with ``hold`` (a rank > 0), into the held lines."""
+        if self._streams or (not hold and sys.stdout is sys.__stdout__):  # routed, or Rich draws to no terminal
+            return
+        if hold:
+            proxies = {id(sys.__stdout__): _Held(self), id(sys.__stderr__): _Held(self)}
+        else:
+            proxies = {id(sys.__stdout__): sys.stdout, id(sys.__stderr__): sys.stderr}
+        loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
+                                          if isinstance(v, logging.Logger))]
+        for logger in loggers:
+            for handler in logger.handlers:
+                stream = getattr(handler, "stream", None)
+                if (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+                        and id(stream) in proxies):
+                    try:
+                        self._streams.append((handler, handler.setStream(proxies[id(stream)])))
+                    except AttributeError:  # a handler whose stream is a read-only property (it follows sys.stderr)
+                        pass
+
+    def _unroute_logging(self) -> None:
+        while self._streams:
+            handler, stream = self._streams.pop()
+            handler.setStream(stream)
+
+    def _hold_warning(self, message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                      line: str | None = None) -> None:
+        text = warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n")
+        if self._held is not None and text not in self._held:
+            self._held.append(text)
+
+    def _release_warnings(self, trainer: L.Trainer, barriers: bool) -> None:
+        """Restore the warnings of a rank > 0 and print those held (between two barriers of every process when
+        ``barriers``: after rank 0's bar closed, before rank 0 prints on)."""
+        if self._showwarning is None:
+            return
+        self._unroute_logging()
+        warnings.showwarning, self._showwarning = self._showwarning, None
+        held, self._held = self._held or [], None
+        if barriers:
+            trainer.strategy.barrier("BalanceProgressBar: bar closed")
+        if held:
+            sys.stderr.write("".join(f"rank {trainer.global_rank}: {text}\n" for text in held))
+            sys.stderr.flush()
+        if barriers:
+            trainer.strategy.barrier("BalanceProgressBar: held warnings printed")
 
     def _renderables(self, progress: Any) -> Any:
         yield progress.make_tasks_table(progress.tasks)
         texts = [f"{name}: {value}" for name, value in dict(self._items).items()]
         if texts and any(t.id == self.train_progress_bar_id and t.visible for t in progress.tasks):
             yield _Items(texts, self.theme.metrics)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit" and int(trainer.global_rank) > 0 and int(trainer.world_size) > 1 and self._showwarning is None:
+            self._held, self._showwarning = [], warnings.showwarning  # from the sanity check on, rank 0 draws a bar
+            warnings.showwarning = self._hold_warning
+            self._route_logging(hold=True)
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_sanity_check_start(trainer, pl_module)
+        self._route_logging()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -165,6 +245,21 @@ class BalanceProgressBar(RichProgressBar):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
         self.teardown(trainer, pl_module, "fit")  # closes the bar: what is printed next comes below its last frame
+        if int(trainer.world_size) > 1:  # every process: rank 0's bar is closed; the others print what they held
+            self._release_warnings(trainer, barriers=True)
+            if int(trainer.global_rank) == 0:
+                trainer.strategy.barrier("BalanceProgressBar: bar closed")
+                trainer.strategy.barrier("BalanceProgressBar: held warnings printed")
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._unroute_logging()
+        self._release_warnings(trainer, barriers=False)  # ranks may be anywhere: no collective
+        super().on_exception(trainer, pl_module, exception)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._showwarning is None:  # a rank > 0 keeps holding until on_train_end's barriers
+            self._unroute_logging()
+        super().teardown(trainer, pl_module, stage)
 
     def _get_train_description(self, current_epoch: int) -> str:
         description = f"Epoch {current_epoch}"
@@ -194,6 +289,24 @@ def _shown(value: Any, fmt: str) -> str:
         return str(value)
 
 
+class _Held:
+    """A text stream of a rank > 0's log handlers while rank 0 draws the bar: each line is held (once) with the
+    rank's warnings."""
+
+    def __init__(self, bar: BalanceProgressBar) -> None:
+        self.bar, self.pending = bar, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            if line and self.bar._held is not None and line not in self.bar._held:
+                self.bar._held.append(line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
 class _Items:
     """A Rich renderable: ``name: value`` items on as few lines as fit the width, never splitting an item."""
 
@@ -218,15 +331,38 @@ class _Items:
         yield Text("\n".join(lines), style=self.style, no_wrap=True, overflow="ellipsis")
 
 
-def _RateColumn(bar: BalanceProgressBar) -> Any:  # a Rich column; rich is imported when the bar is drawn
-    """A Rich column: the average micro-batches per second this process ran in the bar's task (after a resume, those
-    since the resume)."""
-    from rich.progress import ProgressColumn
+def _columns(bar: BalanceProgressBar) -> tuple:
+    """Rich columns (rich is imported when the bar is drawn): the description, the bar, ``done/total`` micro-batches,
+    ``elapsed • remaining`` and the average micro-batches per second this process ran in the bar's task (after a
+    resume, those since the resume)."""
+    from datetime import timedelta
+
+    from rich.progress import BarColumn, ProgressColumn, TextColumn
     from rich.text import Text
+
+    theme = bar.theme
+
+    def clock(seconds: float | None) -> str:
+        return "-:--:--" if seconds is None else str(timedelta(seconds=int(seconds)))
+
+    class CountColumn(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            total = "--" if task.total is None or task.total == float("inf") else f"{int(task.total)}"
+            return Text(f"{int(task.completed)}/{total}", style=theme.batch_progress)
+
+    class TimeColumn(ProgressColumn):
+        max_refresh = 0.5  # seconds: no jitter
+
+        def render(self, task: Any) -> Text:
+            elapsed = task.finished_time if task.finished else task.elapsed
+            return Text(f"{clock(elapsed)} • {clock(task.time_remaining)}", style=theme.time)
 
     class RateColumn(ProgressColumn):
         def render(self, task: Any) -> Text:
             offset = (bar._epoch_offset or 0) if task.id == bar.train_progress_bar_id else 0
-            return Text(_rate(task.completed - offset, task.elapsed), style=bar.theme.processing_speed)
+            return Text(_rate(task.completed - offset, task.elapsed), style=theme.processing_speed)
 
-    return RateColumn()
+    return (TextColumn("[progress.description]{task.description}"),
+            BarColumn(complete_style=theme.progress_bar, finished_style=theme.progress_bar_finished,
+                      pulse_style=theme.progress_bar_pulse),
+            CountColumn(), TimeColumn(), RateColumn())

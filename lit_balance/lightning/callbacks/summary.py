@@ -42,7 +42,7 @@ class RunSummary(L.Callback):
     ``real_tokens``, ``padded_tokens``, ``padding_ratio``, ``compute_s``, ``data_wait_s``, ``rank_wait_s``,
     ``other_s``, ``wall_s``) and :attr:`total` the sums over ranks (``wall_s``: the slowest rank's;
     ``straggler_ratio``: the largest ``compute_s`` over the median, over the whole run), on every rank. With
-    ``print_table=True`` global rank 0 prints them (:meth:`format_table`, lines of at most 100 characters) at
+    ``print_table=True`` global rank 0 prints them (:meth:`format_table`, lines of at most 80 characters) at
     ``on_fit_end``, once a progress bar has closed (:class:`lit_balance.callbacks.BalanceProgressBar` closes at
     ``on_train_end``).
 
@@ -108,20 +108,24 @@ class RunSummary(L.Callback):
             print(self.format_table(), flush=True)
 
     def format_table(self) -> str:
-        """The per-rank table, its total line (sums over ranks) and three lines saying what the figures are."""
-        head = (f"{'rank':>5} {'micro-batches':>13} {'real tokens':>11} {'padded slots':>12} {'padding':>7} "
-                f"{'compute s':>9} {'data wait s':>11} {'rank wait s':>11} {'other s':>7}")
-        lines = [head]
+        """The per-rank table (a header of two lines), its total line (sums over ranks) and lines saying what the
+        figures are: at most 80 characters a line while the counts have at most 9 digits."""
+        heads = (("rank", ""), ("micro-", "batches"), ("real", "tokens"), ("padded", "slots"), ("padding", ""),
+                 ("compute", "s"), ("data", "wait s"), ("rank", "wait s"), ("other", "s"))
+        widths = (5, 7, 9, 9, 7, 8, 7, 7, 7)
+        lines = [" ".join(f"{h[row]:>{w}}" for h, w in zip(heads, widths)).rstrip() for row in (0, 1)]
         for r in [*self.rows, {**self.total, "rank": "total"}]:
             lines.append(
-                f"{r['rank']:>5} {int(r['micro_batches']):>13} {int(r['real_tokens']):>11} "
-                f"{int(r['padded_tokens']):>12} {r['padding_ratio']:>7.4f} {r['compute_s']:>9.1f} "
-                f"{r['data_wait_s']:>11.1f} {r['rank_wait_s']:>11.1f} {r['other_s']:>7.1f}"
+                f"{r['rank']:>5} {int(r['micro_batches']):>7} {int(r['real_tokens']):>9} "
+                f"{int(r['padded_tokens']):>9} {r['padding_ratio']:>7.4f} {r['compute_s']:>8.1f} "
+                f"{r['data_wait_s']:>7.1f} {r['rank_wait_s']:>7.1f} {r['other_s']:>7.1f}"
             )
         lines += [
-            f"wall {self.total['wall_s']:.1f} s (slowest rank) | straggler ratio {self.total['straggler_ratio']:.3f}: "
-            "largest compute s over the median, whole run",
-            "compute: forward, backward, optimizer step | data wait: fetching batches, moving them to the device",
-            "rank wait: waiting for the other ranks | other: validation, checkpointing, logging, callbacks",
+            f"wall {self.total['wall_s']:.1f} s (slowest rank) | straggler ratio {self.total['straggler_ratio']:.3f} "
+            "(whole run)",
+            "straggler ratio: the largest compute s over the median",
+            "compute: forward, backward, optimizer step | rank wait: waiting for other ranks",
+            "data wait: fetching batches, moving them to the device",
+            "other: validation, checkpointing, logging, callbacks",
         ]
         return "\n".join(lines)
