@@ -129,6 +129,19 @@ def test_return_freed_memory_hands_back_what_freed_tensors_held():
     assert default > 112 and set_ < 32, retained
 
 
+@pytest.mark.slow  # starts a process: the allocator setting is the whole process's
+@pytest.mark.skipif(not sys.platform.startswith("linux") or __import__("platform").libc_ver()[0] != "glibc",
+                    reason="the setting is glibc's")
+def test_a_cpu_fit_with_auto_says_the_allocator_setting_once_and_leaves_it_as_glibc_keeps_it(tmp_path):
+    code, log = _run_script(Path(__file__).with_name("allocator_after_fit.py"), [tmp_path], 300)
+    assert code == 0, log[-3000:]
+    r = json.loads([line for line in log.splitlines() if line.startswith("{")][-1])
+    # after the fit, 2 MiB blocks come from the heap again, which keeps them (as without the setting, see
+    # freed_memory.py); a threshold left fixed at 256 KiB would hand back all but the 16 MiB kept
+    assert r["retained"] > 112 * 2**20, r
+    assert r["said"] == 1 and r["said_off"] == 0, r
+
+
 def test_the_cpu_allocator_setting_is_held_for_a_fit_logged_once_set_back_and_can_be_turned_off(monkeypatch):
     from types import SimpleNamespace
 
