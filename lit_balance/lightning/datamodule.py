@@ -9,6 +9,7 @@ checks at ``setup`` that every process planned the same data.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
@@ -32,7 +33,7 @@ from lit_balance.lightning.budget import DEFAULT_MEMORY_FRACTION, TokenBudget, f
 from lit_balance.lightning.meters import CPU_MMAP_THRESHOLD
 from lit_balance.lightning.dm_settings import DEFAULT_MAX_TOKENS, auto_budget, batching_settings
 from lit_balance.lightning.resume_checks import (
-    SamplerResumedLoader,
+    TrainLoader,
     check_saved_data,
     data_identity,
     fit_batches_consumed,
@@ -251,6 +252,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.train_sampler: BalancedBatchSampler | None = None
         self.val_sampler: BalancedBatchSampler | None = None
         self.collator: PadCollator | PackedCollator | None = None
+        self._train_loader: weakref.ReferenceType | None = None  # the last training loader built
 
     # ---- the batching settings ------------------------------------------------------------------------------------
     @property
@@ -519,7 +521,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         return int(self.corpus.num_empty)
 
     def _loader(self, dataset: TokenDataset | None, sampler: BalancedBatchSampler | None,
-                loader_class: type[DataLoader] = DataLoader) -> DataLoader:
+                loader_class: type[DataLoader] = DataLoader, **kwargs: Any) -> DataLoader:
         if dataset is None or sampler is None:
             raise RuntimeError("call setup() before asking for a dataloader")
         return loader_class(
@@ -530,6 +532,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=self.pin_memory,
+            **kwargs,
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -555,7 +558,21 @@ class BalancedTextDataModule(L.LightningDataModule):
             # Lightning reads len(loader) before it calls set_epoch; select the new epoch first, so that its
             # length counts a cost model or rank speeds handed over for it (unequal speeds can lengthen it).
             self.train_sampler.set_epoch(int(trainer.current_epoch))
-        return self._loader(self.train_dataset, self.train_sampler, SamplerResumedLoader)
+        loader = self._loader(self.train_dataset, self.train_sampler, TrainLoader, batches_consumed=self._consumed)
+        self._train_loader = weakref.ref(loader)
+        return loader
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled for ddp_spawn: a weak reference does not pickle
+        return {**super().__getstate__(), "_train_loader": None}
+
+    def _consumed(self) -> int | None:
+        """Lightning's count of consumed micro-batches under ``Trainer.fit`` (:func:`fit_batches_consumed`), within
+        the training sampler's epoch; None outside ``Trainer.fit``."""
+        consumed = fit_batches_consumed(self.trainer)
+        if consumed is None or self.train_sampler is None:
+            return None
+        earlier = self.train_sampler.first_micro_step  # consumed on other ranks before
+        return min(max(consumed, earlier), len(self.train_sampler))
 
     def state_dict(self) -> dict[str, Any]:
         """The training sampler's position, for Lightning checkpoints (rank-independent, plain types).
@@ -574,10 +591,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         """
         if self.train_sampler is None:
             return {}
-        consumed = fit_batches_consumed(self.trainer)
-        if consumed is not None:
-            earlier = self.train_sampler.first_micro_step  # consumed on other ranks before
-            consumed = min(max(consumed, earlier), len(self.train_sampler))
+        consumed = self._consumed()
+        loader = None if self._train_loader is None else self._train_loader()
+        if consumed is None and loader is not None and loader.balanced_sampler is self.train_sampler:
+            consumed = loader.batches_consumed  # a plain loop: what this DataModule's loader handed to it
         state = {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed),
                  "data": data_identity(self)}
         if self.auto_budget is not None and self.auto_budget.budget is not None:
