@@ -9,6 +9,7 @@ checks at ``setup`` that every process planned the same data.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
@@ -17,7 +18,7 @@ import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from lit_balance._checks import MAX_TOKENS_LIMIT, check_bool, check_int
+from lit_balance._checks import check_bool, check_int
 from lit_balance.data.cache import TokenizedCorpus
 from lit_balance.data.collate import PackedCollator, PadCollator, collator_for
 from lit_balance.data.dataset import TokenDataset
@@ -28,15 +29,17 @@ from lit_balance.data.stores import open_corpus
 from lit_balance.data.tokenizer import TokenizerAdapter
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.agreement import check_ranks_agree, plan_fingerprint
-from lit_balance.lightning.budget import DEFAULT_MEMORY_FRACTION, AutoTokenBudget, TokenBudget
+from lit_balance.lightning.budget import DEFAULT_MEMORY_FRACTION, TokenBudget, find_max_tokens
+from lit_balance.lightning.meters import CPU_MMAP_THRESHOLD
 from lit_balance.lightning.dm_settings import DEFAULT_MAX_TOKENS, auto_budget, batching_settings
 from lit_balance.lightning.resume_checks import (
-    SamplerResumedLoader,
+    TrainLoader,
     check_saved_data,
     data_identity,
     fit_batches_consumed,
     settings_advice,
 )
+from lit_balance.plan.budget_search import ProbeLayout
 from lit_balance.plan.cost import CostModel, check_cost_model
 from lit_balance.plan.epoch import planner_for
 from lit_balance.plan.settings import BatchingSettings
@@ -109,6 +112,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         memory_limit: with ``max_tokens="auto"``: bytes one rank may use (on a CPU required: the process's peak
             resident set size; on CUDA optional, a cap below the device's memory). Ignored otherwise.
         memory_fraction: with ``max_tokens="auto"``: share of the capacity the budget may use, in (0, 1].
+        cpu_mmap_threshold: with ``max_tokens="auto"`` on a CPU: glibc's mmap threshold (bytes) from the probe to the
+            end of the fit, so that training keeps to the peak the probe measured; said once in the log, set back at
+            ``teardown`` (:class:`~lit_balance.lightning.meters.MmapThreshold`, ``docs/token_budget.md``). None leaves
+            the allocator alone.
         max_length: keep at most this many tokens of each document (truncation), or None.
         val_fraction: share of documents held out for validation, in ``[0, 1)``; 0 disables validation. None
             (the default): 0.05, or, for a ``DatasetDict`` with a ``validation`` split, that split (nothing is
@@ -205,6 +212,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         pin_memory: bool = False,
         memory_limit: int | None = None,
         memory_fraction: float = DEFAULT_MEMORY_FRACTION,
+        cpu_mmap_threshold: int | None = CPU_MMAP_THRESHOLD,
     ) -> None:
         super().__init__()
         if val_fraction is not None:
@@ -215,7 +223,7 @@ class BalancedTextDataModule(L.LightningDataModule):
                                    ("shuffle_window", shuffle_window), ("largest_first", largest_first),
                                    ("packing", packing)) if v is not None}
         #: The owner of ``max_tokens="auto"`` (:class:`~lit_balance.lightning.budget.AutoTokenBudget`), or None.
-        self.auto_budget = auto_budget(given, settings, memory_limit, memory_fraction)
+        self.auto_budget = auto_budget(given, settings, memory_limit, memory_fraction, cpu_mmap_threshold)
         self.memory_limit, self.memory_fraction = memory_limit, memory_fraction
         self._settings, self._batching = batching_settings(settings, given, auto=self.auto_budget is not None)
         if max_length is not None:
@@ -244,6 +252,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.train_sampler: BalancedBatchSampler | None = None
         self.val_sampler: BalancedBatchSampler | None = None
         self.collator: PadCollator | PackedCollator | None = None
+        self._train_loader: weakref.ReferenceType | None = None  # the last training loader built
 
     # ---- the batching settings ------------------------------------------------------------------------------------
     @property
@@ -255,14 +264,15 @@ class BalancedTextDataModule(L.LightningDataModule):
         """
         if self._settings is None:
             raise RuntimeError("max_tokens='auto' is measured with the model at fit start, so the batching settings "
-                               "are known after that: read dm.settings after Trainer.fit starts, or pass the "
-                               "max_tokens of dm.find_max_tokens(model, ...) as an int")
+                               "are known after that: read dm.settings (or preview the plan) after Trainer.fit starts, "
+                               "or pass the max_tokens of dm.find_max_tokens(model, ...) (or of lit-balance plan "
+                               "--max-tokens auto --config <fit config>) as an int")
         return self._settings
 
     @property
     def max_tokens(self) -> int | tuple[int, ...] | str:
         """``settings.max_tokens`` (read-only); ``"auto"`` while ``max_tokens="auto"`` is not measured yet."""
-        return "auto" if self._settings is None else self._settings.max_tokens
+        return getattr(self._settings, "max_tokens", "auto")
 
     @property
     def token_budget(self) -> TokenBudget | None:
@@ -303,14 +313,11 @@ class BalancedTextDataModule(L.LightningDataModule):
         """Load the cache and build the training and validation datasets; changes nothing on the DataModule.
 
         Raises:
-            ValueError: as :func:`lit_balance.data.splits.split_corpus`; with ``too_long="error"``, a document
-                longer than ``max_tokens`` after ``max_length`` truncation.
+            ValueError: as :func:`lit_balance.data.splits.split_corpus`.
         """
         corpus = self._tokenized()
         train, val = split_corpus(corpus, val_fraction=self.val_fraction, seed=self.seed, max_length=self.max_length,
                                   split_sizes=self.source.split_sizes)
-        if self.too_long == "error" and self._settings is not None:
-            check_too_long(corpus, self.max_length, self.pad_to_multiple_of, self.settings.largest_max_tokens)
         return _Splits(corpus, train, val)
 
     def _train_settings(self) -> BatchingSettings:
@@ -362,60 +369,82 @@ class BalancedTextDataModule(L.LightningDataModule):
         error: BaseException | None = None
         fields = None
         try:
-            if self._settings is None:  # max_tokens="auto": the samplers are built once the budget is known
-                self.corpus, self.train_dataset, self.val_dataset = self._splits()
-            else:
-                self._plan_splits()
+            self.corpus, self.train_dataset, self.val_dataset = self._splits()  # the split, built once
+            self.train_sampler = self.val_sampler = self.collator = None
+            if self.auto_budget is not None:
+                self._settings = None  # each fit plans with the budget auto_budget resolves at its start
+            self._plan(measure=False)
             fields = self._fingerprint()
         except Exception as exc:  # noqa: BLE001  the other ranks wait on this one's fingerprint: tell them, then raise
             error = exc
         check_ranks_agree(self.trainer, fields, error)
 
-    def _plan_splits(self) -> None:
-        """Build the datasets, samplers and collator of this rank and assign them together."""
-        splits = self._splits()
+    def _plan(self, measure: bool) -> None:
+        """Build this rank's samplers and collator over the split of :meth:`setup`, unless built. With
+        ``max_tokens="auto"`` and ``measure`` (the first dataloader call of a fit, after the strategy set the model
+        up), first ask :attr:`auto_budget` for the budget (restored, or measured now) and log what the plan uses.
+
+        Raises:
+            ValueError: with ``too_long="error"``, a document longer than ``max_tokens`` after ``max_length``
+                truncation (naming its index in the corpus); a split the sampler cannot plan.
+            RuntimeError: as :meth:`~lit_balance.lightning.budget.AutoTokenBudget.resolve`.
+        """
+        if self.train_sampler is not None or self.train_dataset is None:
+            return
+        if self._settings is None:  # max_tokens="auto": planned once the budget is known
+            if not measure:
+                return
+            budget = self.auto_budget.resolve(self.trainer, **self.probe_inputs())
+            num_replicas = self._world().num_replicas
+            rank_zero_info(f"BalancedTextDataModule token budget: {budget.describe(num_replicas)}")
+            self._settings = BatchingSettings(**self._batching, max_tokens=budget.plan_max_tokens(num_replicas))
+        corpus, train, val = self.corpus, self.train_dataset, self.val_dataset
+        if self.too_long == "error":
+            check_too_long(corpus, self.max_length, self.pad_to_multiple_of, self.settings.largest_max_tokens)
         world = self._world()
-        train_sampler = self._sampler("training", splits.train_dataset, self._train_settings(), world,
-                                      cost_model=self.cost_model)
+        train_sampler = self._sampler("training", train, self._train_settings(), world, cost_model=self.cost_model)
         val_sampler = None
-        if splits.val_dataset is not None:
+        if val is not None:
             val_settings = self.settings.replace(shuffle=False, drop_last=False, largest_first=False,
                                                  accumulate_grad_batches=1)
-            val_sampler = self._sampler("validation", splits.val_dataset, val_settings, world)
+            val_sampler = self._sampler("validation", val, val_settings, world)
         truncate = train_sampler.truncate_to if self.too_long == "truncate" else None
         if train_sampler.supervised_lengths is not None:
             self._warned_zero_targets |= check_supervised_targets(
-                splits.corpus, splits.train_dataset, train_sampler.supervised_lengths, truncate, self.max_length,
+                corpus, train, train_sampler.supervised_lengths, truncate, self.max_length,
                 warn=not self._warned_zero_targets)
-        self.corpus, self.train_dataset, self.val_dataset = splits
         self.train_sampler, self.val_sampler = train_sampler, val_sampler
         self.collator = collator_for(planner_for(self.settings).name, self.pad_token_id, self.pad_to_multiple_of,
                                      max_length=truncate)
 
     def _fingerprint(self) -> list[tuple[str, int, bool]]:
         """What this rank planned at ``setup``: :func:`lit_balance.lightning.agreement.plan_fingerprint`."""
-        planned = self._settings is not None  # the sampler hashed the same array when it holds the split's lengths
-        settings = self.train_sampler.settings.to_dict() if planned else {**self._batching, "max_tokens": "auto"}
-        same = planned and self.train_sampler.lengths is self.train_dataset.lengths
+        sampler = self.train_sampler  # it hashed the same array when it holds the split's lengths
+        same = sampler is not None and sampler.lengths is self.train_dataset.lengths
+        accumulate = self._batching["accumulate_grad_batches"] if self.trainer is None else (
+            getattr(self.trainer, "accumulate_grad_batches", 1) or 1)
         return plan_fingerprint(
             corpus_lengths=self.corpus.lengths, tokenizer_fingerprint=self.tokenizer.fingerprint,
-            max_length=self.max_length, seed=self.seed, val_fraction=self.val_fraction, settings=settings,
-            train_lengths=self.train_dataset.lengths, train_lengths_sha256=self.train_sampler.lengths_sha256 if same
-            else None, val_lengths=None if self.val_dataset is None else self.val_dataset.lengths)
+            max_length=self.max_length, seed=self.seed, val_fraction=self.val_fraction,
+            settings={**self._batching, "max_tokens": self.max_tokens, "accumulate_grad_batches": accumulate},
+            train_lengths=self.train_dataset.lengths, train_lengths_sha256=sampler.lengths_sha256 if same else None,
+            val_lengths=None if self.val_dataset is None else self.val_dataset.lengths)
 
     # ---- max_tokens="auto" ------------------------------------------------------------------------------------
     def probe_inputs(self) -> dict[str, Any]:
-        """The :class:`~lit_balance.lightning.budget.TokenBudgetProbe` arguments this DataModule gives: ``lengths``
-        (training split), ``settings`` (the layout; ``max_tokens`` not read), ``pad_token_id``, ``token_ids``."""
+        """The :class:`~lit_balance.lightning.probe.TokenBudgetProbe` arguments this DataModule gives: ``lengths``
+        (the training split's, after ``max_length``), ``layout`` (:class:`~lit_balance.plan.budget_search.ProbeLayout`:
+        packing, pad multiple, row cap), ``pad_token_id`` and ``token_ids`` (its longest document's)."""
         train = self.train_dataset if self.train_dataset is not None else self._splits().train_dataset
         lengths = np.asarray(train.lengths, dtype=np.int64)
-        layout = BatchingSettings(**self._batching, max_tokens=MAX_TOKENS_LIMIT)  # max_tokens: not read
-        return {"lengths": lengths, "settings": layout, "pad_token_id": self.pad_token_id,
+        layout = ProbeLayout(packing=self._batching["packing"], pad_to_multiple_of=self._batching["pad_to_multiple_of"],
+                             max_batch_size=self._batching["max_batch_size"])
+        return {"lengths": lengths, "layout": layout, "pad_token_id": self.pad_token_id,
                 "token_ids": np.asarray(train[int(np.argmax(lengths))]["input_ids"], dtype=np.int64)}
 
     def find_max_tokens(self, model: Any, *, memory_limit: int | None = None, memory_fraction: float | None = None,
                         trainer: Any = None, world: DataParallelWorld | None = None) -> TokenBudget:
-        """Run only the probe (:class:`~lit_balance.lightning.budget.TokenBudgetProbe`) for ``model`` on this
+        """Run only the probe (:func:`lit_balance.lightning.budget.find_max_tokens`) for ``model`` on this
         DataModule's training split and layout; the DataModule is left as it was.
 
         Args:
@@ -433,22 +462,16 @@ class BalancedTextDataModule(L.LightningDataModule):
             RuntimeError: a rank fits not even one row of the longest documents; ``training_step`` failed.
             ValueError: on a CPU without ``memory_limit``; a model with manual optimization; bad arguments.
         """
-        auto = AutoTokenBudget(self.memory_limit if memory_limit is None else memory_limit,
-                               self.memory_fraction if memory_fraction is None else memory_fraction,
-                               meter=None if self.auto_budget is None else self.auto_budget.meter)
-        return auto.probe(model, trainer=trainer, world=world if world is not None else data_parallel_world(trainer),
-                          **self.probe_inputs())
+        auto = self.auto_budget
+        return find_max_tokens(model, self, memory_limit=self.memory_limit if memory_limit is None else memory_limit,
+                               memory_fraction=self.memory_fraction if memory_fraction is None else memory_fraction,
+                               trainer=trainer, world=world, meter=None if auto is None else auto.meter,
+                               cpu_mmap_threshold=None if auto is None else auto.allocator.threshold)
 
-    def _resolve_max_tokens(self) -> None:
-        """With ``max_tokens="auto"``: ask :attr:`auto_budget` for the budget (restored, or measured now), log what the
-        plan uses, and plan with it."""
-        if self._settings is not None or self.auto_budget is None or self.train_dataset is None:
-            return
-        budget = self.auto_budget.resolve(self.trainer, **self.probe_inputs())
-        num_replicas = self._world().num_replicas
-        rank_zero_info(f"BalancedTextDataModule token budget: {budget.describe(num_replicas)}")
-        self._settings = BatchingSettings(**self._batching, max_tokens=budget.plan_max_tokens(num_replicas))
-        self._plan_splits()
+    def teardown(self, stage: str) -> None:
+        """Set back what ``max_tokens="auto"`` held for the fit (glibc's mmap threshold on a CPU)."""
+        if self.auto_budget is not None:
+            self.auto_budget.release()
 
     def plan_summary(self, num_replicas: int, accumulate_grad_batches: int = 1, *, epoch: int = 0) -> dict[str, Any]:
         """Preview the training split's plan for ``num_replicas`` ranks, without a Trainer or the CLI.
@@ -480,10 +503,6 @@ class BalancedTextDataModule(L.LightningDataModule):
         """
         from lit_balance.report import plan_report
 
-        if self._settings is None:
-            raise RuntimeError("max_tokens='auto' is measured at fit start; preview the plan after Trainer.fit starts, "
-                               "or pass the budget of dm.find_max_tokens(model, ...) (or of lit-balance plan "
-                               "--max-tokens auto --config <fit config>) as max_tokens")
         settings = self.settings.replace(accumulate_grad_batches=accumulate_grad_batches)
         lengths = np.asarray(self._splits().train_dataset.lengths, dtype=np.int64)
         report = plan_report(lengths, settings=settings, num_replicas=num_replicas, epoch=epoch,
@@ -502,7 +521,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         return int(self.corpus.num_empty)
 
     def _loader(self, dataset: TokenDataset | None, sampler: BalancedBatchSampler | None,
-                loader_class: type[DataLoader] = DataLoader) -> DataLoader:
+                loader_class: type[DataLoader] = DataLoader, **kwargs: Any) -> DataLoader:
         if dataset is None or sampler is None:
             raise RuntimeError("call setup() before asking for a dataloader")
         return loader_class(
@@ -513,6 +532,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=self.pin_memory,
+            **kwargs,
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -524,7 +544,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         sampler is set to it here, before Lightning reads ``len()`` (with ``reload_dataloaders_every_n_epochs=1``,
         the length then counts rank speeds handed over by :class:`~lit_balance.callbacks.CostModelFeedback`).
         """
-        self._resolve_max_tokens()
+        self._plan(measure=True)
         if self._train_sampler_state is not None and self.train_sampler is not None:
             if self._saved_data is not None:
                 check_saved_data(self._saved_data, data_identity(self))
@@ -538,7 +558,21 @@ class BalancedTextDataModule(L.LightningDataModule):
             # Lightning reads len(loader) before it calls set_epoch; select the new epoch first, so that its
             # length counts a cost model or rank speeds handed over for it (unequal speeds can lengthen it).
             self.train_sampler.set_epoch(int(trainer.current_epoch))
-        return self._loader(self.train_dataset, self.train_sampler, SamplerResumedLoader)
+        loader = self._loader(self.train_dataset, self.train_sampler, TrainLoader, batches_consumed=self._consumed)
+        self._train_loader = weakref.ref(loader)
+        return loader
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled for ddp_spawn: a weak reference does not pickle
+        return {**super().__getstate__(), "_train_loader": None}
+
+    def _consumed(self) -> int | None:
+        """Lightning's count of consumed micro-batches under ``Trainer.fit`` (:func:`fit_batches_consumed`), within
+        the training sampler's epoch; None outside ``Trainer.fit``."""
+        consumed = fit_batches_consumed(self.trainer)
+        if consumed is None or self.train_sampler is None:
+            return None
+        earlier = self.train_sampler.first_micro_step  # consumed on other ranks before
+        return min(max(consumed, earlier), len(self.train_sampler))
 
     def state_dict(self) -> dict[str, Any]:
         """The training sampler's position, for Lightning checkpoints (rank-independent, plain types).
@@ -557,10 +591,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         """
         if self.train_sampler is None:
             return {}
-        consumed = fit_batches_consumed(self.trainer)
-        if consumed is not None:
-            earlier = self.train_sampler.first_micro_step  # consumed on other ranks before
-            consumed = min(max(consumed, earlier), len(self.train_sampler))
+        consumed = self._consumed()
+        loader = None if self._train_loader is None else self._train_loader()
+        if consumed is None and loader is not None and loader.balanced_sampler is self.train_sampler:
+            consumed = loader.batches_consumed  # a plain loop: what this DataModule's loader handed to it
         state = {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed),
                  "data": data_identity(self)}
         if self.auto_budget is not None and self.auto_budget.budget is not None:
@@ -595,5 +629,5 @@ class BalancedTextDataModule(L.LightningDataModule):
         """Validation micro-batches of this rank (unshuffled), or ``[]`` without a validation split."""
         if self.val_fraction == 0 and self.source.split_sizes is None:
             return []
-        self._resolve_max_tokens()
+        self._plan(measure=True)
         return self._loader(self.val_dataset, self.val_sampler)

@@ -1,17 +1,17 @@
 """What :class:`~lit_balance.BalancedTextDataModule` checks when it resumes: the training split a checkpoint was saved
-with, the batching settings, and the stateful (but stateless) training loader Lightning needs to resume mid-epoch."""
+with, the batching settings, and its training loader, whose state is the sampler's position at what training
+consumed."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from torch.utils.data import DataLoader
-
 from lit_balance._fingerprint import sha256_of_int64
+from lit_balance.data.loader import BalancedDataLoader
 from lit_balance.errors import InputValueError
 
-__all__ = ["DATA_KEYS", "SamplerResumedLoader", "check_saved_data", "data_identity", "fit_batches_consumed",
+__all__ = ["DATA_KEYS", "TrainLoader", "check_saved_data", "data_identity", "fit_batches_consumed",
            "settings_advice"]
 
 #: Keys of the ``data`` entry of the DataModule's state: what the training split is made from.
@@ -35,32 +35,39 @@ def settings_advice(differences: Mapping[str, tuple[Any, Any]]) -> str:
             + " and ".join(fixes) + ", or start without ckpt_path")
 
 
-class SamplerResumedLoader(DataLoader):
-    """The training DataLoader: it resumes through its sampler, whose position the DataModule's state_dict holds.
+class TrainLoader(BalancedDataLoader):
+    """The training DataLoader of :class:`~lit_balance.BalancedTextDataModule`: a
+    :class:`~lit_balance.BalancedDataLoader` whose count of consumed micro-batches is the DataModule's.
 
-    Lightning 2.x (``_TrainingEpochLoop.reset``) warns on a mid-epoch resume ("your dataloader is not resumable")
-    unless every training loader is stateful: has ``state_dict`` and ``load_state_dict``
-    (``lightning.fabric.utilities.types._Stateful``). It then saves ``state_dict()`` in the checkpoint's fit loop
-    and hands it back to ``load_state_dict`` on restore. This loader keeps no state of its own: the sampler's
-    position is saved by :meth:`BalancedTextDataModule.state_dict` and restored before the loader is built, so the
-    loader saves ``{}`` and accepts only that.
+    Its :meth:`state_dict` is the sampler's position at the micro-batches training consumed: under ``Trainer.fit`` the
+    fit loop's count (:func:`fit_batches_consumed`, as the DataModule's own ``state_dict`` saves it), in a plain loop
+    (Fabric, torchrun) the micro-batches its iterator handed to the loop. So ``loader.state_dict()`` and
+    ``loader.load_state_dict(...)`` on a fresh DataModule's loader resume exactly, as ``dm.state_dict()`` does (Lightning
+    saves both, and loading both restores the same position).
+
+    Args:
+        *args, **kwargs: as :class:`~lit_balance.BalancedDataLoader`.
     """
 
-    def state_dict(self) -> dict[str, Any]:
-        """``{}``: the position lives in the sampler (see :meth:`BalancedTextDataModule.state_dict`)."""
-        return {}
-
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Accept the ``{}`` that :meth:`state_dict` saved.
+        """Continue from :meth:`state_dict`.
+
+        ``{}``, what this loader saved in checkpoints of earlier versions, is accepted under ``Trainer.fit`` only (the
+        DataModule's state, restored with it, holds the position).
 
         Raises:
-            ValueError: a non-empty state (not saved by this loader).
+            ValueError: ``{}`` outside ``Trainer.fit`` (naming ``dm.state_dict()``); as
+                :meth:`BalancedDataLoader.load_state_dict`.
         """
-        if not isinstance(state_dict, Mapping) or state_dict:
-            raise InputValueError(
-                f"the training DataLoader of BalancedTextDataModule saves no state of its own (its sampler's position "
-                f"is in the DataModule's state), got {state_dict!r}; resume from a checkpoint written with "
-                "BalancedTextDataModule, or without ckpt_path", parameter="state_dict")
+        if isinstance(state_dict, Mapping) and not state_dict:
+            if self._batches_consumed is None or self._batches_consumed() is None:
+                raise InputValueError(
+                    "the training DataLoader of BalancedTextDataModule got an empty state ({}): a state of an earlier "
+                    "version, whose position is in the DataModule's state; restore it with "
+                    "dm.load_state_dict(state) before dm.train_dataloader() (save dm.state_dict(), or this loader's "
+                    "loader.state_dict(), which now holds the position)", parameter="state_dict")
+            return
+        super().load_state_dict(state_dict)
 
 
 def data_identity(datamodule: Any) -> dict[str, Any]:

@@ -19,6 +19,9 @@ room worth a pass, just above the largest budget that fitted. It stops once the 
 :data:`MAX_ROUNDS` budgets. The result (:func:`chosen_budget`) is the largest budget every
 pass of which measured under the target: a budget is never chosen from the fit alone.
 
+After the search, :func:`settled_budget` checks the chosen budget against passes in a row (what the allocator keeps
+from one micro-batch to the next): the excess of their peak over the fit's bound comes off the target, once.
+
 The fit-then-verify search follows the secant/regula-falsi idea of fitting a model of a monotone function and testing
 its root (Press et al., "Numerical Recipes", 3rd ed., 9.2).
 """
@@ -26,14 +29,17 @@ its root (Press et al., "Numerical Recipes", 3rd ed., 9.2).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
+from lit_balance._checks import check_bool, check_int
 from lit_balance.errors import InputValueError
+from lit_balance.plan.epoch import PLANNERS, Planner
 
-__all__ = ["GROWTH", "MARGIN", "MAX_ROUNDS", "TOLERANCE", "BudgetSpace", "MemoryMeasurement", "MemoryModel", "chosen_budget",
-           "next_budget", "shared_budgets"]
+__all__ = ["DEVICE_CODES", "GROWTH", "MARGIN", "MAX_ROUNDS", "TOLERANCE", "BudgetSpace", "MemoryMeasurement",
+           "MemoryModel", "ProbeLayout", "ProbeResult", "RankOutcome", "chosen_budget", "next_budget", "probe_shapes",
+           "settled_budget", "shared_budgets"]
 
 #: The search stops once the smallest budget that failed is within this factor of the largest that fitted.
 TOLERANCE = 1.04
@@ -47,6 +53,47 @@ MAX_ROUNDS = 12
 GROWTH = 4.0
 
 OK, OVER, OUT_OF_MEMORY = "ok", "over", "out of memory"
+
+
+@dataclass(frozen=True)
+class ProbeLayout:
+    """How micro-batches are laid out, all the probe needs of the batching settings (``max_tokens`` is what it
+    measures): which planner forms them, and the rounding and row cap its worst-case micro-batches keep to
+    (:meth:`~lit_balance.plan.epoch.Planner.worst_case_batch` reads these two).
+
+    Attributes:
+        packing: True: padding-free micro-batches (one packed row of whole documents each); False: padded rows.
+        pad_to_multiple_of: rows (packed: the row) are padded to a multiple of this many tokens.
+        max_batch_size: rows per micro-batch at most, or None.
+
+    Raises:
+        TypeError, ValueError: a value of the wrong type or out of range (naming it).
+
+    Example:
+        >>> ProbeLayout(packing=True, pad_to_multiple_of=8).planner.name
+        'packed'
+    """
+
+    packing: bool = False
+    pad_to_multiple_of: int = 1
+    max_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        check_bool("packing", self.packing)
+        check_int("pad_to_multiple_of", self.pad_to_multiple_of, 1, "use 1 for no rounding")
+        if self.max_batch_size is not None:
+            check_int("max_batch_size", self.max_batch_size, 1, "or pass None for no row cap")
+
+    @classmethod
+    def of(cls, settings: object) -> ProbeLayout:
+        """The layout of a :class:`~lit_balance.BatchingSettings` (or any object with the same attributes)."""
+        return cls(packing=bool(settings.packing), pad_to_multiple_of=int(settings.pad_to_multiple_of),
+                   max_batch_size=settings.max_batch_size)
+
+    @property
+    def planner(self) -> Planner:
+        """The planner that forms the micro-batches (packed or padded)."""
+        return PLANNERS["packed" if self.packing else "padded"]
 
 
 @dataclass(frozen=True)
@@ -262,6 +309,99 @@ def _fitted_candidate(measurements: Sequence[MemoryMeasurement], space: BudgetSp
     model = MemoryModel.fit(measurements)
     aim = model.intercept + (space.target - model.intercept) * (1.0 - (MARGIN if first else 0.0))
     return model.largest_budget(aim, space.min_budget, upper, space.multiple, space.longest)
+
+
+def settled_budget(peak: float, budget: int, measurements: Sequence[MemoryMeasurement], space: BudgetSpace) -> int | None:
+    """After passes in a row at ``budget`` peaked at ``peak`` bytes: None when that is at most the target (or
+    ``budget`` is already the smallest), else the budget to check instead: the largest the memory model fitted to
+    ``measurements`` puts under the target less the excess of ``peak`` over the model's bound at ``budget`` (the
+    smallest budget when none is).
+
+    Example:
+        >>> space = BudgetSpace(min_budget=100, max_budget=10_000, multiple=1, longest=100, target=11_000)
+        >>> tried = [MemoryMeasurement(b, b, 0, 1000 + 2 * b, OK) for b in (100, 1000, 5000)]
+        >>> settled_budget(10_900, 5000, tried, space), settled_budget(12_000, 5000, tried, space)
+        (None, 4500)
+    """
+    if peak <= space.target or budget <= space.min_budget:
+        return None
+    model = MemoryModel.fit(measurements)
+    excess = max(0.0, peak - model.bound(budget, space.longest))
+    smaller = model.largest_budget(space.target - excess, space.min_budget, budget - space.multiple, space.multiple,
+                                   space.longest)
+    return space.min_budget if smaller is None else smaller
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """What one rank found, gathered from every rank at the end of the probe.
+
+    Attributes:
+        budget: the budget it measured (padded token slots; 0: not one row of the longest documents fits).
+        capacity_bytes: its capacity (device memory or ``memory_limit``).
+        seconds: its probe's wall time.
+        device_kind: its meter's device kind as a number (:data:`DEVICE_CODES`; another kind: their number).
+        intercept, per_slot, per_square: its memory model (:class:`~lit_balance.plan.budget_search.MemoryModel`).
+    """
+
+    budget: int
+    capacity_bytes: int
+    seconds: float
+    device_kind: int
+    intercept: float
+    per_slot: float
+    per_square: float
+
+    @property
+    def coefficients(self) -> tuple[float, float, float]:
+        """Its memory model's ``(intercept, per_slot, per_square)``."""
+        return (self.intercept, self.per_slot, self.per_square)
+
+    def to_row(self) -> list[float]:
+        """The outcome as numbers, in field order (what the ranks gather)."""
+        return [float(getattr(self, f.name)) for f in fields(self)]
+
+    @classmethod
+    def from_row(cls, row: Sequence[float]) -> RankOutcome:
+        """The outcome of :meth:`to_row`'s numbers."""
+        values = dict(zip([f.name for f in fields(cls)], row))
+        return cls(**{k: int(v) if k in ("budget", "capacity_bytes", "device_kind") else float(v)
+                      for k, v in values.items()})
+
+
+#: :attr:`RankOutcome.device_kind` of the meters' device kinds.
+DEVICE_CODES = {"cpu": 0, "cuda": 1}
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What :meth:`lit_balance.lightning.probe.TokenBudgetProbe.run` returns: every rank's :class:`RankOutcome` (the same on every rank) and this
+    rank's passes.
+
+    Attributes:
+        outcomes: by rank.
+        rounds: collective rounds (budgets tried, the warm-up and the settling included).
+        measurements: this rank's measured passes.
+        slots_run: padded token slots of every pass this rank ran (filler passes included).
+        passes_run: passes this rank ran (the same on every rank).
+    """
+
+    outcomes: tuple[RankOutcome, ...]
+    rounds: int
+    measurements: tuple[MemoryMeasurement, ...]
+    slots_run: int
+    passes_run: int
+
+
+def probe_shapes(lengths: np.ndarray) -> dict[str, int]:
+    """``{"longest": L, "typical": median}`` row lengths (tokens) of the training split (after truncation)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = lengths[lengths > 0]
+    if lengths.size == 0:
+        raise InputValueError("the probe needs the training split's document lengths; it has no documents",
+                              parameter="lengths")
+    longest, typical = int(lengths.max()), max(1, int(np.median(lengths)))
+    return {"longest": longest} if typical == longest else {"longest": longest, "typical": typical}
 
 
 def shared_budgets(measured: Sequence[int], devices: Sequence[tuple]) -> tuple[int, ...]:

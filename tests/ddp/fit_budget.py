@@ -2,7 +2,7 @@
 
 Run: python tests/ddp/fit_budget.py OUT_DIR OOM_ABOVE
 Rank 1's training_step raises torch.OutOfMemoryError on micro-batches of more than OOM_ABOVE token slots (0: every
-one), as a smaller device would. Each rank writes OUT_DIR/rank{r}.json: the token budget it trained with, the largest
+one), as a smaller device would; with OOM_ABOVE -1 it returns None instead of the loss (the probe cannot measure). Each rank writes OUT_DIR/rank{r}.json: the token budget it trained with, the largest
 training micro-batch it ran and the micro-batches it ran, or the error it stopped with.
 """
 
@@ -34,6 +34,8 @@ class SmallDeviceLM(DemoTransformerLM):
 
     def training_step(self, batch, batch_idx):
         slots = int(batch["input_ids"].numel())
+        if self.global_rank == 1 and self.oom_above < 0:
+            return None
         if self.global_rank == 1 and slots > self.oom_above:
             raise torch.OutOfMemoryError(f"simulated: {slots} token slots on rank 1")
         return super().training_step(batch, batch_idx)

@@ -1,8 +1,10 @@
 """The token budget probe alone on 2 CPU processes over gloo (no Trainer): do ranks of equal devices share a budget?
 
 Run: python tests/ddp/probe_ranks.py OUT_DIR MODE, MODE ``cpu`` (both ranks measure their peak resident memory under
-the same memory limit) or ``scripted`` (a scripted meter: ``a + b * slots`` bytes, rank 1's capacity twice rank 0's).
-Each rank writes OUT_DIR/rank{r}.json: the budget (``TokenBudget.to_dict``) and the ``max_tokens`` the plan uses.
+the same memory limit), ``scripted`` (a scripted meter: ``a + b * slots`` bytes, rank 1's capacity twice rank 0's) or
+``collective`` (scripted, capacities 2000 and 300 MiB, and a ``torch.distributed.all_reduce`` inside ``training_step``).
+Each rank writes OUT_DIR/rank{r}.json: the budget (``TokenBudget.to_dict``), the ``max_tokens`` the plan uses and the
+passes its ``training_step`` ran.
 """
 
 import json
@@ -29,10 +31,16 @@ class RecordingLM(DemoTransformerLM):
     """The demo model, remembering the token slots of its last micro-batch (what the scripted meter reads)."""
 
     last_slots = 0
+    passes = 0
+    reduce = False  # all_reduce the loss in training_step (a collective every rank must reach)
 
     def training_step(self, batch, batch_idx):
         self.last_slots = int(batch["input_ids"].numel())
-        return super().training_step(batch, batch_idx)
+        self.passes += 1
+        loss = super().training_step(batch, batch_idx)
+        if self.reduce:
+            dist.all_reduce(loss.detach().clone())
+        return loss
 
 
 class ScriptedMeter:
@@ -56,7 +64,9 @@ def _rss() -> int:
 
 
 def worker(rank: int, out: Path, mode: str) -> None:
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=120))
+    # a collective of one rank left waiting fails after this timeout instead of hanging
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60 if mode == "collective"
+                                                                                 else 120))
     rng = np.random.default_rng(0)
     docs = [rng.integers(1, 500, size=int(n)) for n in rng.integers(20, 120, 600)]
     dm = BalancedTextDataModule(docs, max_tokens="auto", max_length=None, val_fraction=0, vocab_size=500,
@@ -71,11 +81,15 @@ def worker(rank: int, out: Path, mode: str) -> None:
     if mode == "cpu":  # the same limit on both ranks: the larger process, and 200 MiB more
         limit = int(world.all_gather(torch.tensor([float(_rss())])).max()) + 200 * MIB
         auto = AutoTokenBudget(memory_limit=limit)
+    elif mode == "collective":
+        model.reduce = True
+        auto = AutoTokenBudget(meter=ScriptedMeter(model, (2000, 300)[rank] * MIB))
     else:
         auto = AutoTokenBudget(meter=ScriptedMeter(model, 2**30 * (1 + rank)))
     budget = auto.probe(model, world=world, **dm.probe_inputs())
     planned = budget.plan_max_tokens(world.num_replicas)
-    record = {"token_budget": budget.to_dict(), "planned": planned, "line": budget.describe(world.num_replicas)}
+    record = {"token_budget": budget.to_dict(), "planned": planned, "line": budget.describe(world.num_replicas),
+              "passes": model.passes}
     (out / f"rank{rank}.json").write_text(json.dumps(record))
     dist.destroy_process_group()
 

@@ -32,3 +32,13 @@ def test_one_rank_out_of_memory_at_every_size_stops_every_rank_with_the_cause(tm
         error = (tmp_path / f"rank{rank}.json").read_text()
         assert "RuntimeError" in error and "rank(s) [1] cannot fit even one micro-batch" in error, (rank, error)
         assert "lower max_length" in error and "memory_limit" in error
+
+
+def test_a_probe_that_fails_on_one_rank_shows_its_cause_on_every_rank(tmp_path):
+    code, log = run_script(SCRIPT, [tmp_path, "-1"], 240)  # rank 1's training_step returns None: never a hang
+    assert code != 0, log[-4000:]
+    for rank in (0, 1):
+        error = (tmp_path / f"rank{rank}.json").read_text()
+        assert "needs its loss" in error and "got NoneType" in error, (rank, error)  # the cause, not "see their log"
+    assert "failed on rank(s) [1]" in (tmp_path / "rank0.json").read_text()
+    assert "measured with the model at fit start" not in log, log[-4000:]

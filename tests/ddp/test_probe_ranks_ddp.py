@@ -32,3 +32,13 @@ def test_equal_ranks_share_one_budget_and_twice_the_capacity_gives_per_rank_budg
         optimum = (0.9 * 2**30 * (1 + rank) - 100 * 2**20) / (100 * 1024)
         assert 0.95 * optimum <= chosen <= optimum, (rank, chosen, optimum)
     assert "by rank (capacities differ)" in scripted[0]["line"]
+
+
+def test_a_collective_inside_training_step_meets_the_same_pass_on_every_rank(tmp_path):
+    """Ranks of different capacity search different budgets; their passes are still as many on every rank."""
+    records = run_ranks(SCRIPT, {"collective": (tmp_path, ["collective"])}, timeout_s=600)["collective"]
+    budget = records[0]["token_budget"]
+    assert records[0]["token_budget"] == records[1]["token_budget"]
+    small, large = budget["per_rank"][1], budget["per_rank"][0]
+    assert large > 1.2 * small, budget  # the capacities differ: so do the searches
+    assert records[0]["passes"] == records[1]["passes"] > 0, records

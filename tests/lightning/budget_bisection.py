@@ -17,7 +17,7 @@ import torch
 
 from lit_balance import BalancedTextDataModule
 from lit_balance.demo import DemoTransformerLM
-from lit_balance.lightning.budget import TokenBudgetProbe
+from lit_balance.lightning.budget import TokenBudget, TokenBudgetProbe
 
 LENGTHS = np.load(__import__("lit_balance").__path__[0] + "/data/lengths/lengths_fortunes.npy")
 
@@ -58,7 +58,7 @@ def run(tmp_path: Path) -> dict:
     dm.setup("fit")
     limit = _rss() + 400 * 2**20  # the process as it is, and 400 MiB more
     probe = TokenBudgetProbe(model, **dm.probe_inputs(), memory_limit=limit)  # the layout; its budget is not read
-    chosen = probe.run().max_tokens
+    chosen = TokenBudget.measure(probe).max_tokens
 
     def fits(budget):
         return all(probe.measure(budget, shape).status == "ok" for shape in probe.shapes)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from lit_balance import BalancedTextDataModule
-from lit_balance.lightning.budget import TokenBudgetProbe
+from lit_balance.lightning.budget import TokenBudget, TokenBudgetProbe
 from lit_balance.lightning.loss import token_loss_sum
 
 VOCAB = 64
@@ -112,7 +112,7 @@ def test_the_probe_leaves_parameters_buffers_gradients_and_every_generator_as_th
     random.seed(6)
     before = _state(model)
     probe = TokenBudgetProbe(model, memory_limit=_rss() + 512 * 2**20, **dm.probe_inputs())
-    budget = probe.run()
+    budget = TokenBudget.measure(probe)
     assert budget.max_tokens >= probe.min_budget and len(probe.measurements) >= 2
     assert any(m.status == "ok" for m in probe.measurements)
     _assert_same(before, _state(model))

@@ -244,3 +244,32 @@ def test_a_sampler_resume_with_other_settings_names_the_sampler_keywords():
     with pytest.raises(ValueError, match=r"construct the sampler with the saved settings "
                                          r"\(BalancedBatchSampler\(\.\.\., accumulate_grad_batches=2\)"):
         fresh.load_state_dict(saved.state_dict())
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_training_loader_alone_resumes_exactly_in_a_plain_loop(tmp_path, workers):
+    """No Trainer (a Fabric or torchrun loop): the DataModule's own training loader saves and restores its position."""
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, 200, size=int(n)) for n in rng.integers(1, 40, 120)]
+
+    def loader():
+        dm = BalancedTextDataModule(docs, max_tokens=96, max_length=None, val_fraction=0, num_workers=workers,
+                                    cache_dir=tmp_path / "cache", seed=3)
+        dm.prepare_data()
+        dm.setup("fit")
+        return dm, dm.train_dataloader()
+
+    _, whole = loader()
+    expected = [b["indices"].tolist() for b in whole]
+    dm, first = loader()
+    it = iter(first)
+    trained = [next(it)["indices"].tolist() for _ in range(3)]
+    state, dm_state = first.state_dict(), dm.state_dict()
+    del it
+    fresh_dm, fresh = loader()
+    fresh.load_state_dict(state)
+    rest = [b["indices"].tolist() for b in fresh]
+    assert trained + rest == expected and len(expected) > 6  # nothing replayed, nothing skipped
+    assert dm_state["train_sampler"] == state["sampler"]  # the DataModule's state says the same position
+    with pytest.raises(ValueError, match=r"dm\.state_dict\(\)"):
+        fresh.load_state_dict({})  # an empty state outside Trainer.fit would restart the epoch: refused
