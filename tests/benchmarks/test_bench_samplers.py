@@ -77,12 +77,12 @@ def test_sort_fill_batches_fill_real_tokens_and_keep_every_sample():
     assert peers.sort_fill_batches(lengths, 300, seed=1, epoch=1) != batches
 
 
-@pytest.mark.parametrize(("runner", "cost_model"), [("run_lit_balance", bench.TOKEN_COST),
-                                                    ("run_lit_balance_attention", bench.ATTENTION_COST)])
+@pytest.mark.parametrize(("runner", "cost_model"), [("lit_balance", bench.TOKEN_COST),
+                                                    ("lit_balance_attention", bench.ATTENTION_COST)])
 def test_lit_balance_runners_are_the_sampler_planned_for_their_cost_model(runner, cost_model):
     cfg = peers.BenchConfig(max_tokens=256, seed=3, fixed_batch_size=4)
     lengths = _fortunes(300)
-    run = getattr(bench, runner)(lengths, 2, cfg)
+    run = bench.RUNNERS[runner](lengths, 2, cfg)
     for rank in range(2):
         sampler = BalancedBatchSampler(lengths, 256, num_replicas=2, rank=rank, seed=3, cost_model=cost_model)
         for epoch in (0, 1):

@@ -26,7 +26,7 @@ def quick(tmp_path_factory):
 def test_lengths_rows_have_every_figure_and_hold_the_invariants(quick):
     results, written = quick
     assert written["lengths"] == results["lengths"]
-    assert written["source"]["commit"] and written["machine"]["cpu_count"] >= 1
+    assert written["commit"] and written["machine"]["cpu_count"] >= 1 and written["command"].startswith("python -m")
     rows = results["lengths"]
     assert [r["num_samples"] for r in rows] == list(scale.QUICK_SIZES)
     for r in rows:
