@@ -20,7 +20,11 @@ in total: micro-batches, real tokens, padded slots, padding ratio, compute, data
 (``RunSummary``). The run directory (``outputs/train/<date>/<time>``) keeps, in ``logs/``, the metrics file
 (``metrics.csv``: every logged figure by step), checkpoints (``checkpoints/``: ``last.ckpt``, the last optimizer step
 however training ended, and the one after the last validation) and ``training.png`` (the figures per rank over steps);
-the last lines name them and the command that resumes. Printed lines are at most 100 characters, but for file paths.
+the last lines name them and the command that resumes (every override of the run, ``ckpt_path``, and twice the steps
+after a run that reached ``trainer.max_steps``). Ctrl-C (SIGINT) or SIGTERM on any rank stops every rank at the end of
+that optimizer step, which ``last.ckpt`` keeps, with the same end; the exit status is then 128 + the signal's number.
+A setting lit_balance rejects ends the run with one line on stderr naming the key (``data.memory_limit``), printed
+once (``HYDRA_FULL_ERROR=1``: the traceback). Printed lines are at most 80 characters, but for paths and commands.
 
 With ``trainer.strategy=ddp`` Lightning re-runs this script once per extra rank, with the same overrides,
 in the launch directory, and points it at the same Hydra run directory
