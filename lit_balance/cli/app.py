@@ -84,9 +84,12 @@ class LitBalanceCLI(LightningCLI):
     abbreviated. A setting rejected by lit_balance while building the data module or model exits with status 2 and
     one stderr line naming the flag (``lit-balance fit: error: --data.max_tokens must be ...``; :func:`build_cli`
     does the same for the data module's ``setup``); other errors keep their traceback, and ``JSONARGPARSE_DEBUG=true``
-    raises rejected settings too. A flag the parser does not know prints the error first, then the closest flag, then
-    the usage (:class:`LitBalanceArgumentParser`). With the progress bar on and no bar among the callbacks, the
-    Trainer gets a :class:`~lit_balance.callbacks.BalanceProgressBar`.
+    raises rejected settings too. A flag or config key the parser does not know is one line too: the error, the config
+    file holding the key, the closest flag (:class:`LitBalanceArgumentParser`). Under several ranks an error they all
+    meet is printed once. ``max_tokens="auto"`` on a CPU without ``memory_limit`` is refused before the ranks start.
+    With the progress bar on and no bar among the callbacks, the Trainer gets a
+    :class:`~lit_balance.callbacks.BalanceProgressBar`. After ``fit``, the files it wrote and, with a
+    :class:`~lit_balance.callbacks.LastStepCheckpoint`, the command that resumes (:meth:`after_fit`).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
