@@ -600,3 +600,13 @@ def test_plan_of_a_corpus_with_per_rank_budgets_plans_for_num_replicas(tmp_path)
                      "--max-tokens", "[512, 256, 256]", "--plots", "false", "--output-dir", str(tmp_path / "out")])
     summary = cli.plan_summary
     assert summary["settings"]["max_tokens"] == [512, 256, 256] and len(summary["balanced"]["ranks"]) == 3
+
+
+def test_the_resume_command_keeps_the_arguments_and_replaces_the_checkpoint_and_steps():
+    from lit_balance.cli.app import _resume_command
+
+    argv = ["fit", "--config", "my conf.yaml", "--ckpt_path", "old.ckpt", "--trainer.max_steps", "5", "--data.seed=3"]
+    assert _resume_command(argv, "new dir/last.ckpt", 10) == (
+        "lit-balance fit --config 'my conf.yaml' --data.seed=3 '--ckpt_path=new dir/last.ckpt' --trainer.max_steps=10")
+    assert _resume_command(["fit", "--ckpt_path=old.ckpt", "--trainer.max_steps=5"], "a.ckpt", None) == (
+        "lit-balance fit --trainer.max_steps=5 --ckpt_path=a.ckpt")  # stopped early: the same steps

@@ -345,3 +345,15 @@ def test_train_recipe_with_max_tokens_auto_measures_the_budget_on_both_ranks(tmp
     budget = re.search(r"^token budget: max_tokens=(\d+) padded token slots per micro-batch, every rank \(probe;", out,
                        flags=re.MULTILINE)
     assert budget and int(budget.group(1)) > 0, out[-3000:]
+
+
+def test_the_resume_command_keeps_every_override_quoted_for_the_shell():
+    from lit_balance.lightning.outputs import hydra_resume_command
+
+    overrides = ["data=files", "data.corpus=my docs/*.jsonl", "callbacks=[run_summary]", "+ckpt_path=old.ckpt",
+                 "trainer.max_steps=12"]
+    assert shlex.split(hydra_resume_command("recipes/train.py", overrides, "out/last.ckpt")) == [
+        "python", "recipes/train.py", *overrides[:3], "trainer.max_steps=12", "ckpt_path=out/last.ckpt"]
+    assert hydra_resume_command("r.py", overrides, "l.ckpt", max_steps=24, config_dir="my_conf",
+                                config_name="mine").split()[2:6] == ["--config-dir", "my_conf", "--config-name", "mine"]
+    assert hydra_resume_command("r.py", overrides, "l.ckpt", max_steps=24).endswith(" ckpt_path=l.ckpt trainer.max_steps=24")
