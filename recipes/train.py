@@ -20,7 +20,11 @@ in total: micro-batches, real tokens, padded slots, padding ratio, compute, data
 (``RunSummary``). The run directory (``outputs/train/<date>/<time>``) keeps, in ``logs/``, the metrics file
 (``metrics.csv``: every logged figure by step), checkpoints (``checkpoints/``: ``last.ckpt``, the last optimizer step
 however training ended, and the one after the last validation) and ``training.png`` (the figures per rank over steps);
-the last lines name them and the command that resumes. Printed lines are at most 100 characters, but for file paths.
+the last lines name them and the command that resumes (every override of the run, ``ckpt_path``, and twice the steps
+after a run that reached ``trainer.max_steps``). Ctrl-C (SIGINT) or SIGTERM on any rank stops every rank at the end of
+that optimizer step, which ``last.ckpt`` keeps, with the same end; the exit status is then 128 + the signal's number.
+A setting lit_balance rejects ends the run with one line on stderr naming the key (``data.memory_limit``), printed
+once (``HYDRA_FULL_ERROR=1``: the traceback). Printed lines are at most 80 characters, but for paths and commands.
 
 With ``trainer.strategy=ddp`` Lightning re-runs this script once per extra rank, with the same overrides,
 in the launch directory, and points it at the same Hydra run directory
@@ -40,9 +44,12 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate, to_absolute_path
 from lightning.pytorch.callbacks import ProgressBar
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from lit_balance import BalancedTextDataModule
 from lit_balance.callbacks import LastStepCheckpoint
+from lit_balance.cli.messages import (HYDRA_DEBUG_ENV, INPUT_ERRORS, check_before_launch, exit_on_input_error,
+                                      fit_message, input_error, install_hint, mark_run)
 from lit_balance.lightning.outputs import hydra_resume_command, report_outputs, shown_path as _shown
 from lit_balance.report import summary_line
 from lit_balance.world import data_parallel_world
@@ -52,17 +59,43 @@ _START = time.perf_counter()
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    """Run :func:`train`; a setting lit_balance rejects (or a missing extra) ends the run with one line on stderr
+    naming the Hydra key to change, printed once however many ranks met it, and exit status 2
+    (``HYDRA_FULL_ERROR=1``: the traceback instead)."""
+    mark_run()  # the ranks trainer.fit starts inherit the run's id: an error they all meet is printed once
+    prog = _shown(sys.argv[0])
+    try:
+        train(cfg)
+    except INPUT_ERRORS as error:
+        if input_error(error) is None:  # not a rejected setting: a bug, with its traceback
+            raise
+        exit_on_input_error("", fit_message(error, hydra=True, default=("data", BalancedTextDataModule)), error,
+                            prog=prog, debug_env=HYDRA_DEBUG_ENV)
+    except ImportError as error:
+        if install_hint(error) is None:
+            raise
+        exit_on_input_error("", install_hint(error), error, prog=prog, debug_env=HYDRA_DEBUG_ENV)
+
+
+def train(cfg: DictConfig) -> None:
     """Build the data module, model, callbacks and Trainer that ``cfg`` describes, and fit."""
     L.seed_everything(cfg.seed, verbose=False)
     paths = {}
     if cfg.data.get("cache_dir"):  # a relative one is read from the launch directory, even with hydra.job.chdir
         paths["cache_dir"] = to_absolute_path(os.path.expanduser(cfg.data.cache_dir))
     dm = instantiate(cfg.data, **paths)
+    replaced = None
+    if not OmegaConf.is_missing(cfg.model, "vocab_size") and cfg.model.get("vocab_size") != dm.vocab_size:
+        replaced = (f"model.vocab_size={cfg.model.vocab_size} replaced by the data's vocabulary, {dm.vocab_size} token "
+                    "ids (the model's embedding covers every id of the data)")
     model = instantiate(cfg.model, vocab_size=dm.vocab_size)
     callbacks = list((instantiate(cfg.callbacks) or {}).values()) if cfg.get("callbacks") else []
     if not cfg.trainer.get("enable_progress_bar", True):  # trainer.enable_progress_bar=false: no bar, as asked
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     trainer = instantiate(cfg.trainer, callbacks=callbacks)
+    check_before_launch(dm, trainer)  # here, once, rather than on every rank after they started
+    if replaced and trainer.is_global_zero:
+        print(replaced, flush=True)
     try:
         num_replicas = data_parallel_world(trainer).num_replicas
     except RuntimeError:  # ModelParallelStrategy: the data-parallel size is its device mesh's, built by fit

@@ -152,3 +152,17 @@ def test_the_test_extra_installs_what_the_stores_datasets_and_datatrove_extras_d
     test = declared(("test",))
     for extra in ("stores", "datasets", "datatrove"):
         assert declared((extra,)) <= test, (extra, sorted(declared((extra,)) - test))
+
+
+@pytest.mark.slow
+def test_tokenize_without_datatrove_says_what_to_install_in_one_line(tmp_path):
+    (tmp_path / "c.jsonl").write_text('{"text": "a document"}\n')
+    code = """
+        from lit_balance.cli import main
+        main(["tokenize", "c.jsonl", "--output-folder", "out"])
+    """
+    proc = run_with_only(("stores",), code, tmp_path)  # datatrove not installed
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0] == ('lit-balance tokenize: error: lit-balance tokenize runs datatrove, which is not installed: '
+                        'pip install "lit_balance[datatrove]"'), lines

@@ -18,14 +18,18 @@ from lightning.pytorch import LightningModule
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from lit_balance.cli import messages
 from lit_balance.cli.messages import (
     INPUT_ERRORS,
     ErrorFirstMixin,
     ErrorFirstParser,
+    check_before_launch,
     exit_on_input_error,
     fit_message,
     in_data_setup,
     input_error,
+    install_hint,
+    mark_run,
 )
 from lit_balance.cli.plan import plan_parser, run_plan
 from lit_balance.cli.tokenize import run_tokenize, tokenize_parser
@@ -80,9 +84,12 @@ class LitBalanceCLI(LightningCLI):
     abbreviated. A setting rejected by lit_balance while building the data module or model exits with status 2 and
     one stderr line naming the flag (``lit-balance fit: error: --data.max_tokens must be ...``; :func:`build_cli`
     does the same for the data module's ``setup``); other errors keep their traceback, and ``JSONARGPARSE_DEBUG=true``
-    raises rejected settings too. A flag the parser does not know prints the error first, then the closest flag, then
-    the usage (:class:`LitBalanceArgumentParser`). With the progress bar on and no bar among the callbacks, the
-    Trainer gets a :class:`~lit_balance.callbacks.BalanceProgressBar`.
+    raises rejected settings too. A flag or config key the parser does not know is one line too: the error, the config
+    file holding the key, the closest flag (:class:`LitBalanceArgumentParser`). Under several ranks an error they all
+    meet is printed once. ``max_tokens="auto"`` on a CPU without ``memory_limit`` is refused before the ranks start.
+    With the progress bar on and no bar among the callbacks, the Trainer gets a
+    :class:`~lit_balance.callbacks.BalanceProgressBar`. After ``fit``, the files it wrote and, with a
+    :class:`~lit_balance.callbacks.LastStepCheckpoint`, the command that resumes (:meth:`after_fit`).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -90,6 +97,7 @@ class LitBalanceCLI(LightningCLI):
         given = kwargs.get("args")
         self._argv = [str(a) for a in given] if isinstance(given, (list, tuple)) else list(sys.argv[1:])
         self._fit_started: float | None = None
+        mark_run()  # the ranks fit starts print an error they all meet once
         super().__init__(*args, **kwargs)
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
@@ -167,6 +175,12 @@ class LitBalanceCLI(LightningCLI):
 
         trainer, dm = self.trainer, self.datamodule
         self._fit_started = time.time()
+        try:
+            check_before_launch(dm, trainer)  # here, once, rather than on every rank after they started
+        except INPUT_ERRORS as error:
+            if input_error(error) is None:
+                raise
+            exit_on_input_error(self.subcommand, fit_message(error, default=("data", dm)), error)
         if not trainer.is_global_zero:
             return
         tail = f"max_length {dm.max_length} tokens\ncorpus: {dm.source.description}"
@@ -327,6 +341,10 @@ def _run_other(subcommand: str, args: list[str]) -> SubcommandRun:
         if input_error(error) is None:
             raise
         exit_on_input_error(subcommand, str(error), error)
+    except ImportError as error:  # a missing extra: what to install, in one line
+        if install_hint(error) is None:
+            raise
+        exit_on_input_error(subcommand, install_hint(error), error)
     if run.lines is not None:
         print("\n".join(run.lines), flush=True)
     return run
@@ -411,16 +429,23 @@ def build_cli(args: list[str] | None = None) -> LitBalanceCLI | SubcommandRun:
         args: command-line arguments without the program name (default: ``sys.argv[1:]``).
     """
     argv = list(sys.argv[1:] if args is None else args)
+    messages.COMMAND_LINE = [str(a) for a in argv]  # a parser error names the config file holding a bad key
     if argv and argv[0] in OTHER_SUBCOMMANDS:
         return _run_other(argv[0], argv[1:])
+    subcommand = next((a for a in argv if a in LightningCLI.subcommands()), "fit")
     try:
         return LitBalanceCLI(**_cli_kwargs(), args=args)
     except INPUT_ERRORS as error:
         found = input_error(error)
-        if found is None or not in_data_setup(found):
+        if found is None:
             raise
-        subcommand = next((a for a in argv if a in LightningCLI.subcommands()), "fit")
+        if not in_data_setup(found):  # the data module's dataset (a store's vocabulary check): its settings
+            exit_on_input_error(subcommand, fit_message(error, default=("data", BalancedTextDataModule)), error)
         exit_on_input_error(subcommand, fit_message(error), error)
+    except ImportError as error:  # a missing extra: what to install, in one line
+        if install_hint(error) is None:
+            raise
+        exit_on_input_error(subcommand, install_hint(error), error)
 
 
 def main(args: list[str] | None = None) -> None:

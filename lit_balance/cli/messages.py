@@ -14,7 +14,9 @@ import inspect
 import os
 import re
 import sys
+import tempfile
 import typing
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -23,13 +25,18 @@ from lightning.pytorch import Callback, LightningDataModule, LightningModule
 
 from lit_balance.errors import InputError
 
-__all__ = ["DEBUG_ENV", "INPUT_ERRORS", "ErrorFirstMixin", "ErrorFirstParser", "close_flags", "exit_on_input_error",
-           "fit_message", "flag_names", "in_data_setup", "input_error", "plan_flag"]
+__all__ = ["DEBUG_ENV", "HYDRA_DEBUG_ENV", "INPUT_ERRORS", "RUN_ID_ENV", "ErrorFirstMixin", "ErrorFirstParser",
+           "check_before_launch", "close_flags", "exit_on_input_error", "fit_message", "flag_names", "in_data_setup",
+           "input_error", "install_hint", "mark_run", "plan_flag"]
 
 #: the built-in errors an InputError also is (what a subcommand catches before telling them apart)
 INPUT_ERRORS = (FileNotFoundError, TypeError, ValueError)
 #: set to "true" to raise library input errors with their traceback instead of the one-line message (as jsonargparse)
 DEBUG_ENV = "JSONARGPARSE_DEBUG"
+#: the Hydra recipes' equivalent (Hydra's own): set to 1 for the traceback
+HYDRA_DEBUG_ENV = "HYDRA_FULL_ERROR"
+#: set by a front end before its ranks start (they inherit it): the run whose first error report is printed
+RUN_ID_ENV = "LIT_BALANCE_RUN_ID"
 PATH_RE = re.compile(r"^(corpus|tokenizer) (file|path|glob pattern)\b")
 _COST_RE = re.compile(r"\bCostModel\.(?=linear|quadratic|per_batch)")
 _OPTION_RE = re.compile(r"(?<![\w.-])--[A-Za-z][\w.-]*[\w]")
@@ -129,33 +136,98 @@ def in_data_setup(error: BaseException) -> bool:
                and isinstance(frame.f_locals.get("self"), LightningDataModule) for frame in _frames(error))
 
 
-def fit_message(error: BaseException) -> str:
+def fit_message(error: BaseException, hydra: bool = False, default: tuple[str, Any] | None = None) -> str:
     """The message of the check that rejected a setting, with the data module's or model's argument names as
-    LightningCLI flags (``max_tokens=0`` -> ``--data.max_tokens=0``) or naming the callback."""
+    LightningCLI flags (``max_tokens=0`` -> ``--data.max_tokens=0``) or, with ``hydra``, as a Hydra recipe's keys
+    (``data.max_tokens=0``), or naming the callback.
+
+    Args:
+        error: the error (or one whose ``__cause__`` chain holds the check's).
+        hydra: the keys of a Hydra recipe's config (``data.``, ``model.``) instead of LightningCLI flags.
+        default: ``(key, class or object)`` whose argument names to use when no data module, model or callback raised
+            it (e.g. ``("data", BalancedTextDataModule)`` for a store read by the data module's dataset).
+    """
     error = input_error(error) or error
     message = str(error)
-    found = _component(error)
+    found = _component(error) or default
     if found is None:
         return message
     key, owner = found
     if key == "callback":
-        return f"{type(owner).__name__} in --trainer.callbacks: {message}"
-    names = tuple(name for name, p in inspect.signature(type(owner).__init__).parameters.items()
+        return f"{type(owner).__name__} in {'callbacks' if hydra else '--trainer.callbacks'}: {message}"
+    cls = owner if isinstance(owner, type) else type(owner)
+    names = tuple(name for name, p in inspect.signature(cls.__init__).parameters.items()
                   if name not in ("self", "corpus", "tokenizer", "settings")
                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+    prefix = f"{key}." if hydra else f"--{key}."
     if key == "data":
-        message = PATH_RE.sub(lambda m: f"--data.{m[1]} {m[2]}", message)
-    return flag_names(message, names, lambda name: f"--{key}.{name}", "=", getattr(error, "parameter", None))
+        message = PATH_RE.sub(lambda m: f"{prefix}{m[1]} {m[2]}", message)
+    return flag_names(message, names, lambda name: f"{prefix}{name}", "=", getattr(error, "parameter", None))
 
 
-def exit_on_input_error(subcommand: str, message: str, error: BaseException) -> typing.NoReturn:
-    """Print ``lit-balance <subcommand>: error: <message>`` as one line on stderr and exit with status 2."""
-    if os.environ.get(DEBUG_ENV, "").lower() == "true":  # as jsonargparse reads it
+def install_hint(error: BaseException) -> str | None:
+    """The message of an ImportError that says what to install (``pip install ...``: a missing extra), else None."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, ImportError) and "pip install" in str(error):
+            return str(error)
+        seen.add(id(error))
+        error = error.__cause__
+    return None
+
+
+def mark_run() -> None:
+    """Give this run an id that the ranks it starts inherit (:data:`RUN_ID_ENV`), so that an error every rank meets
+    is printed once (:func:`exit_on_input_error`). Call before the ranks start; a rank keeps its launcher's."""
+    os.environ.setdefault(RUN_ID_ENV, uuid.uuid4().hex)
+
+
+def _first_report() -> bool:
+    """True in the first process of a multi-process run (on this node) to report an error, else False: it creates a
+    file named after the run's id with ``O_EXCL``. Always True in a process that started no ranks."""
+    run = os.environ.get(RUN_ID_ENV)
+    if not run or "MASTER_PORT" not in os.environ:  # no ranks started (the error came before launching them)
+        return True
+    try:
+        os.close(os.open(os.path.join(tempfile.gettempdir(), f"lit_balance_error_{run}"),
+                         os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def exit_on_input_error(subcommand: str, message: str, error: BaseException, prog: str | None = None,
+                        debug_env: str = DEBUG_ENV) -> typing.NoReturn:
+    """Print ``<prog>: error: <message>`` as one line on stderr and exit with status 2; ``prog`` defaults to
+    ``lit-balance <subcommand>``. Under several ranks, only the first rank to meet an error prints it (the others'
+    errors are the same setting's; they exit with status 2 too). With ``debug_env`` set to true or 1 (as jsonargparse
+    and Hydra read theirs), raise ``error`` with its traceback instead."""
+    if os.environ.get(debug_env, "").lower() in ("true", "1"):
         raise error
-    message = " ".join(message.split())
-    sys.stderr.write(f"lit-balance {subcommand}: error: {message}\n")
-    sys.stderr.flush()
+    if _first_report():
+        message = " ".join(message.split())
+        sys.stderr.write(f"{prog or f'lit-balance {subcommand}'}: error: {message}\n")
+        sys.stderr.flush()
     raise SystemExit(2)
+
+
+def check_before_launch(datamodule: Any, trainer: Any) -> None:
+    """What can be checked before the ranks start and would otherwise fail on every rank after they started: a
+    ``max_tokens="auto"`` on a CPU without ``memory_limit`` (the probe measures the process's resident memory
+    against it).
+
+    Raises:
+        ValueError: (an :class:`~lit_balance.errors.InputValueError`) the case above; its message names
+            ``memory_limit``.
+    """
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    from lit_balance.errors import InputValueError
+
+    if (getattr(datamodule, "max_tokens", None) == "auto" and getattr(datamodule, "memory_limit", None) is None
+            and isinstance(trainer.accelerator, CPUAccelerator)):
+        raise InputValueError("max_tokens='auto' on a CPU needs memory_limit: the bytes of resident memory one rank's "
+                              "process may use, e.g. memory_limit=8589934592 for 8 GiB", parameter="memory_limit")
 
 
 def close_flags(message: str, parser: ArgumentParser) -> list[str]:
@@ -183,9 +255,9 @@ def close_flags(message: str, parser: ArgumentParser) -> list[str]:
 
 
 class ErrorFirstMixin:
-    """A jsonargparse parser's ``error``, with the error printed first: ``lit-balance fit: error: ...``, then "did you
-    mean --trainer.max_steps?" where a flag or subcommand of the (sub)command is close (:func:`close_flags`), then
-    the usage.
+    """A jsonargparse parser's ``error`` as one line: ``lit-balance fit: error: ...``, then "; did you mean
+    --trainer.max_steps?" where a flag or subcommand of the (sub)command is close (:func:`close_flags`; for a key of
+    a config file, the file that holds it and the key it may mean), then where every option is listed.
 
     Exits with status 2, as argparse; with ``JSONARGPARSE_DEBUG=true`` (or ``exit_on_error=False``) it raises as
     jsonargparse does.
@@ -198,15 +270,49 @@ class ErrorFirstMixin:
         if getattr(ex, "default_config_file", None):
             parser.default_config_files = []
         prog = parser.prog.replace(" [options]", "")
-        sys.stderr.write(f"{prog}: error: {message}\n")
-        close = close_flags(message, parser)
+        message = " ".join(message.split())
+        key = re.search(r"does not accept option '([^']+)'|Key '([^']+)' is not expected", message)
+        if key:  # a key of a config file: name the file that holds it
+            name = key[1] or key[2]
+            where = _config_files_with(name)
+            if where:
+                message += f" (in {', '.join(where)})"
+            close = close_flags(f"unrecognized arguments: --{name}", parser)
+            close = [c.lstrip("-") if where else c for c in close]
+        else:
+            close = close_flags(message, parser)
+        line = f"{prog}: error: {message}"
         if close:
-            sys.stderr.write(f"did you mean {' or '.join(close)}?\n")
-        sys.stderr.write("\n")
-        parser.print_usage(sys.stderr)
-        sys.stderr.write(f"every option with its help: {prog} --help\n")
+            line += f"; did you mean {' or '.join(close)}?"
+        sys.stderr.write(f"{line} (every option: {prog} --help)\n")
         sys.stderr.flush()
         self.exit(2)  # type: ignore[attr-defined]
+
+
+def _config_files_with(key: str) -> list[str]:
+    """The ``--config`` / ``-c`` files of this command line whose YAML holds the dotted ``key``."""
+    import yaml
+
+    argv, files = COMMAND_LINE or sys.argv[1:], []
+    for i, arg in enumerate(argv):
+        path = arg.split("=", 1)[1] if arg.startswith("--config=") else (
+            argv[i + 1] if arg in ("--config", "-c") and i + 1 < len(argv) else None)
+        if path is None or not os.path.isfile(path):
+            continue
+        try:
+            node: Any = yaml.safe_load(open(path, encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        for part in key.split("."):
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is not _MISSING:
+            files.append(path)
+    return files
+
+
+_MISSING = object()
+#: the arguments the ``lit-balance`` command parses (set by :func:`lit_balance.cli.build_cli`; None: ``sys.argv``)
+COMMAND_LINE: list[str] | None = None
 
 
 class ErrorFirstParser(ErrorFirstMixin, ArgumentParser):

@@ -106,8 +106,8 @@ def check_saved_data(saved: Any, now: Mapping[str, Any]) -> None:
     if diff:
         raise InputValueError(
             "cannot resume: the training split differs from the checkpoint's (" + "; ".join(diff) + "); "
-            "construct the DataModule with the saved seed, val_fraction and max_length on the same corpus and "
-            "tokenizer, or start without ckpt_path"
+            "resume with the run's own settings: the saved seed, val_fraction and max_length, on the same corpus "
+            "and tokenizer (a Hydra recipe prints a resume line that keeps them), or start without ckpt_path"
         )
 
 

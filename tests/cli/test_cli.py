@@ -440,18 +440,36 @@ def test_abbreviated_flags_are_rejected(tmp_path, monkeypatch, capsys):
                 "'test', 'predict', 'plan', 'configs', 'tokenize')"), "did you mean fit?"),
     (["fit", "--xyzzy=1"], "lit-balance fit: error: unrecognized arguments: --xyzzy=1", None),
 ])
-def test_a_mistyped_flag_prints_the_error_first_then_a_suggestion_then_usage(capsys, args, error, close):
+def test_a_mistyped_flag_is_one_line_with_a_suggestion(capsys, args, error, close):
     with pytest.raises(SystemExit) as excinfo:
         main(args)
     lines = capsys.readouterr().err.splitlines()
-    assert excinfo.value.code == 2
-    assert lines[0] == error, lines[:3]
-    if close:
-        assert lines[1] == close
-    else:
-        assert not lines[1].strip()
-    usage = next(i for i, line in enumerate(lines) if line.startswith("usage: lit-balance"))
-    assert usage <= 3 and lines[-1].startswith("every option with its help: lit-balance")
+    assert excinfo.value.code == 2 and len(lines) == 1, lines
+    prog = error.split(": error:")[0]
+    assert lines[0] == error + (f"; {close}" if close else "") + f" (every option: {prog} --help)", lines
+
+
+def test_a_mistyped_key_in_a_config_file_names_the_file_and_the_key_it_may_mean(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("mine.yaml").write_text("trainer:\n  max_step: 3\n")
+    with pytest.raises(SystemExit) as excinfo:
+        main(["fit", "--config", str(FIT_CPU), "--config", "mine.yaml"])
+    lines = capsys.readouterr().err.splitlines()
+    assert excinfo.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("lit-balance fit: error: ") and "'trainer.max_step' (in mine.yaml)" in lines[0], lines
+    assert "did you mean trainer.max_steps?" in lines[0], lines
+
+
+def test_fit_max_tokens_auto_on_cpu_without_memory_limit_is_one_line_before_ranks_start(tmp_path, monkeypatch,
+                                                                                        capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as excinfo:
+        main(["fit", "--config", str(FIT_CPU), "--data.max_tokens=auto"])
+    lines = capsys.readouterr().err.splitlines()
+    assert excinfo.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("lit-balance fit: error: --data.max_tokens=auto on a CPU needs --data.memory_limit"), lines
+    assert "--data.memory_limit=8589934592" in lines[0] and "2**30" not in lines[0], lines
+    assert not (tmp_path / "lightning_logs").exists()  # no rank started
 
 
 def test_configs_writes_the_shipped_configs_and_recipes(tmp_path, capsys):
@@ -582,3 +600,13 @@ def test_plan_of_a_corpus_with_per_rank_budgets_plans_for_num_replicas(tmp_path)
                      "--max-tokens", "[512, 256, 256]", "--plots", "false", "--output-dir", str(tmp_path / "out")])
     summary = cli.plan_summary
     assert summary["settings"]["max_tokens"] == [512, 256, 256] and len(summary["balanced"]["ranks"]) == 3
+
+
+def test_the_resume_command_keeps_the_arguments_and_replaces_the_checkpoint_and_steps():
+    from lit_balance.cli.app import _resume_command
+
+    argv = ["fit", "--config", "my conf.yaml", "--ckpt_path", "old.ckpt", "--trainer.max_steps", "5", "--data.seed=3"]
+    assert _resume_command(argv, "new dir/last.ckpt", 10) == (
+        "lit-balance fit --config 'my conf.yaml' --data.seed=3 '--ckpt_path=new dir/last.ckpt' --trainer.max_steps=10")
+    assert _resume_command(["fit", "--ckpt_path=old.ckpt", "--trainer.max_steps=5"], "a.ckpt", None) == (
+        "lit-balance fit --trainer.max_steps=5 --ckpt_path=a.ckpt")  # stopped early: the same steps

@@ -16,6 +16,7 @@ import termios
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from _procs import run_script  # tests/ddp/_procs.py
@@ -138,6 +139,39 @@ def test_config_dir_and_config_name_select_another_config(tmp_path):
 def test_a_mistyped_key_fails_with_hydras_hint(tmp_path):
     code, out = _forked(["trainer.devicez=4"], tmp_path)
     assert code == 1 and "+trainer.devicez=4" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_max_tokens_auto_on_cpu_without_memory_limit_is_one_line_before_ranks_start(tmp_path):
+    code, out = _forked(["experiment=smoke", "data.max_tokens=auto"], tmp_path)
+    errors = [line for line in out.splitlines() if ": error: " in line]
+    assert code == 2 and "Traceback" not in out and len(errors) == 1, out[-3000:]
+    assert errors[0].endswith("train.py: error: data.max_tokens=auto on a CPU needs data.memory_limit: the bytes of "
+                              "resident memory one rank's process may use, e.g. data.memory_limit=8589934592 for 8 GiB")
+    assert "Initializing distributed" not in out  # no rank started
+
+
+@pytest.mark.ddp
+def test_a_store_vocabulary_error_on_both_ranks_is_one_line_and_the_replaced_vocab_size_is_said_once(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(1, 500, size=int(rng.integers(5, 60))).tolist() for _ in range(300)]
+    pq.write_table(pa.table({"input_ids": ids}), tmp_path / "ids.parquet")
+    overrides = ["experiment=smoke", "data=arrow", "data.corpus.paths=[ids.parquet]", "data.vocab_size=100",
+                 "data.pad_token_id=0", "data.num_workers=0", "model.vocab_size=1000"]
+    proc = subprocess.run([sys.executable, str(RECIPE), *overrides], check=False, capture_output=True, text=True,
+                          timeout=300, env=_env(tmp_path), cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    errors = [line for line in out.splitlines() if "error" in line.lower()]
+    assert proc.returncode == 2 and "Traceback" not in out and len(errors) == 1, out[-5000:]
+    assert re.search(r"train\.py: error: row \d+ of ids\.parquet holds the token id \d+ at position \d+, outside the "
+                     r"vocabulary \[0, 100\); train with a model \(data\.vocab_size\)", errors[0]), errors
+    assert "Initializing distributed: GLOBAL_RANK: 1" in out  # both ranks ran (and both met the error)
+    said = [line for line in proc.stdout.splitlines() if line.startswith("model.vocab_size=1000 replaced")]
+    assert said == ["model.vocab_size=1000 replaced by the data's vocabulary, 100 token ids (the model's embedding "
+                    "covers every id of the data)"], proc.stdout[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -311,3 +345,15 @@ def test_train_recipe_with_max_tokens_auto_measures_the_budget_on_both_ranks(tmp
     budget = re.search(r"^token budget: max_tokens=(\d+) padded token slots per micro-batch, every rank \(probe;", out,
                        flags=re.MULTILINE)
     assert budget and int(budget.group(1)) > 0, out[-3000:]
+
+
+def test_the_resume_command_keeps_every_override_quoted_for_the_shell():
+    from lit_balance.lightning.outputs import hydra_resume_command
+
+    overrides = ["data=files", "data.corpus=my docs/*.jsonl", "callbacks=[run_summary]", "+ckpt_path=old.ckpt",
+                 "trainer.max_steps=12"]
+    assert shlex.split(hydra_resume_command("recipes/train.py", overrides, "out/last.ckpt")) == [
+        "python", "recipes/train.py", *overrides[:3], "trainer.max_steps=12", "ckpt_path=out/last.ckpt"]
+    assert hydra_resume_command("r.py", overrides, "l.ckpt", max_steps=24, config_dir="my_conf",
+                                config_name="mine").split()[2:6] == ["--config-dir", "my_conf", "--config-name", "mine"]
+    assert hydra_resume_command("r.py", overrides, "l.ckpt", max_steps=24).endswith(" ckpt_path=l.ckpt trainer.max_steps=24")
