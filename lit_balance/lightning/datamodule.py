@@ -597,7 +597,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             consumed = loader.batches_consumed  # a plain loop: what this DataModule's loader handed to it
         state = {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed),
                  "data": data_identity(self)}
-        if self.auto_budget is not None and self.auto_budget.budget is not None:
+        if self.auto_budget is not None:  # planned, so the budget is known: a resume plans with it
             state["token_budget"] = self.auto_budget.state_dict()
         return state
 
