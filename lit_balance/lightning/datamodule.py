@@ -473,6 +473,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         if self.auto_budget is not None:
             self.auto_budget.release()
 
+    def on_exception(self, exception: BaseException) -> None:
+        """As :meth:`teardown`, for a fit that stops with an exception (Lightning then calls no ``teardown``)."""
+        self.teardown("fit")
+
     def plan_summary(self, num_replicas: int, accumulate_grad_batches: int = 1, *, epoch: int = 0) -> dict[str, Any]:
         """Preview the training split's plan for ``num_replicas`` ranks, without a Trainer or the CLI.
 

@@ -261,7 +261,7 @@ class TokenBudgetProbe:
                     self._pass(self.min_budget, "longest")
         except Exception as exc:  # noqa: BLE001  the other ranks wait for this outcome: tell them, then raise
             error = exc
-        failed = self.world.all_gather(torch.tensor([error is not None], dtype=torch.float64))[:, 0]
+        failed = self.world.all_gather(torch.tensor([error is not None], dtype=torch.float64)).flatten()
         if failed.any():
             self._raise_first(error, [r for r in range(self.world.num_replicas) if failed[r]])
         return bool((counts == 0).all())
