@@ -4,10 +4,10 @@
 A :class:`~lit_balance.BalancedDataLoader` saves the sampler's position at the micro-batches training consumed. Under
 ``Trainer.fit`` the right count is the fit loop's (:func:`fit_batches_consumed`): Lightning fetches one batch ahead of
 the training step, and after a training step raised, the checkpoint ``OnExceptionCheckpoint`` writes must count that
-micro-batch as not done, which the loader alone cannot tell. When a loader's iterator is created, :func:`fitting_trainer`
-finds the ``Trainer`` (of ``lightning`` or of the standalone ``pytorch_lightning``) whose ``fit`` creates it, if any:
-the caller frames are searched for it, so nothing is registered with Lightning and fits that use no
-``BalancedDataLoader`` are not touched.
+micro-batch as not done, which the loader alone cannot tell. When a loader's iterator is created,
+:func:`fitting_trainer` finds the ``Trainer`` (of ``lightning`` or of the standalone ``pytorch_lightning``) whose
+``fit`` creates it, if any: the caller frames are searched for it, so nothing is registered with Lightning and fits
+that use no ``BalancedDataLoader`` are not touched.
 """
 
 from __future__ import annotations

@@ -522,10 +522,10 @@ class BalancedDataLoader(DataLoader):
     counts as done when it restores the checkpoint, so a micro-batch whose training step raised
     (``OnExceptionCheckpoint``) runs again after the resume. Beside other training loaders, a fit whose batches per
     epoch outnumber this loader's (a ``CombinedLoader`` in mode ``max_size_cycle``, ``max_size`` or ``sequential``)
-    is refused at its first micro-batch; mode ``min_size`` resumes exactly. In a plain loop (torchrun, Fabric) the count is the
-    micro-batches this loader's iterator handed to the loop: save :meth:`state_dict` after the micro-batches trained so
-    far and restore it into a loader over a fresh sampler before iterating. While it iterates, the sampler's own
-    ``state_dict()`` without a count refuses to save a position ahead of this count.
+    is refused at its first micro-batch; mode ``min_size`` resumes exactly. In a plain loop (torchrun, Fabric) the count
+    is the micro-batches this loader's iterator handed to the loop: save :meth:`state_dict` after the micro-batches
+    trained so far and restore it into a loader over a fresh sampler before iterating. While it iterates, the sampler's
+    own ``state_dict()`` without a count refuses to save a position ahead of this count.
 
     Build it with :func:`balanced_dataloader` (checked), or like a ``DataLoader`` with the sampler as ``sampler``
     (``batch_size=None``) or as ``batch_sampler``.
@@ -602,8 +602,8 @@ class BalancedDataLoader(DataLoader):
     def batches_consumed(self) -> int:
         """Micro-batches of the sampler's current epoch consumed by training, counted from the epoch's start (the
         same on every rank): the ``batches_consumed`` function's value when given, else the count source's, else
-        Lightning's under ``Trainer.fit``, else the micro-batches this loader's latest iterator handed out plus where that pass
-        began.
+        Lightning's under ``Trainer.fit``, else the micro-batches this loader's latest iterator handed out plus where
+        that pass began.
 
         Raises:
             TypeError: the function or the source returned something other than an int (a bool, a float, a string),

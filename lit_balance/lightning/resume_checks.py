@@ -43,8 +43,8 @@ class TrainLoader(BalancedDataLoader):
     Its :meth:`state_dict` is the sampler's position at the micro-batches training consumed: under ``Trainer.fit`` the
     fit loop's count (:func:`fit_batches_consumed`, as the DataModule's own ``state_dict`` saves it), in a plain loop
     (Fabric, torchrun) the micro-batches its iterator handed to the loop. So ``loader.state_dict()`` and
-    ``loader.load_state_dict(...)`` on a fresh DataModule's loader resume exactly, as ``dm.state_dict()`` does (Lightning
-    saves both, and loading both restores the same position).
+    ``loader.load_state_dict(...)`` on a fresh DataModule's loader resume exactly, as ``dm.state_dict()`` does
+    (Lightning saves both, and loading both restores the same position).
 
     Args:
         *args, **kwargs: as :class:`~lit_balance.BalancedDataLoader`.

@@ -28,7 +28,8 @@ def _loader(trainer, num_workers=2, seed=SEED, **kwargs):
     train = MicroBatchDataset(_items(), length="input_ids")
     sampler = BalancedBatchSampler(train.lengths, max_tokens=MAX_TOKENS, seed=seed, num_replicas=trainer.world_size,
                                    rank=trainer.global_rank)
-    return balanced_dataloader(train, sampler, PadFieldsCollator(["input_ids"], pad_token_id=0, scalar_fields=["label"]),
+    collate = PadFieldsCollator(["input_ids"], pad_token_id=0, scalar_fields=["label"])
+    return balanced_dataloader(train, sampler, collate,
                                num_workers=num_workers, persistent_workers=num_workers > 0, **kwargs)
 
 
@@ -173,7 +174,8 @@ def _short(trainer):
     train = MicroBatchDataset(_items()[:60], length="input_ids")
     sampler = BalancedBatchSampler(train.lengths, max_tokens=MAX_TOKENS, seed=1, num_replicas=trainer.world_size,
                                    rank=trainer.global_rank)
-    return balanced_dataloader(train, sampler, PadFieldsCollator(["input_ids"], pad_token_id=0, scalar_fields=["label"]))
+    collate = PadFieldsCollator(["input_ids"], pad_token_id=0, scalar_fields=["label"])
+    return balanced_dataloader(train, sampler, collate)
 
 
 @pytest.mark.parametrize("mode", ["max_size_cycle", "max_size", "sequential"])
