@@ -27,6 +27,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lit_balance.data.collate import IGNORE_INDEX
+from lit_balance.data.fit_loop import FitCount, fitting_trainer
 from lit_balance.data.stores.corpus import StoreDataset
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.types import MicroBatch, padded_lengths
@@ -454,15 +455,17 @@ class _PassCount:
 class _CountingIterator:
     """The DataLoader's iterator, counting the micro-batches it returns (to the training loop, not to the workers)."""
 
-    def __init__(self, iterator: Any, count: _PassCount, sampler: Any) -> None:
-        self._iterator, self._count, self._sampler = iterator, count, sampler
+    def __init__(self, iterator: Any, count: _PassCount, sampler: Any, fit_count: FitCount | None) -> None:
+        self._iterator, self._count, self._sampler, self._fit_count = iterator, count, sampler, fit_count
 
     def __iter__(self) -> _CountingIterator:
         return self
 
     def __next__(self) -> Any:
-        batch = next(self._iterator)
         count = self._count
+        if count.epoch is None and self._fit_count is not None:
+            self._fit_count.check()  # before the first training step: the fit's batch count is this loader's
+        batch = next(self._iterator)
         if count.epoch is None:  # read now: the pass's start is known once the sampler has begun it
             count.epoch, count.start = self._sampler.epoch, self._sampler.start_micro_step
         count.yielded += 1
@@ -470,6 +473,20 @@ class _CountingIterator:
 
     def __len__(self) -> int:
         return len(self._iterator)
+
+
+def _training_loaders(trainer: Any) -> list[Any]:
+    """The loaders of ``trainer.train_dataloader``: one, or a list, tuple or dict of them (nested too)."""
+    out, todo = [], [trainer.train_dataloader]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, Mapping):
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            todo.extend(item)
+        else:
+            out.append(item)
+    return out
 
 
 def _checked_count(value: Any, source: str) -> int:
@@ -499,14 +516,16 @@ class BalancedDataLoader(DataLoader):
 
     It is stateful as Lightning sees it (``state_dict`` / ``load_state_dict``): Lightning saves :meth:`state_dict` in
     the checkpoint's fit loop and restores it before the epoch's iterator is created, so ``Trainer.fit(ckpt_path=...)``
-    resumes exactly, with workers. Under ``Trainer.fit`` the count is Lightning's own by default
-    (:func:`lit_balance.lightning.fit_batches_consumed`, handed to the loader by the
-    :class:`lit_balance.lightning.FitLoopCount` callback that the package registers with every Trainer): the batches
-    the fit loop counts as done when it restores the checkpoint, so a micro-batch whose training step raised
-    (``OnExceptionCheckpoint``) runs again after the resume. In a plain loop (torchrun, Fabric) the count is the
-    micro-batches this loader's iterator handed to the loop: save :meth:`state_dict` after the micro-batches trained so
-    far and restore it into a loader over a fresh sampler before iterating. While it iterates, the sampler's own
-    ``state_dict()`` without a count refuses to save a position ahead of this count.
+    resumes exactly, with workers. Under ``Trainer.fit`` (of ``lightning`` or ``pytorch_lightning``) the count of a
+    training loader is Lightning's own by default (:func:`lit_balance.lightning.fit_batches_consumed`; the loader finds
+    the fitting Trainer when its iterator is created, :mod:`lit_balance.data.fit_loop`): the batches the fit loop
+    counts as done when it restores the checkpoint, so a micro-batch whose training step raised
+    (``OnExceptionCheckpoint``) runs again after the resume. Beside other training loaders, a fit whose batches per
+    epoch outnumber this loader's (a ``CombinedLoader`` in mode ``max_size_cycle``, ``max_size`` or ``sequential``)
+    is refused at its first micro-batch; mode ``min_size`` resumes exactly. In a plain loop (torchrun, Fabric) the count
+    is the micro-batches this loader's iterator handed to the loop: save :meth:`state_dict` after the micro-batches
+    trained so far and restore it into a loader over a fresh sampler before iterating. While it iterates, the sampler's
+    own ``state_dict()`` without a count refuses to save a position ahead of this count.
 
     Build it with :func:`balanced_dataloader` (checked), or like a ``DataLoader`` with the sampler as ``sampler``
     (``batch_size=None``) or as ``batch_sampler``.
@@ -549,19 +568,23 @@ class BalancedDataLoader(DataLoader):
         self.balanced_sampler = sampler
         self._batches_consumed = batches_consumed
         self._count_source: Callable[[], int | None] | None = None
+        self._fit_count: FitCount | None = None
         self._count: _PassCount | None = None
 
     def __iter__(self) -> Any:
         count = _PassCount()
         self._count = count
+        trainer = fitting_trainer()  # the Trainer whose fit creates this iterator for training, if any
+        self._fit_count = FitCount(trainer, self) if trainer is not None and any(
+            x is self for x in _training_loaders(trainer)) else None
         self.balanced_sampler._read_by(self)  # the sampler's own state_dict() then knows who counts its pass
-        return _CountingIterator(super().__iter__(), count, self.balanced_sampler)
+        return _CountingIterator(super().__iter__(), count, self.balanced_sampler, self._fit_count)
 
     def set_count_source(self, source: Callable[[], int | None] | None) -> None:
         """Take the default count from ``source``, a training loop's own count (None: this loader's count again).
 
-        :class:`lit_balance.lightning.FitLoopCount` sets Lightning's fit-loop count here at the start of each training
-        epoch. A ``batches_consumed`` function given to the constructor still takes precedence.
+        It takes precedence over the fit loop's count that the loader finds itself under ``Trainer.fit``; a
+        ``batches_consumed`` function given to the constructor takes precedence over both.
 
         Args:
             source: a function of no argument returning the micro-batches of the current epoch consumed by training,
@@ -578,9 +601,9 @@ class BalancedDataLoader(DataLoader):
     @property
     def batches_consumed(self) -> int:
         """Micro-batches of the sampler's current epoch consumed by training, counted from the epoch's start (the
-        same on every rank): the ``batches_consumed`` function's value when given, else the count source's (Lightning's
-        under ``Trainer.fit``), else the micro-batches this loader's latest iterator handed out plus where that pass
-        began.
+        same on every rank): the ``batches_consumed`` function's value when given, else the count source's, else
+        Lightning's under ``Trainer.fit``, else the micro-batches this loader's latest iterator handed out plus where
+        that pass began.
 
         Raises:
             TypeError: the function or the source returned something other than an int (a bool, a float, a string),
@@ -593,8 +616,8 @@ class BalancedDataLoader(DataLoader):
         """:attr:`batches_consumed` and where it came from (for error messages)."""
         sampler = self.balanced_sampler
         for source, what in ((self._batches_consumed, "the batches_consumed function given to BalancedDataLoader"),
-                             (getattr(self, "_count_source", None), "the loader's count source (under Lightning: "
-                                                                    "fit_batches_consumed of the trainer)")):
+                             (getattr(self, "_count_source", None), "the loader's count source"),
+                             (getattr(self, "_fit_count", None), "fit_batches_consumed of the fitting Trainer")):
             if source is not None:
                 given = source()
                 if given is not None:

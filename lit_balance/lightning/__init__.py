@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "BalancedTextDataModule": "lit_balance.lightning.datamodule",
     "fit_batches_consumed": "lit_balance.lightning.datamodule",
-    "FitLoopCount": "lit_balance.lightning.fit_count",
     "StepTokenLoss": "lit_balance.lightning.loss",
     "token_loss_sum": "lit_balance.lightning.loss",
     "PaddingRatio": "lit_balance.lightning.metrics",
@@ -24,7 +23,6 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # static names for type checkers and IDEs
     from lit_balance.lightning.datamodule import BalancedTextDataModule, fit_batches_consumed  # noqa: F401
-    from lit_balance.lightning.fit_count import FitLoopCount  # noqa: F401
     from lit_balance.lightning.loss import StepTokenLoss, token_loss_sum  # noqa: F401
     from lit_balance.lightning.metrics import PaddingRatio, TokenMeanLoss  # noqa: F401
 

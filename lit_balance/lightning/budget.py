@@ -256,8 +256,9 @@ def find_max_tokens(module: Any, datamodule: Any, *, memory_limit: int | None = 
 
     Args:
         module: the LightningModule, on the device to measure (CPU or CUDA).
-        datamodule: a :class:`~lit_balance.BalancedTextDataModule` (:meth:`~lit_balance.BalancedTextDataModule.probe_inputs`:
-            its training split's lengths, layout and padding id); left as it was.
+        datamodule: a :class:`~lit_balance.BalancedTextDataModule`
+            (:meth:`~lit_balance.BalancedTextDataModule.probe_inputs`: its training split's lengths, layout and padding
+            id); left as it was.
         memory_limit: bytes one rank may use (required on a CPU: the process's peak resident set size).
         memory_fraction: share of the capacity the budget may use.
         trainer: a Trainer whose strategy, precision and optimizers to use, or None.

@@ -473,6 +473,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         if self.auto_budget is not None:
             self.auto_budget.release()
 
+    def on_exception(self, exception: BaseException) -> None:
+        """As :meth:`teardown`, for a fit that stops with an exception (Lightning then calls no ``teardown``)."""
+        self.teardown("fit")
+
     def plan_summary(self, num_replicas: int, accumulate_grad_batches: int = 1, *, epoch: int = 0) -> dict[str, Any]:
         """Preview the training split's plan for ``num_replicas`` ranks, without a Trainer or the CLI.
 
@@ -597,7 +601,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             consumed = loader.batches_consumed  # a plain loop: what this DataModule's loader handed to it
         state = {"train_sampler": self.train_sampler.state_dict(batches_consumed=consumed),
                  "data": data_identity(self)}
-        if self.auto_budget is not None and self.auto_budget.budget is not None:
+        if self.auto_budget is not None:  # planned, so the budget is known: a resume plans with it
             state["token_budget"] = self.auto_budget.state_dict()
         return state
 

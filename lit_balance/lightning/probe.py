@@ -136,8 +136,8 @@ class TokenBudgetProbe:
         min_budget = int(padded_lengths(np.array([longest]), multiple)[0])
         if max_budget is None:
             max_budget = -(-int(padded_lengths(lengths, multiple).sum()) // self.world.num_replicas)
-        self.space = BudgetSpace(min_budget=min_budget, max_budget=max(min_budget, int(max_budget) // multiple * multiple),
-                                 multiple=multiple, longest=longest, target=self.target)
+        top = max(min_budget, int(max_budget) // multiple * multiple)
+        self.space = BudgetSpace(min_budget, top, multiple=multiple, longest=longest, target=self.target)
         self.collator = collator_for(self.planner.name, pad_token_id, multiple)
         ids = np.full(1, pad_token_id + 1, np.int64) if token_ids is None else np.asarray(token_ids, np.int64)
         if ids.ndim != 1 or ids.size == 0:
@@ -248,7 +248,8 @@ class TokenBudgetProbe:
     def _lockstep(self, passes: Sequence[Callable[[], bool]]) -> bool:
         """One round: this rank's ``passes`` (each returns False when the rest need not run), filled up to the largest
         number any rank runs with filler passes, then one all_gather of every rank's outcome. True when every rank had
-        no pass to run. Raises on every rank when one failed: its own error there, the first failing rank's elsewhere."""
+        no pass to run. Raises on every rank when one failed: its own error there, the first failing rank's
+        elsewhere."""
         counts = self.world.all_gather(torch.tensor([len(passes)], dtype=torch.float64))
         error, ran = None, 0
         try:
@@ -261,7 +262,7 @@ class TokenBudgetProbe:
                     self._pass(self.min_budget, "longest")
         except Exception as exc:  # noqa: BLE001  the other ranks wait for this outcome: tell them, then raise
             error = exc
-        failed = self.world.all_gather(torch.tensor([error is not None], dtype=torch.float64))[:, 0]
+        failed = self.world.all_gather(torch.tensor([error is not None], dtype=torch.float64)).flatten()
         if failed.any():
             self._raise_first(error, [r for r in range(self.world.num_replicas) if failed[r]])
         return bool((counts == 0).all())

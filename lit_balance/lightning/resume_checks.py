@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lit_balance._fingerprint import sha256_of_int64
+from lit_balance.data.fit_loop import fit_batches_consumed
 from lit_balance.data.loader import BalancedDataLoader
 from lit_balance.errors import InputValueError
 
@@ -42,8 +43,8 @@ class TrainLoader(BalancedDataLoader):
     Its :meth:`state_dict` is the sampler's position at the micro-batches training consumed: under ``Trainer.fit`` the
     fit loop's count (:func:`fit_batches_consumed`, as the DataModule's own ``state_dict`` saves it), in a plain loop
     (Fabric, torchrun) the micro-batches its iterator handed to the loop. So ``loader.state_dict()`` and
-    ``loader.load_state_dict(...)`` on a fresh DataModule's loader resume exactly, as ``dm.state_dict()`` does (Lightning
-    saves both, and loading both restores the same position).
+    ``loader.load_state_dict(...)`` on a fresh DataModule's loader resume exactly, as ``dm.state_dict()`` does
+    (Lightning saves both, and loading both restores the same position).
 
     Args:
         *args, **kwargs: as :class:`~lit_balance.BalancedDataLoader`.
@@ -109,40 +110,3 @@ def check_saved_data(saved: Any, now: Mapping[str, Any]) -> None:
             "resume with the run's own settings: the saved seed, val_fraction and max_length, on the same corpus "
             "and tokenizer (a Hydra recipe prints a resume line that keeps them), or start without ckpt_path"
         )
-
-
-def _batches_done_on_restore(progress: Any) -> int:
-    """Micro-batches of the current epoch that Lightning's fit loop counts as done when it restores ``progress``.
-
-    ``progress`` is ``trainer.fit_loop.epoch_loop.batch_progress`` at save time. On restore, Lightning 2.x
-    (``_TrainingEpochLoop.reset``) restarts from ``current.completed``, plus the batch of a checkpoint saved in
-    ``on_train_batch_end`` (``ready == started == processed == completed + 1``: the step ran, its end hook did
-    not count yet). ``ready`` also counts a batch whose training step raised (an exception, Ctrl-C): that one
-    runs again.
-    """
-    total, current = progress.total, progress.current
-    done = int(current.completed)
-    if total.ready == total.started == total.processed == total.completed + 1:
-        done += 1
-    return done
-
-
-def fit_batches_consumed(trainer: Any) -> int | None:
-    """Training micro-batches of the current epoch that Lightning counts as done if a checkpoint is saved now.
-
-    The count a resume state must hold (``BalancedBatchSampler.state_dict(batches_consumed=...)``): Lightning restores
-    a mid-epoch checkpoint at its fit loop's *completed* batches, plus the batch of a checkpoint saved in
-    ``on_train_batch_end``; a micro-batch whose training step raised (an exception, Ctrl-C, then
-    ``OnExceptionCheckpoint``) is not done and runs again. :class:`BalancedTextDataModule` saves its sampler's position
-    at this count; pass ``batches_consumed=lambda: fit_batches_consumed(self.trainer)`` to
-    :func:`~lit_balance.balanced_dataloader` for the same with any map-style dataset.
-
-    Args:
-        trainer: the ``lightning.Trainer``.
-
-    Returns:
-        Micro-batches counted from the epoch's start, or None when the trainer is not fitting (no count applies).
-    """
-    if trainer is None or trainer.state.fn != "fit":  # also while validating inside fit
-        return None
-    return _batches_done_on_restore(trainer.fit_loop.epoch_loop.batch_progress)

@@ -311,7 +311,8 @@ def _fitted_candidate(measurements: Sequence[MemoryMeasurement], space: BudgetSp
     return model.largest_budget(aim, space.min_budget, upper, space.multiple, space.longest)
 
 
-def settled_budget(peak: float, budget: int, measurements: Sequence[MemoryMeasurement], space: BudgetSpace) -> int | None:
+def settled_budget(peak: float, budget: int, measurements: Sequence[MemoryMeasurement],
+                   space: BudgetSpace) -> int | None:
     """After passes in a row at ``budget`` peaked at ``peak`` bytes: None when that is at most the target (or
     ``budget`` is already the smallest), else the budget to check instead: the largest the memory model fitted to
     ``measurements`` puts under the target less the excess of ``peak`` over the model's bound at ``budget`` (the
@@ -375,8 +376,8 @@ DEVICE_CODES = {"cpu": 0, "cuda": 1}
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What :meth:`lit_balance.lightning.probe.TokenBudgetProbe.run` returns: every rank's :class:`RankOutcome` (the same on every rank) and this
-    rank's passes.
+    """What :meth:`lit_balance.lightning.probe.TokenBudgetProbe.run` returns: every rank's :class:`RankOutcome` (the
+    same on every rank) and this rank's passes.
 
     Attributes:
         outcomes: by rank.

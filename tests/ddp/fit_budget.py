@@ -2,7 +2,8 @@
 
 Run: python tests/ddp/fit_budget.py OUT_DIR OOM_ABOVE
 Rank 1's training_step raises torch.OutOfMemoryError on micro-batches of more than OOM_ABOVE token slots (0: every
-one), as a smaller device would; with OOM_ABOVE -1 it returns None instead of the loss (the probe cannot measure). Each rank writes OUT_DIR/rank{r}.json: the token budget it trained with, the largest
+one), as a smaller device would; with OOM_ABOVE -1 it returns None instead of the loss (the probe cannot
+measure). Each rank writes OUT_DIR/rank{r}.json: the token budget it trained with, the largest
 training micro-batch it ran and the micro-batches it ran, or the error it stopped with.
 """
 

@@ -175,3 +175,15 @@ def test_the_cpu_allocator_setting_is_held_for_a_fit_logged_once_set_back_and_ca
     off.resolve(trainer)
     off.release()
     assert len(calls) == 4 and len(logged) == 2  # a budget measured on CUDA, or the setting turned off: nothing
+
+
+def test_a_fit_that_stops_with_an_exception_sets_the_allocator_back_too(tmp_path, monkeypatch):
+    from lit_balance.lightning import meters
+
+    calls = []
+    monkeypatch.setattr(meters, "_mallopt_mmap_threshold", lambda value: calls.append(value) or True)
+    dm = BalancedTextDataModule([np.arange(1, 9)] * 4, max_tokens="auto", memory_limit=2**30, val_fraction=0,
+                                cache_dir=tmp_path)
+    assert dm.auto_budget.allocator.hold() is not None and calls == [meters.CPU_MMAP_THRESHOLD]
+    dm.on_exception(RuntimeError("the probe failed"))  # Lightning calls no teardown after an exception
+    assert not dm.auto_budget.allocator.held and len(calls) == 2

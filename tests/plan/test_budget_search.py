@@ -191,3 +191,31 @@ def test_worst_case_batches_are_within_the_budget_and_as_large_as_it_allows(budg
         assert len(batch.rows) == min(budget // width, cap or budget) and batch.squares == batch.slots * width
     per_rank = s.replace(max_tokens=[4096, 2048])  # per-rank budgets: the same layout
     assert planner_for(per_rank).worst_case_batch(per_rank, budget, length) == batch
+
+
+@given(a=st.floats(1e8, 5e8), b=st.floats(1e3, 1e5), excess=st.floats(0, 3e8), budget=st.integers(200, 20_000),
+       multiple=st.sampled_from([1, 8, 64]))
+@settings(max_examples=60, deadline=None)
+def test_settling_takes_the_excess_of_passes_in_a_row_off_the_target(a, b, excess, budget, multiple):
+    from lit_balance.plan.budget_search import settled_budget
+
+    budget = max(2 * multiple, budget // multiple * multiple)
+    tried = [MemoryMeasurement(s, s, 0, int(a + b * s), OK) for s in (multiple, budget // 2, budget)]
+    model = MemoryModel.fit(tried)
+    space = BudgetSpace(min_budget=multiple, max_budget=40_000, multiple=multiple, longest=multiple,
+                        target=model.bound(budget, multiple))
+    assert settled_budget(model.bound(budget, multiple), budget, tried, space) is None  # at the target: settled
+    peak = model.bound(budget, multiple) + excess + 1
+    smaller = settled_budget(peak, budget, tried, space)
+    assert smaller is not None and multiple <= smaller < budget and smaller % multiple == 0
+    if smaller > multiple:  # the largest under the target less the excess
+        assert model.bound(smaller, multiple) <= space.target - (peak - model.bound(budget, multiple)) + 1e-6 * peak
+        assert model.bound(smaller + multiple, multiple) > space.target - (peak - model.bound(budget, multiple))
+
+
+def test_a_rank_outcome_is_gathered_as_numbers_and_read_back():
+    from lit_balance.plan.budget_search import RankOutcome
+
+    outcome = RankOutcome(budget=2348, capacity_bytes=2**30, seconds=1.5, device_kind=0, intercept=1e8,
+                          per_slot=1e4, per_square=0.5)
+    assert RankOutcome.from_row(outcome.to_row()) == outcome and outcome.coefficients == (1e8, 1e4, 0.5)
