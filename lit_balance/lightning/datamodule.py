@@ -38,7 +38,6 @@ from lit_balance.lightning.resume_checks import (
     settings_advice,
 )
 from lit_balance.plan.cost import CostModel, check_cost_model
-from lit_balance.plan.epoch import planner_for
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.sampler.sampler import BalancedBatchSampler
 from lit_balance.sampler.state import SettingsMismatchError
@@ -389,8 +388,8 @@ class BalancedTextDataModule(L.LightningDataModule):
                 warn=not self._warned_zero_targets)
         self.corpus, self.train_dataset, self.val_dataset = splits
         self.train_sampler, self.val_sampler = train_sampler, val_sampler
-        self.collator = collator_for(planner_for(self.settings).name, self.pad_token_id, self.pad_to_multiple_of,
-                                     max_length=truncate)
+        # the sampler's settings: static shapes are chosen from the split's lengths when it is built
+        self.collator = collator_for(train_sampler.settings, self.pad_token_id, max_length=truncate)
 
     def _fingerprint(self) -> list[tuple[str, int, bool]]:
         """What this rank planned at ``setup``: :func:`lit_balance.lightning.agreement.plan_fingerprint`."""

@@ -11,7 +11,7 @@ With a budget per rank (``max_tokens`` a list), the planner chosen is wrapped in
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from lit_balance.plan.cost import CostModelProtocol, check_cost_model
 from lit_balance.plan.packed import PackedPlanner
 from lit_balance.plan.padded import PaddedPlanner
 from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan.shapes import resolve_static_shapes, static_planner
 from lit_balance.plan.types import EpochPlan, WorstCaseBatch, padded_lengths
 
 __all__ = ["PLANNERS", "Planner", "plan_epoch", "planner_for"]
@@ -60,6 +61,10 @@ class Planner(Protocol):
         """The largest micro-batch of ``length``-token rows (documents, packed) this planner may form within ``budget``
         padded token slots, as the token budget probe builds it; None when not one row fits."""
 
+    def collator(self, settings: BatchingSettings, pad_token_id: int, max_length: int | None = None) -> Any:
+        """The collator of this planner's micro-batches (:mod:`lit_balance.data.collate`), for ``settings``: the one
+        place where the layout of a micro-batch chooses its collator."""
+
 
 _PADDED, _PACKED = PaddedPlanner(), PackedPlanner()
 #: The planners by name.
@@ -69,7 +74,9 @@ PLANNERS: dict[str, Planner] = {_PADDED.name: _PADDED, _PACKED.name: _PACKED}
 def planner_for(settings: BatchingSettings) -> Planner:
     """The planner ``settings`` choose: packed with ``packing=True``, else padded; with per-rank ``max_tokens`` (a
     list), that planner wrapped in :class:`~lit_balance.plan.budgets.PerRankPlanner` (its ``name`` is the wrapped
-    planner's).
+    planner's); with static shapes (``static_packing``, ``padded_shapes``), the planner of those shapes
+    (:func:`lit_balance.plan.shapes.static_planner`; the shapes must have been chosen:
+    :func:`~lit_balance.plan.shapes.resolve_static_shapes`).
 
     Example:
         >>> planner_for(BatchingSettings(max_tokens=64, packing=True)).name
@@ -78,6 +85,9 @@ def planner_for(settings: BatchingSettings) -> Planner:
     if not isinstance(settings, BatchingSettings):
         raise InputTypeError(f"settings must be a lit_balance.BatchingSettings, got {type(settings).__name__}",
                              parameter="settings")
+    static = static_planner(settings)
+    if static is not None:
+        return static
     planner = _PACKED if settings.packing else _PADDED
     return PerRankPlanner(planner) if settings.per_rank else planner
 
@@ -150,6 +160,10 @@ def plan_epoch(
     settings.rank_max_tokens(num_replicas)  # per-rank budgets: one per rank
     lengths = check_lengths(lengths)
     candidates = _candidates(lengths, eligible, settings)
+    if settings.static_packing or settings.padded_shapes is not None:  # shapes not chosen yet: from these samples
+        planned = np.zeros(lengths.shape[0], dtype=bool)
+        planned[candidates] = True
+        settings = resolve_static_shapes(lengths, settings, planned)
     speeds = check_speeds(rank_speeds, num_replicas)
     speeds = np.ones(num_replicas) if speeds is None else speeds
     return planner_for(settings).plan(lengths, candidates, settings, num_replicas=num_replicas, epoch=epoch,

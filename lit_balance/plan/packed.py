@@ -717,3 +717,10 @@ class PackedPlanner:
 
     count_steps = staticmethod(count_steps)
     batch_costs = staticmethod(batch_costs)
+
+    @staticmethod
+    def collator(settings: BatchingSettings, pad_token_id: int, max_length: int | None = None):
+        """:class:`~lit_balance.PackedCollator`: the documents in one row, its tail padded to ``pad_to_multiple_of``."""
+        from lit_balance.data.collate import PackedCollator  # planning stays NumPy-only until a collator is asked for
+
+        return PackedCollator(pad_token_id, settings.pad_to_multiple_of, max_length=max_length)

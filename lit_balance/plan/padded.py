@@ -587,3 +587,10 @@ class PaddedPlanner:
         if rows < 1:
             return None
         return WorstCaseBatch(rows=(int(length),) * rows, slots=rows * width, squares=rows * width * width)
+
+    @staticmethod
+    def collator(settings: BatchingSettings, pad_token_id: int, max_length: int | None = None):
+        """:class:`~lit_balance.PadCollator`: rows padded to the longest (rounded up to ``pad_to_multiple_of``)."""
+        from lit_balance.data.collate import PadCollator  # planning stays NumPy-only until a collator is asked for
+
+        return PadCollator(pad_token_id, settings.pad_to_multiple_of, max_length=max_length)
