@@ -12,8 +12,9 @@ of :class:`~lit_balance.BatchingSettings` bound the shapes an epoch uses (docs/c
   ``K`` lengths from the length distribution, the ones that pad the fewest token slots (an exact dynamic program
   over the distinct lengths, :func:`choose_padded_shapes`), each with as many rows as the budget holds. The plan
   is the padded plan of the lengths rounded up to their shape's length (:class:`ShapedPaddedPlanner`), so it keeps
-  every guarantee of the padded planner (budget, balance, equal counts, windows, resume); each micro-batch is then
-  padded to the smallest shape that holds it (:func:`shape_index`).
+  the padded planner's guarantees (budget, equal counts, windows, resume) and its rank assignment (LPT within each
+  step), with micro-batches filled to the budget rather than cut to equal costs (every micro-batch of a shape
+  costs the same); each micro-batch is then padded to the smallest shape that holds it (:func:`shape_index`).
 
 Worked example (``max_tokens=64``, lengths 3, 5, 9, 9, 30, ``padded_shapes=2``): the lengths 9 and 30 pad the
 fewest slots (3 and 5 pad to 9, 9 stays, 30 stays: 10 slots of padding), so the shapes are ``(7, 9)`` and
@@ -33,7 +34,7 @@ import numpy as np
 from lit_balance.errors import InputValueError
 from lit_balance.plan.cost import CostModelProtocol
 from lit_balance.plan.packed import PackedPlanner
-from lit_balance.plan.padded import PaddedPlanner, count_steps as padded_count_steps, plan_padded
+from lit_balance.plan.padded import PaddedPlanner, count_filled_steps, plan_filled
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.types import EpochPlan, WorstCaseBatch, padded_lengths
 
@@ -224,7 +225,9 @@ class ShapedPaddedPlanner(PaddedPlanner):
     budget holds at most that shape's rows (``max(length, max_tokens // (rows + 1) + 1)``; the length itself when the
     shape has ``max_tokens // length`` rows). The padded planner then bounds every micro-batch by ``max_tokens``,
     so a micro-batch whose longest sample has shape ``k`` has at most ``rows_k`` rows and :func:`shape_index` finds it
-    a shape. Costs and slots (:meth:`batch_costs`) are those of the shape each micro-batch is padded to.
+    a shape. The micro-batches are filled to the budget (:func:`~lit_balance.plan.padded.plan_filled`: longest first,
+    samples of one shape length in random order), so the shapes are full. Costs and slots (:meth:`batch_costs`) are
+    those of the shape each micro-batch is padded to.
 
     Args:
         shapes: ``(rows, length)`` pairs sorted by length, each within ``max_tokens``.
@@ -246,14 +249,14 @@ class ShapedPaddedPlanner(PaddedPlanner):
     def plan(self, lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int,
              epoch: int, cost_model: CostModelProtocol, speeds: np.ndarray, min_steps: int = 0,
              num_batches: int | None = None) -> EpochPlan:
-        """:func:`~lit_balance.plan.padded.plan_padded` on the shape lengths."""
-        return plan_padded(self.planned_lengths(lengths), candidates, settings, num_replicas=num_replicas, epoch=epoch,
+        """:func:`~lit_balance.plan.padded.plan_filled` on the shape lengths."""
+        return plan_filled(self.planned_lengths(lengths), candidates, settings, num_replicas=num_replicas, epoch=epoch,
                            cost_model=cost_model, speeds=speeds, min_steps=min_steps, num_batches=num_batches)
 
     def count_steps(self, lengths: np.ndarray, mask: np.ndarray | None, settings: BatchingSettings, num_replicas: int,
                     min_steps: int, cost_model: CostModelProtocol | None = None) -> tuple[int, int, int | None]:
-        """:func:`~lit_balance.plan.padded.count_steps` on the shape lengths."""
-        return padded_count_steps(self.planned_lengths(lengths), mask, settings, num_replicas, min_steps, cost_model)
+        """:func:`~lit_balance.plan.padded.count_filled_steps` on the shape lengths."""
+        return count_filled_steps(self.planned_lengths(lengths), mask, settings, num_replicas, min_steps, cost_model)
 
     def batch_costs(self, lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray, pad_to_multiple_of: int,
                     cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray]:

@@ -59,10 +59,11 @@ STATIC = {
 @settings(deadline=None, max_examples=40)
 @given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=80), budget=st.integers(60, 200),
        num_replicas=st.integers(1, 4), kind=st.sampled_from(sorted(STATIC)), shuffle=st.booleans(),
-       accumulate=st.integers(1, 2), cut=st.floats(0, 1))
+       accumulate=st.integers(1, 2), cut=st.floats(0, 1), window=st.sampled_from([1 << 20, 30]))
 def test_static_shapes_hold_their_shape_budget_counts_documents_and_resume(lengths, budget, num_replicas, kind,
-                                                                           shuffle, accumulate, cut):
-    kwargs = {"seed": 3, "shuffle": shuffle, "accumulate_grad_batches": accumulate, **STATIC[kind](lengths, budget)}
+                                                                           shuffle, accumulate, cut, window):
+    kwargs = {"seed": 3, "shuffle": shuffle, "accumulate_grad_batches": accumulate, "plan_window": window,
+              **STATIC[kind](lengths, budget)}
     samplers = [BalancedBatchSampler(lengths, budget, num_replicas=num_replicas, rank=r, **kwargs)
                 for r in range(num_replicas)]
     resolved = samplers[0].settings
