@@ -364,8 +364,9 @@ def epoch_shapes(plan: EpochPlan, lengths: np.ndarray, settings: BatchingSetting
 
     Returns:
         ``{"shapes": {"RxT": micro-batches}, "distinct_shapes": int, "real_token_fraction": float}``: shapes as
-        ``rows x tokens`` (packed: ``1 x row length``), the real (non-fill) tokens over all token slots of all
-        micro-batches of all ranks (global).
+        ``rows x tokens`` (packed: ``1xN cuS``, the row's length and the entries of ``cu_seq_lens``, whose shape
+        changes a compiled graph too), the real (non-fill) tokens over all token slots of all micro-batches of all
+        ranks (global).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     rows, offsets = plan.rows, plan.batch_offsets
@@ -378,18 +379,24 @@ def epoch_shapes(plan: EpochPlan, lengths: np.ndarray, settings: BatchingSetting
         index = planner.batch_shapes(lengths, rows, offsets)
         shape = [planner.shapes[i] for i in index if i >= 0]
     elif settings.packing:
-        width = settings.max_tokens if settings.static_packing else None
-        shape = [(1, width if width else int(padded_lengths(np.array([cum[e] - cum[s]]),
-                                                            settings.pad_to_multiple_of)[0]))
-                 for s, e in zip(offsets[:-1], offsets[1:]) if e > s]
+        filled = sizes > 0
+        if settings.static_packing:
+            width = np.full(int(filled.sum()), settings.max_tokens, dtype=np.int64)
+            bounds = np.full(width.shape[0], settings.max_batch_size + 1, dtype=np.int64)
+        else:
+            width = padded_lengths(cum[offsets[1:]][filled] - cum[offsets[:-1]][filled], settings.pad_to_multiple_of)
+            bounds = sizes[filled] + 1
+        shape = [(1, int(w)) for w in width]
+        keys = [f"1x{int(w)} cu{int(b)}" for w, b in zip(width, bounds)]
     else:
         filled = sizes > 0
         longest = np.maximum.reduceat(padded_lengths(lengths[rows], settings.pad_to_multiple_of),
                                       offsets[:-1][filled]) if filled.any() else np.zeros(0, np.int64)
         shape = list(zip(sizes[filled].tolist(), longest.tolist()))
+    if not settings.packing:
+        keys = [f"{int(r)}x{int(t)}" for r, t in shape]
     counts: dict[str, int] = {}
-    for r, t in shape:
-        key = f"{int(r)}x{int(t)}"
+    for key in keys:
         counts[key] = counts.get(key, 0) + 1
     slots = sum(int(r) * int(t) for r, t in shape)
     return {"shapes": counts, "distinct_shapes": len(counts), "real_token_fraction": real / slots if slots else 1.0}

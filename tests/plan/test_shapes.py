@@ -118,7 +118,7 @@ def test_chosen_cap_keeps_the_free_plan_and_bounds_cu_seq_lens():
     most = int(np.diff(free.batch_offsets).max())
     assert most <= cap < 4 * most  # the cap does not bind the free plan, and is not far above what it needs
     stats = epoch_shapes(plan_epoch(lengths, resolved, num_replicas=4, epoch=0), lengths, resolved)
-    assert stats["shapes"] == {"1x2048": free.num_batches} and stats["real_token_fraction"] > 0.95
+    assert stats["shapes"] == {f"1x2048 cu{cap + 1}": free.num_batches} and stats["real_token_fraction"] > 0.95
 
 
 def _brute_force_padding(values, counts, k):
