@@ -324,16 +324,18 @@ class PackedCollator:
         return batch
 
 
-def collator_for(settings: Any, pad_token_id: int, max_length: int | None = None) -> PadCollator | PackedCollator:
-    """The collator of the micro-batches that ``settings`` plan: the planner of the settings
-    (:func:`lit_balance.plan.planner_for`) builds it (its ``collator`` method), so the layout of a micro-batch
-    chooses its collator in one place: :class:`PadCollator` (padded; with ``padded_shapes``, to those shapes) or
-    :class:`PackedCollator` (``packing``; with ``static_packing``, rows of exactly ``max_tokens``).
+def collator_for(settings: Any, pad_token_id: int, max_length: int | None = None, *,
+                 planner: Any = None) -> PadCollator | PackedCollator:
+    """The collator of the micro-batches that ``settings`` plan, chosen from their planner
+    (:func:`lit_balance.plan.planner_for`), in this one place: :class:`PackedCollator` when the planner packs rows
+    (``planner.packed_rows``), else :class:`PadCollator`, with the planner's ``collator_options(settings)`` (static
+    shapes: ``padded_shapes`` pads to those shapes, ``static_packing`` to rows of exactly ``max_tokens``).
 
     Args:
         settings: the :class:`~lit_balance.BatchingSettings` as planned (a sampler's ``settings``: static shapes
             chosen from the lengths).
         pad_token_id, max_length: as for the collators (``pad_to_multiple_of`` is the settings').
+        planner: the planner of ``settings`` when the caller holds it (default: ``planner_for(settings)``).
 
     Raises:
         TypeError: ``settings`` is not a :class:`~lit_balance.BatchingSettings`.
@@ -348,4 +350,6 @@ def collator_for(settings: Any, pad_token_id: int, max_length: int | None = None
     if not isinstance(settings, BatchingSettings):
         raise InputTypeError(f"collator_for takes the lit_balance.BatchingSettings of the plan (e.g. the sampler's "
                              f"settings), got {settings!r} of type {type(settings).__name__}", parameter="settings")
-    return planner_for(settings).collator(settings, pad_token_id, max_length=max_length)
+    planner = planner_for(settings) if planner is None else planner
+    cls = PackedCollator if planner.packed_rows else PadCollator
+    return cls(pad_token_id, settings.pad_to_multiple_of, max_length=max_length, **planner.collator_options(settings))

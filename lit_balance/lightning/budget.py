@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from lit_balance._checks import check_int, check_number
+from lit_balance.data.collate import collator_for
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.meters import MemoryMeter, meter_for, return_freed_memory
 from lit_balance.lightning.probe_state import ModuleSnapshot
@@ -289,7 +290,7 @@ class TokenBudgetProbe:
         self.target = int(self.memory_fraction * self.meter.capacity)
         self.shapes = _shape_lengths(lengths)
         self.space = self._space(np.asarray(lengths, dtype=np.int64), max_budget)
-        self.collator = self.planner.collator(settings, pad_token_id)
+        self.collator = collator_for(settings, pad_token_id, planner=self.planner)
         ids = np.full(1, pad_token_id + 1, np.int64) if token_ids is None else np.asarray(token_ids, np.int64)
         if ids.ndim != 1 or ids.size == 0:
             raise InputValueError(f"token_ids must be a non-empty 1-D array of token ids, got shape {ids.shape}",

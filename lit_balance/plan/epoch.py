@@ -36,11 +36,14 @@ class Planner(Protocol):
         cost_unit: what the default :class:`~lit_balance.CostModel` counts under it (``"padded slots"``, ``"tokens"``).
         row_buckets: rows of similar length share a micro-batch, so length buckets describe its plans (reports show
             their edges).
+        packed_rows: a micro-batch is one row of whole documents (:class:`~lit_balance.PackedCollator`), else rows
+            padded to a common length (:class:`~lit_balance.PadCollator`).
     """
 
     name: str
     cost_unit: str
     row_buckets: bool
+    packed_rows: bool
 
     def plan(self, lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int,
              epoch: int, cost_model: CostModelProtocol, speeds: np.ndarray, min_steps: int = 0,
@@ -61,9 +64,10 @@ class Planner(Protocol):
         """The largest micro-batch of ``length``-token rows (documents, packed) this planner may form within ``budget``
         padded token slots, as the token budget probe builds it; None when not one row fits."""
 
-    def collator(self, settings: BatchingSettings, pad_token_id: int, max_length: int | None = None) -> Any:
-        """The collator of this planner's micro-batches (:mod:`lit_balance.data.collate`), for ``settings``: the one
-        place where the layout of a micro-batch chooses its collator."""
+    def collator_options(self, settings: BatchingSettings) -> dict[str, Any]:
+        """Keyword arguments of the collator of this planner's micro-batches beyond ``pad_to_multiple_of`` (static
+        shapes); :func:`lit_balance.data.collate.collator_for` builds the collator from them and
+        :attr:`packed_rows`."""
 
 
 _PADDED, _PACKED = PaddedPlanner(), PackedPlanner()

@@ -688,6 +688,7 @@ class PackedPlanner:
     name = "packed"
     cost_unit = "tokens"  # what the default cost model counts under this planner
     row_buckets = False  # one row per micro-batch: no length buckets
+    packed_rows = True  # a micro-batch is one row of whole documents (lit_balance.PackedCollator)
 
     @staticmethod
     def worst_case_batch(settings: BatchingSettings, budget: int, length: int) -> WorstCaseBatch | None:
@@ -719,8 +720,6 @@ class PackedPlanner:
     batch_costs = staticmethod(batch_costs)
 
     @staticmethod
-    def collator(settings: BatchingSettings, pad_token_id: int, max_length: int | None = None):
-        """:class:`~lit_balance.PackedCollator`: the documents in one row, its tail padded to ``pad_to_multiple_of``."""
-        from lit_balance.data.collate import PackedCollator  # planning stays NumPy-only until a collator is asked for
-
-        return PackedCollator(pad_token_id, settings.pad_to_multiple_of, max_length=max_length)
+    def collator_options(settings: BatchingSettings) -> dict:
+        """Keyword arguments of the collator beyond the settings' padding: none (the row as long as its documents)."""
+        return {}

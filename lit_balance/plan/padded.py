@@ -627,6 +627,7 @@ class PaddedPlanner:
     name = "padded"
     cost_unit = "padded slots"  # what the default cost model counts under this planner
     row_buckets = True  # rows of similar length share a micro-batch: bucket edges describe the plan
+    packed_rows = False  # a micro-batch is rows padded to a common length (lit_balance.PadCollator)
     plan = staticmethod(plan_padded)
     count_steps = staticmethod(count_steps)
     batch_costs = staticmethod(batch_costs)
@@ -649,8 +650,6 @@ class PaddedPlanner:
         return WorstCaseBatch(rows=(int(length),) * rows, slots=rows * width, squares=rows * width * width)
 
     @staticmethod
-    def collator(settings: BatchingSettings, pad_token_id: int, max_length: int | None = None):
-        """:class:`~lit_balance.PadCollator`: rows padded to the longest (rounded up to ``pad_to_multiple_of``)."""
-        from lit_balance.data.collate import PadCollator  # planning stays NumPy-only until a collator is asked for
-
-        return PadCollator(pad_token_id, settings.pad_to_multiple_of, max_length=max_length)
+    def collator_options(settings: BatchingSettings) -> dict:
+        """Keyword arguments of the collator beyond the settings' padding: none (rows padded to their longest)."""
+        return {}

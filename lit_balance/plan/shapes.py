@@ -291,11 +291,9 @@ class ShapedPaddedPlanner(PaddedPlanner):
             return None
         return WorstCaseBatch(rows=(int(length),) * rows, slots=rows * width, squares=rows * width * width)
 
-    def collator(self, settings: BatchingSettings, pad_token_id: int, max_length: int | None = None):
-        """:class:`~lit_balance.PadCollator` padding each micro-batch to its shape."""
-        from lit_balance.data.collate import PadCollator
-
-        return PadCollator(pad_token_id, settings.pad_to_multiple_of, max_length=max_length, shapes=self.shapes)
+    def collator_options(self, settings: BatchingSettings) -> dict:
+        """The collator pads each micro-batch to its shape: ``{"shapes": shapes}``."""
+        return {"shapes": self.shapes}
 
 
 class StaticPackedPlanner(PackedPlanner):
@@ -324,12 +322,9 @@ class StaticPackedPlanner(PackedPlanner):
         docs = case.rows[:self.cap]
         return WorstCaseBatch(rows=docs, slots=int(budget), squares=sum(d * d for d in docs))
 
-    def collator(self, settings: BatchingSettings, pad_token_id: int, max_length: int | None = None):
-        """:class:`~lit_balance.PackedCollator` of rows exactly ``max_tokens`` long with ``cap + 1`` boundaries."""
-        from lit_balance.data.collate import PackedCollator
-
-        return PackedCollator(pad_token_id, settings.pad_to_multiple_of, max_length=max_length,
-                              row_length=self.max_tokens, max_documents=self.cap)
+    def collator_options(self, settings: BatchingSettings) -> dict:
+        """Rows exactly ``max_tokens`` long with ``cap + 1`` boundaries: ``{"row_length", "max_documents"}``."""
+        return {"row_length": self.max_tokens, "max_documents": self.cap}
 
 
 @functools.lru_cache(maxsize=32)
