@@ -15,7 +15,9 @@ micro-batch per rank) and each layout, epochs 0 and 1 are planned for ``--ranks`
 Figures (epoch 1, all ranks): real-token fraction (real tokens over the token slots of every micro-batch as
 collated: its shape's ``rows x length``, or the packed row), ``U`` (:attr:`lit_balance.plan.PlanStats.useful_fraction`
 under the token cost: the ranks' busy share of every optimizer step), distinct input shapes (a packed row's shape
-counts its ``cu_seq_lens`` entries too) in the epoch and over both epochs, micro-batches per rank. Goals: packed
+counts its ``cu_seq_lens`` entries too) in the epoch and over both epochs, micro-batches per rank; for K shapes, the
+bound of the real-token fraction that the shapes' lengths allow (every sample padded to its shape's length, no empty
+row: the least padding of any K lengths, which the shapes are chosen for). Goals: packed
 static real-token fraction >= 0.975 and U >= 0.99; padded K=32 real-token fraction >= 0.95.
 
 Writes ``static_shapes_<date>.md`` and ``.json`` (command, commit, machine, date) to ``--output-dir``.
@@ -63,6 +65,10 @@ def measure(lengths: np.ndarray, layout: dict, max_tokens: int, ranks: int, seed
     plans = [plan_epoch(lengths, settings, num_replicas=ranks, epoch=e) for e in (0, 1)]
     seconds = time.perf_counter() - start
     shapes = [epoch_shapes(p, lengths, settings) for p in plans]
+    bound = None
+    if isinstance(settings.padded_shapes, tuple):  # every sample padded to its shape's length, no empty row
+        edges = np.array([t for _, t in settings.padded_shapes])
+        bound = float(lengths.sum() / edges[np.searchsorted(edges, lengths)].sum())
     stats = plan_stats(plans[1], lengths, CostModel(), pad_to_multiple_of=settings.pad_to_multiple_of,
                        planner=planner_for(settings), max_tokens=max_tokens)
     return {"real_token_fraction": shapes[1]["real_token_fraction"], "U": float(stats.useful_fraction),
@@ -71,7 +77,7 @@ def measure(lengths: np.ndarray, layout: dict, max_tokens: int, ranks: int, seed
             "micro_batches_per_rank": plans[1].num_batches // ranks, "over_budget": stats.over_budget_ratio(max_tokens),
             "cap": settings.max_batch_size if settings.static_packing else None,
             "shapes": [list(s) for s in settings.padded_shapes] if settings.padded_shapes else None,
-            "plan_s": seconds}
+            "length_padding_bound": bound, "plan_s": seconds}
 
 
 def machine() -> dict:
@@ -98,11 +104,12 @@ def commit() -> str:
 
 def table(rows: list[dict]) -> str:
     """The Markdown table of every row."""
-    lines = ["| workload | layout | real-token fraction | U | distinct shapes (epoch / two epochs) | "
-             "micro-batches per rank |", "|---|---|---|---|---|---|"]
+    lines = ["| workload | layout | real-token fraction | its bound | U | distinct shapes (epoch / two epochs) | "
+             "micro-batches per rank |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         note = f" (cap {r['cap']})" if r["cap"] else ""
-        lines.append(f"| {r['workload']} | {r['layout']}{note} | {r['real_token_fraction']:.4f} | {r['U']:.4f} | "
+        bound = "-" if r["length_padding_bound"] is None else f"{r['length_padding_bound']:.4f}"
+        lines.append(f"| {r['workload']} | {r['layout']}{note} | {r['real_token_fraction']:.4f} | {bound} | {r['U']:.4f} | "
                      f"{r['distinct_shapes']} / {r['distinct_shapes_two_epochs']} | {r['micro_batches_per_rank']} |")
     return "\n".join(lines)
 
