@@ -39,7 +39,8 @@ from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.types import EpochPlan, WorstCaseBatch, padded_lengths
 
 __all__ = ["ShapedPaddedPlanner", "StaticPackedPlanner", "choose_document_cap", "choose_padded_shapes",
-           "epoch_shapes", "length_histogram", "resolve_static_shapes", "shape_index", "static_planner"]
+           "epoch_shapes", "length_histogram", "probe_planner", "resolve_static_shapes", "shape_index",
+           "static_planner"]
 
 _DP_CANDIDATES = 1024  # most distinct lengths the shape choice considers (quantiles of the distinct ones beyond)
 
@@ -395,3 +396,59 @@ def epoch_shapes(plan: EpochPlan, lengths: np.ndarray, settings: BatchingSetting
         counts[key] = counts.get(key, 0) + 1
     slots = sum(int(r) * int(t) for r, t in shape)
     return {"shapes": counts, "distinct_shapes": len(counts), "real_token_fraction": real / slots if slots else 1.0}
+
+
+class _ProbePlanner:
+    """A planner whose worst-case micro-batch (:meth:`worst_case_batch`) is that of the static shapes at any budget,
+    for the token budget probe, which tries budgets before ``max_tokens`` is known (:func:`probe_planner`)."""
+
+    def __init__(self, base, hist: np.ndarray, settings: BatchingSettings) -> None:
+        self.base, self.name, self.cost_unit = base, base.name, base.cost_unit
+        self.row_buckets, self.packed_rows = base.row_buckets, base.packed_rows
+        self._hist = hist
+        shapes = settings.padded_shapes
+        if isinstance(shapes, int):
+            shapes = choose_padded_shapes(hist, settings, shapes)  # the lengths do not depend on the budget
+        self._shapes = shapes
+
+    def collator_options(self, settings: BatchingSettings) -> dict:
+        """None: the worst-case rows already fill the static shape."""
+        return {}
+
+    def worst_case_batch(self, settings: BatchingSettings, budget: int, length: int) -> WorstCaseBatch | None:
+        """The static micro-batch of ``length``-token rows at ``budget``: packed, a full row of ``budget`` slots with
+        at most the cap of segments (the cap chosen for that budget when not given; the last segment takes the rest
+        of the row, as the tail does); padded, the shape that holds ``length``, its rows ``length`` rounded up to the
+        shape's length, as many as the shape and the budget hold."""
+        budget, length = int(budget), int(length)
+        if self._shapes is None:  # static packing
+            case = PackedPlanner.worst_case_batch(settings, budget, length)
+            if case is None:
+                return None
+            cap = settings.max_batch_size or choose_document_cap(self._hist, settings.replace(max_tokens=budget))
+            docs = list(case.rows)
+            if len(docs) > cap:
+                docs = docs[:cap - 1] + [sum(docs[cap - 1:])]
+            return WorstCaseBatch(rows=tuple(docs), slots=case.slots, squares=sum(d * d for d in docs))
+        fitting = [(r, t) for r, t in self._shapes if t >= length]
+        if not fitting:
+            return None
+        rows, width = fitting[0]
+        rows = min(rows, budget // width)
+        if settings.max_batch_size is not None:
+            rows = min(rows, settings.max_batch_size)
+        if rows < 1:
+            return None
+        return WorstCaseBatch(rows=(width,) * rows, slots=rows * width, squares=rows * width * width)
+
+
+def probe_planner(settings: BatchingSettings, lengths: np.ndarray):
+    """With static shapes, the planner the token budget probe (``max_tokens="auto"``) measures with: its worst-case
+    micro-batch at each budget tried is the static shape (``[1, budget]`` with at most the cap of segments; the padded
+    shape that holds the longest rows). None without static shapes (the probe uses
+    :func:`~lit_balance.plan.planner_for`). ``settings``' ``max_tokens`` is not read; ``lengths`` (int
+    ``[num_samples]``, the training split's) choose the shapes."""
+    if not settings.static_packing and settings.padded_shapes is None:
+        return None
+    base = PackedPlanner() if settings.packing else PaddedPlanner()  # static shapes have one budget for every rank
+    return _ProbePlanner(base, length_histogram(np.asarray(lengths)), settings)

@@ -205,3 +205,27 @@ def test_a_shape_list_that_cannot_hold_the_longest_document_is_refused():
         BalancedBatchSampler([5, 9, 40, 3], 64, num_replicas=1, rank=0, padded_shapes=[(4, 16), (2, 32)])
     with pytest.raises(InputValueError, match="padded_shapes"):
         plan_epoch([5, 9, 40, 3], BatchingSettings(max_tokens=64, padded_shapes=[(4, 16)]), num_replicas=1, epoch=0)
+
+
+def test_the_budget_probe_measures_the_static_shapes():
+    from lit_balance.plan.shapes import probe_planner
+
+    lengths = np.random.default_rng(3).integers(1, 300, 2000)
+    free = BatchingSettings(max_tokens=1 << 40, packing=True)  # max_tokens: a placeholder, as the probe has
+    assert probe_planner(free, lengths) is None  # the probe then uses planner_for(settings)
+    packed = probe_planner(free.replace(static_packing=True), lengths)
+    for budget in (600, 4096, 20000):
+        case = packed.worst_case_batch(free.replace(static_packing=True), budget, 7)
+        cap = choose_document_cap(length_histogram(lengths), free.replace(max_tokens=budget))
+        assert sum(case.rows) == case.slots == budget and len(case.rows) <= cap
+    capped = packed.worst_case_batch(free.replace(static_packing=True, max_batch_size=4), 4096, 7)
+    assert len(capped.rows) == 4 and sum(capped.rows) == 4096
+    padded = BatchingSettings(max_tokens=1 << 40, padded_shapes=4)
+    probe = probe_planner(padded, lengths)
+    widths = [t for _, t in choose_padded_shapes(length_histogram(lengths), padded, 4)]
+    for budget in (1024, 4096):
+        for length in (1, 120, 299):
+            case = probe.worst_case_batch(padded, budget, length)
+            width = min(t for t in widths if t >= length)
+            assert case.rows == (width,) * (budget // width) and case.slots <= budget
+    assert probe.worst_case_batch(padded, 100, 299) is None or widths[-1] <= 100
