@@ -57,6 +57,7 @@ from lit_balance.plan.budget_search import (
     shared_budgets,
 )
 from lit_balance.plan.epoch import planner_for
+from lit_balance.plan.shapes import probe_planner
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.types import padded_lengths
 from lit_balance.world import DataParallelWorld, data_parallel_world
@@ -283,7 +284,7 @@ class TokenBudgetProbe:
             raise InputTypeError(f"settings must be a BatchingSettings, got {type(settings).__name__}",
                                  parameter="settings")
         self.module, self.settings, self.trainer = module, settings, trainer
-        self.planner = planner_for(settings)
+        self.planner = probe_planner(settings, lengths) or planner_for(settings)  # static shapes: their worst case
         self.world = world if world is not None else data_parallel_world(trainer)
         self.device = torch.device(module.device)
         self.meter = meter if meter is not None else meter_for(self.device, memory_limit)
