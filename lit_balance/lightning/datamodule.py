@@ -378,8 +378,9 @@ class BalancedTextDataModule(L.LightningDataModule):
                                       cost_model=self.cost_model)
         val_sampler = None
         if splits.val_dataset is not None:
-            val_settings = self.settings.replace(shuffle=False, drop_last=False, largest_first=False,
-                                                 accumulate_grad_batches=1)
+            # the training sampler's settings: static shapes chosen from the training split, which the collator pads to
+            val_settings = train_sampler.settings.replace(shuffle=False, drop_last=False, largest_first=False,
+                                                          accumulate_grad_batches=1)
             val_sampler = self._sampler("validation", splits.val_dataset, val_settings, world)
         truncate = train_sampler.truncate_to if self.too_long == "truncate" else None
         if train_sampler.supervised_lengths is not None:
