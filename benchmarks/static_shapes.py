@@ -109,7 +109,8 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         note = f" (cap {r['cap']})" if r["cap"] else ""
         bound = "-" if r["length_padding_bound"] is None else f"{r['length_padding_bound']:.4f}"
-        lines.append(f"| {r['workload']} | {r['layout']}{note} | {r['real_token_fraction']:.4f} | {bound} | {r['U']:.4f} | "
+        lines.append(f"| {r['workload']} | {r['layout']}{note} | {r['real_token_fraction']:.4f} | {bound} | "
+                     f"{r['U']:.4f} | "
                      f"{r['distinct_shapes']} / {r['distinct_shapes_two_epochs']} | {r['micro_batches_per_rank']} |")
     return "\n".join(lines)
 

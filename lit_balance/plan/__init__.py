@@ -10,4 +10,5 @@ from lit_balance.plan.windows import PlanWindows, WindowedPlan
 
 __all__ = ["PLANNERS", "BatchingSettings", "CostModel", "CostModelBase", "CostModelProtocol", "EpochPlan", "MicroBatch",
            "PlanStats", "PlanWindows", "Planner", "RankBatches", "WindowedPlan", "batch_persistence", "epoch_shapes",
-           "padded_lengths", "plan_epoch", "plan_stats", "planner_for", "resolve_static_shapes", "useful_fraction_bound"]
+           "padded_lengths", "plan_epoch", "plan_stats", "planner_for", "resolve_static_shapes",
+           "useful_fraction_bound"]

@@ -268,7 +268,7 @@ class BatchingSettings:
         values = {name: getattr(self, name) for name in self.names()}
         if isinstance(values["max_tokens"], tuple):
             values["max_tokens"] = list(values["max_tokens"])
-        for name, off in STATIC_SHAPE_DEFAULTS.items():  # left out while off: saved states and reports stay as they were
+        for name, off in STATIC_SHAPE_DEFAULTS.items():  # left out while off: saved states and reports stay the same
             if values[name] == off:
                 del values[name]
         if isinstance(values.get("padded_shapes"), tuple):

@@ -70,7 +70,7 @@ class PlanInputs:
                 eligible = ~too_long_mask
             else:
                 lengths_arr = np.minimum(lengths_arr, settings.truncate_to)
-        settings = resolve_static_shapes(lengths_arr, settings, eligible)  # static shapes: chosen once, over all samples
+        settings = resolve_static_shapes(lengths_arr, settings, eligible)  # static shapes: once, over all samples
         supervised = (None if supervised_lengths is None
                       else check_supervised_lengths(supervised_lengths, np.asarray(lengths_arr, np.int64)))
         windows = PlanWindows(lengths_arr.shape[0], settings.plan_window, settings.seed) if windowed else None

@@ -3,7 +3,6 @@ micro-batches padded to their shape; the collator chosen by the planner of the s
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
