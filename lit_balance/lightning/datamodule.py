@@ -119,6 +119,9 @@ class BalancedTextDataModule(L.LightningDataModule):
             batching settings, see :class:`~lit_balance.BatchingSettings` (``too_long`` only matters when
             ``max_length`` exceeds ``max_tokens``; ``packing=True``: padding-free micro-batches, one row of whole
             documents each). None (the default, also ``seed``): the BatchingSettings default, or ``settings``'.
+        static_packing, padded_shapes: static shapes for compilers (docs/compiling.md): every packed micro-batch
+            ``[1, max_tokens]``, or padded micro-batches of at most K shapes; chosen from the training split. None
+            (the default): off, or ``settings``'.
         settings: all batching settings as one :class:`~lit_balance.BatchingSettings` instead of the keywords
             above (``max_tokens`` ... ``packing``); a keyword given beside it (not None) must agree with it (else a
             ValueError names both). Its ``accumulate_grad_batches`` is used only without a Trainer.
@@ -193,6 +196,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         cost_model: CostModel | None = None,
         largest_first: bool | None = None,
         packing: bool | None = None,
+        static_packing: bool | None = None,
+        padded_shapes: int | list[tuple[int, int]] | None = None,
         settings: BatchingSettings | None = None,
         text_key: str = "text",
         txt_documents: Literal["line", "paragraph"] = "line",
@@ -212,7 +217,8 @@ class BalancedTextDataModule(L.LightningDataModule):
                                    ("drop_last", drop_last), ("too_long", too_long),
                                    ("pad_to_multiple_of", pad_to_multiple_of), ("max_batch_size", max_batch_size),
                                    ("shuffle_window", shuffle_window), ("largest_first", largest_first),
-                                   ("packing", packing)) if v is not None}
+                                   ("packing", packing), ("static_packing", static_packing),
+                                   ("padded_shapes", padded_shapes)) if v is not None}
         #: The owner of ``max_tokens="auto"`` (:class:`~lit_balance.lightning.budget.AutoTokenBudget`), or None.
         self.auto_budget = auto_budget(given, settings, memory_limit, memory_fraction)
         self.memory_limit, self.memory_fraction = memory_limit, memory_fraction

@@ -13,10 +13,14 @@ def corpus(n=80, seed=0):
 
 @pytest.mark.parametrize("settings", [BatchingSettings(max_tokens=64, packing=True, static_packing=True),
                                       BatchingSettings(max_tokens=64, padded_shapes=3)])
-def test_every_batch_has_a_declared_shape_and_every_document_comes_once(tmp_path, settings):
+@pytest.mark.parametrize("how", ["settings", "keywords"])
+def test_every_batch_has_a_declared_shape_and_every_document_comes_once(tmp_path, settings, how):
     docs = corpus()
     docs += [[7] * 29] * 10  # the longest length in both splits: the shapes chosen from training hold validation's
-    dm = BalancedTextDataModule(docs, max_length=None, val_fraction=0.2, cache_dir=tmp_path, settings=settings)
+    given = {"settings": settings} if how == "settings" else settings.to_dict()
+    dm = BalancedTextDataModule(docs, max_length=None, val_fraction=0.2, cache_dir=tmp_path,
+                                **{k: v for k, v in given.items() if k not in ("accumulate_grad_batches",
+                                                                               "plan_window")})
     dm.prepare_data()
     dm.setup("fit")
     planned = dm.train_sampler.settings
