@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from lit_balance.data.records import IGNORE_INDEX
-from lit_balance.errors import InputValueError
+from lit_balance.errors import InputTypeError, InputValueError
 
-__all__ = ["COLLATORS", "IGNORE_INDEX", "PackedCollator", "PadCollator", "collator_for"]
+__all__ = ["IGNORE_INDEX", "PackedCollator", "PadCollator", "collator_for"]
 
 
 class PadCollator:
@@ -43,14 +43,22 @@ class PadCollator:
     ``supervised_lengths`` of :class:`lit_balance.BalancedBatchSampler`), else ``step_real_tokens - step_rows``
     (a row of ``l`` tokens without masked labels supervises ``l - 1``).
 
+    **Static shapes** (``shapes``, from ``BatchingSettings(padded_shapes=...)``): the batch is padded to the shape
+    ``(R, T)`` of fewest slots that holds its ``B`` rows and longest row (:func:`lit_balance.plan.shapes.shape_index`):
+    ``input_ids``, ``attention_mask`` and ``labels`` are ``[R, T]``, rows ``B ... R - 1`` empty (``pad_token_id``,
+    attention mask 0, labels -100); ``indices`` and ``is_fill`` keep the ``B`` rows of the micro-batch, and
+    ``num_padded_tokens`` is ``R * T``.
+
     Args:
         pad_token_id: token id written into padding positions.
         pad_to_multiple_of: ``T`` is rounded up to a multiple of this (tokens), e.g. 8 for tensor cores.
         max_length: rows longer than this many tokens are truncated (e.g. the sampler's ``truncate_to``
             with ``too_long="truncate"``), or None to keep them whole.
+        shapes: ``(rows, length)`` pairs: every batch has one of these shapes; None (default) for free shapes.
 
     Raises:
-        ValueError: bad arguments; an empty micro-batch or a row with no tokens (at call time).
+        ValueError: bad arguments; an empty micro-batch or a row with no tokens (at call time); with ``shapes``, a
+            micro-batch that no shape holds (naming its rows and longest row).
 
     Example:
         >>> collate = PadCollator(pad_token_id=0, pad_to_multiple_of=4)
@@ -59,11 +67,32 @@ class PadCollator:
         ([[5, 6, 7, 0], [8, 0, 0, 0]], 4, 8)
     """
 
-    def __init__(self, pad_token_id: int, pad_to_multiple_of: int = 1, max_length: int | None = None) -> None:
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int = 1, max_length: int | None = None,
+                 shapes: Sequence[Sequence[int]] | None = None) -> None:
         _check_collator_args(pad_token_id, pad_to_multiple_of, max_length)
         self.pad_token_id = int(pad_token_id)
         self.pad_to_multiple_of = int(pad_to_multiple_of)
         self.max_length = None if max_length is None else int(max_length)
+        self.shapes = None
+        if shapes is not None:
+            if len(shapes) == 0 or any(len(s) != 2 or int(s[0]) < 1 or int(s[1]) < 1 for s in shapes):
+                raise InputValueError(f"shapes must be a non-empty list of (rows, length) pairs of ints >= 1, got "
+                                      f"{shapes!r}; pass BatchingSettings.padded_shapes as chosen by the sampler",
+                                      parameter="shapes")
+            self.shapes = tuple(sorted(((int(r), int(t)) for r, t in shapes), key=lambda s: (s[1], s[0])))
+
+    def _shape(self, batch_size: int, width: int) -> tuple[int, int]:
+        """``(rows, length)`` to pad a batch of ``batch_size`` rows of at most ``width`` tokens to."""
+        if self.shapes is None:
+            return batch_size, width
+        from lit_balance.plan.shapes import shape_index
+
+        k = int(shape_index(self.shapes, np.array([batch_size]), np.array([width]))[0])
+        if k < 0:
+            raise InputValueError(f"a micro-batch of {batch_size} rows, the longest {width} tokens, fits none of the "
+                                  f"padded_shapes {[list(s) for s in self.shapes]}; collate the micro-batches of the "
+                                  "sampler planned with these padded_shapes", parameter="padded_shapes")
+        return self.shapes[k]
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if len(samples) == 0:
@@ -88,16 +117,19 @@ class PadCollator:
         m = self.pad_to_multiple_of
         width = -(-int(lengths.max()) // m) * m
         batch_size = len(rows)
-        input_ids = torch.full((batch_size, width), self.pad_token_id, dtype=torch.long)
+        num_rows, width = self._shape(batch_size, width)
+        input_ids = torch.full((num_rows, width), self.pad_token_id, dtype=torch.long)
         for i, r in enumerate(rows):
             input_ids[i, : r.numel()] = r
+        if num_rows > batch_size:  # static shape: empty rows at the end
+            lengths = torch.cat([lengths, torch.zeros(num_rows - batch_size, dtype=torch.long)])
         attention_mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
         is_fill = torch.tensor([bool(s.get("is_fill", False)) for s in samples], dtype=torch.bool)
         labels = input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
         for i, label in enumerate(row_labels):
             if label is not None:
                 labels[i, : label.numel()] = label
-        labels[is_fill] = IGNORE_INDEX
+        labels[:batch_size][is_fill] = IGNORE_INDEX
         batch = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -105,7 +137,7 @@ class PadCollator:
             "indices": torch.tensor([int(s["index"]) for s in samples], dtype=torch.long),
             "is_fill": is_fill,
             "num_real_tokens": int(lengths.sum()),
-            "num_padded_tokens": batch_size * width,
+            "num_padded_tokens": num_rows * width,
         }
         batch.update(_step_totals(samples[0]))
         return batch
@@ -171,15 +203,29 @@ class PackedCollator:
     is the documents' total rounded up to a multiple (e.g. 8 or 64 for GPU kernels). The sampler with
     ``BatchingSettings(packing=True)`` keeps ``N <= max_tokens``.
 
+    **Static packing** (``row_length`` and ``max_documents``, from ``BatchingSettings(static_packing=True)``: the
+    planner's :meth:`collator` passes ``max_tokens`` and the cap ``max_batch_size``): every batch has one layout, so
+    a compiler or graph capture keeps one program. ``N`` is ``row_length`` whatever the documents; the tail
+    (``N - sum(l)`` tokens of ``pad_token_id``, label -100) has ``position_ids`` ``0, 1, ...`` (a segment of its own,
+    never the continuation of a document); ``cu_seq_lens_q/k`` has exactly ``max_documents + 1`` entries: the
+    documents' boundaries, then the tail's segment, then zero-length segments (``N`` repeated) to the end (with
+    ``max_documents`` documents the tail closes the last document's segment, as above); ``max_length_q/k`` is the
+    constant ``row_length`` (a bound on every segment: flash-attn's varlen kernels take any bound).
+
     Args:
         pad_token_id: token id of the tail padding.
         pad_to_multiple_of: ``N`` is rounded up to a multiple of this (tokens).
         max_length: documents longer than this many tokens are truncated (e.g. the sampler's ``truncate_to`` with
             ``too_long="truncate"``), or None to keep them whole.
+        row_length: with ``max_documents``, every row is exactly this many tokens (static packing); None: ``N``
+            as above.
+        max_documents: with ``row_length``, ``cu_seq_lens_q/k`` has this many segments (``+ 1`` entries).
 
     Raises:
-        ValueError: bad arguments; at call time an empty micro-batch, a document with no tokens, or ``labels`` of
-            another length than ``input_ids`` (naming the dataset index).
+        ValueError: bad arguments (``row_length`` and ``max_documents`` are given together, each >= 1); at call time
+            an empty micro-batch, a document with no tokens, or ``labels`` of another length than ``input_ids``
+            (naming the dataset index); with static packing, more documents than ``max_documents`` or more tokens
+            than ``row_length`` (naming the settings).
 
     Example:
         >>> collate = PackedCollator(pad_token_id=0, pad_to_multiple_of=4)
@@ -190,11 +236,22 @@ class PackedCollator:
         ([0, 3, 8], 5, 5, 8)
     """
 
-    def __init__(self, pad_token_id: int, pad_to_multiple_of: int = 1, max_length: int | None = None) -> None:
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int = 1, max_length: int | None = None,
+                 row_length: int | None = None, max_documents: int | None = None) -> None:
         _check_collator_args(pad_token_id, pad_to_multiple_of, max_length)
         self.pad_token_id = int(pad_token_id)
         self.pad_to_multiple_of = int(pad_to_multiple_of)
         self.max_length = None if max_length is None else int(max_length)
+        if (row_length is None) != (max_documents is None):
+            raise InputValueError(f"row_length ({row_length!r}) and max_documents ({max_documents!r}) go together: "
+                                  "both for static packing (max_tokens and the cap of documents per row), or neither",
+                                  parameter="static_packing")
+        for name, value in (("row_length", row_length), ("max_documents", max_documents)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                                      or value < 1):
+                raise InputValueError(f"{name} must be an int >= 1 or None, got {value!r}", parameter=name)
+        self.row_length = None if row_length is None else int(row_length)
+        self.max_documents = None if max_documents is None else int(max_documents)
 
     def _document(self, s: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         ids = np.asarray(s["input_ids"], dtype=np.int64).reshape(-1)
@@ -212,6 +269,19 @@ class PackedCollator:
             labels[:] = IGNORE_INDEX
         return ids, labels
 
+    def _check_static(self, lengths: np.ndarray, samples: Sequence[Mapping[str, Any]]) -> int:
+        """The static row's length, after checking that the documents fit it."""
+        if lengths.size > self.max_documents:
+            raise InputValueError(f"a micro-batch of {lengths.size} documents (dataset indices "
+                                  f"{[s.get('index') for s in samples][:8]}...) exceeds the static row's cap of "
+                                  f"{self.max_documents} documents; collate the micro-batches of the sampler planned "
+                                  "with static_packing and this max_batch_size", parameter="max_batch_size")
+        if int(lengths.sum()) > self.row_length:
+            raise InputValueError(f"a micro-batch of {int(lengths.sum())} tokens exceeds the static row of "
+                                  f"{self.row_length} tokens (max_tokens); collate the micro-batches of the sampler "
+                                  "planned with static_packing and this max_tokens", parameter="max_tokens")
+        return self.row_length
+
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if len(samples) == 0:
             raise InputValueError("cannot collate an empty micro-batch: the sampler yielded no indices")
@@ -219,16 +289,24 @@ class PackedCollator:
         lengths = np.array([ids.size for ids, _ in docs], dtype=np.int64)
         real = int(lengths.sum())
         m = self.pad_to_multiple_of
-        width = -(-real // m) * m
+        width = -(-real // m) * m if self.row_length is None else self._check_static(lengths, samples)
         tail = width - real
         input_ids = np.concatenate([ids for ids, _ in docs] + [np.full(tail, self.pad_token_id, dtype=np.int64)])
         labels = np.concatenate([lab for _, lab in docs] + [np.full(tail, IGNORE_INDEX, dtype=np.int64)])
-        segments = lengths.copy()
-        segments[-1] += tail  # the tail padding ends the last document's segment
+        if self.row_length is not None and lengths.size < self.max_documents:
+            # static: the tail is a segment of its own, then zero-length segments up to max_documents
+            segments = np.zeros(self.max_documents, dtype=np.int64)
+            segments[:lengths.size] = lengths
+            segments[lengths.size] = tail
+        else:
+            segments = lengths.copy()
+            segments[-1] += tail  # the tail padding ends the last document's segment
         cu = np.concatenate([[0], np.cumsum(segments)])
         position_ids = np.arange(width, dtype=np.int64) - np.repeat(cu[:-1], segments)
+        if self.row_length is not None and tail:  # the tail's positions restart, whichever segment holds it
+            position_ids[real:] = np.arange(tail, dtype=np.int64)
         cu_seq_lens = torch.from_numpy(cu.astype(np.int32))
-        max_length = int(segments.max())
+        max_length = int(segments.max()) if self.row_length is None else self.row_length
         batch = {
             "input_ids": torch.from_numpy(input_ids).unsqueeze(0),
             "position_ids": torch.from_numpy(position_ids).unsqueeze(0),
@@ -246,28 +324,32 @@ class PackedCollator:
         return batch
 
 
-#: The collator of each planner's micro-batches (:data:`lit_balance.plan.PLANNERS`), by planner name.
-COLLATORS: dict[str, type] = {"padded": PadCollator, "packed": PackedCollator}
-
-
-def collator_for(planner: str, pad_token_id: int, pad_to_multiple_of: int = 1,
-                 max_length: int | None = None) -> PadCollator | PackedCollator:
-    """The collator of micro-batches laid out by the planner named ``planner`` (e.g.
-    ``lit_balance.plan.planner_for(settings).name``): :class:`PadCollator` for ``"padded"``, :class:`PackedCollator`
-    for ``"packed"``.
+def collator_for(settings: Any, pad_token_id: int, max_length: int | None = None, *,
+                 planner: Any = None) -> PadCollator | PackedCollator:
+    """The collator of the micro-batches that ``settings`` plan, chosen from their planner
+    (:func:`lit_balance.plan.planner_for`), in this one place: :class:`PackedCollator` when the planner packs rows
+    (``planner.packed_rows``), else :class:`PadCollator`, with the planner's ``collator_options(settings)`` (static
+    shapes: ``padded_shapes`` pads to those shapes, ``static_packing`` to rows of exactly ``max_tokens``).
 
     Args:
-        planner: a key of :data:`COLLATORS`.
-        pad_token_id, pad_to_multiple_of, max_length: as for the collators.
+        settings: the :class:`~lit_balance.BatchingSettings` as planned (a sampler's ``settings``: static shapes
+            chosen from the lengths).
+        pad_token_id, max_length: as for the collators (``pad_to_multiple_of`` is the settings').
+        planner: the planner of ``settings`` when the caller holds it (default: ``planner_for(settings)``).
 
     Raises:
-        ValueError: an unknown planner name.
+        TypeError: ``settings`` is not a :class:`~lit_balance.BatchingSettings`.
 
     Example:
-        >>> type(collator_for("packed", pad_token_id=0)).__name__
+        >>> from lit_balance import BatchingSettings
+        >>> type(collator_for(BatchingSettings(max_tokens=64, packing=True), pad_token_id=0)).__name__
         'PackedCollator'
     """
-    if planner not in COLLATORS:
-        raise InputValueError(f"no collator for the planner {planner!r}; the planners are {sorted(COLLATORS)}",
-                              parameter="planner")
-    return COLLATORS[planner](pad_token_id, pad_to_multiple_of, max_length=max_length)
+    from lit_balance.plan import BatchingSettings, planner_for
+
+    if not isinstance(settings, BatchingSettings):
+        raise InputTypeError(f"collator_for takes the lit_balance.BatchingSettings of the plan (e.g. the sampler's "
+                             f"settings), got {settings!r} of type {type(settings).__name__}", parameter="settings")
+    planner = planner_for(settings) if planner is None else planner
+    cls = PackedCollator if planner.packed_rows else PadCollator
+    return cls(pad_token_id, settings.pad_to_multiple_of, max_length=max_length, **planner.collator_options(settings))

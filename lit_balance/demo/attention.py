@@ -45,22 +45,30 @@ def resolve_packed_attention(name: str, device: torch.device, dropout_p: float =
     return name
 
 
-def document_ids(cu_seq_lens: torch.Tensor) -> torch.Tensor:
-    """Document number of each token, LongTensor ``[N]``, from cumulative lengths ``[D + 1]``."""
-    lengths = (cu_seq_lens[1:] - cu_seq_lens[:-1]).long()
-    return torch.repeat_interleave(torch.arange(lengths.numel(), device=cu_seq_lens.device), lengths)
+def document_ids(cu_seq_lens: torch.Tensor, n: int | None = None) -> torch.Tensor:
+    """Document number of each token, LongTensor ``[N]``, from cumulative lengths ``[D + 1]`` (zero-length segments
+    allowed: they hold no token).
+
+    A search of each token's position in the boundaries, so the output's shape is ``[N]`` whatever the lengths
+    (``N = cu_seq_lens[-1]``, or ``n`` when given: no value is read, and ``torch.compile`` keeps one graph).
+    """
+    cu = cu_seq_lens.reshape(-1)
+    n = int(cu[-1]) if n is None else int(n)
+    positions = torch.arange(n, device=cu.device, dtype=cu.dtype)
+    return torch.searchsorted(cu[1:].contiguous(), positions, right=True)
 
 
-def block_causal_mask(cu_seq_lens: torch.Tensor) -> torch.Tensor:
-    """BoolTensor ``[N, N]``: True where query ``i`` may attend key ``j`` (same document, ``j <= i``)."""
-    doc = document_ids(cu_seq_lens)
+def block_causal_mask(cu_seq_lens: torch.Tensor, n: int | None = None) -> torch.Tensor:
+    """BoolTensor ``[N, N]``: True where query ``i`` may attend key ``j`` (same document, ``j <= i``); ``n``: as for
+    :func:`document_ids`."""
+    doc = document_ids(cu_seq_lens, n)
     n = doc.numel()
     causal = torch.ones(n, n, dtype=torch.bool, device=doc.device).tril()
     return (doc.unsqueeze(1) == doc.unsqueeze(0)) & causal
 
 
-def _sdpa_mask(cu_seq_lens: torch.Tensor) -> Attend:
-    mask = block_causal_mask(cu_seq_lens)
+def _sdpa_mask(cu_seq_lens: torch.Tensor, n: int | None = None) -> Attend:
+    mask = block_causal_mask(cu_seq_lens, n)
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
@@ -77,6 +85,7 @@ def _length_groups(cu_seq_lens: torch.Tensor) -> tuple[list[tuple[torch.Tensor, 
     """
     cu = cu_seq_lens.long().cpu()
     starts, lengths = cu[:-1], cu[1:] - cu[:-1]
+    starts, lengths = starts[lengths > 0], lengths[lengths > 0]  # zero-length segments (static rows) hold no token
     bucket = torch.ceil(torch.log2(lengths.double())).long()
     n = int(cu[-1])
     slot = torch.empty(n, dtype=torch.long)
@@ -95,7 +104,7 @@ def _length_groups(cu_seq_lens: torch.Tensor) -> tuple[list[tuple[torch.Tensor, 
     return groups, slot.to(cu_seq_lens.device)
 
 
-def _sdpa_groups(cu_seq_lens: torch.Tensor) -> Attend:
+def _sdpa_groups(cu_seq_lens: torch.Tensor, n: int | None = None) -> Attend:
     groups, slot = _length_groups(cu_seq_lens)
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
@@ -116,10 +125,10 @@ def _sdpa_groups(cu_seq_lens: torch.Tensor) -> Attend:
 _COMPILED: dict[str, Any] = {}
 
 
-def _flex(cu_seq_lens: torch.Tensor) -> Attend:
+def _flex(cu_seq_lens: torch.Tensor, n: int | None = None) -> Attend:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    doc = document_ids(cu_seq_lens)
+    doc = document_ids(cu_seq_lens, n)
     n = doc.numel()
 
     def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
@@ -143,8 +152,9 @@ def _flex(cu_seq_lens: torch.Tensor) -> Attend:
     return attend
 
 
-def packed_attention(name: str, cu_seq_lens: torch.Tensor) -> Attend:
-    """The ``attend(q, k, v, dropout_p)`` function of implementation ``name`` for one packed row.
+def packed_attention(name: str, cu_seq_lens: torch.Tensor, n: int | None = None) -> Attend:
+    """The ``attend(q, k, v, dropout_p)`` function of implementation ``name`` for one packed row of ``n`` tokens
+    (None: ``cu_seq_lens[-1]``, read from the tensor).
 
     Built once per forward pass (the masks or groups depend only on ``cu_seq_lens``) and used by every layer.
 
@@ -154,4 +164,4 @@ def packed_attention(name: str, cu_seq_lens: torch.Tensor) -> Attend:
     builders = {"sdpa_mask": _sdpa_mask, "sdpa_groups": _sdpa_groups, "flex_attention": _flex}
     if name not in builders:
         raise InputValueError(f"packed attention must be one of {PACKED_ATTENTION}, got {name!r}")
-    return builders[name](cu_seq_lens)
+    return builders[name](cu_seq_lens, n)

@@ -72,7 +72,10 @@ class DemoTransformerLM(L.LightningModule):
 
     Shapes: ``forward(input_ids [B, T], attention_mask [B, T]) -> logits [B, T, vocab_size]`` (padded);
     ``forward(input_ids [1, N], position_ids=[1, N], cu_seq_lens=int [D + 1]) -> logits [1, N, vocab_size]``
-    (packed).
+    (packed). Static shapes (``BatchingSettings(static_packing=True)`` or ``padded_shapes``) work on every path:
+    zero-length segments at the end of ``cu_seq_lens`` and empty padded rows are allowed, and with
+    ``packed_attention="sdpa_mask"`` (or ``"flex_attention"``) the packed forward has no graph break, so
+    ``torch.compile(dynamic=False)`` keeps one graph for every ``[1, max_tokens]`` micro-batch (docs/compiling.md).
 
     Raises:
         TypeError: a size that is not an int (bools and floats such as ``2.0`` too), or a rate that is not
@@ -142,6 +145,9 @@ class DemoTransformerLM(L.LightningModule):
         x = self.embed(input_ids) * math.sqrt(d_model) + _sinusoidal(t, d_model, input_ids.device)
         causal = nn.Transformer.generate_square_subsequent_mask(t, device=input_ids.device, dtype=x.dtype)
         padding = torch.zeros_like(attention_mask, dtype=x.dtype).masked_fill(attention_mask == 0, float("-inf"))
+        # a row without real tokens (a static shape's empty row) attends over its padding rather than to nothing
+        # (NaN); its labels are all -100, so it adds nothing to the loss or the gradients
+        padding = torch.where((attention_mask == 0).all(dim=1, keepdim=True), torch.zeros_like(padding), padding)
         x = self.blocks(x, mask=causal, src_key_padding_mask=padding, is_causal=True)
         return self.head(self.norm(x))
 
@@ -159,15 +165,16 @@ class DemoTransformerLM(L.LightningModule):
                                   f"{None if position_ids is None else tuple(position_ids.shape)}")
         n = input_ids.shape[1]
         cu = cu_seq_lens.reshape(-1)
-        if cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != n:
+        # the check reads values: skipped while torch.compile traces (no graph break, one graph per shape)
+        if not torch.compiler.is_compiling() and (cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != n):
             raise InputValueError(f"cu_seq_lens must run from 0 to N={n} (cumulative document lengths), got "
                                   f"{cu.tolist()[:4]}...{cu.tolist()[-2:]}")
         d_model = self.hparams.d_model
-        positions = _sinusoidal(int(position_ids.max()) + 1, d_model, input_ids.device)[position_ids]
+        positions = _sinusoidal(n, d_model, input_ids.device)[position_ids]  # position_ids < N: a table of the row
         x = self.embed(input_ids) * math.sqrt(d_model) + positions
         dropout = self.hparams.dropout if self.training else 0.0
         method = resolve_packed_attention(self.hparams.packed_attention, input_ids.device, dropout)
-        attend = packed_attention(method, cu.to(input_ids.device))
+        attend = packed_attention(method, cu.to(input_ids.device), n)
         for layer in self.blocks.layers:
             x = _packed_layer(layer, x, attend)
         return self.head(self.norm(x))

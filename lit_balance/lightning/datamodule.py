@@ -41,7 +41,6 @@ from lit_balance.lightning.resume_checks import (
 )
 from lit_balance.plan.budget_search import ProbeLayout
 from lit_balance.plan.cost import CostModel, check_cost_model
-from lit_balance.plan.epoch import planner_for
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.sampler.sampler import BalancedBatchSampler
 from lit_balance.sampler.state import SettingsMismatchError
@@ -127,6 +126,9 @@ class BalancedTextDataModule(L.LightningDataModule):
             batching settings, see :class:`~lit_balance.BatchingSettings` (``too_long`` only matters when
             ``max_length`` exceeds ``max_tokens``; ``packing=True``: padding-free micro-batches, one row of whole
             documents each). None (the default, also ``seed``): the BatchingSettings default, or ``settings``'.
+        static_packing, padded_shapes: static shapes for compilers (docs/compiling.md): every packed micro-batch
+            ``[1, max_tokens]``, or padded micro-batches of at most K shapes; chosen from the training split. None
+            (the default): off, or ``settings``'.
         settings: all batching settings as one :class:`~lit_balance.BatchingSettings` instead of the keywords
             above (``max_tokens`` ... ``packing``); a keyword given beside it (not None) must agree with it (else a
             ValueError names both). Its ``accumulate_grad_batches`` is used only without a Trainer.
@@ -201,6 +203,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         cost_model: CostModel | None = None,
         largest_first: bool | None = None,
         packing: bool | None = None,
+        static_packing: bool | None = None,
+        padded_shapes: int | list[tuple[int, int]] | None = None,
         settings: BatchingSettings | None = None,
         text_key: str = "text",
         txt_documents: Literal["line", "paragraph"] = "line",
@@ -221,7 +225,8 @@ class BalancedTextDataModule(L.LightningDataModule):
                                    ("drop_last", drop_last), ("too_long", too_long),
                                    ("pad_to_multiple_of", pad_to_multiple_of), ("max_batch_size", max_batch_size),
                                    ("shuffle_window", shuffle_window), ("largest_first", largest_first),
-                                   ("packing", packing)) if v is not None}
+                                   ("packing", packing), ("static_packing", static_packing),
+                                   ("padded_shapes", padded_shapes)) if v is not None}
         #: The owner of ``max_tokens="auto"`` (:class:`~lit_balance.lightning.budget.AutoTokenBudget`), or None.
         self.auto_budget = auto_budget(given, settings, memory_limit, memory_fraction, cpu_mmap_threshold)
         self.memory_limit, self.memory_fraction = memory_limit, memory_fraction
@@ -405,8 +410,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         train_sampler = self._sampler("training", train, self._train_settings(), world, cost_model=self.cost_model)
         val_sampler = None
         if val is not None:
-            val_settings = self.settings.replace(shuffle=False, drop_last=False, largest_first=False,
-                                                 accumulate_grad_batches=1)
+            # the training sampler's settings: static shapes chosen from the training split, which the collator pads to
+            val_settings = train_sampler.settings.replace(shuffle=False, drop_last=False, largest_first=False,
+                                                          accumulate_grad_batches=1)
             val_sampler = self._sampler("validation", val, val_settings, world)
         truncate = train_sampler.truncate_to if self.too_long == "truncate" else None
         if train_sampler.supervised_lengths is not None:
@@ -414,8 +420,8 @@ class BalancedTextDataModule(L.LightningDataModule):
                 corpus, train, train_sampler.supervised_lengths, truncate, self.max_length,
                 warn=not self._warned_zero_targets)
         self.train_sampler, self.val_sampler = train_sampler, val_sampler
-        self.collator = collator_for(planner_for(self.settings).name, self.pad_token_id, self.pad_to_multiple_of,
-                                     max_length=truncate)
+        # the sampler's settings: static shapes are chosen from the split's lengths when it is built
+        self.collator = collator_for(train_sampler.settings, self.pad_token_id, max_length=truncate)
 
     def _fingerprint(self) -> list[tuple[str, int, bool]]:
         """What this rank planned at ``setup``: :func:`lit_balance.lightning.agreement.plan_fingerprint`."""
@@ -437,8 +443,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         packing, pad multiple, row cap), ``pad_token_id`` and ``token_ids`` (its longest document's)."""
         train = self.train_dataset if self.train_dataset is not None else self._splits().train_dataset
         lengths = np.asarray(train.lengths, dtype=np.int64)
-        layout = ProbeLayout(packing=self._batching["packing"], pad_to_multiple_of=self._batching["pad_to_multiple_of"],
-                             max_batch_size=self._batching["max_batch_size"])
+        b = self._batching
+        layout = ProbeLayout(packing=b["packing"], pad_to_multiple_of=b["pad_to_multiple_of"],
+                             max_batch_size=b["max_batch_size"], static_packing=b.get("static_packing", False),
+                             padded_shapes=b.get("padded_shapes"))
         return {"lengths": lengths, "layout": layout, "pad_token_id": self.pad_token_id,
                 "token_ids": np.asarray(train[int(np.argmax(lengths))]["input_ids"], dtype=np.int64)}
 

@@ -52,6 +52,7 @@ from lit_balance.plan.budget_search import (
     probe_shapes,
     settled_budget,
 )
+from lit_balance.plan.shapes import probe_planner
 from lit_balance.plan.types import padded_lengths
 from lit_balance.world import DataParallelWorld, data_parallel_world
 
@@ -125,7 +126,6 @@ class TokenBudgetProbe:
             raise InputTypeError(f"layout must be a lit_balance.plan.budget_search.ProbeLayout, got "
                                  f"{type(layout).__name__}", parameter="layout")
         self.module, self.layout, self.trainer = module, layout, trainer
-        self.planner = layout.planner
         self.world = world if world is not None else data_parallel_world(trainer)
         self.device = torch.device(module.device)
         self.meter = meter if meter is not None else meter_for(self.device, memory_limit)
@@ -138,7 +138,13 @@ class TokenBudgetProbe:
             max_budget = -(-int(padded_lengths(lengths, multiple).sum()) // self.world.num_replicas)
         top = max(min_budget, int(max_budget) // multiple * multiple)
         self.space = BudgetSpace(min_budget, top, multiple=multiple, longest=longest, target=self.target)
-        self.collator = collator_for(self.planner.name, pad_token_id, multiple)
+        # static shapes: the worst case at each budget is the static shape (rows of [1, budget]; the padded shape
+        # that holds the longest rows), read from the layout's settings at the largest budget
+        settings = layout.settings(top)
+        static = probe_planner(settings, lengths) if layout.static else None
+        self.planner = static if static is not None else layout.planner
+        self._worst_of = settings if static is not None else layout
+        self.collator = collator_for(settings, pad_token_id, planner=self.planner)
         ids = np.full(1, pad_token_id + 1, np.int64) if token_ids is None else np.asarray(token_ids, np.int64)
         if ids.ndim != 1 or ids.size == 0:
             raise InputValueError(f"token_ids must be a non-empty 1-D array of token ids, got shape {ids.shape}",
@@ -161,7 +167,7 @@ class TokenBudgetProbe:
     # -- one pass --
     def _pass(self, budget: int, shape: str) -> int:
         """Forward and backward of the worst-case micro-batch of ``shape`` at ``budget``; returns its slots."""
-        worst = self.planner.worst_case_batch(self.layout, int(budget), self.shapes[shape])
+        worst = self.planner.worst_case_batch(self._worst_of, int(budget), self.shapes[shape])
         ids = np.tile(self._ids, -(-max(worst.rows) // self._ids.size))
         batch = self.collator([{"input_ids": ids[:n], "index": i, "is_fill": False} for i, n in enumerate(worst.rows)])
         if self.trainer is not None:
@@ -199,7 +205,7 @@ class TokenBudgetProbe:
         """
         if shape not in self.shapes:
             raise InputValueError(f"shape must be one of {sorted(self.shapes)}, got {shape!r}", parameter="shape")
-        worst = self.planner.worst_case_batch(self.layout, int(budget), self.shapes[shape])
+        worst = self.planner.worst_case_batch(self._worst_of, int(budget), self.shapes[shape])
         if worst is None:
             raise InputValueError(f"a budget of {budget} token slots holds no row of {self.shapes[shape]} tokens",
                                   parameter="budget")
@@ -233,7 +239,7 @@ class TokenBudgetProbe:
 
     # -- lockstep rounds --
     def _fits(self, budget: int) -> list[str]:
-        return [s for s in self.shapes if self.planner.worst_case_batch(self.layout, budget, self.shapes[s])]
+        return [s for s in self.shapes if self.planner.worst_case_batch(self._worst_of, budget, self.shapes[s])]
 
     def _shapes_at(self, budget: int) -> list[str]:
         """Every shape at the first two budgets; then the one the memory model predicts to need more at ``budget``."""
@@ -242,7 +248,7 @@ class TokenBudgetProbe:
             return self._fits(budget)
         model = MemoryModel.fit(fitted)
         predicted = {s: model.predict(w.slots, w.squares) for s in self._fits(budget)
-                     for w in [self.planner.worst_case_batch(self.layout, budget, self.shapes[s])]}
+                     for w in [self.planner.worst_case_batch(self._worst_of, budget, self.shapes[s])]}
         return [max(predicted, key=predicted.get)]
 
     def _lockstep(self, passes: Sequence[Callable[[], bool]]) -> bool:

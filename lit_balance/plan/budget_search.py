@@ -29,6 +29,7 @@ its root (Press et al., "Numerical Recipes", 3rd ed., 9.2).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -36,6 +37,9 @@ import numpy as np
 from lit_balance._checks import check_bool, check_int
 from lit_balance.errors import InputValueError
 from lit_balance.plan.epoch import PLANNERS, Planner
+
+if TYPE_CHECKING:
+    from lit_balance.plan.settings import BatchingSettings
 
 __all__ = ["DEVICE_CODES", "GROWTH", "MARGIN", "MAX_ROUNDS", "TOLERANCE", "BudgetSpace", "MemoryMeasurement",
            "MemoryModel", "ProbeLayout", "ProbeResult", "RankOutcome", "chosen_budget", "next_budget", "probe_shapes",
@@ -65,6 +69,7 @@ class ProbeLayout:
         packing: True: padding-free micro-batches (one packed row of whole documents each); False: padded rows.
         pad_to_multiple_of: rows (packed: the row) are padded to a multiple of this many tokens.
         max_batch_size: rows per micro-batch at most, or None.
+        static_packing, padded_shapes: the static shapes of :class:`~lit_balance.BatchingSettings` (off: False, None).
 
     Raises:
         TypeError, ValueError: a value of the wrong type or out of range (naming it).
@@ -77,18 +82,36 @@ class ProbeLayout:
     packing: bool = False
     pad_to_multiple_of: int = 1
     max_batch_size: int | None = None
+    static_packing: bool = False
+    padded_shapes: int | tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         check_bool("packing", self.packing)
         check_int("pad_to_multiple_of", self.pad_to_multiple_of, 1, "use 1 for no rounding")
         if self.max_batch_size is not None:
             check_int("max_batch_size", self.max_batch_size, 1, "or pass None for no row cap")
+        check_bool("static_packing", self.static_packing)
 
     @classmethod
     def of(cls, settings: object) -> ProbeLayout:
         """The layout of a :class:`~lit_balance.BatchingSettings` (or any object with the same attributes)."""
         return cls(packing=bool(settings.packing), pad_to_multiple_of=int(settings.pad_to_multiple_of),
-                   max_batch_size=settings.max_batch_size)
+                   max_batch_size=settings.max_batch_size, static_packing=bool(settings.static_packing),
+                   padded_shapes=settings.padded_shapes)
+
+    @property
+    def static(self) -> bool:
+        """True with static shapes (``static_packing`` or ``padded_shapes``): the probe measures those shapes."""
+        return self.static_packing or self.padded_shapes is not None
+
+    def settings(self, max_tokens: int) -> BatchingSettings:
+        """The :class:`~lit_balance.BatchingSettings` of this layout at a budget of ``max_tokens`` padded token slots
+        (per micro-batch, per rank)."""
+        from lit_balance.plan.settings import BatchingSettings
+
+        return BatchingSettings(max_tokens=int(max_tokens), packing=self.packing,
+                                pad_to_multiple_of=self.pad_to_multiple_of, max_batch_size=self.max_batch_size,
+                                static_packing=self.static_packing, padded_shapes=self.padded_shapes)
 
     @property
     def planner(self) -> Planner:

@@ -241,6 +241,8 @@ class PerRankPlanner:
         self.cost_unit = base.cost_unit
         self.row_buckets = base.row_buckets
         self.worst_case_batch = base.worst_case_batch
+        self.packed_rows = base.packed_rows
+        self.collator_options = base.collator_options
 
     def plan(self, lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int,
              epoch: int, cost_model: CostModelProtocol, speeds: np.ndarray, min_steps: int = 0,

@@ -11,7 +11,7 @@ With a budget per rank (``max_tokens`` a list), the planner chosen is wrapped in
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from lit_balance.plan.cost import CostModelProtocol, check_cost_model
 from lit_balance.plan.packed import PackedPlanner
 from lit_balance.plan.padded import PaddedPlanner
 from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan.shapes import resolve_static_shapes, static_planner
 from lit_balance.plan.types import EpochPlan, WorstCaseBatch
 
 __all__ = ["PLANNERS", "Planner", "plan_epoch", "planner_for", "too_long"]
@@ -52,11 +53,14 @@ class Planner(Protocol):
         cost_unit: what the default :class:`~lit_balance.CostModel` counts under it (``"padded slots"``, ``"tokens"``).
         row_buckets: rows of similar length share a micro-batch, so length buckets describe its plans (reports show
             their edges).
+        packed_rows: a micro-batch is one row of whole documents (:class:`~lit_balance.PackedCollator`), else rows
+            padded to a common length (:class:`~lit_balance.PadCollator`).
     """
 
     name: str
     cost_unit: str
     row_buckets: bool
+    packed_rows: bool
 
     def plan(self, lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int,
              epoch: int, cost_model: CostModelProtocol, speeds: np.ndarray, min_steps: int = 0,
@@ -77,6 +81,11 @@ class Planner(Protocol):
         """The largest micro-batch of ``length``-token rows (documents, packed) this planner may form within ``budget``
         padded token slots, as the token budget probe builds it; None when not one row fits."""
 
+    def collator_options(self, settings: BatchingSettings) -> dict[str, Any]:
+        """Keyword arguments of the collator of this planner's micro-batches beyond ``pad_to_multiple_of`` (static
+        shapes); :func:`lit_balance.data.collate.collator_for` builds the collator from them and
+        :attr:`packed_rows`."""
+
 
 _PADDED, _PACKED = PaddedPlanner(), PackedPlanner()
 #: The planners by name.
@@ -86,7 +95,9 @@ PLANNERS: dict[str, Planner] = {_PADDED.name: _PADDED, _PACKED.name: _PACKED}
 def planner_for(settings: BatchingSettings) -> Planner:
     """The planner ``settings`` choose: packed with ``packing=True``, else padded; with per-rank ``max_tokens`` (a
     list), that planner wrapped in :class:`~lit_balance.plan.budgets.PerRankPlanner` (its ``name`` is the wrapped
-    planner's).
+    planner's); with static shapes (``static_packing``, ``padded_shapes``), the planner of those shapes
+    (:func:`lit_balance.plan.shapes.static_planner`; the shapes must have been chosen:
+    :func:`~lit_balance.plan.shapes.resolve_static_shapes`).
 
     Example:
         >>> planner_for(BatchingSettings(max_tokens=64, packing=True)).name
@@ -95,6 +106,9 @@ def planner_for(settings: BatchingSettings) -> Planner:
     if not isinstance(settings, BatchingSettings):
         raise InputTypeError(f"settings must be a lit_balance.BatchingSettings, got {type(settings).__name__}",
                              parameter="settings")
+    static = static_planner(settings)
+    if static is not None:
+        return static
     planner = _PACKED if settings.packing else _PADDED
     return PerRankPlanner(planner) if settings.per_rank else planner
 
@@ -167,6 +181,10 @@ def plan_epoch(
     settings.rank_max_tokens(num_replicas)  # per-rank budgets: one per rank
     lengths = check_lengths(lengths)
     candidates = _candidates(lengths, eligible, settings)
+    if settings.static_packing or settings.padded_shapes is not None:  # shapes not chosen yet: from these samples
+        planned = np.zeros(lengths.shape[0], dtype=bool)
+        planned[candidates] = True
+        settings = resolve_static_shapes(lengths, settings, planned)
     speeds = check_speeds(rank_speeds, num_replicas)
     speeds = np.ones(num_replicas) if speeds is None else speeds
     return planner_for(settings).plan(lengths, candidates, settings, num_replicas=num_replicas, epoch=epoch,

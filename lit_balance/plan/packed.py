@@ -75,16 +75,23 @@ __all__ = ["PackedPlanner", "batch_costs", "count_steps", "packed_count", "plan_
 
 _UNSHUFFLED_SEED = 20250  # the dealing order of unshuffled packings (fixed: the same every epoch)
 _HEADROOM = 0.02  # share of the budget the count leaves free, so that cost-balanced rows rarely overflow
+
+
+def _headroom(settings: BatchingSettings) -> float:
+    """The count's headroom: none with ``static_packing``, where every row costs its whole ``max_tokens`` slots, so
+    full rows matter more than rows cut to equal costs (a failed cost packing falls back as in stage 4)."""
+    return 0.0 if settings.static_packing else _HEADROOM
 _RESERVE_FACTOR = 1.5  # reserve (finishing) cost per micro-batch, in units of the largest short document's cost
 
 
-def _count_lower_bound(lengths: np.ndarray, capacity: int, doc_cap: int, num_replicas: int) -> int:
+def _count_lower_bound(lengths: np.ndarray, capacity: int, doc_cap: int, num_replicas: int,
+                       headroom: float = _HEADROOM) -> int:
     """The least multiple of ``num_replicas`` that can hold the documents, raised for headroom where that needs no
     fill rows."""
     total, n = int(lengths.sum()), lengths.shape[0]
     need = max(-(-total // capacity), int(np.count_nonzero(2 * lengths > capacity)), -(-n // doc_cap), 1)
     need = -(-need // num_replicas) * num_replicas
-    roomy = -(-int(np.ceil(total / (capacity * (1.0 - _HEADROOM)))) // num_replicas) * num_replicas
+    roomy = -(-int(np.ceil(total / (capacity * (1.0 - headroom)))) // num_replicas) * num_replicas
     return max(need, min(roomy, (n // num_replicas) * num_replicas))
 
 
@@ -104,25 +111,27 @@ def packed_count(lengths: np.ndarray, settings: BatchingSettings, num_replicas: 
         histogram = np.bincount(lengths)
     else:  # huge lengths: the histogram of the values present
         histogram = np.concatenate(np.unique(lengths, return_counts=True))
-    key = (hashlib.sha256(histogram.tobytes()).hexdigest(), histogram.shape[0], capacity, doc_cap, num_replicas)
+    headroom = _headroom(settings)
+    key = (hashlib.sha256(histogram.tobytes()).hexdigest(), histogram.shape[0], capacity, doc_cap, num_replicas,
+           headroom)
     if key not in _COUNTS:
         if len(_COUNTS) >= 16:
             _COUNTS.pop(next(iter(_COUNTS)))
-        _COUNTS[key] = _count(lengths, capacity, doc_cap, num_replicas)
+        _COUNTS[key] = _count(lengths, capacity, doc_cap, num_replicas, headroom)
     return _COUNTS[key]
 
 
 _COUNTS: dict[tuple, int] = {}
 
 
-def _count(lengths: np.ndarray, capacity: int, doc_cap: int, num_replicas: int) -> int:
+def _count(lengths: np.ndarray, capacity: int, doc_cap: int, num_replicas: int, headroom: float = _HEADROOM) -> int:
     n = lengths.shape[0]
-    k = _count_lower_bound(lengths, capacity, doc_cap, num_replicas)
+    k = _count_lower_bound(lengths, capacity, doc_cap, num_replicas, headroom)
     if n <= k:
         return k
     tries = 0
     while _pack(lengths, lengths.astype(np.float64), k, capacity, doc_cap, num_replicas, 1,
-                np.ones(num_replicas), None) is None:
+                np.ones(num_replicas), None, headroom) is None:
         tries += 1
         k += num_replicas * max(1, k // (20 * num_replicas)) if tries > 3 else num_replicas
         if k >= n:
@@ -200,7 +209,8 @@ class _Bins:
 
 
 def _pack(lengths: np.ndarray, cost: np.ndarray, k: int, capacity: int, doc_cap: int, num_replicas: int,
-          accumulate: int, speeds: np.ndarray, rng: np.random.Generator | None) -> tuple | None:
+          accumulate: int, speeds: np.ndarray, rng: np.random.Generator | None,
+          headroom: float = _HEADROOM) -> tuple | None:
     """Pack documents (``lengths``, ``cost`` per document) into ``k`` non-empty bins within ``capacity`` tokens.
 
     Stages 2 to 4 of the module docstring, in the order of documents longest first (ties at random with ``rng``).
@@ -222,7 +232,7 @@ def _pack(lengths: np.ndarray, cost: np.ndarray, k: int, capacity: int, doc_cap:
     outlier = (8 * bins.length > capacity) | (bins.cost > 0.25 * share)
     if not _place_outliers(bins, np.flatnonzero(outlier), capacity, doc_cap):
         return None
-    group_of_bin, target = _targets(bins, outlier, capacity, num_replicas, accumulate, speeds, rng)
+    group_of_bin, target = _targets(bins, outlier, capacity, num_replicas, accumulate, speeds, rng, headroom)
     rest = np.flatnonzero(~outlier)
     if rest.size:
         goal_cost = _deal(bins, rest, target, outlier, rng) + target
@@ -268,7 +278,8 @@ def _place_outliers(bins: _Bins, out_idx: np.ndarray, capacity: int, doc_cap: in
 
 
 def _targets(bins: _Bins, outlier: np.ndarray, capacity: int, num_replicas: int, accumulate: int,
-             speeds: np.ndarray, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
+             speeds: np.ndarray, rng: np.random.Generator | None,
+             headroom: float = _HEADROOM) -> tuple[np.ndarray, np.ndarray]:
     """Stage 3: bins to optimizer steps (most costly first) and each bin's target cost for the short documents.
 
     Returns ``(group_of_bin, target)``: int64 ``[k]`` each bin's step and float64 ``[k]`` the cost of short documents
@@ -294,7 +305,7 @@ def _targets(bins: _Bins, outlier: np.ndarray, capacity: int, num_replicas: int,
     rest_cost = float(c[rest].sum())
     per_token = rest_cost / max(int(length[rest].sum()), 1)
     # targets leave half the count's headroom free in every bin, for the dealing's rounding
-    room = per_token * (capacity * (1.0 - 0.5 * _HEADROOM) - bins.tokens)
+    room = per_token * (capacity * (1.0 - 0.5 * headroom) - bins.tokens)
     return group_of_bin, _water_level(step_level[group_of_bin], scale, bin_cost, room, rest_cost)
 
 
@@ -538,10 +549,11 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
     if n <= k:  # one document per micro-batch, and fill rows or drops to equal counts
         return _one_each(candidates, lengths, k, num_replicas, accumulate, speeds, settings, cost_model, finish_rng)
     doc_cost = cost_model.row_cost(doc_len)
+    headroom = _headroom(settings)
     tried = [k]
     if not uniform:  # more micro-batches, so that the fastest rank's share fits the budget (least waste kept)
         share = speeds.max() / speeds.mean()
-        k_fast = -(-int(np.ceil(doc_len.sum() * share / (capacity * (1 - _HEADROOM)))) // num_replicas) * num_replicas
+        k_fast = -(-int(np.ceil(doc_len.sum() * share / (capacity * (1 - headroom)))) // num_replicas) * num_replicas
         if k < k_fast < n:
             tried.append(k_fast)
     if len(tried) > 1 and shuffle and epoch != 0:  # the count epoch 0 chose: every epoch as long as len() said
@@ -549,10 +561,10 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
                              speeds=speeds, min_steps=min_steps).num_batches]
     best: tuple[float, EpochPlan] | None = None
     for count in tried:
-        packed = _pack(doc_len, doc_cost, count, capacity, doc_cap, num_replicas, accumulate, speeds, rng)
+        packed = _pack(doc_len, doc_cost, count, capacity, doc_cap, num_replicas, accumulate, speeds, rng, headroom)
         if packed is None and count == tried[0]:  # the unshuffled token-cost packing of the count fits by construction
             packed = _pack(doc_len, doc_len.astype(np.float64), verified, capacity, doc_cap, num_replicas, 1,
-                           np.ones(num_replicas), None)
+                           np.ones(num_replicas), None, headroom)
             if packed is not None:  # split to the count asked for (min_steps); its steps, most costly first
                 bin_of = _split_bins(packed[0], verified, count)
                 bin_cost = np.bincount(bin_of, weights=doc_cost, minlength=count)
@@ -688,6 +700,7 @@ class PackedPlanner:
     name = "packed"
     cost_unit = "tokens"  # what the default cost model counts under this planner
     row_buckets = False  # one row per micro-batch: no length buckets
+    packed_rows = True  # a micro-batch is one row of whole documents (lit_balance.PackedCollator)
 
     @staticmethod
     def worst_case_batch(settings: BatchingSettings, budget: int, length: int) -> WorstCaseBatch | None:
@@ -717,3 +730,8 @@ class PackedPlanner:
 
     count_steps = staticmethod(count_steps)
     batch_costs = staticmethod(batch_costs)
+
+    @staticmethod
+    def collator_options(settings: BatchingSettings) -> dict:
+        """Keyword arguments of the collator beyond the settings' padding: none (the row as long as its documents)."""
+        return {}

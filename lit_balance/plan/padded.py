@@ -129,6 +129,66 @@ def plan_padded(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
     return best[1]
 
 
+def plan_filled(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int,
+                epoch: int, cost_model: CostModelProtocol, speeds: np.ndarray, min_steps: int = 0,
+                num_batches: int | None = None) -> EpochPlan:
+    """A padded epoch of micro-batches filled to the budget: the plan of static shapes (``padded_shapes``).
+
+    The samples go longest first (ties at random with ``shuffle``; ``shuffle_window`` does not apply) and each
+    micro-batch takes as many rows as the budget holds at its first row's length, so every micro-batch but the last
+    of the order is full: with a few distinct lengths (the shapes' lengths), the shape a micro-batch is padded to
+    is filled. The count (:func:`filled_count`) is the same every epoch; micro-batches are then split to it and to
+    equal counts, and assigned to ranks and steps as :func:`plan_padded` does (LPT on cost within each step).
+
+    Args: as for :func:`plan_padded` (``lengths`` here the lengths the shapes round to).
+    """
+    padded = padded_lengths(lengths, settings.pad_to_multiple_of)
+    row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
+    seed, shuffle = int(settings.seed), settings.shuffle
+    rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch)])) if shuffle else None
+    k = filled_count(padded, candidates, settings, num_replicas) if num_batches is None else num_batches
+    if min_steps * num_replicas > k:
+        k = max(k, min(min_steps, candidates.shape[0] // num_replicas) * num_replicas)
+    order = _order(padded, candidates, settings.max_tokens, 0.0, rng)
+    cuts = _Cuts(padded[order], settings.max_tokens, row_cap, cost_model)
+    ends = _cut_points(cuts.run_take, cuts.run_ends) if cuts.n else np.empty(0, dtype=np.int64)
+    finish_rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch), 1])) if shuffle else None
+    layout = _Layout(padded=padded, cost_model=cost_model, num_replicas=num_replicas,
+                     accumulate_grad_batches=settings.accumulate_grad_batches, speeds=speeds,
+                     uniform=bool(np.all(speeds == speeds[0])), drop_last=settings.drop_last,
+                     largest_first=settings.largest_first, rng=finish_rng)
+    return layout.finish(order, ends, k, by_lpt=True)
+
+
+def filled_count(padded: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, num_replicas: int) -> int:
+    """Micro-batches of every epoch of :func:`plan_filled`: those filled to the budget (ties do not change the
+    count), rounded up to a multiple of ``num_replicas``."""
+    if not candidates.shape[0]:
+        return 0
+    row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
+    longest = sorted_descending(padded[candidates])
+    count = _Cuts(longest, settings.max_tokens, row_cap, CostModel()).fill_count()
+    return -(-count // num_replicas) * num_replicas
+
+
+def count_filled_steps(lengths: np.ndarray, mask: np.ndarray | None, settings: BatchingSettings, num_replicas: int,
+                       min_steps: int, cost_model: CostModelProtocol | None = None) -> tuple[int, int, int | None]:
+    """``(micro-steps, min_steps to plan with, micro-batches before min_steps)`` of a window's :func:`plan_filled`,
+    as :func:`count_steps` for :func:`plan_padded`."""
+    padded = padded_lengths(lengths, settings.pad_to_multiple_of)
+    candidates = np.arange(padded.shape[0], dtype=np.int64) if mask is None else np.flatnonzero(mask)
+    n = candidates.shape[0]
+    if not n:
+        return 0, 0, None
+    k = count = filled_count(padded, candidates, settings, num_replicas)
+    accumulate = settings.accumulate_grad_batches
+    plan_min = max(int(min_steps), -(-(k // num_replicas) // accumulate) * accumulate)
+    if plan_min * num_replicas > k:
+        k = max(k, min(plan_min, n // num_replicas) * num_replicas)
+    steps = n // num_replicas if settings.drop_last and n < k else k // num_replicas
+    return steps, plan_min, count
+
+
 def _cumulative_by_speed(cuts: _Cuts, weight: np.ndarray, k: int,
                          num_replicas: int) -> list[tuple[int, np.ndarray]]:
     """Cumulative cuts with shares cycling over the ranks by speed, on counts of micro-batches that fit.
@@ -567,6 +627,7 @@ class PaddedPlanner:
     name = "padded"
     cost_unit = "padded slots"  # what the default cost model counts under this planner
     row_buckets = True  # rows of similar length share a micro-batch: bucket edges describe the plan
+    packed_rows = False  # a micro-batch is rows padded to a common length (lit_balance.PadCollator)
     plan = staticmethod(plan_padded)
     count_steps = staticmethod(count_steps)
     batch_costs = staticmethod(batch_costs)
@@ -587,3 +648,8 @@ class PaddedPlanner:
         if rows < 1:
             return None
         return WorstCaseBatch(rows=(int(length),) * rows, slots=rows * width, squares=rows * width * width)
+
+    @staticmethod
+    def collator_options(settings: BatchingSettings) -> dict:
+        """Keyword arguments of the collator beyond the settings' padding: none (rows padded to their longest)."""
+        return {}

@@ -20,7 +20,7 @@ import numpy as np
 from lit_balance._checks import MAX_TOKENS_LIMIT, check_bool, check_int
 from lit_balance.errors import InputTypeError, InputValueError
 
-__all__ = ["DEFAULT_PLAN_WINDOW", "TOO_LONG_POLICIES", "BatchingSettings", "check_max_tokens"]
+__all__ = ["DEFAULT_PLAN_WINDOW", "STATIC_SHAPE_DEFAULTS", "TOO_LONG_POLICIES", "BatchingSettings", "check_max_tokens"]
 
 #: Default :attr:`BatchingSettings.plan_window`: corpora of up to this many samples (2**20 = 1,048,576) are
 #: planned whole, as one window.
@@ -62,7 +62,7 @@ def _help(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class BatchingSettings:
-    """The twelve settings that, with the lengths, world size, epoch, cost model and rank speeds, fix a plan.
+    """The fourteen settings that, with the lengths, world size, epoch, cost model and rank speeds, fix a plan.
 
     All budgets are per rank: ``max_tokens`` bounds each micro-batch of each rank, and may differ per data-parallel
     rank (a list of one budget per rank; see docs/per_rank_budgets.md). Values are checked and
@@ -108,13 +108,28 @@ class BatchingSettings:
             to trade) and ``max_batch_size`` caps the documents per row. ``too_long``: a document longer than
             :attr:`truncate_to` is an error, skipped, or truncated to it.
 
+        static_packing: with ``packing``, every micro-batch is exactly ``[1, max_tokens]`` (the row's tail is padding
+            with label -100 and ``position_ids`` restarting at 0) and ``cu_seq_lens_q/k`` has ``max_batch_size + 1``
+            entries (zero-length segments at the end); ``max_batch_size`` is the cap of documents per row, chosen
+            from the lengths when None (:func:`lit_balance.plan.shapes.choose_document_cap`; the sampler's settings
+            then hold it).
+        padded_shapes: without ``packing``, every padded micro-batch has one of a few shapes ``(rows, length)``:
+            an int ``K`` (>= 1) has the sampler choose ``K`` shapes from the lengths
+            (:func:`lit_balance.plan.shapes.choose_padded_shapes`; its settings then hold them), or a sequence of
+            ``(rows, length)`` pairs gives them (each within ``max_tokens`` padded slots, lengths multiples of
+            ``pad_to_multiple_of``, distinct). None (default): free shapes. Both static-shape settings (for
+            ``torch.compile(dynamic=False)``, CUDA graphs, XLA; docs/compiling.md) are off by default and leave every
+            plan as it was while off.
+
     Raises:
         TypeError: a setting of the wrong type (e.g. ``shuffle="false"``, ``max_tokens=1.5``).
         ValueError: a value out of range, naming the setting and the value: ``max_tokens`` outside
             ``[1, MAX_TOKENS_LIMIT]`` (or an empty list of them); ``pad_to_multiple_of`` below 1 or above the
             smallest ``max_tokens``; a negative
             ``seed``; ``max_batch_size`` or ``accumulate_grad_batches`` outside ``[1, MAX_TOKENS_LIMIT]``;
-            ``shuffle_window`` negative or not finite; an unknown ``too_long``; ``plan_window`` below 1.
+            ``shuffle_window`` negative or not finite; an unknown ``too_long``; ``plan_window`` below 1;
+            ``static_packing`` without ``packing``; ``padded_shapes`` below 1, with ``packing``, or a shape over
+            ``max_tokens``; either with per-rank ``max_tokens``.
 
     Example:
         >>> settings = BatchingSettings(max_tokens=4096, shuffle_window=0)
@@ -151,6 +166,13 @@ class BatchingSettings:
     packing: bool = field(default=False,
                           metadata=_help("padding-free: whole documents concatenated into one row per micro-batch, "
                                          "max-tokens = real tokens of the row"))
+    # -- static shapes (docs/compiling.md): off by default; to_dict() leaves them out while off ------------------
+    static_packing: bool = field(
+        default=False, metadata=_help("with packing: every micro-batch exactly [1, max-tokens], cu_seq_lens of "
+                                      "max-batch-size + 1 entries (null max-batch-size: chosen from the lengths)"))
+    padded_shapes: int | tuple[tuple[int, int], ...] | None = field(
+        default=None, metadata=_help("padded micro-batches of at most K shapes: K (chosen from the lengths) or a list "
+                                     "of [rows, length] pairs; null = free shapes"))
 
     def __post_init__(self) -> None:
         max_tokens = check_max_tokens(self.max_tokens)
@@ -195,6 +217,7 @@ class BatchingSettings:
                                                  "pass the Trainer's accumulate_grad_batches (1 for none)",
                                                  MAX_TOKENS_LIMIT),
         }
+        normalised.update(_check_static_shapes(self, max_tokens, pad, normalised["packing"]))
         for name, value in normalised.items():
             object.__setattr__(self, name, value)
 
@@ -240,10 +263,16 @@ class BatchingSettings:
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as plain Python values (``int``, ``float``, ``bool``, ``str``, None; per-rank ``max_tokens`` a
-        ``list`` of ints), in field order."""
+        ``list`` of ints; ``padded_shapes`` a list of ``[rows, length]``), in field order. The static-shape settings
+        are left out while off (their defaults), so the dict of every earlier setting is unchanged."""
         values = {name: getattr(self, name) for name in self.names()}
         if isinstance(values["max_tokens"], tuple):
             values["max_tokens"] = list(values["max_tokens"])
+        for name, off in STATIC_SHAPE_DEFAULTS.items():  # left out while off: saved states and reports stay the same
+            if values[name] == off:
+                del values[name]
+        if isinstance(values.get("padded_shapes"), tuple):
+            values["padded_shapes"] = [list(shape) for shape in values["padded_shapes"]]
         return values
 
     @classmethod
@@ -294,6 +323,73 @@ class BatchingSettings:
                                   "the value once, in settings (settings.replace(...)) or as a keyword without "
                                   "settings")
         return settings
+
+
+# -- static shapes: the checks of static_packing and padded_shapes ----------------------------------------------------
+
+#: The static-shape settings and their values while off (:meth:`BatchingSettings.to_dict` leaves them out then).
+STATIC_SHAPE_DEFAULTS: dict[str, Any] = {"static_packing": False, "padded_shapes": None}
+
+_SHAPES_HINT = ("set padded_shapes to an int K >= 1 (K shapes chosen from the lengths), a list of [rows, length] pairs "
+                "with rows x length <= max_tokens, or None for free shapes")
+
+
+def _check_static_shapes(settings: BatchingSettings, max_tokens: int | tuple[int, ...], pad: int,
+                         packing: bool) -> dict[str, Any]:
+    """``static_packing`` and ``padded_shapes`` checked and normalised (shapes: a tuple of ``(rows, length)`` sorted by
+    length).
+
+    Raises:
+        TypeError: a value of the wrong type.
+        ValueError: ``static_packing`` without ``packing``; ``padded_shapes`` with ``packing``, below 1, with a shape
+            over ``max_tokens``, a length not a multiple of ``pad_to_multiple_of`` or two shapes of one length;
+            either with per-rank ``max_tokens``.
+    """
+    static = check_bool("static_packing", settings.static_packing)
+    shapes = settings.padded_shapes
+    if static and not packing:
+        raise InputValueError("static_packing=True needs packing=True (it fixes the packed row to [1, max_tokens]); "
+                              "set packing=True, or use padded_shapes for padded micro-batches",
+                              parameter="static_packing")
+    per_rank = isinstance(max_tokens, tuple)
+    if per_rank and (static or shapes is not None):
+        name = "static_packing" if static else "padded_shapes"
+        raise InputValueError(f"{name} needs one max_tokens for every rank, got per-rank budgets {list(max_tokens)}; "
+                              f"pass one int max_tokens, or turn {name} off", parameter=name)
+    if shapes is None:
+        return {"static_packing": static, "padded_shapes": None}
+    if packing:
+        raise InputValueError(f"padded_shapes={shapes!r} applies to padded micro-batches, but packing=True; use "
+                              "static_packing=True for packed rows, or packing=False", parameter="padded_shapes")
+    if isinstance(shapes, (int, np.integer)) and not isinstance(shapes, (bool, np.bool_)):
+        return {"static_packing": static,
+                "padded_shapes": check_int("padded_shapes", shapes, 1, _SHAPES_HINT, MAX_TOKENS_LIMIT)}
+    if isinstance(shapes, np.ndarray):
+        shapes = shapes.tolist()
+    if not isinstance(shapes, (list, tuple)) or not shapes:
+        raise InputTypeError(f"padded_shapes must be an int, a non-empty list of [rows, length] pairs or None, got "
+                             f"{shapes!r}; {_SHAPES_HINT}", parameter="padded_shapes")
+    out = []
+    for i, shape in enumerate(shapes):
+        if not isinstance(shape, (list, tuple)) or len(shape) != 2:
+            raise InputTypeError(f"padded_shapes[{i}] must be a [rows, length] pair, got {shape!r}; {_SHAPES_HINT}",
+                                 parameter="padded_shapes")
+        rows = check_int(f"padded_shapes[{i}] rows", shape[0], 1, _SHAPES_HINT, MAX_TOKENS_LIMIT)
+        length = check_int(f"padded_shapes[{i}] length", shape[1], 1, _SHAPES_HINT, MAX_TOKENS_LIMIT)
+        if rows * length > max_tokens:
+            raise InputValueError(f"padded_shapes[{i}] = ({rows}, {length}) holds {rows * length} padded token slots, "
+                                  f"over max_tokens={max_tokens}; lower its rows or length, or raise max_tokens",
+                                  parameter="padded_shapes")
+        if length % pad:
+            raise InputValueError(f"padded_shapes[{i}] length {length} is not a multiple of pad_to_multiple_of={pad}; "
+                                  "round the shape's length up to a multiple", parameter="padded_shapes")
+        out.append((rows, length))
+    out.sort(key=lambda s: (s[1], s[0]))
+    twice = [b for a, b in zip(out, out[1:]) if a[1] == b[1]]
+    if twice:
+        raise InputValueError(f"padded_shapes has two shapes of length {twice[0][1]}: {out}; keep one shape per "
+                              "length (the one with the most rows)", parameter="padded_shapes")
+    return {"static_packing": static, "padded_shapes": tuple(out)}
 
 
 def delegate_settings(cls: type) -> type:

@@ -21,7 +21,8 @@ from torch.utils.data import DistributedSampler
 from lit_balance.errors import InputValueError
 from lit_balance.plan.cost import CostModel, check_cost_model
 from lit_balance.plan.epoch import planner_for
-from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan.settings import STATIC_SHAPE_DEFAULTS, BatchingSettings
+from lit_balance.plan.shapes import epoch_shapes
 from lit_balance.plan.stats import PlanStats, plan_stats
 from lit_balance.plan.types import EpochPlan, padded_lengths
 from lit_balance.sampler.sampler import BalancedBatchSampler
@@ -45,6 +46,10 @@ class PlanReport:
             ``max_tokens / (k + 1)`` and up to ``max_tokens / k`` take ``k`` rows per micro-batch; the edges of
             ``k`` = 1, 2, 3, 4, 6, 8, 12, 16, ... that fall within the planned lengths.
         cost_unit: what a cost counts (``"padded slots"`` for the default cost model, ``"tokens"`` when packed).
+        shapes: the input shapes of the balanced plan's micro-batches as collated, all ranks
+            (:func:`lit_balance.plan.shapes.epoch_shapes`): ``{"shapes": {"RxT": micro-batches}, "distinct_shapes",
+            "real_token_fraction"}``; in :meth:`summary` only with static shapes (``static_packing``,
+            ``padded_shapes``), so the summary of other settings is unchanged.
     """
 
     lengths: np.ndarray
@@ -54,12 +59,16 @@ class PlanReport:
     baseline_batch_size: int
     bucket_edges: np.ndarray
     cost_unit: str
+    shapes: dict[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
         """Plain-Python figures of both plans (what ``plan_summary.json`` holds)."""
-        return {"settings": self.settings, "num_samples": int(self.lengths.size), "cost_unit": self.cost_unit,
-                "baseline_batch_size": self.baseline_batch_size,
-                "balanced": _figures(self.balanced), "distributed_sampler": _figures(self.baseline)}
+        out = {"settings": self.settings, "num_samples": int(self.lengths.size), "cost_unit": self.cost_unit,
+               "baseline_batch_size": self.baseline_batch_size,
+               "balanced": _figures(self.balanced), "distributed_sampler": _figures(self.baseline)}
+        if self.shapes is not None and any(name in self.settings for name in STATIC_SHAPE_DEFAULTS):
+            out["shapes"] = self.shapes
+        return out
 
 
 def _figures(stats: PlanStats) -> dict[str, Any]:
@@ -199,7 +208,8 @@ def plan_report(
     planned = sampler.lengths
     pad, accumulate = settings.pad_to_multiple_of, settings.accumulate_grad_batches
     planner = planner_for(settings)
-    balanced = plan_stats(sampler.plan(), planned, cost_model, pad_to_multiple_of=pad,
+    plan = sampler.plan()
+    balanced = plan_stats(plan, planned, cost_model, pad_to_multiple_of=pad,
                           accumulate_grad_batches=accumulate, planner=planner,
                           max_tokens=settings.largest_max_tokens)
 
@@ -221,7 +231,9 @@ def plan_report(
                       baseline_batch_size=batch_size,
                       bucket_edges=(_bucket_edges(kept_lengths, settings.largest_max_tokens)
                                     if planner.row_buckets else np.zeros(0)),
-                      cost_unit=unit)
+                      cost_unit=unit,
+                      shapes=epoch_shapes(plan.materialise() if hasattr(plan, "materialise") else plan, planned,
+                                          settings))
 
 
 def summary_line(summary: dict[str, Any]) -> str:

@@ -59,4 +59,25 @@ def format_report(report: PlanReport, title: str = "") -> list[Any]:
     for label, key, fmt in rows:
         comparison.add_row(label, fmt.format(summary["balanced"][key]), fmt.format(summary["distributed_sampler"][key]))
     out.append(comparison)
+    if report.shapes is not None:
+        out.append(_shapes_table(report.shapes))
     return out
+
+
+def _shapes_table(shapes: dict[str, Any], most: int = 12) -> Any:
+    """The input shapes of the balanced plan's micro-batches (rows x tokens), the most used first, and the epoch's
+    real-token fraction: what a compiler keeps one program for (docs/compiling.md)."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=f"BalancedBatchSampler: {shapes['distinct_shapes']} distinct micro-batch shapes this epoch "
+                        f"(all ranks), real-token fraction {shapes['real_token_fraction']:.4f}",
+                  box=box.SIMPLE_HEAD, title_justify="left")
+    table.add_column("shape (rows x tokens)")
+    table.add_column("micro-batches", justify="right")
+    ranked = sorted(shapes["shapes"].items(), key=lambda kv: (-kv[1], kv[0]))
+    for shape, count in ranked[:most]:
+        table.add_row(shape, str(count))
+    if len(ranked) > most:
+        table.add_row(f"... {len(ranked) - most} more", str(sum(c for _, c in ranked[most:])))
+    return table

@@ -14,6 +14,7 @@ from lit_balance.errors import InputValueError
 from lit_balance.plan.cost import CostModelProtocol
 from lit_balance.plan.epoch import plan_epoch, too_long
 from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan.shapes import resolve_static_shapes
 from lit_balance.plan.types import EpochPlan
 from lit_balance.plan.windows import PlanWindows, WindowedPlan
 
@@ -69,6 +70,7 @@ class PlanInputs:
                 eligible = ~too_long_mask
             else:
                 lengths_arr = np.minimum(lengths_arr, settings.truncate_to)
+        settings = resolve_static_shapes(lengths_arr, settings, eligible)  # static shapes: once, over all samples
         supervised = (None if supervised_lengths is None
                       else check_supervised_lengths(supervised_lengths, np.asarray(lengths_arr, np.int64)))
         windows = PlanWindows(lengths_arr.shape[0], settings.plan_window, settings.seed) if windowed else None
