@@ -252,10 +252,9 @@ class TokenBudgetProbe:
         return [max(predicted, key=predicted.get)]
 
     def _lockstep(self, passes: Sequence[Callable[[], bool]]) -> bool:
-        """One round: this rank's ``passes`` (each returns False when the rest need not run), filled up to the largest
-        number any rank runs with filler passes, then one all_gather of every rank's outcome. True when every rank had
-        no pass to run. Raises on every rank when one failed: its own error there, the first failing rank's
-        elsewhere."""
+        """One round: this rank's ``passes`` (each returns False when the rest need not run), filled with filler passes
+        up to the most any rank runs, then one all_gather of the outcomes. True when no rank had a pass to run. Raises
+        on every rank when one failed: its own error there, the first failing rank's message elsewhere."""
         counts = self.world.all_gather(torch.tensor([len(passes)], dtype=torch.float64))
         error, ran = None, 0
         try:
