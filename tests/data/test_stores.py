@@ -268,7 +268,8 @@ def test_idx_of_another_dtype_names_the_file(megatron_prefix):
     with open(path, "r+b") as stream:  # the header now says int32, but the .bin holds uint16 ids
         stream.seek(17)
         stream.write(struct.pack("<B", 4))
-    with pytest.raises(ValueError, match=f"{path}.*pointers end at byte .* its dtype is not the one the .bin"):
+    with pytest.raises(ValueError, match=f"{path}: the sequence pointers are those of 2-byte tokens .* its dtype is "
+                                         "not the one"):
         MegatronSource(megatron_prefix).store
     with open(path, "r+b") as stream:
         stream.seek(17)

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from lit_balance.data.stores._files import FileStamp, check_distinct
 from lit_balance.data.stores.base import StoreSource, TokenStore
 from lit_balance.data.stores.corpus import check_labels
 from lit_balance.errors import InputFileNotFoundError, InputTypeError, InputValueError
@@ -82,7 +83,28 @@ def _expand(paths: Sequence[str | os.PathLike]) -> list[str]:
                                   "directory)", parameter="corpus")
     if not files:
         raise InputValueError("an Arrow / Parquet store needs at least one file", parameter="corpus")
+    check_distinct(files, "Arrow / Parquet store", "corpus")
     return files
+
+
+def _check_values(pa: Any, lists: Any, path: str, column: str, first_row: int = 0) -> None:
+    """Raise naming the file and row when a list of ``lists`` (an Arrow list array or chunked array) is null or
+    holds a null value (free when there is none: Arrow keeps the null counts)."""
+    chunks = lists.chunks if hasattr(lists, "chunks") else [lists]
+    for chunk in chunks:
+        if chunk.null_count:
+            row = first_row + int(np.flatnonzero(chunk.is_null().to_numpy(zero_copy_only=False))[0])
+            raise InputValueError(f"{path}: row {row} of {column!r} is null ({chunk.null_count} null rows in all); "
+                                  "every document needs a list of ids (empty for an empty document)",
+                                  parameter="corpus")
+        flat = chunk.flatten()
+        if flat.null_count:
+            first = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
+            row = first_row + int(pa.compute.list_parent_indices(chunk)[first].as_py())
+            raise InputValueError(f"{path}: row {row} of {column!r} holds a null among its values ({flat.null_count} "
+                                  "null values in all); a token id or label must be an integer (-100 for a label "
+                                  "without target); fix the writer or drop the row", parameter="corpus")
+        first_row += len(chunk)
 
 
 def _list_type(pa: Any, field: Any, path: str, column: str) -> Any:
@@ -96,9 +118,12 @@ def _list_type(pa: Any, field: Any, path: str, column: str) -> Any:
 class _ArrowFile:
     """One memory-mapped Arrow IPC file: its table (zero-copy over the map) and column chunks."""
 
-    def __init__(self, path: str, column: str, labels: str | None) -> None:
+    def __init__(self, path: str, column: str, labels: str | None, stamp: FileStamp | None = None) -> None:
         pa = _import_pyarrow()
         self.path = path
+        self.stamp = FileStamp(path) if stamp is None else stamp
+        self.fd = os.open(path, os.O_RDONLY)
+        self.stamp.check(os.fstat(self.fd))
         source = pa.memory_map(path, "r")
         try:
             with open(path, "rb") as stream:
@@ -113,6 +138,17 @@ class _ArrowFile:
         sizes = [len(chunk) for chunk in self.ids] if self.ids is not None else []
         self.chunk_starts = np.cumsum([0, *sizes]).astype(np.int64)  # first row of each record batch
 
+    def check(self) -> None:
+        """Raise :class:`~lit_balance.data.stores._files.StoreChangedError` when the file changed since the store
+        was opened (checked before every read: a mapped file that shrank would end the process with SIGBUS)."""
+        self.stamp.check(os.fstat(self.fd))
+
+    def __del__(self) -> None:
+        try:
+            os.close(self.fd)
+        except (AttributeError, OSError):
+            pass
+
 
 class ArrowStore(TokenStore):
     """Arrow / Parquet files with an ``input_ids`` list column (optional ``labels``) as one corpus, read in place.
@@ -126,7 +162,10 @@ class ArrowStore(TokenStore):
     Raises:
         FileNotFoundError: a path does not exist.
         ValueError: a file without the ``column`` (naming the file and its columns), a column that is not a list of
-            integers, a null row, labels of another length than the ids, files that disagree on having labels.
+            integers, a null row or a null value inside a list (naming the file and row), labels of another length
+            than the ids, files that disagree on having labels, a file named twice.
+        StoreChangedError: (on reading) a file whose size or modification time changed since the store was opened
+            (checked before every read, so a mapped file that shrank stops the run with this error, not SIGBUS).
     """
 
     process_local = ("_arrow", "_parquet", "_groups")
@@ -136,10 +175,12 @@ class ArrowStore(TokenStore):
         pa = _import_pyarrow()
         self.files = _expand(paths)
         self.column, self.labels_column = column, labels
-        lengths, starts, groups, dtypes, has_labels, sizes = [], [0], [], set(), [], []
+        lengths, starts, groups, dtypes, has_labels, sizes, stamps = [], [0], [], set(), [], [], []
+        self._stamps = stamps
         self._arrow: dict[int, _ArrowFile] | None = {}
         for k, path in enumerate(self.files):
-            sizes.append(os.path.getsize(path))
+            stamps.append(FileStamp(path))
+            sizes.append(stamps[-1].size)
             if path.endswith(".parquet"):
                 part, file_groups, dtype, with_labels = self._parquet_lengths(pa, path)
             else:
@@ -174,16 +215,16 @@ class ArrowStore(TokenStore):
                                "column=", parameter="column")
 
     def _arrow_lengths(self, pa: Any, k: int, path: str) -> tuple[np.ndarray, np.dtype, bool]:
-        arrow = _ArrowFile(path, self.column, self.labels_column)
+        arrow = _ArrowFile(path, self.column, self.labels_column, self._stamps[k])
         if arrow.ids is None:
             raise self._missing(path, arrow.table.column_names)
         field = arrow.table.schema.field(self.column)
         kind = _list_type(pa, field, path, self.column)
+        _check_values(pa, arrow.table.column(self.column), path, self.column)
+        if arrow.labels is not None:
+            _check_values(pa, arrow.table.column(self.labels_column), path, self.labels_column)
         parts = []
         for chunk in arrow.ids:
-            if chunk.null_count:
-                raise InputValueError(f"{path}: {chunk.null_count} rows of {self.column!r} are null; every document "
-                                      "needs a list of ids (empty for an empty document)", parameter="corpus")
             offsets = chunk.offsets.to_numpy()
             parts.append(np.diff(offsets).astype(np.int64))
         lengths = np.concatenate(parts) if parts else np.zeros(0, np.int64)
@@ -214,9 +255,9 @@ class ArrowStore(TokenStore):
         for group in range(parquet.num_row_groups):  # one row group at a time: bounded memory
             table = parquet.read_row_group(group, columns=columns)
             ids = table.column(self.column)
-            if ids.null_count:
-                raise InputValueError(f"{path}: row group {group} has null rows in {self.column!r}",
-                                      parameter="corpus")
+            _check_values(pa, ids, path, self.column, firsts[-1])
+            if with_labels:
+                _check_values(pa, table.column(self.labels_column), path, self.labels_column, firsts[-1])
             lengths = np.asarray(pa.compute.list_value_length(ids).to_numpy(), dtype=np.int64)
             if with_labels:
                 label_lengths = pa.compute.list_value_length(table.column(self.labels_column)).to_numpy()
@@ -261,7 +302,8 @@ class ArrowStore(TokenStore):
         if self._arrow is None:
             self._arrow = {}
         if k not in self._arrow:
-            self._arrow[k] = _ArrowFile(self.files[k], self.column, self.labels_column if self.has_labels else None)
+            self._arrow[k] = _ArrowFile(self.files[k], self.column, self.labels_column if self.has_labels else None,
+                                        self._stamps[k])
         return self._arrow[k]
 
     def _row_group(self, k: int, group: int) -> tuple[Any, Any]:
@@ -299,11 +341,13 @@ class ArrowStore(TokenStore):
         groups = self._row_groups[k]
         if groups is None:
             arrow = self._arrow_file(k)
+            arrow.check()
             chunk_index = int(np.searchsorted(arrow.chunk_starts, row, side="right")) - 1
             local = row - int(arrow.chunk_starts[chunk_index])
             ids_chunk = arrow.ids[chunk_index]
             label_chunk = arrow.labels[chunk_index] if self.has_labels else None
         else:
+            self._stamps[k].check()
             group = int(np.searchsorted(groups, row, side="right")) - 1
             ids_chunk, label_chunk = self._row_group(k, group)
             local = row - int(groups[group])
