@@ -30,6 +30,7 @@ from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.agreement import check_ranks_agree, plan_fingerprint
 from lit_balance.lightning.budget import DEFAULT_MEMORY_FRACTION, AutoTokenBudget, TokenBudget
 from lit_balance.lightning.dm_settings import DEFAULT_MAX_TOKENS, auto_budget, batching_settings
+from lit_balance.lightning.rank_errors import share_failure
 from lit_balance.lightning.resume_checks import (
     SamplerResumedLoader,
     check_saved_data,
@@ -597,3 +598,9 @@ class BalancedTextDataModule(L.LightningDataModule):
             return []
         self._resolve_max_tokens()
         return self._loader(self.val_dataset, self.val_sampler)
+
+    def on_exception(self, exception: BaseException) -> None:
+        """When one rank fails, make every rank's error name the cause (:func:`~lit_balance.lightning.rank_errors.
+        share_failure`): the failing rank shares its message through the process group's store, the ranks that
+        lost it in a collective add it to theirs. Nothing happens on one process."""
+        share_failure(exception)
