@@ -29,6 +29,13 @@ from tests.data.test_stores import epoch_batches, modules
 HEADER = 34  # bytes of the .idx header: magic 9, version 8, dtype code 1, sequence count 8, document count 8
 
 
+@pytest.fixture(autouse=True)
+def _parquet_copies(tmp_path, monkeypatch):
+    """Parquet files' Arrow copies go to the default cache root: this test's own."""
+    monkeypatch.setenv("LIT_BALANCE_CACHE", str(tmp_path / "default_cache"))
+
+
+
 def _idx_arrays(prefix: Path) -> tuple[np.memmap, np.memmap, int]:
     """The writable ``(sequence lengths, sequence pointers, S)`` of ``prefix.idx``."""
     path = f"{prefix}.idx"
