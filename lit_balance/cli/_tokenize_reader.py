@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from datatrove.pipeline.readers import JsonlReader
+from datatrove.pipeline.readers.base import BaseDiskReader
 from datatrove.utils.logging import logger
 
 __all__ = ["CAUSES", "CheckedJsonlReader"]
@@ -23,11 +23,24 @@ CAUSES = ("invalid UTF-8", "invalid JSON", "not a JSON object", "no text key", "
 _LOGGED_PER_FILE = 5
 
 
-class CheckedJsonlReader(JsonlReader):
-    """``JsonlReader`` that skips and counts bad rows by cause (see the module docstring); good rows as datatrove's."""
+class CheckedJsonlReader(BaseDiskReader):
+    """datatrove's ``JsonlReader`` that skips and counts bad rows by cause (see the module docstring); good rows as
+    datatrove's (``orjson`` when installed, else the standard library's ``json``).
+
+    Args:
+        data_folder: the input folder (any fsspec URL datatrove reads).
+        compression: ``"infer"`` (from the file name), ``"gzip"``, ``"zstd"`` or None.
+        text_key: the key of the text.
+        glob_pattern: which files of the folder to read (None: all, recursively).
+        add_file_path: add each document's file path to its metadata (datatrove's option).
+    """
 
     name = "Jsonl (checked rows)"
-    _requires_dependencies: list = []  # orjson when installed, else the standard library's json
+
+    def __init__(self, data_folder: Any, compression: str | None = "infer", text_key: str = "text",
+                 glob_pattern: str | None = None, add_file_path: bool = False) -> None:
+        super().__init__(data_folder, text_key=text_key, glob_pattern=glob_pattern, add_file_path=add_file_path)
+        self.compression = compression
 
     def read_file(self, filepath: str) -> Any:
         try:
