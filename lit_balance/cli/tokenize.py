@@ -18,8 +18,17 @@ whose text is empty is skipped by datatrove's reader (the cache counts it as emp
 text tokenizes to nothing is kept as a 0-token document in the store; the store's document order is task by task
 (files ``rank::tasks`` of the sorted input list per task), not the input's order.
 
-The same steps (:func:`datatrove_pipeline`) run on a cluster with datatrove's ``SlurmPipelineExecutor`` or
-``RayPipelineExecutor`` (see ``docs/store_datatrove.md``).
+``--executor`` picks datatrove's executor: ``local`` (``LocalPipelineExecutor``, the default), ``ray``
+(``RayPipelineExecutor`` on the Ray cluster that ``ray.init()`` finds: ``--ray-address`` or ``RAY_ADDRESS``, else a
+local Ray with ``--workers`` CPUs) or ``slurm`` (``SlurmPipelineExecutor``: writes datatrove's job script into the
+logging folder and submits it with ``sbatch``; the run goes on after the command returns). ``--executor-options``
+(JSON) is passed to the executor as keyword arguments (Slurm: ``partition``, ``time``, ``cpus_per_task``,
+``sbatch_args``, ...; Ray: ``cpus_per_task``, ``mem_per_cpu_gb``, ...). Every executor writes the same store.
+
+JSONL rows that cannot be used are skipped and counted by cause (invalid UTF-8, invalid JSON, not an object, no text
+key, text not a string, empty text; ``lit_balance.cli._tokenize_reader``), the file's good rows kept; the summary
+names each cause and count. A run that writes no document is an error naming the input and the text key; a logging
+folder that holds completion markers (of another run) is refused, since datatrove would skip those tasks.
 
 Run:
     lit-balance tokenize data/corpus/ --output-folder data/tokens          # every *.jsonl* file of the folder
@@ -33,20 +42,27 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
+import shutil
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lit_balance.errors import InputFileNotFoundError, InputValueError
+from lit_balance.errors import InputFileNotFoundError, InputTypeError, InputValueError
 
 __all__ = ["TokenizeResult", "datatrove_pipeline", "plain_tokenizer_file", "run_tokenize", "tokenize_corpus",
            "tokenize_parser"]
 
 TOKENIZER_FILE = "tokenizer.json"  # the plain copy of the tokenizer, written in the output folder
 _READERS = ("jsonl", "parquet")
+EXECUTORS = ("local", "ray", "slurm")
+#: Seconds to wait for a Ray cluster or for ``sbatch`` before the command gives up with an error.
+CONNECT_TIMEOUT_S = 60.0
 
 
 def _require_datatrove() -> None:
@@ -104,19 +120,6 @@ def plain_tokenizer_file(tokenizer: str | os.PathLike | None, path: str | os.Pat
     path.parent.mkdir(parents=True, exist_ok=True)
     backend.save(str(path))
     return path
-
-
-def _count_rows(folder: str, pattern: str | None, reader: str) -> int | None:
-    """Non-blank lines of the plain ``.jsonl`` files datatrove reads, or None when some input is not one."""
-    files = [Path(folder) / p for p in glob.glob(pattern or "**", root_dir=folder, recursive=True)
-             if (Path(folder) / p).is_file()]
-    if reader != "jsonl" or not all(f.suffix == ".jsonl" for f in files):
-        return None
-    rows = 0
-    for path in files:
-        with open(path, "rb") as handle:
-            rows += sum(1 for line in handle if line.strip())
-    return rows
 
 
 def _input_folder(input_path: str | os.PathLike, glob_pattern: str | None) -> tuple[str, str | None, int]:
@@ -177,7 +180,9 @@ def datatrove_pipeline(input_folder: str, output_folder: str, tokenizer_file: st
     # add_file_path=False: JsonlReader would resolve each document's file path into its metadata, which the store
     # does not keep (one fsspec path resolution per document); ParquetReader has no such option
     if reader == "jsonl":
-        read = JsonlReader(input_folder, glob_pattern=glob_pattern, text_key=text_key, add_file_path=False)
+        from lit_balance.cli._tokenize_reader import CheckedJsonlReader
+
+        read = CheckedJsonlReader(input_folder, glob_pattern=glob_pattern, text_key=text_key, add_file_path=False)
     else:
         read = ParquetReader(input_folder, glob_pattern=glob_pattern, text_key=text_key)
     tokenize = DocumentTokenizer(output_folder=output_folder, tokenizer_name_or_path=str(tokenizer_file),
@@ -197,9 +202,13 @@ class TokenizeResult:
         num_tokens: tokens in the store.
         seconds: wall time of the executor's run (s).
         tasks: tasks run; workers: processes that ran them at once.
-        skipped_rows: input rows datatrove's reader skipped (empty or missing text, invalid JSON; its log names
-            them): non-blank lines of the ``.jsonl`` inputs minus documents written; None when not counted
-            (compressed or Parquet inputs).
+        skipped_rows: input rows skipped (JSONL: the sum of ``skipped``; Parquet: None, not counted).
+        skipped: JSONL rows skipped per cause (``"invalid UTF-8"``, ``"no text key"``, ...; see
+            ``lit_balance.cli._tokenize_reader.CAUSES``); the task logs name the first rows of each file.
+        executor: ``"local"``, ``"ray"`` or ``"slurm"``.
+        job_id: the Slurm job submitted (``executor="slurm"``: the run goes on after the command; the counts are
+            then 0 and the store is written when the job ends), else None.
+        logging_dir: datatrove's logging folder (task logs, statistics, the Slurm job script).
     """
 
     output_folder: str
@@ -210,6 +219,10 @@ class TokenizeResult:
     tasks: int
     workers: int
     skipped_rows: int | None = None
+    skipped: dict[str, int] | None = None
+    executor: str = "local"
+    job_id: str | None = None
+    logging_dir: str | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -235,12 +248,119 @@ def _one_tokenizer_thread_per_worker(workers: int) -> Iterator[None]:
         os.environ.pop("TOKENIZERS_PARALLELISM", None)
 
 
+def _skipped_rows(logging_dir: Path) -> dict[str, int]:
+    """Rows skipped per cause, summed over the tasks' statistics (``stats/NNNNN.json``) in ``logging_dir``."""
+    counts: dict[str, int] = {}
+    for path in sorted((logging_dir / "stats").glob("*.json")):
+        for step in json.loads(path.read_text()):
+            for key, value in (step.get("stats") or {}).items():
+                if key.startswith("skipped: "):
+                    total = value.get("total", 0) if isinstance(value, dict) else value
+                    counts[key[len("skipped: "):]] = counts.get(key[len("skipped: "):], 0) + int(total)
+    return counts
+
+
+def _check_logging_dir(logging_dir: Path) -> None:
+    """Refuse a logging folder with completion markers: datatrove would skip the tasks it marks done."""
+    done = sorted((logging_dir / "completions").glob("*")) if (logging_dir / "completions").is_dir() else []
+    if done:
+        raise InputValueError(f"logging folder {str(logging_dir)!r} holds completion markers of another run "
+                              f"({len(done)} task(s) marked done, e.g. {done[0].name}): datatrove would skip those "
+                              "tasks and their documents would be missing from the store; pass a new --logging-dir "
+                              "(or leave it out: OUTPUT/logs)", parameter="logging_dir")
+
+
+def _within(seconds: float, what: str, run: Any) -> Any:
+    """``run()`` in a daemon thread; its result, its exception, or an error naming ``what`` past ``seconds``."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = run()
+        except BaseException as error:  # noqa: BLE001  handed to the caller
+            box["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise InputValueError(what.format(seconds=seconds), parameter="executor")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _connect_ray(address: str | None, num_cpus: int, timeout_s: float) -> None:
+    """Connect to the Ray cluster at ``address`` (or ``RAY_ADDRESS``), or start a local one with ``num_cpus``."""
+    try:
+        import ray
+    except ImportError:
+        raise ImportError('--executor ray runs datatrove\'s RayPipelineExecutor, which needs Ray: pip install '
+                          '"lit_balance[ray]"') from None
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:  # in the main thread: Ray installs its signal handlers there
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+        return
+    host_port = address.split("://", 1)[-1]
+    if address != "auto" and ":" in host_port:
+        import socket
+
+        host, _, port = host_port.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=min(timeout_s, 10.0)).close()
+        except (OSError, ValueError) as error:
+            raise InputValueError(f"--ray-address {address!r}: no Ray cluster answers at {host_port} ({error}); start "
+                                  "one there (ray start --head), or leave --ray-address and RAY_ADDRESS unset to run "
+                                  "a local Ray", parameter="ray_address") from None
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except ConnectionError as error:
+        raise InputValueError(f"--ray-address {address!r}: no Ray cluster found ({error}); start one (ray start "
+                              "--head), or leave --ray-address and RAY_ADDRESS unset to run a local Ray",
+                              parameter="ray_address") from None
+
+
+def _executor(kind: str, steps: list[Any], *, tasks: int, workers: int, logging_dir: Path,
+              options: dict[str, Any]) -> Any:
+    """datatrove's executor of ``kind`` for ``steps``, with ``options`` passed through as keyword arguments."""
+    import inspect
+
+    from datatrove.executor import LocalPipelineExecutor
+
+    if kind == "local":
+        cls, kwargs = LocalPipelineExecutor, {"tasks": tasks, "workers": workers}
+    elif kind == "ray":
+        from datatrove.executor import RayPipelineExecutor
+
+        cls, kwargs = RayPipelineExecutor, {"tasks": tasks, "workers": workers}
+    else:
+        from datatrove.executor import SlurmPipelineExecutor
+
+        cls, kwargs = SlurmPipelineExecutor, {"tasks": tasks, "workers": workers if workers != tasks else -1,
+                                              "job_name": "lit_balance_tokenize"}
+        missing = [name for name in ("time", "partition") if name not in options]
+        if missing:
+            raise InputValueError(f"--executor slurm needs {' and '.join(missing)} in --executor-options (datatrove's "
+                                  "SlurmPipelineExecutor: e.g. '{\"partition\": \"cpu\", \"time\": \"04:00:00\"}')",
+                                  parameter="executor_options")
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "pipeline", "logging_dir"}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise InputValueError(f"--executor-options: {cls.__name__} takes no {', '.join(map(repr, unknown))} (it takes "
+                              f"{', '.join(sorted(accepted))})", parameter="executor_options")
+    return cls(pipeline=steps, logging_dir=str(logging_dir), **{**kwargs, **options})
+
+
 def tokenize_corpus(input_path: str | os.PathLike, output_folder: str | os.PathLike,
                     tokenizer: str | os.PathLike | None = None, *, glob_pattern: str | None = None,
                     reader: str = "jsonl", text_key: str = "text", tasks: int | None = None,
                     workers: int | None = None, add_special_tokens: bool = False, eos_token: str | None = None,
-                    save_loss_metadata: bool = False, logging_dir: str | os.PathLike | None = None) -> TokenizeResult:
-    """Tokenize a corpus into a datatrove store with datatrove's ``LocalPipelineExecutor``.
+                    save_loss_metadata: bool = False, logging_dir: str | os.PathLike | None = None,
+                    executor: str = "local", executor_options: dict[str, Any] | None = None,
+                    ray_address: str | None = None, timeout_s: float = CONNECT_TIMEOUT_S) -> TokenizeResult:
+    """Tokenize a corpus into a datatrove store with one of datatrove's executors.
 
     Args:
         input_path: a JSONL (or Parquet) file, or a folder of them.
@@ -251,13 +371,19 @@ def tokenize_corpus(input_path: str | os.PathLike, output_folder: str | os.PathL
         text_key: key (column) of the text.
         tasks: datatrove tasks (each reads the sorted files ``rank::tasks`` and writes its own ``.ds``); default:
             the number of cores, at most the number of input files.
-        workers: tasks run at once (processes); default: ``min(tasks, cores)``. With more than one, each tokenizes on
-            one thread (``TOKENIZERS_PARALLELISM=false`` while they run, unless set already), so that the workers'
-            thread pools do not oversubscribe the cores.
+        workers: tasks run at once (processes; with Ray, the local Ray's CPUs when one is started); default:
+            ``min(tasks, cores)``. Locally, with more than one, each tokenizes on one thread
+            (``TOKENIZERS_PARALLELISM=false`` while they run, unless set already), so that the workers' thread pools
+            do not oversubscribe the cores.
         add_special_tokens: keep the tokenizer's post-processor (:func:`plain_tokenizer_file`).
         eos_token: datatrove's ``eos_token`` (:func:`datatrove_pipeline`).
         save_loss_metadata: write ``.ds.loss`` files (:func:`datatrove_pipeline`).
-        logging_dir: datatrove's logs and completion markers; default: ``<output_folder>/logs``.
+        logging_dir: datatrove's logs, statistics and completion markers; default: ``<output_folder>/logs``. On Ray
+            or Slurm, every node must reach it (and the output folder).
+        executor: ``"local"``, ``"ray"`` or ``"slurm"`` (see the module docstring).
+        executor_options: keyword arguments for datatrove's executor (Slurm needs ``partition`` and ``time``).
+        ray_address: the Ray cluster (``ray.init(address=...)``); None: ``RAY_ADDRESS``, else a local Ray.
+        timeout_s: seconds to wait for the Ray cluster or ``sbatch`` before giving up with an error.
 
     Returns:
         A :class:`TokenizeResult`.
@@ -265,14 +391,22 @@ def tokenize_corpus(input_path: str | os.PathLike, output_folder: str | os.PathL
     Raises:
         FileNotFoundError: the input does not exist or the folder holds no matching file.
         ValueError: ``tasks``/``workers`` below 1, more tasks than input files, the output folder holds ``.ds``
-            files already, or datatrove wrote no ``.ds`` file.
-        ImportError: datatrove is not installed (``pip install "lit_balance[datatrove]"``).
+            files already, a logging folder with completion markers, an unknown executor or executor option, no Ray
+            cluster or ``sbatch`` answering within ``timeout_s``, or no document written (naming the input and the
+            text key).
+        ImportError: datatrove (``pip install "lit_balance[datatrove]"``) or, for Ray, ray
+            (``pip install "lit_balance[ray]"``) is not installed.
     """
     import numpy as np
 
+    if executor not in EXECUTORS:
+        raise InputValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}",
+                              parameter="executor")
+    options = dict(executor_options or {})
+    if not isinstance(executor_options, (dict, type(None))):
+        raise InputTypeError(f"--executor-options must be a JSON object (keyword arguments of datatrove's "
+                             f"executor), got {executor_options!r:.80}", parameter="executor_options")
     _require_datatrove()
-    from datatrove.executor import LocalPipelineExecutor
-
     input_folder, pattern, num_files = _input_folder(input_path, glob_pattern)
     for name, value in (("tasks", tasks), ("workers", workers)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -288,25 +422,44 @@ def tokenize_corpus(input_path: str | os.PathLike, output_folder: str | os.PathL
     if existing:
         raise InputValueError(f"output folder {str(output)!r} holds .ds files already ({existing[0].name}, ...); "
                               "expected a new or empty folder: pass another --output-folder", parameter="output_folder")
+    logs = Path(logging_dir).expanduser().resolve() if logging_dir is not None else output / "logs"
+    _check_logging_dir(logs)
+    if executor == "slurm" and shutil.which("sbatch") is None:
+        raise InputValueError("--executor slurm submits datatrove's job with sbatch, which is not on PATH: run the "
+                              "command on a Slurm login node, or use --executor local or ray", parameter="executor")
+    if executor == "ray":
+        _connect_ray(ray_address, workers, timeout_s)
     tokenizer_file = plain_tokenizer_file(tokenizer, output / TOKENIZER_FILE, add_special_tokens)
     steps = datatrove_pipeline(input_folder, str(output), tokenizer_file, glob_pattern=pattern, reader=reader,
                                text_key=text_key, eos_token=eos_token, save_loss_metadata=save_loss_metadata)
-    executor = LocalPipelineExecutor(pipeline=steps, tasks=tasks, workers=workers,
-                                     logging_dir=str(logging_dir if logging_dir is not None else output / "logs"))
+    runner = _executor(executor, steps, tasks=tasks, workers=workers, logging_dir=logs, options=options)
     start = time.perf_counter()
-    with _one_tokenizer_thread_per_worker(workers):
-        executor.run()
+    if executor == "slurm":
+        try:
+            _within(timeout_s, "--executor slurm: sbatch did not answer within {seconds:.0f} s; check the cluster "
+                    "(sinfo), or raise --timeout-s", runner.run)
+        except subprocess.CalledProcessError as error:
+            raise InputValueError(f"--executor slurm: sbatch refused datatrove's job script "
+                                  f"({logs / 'launch_script.slurm'}): {error}; check --executor-options",
+                                  parameter="executor_options") from None
+        return TokenizeResult(str(output), (), 0, 0, time.perf_counter() - start, tasks, workers, None, None,
+                              executor, str(runner.job_id), str(logs))
+    with _one_tokenizer_thread_per_worker(workers if executor == "local" else 1):
+        runner.run()
     seconds = time.perf_counter() - start
     files = tuple(sorted(str(p) for p in output.glob("*.ds")))
-    if not files:
-        raise InputValueError(f"datatrove wrote no .ds file into {str(output)!r}: every document of {input_folder!r}"
-                              f" was empty or lacked the key {text_key!r} (--text-key)", parameter="text_key")
     ends = [np.fromfile(f + ".index", dtype="<u8") for f in files]
     num_documents = sum(len(e) for e in ends)
     num_tokens = sum(int(e[-1]) if len(e) else 0 for e in ends)
-    rows = _count_rows(input_folder, pattern, reader)
-    skipped = None if rows is None else rows - num_documents
-    return TokenizeResult(str(output), files, num_documents, num_tokens, seconds, tasks, workers, skipped)
+    skipped = _skipped_rows(logs) if reader == "jsonl" else None
+    if num_documents == 0:
+        why = ", ".join(f"{n} {cause}" for cause, n in sorted(skipped.items())) if skipped else "no row read"
+        raise InputValueError(f"no document was written to {str(output)!r}: no row of {input_folder!r}"
+                              f"{' (' + pattern + ')' if pattern else ''} has a non-empty text under the key "
+                              f"{text_key!r} ({why}); check --text-key and the input", parameter="text_key")
+    total = None if skipped is None else sum(skipped.values())
+    return TokenizeResult(str(output), files, num_documents, num_tokens, seconds, tasks, workers, total, skipped,
+                          executor, None, str(logs))
 
 
 def tokenize_parser() -> Any:
@@ -332,7 +485,31 @@ def tokenize_parser() -> Any:
     parser.add_argument("--save-loss-metadata", type=bool, default=False,
                         help="write .ds.loss label masks (rows' no_loss_ranges)")
     parser.add_argument("--logging-dir", type=Path, default=None, help="datatrove's logs (default: OUTPUT/logs)")
+    parser.add_argument("--executor", type=str, default="local",
+                        help="datatrove's executor: local, ray (the Ray cluster ray.init() finds, else a local Ray "
+                             "with --workers CPUs) or slurm (submits datatrove's job with sbatch)")
+    parser.add_argument("--executor-options", type=str, default=None,
+                        help="JSON object of keyword arguments for the executor (slurm: partition, time, "
+                             "cpus_per_task, sbatch_args, ...; ray: cpus_per_task, mem_per_cpu_gb, ...)")
+    parser.add_argument("--ray-address", type=str, default=None,
+                        help="the Ray cluster (default: RAY_ADDRESS, else a local Ray)")
+    parser.add_argument("--timeout-s", type=float, default=CONNECT_TIMEOUT_S,
+                        help="seconds to wait for the Ray cluster or sbatch")
     return parser
+
+
+def _options_json(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise InputValueError(f"--executor-options must be a JSON object, got {text!r:.80} ({error})",
+                              parameter="executor_options") from None
+    if not isinstance(value, dict):
+        raise InputValueError(f"--executor-options must be a JSON object (keyword arguments of datatrove's executor), "
+                              f"got {text!r:.80}", parameter="executor_options")
+    return value
 
 
 def run_tokenize(options: Any) -> TokenizeResult:
@@ -341,13 +518,20 @@ def run_tokenize(options: Any) -> TokenizeResult:
                              glob_pattern=options.glob_pattern, reader=options.reader, text_key=options.text_key,
                              tasks=options.tasks, workers=options.workers,
                              add_special_tokens=options.add_special_tokens, eos_token=options.eos_token,
-                             save_loss_metadata=options.save_loss_metadata, logging_dir=options.logging_dir)
+                             save_loss_metadata=options.save_loss_metadata, logging_dir=options.logging_dir,
+                             executor=options.executor, executor_options=_options_json(options.executor_options),
+                             ray_address=options.ray_address, timeout_s=options.timeout_s)
+    if result.job_id is not None:
+        print(f"submitted Slurm job {result.job_id}: {result.tasks} tasks tokenizing into {result.output_folder} "
+              f"(job script: {Path(result.logging_dir) / 'launch_script.slurm'}); when it has ended, train from it in "
+              f"place: corpus=DatatroveSource({result.output_folder!r})", flush=True)
+        return result
     print(f"wrote {result.num_documents} documents, {result.num_tokens} tokens in {len(result.files)} .ds file(s) "
           f"to {result.output_folder} in {result.seconds:.1f} s ({result.tokens_per_s:,.0f} tokens/s, "
-          f"{result.tasks} tasks on {result.workers} workers)", flush=True)
+          f"{result.tasks} tasks on {result.workers} workers, executor {result.executor})", flush=True)
     if result.skipped_rows:
-        print(f"datatrove's reader skipped {result.skipped_rows} input row(s) (empty or missing text under "
-              f"--text-key {options.text_key!r}, or invalid JSON): they are not in the store; its log names them "
-              f"({options.logging_dir or Path(result.output_folder) / 'logs'})", flush=True)
+        causes = ", ".join(f"{n} {cause}" for cause, n in sorted(result.skipped.items()))
+        print(f"skipped {result.skipped_rows} input row(s) under --text-key {options.text_key!r}: {causes}; the other "
+              f"rows of their files are in the store; the task logs name the rows ({result.logging_dir})", flush=True)
     print(f"train from it in place: corpus=DatatroveSource({result.output_folder!r})", flush=True)
     return result

@@ -32,6 +32,7 @@ from lit_balance.lightning.agreement import check_ranks_agree, plan_fingerprint
 from lit_balance.lightning.budget import DEFAULT_MEMORY_FRACTION, TokenBudget, find_max_tokens
 from lit_balance.lightning.meters import CPU_MMAP_THRESHOLD
 from lit_balance.lightning.dm_settings import DEFAULT_MAX_TOKENS, auto_budget, batching_settings
+from lit_balance.lightning.rank_errors import share_failure
 from lit_balance.lightning.resume_checks import (
     TrainLoader,
     check_saved_data,
@@ -481,10 +482,6 @@ class BalancedTextDataModule(L.LightningDataModule):
         if self.auto_budget is not None:
             self.auto_budget.release()
 
-    def on_exception(self, exception: BaseException) -> None:
-        """As :meth:`teardown`, for a fit that stops with an exception (Lightning then calls no ``teardown``)."""
-        self.teardown("fit")
-
     def plan_summary(self, num_replicas: int, accumulate_grad_batches: int = 1, *, epoch: int = 0) -> dict[str, Any]:
         """Preview the training split's plan for ``num_replicas`` ranks, without a Trainer or the CLI.
 
@@ -643,3 +640,13 @@ class BalancedTextDataModule(L.LightningDataModule):
             return []
         self._plan(measure=True)
         return self._loader(self.val_dataset, self.val_sampler)
+
+    def on_exception(self, exception: BaseException) -> None:
+        """When one rank fails, make every rank's error name the cause (:func:`~lit_balance.lightning.rank_errors.
+        share_failure`): the failing rank shares its message through the process group's store, the ranks that
+        lost it in a collective add it to theirs. Nothing happens on one process. Then as :meth:`teardown` (Lightning
+        calls no ``teardown`` after an exception)."""
+        try:
+            share_failure(exception)
+        finally:
+            self.teardown("fit")

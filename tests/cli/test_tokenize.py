@@ -59,7 +59,8 @@ def test_the_subcommand_writes_a_store_of_the_cache_s_ids_and_the_data_module_tr
     printed = capsys.readouterr().out
     assert f"wrote {result.num_documents} documents, {result.num_tokens} tokens in 2 .ds file(s) to {out}" in printed
     assert "2 tasks on 1 workers" in printed and f"DatatroveSource({str(out)!r})" in printed
-    assert result.skipped_rows == 1 and "datatrove's reader skipped 1 input row(s)" in printed  # the empty text
+    assert result.skipped_rows == 1 and result.skipped == {"empty text": 1}  # the empty row
+    assert "skipped 1 input row(s) under --text-key 'text': 1 empty text" in printed
     assert sorted(p.name for p in out.glob("*.ds*")) == sorted(
         f"0000{t}_unshuffled.ds{ext}" for t in (0, 1) for ext in ("", ".index", ".metadata"))
     assert (out / TOKENIZER_FILE).is_file()
@@ -153,3 +154,153 @@ def test_several_workers_tokenize_on_one_thread_each_and_the_setting_is_restored
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")  # the caller's own setting wins
     tokenize_corpus(corpus, tmp_path / "mine", workers=2, tasks=2)
     assert seen[-1] == "true" and os.environ["TOKENIZERS_PARALLELISM"] == "true"
+
+
+# -- bad rows, empty runs, reused logging folders -------------------------------------------------------------------
+
+def _bad_rows_corpus(folder: Path) -> tuple[Path, list[str]]:
+    """One file of good rows among rows datatrove's own reader crashes on or drops the file at; the good texts."""
+    folder.mkdir(parents=True)
+    good = stdlib_docstrings()[:12]
+    lines = [json.dumps({"text": good[0]}).encode(),
+             json.dumps({"text": 7}).encode(),  # text not a string: an int
+             json.dumps({"text": good[1]}).encode(),
+             json.dumps({"text": ["a", "list"]}).encode(),
+             json.dumps({"text": None}).encode(),
+             json.dumps({"body": "no text key"}).encode(),
+             b'{"text": "invalid \xff\xfe UTF-8"}',  # one invalid UTF-8 byte: this row only
+             b'{"text": "not json',
+             json.dumps([1, 2]).encode(),
+             json.dumps({"text": ""}).encode(),
+             *[json.dumps({"text": t}).encode() for t in good[2:]]]
+    (folder / "part-00000.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    return folder, good
+
+
+def test_bad_rows_are_counted_by_cause_and_the_file_s_good_rows_kept(tmp_path, capsys):
+    folder, good = _bad_rows_corpus(tmp_path / "in")
+    out = tmp_path / "tokens"
+    result = build_cli(["tokenize", str(folder), "--output-folder", str(out), "--tasks", "1"]).tokenize_result
+    assert result.skipped == {"text not a string": 3, "no text key": 1, "invalid UTF-8": 1, "invalid JSON": 1,
+                              "not a JSON object": 1, "empty text": 1}
+    printed = capsys.readouterr().out
+    assert ("skipped 8 input row(s) under --text-key 'text': 1 empty text, 1 invalid JSON, 1 invalid UTF-8, 1 no text "
+            "key, 1 not a JSON object, 3 text not a string; the other rows of their files are in the store") in printed
+    tok = resolve_tokenizer()
+    assert _documents(out) == [list(ids) for ids in tok.encode_batch(good)]  # every good row, in order
+    log = "".join(p.read_text() for p in (out / "logs" / "logs").glob("*.log"))
+    assert "part-00000.jsonl:7: skipped, invalid UTF-8 (byte b'\\xff' at 18)" in log
+
+
+def test_a_run_that_writes_no_document_names_the_input_and_the_text_key(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "empty.jsonl").write_bytes(b"")
+    (folder / "latin1.jsonl").write_bytes("{\"text\": \"caf\xe9\"}\n".encode("latin-1") * 3)  # not UTF-8 at all
+    (folder / "other_key.jsonl").write_text(json.dumps({"content": "words"}) + "\n")
+    with pytest.raises(ValueError, match=rf"no document was written to .*: no row of '{folder}' has a non-empty text "
+                                         r"under the key 'text' \(3 invalid UTF-8, 1 no text key\); check --text-key"):
+        tokenize_corpus(folder, tmp_path / "out", tasks=1)
+    with pytest.raises(ValueError, match=r"under the key 'body' \(no row read\)"):
+        tokenize_corpus(folder / "empty.jsonl", tmp_path / "out2", text_key="body", tasks=1)
+
+
+def test_a_logging_folder_of_another_run_is_refused(corpus, tmp_path):
+    tokenize_corpus(corpus / "part-00000.jsonl", tmp_path / "first", tasks=1, logging_dir=tmp_path / "logs")
+    with pytest.raises(ValueError, match=r"logging folder .*logs' holds completion markers of another run \(1 task\(s\) "
+                                         r"marked done, e.g. 00000\): datatrove would skip those tasks .* --logging-dir"):
+        tokenize_corpus(corpus, tmp_path / "second", tasks=2, logging_dir=tmp_path / "logs")
+    assert not list((tmp_path / "second").glob("*.ds"))
+
+
+# -- executors: names, Ray missing or unreachable, Slurm without a cluster ---------------------------------------------
+
+def test_a_wrong_executor_or_option_is_named(corpus, tmp_path):
+    with pytest.raises(ValueError, match="--executor must be one of local, ray, slurm, got 'dask'"):
+        tokenize_corpus(corpus, tmp_path / "a", executor="dask")
+    with pytest.raises(ValueError, match=r"--executor-options: LocalPipelineExecutor takes no 'partition' \(it takes "):
+        tokenize_corpus(corpus, tmp_path / "b", tasks=1, executor_options={"partition": "cpu"})
+    err = _cli_error(["tokenize", str(corpus), "--output-folder", str(tmp_path / "c"), "--executor-options", "[1]"])
+    assert "--executor-options must be a JSON object" in err
+
+
+def _cli_error(args: list[str]) -> str:
+    import contextlib
+    import io
+
+    stream = io.StringIO()
+    with contextlib.redirect_stderr(stream), pytest.raises(SystemExit) as exit_info:
+        build_cli(args)
+    assert exit_info.value.code == 2
+    return stream.getvalue()
+
+
+def test_ray_not_installed_or_not_reachable_is_a_clear_error_never_a_hang(corpus, tmp_path, monkeypatch):
+    import socket
+    import time
+
+    try:
+        import ray
+    except ImportError:
+        ray = None
+    monkeypatch.setitem(sys.modules, "ray", None)  # as without Ray installed
+    with pytest.raises(ImportError, match=r'--executor ray runs datatrove\'s RayPipelineExecutor, which needs Ray: '
+                                          r'pip install "lit_balance\[ray\]"'):
+        tokenize_corpus(corpus, tmp_path / "a", executor="ray")
+    if ray is None:
+        pytest.skip("ray is not installed (the test extra installs it)")
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=rf"--ray-address '127.0.0.1:{port}': no Ray cluster answers at "
+                                         rf"127.0.0.1:{port}.*ray start --head"):
+        tokenize_corpus(corpus, tmp_path / "b", executor="ray", ray_address=f"127.0.0.1:{port}", timeout_s=5)
+    assert time.monotonic() - start < 30
+
+
+def _fake_sbatch(folder: Path, body: str) -> None:
+    folder.mkdir(exist_ok=True)
+    sbatch = folder / "sbatch"
+    sbatch.write_text(f"#!/bin/sh\n{body}\n")
+    sbatch.chmod(0o755)
+
+
+def test_slurm_writes_datatrove_s_job_script_with_the_options_and_submits_it(corpus, tmp_path, monkeypatch, capsys):
+    bin_dir = tmp_path / "bin"
+    _fake_sbatch(bin_dir, f'for last; do :; done; cp "$last" {tmp_path}/submitted-$$.slurm; '
+                          'echo "Submitted batch job 4242"')  # sbatch [options] SCRIPT
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    options = {"partition": "cpu-long", "time": "03:30:00", "cpus_per_task": 3, "mem_per_cpu_gb": 5,
+               "sbatch_args": {"account": "tokens-proj"}, "venv_path": "/shared/venv/bin/activate"}
+    out = tmp_path / "tokens"
+    result = build_cli(["tokenize", str(corpus), "--output-folder", str(out), "--tasks", "2", "--executor", "slurm",
+                        "--executor-options", json.dumps(options)]).tokenize_result
+    assert result.job_id == "4242" and result.executor == "slurm"
+    script = (out / "logs" / "launch_script.slurm").read_text()
+    submitted = [p.read_text() for p in tmp_path.glob("submitted-*.slurm")]  # the job, then datatrove's stats merge
+    assert script in submitted  # what sbatch received is datatrove's script
+    for line in ("#SBATCH --partition=cpu-long", "#SBATCH --time=03:30:00", "#SBATCH --cpus-per-task=3",
+                 "#SBATCH --mem-per-cpu=5G", "#SBATCH --account=tokens-proj", "#SBATCH --array=0-1",
+                 "#SBATCH --job-name=lit_balance_tokenize", "source /shared/venv/bin/activate"):
+        assert line in script, (line, script)
+    assert f"launch_pickled_pipeline {out / 'logs' / 'executor.pik'}" in script
+    assert "submitted Slurm job 4242: 2 tasks tokenizing into" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"--executor slurm needs time in --executor-options"):
+        tokenize_corpus(corpus, tmp_path / "t2", executor="slurm", executor_options={"partition": "cpu"})
+
+
+def test_slurm_without_sbatch_or_with_a_hanging_one_is_a_clear_error(corpus, tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty_bin"))
+    options = {"partition": "cpu", "time": "01:00:00"}
+    with pytest.raises(ValueError, match="--executor slurm submits datatrove's job with sbatch, which is not on PATH"):
+        tokenize_corpus(corpus, tmp_path / "a", executor="slurm", executor_options=options)
+    _fake_sbatch(tmp_path / "bin", "sleep 60")  # a cluster that does not answer
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"--executor slurm: sbatch did not answer within 2 s"):
+        tokenize_corpus(corpus, tmp_path / "b", executor="slurm", executor_options=options, timeout_s=2)
+    assert time.monotonic() - start < 30

@@ -223,6 +223,39 @@ def test_a_ds_without_its_index_is_named(broken):
         DatatroveStore(broken)
 
 
+def test_a_folder_whose_index_names_a_missing_ds_is_refused(broken):
+    # an interrupted copy: task 1's .ds is missing, its .ds.index and .ds.metadata are there
+    (broken / "00001_unshuffled.ds").unlink()
+    with pytest.raises(FileNotFoundError, match=r"broken': 00001_unshuffled\.ds\.index names a token file that is "
+                                                r"missing \(00001_unshuffled\.ds\); the store is incomplete"):
+        DatatroveStore(broken)
+    assert len(DatatroveStore(broken / "00000_unshuffled.ds")) > 0  # naming the files that are there still reads
+
+
+def test_a_file_named_twice_is_refused(store_dir):
+    with pytest.raises(ValueError, match=r"00000_unshuffled\.ds is named twice"):
+        DatatroveStore([store_dir, store_dir / "00000_unshuffled.ds"])
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_ds_changed_after_setup_is_refused_naming_it(broken, tmp_path, workers):
+    import os
+
+    dm = BalancedTextDataModule(DatatroveSource(broken), max_tokens=512, max_length=64, val_fraction=0,
+                                num_workers=workers, cache_dir=tmp_path / "cache")
+    dm.setup("fit")
+    ds = broken / "00001_unshuffled.ds"
+    before = ds.stat().st_mtime_ns
+    ds.write_bytes(ds.read_bytes()[::-1])  # written again in place: the same size, other tokens
+    if ds.stat().st_mtime_ns == before:  # a coarse file-system clock: the write happened in the same tick
+        os.utime(ds, ns=(before + 1_000_000, before + 1_000_000))
+    from lit_balance.data.stores import StoreChangedError
+
+    dm.train_sampler.set_epoch(0)
+    with pytest.raises(StoreChangedError, match=rf"{ds} changed on disk after the store was opened \(modified at "):
+        list(dm.train_dataloader())
+
+
 def test_a_truncated_ds_is_named_with_both_sizes(broken):
     ds = broken / "00000_unshuffled.ds"
     full = ds.stat().st_size

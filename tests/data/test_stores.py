@@ -17,7 +17,14 @@ import pytest
 import torch
 
 from lit_balance import BalancedTextDataModule, BatchingSettings
-from lit_balance.data.stores import ArrowSource, MegatronSource, StoreDataset, StoreSource, TokenStore
+from lit_balance.data.stores import (
+    ArrowSource,
+    MegatronSource,
+    StoreChangedError,
+    StoreDataset,
+    StoreSource,
+    TokenStore,
+)
 from tests.data._stores import (
     VOCAB,
     documents,
@@ -29,6 +36,13 @@ from tests.data._stores import (
 )
 
 FORMATS = ["megatron", "megatron_two_prefixes", "save_to_disk", "to_parquet", "arrow_ipc_file"]
+
+
+@pytest.fixture(autouse=True)
+def _parquet_copies(tmp_path, monkeypatch):
+    """Parquet files' Arrow copies go to the default cache root: this test's own."""
+    monkeypatch.setenv("LIT_BALANCE_CACHE", str(tmp_path / "default_cache"))
+
 
 
 def make_source(fmt: str, root: Path, docs: list[list[int]]) -> StoreSource:
@@ -268,7 +282,8 @@ def test_idx_of_another_dtype_names_the_file(megatron_prefix):
     with open(path, "r+b") as stream:  # the header now says int32, but the .bin holds uint16 ids
         stream.seek(17)
         stream.write(struct.pack("<B", 4))
-    with pytest.raises(ValueError, match=f"{path}.*pointers end at byte .* its dtype is not the one the .bin"):
+    with pytest.raises(ValueError, match=f"{path}: the sequence pointers are those of 2-byte tokens .* its dtype is "
+                                         "not the one"):
         MegatronSource(megatron_prefix).store
     with open(path, "r+b") as stream:
         stream.seek(17)
@@ -381,3 +396,30 @@ def test_map_style_path_reads_a_store_dataset_by_micro_batch(tmp_path):
     for a, b in zip(got, want):
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["attention_mask"], b["attention_mask"])
     assert TokenizerAdapter.for_token_ids(VOCAB).vocab_size == corpus.vocab_size
+
+
+def test_a_parquet_file_is_copied_once_to_arrow_and_read_from_the_copy(tmp_path, capfd):
+    docs = documents(160, seed=8)
+    parquet = write_to_parquet(tmp_path / "store" / "corpus.parquet", docs, batch_size=20)  # 8 row groups
+    pq = pytest.importorskip("pyarrow.parquet")
+    assert pq.ParquetFile(parquet).num_row_groups == 8
+    copies = tmp_path / "copies"
+    (dm,) = modules(ArrowSource(parquet, cache_dir=copies), tmp_path / "run", val_fraction=0)
+    said = capfd.readouterr().err
+    (copy,) = (copies / "parquet").glob("*.arrow")
+    assert f"converting the ['input_ids'] columns of {parquet} (8 row groups, 160 rows) once into the " \
+           f"memory-mapped Arrow file {copy}" in said
+    (ref,) = modules(ArrowSource(write_arrow_ipc_file(tmp_path / "ref.arrow", docs)), tmp_path / "ref",
+                     val_fraction=0)
+    for epoch in (0, 1):  # shuffled micro-batches across every row group: the same as the same ids in Arrow IPC
+        assert_same_batches(epoch_batches(dm, epoch), epoch_batches(ref, epoch))
+    written = copy.stat().st_mtime_ns
+    again = ArrowSource(parquet, cache_dir=copies).store  # another rank, or the next run: the copy is reused
+    assert "converting" not in capfd.readouterr().err and copy.stat().st_mtime_ns == written
+    assert np.array_equal(again.lengths, [len(d) for d in docs])
+    write_to_parquet(parquet, docs[::-1], batch_size=20)  # the file changed: a new copy, of the new ids
+    changed = ArrowSource(parquet, cache_dir=copies).store
+    assert "converting" in capfd.readouterr().err and len(list((copies / "parquet").glob("*.arrow"))) == 2
+    assert np.array_equal(changed.lengths, [len(d) for d in docs[::-1]])
+    with pytest.raises(StoreChangedError, match=f"{parquet} changed on disk after the store was opened"):
+        epoch_batches(dm, 2)  # the run that planned the old file refuses the new one

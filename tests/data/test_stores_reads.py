@@ -13,6 +13,13 @@ from tests.data._stores import documents, write_megatron, write_save_to_disk
 from tests.data.test_stores import files_under, modules
 
 
+@pytest.fixture(autouse=True)
+def _parquet_copies(tmp_path, monkeypatch):
+    """Parquet files' Arrow copies go to the default cache root: this test's own."""
+    monkeypatch.setenv("LIT_BALANCE_CACHE", str(tmp_path / "default_cache"))
+
+
+
 class CountingTokens:
     """A memory-mapped ``.bin`` whose every read (a slice) is recorded: (start, count, bytes)."""
 

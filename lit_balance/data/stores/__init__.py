@@ -4,6 +4,7 @@ other formats implement (:class:`TokenStore`, :class:`StoreSource`). :func:`open
 lengths (a :class:`StoreCorpus`) without reading a token; :class:`StoreDataset` reads each document when its
 micro-batch is built."""
 
+from lit_balance.data.stores._files import StoreChangedError
 from lit_balance.data.stores.arrow import ArrowSource, ArrowStore
 from lit_balance.data.stores.base import StoreSource, TokenStore
 from lit_balance.data.stores.corpus import StoreCorpus, StoreDataset, open_corpus, store_tokenizer
@@ -11,4 +12,5 @@ from lit_balance.data.stores.datatrove import DatatroveSource, DatatroveStore
 from lit_balance.data.stores.megatron import MegatronSource, MegatronStore
 
 __all__ = ["ArrowSource", "ArrowStore", "DatatroveSource", "DatatroveStore", "MegatronSource", "MegatronStore",
-           "StoreCorpus", "StoreDataset", "StoreSource", "TokenStore", "open_corpus", "store_tokenizer"]
+           "StoreChangedError", "StoreCorpus", "StoreDataset", "StoreSource", "TokenStore", "open_corpus",
+           "store_tokenizer"]

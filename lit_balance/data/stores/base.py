@@ -9,6 +9,11 @@ it, from memory-mapped files; nothing is tokenized, written to the tokenization 
 A store is picklable: the memory maps and open files it keeps in the attributes named by
 :attr:`TokenStore.process_local` are dropped when it is pickled (e.g. to a DataLoader worker) and reopened on
 first use in the process that unpickles it.
+
+A store is a file other tools wrote, read for days: the built-in stores check at opening what is cheap (index
+consistency in one vectorised pass, sizes, a file named twice, nulls) and refuse a file that changed on disk since
+(size or modification time, :class:`~lit_balance.data.stores._files.StoreChangedError`) when a process opens it and
+before every read; ids and labels outside the vocabulary are refused when read, naming the file and document.
 """
 
 from __future__ import annotations

@@ -220,7 +220,15 @@ class StoreDataset(TokenDataset):
                     "check that the store was written with the tokenizer you meant", parameter="vocab_size")
         item = {"input_ids": ids.astype(np.int32, copy=False), "index": i, "is_fill": is_fill}
         if labels is not None:
-            item["labels"] = np.asarray(labels, dtype=np.int32)
+            labels = np.asarray(labels)
+            if labels.size and int(labels.max()) >= self.vocab_size:
+                position = int(np.argmax(labels >= self.vocab_size))
+                raise InputValueError(
+                    f"{self.store.where(doc)} holds the label {int(labels[position])} at position {position}, outside "
+                    f"the vocabulary [0, {self.vocab_size}) (labels are target token ids, or {IGNORE_INDEX} for no "
+                    "target); fix the labels column, or train with a model (vocab_size) that covers them",
+                    parameter="vocab_size")
+            item["labels"] = labels.astype(np.int32, copy=False)
         return item
 
 

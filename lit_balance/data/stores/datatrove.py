@@ -12,7 +12,8 @@ The format is datatrove's own (``datatrove.pipeline.tokens.tokenizer.TokenizedFi
 
 :class:`DatatroveStore` reads one or many such files (several tasks' output, one corpus, in sorted file order): the
 lengths come from the ``.ds.index`` files alone (8 bytes per document) and the file sizes; the tokens of a document
-are read through a ``numpy.memmap`` of its ``.ds`` file (and ``.ds.loss``) when a micro-batch holding it is built.
+are read from its ``.ds`` file (and ``.ds.loss``) with ``os.pread`` when a micro-batch holding it is built; a file
+that changed on disk since the store was opened (size or modification time) is refused then, naming it.
 :class:`DatatroveSource` is the :class:`~lit_balance.data.sources.CorpusSource` that gives it to the DataModule:
 ``BalancedTextDataModule(corpus=DatatroveSource("data/tokens"))``.
 
@@ -32,6 +33,7 @@ from typing import ClassVar
 import numpy as np
 
 from lit_balance.data.records import IGNORE_INDEX
+from lit_balance.data.stores._files import FileStamp, TokenFile
 from lit_balance.data.stores.base import StoreSource, TokenStore
 from lit_balance.errors import InputFileNotFoundError, InputTypeError, InputValueError
 
@@ -60,6 +62,23 @@ def read_metadata(path: str | os.PathLike) -> tuple[str, int, int]:
     return name, token_size, count
 
 
+def _check_orphans(folder: Path, found: list[Path]) -> None:
+    """Raise when a ``.ds.index``, ``.ds.loss`` or ``.ds.metadata`` in ``folder`` names a ``.ds`` that is not there (a
+    copy or a run interrupted halfway: its documents would silently not train)."""
+    present = {p.name for p in found}
+    for suffix in (".ds.index", ".ds.metadata", ".ds.loss"):
+        orphans = sorted(p for p in folder.glob(f"*{suffix}") if p.name[: -len(suffix)] + ".ds" not in present)
+        if orphans and found:
+            names = ", ".join(p.name for p in orphans[:3]) + (f" and {len(orphans) - 3} more" if len(orphans) > 3
+                                                                else "")
+            missing = orphans[0].name[: -len(suffix)] + ".ds"
+            verb = "names" if len(orphans) == 1 else "name"
+            raise InputFileNotFoundError(f"datatrove store folder {str(folder)!r}: {names} {verb} a token file "
+                                         f"that is missing ({missing}); the store is incomplete (an interrupted "
+                                         "copy or tokenization). Copy or tokenize it again, or remove "
+                                         "the leftover files to train on the other files only", parameter="paths")
+
+
 def _ds_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
     """The ``.ds`` files named by ``paths`` (files, folders, glob patterns), in the order given, each folder's and
     pattern's sorted by name."""
@@ -72,6 +91,7 @@ def _ds_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
                 raise InputFileNotFoundError(f"datatrove store pattern {text!r} matches no .ds file", parameter="paths")
         elif os.path.isdir(text):
             found = sorted(Path(text).glob("*.ds"))
+            _check_orphans(Path(text), found)
             if not found:
                 index = sorted(Path(text).glob("*.ds.index"))
                 hint = (f": {index[0].name} has no .ds file beside it" if index else
@@ -140,7 +160,7 @@ class DatatroveStore(TokenStore):
             raise InputValueError(f"token_size must be 2 or 4 (bytes per token), got {token_size}",
                                   parameter="token_size")
         files = _ds_files(paths)
-        ends, sizes, tokenizer_names, loss = [], [], set(), []
+        ends, sizes, tokenizer_names, loss, stamps = [], [], set(), [], []
         for ds in files:
             index = Path(f"{ds}.index")
             if not index.is_file():
@@ -157,15 +177,18 @@ class DatatroveStore(TokenStore):
                                       f"{int(doc_ends[bad - 1]) if bad else 0} at document {bad}", parameter="paths")
             size = self._token_size(ds, token_size, doc_ends, tokenizer_names)
             num_tokens = int(doc_ends[-1]) if len(doc_ends) else 0
-            ds_bytes = ds.stat().st_size
+            ds_stamp = FileStamp(ds)
+            ds_bytes = ds_stamp.size
             if ds_bytes != num_tokens * size:
                 raise InputValueError(f"{ds}: expected {num_tokens} tokens x {size} bytes = {num_tokens * size} bytes "
                                       f"as {index.name} says, got {ds_bytes} bytes (truncated, or another token "
                                       "size)", parameter="paths")
             loss_file = Path(f"{ds}.loss")
-            if loss_file.is_file() and loss_file.stat().st_size != num_tokens:
+            loss_stamp = FileStamp(loss_file) if loss_file.is_file() else None
+            if loss_stamp is not None and loss_stamp.size != num_tokens:
                 raise InputValueError(f"{loss_file}: expected {num_tokens} bytes (one per token, as {index.name} "
-                                      f"says), got {loss_file.stat().st_size}", parameter="paths")
+                                      f"says), got {loss_stamp.size}", parameter="paths")
+            stamps.append((ds_stamp, loss_stamp))
             ends.append(doc_ends)
             sizes.append(size)
             loss.append(loss_file.is_file())
@@ -184,6 +207,7 @@ class DatatroveStore(TokenStore):
             raise InputFileNotFoundError(f"labels=True but {files[loss.index(False)]} has no .ds.loss beside it "
                                          "(datatrove writes it with save_loss_metadata=True)", parameter="labels")
         self._files = [str(f) for f in files]
+        self._stamps = stamps
         self._dtype = _DTYPES[sizes[0]]
         self.has_labels = bool(labels)
         self._file_docs = np.cumsum([0, *(len(e) for e in ends)], dtype=np.int64)  # first document of each file
@@ -199,8 +223,8 @@ class DatatroveStore(TokenStore):
         self._index_digest = digest.hexdigest()
         self._tokenizer = next(iter(tokenizer_names)) if len(tokenizer_names) == 1 else None
         self.vocab_size, self.pad_token_id = self._vocabulary(vocab_size, pad_token_id)
-        self._tokens: list[np.memmap | None] | None = None
-        self._masks: list[np.memmap | None] | None = None
+        self._tokens: list[TokenFile | None] | None = None
+        self._masks: list[TokenFile | None] | None = None
 
     @staticmethod
     def _token_size(ds: Path, given: int | None, doc_ends: np.ndarray, names: set[str]) -> int:
@@ -290,21 +314,20 @@ class DatatroveStore(TokenStore):
         file, local = self._locate(doc)
         return f"document {local} of {self._files[file]}"
 
-    def _map(self, kind: str, file: int) -> np.memmap:
+    def _map(self, kind: str, file: int) -> TokenFile:
+        """The ``.ds`` (``kind="_tokens"``) or ``.ds.loss`` (``"_masks"``) of ``file``, read by slices with
+        ``os.pread``: checked against its size and modification time at the store's opening when a process first
+        reads it and before every read (:class:`~lit_balance.data.stores._files.TokenFile`)."""
         maps = getattr(self, kind)
         if maps is None:
             maps = [None] * len(self._files)
             setattr(self, kind, maps)
         if maps[file] is None:
-            path = self._files[file] + (".loss" if kind == "_masks" else "")
-            dtype = np.dtype(np.uint8) if kind == "_masks" else self._dtype
-            first, stop = int(self._file_docs[file]), int(self._file_docs[file + 1])
-            expected = (int(self._ends[stop - 1]) if stop > first else 0) * dtype.itemsize
-            size = os.path.getsize(path)
-            if size != expected:
-                raise InputValueError(f"{path}: expected {expected} bytes as its index says, got {size} (the file "
-                                      "changed after the store was opened)")
-            maps[file] = np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype=dtype)
+            ds_stamp, loss_stamp = self._stamps[file]
+            if kind == "_masks":
+                maps[file] = TokenFile(loss_stamp, np.uint8)
+            else:
+                maps[file] = TokenFile(ds_stamp, self._dtype)
         return maps[file]
 
     def read(self, doc: int, length: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -317,8 +340,8 @@ class DatatroveStore(TokenStore):
 
         Raises:
             IndexError: ``doc`` or ``length`` out of range.
-            ValueError: a file's size changed since the store was opened, or an id ``>= vocab_size`` (naming the
-                file, the document and the id).
+            StoreChangedError: a file's size or modification time changed since the store was opened (naming it).
+            ValueError: an id ``>= vocab_size`` (naming the file, the document and the id).
         """
         doc, length = self._check_read(doc, length)
         file, _ = self._locate(doc)
@@ -354,8 +377,8 @@ class DatatroveStore(TokenStore):
         document ends (never the tokens)."""
         parts = ["datatrove", f"token_size={self._dtype.itemsize}", f"labels={self.has_labels}",
                  f"index={self._index_digest}"]
-        for name in self._files:
-            parts.append(f"{os.path.basename(name)}:{os.path.getsize(name)}")
+        for name, (stamp, _) in zip(self._files, self._stamps):
+            parts.append(f"{os.path.basename(name)}:{stamp.size}")
         return parts
 
 

@@ -16,7 +16,9 @@ megatron-core's ``IndexedDatasetBuilder``: the ``.bin`` holds every sequence's t
 
 A document is Megatron's document (its sequences are contiguous in the ``.bin``; ``--split-sentences`` makes one
 sequence per sentence), so its length is the sum of its sequences' lengths. The index is memory-mapped with NumPy;
-the ``.bin`` is memory-mapped per process on the first read and only the tokens of the documents read are touched.
+the ``.bin`` is read per document with ``os.pread`` (a descriptor per process) and only the tokens of the documents
+read are touched. Opening checks the index in one pass (see :class:`MegatronStore`); reading checks that neither file
+changed on disk since (:mod:`lit_balance.data.stores._files`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from lit_balance.data.stores._files import FileStamp, TokenFile, check_distinct
 from lit_balance.data.stores.base import StoreSource, TokenStore
 from lit_balance.errors import InputFileNotFoundError, InputTypeError, InputValueError
 
@@ -63,7 +66,8 @@ class _Index:
             if not os.path.isfile(path):
                 raise InputFileNotFoundError(f"Megatron store {prefix!r}: {path} does not exist (a store is the pair "
                                              "PREFIX.bin and PREFIX.idx; pass the prefix)", parameter="corpus")
-        idx_size, self.bin_size = os.path.getsize(self.idx_path), os.path.getsize(self.bin_path)
+        self.idx_stamp, self.bin_stamp = FileStamp(self.idx_path), FileStamp(self.bin_path)
+        idx_size, self.bin_size = self.idx_stamp.size, self.bin_stamp.size
         if idx_size < _HEADER.itemsize:
             raise InputValueError(f"{self.idx_path} is not a Megatron index: {idx_size} bytes, shorter than the "
                                   f"{_HEADER.itemsize}-byte header", parameter="corpus")
@@ -129,7 +133,7 @@ class _Index:
                                   f"expected 0 to the sequence count {s}", parameter="corpus")
         one_each = d == s + 1
         doc_lengths = np.empty(s if one_each else 0, dtype=np.int64)
-        total, previous = 0, 0
+        total, previous, itemsize = 0, 0, self.dtype.itemsize
         for start in range(0, max(s, d - 1), _BLOCK):
             entries = self._block(np.int64, documents_at, start + 1, min(_BLOCK, d - 1 - start)) if start < d - 1 \
                 else np.zeros(0, np.int64)
@@ -142,13 +146,19 @@ class _Index:
             seq = self._block(np.int32, lengths_at, start, min(_BLOCK, s - start)) if start < s \
                 else np.zeros(0, np.int32)
             if seq.size and seq.min() < 0:
-                raise InputValueError(f"{self.idx_path}: a negative sequence length", parameter="corpus")
+                bad = start + int(np.argmax(seq < 0))
+                raise InputValueError(f"{self.idx_path}: sequence {bad} has the negative length {int(seq.min())}",
+                                      parameter="corpus")
+            if seq.size:  # megatron-core writes the sequences back to back: pointer i = bytes of sequences before i
+                pointers = self._block(np.int64, pointers_at, start, seq.size)
+                expected = (total + np.cumsum(seq, dtype=np.int64) - seq) * itemsize
+                if not np.array_equal(pointers, expected):
+                    self._pointer_error(start + int(np.argmax(pointers != expected)), pointers, expected, start)
             total += int(seq.sum(dtype=np.int64))
             if one_each:
                 doc_lengths[start:start + seq.size] = seq
         self.one_sequence_per_document = one_each
         self._doc_lengths = doc_lengths if one_each else None
-        itemsize = self.dtype.itemsize
         expected = total * itemsize
         end = 0
         if s:
@@ -156,14 +166,30 @@ class _Index:
                 int(self._block(np.int32, lengths_at, s - 1, 1)[0]) * itemsize
         if end != expected:
             raise InputValueError(f"{self.idx_path}: the sequence pointers end at byte {end} but the lengths add up "
-                                  f"to {total} tokens of {self.dtype} ({expected} bytes): the index is inconsistent, or "
-                                  "its dtype is not the one the .bin was written with", parameter="corpus")
+                                  f"to {total} tokens of {self.dtype} ({expected} bytes): the index is inconsistent, "
+                                  "or its dtype is not the one the .bin was written with", parameter="corpus")
         if self.bin_size != expected:
             what = "truncated" if self.bin_size < expected else "longer than its index says"
             raise InputValueError(f"{self.bin_path} is {self.bin_size} bytes but its index {self.idx_path} says "
                                   f"{total} tokens of {self.dtype} ({expected} bytes): the .bin is {what}, or the "
                                   "pair was written with another dtype; rewrite the store", parameter="corpus")
         self.num_tokens = total
+
+    def _pointer_error(self, sequence: int, pointers: np.ndarray, expected: np.ndarray, start: int) -> None:
+        documents = np.fromfile(self.idx_path, dtype=np.int64, count=self.num_entries,
+                                offset=_HEADER.itemsize + 12 * self.num_sequences)
+        doc = int(np.searchsorted(documents, sequence, side="right")) - 1
+        got, want = int(pointers[sequence - start]), int(expected[sequence - start])
+        tokens = expected // self.dtype.itemsize
+        other = [k for k in (1, 2, 4, 8) if k != self.dtype.itemsize and np.array_equal(pointers, tokens * k)]
+        if other:
+            raise InputValueError(f"{self.idx_path}: the sequence pointers are those of {other[0]}-byte tokens but "
+                                  f"the header says {self.dtype} ({self.dtype.itemsize} bytes): its dtype is not the "
+                                  "one the .bin was written with; rewrite the store", parameter="corpus")
+        raise InputValueError(f"{self.idx_path}: sequence {sequence} (document {doc}) points at byte {got} of "
+                              f"{self.bin_path}, but the lengths before it add up to byte {want}: the index's "
+                              "pointers disagree with its lengths (a hand-edited or corrupted .idx), so documents "
+                              "would read other documents' tokens; rewrite the store", parameter="corpus")
 
     def document_lengths(self) -> np.ndarray:
         """int64 ``[documents]``: tokens per document (handed over once: the index keeps no copy)."""
@@ -187,8 +213,13 @@ class MegatronStore(TokenStore):
 
     Raises:
         FileNotFoundError: a ``.bin`` or ``.idx`` is missing.
-        ValueError: an ``.idx`` of another format, version or dtype (or inconsistent with itself), a ``.bin`` whose
-            size is not what its index says (truncated), pairs of different dtypes (each naming the file).
+        ValueError: an ``.idx`` of another format, version or dtype, or inconsistent with itself (a document index
+            that does not run from 0 to the sequence count without decreasing, a negative length, a sequence pointer
+            that is not the bytes of the sequences before it: checked in one vectorised pass over the index), a
+            ``.bin`` whose size is not what its index says (truncated), pairs of different dtypes, a pair named
+            twice (``PREFIX`` and ``PREFIX.bin``); each naming the file.
+        StoreChangedError: (on reading) a ``.bin`` or ``.idx`` whose size or modification time changed since the
+            store was opened (checked when a process first reads it and before every read).
 
     Example:
         >>> store = MegatronStore(["data/shard_0", "data/shard_1"])  # doctest: +SKIP
@@ -201,6 +232,8 @@ class MegatronStore(TokenStore):
         self.prefixes = [_prefix(p) for p in prefixes]
         if not self.prefixes:
             raise InputValueError("a Megatron store needs at least one path prefix", parameter="corpus")
+        check_distinct([p + ".bin" for p in self.prefixes if os.path.isfile(p + ".bin")], "Megatron store",
+                       "corpus")
         indexes = [_Index(p) for p in self.prefixes]
         expected = None if dtype is None else np.dtype(dtype)
         first = indexes[0]
@@ -217,9 +250,10 @@ class MegatronStore(TokenStore):
         parts = [index.document_lengths() for index in indexes]
         self._lengths = parts[0] if len(parts) == 1 else np.concatenate(parts)
         self._starts = np.cumsum([0] + [len(p) for p in parts]).astype(np.int64)  # first document of each pair
-        self._sizes = [(index.idx_path, os.path.getsize(index.idx_path), index.bin_size) for index in indexes]
+        self._sizes = [(index.idx_path, index.idx_stamp.size, index.bin_size) for index in indexes]
         self._indexes = indexes
-        self._bins: list[np.ndarray | None] | None = None
+        self._bins: list[Any] | None = None
+        self._idx_files = [TokenFile(index.idx_stamp, np.uint8) for index in indexes]
 
     @property
     def lengths(self) -> np.ndarray:
@@ -247,9 +281,20 @@ class MegatronStore(TokenStore):
         part, local = self._locate(doc)
         return f"document {local} of {self.prefixes[part]}.bin"
 
-    def _open_bin(self, part: int) -> np.ndarray:
-        """The ``.bin`` of pair ``part`` memory-mapped as token ids (read-only, opened once per process)."""
-        return np.memmap(self.prefixes[part] + ".bin", dtype=self._dtype, mode="r")
+    def _open_bin(self, part: int) -> TokenFile:
+        """The ``.bin`` of pair ``part`` as token ids read by slices (``os.pread``; the file is checked against its
+        size and modification time at opening when the store was opened, when a process first reads it and before
+        every read)."""
+        return TokenFile(self._indexes[part].bin_stamp, self._dtype)
+
+    def _token_start(self, part: int, local: int) -> int:
+        """First token of document ``local`` of pair ``part`` in its ``.bin``, read from the ``.idx`` (16 bytes)."""
+        index, idx = self._indexes[part], self._idx_files[part]
+        s = index.num_sequences
+        sequence = int(idx.read_at(_HEADER.itemsize + 12 * s + 8 * local, 1, "<i8")[0])
+        if sequence >= s:
+            return 0  # an empty document at the end
+        return int(idx.read_at(_HEADER.itemsize + 4 * s + 8 * sequence, 1, "<i8")[0]) // self._dtype.itemsize
 
     def read(self, doc: int, length: int) -> tuple[np.ndarray, None]:
         """The first ``length`` tokens of document ``doc``, read from the ``.bin`` (a copy); no labels."""
@@ -257,12 +302,11 @@ class MegatronStore(TokenStore):
         if length == 0:
             return np.zeros(0, self._dtype), None
         part, local = self._locate(doc)
-        index = self._indexes[part]
         if self._bins is None:
             self._bins = [None] * len(self.prefixes)
         if self._bins[part] is None:
             self._bins[part] = self._open_bin(part)
-        start = int(index.pointers[int(index.documents[local])]) // self._dtype.itemsize
+        start = self._token_start(part, local)
         ids = np.array(self._bins[part][start:start + length])
         if len(ids) != length:
             raise InputValueError(f"{self.where(doc)}: the .bin ends after {len(ids)} of the {length} tokens its index "
