@@ -214,7 +214,7 @@ class LitBalanceCLI(LightningCLI):
         :class:`~lit_balance.callbacks.LastStepCheckpoint`, the command that resumes from its ``last.ckpt`` (the
         command's own arguments, ``--ckpt_path`` and, after a run that reached ``max_steps``, twice the steps). When a
         signal stopped training (Ctrl-C, SIGTERM), say so and exit with ``128 + signal number`` on rank 0."""
-        from lit_balance.callbacks import LastStepCheckpoint
+        from lit_balance.lightning.callbacks import LastStepCheckpoint
         from lit_balance.lightning.outputs import report_outputs, shown_path
 
         trainer = self.trainer
