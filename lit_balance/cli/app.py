@@ -169,7 +169,7 @@ class LitBalanceCLI(LightningCLI):
 
     def before_fit(self) -> None:
         """Print the derived budget and the training split's plan (:func:`~lit_balance.report.summary_line`; rank 0),
-        in lines of at most 100 columns but for the corpus's description; with ``max_tokens="auto"``, that the budget
+        in lines of at most 100 columns but for the corpus's description (80 but for the plan line); with ``max_tokens="auto"``, that the budget
         will be measured at fit start (the DataModule logs it then)."""
         from lit_balance.report import summary_line
 
