@@ -169,7 +169,7 @@ class LitBalanceCLI(LightningCLI):
 
     def before_fit(self) -> None:
         """Print the derived budget and the training split's plan (:func:`~lit_balance.report.summary_line`; rank 0),
-        in lines of at most 100 columns but for the corpus's description; with ``max_tokens="auto"``, that the budget
+        in lines of at most 100 columns but for the corpus's description (80 but for the plan line); with ``max_tokens="auto"``, that the budget
         will be measured at fit start (the DataModule logs it then)."""
         from lit_balance.report import summary_line
 
@@ -214,7 +214,7 @@ class LitBalanceCLI(LightningCLI):
         :class:`~lit_balance.callbacks.LastStepCheckpoint`, the command that resumes from its ``last.ckpt`` (the
         command's own arguments, ``--ckpt_path`` and, after a run that reached ``max_steps``, twice the steps). When a
         signal stopped training (Ctrl-C, SIGTERM), say so and exit with ``128 + signal number`` on rank 0."""
-        from lit_balance.callbacks import LastStepCheckpoint
+        from lit_balance.lightning.callbacks import LastStepCheckpoint
         from lit_balance.lightning.outputs import report_outputs, shown_path
 
         trainer = self.trainer

@@ -177,9 +177,12 @@ def install_hint(error: BaseException) -> str | None:
 
 
 def mark_run() -> None:
-    """Give this run an id that the ranks it starts inherit (:data:`RUN_ID_ENV`), so that an error every rank meets
-    is printed once (:func:`exit_on_input_error`). Call before the ranks start; a rank keeps its launcher's."""
-    os.environ.setdefault(RUN_ID_ENV, uuid.uuid4().hex)
+    """Give this run a new id that the ranks it starts inherit (:data:`RUN_ID_ENV`), so that an error every rank meets
+    is printed once (:func:`exit_on_input_error`). Call before the ranks start; a rank that a launcher started
+    (``LOCAL_RANK`` set) keeps its launcher's."""
+    if os.environ.get("LOCAL_RANK") is not None and os.environ.get(RUN_ID_ENV):
+        return
+    os.environ[RUN_ID_ENV] = uuid.uuid4().hex
 
 
 def _first_report() -> bool:

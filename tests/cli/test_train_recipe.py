@@ -297,6 +297,17 @@ def test_ctrl_c_in_a_terminal_keeps_the_last_step_and_its_resume_line_resumes(tm
             for label in _LABELS:
                 for match in re.finditer(rf"(?<![\w/]){re.escape(label)}:", line):
                     assert line[match.end():match.end() + 2].strip(), (label, "\n".join(shown))
+    # nothing else between the bar and its items: log lines and the other rank's warnings go above it, or after it
+    # has closed (rank 1's, prefixed "rank 1:")
+    bar_line = re.compile(r"^(Epoch \d+|Validation|Sanity Checking)\s.*━")
+    for shown in screens:
+        rows = [line.rstrip() for line in shown]
+        for i, line in enumerate(rows[:-1]):
+            if bar_line.match(line) and not bar_line.match(rows[i + 1]) and rows[i + 1]:
+                assert re.match(r"^(\w[\w/ ()]*): \S", rows[i + 1]), "\n".join(rows)
+    held = [i for i, line in enumerate(final) if line.startswith("rank 1: ")]
+    frames = [i for i, line in enumerate(final) if bar_line.match(line)]
+    assert not held or not frames or min(held) > max(frames), "\n".join(final)
     # the bar's tokens/s is the metrics file's for that window (the last frame showing one)
     shown = [" ".join(line.split()) for shown in screens for line in shown]
     window = [m for line in shown if (m := re.search(r"window: steps (\d+)-(\d+) tokens/s: ([\d,]+)", line))][-1]

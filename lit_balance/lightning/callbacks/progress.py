@@ -169,21 +169,16 @@ class BalanceProgressBar(RichProgressBar):
         if self._held is not None and text not in self._held:
             self._held.append(text)
 
-    def _release_warnings(self, trainer: L.Trainer, barriers: bool) -> None:
-        """Restore the warnings of a rank > 0 and print those held (between two barriers of every process when
-        ``barriers``: after rank 0's bar closed, before rank 0 prints on)."""
+    def _release_warnings(self, trainer: L.Trainer) -> None:
+        """Restore the warnings and log handlers of a rank > 0 and print what they held."""
         if self._showwarning is None:
             return
         self._unroute_logging()
         warnings.showwarning, self._showwarning = self._showwarning, None
         held, self._held = self._held or [], None
-        if barriers:
-            trainer.strategy.barrier("BalanceProgressBar: bar closed")
         if held:
             sys.stderr.write("".join(f"rank {trainer.global_rank}: {text}\n" for text in held))
             sys.stderr.flush()
-        if barriers:
-            trainer.strategy.barrier("BalanceProgressBar: held warnings printed")
 
     def _renderables(self, progress: Any) -> Any:
         yield progress.make_tasks_table(progress.tasks)
@@ -245,15 +240,14 @@ class BalanceProgressBar(RichProgressBar):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
         self.teardown(trainer, pl_module, "fit")  # closes the bar: what is printed next comes below its last frame
-        if int(trainer.world_size) > 1:  # every process: rank 0's bar is closed; the others print what they held
-            self._release_warnings(trainer, barriers=True)
-            if int(trainer.global_rank) == 0:
-                trainer.strategy.barrier("BalanceProgressBar: bar closed")
-                trainer.strategy.barrier("BalanceProgressBar: held warnings printed")
+        if int(trainer.world_size) > 1:  # every process: once rank 0's bar is closed, the others print what they held
+            trainer.strategy.barrier("BalanceProgressBar: bar closed")
+            self._release_warnings(trainer)
+            trainer.strategy.barrier("BalanceProgressBar: held warnings printed")
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._unroute_logging()
-        self._release_warnings(trainer, barriers=False)  # ranks may be anywhere: no collective
+        self._release_warnings(trainer)  # ranks may be anywhere: no collective
         super().on_exception(trainer, pl_module, exception)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
