@@ -5,6 +5,7 @@ import ctypes
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 
@@ -32,14 +33,16 @@ def fork(body: Callable[[], object]) -> int:
         os._exit(code)
 
 
-def wait_all(pids: list[int], stop_on_failure: bool) -> list[int]:
-    """Exit statuses of ``pids`` once all ended; with ``stop_on_failure`` the first failure kills the others."""
-    status: dict[int, int] = {}
+def wait_all(pids: list[int], grace_s: float | None) -> list[int]:
+    """Exit statuses of ``pids`` once all ended; with ``grace_s``, those left that long after a failure are killed."""
+    status, kill_at = {}, float("inf")
     while len(status) < len(pids):
-        pid, code = os.wait()  # the children of this process are pids
-        status[pid] = os.waitstatus_to_exitcode(code)
-        for other in (p for p in pids if p not in status and status[pid] and stop_on_failure):
+        pid, code = os.waitpid(-1, 0 if kill_at == float("inf") else os.WNOHANG)  # our children are pids
+        if pid and status.setdefault(pid, os.waitstatus_to_exitcode(code)) and grace_s is not None:
+            kill_at = min(kill_at, time.monotonic() + grace_s)
+        for other in (p for p in pids if p not in status and time.monotonic() >= kill_at):
             os.kill(other, signal.SIGKILL)
+        time.sleep(0 if pid else 0.05)
     return [status[p] for p in pids]
 
 
@@ -49,5 +52,5 @@ def run_as_ranks(main: Callable[[], object], num_ranks: int) -> None:
     if num_ranks < 2 or "LOCAL_RANK" in os.environ or "FORK_RANKS" not in os.environ:
         return main()
     ranks = [lambda r=r: (os.environ.__setitem__("LOCAL_RANK", str(r)), main()) for r in range(num_ranks)]
-    if any(wait_all([fork(rank) for rank in ranks], stop_on_failure=True)):
+    if any(wait_all([fork(rank) for rank in ranks], grace_s=60)):  # time to name the failure
         sys.exit(1)

@@ -56,7 +56,7 @@ def serve(script: str, runs: list[dict], env: dict, log: str, status_file: str) 
         os.chdir(spec["cwd"])
         sys.argv = [script, *spec["argv"]]
         runpy.run_path(script, run_name="__main__")
-    status = wait_all([fork(lambda spec=spec: run(spec)) for spec in runs], stop_on_failure=False)
+    status = wait_all([fork(lambda spec=spec: run(spec)) for spec in runs], grace_s=None)
     Path(status_file).write_text(json.dumps(status))
 
 
