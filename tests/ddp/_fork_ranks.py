@@ -1,10 +1,11 @@
-"""A test script's ranks forked after its imports, each with ``LOCAL_RANK`` set, so Lightning runs it as an externally
-launched rank (as torchrun's); ``test_launcher_ddp.py`` runs the fits under Lightning's own launcher, as users do."""
+"""A test script's ranks forked after its imports, each with ``LOCAL_RANK`` set: to Lightning, externally launched
+ranks (as torchrun's). ``test_launcher_ddp.py`` runs the fits under Lightning's own launcher, as users do."""
 
 import ctypes
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 
@@ -38,16 +39,17 @@ def wait_all(pids: list[int], stop_on_failure: bool) -> list[int]:
     while len(status) < len(pids):
         pid, code = os.wait()  # the children of this process are pids
         status[pid] = os.waitstatus_to_exitcode(code)
-        for other in (p for p in pids if p not in status and status[pid] and stop_on_failure):
-            os.kill(other, signal.SIGKILL)
+        if status[pid] and stop_on_failure:  # the others get 5 s to end by themselves (Lightning's launcher looks
+            time.sleep(5)                     # every 5 s), so that each rank reports its own error
+            for other in (p for p in pids if p not in status):
+                os.kill(other, signal.SIGKILL)  # a no-op on one that ended meanwhile; os.wait still gives its status
+            stop_on_failure = False
     return [status[p] for p in pids]
 
 
 def run_as_ranks(main: Callable[[], object], num_ranks: int) -> None:
-    """Run ``main`` once per rank, each a forked child (exit 1 once all ended if any failed), when the rig started this
-    process (``FORK_RANKS`` set); else once here, where Lightning's launcher (or torchrun) starts the other ranks."""
+    """``main`` on each rank, forked, if the rig started this process (``FORK_RANKS``); else once (any launcher's)."""
     if num_ranks < 2 or "LOCAL_RANK" in os.environ or "FORK_RANKS" not in os.environ:
         return main()
     ranks = [lambda r=r: (os.environ.__setitem__("LOCAL_RANK", str(r)), main()) for r in range(num_ranks)]
-    if any(wait_all([fork(rank) for rank in ranks], stop_on_failure=True)):
-        sys.exit(1)
+    sys.exit(int(any(wait_all([fork(rank) for rank in ranks], stop_on_failure=True))))
