@@ -1,5 +1,5 @@
-"""A test script's ranks forked after its imports, each with ``LOCAL_RANK`` set, so Lightning runs it as an externally
-launched rank (as torchrun's); ``test_launcher_ddp.py`` runs the fits under Lightning's own launcher, as users do."""
+"""A test script's ranks forked after its imports, each with ``LOCAL_RANK`` set: to Lightning, externally launched
+ranks (as torchrun's). ``test_launcher_ddp.py`` runs the fits under Lightning's own launcher, as users do."""
 
 import ctypes
 import os
@@ -47,10 +47,8 @@ def wait_all(pids: list[int], grace_s: float | None) -> list[int]:
 
 
 def run_as_ranks(main: Callable[[], object], num_ranks: int) -> None:
-    """Run ``main`` once per rank, each a forked child (exit 1 once all ended if any failed), when the rig started this
-    process (``FORK_RANKS`` set); else once here, where Lightning's launcher (or torchrun) starts the other ranks."""
+    """``main`` on each rank, forked, if the rig started this process (``FORK_RANKS``); else once (any launcher's)."""
     if num_ranks < 2 or "LOCAL_RANK" in os.environ or "FORK_RANKS" not in os.environ:
         return main()
     ranks = [lambda r=r: (os.environ.__setitem__("LOCAL_RANK", str(r)), main()) for r in range(num_ranks)]
-    if any(wait_all([fork(rank) for rank in ranks], grace_s=60)):  # time to name the failure
-        sys.exit(1)
+    sys.exit(int(any(wait_all([fork(rank) for rank in ranks], grace_s=60))))  # 60 s to name a failure

@@ -1,5 +1,4 @@
-"""Tests' runs of processes with a limit (never a hang); scripts forked from this pytest worker's fork server, started
-once with :data:`PRELOAD` (what the scripts import) imported, each run as ``python SCRIPT ARGV...`` would."""
+"""Tests' runs of processes with a limit, never a hang; scripts forked as ``python SCRIPT ARGV...`` would run."""
 
 import json
 import multiprocessing
@@ -20,9 +19,8 @@ def finish(proc: subprocess.Popen, timeout_s: float) -> str:
     """``proc``'s output (text, stderr merged) once it exits; past ``timeout_s`` it is killed: ``TimeoutExpired``."""
     try:
         return proc.communicate(timeout=timeout_s)[0]
-    finally:  # a no-op once it exited
-        proc.kill()
-        proc.wait()
+    finally:
+        proc.kill()  # a no-op once it exited
 
 
 def free_ports(count: int) -> list[int]:
