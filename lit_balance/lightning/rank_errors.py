@@ -6,9 +6,12 @@ timeout): the cause is only in the failing rank's own output, which with DataLoa
 to find or lost. :func:`share_failure` runs in every rank's ``on_exception`` hook (the DataModule's):
 
 * a rank whose error is its own (not a communication error) writes ``"<type>: <message>"`` under
-  ``lit_balance/failed/<rank>`` in the process group's key-value store (the rendezvous TCPStore every rank already
-  reaches), then destroys its process group so that the ranks waiting on it stop now rather than at its exit or at the
-  timeout, and waits (at most :data:`WAIT_S` seconds) until each of them has read the cause;
+  ``lit_balance/<n>/failed/<rank>`` in the process group's key-value store (the rendezvous TCPStore every rank
+  already reaches; ``n`` counts this process's failed fits, the same on every rank). When every other rank has failed
+  by itself within :data:`ALL_FAILED_S` seconds (the same error on every rank), nobody waits on it and the process
+  group stays as it is (a later fit in the same processes can use it). Otherwise it destroys its process group so
+  that the ranks waiting on it stop now rather than at its exit or at the timeout, and waits (at most
+  :data:`WAIT_S` seconds) until each of them has read the cause;
 * a rank stopped by a communication error waits (at most :data:`WAIT_S` seconds) for another rank's cause, adds it to
   its own exception's message (as Lightning's strategies augment messages: ``exception.args``), marks it read, and
   raises as before.
@@ -19,17 +22,20 @@ failing rank waits for the others to read before it exits.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["WAIT_S", "share_failure"]
+__all__ = ["ALL_FAILED_S", "WAIT_S", "share_failure"]
 
 #: Seconds a rank waits for another's cause, and a failing rank for the others to read its own.
 WAIT_S = 20.0
+#: Seconds a failing rank waits for every other rank to fail by itself before it ends the process group.
+ALL_FAILED_S = 2.0
 _POLL_S = 0.05
-_FAILED, _READ = "lit_balance/failed/", "lit_balance/read/"
+_failed_fits = itertools.count()
 _COMMUNICATION = ("connection closed by peer", "connection reset by peer", "gloo", "nccl", "timed out",
                   "broken pipe", "socket")
 
@@ -67,6 +73,16 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _within(seconds: float, done: Any) -> bool:
+    """Whether ``done()`` turned true within ``seconds`` (polled)."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_S)
+    return True
+
+
 def share_failure(exception: BaseException, wait_s: float = WAIT_S) -> None:
     """Tell the other ranks why this one fails, or learn why another did (see the module docstring).
 
@@ -83,28 +99,29 @@ def share_failure(exception: BaseException, wait_s: float = WAIT_S) -> None:
         return
     store, rank, world_size = world
     others = [r for r in range(world_size) if r != rank]
+    fit = next(_failed_fits)
+    failed, read = f"lit_balance/{fit}/failed/", f"lit_balance/{fit}/read/"
     try:
         store.set_timeout(timedelta(seconds=max(wait_s, 1.0)))
         if not is_communication_error(exception):
             cause = f"{type(exception).__name__}: {exception}"
-            store.set(f"{_FAILED}{rank}", cause.encode())
+            store.set(f"{failed}{rank}", cause.encode())
             _say(f"[rank {rank}] lit_balance: this rank stopped with {cause}")
+            if _within(ALL_FAILED_S, lambda: all(store.check([f"{failed}{r}"]) for r in others)):
+                return  # every rank failed by itself: none waits on another
             import torch.distributed as dist
 
             dist.destroy_process_group()  # the ranks waiting on this one stop now (the store stays: we hold it)
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline:
-                if all(store.check([f"{_READ}{r}"]) or store.check([f"{_FAILED}{r}"]) for r in others):
-                    break
-                time.sleep(_POLL_S)
+            _within(wait_s, lambda: all(store.check([f"{read}{r}"]) or store.check([f"{failed}{r}"])
+                                        for r in others))
             return
         deadline = time.monotonic() + wait_s
         causes: list[tuple[int, str]] = []
         while not causes and time.monotonic() < deadline:
-            causes = [(r, store.get(f"{_FAILED}{r}").decode()) for r in others if store.check([f"{_FAILED}{r}"])]
+            causes = [(r, store.get(f"{failed}{r}").decode()) for r in others if store.check([f"{failed}{r}"])]
             if not causes:
                 time.sleep(_POLL_S)
-        store.set(f"{_READ}{rank}", b"1")
+        store.set(f"{read}{rank}", b"1")
     except Exception:  # noqa: BLE001  the store's host is gone, or never was: the exception stays as it is
         return
     if causes:
