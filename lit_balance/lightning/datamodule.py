@@ -175,6 +175,17 @@ class BalancedTextDataModule(L.LightningDataModule):
         ([0, 1], 30522)
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> BalancedTextDataModule:
+        """A :class:`~lit_balance.lightning.mixture.MixtureDataModule` when the corpus is a
+        :class:`~lit_balance.data.mixture.Mixture` (or a mapping with ``components``: its arguments)."""
+        corpus = args[0] if args else kwargs.get("corpus")
+        if cls is BalancedTextDataModule and (type(corpus).__name__ == "Mixture" or (
+                isinstance(corpus, Mapping) and "components" in corpus)):
+            from lit_balance.lightning.mixture import MixtureDataModule  # imports this module
+
+            cls = MixtureDataModule
+        return super().__new__(cls)
+
     def __init__(
         self,
         corpus: Any = None,
