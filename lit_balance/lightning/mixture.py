@@ -41,6 +41,11 @@ class _MixtureCorpus(NamedTuple):
     def __len__(self) -> int:
         return int(self.lengths.shape[0])
 
+    @property
+    def num_empty(self) -> int:
+        """Documents dropped as empty after tokenization, over the components."""
+        return sum(int(c.num_empty) for c in self.corpora)
+
 
 class MixtureDataModule(BalancedTextDataModule):
     """A :class:`~lit_balance.BalancedTextDataModule` whose corpus is a :class:`~lit_balance.data.mixture.Mixture`.
