@@ -47,7 +47,8 @@ from lit_balance.plan.cost import CostModelProtocol
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.types import EpochPlan, empty_plan, padded_lengths
 
-__all__ = ["MIXTURE_UNITS", "MixtureLayout", "MixturePlan", "MixtureSettings", "plan_mixture", "select_epoch"]
+__all__ = ["MIXTURE_UNITS", "MixtureLayout", "MixturePlan", "MixtureSettings", "mixture_units", "plan_mixture",
+           "select_epoch"]
 
 #: Accepted values of :attr:`MixtureSettings.unit`.
 MIXTURE_UNITS = ("tokens", "supervised_tokens", "documents")
@@ -226,7 +227,9 @@ class MixturePlan:
     step_units: np.ndarray
 
 
-def _unit_values(mixture: MixtureSettings, lengths: np.ndarray, supervised: np.ndarray | None) -> np.ndarray:
+def mixture_units(mixture: MixtureSettings, lengths: np.ndarray, supervised: np.ndarray | None) -> np.ndarray:
+    """int64 ``[num_samples]``: each sample's units in the mixture's unit (``lengths - 1`` supervised tokens when
+    ``supervised`` is None)."""
     if mixture.unit == "tokens":
         return np.asarray(lengths, dtype=np.int64)
     if mixture.unit == "documents":
@@ -292,11 +295,11 @@ def select_epoch(units: np.ndarray, layout: MixtureLayout, mixture: MixtureSetti
         if full < reps and rest > 0 and docs.size:
             rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), c, 0x6D6978]))
             order = docs[rng.permutation(docs.size)]
-            cum = np.cumsum(first[order])
-            k = int(np.searchsorted(cum, rest))  # first prefix reaching rest; the one before may be nearer
-            if k > 0 and (k >= cum.size or abs(cum[k - 1] - rest) <= abs(cum[k] - rest)):
-                k -= 1
-            chosen[full * n + order[:k + 1]] = True
+            cum = np.concatenate([[0], np.cumsum(first[order])])  # units of the first j documents
+            j = min(int(np.searchsorted(cum, rest)), cum.size - 1)  # the fewest reaching rest; one fewer may be nearer
+            if j > 0 and rest - cum[j - 1] <= cum[j] - rest:
+                j -= 1
+            chosen[full * n + order[:j]] = True
     return chosen
 
 
@@ -346,7 +349,7 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
         ``num_replicas`` micro-batches, each within the budget.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
-    units = _unit_values(mixture, lengths, supervised_lengths)
+    units = mixture_units(mixture, lengths, supervised_lengths)
     seed, acc = int(settings.seed), settings.accumulate_grad_batches
     if plan_exactly is None:
         chosen = select_epoch(units, layout, mixture, seed=seed, epoch=epoch, eligible=eligible)
@@ -380,13 +383,8 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
     plans: list[tuple[np.ndarray, EpochPlan]] = []
     step_units: list[np.ndarray] = []
     while (pos < sizes).any():
+        ends = _step_ends(cum, shares, pos, sizes, done + fill * capacity * units_per_token, grand)
         while True:
-            target = done + fill * capacity * units_per_token
-            ends = sizes.copy() if target >= grand else _nearest_ends(cum, shares * target, pos)
-            if not (ends > pos).any():  # a step smaller than any document: take the most behind component's next
-                behind = np.where(pos < sizes, shares * target - np.array([c[p] for c, p in zip(cum, pos)]), -np.inf)
-                ends = pos.copy()
-                ends[int(np.argmax(behind))] += 1
             members = np.concatenate([streams[c][pos[c]:ends[c]] for c in range(k)])
             plan = planner.plan(lengths[members], np.arange(members.size, dtype=np.int64), step_settings,
                                 num_replicas=num_replicas, epoch=epoch, cost_model=cost_model, speeds=speeds,
@@ -397,10 +395,22 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
                 raise RuntimeError(f"a single sample of {int(lengths[members].sum())} tokens does not fit one "
                                    "micro-batch")
             fill *= _FILL_SHRINK
-            if target >= grand:
-                done_target = done + fill * capacity * units_per_token
-                if done_target >= grand:  # the rest in one step does not fit: plan it in smaller steps
-                    fill = (grand - done) / (capacity * units_per_token) * _FILL_SHRINK
+            target = done + fill * capacity * units_per_token
+            if target >= grand:  # the rest in one step does not fit: plan it in smaller steps
+                fill = (grand - done) / (capacity * units_per_token) * _FILL_SHRINK
+                target = done + fill * capacity * units_per_token
+            smaller = _step_ends(cum, shares, pos, sizes, target, grand)
+            if np.array_equal(smaller, ends):
+                # A component behind its quota by more than a step holds: halve what the step takes from the
+                # component most above its share of this step.
+                taken = np.array([cum[c][ends[c]] - cum[c][pos[c]] for c in range(k)], dtype=np.float64)
+                excess = np.where(ends > pos, taken - shares * taken.sum(), -np.inf)
+                c = int(np.argmax(excess))
+                smaller = ends.copy()
+                smaller[c] = pos[c] + (ends[c] - pos[c]) // 2
+                if not (smaller > pos).any():
+                    smaller[c] = pos[c] + 1
+            ends = smaller
         fill = min(fill * _FILL_GROW, 1.0)
         plans.append((members, plan))
         step_units.append(np.array([cum[c][ends[c]] - cum[c][pos[c]] for c in range(k)], dtype=np.int64))
@@ -416,6 +426,19 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
     order = np.concatenate([order[~short], order[short]])  # a step of fewer micro-steps (the rest) runs last
     return MixturePlan(_concat([plans[i] for i in order], num_replicas, acc), chosen,
                        np.stack([step_units[i] for i in order]))
+
+
+def _step_ends(cum: Sequence[np.ndarray], shares: np.ndarray, pos: np.ndarray, sizes: np.ndarray, target: float,
+               grand: float) -> np.ndarray:
+    """The end of the step whose cumulative units reach ``target``: every stream's end nearest its quota; all of
+    them at the epoch's end; at least one document (the most behind component's next) when the quotas take none."""
+    if target >= grand:
+        return sizes.copy()
+    ends = _nearest_ends(cum, shares * target, pos)
+    if not (ends > pos).any():
+        behind = np.where(pos < sizes, shares * target - np.array([c[p] for c, p in zip(cum, pos)]), -np.inf)
+        ends[int(np.argmax(behind))] += 1
+    return ends
 
 
 def _nearest_ends(cum: Sequence[np.ndarray], targets: np.ndarray, pos: np.ndarray) -> np.ndarray:
