@@ -94,7 +94,10 @@ class BalancedTextDataModule(L.LightningDataModule):
             ``prompt`` and ``completion``); a list of token-id sequences; or a Hugging Face
             ``datasets.Dataset``, ``DatasetDict`` or ``IterableDataset`` (columns ``input_ids`` with optional
             ``labels``, the ``text_key`` column, or ``prompt`` and ``completion``; see
-            :mod:`lit_balance.data.sources.hf`). Prompt–completion records and ``labels`` mask tokens: batches
+            :mod:`lit_balance.data.sources.hf`); or a :class:`~lit_balance.Mixture` of such corpora with weights (or
+            a mapping of its arguments, ``{"components": {...}}``): the DataModule is then a
+            :class:`~lit_balance.lightning.mixture.MixtureDataModule` (docs/mixtures.md). Prompt–completion records and
+            ``labels`` mask tokens: batches
             carry their labels (``-100`` on a prompt), and the plan's ``step_supervised_tokens`` counts exactly
             the targets left.
         tokenizer: None for the built-in tokenizer, a ``tokenizers.Tokenizer``, a Hugging Face tokenizer
@@ -175,17 +178,6 @@ class BalancedTextDataModule(L.LightningDataModule):
         ([0, 1], 30522)
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> BalancedTextDataModule:
-        """A :class:`~lit_balance.lightning.mixture.MixtureDataModule` when the corpus is a
-        :class:`~lit_balance.data.mixture.Mixture` (or a mapping with ``components``: its arguments)."""
-        corpus = args[0] if args else kwargs.get("corpus")
-        if cls is BalancedTextDataModule and (type(corpus).__name__ == "Mixture" or (
-                isinstance(corpus, Mapping) and "components" in corpus)):
-            from lit_balance.lightning.mixture import MixtureDataModule  # imports this module
-
-            cls = MixtureDataModule
-        return super().__new__(cls)
-
     def __init__(
         self,
         corpus: Any = None,
@@ -217,6 +209,15 @@ class BalancedTextDataModule(L.LightningDataModule):
         memory_limit: int | None = None,
         memory_fraction: float = DEFAULT_MEMORY_FRACTION,
     ) -> None:
+        if type(self) is BalancedTextDataModule and (type(corpus).__name__ == "Mixture" or (
+                isinstance(corpus, Mapping) and "components" in corpus)):
+            # a Mixture (or a mapping of its arguments): the DataModule of mixtures, with the same arguments
+            from lit_balance.lightning.mixture import MixtureDataModule  # imports this module
+
+            arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "MixtureDataModule")}
+            self.__class__ = MixtureDataModule
+            MixtureDataModule.__init__(self, **arguments)
+            return
         super().__init__()
         if val_fraction is not None:
             resolve_val_fraction(val_fraction)  # its type and range, before the corpus is read

@@ -52,3 +52,21 @@ def test_components_of_different_vocabularies_are_refused_before_reading(tmp_pat
 def test_bad_mixtures_name_the_setting(components, match):
     with pytest.raises(ValueError, match=match):
         Mixture(components)
+
+
+def test_lightning_cli_takes_a_mixture_as_data_corpus(tmp_path, monkeypatch):
+    import json
+
+    from lit_balance.cli.app import LitBalanceCLI
+    from lit_balance.demo import DemoTransformerLM
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("web", "code"):
+        (tmp_path / f"{name}.txt").write_text("\n".join(f"{name} {i} " + "word " * (i % 9 + 1) for i in range(30)))
+    corpus = {"components": {"web": {"corpus": str(tmp_path / "web.txt"), "weight": 0.7},
+                             "code": {"corpus": str(tmp_path / "code.txt"), "weight": 0.3}}}
+    cli = LitBalanceCLI(DemoTransformerLM, BalancedTextDataModule, run=False, seed_everything_default=0,
+                        args=["--data.corpus", json.dumps(corpus), "--data.cache_dir", str(tmp_path / "cache"),
+                              "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.logger", "false"])
+    assert isinstance(cli.datamodule, MixtureDataModule)
+    assert cli.datamodule.mixture.settings.shares.tolist() == pytest.approx([0.7, 0.3])
