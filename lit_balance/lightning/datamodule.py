@@ -8,6 +8,7 @@ checks at ``setup`` that every process planned the same data.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
@@ -211,12 +212,12 @@ class BalancedTextDataModule(L.LightningDataModule):
     ) -> None:
         if type(self) is BalancedTextDataModule and (type(corpus).__name__ == "Mixture" or (
                 isinstance(corpus, Mapping) and "components" in corpus)):
-            # a Mixture (or a mapping of its arguments): the DataModule of mixtures, with the same arguments
-            from lit_balance.lightning.mixture import MixtureDataModule  # imports this module
-
-            arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "MixtureDataModule")}
-            self.__class__ = MixtureDataModule
-            MixtureDataModule.__init__(self, **arguments)
+            # a Mixture (or a mapping of its arguments): the DataModule of mixtures, a subclass of this one, with the
+            # same arguments (its module, which imports this one, is looked up now, when it is needed)
+            arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+            mixture_class = importlib.import_module("lit_balance.lightning.mixture").MixtureDataModule
+            self.__class__ = mixture_class
+            mixture_class.__init__(self, **arguments)
             return
         super().__init__()
         if val_fraction is not None:
