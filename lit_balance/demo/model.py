@@ -125,7 +125,7 @@ class DemoTransformerLM(L.LightningModule):
         nn.init.normal_(self.embed.weight, std=d_model**-0.5)
         self.step_loss = StepTokenLoss()
         self.val_loss = TokenMeanLoss()
-        #: One :class:`TokenMeanLoss` per validation loader of a mixture (logged as ``val/loss/<name>``), filled at setup.
+        #: One :class:`TokenMeanLoss` per validation loader of a mixture (``val/loss/<name>``), filled at setup.
         self.val_component_loss = nn.ModuleDict()
         self._val_names: list[str] = []
 
