@@ -362,7 +362,8 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
     streams = _streams(chosen, comps, k, padded, settings.packing, settings.shuffle, rng)
     if not any(s.size for s in streams):
         return MixturePlan(empty_plan(num_replicas, acc), chosen, np.zeros((0, k), dtype=np.int64))
-    cum = [np.concatenate([[0], np.cumsum(units[s], dtype=np.int64)]) for s in streams]
+    # float64 (exact below 2**53): searchsorted with a float target on an int array would convert the array per step
+    cum = [np.concatenate([[0], np.cumsum(units[s], dtype=np.int64)]).astype(np.float64) for s in streams]
     cum_tokens = np.concatenate([[0], np.cumsum(np.concatenate([lengths[s] for s in streams]))])
     totals = np.array([c[-1] for c in cum], dtype=np.float64)
     grand = float(totals.sum())
