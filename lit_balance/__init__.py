@@ -35,6 +35,10 @@ _EXPORTS = {
     "PlanReport": "lit_balance.report.figures",
     "plan_report": "lit_balance.report.figures",
     "BalancedBatchSampler": "lit_balance.sampler.sampler",
+    "Mixture": "lit_balance.data.mixture",
+    "MixtureBatchSampler": "lit_balance.sampler.mixture",
+    "MixtureSettings": "lit_balance.plan.mixture",
+    "plan_mixture": "lit_balance.plan.mixture",
     "BatchingSettings": "lit_balance.plan.settings",
     "PlanStats": "lit_balance.plan.stats",
     "plan_stats": "lit_balance.plan.stats",
@@ -66,6 +70,9 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs
     from lit_balance.plan.windows import PlanWindows, WindowedPlan  # noqa: F401
     from lit_balance.report.figures import PlanReport, plan_report  # noqa: F401
     from lit_balance.sampler.sampler import BalancedBatchSampler  # noqa: F401
+    from lit_balance.data.mixture import Mixture  # noqa: F401
+    from lit_balance.plan.mixture import MixtureSettings, plan_mixture  # noqa: F401
+    from lit_balance.sampler.mixture import MixtureBatchSampler  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

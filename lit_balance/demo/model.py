@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from torch import nn
 
@@ -127,6 +128,9 @@ class DemoTransformerLM(L.LightningModule):
         nn.init.normal_(self.embed.weight, std=d_model**-0.5)
         self.step_loss = StepTokenLoss()
         self.val_loss = TokenMeanLoss()
+        #: One :class:`TokenMeanLoss` per validation loader of a mixture (``val/loss/<name>``), filled at setup.
+        self.val_component_loss = nn.ModuleDict()
+        self._val_names: list[str] = []
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                 position_ids: torch.Tensor | None = None, cu_seq_lens: torch.Tensor | None = None) -> torch.Tensor:
@@ -194,22 +198,51 @@ class DemoTransformerLM(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         # the metric sums over the data-parallel ranks: tensor-parallel peers of one replica hold the same tokens
-        self.val_loss.process_group = data_parallel_world(self.trainer).process_group
+        group = data_parallel_world(self.trainer).process_group
+        self.val_loss.process_group = group
+        # a mixture's DataModule has one validation loader per component (lit_balance.lightning.mixture)
+        self._val_names = list(getattr(self.trainer.datamodule, "val_names", None) or [])
+        mixture = getattr(self.trainer.datamodule, "mixture", None)
+        self._component_names = list(mixture.names) if mixture is not None else []
+        self._component_tokens = np.zeros(len(self._component_names), dtype=np.int64)
+        for name in self._val_names:
+            if name not in self.val_component_loss:
+                self.val_component_loss[name] = TokenMeanLoss()
+            self.val_component_loss[name].process_group = group
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss_sum, n = token_loss_sum(self(**self._inputs(batch)), batch["labels"])
+        if getattr(self, "_component_names", None):  # a mixture: this rank's real tokens of each component
+            rows = (batch["attention_mask"].sum(dim=1) if "attention_mask" in batch
+                    else torch.diff(batch["cu_seq_lens_q"]))
+            self._component_tokens += self.trainer.datamodule.component_tokens(
+                batch["indices"].cpu().numpy(), batch["is_fill"].cpu().numpy(), rows.cpu().numpy())
         return self.step_loss.micro_batch(self, batch, loss_sum, n)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # once per optimizer step, after the last micro-batch's backward and before gradient clipping
         loss = self.step_loss.finish_step(self)
         self.log("train/loss", loss.float(), prog_bar=True, batch_size=1)
+        if getattr(self, "_component_names", None):  # a mixture: each component's real tokens in this step, global
+            for name, tokens in zip(self._component_names, self._component_tokens.tolist()):
+                self.log(f"mixture/{name}/tokens", torch.tensor(float(tokens), device=self.device), reduce_fx="sum",
+                         sync_dist=True, batch_size=1)
+            self._component_tokens[:] = 0
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         # float sums over tokens, reduced over ranks and divided once when Lightning computes the epoch value
         loss_sum, n = token_loss_sum(self(**self._inputs(batch)), batch["labels"])
         self.val_loss.update(loss_sum, n)
-        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True)
+        if self._val_names:  # one loader per mixture component: logged at the epoch's end, without loader suffixes
+            self.val_component_loss[self._val_names[dataloader_idx]].update(loss_sum, n)
+        else:
+            self.log("val/loss", self.val_loss, on_step=False, on_epoch=True)
+
+    def on_validation_epoch_end(self) -> None:
+        if self._val_names:
+            self.log("val/loss", self.val_loss)
+            for name in self._val_names:
+                self.log(f"val/loss/{name}", self.val_component_loss[name])
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)

@@ -8,6 +8,7 @@ checks at ``setup`` that every process planned the same data.
 
 from __future__ import annotations
 
+import importlib
 import os
 import weakref
 from collections.abc import Mapping
@@ -97,7 +98,10 @@ class BalancedTextDataModule(L.LightningDataModule):
             ``prompt`` and ``completion``); a list of token-id sequences; or a Hugging Face
             ``datasets.Dataset``, ``DatasetDict`` or ``IterableDataset`` (columns ``input_ids`` with optional
             ``labels``, the ``text_key`` column, or ``prompt`` and ``completion``; see
-            :mod:`lit_balance.data.sources.hf`). Prompt–completion records and ``labels`` mask tokens: batches
+            :mod:`lit_balance.data.sources.hf`); or a :class:`~lit_balance.Mixture` of such corpora with weights (or
+            a mapping of its arguments, ``{"components": {...}}``): the DataModule is then a
+            :class:`~lit_balance.lightning.mixture.MixtureDataModule` (docs/mixtures.md). Prompt–completion records and
+            ``labels`` mask tokens: batches
             carry their labels (``-100`` on a prompt), and the plan's ``step_supervised_tokens`` counts exactly
             the targets left.
         tokenizer: None for the built-in tokenizer, a ``tokenizers.Tokenizer``, a Hugging Face tokenizer
@@ -219,6 +223,15 @@ class BalancedTextDataModule(L.LightningDataModule):
         memory_fraction: float = DEFAULT_MEMORY_FRACTION,
         cpu_mmap_threshold: int | None = CPU_MMAP_THRESHOLD,
     ) -> None:
+        if type(self) is BalancedTextDataModule and (type(corpus).__name__ == "Mixture" or (
+                isinstance(corpus, Mapping) and "components" in corpus)):
+            # a Mixture (or a mapping of its arguments): the DataModule of mixtures, a subclass of this one, with the
+            # same arguments (its module, which imports this one, is looked up now, when it is needed)
+            arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+            mixture_class = importlib.import_module("lit_balance.lightning.mixture").MixtureDataModule
+            self.__class__ = mixture_class
+            mixture_class.__init__(self, **arguments)
+            return
         super().__init__()
         if val_fraction is not None:
             resolve_val_fraction(val_fraction)  # its type and range, before the corpus is read

@@ -165,7 +165,7 @@ class BalancedBatchSampler(DistributedSampler):
         speeds = check_speeds(rank_speeds, self.num_replicas)
         settings.rank_max_tokens(self.num_replicas)  # per-rank budgets: one per rank
         self.dataset = None  # DistributedSampler attribute; this sampler works on lengths only
-        self._inputs = PlanInputs.build(lengths, settings, supervised_lengths)
+        self._inputs = self._build_inputs(lengths, settings, supervised_lengths)
         #: Longest length (tokens) that fits the budget once padded: max_tokens rounded down to the multiple.
         self.truncate_to = settings.truncate_to
         self._record = ReplayRecord(epoch=0, segments=(), cost_model=cost_model, rank_speeds=speeds)
@@ -184,6 +184,10 @@ class BalancedBatchSampler(DistributedSampler):
                 f"drop_last=True with {self._inputs.num_samples - self.num_skipped} sample(s) and "
                 f"num_replicas={self.num_replicas} leaves no micro-batch for any rank; set drop_last=False",
                 parameter="drop_last")
+
+    def _build_inputs(self, lengths: np.ndarray, settings: BatchingSettings, supervised_lengths: Any) -> PlanInputs:
+        """The inputs every plan of this sampler is made from (a subclass may plan otherwise)."""
+        return PlanInputs.build(lengths, settings, supervised_lengths)
 
     # -- what the plans are made of ------------------------------------------------------------------
     @property

@@ -191,8 +191,18 @@ def _datatrove_overrides(tmp_path: Path) -> list[str]:
     return [f"data.corpus.paths={result.output_folder}"]
 
 
-#: every data config that reads a store (the datatrove one needs no vocab_size)
-BUILD_OVERRIDES = {**STORE_CONFIGS, "datatrove": _datatrove_overrides}
+def _mixture_overrides(tmp_path: Path) -> list[str]:
+    """Two text files as the mixture's two components."""
+    paths = []
+    for name in ("web", "code"):
+        path = tmp_path / f"{name}.txt"
+        path.write_text("\n".join(f"{name} {i} " + "word " * (i % 23 + 1) for i in range(40)), encoding="utf-8")
+        paths.append(f"data.corpus.components.{name}.corpus={path}")
+    return paths
+
+
+#: every data config that reads a store (the datatrove one needs no vocab_size), and the mixture's components
+BUILD_OVERRIDES = {**STORE_CONFIGS, "datatrove": _datatrove_overrides, "mixture": _mixture_overrides}
 
 
 @pytest.mark.parametrize("option", sorted(STORE_CONFIGS))

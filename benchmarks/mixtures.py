@@ -1,0 +1,171 @@
+"""Mixtures: per-step token shares and useful compute fraction, this library against sample weighting.
+
+Run:
+    python -m benchmarks.mixtures                                  # 300k documents, and planning time at 10M
+    python -m benchmarks.mixtures --documents 60000 --timing-documents 1000000
+
+Three components with document medians of about 300, 900 and 3,000 tokens (log-normal, sigma 0.7, 8 to 8,192 tokens),
+target shares 0.6 / 0.1 / 0.3 by tokens, 8 ranks, optimizer steps of 512k token slots (``max_tokens=16384`` per
+micro-batch, 4 micro-batches per rank per step). For each plan, per optimizer step and component: the deviation of
+the component's share of the step's real tokens from its target (max and p95 over the steps of at least 256k real
+tokens), and U (real-token cost over the slowest rank's cost times the ranks, :attr:`lit_balance.PlanStats.
+useful_fraction`: padded slots padded, tokens packed).
+
+* ``lit_balance padded`` / ``packed``: :func:`lit_balance.plan.mixture.plan_mixture` (unit tokens).
+* ``interleave_datasets``: the sample order of Hugging Face ``datasets.interleave_datasets(probabilities=targets,
+  stopping_strategy="first_exhausted")``, cut into steps of a fixed number of samples (the mean that fills 512k
+  tokens), each rank a contiguous slice of its step (4 micro-batches of equal counts); padded to the longest row of
+  each micro-batch, or packed (cost = tokens).
+* ``Megatron blend``: the same with the order of Megatron's ``build_blending_indices`` (megatron-core's compiled
+  helper), as ``BlendedDataset`` draws its samples.
+* ``interleave_datasets, length-corrected``: sample probabilities set to target / mean document length (token shares
+  on average, what a user can do by hand): the per-step deviation left is the draws' own.
+
+The planning time of a mixture epoch (padded and packed) is measured at ``--timing-documents`` documents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from lit_balance import BatchingSettings, CostModel, plan_stats
+from lit_balance.plan import planner_for
+from lit_balance.plan.mixture import MixtureLayout, MixtureSettings, plan_mixture
+
+ROOT = Path(__file__).resolve().parents[1]
+MEDIANS, TARGETS, NAMES = (300, 900, 3000), (0.6, 0.1, 0.3), ("web", "code", "books")
+RANKS, ACC, MAX_TOKENS = 8, 4, 16384
+
+
+def corpus(num_documents: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(sizes, lengths)``: documents per component (in proportion to the targets) and their token lengths."""
+    rng = np.random.default_rng(seed)
+    sizes = np.array([int(num_documents * t) for t in TARGETS], dtype=np.int64)
+    lengths = np.concatenate([np.clip(rng.lognormal(np.log(m), 0.7, n), 8, 8192).astype(np.int64)
+                              for m, n in zip(MEDIANS, sizes)])
+    return sizes, lengths
+
+
+def _deviation(step_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per component: max and p95 of |share - target| over steps of at least 256k real tokens; how many steps."""
+    big = step_tokens[step_tokens.sum(axis=1) >= 256 * 1024]
+    dev = np.abs(big / big.sum(axis=1, keepdims=True) - np.asarray(TARGETS))
+    return dev.max(axis=0), np.percentile(dev, 95, axis=0), int(big.shape[0])
+
+
+def ours(sizes: np.ndarray, lengths: np.ndarray, packing: bool) -> dict:
+    layout = MixtureLayout(sizes)
+    settings = BatchingSettings(max_tokens=MAX_TOKENS, accumulate_grad_batches=ACC, packing=packing)
+    mixture = MixtureSettings(NAMES, TARGETS)
+    start = time.perf_counter()
+    mp = plan_mixture(lengths, layout, mixture, settings, num_replicas=RANKS, epoch=0, cost_model=CostModel())
+    seconds = time.perf_counter() - start
+    stats = plan_stats(mp.plan, lengths, planner=planner_for(settings), accumulate_grad_batches=ACC)
+    worst, p95, steps = _deviation(mp.step_units.astype(np.float64))
+    return {"max": worst, "p95": p95, "steps": steps, "U": stats.useful_fraction, "seconds": seconds,
+            "documents": int(mp.chosen.sum())}
+
+
+def _sample_weighted(order: np.ndarray, lengths: np.ndarray, layout: MixtureLayout, packing: bool) -> dict:
+    """Steps of a fixed number of samples from ``order`` (global indices), ranks contiguous slices of ``ACC``
+    micro-batches each."""
+    per_step = max(RANKS * ACC, int(round(RANKS * ACC * MAX_TOKENS / lengths[order].mean())) // (RANKS * ACC)
+                   * (RANKS * ACC))
+    steps = order.size // per_step
+    order = order[:steps * per_step].reshape(steps, RANKS, ACC, -1)
+    real = lengths[order]
+    comp = layout.component_of(order)
+    step_tokens = np.stack([np.where(comp == c, real, 0).sum(axis=(1, 2, 3)) for c in range(3)], axis=1)
+    if packing:
+        rank_cost = real.sum(axis=(2, 3))
+    else:
+        rank_cost = (real.max(axis=3) * real.shape[3]).sum(axis=2)
+    worst, p95, big = _deviation(step_tokens.astype(np.float64))
+    return {"max": worst, "p95": p95, "steps": big, "U": float(real.sum() / (rank_cost.max(axis=1).sum() * RANKS)),
+            "share": step_tokens.sum(axis=0) / step_tokens.sum()}
+
+
+def interleave_order(sizes: np.ndarray, probabilities: tuple[float, ...] = TARGETS, seed: int = 0) -> np.ndarray:
+    """The global indices in the order of ``datasets.interleave_datasets(probabilities=probabilities)``."""
+    import datasets
+
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    parts = [datasets.Dataset.from_dict({"i": np.arange(offsets[c], offsets[c + 1])}) for c in range(3)]
+    mixed = datasets.interleave_datasets(parts, probabilities=list(probabilities), seed=seed,
+                                         stopping_strategy="first_exhausted")
+    return np.asarray(mixed["i"], dtype=np.int64)
+
+
+def megatron_order(sizes: np.ndarray, seed: int = 0) -> np.ndarray:
+    """The global indices in the order of Megatron's ``build_blending_indices`` (each component read in a shuffled
+    order, as its dataset's own shuffle index would)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.helpers_cpp import build_blending_indices
+
+    size = int(min(sizes[c] / TARGETS[c] for c in range(3)))
+    dataset_index = np.zeros(size, dtype=np.int16)
+    sample_index = np.zeros(size, dtype=np.int64)
+    build_blending_indices(dataset_index, sample_index, np.asarray(TARGETS, dtype=np.float64), 3, size, False)
+    keep = sample_index < sizes[dataset_index]
+    rng = np.random.default_rng(seed)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    shuffled = [offsets[c] + rng.permutation(sizes[c]) for c in range(3)]
+    return np.array([shuffled[d][s] for d, s in zip(dataset_index[keep], sample_index[keep])], dtype=np.int64)
+
+
+def _row(name: str, r: dict) -> str:
+    cells = [f"{100 * r['max'][c]:.1f} / {100 * r['p95'][c]:.1f}" for c in range(3)]
+    return f"| {name} | " + " | ".join(cells) + f" | {r['U']:.4f} | {r['steps']} |"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--documents", type=int, default=300_000, help="documents over the three components")
+    parser.add_argument("--timing-documents", type=int, default=10_000_000, help="documents of the timed plans")
+    args = parser.parse_args(argv)
+    sizes, lengths = corpus(args.documents)
+    layout = MixtureLayout(sizes)
+    rows = {"lit_balance padded": ours(sizes, lengths, False), "lit_balance packed": ours(sizes, lengths, True)}
+    # sample weights corrected by each component's mean length: token shares on average, not per step
+    means = [lengths[o:o + n].mean() for o, n in zip(np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)]
+    corrected = np.asarray(TARGETS) / np.asarray(means)
+    orders = (("interleave_datasets", interleave_order(sizes)), ("Megatron blend", megatron_order(sizes)),
+              ("interleave_datasets, length-corrected", interleave_order(sizes, tuple(corrected / corrected.sum()))))
+    for name, order in orders:
+        for packing in (False, True):
+            rows[f"{name} {'packed' if packing else 'padded'}"] = _sample_weighted(order, lengths, layout, packing)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    print(f"# Mixtures, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC\n")
+    print(f"command: python -m benchmarks.mixtures {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip())
+    print(f"commit: {commit} | machine: {platform.platform()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    print(f"{args.documents} documents; targets {dict(zip(NAMES, TARGETS))} by tokens; {RANKS} ranks; steps of "
+          f"{RANKS * ACC * MAX_TOKENS} token slots\n")
+    print("| plan | web dev. max / p95 (pp) | code | books | U | steps >= 256k |\n|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        print(_row(name, r))
+    for name in ("interleave_datasets padded", "Megatron blend padded"):
+        share = rows[name]["share"]
+        print(f"\n{name.split()[0]}: token shares over the epoch " + " / ".join(f"{100 * s:.0f}" for s in share))
+    sizes, lengths = corpus(args.timing_documents, seed=1)
+    for packing in (False, True):
+        r = ours(sizes, lengths, packing)
+        print(f"\nplanning time, {'packed' if packing else 'padded'}: {r['seconds']:.1f} s for {r['documents']:,} "
+              f"chosen of {args.timing_documents:,} documents = {r['seconds'] / r['documents'] * 1e6:.2f} s per "
+              "million (goal 0.6)")
+
+
+if __name__ == "__main__":
+    main()

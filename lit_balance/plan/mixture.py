@@ -1,0 +1,473 @@
+"""Mixture plans: weighted blends of components, exact in tokens at every optimizer step.
+
+A mixture names its components and gives each a weight: the share of the epoch's tokens (``unit="tokens"``, the
+default), of its supervised tokens (``"supervised_tokens"``: the loss tokens of prompt-completion or masked data) or of
+its documents (``"documents"``: sample weighting, what Megatron's ``BlendedDataset`` and Hugging Face's
+``interleave_datasets`` do, for comparison). An epoch is planned in three stages, all pure functions of (lengths,
+settings, mixture, seed, epoch, ranks):
+
+1. **Selection.** The epoch's length in the unit, ``E``, is by default as long as the components allow without
+   reading any document more than ``max_repetition`` times: ``E = min_c(max_repetition * T_c / w_c)`` over the
+   components of weight ``w_c > 0`` holding ``T_c`` units. Each component then contributes ``w_c * E`` units: whole
+   passes over its documents, then a random subset (a new one every epoch, from a generator seeded by
+   ``(seed, epoch, component)``) whose units come nearest to what is left. With ``max_repetition=1`` the limiting
+   component is read once and the others are subsampled. With ``units_per_epoch`` set, ``E`` is that number, and a
+   component that cannot give ``w_c * E`` units within ``max_repetition`` reads is an error before training.
+2. **Steps.** Each component's chosen documents form a stream (padded plans: sorted by length, longest first, with
+   random jitter so batch-mates change between epochs; packed plans: in random order). Optimizer step ``g`` takes
+   from every stream the documents up to the one nearest its cumulative quota ``s_c * Y_g`` (``s_c`` the component's
+   share of the chosen units, ``Y_g`` the units of steps ``0..g``): the errors of one step are those of the
+   quotas at its two ends, so every step is within one document of its shares, and nothing drifts over the epoch
+   (the largest-remainder idea of proportional apportionment, applied to cumulative quotas). A step's size starts
+   at the micro-batches' capacity (``num_replicas * accumulate_grad_batches`` budgets) times a fill ratio that
+   adapts: a step whose documents do not fit its micro-batches is made 3 % smaller and planned again.
+3. **Micro-batches.** Each step's documents go to the planner the settings choose (padded or packed,
+   :func:`~lit_balance.plan.planner_for`), asked for exactly ``num_replicas * accumulate_grad_batches``
+   micro-batches: the budget, the balanced cost per rank and the equal counts are the planner's. Length bands of
+   one step sort into few micro-batches, so padding stays low. With ``shuffle`` the steps then run in random
+   order; ``largest_first`` moves the step of the longest document first.
+
+Samples live in one index space: sample ``copy * N + offset_c + d`` is document ``d`` of component ``c`` read for the
+``copy``-th time in an epoch (``N`` documents over all components, ``copy < max_repetition``), so every sample is
+planned at most once per epoch and the sampler's resume (which marks the samples consumed) works unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lit_balance.errors import InputTypeError, InputValueError
+from lit_balance.plan.cost import CostModelProtocol
+from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan.types import EpochPlan, empty_plan, padded_lengths
+
+__all__ = ["MIXTURE_UNITS", "MixtureLayout", "MixturePlan", "MixtureSettings", "mixture_units", "plan_mixture",
+           "select_epoch"]
+
+#: Accepted values of :attr:`MixtureSettings.unit`.
+MIXTURE_UNITS = ("tokens", "supervised_tokens", "documents")
+
+_FILL_START = {"padded": 0.95, "packed": 0.98}  # first fill ratio of a step's capacity
+_FILL_SHRINK, _FILL_GROW = 0.97, 1.01
+
+
+@dataclass(frozen=True)
+class MixtureSettings:
+    """The components of a mixture, their weights and what an epoch is; checked once, at construction.
+
+    Args:
+        names: one name per component, unique (the names of ``val/loss/<name>`` and per-component figures).
+        weights: one weight per component, finite and non-negative, with a positive sum; normalised to shares
+            (``[3, 1]`` is 75 % / 25 %). A weight of 0 leaves the component out of training.
+        unit: what the weights share: ``"tokens"`` (real tokens, the default), ``"supervised_tokens"`` (next-token
+            targets: tokens whose label is not masked) or ``"documents"`` (sample weighting).
+        max_repetition: the most times a document is read in one epoch (int >= 1).
+        units_per_epoch: the epoch's length in ``unit`` (global, all ranks), or None: as long as the components
+            allow within ``max_repetition``.
+
+    Raises:
+        TypeError: a name that is not a string; a weight that is not a number; a non-int ``max_repetition``.
+        ValueError: no component; names and weights of different lengths; an empty or repeated name; a negative,
+            NaN or infinite weight; weights summing to 0; an unknown ``unit``; ``max_repetition < 1``;
+            ``units_per_epoch < 1``.
+
+    Example:
+        >>> MixtureSettings.from_weights({"web": 6, "code": 1, "books": 3}).shares.tolist()
+        [0.6, 0.1, 0.3]
+    """
+
+    names: tuple[str, ...]
+    weights: tuple[float, ...]
+    unit: str = "tokens"
+    max_repetition: int = 1
+    units_per_epoch: int | None = None
+
+    def __post_init__(self) -> None:
+        names, weights = tuple(self.names), tuple(self.weights)
+        if not names:
+            raise InputValueError("a mixture needs at least one component; got no component names",
+                                  parameter="components")
+        if len(names) != len(weights):
+            raise InputValueError(f"a mixture needs one weight per component: {len(names)} names {list(names)} but "
+                                  f"{len(weights)} weights {list(weights)}", parameter="weights")
+        seen: set[str] = set()
+        for name in names:
+            if not isinstance(name, str):
+                raise InputTypeError(f"component names must be strings, got {name!r} of type {type(name).__name__}",
+                                     parameter="components")
+            if not name or "/" in name:
+                raise InputValueError(f"component name {name!r} must be a non-empty string without '/' (it names "
+                                      f"the metric val/loss/<name>)", parameter="components")
+            if name in seen:
+                raise InputValueError(f"component name {name!r} is used twice in the mixture {list(names)}; give "
+                                      "every component its own name", parameter="components")
+            seen.add(name)
+        checked = []
+        for name, weight in zip(names, weights):
+            if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
+                raise InputTypeError(f"the weight of component {name!r} must be a number, got {weight!r} of type "
+                                     f"{type(weight).__name__}", parameter=f"{name}.weight")
+            weight = float(weight)
+            if not math.isfinite(weight) or weight < 0:
+                raise InputValueError(f"the weight of component {name!r} must be finite and >= 0, got {weight!r}; "
+                                      "set its weight to its share (any positive scale)", parameter=f"{name}.weight")
+            checked.append(weight)
+        if sum(checked) <= 0:
+            raise InputValueError(f"the weights of the mixture sum to {sum(checked)!r} ({dict(zip(names, checked))}); "
+                                  "at least one component needs a positive weight", parameter="weights")
+        if self.unit not in MIXTURE_UNITS:
+            raise InputValueError(f"unit must be one of {list(MIXTURE_UNITS)}, got {self.unit!r}", parameter="unit")
+        if isinstance(self.max_repetition, bool) or not isinstance(self.max_repetition, numbers.Integral):
+            raise InputTypeError(f"max_repetition must be an int >= 1, got {self.max_repetition!r}",
+                                 parameter="max_repetition")
+        if self.max_repetition < 1:
+            raise InputValueError(f"max_repetition must be >= 1 (reads of a document per epoch), got "
+                                  f"{self.max_repetition}", parameter="max_repetition")
+        if self.units_per_epoch is not None and (isinstance(self.units_per_epoch, bool) or not isinstance(
+                self.units_per_epoch, numbers.Integral) or self.units_per_epoch < 1):
+            raise InputValueError(f"units_per_epoch must be None (as long as the components allow) or an int >= 1, "
+                                  f"got {self.units_per_epoch!r}", parameter="units_per_epoch")
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "weights", tuple(checked))
+        object.__setattr__(self, "max_repetition", int(self.max_repetition))
+        if self.units_per_epoch is not None:
+            object.__setattr__(self, "units_per_epoch", int(self.units_per_epoch))
+
+    @classmethod
+    def from_weights(cls, weights: Mapping[str, float], **kwargs: Any) -> MixtureSettings:
+        """Build from ``{name: weight}`` (in order); ``kwargs`` are the other settings."""
+        if not isinstance(weights, Mapping):
+            raise InputTypeError(f"weights must be a mapping of component names to weights, got "
+                                 f"{type(weights).__name__}", parameter="weights")
+        return cls(tuple(weights), tuple(weights.values()), **kwargs)
+
+    @property
+    def shares(self) -> np.ndarray:
+        """float64 ``[num_components]``: the weights normalised to sum to 1."""
+        w = np.asarray(self.weights, dtype=np.float64)
+        return w / w.sum()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values (a resume state keeps them)."""
+        return {"names": list(self.names), "weights": list(self.weights), "unit": self.unit,
+                "max_repetition": self.max_repetition, "units_per_epoch": self.units_per_epoch}
+
+
+@dataclass(frozen=True)
+class MixtureLayout:
+    """Where each component's documents live in the mixture's sample space.
+
+    Attributes:
+        sizes: int64 ``[num_components]``: documents per component.
+        max_repetition: copies of every document in the sample space.
+
+    Sample ``i`` is document ``(i % N) - offsets[c]`` of component ``c`` (``N = sizes.sum()``), read for the
+    ``i // N``-th time.
+
+    Example:
+        >>> layout = MixtureLayout(np.array([3, 2]), 2)
+        >>> layout.num_samples, layout.locate(np.array([4, 8])).tolist()
+        (10, [[1, 1], [1, 0]])
+    """
+
+    sizes: np.ndarray
+    max_repetition: int = 1
+
+    @property
+    def num_documents(self) -> int:
+        """Documents over all components (``N``)."""
+        return int(np.sum(self.sizes))
+
+    @property
+    def num_samples(self) -> int:
+        """Samples: ``max_repetition * N``."""
+        return self.num_documents * self.max_repetition
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """int64 ``[num_components + 1]``: component ``c`` holds documents ``offsets[c]:offsets[c + 1]``."""
+        return np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)])
+
+    def component_of(self, samples: np.ndarray) -> np.ndarray:
+        """int64: the component of each sample index."""
+        doc = np.asarray(samples, dtype=np.int64) % max(self.num_documents, 1)
+        return np.searchsorted(self.offsets, doc, side="right") - 1
+
+    def locate(self, samples: np.ndarray) -> np.ndarray:
+        """int64 ``[n, 2]``: ``(component, document within it)`` of each sample index."""
+        doc = np.asarray(samples, dtype=np.int64) % max(self.num_documents, 1)
+        comp = np.searchsorted(self.offsets, doc, side="right") - 1
+        return np.stack([comp, doc - self.offsets[comp]], axis=1)
+
+    def tile(self, values: np.ndarray) -> np.ndarray:
+        """``values`` (``[N]``, one per document) repeated for every copy: ``[num_samples]``."""
+        values = np.asarray(values)
+        return values if self.max_repetition == 1 else np.tile(values, self.max_repetition)
+
+
+@dataclass(frozen=True)
+class MixturePlan:
+    """A mixture epoch: the plan and what each optimizer step holds from each component.
+
+    Attributes:
+        plan: the :class:`~lit_balance.plan.types.EpochPlan` (sample indices of the mixture's sample space).
+        chosen: bool ``[num_samples]``: the samples this epoch reads.
+        step_units: int64 ``[num_optimizer_steps, num_components]``: units (the mixture's unit) of each component in
+            each optimizer step, fill rows excluded.
+    """
+
+    plan: EpochPlan
+    chosen: np.ndarray
+    step_units: np.ndarray
+
+
+def mixture_units(mixture: MixtureSettings, lengths: np.ndarray, supervised: np.ndarray | None) -> np.ndarray:
+    """int64 ``[num_samples]``: each sample's units in the mixture's unit (``lengths - 1`` supervised tokens when
+    ``supervised`` is None)."""
+    if mixture.unit == "tokens":
+        return np.asarray(lengths, dtype=np.int64)
+    if mixture.unit == "documents":
+        return np.ones(np.shape(lengths), dtype=np.int64)
+    return (np.asarray(lengths, dtype=np.int64) - 1) if supervised is None else np.asarray(supervised, np.int64)
+
+
+def select_epoch(units: np.ndarray, layout: MixtureLayout, mixture: MixtureSettings, *, seed: int, epoch: int,
+                 eligible: np.ndarray | None = None) -> np.ndarray:
+    """The samples one epoch reads (stage 1 of the module docstring).
+
+    Args:
+        units: int ``[num_samples]``: each sample's units (the mixture's unit), tiled over copies.
+        layout: the sample space.
+        mixture: the mixture settings.
+        seed: base seed; with ``epoch`` and the component it seeds each component's subset.
+        epoch: the epoch.
+        eligible: bool ``[num_samples]`` of the samples that may be read (``too_long="skip"`` leaves some out), or
+            None for all.
+
+    Returns:
+        bool ``[num_samples]``: the chosen samples.
+
+    Raises:
+        ValueError: a component of positive weight with no unit to read (empty, or every document skipped); with
+            ``units_per_epoch``, a component that cannot give its share within ``max_repetition`` reads (naming it,
+            its units and what is needed).
+    """
+    n = layout.num_documents
+    offsets, shares = layout.offsets, mixture.shares
+    first = np.asarray(units[:n], dtype=np.int64)
+    ok = np.ones(n, dtype=bool) if eligible is None else np.asarray(eligible[:n], dtype=bool)
+    totals = np.array([int(first[offsets[c]:offsets[c + 1]][ok[offsets[c]:offsets[c + 1]]].sum())
+                       for c in range(len(shares))], dtype=np.int64)
+    for c, name in enumerate(mixture.names):
+        if shares[c] > 0 and totals[c] <= 0:
+            raise InputValueError(f"component {name!r} has weight {mixture.weights[c]} but no {mixture.unit} to read "
+                                  f"({int(layout.sizes[c])} documents, {int(totals[c])} {mixture.unit} after "
+                                  "too_long); give it documents or set its weight to 0", parameter=f"{name}.weight")
+    reps = mixture.max_repetition
+    if mixture.units_per_epoch is None:
+        length = min(reps * totals[c] / shares[c] for c in range(len(shares)) if shares[c] > 0)
+    else:
+        length = float(mixture.units_per_epoch)
+        for c, name in enumerate(mixture.names):
+            need = shares[c] * length
+            if need > reps * totals[c] * (1 + 1e-12):
+                raise InputValueError(
+                    f"component {name!r} holds {int(totals[c])} {mixture.unit} but its share {shares[c]:.4g} of "
+                    f"units_per_epoch={mixture.units_per_epoch} needs {need:.0f}, more than max_repetition={reps} "
+                    f"reads give ({reps * int(totals[c])}); lower units_per_epoch or its weight, raise "
+                    "max_repetition, or give it more documents", parameter="units_per_epoch")
+    chosen = np.zeros(layout.num_samples, dtype=bool)
+    for c in range(len(shares)):
+        if shares[c] <= 0:
+            continue
+        docs = np.flatnonzero(ok[offsets[c]:offsets[c + 1]]) + offsets[c]
+        target = shares[c] * length
+        full = min(int(math.floor(target / totals[c] + 1e-9)), reps)
+        for copy in range(full):
+            chosen[copy * n + docs] = True
+        rest = target - full * totals[c]
+        if full < reps and rest > 0 and docs.size:
+            rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), c, 0x6D6978]))
+            order = docs[rng.permutation(docs.size)]
+            cum = np.concatenate([[0], np.cumsum(first[order])])  # units of the first j documents
+            j = min(int(np.searchsorted(cum, rest)), cum.size - 1)  # the fewest reaching rest; one fewer may be nearer
+            if j > 0 and rest - cum[j - 1] <= cum[j] - rest:
+                j -= 1
+            chosen[full * n + order[:j]] = True
+    return chosen
+
+
+def _streams(chosen: np.ndarray, comps: np.ndarray, num_components: int, padded: np.ndarray, packing: bool,
+             shuffle: bool, rng: np.random.Generator | None) -> list[np.ndarray]:
+    """Each component's chosen samples in stream order (stage 2)."""
+    out = []
+    idx = np.flatnonzero(chosen)
+    for c in range(num_components):
+        mine = idx[comps[idx] == c]
+        if rng is not None:
+            mine = mine[rng.permutation(mine.size)]
+        if not packing:
+            key = padded[mine].astype(np.float64)
+            if shuffle and rng is not None:
+                key *= rng.uniform(1.0, 1.05, mine.size)  # jitter: batch-mates change between epochs
+            mine = mine[np.argsort(-key, kind="stable")]
+        out.append(mine)
+    return out
+
+
+def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSettings, settings: BatchingSettings, *,
+                 num_replicas: int, epoch: int, cost_model: CostModelProtocol, speeds: np.ndarray | None = None,
+                 supervised_lengths: np.ndarray | None = None, eligible: np.ndarray | None = None,
+                 plan_exactly: np.ndarray | None = None) -> MixturePlan:
+    """Plan one mixture epoch for all ranks (pure: the same inputs give the same plan on every rank).
+
+    Args:
+        lengths: int64 ``[num_samples]``: tokens per sample as planned (truncated), tiled over copies.
+        layout: the sample space (:class:`MixtureLayout`).
+        mixture: weights, unit and epoch length (:class:`MixtureSettings`).
+        settings: the batching settings: budget (``max_tokens``, per rank when a list), ``accumulate_grad_batches``,
+            packing, shuffle and seed, ``largest_first``, ``drop_last``. ``plan_window`` is not used: a mixture is
+            planned step by step.
+        num_replicas: data-parallel ranks.
+        epoch: the epoch (seeds the selection, the streams and the order of steps).
+        cost_model: the cost of a micro-batch.
+        speeds: float64 ``[num_replicas]`` relative rank speeds, or None for equal ranks.
+        supervised_lengths: int64 ``[num_samples]`` next-token targets per sample (``unit="supervised_tokens"``), or
+            None (``lengths - 1``).
+        eligible: bool ``[num_samples]`` of samples that may be read (None: all).
+        plan_exactly: bool ``[num_samples]``: plan exactly these samples, without selection (the rest of an epoch
+            resumed on new ranks), or None to select the epoch's samples.
+
+    Returns:
+        The :class:`MixturePlan`; every optimizer step has ``accumulate_grad_batches`` micro-steps of
+        ``num_replicas`` micro-batches, each within the budget.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    units = mixture_units(mixture, lengths, supervised_lengths)
+    seed, acc = int(settings.seed), settings.accumulate_grad_batches
+    if plan_exactly is None:
+        chosen = select_epoch(units, layout, mixture, seed=seed, epoch=epoch, eligible=eligible)
+    else:
+        chosen = np.asarray(plan_exactly, dtype=bool)
+    comps = layout.component_of(np.arange(layout.num_samples))
+    k = len(mixture.names)
+    padded = padded_lengths(lengths, settings.pad_to_multiple_of)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch), 0x737472])) if settings.shuffle else None
+    streams = _streams(chosen, comps, k, padded, settings.packing, settings.shuffle, rng)
+    if not any(s.size for s in streams):
+        return MixturePlan(empty_plan(num_replicas, acc), chosen, np.zeros((0, k), dtype=np.int64))
+    # float64 (exact below 2**53): searchsorted with a float target on an int array would convert the array per step
+    cum = [np.concatenate([[0], np.cumsum(units[s], dtype=np.int64)]).astype(np.float64) for s in streams]
+    cum_tokens = np.concatenate([[0], np.cumsum(np.concatenate([lengths[s] for s in streams]))])
+    totals = np.array([c[-1] for c in cum], dtype=np.float64)
+    grand = float(totals.sum())
+    shares = totals / grand if grand > 0 else np.full(k, 1.0 / k)
+    units_per_token = grand / max(float(cum_tokens[-1]), 1.0)
+    from lit_balance.plan.epoch import planner_for  # the planners import nothing from here; epoch imports them
+
+    planner = planner_for(settings)
+    step_settings = settings.replace(shuffle=False, largest_first=False)
+    budgets = np.asarray(settings.rank_max_tokens(num_replicas), dtype=np.float64)
+    capacity = float(budgets.sum()) * acc
+    num_batches = num_replicas * acc
+    speeds = np.ones(num_replicas) if speeds is None else np.asarray(speeds, dtype=np.float64)
+    fill = _FILL_START[planner.name]
+    pos = np.zeros(k, dtype=np.int64)
+    sizes = np.array([s.size for s in streams], dtype=np.int64)
+    done = 0.0
+    plans: list[tuple[np.ndarray, EpochPlan]] = []
+    step_units: list[np.ndarray] = []
+    while (pos < sizes).any():
+        ends = _step_ends(cum, shares, pos, sizes, done + fill * capacity * units_per_token, grand)
+        while True:
+            members = np.concatenate([streams[c][pos[c]:ends[c]] for c in range(k)])
+            plan = planner.plan(lengths[members], np.arange(members.size, dtype=np.int64), step_settings,
+                                num_replicas=num_replicas, epoch=epoch, cost_model=cost_model, speeds=speeds,
+                                num_batches=num_batches, min_steps=acc)
+            if plan.num_micro_steps <= acc:
+                break
+            if members.size <= 1:  # cannot happen: every sample fits one micro-batch
+                raise RuntimeError(f"a single sample of {int(lengths[members].sum())} tokens does not fit one "
+                                   "micro-batch")
+            fill *= _FILL_SHRINK
+            target = done + fill * capacity * units_per_token
+            if target >= grand:  # the rest in one step does not fit: plan it in smaller steps
+                fill = (grand - done) / (capacity * units_per_token) * _FILL_SHRINK
+                target = done + fill * capacity * units_per_token
+            smaller = _step_ends(cum, shares, pos, sizes, target, grand)
+            if np.array_equal(smaller, ends):
+                # A component behind its quota by more than a step holds: halve what the step takes from the
+                # component most above its share of this step.
+                taken = np.array([cum[c][ends[c]] - cum[c][pos[c]] for c in range(k)], dtype=np.float64)
+                excess = np.where(ends > pos, taken - shares * taken.sum(), -np.inf)
+                c = int(np.argmax(excess))
+                smaller = ends.copy()
+                smaller[c] = pos[c] + (ends[c] - pos[c]) // 2
+                if not (smaller > pos).any():
+                    smaller[c] = pos[c] + 1
+            ends = smaller
+        fill = min(fill * _FILL_GROW, 1.0)
+        plans.append((members, plan))
+        step_units.append(np.array([cum[c][ends[c]] - cum[c][pos[c]] for c in range(k)], dtype=np.int64))
+        done = float(sum(cum[c][ends[c]] for c in range(k)))
+        pos = ends
+    order = np.arange(len(plans))
+    if settings.shuffle:
+        order = np.random.default_rng(np.random.SeedSequence([seed, int(epoch), 0x6F7264])).permutation(len(plans))
+    if settings.largest_first:
+        longest = int(np.argmax([lengths[m].max() for m, _ in plans]))
+        order = np.concatenate([[longest], order[order != longest]])
+    short = np.array([plans[i][1].num_micro_steps < acc for i in order], dtype=bool)
+    order = np.concatenate([order[~short], order[short]])  # a step of fewer micro-steps (the rest) runs last
+    return MixturePlan(_concat([plans[i] for i in order], num_replicas, acc), chosen,
+                       np.stack([step_units[i] for i in order]))
+
+
+def _step_ends(cum: Sequence[np.ndarray], shares: np.ndarray, pos: np.ndarray, sizes: np.ndarray, target: float,
+               grand: float) -> np.ndarray:
+    """The end of the step whose cumulative units reach ``target``: every stream's end nearest its quota; all of
+    them at the epoch's end; at least one document (the most behind component's next) when the quotas take none."""
+    if target >= grand:
+        return sizes.copy()
+    ends = _nearest_ends(cum, shares * target, pos)
+    if not (ends > pos).any():
+        behind = np.where(pos < sizes, shares * target - np.array([c[p] for c, p in zip(cum, pos)]), -np.inf)
+        ends[int(np.argmax(behind))] += 1
+    return ends
+
+
+def _nearest_ends(cum: Sequence[np.ndarray], targets: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Per stream, the end index whose cumulative units come nearest to its target (never before ``pos``)."""
+    ends = np.empty(len(cum), dtype=np.int64)
+    for c, (cu, t) in enumerate(zip(cum, targets)):
+        j = int(np.searchsorted(cu, t))  # cu[j] >= t; cu[j - 1] < t
+        if j >= cu.size:
+            j = cu.size - 1
+        elif j > 0 and t - cu[j - 1] < cu[j] - t:
+            j -= 1
+        ends[c] = max(j, int(pos[c]))
+    return ends
+
+
+def _concat(parts: Sequence[tuple[np.ndarray, EpochPlan]], num_replicas: int, acc: int) -> EpochPlan:
+    """One epoch plan of the steps' plans, in order; rows mapped from step positions to sample indices."""
+    rows, fill, offsets, assignment, dropped = [], [], [np.zeros(1, dtype=np.int64)], [], []
+    row_base = batch_base = 0
+    for members, plan in parts:
+        rows.append(members[plan.rows])
+        fill.append(plan.is_fill)
+        offsets.append(plan.batch_offsets[1:] + row_base)
+        assignment.append(plan.assignment + batch_base)
+        dropped.append(members[plan.dropped])
+        row_base += plan.rows.size
+        batch_base += plan.num_batches
+    return EpochPlan(rows=np.concatenate(rows).astype(np.int64), is_fill=np.concatenate(fill),
+                     batch_offsets=np.concatenate(offsets).astype(np.int64),
+                     assignment=np.concatenate(assignment).astype(np.int64).reshape(-1, num_replicas),
+                     dropped=np.concatenate(dropped).astype(np.int64), accumulate_grad_batches=acc)

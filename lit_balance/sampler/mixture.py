@@ -1,0 +1,135 @@
+"""MixtureBatchSampler: the balanced sampler over a weighted mixture of components, exact in its unit at every
+optimizer step (:mod:`lit_balance.plan.mixture`), resumable on any number of ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lit_balance.errors import InputValueError
+from lit_balance.plan.cost import CostModelProtocol
+from lit_balance.plan.mixture import (MixtureLayout, MixtureSettings, mixture_units, plan_mixture,
+                                      select_epoch)
+from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan.types import EpochPlan
+from lit_balance.sampler.inputs import PlanInputs
+from lit_balance.sampler.sampler import BalancedBatchSampler
+
+__all__ = ["MixtureBatchSampler"]
+
+
+@dataclass(frozen=True, eq=False)
+class _MixtureInputs(PlanInputs):
+    """:class:`PlanInputs` whose plans are mixture plans: a whole epoch selects its samples, the rest of an epoch
+    resumed on new ranks plans exactly the chosen samples not yet consumed."""
+
+    layout: MixtureLayout | None = None
+    mixture: MixtureSettings | None = None
+
+    def chosen(self, epoch: int) -> np.ndarray:
+        """bool ``[num_samples]``: the samples ``epoch`` reads."""
+        units = mixture_units(self.mixture, self.lengths, self.supervised_lengths)
+        return select_epoch(units, self.layout, self.mixture, seed=self.settings.seed, epoch=epoch,
+                            eligible=self.eligible)
+
+    def plan(self, epoch: int, num_replicas: int, *, eligible: np.ndarray | None, speeds: np.ndarray | None,
+             cost_model: CostModelProtocol, min_steps: int = 0,
+             max_tokens: int | tuple[int, ...] | None = None) -> EpochPlan:
+        settings = self.settings
+        if max_tokens is not None and max_tokens != settings.max_tokens:
+            settings = settings.replace(max_tokens=max_tokens)
+        exactly = None if eligible is self.eligible else self.chosen(epoch) & eligible
+        return plan_mixture(self.lengths, self.layout, self.mixture, settings, num_replicas=num_replicas, epoch=epoch,
+                            cost_model=cost_model, speeds=speeds, supervised_lengths=self.supervised_lengths,
+                            eligible=self.eligible, plan_exactly=exactly).plan
+
+
+class MixtureBatchSampler(BalancedBatchSampler):
+    """A :class:`~lit_balance.BalancedBatchSampler` over a mixture: every optimizer step holds each component's share.
+
+    Samples are the mixture's sample space (:class:`~lit_balance.plan.mixture.MixtureLayout`): the components'
+    documents one after the other, repeated ``max_repetition`` times, so sample ``i`` is document ``i % N`` of the
+    concatenation (``N`` documents). Each epoch reads the samples :func:`~lit_balance.plan.mixture.select_epoch`
+    chooses (a new subset every epoch) and plans them step by step (:func:`~lit_balance.plan.mixture.plan_mixture`):
+    every guarantee of the base class holds (budget, equal counts, determinism, exact resume, on a new number of
+    ranks too), and each optimizer step is within one document of each component's share. Epochs may differ in
+    length by a step or so (another subset): under Lightning reload the train dataloader every epoch
+    (``reload_dataloaders_every_n_epochs=1``; :class:`~lit_balance.BalancedTextDataModule` sets the epoch there).
+    ``plan_window`` is not used.
+
+    Args:
+        lengths: int ``[N]``: tokens per document, components concatenated in order (one copy).
+        sizes: documents per component, in order.
+        mixture: the :class:`~lit_balance.plan.mixture.MixtureSettings` (names, weights, unit, epoch length).
+        supervised_lengths: int ``[N]`` next-token targets per document, or None.
+        **kwargs: as :class:`~lit_balance.BalancedBatchSampler` (``settings`` or its keywords, ``num_replicas``,
+            ``rank``, ``cost_model``, ``rank_speeds``).
+
+    Raises:
+        ValueError: ``sizes`` that do not sum to ``len(lengths)`` or do not match the mixture's components; as
+            :class:`~lit_balance.BalancedBatchSampler` and :func:`~lit_balance.plan.mixture.select_epoch`.
+
+    Example:
+        >>> mix = MixtureSettings(("a", "b"), (1, 1))
+        >>> s = MixtureBatchSampler([10] * 4 + [20] * 2, sizes=[4, 2], mixture=mix, max_tokens=40, num_replicas=1,
+        ...                         rank=0, shuffle=False)
+        >>> [sorted(b) for b in s]
+        [[0, 4], [1, 5], [2, 3]]
+    """
+
+    def __init__(self, lengths: Sequence[int] | np.ndarray, sizes: Sequence[int], mixture: MixtureSettings,
+                 max_tokens: int | None = None, *, supervised_lengths: Any = None, **kwargs: Any) -> None:
+        if not isinstance(mixture, MixtureSettings):
+            raise InputValueError(f"mixture must be a lit_balance.plan.mixture.MixtureSettings, got "
+                                  f"{type(mixture).__name__}", parameter="mixture")
+        sizes = np.asarray(sizes, dtype=np.int64)
+        if sizes.ndim != 1 or sizes.size != len(mixture.names) or (sizes < 0).any():
+            raise InputValueError(f"sizes must give the documents of each of the {len(mixture.names)} components "
+                                  f"{list(mixture.names)}, got {sizes.tolist()}", parameter="sizes")
+        if int(sizes.sum()) != len(lengths):
+            raise InputValueError(f"the components' sizes {sizes.tolist()} sum to {int(sizes.sum())} documents, but "
+                                  f"lengths holds {len(lengths)}", parameter="sizes")
+        self.layout = MixtureLayout(sizes, mixture.max_repetition)
+        self.mixture = mixture
+        lengths = self.layout.tile(np.asarray(lengths))
+        if supervised_lengths is not None:
+            supervised_lengths = self.layout.tile(np.asarray(supervised_lengths))
+        super().__init__(lengths, max_tokens, supervised_lengths=supervised_lengths, **kwargs)
+
+    def _build_inputs(self, lengths: np.ndarray, settings: BatchingSettings, supervised_lengths: Any) -> PlanInputs:
+        base = PlanInputs.build(lengths, settings.replace(plan_window=max(settings.plan_window, lengths.shape[0])),
+                                supervised_lengths)
+        inputs = _MixtureInputs(np.asarray(base.lengths, dtype=np.int64), settings, base.eligible, None,
+                                base.supervised_lengths, base.lengths_sha256, layout=self.layout, mixture=self.mixture)
+        inputs.chosen(0)  # an unreachable share or an empty component is an error now, before any token is read
+        return inputs
+
+    def component_of(self, indices: np.ndarray) -> np.ndarray:
+        """int64: the component (position in ``mixture.names``) of each sample index."""
+        return self.layout.component_of(indices)
+
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
+        """As :meth:`BalancedBatchSampler.state_dict`, with the mixture's settings under ``"mixture"``."""
+        state = super().state_dict(batches_consumed)
+        state["mixture"] = self.mixture.to_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As :meth:`BalancedBatchSampler.load_state_dict`; the saved mixture must be this one.
+
+        Raises:
+            ValueError: no ``"mixture"`` key, or another mixture (naming both).
+        """
+        if not isinstance(state_dict, dict) or "mixture" not in state_dict:
+            raise InputValueError("cannot resume a MixtureBatchSampler from a state without 'mixture' (saved by a "
+                                  "sampler of one corpus?)")
+        state = dict(state_dict)
+        saved = state.pop("mixture")
+        if saved != self.mixture.to_dict():
+            raise InputValueError(f"cannot resume: the saved mixture {saved} is not this one {self.mixture.to_dict()}; "
+                                  "resume with the same components, weights, unit and epoch length",
+                                  parameter="mixture")
+        super().load_state_dict(state)

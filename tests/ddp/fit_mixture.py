@@ -1,0 +1,78 @@
+"""Train on a mixture of three components (a Megatron store, an Arrow file, a JSONL file) on CPU ranks: stop
+mid-epoch with a checkpoint, or resume from it, or run the epoch uninterrupted.
+
+Run: python tests/ddp/fit_mixture.py OUT_DIR DATA_DIR stop|resume|full DEVICES
+DATA_DIR holds ``megatron`` (.bin/.idx prefix), ``docs.arrow`` and ``docs.jsonl`` (test_mixture_ddp.py writes them).
+``stop`` trains epoch 0 up to STOP_AT micro-batches per rank, saves OUT_DIR/mid.ckpt, then raises at the next
+training_step; ``resume`` continues epoch 0 from mid.ckpt on DEVICES ranks; ``full`` runs epoch 0 uninterrupted.
+Each rank writes OUT_DIR/{phase}_rank{r}.json: per trained micro-batch, each real row's (component, document index in
+the component's training split), and the metrics logged at the end.
+"""
+
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.strategies import DDPStrategy
+
+from lit_balance import BalancedTextDataModule, Mixture
+from lit_balance.data.stores import ArrowSource, MegatronSource
+from lit_balance.demo import DemoTransformerLM
+
+from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+
+STOP_AT = 3
+TOKENIZER = Path(__file__).resolve().parents[2] / "lit_balance/data/tokenizer/tokenizer.json"
+
+
+class Recorder(L.Callback):
+    def __init__(self, out: Path, stop: bool) -> None:
+        self.out, self.stop, self.batches = out, stop, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        dm = trainer.datamodule
+        indices = batch["indices"].tolist()
+        located = dm.train_sampler.layout.locate(indices).tolist()
+        self.batches.append([pair for pair, fill in zip(located, batch["is_fill"].tolist()) if not fill])
+        if self.stop and batch_idx == STOP_AT - 1:
+            trainer.save_checkpoint(self.out / "mid.ckpt")
+
+
+class StoppingLM(DemoTransformerLM):
+    stop = False
+
+    def training_step(self, batch, batch_idx):
+        if self.stop and batch_idx == STOP_AT:
+            raise RuntimeError("simulated stop inside training_step")
+        return super().training_step(batch, batch_idx)
+
+
+def main() -> None:
+    out, data, phase, devices = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    mixture = Mixture({"megatron": {"corpus": MegatronSource(str(data / "megatron")), "weight": 0.5},
+                       "arrow": {"corpus": ArrowSource(data / "docs.arrow"), "weight": 0.2},
+                       "jsonl": {"corpus": data / "docs.jsonl", "weight": 0.3}})
+    dm = BalancedTextDataModule(mixture, str(TOKENIZER), max_tokens=160, max_length=40, val_fraction=0.1,
+                                num_workers=1, cache_dir=out / "cache", seed=11)
+    model = StoppingLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
+    model.stop = phase == "stop"
+    recorder = Recorder(out, stop=phase == "stop")
+    strategy = DDPStrategy(timeout=timedelta(seconds=60)) if devices > 1 else "auto"
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, callbacks=[recorder], max_epochs=1,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=out, num_sanity_val_steps=0)
+    try:
+        trainer.fit(model, datamodule=dm, ckpt_path=out / "mid.ckpt" if phase == "resume" else None)
+    except RuntimeError as error:
+        if phase != "stop" or "simulated stop" not in str(error):
+            raise
+    (out / f"{phase}_rank{trainer.global_rank}.json").write_text(json.dumps({
+        "batches": recorder.batches, "metrics": sorted(trainer.logged_metrics),
+        "names": list(dm.mixture.names), "val_names": dm.val_names,
+    }))
+
+
+if __name__ == "__main__":
+    run_as_ranks(main, int(sys.argv[4]))

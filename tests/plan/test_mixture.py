@@ -1,0 +1,210 @@
+"""Mixture plans: every optimizer step within one document of its shares, the budget, equal counts, every chosen
+document once, the epoch's shares, the selection, and the errors of bad mixtures."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lit_balance import BatchingSettings
+from lit_balance.plan import plan_stats, planner_for
+from lit_balance.plan.cost import CostModel
+from lit_balance.plan.mixture import MixtureLayout, MixtureSettings, plan_mixture, select_epoch
+from lit_balance.plan.types import padded_lengths
+
+
+def _plan(lengths, sizes, weights, batching, *, num_replicas, epoch=0, **mixture):
+    layout = MixtureLayout(np.asarray(sizes, dtype=np.int64), mixture.get("max_repetition", 1))
+    mix = MixtureSettings(tuple(f"c{i}" for i in range(len(sizes))), tuple(weights), **mixture)
+    tiled = layout.tile(np.asarray(lengths, dtype=np.int64))
+    return layout, mix, tiled, plan_mixture(tiled, layout, mix, batching, num_replicas=num_replicas, epoch=epoch,
+                                            cost_model=CostModel())
+
+
+def _check_plan(layout, mix, lengths, mp, batching, num_replicas):
+    """The invariants every mixture plan keeps; returns the per-step units per component."""
+    plan, acc = mp.plan, batching.accumulate_grad_batches
+    # equal counts: a full assignment, and every optimizer step but the last has acc micro-steps of every rank
+    assert plan.assignment.shape[1] == num_replicas and (plan.assignment >= 0).all()
+    assert sorted(plan.assignment.reshape(-1).tolist()) == list(range(plan.num_batches))
+    # budget: rows x longest padded row (packed: the row's tokens, padded) within max_tokens
+    padded = padded_lengths(lengths, batching.pad_to_multiple_of)
+    for b in range(plan.num_batches):
+        rows, _ = plan.batch(b)
+        if batching.packing:
+            assert padded_lengths(np.array([lengths[rows].sum()]), batching.pad_to_multiple_of)[0] <= \
+                batching.max_tokens
+        else:
+            assert rows.size * padded[rows].max() <= batching.max_tokens
+    # every chosen sample exactly once as a real row (drop_last=False: nothing dropped)
+    real = plan.rows[~plan.is_fill]
+    assert np.unique(real).size == real.size
+    assert set(real.tolist()) == set(np.flatnonzero(mp.chosen).tolist())
+    # per-step units per component, from the plan itself
+    comp = layout.component_of(plan.rows)
+    batch_of_row = np.repeat(np.arange(plan.num_batches), np.diff(plan.batch_offsets))
+    step_of_batch = np.empty(plan.num_batches, dtype=np.int64)
+    step_of_batch[plan.assignment.reshape(-1)] = np.repeat(np.arange(plan.num_micro_steps) // acc, num_replicas)
+    steps = -(-plan.num_micro_steps // acc)
+    units = np.zeros((steps, len(mix.names)), dtype=np.int64)
+    np.add.at(units, (step_of_batch[batch_of_row][~plan.is_fill], comp[~plan.is_fill]), lengths[real])
+    if mix.unit == "tokens":
+        np.testing.assert_array_equal(units, mp.step_units)
+    # fill rows only in a step of fewer documents than micro-batches (no rank left without a row)
+    row_step = step_of_batch[batch_of_row]
+    real_rows = np.bincount(row_step[~plan.is_fill], minlength=steps)
+    assert (real_rows[np.unique(row_step[plan.is_fill])] < num_replicas * acc).all()
+    return units
+
+
+@st.composite
+def _mixtures(draw):
+    k = draw(st.integers(1, 4))
+    sizes = [draw(st.integers(1, 60)) for _ in range(k)]
+    lengths = []
+    for n in sizes:
+        low = draw(st.integers(1, 200))
+        high = draw(st.integers(low, 600))
+        lengths += draw(st.lists(st.integers(low, high), min_size=n, max_size=n))
+    weights = [draw(st.floats(0.05, 10.0)) for _ in range(k)]
+    if k > 1 and draw(st.booleans()):
+        weights[draw(st.integers(0, k - 1))] = 0.0
+    return sizes, lengths, weights
+
+
+@settings(max_examples=20)
+@given(_mixtures(), st.integers(1, 8), st.integers(1, 4), st.booleans(), st.booleans(), st.integers(0, 3),
+       st.integers(600, 4000))
+def test_every_step_keeps_its_shares_within_one_document(mixture, num_replicas, acc, packing, shuffle, epoch,
+                                                         max_tokens):
+    sizes, lengths, weights = mixture
+    batching = BatchingSettings(max_tokens=max_tokens, accumulate_grad_batches=acc, packing=packing, shuffle=shuffle,
+                                seed=5)
+    layout, mix, tiled, mp = _plan(lengths, sizes, weights, batching, num_replicas=num_replicas, epoch=epoch)
+    units = _check_plan(layout, mix, tiled, mp, batching, num_replicas)
+    shares = mix.shares
+    longest = int(tiled.max())  # one document: the longest of the mixture
+    # the epoch: each component within one document of its share
+    total = units.sum(axis=0)
+    assert np.all(np.abs(total - shares * total.sum()) <= longest + 1e-6)
+    # every step: each component within one document's tokens of the epoch's share (itself within one document of
+    # the weight)
+    realized = total / max(total.sum(), 1)
+    deviation = np.abs(units - realized * units.sum(axis=1, keepdims=True))
+    assert deviation.max() <= longest + 1e-6
+    # selection: the limiting component is read whole, none beyond once, zero weights not at all
+    offsets = layout.offsets
+    read = [mp.chosen[offsets[c]:offsets[c + 1]] for c in range(len(sizes))]
+    assert any(r.all() for r, w in zip(read, weights) if w > 0) or mp.chosen.sum() == 0
+    for r, w in zip(read, weights):
+        if w == 0:
+            assert not r.any()
+
+
+@settings(max_examples=15)
+@given(_mixtures(), st.integers(1, 8), st.integers(1, 4), st.booleans(), st.integers(2, 3))
+def test_repetition_reads_a_document_at_most_max_repetition_times(mixture, num_replicas, acc, packing, reps):
+    sizes, lengths, weights = mixture
+    batching = BatchingSettings(max_tokens=4000, accumulate_grad_batches=acc, packing=packing, seed=1)
+    layout, mix, tiled, mp = _plan(lengths, sizes, weights, batching, num_replicas=num_replicas, epoch=1,
+                                   max_repetition=reps)
+    units = _check_plan(layout, mix, tiled, mp, batching, num_replicas)
+    docs = np.flatnonzero(mp.chosen) % layout.num_documents
+    assert np.bincount(docs).max() <= reps
+    longest = int(tiled.max())
+    total = units.sum(axis=0)
+    assert np.all(np.abs(total - mix.shares * total.sum()) <= longest + 1e-6)
+
+
+def test_a_new_subsample_every_epoch_and_the_same_on_every_call():
+    lengths = np.arange(1, 401) % 97 + 5
+    layout = MixtureLayout(np.array([100, 300]))
+    mix = MixtureSettings(("a", "b"), (1.0, 1.0))
+    units = lengths.astype(np.int64)
+    e0, e0_again, e1 = (select_epoch(units, layout, mix, seed=3, epoch=e) for e in (0, 0, 1))
+    np.testing.assert_array_equal(e0, e0_again)
+    assert e0[:100].all() and e1[:100].all()  # the limiting component is read once, whole
+    assert not np.array_equal(e0[100:], e1[100:])  # the other is subsampled anew
+    assert abs(int(units[e0][units[e0] > 0][: e0[:100].sum()].sum()) - int(units[100:][e0[100:]].sum())) <= 101
+
+
+def test_units_per_epoch_and_the_error_for_a_share_that_cannot_be_met():
+    lengths = np.full(300, 10, dtype=np.int64)
+    layout = MixtureLayout(np.array([100, 200]))
+    mix = MixtureSettings(("web", "books"), (0.5, 0.5), units_per_epoch=1000)
+    chosen = select_epoch(lengths, layout, mix, seed=0, epoch=0)
+    assert int(lengths[chosen][:].sum()) == 1000 and chosen[:100].sum() == 50
+    too_many = MixtureSettings(("web", "books"), (0.5, 0.5), units_per_epoch=3000)
+    with pytest.raises(ValueError, match=r"component 'web' holds 1000 tokens .* needs 1500") as info:
+        select_epoch(lengths, layout, too_many, seed=0, epoch=0)
+    assert info.value.parameter == "units_per_epoch"
+    # with two reads allowed it is met: every web document twice
+    twice = MixtureSettings(("web", "books"), (0.5, 0.5), units_per_epoch=4000, max_repetition=2)
+    layout2 = MixtureLayout(np.array([100, 200]), 2)
+    chosen = select_epoch(layout2.tile(lengths), layout2, twice, seed=0, epoch=0)
+    assert chosen[:100].all() and chosen[300:400].all() and chosen[100:300].all() and not chosen[400:].any()
+
+
+def test_documents_and_supervised_units():
+    lengths = np.concatenate([np.full(100, 10), np.full(100, 100)]).astype(np.int64)
+    layout = MixtureLayout(np.array([100, 100]))
+    batching = BatchingSettings(max_tokens=1000, shuffle=False)
+    docs = MixtureSettings(("short", "long"), (1, 1), unit="documents")
+    mp = plan_mixture(lengths, layout, docs, batching, num_replicas=2, epoch=0, cost_model=CostModel())
+    assert mp.chosen.sum() == 200 and mp.step_units.sum(axis=0).tolist() == [100, 100]
+    supervised = np.where(np.arange(200) < 100, 9, 50)  # the long ones mask half their tokens
+    sup = MixtureSettings(("short", "long"), (1, 1), unit="supervised_tokens")
+    mp = plan_mixture(lengths, layout, sup, batching, num_replicas=2, epoch=0, cost_model=CostModel(),
+                      supervised_lengths=supervised)
+    assert mp.step_units.sum(axis=0).tolist() == [900, 900]  # all 100 short (900), 18 long (900)
+
+
+def _benchmark_lengths(n, seed=0):
+    rng = np.random.default_rng(seed)
+    sizes = [int(n * 0.6), int(n * 0.1), int(n * 0.3)]
+    lengths = np.concatenate([np.clip(rng.lognormal(math.log(m), 0.7, s), 8, 8192).astype(np.int64)
+                              for m, s in zip((300, 900, 3000), sizes)])
+    return sizes, lengths
+
+
+@pytest.mark.parametrize("packing, bound", [(False, 0.97), (True, 0.99)])
+def test_benchmark_distributions_keep_two_points_per_step_and_the_useful_fraction(packing, bound):
+    sizes, lengths = _benchmark_lengths(40_000)
+    batching = BatchingSettings(max_tokens=16384, accumulate_grad_batches=4, packing=packing)
+    layout, mix, tiled, mp = _plan(lengths, sizes, (0.6, 0.1, 0.3), batching, num_replicas=8)
+    units = _check_plan(layout, mix, tiled, mp, batching, 8)
+    big = units.sum(axis=1) >= 256 * 1024
+    assert big.sum() >= units.shape[0] - 1
+    shares = units[big] / units[big].sum(axis=1, keepdims=True)
+    assert np.abs(shares - mix.shares).max() <= 0.02
+    stats = plan_stats(mp.plan, tiled, planner=planner_for(batching), accumulate_grad_batches=4)
+    assert stats.useful_fraction >= bound
+
+
+@pytest.mark.parametrize("weights, match", [
+    ((1.0, -0.5), r"weight of component 'c1' must be finite and >= 0, got -0.5"),
+    ((0.0, 0.0), r"weights of the mixture sum to 0.0"),
+    ((float("nan"), 1.0), r"weight of component 'c0' must be finite"),
+    ((float("inf"), 1.0), r"weight of component 'c0' must be finite"),
+])
+def test_bad_weights_name_the_setting(weights, match):
+    with pytest.raises(ValueError, match=match):
+        MixtureSettings(("c0", "c1"), weights)
+
+
+def test_bad_mixtures():
+    with pytest.raises(ValueError, match=r"component name 'web' is used twice"):
+        MixtureSettings(("web", "web"), (1, 1))
+    with pytest.raises(TypeError, match=r"weight of component 'web' must be a number, got 'x'"):
+        MixtureSettings(("web",), ("x",))
+    with pytest.raises(ValueError, match=r"one weight per component: 2 names"):
+        MixtureSettings(("a", "b"), (1,))
+    with pytest.raises(ValueError, match=r"unit must be one of"):
+        MixtureSettings(("a",), (1,), unit="bytes")
+    with pytest.raises(ValueError, match=r"max_repetition must be >= 1"):
+        MixtureSettings(("a",), (1,), max_repetition=0)
+    layout = MixtureLayout(np.array([3, 0]))
+    with pytest.raises(ValueError, match=r"component 'b' has weight 1.0 but no tokens to read \(0 documents"):
+        select_epoch(np.array([5, 5, 5]), layout, MixtureSettings(("a", "b"), (1, 1)), seed=0, epoch=0)
