@@ -417,6 +417,11 @@ class BalancedTextDataModule(L.LightningDataModule):
             num_replicas = self._world().num_replicas
             rank_zero_info(f"BalancedTextDataModule token budget: {budget.describe(num_replicas)}")
             self._settings = BatchingSettings(**self._batching, max_tokens=budget.plan_max_tokens(num_replicas))
+        self._build_samplers()
+
+    def _build_samplers(self) -> None:
+        """Build this rank's training and validation samplers and the collator over the split, with the budget known
+        (:meth:`_plan`)."""
         corpus, train, val = self.corpus, self.train_dataset, self.val_dataset
         if self.too_long == "error":
             check_too_long(corpus, self.max_length, self.pad_to_multiple_of, self.settings.largest_max_tokens)

@@ -109,8 +109,10 @@ class MixtureDataModule(BalancedTextDataModule):
             vals.append(val)
         return _Splits(corpus, MixtureDataset(trains, self.mixture.settings.max_repetition), vals)
 
-    def _plan_splits(self) -> None:
-        corpus, train, vals = self._splits()
+    def _build_samplers(self) -> None:
+        """The mixture's training sampler (:class:`~lit_balance.sampler.mixture.MixtureBatchSampler`) and one
+        validation sampler per component with validation documents."""
+        corpus, train, vals = self.corpus, self.train_dataset, self.val_dataset
         world = self._world()
         kwargs: dict[str, Any] = {}
         settings = self._train_settings()
@@ -129,13 +131,12 @@ class MixtureDataModule(BalancedTextDataModule):
                 names.append(name)
                 datasets.append(val)
                 samplers.append(self._sampler(f"validation of {name!r}", val, val_settings, world))
-        self.corpus, self.train_dataset, self.train_sampler = corpus, train, sampler
+        self.train_sampler = sampler
         self.val_names, self.val_datasets, self.val_samplers = names, datasets, samplers
         self.val_dataset = datasets[0] if datasets else None
         self.val_sampler = samplers[0] if samplers else None
         truncate = sampler.truncate_to if self.too_long == "truncate" else None
-        self.collator = collator_for(planner_for(self.settings).name, self.pad_token_id, self.pad_to_multiple_of,
-                                     max_length=truncate)
+        self.collator = collator_for(sampler.settings, self.pad_token_id, max_length=truncate)
 
     def _fingerprint(self) -> list[tuple[str, int, bool]]:
         planned = self._settings is not None
@@ -148,7 +149,7 @@ class MixtureDataModule(BalancedTextDataModule):
 
     def val_dataloader(self) -> DataLoader | list:
         """One loader of validation micro-batches per component with validation documents (:attr:`val_names`)."""
-        self._resolve_max_tokens()
+        self._plan(measure=True)
         return [self._loader(d, s) for d, s in zip(self.val_datasets, self.val_samplers)]
 
     def plan_summary(self, num_replicas: int, accumulate_grad_batches: int = 1, *, epoch: int = 0) -> dict[str, Any]:
