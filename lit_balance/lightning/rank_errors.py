@@ -23,7 +23,6 @@ failing rank waits for the others to read before it exits.
 from __future__ import annotations
 
 import itertools
-import sys
 import time
 from datetime import timedelta
 from typing import Any
@@ -69,10 +68,6 @@ def is_communication_error(exception: BaseException) -> bool:
     return isinstance(exception, RuntimeError) and any(word in text for word in _COMMUNICATION)
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def _within(seconds: float, done: Any) -> bool:
     """Whether ``done()`` turned true within ``seconds`` (polled)."""
     deadline = time.monotonic() + seconds
@@ -106,7 +101,6 @@ def share_failure(exception: BaseException, wait_s: float = WAIT_S) -> None:
         if not is_communication_error(exception):
             cause = f"{type(exception).__name__}: {exception}"
             store.set(f"{failed}{rank}", cause.encode())
-            _say(f"[rank {rank}] lit_balance: this rank stopped with {cause}")
             if _within(ALL_FAILED_S, lambda: all(store.check([f"{failed}{r}"]) for r in others)):
                 return  # every rank failed by itself: none waits on another
             import torch.distributed as dist
@@ -128,4 +122,3 @@ def share_failure(exception: BaseException, wait_s: float = WAIT_S) -> None:
         told = "; ".join(f"rank {r} stopped first with {cause}" for r, cause in causes)
         message = f"{told}\n(this rank, {rank}, then lost its peers: {exception})"
         exception.args = (message, *exception.args[1:])
-        _say(f"[rank {rank}] lit_balance: {told}")

@@ -164,7 +164,7 @@ def test_a_store_vocabulary_error_on_both_ranks_is_one_line_and_the_replaced_voc
     proc = subprocess.run([sys.executable, str(RECIPE), *overrides], check=False, capture_output=True, text=True,
                           timeout=300, env=_env(tmp_path), cwd=tmp_path)
     out = proc.stdout + proc.stderr
-    errors = [line for line in out.splitlines() if "error" in line.lower()]
+    errors = [line for line in out.splitlines() if re.search(r"error\b", line.lower())]  # not the tmp path's "_error_"
     assert proc.returncode == 2 and "Traceback" not in out and len(errors) == 1, out[-5000:]
     assert re.search(r"train\.py: error: row \d+ of ids\.parquet holds the token id \d+ at position \d+, outside the "
                      r"vocabulary \[0, 100\); train with a model \(data\.vocab_size\)", errors[0]), errors
