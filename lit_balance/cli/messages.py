@@ -187,15 +187,22 @@ def mark_run() -> None:
 
 def _first_report() -> bool:
     """True in the first process of a multi-process run (on this node) to report an error, else False: it creates a
-    file named after the run's id with ``O_EXCL``. Always True in a process that started no ranks."""
+    file named after the run's id with ``O_EXCL`` and writes its pid in it (so that the process that reported first
+    reports its later errors too). Always True in a process that started no ranks."""
     run = os.environ.get(RUN_ID_ENV)
     if not run or "MASTER_PORT" not in os.environ:  # no ranks started (the error came before launching them)
         return True
+    path, pid = os.path.join(tempfile.gettempdir(), f"lit_balance_error_{run}"), str(os.getpid())
     try:
-        os.close(os.open(os.path.join(tempfile.gettempdir(), f"lit_balance_error_{run}"),
-                         os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
-        return False
+        try:
+            with open(path, encoding="ascii") as handle:
+                return handle.read() == pid
+        except OSError:
+            return False
+    with os.fdopen(fd, "w", encoding="ascii") as handle:
+        handle.write(pid)
     return True
 
 

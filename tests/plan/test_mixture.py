@@ -74,10 +74,10 @@ def _mixtures(draw):
     return sizes, lengths, weights
 
 
-@settings(max_examples=20)
+@settings(max_examples=100)
 @given(_mixtures(), st.integers(1, 8), st.integers(1, 4), st.booleans(), st.booleans(), st.integers(0, 3),
        st.integers(600, 4000))
-def test_every_step_keeps_its_shares_within_one_document(mixture, num_replicas, acc, packing, shuffle, epoch,
+def test_every_step_keeps_its_shares_within_two_documents(mixture, num_replicas, acc, packing, shuffle, epoch,
                                                          max_tokens):
     sizes, lengths, weights = mixture
     batching = BatchingSettings(max_tokens=max_tokens, accumulate_grad_batches=acc, packing=packing, shuffle=shuffle,
@@ -89,11 +89,11 @@ def test_every_step_keeps_its_shares_within_one_document(mixture, num_replicas, 
     # the epoch: each component within one document of its share
     total = units.sum(axis=0)
     assert np.all(np.abs(total - shares * total.sum()) <= longest + 1e-6)
-    # every step: each component within one document's tokens of the epoch's share (itself within one document of
-    # the weight)
+    # every step: each component within two documents' tokens of the epoch's share (one document is not kept on tiny
+    # corpora: a step can hold one long document beside a remainder of the others)
     realized = total / max(total.sum(), 1)
     deviation = np.abs(units - realized * units.sum(axis=1, keepdims=True))
-    assert deviation.max() <= longest + 1e-6
+    assert deviation.max() <= 2 * longest + 1e-6
     # selection: the limiting component is read whole, none beyond once, zero weights not at all
     offsets = layout.offsets
     read = [mp.chosen[offsets[c]:offsets[c + 1]] for c in range(len(sizes))]
