@@ -12,12 +12,35 @@ from lit_balance.data.records import supervised_counts
 from lit_balance.errors import InputValueError
 from lit_balance.plan.types import MicroBatch
 
-__all__ = ["TokenDataset"]
+__all__ = ["MicroBatchItems", "TokenDataset"]
 
 _STEP_KEYS = ("step_real_tokens", "step_rows", "step_supervised_tokens")
 
 
-class TokenDataset(Dataset):
+class MicroBatchItems(Dataset):
+    """A map-style dataset whose ``_item(index, is_fill)`` gives one sample's dict: ``dataset[i]`` is that item, and
+    ``dataset[micro_batch]`` (``__getitems__``) its micro-batch's items, each with the plan's per-optimizer-step totals
+    (global ints) when the sampler attaches them to the :class:`~lit_balance.plan.types.MicroBatch`."""
+
+    def _item(self, i: int, is_fill: bool = False) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int | Sequence[int]) -> Any:
+        if isinstance(index, (int, np.integer)):
+            return self._item(int(index))
+        return self.__getitems__(index)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        is_fill = indices.is_fill if isinstance(indices, MicroBatch) else (False,) * len(indices)
+        items = [self._item(int(i), bool(f)) for i, f in zip(indices, is_fill)]
+        step = {k: int(getattr(indices, k)) for k in _STEP_KEYS if getattr(indices, k, None) is not None}
+        if step:
+            for item in items:
+                item.update(step)
+        return items
+
+
+class TokenDataset(MicroBatchItems):
     """Documents ``doc_ids`` of a flat token array, each truncated to ``max_length`` tokens.
 
     Item ``i`` is ``{"input_ids": int32 ndarray [len_i], "index": i, "is_fill": False}``, plus
@@ -99,17 +122,3 @@ class TokenDataset(Dataset):
             item["labels"] = np.asarray(self.labels[start:end])
         return item
 
-    def __getitem__(self, index: int | Sequence[int]) -> Any:
-        if isinstance(index, (int, np.integer)):
-            return self._item(int(index))
-        return self.__getitems__(index)
-
-    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        is_fill = indices.is_fill if isinstance(indices, MicroBatch) else (False,) * len(indices)
-        items = [self._item(int(i), bool(f)) for i, f in zip(indices, is_fill)]
-        # the plan's per-optimizer-step totals (global ints), when the sampler attaches them to the micro-batch
-        step = {k: int(getattr(indices, k)) for k in _STEP_KEYS if getattr(indices, k, None) is not None}
-        if step:
-            for item in items:
-                item.update(step)
-        return items

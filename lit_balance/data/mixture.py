@@ -7,15 +7,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
 
+from lit_balance.data.dataset import MicroBatchItems
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.mixture import MixtureLayout, MixtureSettings
-from lit_balance.plan.types import MicroBatch
 
 __all__ = ["Mixture", "MixtureDataset"]
 
-_STEP_KEYS = ("step_real_tokens", "step_rows", "step_supervised_tokens")
 
 
 class Mixture:
@@ -77,7 +75,7 @@ class Mixture:
         return f"Mixture({weights}, unit={self.settings.unit!r})"
 
 
-class MixtureDataset(Dataset):
+class MixtureDataset(MicroBatchItems):
     """The components' datasets as one, indexed by the mixture's sample space.
 
     Sample ``i`` is item ``(i % N) - offsets[c]`` of component ``c``'s dataset; items carry ``index`` ``i`` (the
@@ -113,16 +111,3 @@ class MixtureDataset(Dataset):
         item["index"], item["component"] = i, c
         return item
 
-    def __getitem__(self, index: int | Sequence[int]) -> Any:
-        if isinstance(index, (int, np.integer)):
-            return self._item(int(index))
-        return self.__getitems__(index)
-
-    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        is_fill = indices.is_fill if isinstance(indices, MicroBatch) else (False,) * len(indices)
-        items = [self._item(int(i), bool(f)) for i, f in zip(indices, is_fill)]
-        step = {k: int(getattr(indices, k)) for k in _STEP_KEYS if getattr(indices, k, None) is not None}
-        if step:
-            for item in items:
-                item.update(step)
-        return items
