@@ -176,10 +176,15 @@ def install_hint(error: BaseException) -> str | None:
     return None
 
 
+_marked_pid: int | None = None  # the process that gave the run its id (:func:`mark_run`)
+
+
 def mark_run() -> None:
     """Give this run a new id that the ranks it starts inherit (:data:`RUN_ID_ENV`), so that an error every rank meets
     is printed once (:func:`exit_on_input_error`). Call before the ranks start; a rank that a launcher started
     (``LOCAL_RANK`` set) keeps its launcher's."""
+    global _marked_pid
+    _marked_pid = os.getpid()
     if os.environ.get("LOCAL_RANK") is not None and os.environ.get(RUN_ID_ENV):
         return
     os.environ[RUN_ID_ENV] = uuid.uuid4().hex
@@ -188,9 +193,13 @@ def mark_run() -> None:
 def _first_report() -> bool:
     """True in the first process of a multi-process run (on this node) to report an error, else False: it creates a
     file named after the run's id with ``O_EXCL`` and writes its pid in it (so that the process that reported first
-    reports its later errors too). Always True in a process that started no ranks."""
+    reports its later errors too). Always True in a process that is not a rank of a run: one that started no ranks,
+    or one that only inherited a run's id and ``MASTER_PORT`` (e.g. a command started from inside a training
+    script)."""
     run = os.environ.get(RUN_ID_ENV)
     if not run or "MASTER_PORT" not in os.environ:  # no ranks started (the error came before launching them)
+        return True
+    if os.environ.get("LOCAL_RANK") is None and _marked_pid != os.getpid():  # not a rank of the run named
         return True
     path, pid = os.path.join(tempfile.gettempdir(), f"lit_balance_error_{run}"), str(os.getpid())
     try:
