@@ -1,5 +1,5 @@
 """The optimizer state the first optimizer step will allocate: what the token budget probe adds to each measured peak
-(the probe never steps an optimizer)."""
+(the probe never steps an optimizer); and the refusal of a module that steps its optimizers itself."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["optimizer_state_bytes", "optimizers_of"]
+from lit_balance.errors import InputValueError
+
+__all__ = ["optimizer_state_bytes", "optimizers_of", "refuse_manual_optimization"]
 
 _STATE_PER_PARAM = {"Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adadelta": 2, "SparseAdam": 2,
                     "Adagrad": 0, "SGD": 1, "RMSprop": 1, "Rprop": 2, "ASGD": 1, "LBFGS": 2}
@@ -61,3 +63,14 @@ def optimizer_state_bytes(optimizers: Sequence[torch.optim.Optimizer]) -> int:
             total += sum(per * p.numel() * p.element_size() for p in group["params"]
                          if p.requires_grad and not opt.state.get(p))
     return total
+
+
+def refuse_manual_optimization(module: Any) -> None:
+    """Raise when ``module`` steps its optimizers itself (the probe must not)."""
+    if getattr(module, "automatic_optimization", True) is False:
+        raise InputValueError(
+            f"max_tokens='auto' measures memory by running training_step forward and backward, but "
+            f"{type(module).__name__} uses manual optimization (automatic_optimization = False): its training_step "
+            "steps its optimizers itself, which the probe must not do. Pass max_tokens as an int (padded token slots "
+            "per micro-batch, per rank), e.g. one measured with dm.find_max_tokens(model) on a copy of the model with "
+            "automatic optimization", parameter="max_tokens")

@@ -34,7 +34,7 @@ from lit_balance._checks import check_int, check_number
 from lit_balance.data.collate import collator_for
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.meters import MemoryMeter, meter_for
-from lit_balance.lightning.optimizer_state import optimizer_state_bytes, optimizers_of
+from lit_balance.lightning.optimizer_state import optimizer_state_bytes, optimizers_of, refuse_manual_optimization
 from lit_balance.lightning.probe_state import ModuleSnapshot
 from lit_balance.plan.budget_search import (
     OK,
@@ -69,17 +69,6 @@ _MESSAGE_BYTES = 4096
 
 class ProbeRankError(RuntimeError):
     """The probe failed on another rank: its error, as that rank raised it."""
-
-
-def refuse_manual_optimization(module: Any) -> None:
-    """Raise when ``module`` steps its optimizers itself (the probe must not)."""
-    if getattr(module, "automatic_optimization", True) is False:
-        raise InputValueError(
-            f"max_tokens='auto' measures memory by running training_step forward and backward, but "
-            f"{type(module).__name__} uses manual optimization (automatic_optimization = False): its training_step "
-            "steps its optimizers itself, which the probe must not do. Pass max_tokens as an int (padded token slots "
-            "per micro-batch, per rank), e.g. one measured with dm.find_max_tokens(model) on a copy of the model with "
-            "automatic optimization", parameter="max_tokens")
 
 
 class TokenBudgetProbe:
