@@ -164,3 +164,44 @@ def test_metric_rejects_bad_rows():
         m.update([0], [5], [6])
     with pytest.raises(ValueError, match="unit must be one of"):
         ComponentTokens(2, unit="bytes")
+
+
+def test_run_summary_ends_its_table_with_each_components_tokens_per_rank(clock, capsys):
+    from lit_balance.callbacks import RunSummary
+
+    samplers = _samplers(packing=True)
+    for s in samplers:
+        s.set_epoch(0)
+    expected = sum(_expected(samplers).values())  # [rank, kind, component] over the epoch
+    docs = np.zeros(2)
+    for i, fill in zip(*(lambda mbs: ([i for m in mbs for i in m], [f for m in mbs for f in m.is_fill]))(
+            list(samplers[1]))):
+        docs[int(i >= SIZES[0])] += not fill
+    # rank 1: 9 micro-batches (counts and seconds do not matter here), then its components' counts
+    other = torch.tensor([9.0, 1.0, 1.0, 0, 0, 0, 0, 0, *expected[1, 0], *expected[1, 1], *docs], dtype=torch.float64)
+    trainer, _ = make_trainer(rank=0, world_size=2, others=lambda local: [other], sampler=samplers[0])
+    cb = RunSummary(clock=clock)
+    cb.setup(trainer, MODULE, "fit")
+    cb.on_train_start(trainer, MODULE)
+    cb.on_train_epoch_start(trainer, MODULE)
+    collate = PackedCollator(0, pad_to_multiple_of=8)
+    for k, micro_batch in enumerate(samplers[0]):
+        cb.on_train_batch_end(trainer, MODULE, None,
+                              collate([_sample(i, f) for i, f in zip(micro_batch, micro_batch.is_fill)]), k)
+    cb.on_train_end(trainer, MODULE)
+    cb.on_fit_end(trainer, MODULE)
+    total = expected.sum(axis=0)
+    assert [c["name"] for c in cb.components] == ["short", "long"]
+    for c, comp in enumerate(cb.components):
+        assert comp["rank_real_tokens"] == expected[:, 0, c].tolist()
+        assert comp["rank_supervised_tokens"] == expected[:, 1, c].tolist()
+        assert comp["real_tokens"] == total[0, c] and comp["supervised_tokens"] == total[1, c]
+        assert comp["share"] == total[0, c] / total[0].sum() and comp["target"] == [0.4, 0.6][c]
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("component  target   share  real tokens  supervised   documents")
+    assert lines[start + 1].split()[:5] == ["short", "0.4000", f"{total[0, 0] / total[0].sum():.4f}",
+                                            str(total[0, 0]), str(total[1, 0])]
+    assert lines[start + 4].split() == ["rank", "short", "long"]
+    assert lines[start + 6].split() == ["1", str(expected[1, 0, 0]), "/", str(expected[1, 1, 0]),
+                                        str(expected[1, 0, 1]), "/", str(expected[1, 1, 1])]
+    assert max(len(line) for line in lines) <= 80
