@@ -205,3 +205,19 @@ def test_run_summary_ends_its_table_with_each_components_tokens_per_rank(clock, 
     assert lines[start + 6].split() == ["1", str(expected[1, 0, 0]), "/", str(expected[1, 1, 0]),
                                         str(expected[1, 0, 1]), "/", str(expected[1, 1, 1])]
     assert max(len(line) for line in lines) <= 80
+
+
+def test_the_bar_and_live_figures_show_each_components_last_step():
+    from lit_balance.lightning.callbacks.progress import bar_figures, live_figures
+
+    samplers = _samplers(packing=False)
+    for s in samplers:
+        s.set_epoch(0)
+    cb, trainer, logger = _run(0, samplers[0], PadCollator(0), lambda local: [torch.zeros_like(local)], every=3)
+    trainer.callbacks = [cb]
+    last = logger.calls[-1][1]
+    assert live_figures(trainer) == last
+    items = bar_figures(trainer)
+    for name, target in (("short", 0.4), ("long", 0.6)):
+        assert items[name] == (f"{last[f'train/tokens/{name}']:,.0f} tokens (share "
+                               f"{last[f'train/share/{name}']:.3f}, target {target:.3f})")
