@@ -93,7 +93,17 @@ class MixtureMonitor(L.Callback):
         self._counted = False  # the current step has micro-batches
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        sampler = mixture_sampler(trainer)  # the loader may be rebuilt every epoch
+        self._attach(trainer)  # the loader may be rebuilt every epoch
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self._sampler is None or self._sampler is not mixture_sampler(trainer):
+            self._attach(trainer)  # a fit resumed mid-epoch has no on_train_epoch_start
+        self._step = int(trainer.global_step)
+
+    def _attach(self, trainer: L.Trainer) -> None:
+        """Follow the training loader's sampler: a mixture's (the counts of a step in progress kept), or none."""
+        sampler = mixture_sampler(trainer)
         self._sampler = sampler
         if sampler is None:
             self.names, self._metric = (), None
@@ -103,10 +113,6 @@ class MixtureMonitor(L.Callback):
             self._metric = ComponentTokens(len(names), unit=sampler.mixture.unit, sync_on_compute=False)
         self.names = names
         self.targets = np.asarray(sampler.mixture.shares, dtype=np.float64)
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        self._step = int(trainer.global_step)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

@@ -53,10 +53,11 @@ def _expected(samplers):
     return out
 
 
-def _run(rank, sampler, collate, others, every):
+def _run(rank, sampler, collate, others, every, epoch_start=True):
     trainer, logger = make_trainer(rank=rank, world_size=2, others=others, sampler=sampler)
     cb = MixtureMonitor(log_every_n_steps=every)
-    cb.on_train_epoch_start(trainer, MODULE)
+    if epoch_start:  # Lightning skips on_train_epoch_start when a fit resumes mid-epoch
+        cb.on_train_epoch_start(trainer, MODULE)
     for k, micro_batch in enumerate(sampler):
         b = collate([_sample(i, f) for i, f in zip(micro_batch, micro_batch.is_fill)])
         cb.on_train_batch_start(trainer, MODULE, b, k)
@@ -104,6 +105,15 @@ def test_logs_each_components_tokens_per_step_and_per_rank_exactly(packing):
     assert logged == sum(int(c[:, 0].sum()) for c in expected.values()) > 0
     assert cb.last_metrics == logger.calls[-1][1]
     assert float(trainer.callback_metrics["train/tokens/long"]) == logger.calls[-1][1]["train/tokens/long"]
+
+
+def test_a_fit_resumed_mid_epoch_without_on_train_epoch_start_logs_the_same():
+    samplers = _samplers(packing=True)
+    samplers[0].set_epoch(0)
+    zeros = lambda local: [torch.zeros_like(local)]  # noqa: E731
+    _, _, started = _run(0, samplers[0], PackedCollator(0), zeros, every=2)
+    _, _, resumed = _run(0, samplers[0], PackedCollator(0), zeros, every=2, epoch_start=False)
+    assert resumed.calls == started.calls and len(started.calls) > 1
 
 
 def test_a_single_corpus_logs_nothing_and_gathers_nothing():
