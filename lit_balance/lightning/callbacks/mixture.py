@@ -41,8 +41,11 @@ class MixtureMonitor(L.Callback):
     Every rank attributes each real row of its training micro-batches (fill rows left out) to its component through
     the sampler's ``component_of`` (the batch's ``indices``) and counts its tokens from the batch's own keys
     (:func:`~lit_balance.lightning.callbacks._common.row_tokens`: rows of a padded batch, documents of a packed row,
-    so packing is exact) in a :class:`~lit_balance.lightning.metrics.ComponentTokens`. The micro-batches of one
-    optimizer step (``accumulate_grad_batches`` of them, whatever value is in force) add up to that step's counts.
+    so packing is exact) in a :class:`~lit_balance.lightning.metrics.ComponentTokens` (reading the batch's
+    ``indices``, labels and masks once per micro-batch: on a GPU, one synchronisation). The micro-batches of one
+    optimizer step (``accumulate_grad_batches`` of them, whatever value is in force) add up to that step's counts. The
+    sampler is looked up at each micro-batch (a fit resumed mid-epoch, where Lightning skips ``on_train_epoch_start``,
+    logs its steps too; a run stopped by an exception logs the steps gathered before it).
     Every ``log_every_n_steps`` optimizer steps (the same steps on every rank), at the end of each training epoch and
     of training, the data-parallel ranks take part in one ``all_gather`` of the steps since the last one, and global
     rank 0 logs each step's figures at that step (Lightning's ``global_step`` at the start of the step's micro-batches,
