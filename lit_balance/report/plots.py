@@ -182,8 +182,10 @@ def training_plot_data(metrics: dict[str, tuple[np.ndarray, np.ndarray]]) -> lis
     """What :func:`save_training_plot` draws: per panel, its y label and its series ``(label, steps, values)``.
 
     ``metrics``: :func:`read_metrics_csv` of a metrics file. Per-rank panels hold one series per rank (``rank 0``,
-    ``rank 1``, ... at most 16); the last panel holds ``real tokens/s`` and, when logged, ``straggler ratio`` (drawn
-    on its own axis). Steps and values are those of the file, unchanged.
+    ``rank 1``, ... at most 16); the sixth panel holds ``real tokens/s`` and, when logged, ``straggler ratio`` (drawn
+    on its own axis). A mixture's file (:class:`lit_balance.callbacks.MixtureMonitor`'s ``train/share/<name>``) adds
+    two panels, one series per component: its share of each optimizer step and its real tokens in it. Steps and values
+    are those of the file, unchanged.
     """
     panels = []
     for pattern, label in _TRAINING_PANELS:
@@ -195,7 +197,16 @@ def training_plot_data(metrics: dict[str, tuple[np.ndarray, np.ndarray]]) -> lis
             if pattern == "balance/real_tokens_per_s" and _STRAGGLER in metrics:
                 series.append(("straggler ratio", *metrics[_STRAGGLER]))
         panels.append((label, series))
+    names = [m[1] for key in metrics if (m := re.fullmatch(r"train/share/(.+)", key))]
+    if names:  # a mixture (MixtureMonitor): each component's share and real tokens per optimizer step, all ranks
+        panels.append((_SHARE_PANEL, [(name, *metrics[f"train/share/{name}"]) for name in names]))
+        panels.append((_TOKENS_PANEL,
+                       [(name, *metrics[key]) for name in names if (key := f"train/tokens/{name}") in metrics]))
     return panels
+
+
+_SHARE_PANEL = "share of each optimizer step\nper component (all ranks)"
+_TOKENS_PANEL = "real tokens per optimizer step\nper component (all ranks)"
 
 
 def save_training_plot(metrics_csv: str | Path, output_path: str | Path | None = None, *, dpi: int = 80) -> Path:
@@ -208,8 +219,10 @@ def save_training_plot(metrics_csv: str | Path, output_path: str | Path | None =
     wait and other seconds: ``balance/{compute_s,data_wait_s,rank_wait_s,other_s}_rank{r}``), each rank's padding
     ratio (``balance/padding_ratio_rank{r}``), and real tokens per second of all ranks
     (``balance/real_tokens_per_s``, axis from 0) with the straggler ratio of each window (``balance/straggler_ratio``,
-    its own axis from 1.0, spanning at least :data:`STRAGGLER_MIN_SPAN`). Every panel has a legend; a panel whose keys
-    were not logged says so. The series are :func:`training_plot_data`'s.
+    its own axis from 1.0, spanning at least :data:`STRAGGLER_MIN_SPAN`); for a mixture
+    (:class:`lit_balance.callbacks.MixtureMonitor`), two more: each component's share of every optimizer step
+    (``train/share/<name>``, axis 0 to 1) and its real tokens in it (``train/tokens/<name>``). Every panel has a
+    legend; a panel whose keys were not logged says so. The series are :func:`training_plot_data`'s.
 
     Args:
         metrics_csv: the ``metrics.csv`` of a ``CSVLogger``.
@@ -232,12 +245,14 @@ def save_training_plot(metrics_csv: str | Path, output_path: str | Path | None =
 
 def training_figure(metrics: dict[str, tuple[np.ndarray, np.ndarray]]) -> Any:
     """The matplotlib ``Figure`` that :func:`save_training_plot` saves, from :func:`read_metrics_csv`'s ``metrics``:
-    six panels (axes 0-5, then the straggler ratio's own axis when logged)."""
+    six panels (axes 0-5; eight, 0-7, for a mixture), then the straggler ratio's own axis when logged."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 8), layout="constrained")
-    axes = fig.subplots(3, 2, sharex=True).ravel()
-    for ax, (label, series) in zip(axes, training_plot_data(metrics)):
+    panels = training_plot_data(metrics)
+    rows = -(-len(panels) // 2)
+    fig = Figure(figsize=(10, 8 * rows / 3), layout="constrained")
+    axes = fig.subplots(rows, 2, sharex=True).ravel()
+    for ax, (label, series) in zip(axes, panels):
         lines = []
         for name, steps, values in series:
             marker = "." if steps.size < 40 else None
@@ -255,6 +270,10 @@ def training_figure(metrics: dict[str, tuple[np.ndarray, np.ndarray]]) -> Any:
                 lines += ax.plot(steps, values, lw=1.0, marker=marker, label=name)
         if series and series[0][0].startswith("rank "):
             ax.set_ylim(bottom=0)  # after every line: seconds and ratios from 0
+        if label == _SHARE_PANEL:
+            ax.set_ylim(0, 1)
+        elif label == _TOKENS_PANEL and series:
+            ax.set_ylim(bottom=0)
         if not series:
             ax.text(0.5, 0.5, "not logged (add the monitor to the callbacks)", transform=ax.transAxes, ha="center",
                     fontsize=8)
