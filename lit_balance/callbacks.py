@@ -8,6 +8,7 @@ from lit_balance.lightning.callbacks import (
     BalanceProgressBar,
     CostModelFeedback,
     LastStepCheckpoint,
+    MixtureMonitor,
     PaddingRatioMonitor,
     RunSummary,
     StragglerMonitor,
@@ -16,4 +17,5 @@ from lit_balance.lightning.callbacks import (
 )
 
 __all__ = ["AdaptiveGradAccumulation", "BalanceProgressBar", "CostModelFeedback", "LastStepCheckpoint",
-           "PaddingRatioMonitor", "RunSummary", "StragglerMonitor", "TimingWindow", "backward_is_local"]
+           "MixtureMonitor", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor", "TimingWindow",
+           "backward_is_local"]

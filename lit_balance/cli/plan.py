@@ -2,7 +2,9 @@
 
 ``plan`` reads a lengths file, or a corpus and tokenizer as :class:`~lit_balance.BalancedTextDataModule` does, plans
 epoch ``--epoch`` with the sampler's settings and ``--num-replicas`` ranks, and writes a table, a JSON summary and PNG
-plots; ``plan --config`` also reads a ``lit-balance fit`` config (:func:`plan_options_from_fit`).
+plots; ``plan --config`` also reads a ``lit-balance fit`` config (:func:`plan_options_from_fit`) or a Hydra recipe's
+composed config (:func:`plan_options_from_hydra`). A mixture corpus (:class:`~lit_balance.Mixture`, or its mapping) is
+planned with its own sampler, and the report adds each component's share of every optimizer step against its target.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
 import typing
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,7 @@ from lit_balance.lightning.datamodule import DEFAULT_MAX_TOKENS, BalancedTextDat
 from lit_balance.plan.cost import CostModel
 from lit_balance.plan.settings import BatchingSettings
 
-__all__ = ["PLAN_FLAGS", "plan_options_from_fit", "plan_parser", "run_plan"]
+__all__ = ["PLAN_FLAGS", "plan_options_from_fit", "plan_options_from_hydra", "plan_parser", "run_plan"]
 
 
 def plan_parser(fit_parser: ArgumentParser | None = None) -> ArgumentParser:
@@ -41,9 +44,10 @@ def plan_parser(fit_parser: ArgumentParser | None = None) -> ArgumentParser:
                                           "and PNG plots.")
     action = type("PlanConfigFile", (_PlanConfigFile,), {"fit_parser": fit_parser})
     parser.add_argument("--config", action=action,
-                        help="YAML file holding any of these options, or a lit-balance fit config (its data settings, "
-                             "ranks = trainer.devices x trainer.num_nodes, and trainer.accumulate_grad_batches; "
-                             "flags after it override them)")
+                        help="YAML file holding any of these options, or a lit-balance fit config, or a Hydra recipe's "
+                             "composed config (python recipes/train.py ... --cfg job > run.yaml, or a run's "
+                             ".hydra/config.yaml): its data settings, ranks = trainer.devices x trainer.num_nodes, and "
+                             "trainer.accumulate_grad_batches; flags after it override them")
     group = parser.add_argument_group("input: a lengths file, or a corpus and tokenizer as for BalancedTextDataModule")
     group.add_argument("--lengths", type=Path | None, default=None,
                        help="a .npy array or a text file (one integer per line) of tokens per sample; "
@@ -51,7 +55,8 @@ def plan_parser(fit_parser: ArgumentParser | None = None) -> ArgumentParser:
     group.add_argument("--corpus", type=str | dict | None, default=None,
                        help="null = the built-in corpus; or a path or glob of .txt / .jsonl files; or a source as "
                             "{class_path: lit_balance.data.stores.MegatronSource, init_args: {prefixes: [...]}} "
-                            "(vocab_size and pad_token_id in --data-kwargs)")
+                            "(vocab_size and pad_token_id in --data-kwargs); or a mixture: {components: {web: {corpus: "
+                            "..., weight: 0.7}, ...}, unit: tokens}")
     group.add_argument("--tokenizer", type=str | None, default=None,
                        help="null = the built-in BERT-uncased WordPiece; or a tokenizer.json path")
     group.add_argument("--text-key", type=str, default="text", help="JSONL field holding the text")
@@ -100,6 +105,15 @@ class _PlanConfigFile(ActionConfigFile):
     fit_parser: ArgumentParser | None = None
 
     def __call__(self, parser: ArgumentParser, cfg: Namespace, values: Any, option_string: str | None = None) -> None:
+        try:
+            hydra_cfg = _hydra_config(values)
+            options = None if hydra_cfg is None else plan_options_from_hydra(hydra_cfg, source=str(values))
+        except InputError as error:
+            parser.error(str(error))  # one line, exit status 2
+        if options is not None:
+            for key, value in options.items():
+                cfg[key] = value
+            return
         if self.fit_parser is not None:
             fit_cfg, fit_error = _try_parse(self.fit_parser, values)
             if fit_cfg is not None:
@@ -181,6 +195,86 @@ def plan_options_from_fit(fit_cfg: Namespace, source: str = "the fit config") ->
         else:
             extra[key] = value.as_dict() if isinstance(value, Namespace) else value
     options["data_kwargs"] = {k: v for k, v in extra.items() if k not in _IGNORED_DATA_KWARGS}
+    options["num_replicas"] = _num_replicas(trainer, source)
+    options["accumulate_grad_batches"] = int(trainer.get("accumulate_grad_batches", 1) or 1)
+    return options
+
+
+def _hydra_config(path: Any) -> dict[str, Any] | None:
+    """A Hydra recipe's composed config at ``path`` (a mapping whose ``data`` node has a ``_target_``), resolved, or
+    None when the file is not one.
+
+    Raises:
+        ValueError: a Hydra group file of its own (a ``_target_`` at the top: its interpolations need the whole config),
+            or a composed config whose values cannot be resolved or are missing (``???``).
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    path = str(path)
+    if not os.path.isfile(path):
+        return None
+    try:
+        raw = OmegaConf.load(path)
+    except (OmegaConfBaseException, OSError, ValueError, TypeError):
+        return None  # not YAML OmegaConf reads: the other readers say what is wrong
+    if not OmegaConf.is_dict(raw):
+        return None
+    compose = ("compose the whole config: python recipes/train.py data=<group> <overrides> --cfg job > run.yaml, "
+               "then lit-balance plan --config run.yaml (or pass a run's .hydra/config.yaml)")
+    if "_target_" in raw and "data" not in raw:
+        raise InputValueError(f"--config {path} is a Hydra group file (_target_: {raw['_target_']}); {compose}")
+    data = raw.get("data")
+    if not OmegaConf.is_dict(data) or "_target_" not in data:
+        return None
+    trainer = raw.get("trainer")
+    keys = [k for k in ("devices", "num_nodes", "accumulate_grad_batches") if OmegaConf.is_dict(trainer) and k in trainer]
+    missing = sorted({f"data.{k}" for k in OmegaConf.missing_keys(data)}
+                     | {f"trainer.{k}" for k in keys if OmegaConf.is_missing(trainer, k)})
+    if missing:
+        raise InputValueError(f"--config {path}: the Hydra config leaves {missing} mandatory (???); set them in the "
+                              "recipe's overrides before composing it")
+    try:  # the trainer's keys the plan reads only (others may use Hydra's run-time resolvers, ${hydra:...})
+        return {"data": OmegaConf.to_container(data, resolve=True), "trainer": {k: trainer[k] for k in keys}}
+    except OmegaConfBaseException as error:
+        raise InputValueError(f"--config {path}: the Hydra config cannot be resolved ({str(error).splitlines()[0]}); "
+                              f"{compose}") from error
+
+
+def plan_options_from_hydra(hydra_cfg: dict[str, Any], source: str = "the Hydra config") -> dict[str, Any]:
+    """The ``plan`` options that plan what a Hydra recipe's composed config (``recipes/train.py``) trains on.
+
+    The ``data`` node's keys set the plan options of their name (``max_tokens``, ``corpus``, ``seed``, ...); a
+    ``corpus`` node with a ``_target_`` (a :class:`~lit_balance.Mixture`, a store) is built as the recipe builds it
+    (``hydra.utils.instantiate``); a ``cost_model`` node sets ``linear``, ``quadratic`` and ``per_batch``; every other
+    data key goes to ``data_kwargs``. ``num_replicas`` is ``trainer.devices x trainer.num_nodes`` and
+    ``accumulate_grad_batches`` the trainer's, as :func:`plan_options_from_fit`.
+
+    Args:
+        hydra_cfg: the composed config, resolved, as plain Python containers.
+        source: the config's name, for messages.
+
+    Raises:
+        TypeError: ``trainer.devices`` that is not a count or a list of devices.
+    """
+    data = dict(hydra_cfg["data"])
+    options: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in data.items():
+        if key.startswith("_"):  # Hydra's own keys (_target_, _convert_, ...)
+            continue
+        if key == "cost_model":
+            fields = {k: v for k, v in (value or {}).items() if not k.startswith("_")}
+            model = CostModel(**fields)
+            options.update({name: getattr(model, name) for name in ("linear", "quadratic", "per_batch")})
+        elif key in BatchingSettings.names() and value is None and key != "max_batch_size":
+            continue  # left unset (None): the plan's default, as the fit's
+        elif key in PLAN_FLAGS or key in ("corpus", "tokenizer", "memory_limit", "memory_fraction"):
+            options[key] = value
+        else:
+            extra[key] = value
+    options["data_kwargs"] = {k: v for k, v in extra.items() if k not in _IGNORED_DATA_KWARGS}
+    trainer = hydra_cfg.get("trainer") or {}
     options["num_replicas"] = _num_replicas(trainer, source)
     options["accumulate_grad_batches"] = int(trainer.get("accumulate_grad_batches", 1) or 1)
     return options
@@ -290,13 +384,30 @@ def _probe_model(spec: Any, vocab_size: int) -> Any:
 
 def _corpus(spec: Any) -> Any:
     """The ``--corpus`` as BalancedTextDataModule takes it: a source built from ``class_path`` and ``init_args``
-    (e.g. a tokenized store), else the value itself."""
+    (e.g. a tokenized store) or from a Hydra ``_target_`` node (``hydra.utils.instantiate``, e.g. a
+    :class:`~lit_balance.Mixture`); a mixture's mapping with each component's corpus built so; else the value
+    itself."""
     import importlib
 
+    if isinstance(spec, dict) and "_target_" in spec:
+        from hydra.utils import instantiate
+
+        return instantiate(spec, _convert_="all")
+    if isinstance(spec, dict) and isinstance(spec.get("components"), dict):
+        components = {name: {**c, "corpus": _corpus(c["corpus"])} if isinstance(c, dict) and "corpus" in c else c
+                      for name, c in spec["components"].items()}
+        return {**spec, "components": components}
     if not isinstance(spec, dict) or "class_path" not in spec:
         return spec
     module_name, _, class_name = str(spec["class_path"]).rpartition(".")
     return getattr(importlib.import_module(module_name), class_name)(**dict(spec.get("init_args") or {}))
+
+
+def _mixture_description(dm: Any) -> str:
+    """A mixture's components, their target shares and unit, for the report's first line."""
+    mix = dm.mixture.settings
+    parts = ", ".join(f"{name} {share:.4g}" for name, share in zip(mix.names, mix.shares.tolist()))
+    return f"mixture of {parts} (shares of {mix.unit.replace('_', ' ')})"
 
 
 def _takes(cls: type, name: str) -> bool:
@@ -353,6 +464,7 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
     _check_max_length(cfg)
     _check_output_dir(Path(cfg.output_dir))
     budget = None
+    mixture = False
     try:
         values = {name: cfg[name] for name in BatchingSettings.names()}
         if values["max_tokens"] == "auto" and cfg.lengths is not None:
@@ -365,17 +477,19 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
             source = f"{cfg.lengths} ({lengths.size} samples, max_length={cfg.max_length})"
         else:
             dm = _datamodule(cfg, values)
+            mixture = hasattr(dm, "training_sampler")  # a mixture's DataModule (lit_balance.lightning.mixture)
             if values["max_tokens"] == "auto":
                 budget = _probe(cfg, dm)
                 values["max_tokens"] = budget.max_tokens
             lengths = np.asarray(dm.train_dataset.lengths, dtype=np.int64)
-            source = (f"{dm.source.description}, training split: {len(dm.train_dataset)} documents "
+            described = _mixture_description(dm) if mixture else dm.source.description
+            source = (f"{described}, training split: {len(dm.train_dataset)} documents "
                       f"(val_fraction={dm.val_fraction}, max_length={dm.max_length})")
         settings = BatchingSettings.from_dict(values)
-        report = plan_report(
-            lengths, settings=settings, num_replicas=cfg.num_replicas, epoch=cfg.epoch,
-            cost_model=CostModel(linear=cfg.linear, quadratic=cfg.quadratic, per_batch=cfg.per_batch),
-        )
+        cost_model = CostModel(linear=cfg.linear, quadratic=cfg.quadratic, per_batch=cfg.per_batch)
+        sampler = (dm.training_sampler(settings, cfg.num_replicas, cost_model=cost_model) if mixture else None)
+        report = plan_report(lengths, settings=settings, num_replicas=cfg.num_replicas, epoch=cfg.epoch,
+                             cost_model=cost_model, sampler=sampler)
     except InputError as error:
         # the library names its Python arguments (max_tokens, too_long="skip"); here they are flags
         raise type(error)(flag_names(str(error), PLAN_FLAGS, parameter=error.parameter),

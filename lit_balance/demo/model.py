@@ -6,7 +6,6 @@ import math
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from torch import nn
 
@@ -202,9 +201,6 @@ class DemoTransformerLM(L.LightningModule):
         self.val_loss.process_group = group
         # a mixture's DataModule has one validation loader per component (lit_balance.lightning.mixture)
         self._val_names = list(getattr(self.trainer.datamodule, "val_names", None) or [])
-        mixture = getattr(self.trainer.datamodule, "mixture", None)
-        self._component_names = list(mixture.names) if mixture is not None else []
-        self._component_tokens = np.zeros(len(self._component_names), dtype=np.int64)
         for name in self._val_names:
             if name not in self.val_component_loss:
                 self.val_component_loss[name] = TokenMeanLoss()
@@ -212,22 +208,12 @@ class DemoTransformerLM(L.LightningModule):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss_sum, n = token_loss_sum(self(**self._inputs(batch)), batch["labels"])
-        if getattr(self, "_component_names", None):  # a mixture: this rank's real tokens of each component
-            rows = (batch["attention_mask"].sum(dim=1) if "attention_mask" in batch
-                    else torch.diff(batch["cu_seq_lens_q"]))
-            self._component_tokens += self.trainer.datamodule.component_tokens(
-                batch["indices"].cpu().numpy(), batch["is_fill"].cpu().numpy(), rows.cpu().numpy())
         return self.step_loss.micro_batch(self, batch, loss_sum, n)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # once per optimizer step, after the last micro-batch's backward and before gradient clipping
         loss = self.step_loss.finish_step(self)
         self.log("train/loss", loss.float(), prog_bar=True, batch_size=1)
-        if getattr(self, "_component_names", None):  # a mixture: each component's real tokens in this step, global
-            for name, tokens in zip(self._component_names, self._component_tokens.tolist()):
-                self.log(f"mixture/{name}/tokens", torch.tensor(float(tokens), device=self.device), reduce_fx="sum",
-                         sync_dist=True, batch_size=1)
-            self._component_tokens[:] = 0
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         # float sums over tokens, reduced over ranks and divided once when Lightning computes the epoch value

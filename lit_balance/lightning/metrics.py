@@ -1,4 +1,5 @@
-"""torchmetrics metrics kept as sums and divided once in ``compute()``: the padding ratio, the token-mean loss."""
+"""torchmetrics metrics kept as sums and divided once in ``compute()``: the padding ratio, the token-mean loss, the
+tokens of each mixture component."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from torchmetrics import Metric
 
 from lit_balance.errors import InputValueError
 
-__all__ = ["PaddingRatio", "TokenMeanLoss"]
+__all__ = ["ComponentTokens", "PaddingRatio", "TokenMeanLoss"]
 
 
 class PaddingRatio(Metric):
@@ -122,3 +123,75 @@ class TokenMeanLoss(Metric):
         if float(self.num_tokens) == 0:
             return torch.tensor(float("nan"), dtype=torch.float64)
         return self.loss_sum / self.num_tokens
+
+
+class ComponentTokens(Metric):
+    """Real tokens, supervised tokens and documents of each component of a mixture, and each component's share.
+
+    States are three sums, float64 ``[num_components]`` each (``dist_reduce_fx="sum"``): ``real_tokens``,
+    ``supervised_tokens`` (tokens with a next-token target) and ``documents`` (real rows; fill rows are not counted by
+    the caller). The synced values are sums over the ranks; shares are ratios of those sums, never averages of per-rank
+    shares. With ``sync_on_compute=False`` they are this rank's own. Which ranks: as :class:`PaddingRatio`
+    (``process_group``).
+
+    ``update(components, real_tokens, supervised_tokens)`` takes one value per document (int arrays or tensors of one
+    shape): its component (position in the mixture's names), its real tokens and its supervised tokens, e.g.
+    :func:`lit_balance.lightning.callbacks._common.row_tokens` mapped through
+    :meth:`~lit_balance.sampler.mixture.MixtureBatchSampler.component_of`.
+
+    ``compute()`` returns float64 ``[num_components]``: each component's share of the counted units, in ``unit``
+    (``"tokens"``: real tokens, ``"supervised_tokens"``, ``"documents"``: the unit of
+    :class:`~lit_balance.plan.mixture.MixtureSettings`); zeros before anything was counted.
+
+    Args:
+        num_components: components of the mixture.
+        unit: what :meth:`compute` shares.
+
+    Raises:
+        ValueError: ``num_components < 1`` or an unknown ``unit``; (in ``update``) arrays of different shapes, a
+            component outside ``[0, num_components)``, negative counts or more supervised than real tokens.
+
+    Example:
+        >>> m = ComponentTokens(2)
+        >>> m.update([0, 1, 0], [10, 30, 20], [9, 29, 19])
+        >>> m.real_tokens.tolist(), m.compute().tolist()
+        ([30.0, 30.0], [0.5, 0.5])
+    """
+
+    is_differentiable = False
+    higher_is_better = None
+    full_state_update = False
+    UNITS = {"tokens": "real_tokens", "supervised_tokens": "supervised_tokens", "documents": "documents"}
+
+    def __init__(self, num_components: int, unit: str = "tokens", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(num_components, bool) or not isinstance(num_components, int) or num_components < 1:
+            raise InputValueError(f"num_components must be an int >= 1, got {num_components!r}",
+                                  parameter="num_components")
+        if unit not in self.UNITS:
+            raise InputValueError(f"unit must be one of {sorted(self.UNITS)}, got {unit!r}", parameter="unit")
+        self.num_components, self.unit = num_components, unit
+        for name in ("real_tokens", "supervised_tokens", "documents"):
+            self.add_state(name, default=torch.zeros(num_components, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, components: Any, real_tokens: Any, supervised_tokens: Any) -> None:
+        comps = torch.as_tensor(components).reshape(-1).long().cpu()
+        real = torch.as_tensor(real_tokens, dtype=torch.float64).reshape(-1).cpu()
+        supervised = torch.as_tensor(supervised_tokens, dtype=torch.float64).reshape(-1).cpu()
+        if not comps.shape == real.shape == supervised.shape:
+            raise InputValueError(f"expected one component, real and supervised token count per document, got "
+                                  f"{comps.numel()}, {real.numel()} and {supervised.numel()} values")
+        if comps.numel() and (int(comps.min()) < 0 or int(comps.max()) >= self.num_components):
+            raise InputValueError(f"expected components in [0, {self.num_components}), got {comps.tolist()[:8]}")
+        if bool((real < 0).any()) or bool((supervised < 0).any()) or bool((supervised > real).any()):
+            raise InputValueError("expected 0 <= supervised_tokens <= real_tokens per document, got real "
+                                  f"{real.tolist()[:8]} and supervised {supervised.tolist()[:8]}")
+        device = self.real_tokens.device
+        self.real_tokens += torch.bincount(comps, weights=real, minlength=self.num_components).to(device)
+        self.supervised_tokens += torch.bincount(comps, weights=supervised, minlength=self.num_components).to(device)
+        self.documents += torch.bincount(comps, minlength=self.num_components).to(device, torch.float64)
+
+    def compute(self) -> torch.Tensor:
+        units = getattr(self, self.UNITS[self.unit])
+        total = float(units.sum())
+        return units / total if total > 0 else torch.zeros_like(units)

@@ -183,6 +183,20 @@ class MixtureDataModule(BalancedTextDataModule):
                             "max_step_deviation": np.abs(shares - target).max(axis=0).tolist() if units.size
                             else [0.0] * len(target)}}
 
+    def training_sampler(self, settings: Any, num_replicas: int, *, rank: int = 0,
+                         cost_model: Any = None) -> MixtureBatchSampler:
+        """A training sampler of this mixture for ``num_replicas`` ranks with the :class:`~lit_balance.BatchingSettings`
+        ``settings`` (after :meth:`setup`; changes nothing on the DataModule): what ``lit-balance plan`` reports."""
+        train = self.train_dataset
+        kwargs: dict[str, Any] = {}
+        if train.labels is not None:
+            cut = settings.truncate_to if settings.too_long == "truncate" else None
+            kwargs["supervised_lengths"] = train.supervised_lengths(cut)
+        if cost_model is not None:
+            kwargs["cost_model"] = cost_model
+        return MixtureBatchSampler(train.lengths, train.layout.sizes, self.mixture.settings, settings=settings,
+                                   num_replicas=num_replicas, rank=rank, **kwargs)
+
     def component_tokens(self, indices: Any, is_fill: Any, lengths: Any) -> np.ndarray:
         """int64 ``[num_components]``: real tokens of each component among a batch's rows (``indices``, ``is_fill`` and
         each row's ``lengths``, per rank)."""

@@ -4,8 +4,10 @@
 PyTorch's ``DistributedSampler`` and the largest fixed batch size that never exceeds the budget, and measures both
 (:class:`PlanReport`). :func:`~lit_balance.report.tables.format_report` renders per-rank tables and the epoch's figures
 (rank imbalance, useful compute fraction, padding) with rich; :func:`~lit_balance.report.plots.save_plots` draws the
-length histogram with the length buckets and the per-step, per-rank cost of both plans. ``lit-balance plan``
-(:mod:`lit_balance.cli`) wires them to the command line.
+length histogram with the length buckets and the per-step, per-rank cost of both plans. For a mixture (a
+:class:`~lit_balance.sampler.mixture.MixtureBatchSampler` passed as ``sampler``) the report also holds each component's
+realized share of every optimizer step against its target (:func:`mixture_shares`), as a table and a plot.
+``lit-balance plan`` (:mod:`lit_balance.cli`) wires them to the command line.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from lit_balance.plan.stats import PlanStats, plan_stats
 from lit_balance.plan.types import EpochPlan, padded_lengths
 from lit_balance.sampler.sampler import BalancedBatchSampler
 
-__all__ = ["PlanReport", "distributed_sampler_plan", "plan_report", "summary_line", "write_summary"]
+__all__ = ["PlanReport", "distributed_sampler_plan", "mixture_lines", "mixture_shares", "plan_report", "summary_line",
+           "write_summary"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class PlanReport:
             (:func:`lit_balance.plan.shapes.epoch_shapes`): ``{"shapes": {"RxT": micro-batches}, "distinct_shapes",
             "real_token_fraction"}``; in :meth:`summary` only with static shapes (``static_packing``,
             ``padded_shapes``), so the summary of other settings is unchanged.
+        mixture: for a mixture, :func:`mixture_shares` of the balanced plan (each component's share of every
+            optimizer step against its target); None for a single corpus (then not in :meth:`summary`).
     """
 
     lengths: np.ndarray
@@ -60,6 +65,7 @@ class PlanReport:
     bucket_edges: np.ndarray
     cost_unit: str
     shapes: dict[str, Any] | None = None
+    mixture: dict[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
         """Plain-Python figures of both plans (what ``plan_summary.json`` holds)."""
@@ -68,6 +74,8 @@ class PlanReport:
                "balanced": _figures(self.balanced), "distributed_sampler": _figures(self.baseline)}
         if self.shapes is not None and any(name in self.settings for name in STATIC_SHAPE_DEFAULTS):
             out["shapes"] = self.shapes
+        if self.mixture is not None:
+            out["mixture"] = self.mixture
         return out
 
 
@@ -165,6 +173,7 @@ def plan_report(
     num_replicas: int,
     epoch: int = 0,
     cost_model: CostModel | None = None,
+    sampler: BalancedBatchSampler | None = None,
     **settings_kwargs: Any,
 ) -> PlanReport:
     """Plan epoch ``epoch`` with :class:`BalancedBatchSampler` and with ``DistributedSampler``, and measure both.
@@ -187,6 +196,10 @@ def plan_report(
         epoch: the epoch to plan (as passed to ``set_epoch``).
         cost_model: cost of a micro-batch, which the sampler balances and both plans are measured in;
             default :class:`CostModel()` (padded token slots).
+        sampler: a sampler to report in place of building one from ``lengths`` and the settings (which are then not
+            used; ``num_replicas`` must be the sampler's), e.g. a
+            :class:`~lit_balance.sampler.mixture.MixtureBatchSampler` (built with ``cost_model``): the report then
+            holds :func:`mixture_shares` as ``mixture``, and the baseline batches the samples the epoch reads.
         **settings_kwargs: settings by name (``shuffle=False``, ``accumulate_grad_batches=2``, ...).
 
     Returns:
@@ -201,8 +214,12 @@ def plan_report(
         (1, 0.0, 0.0)
     """
     cost_model = check_cost_model(cost_model)
-    sampler = BalancedBatchSampler(lengths, max_tokens, settings=settings, num_replicas=num_replicas, rank=0,
-                                   cost_model=cost_model, **settings_kwargs)
+    if sampler is None:
+        sampler = BalancedBatchSampler(lengths, max_tokens, settings=settings, num_replicas=num_replicas, rank=0,
+                                       cost_model=cost_model, **settings_kwargs)
+    elif sampler.num_replicas != num_replicas:
+        raise InputValueError(f"plan_report got num_replicas={num_replicas} and a sampler for "
+                              f"{sampler.num_replicas} ranks; pass the sampler's", parameter="num_replicas")
     settings = sampler.settings
     sampler.set_epoch(epoch)
     planned = sampler.lengths
@@ -213,7 +230,12 @@ def plan_report(
                           accumulate_grad_batches=accumulate, planner=planner,
                           max_tokens=settings.largest_max_tokens)
 
-    kept = np.setdiff1d(np.arange(planned.size), sampler.skipped_indices)
+    mixture = None
+    if callable(getattr(sampler, "component_of", None)):  # a mixture: the samples this epoch reads
+        kept = np.union1d(plan.rows[~plan.is_fill], plan.dropped)
+        mixture = mixture_shares(sampler, plan)
+    else:
+        kept = np.setdiff1d(np.arange(planned.size), sampler.skipped_indices)
     kept_lengths = planned[kept]
     # one batch size for every rank: within the smallest per-rank budget where the longest sample allows
     smallest = min(settings.rank_max_tokens(sampler.num_replicas))
@@ -233,7 +255,68 @@ def plan_report(
                                     if planner.row_buckets else np.zeros(0)),
                       cost_unit=unit,
                       shapes=epoch_shapes(plan.materialise() if hasattr(plan, "materialise") else plan, planned,
-                                          settings))
+                                          settings),
+                      mixture=mixture)
+
+
+def mixture_shares(sampler: Any, plan: EpochPlan | None = None) -> dict[str, Any]:
+    """Each mixture component's units in every optimizer step of a plan, its realized share against its target.
+
+    Units are the mixture's (``unit``): real tokens as planned (``sampler.lengths``), supervised tokens
+    (``sampler.supervised_lengths``, else ``lengths - 1``) or documents; fill rows are not counted. Optimizer step
+    ``g`` is micro-steps ``[g * accumulate_grad_batches, (g + 1) * accumulate_grad_batches)`` of every rank.
+
+    Args:
+        sampler: a :class:`~lit_balance.sampler.mixture.MixtureBatchSampler` (its ``component_of``, ``mixture``,
+            ``lengths`` and ``settings``).
+        plan: its plan of an epoch (default ``sampler.plan()``).
+
+    Returns:
+        Plain Python: ``names``, ``unit``, ``target`` (``[components]``, the mixture's shares), ``step_units``
+        (``[steps][components]``, ints, global), ``step_shares`` (``[steps][components]``: each step's units over its
+        total), ``epoch_shares`` (``[components]``), and per component the deviation of a step's share from its
+        target in percentage points: ``max_deviation_pp`` and ``p95_deviation_pp`` (the 95th percentile over steps).
+
+    Example:
+        >>> from lit_balance.plan.mixture import MixtureSettings
+        >>> from lit_balance.sampler.mixture import MixtureBatchSampler
+        >>> s = MixtureBatchSampler([10] * 4 + [20] * 2, [4, 2], MixtureSettings(("a", "b"), (1, 1)), max_tokens=40,
+        ...                         num_replicas=1, rank=0, shuffle=False)
+        >>> shares = mixture_shares(s)
+        >>> shares["step_units"], shares["max_deviation_pp"]
+        ([[10, 20], [10, 20], [20, 0]], [50.0, 50.0])
+    """
+    plan = sampler.plan() if plan is None else plan
+    mix = sampler.mixture
+    num_components = len(mix.names)
+    if mix.unit == "tokens":
+        units = np.asarray(sampler.lengths, dtype=np.int64)
+    elif mix.unit == "supervised_tokens":
+        supervised = sampler.supervised_lengths
+        units = (np.asarray(sampler.lengths, dtype=np.int64) - 1 if supervised is None
+                 else np.asarray(supervised, dtype=np.int64))
+    else:
+        units = np.ones(len(sampler.lengths), dtype=np.int64)
+    accumulate = sampler.settings.accumulate_grad_batches
+    num_steps = -(-plan.num_micro_steps // accumulate)
+    batch_step = np.zeros(plan.num_batches, dtype=np.int64)
+    batch_step[plan.assignment] = (np.arange(plan.num_micro_steps) // accumulate)[:, None]
+    row_step = np.repeat(batch_step, np.diff(plan.batch_offsets))
+    real = ~plan.is_fill
+    rows = plan.rows[real]
+    step_units = np.zeros((num_steps, num_components), dtype=np.int64)
+    np.add.at(step_units, (row_step[real], sampler.component_of(rows)), units[rows])
+    totals = step_units.sum(axis=1, keepdims=True)
+    step_shares = step_units / np.maximum(totals, 1)
+    target = np.asarray(mix.shares, dtype=np.float64)
+    deviation = 100.0 * np.abs(step_shares - target)[totals[:, 0] > 0]
+    epoch_units = step_units.sum(axis=0)
+    return {"names": list(mix.names), "unit": mix.unit, "target": target.tolist(),
+            "step_units": step_units.tolist(), "step_shares": step_shares.tolist(),
+            "epoch_shares": (epoch_units / max(int(epoch_units.sum()), 1)).tolist(),
+            "max_deviation_pp": deviation.max(axis=0).tolist() if deviation.size else [0.0] * num_components,
+            "p95_deviation_pp": (np.percentile(deviation, 95, axis=0).tolist() if deviation.size
+                                 else [0.0] * num_components)}
 
 
 def summary_line(summary: dict[str, Any]) -> str:
@@ -245,9 +328,36 @@ def summary_line(summary: dict[str, Any]) -> str:
     """
     s, fig = summary["settings"], summary["balanced"]
     epoch = f", epoch {s['epoch']}" if s["epoch"] else ""
-    return (f"plan for {s['num_replicas']} ranks{epoch}: padding ratio {fig['padding_ratio']:.4f} | "
+    line = (f"plan for {s['num_replicas']} ranks{epoch}: padding ratio {fig['padding_ratio']:.4f} | "
             f"useful compute fraction {fig['useful_fraction']:.4f} | "
             f"micro-batches per rank {fig['micro_batches_per_rank']}")
+    if "mixture" in summary:
+        line += "\n" + "\n".join(mixture_lines(summary["mixture"]))
+    return line
+
+
+def mixture_lines(mixture: dict[str, Any]) -> list[str]:
+    """Lines of at most 80 characters (names up to 12 characters): per component, its target share and how far its
+    share of an optimizer step came from it (max and p95 over the epoch's steps, percentage points), from
+    :func:`mixture_shares` or :meth:`lit_balance.lightning.mixture.MixtureDataModule.plan_summary`'s ``"mixture"``.
+
+    Example:
+        >>> for line in mixture_lines({"names": ["web"], "unit": "tokens", "target": [1.0],
+        ...                            "step_shares": [[1.0], [1.0]]}):
+        ...     print(line)
+        shares of tokens per optimizer step, 2 steps (deviation from target, pp):
+          web          target 1.0000 | max 0.00 | p95 0.00
+    """
+    target = np.asarray(mixture.get("target", mixture.get("shares")), dtype=np.float64)
+    shares = np.asarray(mixture["step_shares"], dtype=np.float64).reshape(-1, target.size)
+    deviation = 100.0 * np.abs(shares - target)
+    unit = mixture["unit"].replace("_", " ")
+    lines = [f"shares of {unit} per optimizer step, {shares.shape[0]} steps (deviation from target, pp):"]
+    for c, name in enumerate(mixture["names"]):
+        worst = float(deviation[:, c].max()) if shares.size else 0.0
+        p95 = float(np.percentile(deviation[:, c], 95)) if shares.size else 0.0
+        lines.append(f"  {name:<12} target {target[c]:.4f} | max {worst:.2f} | p95 {p95:.2f}")
+    return lines
 
 
 def write_summary(report: PlanReport, output_dir: str | Path) -> Path:

@@ -13,11 +13,13 @@ import numpy as np
 from lit_balance.errors import InputValueError
 from lit_balance.report.figures import PlanReport
 
-__all__ = ["read_metrics_csv", "save_plots", "save_training_plot", "training_figure", "training_plot_data"]
+__all__ = ["read_metrics_csv", "save_mixture_plot", "save_plots", "save_training_plot", "training_figure",
+           "training_plot_data"]
 
 
 def save_plots(report: PlanReport, output_dir: str | Path, *, dpi: int = 80) -> list[Path]:
-    """Write ``lengths_histogram.png`` and ``step_cost.png`` into ``output_dir`` (created if missing).
+    """Write ``lengths_histogram.png`` and ``step_cost.png`` into ``output_dir`` (created if missing); for a mixture
+    also ``mixture_shares.png`` (:func:`save_mixture_plot`).
 
     ``lengths_histogram.png``: samples per length (log-spaced bins, log axes) with the edges of the budget's
     length buckets (``max_tokens / k``: ``k`` rows per micro-batch fit at or below the edge).
@@ -82,7 +84,59 @@ def save_plots(report: PlanReport, output_dir: str | Path, *, dpi: int = 80) -> 
     fig.suptitle(f"per-step, per-rank cost: {s['num_replicas']} ranks, max_tokens={s['max_tokens']}", fontsize=10)
     cost_path = output_dir / "step_cost.png"
     _save_png(fig, cost_path, dpi)
-    return [hist_path, cost_path]
+    written = [hist_path, cost_path]
+    if report.mixture is not None:
+        title = f"{s['num_replicas']} ranks, max_tokens={s['max_tokens']}, epoch {s['epoch']}"
+        written.append(save_mixture_plot(report.mixture, output_dir / "mixture_shares.png", title=title, dpi=dpi))
+    return written
+
+
+def save_mixture_plot(mixture: dict[str, Any], output_path: str | Path, *, title: str = "", dpi: int = 80) -> Path:
+    """Plot each mixture component's realized share of every optimizer step against its target, as a PNG.
+
+    One panel: per component, its share of each step's units (the mixture's unit, all ranks) as a line over the
+    optimizer steps and its target share as a dashed line of the same colour; the legend gives each component's
+    largest and 95th-percentile deviation (percentage points). Below it, the deviation of every step's share from
+    its target, in percentage points.
+
+    Args:
+        mixture: :func:`~lit_balance.report.figures.mixture_shares` (or a plan report's ``mixture``).
+        output_path: the PNG to write (its directory is created if missing).
+        title: what the plan is (ranks, budget), appended to the figure's title.
+        dpi: resolution of the PNG.
+
+    Returns:
+        The path written.
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    names = mixture["names"]
+    shares = np.asarray(mixture["step_shares"], dtype=np.float64).reshape(-1, len(names))
+    target = np.asarray(mixture["target"], dtype=np.float64)
+    steps = np.arange(shares.shape[0])
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
+    marker = "." if steps.size < 40 else None
+    for c, name in enumerate(names):
+        line, = top.plot(steps, shares[:, c], lw=1.0, marker=marker,
+                         label=f"{name}: max {mixture['max_deviation_pp'][c]:.2f} pp, "
+                               f"p95 {mixture['p95_deviation_pp'][c]:.2f} pp")
+        top.axhline(target[c], color=line.get_color(), ls="--", lw=0.9)
+        bottom.plot(steps, 100.0 * (shares[:, c] - target[c]), lw=0.9, color=line.get_color(), marker=marker)
+    top.set_ylim(0, 1)
+    top.set_ylabel(f"share of the step's {mixture['unit'].replace('_', ' ')}\n(dashed: target)", fontsize=8)
+    top.legend(fontsize=7, loc="best", ncols=min(len(names), 3))
+    bottom.axhline(0.0, color="black", lw=0.6)
+    bottom.set_ylabel("share - target (pp)", fontsize=8)
+    bottom.set_xlabel("optimizer step")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle("mixture: realized share per optimizer step against target" + (f" ({title})" if title else ""),
+                 fontsize=10)
+    output_path = Path(output_path)
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    _save_png(fig, output_path, dpi)
+    return output_path
 
 
 def read_metrics_csv(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -128,8 +182,10 @@ def training_plot_data(metrics: dict[str, tuple[np.ndarray, np.ndarray]]) -> lis
     """What :func:`save_training_plot` draws: per panel, its y label and its series ``(label, steps, values)``.
 
     ``metrics``: :func:`read_metrics_csv` of a metrics file. Per-rank panels hold one series per rank (``rank 0``,
-    ``rank 1``, ... at most 16); the last panel holds ``real tokens/s`` and, when logged, ``straggler ratio`` (drawn
-    on its own axis). Steps and values are those of the file, unchanged.
+    ``rank 1``, ... at most 16); the sixth panel holds ``real tokens/s`` and, when logged, ``straggler ratio`` (drawn
+    on its own axis). A mixture's file (:class:`lit_balance.callbacks.MixtureMonitor`'s ``train/share/<name>``) adds
+    two panels, one series per component: its share of each optimizer step and its real tokens in it. Steps and values
+    are those of the file, unchanged.
     """
     panels = []
     for pattern, label in _TRAINING_PANELS:
@@ -141,7 +197,16 @@ def training_plot_data(metrics: dict[str, tuple[np.ndarray, np.ndarray]]) -> lis
             if pattern == "balance/real_tokens_per_s" and _STRAGGLER in metrics:
                 series.append(("straggler ratio", *metrics[_STRAGGLER]))
         panels.append((label, series))
+    names = [m[1] for key in metrics if (m := re.fullmatch(r"train/share/(.+)", key))]
+    if names:  # a mixture (MixtureMonitor): each component's share and real tokens per optimizer step, all ranks
+        panels.append((_SHARE_PANEL, [(name, *metrics[f"train/share/{name}"]) for name in names]))
+        panels.append((_TOKENS_PANEL,
+                       [(name, *metrics[key]) for name in names if (key := f"train/tokens/{name}") in metrics]))
     return panels
+
+
+_SHARE_PANEL = "share of each optimizer step\nper component (all ranks)"
+_TOKENS_PANEL = "real tokens per optimizer step\nper component (all ranks)"
 
 
 def save_training_plot(metrics_csv: str | Path, output_path: str | Path | None = None, *, dpi: int = 80) -> Path:
@@ -154,8 +219,10 @@ def save_training_plot(metrics_csv: str | Path, output_path: str | Path | None =
     wait and other seconds: ``balance/{compute_s,data_wait_s,rank_wait_s,other_s}_rank{r}``), each rank's padding
     ratio (``balance/padding_ratio_rank{r}``), and real tokens per second of all ranks
     (``balance/real_tokens_per_s``, axis from 0) with the straggler ratio of each window (``balance/straggler_ratio``,
-    its own axis from 1.0, spanning at least :data:`STRAGGLER_MIN_SPAN`). Every panel has a legend; a panel whose keys
-    were not logged says so. The series are :func:`training_plot_data`'s.
+    its own axis from 1.0, spanning at least :data:`STRAGGLER_MIN_SPAN`); for a mixture
+    (:class:`lit_balance.callbacks.MixtureMonitor`), two more: each component's share of every optimizer step
+    (``train/share/<name>``, axis 0 to 1) and its real tokens in it (``train/tokens/<name>``). Every panel has a
+    legend; a panel whose keys were not logged says so. The series are :func:`training_plot_data`'s.
 
     Args:
         metrics_csv: the ``metrics.csv`` of a ``CSVLogger``.
@@ -178,12 +245,14 @@ def save_training_plot(metrics_csv: str | Path, output_path: str | Path | None =
 
 def training_figure(metrics: dict[str, tuple[np.ndarray, np.ndarray]]) -> Any:
     """The matplotlib ``Figure`` that :func:`save_training_plot` saves, from :func:`read_metrics_csv`'s ``metrics``:
-    six panels (axes 0-5, then the straggler ratio's own axis when logged)."""
+    six panels (axes 0-5; eight, 0-7, for a mixture), then the straggler ratio's own axis when logged."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 8), layout="constrained")
-    axes = fig.subplots(3, 2, sharex=True).ravel()
-    for ax, (label, series) in zip(axes, training_plot_data(metrics)):
+    panels = training_plot_data(metrics)
+    rows = -(-len(panels) // 2)
+    fig = Figure(figsize=(10, 8 * rows / 3), layout="constrained")
+    axes = fig.subplots(rows, 2, sharex=True).ravel()
+    for ax, (label, series) in zip(axes, panels):
         lines = []
         for name, steps, values in series:
             marker = "." if steps.size < 40 else None
@@ -201,6 +270,10 @@ def training_figure(metrics: dict[str, tuple[np.ndarray, np.ndarray]]) -> Any:
                 lines += ax.plot(steps, values, lw=1.0, marker=marker, label=name)
         if series and series[0][0].startswith("rank "):
             ax.set_ylim(bottom=0)  # after every line: seconds and ratios from 0
+        if label == _SHARE_PANEL:
+            ax.set_ylim(0, 1)
+        elif label == _TOKENS_PANEL and series:
+            ax.set_ylim(bottom=0)
         if not series:
             ax.text(0.5, 0.5, "not logged (add the monitor to the callbacks)", transform=ax.transAxes, ha="center",
                     fontsize=8)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from lit_balance.report.figures import PlanReport
 
-__all__ = ["format_report"]
+__all__ = ["format_report", "mixture_table"]
 
 
 def _number(value: float) -> str:
@@ -18,7 +20,8 @@ def format_report(report: PlanReport, title: str = "") -> list[Any]:
 
     Per rank: micro-batches, real tokens, padded slots, padding ratio and cost (in ``report.cost_unit``).
     Epoch: padding ratio, epoch rank imbalance (slowest rank's total cost over the mean), mean and worst
-    per-step imbalance (max over mean rank cost in one optimizer step), useful compute fraction.
+    per-step imbalance (max over mean rank cost in one optimizer step), useful compute fraction. For a mixture
+    (``report.mixture``), a table of each component's share per optimizer step against its target.
     """
     from rich import box
     from rich.table import Table
@@ -61,7 +64,34 @@ def format_report(report: PlanReport, title: str = "") -> list[Any]:
     out.append(comparison)
     if report.shapes is not None:
         out.append(_shapes_table(report.shapes))
+    if report.mixture is not None:
+        out.append(mixture_table(report.mixture))
     return out
+
+
+def mixture_table(mixture: dict[str, Any]) -> Any:
+    """A rich table of :func:`~lit_balance.report.figures.mixture_shares`: per component its target share, its share
+    of the epoch, the smallest and largest share of an optimizer step, and the largest and 95th-percentile deviation
+    of a step's share from the target (percentage points), with its units in the epoch (global)."""
+    from rich import box
+    from rich.table import Table
+
+    shares = np.asarray(mixture["step_shares"], dtype=np.float64).reshape(-1, len(mixture["names"]))
+    units = np.asarray(mixture["step_units"], dtype=np.int64).reshape(shares.shape)
+    unit = mixture["unit"].replace("_", " ")
+    table = Table(title=f"mixture: each component's share of {unit} per optimizer step ({shares.shape[0]} steps, "
+                        "all ranks; deviation from the target in percentage points)",
+                  box=box.SIMPLE_HEAD, title_justify="left")
+    for col in ("component", "target", "epoch share", "min step share", "max step share", "max deviation (pp)",
+                "p95 deviation (pp)", f"{unit} (epoch)"):
+        table.add_column(col, justify="left" if col == "component" else "right")
+    for c, name in enumerate(mixture["names"]):
+        low = f"{shares[:, c].min():.4f}" if shares.size else "--"
+        high = f"{shares[:, c].max():.4f}" if shares.size else "--"
+        table.add_row(name, f"{mixture['target'][c]:.4f}", f"{mixture['epoch_shares'][c]:.4f}", low, high,
+                      f"{mixture['max_deviation_pp'][c]:.2f}", f"{mixture['p95_deviation_pp'][c]:.2f}",
+                      str(int(units[:, c].sum())))
+    return table
 
 
 def _shapes_table(shapes: dict[str, Any], most: int = 12) -> Any:

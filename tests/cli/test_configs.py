@@ -19,8 +19,8 @@ from omegaconf import OmegaConf, open_dict, read_write
 from omegaconf.errors import MissingMandatoryValue
 
 from lit_balance import BalancedTextDataModule
-from lit_balance.callbacks import (BalanceProgressBar, LastStepCheckpoint, PaddingRatioMonitor, RunSummary,
-                                   StragglerMonitor)
+from lit_balance.callbacks import (BalanceProgressBar, LastStepCheckpoint, MixtureMonitor, PaddingRatioMonitor,
+                                   RunSummary, StragglerMonitor)
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.plan.cost import CostModel
 
@@ -98,10 +98,11 @@ def test_base_config_is_the_main_job(tmp_path, monkeypatch):
     assert (dm.max_tokens, dm.max_length, dm.val_fraction, dm.seed) == (1024, 256, 0.02, 0)
     assert dm.source.kind == "builtin"
     assert model.hparams.vocab_size == dm.vocab_size == 30522 and model.hparams.d_model == 128
-    # the live figures: two monitors and the bar that shows them; checkpoints after validation and of the last step
-    assert [type(c) for c in callbacks] == [RunSummary, PaddingRatioMonitor, StragglerMonitor, BalanceProgressBar,
-                                            ModelCheckpoint, LastStepCheckpoint]
-    assert trainer.progress_bar_callback is callbacks[3]
+    # the live figures: the monitors (a mixture's only on a mixture) and the bar that shows them; checkpoints after
+    # validation and of the last step
+    assert [type(c) for c in callbacks] == [RunSummary, PaddingRatioMonitor, StragglerMonitor, MixtureMonitor,
+                                            BalanceProgressBar, ModelCheckpoint, LastStepCheckpoint]
+    assert trainer.progress_bar_callback is callbacks[4]
     assert (trainer.world_size, trainer.max_steps, trainer.accumulate_grad_batches) == (2, 40, 1)
     assert trainer.val_check_interval == 20 and trainer.limit_val_batches == 4
     # a metrics file and a checkpoint, both in the run's directory

@@ -130,8 +130,8 @@ def test_config_dir_and_config_name_select_another_config(tmp_path):
     cfg = yaml.safe_load(out)
     assert cfg["seed"] == 7 and cfg["data"]["seed"] == "${seed}" and cfg["trainer"]["devices"] == 1
     assert cfg["model"]["_target_"] == "lit_balance.demo.DemoTransformerLM"
-    assert list(cfg["callbacks"]) == ["run_summary", "padding_monitor", "straggler_monitor", "progress_bar",
-                                      "model_checkpoint", "last_step_checkpoint"]
+    assert list(cfg["callbacks"]) == ["run_summary", "padding_monitor", "straggler_monitor", "mixture_monitor",
+                                      "progress_bar", "model_checkpoint", "last_step_checkpoint"]
     assert not (tmp_path / "outputs").exists()  # --cfg prints and exits: no run
 
 

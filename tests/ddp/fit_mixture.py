@@ -6,7 +6,7 @@ DATA_DIR holds ``megatron`` (.bin/.idx prefix), ``docs.arrow`` and ``docs.jsonl`
 ``stop`` trains epoch 0 up to STOP_AT micro-batches per rank, saves OUT_DIR/mid.ckpt, then raises at the next
 training_step; ``resume`` continues epoch 0 from mid.ckpt on DEVICES ranks; ``full`` runs epoch 0 uninterrupted.
 Each rank writes OUT_DIR/{phase}_rank{r}.json: per trained micro-batch, each real row's (component, document index in
-the component's training split), and the metrics logged at the end.
+the component's training split), the metrics logged at the end, and (rank 0) every MixtureMonitor figure it logged.
 """
 
 import json
@@ -15,9 +15,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy
 
 from lit_balance import BalancedTextDataModule, Mixture
+from lit_balance.callbacks import MixtureMonitor
 from lit_balance.data.stores import ArrowSource, MegatronSource
 from lit_balance.demo import DemoTransformerLM
 
@@ -40,6 +42,24 @@ class Recorder(L.Callback):
             trainer.save_checkpoint(self.out / "mid.ckpt")
 
 
+class ListLogger(Logger):
+    """Keeps every MixtureMonitor figure logged (global rank 0), by step."""
+
+    name, version = "list", 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.points: list[tuple[int, dict]] = []
+
+    def log_metrics(self, metrics, step=None):
+        kept = {k: float(v) for k, v in metrics.items() if k.startswith(("train/tokens/", "train/supervised_tokens/"))}
+        if kept:
+            self.points.append((step, kept))
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+
 class StoppingLM(DemoTransformerLM):
     stop = False
 
@@ -60,9 +80,10 @@ def main() -> None:
     model.stop = phase == "stop"
     recorder = Recorder(out, stop=phase == "stop")
     strategy = DDPStrategy(timeout=timedelta(seconds=60)) if devices > 1 else "auto"
-    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, callbacks=[recorder], max_epochs=1,
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=out, num_sanity_val_steps=0)
+    logger = ListLogger()
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=1, logger=logger,
+                        callbacks=[recorder, MixtureMonitor(log_every_n_steps=1)], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=out, num_sanity_val_steps=0)
     try:
         trainer.fit(model, datamodule=dm, ckpt_path=out / "mid.ckpt" if phase == "resume" else None)
     except RuntimeError as error:
@@ -70,7 +91,7 @@ def main() -> None:
             raise
     (out / f"{phase}_rank{trainer.global_rank}.json").write_text(json.dumps({
         "batches": recorder.batches, "metrics": sorted(trainer.logged_metrics),
-        "names": list(dm.mixture.names), "val_names": dm.val_names,
+        "names": list(dm.mixture.names), "val_names": dm.val_names, "logged": logger.points,
     }))
 
 

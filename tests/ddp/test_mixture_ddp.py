@@ -1,7 +1,8 @@
 """A mixture of three components, each written by its own producer (a Megatron store by megatron-core's
 IndexedDatasetBuilder, an Arrow file by pyarrow, a JSONL file), trained on real 2-process CPU DDP (gloo), stopped
-mid-epoch and resumed on 3 ranks and on 1: per component, exactly the documents of an uninterrupted run; and the
-validation loss of every component logged as val/loss/<name> beside val/loss."""
+mid-epoch and resumed on 3 ranks and on 1: per component, exactly the documents of an uninterrupted run, and exactly its
+tokens as MixtureMonitor logs them per step and rank; and the validation loss of every component logged as
+val/loss/<name> beside val/loss."""
 
 import json
 import shutil
@@ -71,3 +72,30 @@ def test_validation_loss_is_logged_per_component(runs):
         names = ranks[0]["names"]
         assert ranks[0]["val_names"] == names
         assert {"val/loss", *(f"val/loss/{n}" for n in names)} <= set(ranks[0]["metrics"])
+
+
+def _logged_tokens(ranks: list[dict], world: int) -> tuple[Counter, list[int]]:
+    """Each component's real and supervised tokens over the steps MixtureMonitor logged (rank 0's logger), checking
+    that every step's global figure is the sum of its ranks' and that exactly ``world`` ranks are logged."""
+    names, totals, steps = ranks[0]["names"], Counter(), []
+    for step, metrics in ranks[0]["logged"]:
+        steps.append(step)
+        for name in names:
+            for kind in ("tokens", "supervised_tokens"):
+                per_rank = [metrics[f"train/{kind}/{name}_rank{r}"] for r in range(world)]
+                assert metrics[f"train/{kind}/{name}"] == sum(per_rank)
+                totals[(kind, name)] += metrics[f"train/{kind}/{name}"]
+        assert f"train/tokens/{names[0]}_rank{world}" not in metrics
+    return totals, steps
+
+
+@pytest.mark.parametrize("devices", [3, 1])
+def test_each_components_logged_tokens_add_up_over_a_resume_on_another_world(runs, devices):
+    stopped, uninterrupted, resumed = runs
+    before, stop_steps = _logged_tokens(stopped, 2)
+    after, resume_steps = _logged_tokens(resumed[devices], devices)
+    full, full_steps = _logged_tokens(uninterrupted, 2)
+    assert stop_steps == list(range(STOP_AT)) and resume_steps[0] == STOP_AT  # one step per micro-batch, each once
+    assert full_steps == list(range(len(full_steps)))
+    assert all(full[("tokens", name)] > 0 for name in uninterrupted[0]["names"])
+    assert before + after == full

@@ -92,3 +92,21 @@ def test_the_straggler_axis_spans_at_least_its_minimum_so_noise_stays_small(tmp_
     logger.save()
     twin = training_figure(read_metrics_csv(tmp_path / "metrics.csv")).axes[6]
     assert twin.get_ylim() == (1.0, 1.0 + STRAGGLER_MIN_SPAN)  # 2 % does not fill the panel
+
+
+def test_a_mixtures_file_adds_each_components_share_and_tokens_per_step(tmp_path):
+    path = _metrics_file(tmp_path)
+    logger = CSVLogger(save_dir=str(tmp_path), name="mix", version="")
+    for step, (web, code) in enumerate([(70, 30), (66, 34), (72, 28)]):
+        logger.log_metrics({"train/tokens/web": web, "train/tokens/code": code, "train/share/web": web / 100,
+                            "train/share/code": code / 100, "train/tokens/web_rank0": web}, step=step)
+    logger.save()
+    metrics = {**read_metrics_csv(path), **read_metrics_csv(tmp_path / "mix" / "metrics.csv")}
+    panels = training_plot_data(metrics)
+    assert len(panels) == 8 and panels[6][0].startswith("share of each optimizer step")
+    assert {name: (steps.tolist(), values.tolist()) for name, steps, values in panels[6][1]} == {
+        "web": ([0, 1, 2], [0.7, 0.66, 0.72]), "code": ([0, 1, 2], [0.3, 0.34, 0.28])}  # in the file's column order
+    assert {name: values.tolist() for name, _, values in panels[7][1]} == {"web": [70, 66, 72], "code": [30, 34, 28]}
+    fig = training_figure(metrics)
+    assert len(fig.axes) == 9  # eight panels and the straggler ratio's own axis
+    assert fig.axes[6].get_ylim() == (0.0, 1.0) and fig.axes[6].get_legend() is not None

@@ -6,8 +6,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 
+from lit_balance.data.collate import IGNORE_INDEX
 from lit_balance.errors import InputTypeError
 from lit_balance.world import data_parallel_world
 
@@ -78,3 +80,49 @@ def batch_fields(batch: Any, keys: tuple[str, ...], owner: str) -> list[Any]:
         raise KeyError(f"{owner} needs the training batch keys {list(keys)}, missing {missing}; the batch has "
                        f"keys {sorted(map(str, batch))}; collate with lit_balance.PadCollator, which produces "
                        "them, or remove the callback") from None
+
+
+def mixture_sampler(trainer: L.Trainer) -> Any:
+    """The training loader's mixture sampler (:class:`lit_balance.sampler.mixture.MixtureBatchSampler`: it has
+    ``component_of`` and ``mixture``), or None for a single corpus. The same on every rank (one DataModule type)."""
+    loader = getattr(trainer, "train_dataloader", None)
+    for sampler in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
+        if callable(getattr(sampler, "component_of", None)) and getattr(sampler, "mixture", None) is not None:
+            return sampler
+    return None
+
+
+def row_tokens(batch: Any, owner: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The real rows of a training micro-batch (fill rows left out): their dataset indices, real tokens and supervised
+    tokens, int64 ``[rows]`` each, per rank.
+
+    A padded batch (:class:`lit_balance.PadCollator`): a row's real tokens are its ``attention_mask`` sum, its
+    supervised tokens its labels other than -100 after the causal shift (``labels[:, 1:]``). A packed batch
+    (:class:`lit_balance.PackedCollator`, one row of documents): a document's real tokens are its segment of
+    ``cu_seq_lens_q`` (the last document's segment less the row's tail padding, so that they sum to
+    ``num_real_tokens``; a static row's empty segments are not documents), its supervised tokens its labels other than
+    -100 in that segment (each document's first label is -100). These are the tokens
+    :func:`lit_balance.lightning.loss.token_loss_sum` counts.
+
+    Raises:
+        KeyError, TypeError: as :func:`batch_fields` (``indices``, ``is_fill``, ``labels``, ``num_real_tokens`` and
+            ``attention_mask`` or ``cu_seq_lens_q``).
+    """
+    packed = isinstance(batch, Mapping) and "cu_seq_lens_q" in batch
+    keys = ("indices", "is_fill", "labels", "num_real_tokens", "cu_seq_lens_q" if packed else "attention_mask")
+    indices, is_fill, labels, num_real, layout = batch_fields(batch, keys, owner)
+    indices = torch.as_tensor(indices).reshape(-1).cpu().numpy().astype(np.int64)
+    rows = indices.size
+    supervised_mask = torch.as_tensor(labels) != IGNORE_INDEX
+    if packed:
+        cu = torch.as_tensor(layout).reshape(-1).cpu().numpy().astype(np.int64)
+        real = np.diff(cu)[:rows]
+        if rows:
+            real[-1] -= int(real.sum()) - int(num_real)  # the tail padding ends the last document's segment
+        marks = np.concatenate([[0], torch.cumsum(supervised_mask.reshape(-1).long(), 0).cpu().numpy()])
+        supervised = marks[cu[1:rows + 1]] - marks[cu[:rows]]
+    else:
+        real = torch.as_tensor(layout)[:rows].sum(dim=1).cpu().numpy().astype(np.int64)
+        supervised = supervised_mask[:rows, 1:].sum(dim=1).cpu().numpy().astype(np.int64)
+    keep = ~torch.as_tensor(is_fill).reshape(-1).cpu().numpy().astype(bool)
+    return indices[keep], real[keep], supervised[keep].astype(np.int64)

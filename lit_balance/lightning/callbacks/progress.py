@@ -11,6 +11,7 @@ import lightning as L
 import numpy as np
 from lightning.pytorch.callbacks import RichProgressBar
 
+from lit_balance.lightning.callbacks.mixture import MixtureMonitor
 from lit_balance.lightning.callbacks.padding import PaddingRatioMonitor
 from lit_balance.lightning.callbacks.straggler import StragglerMonitor
 
@@ -18,11 +19,12 @@ __all__ = ["BalanceProgressBar", "bar_figures", "live_figures"]
 
 
 def live_figures(trainer: L.Trainer) -> dict[str, float]:
-    """The last values the trainer's :class:`PaddingRatioMonitor` and :class:`StragglerMonitor` logged (keys as logged,
-    e.g. ``balance/real_tokens_per_s``; global figures, the same on every rank); empty before their first window."""
+    """The last values the trainer's :class:`PaddingRatioMonitor`, :class:`StragglerMonitor` and
+    :class:`MixtureMonitor` logged (keys as logged, e.g. ``balance/real_tokens_per_s``, ``train/tokens/<name>``; the
+    same on every rank); empty before their first window."""
     figures: dict[str, float] = {}
     for callback in trainer.callbacks:
-        if isinstance(callback, (PaddingRatioMonitor, StragglerMonitor)):
+        if isinstance(callback, (PaddingRatioMonitor, StragglerMonitor, MixtureMonitor)):
             figures.update(callback.last_metrics)
     return figures
 
@@ -39,7 +41,9 @@ def bar_figures(trainer: L.Trainer) -> dict[str, str]:
     (real tokens of all ranks over the slowest rank's wall seconds since its previous log): the figure
     ``metrics.csv`` and ``training.png`` hold, of the same window when both monitors log at the same micro-batches
     (the shipped configs). Without a PaddingRatioMonitor, ``tokens/s`` is the StragglerMonitor window's real tokens
-    of all ranks over the slowest rank's seconds.
+    of all ranks over the slowest rank's seconds. From :class:`MixtureMonitor` (a mixture only), the last optimizer
+    step it logged, one item per component ``<name>``: its real tokens in that step (all ranks), its share of the step
+    in the mixture's unit and its target share, e.g. ``web: 3,210 tokens (share 0.612, target 0.600)``.
     """
     items: dict[str, str] = {}
     window = None
@@ -68,6 +72,12 @@ def bar_figures(trainer: L.Trainer) -> dict[str, str]:
         items["tokens/s"] = f"{logged_rate:,.0f}"
     if "balance/padding_ratio" in padding:
         items["padding (epoch)"] = f"{padding['balance/padding_ratio']:.3f}"
+    for callback in trainer.callbacks:
+        if isinstance(callback, MixtureMonitor) and callback.last_metrics:
+            figures = callback.last_metrics
+            for name, target in zip(callback.names, callback.targets.tolist()):
+                items[name] = (f"{figures[f'train/tokens/{name}']:,.0f} tokens (share "
+                               f"{figures[f'train/share/{name}']:.3f}, target {target:.3f})")
     return items
 
 

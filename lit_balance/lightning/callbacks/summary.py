@@ -1,4 +1,5 @@
-"""RunSummary: per-rank micro-batches, real tokens, padded slots, and where each rank's time went in a fit."""
+"""RunSummary: per-rank micro-batches, real tokens, padded slots, and where each rank's time went in a fit; for a
+mixture, each component's tokens per rank."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import numpy as np
 import torch
 
 from lit_balance._checks import check_bool, check_callable
-from lit_balance.lightning.callbacks._common import batch_fields, gather
+from lit_balance.lightning.callbacks._common import batch_fields, gather, mixture_sampler, row_tokens
 from lit_balance.lightning.callbacks.phases import PhaseTotals, phase_clock, remove_phase_clock
+from lit_balance.lightning.metrics import ComponentTokens
 
 __all__ = ["RunSummary"]
 
@@ -46,6 +48,14 @@ class RunSummary(L.Callback):
     ``on_fit_end``, once a progress bar has closed (:class:`lit_balance.callbacks.BalanceProgressBar` closes at
     ``on_train_end``).
 
+    On a mixture (the training sampler a :class:`~lit_balance.sampler.mixture.MixtureBatchSampler`), every rank also
+    counts each component's real tokens, supervised tokens and documents (fill rows left out; as
+    :class:`lit_balance.callbacks.MixtureMonitor` counts them) in the same gather; :attr:`components` then holds one
+    dict per component (``name``, ``target`` and ``share``: its target share and its share of the run's units in the
+    mixture's unit; ``real_tokens``, ``supervised_tokens``, ``documents``: sums over ranks; ``rank_real_tokens``,
+    ``rank_supervised_tokens``: lists by rank) and the table ends with them. For a single corpus it is empty and the
+    table is unchanged.
+
     Args:
         print_table: print the table on rank 0 at the end of the fit.
         clock: seconds, monotonic (default :func:`time.perf_counter`), for the :class:`PhaseClock` this callback puts
@@ -61,7 +71,11 @@ class RunSummary(L.Callback):
         self.clock = check_callable("clock", clock, "pass a function returning seconds, or leave the default")
         self.rows: list[dict[str, float]] = []
         self.total: dict[str, float] = {}
+        self.components: list[dict[str, Any]] = []
         self._counts = [0, 0, 0]
+        self._mixture: Any = None  # the mixture sampler's settings, None for a single corpus
+        self._sampler: Any = None
+        self._component_tokens: ComponentTokens | None = None
         self._start: PhaseTotals | None = None
         self._print_pending = False
 
@@ -74,6 +88,16 @@ class RunSummary(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._counts = [0, 0, 0]
         self._start = phase_clock(trainer, clock=self.clock).totals()
+        self.components = []
+        self._sampler = sampler = mixture_sampler(trainer)
+        self._mixture = None if sampler is None else sampler.mixture
+        self._component_tokens = (None if sampler is None else
+                                  ComponentTokens(len(sampler.mixture.names), unit=sampler.mixture.unit,
+                                                  sync_on_compute=False))
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._component_tokens is not None:  # the loader may be rebuilt every epoch
+            self._sampler = mixture_sampler(trainer)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -81,12 +105,22 @@ class RunSummary(L.Callback):
         self._counts[0] += 1
         self._counts[1] += int(real)
         self._counts[2] += int(padded)
+        if self._component_tokens is not None:
+            indices, real_rows, supervised = row_tokens(batch, "RunSummary")
+            self._component_tokens.update(self._sampler.component_of(indices), real_rows, supervised)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         now = phase_clock(trainer, clock=self.clock).totals()
         times = (now - (self._start if self._start is not None else now)).as_list()
-        gathered = gather(trainer, torch.tensor([*self._counts, *times], dtype=torch.float64))
+        local = torch.tensor([*self._counts, *times], dtype=torch.float64)
+        m = self._component_tokens
+        if m is not None:  # [real_tokens, supervised_tokens, documents] x components, after the fields
+            local = torch.cat([local, m.real_tokens.cpu(), m.supervised_tokens.cpu(), m.documents.cpu()])
+        gathered = gather(trainer, local)
         fields = (*_COUNTS, *_TIMES)
+        if m is not None:
+            self.components = _components(self._mixture, gathered[:, len(fields):].reshape(gathered.shape[0], 3, -1))
+            gathered = gathered[:, :len(fields)]
         self.rows = []
         for rank, values in enumerate(gathered.tolist()):
             row: dict[str, float] = {"rank": rank, **dict(zip(fields, values))}
@@ -128,4 +162,40 @@ class RunSummary(L.Callback):
             "data wait: fetching batches, moving them to the device",
             "other: validation, checkpointing, logging, callbacks",
         ]
+        if self.components:
+            lines += _component_lines(self.components, self._mixture.unit if self._mixture is not None else "tokens")
         return "\n".join(lines)
+
+
+def _components(mixture: Any, counts: torch.Tensor) -> list[dict[str, Any]]:
+    """Per component, from the gathered ``counts`` ``[ranks, 3 (real, supervised, documents), components]``."""
+    unit = ("tokens", "supervised_tokens", "documents").index(mixture.unit)
+    total = counts.sum(dim=0)
+    units = float(total[unit].sum())
+    return [{"name": name, "target": float(target),
+             "share": float(total[unit, c]) / units if units > 0 else 0.0,
+             "real_tokens": float(total[0, c]), "supervised_tokens": float(total[1, c]),
+             "documents": float(total[2, c]),
+             "rank_real_tokens": counts[:, 0, c].tolist(), "rank_supervised_tokens": counts[:, 1, c].tolist()}
+            for c, (name, target) in enumerate(zip(mixture.names, np.asarray(mixture.shares).tolist()))]
+
+
+def _component_lines(components: list[dict[str, Any]], unit: str) -> list[str]:
+    """The mixture's part of the table: per component its target, its share of the run and its tokens (all ranks);
+    then per rank each component's real / supervised tokens, three components a block (lines of at most 80
+    characters while names have at most 22 characters and counts at most 9 digits)."""
+    unit_name = {"tokens": "real tokens", "supervised_tokens": "supervised tokens", "documents": "documents"}[unit]
+    width = max(9, *(len(c["name"]) for c in components))
+    lines = [f"{'component':<{width}}  target   share  real tokens  supervised   documents",
+             *(f"{c['name']:<{width}}  {c['target']:6.4f}  {c['share']:6.4f}  {int(c['real_tokens']):>11} "
+               f"{int(c['supervised_tokens']):>11} {int(c['documents']):>11}" for c in components),
+             f"share: of the run's {unit_name}, all ranks; supervised: tokens with a target"]
+    cell = max(19, width)
+    for lo in range(0, len(components), 3):
+        block = components[lo:lo + 3]
+        lines.append(f"{'rank':>5} " + " ".join(f"{c['name']:>{cell}}" for c in block))
+        for r in range(len(block[0]["rank_real_tokens"])):
+            cells = [f"{int(c['rank_real_tokens'][r])} / {int(c['rank_supervised_tokens'][r])}" for c in block]
+            lines.append(f"{r:>5} " + " ".join(f"{text:>{cell}}" for text in cells))
+    lines.append("per rank: real tokens / supervised tokens of each component")
+    return lines
