@@ -55,7 +55,7 @@ __all__ = ["MIXTURE_UNITS", "MixtureLayout", "MixturePlan", "MixtureSettings", "
 MIXTURE_UNITS = ("tokens", "supervised_tokens", "documents")
 
 _FILL_START = {"padded": 0.95, "packed": 0.98}  # first fill ratio of a step's capacity
-_FILL_SHRINK, _FILL_GROW = 0.97, 1.01
+_FILL_SHRINK, _FILL_GROW = 0.98, 1.002  # a step that does not fit: 2 % smaller; one that fits: the next 0.2 % larger
 _BIG_STEP_TOKENS, _BIG_STEP_SHARE = 256 * 1024, 0.02  # steps of at least this many tokens: shares within 2 points
 
 
@@ -398,9 +398,8 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
             b = walk.end(a, walk.within(a, fill * capacity))
             members = walk.merged[a:b]
             if fast:  # fewer documents than micro-batches: one each (_parts), which fits
-                members = members[np.argsort(-key[members], kind="stable")]
                 fits = b - a < num_micro or (packed_fits(key[members], num_micro, room) if settings.packing
-                                             else padded_fits(key[members], num_micro, room, row_cap))
+                                             else padded_fits(np.sort(key[members])[::-1], num_micro, room, row_cap))
                 plan = None
             else:
                 plan = planner.plan(lengths[members], np.arange(members.size, dtype=np.int64), step_settings,
@@ -416,7 +415,7 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
         fill = min(fill * _FILL_GROW, 1.0)
         steps.append((a, b, plan))
         if plan is None:
-            sorted_members.append(members)
+            sorted_members.append(members[np.argsort(-key[members], kind="stable")])
         a = b
     parts = _parts(steps, sorted_members, walk, lengths, settings, num_replicas, cost_model)
     step_units = np.stack([walk.units(s, e) for s, e, _ in steps]).astype(np.int64)
@@ -469,6 +468,7 @@ class _Walk:
         self.adjacent = np.concatenate([np.maximum(np.concatenate([[0.0], u]), np.concatenate([u, [0.0]]))
                                         for u in per])
         self.starts = starts.astype(np.int64)
+        self._last: tuple = (-1, None, None)  # the last end found, and its errors (the next step's start)
 
     def tokens(self, a: int, b: int) -> int:
         """Tokens of the walk's positions ``a:b``."""
@@ -491,8 +491,11 @@ class _Walk:
     def end(self, a: int, last: int) -> int:
         """The last prefix in ``a + 1 .. last`` that keeps the step's bounds (``a + 1`` always does: one document
         ``l`` moves each error by at most ``l``)."""
-        da, ea = self._errors(np.array([a]))
-        first = max(a + 1, last - 63)  # the last few first: one of them nearly always keeps the bounds
+        if self._last[0] == a:
+            da, ea = self._last[1], self._last[2]
+        else:
+            da, ea = self._errors(np.array([a]))
+        first = last  # the last first, then the few before it: one of them nearly always keeps the bounds
         while True:
             p = np.arange(first, last + 1)
             d, edge = self._errors(p)
@@ -502,10 +505,13 @@ class _Walk:
             ok &= ~big | (dev <= _BIG_STEP_SHARE * (self.x[p] - self.x[a]) + 1e-9)
             good = np.flatnonzero(ok)
             if good.size:
-                return int(p[good[-1]])
+                j = good[-1]
+                self._last = (int(p[j]), d[j:j + 1], edge[j:j + 1])
+                return int(p[j])
             if first == a + 1:
+                self._last = (-1, None, None)
                 return a + 1
-            first, last = max(a + 1, first - 4 * (last + 1 - first)), first - 1
+            first, last = max(a + 1, first - max(64, 4 * (last + 1 - first))), first - 1
 
 
 def _parts(steps: Sequence[tuple[int, int, EpochPlan | None]], sorted_members: Sequence[np.ndarray], walk: _Walk,

@@ -53,12 +53,18 @@ def padded_fits(padded_desc: np.ndarray, num_micro: int, max_tokens: int, row_ca
     return pos >= n
 
 
-def packed_fits(lengths_desc: np.ndarray, num_micro: int, capacity: int) -> bool:
-    """Whether the LPT packing of documents sorted longest first into ``num_micro`` rows of ``capacity`` tokens
-    surely succeeds (sufficient: the tokens before each document but the ``num_micro`` longest at most
-    ``num_micro * (capacity - length)``)."""
-    before = (np.cumsum(lengths_desc) - lengths_desc)[num_micro:]  # the num_micro longest: one row each
-    return bool(np.all(before <= num_micro * (capacity - lengths_desc[num_micro:])))
+def packed_fits(lengths: np.ndarray, num_micro: int, capacity: int) -> bool:
+    """Whether the LPT packing of documents (any order) into ``num_micro`` rows of ``capacity`` tokens surely
+    succeeds: sufficient, the tokens before each document longest first, but the ``num_micro`` longest, at most
+    ``num_micro * (capacity - length)``. Only documents longer than ``capacity - total / num_micro`` can break it,
+    and the documents before them are longer still, so only those are sorted."""
+    total = int(lengths.sum())
+    large = lengths[lengths * num_micro > num_micro * capacity - total]
+    if large.shape[0] <= num_micro:
+        return True
+    large = np.sort(large)[::-1]
+    before = (np.cumsum(large) - large)[num_micro:]
+    return bool(np.all(before <= num_micro * (capacity - large[num_micro:])))
 
 
 def batch_steps(members: np.ndarray, bounds: np.ndarray, lengths: np.ndarray, settings: BatchingSettings, *,
@@ -264,45 +270,49 @@ def _pack(rows: np.ndarray, length: np.ndarray, bounds: np.ndarray, num_micro: i
     num_steps = bounds.shape[0] - 1
     counts = np.diff(bounds)
     width = int(counts.max())
+    steps = np.arange(num_steps)
     rc = np.asarray(cost_model.row_cost(length), dtype=np.float64).reshape(-1)
-    index = bounds[:-1, None] + np.arange(width)[None, :]  # [num_steps, width], past a step's end: padding
-    valid = index < bounds[1:, None]
+    # [width, num_steps]: position i of every step in one contiguous row (a round); past a step's end: length 0
+    index = bounds[:-1][None, :] + np.arange(width)[:, None]
+    valid = index < bounds[1:][None, :]
     index = np.where(valid, index, 0)
     doc_len = np.where(valid, length[index], 0)
-    doc_cost = np.where(valid, rc[index], 0.0)
-    tokens = np.zeros((num_steps, num_micro), dtype=np.int64)
-    cost = np.zeros((num_steps, num_micro), dtype=np.float64)
-    bin_of = np.empty((num_steps, width), dtype=np.int64)
-    steps = np.arange(num_steps)
-    bin_of[:, :num_micro] = np.arange(num_micro)  # the num_micro longest: one each (every step has that many)
-    tokens += doc_len[:, :num_micro]
-    cost += doc_cost[:, :num_micro]
+    tokens = np.zeros((num_steps, num_micro), dtype=np.int32 if capacity < 2**30 else np.int64)
+    tokens += doc_len[:num_micro].T.astype(tokens.dtype)  # the num_micro longest: one row each
+    bin_of = np.empty((width, num_steps), dtype=np.uint8 if num_micro < 255 else np.int64)
+    bin_of[:num_micro] = np.arange(num_micro)[:, None]
+    flat, base = tokens.reshape(-1), steps * num_micro
     ratio = rc / np.maximum(length, 1)
     if rc.size and ratio.max() - ratio.min() <= 1e-12 * ratio.max():
         # cost in proportion to tokens: the row of least cost is the row of fewest tokens, which holds the document
         # whenever the fit test passed
         for i in range(num_micro, width):
             b = np.argmin(tokens, axis=1)
-            bin_of[:, i] = b
-            tokens[steps, b] += doc_len[:, i]
+            bin_of[i] = b
+            flat[base + b] += doc_len[i]
     else:
+        doc_cost = np.where(valid, rc[index], 0.0)
+        cost = np.zeros((num_steps, num_micro))
+        cost += doc_cost[:num_micro].T
+        cost_flat = cost.reshape(-1)
         for i in range(num_micro, width):
-            li = doc_len[:, i]
-            b = np.argmin(np.where(tokens + li[:, None] <= capacity, cost, np.inf), axis=1)
-            bin_of[:, i] = b
-            tokens[steps, b] += li
-            cost[steps, b] += doc_cost[:, i]
+            b = np.argmin(np.where(tokens + doc_len[i][:, None] <= capacity, cost, np.inf), axis=1)
+            bin_of[i] = b
+            flat[base + b] += doc_len[i]
+            cost_flat[base + b] += doc_cost[i]
     if (tokens > capacity).any():
         raise RuntimeError("a mixture step's documents do not fit its packed rows; please report this with the "
                            "lengths")
-    # rows grouped by (step, bin), longest first within a bin
-    flat_bin = bin_of[valid]  # step-major, position order: matches rows
-    step_of = np.repeat(steps, counts)
-    order = np.lexsort((np.arange(rows.shape[0]), flat_bin, step_of))
-    flat = step_of * num_micro + flat_bin
-    sizes = np.bincount(flat, minlength=num_steps * num_micro).reshape(num_steps, num_micro)
-    cost = np.bincount(flat, weights=rc, minlength=num_steps * num_micro).reshape(num_steps, num_micro)
-    return rows[order], sizes.astype(np.int64), cost + float(cost_model.per_batch)
+    # rows grouped by row within each step, longest first within a row (a stable sort of small keys per step)
+    key = np.where(valid, bin_of, num_micro).T  # [num_steps, width]; padding last
+    key = key.astype(np.uint8 if num_micro < 255 else np.int64)
+    order = np.argsort(key, axis=1, kind="stable")
+    grouped = np.take_along_axis(index.T, order, axis=1)[np.arange(width)[None, :] < counts[:, None]]
+    flat_bin = np.repeat(steps, counts) * num_micro + np.take_along_axis(key, order, axis=1)[
+        np.arange(width)[None, :] < counts[:, None]]
+    sizes = np.bincount(flat_bin, minlength=num_steps * num_micro).reshape(num_steps, num_micro)
+    cost = np.bincount(flat_bin, weights=rc[grouped], minlength=num_steps * num_micro).reshape(num_steps, num_micro)
+    return rows[grouped], sizes.astype(np.int64), cost + float(cost_model.per_batch)
 
 
 def _hold(costs: np.ndarray, num_replicas: int) -> np.ndarray:

@@ -153,6 +153,33 @@ def test_repetition_reads_a_document_at_most_max_repetition_times(mixture, num_r
     assert np.all(np.abs(total - mix.shares * total.sum()) <= longest + 1e-6)
 
 
+@settings(max_examples=10, deadline=None)
+@given(_mixtures(), st.integers(2, 4), st.integers(1, 3), st.booleans(), st.booleans())
+def test_per_rank_budgets_and_rank_speeds_plan_step_by_step(mixture, num_replicas, acc, packing, per_rank):
+    sizes, lengths, weights = mixture
+    budgets = tuple(4000 - 1000 * (r % 2) for r in range(num_replicas)) if per_rank else 4000
+    batching = BatchingSettings(max_tokens=budgets, accumulate_grad_batches=acc, packing=packing, seed=2)
+    speeds = None if per_rank else np.linspace(1.0, 0.6, num_replicas)
+    layout = MixtureLayout(np.asarray(sizes, dtype=np.int64))
+    mix = MixtureSettings(tuple(f"c{i}" for i in range(len(sizes))), tuple(weights))
+    tiled = np.asarray(lengths, dtype=np.int64)
+    mp = plan_mixture(tiled, layout, mix, batching, num_replicas=num_replicas, epoch=1, cost_model=CostModel(),
+                      speeds=speeds)
+    plan = mp.plan
+    real = plan.rows[~plan.is_fill]
+    assert np.unique(real).size == real.size and set(real.tolist()) == set(np.flatnonzero(mp.chosen).tolist())
+    padded = padded_lengths(tiled, batching.pad_to_multiple_of)
+    for step in plan.assignment:  # each rank's micro-batch within that rank's budget
+        for r, b in enumerate(step):
+            rows, _ = plan.batch(b)
+            cost = (padded_lengths(np.array([tiled[rows].sum()]), 1)[0] if packing
+                    else rows.size * padded[rows].max())
+            assert cost <= batching.rank_max_tokens(num_replicas)[r]
+    total = mp.step_units.sum(axis=0)
+    deviation = np.abs(mp.step_units - total / total.sum() * mp.step_units.sum(axis=1, keepdims=True))
+    assert (deviation <= tiled.max() + 1e-6).all()
+
+
 def test_a_new_subsample_every_epoch_and_the_same_on_every_call():
     lengths = np.arange(1, 401) % 97 + 5
     layout = MixtureLayout(np.array([100, 300]))
