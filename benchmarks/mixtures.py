@@ -77,8 +77,8 @@ def ours(sizes: np.ndarray, lengths: np.ndarray, packing: bool, planner: Any = N
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     stats = plan_stats(mp.plan, lengths, planner=planner_for(settings), accumulate_grad_batches=ACC)
     worst, p95, steps = _deviation(mp.step_units.astype(np.float64))
-    return {"max": worst, "p95": p95, "steps": steps, "U": stats.useful_fraction, "seconds": seconds, "cpu_seconds": cpu_seconds,
-            "documents": int(mp.chosen.sum())}
+    return {"max": worst, "p95": p95, "steps": steps, "U": stats.useful_fraction, "seconds": seconds,
+            "cpu_seconds": cpu_seconds, "documents": int(mp.chosen.sum())}
 
 
 def _sample_weighted(order: np.ndarray, lengths: np.ndarray, layout: MixtureLayout, packing: bool) -> dict:
@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{name.split()[0]}: token shares over the epoch " + " / ".join(f"{100 * s:.0f}" for s in share))
     print("\nplanning time of one epoch (wall and CPU seconds, and CPU seconds per million chosen documents; goal "
           "0.6 s per million)\n")
-    print("| documents | chosen | plan | revision | wall s | CPU s | CPU s per million |\n|---|---|---|---|---|---|---|")
+    print("| documents | chosen | plan | revision | wall s | CPU s | CPU s per million |")
+    print("|---|---|---|---|---|---|---|")
     for count in args.timing_documents:
         sizes, lengths = corpus(count, seed=1)
         for packing in (False, True):

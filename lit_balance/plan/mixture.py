@@ -14,18 +14,31 @@ settings, mixture, seed, epoch, ranks):
    component is read once and the others are subsampled. With ``units_per_epoch`` set, ``E`` is that number, and a
    component that cannot give ``w_c * E`` units within ``max_repetition`` reads is an error before training.
 2. **Steps.** Each component's chosen documents form a stream (padded plans: sorted by length, longest first, with
-   random jitter so batch-mates change between epochs; packed plans: in random order). Optimizer step ``g`` takes
-   from every stream the documents up to the one nearest its cumulative quota ``s_c * Y_g`` (``s_c`` the component's
-   share of the chosen units, ``Y_g`` the units of steps ``0..g``): the errors of one step are those of the
-   quotas at its two ends, so every step is within one document of its shares, and nothing drifts over the epoch
-   (the largest-remainder idea of proportional apportionment, applied to cumulative quotas). A step's size starts
-   at the micro-batches' capacity (``num_replicas * accumulate_grad_batches`` budgets) times a fill ratio that
-   adapts: a step whose documents do not fit its micro-batches is made 3 % smaller and planned again.
-3. **Micro-batches.** Each step's documents go to the planner the settings choose (padded or packed,
-   :func:`~lit_balance.plan.planner_for`), asked for exactly ``num_replicas * accumulate_grad_batches``
-   micro-batches: the budget, the balanced cost per rank and the equal counts are the planner's. Length bands of
-   one step sort into few micro-batches, so padding stays low. With ``shuffle`` the steps then run in random
-   order; ``largest_first`` moves the step of the longest document first.
+   random jitter so batch-mates change between epochs; packed plans: in random order). The streams are merged into
+   one walk by each document's midpoint tag ``(U_c(j) + u_j / 2) / s_c`` (``U_c(j)`` the units before document ``j``
+   in its stream, ``u_j`` its units, ``s_c`` the component's share of the chosen units): every prefix of the walk
+   then holds, of each component, the documents nearest its cumulative quota (the largest-remainder idea of
+   proportional apportionment, applied to cumulative quotas), and each stream keeps its order. Optimizer steps are
+   consecutive pieces of the walk. With ``D_c(p) = s_c * X(p) - U_c(p)`` the error of prefix ``p`` (``X(p)`` its
+   units), a step from ``a`` to ``b`` holds ``u_c = s_c * U + D_c(a) - D_c(b)`` of component ``c``: a step ends at
+   the last prefix within its fill whose errors keep **every component within one document of its share**,
+   ``|u_c - s_c * U| <= B``, where ``B`` is the step's *boundary document*: the longest document (in the unit) next
+   to a component's cut at the step's start or end (the last one each stream gives the step or an earlier one, and
+   the first it leaves to a later one), so at most the mixture's longest document. One document always does
+   (it moves each error by at most its own units), so such an end exists. Steps of at least 256k tokens also keep
+   ``|u_c - s_c * U| <= 0.02 * U`` (unless one document alone is that long). Over the epoch the errors vanish:
+   each component has exactly its share of the chosen units, which the selection puts within one document of its
+   weight. A step's size starts at the micro-batches' capacity (``num_replicas * accumulate_grad_batches``
+   budgets) times a fill ratio that adapts: a step whose documents do not fit its micro-batches is made 2 %
+   smaller and formed again, and each step that fits lets the next be 0.2 % larger.
+3. **Micro-batches.** Whether a step fits is known without planning it, and the micro-batches of all steps are then
+   formed at once (:mod:`lit_balance.plan.mixture_batches`: NumPy over the steps, a few hundred times faster than a
+   planner call per step), exactly ``num_replicas * accumulate_grad_batches`` per step within the budget, with the
+   cost per rank balanced; a step of fewer documents has one document per micro-batch and fill rows. With per-rank
+   budgets, unequal rank speeds or static shapes, each step is planned by the planner the settings choose
+   (:func:`~lit_balance.plan.planner_for`) instead. Length bands of one step sort into few micro-batches, so padding
+   stays low. With ``shuffle`` the steps then run in random order; ``largest_first`` moves the step of the longest
+   document first.
 
 Samples live in one index space: sample ``copy * N + offset_c + d`` is document ``d`` of component ``c`` read for the
 ``copy``-th time in an epoch (``N`` documents over all components, ``copy < max_repetition``), so every sample is
@@ -334,8 +347,9 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
     Every optimizer step ``g`` holds, of each component ``c``, units ``u_c`` with ``|u_c - s_c * U| <= B_g`` (``U``
     the step's units, ``s_c`` the component's share of the epoch's chosen units, ``B_g`` the step's boundary
     document: the longest document, in units, next to a component's cut at the step's start or end); in steps of
-    at least 256k tokens also ``|u_c - s_c * U| <= 0.02 * U``. Over the epoch each component has exactly its share
-    ``s_c`` of the chosen units, which is within one document of its weight (:func:`select_epoch`).
+    at least 256k tokens also ``|u_c - s_c * U| <= 0.02 * U`` (unless one document alone is that long). Over the
+    epoch each component has exactly its share ``s_c`` of the chosen units, which is within one document of its
+    weight (:func:`select_epoch`).
 
     Args:
         lengths: int64 ``[num_samples]``: tokens per sample as planned (truncated), tiled over copies.
