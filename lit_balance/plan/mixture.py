@@ -318,24 +318,35 @@ def select_epoch(units: np.ndarray, layout: MixtureLayout, mixture: MixtureSetti
     return chosen
 
 
-def _streams(chosen: np.ndarray, comps: np.ndarray, num_components: int, padded: np.ndarray, packing: bool,
+def _streams(chosen: np.ndarray, layout: MixtureLayout, num_components: int, padded: np.ndarray, packing: bool,
              shuffle: bool, rng: np.random.Generator | None) -> list[np.ndarray]:
     """Each component's chosen samples in stream order (stage 2)."""
     out = []
-    idx = np.flatnonzero(chosen)
+    n, offsets = layout.num_documents, layout.offsets
     for c in range(num_components):
-        mine = idx[comps[idx] == c]
+        # the component's samples of every copy, in index order
+        mine = np.concatenate([np.flatnonzero(chosen[copy * n + offsets[c]:copy * n + offsets[c + 1]])
+                               + (copy * n + offsets[c]) for copy in range(layout.max_repetition)])
         if rng is not None:
             mine = mine[rng.permutation(mine.size)]
-        if not packing:
+        if not packing and mine.size:
             key = padded[mine].astype(np.float64)
             if shuffle and rng is not None:
                 key *= rng.uniform(1.0, 1.05, mine.size)  # jitter: batch-mates change between epochs
-                mine = mine[np.argsort(-key)]  # distinct keys (almost surely): no need of a stable sort
-            else:
-                mine = mine[np.argsort(-key, kind="stable")]
+            mine = mine[_descending(key)]
         out.append(mine)
     return out
+
+
+def _descending(key: np.ndarray) -> np.ndarray:
+    """A stable order of ``key`` (float64, >= 0), largest first: keys to 16 bits (NumPy sorts those by radix, in
+    linear time), exact for integers up to 65535, else to 1/65535 of the largest key."""
+    top = float(key.max())
+    if top <= 65535 and np.array_equal(key, np.floor(key)):
+        q = top - key
+    else:
+        q = np.floor((1.0 - key / top) * 65535.0)
+    return np.argsort(q.astype(np.uint16), kind="stable")
 
 
 def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSettings, settings: BatchingSettings, *,
@@ -382,11 +393,10 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
         chosen = select_epoch(units, layout, mixture, seed=seed, epoch=epoch, eligible=eligible)
     else:
         chosen = np.asarray(plan_exactly, dtype=bool)
-    comps = layout.component_of(np.arange(layout.num_samples))
     k = len(mixture.names)
     padded = padded_lengths(lengths, settings.pad_to_multiple_of)
     rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch), 0x737472])) if settings.shuffle else None
-    streams = _streams(chosen, comps, k, padded, settings.packing, settings.shuffle, rng)
+    streams = _streams(chosen, layout, k, padded, settings.packing, settings.shuffle, rng)
     if not any(s.size for s in streams):
         return MixturePlan(empty_plan(num_replicas, acc), chosen, np.zeros((0, k), dtype=np.int64))
     walk = _Walk(streams, units, lengths)
@@ -466,16 +476,20 @@ class _Walk:
                 tags.append((np.cumsum(u) - 0.5 * u) / self.shares[c])
             else:  # no units: spread evenly over the walk
                 tags.append((np.arange(u.size) + 0.5) * (max(grand, 1.0) / max(u.size, 1)))
-        comp = np.repeat(np.arange(len(per)), [u.size for u in per])
         order = np.argsort(np.concatenate(tags), kind="stable")  # k sorted runs: a merge; ties by component
+        # gathers from the streams' own arrays (each read in order) rather than from the samples at random
         self.merged = np.concatenate(streams)[order]
-        self.comp = comp[order]
+        self.comp = np.repeat(np.arange(len(per), dtype=np.int8 if len(per) < 128 else np.int64),
+                              [u.size for u in per])[order]
         self.size = int(self.merged.size)
-        self.x = np.concatenate([[0.0], np.cumsum(units[self.merged], dtype=np.float64)])
-        self.t = np.concatenate([[0], np.cumsum(lengths[self.merged], dtype=np.int64)])
+        merged_units = np.concatenate(per)[order]
+        merged_tokens = merged_units if units is lengths else np.concatenate([lengths[s] for s in streams])[order]
+        self.x = np.concatenate([[0.0], np.cumsum(merged_units, dtype=np.float64)])
+        self.t = np.concatenate([[0], np.cumsum(merged_tokens, dtype=np.int64)])
         k = len(per)
-        self.count = np.zeros((self.size + 1, k), dtype=np.int32 if self.size < 2**31 else np.int64)
-        np.cumsum(self.comp[:, None] == np.arange(k)[None, :], axis=0, out=self.count[1:])
+        self.count = np.zeros((self.size + 1, k), dtype=np.int32 if self.size < 2**31 else np.int64, order="F")
+        for c in range(k):  # documents of each component in each prefix (a column each: contiguous)
+            np.cumsum(self.comp == c, out=self.count[1:, c])
         starts = np.concatenate([[0], np.cumsum([u.size + 1 for u in per])[:-1]])
         self.cum = np.concatenate([np.concatenate([[0.0], np.cumsum(u)]) for u in per])  # stream c at starts[c]
         # the larger of the documents on either side of a cut after j documents of a stream
