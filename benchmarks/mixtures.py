@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--documents", type=int, default=300_000, help="documents over the three components")
     parser.add_argument("--timing-documents", type=int, nargs="+", default=[1_000_000, 10_000_000],
                         help="documents of the timed plans (one or more sizes)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each plan (the median is reported)")
     parser.add_argument("--baseline", default=None, metavar="REVISION",
                         help="also time plan_mixture of this git revision, side by side on the same corpora")
     args = parser.parse_args(argv)
@@ -181,19 +182,24 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("interleave_datasets padded", "Megatron blend padded"):
         share = rows[name]["share"]
         print(f"\n{name.split()[0]}: token shares over the epoch " + " / ".join(f"{100 * s:.0f}" for s in share))
-    print("\nplanning time of one epoch (wall and CPU seconds, and CPU seconds per million chosen documents; goal "
-          "0.6 s per million)\n")
+    print(f"\nplanning time of one epoch: medians of {args.repeats} runs, the revisions alternating (wall and CPU "
+          "seconds, and CPU seconds per million chosen documents; goal 0.6 s per million)\n")
     print("| documents | chosen | plan | revision | wall s | CPU s | CPU s per million |")
     print("|---|---|---|---|---|---|---|")
     for count in args.timing_documents:
         sizes, lengths = corpus(count, seed=1)
         for packing in (False, True):
             runs = [(commit, None)] + ([(args.baseline, old)] if old else [])
-            for revision, planner in runs:
-                r = ours(sizes, lengths, packing, planner)
-                print(f"| {count:,} | {r['documents']:,} | {'packed' if packing else 'padded'} | {revision} | "
-                      f"{r['seconds']:.2f} | {r['cpu_seconds']:.2f} | {r['cpu_seconds'] / r['documents'] * 1e6:.2f} |",
-                      flush=True)
+            times: dict[str, list[tuple[float, float, int]]] = {revision: [] for revision, _ in runs}
+            for _ in range(args.repeats):
+                for revision, planner in runs:
+                    r = ours(sizes, lengths, packing, planner)
+                    times[revision].append((r["seconds"], r["cpu_seconds"], r["documents"]))
+            for revision, measured in times.items():
+                wall, cpu = (float(np.median([m[i] for m in measured])) for i in (0, 1))
+                chosen = measured[0][2]
+                print(f"| {count:,} | {chosen:,} | {'packed' if packing else 'padded'} | {revision} | {wall:.2f} | "
+                      f"{cpu:.2f} | {cpu / chosen * 1e6:.2f} |", flush=True)
 
 if __name__ == "__main__":
     main()
