@@ -6,18 +6,22 @@ documents of all steps together, with NumPy operations over the steps, where the
 every rank, equal rank speeds, padded or packed micro-batches without static shapes; :func:`vectorised`): each step
 gets exactly ``num_micro = num_replicas * accumulate_grad_batches`` micro-batches within the budget.
 
-* **Padded.** A step's documents sorted by padded length, longest first, are cut into contiguous micro-batches under
-  one cost cap per step, the least cap (found by bisection) whose greedy cut needs at most ``num_micro``
-  micro-batches (fairseq's ``batch_by_size`` cuts a sorted order greedily under the budget; the cap evens the
-  costs); a step cut into fewer is completed by halving its micro-batches of most rows. A step fits iff the greedy
-  cut under the budget alone needs at most ``num_micro`` (:func:`padded_fits`, exact).
+* **Padded.** A step's documents sorted by padded length, longest first, are cut into ``num_micro`` contiguous
+  micro-batches within the budget in three ways, and the one that holds the ranks least is kept (as the padded
+  planner keeps the better of its cuts): greedily under the least cost cap (found by bisection) that needs at most
+  ``num_micro`` micro-batches (fairseq's ``batch_by_size`` cuts a sorted order greedily under the budget; the cap
+  evens the costs), a cut into fewer completed by halving its micro-batches of most rows; each micro-batch the rows
+  nearest an equal share of the cost still to place; and each rank a contiguous run of ``accumulate_grad_batches``
+  micro-batches under the least rank cost that fits (even at the grain of one row). A step fits iff the greedy cut
+  under the budget alone needs at most ``num_micro`` (:func:`padded_fits`, exact).
 * **Packed.** A step's documents, longest first, go each to the packed row of least cost that still holds it (the
   Longest Processing Time rule; Graham, SIAM J. Appl. Math. 17, 1969). :func:`packed_fits` is a sufficient test: the
   rule can only fail at a document of ``l`` tokens when every row holds more than ``capacity - l``, so the documents
   before it hold more than ``num_micro * (capacity - l)``; a step where that never happens fits.
 
 Each step's micro-batches then go to the ranks, ``accumulate_grad_batches`` each, largest first to the least loaded
-rank (LPT with a cardinality limit, in rounds of ``num_replicas``).
+rank (LPT with a cardinality limit, in rounds of ``num_replicas``), except the rank-by-rank padded cut, whose runs are
+the ranks'.
 """
 
 from __future__ import annotations
@@ -205,7 +209,8 @@ def _fill_empty(sizes: np.ndarray, groups: int) -> np.ndarray:
 
 def _cut(key: np.ndarray, bounds: np.ndarray, num_replicas: int, acc: int, max_tokens: int, row_cap: int,
          cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray]:
-    """Padded: each step's sorted rows cut into ``num_micro`` micro-batches under the least cost cap that fits."""
+    """Padded: each step's sorted rows cut into ``num_micro`` micro-batches (the module's three cuts, the one that
+    holds the ranks least kept): ``(sizes [num_steps, num_micro], assignment [num_steps, acc, num_replicas])``."""
     num_micro = num_replicas * acc
     rc = np.asarray(cost_model.row_cost(key), dtype=np.float64).reshape(-1)
     per_batch = float(cost_model.per_batch)
@@ -222,6 +227,7 @@ def _cut(key: np.ndarray, bounds: np.ndarray, num_replicas: int, acc: int, max_t
     rows_max = np.minimum(np.minimum(max_tokens // key, row_cap), 1 << 40)
     hi = np.zeros(num_steps)
     np.maximum.at(hi, step_of, rows_max * rc + per_batch)
+    full, single = hi.copy(), lo.copy()
     ok, _ = _greedy(key, rc, bounds, lo, num_micro, max_tokens, row_cap, per_batch, False)
     hi = np.where(ok, lo, hi)
     for _ in range(_BISECTIONS):
@@ -240,13 +246,10 @@ def _cut(key: np.ndarray, bounds: np.ndarray, num_replicas: int, acc: int, max_t
     sizes = np.where(better[:, None], even, sizes)
     assignment = np.where(better[:, None, None], _ranks(even_costs, num_replicas, acc), assignment)
     hold = np.where(better, even_hold, hold)
-    # each rank a contiguous run of acc micro-batches under the least rank cost that fits: even at the row's grain
-    total = _padded_costs(np.diff(bounds)[:, None], bounds, rc, 0.0)[:, 0]  # an upper bound of a step's row costs
-    lo = np.maximum(lo, np.bincount(step_of, weights=rc, minlength=num_steps) / num_replicas)
-    hi = np.maximum(hold, lo)
-    hi = acc * np.maximum(hi, (hi / acc))  # a cap of acc full micro-batches fits (the budget alone decides)
-    hi = np.maximum(hi, acc * _padded_costs(sizes, bounds, rc, per_batch).max(axis=1))
-    del total
+    # each rank a contiguous run of acc micro-batches under the least rank cost that fits: even at the row's grain;
+    # from the rows' cost over the ranks (too small) to acc costliest full micro-batches (the budget alone decides)
+    lo = np.maximum(single, np.bincount(step_of, weights=rc, minlength=num_steps) / num_replicas)
+    hi = np.maximum(acc * full, lo)
     for _ in range(_BISECTIONS):
         mid = 0.5 * (lo + hi)
         ok, _ = _greedy_ranks(key, rc, bounds, mid, num_replicas, acc, max_tokens, row_cap, per_batch)
