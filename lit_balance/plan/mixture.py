@@ -422,8 +422,9 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
             b = walk.end(a, walk.within(a, fill * capacity))
             members = walk.merged[a:b]
             if fast:  # fewer documents than micro-batches: one each (_parts), which fits
-                fits = b - a < num_micro or (packed_fits(key[members], num_micro, room) if settings.packing
-                                             else padded_fits(np.sort(key[members])[::-1], num_micro, room, row_cap))
+                values = key[members]
+                fits = b - a < num_micro or (packed_fits(values, num_micro, room) if settings.packing
+                                             else padded_fits(np.sort(values)[::-1], num_micro, room, row_cap))
                 plan = None
             else:
                 plan = planner.plan(lengths[members], np.arange(members.size, dtype=np.int64), step_settings,
@@ -439,7 +440,7 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
         fill = min(fill * _FILL_GROW, 1.0)
         steps.append((a, b, plan))
         if plan is None:
-            sorted_members.append(members[np.argsort(-key[members], kind="stable")])
+            sorted_members.append(members[np.argsort(-values, kind="stable")])
         a = b
     parts = _parts(steps, sorted_members, walk, lengths, settings, num_replicas, cost_model)
     step_units = np.stack([walk.units(s, e) for s, e, _ in steps]).astype(np.int64)

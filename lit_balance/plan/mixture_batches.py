@@ -66,8 +66,7 @@ def packed_fits(lengths: np.ndarray, num_micro: int, capacity: int) -> bool:
     succeeds: sufficient, the tokens before each document longest first, but the ``num_micro`` longest, at most
     ``num_micro * (capacity - length)``. Only documents longer than ``capacity - total / num_micro`` can break it,
     and the documents before them are longer still, so only those are sorted."""
-    total = int(lengths.sum())
-    large = lengths[lengths * num_micro > num_micro * capacity - total]
+    large = lengths[lengths > capacity - int(lengths.sum()) / num_micro]
     if large.shape[0] <= num_micro:
         return True
     large = np.sort(large)[::-1]
