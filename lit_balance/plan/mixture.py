@@ -368,7 +368,9 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
         mixture: weights, unit and epoch length (:class:`MixtureSettings`).
         settings: the batching settings: budget (``max_tokens``, per rank when a list), ``accumulate_grad_batches``,
             packing, shuffle and seed, ``largest_first``, ``drop_last``. ``plan_window`` is not used: a mixture is
-            planned step by step.
+            planned step by step. A step of fewer documents than micro-batches gets fill rows, with ``drop_last``
+            too where the micro-batches are formed together (every chosen document is read); the planner called per
+            step (per-rank budgets, unequal speeds, static shapes) applies ``drop_last`` as for one corpus.
         num_replicas: data-parallel ranks.
         epoch: the epoch (seeds the selection, the streams and the order of steps).
         cost_model: the cost of a micro-batch.
