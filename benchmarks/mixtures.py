@@ -1,8 +1,8 @@
 """Mixtures: per-step token shares and useful compute fraction, this library against sample weighting.
 
 Run:
-    python -m benchmarks.mixtures                                  # 300k documents, and planning time at 10M
-    python -m benchmarks.mixtures --documents 60000 --timing-documents 1000000
+    python -m benchmarks.mixtures                                  # 300k documents; planning time at 1M and 10M
+    python -m benchmarks.mixtures --documents 60000 --timing-documents 1000000 --baseline 747dc57
 
 Three components with document medians of about 300, 900 and 3,000 tokens (log-normal, sigma 0.7, 8 to 8,192 tokens),
 target shares 0.6 / 0.1 / 0.3 by tokens, 8 ranks, optimizer steps of 512k token slots (``max_tokens=16384`` per
@@ -21,7 +21,9 @@ useful_fraction`: padded slots padded, tokens packed).
 * ``interleave_datasets, length-corrected``: sample probabilities set to target / mean document length (token shares
   on average, what a user can do by hand): the per-step deviation left is the draws' own.
 
-The planning time of a mixture epoch (padded and packed) is measured at ``--timing-documents`` documents.
+The planning time of a mixture epoch (padded and packed) is measured at each ``--timing-documents`` size, wall and
+CPU seconds (CPU time is steadier on a shared machine), with ``--baseline REVISION`` also for that revision's
+``plan_mixture`` on the same corpora in the same process.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ import platform
 import subprocess
 import sys
 import time
+import types
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -62,17 +66,19 @@ def _deviation(step_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return dev.max(axis=0), np.percentile(dev, 95, axis=0), int(big.shape[0])
 
 
-def ours(sizes: np.ndarray, lengths: np.ndarray, packing: bool) -> dict:
+def ours(sizes: np.ndarray, lengths: np.ndarray, packing: bool, planner: Any = None) -> dict:
+    """This library's mixture plan (``planner``: a ``plan_mixture`` of another revision, or None for this one)."""
     layout = MixtureLayout(sizes)
     settings = BatchingSettings(max_tokens=MAX_TOKENS, accumulate_grad_batches=ACC, packing=packing)
     mixture = MixtureSettings(NAMES, TARGETS)
-    start = time.perf_counter()
-    mp = plan_mixture(lengths, layout, mixture, settings, num_replicas=RANKS, epoch=0, cost_model=CostModel())
-    seconds = time.perf_counter() - start
+    start, cpu = time.perf_counter(), time.process_time()
+    mp = (planner or plan_mixture)(lengths, layout, mixture, settings, num_replicas=RANKS, epoch=0,
+                                   cost_model=CostModel())
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     stats = plan_stats(mp.plan, lengths, planner=planner_for(settings), accumulate_grad_batches=ACC)
     worst, p95, steps = _deviation(mp.step_units.astype(np.float64))
     return {"max": worst, "p95": p95, "steps": steps, "U": stats.useful_fraction, "seconds": seconds,
-            "documents": int(mp.chosen.sum())}
+            "cpu_seconds": cpu_seconds, "documents": int(mp.chosen.sum())}
 
 
 def _sample_weighted(order: np.ndarray, lengths: np.ndarray, layout: MixtureLayout, packing: bool) -> dict:
@@ -125,6 +131,18 @@ def megatron_order(sizes: np.ndarray, seed: int = 0) -> np.ndarray:
     return np.array([shuffled[d][s] for d, s in zip(dataset_index[keep], sample_index[keep])], dtype=np.int64)
 
 
+def baseline_planner(revision: str) -> Any:
+    """``plan_mixture`` of ``lit_balance/plan/mixture.py`` at a git ``revision`` of this repository, loaded beside
+    this one (the rest of the package is this revision's), for planning times measured side by side."""
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:lit_balance/plan/mixture.py"],
+                            capture_output=True, text=True, check=True).stdout
+    name = f"lit_balance.plan._mixture_at_{revision}"
+    module = types.ModuleType(name)
+    sys.modules[name] = module  # dataclasses look their module up
+    exec(compile(source, f"{revision}:lit_balance/plan/mixture.py", "exec"), module.__dict__)
+    return module.plan_mixture
+
+
 def _row(name: str, r: dict) -> str:
     cells = [f"{100 * r['max'][c]:.1f} / {100 * r['p95'][c]:.1f}" for c in range(3)]
     return f"| {name} | " + " | ".join(cells) + f" | {r['U']:.4f} | {r['steps']} |"
@@ -133,8 +151,13 @@ def _row(name: str, r: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--documents", type=int, default=300_000, help="documents over the three components")
-    parser.add_argument("--timing-documents", type=int, default=10_000_000, help="documents of the timed plans")
+    parser.add_argument("--timing-documents", type=int, nargs="+", default=[1_000_000, 10_000_000],
+                        help="documents of the timed plans (one or more sizes)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each plan (the median is reported)")
+    parser.add_argument("--baseline", default=None, metavar="REVISION",
+                        help="also time plan_mixture of this git revision, side by side on the same corpora")
     args = parser.parse_args(argv)
+    old = baseline_planner(args.baseline) if args.baseline else None
     sizes, lengths = corpus(args.documents)
     layout = MixtureLayout(sizes)
     rows = {"lit_balance padded": ours(sizes, lengths, False), "lit_balance packed": ours(sizes, lengths, True)}
@@ -159,13 +182,24 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("interleave_datasets padded", "Megatron blend padded"):
         share = rows[name]["share"]
         print(f"\n{name.split()[0]}: token shares over the epoch " + " / ".join(f"{100 * s:.0f}" for s in share))
-    sizes, lengths = corpus(args.timing_documents, seed=1)
-    for packing in (False, True):
-        r = ours(sizes, lengths, packing)
-        print(f"\nplanning time, {'packed' if packing else 'padded'}: {r['seconds']:.1f} s for {r['documents']:,} "
-              f"chosen of {args.timing_documents:,} documents = {r['seconds'] / r['documents'] * 1e6:.2f} s per "
-              "million (goal 0.6)")
-
+    print(f"\nplanning time of one epoch: medians of {args.repeats} runs, the revisions alternating (wall and CPU "
+          "seconds, and CPU seconds per million chosen documents; goal 0.6 s per million)\n")
+    print("| documents | chosen | plan | revision | wall s | CPU s | CPU s per million |")
+    print("|---|---|---|---|---|---|---|")
+    for count in args.timing_documents:
+        sizes, lengths = corpus(count, seed=1)
+        for packing in (False, True):
+            runs = [(commit, None)] + ([(args.baseline, old)] if old else [])
+            times: dict[str, list[tuple[float, float, int]]] = {revision: [] for revision, _ in runs}
+            for _ in range(args.repeats):
+                for revision, planner in runs:
+                    r = ours(sizes, lengths, packing, planner)
+                    times[revision].append((r["seconds"], r["cpu_seconds"], r["documents"]))
+            for revision, measured in times.items():
+                wall, cpu = (float(np.median([m[i] for m in measured])) for i in (0, 1))
+                chosen = measured[0][2]
+                print(f"| {count:,} | {chosen:,} | {'packed' if packing else 'padded'} | {revision} | {wall:.2f} | "
+                      f"{cpu:.2f} | {cpu / chosen * 1e6:.2f} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -14,18 +14,31 @@ settings, mixture, seed, epoch, ranks):
    component is read once and the others are subsampled. With ``units_per_epoch`` set, ``E`` is that number, and a
    component that cannot give ``w_c * E`` units within ``max_repetition`` reads is an error before training.
 2. **Steps.** Each component's chosen documents form a stream (padded plans: sorted by length, longest first, with
-   random jitter so batch-mates change between epochs; packed plans: in random order). Optimizer step ``g`` takes
-   from every stream the documents up to the one nearest its cumulative quota ``s_c * Y_g`` (``s_c`` the component's
-   share of the chosen units, ``Y_g`` the units of steps ``0..g``): the errors of one step are those of the
-   quotas at its two ends, so every step is within one document of its shares, and nothing drifts over the epoch
-   (the largest-remainder idea of proportional apportionment, applied to cumulative quotas). A step's size starts
-   at the micro-batches' capacity (``num_replicas * accumulate_grad_batches`` budgets) times a fill ratio that
-   adapts: a step whose documents do not fit its micro-batches is made 3 % smaller and planned again.
-3. **Micro-batches.** Each step's documents go to the planner the settings choose (padded or packed,
-   :func:`~lit_balance.plan.planner_for`), asked for exactly ``num_replicas * accumulate_grad_batches``
-   micro-batches: the budget, the balanced cost per rank and the equal counts are the planner's. Length bands of
-   one step sort into few micro-batches, so padding stays low. With ``shuffle`` the steps then run in random
-   order; ``largest_first`` moves the step of the longest document first.
+   random jitter so batch-mates change between epochs; packed plans: in random order). The streams are merged into
+   one walk by each document's midpoint tag ``(U_c(j) + u_j / 2) / s_c`` (``U_c(j)`` the units before document ``j``
+   in its stream, ``u_j`` its units, ``s_c`` the component's share of the chosen units): every prefix of the walk
+   then holds, of each component, the documents nearest its cumulative quota (the largest-remainder idea of
+   proportional apportionment, applied to cumulative quotas), and each stream keeps its order. Optimizer steps are
+   consecutive pieces of the walk. With ``D_c(p) = s_c * X(p) - U_c(p)`` the error of prefix ``p`` (``X(p)`` its
+   units), a step from ``a`` to ``b`` holds ``u_c = s_c * U + D_c(a) - D_c(b)`` of component ``c``: a step ends at
+   the last prefix within its fill whose errors keep **every component within one document of its share**,
+   ``|u_c - s_c * U| <= B``, where ``B`` is the step's *boundary document*: the longest document (in the unit) next
+   to a component's cut at the step's start or end (the last one each stream gives the step or an earlier one, and
+   the first it leaves to a later one), so at most the mixture's longest document. One document always does
+   (it moves each error by at most its own units), so such an end exists. Steps of at least 256k tokens also keep
+   ``|u_c - s_c * U| <= 0.02 * U`` (unless one document alone is that long). Over the epoch the errors vanish:
+   each component has exactly its share of the chosen units, which the selection puts within one document of its
+   weight. A step's size starts at the micro-batches' capacity (``num_replicas * accumulate_grad_batches``
+   budgets) times a fill ratio that adapts: a step whose documents do not fit its micro-batches is made 2 %
+   smaller and formed again, and each step that fits lets the next be 0.2 % larger.
+3. **Micro-batches.** Whether a step fits is known without planning it, and the micro-batches of all steps are then
+   formed at once (:mod:`lit_balance.plan.mixture_batches`: NumPy over the steps, a few hundred times faster than a
+   planner call per step), exactly ``num_replicas * accumulate_grad_batches`` per step within the budget, with the
+   cost per rank balanced; a step of fewer documents has one document per micro-batch and fill rows. With per-rank
+   budgets, unequal rank speeds or static shapes, each step is planned by the planner the settings choose
+   (:func:`~lit_balance.plan.planner_for`) instead. Length bands of one step sort into few micro-batches, so padding
+   stays low. With ``shuffle`` the steps then run in random order; ``largest_first`` moves the step of the longest
+   document first.
 
 Samples live in one index space: sample ``copy * N + offset_c + d`` is document ``d`` of component ``c`` read for the
 ``copy``-th time in an epoch (``N`` documents over all components, ``copy < max_repetition``), so every sample is
@@ -44,6 +57,7 @@ import numpy as np
 
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.cost import CostModelProtocol
+from lit_balance.plan.mixture_batches import batch_steps, packed_fits, padded_fits, vectorised
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.types import EpochPlan, empty_plan, padded_lengths
 
@@ -54,7 +68,8 @@ __all__ = ["MIXTURE_UNITS", "MixtureLayout", "MixturePlan", "MixtureSettings", "
 MIXTURE_UNITS = ("tokens", "supervised_tokens", "documents")
 
 _FILL_START = {"padded": 0.95, "packed": 0.98}  # first fill ratio of a step's capacity
-_FILL_SHRINK, _FILL_GROW = 0.97, 1.01
+_FILL_SHRINK, _FILL_GROW = 0.98, 1.002  # a step that does not fit: 2 % smaller; one that fits: the next 0.2 % larger
+_BIG_STEP_TOKENS, _BIG_STEP_SHARE = 256 * 1024, 0.02  # steps of at least this many tokens: shares within 2 points
 
 
 @dataclass(frozen=True)
@@ -303,22 +318,35 @@ def select_epoch(units: np.ndarray, layout: MixtureLayout, mixture: MixtureSetti
     return chosen
 
 
-def _streams(chosen: np.ndarray, comps: np.ndarray, num_components: int, padded: np.ndarray, packing: bool,
+def _streams(chosen: np.ndarray, layout: MixtureLayout, num_components: int, padded: np.ndarray, packing: bool,
              shuffle: bool, rng: np.random.Generator | None) -> list[np.ndarray]:
     """Each component's chosen samples in stream order (stage 2)."""
     out = []
-    idx = np.flatnonzero(chosen)
+    n, offsets = layout.num_documents, layout.offsets
     for c in range(num_components):
-        mine = idx[comps[idx] == c]
+        # the component's samples of every copy, in index order
+        mine = np.concatenate([np.flatnonzero(chosen[copy * n + offsets[c]:copy * n + offsets[c + 1]])
+                               + (copy * n + offsets[c]) for copy in range(layout.max_repetition)])
         if rng is not None:
             mine = mine[rng.permutation(mine.size)]
-        if not packing:
+        if not packing and mine.size:
             key = padded[mine].astype(np.float64)
             if shuffle and rng is not None:
                 key *= rng.uniform(1.0, 1.05, mine.size)  # jitter: batch-mates change between epochs
-            mine = mine[np.argsort(-key, kind="stable")]
+            mine = mine[_descending(key)]
         out.append(mine)
     return out
+
+
+def _descending(key: np.ndarray) -> np.ndarray:
+    """A stable order of ``key`` (float64, >= 0), largest first: keys to 16 bits (NumPy sorts those by radix, in
+    linear time), exact for integers up to 65535, else to 1/65535 of the largest key."""
+    top = float(key.max())
+    if top <= 65535 and np.array_equal(key, np.floor(key)):
+        q = top - key
+    else:
+        q = np.floor((1.0 - key / top) * 65535.0)
+    return np.argsort(q.astype(np.uint16), kind="stable")
 
 
 def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSettings, settings: BatchingSettings, *,
@@ -327,13 +355,22 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
                  plan_exactly: np.ndarray | None = None) -> MixturePlan:
     """Plan one mixture epoch for all ranks (pure: the same inputs give the same plan on every rank).
 
+    Every optimizer step ``g`` holds, of each component ``c``, units ``u_c`` with ``|u_c - s_c * U| <= B_g`` (``U``
+    the step's units, ``s_c`` the component's share of the epoch's chosen units, ``B_g`` the step's boundary
+    document: the longest document, in units, next to a component's cut at the step's start or end); in steps of
+    at least 256k tokens also ``|u_c - s_c * U| <= 0.02 * U`` (unless one document alone is that long). Over the
+    epoch each component has exactly its share ``s_c`` of the chosen units, which is within one document of its
+    weight (:func:`select_epoch`).
+
     Args:
         lengths: int64 ``[num_samples]``: tokens per sample as planned (truncated), tiled over copies.
         layout: the sample space (:class:`MixtureLayout`).
         mixture: weights, unit and epoch length (:class:`MixtureSettings`).
         settings: the batching settings: budget (``max_tokens``, per rank when a list), ``accumulate_grad_batches``,
             packing, shuffle and seed, ``largest_first``, ``drop_last``. ``plan_window`` is not used: a mixture is
-            planned step by step.
+            planned step by step. A step of fewer documents than micro-batches gets fill rows, with ``drop_last``
+            too where the micro-batches are formed together (every chosen document is read); the planner called per
+            step (per-rank budgets, unequal speeds, static shapes) applies ``drop_last`` as for one corpus.
         num_replicas: data-parallel ranks.
         epoch: the epoch (seeds the selection, the streams and the order of steps).
         cost_model: the cost of a micro-batch.
@@ -347,6 +384,9 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
     Returns:
         The :class:`MixturePlan`; every optimizer step has ``accumulate_grad_batches`` micro-steps of
         ``num_replicas`` micro-batches, each within the budget.
+
+    Raises:
+        RuntimeError: a step that does not fit its micro-batches although its fit test passed (a bug).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     units = mixture_units(mixture, lengths, supervised_lengths)
@@ -355,118 +395,205 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
         chosen = select_epoch(units, layout, mixture, seed=seed, epoch=epoch, eligible=eligible)
     else:
         chosen = np.asarray(plan_exactly, dtype=bool)
-    comps = layout.component_of(np.arange(layout.num_samples))
     k = len(mixture.names)
     padded = padded_lengths(lengths, settings.pad_to_multiple_of)
     rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch), 0x737472])) if settings.shuffle else None
-    streams = _streams(chosen, comps, k, padded, settings.packing, settings.shuffle, rng)
+    streams = _streams(chosen, layout, k, padded, settings.packing, settings.shuffle, rng)
     if not any(s.size for s in streams):
         return MixturePlan(empty_plan(num_replicas, acc), chosen, np.zeros((0, k), dtype=np.int64))
-    # float64 (exact below 2**53): searchsorted with a float target on an int array would convert the array per step
-    cum = [np.concatenate([[0], np.cumsum(units[s], dtype=np.int64)]).astype(np.float64) for s in streams]
-    cum_tokens = np.concatenate([[0], np.cumsum(np.concatenate([lengths[s] for s in streams]))])
-    totals = np.array([c[-1] for c in cum], dtype=np.float64)
-    grand = float(totals.sum())
-    shares = totals / grand if grand > 0 else np.full(k, 1.0 / k)
-    units_per_token = grand / max(float(cum_tokens[-1]), 1.0)
+    walk = _Walk(streams, units, lengths)
     from lit_balance.plan.epoch import planner_for  # the planners import nothing from here; epoch imports them
 
     planner = planner_for(settings)
     step_settings = settings.replace(shuffle=False, largest_first=False)
-    budgets = np.asarray(settings.rank_max_tokens(num_replicas), dtype=np.float64)
-    capacity = float(budgets.sum()) * acc
-    num_batches = num_replicas * acc
+    num_micro = num_replicas * acc
     speeds = np.ones(num_replicas) if speeds is None else np.asarray(speeds, dtype=np.float64)
+    fast = vectorised(settings, planner.name, speeds)
+    if settings.packing:
+        key, room = lengths, settings.truncate_to
+    else:
+        key, room = padded, settings.max_tokens
+    row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
+    capacity = float(np.sum(settings.rank_max_tokens(num_replicas))) * acc  # token slots of a step
     fill = _FILL_START[planner.name]
-    pos = np.zeros(k, dtype=np.int64)
-    sizes = np.array([s.size for s in streams], dtype=np.int64)
-    done = 0.0
-    plans: list[tuple[np.ndarray, EpochPlan]] = []
-    step_units: list[np.ndarray] = []
-    while (pos < sizes).any():
-        ends = _step_ends(cum, shares, pos, sizes, done + fill * capacity * units_per_token, grand)
+    steps: list[tuple[int, int, EpochPlan | None]] = []  # (start, end, plan or None: batched below)
+    sorted_members: list[np.ndarray] = []
+    a, n = 0, walk.size
+    while a < n:
         while True:
-            members = np.concatenate([streams[c][pos[c]:ends[c]] for c in range(k)])
-            plan = planner.plan(lengths[members], np.arange(members.size, dtype=np.int64), step_settings,
-                                num_replicas=num_replicas, epoch=epoch, cost_model=cost_model, speeds=speeds,
-                                num_batches=num_batches, min_steps=acc)
-            if plan.num_micro_steps <= acc:
+            b = walk.end(a, walk.within(a, fill * capacity))
+            members = walk.merged[a:b]
+            if fast:  # fewer documents than micro-batches: one each (_parts), which fits
+                values = key[members]
+                fits = b - a < num_micro or (packed_fits(values, num_micro, room) if settings.packing
+                                             else padded_fits(np.sort(values)[::-1], num_micro, room, row_cap))
+                plan = None
+            else:
+                plan = planner.plan(lengths[members], np.arange(members.size, dtype=np.int64), step_settings,
+                                    num_replicas=num_replicas, epoch=epoch, cost_model=cost_model, speeds=speeds,
+                                    num_batches=num_micro, min_steps=acc)
+                fits = plan.num_micro_steps <= acc
+            if fits:
                 break
-            if members.size <= 1:  # cannot happen: every sample fits one micro-batch
+            if b - a <= 1:  # cannot happen: every sample fits one micro-batch
                 raise RuntimeError(f"a single sample of {int(lengths[members].sum())} tokens does not fit one "
                                    "micro-batch")
-            fill *= _FILL_SHRINK
-            target = done + fill * capacity * units_per_token
-            if target >= grand:  # the rest in one step does not fit: plan it in smaller steps
-                fill = (grand - done) / (capacity * units_per_token) * _FILL_SHRINK
-                target = done + fill * capacity * units_per_token
-            smaller = _step_ends(cum, shares, pos, sizes, target, grand)
-            if np.array_equal(smaller, ends):
-                # A component behind its quota by more than a step holds: halve what the step takes from the
-                # component most above its share of this step.
-                taken = np.array([cum[c][ends[c]] - cum[c][pos[c]] for c in range(k)], dtype=np.float64)
-                excess = np.where(ends > pos, taken - shares * taken.sum(), -np.inf)
-                c = int(np.argmax(excess))
-                smaller = ends.copy()
-                smaller[c] = pos[c] + (ends[c] - pos[c]) // 2
-                if not (smaller > pos).any():
-                    smaller[c] = pos[c] + 1
-            ends = smaller
+            fill = min(fill, walk.tokens(a, b) / capacity) * _FILL_SHRINK
         fill = min(fill * _FILL_GROW, 1.0)
-        plans.append((members, plan))
-        step_units.append(np.array([cum[c][ends[c]] - cum[c][pos[c]] for c in range(k)], dtype=np.int64))
-        done = float(sum(cum[c][ends[c]] for c in range(k)))
-        pos = ends
-    order = np.arange(len(plans))
+        steps.append((a, b, plan))
+        if plan is None:
+            sorted_members.append(members[np.argsort(-values, kind="stable")])
+        a = b
+    parts = _parts(steps, sorted_members, walk, lengths, settings, num_replicas, cost_model)
+    step_units = np.stack([walk.units(s, e) for s, e, _ in steps]).astype(np.int64)
+    order = np.arange(len(parts))
     if settings.shuffle:
-        order = np.random.default_rng(np.random.SeedSequence([seed, int(epoch), 0x6F7264])).permutation(len(plans))
+        order = np.random.default_rng(np.random.SeedSequence([seed, int(epoch), 0x6F7264])).permutation(len(parts))
     if settings.largest_first:
-        longest = int(np.argmax([lengths[m].max() for m, _ in plans]))
+        longest = int(np.argmax([int(lengths[p[0]].max()) for p in parts]))
         order = np.concatenate([[longest], order[order != longest]])
-    short = np.array([plans[i][1].num_micro_steps < acc for i in order], dtype=bool)
+    short = np.array([parts[i][3].shape[0] < acc for i in order], dtype=bool)
     order = np.concatenate([order[~short], order[short]])  # a step of fewer micro-steps (the rest) runs last
-    return MixturePlan(_concat([plans[i] for i in order], num_replicas, acc), chosen,
-                       np.stack([step_units[i] for i in order]))
+    return MixturePlan(_concat([parts[i] for i in order], num_replicas, acc), chosen, step_units[order])
 
 
-def _step_ends(cum: Sequence[np.ndarray], shares: np.ndarray, pos: np.ndarray, sizes: np.ndarray, target: float,
-               grand: float) -> np.ndarray:
-    """The end of the step whose cumulative units reach ``target``: every stream's end nearest its quota; all of
-    them at the epoch's end; at least one document (the most behind component's next) when the quotas take none."""
-    if target >= grand:
-        return sizes.copy()
-    ends = _nearest_ends(cum, shares * target, pos)
-    if not (ends > pos).any():
-        behind = np.where(pos < sizes, shares * target - np.array([c[p] for c, p in zip(cum, pos)]), -np.inf)
-        ends[int(np.argmax(behind))] += 1
-    return ends
+class _Walk:
+    """The components' streams merged into one walk, and each prefix's errors against the shares.
+
+    Document ``j`` of component ``c`` is placed at its midpoint tag ``(U_c(j) + u_cj / 2) / s_c`` (``U_c(j)`` the
+    units before it in its stream, ``s_c`` the component's share of the chosen units): every prefix of the walk
+    then holds, of each component, the documents whose quota boundary at the prefix's tag is nearest (the
+    cumulative quotas of proportional apportionment), and each stream keeps its order. ``D_c(p) = s_c * X(p) -
+    U_c(p)`` is a prefix's error (``X(p)`` its units): a step from prefix ``a`` to ``b`` holds
+    ``u_c = s_c * U + D_c(a) - D_c(b)``.
+    """
+
+    def __init__(self, streams: Sequence[np.ndarray], units: np.ndarray, lengths: np.ndarray) -> None:
+        per = [units[s].astype(np.float64) for s in streams]
+        totals = np.array([u.sum() for u in per])
+        grand = float(totals.sum())
+        self.shares = totals / grand if grand > 0 else np.zeros(len(per))
+        tags = []
+        for c, u in enumerate(per):
+            if self.shares[c] > 0:
+                tags.append((np.cumsum(u) - 0.5 * u) / self.shares[c])
+            else:  # no units: spread evenly over the walk
+                tags.append((np.arange(u.size) + 0.5) * (max(grand, 1.0) / max(u.size, 1)))
+        order = np.argsort(np.concatenate(tags), kind="stable")  # k sorted runs: a merge; ties by component
+        # gathers from the streams' own arrays (each read in order) rather than from the samples at random
+        self.merged = np.concatenate(streams)[order]
+        self.comp = np.repeat(np.arange(len(per), dtype=np.int8 if len(per) < 128 else np.int64),
+                              [u.size for u in per])[order]
+        self.size = int(self.merged.size)
+        merged_units = np.concatenate(per)[order]
+        merged_tokens = merged_units if units is lengths else np.concatenate([lengths[s] for s in streams])[order]
+        self.x = np.concatenate([[0.0], np.cumsum(merged_units, dtype=np.float64)])
+        self.t = np.concatenate([[0], np.cumsum(merged_tokens, dtype=np.int64)])
+        k = len(per)
+        self.count = np.zeros((self.size + 1, k), dtype=np.int32 if self.size < 2**31 else np.int64, order="F")
+        for c in range(k):  # documents of each component in each prefix (a column each: contiguous)
+            np.cumsum(self.comp == c, out=self.count[1:, c])
+        starts = np.concatenate([[0], np.cumsum([u.size + 1 for u in per])[:-1]])
+        self.cum = np.concatenate([np.concatenate([[0.0], np.cumsum(u)]) for u in per])  # stream c at starts[c]
+        # the larger of the documents on either side of a cut after j documents of a stream
+        self.adjacent = np.concatenate([np.maximum(np.concatenate([[0.0], u]), np.concatenate([u, [0.0]]))
+                                        for u in per])
+        self.starts = starts.astype(np.int64)
+        self._last: tuple = (-1, None, None)  # the last end found, and its errors (the next step's start)
+
+    def tokens(self, a: int, b: int) -> int:
+        """Tokens of the walk's positions ``a:b``."""
+        return int(self.t[b] - self.t[a])
+
+    def units(self, a: int, b: int) -> np.ndarray:
+        """float64 ``[k]``: each component's units in positions ``a:b``."""
+        return self.cum[self.count[b] + self.starts] - self.cum[self.count[a] + self.starts]
+
+    def within(self, a: int, tokens: float) -> int:
+        """The last prefix after ``a`` whose tokens from ``a`` are at most ``tokens`` (at least ``a + 1``)."""
+        limit = np.int64(int(self.t[a]) + int(math.floor(tokens)))  # an int: a float would convert the array
+        return max(int(np.searchsorted(self.t, limit, side="right")) - 1, a + 1)
+
+    def _errors(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(D [len(p), k], boundary document [len(p)])`` at prefixes ``p``."""
+        at = self.count[p] + self.starts
+        return self.shares * self.x[p][:, None] - self.cum[at], self.adjacent[at].max(axis=1)
+
+    def end(self, a: int, last: int) -> int:
+        """The last prefix in ``a + 1 .. last`` that keeps the step's bounds (``a + 1`` always does: one document
+        ``l`` moves each error by at most ``l``)."""
+        if self._last[0] == a:
+            da, ea = self._last[1], self._last[2]
+        else:
+            da, ea = self._errors(np.array([a]))
+        first = last  # the last first, then the few before it: one of them nearly always keeps the bounds
+        while True:
+            p = np.arange(first, last + 1)
+            d, edge = self._errors(p)
+            dev = np.abs(d - da).max(axis=1)
+            ok = dev <= np.maximum(edge, ea) * (1 + 1e-12) + 1e-9
+            big = self.t[p] - self.t[a] >= _BIG_STEP_TOKENS
+            ok &= ~big | (dev <= _BIG_STEP_SHARE * (self.x[p] - self.x[a]) + 1e-9)
+            good = np.flatnonzero(ok)
+            if good.size:
+                j = good[-1]
+                self._last = (int(p[j]), d[j:j + 1], edge[j:j + 1])
+                return int(p[j])
+            if first == a + 1:
+                self._last = (-1, None, None)
+                return a + 1
+            first, last = max(a + 1, first - max(64, 4 * (last + 1 - first))), first - 1
 
 
-def _nearest_ends(cum: Sequence[np.ndarray], targets: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """Per stream, the end index whose cumulative units come nearest to its target (never before ``pos``)."""
-    ends = np.empty(len(cum), dtype=np.int64)
-    for c, (cu, t) in enumerate(zip(cum, targets)):
-        j = int(np.searchsorted(cu, t))  # cu[j] >= t; cu[j - 1] < t
-        if j >= cu.size:
-            j = cu.size - 1
-        elif j > 0 and t - cu[j - 1] < cu[j] - t:
-            j -= 1
-        ends[c] = max(j, int(pos[c]))
-    return ends
+def _parts(steps: Sequence[tuple[int, int, EpochPlan | None]], sorted_members: Sequence[np.ndarray], walk: _Walk,
+           lengths: np.ndarray, settings: BatchingSettings, num_replicas: int,
+           cost_model: CostModelProtocol) -> list[tuple[np.ndarray, ...]]:
+    """Per step ``(rows, is_fill, offsets, assignment, dropped)`` with sample indices; the steps without a plan
+    batched together (:func:`~lit_balance.plan.mixture_batches.batch_steps`)."""
+    acc = settings.accumulate_grad_batches
+    num_micro = num_replicas * acc
+    batched: list[tuple[np.ndarray, ...]] = []
+    empty = np.empty(0, dtype=np.int64)
+    few = [m for m in sorted_members if m.size < num_micro]
+    many = [m for m in sorted_members if m.size >= num_micro]
+    if many:
+        members = np.concatenate(many)
+        bounds = np.concatenate([[0], np.cumsum([m.size for m in many])]).astype(np.int64)
+        rows, sizes, assignment = batch_steps(members, bounds, lengths, settings, num_replicas=num_replicas,
+                                              cost_model=cost_model)
+        offsets = np.concatenate([np.zeros((sizes.shape[0], 1), dtype=np.int64), np.cumsum(sizes, axis=1)], axis=1)
+        flat = assignment.reshape(assignment.shape[0], acc, num_replicas)
+        for s in range(sizes.shape[0]):
+            r = rows[bounds[s]:bounds[s + 1]]
+            batched.append((r, np.zeros(r.size, dtype=bool), offsets[s], flat[s], empty))
+    spread = np.arange(num_micro).reshape(acc, num_replicas)
+    out, it, it_few = [], iter(batched), iter(few)
+    for a, b, plan in steps:
+        if plan is None and b - a < num_micro:  # one document per micro-batch, then fill rows (duplicates)
+            m = next(it_few)
+            rows = np.concatenate([m, m[np.arange(num_micro - m.size) % m.size]])
+            out.append((rows, np.arange(num_micro) >= m.size, np.arange(num_micro + 1), spread, empty))
+        elif plan is None:
+            out.append(next(it))
+        else:
+            members = walk.merged[a:b]
+            out.append((members[plan.rows], plan.is_fill, plan.batch_offsets, plan.assignment,
+                        members[plan.dropped]))
+    return out
 
 
-def _concat(parts: Sequence[tuple[np.ndarray, EpochPlan]], num_replicas: int, acc: int) -> EpochPlan:
-    """One epoch plan of the steps' plans, in order; rows mapped from step positions to sample indices."""
+def _concat(parts: Sequence[tuple[np.ndarray, ...]], num_replicas: int, acc: int) -> EpochPlan:
+    """One epoch plan of the steps' ``(rows, is_fill, offsets, assignment, dropped)``, in order."""
     rows, fill, offsets, assignment, dropped = [], [], [np.zeros(1, dtype=np.int64)], [], []
     row_base = batch_base = 0
-    for members, plan in parts:
-        rows.append(members[plan.rows])
-        fill.append(plan.is_fill)
-        offsets.append(plan.batch_offsets[1:] + row_base)
-        assignment.append(plan.assignment + batch_base)
-        dropped.append(members[plan.dropped])
-        row_base += plan.rows.size
-        batch_base += plan.num_batches
+    for r, is_fill, off, assign, drop in parts:
+        rows.append(r)
+        fill.append(is_fill)
+        offsets.append(off[1:] + row_base)
+        assignment.append(assign + batch_base)
+        dropped.append(drop)
+        row_base += r.size
+        batch_base += off.size - 1
     return EpochPlan(rows=np.concatenate(rows).astype(np.int64), is_fill=np.concatenate(fill),
                      batch_offsets=np.concatenate(offsets).astype(np.int64),
                      assignment=np.concatenate(assignment).astype(np.int64).reshape(-1, num_replicas),
