@@ -20,29 +20,21 @@ bound of the real-token fraction that the shapes' lengths allow (every sample pa
 row: the least padding of any K lengths, which the shapes are chosen for). Goals: packed
 static real-token fraction >= 0.975 and U >= 0.99; padded K=32 real-token fraction >= 0.95.
 
-Writes ``static_shapes_<date>.md`` and ``.json`` (command, commit, machine, date) to ``--output-dir``.
+Writes ``results.json`` and ``results.md`` (command, commit, machine, date) to ``--output-dir``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import subprocess
-import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-import lit_balance
+from benchmarks._harness import DISTRIBUTIONS, load_lengths, positive_int, write_report
 from lit_balance import BatchingSettings, CostModel
 from lit_balance.plan import epoch_shapes, plan_epoch, plan_stats, planner_for, resolve_static_shapes
 
-LENGTHS_DIR = Path(lit_balance.__file__).resolve().parent / "data" / "lengths"
-DISTRIBUTIONS = ("stdlib_docstrings", "pydocs_paragraphs", "fortunes")
 LAYOUTS = {"padded free": {}, "padded K=8": {"padded_shapes": 8}, "padded K=16": {"padded_shapes": 16},
            "padded K=32": {"padded_shapes": 32}, "packed free": {"packing": True},
            "packed static": {"packing": True, "static_packing": True}}
@@ -51,7 +43,7 @@ LAYOUTS = {"padded free": {}, "padded K=8": {"padded_shapes": 8}, "padded K=16":
 def workloads(max_length: int, max_tokens: int) -> dict[str, np.ndarray]:
     """The shipped distributions capped at ``max_length``, and all three pooled, and stdlib's long documents
     (capped at the budget)."""
-    raw = {d: np.load(LENGTHS_DIR / f"lengths_{d}.npy").astype(np.int64) for d in DISTRIBUTIONS}
+    raw = {d: load_lengths(d) for d in DISTRIBUTIONS}
     out = {f"{d} cap {max_length}": np.minimum(v, max_length) for d, v in raw.items()}
     out[f"all three pooled cap {max_length}"] = np.concatenate(list(out.values()))
     out[f"stdlib_docstrings cap {max_tokens} (long documents)"] = np.minimum(raw["stdlib_docstrings"], max_tokens)
@@ -80,28 +72,6 @@ def measure(lengths: np.ndarray, layout: dict, max_tokens: int, ranks: int, seed
             "length_padding_bound": bound, "plan_s": seconds}
 
 
-def machine() -> dict:
-    """Where the figures were taken."""
-    import torch
-
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-            "torch": torch.__version__}
-
-
-def commit() -> str:
-    """The repository's commit (``+dirty`` with uncommitted changes), or ``unknown``."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
 def table(rows: list[dict]) -> str:
     """The Markdown table of every row."""
     lines = ["| workload | layout | real-token fraction | its bound | U | distinct shapes (epoch / two epochs) | "
@@ -117,14 +87,14 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--max-length", type=int, default=512, help="documents capped at this many tokens")
-    parser.add_argument("--max-tokens", type=int, default=4096, help="token slots per micro-batch per rank")
-    parser.add_argument("--ranks", type=int, default=8, help="data-parallel ranks (simulated in one process)")
+    parser.add_argument("--max-length", type=positive_int, default=512, help="documents capped at this many tokens")
+    parser.add_argument("--max-tokens", type=positive_int, default=4096, help="token slots per micro-batch per rank")
+    parser.add_argument("--ranks", type=positive_int, default=8, help="data-parallel ranks (simulated in one process)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output-dir", type=Path, default=Path("docs/benchmarks/static_shapes"))
+    parser.add_argument("--output-dir", type=Path, default=Path("outputs/static_shapes"))
     args = parser.parse_args(argv)
-    if not 1 <= args.max_length <= args.max_tokens or args.ranks < 1:
-        parser.error("need 1 <= --max-length <= --max-tokens and --ranks >= 1")
+    if args.max_length > args.max_tokens:
+        parser.error(f"--max-length ({args.max_length}) must be <= --max-tokens ({args.max_tokens})")
     rows = []
     for name, lengths in workloads(args.max_length, args.max_tokens).items():
         for layout, kwargs in LAYOUTS.items():
@@ -133,19 +103,10 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append(row)
             print(f"{name:45s} {layout:14s} real-token fraction {row['real_token_fraction']:.4f}  U {row['U']:.4f}  "
                   f"shapes {row['distinct_shapes']}", flush=True)
-    date = datetime.now(timezone.utc)
-    meta = {"command": "python -m benchmarks.static_shapes " + " ".join(sys.argv[1:] if argv is None else argv),
-            "commit": commit(), "machine": machine(), "date": date.isoformat(timespec="seconds"),
-            "ranks": args.ranks, "max_tokens": args.max_tokens, "max_length": args.max_length}
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.output_dir / f"static_shapes_{date:%Y-%m-%d}"
-    stem.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1), encoding="utf-8")
-    text = (f"# Static shapes: real-token fraction, U and distinct shapes\n\ncommand: `{meta['command']}`  \n"
-            f"commit: {meta['commit']}  \nmachine: {meta['machine']}  \ndate: {meta['date']}  \n"
-            f"{args.ranks} ranks, budget {args.max_tokens} token slots per micro-batch per rank\n\n{table(rows)}\n")
-    stem.with_suffix(".md").write_text(text, encoding="utf-8")
-    print(f"wrote {stem}.md and .json")
-    return {**meta, "rows": rows}
+    text = (f"Static shapes: {args.ranks} ranks, budget {args.max_tokens} token slots per micro-batch per rank\n\n"
+            + table(rows))
+    return write_report(args.output_dir, "benchmarks.static_shapes", argv, {"settings": vars(args), "rows": rows},
+                        markdown=text)
 
 
 if __name__ == "__main__":
