@@ -1,5 +1,6 @@
 """What the benchmarks share besides their peers: argument types, the shipped length distributions, the machine and
-source state, clocks, child processes and the one results writer (:func:`write_report`)."""
+source state, clocks, child processes (:func:`run_child`, :func:`child_main`) and the one results writer
+(:func:`write_report`)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import numpy as np
 
 import lit_balance
 
-__all__ = ["DISTRIBUTIONS", "LENGTHS_DIR", "ROOT", "git_state", "load_lengths", "machine",
+__all__ = ["DISTRIBUTIONS", "LENGTHS_DIR", "ROOT", "child_main", "git_state", "load_lengths", "machine",
            "markdown_table", "number", "positive_int", "run_child", "status_kib", "timed", "versions",
            "write_report"]
 
@@ -55,7 +56,6 @@ def number(check: Callable[[float], bool], expected: str) -> Callable[[str], flo
         return value
 
     return parse
-
 
 
 def load_lengths(name: str, max_length: int | None = None, num_samples: int | None = None) -> np.ndarray:
@@ -162,6 +162,18 @@ def run_child(module: str, *args: str, timeout_s: float) -> dict[str, Any]:
     if done.returncode:
         raise RuntimeError(f"the {args[0]} subprocess failed (exit code {done.returncode}):\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def child_main(argv: Sequence[str] | None, children: dict[str, Callable[..., dict[str, Any]]],
+               ) -> dict[str, Any] | None:
+    """In a process :func:`run_child` started (arguments ``--child KIND ARGS...``; ``argv`` None: ``sys.argv[1:]``):
+    ``children[KIND](*ARGS)``, printed as one JSON line and returned; in any other process None."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["--child"]:
+        return None
+    out = children[argv[1]](*argv[2:])
+    print(json.dumps(out))
+    return out
 
 
 def write_report(output_dir: Path, module: str, argv: Sequence[str] | None, results: dict[str, Any],

@@ -11,10 +11,8 @@ How it measures, and the figures of its runs: ``docs/benchmarks/reports/2026-12-
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._harness import DISTRIBUTIONS, load_lengths, positive_int, run_child, status_kib, write_report
+from benchmarks._harness import (DISTRIBUTIONS, child_main, load_lengths, positive_int, run_child, status_kib,
+                                 write_report)
 
 FULL_SIZES = (1_000_000, 10_000_000, 100_000_000)
 QUICK_SIZES = (20_000, 200_000)
@@ -61,14 +60,14 @@ def _u_sums(plan: Any, lengths: np.ndarray, num_replicas: int) -> tuple[float, f
     return float(row_len[~plan.is_fill].sum()), float(slots[plan.assignment].max(axis=1).sum() * num_replicas)
 
 
-def _child_plan(path: Path, num_replicas: int, max_tokens: int, plan_window: int | None) -> dict[str, Any]:
+def _child_plan(path: str, num_replicas: str, max_tokens: str, plan_window: str | None = None) -> dict[str, Any]:
     import lit_balance
     from lit_balance import BalancedBatchSampler, BatchingSettings
 
-    lengths = np.load(path, mmap_mode="r")
+    lengths, num_replicas = np.load(path, mmap_mode="r"), int(num_replicas)
     rss_after_import = status_kib("VmRSS")
-    settings = BatchingSettings(max_tokens=max_tokens) if plan_window is None else BatchingSettings(
-        max_tokens=max_tokens, plan_window=plan_window)
+    window = {} if plan_window is None else {"plan_window": int(plan_window)}
+    settings = BatchingSettings(max_tokens=int(max_tokens), **window)
     start, cpu = time.perf_counter(), time.process_time()
     sampler = BalancedBatchSampler(lengths, settings=settings, num_replicas=num_replicas, rank=0)
     construct_s, construct_cpu_s = time.perf_counter() - start, time.process_time() - cpu
@@ -95,22 +94,22 @@ def _child_plan(path: Path, num_replicas: int, max_tokens: int, plan_window: int
             "rss_after_import_kib": rss_after_import, "peak_rss_kib": peak_after_epoch}
 
 
-def _child_argsort(path: Path) -> dict[str, Any]:
+def _child_argsort(path: str) -> dict[str, Any]:
     lengths = np.load(path)
     start, cpu = time.perf_counter(), time.process_time()
     np.argsort(lengths)
     return {"argsort_s": time.perf_counter() - start, "argsort_cpu_s": time.process_time() - cpu}
 
 
-def _child_lhotse(path: Path, num_replicas: int, max_tokens: int, seed: int) -> dict[str, Any]:
+def _child_lhotse(path: str, num_replicas: str, max_tokens: str, seed: str) -> dict[str, Any]:
     from benchmarks.peers import BenchConfig, lhotse_cuts, run_lhotse_dynamic
 
-    lengths = np.load(path).astype(np.int64)
+    lengths, num_replicas = np.load(path).astype(np.int64), int(num_replicas)
     rss_before = status_kib("VmRSS")
     start = time.perf_counter()
     cuts = lhotse_cuts(lengths)
     cuts_s = time.perf_counter() - start
-    run = run_lhotse_dynamic(lengths, num_replicas, BenchConfig(max_tokens=max_tokens, seed=seed,
+    run = run_lhotse_dynamic(lengths, num_replicas, BenchConfig(max_tokens=int(max_tokens), seed=int(seed),
                                                                 fixed_batch_size=1), cuts=cuts)
     return {"cuts_s": cuts_s, "epoch_s": run.rank_plan_s[0], "timing": run.timing, "rss_before_kib": rss_before,
             "peak_rss_kib": status_kib("VmHWM")}
@@ -238,16 +237,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; print markdown tables; write ``results.json``; return the results."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--child"]:
-        kind, args = argv[1], argv[2:]
-        if kind == "plan":
-            out = _child_plan(Path(args[0]), int(args[1]), int(args[2]), int(args[3]) if len(args) > 3 else None)
-        elif kind == "argsort":
-            out = _child_argsort(Path(args[0]))
-        else:
-            out = _child_lhotse(Path(args[0]), int(args[1]), int(args[2]), int(args[3]))
-        print(json.dumps(out))
+    if (out := child_main(argv, {"plan": _child_plan, "argsort": _child_argsort, "lhotse": _child_lhotse})) is not None:
         return out
     parser = _parser()
     args = parser.parse_args(argv)

@@ -34,7 +34,7 @@ Strategies (:data:`STRATEGIES`):
   :class:`lit_balance.PackedCollator` row of whole documents, at most ``max_tokens`` tokens, attended within each
   document by the model (``docs/packed_batches.md``).
 * ``hf_flatten``: Hugging Face flattening over random samples: ``DistributedSampler`` (as ``random``) +
-  ``BatchSampler`` of :func:`benchmarks.packing_peers.flattening_batch_size` documents (the mean packed row is about
+  ``BatchSampler`` of :func:`benchmarks.peers.flattening_batch_size` documents (the mean packed row is about
   the budget), concatenated into one packed row. The row is built by :class:`lit_balance.PackedCollator`, whose
   layout is that of ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` (checked equal in
   ``tests/data/test_collate_packed.py``) plus the token counts the meter reads; a row passes the budget whenever its
@@ -123,7 +123,7 @@ from research._training import (
     make_trainer,
     run_stats,
 )
-from benchmarks.packing_peers import flattening_batch_size
+from benchmarks.peers import flattening_batch_size
 from benchmarks.peers import fixed_batch_size, sort_fill_batches
 from research.strategies import EpochBatchSampler, deal_even, sorted_bucket_batches
 from research._runs import commit_label, launch_run
