@@ -2,17 +2,19 @@
 useful compute, planning time.
 
 Run:
-    python -m benchmarks.bench_samplers            # every strategy and workload at 8 and 64 ranks, plan time of 1M
-    python -m benchmarks.bench_samplers --quick    # first 3,000 documents, 8 ranks, 200,000 documents timed
+    python -m benchmarks.bench_samplers            # every strategy and workload at 8 and 64 ranks
+    python -m benchmarks.bench_samplers --quick    # first 3,000 documents of each distribution, 8 ranks
     python -m benchmarks.bench_samplers --ranks 8 --strategies sort_fill lit_padded --distributions fortunes
     pip install -e ".[bench]"                      # optional peers: transformers, lhotse
 
 Every strategy (the padded and packed peers of :mod:`benchmarks.peers`, and lit_balance's padded and packed plans
-for several costs) plans epochs 0 and 1 of each workload (a shipped distribution capped at ``--max-length``, and the
-long-documents workloads capped at ``--max-tokens``) for every rank count, in one process; every figure comes from
-:func:`lit_balance.plan_stats` and :func:`lit_balance.plan.batch_persistence` of its per-rank lists. How it
-measures, and the figures of its runs: ``docs/benchmarks/reports/2026-11-29-samplers.md`` (padded) and
-``docs/benchmarks/reports/2026-12-02-packed-micro-batches.md`` (packed).
+for several costs and with static shapes: ``padded_shapes=K``, ``static_packing``) plans epochs 0 and 1 of each
+workload (a shipped distribution capped at ``--max-length``; the long-documents workloads capped at
+``--max-tokens``) for every rank count, in one process; every figure comes from :func:`lit_balance.plan_stats`,
+:func:`lit_balance.plan.batch_persistence` and :func:`lit_balance.plan.epoch_shapes`. How it measures, and the
+figures of its runs: ``docs/benchmarks/reports/2026-11-29-samplers.md`` (padded),
+``docs/benchmarks/reports/2026-12-02-packed-micro-batches.md`` (packed), ``docs/compiling.md`` (static shapes).
+Planning time at scale: ``benchmarks/scale.py``.
 """
 
 from __future__ import annotations
@@ -31,14 +33,17 @@ from benchmarks._harness import (DISTRIBUTIONS, load_lengths, markdown_table, po
                                  write_report)
 from benchmarks.peers import BenchConfig, PeerUnavailable, StrategyRun
 from lit_balance import BalancedBatchSampler, BatchingSettings, CostModel, EpochPlan
-from lit_balance.plan import PLANNERS, RankBatches, batch_persistence, plan_stats
+from lit_balance.plan import PLANNERS, RankBatches, batch_persistence, epoch_shapes, plan_stats, planner_for
 
 #: The costs every row is evaluated on (and lit_balance plans for, one strategy each).
 COSTS = {"tokens": CostModel(), "attn_1.2e-4": CostModel(linear=1.0, quadratic=1.2e-4),
          "attn_1e-3": CostModel(linear=1.0, quadratic=1e-3)}
-#: lit_balance's strategies: name -> (packing, the cost it plans for).
-OURS = {"lit_padded": (False, "tokens"), "lit_padded_attn_1e-3": (False, "attn_1e-3"), "lit_packed": (True, "tokens"),
-        "lit_packed_attn_1.2e-4": (True, "attn_1.2e-4"), "lit_packed_attn_1e-3": (True, "attn_1e-3")}
+#: lit_balance's strategies: name -> (packing, the cost it plans for, other settings).
+OURS = {"lit_padded": (False, "tokens", {}), "lit_padded_attn_1e-3": (False, "attn_1e-3", {}),
+        **{f"lit_padded_K{k}": (False, "tokens", {"padded_shapes": k}) for k in (8, 16, 32)},
+        "lit_packed": (True, "tokens", {}), "lit_packed_attn_1.2e-4": (True, "attn_1.2e-4", {}),
+        "lit_packed_attn_1e-3": (True, "attn_1e-3", {}),
+        "lit_packed_static": (True, "tokens", {"static_packing": True})}
 PADDED_PEERS = {"distributed_fixed": peers.run_distributed_fixed, "hf_length_grouped": peers.run_hf_length_grouped,
                 "hf_batch_rebalance": peers.run_hf_batch_rebalance, "lhotse_dynamic": peers.run_lhotse_dynamic,
                 "sort_fill": peers.run_sort_fill}
@@ -46,19 +51,18 @@ STRATEGIES = (*PADDED_PEERS, *peers.PACKING_PEERS, *OURS)
 
 
 def lit_sampler(lengths: np.ndarray, max_tokens: int, num_replicas: int, seed: int, *, packing: bool, cost: str,
-                shuffle_window: float | None = None) -> BalancedBatchSampler:
-    """Rank 0's :class:`lit_balance.BalancedBatchSampler` of ``lengths``, planned for ``COSTS[cost]``; its
-    ``plan(epoch)`` is every rank's (each rank computes the same plan alone and keeps its part)."""
-    window = {} if shuffle_window is None else {"shuffle_window": shuffle_window}
-    settings = BatchingSettings(max_tokens=max_tokens, seed=seed, packing=packing, **window)
+                **settings: Any) -> BalancedBatchSampler:
+    """Rank 0's :class:`lit_balance.BalancedBatchSampler` of ``lengths``, planned for ``COSTS[cost]`` with ``settings``
+    (``BatchingSettings`` fields); its ``plan(epoch)`` is every rank's (each rank computes it alone, keeps its part)."""
+    settings = BatchingSettings(max_tokens=max_tokens, seed=seed, packing=packing, **settings)
     return BalancedBatchSampler(lengths, settings=settings, num_replicas=num_replicas, rank=0,
                                 cost_model=COSTS[cost])
 
 
-def _whole_plan(plan: Callable[[int], RankBatches | EpochPlan], notes: Sequence[str] = ()) -> StrategyRun:
+def _whole_plan(plan: Callable[[int], RankBatches | EpochPlan], settings: Any = None) -> StrategyRun:
     """A run of a plan of every rank that each rank computes alone (``plan(epoch)``): epoch 0 timed once."""
     epoch0, seconds = timed(lambda: plan(0))
-    return StrategyRun({0: epoch0, 1: plan(1)}, [seconds], timing="one plan of all ranks", notes=list(notes))
+    return StrategyRun({0: epoch0, 1: plan(1)}, [seconds], timing="one plan of all ranks", settings=settings)
 
 
 def run_strategy(name: str, lengths: np.ndarray, num_replicas: int, cfg: BenchConfig, cuts: Any = None,
@@ -70,26 +74,31 @@ def run_strategy(name: str, lengths: np.ndarray, num_replicas: int, cfg: BenchCo
         return PADDED_PEERS[name](lengths, num_replicas, cfg)
     if name in peers.PACKING_PEERS:
         return _whole_plan(lambda e: peers.PACKING_PEERS[name](lengths, cfg.max_tokens, num_replicas, cfg.seed, e))
-    packing, cost = OURS[name]
-    return _whole_plan(lit_sampler(lengths, cfg.max_tokens, num_replicas, cfg.seed, packing=packing, cost=cost).plan)
+    packing, cost, settings = OURS[name]
+    sampler = lit_sampler(lengths, cfg.max_tokens, num_replicas, cfg.seed, packing=packing, cost=cost, **settings)
+    return _whole_plan(sampler.plan, sampler.settings)
 
 
 def row_figures(run: StrategyRun, lengths: np.ndarray, max_tokens: int, packed: bool) -> dict[str, Any]:
     """Every figure of one row from epochs 0 and 1 of one strategy (one optimizer step per micro-batch; repeated
-    documents count as padding, marked fill rows of lit_balance's plans apart from unmarked repeats)."""
-    epoch0 = run.batches[0]
-    planner = PLANNERS["packed" if packed else "padded"]
-    stats = {name: plan_stats(epoch0, np.asarray(lengths, dtype=np.int64), cost, planner=planner,
-                              max_tokens=max_tokens) for name, cost in COSTS.items()}
+    documents count as padding, marked fill rows of lit_balance's plans apart from unmarked repeats); for
+    lit_balance's plans also their input shapes as collated (:func:`shape_figures`)."""
+    epoch0, lengths = run.batches[0], np.asarray(lengths, dtype=np.int64)
+    planner = PLANNERS["packed" if packed else "padded"] if run.settings is None else planner_for(run.settings)
+    pad = 1 if run.settings is None else run.settings.pad_to_multiple_of
+    stats = {name: plan_stats(epoch0, lengths, cost, planner=planner, max_tokens=max_tokens, pad_to_multiple_of=pad)
+             for name, cost in COSTS.items()}
     tok = stats["tokens"]
     counts = tok.rank_micro_batches
     marked = int(epoch0.is_fill.sum()) if isinstance(epoch0, EpochPlan) else 0
     out: dict[str, Any] = {
-        "steps_min": int(counts.min()), "steps_max": int(counts.max()), "equal_counts": bool(counts.min() == counts.max()),
+        "steps_min": int(counts.min()), "steps_max": int(counts.max()),
+        "equal_counts": bool(counts.min() == counts.max()),
         "micro_batches": int(counts.sum()), "budget_fill_ratio": tok.budget_fill_ratio(max_tokens),
         "padding_ratio": tok.padding_ratio, "over_budget_ratio": tok.over_budget_ratio(max_tokens),
         "max_batch_tokens": tok.max_batch_tokens, "max_batch_ratio": tok.max_batch_tokens / max_tokens,
-        "dropped": tok.dropped_samples, "duplicated_marked": marked, "duplicated_unmarked": tok.duplicated_rows - marked,
+        "dropped": tok.dropped_samples, "duplicated_marked": marked,
+        "duplicated_unmarked": tok.duplicated_rows - marked,
         "persistence": batch_persistence(epoch0, run.batches[1]), "plan_s": float(sum(run.rank_plan_s)),
         "plan_rank_s": float(max(run.rank_plan_s, default=0.0)), "plan_timing": run.timing, "notes": list(run.notes)}
     for name, st in stats.items():
@@ -97,7 +106,22 @@ def row_figures(run: StrategyRun, lengths: np.ndarray, max_tokens: int, packed: 
         out[f"U_{name}"], out[f"U_bound_{name}"] = st.useful_fraction, st.useful_fraction_bound
         out[f"imbalance_{name}_mean"] = float(imbalance.mean()) if imbalance.size else 1.0
         out[f"imbalance_{name}_p99"] = float(np.percentile(imbalance, 99)) if imbalance.size else 1.0
-    return out
+    return out if run.settings is None else {**out, **shape_figures(run.batches, lengths, run.settings)}
+
+
+def shape_figures(plans: dict[int, EpochPlan], lengths: np.ndarray, settings: BatchingSettings) -> dict[str, Any]:
+    """Epoch 0's real-token fraction as collated (real tokens over the token slots of every micro-batch: its
+    shape's ``rows x length``, or the packed row), its distinct input shapes (a packed row's counts its
+    ``cu_seq_lens`` entries too) and those of epochs 0 and 1 (:func:`lit_balance.plan.epoch_shapes`); with ``K``
+    padded shapes, the most that fraction can be (every sample padded to its shape's length, no empty row)."""
+    shapes = [epoch_shapes(plans[e], lengths, settings) for e in (0, 1)]
+    bound = None
+    if isinstance(settings.padded_shapes, tuple):
+        edges = np.array([t for _, t in settings.padded_shapes])
+        bound = float(lengths.sum() / edges[np.searchsorted(edges, lengths)].sum())
+    return {"real_token_fraction": shapes[0]["real_token_fraction"], "distinct_shapes": shapes[0]["distinct_shapes"],
+            "distinct_shapes_two_epochs": len(set(shapes[0]["shapes"]) | set(shapes[1]["shapes"])),
+            "length_padding_bound": bound}
 
 
 def collator_check(rank_batches: RankBatches, lengths: np.ndarray) -> dict[str, int]:
@@ -150,32 +174,10 @@ def window_tradeoff(lengths: np.ndarray, ranks: Sequence[int], windows: Sequence
     return rows
 
 
-def plan_seconds_per_million(pool: np.ndarray, num_documents: int, ranks: Sequence[int], max_tokens: int, seed: int,
-                             repeats: int) -> list[dict[str, Any]]:
-    """lit_balance's planning time of ``num_documents`` lengths drawn from ``pool``, scaled to a million: packed and
-    padded; wall and CPU seconds, each the best of ``repeats`` (one plan of all ranks, which every rank computes
-    alone)."""
-    big = np.random.default_rng(seed).choice(pool, num_documents)
-    rows = []
-    for num_replicas in ranks:
-        for packing, cost in ((True, "tokens"), (True, "attn_1e-3"), (False, "tokens")):
-            def clocked(packing: bool = packing, cost: str = cost, num_replicas: int = num_replicas) -> tuple:
-                cpu = time.process_time()
-                wall = timed(lambda: lit_sampler(big, max_tokens, num_replicas, seed, packing=packing,
-                                                 cost=cost).plan(0))[1]
-                return wall, time.process_time() - cpu
-
-            clocks = [clocked() for _ in range(repeats)]
-            wall, cpu = min(c[0] for c in clocks), min(c[1] for c in clocks)
-            rows.append({"ranks": num_replicas, "packing": packing, "cost": cost, "documents": num_documents,
-                         "plan_s": wall, "plan_cpu_s": cpu, "plan_s_per_million": wall * 1e6 / num_documents,
-                         "plan_cpu_s_per_million": cpu * 1e6 / num_documents})
-    return rows
-
-
 HEADER = ["strategy", "planned for", "ranks", "steps", "budget fill", "largest / budget", "over budget", "padding",
           "imbalance tok mean / p99", "U tok", "U attn 1.2e-4", "U attn 1e-3", "bound attn 1e-3", "dropped",
-          "dup. marked / unmarked", "persistence", "plan s (all / rank)"]
+          "dup. marked / unmarked", "persistence", "plan s (all / rank)", "real-token fraction as collated (bound)",
+          "shapes (epoch / two epochs)"]
 
 LEGEND = """\
 steps: micro-batches per rank (bold range: ranks differ, which hangs DDP). budget fill: mean tokens per micro-batch
@@ -188,7 +190,9 @@ micro-steps could reach on the attention cost q = 1e-3. dropped: documents in no
 / unmarked: extra rows of repeated documents, marked as fill rows (the loss ignores them) / trained again.
 persistence: mean share of a document's epoch-0 batch-mates that are its batch-mates again in epoch 1. plan s:
 seconds to produce every rank's epoch 0 in one process / the slowest rank's share (a plan of all ranks, as
-lit_balance's, the packers' and lhotse's, is repeated by every rank)."""
+lit_balance's, the packers' and lhotse's, is repeated by every rank). Of lit_balance's plans: the real-token fraction
+as collated (real tokens / the token slots of each micro-batch's shape; K padded shapes: in brackets the most that K
+lengths allow) and the distinct input shapes of epoch 0 / of epochs 0 and 1 (static shapes: what a compiler sees)."""
 
 
 def fmt_row(r: dict[str, Any]) -> list[str]:
@@ -203,11 +207,14 @@ def fmt_row(r: dict[str, Any]) -> list[str]:
                    f"{r['imbalance_tokens_mean']:.2f} / {r['imbalance_tokens_p99']:.2f}", f"{r['U_tokens']:.4f}",
                    f"{r['U_attn_1.2e-4']:.4f}", f"{r['U_attn_1e-3']:.4f}", f"{r['U_bound_attn_1e-3']:.4f}",
                    str(r["dropped"]), f"{r['duplicated_marked']} / {r['duplicated_unmarked']}",
-                   f"{r['persistence']:.3f}", f"{r['plan_s']:.2f} / {r['plan_rank_s']:.3f}"]
+                   f"{r['persistence']:.3f}", f"{r['plan_s']:.2f} / {r['plan_rank_s']:.3f}"] + ([
+        f"{r['real_token_fraction']:.4f}" + ("" if r["length_padding_bound"] is None
+                                             else f" ({r['length_padding_bound']:.4f})"),
+        f"{r['distinct_shapes']} / {r['distinct_shapes_two_epochs']}"] if "distinct_shapes" in r else ["-", "-"])
 
 
 def render(results: dict[str, Any]) -> str:
-    """The markdown report of a run: a table per workload, the shuffle-window table, the plan time per million."""
+    """The markdown report of a run: a table per workload and the shuffle-window table."""
     out = [f"Wall {results['wall_s']:.0f} s; versions: {', '.join(f'{k} {v}' for k, v in results['versions'].items())}",
            "", LEGEND, ""]
     for w in results["workloads"]:
@@ -222,13 +229,6 @@ def render(results: dict[str, Any]) -> str:
             ["workload", "ranks", "shuffle_window", "padding", "U tok", "persistence"],
             [[t["workload"], str(t["ranks"]), f"{t['shuffle_window']:g}", f"{t['padding_ratio']:.3f}",
               f"{t['U_token']:.3f}", f"{t['persistence']:.3f}"] for t in results["shuffle_window_tradeoff"]]), ""]
-    if results["plan_seconds_per_million"]:
-        out += ["**lit_balance planning time** (documents drawn from every shipped distribution; best of the repeats; "
-                "CPU: this process's CPU time)", "", markdown_table(
-                    ["ranks", "plan", "planned for", "documents", "wall s per million", "CPU s per million"],
-                    [[str(m["ranks"]), "packed" if m["packing"] else "padded", m["cost"], str(m["documents"]),
-                      f"{m['plan_s_per_million']:.2f}", f"{m['plan_cpu_s_per_million']:.2f}"]
-                     for m in results["plan_seconds_per_million"]]), ""]
     return "\n".join(out) + "\n"
 
 
@@ -236,7 +236,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="first 3,000 documents of each distribution, 8 ranks, 200,000 documents timed once")
+                   help="first 3,000 documents of each distribution, 8 ranks")
     p.add_argument("--ranks", type=positive_int, nargs="+", default=None, help="rank counts (default 8 64; quick 8)")
     p.add_argument("--max-tokens", type=positive_int, default=4096, help="token slots per micro-batch per rank")
     p.add_argument("--max-length", type=positive_int, default=512, help="documents capped at this (short workloads)")
@@ -248,9 +248,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=positive_int, default=None, help="first N documents of each distribution")
     p.add_argument("--shuffle-windows", type=float, nargs="*", default=[0.0, 0.25, 1.0, 2.0, 4.0],
                    help="lit_balance shuffle_window values of the padding / randomness table (none: skip)")
-    p.add_argument("--million", type=positive_int, default=None,
-                   help="documents in the planning-time run (default 1,000,000; quick 200,000)")
-    p.add_argument("--skip-million", action="store_true", help="skip the planning-time run")
     p.add_argument("--seed", type=int, default=0, help="seed of every strategy (>= 0)")
     p.add_argument("--output-dir", type=Path, default=Path("outputs/bench_samplers"))
     return p
@@ -290,14 +287,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print("  " + " | ".join(fmt_row(rows[-1])), flush=True)
         if cap == args.max_length:
             tradeoff += [{"workload": name, **t} for t in window_tradeoff(lengths, ranks, args.shuffle_windows, cfg)]
-    pool = np.concatenate([load_lengths(d, args.max_length) for d in DISTRIBUTIONS])
-    million = args.million or (200_000 if args.quick else 1_000_000)
-    per_million = [] if args.skip_million else plan_seconds_per_million(pool, million, ranks, args.max_tokens,
-                                                                        args.seed, 1 if args.quick else 3)
     results = {"versions": versions(), "config": {**vars(args), "ranks": ranks, "num_samples": num_samples,
-                                                  "million": million, "costs": {k: asdict(v) for k, v in COSTS.items()}},
+                                                  "costs": {k: asdict(v) for k, v in COSTS.items()}},
                "workloads": described, "rows": rows, "shuffle_window_tradeoff": tradeoff,
-               "plan_seconds_per_million": per_million, "wall_s": time.perf_counter() - start}
+               "wall_s": time.perf_counter() - start}
     report = render(results)
     print("\n" + report)
     return write_report(args.output_dir, "benchmarks.bench_samplers", argv, results, markdown=report)

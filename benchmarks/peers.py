@@ -67,12 +67,14 @@ class StrategyRun:
         rank_plan_s: seconds per rank to build its sampler and produce its epoch-0 micro-batches.
         timing: how ``rank_plan_s`` was measured.
         notes: what the strategy does that a reader of the table should know.
+        settings: the ``BatchingSettings`` a lit_balance plan was made with (static shapes resolved); else None.
     """
 
     batches: dict[int, RankBatches]
     rank_plan_s: list[float]
     timing: str = "each rank timed"
     notes: list[str] = field(default_factory=list)
+    settings: Any = None
 
 
 def as_lists(batches: Any) -> list[list[int]]:
