@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 import lit_balance
+from launch import finish
 
 __all__ = ["DISTRIBUTIONS", "LENGTHS_DIR", "ROOT", "child_main", "git_state", "load_lengths", "machine",
            "markdown_table", "number", "positive_int", "run_child", "status_kib", "timed", "versions",
@@ -149,19 +150,21 @@ def status_kib(field: str) -> int:
 
 
 def run_child(module: str, *args: str, timeout_s: float) -> dict[str, Any]:
-    """Run ``python -m <module> --child <args>`` from the repository root in a fresh process; the JSON object its
-    last line of stdout prints.
+    """Run ``python -m <module> --child <args>`` from the repository root in a fresh process, through the
+    repository's one launcher (``launch.finish``: past ``timeout_s`` it is killed with its children); the JSON object
+    the last line of its output prints.
 
     Raises:
-        RuntimeError: the process failed (with the end of its stderr).
+        RuntimeError: the process failed (with the end of its output).
         subprocess.TimeoutExpired: it ran past ``timeout_s`` seconds.
     """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", module, "--child", *args], capture_output=True, text=True,
-                          timeout=timeout_s, env=env, cwd=ROOT, check=False)
-    if done.returncode:
-        raise RuntimeError(f"the {args[0]} subprocess failed (exit code {done.returncode}):\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    proc = subprocess.Popen([sys.executable, "-m", module, "--child", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    out = finish(proc, timeout_s)
+    if proc.returncode:
+        raise RuntimeError(f"the {args[0]} subprocess failed (exit code {proc.returncode}):\n{out[-4000:]}")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def child_main(argv: Sequence[str] | None, children: dict[str, Callable[..., dict[str, Any]]],
