@@ -1,5 +1,6 @@
 """What the benchmarks share besides their peers: argument types, the shipped length distributions, the machine and
-source state, clocks, child processes and the one results writer (:func:`write_report`)."""
+source state, clocks, child processes (:func:`run_child`, :func:`child_main`) and the one results writer
+(:func:`write_report`)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from typing import Any
 import numpy as np
 
 import lit_balance
+from launch import finish
 
-__all__ = ["DISTRIBUTIONS", "LENGTHS_DIR", "ROOT", "git_state", "load_lengths", "machine",
+__all__ = ["DISTRIBUTIONS", "LENGTHS_DIR", "ROOT", "child_main", "git_state", "load_lengths", "machine",
            "markdown_table", "number", "positive_int", "run_child", "status_kib", "timed", "versions",
            "write_report"]
 
@@ -55,7 +57,6 @@ def number(check: Callable[[float], bool], expected: str) -> Callable[[str], flo
         return value
 
     return parse
-
 
 
 def load_lengths(name: str, max_length: int | None = None, num_samples: int | None = None) -> np.ndarray:
@@ -149,19 +150,33 @@ def status_kib(field: str) -> int:
 
 
 def run_child(module: str, *args: str, timeout_s: float) -> dict[str, Any]:
-    """Run ``python -m <module> --child <args>`` from the repository root in a fresh process; the JSON object its
-    last line of stdout prints.
+    """Run ``python -m <module> --child <args>`` from the repository root in a fresh process, through the
+    repository's one launcher (``launch.finish``: past ``timeout_s`` it is killed with its children); the JSON object
+    the last line of its output prints.
 
     Raises:
-        RuntimeError: the process failed (with the end of its stderr).
+        RuntimeError: the process failed (with the end of its output).
         subprocess.TimeoutExpired: it ran past ``timeout_s`` seconds.
     """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", module, "--child", *args], capture_output=True, text=True,
-                          timeout=timeout_s, env=env, cwd=ROOT, check=False)
-    if done.returncode:
-        raise RuntimeError(f"the {args[0]} subprocess failed (exit code {done.returncode}):\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    proc = subprocess.Popen([sys.executable, "-m", module, "--child", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    out = finish(proc, timeout_s)
+    if proc.returncode:
+        raise RuntimeError(f"the {args[0]} subprocess failed (exit code {proc.returncode}):\n{out[-4000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def child_main(argv: Sequence[str] | None, children: dict[str, Callable[..., dict[str, Any]]],
+               ) -> dict[str, Any] | None:
+    """In a process :func:`run_child` started (arguments ``--child KIND ARGS...``; ``argv`` None: ``sys.argv[1:]``):
+    ``children[KIND](*ARGS)``, printed as one JSON line and returned; in any other process None."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["--child"]:
+        return None
+    out = children[argv[1]](*argv[2:])
+    print(json.dumps(out))
+    return out
 
 
 def write_report(output_dir: Path, module: str, argv: Sequence[str] | None, results: dict[str, Any],

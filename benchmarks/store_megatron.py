@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._harness import positive_int, run_child, status_kib, write_report
+from benchmarks._harness import child_main, positive_int, run_child, status_kib, write_report
 from benchmarks.scale import pooled_lengths
 
 FULL_SIZES = (1_000_000, 10_000_000, 100_000_000)
@@ -109,21 +109,21 @@ def _first_batch(dm: Any, num_replicas: int) -> dict[str, Any]:
             "num_documents": len(dm.train_dataset)}
 
 
-def _child_store(prefix: str, num_replicas: int, max_tokens: int) -> dict[str, Any]:
+def _child_store(prefix: str, num_replicas: str, max_tokens: str) -> dict[str, Any]:
     from lit_balance import BalancedTextDataModule
     from lit_balance.data.stores import MegatronSource
 
     rss_after_import = status_kib("VmRSS")
     start = time.perf_counter()
-    dm = BalancedTextDataModule(MegatronSource(prefix), vocab_size=VOCAB, pad_token_id=0, max_tokens=max_tokens,
+    dm = BalancedTextDataModule(MegatronSource(prefix), vocab_size=VOCAB, pad_token_id=0, max_tokens=int(max_tokens),
                                 max_length=None, val_fraction=0.0, num_workers=0, cache_dir=Path(prefix).parent / "c")
     construct_s = time.perf_counter() - start  # the .idx read and checked, the lengths
-    row = _first_batch(dm, num_replicas)
-    return {**row, "construct_s": construct_s, "rss_after_import_kib": rss_after_import, "peak_rss_kib": status_kib("VmHWM"),
-            "cache_written": (Path(prefix).parent / "c").exists()}
+    row = _first_batch(dm, int(num_replicas))
+    return {**row, "construct_s": construct_s, "rss_after_import_kib": rss_after_import,
+            "peak_rss_kib": status_kib("VmHWM"), "cache_written": (Path(prefix).parent / "c").exists()}
 
 
-def _child_cache(prefix: str, num_replicas: int, max_tokens: int) -> dict[str, Any]:
+def _child_cache(prefix: str, num_replicas: str, max_tokens: str) -> dict[str, Any]:
     from lit_balance import BalancedTextDataModule
     from lit_balance.data.stores import MegatronSource
 
@@ -133,13 +133,13 @@ def _child_cache(prefix: str, num_replicas: int, max_tokens: int) -> dict[str, A
     del store
     cache = Path(tempfile.mkdtemp(prefix="store_bench_cache_"))
     try:
-        dm = BalancedTextDataModule(docs, vocab_size=VOCAB, pad_token_id=0, max_tokens=max_tokens, max_length=None,
+        dm = BalancedTextDataModule(docs, vocab_size=VOCAB, pad_token_id=0, max_tokens=int(max_tokens), max_length=None,
                                     val_fraction=0.0, num_workers=0, cache_dir=cache)
         start = time.perf_counter()
         dm.prepare_data()
         prepare_s = time.perf_counter() - start
         del docs
-        row = _first_batch(dm, num_replicas)
+        row = _first_batch(dm, int(num_replicas))
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     return {**row, "prepare_data_s": prepare_s, "rss_after_import_kib": rss_after_import,
@@ -147,6 +147,8 @@ def _child_cache(prefix: str, num_replicas: int, max_tokens: int) -> dict[str, A
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    if (out := child_main(argv, {"store": _child_store, "cache": _child_cache})) is not None:
+        return out
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=positive_int, nargs="+", default=None, help="documents per store")
     parser.add_argument("--cache-sizes", type=positive_int, nargs="*", default=None,
@@ -160,13 +162,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "temporary directory, removed after)")
     parser.add_argument("--output-dir", type=Path, default=Path("outputs/store_megatron"))
     parser.add_argument("--timeout-s", type=float, default=1800.0)
-    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
-        kind, prefix = args.child[0], args.child[1]
-        child = {"store": _child_store, "cache": _child_cache}[kind]
-        print(json.dumps(child(prefix, args.num_replicas, args.max_tokens)))
-        return {}
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     cache_sizes = args.cache_sizes if args.cache_sizes is not None else [min(sizes)]
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="store_bench_"))
@@ -180,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             start = time.perf_counter()
             tokens = write_store(prefix, size, pool, args.seed)
             write_s = time.perf_counter() - start
-            common = ["--num-replicas", str(args.num_replicas), "--max-tokens", str(args.max_tokens)]
+            common = [str(args.num_replicas), str(args.max_tokens)]
             kinds = ["store", *(["cache"] if size in cache_sizes else [])]
             for kind in kinds:
                 result = run_child("benchmarks.store_megatron", kind, str(prefix), *common, timeout_s=args.timeout_s)
@@ -194,7 +190,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
-    settings = {k: v for k, v in vars(args).items() if k not in ("child", "work_dir", "output_dir")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("work_dir", "output_dir")}
     return write_report(args.output_dir, "benchmarks.store_megatron", argv, {"rows": rows, "settings": settings})
 
 

@@ -17,18 +17,15 @@ Run:
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks._harness import git_state, machine, positive_int, status_kib
+from benchmarks._harness import positive_int, status_kib, write_report
 
 VOCAB = 30522
 
@@ -76,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--micro-batches", type=positive_int, default=60, help="micro-batches timed per store")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", type=Path, default=None, help="default: a temporary directory, removed after")
-    parser.add_argument("--output-dir", type=Path, default=Path("docs/benchmarks/store_parquet"))
+    parser.add_argument("--output-dir", type=Path, default=Path("outputs/store_parquet"))
     args = parser.parse_args(argv)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="parquet_bench_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -107,17 +104,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
-    commit, dirty = git_state("benchmarks", "lit_balance")
     results = {"rows": rows, "parquet_over_arrow_median": ratio, "num_tokens": tokens, "write_s": write_s,
                "rss_after_setup_mb": rss_after_setup_mb, "peak_rss_mb": status_kib("VmHWM") / 1024,
-               "settings": {k: str(v) for k, v in vars(args).items()},
-               "source": {"commit": commit, "dirty_files": dirty}, "machine": machine(),
-               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "command": "python -m benchmarks.store_parquet " + " ".join(argv if argv is not None else sys.argv[1:])}
-    print(json.dumps(results, indent=2, default=str))
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    return results
+               "settings": {k: str(v) for k, v in vars(args).items()}}
+    print(f"median s per micro-batch: Arrow {rows['arrow']['median_s']:.4f}, Parquet {rows['parquet']['median_s']:.4f} "
+          f"(ratio {ratio:.2f})")
+    return write_report(args.output_dir, "benchmarks.store_parquet", argv, results)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ Strategies (:data:`STRATEGIES`):
   :class:`lit_balance.PackedCollator` row of whole documents, at most ``max_tokens`` tokens, attended within each
   document by the model (``docs/packed_batches.md``).
 * ``hf_flatten``: Hugging Face flattening over random samples: ``DistributedSampler`` (as ``random``) +
-  ``BatchSampler`` of :func:`benchmarks.packing_peers.flattening_batch_size` documents (the mean packed row is about
+  ``BatchSampler`` of :func:`benchmarks.peers.flattening_batch_size` documents (the mean packed row is about
   the budget), concatenated into one packed row. The row is built by :class:`lit_balance.PackedCollator`, whose
   layout is that of ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` (checked equal in
   ``tests/data/test_collate_packed.py``) plus the token counts the meter reads; a row passes the budget whenever its
@@ -123,10 +123,10 @@ from research._training import (
     make_trainer,
     run_stats,
 )
-from benchmarks.packing_peers import flattening_batch_size
+from benchmarks.peers import flattening_batch_size
 from benchmarks.peers import fixed_batch_size, sort_fill_batches
 from research.strategies import EpochBatchSampler, deal_even, sorted_bucket_batches
-from research._launch import commit_label, launch_run
+from research._runs import commit_label, launch_run
 
 #: An argparse ``type``: a finite number >= 0.
 non_negative = number(lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0")
@@ -453,7 +453,7 @@ def plan_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def launch(spec: dict[str, Any], out_dir: Path, timeout_s: int, worker: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run one spec as ``spec["devices"]`` ranks under ``torchrun`` (:func:`research._launch.launch_run`: every
+    """Run one spec as ``spec["devices"]`` ranks under ``torchrun`` (:func:`research._runs.launch_run`: every
     rank is stopped when one fails or time runs out, so none waits forever for a collective); return its result dict,
     with every key of :data:`RESULT_KEYS` (None for a run that failed). Its trace, when the run succeeded, is
     ``runs/<run>.trace.npy``.

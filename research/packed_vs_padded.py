@@ -16,7 +16,7 @@ passed to the DataModule as token ids.
 
 Runs alternate, padded then packed, ``--pairs`` times, so both variants meet the same machine load (this machine
 is shared); pair ``i`` uses seed ``i`` for both (split, plan and model initialisation). Each run is one job of
-``--devices`` ranks under torch's launcher (:func:`research._launch.launch_run`, with a timeout).
+``--devices`` ranks under torch's launcher (:func:`research._runs.launch_run`, with a timeout).
 
 Measured per run (:mod:`research._training`): ``real_tokens_per_s``, real training tokens of all ranks (fill
 documents excluded) over the slowest rank's training seconds per epoch (first ``on_train_batch_start`` to last
@@ -43,7 +43,7 @@ import lightning as L
 import numpy as np
 
 from benchmarks._harness import machine, positive_int
-from research._launch import commit_label, launch_run
+from research._runs import commit_label, launch_run
 from research._training import MODEL_SIZES, CompareLM, Meter, corpus_documents, make_trainer, run_stats
 from lit_balance import BalancedTextDataModule
 from lit_balance.data import load_or_build, resolve_corpus, resolve_tokenizer

@@ -710,7 +710,7 @@ def _balanced(lengths: np.ndarray, n: int, max_tokens: int, seed: int, epoch: in
 
 def _build_plan(strategy: str, lengths: np.ndarray, n: int, *, max_tokens: int, max_length: int, accumulate: int,
                 seed: int, epoch: int, cache: dict[str, Any] | None = None) -> _Plan:
-    from benchmarks.packing_peers import flattening_batch_size
+    from benchmarks.peers import flattening_batch_size
     from benchmarks.peers import fixed_batch_size, sort_fill_batches
     from research.strategies import sorted_bucket_batches
 
@@ -795,7 +795,7 @@ def project(model: TimeModel, *, strategies: Sequence[str], lengths: Mapping[str
     :class:`lit_balance.BalancedBatchSampler` (padded / ``packing=True``) with steps as
     :class:`lit_balance.callbacks.AdaptiveGradAccumulation` sets them for ``accumulate x num_replicas x max_tokens``
     real tokens per step; ``hf_flatten`` ``DistributedSampler(drop_last=True)`` +
-    ``BatchSampler`` of :func:`benchmarks.packing_peers.flattening_batch_size` documents, each micro-batch one packed
+    ``BatchSampler`` of :func:`benchmarks.peers.flattening_batch_size` documents, each micro-batch one packed
     row (Hugging Face ``DataCollatorWithFlattening``).
 
     Args:

@@ -398,3 +398,69 @@ def test_the_checker_reports_a_private_member_a_lightning_subclass_inherits():
               "class Bar(RichProgressBar):\n    def __init__(self):\n        self._mine = 1\n\n"
               "    def f(self):\n        return self._mine, self._stop_progress()\n")
     assert [expr for _, expr in private_lightning_uses(source)] == ["self._stop_progress"]
+
+
+# Beside the package: the benchmarks are a few scripts that measure, and one launcher (``launch.py`` at the repository
+# root, the rig) starts the processes and ranks of the tests, the benchmarks and research/, each with a time limit.
+BENCHMARKS_MAX_LINES = 2_500
+RIG_MAX_LINES = 150
+LAUNCHER = ROOT / "launch.py"
+
+
+def _line_counts(paths: list[Path]) -> dict[str, int]:
+    return {str(p.relative_to(ROOT)): len(p.read_text(encoding="utf-8").splitlines()) for p in paths}
+
+
+def test_the_benchmark_scripts_stay_within_their_lines():
+    counts = _line_counts(sorted((ROOT / "benchmarks").glob("*.py")))
+    assert len(counts) > 5 and sum(counts.values()) <= BENCHMARKS_MAX_LINES, counts
+
+
+def private_package_imports(source: str) -> list[str]:
+    """The imports of a private name or module of lit_balance (``_x``) in ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = ([node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                 if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                 if isinstance(node, ast.Import) else [])
+        found += [n for n in names if n.split(".")[0] == "lit_balance" and any(_private(p) for p in n.split("."))]
+    return found
+
+
+def test_benchmarks_and_research_use_the_public_api_only():
+    sources = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8")
+               for folder in ("benchmarks", "research") for p in sorted((ROOT / folder).rglob("*.py"))}
+    assert len(sources) > 10 and {f: found for f, source in sources.items()
+                                  if (found := private_package_imports(source))} == {}
+    assert private_package_imports("from lit_balance.data.stores.megatron import _Index\nimport lit_balance._checks\n"
+                                   "from lit_balance import plan_stats") == ["lit_balance.data.stores.megatron._Index",
+                                                                             "lit_balance._checks"]
+
+
+def _starters(roots: tuple[str, ...] = ("tests", "benchmarks", "research", "recipes")) -> dict[str, tuple[bool, bool]]:
+    """``{file: (forks itself, imports the launcher)}`` of the Python files under ``roots`` that fork a process or
+    pass ``torch.distributed.run`` to a process they start."""
+    out = {}
+    for path in sorted(p for root in roots for p in (ROOT / root).rglob("*.py") if p != Path(__file__).resolve()):
+        source = path.read_text(encoding="utf-8")
+        starts = "os.fork(" in source or '"torch.distributed.run"' in source
+        if starts:
+            out[str(path.relative_to(ROOT))] = ("os.fork(" in source, "from launch import" in source)
+    return out
+
+
+def test_one_launcher_of_at_most_150_lines_starts_every_rank():
+    assert sum(_line_counts([LAUNCHER]).values()) <= RIG_MAX_LINES
+    assert not (ROOT / "tests" / "ddp" / "_procs.py").exists() and not (ROOT / "research" / "_launch.py").exists()
+    starters = _starters()
+    assert starters, "no file starts torchrun: the check below checks nothing"
+    # nothing forks but the launcher; whatever starts torchrun waits for it with the launcher's limit (finish)
+    assert {path: how for path, how in starters.items() if how != (False, True)} == {}
+
+
+def test_the_launcher_check_finds_a_second_launcher(tmp_path, monkeypatch):
+    (tmp_path / "research").mkdir()
+    (tmp_path / "research" / "own.py").write_text('import os, subprocess\nos.fork()\n'
+                                                   'subprocess.run(["python", "-m", "torch.distributed.run"])\n')
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert _starters(("research",)) == {"research/own.py": (True, False)}

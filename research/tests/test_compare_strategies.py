@@ -26,7 +26,7 @@ import torch
 from research import _training as training
 from research import compare_strategies as cs
 from research import strategies
-from benchmarks import packing_peers, peers
+from benchmarks import peers
 from benchmarks._harness import ROOT, load_lengths
 
 LENGTHS = load_lengths("stdlib_docstrings", 256, 3000)
@@ -159,7 +159,7 @@ def test_each_strategy_gives_ranks_equal_counts_and_yields_what_it_plans(strateg
     if strategy in cs._PACKED:  # one packed row: its slots are its documents' tokens
         slots = [int(lengths[b].sum()) for rank in batches for b in rank]
     if strategy in ("random", "hf_flatten"):  # DistributedSampler(drop_last=True): the last len % ranks
-        size = 4 if strategy == "random" else packing_peers.flattening_batch_size(lengths, 1024)
+        size = 4 if strategy == "random" else peers.flattening_batch_size(lengths, 1024)
         assert dropped == len(lengths) % 2 and max(len(b) for rank in batches for b in rank) == size
         assert data[0].batch_size == size
         if strategy == "random":

@@ -76,4 +76,4 @@ def test_end_to_end_small_pair_trains_the_same_real_tokens_and_writes_the_table(
     assert summary["same_real_tokens"] and summary["pairs"] == 1 and summary["speedups"][0] > 0
     assert math.isfinite(packed["val_loss"]) and math.isfinite(padded["val_loss"])
     assert "pair0_packed" in (tmp_path / "results.md").read_text()
-    assert json.loads((tmp_path / "summary.json").read_text())["command"].startswith("python -m benchmarks.")
+    assert json.loads((tmp_path / "summary.json").read_text())["command"].startswith("python -m research.packed_vs_padded ")

@@ -57,16 +57,15 @@ def test_u_by_distribution_covers_every_shipped_distribution(quick):
         assert abs(r["u_difference"]) < 0.02
 
 
-def test_u_sums_match_plan_stats():
+@pytest.mark.parametrize("packing", [False, True])
+def test_u_summed_part_by_part_matches_plan_stats(packing):
     from lit_balance import BalancedBatchSampler, plan_stats
+    from lit_balance.plan import planner_for
 
     lengths = np.random.default_rng(1).integers(1, 400, 3000)
-    sampler = BalancedBatchSampler(lengths, 1024, num_replicas=3, rank=0, plan_window=700)
-    real = denominator = 0.0
-    for part in sampler.plan_parts():
-        r, d = scale._u_sums(part, lengths, 3)
-        real, denominator = real + r, denominator + d
-    assert real / denominator == pytest.approx(plan_stats(sampler.plan(), lengths).useful_fraction)
+    sampler = BalancedBatchSampler(lengths, 1024, num_replicas=3, rank=0, plan_window=700, packing=packing)
+    expected = plan_stats(sampler.plan(), lengths, planner=planner_for(sampler.settings)).useful_fraction
+    assert scale._useful_fraction(sampler, lengths, 3) == pytest.approx(expected)
 
 
 def test_written_lengths_are_int32_draws_from_the_pool(tmp_path):
@@ -76,3 +75,11 @@ def test_written_lengths_are_int32_draws_from_the_pool(tmp_path):
     got = np.load(path)
     assert got.dtype == np.int32 and got.shape == (10_001,)
     assert np.isin(got, pool).all() and got.max() <= 512
+
+
+def test_packed_plans_are_measured_on_the_packed_planners_token_slots(tmp_path):
+    [row] = scale.run_lengths([5000], tmp_path, num_replicas=2, lhotse=False, packing=True, whole_up_to=0)
+    assert row["layout"] == "packed" and row["micro_batches_per_rank"] > 0 and "whole_epoch_s" not in row
+    assert 0.97 < row["useful_fraction"] <= 1.0  # packed rows hold tokens, not rows x longest
+    [u] = [r for r in scale.u_by_distribution(4000, num_replicas=2, packing=True) if r["distribution"] == "fortunes"]
+    assert 0.97 < u["windowed_useful_fraction"] <= 1.0 and u["windowed_useful_fraction"] == u["whole_useful_fraction"]

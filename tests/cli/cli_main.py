@@ -1,5 +1,5 @@
 """``python -m lit_balance.cli`` as a script with a ``__main__`` block, for runs forked from a process that imported
-the package once (``tests/ddp/_procs.py`` runs a script's module body once before its runs)."""
+the package once (``launch.py`` runs a script's module body once before its runs)."""
 
 from lit_balance.cli import main
 

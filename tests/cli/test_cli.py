@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from _procs import run_script  # tests/ddp/_procs.py
+from launch import run_script  # launch.py (the repository root)
 from lightning.pytorch.loggers import CSVLogger
 
 from lit_balance.plan import PLANNERS
@@ -53,7 +53,7 @@ def _run(args: list[str], tmp_path: Path, timeout: float) -> subprocess.Complete
 
 def _forked_cli(args: list[str], tmp_path: Path) -> tuple[int, str]:
     """``python -m lit_balance.cli *args`` in ``tmp_path``, forked from a process that imported torch, Lightning and
-    the package once (tests/ddp/_procs.py); its exit status and output (stdout with stderr merged)."""
+    the package once (launch.py); its exit status and output (stdout with stderr merged)."""
     return run_script(Path(__file__).with_name("cli_main.py"), args, 180, cwd=tmp_path,
                       env={"LIT_BALANCE_CACHE": str(tmp_path / "cache")})
 

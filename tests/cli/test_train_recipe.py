@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from _procs import run_script  # tests/ddp/_procs.py
+from launch import run_script  # launch.py (the repository root)
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "train.py"
@@ -33,7 +33,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def _forked(args: list[str], tmp_path: Path) -> tuple[int, str]:
     """``python recipes/train.py *args`` in ``tmp_path``, forked from a process that imported torch, Lightning and the
-    package once (tests/ddp/_procs.py): for runs that only compose the config; its exit status and output (stdout
+    package once (launch.py): for runs that only compose the config; its exit status and output (stdout
     with stderr merged)."""
     return run_script(RECIPE, args, 300, cwd=tmp_path, env={"LIT_BALANCE_CACHE": str(tmp_path / "default_cache")})
 

@@ -16,7 +16,7 @@ from lightning.fabric.strategies import DDPStrategy, ModelParallelStrategy
 from lit_balance import BalancedBatchSampler
 from lit_balance.world import data_parallel_world
 
-from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+from launch import run_as_ranks  # launch.py (the repository root)
 
 LENGTHS = np.random.default_rng(0).integers(1, 300, 80)
 

@@ -20,7 +20,7 @@ from lit_balance import BalancedTextDataModule
 from lit_balance.data.stores import MegatronSource
 from lit_balance.demo import DemoTransformerLM
 
-from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+from launch import run_as_ranks  # launch.py (the repository root)
 
 VOCAB, MAX_TOKENS, SEED = 500, 128, 11  # as test_store_errors_ddp.py
 PG_TIMEOUT_S = 40

@@ -25,7 +25,7 @@ from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks import AdaptiveGradAccumulation, PaddingRatioMonitor, StragglerMonitor, TimingWindow
 
-from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+from launch import run_as_ranks  # launch.py (the repository root)
 
 
 class ScriptedClock:

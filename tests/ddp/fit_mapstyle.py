@@ -18,7 +18,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lit_balance import (BalancedBatchSampler, BatchingSettings, MicroBatchDataset, PadFieldsCollator, StepTokenLoss,
                          balanced_dataloader, token_loss_sum)
 
-from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+from launch import run_as_ranks  # launch.py (the repository root)
 
 VOCAB, CLASSES, MAX_TOKENS = 50, 3, 96
 

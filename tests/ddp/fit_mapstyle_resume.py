@@ -22,7 +22,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from lit_balance import BalancedBatchSampler, MicroBatchDataset, PadFieldsCollator, balanced_dataloader
 
-from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+from launch import run_as_ranks  # launch.py (the repository root)
 
 MAX_TOKENS, SEED, MID, FAIL_AT = 64, 4, 3, 5
 

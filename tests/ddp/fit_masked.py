@@ -25,7 +25,7 @@ from lit_balance import BalancedTextDataModule
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.lightning.loss import token_loss_sum
 
-from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+from launch import run_as_ranks  # launch.py (the repository root)
 
 MODEL = {"d_model": 16, "num_heads": 2, "num_layers": 1, "dim_feedforward": 32}
 

@@ -23,7 +23,7 @@ from lit_balance.callbacks import MixtureMonitor
 from lit_balance.data.stores import ArrowSource, MegatronSource
 from lit_balance.demo import DemoTransformerLM
 
-from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+from launch import run_as_ranks  # launch.py (the repository root)
 
 STOP_AT = 3
 TOKENIZER = Path(__file__).resolve().parents[2] / "lit_balance/data/tokenizer/tokenizer.json"

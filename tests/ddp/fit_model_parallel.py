@@ -29,7 +29,7 @@ from lit_balance.callbacks import RunSummary, StragglerMonitor
 from lit_balance.lightning.loss import StepTokenLoss, token_loss_sum
 from lit_balance.world import data_parallel_world
 
-from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+from launch import run_as_ranks  # launch.py (the repository root)
 
 VOCAB, D_MODEL, HIDDEN = 48, 8, 16
 LR = 0.5

@@ -22,7 +22,7 @@ from lit_balance.callbacks import (AdaptiveGradAccumulation, CostModelFeedback, 
                                    TimingWindow)
 from lit_balance.demo import DemoTransformerLM
 
-from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+from launch import run_as_ranks  # launch.py (the repository root)
 
 
 class Model(DemoTransformerLM):

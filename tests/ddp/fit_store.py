@@ -19,7 +19,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lit_balance import BalancedTextDataModule
 from lit_balance.demo import DemoTransformerLM
 
-from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+from launch import run_as_ranks  # launch.py (the repository root)
 
 STOP_AT = 3
 VOCAB = 500

@@ -1,5 +1,5 @@
 """Print this process's working directory and the environment variables named as arguments (None where unset), as
-one JSON object: what a run of ``tests/ddp/_procs.py`` sees."""
+one JSON object: what a run of ``launch.py`` sees."""
 
 import json
 import os

@@ -9,7 +9,7 @@ import torch
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.lightning.loss import token_loss_sum
 
-from _procs import run_ranks  # tests/ddp/_procs.py
+from launch import run_ranks  # launch.py (the repository root)
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, seconds each
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _procs import run_scripts  # tests/ddp/_procs.py
+from launch import run_scripts  # launch.py (the repository root)
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, seconds each
 pytest.importorskip("datatrove")

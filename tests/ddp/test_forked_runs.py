@@ -1,4 +1,4 @@
-"""The forked runs of tests/ddp/_procs.py start as ``python SCRIPT`` started now would: in the caller's environment
+"""The forked runs of launch.py start as ``python SCRIPT`` started now would: in the caller's environment
 and working directory of the moment, plus what the call adds, and nothing an earlier call or run set."""
 
 import json
@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from _procs import run_script, run_scripts  # this folder is on sys.path (rootdir-relative test import)
+from launch import run_script, run_scripts  # launch.py (the repository root)
 
 pytestmark = pytest.mark.slow  # forks runs from a process that imported torch and Lightning
 

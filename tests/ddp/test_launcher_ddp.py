@@ -28,7 +28,7 @@ import test_packed_ddp
 import test_ranks_agree_ddp
 import test_resume_ddp
 import test_store_ddp
-from _procs import finish  # tests/ddp/_procs.py
+from launch import finish  # launch.py (the repository root)
 from test_datatrove_ddp import store  # noqa: F401  the datatrove store fixture
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]

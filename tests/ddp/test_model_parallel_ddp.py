@@ -14,7 +14,7 @@ import torch
 
 from lit_balance.lightning.loss import token_loss_sum
 
-from _procs import run_ranks  # tests/ddp/_procs.py
+from launch import run_ranks  # launch.py (the repository root)
 from fit_model_parallel import LR, TinyLM  # tests/ddp/fit_model_parallel.py
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2- and 4-process CPU fits in subprocesses

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import run_ranks  # tests/ddp/_procs.py
+from launch import run_ranks  # launch.py (the repository root)
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # two processes each
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import run_script  # tests/ddp/_procs.py
+from launch import run_script  # launch.py (the repository root)
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real 2-rank CPU fits in subprocesses, seconds each
 

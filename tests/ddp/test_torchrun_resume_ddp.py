@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import ddp_env, finish, free_ports  # tests/ddp/_procs.py
+from launch import ddp_env, finish, free_ports  # launch.py (the repository root)
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # 2 processes under torchrun, each with 2 DataLoader workers
 

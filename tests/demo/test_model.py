@@ -10,7 +10,7 @@ import pytest
 
 from lit_balance.demo import DemoTransformerLM
 
-import _procs  # tests/ddp/_procs.py: the fork server's preload
+import launch as _procs  # launch.py: the fork server's preload
 
 SMALL = {"vocab_size": 16, "d_model": 8, "num_heads": 2, "num_layers": 1, "dim_feedforward": 16}
 
@@ -175,7 +175,7 @@ def test_val_loss_is_the_exact_token_mean_over_two_ranks_with_unequal_token_coun
     assert per_rank == [89, 58]
     exact, _ = _exact_mean(model, _rank_batches(0) + _rank_batches(1))
     # started as "spawn" starts them, but from a process that imported torch and Lightning once (the standard
-    # library's fork server, the one tests/ddp/_procs.py uses), not two fresh interpreters
+    # library's fork server, the one launch.py uses), not two fresh interpreters
     multiprocessing.get_context("forkserver").set_forkserver_preload(_procs.PRELOAD)
     trainer = _trainer(devices=2, strategy=DDPStrategy(start_method="forkserver", timeout=timedelta(seconds=60)))
     trainer.validate(model, verbose=False)

@@ -16,7 +16,7 @@ from lit_balance import BalancedTextDataModule, BatchingSettings
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.lightning.budget import TokenBudget, TokenBudgetProbe
 
-from _procs import run_script as _run_script  # tests/ddp/_procs.py: forked from a process that imported torch once
+from launch import run_script as _run_script  # launch.py: forked from a process that imported torch once
 
 LENGTHS = np.load(__import__("lit_balance").__path__[0] + "/data/lengths/lengths_fortunes.npy")
 

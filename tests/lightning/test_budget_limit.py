@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import run_scripts  # tests/ddp/_procs.py
+from launch import run_scripts  # launch.py (the repository root)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # 2 processes, each 5 probes and 5 x 25 steps
 
@@ -18,7 +18,7 @@ SEEDS = range(5)
 def test_every_training_peak_after_the_probe_stays_under_the_limit(tmp_path):
     rooms = (160, 280)
     # a process each, side by side (peak resident memory is a whole process's), forked from one that imported torch
-    # and Lightning once (tests/ddp/_procs.py); the seeds one after the other in each
+    # and Lightning once (launch.py); the seeds one after the other in each
     logs = run_scripts(SCRIPT, {room: [tmp_path / str(room), room, *SEEDS] for room in rooms}, 1800)
     results = [json.loads(line) for room in rooms for line in logs[room].splitlines() if line.startswith("{")]
     assert len(results) == len(rooms) * len(SEEDS), {room: logs[room][-3000:] for room in rooms}

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from lit_balance.callbacks import RunSummary, StragglerMonitor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ddp"))
-from _fork_ranks import run_as_ranks  # tests/ddp/_fork_ranks.py
+from launch import run_as_ranks  # launch.py (the repository root)
 
 
 class Items(Dataset):

@@ -13,7 +13,7 @@ from lightning.pytorch.profilers import PassThroughProfiler
 from lit_balance.lightning.callbacks.phases import PhaseClock
 from lit_balance.report import read_metrics_csv, training_plot_data
 
-from _procs import run_script  # tests/ddp/_procs.py
+from launch import run_script  # launch.py (the repository root)
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).with_name("fit_phases.py")
@@ -32,7 +32,7 @@ def _close(measured: float, injected: float) -> bool:
 @pytest.fixture(scope="module")
 def fit(tmp_path_factory):
     out = tmp_path_factory.mktemp("phases")
-    # about 15 s on 2 cores, 9 s of it the sleeps; forked from the process that imported Lightning (tests/ddp/_procs.py)
+    # about 15 s on 2 cores, 9 s of it the sleeps; forked from the process that imported Lightning (launch.py)
     code, log = run_script(SCRIPT, [out, DATA_S, VALIDATION_S, CHECKPOINT_S], 240)
     assert code == 0, log[-8000:]
     table = json.loads((out / "result.json").read_text())["rows"]

@@ -1,16 +1,11 @@
-"""Start one training run's ranks under torchrun with a wall-clock timeout that stops every rank, one log per run.
-
-:func:`launch_ranks` starts one job's ranks with torch's own launcher (``python -m torch.distributed.run``,
-i.e. ``torchrun``), which sets the distributed environment of every rank and stops the others when one fails;
-:func:`launch_run` runs one training run of a JSON spec that way and reads back its result.
+"""One training run of a JSON spec as the ranks of a ``torchrun`` job, started and stopped by the repository's one
+launcher (``launch.py``): :func:`launch_run`; and :func:`commit_label`, the checkout the runs measure.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import git_state
-
-ROOT = Path(__file__).resolve().parents[1]
+from launch import ROOT, finish
 
 
 def commit_label() -> str | None:
@@ -29,80 +23,29 @@ def commit_label() -> str | None:
     return None if commit is None else commit[:7] + ("+local changes" if dirty else "")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _descendants(pid: int) -> list[int]:
-    """Process ids below ``pid`` (Linux ``/proc``; empty elsewhere)."""
-    out, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*/children"):
-            try:
-                kids = [int(c) for c in task.read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
-
-
-def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """Stop the launcher and every rank: SIGTERM to the launcher (it forwards it to its ranks), then SIGKILL to
-    whatever is left after ``grace_s`` (the ranks run in sessions of their own, so each is killed by group)."""
-    if proc.poll() is not None:
-        return
-    ranks = _descendants(proc.pid)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    for pid in [proc.pid, *ranks]:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    proc.wait()
-
-
 def launch_ranks(command: Sequence[str], num_ranks: int, log_path: Path, cwd: Path, timeout_s: float,
                  ) -> tuple[str, int | None]:
-    """Run ``command`` as ``num_ranks`` ranks of one single-node job under ``torchrun``, with a timeout.
+    """Run ``command`` as ``num_ranks`` ranks of ``python -m torch.distributed.run --standalone``, with a timeout.
 
     ``torchrun`` sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` for every rank
-    (Lightning then launches none itself) and, when a rank fails, stops the others; a job running past
-    ``timeout_s`` is stopped whole. Every rank writes to ``log_path``. The repository root is put on the ranks'
-    ``PYTHONPATH``, so ``command`` may be ``["-m", "benchmarks.<module>", ...]`` from any ``cwd``.
-
-    Args:
-        command: what each rank runs: a script path or ``-m module``, then its arguments.
-        num_ranks: processes (``--nproc-per-node``).
-        log_path: file that receives every rank's stdout and stderr.
-        cwd: working directory of the ranks.
-        timeout_s: wall-clock limit of the whole job, seconds.
+    (Lightning then launches none itself) and, when a rank fails, stops the others; a job running past ``timeout_s``
+    is killed, ranks included (:func:`launch.finish`). Every rank writes to ``log_path``. The repository root is put
+    on the ranks' ``PYTHONPATH``, so ``command`` may be ``["-m", "research.<module>", ...]`` from any ``cwd``.
 
     Returns:
         ``(status, returncode)``: ``("ok", 0)``; ``("failed", code)`` where a rank failed (``torchrun``'s exit
         code; the log names the rank and its own code); ``("timeout", None)``.
     """
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(num_ranks),
-                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "--max-restarts", "0",
-                "--monitor-interval", "0.5", *command]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(launcher, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(cwd),
-                                start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                 f"--nproc-per-node={num_ranks}", *command], stdout=log, stderr=subprocess.STDOUT,
+                                env=env, cwd=str(cwd))
         try:
-            rc = proc.wait(timeout=timeout_s)
+            finish(proc, timeout_s)
         except subprocess.TimeoutExpired:
-            _stop(proc)
             return "timeout", None
-    return ("ok", 0) if rc == 0 else ("failed", rc)
+    return ("ok", 0) if proc.returncode == 0 else ("failed", proc.returncode)
 
 
 def launch_run(spec: dict[str, Any], out_dir: Path, timeout_s: float, worker: Sequence[str],

@@ -1,8 +1,8 @@
-"""benchmarks/packing_peers.py: each packing peer's guarantees (and only those) on small inputs, its algorithm
+"""benchmarks/peers.py: each packing peer's guarantees (and only those) on small inputs, its algorithm
 against an independent reference, and its purity in (lengths, budget, ranks, seed, epoch).
 
 Run:
-    python -m pytest tests/benchmarks/test_packing_peers.py -q
+    python -m pytest tests/benchmarks/test_peers.py -q
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks import packing_peers as pk
+from benchmarks import peers as pk
 
 pytestmark = pytest.mark.benchmark
 
