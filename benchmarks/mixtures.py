@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import sys
 import time
 import types
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +42,8 @@ import numpy as np
 from lit_balance import BatchingSettings, CostModel, plan_stats
 from lit_balance.plan import planner_for
 from lit_balance.plan.mixture import MixtureLayout, MixtureSettings, plan_mixture
+
+from benchmarks._harness import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 MEDIANS, TARGETS, NAMES = (300, 900, 3000), (0.6, 0.1, 0.3), ("web", "code", "books")
@@ -148,7 +148,7 @@ def _row(name: str, r: dict) -> str:
     return f"| {name} | " + " | ".join(cells) + f" | {r['U']:.4f} | {r['steps']} |"
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--documents", type=int, default=300_000, help="documents over the three components")
     parser.add_argument("--timing-documents", type=int, nargs="+", default=[1_000_000, 10_000_000],
@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each plan (the median is reported)")
     parser.add_argument("--baseline", default=None, metavar="REVISION",
                         help="also time plan_mixture of this git revision, side by side on the same corpora")
+    parser.add_argument("--output-dir", type=Path, default=Path("outputs/mixtures"),
+                        help="where the dated report (results.json, results.md) is written")
     args = parser.parse_args(argv)
     old = baseline_planner(args.baseline) if args.baseline else None
     sizes, lengths = corpus(args.documents)
@@ -169,27 +171,23 @@ def main(argv: list[str] | None = None) -> None:
     for name, order in orders:
         for packing in (False, True):
             rows[f"{name} {'packed' if packing else 'padded'}"] = _sample_weighted(order, lengths, layout, packing)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()
-    print(f"# Mixtures, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC\n")
-    print(f"command: python -m benchmarks.mixtures {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip())
-    print(f"commit: {commit} | machine: {platform.platform()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
-    print(f"{args.documents} documents; targets {dict(zip(NAMES, TARGETS))} by tokens; {RANKS} ranks; steps of "
-          f"{RANKS * ACC * MAX_TOKENS} token slots\n")
-    print("| plan | web dev. max / p95 (pp) | code | books | U | steps >= 256k |\n|---|---|---|---|---|---|")
-    for name, r in rows.items():
-        print(_row(name, r))
+    lines = [f"{args.documents} documents; targets {dict(zip(NAMES, TARGETS))} by tokens; {RANKS} ranks; steps of "
+             f"{RANKS * ACC * MAX_TOKENS} token slots; load average {os.getloadavg()[0]:.1f} at the start", "",
+             "| plan | web dev. max / p95 (pp) | code | books | U | steps >= 256k |", "|---|---|---|---|---|---|",
+             *(_row(name, r) for name, r in rows.items())]
     for name in ("interleave_datasets padded", "Megatron blend padded"):
         share = rows[name]["share"]
-        print(f"\n{name.split()[0]}: token shares over the epoch " + " / ".join(f"{100 * s:.0f}" for s in share))
-    print(f"\nplanning time of one epoch: medians of {args.repeats} runs, the revisions alternating (wall and CPU "
-          "seconds, and CPU seconds per million chosen documents; goal 0.6 s per million)\n")
-    print("| documents | chosen | plan | revision | wall s | CPU s | CPU s per million |")
-    print("|---|---|---|---|---|---|---|")
+        lines += ["", f"{name.split()[0]}: token shares over the epoch " + " / ".join(f"{100 * s:.0f}" for s in share)]
+    lines += ["", f"planning time of one epoch: medians of {args.repeats} runs, the revisions alternating (wall and CPU "
+              "seconds, and CPU seconds per million chosen documents; goal 0.6 s per million)", "",
+              "| documents | chosen | plan | revision | wall s | CPU s | CPU s per million |",
+              "|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    timing = []
     for count in args.timing_documents:
         sizes, lengths = corpus(count, seed=1)
         for packing in (False, True):
-            runs = [(commit, None)] + ([(args.baseline, old)] if old else [])
+            runs = [("this", None)] + ([(args.baseline, old)] if old else [])
             times: dict[str, list[tuple[float, float, int]]] = {revision: [] for revision, _ in runs}
             for _ in range(args.repeats):
                 for revision, planner in runs:
@@ -198,8 +196,15 @@ def main(argv: list[str] | None = None) -> None:
             for revision, measured in times.items():
                 wall, cpu = (float(np.median([m[i] for m in measured])) for i in (0, 1))
                 chosen = measured[0][2]
-                print(f"| {count:,} | {chosen:,} | {'packed' if packing else 'padded'} | {revision} | {wall:.2f} | "
-                      f"{cpu:.2f} | {cpu / chosen * 1e6:.2f} |", flush=True)
+                timing.append({"documents": count, "chosen": chosen, "packing": packing, "revision": revision,
+                               "wall_s": wall, "cpu_s": cpu, "cpu_s_per_million": cpu / chosen * 1e6})
+                lines.append(f"| {count:,} | {chosen:,} | {'packed' if packing else 'padded'} | {revision} | "
+                             f"{wall:.2f} | {cpu:.2f} | {cpu / chosen * 1e6:.2f} |")
+                print(lines[-1], flush=True)
+    results = {"settings": vars(args), "rows": {name: {k: np.asarray(v).tolist() for k, v in r.items()} for name, r in rows.items()},
+               "planning_time": timing}
+    return write_report(args.output_dir, "benchmarks.mixtures", argv, results, markdown="\n".join(lines))
+
 
 if __name__ == "__main__":
     main()

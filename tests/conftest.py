@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-# tests/ddp's helpers that start processes (_procs: waiting with a limit, runs forked from its fork server;
-# _fork_ranks: a script's forked ranks) are imported by tests in other folders too: on the path however few tests are selected
+# tests/ddp's fit scripts and helpers are imported by tests in other folders too: on the path however few tests are
+# selected (the launcher that starts processes, launch.py, is at the repository's root: pyproject's pytest pythonpath)
 sys.path.append(str(Path(__file__).with_name("ddp")))
 
 # No test may depend on this machine's speed: Hypothesis neither times examples out (deadline) nor fails a test

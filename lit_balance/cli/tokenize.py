@@ -236,7 +236,8 @@ def _one_tokenizer_thread_per_worker(workers: int) -> Iterator[None]:
 
     Each worker process would otherwise start the ``tokenizers`` thread pool of as many threads as cores, so one
     worker per core runs cores x workers threads and they fight for the cores: on 2 cores, 2 workers took 57 s on a
-    150 MiB corpus with their own pools and 31 s with one thread each (``benchmarks/tokenize_datatrove.py``).
+    150 MiB corpus with their own pools and 31 s with one thread each
+    (``python -m benchmarks.tokenizing --peer datatrove``).
     """
     if workers < 2 or "TOKENIZERS_PARALLELISM" in os.environ:
         yield
