@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from lit_balance.data.stores._files import FileStamp, check_distinct
-from lit_balance.data.stores.base import StoreSource, TokenStore
+from lit_balance.data.stores.base import TokenStore
+from lit_balance.data.stores.source import StoreSource
 from lit_balance.data.stores.corpus import check_labels
 from lit_balance.errors import InputFileNotFoundError, InputTypeError, InputValueError
 
