@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lit_balance.data.stores import ArrowSource, ArrowStore, MegatronSource
+from lit_balance.data.stores import ArrowSource, MegatronSource
+from lit_balance.data.stores.arrow import ArrowFile
 from lit_balance.data.stores.megatron import MegatronFile
 from tests.data._stores import documents, write_megatron, write_save_to_disk
 from tests.data.test_stores import files_under, modules
@@ -97,14 +98,14 @@ def test_arrow_store_reads_values_only_for_micro_batches(tmp_path, monkeypatch):
     docs = documents(120, seed=6)
     path = write_save_to_disk(tmp_path / "store" / "saved", docs)
     log: list[int] = []
-    real_slice = ArrowStore._slice
+    real_slice = ArrowFile._slice
 
     def counting_slice(chunk, row, length):
         out = real_slice(chunk, row, length)
         log.append(out.nbytes)
         return out
 
-    monkeypatch.setattr(ArrowStore, "_slice", staticmethod(counting_slice))
+    monkeypatch.setattr(ArrowFile, "_slice", staticmethod(counting_slice))
     before = files_under(tmp_path)
     (dm,) = modules(ArrowSource(path), tmp_path / "run", 1, val_fraction=0, max_length=7)
     assert log == [] and files_under(tmp_path) == before

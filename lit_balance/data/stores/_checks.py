@@ -6,7 +6,7 @@ naming the file and the setting to change.
 * :func:`check_data_size`: a token file as long as its index says;
 * :func:`read_ends`, :func:`check_non_decreasing`: cumulative document ends (datatrove's ``.ds.index``);
 * :func:`check_list_type`, :func:`check_list_values`: an Arrow list column of integer ids without nulls;
-* :func:`check_options`: a store's optional int and bool settings.
+* :func:`check_options`: a store's optional int and bool settings; :func:`import_pyarrow`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from lit_balance.errors import InputFileNotFoundError, InputTypeError, InputValueError
 
 __all__ = ["check_data_size", "check_list_type", "check_list_values", "check_non_decreasing", "check_options",
-           "check_sequence_table", "read_block", "read_ends"]
+           "check_sequence_table", "check_label_lengths", "import_pyarrow", "read_block", "read_ends"]
 
 BLOCK = 1 << 22  # index entries checked per step (no temporary as large as a 100M-entry index)
 
@@ -179,3 +179,22 @@ def check_options(ints: dict[str, Any], flags: dict[str, Any] | None = None) -> 
         if value is not None and not isinstance(value, (bool, np.bool_)):
             raise InputTypeError(f"{name} must be True, False or None, got {type(value).__name__} {value!r}",
                                  parameter=name)
+
+
+def import_pyarrow() -> Any:
+    """pyarrow with its ``compute`` and ``parquet`` modules, or an ImportError that names the extra to install."""
+    try:
+        import pyarrow as pa
+        import pyarrow.compute  # noqa: F401  (list_value_length)
+        import pyarrow.parquet  # noqa: F401
+    except ImportError as error:  # pragma: no cover - pyarrow comes with the test extra
+        raise ImportError('reading Arrow / Parquet stores needs pyarrow: pip install "lit_balance[stores]"') from error
+    return pa
+
+
+def check_label_lengths(lengths: np.ndarray, label_lengths: np.ndarray, path: str, first_row: int = 0) -> None:
+    """Raise naming the file and first row whose labels are not one per token id."""
+    if not np.array_equal(label_lengths, lengths):
+        row = int(np.flatnonzero(label_lengths != lengths)[0])
+        raise InputValueError(f"{path}: row {first_row + row} has {int(label_lengths[row])} labels for "
+                              f"{int(lengths[row])} token ids; give one label per token", parameter="labels")

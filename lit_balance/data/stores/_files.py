@@ -7,12 +7,14 @@ worker opens its own) and compares the file with its stamp when it opens it and 
 (``os.fstat``, well under a microsecond). A file rewritten, truncated or grown after the store was opened raises
 :class:`StoreChangedError` naming it, before any of its tokens train; a file that shrinks under a read gives a short
 read, never the ``SIGBUS`` a memory map would raise. :func:`expand_files` turns the paths a user gives (files,
-folders, glob patterns) into a store's files, and :func:`check_distinct` refuses a file named twice.
+folders, glob patterns) into a store's files (:func:`expand_dataset_files`: Arrow / Parquet files and
+``save_to_disk`` directories), and :func:`check_distinct` refuses a file named twice.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -21,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from lit_balance.errors import InputFileNotFoundError, InputValueError
+from lit_balance.errors import InputFileNotFoundError, InputTypeError, InputValueError
 
-__all__ = ["FileStamp", "StoreChangedError", "TokenFile", "check_distinct", "expand_files"]
+__all__ = ["FileStamp", "StoreChangedError", "TokenFile", "check_distinct", "expand_dataset_files", "expand_files"]
 
 
 class StoreChangedError(RuntimeError):
@@ -230,4 +232,49 @@ def expand_files(paths: Sequence[str | os.PathLike], *, suffix: str, what: str, 
         twice = next(n for n in names if names.count(n) > 1)
         raise InputValueError(f"{what} file {twice} is named twice by paths={list(map(str, paths))!r}; each file once",
                               parameter="paths")
+    return files
+
+
+def expand_dataset_files(paths: Sequence[str | os.PathLike], suffixes: tuple[str, ...]) -> list[str]:
+    """The Arrow / Parquet files of ``paths`` in order: a ``datasets`` ``save_to_disk`` directory becomes the data files
+    its ``state.json`` lists.
+
+    Raises:
+        FileNotFoundError: a path that does not exist.
+        ValueError: a directory that is not a ``save_to_disk`` directory (or a saved ``DatasetDict``), a file
+            without one of ``suffixes``, no file, a file named twice.
+    """
+    files: list[str] = []
+    for path in paths:
+        if not isinstance(path, (str, os.PathLike)):
+            raise InputTypeError(f"an Arrow / Parquet store is named by paths (str or os.PathLike), got "
+                                 f"{type(path).__name__} {path!r:.80}", parameter="corpus")
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            state = os.path.join(path, "state.json")
+            if os.path.isfile(os.path.join(path, "dataset_dict.json")):
+                raise InputValueError(f"{path} is a saved DatasetDict; pass the directory of one split (e.g. "
+                                      f"{os.path.join(path, 'train')!r})", parameter="corpus")
+            if not os.path.isfile(state):
+                raise InputValueError(f"{path} is a directory without a state.json: not a datasets.save_to_disk "
+                                      "directory; pass it, or the .arrow / .parquet files themselves",
+                                      parameter="corpus")
+            with open(state, encoding="utf-8") as stream:
+                names = [entry["filename"] for entry in json.load(stream).get("_data_files", [])]
+            if not names:
+                raise InputValueError(f"{state} lists no data file", parameter="corpus")
+            files.extend(os.path.join(path, name) for name in names)
+        elif not os.path.isfile(path):
+            raise InputFileNotFoundError(f"Arrow / Parquet store: {path} does not exist", parameter="corpus")
+        else:
+            files.append(path)
+    for file in files:
+        if not os.path.isfile(file):
+            raise InputFileNotFoundError(f"Arrow / Parquet store: {file} does not exist", parameter="corpus")
+        if not file.endswith(suffixes):
+            raise InputValueError(f"{file}: expected a {', '.join(suffixes[:-1])} or {suffixes[-1]} file (or a "
+                                  "save_to_disk directory)", parameter="corpus")
+    if not files:
+        raise InputValueError("an Arrow / Parquet store needs at least one file", parameter="corpus")
+    check_distinct(files, "Arrow / Parquet store", "corpus")
     return files
