@@ -29,7 +29,7 @@ from lit_balance.data.stores._files import FileStamp, TokenFile, expand_files
 from lit_balance.data.stores.multifile import MultiFileStore, StoreFile, choose_labels, same_kind
 from lit_balance.data.stores.source import StoreSource, path_list
 from lit_balance.data.vocabulary import store_vocabulary
-from lit_balance.errors import InputFileNotFoundError, InputValueError
+from lit_balance.errors import InputValueError
 
 __all__ = ["DatatroveSource", "DatatroveStore", "read_metadata"]
 
