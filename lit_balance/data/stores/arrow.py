@@ -135,7 +135,8 @@ class ArrowStore(MultiFileStore):
                  cache_dir: str | os.PathLike | None = None) -> None:
         self.column, self.labels_column = column, labels
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
-        files = [ArrowFile(path, column, labels, self.cache_dir) for path in expand_dataset_files(paths, (*_ARROW_SUFFIXES, ".parquet"))]
+        files = [ArrowFile(path, column, labels, self.cache_dir)
+                 for path in expand_dataset_files(paths, (*_ARROW_SUFFIXES, ".parquet"))]
         have = [f.has_labels for f in files]
         if labels is not None and any(have) and not all(have):
             raise InputValueError(f"{files[have.index(False)].name} has no {labels!r} column but other files of the "

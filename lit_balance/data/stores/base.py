@@ -3,13 +3,16 @@
 
 A tokenized store is a corpus that a distributed engine already tokenized and wrote with an index of every
 document's length: Megatron ``.bin/.idx``, datatrove's ``*.ds`` with ``*.ds.index``, Arrow / Parquet with an
-``input_ids`` list column. The DataModule plans from :attr:`TokenStore.lengths` (read from the index or the list
-offsets only) and reads a document's tokens (:meth:`TokenStore.read`) when a rank builds the micro-batch that holds
-it, from memory-mapped files; nothing is tokenized, written to the tokenization cache or copied.
+``input_ids`` list column, and this library's own tokenization cache (:class:`~lit_balance.data.stores.FlatStore`).
+Several files of one format are one store through :class:`~lit_balance.data.stores.MultiFileStore`. The DataModule
+plans from :attr:`TokenStore.lengths` (read from the index or the list offsets only) and reads a document's tokens
+(:meth:`TokenStore.read`) when a rank builds the micro-batch that holds it; nothing is tokenized, written to the
+tokenization cache or copied.
 
 A store is picklable: the memory maps and open files it keeps in the attributes named by
-:attr:`TokenStore.process_local` are dropped when it is pickled (e.g. to a DataLoader worker) and reopened on
-first use in the process that unpickles it.
+:attr:`TokenStore.process_local` (for a multi-file store, each file's
+:attr:`~lit_balance.data.stores.StoreFile.process_local`) are dropped when it is pickled (e.g. to a DataLoader
+worker) and reopened on first use in the process that unpickles it.
 
 A store is a file other tools wrote, read for days: the built-in stores check at opening what is cheap (index
 consistency in one vectorised pass, sizes, a file named twice, nulls) and refuse a file that changed on disk since

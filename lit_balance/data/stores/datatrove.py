@@ -126,7 +126,7 @@ class DatatroveStore(MultiFileStore):
     def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike], *, token_size: int | None = None,
                  vocab_size: int | None = None, pad_token_id: int | None = None,
                  labels: bool | None = None) -> None:
-        paths = path_list(paths, "paths", "a .ds file or folder")
+        paths = path_list(paths, "paths", "a .ds file or folder", "paths")
         check_options({"token_size": token_size, "vocab_size": vocab_size, "pad_token_id": pad_token_id},
                       {"labels": labels})
         if token_size is not None and token_size not in _DTYPES:

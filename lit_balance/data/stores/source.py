@@ -18,13 +18,13 @@ from lit_balance.errors import InputValueError
 __all__ = ["StoreSource", "path_list"]
 
 
-def path_list(paths: Any, name: str = "paths", what: str = "a path") -> list[Any]:
+def path_list(paths: Any, name: str = "paths", what: str = "a path", parameter: str = "corpus") -> list[Any]:
     """``paths`` as a non-empty list (one path becomes a list of one), or a ValueError naming ``name``."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if not isinstance(paths, Sequence) or isinstance(paths, (bytes, str)) or not paths:
         raise InputValueError(f"{name} must be {what} or a non-empty list of them, got {paths!r:.80}",
-                              parameter="corpus")
+                              parameter=parameter)
     return list(paths)
 
 
