@@ -176,7 +176,7 @@ class TokenDataset(MicroBatchItems):
     def _item(self, i: int, is_fill: bool = False) -> dict[str, Any]:
         if not 0 <= i < len(self):
             raise IndexError(f"index {i} out of range for a dataset of {len(self)} documents")
-        doc = self.store_document(i)
+        doc = i if self._store_docs is None else int(self._store_docs[i])
         ids, labels = self.store.read(doc, int(self.lengths[i]))
         ids = np.asarray(ids)
         vocab = self.vocab_size

@@ -61,8 +61,12 @@ class FlatStore(TokenStore):
             if np.any(block[1:] < block[:-1]):
                 raise InputValueError("offsets must be non-decreasing")
         self._token_ids, self.offsets, self._labels = token_ids, offsets, labels
+        # plain views of the maps for reads: slicing a numpy.memmap costs a subclass finalizer on every item
+        self._ids_view = np.asarray(token_ids)
+        self._labels_view = None if labels is None else np.asarray(labels)
         self.has_labels = labels is not None
         self._lengths: np.ndarray | None = None
+        self._num_docs = len(offsets) - 1
 
     @property
     def lengths(self) -> np.ndarray:
@@ -79,7 +83,7 @@ class FlatStore(TokenStore):
     @property
     def dtype(self) -> np.dtype:
         """The dtype of ``token_ids`` (int32 in the cache)."""
-        return np.asarray(self.token_ids[:0]).dtype
+        return self._ids_view.dtype
 
     @property
     def num_tokens(self) -> int:
@@ -97,10 +101,12 @@ class FlatStore(TokenStore):
 
     def read(self, doc: int, length: int) -> tuple[np.ndarray, np.ndarray | None]:
         """The first ``length`` ids (and labels) of document ``doc``: slices of the arrays (views, not copies)."""
-        doc, length = self._check_read(doc, length)
-        start = int(self.offsets[doc])
-        labels = None if self._labels is None else np.asarray(self._labels[start:start + length])
-        return np.asarray(self.token_ids[start:start + length]), labels
+        doc, length = int(doc), int(length)
+        start = int(self.offsets[doc]) if 0 <= doc < self._num_docs else -1
+        if start < 0 or not 0 <= length <= int(self.offsets[doc + 1]) - start:
+            self._check_read(doc, length)  # raises, naming the document (checked inline: this is every item's path)
+        labels = None if self._labels_view is None else self._labels_view[start:start + length]
+        return self._ids_view[start:start + length], labels
 
     def supervised_lengths(self, lengths: np.ndarray, docs: np.ndarray | None = None) -> np.ndarray:
         """As :meth:`TokenStore.supervised_lengths`, counted on the flat labels in one vectorised pass."""
