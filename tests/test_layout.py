@@ -464,3 +464,80 @@ def test_the_launcher_check_finds_a_second_launcher(tmp_path, monkeypatch):
                                                    'subprocess.run(["python", "-m", "torch.distributed.run"])\n')
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert _starters(("research",)) == {"research/own.py": (True, False)}
+
+
+# One corpus interface: code outside lit_balance/data/stores/ asks a source, store or corpus what it can do (methods
+# and properties) instead of testing its type, and each store format says only how to open one file of its kind.
+STORES = "lit_balance.data.stores"
+#: modules of lit_balance/data/stores/ shared by every format (the others are format files)
+SHARED_STORE_MODULES = {"__init__", "_files", "_checks", "base", "multifile", "source", "corpus"}
+FORMAT_FILE_MAX_LINES = 200
+
+
+def store_classes(sources: dict[str, str]) -> set[str]:
+    """Names of the classes defined in lit_balance/data/stores/ (the store types)."""
+    return {node.name for module, source in sources.items() if module == STORES or module.startswith(STORES + ".")
+            for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)}
+
+
+def _type_names(node: ast.AST) -> list[str]:
+    """The class names an ``isinstance`` second argument names: ``X``, ``mod.X``, a tuple of them."""
+    if isinstance(node, ast.Tuple):
+        return [n for element in node.elts for n in _type_names(element)]
+    if isinstance(node, ast.Name):
+        return [node.id]
+    return [node.attr] if isinstance(node, ast.Attribute) else []
+
+
+def store_type_tests(sources: dict[str, str]) -> list[tuple[str, int, str]]:
+    """``(module, line, class)`` of every ``isinstance``/``issubclass`` test of a store type, and every comparison of
+    a ``__name__`` with a store type's name (or ``"Mixture"``), outside lit_balance/data/stores/."""
+    names, found = store_classes(sources), []
+    for module, source in sources.items():
+        if module == STORES or module.startswith(STORES + "."):
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
+                    "isinstance", "issubclass") and len(node.args) == 2:
+                found += [(module, node.lineno, n) for n in _type_names(node.args[1]) if n in names]
+            elif isinstance(node, ast.Compare) and any(isinstance(part, ast.Attribute) and part.attr == "__name__"
+                                                       for part in [node.left, *node.comparators]):
+                found += [(module, node.lineno, part.value) for part in [node.left, *node.comparators]
+                          if isinstance(part, ast.Constant) and part.value in names | {"Mixture"}]
+    return found
+
+
+def long_format_files(root: Path = PACKAGE / "data" / "stores") -> dict[str, int]:
+    """``{format file: lines}`` of the format files of lit_balance/data/stores/ over the limit."""
+    out = {}
+    for path in sorted(root.glob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if path.stem not in SHARED_STORE_MODULES and lines > FORMAT_FILE_MAX_LINES:
+            out[path.name] = lines
+    return out
+
+
+def test_no_store_type_is_tested_outside_the_stores():
+    assert store_type_tests(_sources()) == []
+
+
+def test_each_store_format_file_stays_short():
+    formats = [p.stem for p in (PACKAGE / "data" / "stores").glob("*.py") if p.stem not in SHARED_STORE_MODULES]
+    assert {"megatron", "datatrove", "arrow"} <= set(formats)  # the rule reads the format files
+    assert long_format_files() == {}
+
+
+@pytest.mark.parametrize("planted", [
+    "isinstance(source, StoreSource)", "isinstance(d, (list, stores.StoreDataset))", "issubclass(k, TokenStore)",
+    'type(corpus).__name__ == "Mixture"',
+])
+def test_the_checker_reports_a_store_type_test(planted):
+    sources = {**_sources(), "lit_balance.data.loader": f"def f(source, d, k, corpus):\n    return {planted}\n",
+               "lit_balance.data.stores.old": "class StoreDataset:\n    pass\n"}
+    assert [line for _, line, _ in store_type_tests(sources)] == [2]
+
+
+def test_the_checker_reports_a_long_format_file(tmp_path):
+    (tmp_path / "base.py").write_text("x = 1\n" * 300)
+    (tmp_path / "newformat.py").write_text("x = 1\n" * 201)
+    assert long_format_files(tmp_path) == {"newformat.py": 201}

@@ -3,7 +3,8 @@
 An entry ``<cache_dir>/<key>/`` holds ``token_ids.npy``, ``offsets.npy``, ``source_index.npy`` (plain
 arrays, no pickle), ``labels.npy`` only for a corpus with masked tokens (prompt–completion records or
 pre-tokenized labels; entries of plain corpora are unchanged), and ``meta.json`` (key, format, counts and the
-sha256 of each array file). The key
+sha256 of each array file); it loads as a :class:`~lit_balance.data.stores.TokenizedCorpus` over a
+:class:`~lit_balance.data.stores.FlatStore` of the memory-mapped arrays, a store like any other. The key
 hashes the corpus content (for files, their bytes: :meth:`CorpusSource.content_fingerprint`) with the
 tokenizer's fingerprint, so an edit that keeps a file's size and mtime still rebuilds.
 
@@ -44,7 +45,6 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,107 +59,21 @@ from lit_balance._fingerprint import sha256_of as _sha256
 from lit_balance._fingerprint import sha256_of_stream
 from lit_balance.data.records import IGNORE_INDEX, encode_chunk_deferred
 from lit_balance.data.sources import CorpusChunk, CorpusSource
+from lit_balance.data.stores.corpus import TokenizedCorpus
 from lit_balance.data.tokenizer import TokenizerAdapter
 from lit_balance.errors import InputTypeError, InputValueError
 
-__all__ = ["TokenizedCorpus", "build_cache", "cache_key", "default_cache_dir", "load_cache", "load_or_build"]
+__all__ = ["TokenizedCorpus", "build_cache", "cache_key", "default_cache_dir", "load_cache", "load_or_build",
+           "open_corpus"]
 
 _CACHE_FORMAT = 1  # bump when the layout of a cache entry changes
 _HASH_BLOCK = 1 << 22  # bytes read per update when hashing an entry's files
-_CHECK_BLOCK = 1 << 20  # offsets checked per step when a corpus is loaded
 _IN_FLIGHT = 2  # chunks handed to the encoding thread ahead of the one converted and written
 _ARRAYS = {"token_ids": np.int32, "offsets": np.int64, "source_index": np.int64}
 _LABELS = "labels"  # the optional array: int32 [num_tokens], -100 where a token has no target
 _TMP, _TRASH, _LOCK = ".tmp-", ".trash-", ".lock"
 _UNLOCKED_TMP_MAX_AGE_S = 24 * 3600  # a temporary directory without a lock file is a leftover after this
 _TRASH_MAX_AGE_S = 60  # a .trash-* directory is a leftover after this
-
-
-@dataclass(frozen=True, eq=False)
-class TokenizedCorpus:
-    """A tokenized corpus as flat arrays: document ``i`` is ``token_ids[offsets[i]:offsets[i + 1]]``.
-
-    Arrays loaded from the cache are read-only memory maps.
-
-    Attributes:
-        token_ids: int32 ``[num_tokens]``, all kept documents concatenated.
-        offsets: int64 ``[num_docs + 1]``, non-decreasing, from 0 to ``num_tokens``.
-        source_index: int64 ``[num_docs]``, index of each kept document in the source corpus.
-        num_empty: documents dropped because they were empty after tokenization.
-        vocab_size: number of token ids of the tokenizer.
-        pad_token_id: the tokenizer's padding id.
-        labels: int32 ``[num_tokens]``, the (unshifted) label of each token, ``-100`` where it has no target
-            (a prompt's tokens), or None when every token is a target (a plain corpus).
-
-    Raises:
-        ValueError: the arrays have the wrong dtype or shape, or inconsistent offsets.
-
-    Example:
-        >>> corpus = TokenizedCorpus(np.array([5, 6, 7], np.int32), np.array([0, 2, 3]),
-        ...                          np.array([0, 2]), num_empty=1, vocab_size=10, pad_token_id=0)
-        >>> len(corpus), corpus.lengths.tolist(), corpus.document(1).tolist()
-        (2, [2, 1], [7])
-    """
-
-    token_ids: np.ndarray
-    offsets: np.ndarray
-    source_index: np.ndarray
-    num_empty: int
-    vocab_size: int
-    pad_token_id: int
-    labels: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        if self.labels is not None and (not isinstance(self.labels, np.ndarray) or self.labels.dtype != np.int32
-                                        or self.labels.shape != self.token_ids.shape):
-            got = (f"{self.labels.dtype} with shape {self.labels.shape}" if isinstance(self.labels, np.ndarray)
-                   else type(self.labels).__name__)
-            raise InputValueError("labels must be None or an int32 array shaped like token_ids "
-                                  f"{self.token_ids.shape}, "
-                                  f"got {got}")
-        for name, dtype in _ARRAYS.items():
-            array = getattr(self, name)
-            if not isinstance(array, np.ndarray) or array.dtype != dtype or array.ndim != 1:
-                got = (f"{array.dtype} with shape {array.shape}" if isinstance(array, np.ndarray)
-                       else type(array).__name__)
-                raise InputValueError(f"{name} must be a 1-D {np.dtype(dtype)} array, got {got}")
-        offsets = self.offsets
-        if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(self.token_ids):
-            raise InputValueError(f"offsets must run from 0 to len(token_ids)={len(self.token_ids)}, "
-                                  f"got {offsets[:1].tolist()}..{offsets[-1:].tolist()}")
-        for begin in range(0, len(offsets) - 1, _CHECK_BLOCK):  # in blocks: no temporary as large as the corpus
-            block = np.asarray(offsets[begin:begin + _CHECK_BLOCK + 1])
-            if np.any(block[1:] < block[:-1]):
-                raise InputValueError("offsets must be non-decreasing")
-        if len(self.source_index) != len(offsets) - 1:
-            raise InputValueError(f"source_index has {len(self.source_index)} entries, expected {len(offsets) - 1}")
-        if self.num_empty < 0:
-            raise InputValueError(f"num_empty must be >= 0, got {self.num_empty}")
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """int64 ``[num_docs]``: tokens per document."""
-        return np.diff(np.asarray(self.offsets))
-
-    @property
-    def num_tokens(self) -> int:
-        """Total number of tokens."""
-        return len(self.token_ids)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def document(self, i: int) -> np.ndarray:
-        """Return the token ids of document ``i`` (a view; negative indices count from the end).
-
-        Raises:
-            IndexError: ``i`` is outside ``[-len, len)``.
-        """
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"document index {i} is out of range for {n} documents")
-        i %= n
-        return self.token_ids[self.offsets[i]:self.offsets[i + 1]]
 
 
 def cache_key(source: CorpusSource, tokenizer: TokenizerAdapter) -> str:
@@ -729,3 +643,19 @@ def load_or_build(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: 
         raise RuntimeError(f"the cache entry for {source.description} in {str(cache_dir)!r} "
                            "cannot be read back after building it; check the disk and permissions")
     return corpus
+
+
+def open_corpus(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: str | os.PathLike | None = None, *,
+                progress: bool = False) -> TokenizedCorpus:
+    """The tokenized corpus of ``source``: read in place when the source is a store
+    (:meth:`~lit_balance.data.sources.CorpusSource.open_in_place`: nothing tokenized, written or copied), else the
+    cache's entry (:func:`load_or_build`).
+
+    Args:
+        source: a :class:`~lit_balance.data.sources.CorpusSource`.
+        tokenizer: the tokenizer (its ``vocab_size`` bounds the ids, its ``pad_token_id`` pads).
+        cache_dir: the cache directory (unused for a store).
+        progress: show a progress bar while tokenizing.
+    """
+    corpus = source.open_in_place(tokenizer)
+    return corpus if corpus is not None else load_or_build(source, tokenizer, cache_dir, progress=progress)

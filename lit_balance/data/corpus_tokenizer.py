@@ -14,8 +14,8 @@ import numpy as np
 
 from lit_balance._checks import check_int
 from lit_balance.data.cache import default_cache_dir
-from lit_balance.data.stores import StoreSource, store_tokenizer
-from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
+from lit_balance.data.tokenizer import TokenizerAdapter
+from lit_balance.data.vocabulary import decide_vocabulary
 from lit_balance.errors import InputTypeError, InputValueError
 
 if TYPE_CHECKING:
@@ -51,48 +51,19 @@ def _check_pad_token_id(pad_token_id: Any) -> int | None:
     return pad_token_id
 
 
-def _token_id_tokenizer(source: CorpusSource, vocab_size: int | None, pad_token_id: int | None) -> TokenizerAdapter:
-    """The vocabulary of a token-id corpus without a tokenizer: ``vocab_size``, or its largest id + 1."""
-    pad = 0 if pad_token_id is None else pad_token_id
-    if source.key_after_reading and vocab_size is None:
-        raise InputValueError("a Hugging Face IterableDataset of token ids is read once, into the cache, so its "
-                              "largest id is not known in advance: pass vocab_size= (or a tokenizer)",
-                              parameter="vocab_size")
-    # an IterableDataset's ids are checked against vocab_size when it is read into the cache
-    largest = 0 if source.key_after_reading else max(
-        (int(np.max(d)) for d in source.load_token_ids() if len(d)), default=0)
-    if vocab_size is None:
-        vocab_size = max(largest, pad) + 1
-    # validates vocab_size and pad_token_id now, not at prepare_data
-    adapter = TokenizerAdapter.for_token_ids(vocab_size=vocab_size, pad_token_id=pad)
-    if largest >= adapter.vocab_size:
-        raise InputValueError(f"token id {largest} is outside vocab_size={vocab_size}; raise vocab_size",
-                              parameter="vocab_size")
-    return adapter
-
-
 def corpus_tokenizer(source: CorpusSource, tokenizer: Any, *, vocab_size: Any, pad_token_id: Any,
                      add_special_tokens: bool) -> TokenizerAdapter:
-    """The tokenizer of ``source``: the given one (or the built-in one), or a token-id corpus' vocabulary.
+    """The tokenizer of ``source`` (:func:`lit_balance.data.vocabulary.decide_vocabulary`, with what the source's own
+    files say, :attr:`CorpusSource.store_vocabulary`): the given one (or the built-in one), a token-id corpus'
+    vocabulary, or a tokenized store's.
 
     Raises:
         TypeError, ValueError: a bad ``vocab_size`` or ``pad_token_id``; ``add_special_tokens`` with token ids; a
             ``vocab_size`` that disagrees with the tokenizer's, or below a token id of the corpus.
     """
     vocab_size, pad_token_id = _check_vocab_size(vocab_size), _check_pad_token_id(pad_token_id)
-    if source.holds_token_ids and add_special_tokens:
-        raise InputValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as "
-                              "given (never re-encoded, with or without a tokenizer), so add the special ids to each "
-                              "document yourself, or leave add_special_tokens=False", parameter="add_special_tokens")
-    if isinstance(source, StoreSource):  # a tokenized store: its own metadata, or what is given
-        return store_tokenizer(source, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id)
-    if source.holds_token_ids and tokenizer is None:
-        return _token_id_tokenizer(source, vocab_size, pad_token_id)
-    adapter = resolve_tokenizer(tokenizer, pad_token_id=pad_token_id, add_special_tokens=add_special_tokens)
-    if vocab_size is not None and vocab_size != adapter.vocab_size:
-        with_what = "the built-in tokenizer" if tokenizer is None else "the given tokenizer"
-        raise InputValueError(
-            f"vocab_size={vocab_size} conflicts with {with_what}'s vocabulary of {adapter.vocab_size} "
-            f"token ids ({source.kind} corpus); the vocabulary is the tokenizer's, and vocab_size only "
-            "sets it for token-id corpora without a tokenizer: leave vocab_size unset (None)", parameter="vocab_size")
-    return adapter
+    largest = None if source.key_after_reading else (
+        lambda: max((int(np.max(d)) for d in source.load_token_ids() if len(d)), default=0))
+    return decide_vocabulary(tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
+                             store=source.store_vocabulary, holds_token_ids=source.holds_token_ids,
+                             largest_id=largest, add_special_tokens=add_special_tokens, kind=source.kind)

@@ -28,7 +28,6 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lit_balance.data.collate import IGNORE_INDEX
 from lit_balance.data.fit_loop import FitCount, fitting_trainer
-from lit_balance.data.stores.corpus import StoreDataset
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.types import MicroBatch, padded_lengths
 
@@ -91,8 +90,8 @@ def item_lengths(dataset: Any, length: LengthSpec) -> np.ndarray:
 
     Returns:
         int64 ``[len(dataset)]``: tokens per item. Columns of a Hugging Face ``datasets.Dataset`` are read in
-        Arrow, without a Python loop over the rows; a :class:`~lit_balance.data.stores.StoreDataset` (a tokenized
-        store) gives its lengths from the store's index, reading no token.
+        Arrow, without a Python loop over the rows; a dataset with ``lengths_of(fields)`` (a
+        :class:`~lit_balance.data.dataset.TokenDataset`: a store's index) gives them without reading a token.
 
     Raises:
         TypeError: ``length`` is none of the above, an item is not a mapping, or a field holds neither a
@@ -106,8 +105,9 @@ def item_lengths(dataset: Any, length: LengthSpec) -> np.ndarray:
     """
     read = _length_function(length)
     fields = (length,) if isinstance(length, str) else length
-    if isinstance(dataset, StoreDataset) and not callable(length) and set(fields) <= {"input_ids", "labels"}:
-        return np.array(dataset.lengths, dtype=np.int64)  # a store's index: no token read
+    known = None if callable(length) else getattr(dataset, "lengths_of", None)
+    if known is not None and (lengths := known(fields)) is not None and (not lengths.size or lengths.min() >= 1):
+        return lengths  # a TokenDataset's lengths (a store's index): no token read
     fast = _arrow_lengths(dataset, length)
     if fast is not None:
         return fast

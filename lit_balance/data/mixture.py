@@ -15,7 +15,6 @@ from lit_balance.plan.mixture import MixtureLayout, MixtureSettings
 __all__ = ["Mixture", "MixtureDataset"]
 
 
-
 class Mixture:
     """A corpus blended from named components, each with a weight: pass it as ``corpus`` to
     :class:`~lit_balance.BalancedTextDataModule`.
@@ -64,6 +63,13 @@ class Mixture:
         self.settings = MixtureSettings(tuple(components), tuple(weights), unit=unit, max_repetition=max_repetition,
                                         units_per_epoch=tokens_per_epoch)
         self.corpora = tuple(corpora)
+
+    @staticmethod
+    def describes(corpus: Any) -> bool:
+        """Whether ``corpus`` is a mixture: a :class:`Mixture`, or the mapping of its arguments a config gives
+        (``{"components": {...}, ...}``; :class:`~lit_balance.BalancedTextDataModule` then builds the DataModule of
+        mixtures)."""
+        return isinstance(corpus, Mixture) or (isinstance(corpus, Mapping) and "components" in corpus)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -13,10 +13,8 @@ from typing import Any
 import numpy as np
 
 from lit_balance._checks import check_number
-from lit_balance.data.cache import TokenizedCorpus
 from lit_balance.data.dataset import TokenDataset
-from lit_balance.data.records import supervised_counts
-from lit_balance.data.stores.corpus import StoreCorpus, StoreDataset
+from lit_balance.data.stores.corpus import TokenizedCorpus
 from lit_balance.errors import InputValueError
 from lit_balance.plan.epoch import too_long
 
@@ -114,14 +112,12 @@ def split_documents(num_documents: int, *, val_fraction: float, seed: int, sourc
     return np.sort(perm[num_val:]).astype(np.int64), np.sort(perm[:num_val]).astype(np.int64)
 
 
-def split_corpus(corpus: TokenizedCorpus | StoreCorpus, *, val_fraction: float, seed: int, max_length: int | None,
+def split_corpus(corpus: TokenizedCorpus, *, val_fraction: float, seed: int, max_length: int | None,
                  split_sizes: tuple[int, int] | None = None) -> tuple[TokenDataset, TokenDataset | None]:
     """The training and validation datasets of ``corpus`` (:func:`split_documents`), truncated to ``max_length``.
 
     Args:
-        corpus: the tokenized corpus (its ``labels``, if any, are carried into both datasets), or a tokenized store
-            (:class:`~lit_balance.data.stores.StoreCorpus`: the datasets are
-            :class:`~lit_balance.data.stores.StoreDataset`, read from the store per document).
+        corpus: the tokenized corpus (of the cache or any store; its labels, if any, are read with the ids).
         val_fraction, seed, split_sizes: as :func:`split_documents`.
         max_length: keep at most this many tokens of each document, or None.
 
@@ -141,17 +137,12 @@ def split_corpus(corpus: TokenizedCorpus | StoreCorpus, *, val_fraction: float, 
     """
     if split_sizes is not None:
         _check_split_sizes(split_sizes, len(corpus) + corpus.num_empty)
-    if isinstance(corpus, StoreCorpus) and split_sizes is None and val_fraction == 0:
-        return StoreDataset(corpus, None, max_length), None  # every document trains: no index array at all
+    if split_sizes is None and val_fraction == 0:
+        return TokenDataset.of(corpus, None, max_length), None  # every document trains: no index array at all
     train_docs, val_docs = split_documents(len(corpus), val_fraction=val_fraction, seed=seed,
                                            source_index=corpus.source_index, split_sizes=split_sizes)
-
-    def dataset(docs: np.ndarray) -> TokenDataset:
-        if isinstance(corpus, StoreCorpus):
-            return StoreDataset(corpus, docs, max_length)
-        return TokenDataset(corpus.token_ids, corpus.offsets, docs, max_length, labels=corpus.labels)
-
-    return dataset(train_docs), dataset(val_docs) if len(val_docs) else None
+    return (TokenDataset.of(corpus, train_docs, max_length),
+            TokenDataset.of(corpus, val_docs, max_length) if len(val_docs) else None)
 
 
 def _check_split_sizes(split_sizes: Any, num_read: int) -> None:
@@ -187,9 +178,7 @@ def check_supervised_targets(corpus: TokenizedCorpus, dataset: TokenDataset, sup
     zero = np.flatnonzero(supervised == 0)
     if zero.size == 0:
         return False
-    full = dataset.offsets[dataset.doc_ids + 1] - dataset.offsets[dataset.doc_ids]
-    lost = int(np.count_nonzero(supervised_counts(dataset.labels, dataset.offsets, dataset.doc_ids[zero],
-                                                  full[zero]) > 0))
+    lost = int(np.count_nonzero(dataset.supervised_lengths(items=zero, full=True) > 0))
     shown = ", ".join(str(int(corpus.source_index[d])) for d in dataset.doc_ids[zero[:5]])
     shown += ", ..." if zero.size > 5 else ""
     limit = f"max_length={max_length}" + (f" (and too_long='truncate' at {cut} tokens)" if cut else "")

@@ -20,13 +20,14 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from lit_balance._checks import check_bool, check_int
-from lit_balance.data.cache import TokenizedCorpus
+from lit_balance.data.cache import open_corpus
 from lit_balance.data.collate import PackedCollator, PadCollator, collator_for
-from lit_balance.data.dataset import TokenDataset
 from lit_balance.data.corpus_tokenizer import check_cache_dir, corpus_tokenizer
+from lit_balance.data.dataset import TokenDataset
+from lit_balance.data.mixture import Mixture
 from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.splits import check_supervised_targets, check_too_long, resolve_val_fraction, split_corpus
-from lit_balance.data.stores import open_corpus
+from lit_balance.data.stores import TokenizedCorpus
 from lit_balance.data.tokenizer import TokenizerAdapter
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.agreement import check_ranks_agree, plan_fingerprint
@@ -65,7 +66,21 @@ def _setting(name: str) -> property:
                     doc=f"``settings.{name}`` (read-only; see :class:`~lit_balance.BatchingSettings`).")
 
 
-class BalancedTextDataModule(L.LightningDataModule):
+class _ByCorpus(type):
+    """The metaclass that builds the DataModule a corpus needs: ``BalancedTextDataModule(corpus=...)`` gives a
+    :class:`~lit_balance.lightning.mixture.MixtureDataModule` when the corpus is a mixture
+    (:meth:`Mixture.describes <lit_balance.data.mixture.Mixture.describes>`: a ``Mixture`` or the mapping of its
+    arguments a config gives), called with the same arguments. ``__init__``'s signature stays the one LightningCLI and
+    Hydra read; pickling (``ddp_spawn``, workers) does not call the class, so it is unaffected."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is BalancedTextDataModule and Mixture.describes(args[0] if args else kwargs.get("corpus")):
+            # the DataModule of mixtures subclasses this one, so its module imports this one: looked up when needed
+            cls = importlib.import_module("lit_balance.lightning.mixture").MixtureDataModule
+        return super().__call__(*args, **kwargs)
+
+
+class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
     """A LightningDataModule that tokenizes a corpus and feeds each rank token-budgeted micro-batches.
 
     With no arguments it uses the built-in corpus (the docstrings of the running Python's standard
@@ -223,15 +238,6 @@ class BalancedTextDataModule(L.LightningDataModule):
         memory_fraction: float = DEFAULT_MEMORY_FRACTION,
         cpu_mmap_threshold: int | None = CPU_MMAP_THRESHOLD,
     ) -> None:
-        if type(self) is BalancedTextDataModule and (type(corpus).__name__ == "Mixture" or (
-                isinstance(corpus, Mapping) and "components" in corpus)):
-            # a Mixture (or a mapping of its arguments): the DataModule of mixtures, a subclass of this one, with the
-            # same arguments (its module, which imports this one, is looked up now, when it is needed)
-            arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-            mixture_class = importlib.import_module("lit_balance.lightning.mixture").MixtureDataModule
-            self.__class__ = mixture_class
-            mixture_class.__init__(self, **arguments)
-            return
         super().__init__()
         if val_fraction is not None:
             resolve_val_fraction(val_fraction)  # its type and range, before the corpus is read

@@ -21,8 +21,9 @@ from lit_balance.data.corpus_tokenizer import corpus_tokenizer
 from lit_balance.data.mixture import Mixture, MixtureDataset
 from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.splits import resolve_val_fraction, split_corpus
-from lit_balance.data.stores import open_corpus
+from lit_balance.data.cache import open_corpus
 from lit_balance.data.tokenizer import TokenizerAdapter
+from lit_balance.data.vocabulary import components_vocabulary
 from lit_balance.errors import InputValueError
 from lit_balance.lightning.agreement import plan_fingerprint
 from lit_balance.lightning.datamodule import BalancedTextDataModule, _Splits
@@ -85,15 +86,7 @@ class MixtureDataModule(BalancedTextDataModule):
         """The one tokenizer of every component: the vocabulary and pad id are decided here, once."""
         adapters = [corpus_tokenizer(s, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
                                      add_special_tokens=self.add_special_tokens) for s in self._sources]
-        first = adapters[0]
-        for name, adapter in zip(self.mixture.names[1:], adapters[1:]):
-            if (adapter.vocab_size, adapter.pad_token_id) != (first.vocab_size, first.pad_token_id):
-                raise InputValueError(
-                    f"mixture components {self.mixture.names[0]!r} and {name!r} differ in vocabulary or pad id: "
-                    f"vocab_size {first.vocab_size} vs {adapter.vocab_size}, pad_token_id {first.pad_token_id} vs "
-                    f"{adapter.pad_token_id}; tokenize every component with one tokenizer (or pass vocab_size and "
-                    "pad_token_id for token-id components)", parameter="corpus")
-        return first
+        return components_vocabulary(self.mixture.names, adapters)
 
     def _tokenized(self) -> _MixtureCorpus:
         corpora = tuple(open_corpus(s, self.tokenizer, self.cache_dir, progress=True) for s in self._sources)

@@ -212,7 +212,7 @@ def test_data_store_configs_train_from_the_store_in_place(option, tmp_path):
     dm = instantiate(cfg.data, cache_dir=str(tmp_path / "cache"))
     dm.prepare_data()
     dm.setup("fit")
-    assert dm.source.kind == option and dm.vocab_size == 500 and type(dm.train_dataset).__name__ == "StoreDataset"
+    assert dm.source.kind == option and dm.vocab_size == 500 and dm.train_dataset.store is dm.source.store
     batch = next(iter(dm.train_dataloader()))
     assert batch["input_ids"].max() < 500 and not (tmp_path / "cache").exists()  # nothing tokenized or cached
     with pytest.raises(MissingMandatoryValue, match="vocab_size"):

@@ -20,6 +20,7 @@ from lit_balance.data.cache import _ARRAYS, build_cache, load_or_build
 from lit_balance.data.sources import CorpusChunk, CorpusSource, resolve_corpus
 from lit_balance.data.sources import base as base_module
 from lit_balance.data.sources import files as files_module
+from lit_balance.data.stores import flat as flat_module
 from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
 
 TOK = resolve_tokenizer()
@@ -247,7 +248,7 @@ def test_chunk_arguments_are_checked():
 
 @pytest.mark.parametrize("bad_at", [1, 2, 3, 4])
 def test_decreasing_offsets_are_found_in_any_block(monkeypatch, bad_at):
-    monkeypatch.setattr(cache_module, "_CHECK_BLOCK", 2)
+    monkeypatch.setattr(flat_module, "_CHECK_BLOCK", 2)  # the cache's arrays are a FlatStore, checked in blocks
     offsets = np.array([0, 1, 2, 3, 4, 5])
     offsets[bad_at] = offsets[bad_at + 1] + 1 if bad_at < 4 else 0
     with pytest.raises(ValueError, match="offsets must be non-decreasing"):

@@ -17,7 +17,7 @@ from lit_balance import BalancedTextDataModule
 from lit_balance.data import load_or_build, resolve_corpus
 from lit_balance.data.records import IGNORE_INDEX, encode_chunk_flat
 from lit_balance.data.sources import CorpusChunk, TokenIds, TokenIdsSource, stdlib_docstrings
-from lit_balance.data.stores.datatrove import DatatroveSource, DatatroveStore, read_metadata
+from lit_balance.data.stores.datatrove import DatatroveFile, DatatroveSource, DatatroveStore, read_metadata
 from lit_balance.data.tokenizer import resolve_tokenizer
 
 datatrove = pytest.importorskip("datatrove")  # the "datatrove" extra; part of the test extra
@@ -108,7 +108,7 @@ def test_lengths_and_identity_come_from_the_index_alone(store_dir, tmp_path):
     copy = shutil.copytree(store_dir, tmp_path / "copy")
     store = DatatroveStore(copy)
     lengths, identity = store.lengths.copy(), store.identity()
-    assert store._tokens is None and store._masks is None  # no token file mapped yet
+    assert not any({"_tokens", "_mask"} & set(f.__dict__) for f in store.files_opened)  # no token file opened yet
     for ds in copy.glob("*.ds"):  # other token bytes of the same size: the index, and so the plan, are unchanged
         ds.write_bytes(np.full(ds.stat().st_size // 2, 7, dtype="<u2").tobytes())
     again = DatatroveStore(copy)
@@ -131,7 +131,7 @@ def test_reads_only_the_asked_tokens_and_pickles_without_its_maps(store_dir, tok
     assert ids.tolist() == full[:5].tolist() and labels is None and ids.dtype == np.int64
     assert store.read(longest, 0)[0].shape == (0,)
     clone = pickle.loads(pickle.dumps(store))
-    assert clone._tokens is None
+    assert not any("_tokens" in f.__dict__ for f in clone.files_opened)  # the descriptors stay in their process
     assert clone.read(longest, 7)[0].tolist() == full[:7].tolist()
     with pytest.raises(IndexError, match="holds"):
         store.read(longest, int(store.lengths[longest]) + 1)
@@ -379,13 +379,12 @@ def test_each_rank_reads_only_the_tokens_of_its_micro_batches(store_dir, tmp_pat
     copy = Path(shutil.copytree(store_dir, tmp_path / "store"))
     log_of: dict[int, list] = {}
     current = {"rank": None}
-    real_map = DatatroveStore._map
+    real_open = DatatroveFile.open_tokens
 
-    def counting_map(self, kind, file):
-        mapped = real_map(self, kind, file)
-        return _Counting(mapped, log_of.setdefault(current["rank"], [])) if kind == "_tokens" else mapped
+    def counting_open(self):
+        return _Counting(real_open(self), log_of.setdefault(current["rank"], []))
 
-    monkeypatch.setattr(DatatroveStore, "_map", counting_map)
+    monkeypatch.setattr(DatatroveFile, "open_tokens", counting_open)
     before = {str(p): p.stat().st_size for p in tmp_path.rglob("*")}
     ranks = _rank_modules(lambda: DatatroveSource(copy), 2, **extra)
     assert log_of == {}  # setup planned from the .ds.index files alone
@@ -401,7 +400,7 @@ def test_each_rank_reads_only_the_tokens_of_its_micro_batches(store_dir, tmp_pat
         tokens = sum(int(dataset.lengths[i]) for i in planned)
         assert sum(nbytes for *_, nbytes in log) == tokens * 2  # uint16: 2 bytes a token
         assert sorted(count for _, count, _ in log) == sorted(int(dataset.lengths[i]) for i in planned)
-        read.append({dataset._store_doc(i) for i in planned})
+        read.append({dataset.store_document(i) for i in planned})
     assert {str(p): p.stat().st_size for p in tmp_path.rglob("*")} == before  # nothing written
     if "packing" not in extra:  # no fill rows here: the ranks' documents are disjoint and cover the corpus
         assert not read[0] & read[1] and len(read[0] | read[1]) == len(DatatroveStore(copy))

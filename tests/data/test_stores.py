@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from lit_balance import BalancedTextDataModule, BatchingSettings
+from lit_balance.data.dataset import TokenDataset
 from lit_balance.data.stores import (
     ArrowSource,
     MegatronSource,
     StoreChangedError,
-    StoreDataset,
     StoreSource,
     TokenStore,
 )
@@ -115,7 +115,7 @@ def test_plans_and_micro_batches_equal_the_token_id_list(tmp_path, fmt, world_si
     assert files_under(tmp_path / "store") == before  # nothing written beside the store
     assert not (tmp_path / "s" / "cache").exists() or not any((tmp_path / "s" / "cache").iterdir())
     for store_dm, list_dm in zip(stores, lists):
-        assert isinstance(store_dm.train_dataset, StoreDataset)
+        assert isinstance(store_dm.train_dataset, TokenDataset) and store_dm.train_dataset.store is source.store
         assert store_dm.corpus.num_empty == list_dm.corpus.num_empty == sum(not d for d in docs)
         assert np.array_equal(store_dm.corpus.lengths, list_dm.corpus.lengths)
         assert np.array_equal(store_dm.train_dataset.doc_ids, list_dm.train_dataset.doc_ids)
@@ -379,13 +379,13 @@ def test_a_custom_store_source_trains_through_the_interface(tmp_path):
 
 def test_map_style_path_reads_a_store_dataset_by_micro_batch(tmp_path):
     from lit_balance import BalancedBatchSampler, MicroBatchDataset, PadFieldsCollator, balanced_dataloader
-    from lit_balance.data.stores import StoreCorpus
+    from lit_balance.data.stores import TokenizedCorpus
     from lit_balance.data.tokenizer import TokenizerAdapter
 
     docs = documents(90, seed=8)
     source = make_source("to_parquet", tmp_path, docs)
-    corpus = StoreCorpus(source.store, vocab_size=VOCAB, pad_token_id=0)
-    store_items = MicroBatchDataset(StoreDataset(corpus, max_length=20), "input_ids")
+    corpus = TokenizedCorpus.from_store(source.store, vocab_size=VOCAB, pad_token_id=0)
+    store_items = MicroBatchDataset(TokenDataset.of(corpus, max_length=20), "input_ids")
     list_items = MicroBatchDataset([{"input_ids": np.array(d[:20], np.int32)} for d in docs if d], "input_ids")
     assert np.array_equal(store_items.lengths, list_items.lengths)
     collate = PadFieldsCollator(["input_ids"], pad_token_id=0, drop_fields=["index", "is_fill"])

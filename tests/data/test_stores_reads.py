@@ -3,12 +3,15 @@ reads exactly the tokens of its own micro-batches (bytes read = its tokens x the
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from lit_balance.data.stores import ArrowSource, ArrowStore, MegatronSource, MegatronStore
+from lit_balance.data.stores import ArrowSource, MegatronSource
+from lit_balance.data.stores.arrow import ArrowFile
+from lit_balance.data.stores.megatron import MegatronFile
 from tests.data._stores import documents, write_megatron, write_save_to_disk
 from tests.data.test_stores import files_under, modules
 
@@ -43,7 +46,7 @@ def planned_reads(dm) -> tuple[list[int], int]:
     docs, tokens = [], 0
     for micro_batch in dm.train_sampler:
         for i in micro_batch:
-            docs.append(dataset._store_doc(int(i)))
+            docs.append(dataset.store_document(int(i)))
             tokens += int(dataset.lengths[int(i)])
     return docs, tokens
 
@@ -55,18 +58,22 @@ def test_each_rank_reads_only_its_micro_batches_tokens(tmp_path, monkeypatch, ex
     log_of: dict[int, list] = {}
     current = {"rank": None}
 
-    def counting_open_bin(self, part):
-        return CountingTokens(np.memmap(f"{self.prefixes[part]}.bin", dtype=self.dtype, mode="r"),
-                              log_of.setdefault(current["rank"], []))
+    def counting_open_tokens(self):
+        return CountingTokens(np.memmap(self.name, dtype=self.dtype, mode="r"), log_of.setdefault(current["rank"], []))
 
-    monkeypatch.setattr(MegatronStore, "_open_bin", counting_open_bin)
+    monkeypatch.setattr(MegatronFile, "open_tokens", counting_open_tokens)
     before = files_under(tmp_path)
     ranks = modules(lambda: MegatronSource(prefix), tmp_path / "run", 2, val_fraction=0, **extra)
     assert log_of == {}  # setup planned from the .idx alone: the .bin was not even mapped
     assert files_under(tmp_path) == before  # no cache entry, no file written anywhere
-    index = MegatronSource(prefix).store._indexes[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # megatron-core warns that Transformer Engine and Apex are missing
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    index = IndexedDataset(str(prefix))  # megatron-core's reader
     # the first token of each non-empty document (its first sequence's pointer, in tokens) -> the document
-    doc_at = {int(index.pointers[int(index.documents[d])]) // 4: d for d, doc in enumerate(docs) if doc}
+    doc_at = {int(index.index.sequence_pointers[int(index.document_indices[d])]) // 4: d
+              for d, doc in enumerate(docs) if doc}
     read_by_rank = []
     for rank, dm in enumerate(ranks):
         current["rank"] = rank
@@ -91,14 +98,14 @@ def test_arrow_store_reads_values_only_for_micro_batches(tmp_path, monkeypatch):
     docs = documents(120, seed=6)
     path = write_save_to_disk(tmp_path / "store" / "saved", docs)
     log: list[int] = []
-    real_slice = ArrowStore._slice
+    real_slice = ArrowFile._slice
 
     def counting_slice(chunk, row, length):
         out = real_slice(chunk, row, length)
         log.append(out.nbytes)
         return out
 
-    monkeypatch.setattr(ArrowStore, "_slice", staticmethod(counting_slice))
+    monkeypatch.setattr(ArrowFile, "_slice", staticmethod(counting_slice))
     before = files_under(tmp_path)
     (dm,) = modules(ArrowSource(path), tmp_path / "run", 1, val_fraction=0, max_length=7)
     assert log == [] and files_under(tmp_path) == before

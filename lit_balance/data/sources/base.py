@@ -274,6 +274,25 @@ class CorpusSource(abc.ABC):
         """Number of documents when known without reading the corpus, else None (a progress bar's total)."""
         return None
 
+    @property
+    def store_vocabulary(self) -> Any:
+        """What the corpus' own files say about its vocabulary (a
+        :class:`~lit_balance.data.vocabulary.StoreVocabulary`: a tokenized store read in place), or None (the
+        default: the tokenizer, or the token ids, say it; :func:`~lit_balance.data.vocabulary.decide_vocabulary`)."""
+        return None
+
+    def open_in_place(self, tokenizer: Any) -> Any:
+        """The tokenized corpus read where it lies (a :class:`~lit_balance.data.stores.TokenizedCorpus`), or None (the
+        default): the corpus is tokenized into the cache, or loaded from it
+        (:func:`lit_balance.data.cache.open_corpus`). A tokenized store (:class:`~lit_balance.data.stores.StoreSource`)
+        returns its store's documents, planned from its index.
+
+        Args:
+            tokenizer: the :class:`~lit_balance.data.tokenizer.TokenizerAdapter` trained with (from
+                :func:`~lit_balance.data.vocabulary.decide_vocabulary`).
+        """
+        return None
+
     def content_fingerprint(self) -> str:
         """Return a sha256 hex digest of what the documents are, the part of the cache key from the corpus.
 

@@ -1,14 +1,18 @@
-"""What a tokenized store read in place is: :class:`TokenStore`, and the source that is one, :class:`StoreSource`.
+"""What a tokenized store read in place is: :class:`TokenStore` (the source that is one:
+:class:`~lit_balance.data.stores.StoreSource`).
 
 A tokenized store is a corpus that a distributed engine already tokenized and wrote with an index of every
 document's length: Megatron ``.bin/.idx``, datatrove's ``*.ds`` with ``*.ds.index``, Arrow / Parquet with an
-``input_ids`` list column. The DataModule plans from :attr:`TokenStore.lengths` (read from the index or the list
-offsets only) and reads a document's tokens (:meth:`TokenStore.read`) when a rank builds the micro-batch that holds
-it, from memory-mapped files; nothing is tokenized, written to the tokenization cache or copied.
+``input_ids`` list column, and this library's own tokenization cache (:class:`~lit_balance.data.stores.FlatStore`).
+Several files of one format are one store through :class:`~lit_balance.data.stores.MultiFileStore`. The DataModule
+plans from :attr:`TokenStore.lengths` (read from the index or the list offsets only) and reads a document's tokens
+(:meth:`TokenStore.read`) when a rank builds the micro-batch that holds it; nothing is tokenized, written to the
+tokenization cache or copied.
 
 A store is picklable: the memory maps and open files it keeps in the attributes named by
-:attr:`TokenStore.process_local` are dropped when it is pickled (e.g. to a DataLoader worker) and reopened on
-first use in the process that unpickles it.
+:attr:`TokenStore.process_local` (for a multi-file store, each file's
+:attr:`~lit_balance.data.stores.StoreFile.process_local`) are dropped when it is pickled (e.g. to a DataLoader
+worker) and reopened on first use in the process that unpickles it.
 
 A store is a file other tools wrote, read for days: the built-in stores check at opening what is cheap (index
 consistency in one vectorised pass, sizes, a file named twice, nulls) and refuse a file that changed on disk since
@@ -19,16 +23,13 @@ before every read; ids and labels outside the vocabulary are refused when read, 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
 
 from lit_balance.data.records import IGNORE_INDEX
-from lit_balance.data.sources.base import CorpusSource, TokenIds
-from lit_balance.errors import InputValueError
 
-__all__ = ["StoreSource", "TokenStore"]
+__all__ = ["TokenStore"]
 
 
 class TokenStore(abc.ABC):
@@ -43,6 +44,9 @@ class TokenStore(abc.ABC):
             recorded by the writer), else None: every id lies in ``[0, vocab_size)``.
         pad_token_id: padding id when the store's metadata says it, else None.
         has_labels: whether :meth:`read` returns labels (a label mask or column stored beside the ids).
+        ids_in_vocabulary: whether the ids were checked against the vocabulary trained with when they were written
+            (the tokenization cache's :class:`~lit_balance.data.stores.FlatStore`); else the dataset checks every
+            document it reads.
         process_local: names of attributes holding memory maps or open files: set to None when the store is
             pickled, reopened lazily (by the subclass's accessors) in the process that uses them.
     """
@@ -50,6 +54,7 @@ class TokenStore(abc.ABC):
     vocab_size: int | None = None
     pad_token_id: int | None = None
     has_labels: bool = False
+    ids_in_vocabulary: bool = False
     process_local: ClassVar[tuple[str, ...]] = ()
 
     # -- what a subclass defines ------------------------------------------------------------------------------
@@ -125,6 +130,19 @@ class TokenStore(abc.ABC):
                 out[i] = int(np.count_nonzero(np.asarray(labels)[1:] != IGNORE_INDEX))
         return out
 
+    def labels_of(self, docs: np.ndarray | None) -> Any:
+        """The labels of documents ``docs`` (None: every document) back to back, as an array-like read in full only
+        when converted (``np.asarray``): the rare checks that need every label use it; None without labels."""
+        if not self.has_labels:
+            return None
+        return _ConcatenatedLabels(self, np.arange(len(self), dtype=np.int64) if docs is None else docs)
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        """The flat array of every id, for stores that keep one (:class:`~lit_balance.data.stores.FlatStore`)."""
+        raise AttributeError(f"{self.description} is read per document (read(doc, length)); it holds no flat token "
+                             "array")
+
     # -- shared ---------------------------------------------------------------------------------------------------
 
     def __len__(self) -> int:
@@ -151,64 +169,17 @@ class TokenStore(abc.ABC):
         self.__dict__.update(state)
 
 
-class StoreSource(CorpusSource):
-    """A corpus source that is a tokenized store: planned from its index, read in place.
+class _ConcatenatedLabels:
+    """Labels of some documents of a store back to back (read in full when converted)."""
 
-    A subclass defines :meth:`open_store`. The DataModule (:func:`lit_balance.data.stores.open_corpus`) plans from
-    the store and reads tokens per micro-batch; the generic path (:meth:`read_records`, e.g. the tokenization
-    cache) still works and yields :class:`~lit_balance.data.sources.TokenIds` per document.
+    def __init__(self, store: TokenStore, docs: np.ndarray) -> None:
+        self.store, self.docs = store, np.asarray(docs, dtype=np.int64)
 
-    The store is opened once per process (:attr:`store`); the source pickles without it.
-    """
+    def __len__(self) -> int:
+        return int(np.asarray(self.store.lengths)[self.docs].sum())
 
-    holds_token_ids = True
-
-    @abc.abstractmethod
-    def open_store(self) -> TokenStore:
-        """Open the store: read and check its index (never the token bytes).
-
-        Raises:
-            FileNotFoundError: a file of the store is missing.
-            ValueError: a file is not what its format says (naming the file and what is wrong).
-        """
-
-    @property
-    def store(self) -> TokenStore:
-        """The store, opened on first access (:meth:`open_store`) and kept."""
-        store = self.__dict__.get("_store")
-        if store is None:
-            store = self.open_store()
-            if not isinstance(store, TokenStore):
-                raise InputValueError(f"{type(self).__qualname__}.open_store() must return a TokenStore, got "
-                                      f"{type(store).__name__}")
-            self.__dict__["_store"] = store
-        return store
-
-    def read_records(self) -> Iterator[TokenIds]:
-        """Every document in store order as :class:`~lit_balance.data.sources.TokenIds` (ids and labels)."""
-        store = self.store
-        for doc, length in enumerate(store.lengths.tolist()):
-            ids, labels = store.read(doc, length)
-            yield TokenIds(np.asarray(ids, dtype=np.int64), labels)
-
-    def identity(self) -> list[str]:
-        """The store's :meth:`TokenStore.identity` (its index: names, sizes, lengths), never its tokens."""
-        return list(self.store.identity())
-
-    @property
-    def description(self) -> str:
-        """The store's description."""
-        return self.store.description
-
-    @property
-    def num_documents(self) -> int:
-        """Documents of the store (empty ones included)."""
-        return len(self.store)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.pop("_store", None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        lengths = np.asarray(self.store.lengths)
+        parts = [np.asarray(self.store.read(d, int(lengths[d]))[1], dtype=np.int32) for d in self.docs.tolist()]
+        out = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+        return out if dtype is None else out.astype(dtype)
