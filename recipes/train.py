@@ -106,14 +106,14 @@ def train(cfg: DictConfig) -> None:
         print(f"{world} | per-rank budget: {dm.max_tokens}"
               + (f", measured before the first epoch\n(memory_limit {dm.memory_limit} bytes, memory_fraction "
                  f"{dm.memory_fraction})" if dm.max_tokens == "auto" else "")
-              + f" | max_length {dm.max_length} tokens\ncorpus: {dm.source.description}", flush=True)
+              + f" | max_length {dm.max_length} tokens\ncorpus: {dm.corpus_description}", flush=True)
     elif trainer.is_global_zero:
         unit = "tokens per packed row" if dm.packing else "padded slots"
         global_budget = sum(dm.settings.rank_max_tokens(num_replicas)) * trainer.accumulate_grad_batches
         print(
             f"{world} | per-rank budget {dm.max_tokens} {unit} per micro-batch\n"
             f"global budget {global_budget} {unit} per optimizer step | max_length {dm.max_length} tokens\n"
-            f"corpus: {dm.source.description}",
+            f"corpus: {dm.corpus_description}",
             flush=True,
         )
         # the DataModule has no Trainer yet, so its setup here takes part in no collective

@@ -183,7 +183,7 @@ class LitBalanceCLI(LightningCLI):
             exit_on_input_error(self.subcommand, fit_message(error, default=("data", dm)), error)
         if not trainer.is_global_zero:
             return
-        tail = f"max_length {dm.max_length} tokens\ncorpus: {dm.source.description}"
+        tail = f"max_length {dm.max_length} tokens\ncorpus: {dm.corpus_description}"
         if dm.max_tokens == "auto":
             print(f"world size {trainer.world_size} processes | per-rank budget: max_tokens=auto, measured at fit "
                   f"start\n(memory_limit {dm.memory_limit} bytes, memory_fraction {dm.memory_fraction}) | {tail}",

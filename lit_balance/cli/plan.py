@@ -403,13 +403,6 @@ def _corpus(spec: Any) -> Any:
     return getattr(importlib.import_module(module_name), class_name)(**dict(spec.get("init_args") or {}))
 
 
-def _mixture_description(dm: Any) -> str:
-    """A mixture's components, their target shares and unit, for the report's first line."""
-    mix = dm.mixture.settings
-    parts = ", ".join(f"{name} {share:.4g}" for name, share in zip(mix.names, mix.shares.tolist()))
-    return f"mixture of {parts} (shares of {mix.unit.replace('_', ' ')})"
-
-
 def _takes(cls: type, name: str) -> bool:
     return name in inspect.signature(cls.__init__).parameters
 
@@ -482,7 +475,7 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
                 budget = _probe(cfg, dm)
                 values["max_tokens"] = budget.max_tokens
             lengths = np.asarray(dm.train_dataset.lengths, dtype=np.int64)
-            described = _mixture_description(dm) if mixture else dm.source.description
+            described = dm.corpus_description
             source = (f"{described}, training split: {len(dm.train_dataset)} documents "
                       f"(val_fraction={dm.val_fraction}, max_length={dm.max_length})")
         settings = BatchingSettings.from_dict(values)

@@ -76,6 +76,13 @@ class Mixture:
         """The components' names, in order."""
         return self.settings.names
 
+    @property
+    def description(self) -> str:
+        """The components with their target shares and the unit, e.g. ``"mixture of web 0.6, code 0.4 (shares of
+        tokens)"``."""
+        parts = ", ".join(f"{n} {s:.4g}" for n, s in zip(self.names, self.settings.shares.tolist()))
+        return f"mixture of {parts} (shares of {self.settings.unit.replace('_', ' ')})"
+
     def __repr__(self) -> str:
         weights = ", ".join(f"{n}={w:g}" for n, w in zip(self.names, self.settings.weights))
         return f"Mixture({weights}, unit={self.settings.unit!r})"

@@ -300,6 +300,11 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         return getattr(self._settings, "max_tokens", "auto")
 
     @property
+    def corpus_description(self) -> str:
+        """What the corpus is, in a line (a mixture: its components and target shares)."""
+        return self.source.description
+
+    @property
     def token_budget(self) -> TokenBudget | None:
         """The probe's result with ``max_tokens="auto"`` once known (measured or restored); None otherwise."""
         return None if self.auto_budget is None else self.auto_budget.budget

@@ -82,6 +82,11 @@ class MixtureDataModule(BalancedTextDataModule):
         self.val_datasets: list[Any] = []
         self.val_samplers: list[Any] = []
 
+    @property
+    def corpus_description(self) -> str:
+        """The mixture's components and their target shares."""
+        return self.mixture.description
+
     def _resolve_tokenizer(self, tokenizer: Any, vocab_size: Any, pad_token_id: Any) -> TokenizerAdapter:
         """The one tokenizer of every component: the vocabulary and pad id are decided here, once."""
         adapters = [corpus_tokenizer(s, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,

@@ -19,6 +19,7 @@ def test_a_mixture_corpus_trains_every_component_in_its_share(tmp_path):
     dm = BalancedTextDataModule(corpus, vocab_size=100, pad_token_id=0, max_tokens=256, max_length=64,
                                 val_fraction=0.1, cache_dir=tmp_path, seed=3)
     assert isinstance(dm, MixtureDataModule) and dm.mixture.names == ("short", "long")
+    assert dm.corpus_description == "mixture of short 0.5, long 0.5 (shares of tokens)"
     dm.prepare_data()
     dm.setup("fit")
     assert dm.val_names == ["short", "long"] and len(dm.val_dataloader()) == 2
