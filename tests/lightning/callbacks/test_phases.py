@@ -21,12 +21,14 @@ PHASES = ("compute_s", "data_wait_s", "rank_wait_s", "other_s")
 #: seconds slept: in fetching two batches on rank 1, in validation_step (both ranks), in on_save_checkpoint (both);
 #: 10 % of them is above the waits a loaded machine adds to a window
 DATA_S, VALIDATION_S, CHECKPOINT_S = 3.0, 3.0, 3.0
-#: most seconds a column may hold without a sleep of its own: the tiny model's, and waits of a loaded machine
-NOISE_S = 0.5
+#: most seconds a column may hold beyond its own sleeps: the tiny model's, and the waits of a machine loaded by other
+#: work; half a sleep, so a sleep counted in the wrong column (or twice) still fails however loaded the machine is
+NOISE_S = 1.5
 
 
 def _close(measured: float, injected: float) -> bool:
-    return abs(measured - injected) <= max(0.1 * injected, 0.2)
+    """The sleep is there in full (a sleep is never shorter; the clock's rounding aside) and little else."""
+    return 0.97 * injected <= measured <= injected + NOISE_S
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +78,7 @@ def test_the_table_the_csv_and_the_plot_agree(fit):
         total = sum(row[p] for p in PHASES)
         assert total == pytest.approx(row["wall_s"], rel=1e-9)  # every second in exactly one phase
         for p in PHASES:  # the windows cover the fit but its last hooks (on_train_epoch_end, on_train_end)
-            assert abs(sum(_column(metrics, p, r).values()) - row[p]) < 0.2, (r, p, row, metrics)
+            assert abs(sum(_column(metrics, p, r).values()) - row[p]) < NOISE_S, (r, p, row, metrics)
     assert table[1]["data_wait_s"] >= 0.9 * DATA_S and table[0]["rank_wait_s"] >= 0.9 * DATA_S
     assert all(row["other_s"] >= 0.9 * (VALIDATION_S + CHECKPOINT_S) for row in table)
     # the plot draws exactly the file's points, one panel per phase, one series per rank
