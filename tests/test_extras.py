@@ -124,19 +124,31 @@ def test_datatrove_extra_runs_lit_balance_tokenize_on_jsonl_and_parquet(tmp_path
     assert proc.stdout.count("wrote 3 documents") == 2, proc.stdout
 
 
-@pytest.mark.slow
-def test_stores_and_datasets_extras_read_their_sources(tmp_path):
+@pytest.fixture(scope="module")
+def stores_only(tmp_path_factory) -> subprocess.CompletedProcess:
+    """One interpreter with the stores extra only (datatrove not installed): it reads an Arrow store, prints what it
+    read, then runs ``lit-balance tokenize``, which must stop it with one line saying what to install."""
     pyarrow = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
+    tmp_path = tmp_path_factory.mktemp("stores_only")
     pq.write_table(pyarrow.table({"input_ids": [[1, 2, 3], [4, 5]]}), tmp_path / "ids.parquet")
-    stores = """
+    (tmp_path / "c.jsonl").write_text('{"text": "a document"}\n')
+    code = """
         from lit_balance.data.stores import ArrowSource
         store = ArrowSource("ids.parquet").open_store()
-        print("lengths", store.lengths.tolist(), store.read(0, 3)[0].tolist())
+        print("lengths", store.lengths.tolist(), store.read(0, 3)[0].tolist(), flush=True)
+        import sys
+        print("tokenize:", file=sys.stderr, flush=True)  # what the store's reading logged stays above this line
+        from lit_balance.cli import main
+        main(["tokenize", "c.jsonl", "--output-folder", "out"])
     """
-    proc = run_with_only(("stores",), stores, tmp_path)
-    assert proc.returncode == 0 and "lengths [3, 2] [1, 2, 3]" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
+    return run_with_only(("stores",), code, tmp_path)
+
+
+@pytest.mark.slow
+def test_stores_and_datasets_extras_read_their_sources(stores_only, tmp_path):
+    assert "lengths [3, 2] [1, 2, 3]" in stores_only.stdout, (stores_only.stdout + stores_only.stderr)[-3000:]
     datasets = """
         import datasets
         from lit_balance.data.sources.hf import HuggingFaceSource
@@ -155,14 +167,8 @@ def test_the_test_extra_installs_what_the_stores_datasets_and_datatrove_extras_d
 
 
 @pytest.mark.slow
-def test_tokenize_without_datatrove_says_what_to_install_in_one_line(tmp_path):
-    (tmp_path / "c.jsonl").write_text('{"text": "a document"}\n')
-    code = """
-        from lit_balance.cli import main
-        main(["tokenize", "c.jsonl", "--output-folder", "out"])
-    """
-    proc = run_with_only(("stores",), code, tmp_path)  # datatrove not installed
-    lines = proc.stderr.splitlines()
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+def test_tokenize_without_datatrove_says_what_to_install_in_one_line(stores_only):
+    lines = stores_only.stderr.split("tokenize:\n", 1)[-1].splitlines()  # what tokenize printed
+    assert stores_only.returncode == 2 and len(lines) == 1, stores_only.stderr[-3000:]
     assert lines[0] == ('lit-balance tokenize: error: lit-balance tokenize runs datatrove, which is not installed: '
                         'pip install "lit_balance[datatrove]"'), lines
