@@ -24,6 +24,8 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
+LAUNCH_ENV = {"LIT_BALANCE_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "GLOBAL_RANK", "RANK",
+              "WORLD_SIZE", "LOCAL_WORLD_SIZE"}
 
 
 def _project() -> dict:
@@ -90,7 +92,9 @@ def run_with_only(extras: tuple[str, ...], code: str, tmp_path: Path, timeout: f
     ``declared(extras)`` only."""
     site = tmp_path / f"site-packages-{'-'.join(extras)}"
     _site_packages(declared(extras), site)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    # a user's shell: nothing of Python's, and none of what a launcher or an earlier in-process run of this worker left
+    # (the rank variables, the run id that says which process reports an error first)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k not in LAUNCH_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
     return subprocess.run([sys.executable, "-S", "-c", textwrap.dedent(code)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
