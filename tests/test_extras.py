@@ -24,6 +24,8 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
+LAUNCH_ENV = {"LIT_BALANCE_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "GLOBAL_RANK", "RANK",
+              "WORLD_SIZE", "LOCAL_WORLD_SIZE"}
 
 
 def _project() -> dict:
@@ -90,7 +92,9 @@ def run_with_only(extras: tuple[str, ...], code: str, tmp_path: Path, timeout: f
     ``declared(extras)`` only."""
     site = tmp_path / f"site-packages-{'-'.join(extras)}"
     _site_packages(declared(extras), site)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    # a user's shell: nothing of Python's, and none of what a launcher or an earlier in-process run of this worker left
+    # (the rank variables, the run id that says which process reports an error first)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k not in LAUNCH_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
     return subprocess.run([sys.executable, "-S", "-c", textwrap.dedent(code)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
@@ -124,19 +128,31 @@ def test_datatrove_extra_runs_lit_balance_tokenize_on_jsonl_and_parquet(tmp_path
     assert proc.stdout.count("wrote 3 documents") == 2, proc.stdout
 
 
-@pytest.mark.slow
-def test_stores_and_datasets_extras_read_their_sources(tmp_path):
+@pytest.fixture(scope="module")
+def stores_only(tmp_path_factory) -> subprocess.CompletedProcess:
+    """One interpreter with the stores extra only (datatrove not installed): it reads an Arrow store, prints what it
+    read, then runs ``lit-balance tokenize``, which must stop it with one line saying what to install."""
     pyarrow = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
+    tmp_path = tmp_path_factory.mktemp("stores_only")
     pq.write_table(pyarrow.table({"input_ids": [[1, 2, 3], [4, 5]]}), tmp_path / "ids.parquet")
-    stores = """
+    (tmp_path / "c.jsonl").write_text('{"text": "a document"}\n')
+    code = """
         from lit_balance.data.stores import ArrowSource
         store = ArrowSource("ids.parquet").open_store()
-        print("lengths", store.lengths.tolist(), store.read(0, 3)[0].tolist())
+        print("lengths", store.lengths.tolist(), store.read(0, 3)[0].tolist(), flush=True)
+        import sys
+        print("tokenize:", file=sys.stderr, flush=True)  # what the store's reading logged stays above this line
+        from lit_balance.cli import main
+        main(["tokenize", "c.jsonl", "--output-folder", "out"])
     """
-    proc = run_with_only(("stores",), stores, tmp_path)
-    assert proc.returncode == 0 and "lengths [3, 2] [1, 2, 3]" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
+    return run_with_only(("stores",), code, tmp_path)
+
+
+@pytest.mark.slow
+def test_stores_and_datasets_extras_read_their_sources(stores_only, tmp_path):
+    assert "lengths [3, 2] [1, 2, 3]" in stores_only.stdout, (stores_only.stdout + stores_only.stderr)[-3000:]
     datasets = """
         import datasets
         from lit_balance.data.sources.hf import HuggingFaceSource
@@ -155,14 +171,8 @@ def test_the_test_extra_installs_what_the_stores_datasets_and_datatrove_extras_d
 
 
 @pytest.mark.slow
-def test_tokenize_without_datatrove_says_what_to_install_in_one_line(tmp_path):
-    (tmp_path / "c.jsonl").write_text('{"text": "a document"}\n')
-    code = """
-        from lit_balance.cli import main
-        main(["tokenize", "c.jsonl", "--output-folder", "out"])
-    """
-    proc = run_with_only(("stores",), code, tmp_path)  # datatrove not installed
-    lines = proc.stderr.splitlines()
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+def test_tokenize_without_datatrove_says_what_to_install_in_one_line(stores_only):
+    lines = stores_only.stderr.split("tokenize:\n", 1)[-1].splitlines()  # what tokenize printed
+    assert stores_only.returncode == 2 and len(lines) == 1, stores_only.stderr[-3000:]
     assert lines[0] == ('lit-balance tokenize: error: lit-balance tokenize runs datatrove, which is not installed: '
                         'pip install "lit_balance[datatrove]"'), lines

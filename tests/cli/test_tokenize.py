@@ -152,8 +152,18 @@ def test_several_workers_tokenize_on_one_thread_each_and_the_setting_is_restored
     assert seen == ["false", None] and "TOKENIZERS_PARALLELISM" not in os.environ
     assert _documents(tmp_path / "two") == _documents(tmp_path / "one")  # the same ids either way
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")  # the caller's own setting wins
-    tokenize_corpus(corpus, tmp_path / "mine", workers=2, tasks=2)
-    assert seen[-1] == "true" and os.environ["TOKENIZERS_PARALLELISM"] == "true"
+
+    class Stop(Exception):
+        pass
+
+    def record_only(self):  # the setting where the workers would start; the pool itself ran above
+        seen.append(os.environ.get("TOKENIZERS_PARALLELISM"))
+        raise Stop
+
+    monkeypatch.setattr(LocalPipelineExecutor, "run", record_only)
+    with pytest.raises(Stop):
+        tokenize_corpus(corpus, tmp_path / "mine", workers=2, tasks=2)
+    assert seen[-1] == "true" and os.environ["TOKENIZERS_PARALLELISM"] == "true"  # kept, also when the run fails
 
 
 # -- bad rows, empty runs, reused logging folders -------------------------------------------------------------------
