@@ -115,6 +115,7 @@ def test_fit_cpu_yaml_builds(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.ddp
+@pytest.mark.e2e
 def test_fit_two_steps_on_two_cpu_ranks(tmp_path):
     corpus = tmp_path / "docs.txt"
     corpus.write_text("\n".join(f"line {i} " + "some words here " * (i % 11 + 1) for i in range(120)), encoding="utf-8")

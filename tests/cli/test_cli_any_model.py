@@ -251,6 +251,7 @@ def test_fit_without_a_config_gets_the_balance_progress_bar_unless_the_bar_is_of
 
 @pytest.mark.slow
 @pytest.mark.ddp
+@pytest.mark.e2e
 def test_fit_with_max_tokens_auto_trains_on_two_ranks_and_resumes_without_probing_again(tmp_path):
     """`lit-balance fit --data.max_tokens=auto` with a model module of the working directory, 2 CPU ranks: the probe
     runs at fit start (the banner before says so, with no made-up budget), and a resume plans with the saved budget."""

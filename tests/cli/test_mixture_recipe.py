@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # an end-to-end tier of its own (docs/index.md#tests)
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "train.py"
 

@@ -119,6 +119,7 @@ def test_bad_arguments_exit_with_one_line(corpus, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_console_script_and_the_recipe_train_from_the_store(corpus, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
            "LIT_BALANCE_CACHE": str(tmp_path / "default_cache")}

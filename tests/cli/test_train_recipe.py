@@ -152,6 +152,7 @@ def test_max_tokens_auto_on_cpu_without_memory_limit_is_one_line_before_ranks_st
 
 
 @pytest.mark.ddp
+@pytest.mark.e2e
 def test_a_store_vocabulary_error_on_both_ranks_is_one_line_and_the_replaced_vocab_size_is_said_once(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
@@ -187,6 +188,7 @@ def packed_without_bar(tmp_path_factory, cache_dir):
 
 
 @pytest.mark.ddp
+@pytest.mark.e2e
 def test_train_recipe_trains_packed_with_data_packing_true(packed_without_bar):
     out = packed_without_bar
     assert out.startswith("data-parallel size 2 | per-rank budget 512 tokens per packed row per micro-batch\n")
@@ -200,6 +202,7 @@ def test_train_recipe_trains_packed_with_data_packing_true(packed_without_bar):
 
 
 @pytest.mark.ddp
+@pytest.mark.e2e
 def test_train_recipe_runs_without_a_progress_bar_when_asked(packed_without_bar):
     # the default callbacks hold the live-figures bar; trainer.enable_progress_bar=false leaves it out
     assert set(_table(packed_without_bar)) == {"0", "1", "total"} and "Epoch 0" not in packed_without_bar
@@ -272,6 +275,7 @@ def _corpus(path: Path, documents: int = 600) -> None:
 
 
 @pytest.mark.ddp
+@pytest.mark.e2e
 def test_ctrl_c_in_a_terminal_keeps_the_last_step_and_its_resume_line_resumes(tmp_path, cache_dir):
     # the main job on a corpus of files (a data= override), 12 steps of the smoke model under an 80 x 40 terminal;
     # Ctrl-C at step 3; then the resume line it printed, run as printed
@@ -345,6 +349,7 @@ def test_ctrl_c_in_a_terminal_keeps_the_last_step_and_its_resume_line_resumes(tm
 
 @pytest.mark.ddp
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_train_recipe_with_max_tokens_auto_measures_the_budget_on_both_ranks(tmp_path, cache_dir):
     overrides = ["experiment=smoke", "data.max_tokens=auto", f"data.memory_limit={2**30}",
                  "callbacks=[run_summary]", cache_dir]

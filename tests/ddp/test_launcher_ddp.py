@@ -31,7 +31,7 @@ import test_store_ddp
 from launch import finish  # launch.py (the repository root)
 from test_datatrove_ddp import store  # noqa: F401  the datatrove store fixture
 
-pytestmark = [pytest.mark.ddp, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.ddp, pytest.mark.slow]
 
 SCRIPT = Path(__file__).with_name("launcher_fits.py")
 

@@ -24,6 +24,7 @@ def test_the_page_marks_its_two_examples():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("example", range(len(EXAMPLES)), ids=["hf_causal_lm", "classification"])
+@pytest.mark.e2e
 def test_example_runs_as_a_script_and_trains(tmp_path, example):
     script = tmp_path / "example.py"
     script.write_text(EXAMPLES[example], encoding="utf-8")
@@ -43,6 +44,7 @@ def test_example_runs_as_a_script_and_trains(tmp_path, example):
 
 @pytest.mark.slow
 @pytest.mark.ddp
+@pytest.mark.e2e
 def test_the_hugging_face_model_trains_from_the_command_line_as_the_page_shows(tmp_path):
     """The page's `lit-balance fit --model.class_path=my_lm.HFCausalLM ...` with the example saved as my_lm.py."""
     command = re.search(r"```bash\n(lit-balance fit --model\.class_path=my_lm\.HFCausalLM.*?)```", PAGE.read_text("utf-8"),

@@ -9,7 +9,7 @@ import pytest
 
 from launch import run_scripts  # launch.py (the repository root)
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # 2 processes, each 5 probes and 5 x 25 steps
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]  # 2 processes, each 5 probes and 5 x 25 steps
 
 SCRIPT = Path(__file__).with_name("budget_limit.py")
 SEEDS = range(5)
