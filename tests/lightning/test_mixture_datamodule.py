@@ -71,3 +71,25 @@ def test_lightning_cli_takes_a_mixture_as_data_corpus(tmp_path, monkeypatch):
                               "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.logger", "false"])
     assert isinstance(cli.datamodule, MixtureDataModule)
     assert cli.datamodule.mixture.settings.shares.tolist() == pytest.approx([0.7, 0.3])
+
+
+@pytest.mark.e2e
+def test_max_tokens_auto_measures_one_budget_for_the_mixture_and_trains(tmp_path):
+    import resource
+
+    import lightning as L
+
+    from lit_balance.demo import DemoTransformerLM
+
+    corpus = {"components": {"short": {"corpus": _docs(200, 4, 30, 0), "weight": 0.6},
+                             "long": {"corpus": _docs(80, 40, 120, 1), "weight": 0.4}}}
+    limit = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 + (600 << 20)  # bytes: 600 MiB above the peak
+    dm = BalancedTextDataModule(corpus, vocab_size=100, pad_token_id=0, max_tokens="auto", memory_limit=limit,
+                                max_length=128, cache_dir=tmp_path, seed=1)
+    assert isinstance(dm, MixtureDataModule) and dm.max_tokens == "auto"
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=3, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(DemoTransformerLM(vocab_size=dm.vocab_size), datamodule=dm)
+    assert trainer.global_step == 3 and isinstance(dm.max_tokens, int) and dm.max_tokens >= 128
+    assert dm.token_budget is not None and dm.token_budget.max_tokens == dm.max_tokens
+    assert dm.train_dataloader().sampler.settings.max_tokens == dm.max_tokens  # the plan uses the measured budget
