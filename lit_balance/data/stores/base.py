@@ -112,8 +112,8 @@ class TokenStore(abc.ABC):
     def supervised_lengths(self, lengths: np.ndarray, docs: np.ndarray | None = None) -> np.ndarray:
         """int64 ``[n]``: next-token targets of documents ``docs`` cut to ``lengths`` tokens, as a causal LM counts.
 
-        Labels ``1 .. length-1`` that are not ``-100``; without labels, ``length - 1``. The base class reads each
-        document's labels (:meth:`read`); a store with a cheaper way (a label-mask file read in bulk) overrides it.
+        Labels ``1 .. length-1`` that are not ``-100``; without labels, ``length - 1``. Each document is counted by
+        :meth:`supervised`; a store with a cheaper way for many documents (labels held flat) overrides this method.
 
         Args:
             lengths: int ``[n]``, tokens kept of each document.
@@ -125,10 +125,16 @@ class TokenStore(abc.ABC):
         docs = np.arange(len(self), dtype=np.int64) if docs is None else np.asarray(docs, dtype=np.int64)
         out = np.zeros(len(lengths), dtype=np.int64)
         for i, (doc, length) in enumerate(zip(docs.tolist(), lengths.tolist())):
-            if length > 1:
-                _, labels = self.read(doc, length)
-                out[i] = int(np.count_nonzero(np.asarray(labels)[1:] != IGNORE_INDEX))
+            out[i] = self.supervised(doc, length)
         return out
+
+    def supervised(self, doc: int, length: int) -> int:
+        """Next-token targets of document ``doc`` cut to ``length`` tokens, for a store with labels: the base class
+        reads its labels (:meth:`read`); a store with a cheaper way (a label-mask file) overrides it."""
+        if length <= 1:
+            return 0
+        _, labels = self.read(doc, length)
+        return int(np.count_nonzero(np.asarray(labels)[1:] != IGNORE_INDEX))
 
     def labels_of(self, docs: np.ndarray | None) -> Any:
         """The labels of documents ``docs`` (None: every document) back to back, as an array-like read in full only

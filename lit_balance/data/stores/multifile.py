@@ -186,18 +186,11 @@ class MultiFileStore(TokenStore):
         file, local = self._locate(doc)
         return self.files_opened[file].read(local, length)
 
-    def supervised_lengths(self, lengths: np.ndarray, docs: np.ndarray | None = None) -> np.ndarray:
-        """As :meth:`TokenStore.supervised_lengths`, counted by each document's file (:meth:`StoreFile.supervised`)."""
-        lengths = np.asarray(lengths, dtype=np.int64)
-        if not self.has_labels:
-            return np.maximum(lengths - 1, 0)
-        docs = np.arange(len(self), dtype=np.int64) if docs is None else np.asarray(docs, dtype=np.int64)
-        out = np.zeros(len(lengths), dtype=np.int64)
-        for i, (doc, length) in enumerate(zip(docs.tolist(), lengths.tolist())):
-            doc, length = self._check_read(doc, length)
-            file, local = self._locate(doc)
-            out[i] = self.files_opened[file].supervised(local, length)
-        return out
+    def supervised(self, doc: int, length: int) -> int:
+        """As :meth:`TokenStore.supervised`, counted by the document's file (:meth:`StoreFile.supervised`)."""
+        doc, length = self._check_read(doc, length)
+        file, local = self._locate(doc)
+        return self.files_opened[file].supervised(local, length)
 
     def lengths_digest(self) -> str:
         """sha256 hex digest of the lengths (little-endian int64)."""
