@@ -110,17 +110,10 @@ class MixtureDataModule(BalancedTextDataModule):
     def _build_samplers(self) -> None:
         """The mixture's training sampler (:class:`~lit_balance.sampler.mixture.MixtureBatchSampler`) and one
         validation sampler per component with validation documents."""
-        corpus, train, vals = self.corpus, self.train_dataset, self.val_dataset
+        vals = self.val_dataset
         world = self._world()
-        kwargs: dict[str, Any] = {}
-        settings = self._train_settings()
-        if train.labels is not None:
-            cut = settings.truncate_to if settings.too_long == "truncate" else None
-            kwargs["supervised_lengths"] = train.supervised_lengths(cut)
-        if self.cost_model is not None:
-            kwargs["cost_model"] = self.cost_model
-        sampler = MixtureBatchSampler(train.lengths, train.layout.sizes, self.mixture.settings, settings=settings,
-                                      num_replicas=world.num_replicas, rank=world.rank, **kwargs)
+        sampler = self.training_sampler(self._train_settings(), world.num_replicas, rank=world.rank,
+                                        cost_model=self.cost_model)
         val_settings = self.settings.replace(shuffle=False, drop_last=False, largest_first=False,
                                              accumulate_grad_batches=1)
         names, datasets, samplers = [], [], []
@@ -184,7 +177,8 @@ class MixtureDataModule(BalancedTextDataModule):
     def training_sampler(self, settings: Any, num_replicas: int, *, rank: int = 0,
                          cost_model: Any = None) -> MixtureBatchSampler:
         """A training sampler of this mixture for ``num_replicas`` ranks with the :class:`~lit_balance.BatchingSettings`
-        ``settings`` (after :meth:`setup`; changes nothing on the DataModule): what ``lit-balance plan`` reports."""
+        ``settings`` (after :meth:`setup`; changes nothing on the DataModule): what training uses and
+        ``lit-balance plan`` reports."""
         train = self.train_dataset
         kwargs: dict[str, Any] = {}
         if train.labels is not None:
