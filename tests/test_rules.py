@@ -148,7 +148,7 @@ def kind_tests(sources: dict[str, str], classes: set[str] | None = None) -> list
 #: corpus), and the other modules that still decide a kind by attributes or class
 ONE_DATAMODULE_SITES = ("lit_balance.cli.plan", "lit_balance.report.figures", "lit_balance.lightning.callbacks._common",
                         "lit_balance.demo.model")
-PENDING_SITES = ("lit_balance.cli.app", "lit_balance.cli.messages", "lit_balance.data.loader",
+PENDING_SITES = ("lit_balance.data.loader",
                  "lit_balance.lightning.callbacks.accumulation", "lit_balance.lightning.callbacks.feedback",
                  "lit_balance.lightning.loss")
 
@@ -169,11 +169,11 @@ def test_the_mixture_rooms_ask_no_datamodule_or_sampler_what_kind_it_is():
     assert kind_tests(sites, kind_classes(sources)) == []
 
 
-@pytest.mark.xfail(strict=True, reason="pending: cli/app.py, cli/messages.py (the DataModule's packing, max_tokens, "
-                                       "class), data/loader.py (sampler= or batch_sampler=, TokenDataset, a store's "
-                                       "lengths_of, a Hugging Face dataset's columns), callbacks/accumulation.py and "
-                                       "callbacks/feedback.py (is the sampler a BalancedBatchSampler?), "
-                                       "lightning/loss.py (the sampler's accumulate_grad_batches) still decide kinds")
+@pytest.mark.xfail(strict=True, reason="pending: data/loader.py (does the dataset truncate: TokenDataset; a store's "
+                                       "lengths_of; a Hugging Face dataset's columns), callbacks/accumulation.py and "
+                                       "callbacks/feedback.py (is the sampler a BalancedBatchSampler, or another with "
+                                       "plan(), cost_model, set_cost_model?), lightning/loss.py (the sampler's "
+                                       "accumulate_grad_batches) still decide kinds")
 def test_the_other_pending_modules_decide_no_kind_by_attributes_or_class():
     sources = _sources()
     sites = {m: s for m, s in sources.items() if m in PENDING_SITES}
@@ -255,7 +255,8 @@ def packing_reads(sources: dict[str, str]) -> list[tuple[str, int, str]]:
 
 @pytest.mark.xfail(strict=True, reason="pending: the layout asked of the Planner object in plan/ (budget_search.py, "
                                        "shapes.py, mixture.py and mixture_batches.py still read the packing flag); "
-                                       "lightning/datamodule.py builds the probe's layout from it")
+                                       "lightning/datamodule.py builds the probe's layout from it and cli/app.py "
+                                       "names the budget's unit by it")
 def test_the_packing_flag_is_read_only_where_the_planner_is_chosen():
     assert packing_reads(_sources()) == []
 

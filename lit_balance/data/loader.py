@@ -569,10 +569,11 @@ class BalancedDataLoader(DataLoader):
         super().__init__(*args, **kwargs)
         from lit_balance.sampler.sampler import BalancedBatchSampler
 
-        sampler = self.sampler if isinstance(self.sampler, BalancedBatchSampler) else self.batch_sampler
+        # the DataLoader draws its batches from batch_sampler when it has one, else from sampler (batch_size=None)
+        sampler = self.sampler if self.batch_sampler is None else self.batch_sampler
         if not isinstance(sampler, BalancedBatchSampler):
-            raise InputTypeError(f"BalancedDataLoader needs a lit_balance.BalancedBatchSampler as its sampler or "
-                                 f"batch_sampler, got sampler={type(self.sampler).__name__}, "
+            raise InputTypeError(f"BalancedDataLoader needs a lit_balance.BalancedBatchSampler as its sampler (with "
+                                 f"batch_size=None) or batch_sampler, got sampler={type(self.sampler).__name__}, "
                                  f"batch_sampler={type(self.batch_sampler).__name__}")
         if batches_consumed is not None and not callable(batches_consumed):
             raise InputTypeError(f"batches_consumed must be a function of no argument or None, got "
