@@ -204,9 +204,6 @@ def test_no_upward_import_no_forbidden_import():
     assert [v for v in violations(_sources()) if not v.startswith("import cycle:")] == []
 
 
-@pytest.mark.xfail(strict=True, reason="pending: the one DataModule class removes the metaclass that imports "
-                                       "lightning/mixture.py by importlib.import_module from lightning/datamodule.py, "
-                                       "which imports it back")
 def test_no_import_cycle():
     assert [v for v in violations(_sources()) if v.startswith("import cycle:")] == []
 
