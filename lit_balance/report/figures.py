@@ -253,8 +253,7 @@ def plan_report(
                       bucket_edges=(_bucket_edges(kept_lengths, settings.largest_max_tokens)
                                     if planner.row_buckets else np.zeros(0)),
                       cost_unit=unit,
-                      shapes=epoch_shapes(plan.materialise() if hasattr(plan, "materialise") else plan, planned,
-                                          settings),
+                      shapes=epoch_shapes(plan, planned, settings),  # sampler.plan(): the whole epoch
                       mixture=mixture)
 
 
