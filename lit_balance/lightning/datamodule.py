@@ -501,8 +501,15 @@ class BalancedTextDataModule(L.LightningDataModule):
                 return
             budget = self.auto_budget.resolve(self.trainer, **self.probe_inputs())
             num_replicas = self._world().num_replicas
-            rank_zero_info(f"BalancedTextDataModule token budget: {budget.describe(num_replicas)}")
-            self._settings = BatchingSettings(**self._batching, max_tokens=budget.plan_max_tokens(num_replicas))
+            planned = budget.plan_max_tokens(num_replicas)
+            if isinstance(planned, tuple) and (self._batching.get("static_packing")
+                                               or self._batching.get("padded_shapes") is not None):
+                planned = budget.max_tokens  # static shapes take one budget for every rank: the smallest measured
+                rank_zero_info(f"BalancedTextDataModule token budget: max_tokens={planned} on every rank (static "
+                               f"shapes take one budget; the ranks measured {list(budget.per_rank)})")
+            else:
+                rank_zero_info(f"BalancedTextDataModule token budget: {budget.describe(num_replicas)}")
+            self._settings = BatchingSettings(**self._batching, max_tokens=planned)
         self._build_samplers()
 
     def _build_samplers(self) -> None:

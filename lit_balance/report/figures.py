@@ -23,6 +23,7 @@ from torch.utils.data import DistributedSampler
 from lit_balance.errors import InputValueError
 from lit_balance.plan.cost import CostModel, check_cost_model
 from lit_balance.plan.epoch import planner_for
+from lit_balance.plan.mixture import mixture_units
 from lit_balance.plan.settings import STATIC_SHAPE_DEFAULTS, BatchingSettings
 from lit_balance.plan.shapes import epoch_shapes
 from lit_balance.plan.stats import PlanStats, plan_stats
@@ -252,8 +253,7 @@ def plan_report(
                       bucket_edges=(_bucket_edges(kept_lengths, settings.largest_max_tokens)
                                     if planner.row_buckets else np.zeros(0)),
                       cost_unit=unit,
-                      shapes=epoch_shapes(plan.materialise() if hasattr(plan, "materialise") else plan, planned,
-                                          settings),
+                      shapes=epoch_shapes(plan, planned, settings),  # sampler.plan(): the whole epoch
                       mixture=mixture)
 
 
@@ -287,14 +287,7 @@ def mixture_shares(sampler: Any, plan: EpochPlan | None = None) -> dict[str, Any
     plan = sampler.plan() if plan is None else plan
     mix = sampler.mixture
     num_components = len(mix.names)
-    if mix.unit == "tokens":
-        units = np.asarray(sampler.lengths, dtype=np.int64)
-    elif mix.unit == "supervised_tokens":
-        supervised = sampler.supervised_lengths
-        units = (np.asarray(sampler.lengths, dtype=np.int64) - 1 if supervised is None
-                 else np.asarray(supervised, dtype=np.int64))
-    else:
-        units = np.ones(len(sampler.lengths), dtype=np.int64)
+    units = mixture_units(mix, sampler.lengths, sampler.supervised_lengths)  # the planner's own count of a unit
     accumulate = sampler.settings.accumulate_grad_batches
     num_steps = -(-plan.num_micro_steps // accumulate)
     batch_step = np.zeros(plan.num_batches, dtype=np.int64)

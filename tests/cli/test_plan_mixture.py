@@ -13,6 +13,7 @@ import yaml
 from lit_balance import BalancedTextDataModule, Mixture
 from lit_balance.cli import build_cli, main
 from lit_balance.plan.cost import CostModel
+from lit_balance.plan.mixture import plan_mixture
 from lit_balance.report import plan_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,16 +117,21 @@ def test_a_hydra_group_file_alone_is_refused_with_what_to_do(tmp_path, capsys):
     assert "is a Hydra group file" in capsys.readouterr().err
 
 
-def test_the_reports_step_shares_are_the_datamodules_plan_summary(corpora):
-    """Two computations: the report counts the sampler's plan row by row; plan_summary reads the mixture planner's own
-    step units. The steps run in a shuffled order, so they agree as sets of steps."""
+def test_the_datamodules_plan_summary_counts_the_mixture_planners_own_step_units(corpora):
+    """Two computations: plan_summary (the report) counts the training sampler's plan row by row; the mixture planner
+    keeps its own step units. The steps run in a shuffled order, so they agree as sets of steps."""
     dm = BalancedTextDataModule(Mixture(_components(corpora)), max_tokens=128, max_length=64, val_fraction=0.05,
                                 cache_dir=corpora / "cache")
     dm.prepare_data()
     dm.setup("fit")
-    sampler = dm.training_sampler(dm.settings.replace(accumulate_grad_batches=2), 2, cost_model=CostModel())
-    report = plan_report(None, num_replicas=2, sampler=sampler)
+    settings = dm.settings.replace(accumulate_grad_batches=2)
+    train = dm.train_dataset
+    lengths = train.layout.tile(np.minimum(train.lengths, settings.truncate_to))
+    planned = plan_mixture(lengths, train.layout, dm.mixture.settings, settings, num_replicas=2, epoch=0,
+                           cost_model=CostModel())
     summary = dm.plan_summary(2, 2)["mixture"]
-    np.testing.assert_allclose(np.sort(report.mixture["step_shares"], axis=0),
-                               np.sort(summary["step_shares"], axis=0))
-    np.testing.assert_allclose(np.array(report.mixture["max_deviation_pp"]) / 100, summary["max_step_deviation"])
+    np.testing.assert_array_equal(np.sort(np.array(summary["step_units"]), axis=0),
+                                  np.sort(planned.step_units, axis=0))
+    np.testing.assert_allclose(np.array(summary["max_deviation_pp"]) / 100, summary["max_step_deviation"])
+    report = plan_report(None, num_replicas=2, sampler=dm.training_sampler(settings, 2, cost_model=CostModel()))
+    assert report.mixture == {k: v for k, v in summary.items() if k != "max_step_deviation"}
