@@ -57,7 +57,6 @@ import numpy as np
 
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.cost import CostModelProtocol
-from lit_balance.plan.mixture_batches import batch_steps, packed_fits, padded_fits, vectorised
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.types import EpochPlan, empty_plan, padded_lengths
 
@@ -67,7 +66,7 @@ __all__ = ["MIXTURE_UNITS", "MixtureLayout", "MixturePlan", "MixtureSettings", "
 #: Accepted values of :attr:`MixtureSettings.unit`.
 MIXTURE_UNITS = ("tokens", "supervised_tokens", "documents")
 
-_FILL_START = {"padded": 0.95, "packed": 0.98}  # first fill ratio of a step's capacity
+_FILL_START = {"padded": 0.95, "packed": 0.98}  # first fill ratio of a step's capacity, by planner (else 0.95)
 _FILL_SHRINK, _FILL_GROW = 0.98, 1.002  # a step that does not fit: 2 % smaller; one that fits: the next 0.2 % larger
 _BIG_STEP_TOKENS, _BIG_STEP_SHARE = 256 * 1024, 0.02  # steps of at least this many tokens: shares within 2 points
 
@@ -318,9 +317,10 @@ def select_epoch(units: np.ndarray, layout: MixtureLayout, mixture: MixtureSetti
     return chosen
 
 
-def _streams(chosen: np.ndarray, layout: MixtureLayout, num_components: int, padded: np.ndarray, packing: bool,
+def _streams(chosen: np.ndarray, layout: MixtureLayout, num_components: int, padded: np.ndarray, by_length: bool,
              shuffle: bool, rng: np.random.Generator | None) -> list[np.ndarray]:
-    """Each component's chosen samples in stream order (stage 2)."""
+    """Each component's chosen samples in stream order (stage 2): longest first (jittered with ``shuffle``) when
+    ``by_length`` (a planner whose rows of similar length share a micro-batch), else in index (or random) order."""
     out = []
     n, offsets = layout.num_documents, layout.offsets
     for c in range(num_components):
@@ -329,7 +329,7 @@ def _streams(chosen: np.ndarray, layout: MixtureLayout, num_components: int, pad
                                + (copy * n + offsets[c]) for copy in range(layout.max_repetition)])
         if rng is not None:
             mine = mine[rng.permutation(mine.size)]
-        if not packing and mine.size:
+        if by_length and mine.size:
             key = padded[mine].astype(np.float64)
             if shuffle and rng is not None:
                 key *= rng.uniform(1.0, 1.05, mine.size)  # jitter: batch-mates change between epochs
@@ -397,25 +397,22 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
         chosen = np.asarray(plan_exactly, dtype=bool)
     k = len(mixture.names)
     padded = padded_lengths(lengths, settings.pad_to_multiple_of)
-    rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch), 0x737472])) if settings.shuffle else None
-    streams = _streams(chosen, layout, k, padded, settings.packing, settings.shuffle, rng)
-    if not any(s.size for s in streams):
-        return MixturePlan(empty_plan(num_replicas, acc), chosen, np.zeros((0, k), dtype=np.int64))
-    walk = _Walk(streams, units, lengths)
     from lit_balance.plan.epoch import planner_for  # the planners import nothing from here; epoch imports them
 
     planner = planner_for(settings)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch), 0x737472])) if settings.shuffle else None
+    streams = _streams(chosen, layout, k, padded, planner.row_buckets, settings.shuffle, rng)
+    if not any(s.size for s in streams):
+        return MixturePlan(empty_plan(num_replicas, acc), chosen, np.zeros((0, k), dtype=np.int64))
+    walk = _Walk(streams, units, lengths)
     step_settings = settings.replace(shuffle=False, largest_first=False)
     num_micro = num_replicas * acc
     speeds = np.ones(num_replicas) if speeds is None else np.asarray(speeds, dtype=np.float64)
-    fast = vectorised(settings, planner.name, speeds)
-    if settings.packing:
-        key, room = lengths, settings.truncate_to
-    else:
-        key, room = padded, settings.max_tokens
-    row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
+    # micro-batches of all steps at once (the planner's batch_steps) with equal rank speeds, where the planner can
+    fast = bool(np.all(speeds == speeds[0])) and planner.steps_together(settings)
+    key = planner.step_key(lengths, settings) if fast else None
     capacity = float(np.sum(settings.rank_max_tokens(num_replicas))) * acc  # token slots of a step
-    fill = _FILL_START[planner.name]
+    fill = _FILL_START.get(planner.name, _FILL_START["padded"])
     steps: list[tuple[int, int, EpochPlan | None]] = []  # (start, end, plan or None: batched below)
     sorted_members: list[np.ndarray] = []
     a, n = 0, walk.size
@@ -425,8 +422,7 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
             members = walk.merged[a:b]
             if fast:  # fewer documents than micro-batches: one each (_parts), which fits
                 values = key[members]
-                fits = b - a < num_micro or (packed_fits(values, num_micro, room) if settings.packing
-                                             else padded_fits(np.sort(values)[::-1], num_micro, room, row_cap))
+                fits = b - a < num_micro or planner.step_fits(values, num_micro, settings)
                 plan = None
             else:
                 plan = planner.plan(lengths[members], np.arange(members.size, dtype=np.int64), step_settings,
@@ -444,7 +440,7 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
         if plan is None:
             sorted_members.append(members[np.argsort(-values, kind="stable")])
         a = b
-    parts = _parts(steps, sorted_members, walk, lengths, settings, num_replicas, cost_model)
+    parts = _parts(steps, sorted_members, walk, lengths, settings, num_replicas, cost_model, planner)
     step_units = np.stack([walk.units(s, e) for s, e, _ in steps]).astype(np.int64)
     order = np.arange(len(parts))
     if settings.shuffle:
@@ -546,10 +542,10 @@ class _Walk:
 
 
 def _parts(steps: Sequence[tuple[int, int, EpochPlan | None]], sorted_members: Sequence[np.ndarray], walk: _Walk,
-           lengths: np.ndarray, settings: BatchingSettings, num_replicas: int,
-           cost_model: CostModelProtocol) -> list[tuple[np.ndarray, ...]]:
+           lengths: np.ndarray, settings: BatchingSettings, num_replicas: int, cost_model: CostModelProtocol,
+           planner: Any) -> list[tuple[np.ndarray, ...]]:
     """Per step ``(rows, is_fill, offsets, assignment, dropped)`` with sample indices; the steps without a plan
-    batched together (:func:`~lit_balance.plan.mixture_batches.batch_steps`)."""
+    batched together (the planner's ``batch_steps``)."""
     acc = settings.accumulate_grad_batches
     num_micro = num_replicas * acc
     batched: list[tuple[np.ndarray, ...]] = []
@@ -559,8 +555,8 @@ def _parts(steps: Sequence[tuple[int, int, EpochPlan | None]], sorted_members: S
     if many:
         members = np.concatenate(many)
         bounds = np.concatenate([[0], np.cumsum([m.size for m in many])]).astype(np.int64)
-        rows, sizes, assignment = batch_steps(members, bounds, lengths, settings, num_replicas=num_replicas,
-                                              cost_model=cost_model)
+        rows, sizes, assignment = planner.batch_steps(members, bounds, lengths, settings, num_replicas=num_replicas,
+                                                      cost_model=cost_model)
         offsets = np.concatenate([np.zeros((sizes.shape[0], 1), dtype=np.int64), np.cumsum(sizes, axis=1)], axis=1)
         flat = assignment.reshape(assignment.shape[0], acc, num_replicas)
         for s in range(sizes.shape[0]):

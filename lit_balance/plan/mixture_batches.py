@@ -3,8 +3,8 @@
 A mixture epoch (:mod:`lit_balance.plan.mixture`) is a sequence of optimizer steps whose documents are fixed first.
 Calling a planner once per step costs about 2 ms a step (thousands of steps an epoch); these functions place the
 documents of all steps together, with NumPy operations over the steps, where the settings allow it (one budget for
-every rank, equal rank speeds, padded or packed micro-batches without static shapes; :func:`vectorised`): each step
-gets exactly ``num_micro = num_replicas * accumulate_grad_batches`` micro-batches within the budget.
+every rank, equal rank speeds, and a planner whose :meth:`~lit_balance.plan.epoch.Planner.steps_together` holds):
+each step gets exactly ``num_micro = num_replicas * accumulate_grad_batches`` micro-batches within the budget.
 
 * **Padded.** A step's documents sorted by padded length, longest first, are cut into ``num_micro`` contiguous
   micro-batches within the budget in three ways, and the one that holds the ranks least is kept (as the padded
@@ -32,18 +32,9 @@ from lit_balance.plan.cost import CostModelProtocol
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.types import padded_lengths
 
-__all__ = ["batch_steps", "packed_fits", "padded_fits", "vectorised"]
+__all__ = ["batch_packed_steps", "batch_padded_steps", "packed_fits", "padded_fits"]
 
 _BISECTIONS = 12  # the cost caps to 2.4e-4 of their first range
-
-
-def vectorised(settings: BatchingSettings, planner_name: str, speeds: np.ndarray) -> bool:
-    """Whether :func:`batch_steps` plans these settings (else the planner is called step by step)."""
-    if settings.per_rank or settings.static_packing or settings.padded_shapes is not None:
-        return False
-    if planner_name not in ("padded", "packed") or not bool(np.all(speeds == speeds[0])):
-        return False
-    return not (settings.packing and settings.max_batch_size is not None)
 
 
 def padded_fits(padded_desc: np.ndarray, num_micro: int, max_tokens: int, row_cap: int) -> bool:
@@ -74,18 +65,18 @@ def packed_fits(lengths: np.ndarray, num_micro: int, capacity: int) -> bool:
     return bool(np.all(before <= num_micro * (capacity - large[num_micro:])))
 
 
-def batch_steps(members: np.ndarray, bounds: np.ndarray, lengths: np.ndarray, settings: BatchingSettings, *,
-                num_replicas: int, cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Micro-batches and ranks of many steps at once.
+def batch_padded_steps(members: np.ndarray, bounds: np.ndarray, lengths: np.ndarray, settings: BatchingSettings, *,
+                       num_replicas: int, cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Padded micro-batches and ranks of many steps at once (the padded planner's
+    :meth:`~lit_balance.plan.padded.PaddedPlanner.batch_steps`).
 
     Args:
-        members: int64 ``[n]``: sample indices of all steps, step after step, each step's longest first (by padded
-            length; packed: by length).
+        members: int64 ``[n]``: sample indices of all steps, step after step, each step's longest first by padded
+            length.
         bounds: int64 ``[num_steps + 1]``: step ``s`` holds ``members[bounds[s]:bounds[s + 1]]``; every step has at
-            least ``num_replicas * accumulate_grad_batches`` samples and fits (:func:`padded_fits`,
-            :func:`packed_fits`).
+            least ``num_replicas * accumulate_grad_batches`` samples and fits (:func:`padded_fits`).
         lengths: int64 ``[num_samples]``: tokens per sample.
-        settings: the batching settings (:func:`vectorised` holds).
+        settings: the batching settings (one budget for every rank, no static shapes).
         num_replicas: ranks.
         cost_model: the cost of a micro-batch.
 
@@ -96,21 +87,27 @@ def batch_steps(members: np.ndarray, bounds: np.ndarray, lengths: np.ndarray, se
         step) each rank runs at each micro-step.
 
     Raises:
-        RuntimeError: a step that does not fit after all (a bug: the fit tests are exact or sufficient).
+        RuntimeError: a step that does not fit after all (a bug: the fit test is exact).
+    """
+    acc = settings.accumulate_grad_batches
+    key = padded_lengths(lengths[members], settings.pad_to_multiple_of)
+    row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
+    sizes, assignment = _cut(key, bounds, num_replicas, acc, settings.max_tokens, row_cap, cost_model)
+    return members, sizes, assignment
+
+
+def batch_packed_steps(members: np.ndarray, bounds: np.ndarray, lengths: np.ndarray, settings: BatchingSettings, *,
+                       num_replicas: int, cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Packed micro-batches and ranks of many steps at once (the packed planner's
+    :meth:`~lit_balance.plan.packed.PackedPlanner.batch_steps`): as :func:`batch_padded_steps`, each step's members
+    longest first by length, every step fitting by :func:`packed_fits`, and no ``max_batch_size``.
+
+    Raises:
+        RuntimeError: a step that does not fit after all (a bug: the fit test is sufficient).
     """
     acc = settings.accumulate_grad_batches
     num_micro = num_replicas * acc
-    rows = members
-    if settings.packing:
-        key = lengths[members]
-    else:
-        key = padded_lengths(lengths[members], settings.pad_to_multiple_of)
-    if settings.packing:
-        rows, sizes, costs = _pack(rows, key, bounds, num_micro, settings.truncate_to, cost_model)
-    else:
-        row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
-        sizes, assignment = _cut(key, bounds, num_replicas, acc, settings.max_tokens, row_cap, cost_model)
-        return rows, sizes, assignment
+    rows, sizes, costs = _pack(members, lengths[members], bounds, num_micro, settings.truncate_to, cost_model)
     return rows, sizes, _ranks(costs, num_replicas, acc)
 
 

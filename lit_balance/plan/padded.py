@@ -53,6 +53,7 @@ import numpy as np
 
 from lit_balance.plan.assign import fastest_rank_first, hold_time, longest_first, lpt_steps, one_row_each, shuffle_steps
 from lit_balance.plan.cost import CostModel, CostModelProtocol
+from lit_balance.plan.mixture_batches import batch_padded_steps, padded_fits
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.types import EpochPlan, WorstCaseBatch, longest_first_order, padded_lengths, sorted_descending
 
@@ -653,3 +654,36 @@ class PaddedPlanner:
     def collator_options(settings: BatchingSettings) -> dict:
         """Keyword arguments of the collator beyond the settings' padding: none (rows padded to their longest)."""
         return {}
+
+    # -- a mixture's steps (lit_balance.plan.mixture): documents chosen per step, micro-batches of all steps at once
+
+    @staticmethod
+    def steps_together(settings: BatchingSettings) -> bool:
+        """Whether :meth:`batch_steps` forms the micro-batches of these settings' mixture steps: always (one budget
+        for every rank; per-rank budgets are another planner)."""
+        return True
+
+    @staticmethod
+    def step_key(lengths: np.ndarray, settings: BatchingSettings) -> np.ndarray:
+        """int64 ``[n]``: what a step's micro-batches are cut by: each length padded to ``pad_to_multiple_of``."""
+        return padded_lengths(lengths, settings.pad_to_multiple_of)
+
+    @staticmethod
+    def step_fits(key: np.ndarray, num_micro: int, settings: BatchingSettings) -> bool:
+        """Whether documents of padded lengths ``key`` (int64 ``[n]``, any order) fit ``num_micro`` padded
+        micro-batches (:func:`~lit_balance.plan.mixture_batches.padded_fits`, exact for cuts of the sorted order)."""
+        row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
+        return padded_fits(np.sort(key)[::-1], num_micro, settings.max_tokens, row_cap)
+
+    batch_steps = staticmethod(batch_padded_steps)
+
+    @staticmethod
+    def micro_batch_shapes(lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray,
+                           settings: BatchingSettings) -> tuple[list[tuple[int, int]], list[str]]:
+        """Each non-empty micro-batch's shape ``(rows, longest padded row)`` and its key ``"RxT"``."""
+        sizes = np.diff(offsets)
+        filled = sizes > 0
+        longest = np.maximum.reduceat(padded_lengths(lengths[rows], settings.pad_to_multiple_of),
+                                      offsets[:-1][filled]) if filled.any() else np.zeros(0, np.int64)
+        shape = list(zip(sizes[filled].tolist(), longest.tolist()))
+        return shape, [f"{int(r)}x{int(t)}" for r, t in shape]
