@@ -132,15 +132,22 @@ def megatron_order(sizes: np.ndarray, seed: int = 0) -> np.ndarray:
 
 
 def baseline_planner(revision: str) -> Any:
-    """``plan_mixture`` of ``lit_balance/plan/mixture.py`` at a git ``revision`` of this repository, loaded beside
-    this one (the rest of the package is this revision's), for planning times measured side by side."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:lit_balance/plan/mixture.py"],
-                            capture_output=True, text=True, check=True).stdout
-    name = f"lit_balance.plan._mixture_at_{revision}"
-    module = types.ModuleType(name)
-    sys.modules[name] = module  # dataclasses look their module up
-    exec(compile(source, f"{revision}:lit_balance/plan/mixture.py", "exec"), module.__dict__)
-    return module.plan_mixture
+    """``plan_mixture`` of ``lit_balance/plan/mixture.py`` (and the step batching it imports,
+    ``mixture_batches.py``) at a git ``revision`` of this repository, loaded beside this one (the rest of the package
+    is this revision's), for planning times measured side by side."""
+    modules = {}
+    for part in ("mixture_batches", "mixture"):  # the step batching first: the mixture module imports it
+        source = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:lit_balance/plan/{part}.py"],
+                                capture_output=True, text=True, check=True).stdout
+        if "mixture_batches" in modules:
+            source = source.replace("from lit_balance.plan.mixture_batches import",
+                                    f"from {modules['mixture_batches'].__name__} import")
+        name = f"lit_balance.plan._{part}_at_{revision}"
+        module = types.ModuleType(name)
+        sys.modules[name] = module  # dataclasses look their module up
+        exec(compile(source, f"{revision}:lit_balance/plan/{part}.py", "exec"), module.__dict__)
+        modules[part] = module
+    return modules["mixture"].plan_mixture
 
 
 def _row(name: str, r: dict) -> str:

@@ -66,7 +66,8 @@ def packed_fits(lengths: np.ndarray, num_micro: int, capacity: int) -> bool:
 
 
 def batch_padded_steps(members: np.ndarray, bounds: np.ndarray, lengths: np.ndarray, settings: BatchingSettings, *,
-                       num_replicas: int, cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                       num_replicas: int, cost_model: CostModelProtocol,
+                       budgets: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Padded micro-batches and ranks of many steps at once (the padded planner's
     :meth:`~lit_balance.plan.padded.PaddedPlanner.batch_steps`).
 
@@ -79,6 +80,8 @@ def batch_padded_steps(members: np.ndarray, bounds: np.ndarray, lengths: np.ndar
         settings: the batching settings (one budget for every rank, no static shapes).
         num_replicas: ranks.
         cost_model: the cost of a micro-batch.
+        budgets: int64 ``[num_steps]``: padded token slots each micro-batch of each step is cut under (at most
+            ``max_tokens``; the step fits them), or None: ``max_tokens`` for every step.
 
     Returns:
         ``(rows, batch_sizes, assignment)``: int64 ``[n]`` the samples grouped by micro-batch, step after step;
@@ -92,15 +95,20 @@ def batch_padded_steps(members: np.ndarray, bounds: np.ndarray, lengths: np.ndar
     acc = settings.accumulate_grad_batches
     key = padded_lengths(lengths[members], settings.pad_to_multiple_of)
     row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
-    sizes, assignment = _cut(key, bounds, num_replicas, acc, settings.max_tokens, row_cap, cost_model)
+    num_steps = bounds.shape[0] - 1
+    budgets = np.full(num_steps, settings.max_tokens, dtype=np.int64) if budgets is None else np.asarray(budgets,
+                                                                                                      np.int64)
+    sizes, assignment = _cut(key, bounds, num_replicas, acc, budgets, row_cap, cost_model)
     return members, sizes, assignment
 
 
 def batch_packed_steps(members: np.ndarray, bounds: np.ndarray, lengths: np.ndarray, settings: BatchingSettings, *,
-                       num_replicas: int, cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                       num_replicas: int, cost_model: CostModelProtocol,
+                       budgets: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Packed micro-batches and ranks of many steps at once (the packed planner's
     :meth:`~lit_balance.plan.packed.PackedPlanner.batch_steps`): as :func:`batch_padded_steps`, each step's members
-    longest first by length, every step fitting by :func:`packed_fits`, and no ``max_batch_size``.
+    longest first by length, every step fitting by :func:`packed_fits`, and no ``max_batch_size``; every row holds
+    up to the budget (``budgets`` is not read: a packed row fills with any document).
 
     Raises:
         RuntimeError: a step that does not fit after all (a bug: the fit test is sufficient).
@@ -203,10 +211,11 @@ def _fill_empty(sizes: np.ndarray, groups: int) -> np.ndarray:
     return done
 
 
-def _cut(key: np.ndarray, bounds: np.ndarray, num_replicas: int, acc: int, max_tokens: int, row_cap: int,
+def _cut(key: np.ndarray, bounds: np.ndarray, num_replicas: int, acc: int, max_tokens: np.ndarray, row_cap: int,
          cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray]:
-    """Padded: each step's sorted rows cut into ``num_micro`` micro-batches (the module's three cuts, the one that
-    holds the ranks least kept): ``(sizes [num_steps, num_micro], assignment [num_steps, acc, num_replicas])``."""
+    """Padded: each step's sorted rows cut into ``num_micro`` micro-batches of at most ``max_tokens[step]`` slots
+    (the module's three cuts, the one that holds the ranks least kept): ``(sizes [num_steps, num_micro],
+    assignment [num_steps, acc, num_replicas])``."""
     num_micro = num_replicas * acc
     rc = np.asarray(cost_model.row_cost(key), dtype=np.float64).reshape(-1)
     per_batch = float(cost_model.per_batch)
@@ -220,7 +229,7 @@ def _cut(key: np.ndarray, bounds: np.ndarray, num_replicas: int, acc: int, max_t
     step_of = np.repeat(np.arange(num_steps), np.diff(bounds))
     lo = np.zeros(num_steps)
     np.maximum.at(lo, step_of, rc + per_batch)
-    rows_max = np.minimum(np.minimum(max_tokens // key, row_cap), 1 << 40)
+    rows_max = np.minimum(np.minimum(max_tokens[step_of] // key, row_cap), 1 << 40)
     hi = np.zeros(num_steps)
     np.maximum.at(hi, step_of, rows_max * rc + per_batch)
     full, single = hi.copy(), lo.copy()

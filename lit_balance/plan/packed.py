@@ -750,9 +750,14 @@ class PackedPlanner:
         return np.asarray(lengths, dtype=np.int64)
 
     @staticmethod
-    def step_fits(key: np.ndarray, num_micro: int, settings: BatchingSettings) -> bool:
-        """Whether documents of ``key`` tokens surely fit ``num_micro`` packed rows
-        (:func:`~lit_balance.plan.mixture_batches.packed_fits`, sufficient)."""
+    def step_budget(longest: int, settings: BatchingSettings) -> int:
+        """``max_tokens``: a packed row fills to the budget with any documents, whatever the longest."""
+        return int(settings.max_tokens)
+
+    @staticmethod
+    def step_fits(key: np.ndarray, num_micro: int, settings: BatchingSettings, budget: int | None = None) -> bool:
+        """Whether documents of ``key`` tokens surely fit ``num_micro`` packed rows of the budget (``budget`` is not
+        read; :func:`~lit_balance.plan.mixture_batches.packed_fits`, sufficient)."""
         return packed_fits(key, num_micro, settings.truncate_to)
 
     batch_steps = staticmethod(batch_packed_steps)

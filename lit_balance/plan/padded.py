@@ -669,11 +669,30 @@ class PaddedPlanner:
         return padded_lengths(lengths, settings.pad_to_multiple_of)
 
     @staticmethod
-    def step_fits(key: np.ndarray, num_micro: int, settings: BatchingSettings) -> bool:
+    def step_budget(longest: int, settings: BatchingSettings) -> int:
+        """The padded token slots of the costliest micro-batch a mixture step whose longest padded document is
+        ``longest`` tokens can hold: as many rows of that length as ``max_tokens`` (and ``max_batch_size``) allow.
+        A micro-batch holding that document costs at most this, whatever else it holds; the step's other
+        micro-batches are cut to it, not to ``max_tokens``, so that none holds its rank longer than the one of the
+        longest document must.
+
+        Example:
+            >>> PaddedPlanner.step_budget(3000, BatchingSettings(max_tokens=8192))
+            6000
+        """
+        rows = settings.max_tokens // int(longest)
+        if settings.max_batch_size is not None:
+            rows = min(rows, settings.max_batch_size)
+        return max(rows, 1) * int(longest)
+
+    @staticmethod
+    def step_fits(key: np.ndarray, num_micro: int, settings: BatchingSettings, budget: int | None = None) -> bool:
         """Whether documents of padded lengths ``key`` (int64 ``[n]``, any order) fit ``num_micro`` padded
-        micro-batches (:func:`~lit_balance.plan.mixture_batches.padded_fits`, exact for cuts of the sorted order)."""
+        micro-batches of ``budget`` slots (None: ``max_tokens``;
+        :func:`~lit_balance.plan.mixture_batches.padded_fits`, exact for cuts of the sorted order)."""
         row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
-        return padded_fits(np.sort(key)[::-1], num_micro, settings.max_tokens, row_cap)
+        return padded_fits(np.sort(key)[::-1], num_micro, settings.max_tokens if budget is None else int(budget),
+                           row_cap)
 
     batch_steps = staticmethod(batch_padded_steps)
 
