@@ -100,14 +100,21 @@ class Planner(Protocol):
     def step_key(self, lengths: np.ndarray, settings: BatchingSettings) -> np.ndarray:
         """int64 ``[n]``: what a step's fit test and order read per document (padded lengths; packed: tokens)."""
 
-    def step_fits(self, key: np.ndarray, num_micro: int, settings: BatchingSettings) -> bool:
+    def step_budget(self, longest: int, settings: BatchingSettings) -> int:
+        """The token slots of the costliest micro-batch a mixture step whose longest document (:meth:`step_key`) is
+        ``longest`` can hold (padded: as many rows of that length as the budget holds; packed: ``max_tokens``); with
+        one micro-batch per rank and step, the step is sized and cut to it."""
+
+    def step_fits(self, key: np.ndarray, num_micro: int, settings: BatchingSettings, budget: int | None = None) -> bool:
         """The fast fit test of a mixture step: whether documents of ``key`` (:meth:`step_key`) fit ``num_micro``
-        micro-batches of :meth:`batch_steps` (exact or sufficient)."""
+        micro-batches of :meth:`batch_steps` of ``budget`` slots (None: ``max_tokens``; exact or sufficient)."""
 
     def batch_steps(self, members: np.ndarray, bounds: np.ndarray, lengths: np.ndarray, settings: BatchingSettings,
-                    *, num_replicas: int, cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(rows, batch_sizes, assignment)`` of many mixture steps at once
-        (:func:`~lit_balance.plan.mixture_batches.batch_padded_steps` describes the arrays)."""
+                    *, num_replicas: int, cost_model: CostModelProtocol,
+                    budgets: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(rows, batch_sizes, assignment)`` of many mixture steps at once, step ``s`` cut under ``budgets[s]``
+        slots (None: ``max_tokens``; :func:`~lit_balance.plan.mixture_batches.batch_padded_steps` describes the
+        arrays)."""
 
 
 _PADDED, _PACKED = PaddedPlanner(), PackedPlanner()

@@ -493,20 +493,26 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
 def _even_epoch(plan: EpochPlan, lengths: np.ndarray, planner: Any, settings: BatchingSettings,
                 cost_model: CostModelProtocol) -> EpochPlan:
     """``plan`` with each optimizer step's ranks permuted so that the epoch's cost per rank is even: step by step,
-    the rank that has cost least so far takes the costliest share of the step (LPT over the epoch; every rank has the
-    same budget and speed, so any rank may run any share). Each step's shares of cost are unchanged."""
+    the rank that has cost least so far takes the step's costliest share of cost (LPT over the epoch; every rank has
+    the same budget and speed, so any rank may run any share). Each step's shares of cost are unchanged."""
     cost, _ = planner.batch_costs(lengths, plan.rows, plan.batch_offsets, settings.pad_to_multiple_of, cost_model)
-    acc = plan.accumulate_grad_batches
-    old = plan.assignment
-    per_rank = cost[old]  # [num_micro_steps, num_replicas]
-    new = np.empty_like(old)
-    load = np.zeros(old.shape[1])
-    for s in range(0, old.shape[0], acc):
-        share = per_rank[s:s + acc].sum(axis=0)
-        costliest = np.argsort(-share, kind="stable")
+    acc, old = plan.accumulate_grad_batches, plan.assignment
+    num_micro_steps, num_replicas = old.shape
+    steps = -(-num_micro_steps // acc)
+    step_of = np.arange(num_micro_steps) // acc
+    share = np.zeros((steps, num_replicas))
+    np.add.at(share, step_of, cost[old])  # each step's cost per rank, as planned
+    costliest = np.argsort(-share, axis=1, kind="stable")  # [steps, num_replicas]: the places of the order
+    ordered = np.take_along_axis(share, costliest, axis=1)
+    target = np.empty((steps, num_replicas), dtype=np.int64)
+    load = np.zeros(num_replicas)
+    for g in range(steps):
         least = np.argsort(load, kind="stable")
-        new[s:s + acc, least] = old[s:s + acc, costliest]
-        load[least] += share[costliest]
+        target[g] = least
+        load[least] += ordered[g]
+    new = np.empty_like(old)
+    rows = np.arange(num_micro_steps)[:, None]
+    new[rows, target[step_of]] = old[rows, costliest[step_of]]
     return dataclasses.replace(plan, assignment=new)
 
 
