@@ -500,8 +500,9 @@ def _even_epoch(plan: EpochPlan, lengths: np.ndarray, planner: Any, settings: Ba
     num_micro_steps, num_replicas = old.shape
     steps = -(-num_micro_steps // acc)
     step_of = np.arange(num_micro_steps) // acc
-    share = np.zeros((steps, num_replicas))
-    np.add.at(share, step_of, cost[old])  # each step's cost per rank, as planned
+    per_micro = np.zeros((steps * acc, num_replicas))
+    per_micro[:num_micro_steps] = cost[old]
+    share = per_micro.reshape(steps, acc, num_replicas).sum(axis=1)  # each step's cost per rank, as planned
     costliest = np.argsort(-share, axis=1, kind="stable")  # [steps, num_replicas]: the places of the order
     ordered = np.take_along_axis(share, costliest, axis=1)
     target = np.empty((steps, num_replicas), dtype=np.int64)
