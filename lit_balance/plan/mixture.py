@@ -504,13 +504,16 @@ def _even_epoch(plan: EpochPlan, lengths: np.ndarray, planner: Any, settings: Ba
     per_micro[:num_micro_steps] = cost[old]
     share = per_micro.reshape(steps, acc, num_replicas).sum(axis=1)  # each step's cost per rank, as planned
     costliest = np.argsort(-share, axis=1, kind="stable")  # [steps, num_replicas]: the places of the order
-    ordered = np.take_along_axis(share, costliest, axis=1)
-    target = np.empty((steps, num_replicas), dtype=np.int64)
-    load = np.zeros(num_replicas)
-    for g in range(steps):
-        least = np.argsort(load, kind="stable")
-        target[g] = least
-        load[least] += ordered[g]
+    ordered = np.take_along_axis(share, costliest, axis=1).tolist()
+    target = []
+    load = [0.0] * num_replicas
+    places = range(num_replicas)
+    for g in range(steps):  # plain Python: a few ranks a step, thousands of steps
+        least = sorted(places, key=load.__getitem__)
+        target.append(least)
+        for rank, c in zip(least, ordered[g]):
+            load[rank] += c
+    target = np.asarray(target, dtype=np.int64).reshape(steps, num_replicas)
     new = np.empty_like(old)
     rows = np.arange(num_micro_steps)[:, None]
     new[rows, target[step_of]] = old[rows, costliest[step_of]]
@@ -572,8 +575,7 @@ class _Walk:
                               [u.size for u in per])[order]
         self.size = int(self.merged.size)
         merged_units = np.concatenate(per)[order]
-        merged_tokens = (merged_units.astype(np.int64) if units is lengths
-                         else np.concatenate([lengths[s] for s in streams]).astype(np.int64)[order])
+        merged_tokens = merged_units if units is lengths else np.concatenate([lengths[s] for s in streams])[order]
         self.x = np.concatenate([[0.0], np.cumsum(merged_units, dtype=np.float64)])
         self.t = np.concatenate([[0], np.cumsum(merged_tokens, dtype=np.int64)])
         self._units, self._tokens = merged_units, merged_tokens  # per position (moved by defer)
@@ -607,6 +609,8 @@ class _Walk:
             return b
         if self._last[0] > b:  # the errors kept of a prefix past the move are stale
             self._last = (-1, None, None)
+        if self._tokens is self._units:  # one array for both (units are tokens): moved once below
+            self._tokens = self._units.copy()
         idx = np.concatenate([np.arange(b + 1, b + k + 1), [b]])
         for array in (self.merged, self.comp, self._units, self._tokens):
             array[b:b + k + 1] = array[idx]

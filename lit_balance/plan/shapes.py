@@ -377,8 +377,13 @@ def static_planner(settings: BatchingSettings) -> PaddedPlanner | PackedPlanner 
     return _cached("padded", (settings.padded_shapes, settings.max_tokens))
 
 
-def epoch_shapes(plan: EpochPlan, lengths: np.ndarray, settings: BatchingSettings) -> dict[str, object]:
+def epoch_shapes(plan: EpochPlan, lengths: np.ndarray, settings: BatchingSettings,
+                 planner: PaddedPlanner | PackedPlanner | None = None) -> dict[str, object]:
     """The shapes an epoch's micro-batches have and its real-token fraction, as collated.
+
+    ``planner`` is the planner whose layout the micro-batches have (:func:`~lit_balance.plan.planner_for` of
+    ``settings``; it says each micro-batch's shape); None: the planner of ``settings``' static shapes, else the padded
+    planner (as :func:`~lit_balance.plan.plan_stats`).
 
     Returns:
         ``{"shapes": {"RxT": micro-batches}, "distinct_shapes": int, "real_token_fraction": float}``: shapes as
@@ -390,9 +395,9 @@ def epoch_shapes(plan: EpochPlan, lengths: np.ndarray, settings: BatchingSetting
     rows, offsets = plan.rows, plan.batch_offsets
     real_rows = np.where(plan.is_fill, 0, lengths[rows])
     real = int(real_rows.sum())
-    from lit_balance.plan.epoch import planner_for  # epoch imports this module
-
-    shape, keys = planner_for(settings).micro_batch_shapes(lengths, rows, offsets, settings)
+    if planner is None:
+        planner = static_planner(settings) or PaddedPlanner()
+    shape, keys = planner.micro_batch_shapes(lengths, rows, offsets, settings)
     counts: dict[str, int] = {}
     for key in keys:
         counts[key] = counts.get(key, 0) + 1
@@ -452,8 +457,6 @@ def probe_planner(settings: BatchingSettings, lengths: np.ndarray):
     ``[num_samples]``, the training split's) choose the shapes."""
     if not settings.static_packing and settings.padded_shapes is None:
         return None
-    from lit_balance.plan.epoch import planner_for  # epoch imports this module
-
-    # the layout without its shapes (static shapes have one budget for every rank)
-    base = planner_for(settings.replace(static_packing=False, padded_shapes=None))
+    # the layout of the shapes (static packing is packed, padded shapes padded; one budget for every rank)
+    base = PackedPlanner() if settings.static_packing else PaddedPlanner()
     return _ProbePlanner(base, length_histogram(np.asarray(lengths)), settings)

@@ -255,7 +255,7 @@ def plan_report(
                                     if planner.row_buckets else np.zeros(0)),
                       cost_unit=unit,
                       shapes=epoch_shapes(plan.materialise() if hasattr(plan, "materialise") else plan, planned,
-                                          settings),
+                                          settings, planner),
                       mixture=mixture)
 
 
