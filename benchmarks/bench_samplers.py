@@ -115,7 +115,7 @@ def shape_figures(plans: dict[int, EpochPlan], lengths: np.ndarray, settings: Ba
     shape's ``rows x length``, or the packed row), its distinct input shapes (a packed row's counts its
     ``cu_seq_lens`` entries too) and those of epochs 0 and 1 (:func:`lit_balance.plan.epoch_shapes`); with ``K``
     padded shapes, the most that fraction can be (every sample padded to its shape's length, no empty row)."""
-    shapes = [epoch_shapes(plans[e], lengths, settings) for e in (0, 1)]
+    shapes = [epoch_shapes(plans[e], lengths, settings, planner_for(settings)) for e in (0, 1)]
     bound = None
     if isinstance(settings.padded_shapes, tuple):
         edges = np.array([t for _, t in settings.padded_shapes])

@@ -3,6 +3,7 @@
 Run:
     python -m benchmarks.mixtures                                  # 300k documents; planning time at 1M and 10M
     python -m benchmarks.mixtures --documents 60000 --timing-documents 1000000 --baseline 747dc57
+    python -m benchmarks.mixtures --scales-documents 1000000 --baseline main   # three scales, this against main
 
 Three components with document medians of about 300, 900 and 3,000 tokens (log-normal, sigma 0.7, 8 to 8,192 tokens),
 target shares 0.6 / 0.1 / 0.3 by tokens, 8 ranks, optimizer steps of 512k token slots (``max_tokens=16384`` per
@@ -20,6 +21,12 @@ useful_fraction`: padded slots padded, tokens packed).
   helper), as ``BlendedDataset`` draws its samples.
 * ``interleave_datasets, length-corrected``: sample probabilities set to target / mean document length (token shares
   on average, what a user can do by hand): the per-step deviation left is the draws' own.
+
+Three scales against one corpus: components of document medians 30, 300 and 3,000 tokens (log-normal, sigma 0.7,
+8 to 8,192 tokens), target shares 0.5 / 0.2 / 0.3, ``max_tokens=8192``, at 8 and 64 ranks and accumulation 1 and 4,
+padded and packed: the mixture's U, its worst step's U and the epoch's rank imbalance (the costliest rank's cost
+over the mean), beside the same chosen documents planned as one corpus (:func:`lit_balance.plan.plan_epoch`), in the
+same run (with ``--baseline``, also that revision's mixture plan).
 
 The planning time of a mixture epoch (padded and packed) is measured at each ``--timing-documents`` size, wall and
 CPU seconds (CPU time is steadier on a shared machine), with ``--baseline REVISION`` also for that revision's
@@ -132,15 +139,84 @@ def megatron_order(sizes: np.ndarray, seed: int = 0) -> np.ndarray:
 
 
 def baseline_planner(revision: str) -> Any:
-    """``plan_mixture`` of ``lit_balance/plan/mixture.py`` at a git ``revision`` of this repository, loaded beside
-    this one (the rest of the package is this revision's), for planning times measured side by side."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:lit_balance/plan/mixture.py"],
-                            capture_output=True, text=True, check=True).stdout
-    name = f"lit_balance.plan._mixture_at_{revision}"
-    module = types.ModuleType(name)
-    sys.modules[name] = module  # dataclasses look their module up
-    exec(compile(source, f"{revision}:lit_balance/plan/mixture.py", "exec"), module.__dict__)
-    return module.plan_mixture
+    """``plan_mixture`` of ``lit_balance/plan/mixture.py`` (and the step batching it imports,
+    ``mixture_batches.py``) at a git ``revision`` of this repository, loaded beside this one (the rest of the package
+    is this revision's), for planning times measured side by side."""
+    modules = {}
+    for part in ("mixture_batches", "mixture"):  # the step batching first: the mixture module imports it
+        source = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:lit_balance/plan/{part}.py"],
+                                capture_output=True, text=True, check=True).stdout
+        if "mixture_batches" in modules:
+            source = source.replace("from lit_balance.plan.mixture_batches import",
+                                    f"from {modules['mixture_batches'].__name__} import")
+        name = f"lit_balance.plan._{part}_at_{revision}"
+        module = types.ModuleType(name)
+        sys.modules[name] = module  # dataclasses look their module up
+        exec(compile(source, f"{revision}:lit_balance/plan/{part}.py", "exec"), module.__dict__)
+        modules[part] = module
+    return modules["mixture"].plan_mixture
+
+
+SCALE_MEDIANS, SCALE_TARGETS, SCALE_MAX_TOKENS = (30, 300, 3000), (0.5, 0.2, 0.3), 8192
+
+
+def scales_corpus(num_documents: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(sizes, lengths)`` of the three-scales comparison: medians 30 / 300 / 3,000 tokens, documents in proportion
+    to the targets."""
+    rng = np.random.default_rng(seed)
+    sizes = np.array([int(num_documents * t) for t in SCALE_TARGETS], dtype=np.int64)
+    lengths = np.concatenate([np.clip(rng.lognormal(np.log(m), 0.7, n), 8, 8192).astype(np.int64)
+                              for m, n in zip(SCALE_MEDIANS, sizes)])
+    return sizes, lengths
+
+
+def _figures(stats: Any, num_replicas: int) -> dict:
+    """U, the worst step's U and the epoch's rank imbalance of a plan's :class:`~lit_balance.PlanStats`."""
+    cost = stats.rank_cost
+    per_rank = cost.sum(axis=0)
+    step_u = cost.sum(axis=1) / (cost.max(axis=1) * num_replicas)
+    return {"U": float(stats.useful_fraction), "worst_step_balance": float(step_u.min()),
+            "rank_imbalance": float(per_rank.max() / per_rank.mean())}
+
+
+def three_scales(num_documents: int, planner: Any = None) -> list[dict]:
+    """The three-scales rows: per ranks, accumulation and layout, the mixture against one corpus (and ``planner``'s
+    mixture: another revision's ``plan_mixture``, or None)."""
+    from lit_balance.plan import plan_epoch
+
+    sizes, lengths = scales_corpus(num_documents)
+    layout = MixtureLayout(sizes)
+    mixture = MixtureSettings(NAMES, SCALE_TARGETS)
+    out = []
+    for ranks in (8, 64):
+        for acc in (1, 4):
+            for packing in (False, True):
+                settings = BatchingSettings(max_tokens=SCALE_MAX_TOKENS, accumulate_grad_batches=acc, packing=packing)
+                layout_planner = planner_for(settings)
+                row = {"ranks": ranks, "accumulate_grad_batches": acc, "packing": packing}
+                for name, plan_fn in (("mixture", plan_mixture), ("baseline", planner)):
+                    if plan_fn is None:
+                        continue
+                    mp = plan_fn(lengths, layout, mixture, settings, num_replicas=ranks, epoch=0,
+                                 cost_model=CostModel())
+                    row[name] = _figures(plan_stats(mp.plan, lengths, planner=layout_planner,
+                                                    accumulate_grad_batches=acc), ranks)
+                    if name == "mixture":
+                        chosen = mp.chosen
+                        row["micro_batches_per_step"] = ranks * acc
+                one = plan_epoch(lengths, settings, num_replicas=ranks, epoch=0, eligible=chosen)
+                row["one_corpus"] = _figures(plan_stats(one, lengths, planner=layout_planner,
+                                                        accumulate_grad_batches=acc), ranks)
+                out.append(row)
+    return out
+
+
+def _scales_row(r: dict, baseline: str | None) -> str:
+    cells = [f"{r['ranks']}", f"{r['accumulate_grad_batches']}", "packed" if r["packing"] else "padded"]
+    for name in ("mixture", "one_corpus") + (("baseline",) if baseline else ()):
+        f = r[name]
+        cells.append(f"{f['U']:.4f} / {f['worst_step_balance']:.3f} / {f['rank_imbalance']:.4f}")
+    return "| " + " | ".join(cells) + " |"
 
 
 def _row(name: str, r: dict) -> str:
@@ -156,6 +232,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each plan (the median is reported)")
     parser.add_argument("--baseline", default=None, metavar="REVISION",
                         help="also time plan_mixture of this git revision, side by side on the same corpora")
+    parser.add_argument("--scales-documents", type=int, default=1_000_000,
+                        help="documents of the three-scales comparison against one corpus (0: leave it out)")
     parser.add_argument("--output-dir", type=Path, default=Path("outputs/mixtures"),
                         help="where the dated report (results.json, results.md) is written")
     args = parser.parse_args(argv)
@@ -178,6 +256,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in ("interleave_datasets padded", "Megatron blend padded"):
         share = rows[name]["share"]
         lines += ["", f"{name.split()[0]}: token shares over the epoch " + " / ".join(f"{100 * s:.0f}" for s in share)]
+    scales = three_scales(args.scales_documents, old) if args.scales_documents else []
+    if scales:
+        head = "| ranks | accumulation | layout | mixture U / worst step / rank imbalance | one corpus |"
+        lines += ["", f"three scales ({args.scales_documents} documents; medians {list(SCALE_MEDIANS)} tokens; targets "
+                  f"{list(SCALE_TARGETS)}; max_tokens={SCALE_MAX_TOKENS}): the mixture against the same chosen "
+                  "documents planned as one corpus" + (f", and the mixture of {args.baseline}" if old else ""), "",
+                  head + (f" {args.baseline} mixture |" if old else ""),
+                  "|---|---|---|---|---|" + ("---|" if old else ""),
+                  *(_scales_row(r, args.baseline if old else None) for r in scales)]
     lines += ["", f"planning time of one epoch: medians of {args.repeats} runs, the revisions alternating (wall and CPU "
               "seconds, and CPU seconds per million chosen documents; goal 0.6 s per million)", "",
               "| documents | chosen | plan | revision | wall s | CPU s | CPU s per million |",
@@ -202,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              f"{wall:.2f} | {cpu:.2f} | {cpu / chosen * 1e6:.2f} |")
                 print(lines[-1], flush=True)
     results = {"settings": vars(args), "rows": {name: {k: np.asarray(v).tolist() for k, v in r.items()} for name, r in rows.items()},
-               "planning_time": timing}
+               "three_scales": scales, "planning_time": timing}
     return write_report(args.output_dir, "benchmarks.mixtures", argv, results, markdown="\n".join(lines))
 
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from lit_balance._checks import check_bool, check_int
 from lit_balance.errors import InputValueError
-from lit_balance.plan.epoch import PLANNERS, Planner
+from lit_balance.plan.epoch import Planner, planner_for
 
 if TYPE_CHECKING:
     from lit_balance.plan.settings import BatchingSettings
@@ -115,8 +115,13 @@ class ProbeLayout:
 
     @property
     def planner(self) -> Planner:
-        """The planner that forms the micro-batches (packed or padded)."""
-        return PLANNERS["packed" if self.packing else "padded"]
+        """The planner that forms the micro-batches, without static shapes (:func:`~lit_balance.plan.planner_for` of
+        this layout at any budget; the probe asks :func:`~lit_balance.plan.shapes.probe_planner` for static shapes)."""
+        from lit_balance.plan.settings import BatchingSettings
+
+        return planner_for(BatchingSettings(max_tokens=self.pad_to_multiple_of, packing=self.packing,
+                                            pad_to_multiple_of=self.pad_to_multiple_of,
+                                            max_batch_size=self.max_batch_size))
 
 
 @dataclass(frozen=True)

@@ -243,6 +243,12 @@ class PerRankPlanner:
         self.worst_case_batch = base.worst_case_batch
         self.packed_rows = base.packed_rows
         self.collator_options = base.collator_options
+        self.micro_batch_shapes = base.micro_batch_shapes
+
+    @staticmethod
+    def steps_together(settings: BatchingSettings) -> bool:
+        """False: a mixture's steps are planned one by one, each by this planner (the budget of each rank)."""
+        return False
 
     def plan(self, lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int,
              epoch: int, cost_model: CostModelProtocol, speeds: np.ndarray, min_steps: int = 0,

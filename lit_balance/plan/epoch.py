@@ -4,7 +4,9 @@ A planner turns the lengths of the samples to plan into an :class:`~lit_balance.
 :class:`~lit_balance.plan.padded.PaddedPlanner` (rows padded to the longest of their micro-batch, the default) and
 :class:`~lit_balance.plan.packed.PackedPlanner` (``BatchingSettings(packing=True)``: whole documents in one row).
 :func:`planner_for` is the one place that chooses between them; everything that depends on the layout of a
-micro-batch (the plan, a window's count, a micro-batch's cost and slots, the unit a cost counts) asks the planner.
+micro-batch (the plan, a window's count, a micro-batch's cost, slots and shape, the unit a cost counts, the probe's
+worst case, the collator's options, a mixture step's fit test and micro-batches) asks the planner, and only
+:func:`planner_for` reads ``BatchingSettings.packing``: a new layout is a planner class and a line there.
 With a budget per rank (``max_tokens`` a list), the planner chosen is wrapped in
 :class:`~lit_balance.plan.budgets.PerRankPlanner`.
 """
@@ -85,6 +87,34 @@ class Planner(Protocol):
         """Keyword arguments of the collator of this planner's micro-batches beyond ``pad_to_multiple_of`` (static
         shapes); :func:`lit_balance.data.collate.collator_for` builds the collator from them and
         :attr:`packed_rows`."""
+
+    def micro_batch_shapes(self, lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray,
+                           settings: BatchingSettings) -> tuple[list[tuple[int, int]], list[str]]:
+        """``(shapes, keys)`` of each non-empty micro-batch as collated: ``(rows, tokens)`` and a key naming what a
+        compiled graph sees (:func:`~lit_balance.plan.shapes.epoch_shapes`)."""
+
+    def steps_together(self, settings: BatchingSettings) -> bool:
+        """Whether :meth:`batch_steps` forms the micro-batches of a mixture's steps under ``settings`` at once
+        (:mod:`lit_balance.plan.mixture`); False: each step is planned by :meth:`plan`."""
+
+    def step_key(self, lengths: np.ndarray, settings: BatchingSettings) -> np.ndarray:
+        """int64 ``[n]``: what a step's fit test and order read per document (padded lengths; packed: tokens)."""
+
+    def step_budget(self, longest: int, settings: BatchingSettings) -> int:
+        """The token slots of the costliest micro-batch a mixture step whose longest document (:meth:`step_key`) is
+        ``longest`` can hold (padded: as many rows of that length as the budget holds; packed: ``max_tokens``); with
+        one micro-batch per rank and step, the step is sized and cut to it."""
+
+    def step_fits(self, key: np.ndarray, num_micro: int, settings: BatchingSettings, budget: int | None = None) -> bool:
+        """The fast fit test of a mixture step: whether documents of ``key`` (:meth:`step_key`) fit ``num_micro``
+        micro-batches of :meth:`batch_steps` of ``budget`` slots (None: ``max_tokens``; exact or sufficient)."""
+
+    def batch_steps(self, members: np.ndarray, bounds: np.ndarray, lengths: np.ndarray, settings: BatchingSettings,
+                    *, num_replicas: int, cost_model: CostModelProtocol,
+                    budgets: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(rows, batch_sizes, assignment)`` of many mixture steps at once, step ``s`` cut under ``budgets[s]``
+        slots (None: ``max_tokens``; :func:`~lit_balance.plan.mixture_batches.batch_padded_steps` describes the
+        arrays)."""
 
 
 _PADDED, _PACKED = PaddedPlanner(), PackedPlanner()

@@ -30,7 +30,15 @@ settings, mixture, seed, epoch, ranks):
    each component has exactly its share of the chosen units, which the selection puts within one document of its
    weight. A step's size starts at the micro-batches' capacity (``num_replicas * accumulate_grad_batches``
    budgets) times a fill ratio that adapts: a step whose documents do not fit its micro-batches is made 2 %
-   smaller and formed again, and each step that fits lets the next be 0.2 % larger.
+   smaller and formed again, and each step that fits lets the next be 0.2 % larger. With one micro-batch per rank
+   and step (``accumulate_grad_batches=1``, where a rank's one micro-batch is all it runs in the step), three more
+   rules keep every rank busy for as long as the costliest: the step's room is ``num_replicas`` times the costliest
+   micro-batch its longest document can be in (:meth:`~lit_balance.plan.epoch.Planner.step_budget`: padded, as many
+   rows of that length as ``max_tokens`` holds, so a step of 4,500-token documents under ``max_tokens=8192`` is cut
+   into micro-batches of 4,500 slots, not left beside micro-batches of 8,192); a next document too large for the room
+   left moves later in the walk, past the documents of other components that fill it (never past one of its own, so
+   each stream keeps its order, and the step's bounds are checked as for any other end); and a step that fits is
+   grown by 4, 2 and 1 % of its room where the larger step still fits.
 3. **Micro-batches.** Whether a step fits is known without planning it, and the micro-batches of all steps are then
    formed at once (:mod:`lit_balance.plan.mixture_batches`: NumPy over the steps, a few hundred times faster than a
    planner call per step), exactly ``num_replicas * accumulate_grad_batches`` per step within the budget, with the
@@ -38,7 +46,9 @@ settings, mixture, seed, epoch, ranks):
    budgets, unequal rank speeds or static shapes, each step is planned by the planner the settings choose
    (:func:`~lit_balance.plan.planner_for`) instead. Length bands of one step sort into few micro-batches, so padding
    stays low. With ``shuffle`` the steps then run in random order; ``largest_first`` moves the step of the longest
-   document first.
+   document first. With one budget for every rank and equal speeds, each step's shares of cost then go to the ranks
+   that have cost least so far in the epoch (LPT over the steps), so the epoch's cost per rank is as even as one
+   corpus's.
 
 Samples live in one index space: sample ``copy * N + offset_c + d`` is document ``d`` of component ``c`` read for the
 ``copy``-th time in an epoch (``N`` documents over all components, ``copy < max_repetition``), so every sample is
@@ -47,6 +57,7 @@ planned at most once per epoch and the sampler's resume (which marks the samples
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -57,7 +68,6 @@ import numpy as np
 
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.cost import CostModelProtocol
-from lit_balance.plan.mixture_batches import batch_steps, packed_fits, padded_fits, vectorised
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.types import EpochPlan, empty_plan, padded_lengths
 
@@ -67,9 +77,12 @@ __all__ = ["MIXTURE_UNITS", "MixtureLayout", "MixturePlan", "MixtureSettings", "
 #: Accepted values of :attr:`MixtureSettings.unit`.
 MIXTURE_UNITS = ("tokens", "supervised_tokens", "documents")
 
-_FILL_START = {"padded": 0.95, "packed": 0.98}  # first fill ratio of a step's capacity
+_FILL_START = {"padded": 0.95, "packed": 0.98}  # first fill ratio of a step's capacity, by planner (else 0.95)
 _FILL_SHRINK, _FILL_GROW = 0.98, 1.002  # a step that does not fit: 2 % smaller; one that fits: the next 0.2 % larger
-_BIG_STEP_TOKENS, _BIG_STEP_SHARE = 256 * 1024, 0.02  # steps of at least this many tokens: shares within 2 points
+_BIG_STEP_TOKENS, _BIG_STEP_SHARE = 256 * 1024, 0.02
+_DEFER_LOOK = 4096  # a document that does not fit its step moves past at most this many walk positions
+_BUDGET_TRIES = 3  # a step's room shrinks to what its longest document allows at most this many times
+_GROW = (0.04, 0.02, 0.01)  # a step that fits: larger ones tried, by these shares of its room more
 
 
 @dataclass(frozen=True)
@@ -318,9 +331,10 @@ def select_epoch(units: np.ndarray, layout: MixtureLayout, mixture: MixtureSetti
     return chosen
 
 
-def _streams(chosen: np.ndarray, layout: MixtureLayout, num_components: int, padded: np.ndarray, packing: bool,
+def _streams(chosen: np.ndarray, layout: MixtureLayout, num_components: int, padded: np.ndarray, by_length: bool,
              shuffle: bool, rng: np.random.Generator | None) -> list[np.ndarray]:
-    """Each component's chosen samples in stream order (stage 2)."""
+    """Each component's chosen samples in stream order (stage 2): longest first (jittered with ``shuffle``) when
+    ``by_length`` (a planner whose rows of similar length share a micro-batch), else in index (or random) order."""
     out = []
     n, offsets = layout.num_documents, layout.offsets
     for c in range(num_components):
@@ -329,7 +343,7 @@ def _streams(chosen: np.ndarray, layout: MixtureLayout, num_components: int, pad
                                + (copy * n + offsets[c]) for copy in range(layout.max_repetition)])
         if rng is not None:
             mine = mine[rng.permutation(mine.size)]
-        if not packing and mine.size:
+        if by_length and mine.size:
             key = padded[mine].astype(np.float64)
             if shuffle and rng is not None:
                 key *= rng.uniform(1.0, 1.05, mine.size)  # jitter: batch-mates change between epochs
@@ -397,36 +411,47 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
         chosen = np.asarray(plan_exactly, dtype=bool)
     k = len(mixture.names)
     padded = padded_lengths(lengths, settings.pad_to_multiple_of)
-    rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch), 0x737472])) if settings.shuffle else None
-    streams = _streams(chosen, layout, k, padded, settings.packing, settings.shuffle, rng)
-    if not any(s.size for s in streams):
-        return MixturePlan(empty_plan(num_replicas, acc), chosen, np.zeros((0, k), dtype=np.int64))
-    walk = _Walk(streams, units, lengths)
     from lit_balance.plan.epoch import planner_for  # the planners import nothing from here; epoch imports them
 
     planner = planner_for(settings)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch), 0x737472])) if settings.shuffle else None
+    streams = _streams(chosen, layout, k, padded, planner.row_buckets, settings.shuffle, rng)
+    if not any(s.size for s in streams):
+        return MixturePlan(empty_plan(num_replicas, acc), chosen, np.zeros((0, k), dtype=np.int64))
+    walk = _Walk(streams, units, lengths)
     step_settings = settings.replace(shuffle=False, largest_first=False)
     num_micro = num_replicas * acc
     speeds = np.ones(num_replicas) if speeds is None else np.asarray(speeds, dtype=np.float64)
-    fast = vectorised(settings, planner.name, speeds)
-    if settings.packing:
-        key, room = lengths, settings.truncate_to
-    else:
-        key, room = padded, settings.max_tokens
-    row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
+    # micro-batches of all steps at once (the planner's batch_steps) with equal rank speeds, where the planner can
+    fast = bool(np.all(speeds == speeds[0])) and planner.steps_together(settings)
+    key = planner.step_key(lengths, settings) if fast else None
     capacity = float(np.sum(settings.rank_max_tokens(num_replicas))) * acc  # token slots of a step
-    fill = _FILL_START[planner.name]
+    fill = _FILL_START.get(planner.name, _FILL_START["padded"])
+    # one micro-batch per rank and step: each is all a rank runs in its step, so a step is sized to the micro-batch
+    # of its longest document and filled to its room (with accumulation, a rank's micro-batches even each other out)
+    single = fast and acc == 1
     steps: list[tuple[int, int, EpochPlan | None]] = []  # (start, end, plan or None: batched below)
     sorted_members: list[np.ndarray] = []
+    budgets: list[int] = []  # of the steps batched together: each micro-batch's budget
     a, n = 0, walk.size
     while a < n:
+        budget, room, shrunk = settings.max_tokens, capacity, 0
         while True:
-            b = walk.end(a, walk.within(a, fill * capacity))
+            b = walk.end(a, walk.within(a, fill * room))
+            later = walk.defer(a, b, fill * room) if single else b  # a next document too large: smaller first
+            if later > b:
+                b = walk.end(a, later)
             members = walk.merged[a:b]
             if fast:  # fewer documents than micro-batches: one each (_parts), which fits
                 values = key[members]
-                fits = b - a < num_micro or (packed_fits(values, num_micro, room) if settings.packing
-                                             else padded_fits(np.sort(values)[::-1], num_micro, room, row_cap))
+                least = planner.step_budget(int(values.max()), settings) if single else budget
+                if least < budget and shrunk < _BUDGET_TRIES:
+                    # the micro-batch of the step's longest document costs at most `least`: the step's room is
+                    # what every rank can hold alongside it, and a smaller step is formed
+                    budget, shrunk = least, shrunk + 1
+                    room = float(num_replicas) * budget
+                    continue
+                fits = b - a < num_micro or planner.step_fits(values, num_micro, settings, budget)
                 plan = None
             else:
                 plan = planner.plan(lengths[members], np.arange(members.size, dtype=np.int64), step_settings,
@@ -438,13 +463,18 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
             if b - a <= 1:  # cannot happen: every sample fits one micro-batch
                 raise RuntimeError(f"a single sample of {int(lengths[members].sum())} tokens does not fit one "
                                    "micro-batch")
-            fill = min(fill, walk.tokens(a, b) / capacity) * _FILL_SHRINK
+            fill = min(fill, walk.tokens(a, b) / room) * _FILL_SHRINK
         fill = min(fill * _FILL_GROW, 1.0)
+        if plan is None and b - a >= num_micro and single:
+            b = _grow(walk, a, b, room, key, planner, settings, num_micro, budget)
+            members = walk.merged[a:b]
+            values = key[members]
         steps.append((a, b, plan))
         if plan is None:
             sorted_members.append(members[np.argsort(-values, kind="stable")])
+            budgets.append(budget)
         a = b
-    parts = _parts(steps, sorted_members, walk, lengths, settings, num_replicas, cost_model)
+    parts = _parts(steps, sorted_members, budgets, walk, lengths, settings, num_replicas, cost_model, planner)
     step_units = np.stack([walk.units(s, e) for s, e, _ in steps]).astype(np.int64)
     order = np.arange(len(parts))
     if settings.shuffle:
@@ -454,7 +484,66 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
         order = np.concatenate([[longest], order[order != longest]])
     short = np.array([parts[i][3].shape[0] < acc for i in order], dtype=bool)
     order = np.concatenate([order[~short], order[short]])  # a step of fewer micro-steps (the rest) runs last
-    return MixturePlan(_concat([parts[i] for i in order], num_replicas, acc), chosen, step_units[order])
+    plan = _concat([parts[i] for i in order], num_replicas, acc)
+    if not settings.per_rank and bool(np.all(speeds == speeds[0])):
+        plan = _even_epoch(plan, lengths, planner, settings, cost_model)
+    return MixturePlan(plan, chosen, step_units[order])
+
+
+def _even_epoch(plan: EpochPlan, lengths: np.ndarray, planner: Any, settings: BatchingSettings,
+                cost_model: CostModelProtocol) -> EpochPlan:
+    """``plan`` with each optimizer step's ranks permuted so that the epoch's cost per rank is even: step by step,
+    the rank that has cost least so far takes the step's costliest share of cost (LPT over the epoch; every rank has
+    the same budget and speed, so any rank may run any share). Each step's shares of cost are unchanged."""
+    cost, _ = planner.batch_costs(lengths, plan.rows, plan.batch_offsets, settings.pad_to_multiple_of, cost_model)
+    acc, old = plan.accumulate_grad_batches, plan.assignment
+    num_micro_steps, num_replicas = old.shape
+    steps = -(-num_micro_steps // acc)
+    step_of = np.arange(num_micro_steps) // acc
+    per_micro = np.zeros((steps * acc, num_replicas))
+    per_micro[:num_micro_steps] = cost[old]
+    share = per_micro.reshape(steps, acc, num_replicas).sum(axis=1)  # each step's cost per rank, as planned
+    costliest = np.argsort(-share, axis=1, kind="stable")  # [steps, num_replicas]: the places of the order
+    ordered = np.take_along_axis(share, costliest, axis=1).tolist()
+    target = []
+    load = [0.0] * num_replicas
+    places = range(num_replicas)
+    for g in range(steps):  # plain Python: a few ranks a step, thousands of steps
+        least = sorted(places, key=load.__getitem__)
+        target.append(least)
+        for rank, c in zip(least, ordered[g]):
+            load[rank] += c
+    target = np.asarray(target, dtype=np.int64).reshape(steps, num_replicas)
+    new = np.empty_like(old)
+    rows = np.arange(num_micro_steps)[:, None]
+    new[rows, target[step_of]] = old[rows, costliest[step_of]]
+    return dataclasses.replace(plan, assignment=new)
+
+
+def _grow(walk: _Walk, a: int, b: int, room: float, key: np.ndarray, planner: Any, settings: BatchingSettings,
+          num_micro: int, budget: int) -> int:
+    """The end of a larger step from ``a`` where one fits: steps of :data:`_GROW` more of the room than ``a:b``
+    holds are tried (each within its bounds, a next document that does not fit passed over), the largest that fits
+    its micro-batches kept; ``b`` when none does."""
+    for extra in _GROW:
+        have = walk.tokens(a, b) / room
+        if have >= 1.0 - _GROW[-1]:
+            break
+        target = min(1.0, have + extra) * room
+        b2 = walk.end(a, walk.within(a, target))
+        if b2 < b:
+            continue
+        later = walk.defer(a, b2, target)  # moves documents after b2 only: the step a:b stays
+        if later > b2:
+            b2 = walk.end(a, later)
+        if b2 <= b:
+            continue
+        values = key[walk.merged[a:b2]]
+        if planner.step_budget(int(values.max()), settings) < budget:
+            continue  # a longer document that would hold the ranks longer
+        if planner.step_fits(values, num_micro, settings, budget):
+            b = b2
+    return b
 
 
 class _Walk:
@@ -489,6 +578,7 @@ class _Walk:
         merged_tokens = merged_units if units is lengths else np.concatenate([lengths[s] for s in streams])[order]
         self.x = np.concatenate([[0.0], np.cumsum(merged_units, dtype=np.float64)])
         self.t = np.concatenate([[0], np.cumsum(merged_tokens, dtype=np.int64)])
+        self._units, self._tokens = merged_units, merged_tokens  # per position (moved by defer)
         k = len(per)
         self.count = np.zeros((self.size + 1, k), dtype=np.int32 if self.size < 2**31 else np.int64, order="F")
         for c in range(k):  # documents of each component in each prefix (a column each: contiguous)
@@ -500,6 +590,35 @@ class _Walk:
                                         for u in per])
         self.starts = starts.astype(np.int64)
         self._last: tuple = (-1, None, None)  # the last end found, and its errors (the next step's start)
+
+    def defer(self, a: int, b: int, tokens: float) -> int:
+        """Let the step from ``a`` fill up to ``tokens`` past a next document that does not fit: when the document
+        at position ``b`` would take the step over ``tokens``, it moves later in the walk, past the documents of other
+        components after it that fit the room left (never past one of its own component, so every stream keeps its
+        order), and the step may end after those. Returns the last prefix the step may end at (``b`` when nothing
+        moves); :meth:`end` then keeps the step's bounds as for any prefix.
+        """
+        if b >= self.size or self.t[b + 1] - self.t[a] <= tokens:
+            return b
+        room = int(self.t[a]) + int(math.floor(tokens)) - int(self.t[b])
+        hi = min(self.size, b + 1 + _DEFER_LOOK)
+        own = np.flatnonzero(self.comp[b + 1:hi] == self.comp[b])
+        stop = int(own[0]) if own.size else hi - b - 1
+        k = int(np.searchsorted(np.cumsum(self._tokens[b + 1:b + 1 + stop]), room, side="right"))
+        if k == 0:
+            return b
+        if self._last[0] > b:  # the errors kept of a prefix past the move are stale
+            self._last = (-1, None, None)
+        if self._tokens is self._units:  # one array for both (units are tokens): moved once below
+            self._tokens = self._units.copy()
+        idx = np.concatenate([np.arange(b + 1, b + k + 1), [b]])
+        for array in (self.merged, self.comp, self._units, self._tokens):
+            array[b:b + k + 1] = array[idx]
+        self.x[b + 1:b + k + 2] = self.x[b] + np.cumsum(self._units[b:b + k + 1])
+        self.t[b + 1:b + k + 2] = self.t[b] + np.cumsum(self._tokens[b:b + k + 1])
+        onehot = self.comp[b:b + k + 1][:, None] == np.arange(self.count.shape[1])
+        self.count[b + 1:b + k + 2] = self.count[b] + np.cumsum(onehot, axis=0)
+        return b + k
 
     def tokens(self, a: int, b: int) -> int:
         """Tokens of the walk's positions ``a:b``."""
@@ -545,11 +664,12 @@ class _Walk:
             first, last = max(a + 1, first - max(64, 4 * (last + 1 - first))), first - 1
 
 
-def _parts(steps: Sequence[tuple[int, int, EpochPlan | None]], sorted_members: Sequence[np.ndarray], walk: _Walk,
-           lengths: np.ndarray, settings: BatchingSettings, num_replicas: int,
-           cost_model: CostModelProtocol) -> list[tuple[np.ndarray, ...]]:
+def _parts(steps: Sequence[tuple[int, int, EpochPlan | None]], sorted_members: Sequence[np.ndarray],
+           budgets: Sequence[int], walk: _Walk,
+           lengths: np.ndarray, settings: BatchingSettings, num_replicas: int, cost_model: CostModelProtocol,
+           planner: Any) -> list[tuple[np.ndarray, ...]]:
     """Per step ``(rows, is_fill, offsets, assignment, dropped)`` with sample indices; the steps without a plan
-    batched together (:func:`~lit_balance.plan.mixture_batches.batch_steps`)."""
+    batched together (the planner's ``batch_steps``)."""
     acc = settings.accumulate_grad_batches
     num_micro = num_replicas * acc
     batched: list[tuple[np.ndarray, ...]] = []
@@ -559,8 +679,9 @@ def _parts(steps: Sequence[tuple[int, int, EpochPlan | None]], sorted_members: S
     if many:
         members = np.concatenate(many)
         bounds = np.concatenate([[0], np.cumsum([m.size for m in many])]).astype(np.int64)
-        rows, sizes, assignment = batch_steps(members, bounds, lengths, settings, num_replicas=num_replicas,
-                                              cost_model=cost_model)
+        step_budgets = np.array([u for m, u in zip(sorted_members, budgets) if m.size >= num_micro], dtype=np.int64)
+        rows, sizes, assignment = planner.batch_steps(members, bounds, lengths, settings, num_replicas=num_replicas,
+                                                      cost_model=cost_model, budgets=step_budgets)
         offsets = np.concatenate([np.zeros((sizes.shape[0], 1), dtype=np.int64), np.cumsum(sizes, axis=1)], axis=1)
         flat = assignment.reshape(assignment.shape[0], acc, num_replicas)
         for s in range(sizes.shape[0]):

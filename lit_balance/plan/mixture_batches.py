@@ -3,8 +3,8 @@
 A mixture epoch (:mod:`lit_balance.plan.mixture`) is a sequence of optimizer steps whose documents are fixed first.
 Calling a planner once per step costs about 2 ms a step (thousands of steps an epoch); these functions place the
 documents of all steps together, with NumPy operations over the steps, where the settings allow it (one budget for
-every rank, equal rank speeds, padded or packed micro-batches without static shapes; :func:`vectorised`): each step
-gets exactly ``num_micro = num_replicas * accumulate_grad_batches`` micro-batches within the budget.
+every rank, equal rank speeds, and a planner whose :meth:`~lit_balance.plan.epoch.Planner.steps_together` holds):
+each step gets exactly ``num_micro = num_replicas * accumulate_grad_batches`` micro-batches within the budget.
 
 * **Padded.** A step's documents sorted by padded length, longest first, are cut into ``num_micro`` contiguous
   micro-batches within the budget in three ways, and the one that holds the ranks least is kept (as the padded
@@ -32,18 +32,9 @@ from lit_balance.plan.cost import CostModelProtocol
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.types import padded_lengths
 
-__all__ = ["batch_steps", "packed_fits", "padded_fits", "vectorised"]
+__all__ = ["batch_packed_steps", "batch_padded_steps", "packed_fits", "padded_fits"]
 
 _BISECTIONS = 12  # the cost caps to 2.4e-4 of their first range
-
-
-def vectorised(settings: BatchingSettings, planner_name: str, speeds: np.ndarray) -> bool:
-    """Whether :func:`batch_steps` plans these settings (else the planner is called step by step)."""
-    if settings.per_rank or settings.static_packing or settings.padded_shapes is not None:
-        return False
-    if planner_name not in ("padded", "packed") or not bool(np.all(speeds == speeds[0])):
-        return False
-    return not (settings.packing and settings.max_batch_size is not None)
 
 
 def padded_fits(padded_desc: np.ndarray, num_micro: int, max_tokens: int, row_cap: int) -> bool:
@@ -74,20 +65,23 @@ def packed_fits(lengths: np.ndarray, num_micro: int, capacity: int) -> bool:
     return bool(np.all(before <= num_micro * (capacity - large[num_micro:])))
 
 
-def batch_steps(members: np.ndarray, bounds: np.ndarray, lengths: np.ndarray, settings: BatchingSettings, *,
-                num_replicas: int, cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Micro-batches and ranks of many steps at once.
+def batch_padded_steps(members: np.ndarray, bounds: np.ndarray, lengths: np.ndarray, settings: BatchingSettings, *,
+                       num_replicas: int, cost_model: CostModelProtocol,
+                       budgets: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Padded micro-batches and ranks of many steps at once (the padded planner's
+    :meth:`~lit_balance.plan.padded.PaddedPlanner.batch_steps`).
 
     Args:
-        members: int64 ``[n]``: sample indices of all steps, step after step, each step's longest first (by padded
-            length; packed: by length).
+        members: int64 ``[n]``: sample indices of all steps, step after step, each step's longest first by padded
+            length.
         bounds: int64 ``[num_steps + 1]``: step ``s`` holds ``members[bounds[s]:bounds[s + 1]]``; every step has at
-            least ``num_replicas * accumulate_grad_batches`` samples and fits (:func:`padded_fits`,
-            :func:`packed_fits`).
+            least ``num_replicas * accumulate_grad_batches`` samples and fits (:func:`padded_fits`).
         lengths: int64 ``[num_samples]``: tokens per sample.
-        settings: the batching settings (:func:`vectorised` holds).
+        settings: the batching settings (one budget for every rank, no static shapes).
         num_replicas: ranks.
         cost_model: the cost of a micro-batch.
+        budgets: int64 ``[num_steps]``: padded token slots each micro-batch of each step is cut under (at most
+            ``max_tokens``; the step fits them), or None: ``max_tokens`` for every step.
 
     Returns:
         ``(rows, batch_sizes, assignment)``: int64 ``[n]`` the samples grouped by micro-batch, step after step;
@@ -96,21 +90,32 @@ def batch_steps(members: np.ndarray, bounds: np.ndarray, lengths: np.ndarray, se
         step) each rank runs at each micro-step.
 
     Raises:
-        RuntimeError: a step that does not fit after all (a bug: the fit tests are exact or sufficient).
+        RuntimeError: a step that does not fit after all (a bug: the fit test is exact).
+    """
+    acc = settings.accumulate_grad_batches
+    key = padded_lengths(lengths[members], settings.pad_to_multiple_of)
+    row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
+    num_steps = bounds.shape[0] - 1
+    budgets = np.full(num_steps, settings.max_tokens, dtype=np.int64) if budgets is None else np.asarray(budgets,
+                                                                                                      np.int64)
+    sizes, assignment = _cut(key, bounds, num_replicas, acc, budgets, row_cap, cost_model)
+    return members, sizes, assignment
+
+
+def batch_packed_steps(members: np.ndarray, bounds: np.ndarray, lengths: np.ndarray, settings: BatchingSettings, *,
+                       num_replicas: int, cost_model: CostModelProtocol,
+                       budgets: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Packed micro-batches and ranks of many steps at once (the packed planner's
+    :meth:`~lit_balance.plan.packed.PackedPlanner.batch_steps`): as :func:`batch_padded_steps`, each step's members
+    longest first by length, every step fitting by :func:`packed_fits`, and no ``max_batch_size``; every row holds
+    up to the budget (``budgets`` is not read: a packed row fills with any document).
+
+    Raises:
+        RuntimeError: a step that does not fit after all (a bug: the fit test is sufficient).
     """
     acc = settings.accumulate_grad_batches
     num_micro = num_replicas * acc
-    rows = members
-    if settings.packing:
-        key = lengths[members]
-    else:
-        key = padded_lengths(lengths[members], settings.pad_to_multiple_of)
-    if settings.packing:
-        rows, sizes, costs = _pack(rows, key, bounds, num_micro, settings.truncate_to, cost_model)
-    else:
-        row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
-        sizes, assignment = _cut(key, bounds, num_replicas, acc, settings.max_tokens, row_cap, cost_model)
-        return rows, sizes, assignment
+    rows, sizes, costs = _pack(members, lengths[members], bounds, num_micro, settings.truncate_to, cost_model)
     return rows, sizes, _ranks(costs, num_replicas, acc)
 
 
@@ -206,10 +211,11 @@ def _fill_empty(sizes: np.ndarray, groups: int) -> np.ndarray:
     return done
 
 
-def _cut(key: np.ndarray, bounds: np.ndarray, num_replicas: int, acc: int, max_tokens: int, row_cap: int,
+def _cut(key: np.ndarray, bounds: np.ndarray, num_replicas: int, acc: int, max_tokens: np.ndarray, row_cap: int,
          cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray]:
-    """Padded: each step's sorted rows cut into ``num_micro`` micro-batches (the module's three cuts, the one that
-    holds the ranks least kept): ``(sizes [num_steps, num_micro], assignment [num_steps, acc, num_replicas])``."""
+    """Padded: each step's sorted rows cut into ``num_micro`` micro-batches of at most ``max_tokens[step]`` slots
+    (the module's three cuts, the one that holds the ranks least kept): ``(sizes [num_steps, num_micro],
+    assignment [num_steps, acc, num_replicas])``."""
     num_micro = num_replicas * acc
     rc = np.asarray(cost_model.row_cost(key), dtype=np.float64).reshape(-1)
     per_batch = float(cost_model.per_batch)
@@ -223,7 +229,7 @@ def _cut(key: np.ndarray, bounds: np.ndarray, num_replicas: int, acc: int, max_t
     step_of = np.repeat(np.arange(num_steps), np.diff(bounds))
     lo = np.zeros(num_steps)
     np.maximum.at(lo, step_of, rc + per_batch)
-    rows_max = np.minimum(np.minimum(max_tokens // key, row_cap), 1 << 40)
+    rows_max = np.minimum(np.minimum(max_tokens[step_of] // key, row_cap), 1 << 40)
     hi = np.zeros(num_steps)
     np.maximum.at(hi, step_of, rows_max * rc + per_batch)
     full, single = hi.copy(), lo.copy()

@@ -68,6 +68,7 @@ from lit_balance.plan.assign import (
     steps_by_planning,
 )
 from lit_balance.plan.cost import CostModelProtocol
+from lit_balance.plan.mixture_batches import batch_packed_steps, packed_fits
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.types import EpochPlan, WorstCaseBatch, longest_first_order, padded_lengths
 
@@ -735,3 +736,40 @@ class PackedPlanner:
     def collator_options(settings: BatchingSettings) -> dict:
         """Keyword arguments of the collator beyond the settings' padding: none (the row as long as its documents)."""
         return {}
+
+    # -- a mixture's steps (lit_balance.plan.mixture): documents chosen per step, micro-batches of all steps at once
+
+    @staticmethod
+    def steps_together(settings: BatchingSettings) -> bool:
+        """Whether :meth:`batch_steps` forms these settings' mixture steps: without ``max_batch_size``."""
+        return settings.max_batch_size is None
+
+    @staticmethod
+    def step_key(lengths: np.ndarray, settings: BatchingSettings) -> np.ndarray:
+        """int64 ``[n]``: what a step's packed rows are filled by: the lengths themselves."""
+        return np.asarray(lengths, dtype=np.int64)
+
+    @staticmethod
+    def step_budget(longest: int, settings: BatchingSettings) -> int:
+        """``max_tokens``: a packed row fills to the budget with any documents, whatever the longest."""
+        return int(settings.max_tokens)
+
+    @staticmethod
+    def step_fits(key: np.ndarray, num_micro: int, settings: BatchingSettings, budget: int | None = None) -> bool:
+        """Whether documents of ``key`` tokens surely fit ``num_micro`` packed rows of the budget (``budget`` is not
+        read; :func:`~lit_balance.plan.mixture_batches.packed_fits`, sufficient)."""
+        return packed_fits(key, num_micro, settings.truncate_to)
+
+    batch_steps = staticmethod(batch_packed_steps)
+
+    @staticmethod
+    def micro_batch_shapes(lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray,
+                           settings: BatchingSettings) -> tuple[list[tuple[int, int]], list[str]]:
+        """Each non-empty micro-batch's shape ``(1, its tokens padded)`` and its key ``"1xT cuB"`` (``B`` the
+        entries of ``cu_seq_lens``: documents + 1)."""
+        sizes = np.diff(offsets)
+        filled = sizes > 0
+        cum = np.concatenate([[0], np.cumsum(lengths[rows])])
+        width = padded_lengths(cum[offsets[1:]][filled] - cum[offsets[:-1]][filled], settings.pad_to_multiple_of)
+        bounds = sizes[filled] + 1
+        return [(1, int(w)) for w in width], [f"1x{int(w)} cu{int(b)}" for w, b in zip(width, bounds)]

@@ -53,6 +53,7 @@ import numpy as np
 
 from lit_balance.plan.assign import fastest_rank_first, hold_time, longest_first, lpt_steps, one_row_each, shuffle_steps
 from lit_balance.plan.cost import CostModel, CostModelProtocol
+from lit_balance.plan.mixture_batches import batch_padded_steps, padded_fits
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.types import EpochPlan, WorstCaseBatch, longest_first_order, padded_lengths, sorted_descending
 
@@ -655,3 +656,55 @@ class PaddedPlanner:
     def collator_options(settings: BatchingSettings) -> dict:
         """Keyword arguments of the collator beyond the settings' padding: none (rows padded to their longest)."""
         return {}
+
+    # -- a mixture's steps (lit_balance.plan.mixture): documents chosen per step, micro-batches of all steps at once
+
+    @staticmethod
+    def steps_together(settings: BatchingSettings) -> bool:
+        """Whether :meth:`batch_steps` forms the micro-batches of these settings' mixture steps: always (one budget
+        for every rank; per-rank budgets are another planner)."""
+        return True
+
+    @staticmethod
+    def step_key(lengths: np.ndarray, settings: BatchingSettings) -> np.ndarray:
+        """int64 ``[n]``: what a step's micro-batches are cut by: each length padded to ``pad_to_multiple_of``."""
+        return padded_lengths(lengths, settings.pad_to_multiple_of)
+
+    @staticmethod
+    def step_budget(longest: int, settings: BatchingSettings) -> int:
+        """The padded token slots of the costliest micro-batch a mixture step whose longest padded document is
+        ``longest`` tokens can hold: as many rows of that length as ``max_tokens`` (and ``max_batch_size``) allow.
+        A micro-batch holding that document costs at most this, whatever else it holds; the step's other
+        micro-batches are cut to it, not to ``max_tokens``, so that none holds its rank longer than the one of the
+        longest document must.
+
+        Example:
+            >>> PaddedPlanner.step_budget(3000, BatchingSettings(max_tokens=8192))
+            6000
+        """
+        rows = settings.max_tokens // int(longest)
+        if settings.max_batch_size is not None:
+            rows = min(rows, settings.max_batch_size)
+        return max(rows, 1) * int(longest)
+
+    @staticmethod
+    def step_fits(key: np.ndarray, num_micro: int, settings: BatchingSettings, budget: int | None = None) -> bool:
+        """Whether documents of padded lengths ``key`` (int64 ``[n]``, any order) fit ``num_micro`` padded
+        micro-batches of ``budget`` slots (None: ``max_tokens``;
+        :func:`~lit_balance.plan.mixture_batches.padded_fits`, exact for cuts of the sorted order)."""
+        row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
+        return padded_fits(np.sort(key)[::-1], num_micro, settings.max_tokens if budget is None else int(budget),
+                           row_cap)
+
+    batch_steps = staticmethod(batch_padded_steps)
+
+    @staticmethod
+    def micro_batch_shapes(lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray,
+                           settings: BatchingSettings) -> tuple[list[tuple[int, int]], list[str]]:
+        """Each non-empty micro-batch's shape ``(rows, longest padded row)`` and its key ``"RxT"``."""
+        sizes = np.diff(offsets)
+        filled = sizes > 0
+        longest = np.maximum.reduceat(padded_lengths(lengths[rows], settings.pad_to_multiple_of),
+                                      offsets[:-1][filled]) if filled.any() else np.zeros(0, np.int64)
+        shape = list(zip(sizes[filled].tolist(), longest.tolist()))
+        return shape, [f"{int(r)}x{int(t)}" for r, t in shape]

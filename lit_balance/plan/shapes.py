@@ -296,6 +296,17 @@ class ShapedPaddedPlanner(PaddedPlanner):
         """The collator pads each micro-batch to its shape: ``{"shapes": shapes}``."""
         return {"shapes": self.shapes}
 
+    def micro_batch_shapes(self, lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray,
+                           settings: BatchingSettings) -> tuple[list[tuple[int, int]], list[str]]:
+        """The shape each non-empty micro-batch is padded to, and its key ``"RxT"``."""
+        shape = [self.shapes[i] for i in self.batch_shapes(lengths, rows, offsets) if i >= 0]
+        return shape, [f"{int(r)}x{int(t)}" for r, t in shape]
+
+    @staticmethod
+    def steps_together(settings: BatchingSettings) -> bool:
+        """False: a mixture's steps are planned one by one, each by this planner (its shapes)."""
+        return False
+
 
 class StaticPackedPlanner(PackedPlanner):
     """The packed planner with ``static_packing``: the packed plan with ``max_batch_size`` documents per row, every
@@ -327,6 +338,17 @@ class StaticPackedPlanner(PackedPlanner):
         """Rows exactly ``max_tokens`` long with ``cap + 1`` boundaries: ``{"row_length", "max_documents"}``."""
         return {"row_length": self.max_tokens, "max_documents": self.cap}
 
+    def micro_batch_shapes(self, lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray,
+                           settings: BatchingSettings) -> tuple[list[tuple[int, int]], list[str]]:
+        """Every non-empty micro-batch is ``[1, max_tokens]`` with ``cap + 1`` boundaries: key ``"1xT cuB"``."""
+        filled = int((np.diff(offsets) > 0).sum())
+        return [(1, self.max_tokens)] * filled, [f"1x{self.max_tokens} cu{self.cap + 1}"] * filled
+
+    @staticmethod
+    def steps_together(settings: BatchingSettings) -> bool:
+        """False: a mixture's steps are planned one by one, each by this planner (its cap of documents)."""
+        return False
+
 
 @functools.lru_cache(maxsize=32)
 def _cached(kind: str, key: tuple) -> PaddedPlanner | PackedPlanner:
@@ -355,8 +377,13 @@ def static_planner(settings: BatchingSettings) -> PaddedPlanner | PackedPlanner 
     return _cached("padded", (settings.padded_shapes, settings.max_tokens))
 
 
-def epoch_shapes(plan: EpochPlan, lengths: np.ndarray, settings: BatchingSettings) -> dict[str, object]:
+def epoch_shapes(plan: EpochPlan, lengths: np.ndarray, settings: BatchingSettings,
+                 planner: PaddedPlanner | PackedPlanner | None = None) -> dict[str, object]:
     """The shapes an epoch's micro-batches have and its real-token fraction, as collated.
+
+    ``planner`` is the planner whose layout the micro-batches have (:func:`~lit_balance.plan.planner_for` of
+    ``settings``; it says each micro-batch's shape); None: the planner of ``settings``' static shapes, else the padded
+    planner (as :func:`~lit_balance.plan.plan_stats`).
 
     Returns:
         ``{"shapes": {"RxT": micro-batches}, "distinct_shapes": int, "real_token_fraction": float}``: shapes as
@@ -366,31 +393,11 @@ def epoch_shapes(plan: EpochPlan, lengths: np.ndarray, settings: BatchingSetting
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     rows, offsets = plan.rows, plan.batch_offsets
-    sizes = np.diff(offsets)
-    cum = np.concatenate([[0], np.cumsum(lengths[rows])])
     real_rows = np.where(plan.is_fill, 0, lengths[rows])
     real = int(real_rows.sum())
-    planner = static_planner(settings)
-    if isinstance(planner, ShapedPaddedPlanner):
-        index = planner.batch_shapes(lengths, rows, offsets)
-        shape = [planner.shapes[i] for i in index if i >= 0]
-    elif settings.packing:
-        filled = sizes > 0
-        if settings.static_packing:
-            width = np.full(int(filled.sum()), settings.max_tokens, dtype=np.int64)
-            bounds = np.full(width.shape[0], settings.max_batch_size + 1, dtype=np.int64)
-        else:
-            width = padded_lengths(cum[offsets[1:]][filled] - cum[offsets[:-1]][filled], settings.pad_to_multiple_of)
-            bounds = sizes[filled] + 1
-        shape = [(1, int(w)) for w in width]
-        keys = [f"1x{int(w)} cu{int(b)}" for w, b in zip(width, bounds)]
-    else:
-        filled = sizes > 0
-        longest = np.maximum.reduceat(padded_lengths(lengths[rows], settings.pad_to_multiple_of),
-                                      offsets[:-1][filled]) if filled.any() else np.zeros(0, np.int64)
-        shape = list(zip(sizes[filled].tolist(), longest.tolist()))
-    if not settings.packing:
-        keys = [f"{int(r)}x{int(t)}" for r, t in shape]
+    if planner is None:
+        planner = static_planner(settings) or PaddedPlanner()
+    shape, keys = planner.micro_batch_shapes(lengths, rows, offsets, settings)
     counts: dict[str, int] = {}
     for key in keys:
         counts[key] = counts.get(key, 0) + 1
@@ -450,5 +457,6 @@ def probe_planner(settings: BatchingSettings, lengths: np.ndarray):
     ``[num_samples]``, the training split's) choose the shapes."""
     if not settings.static_packing and settings.padded_shapes is None:
         return None
-    base = PackedPlanner() if settings.packing else PaddedPlanner()  # static shapes have one budget for every rank
+    # the layout of the shapes (static packing is packed, padded shapes padded; one budget for every rank)
+    base = PackedPlanner() if settings.static_packing else PaddedPlanner()
     return _ProbePlanner(base, length_histogram(np.asarray(lengths)), settings)

@@ -253,7 +253,7 @@ def plan_report(
                       bucket_edges=(_bucket_edges(kept_lengths, settings.largest_max_tokens)
                                     if planner.row_buckets else np.zeros(0)),
                       cost_unit=unit,
-                      shapes=epoch_shapes(plan, planned, settings),  # sampler.plan(): the whole epoch
+                      shapes=epoch_shapes(plan, planned, settings, planner),  # sampler.plan(): the whole epoch
                       mixture=mixture)
 
 

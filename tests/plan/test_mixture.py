@@ -270,3 +270,105 @@ def test_bad_mixtures():
     layout = MixtureLayout(np.array([3, 0]))
     with pytest.raises(ValueError, match=r"component 'b' has weight 1.0 but no tokens to read \(0 documents"):
         select_epoch(np.array([5, 5, 5]), layout, MixtureSettings(("a", "b"), (1, 1)), seed=0, epoch=0)
+
+
+@st.composite
+def _short_medium_long(draw):
+    """Three components whose document lengths differ tenfold or more (tokens 1-30, 30-300, 300-3,000)."""
+    sizes, lengths = [], []
+    for low, high in ((1, 30), (30, 300), (300, 3000)):
+        n = draw(st.integers(1, 80))
+        sizes.append(n)
+        lengths += draw(st.lists(st.integers(low, high), min_size=n, max_size=n))
+    weights = [draw(st.floats(0.05, 10.0)) for _ in range(3)]
+    return sizes, lengths, weights
+
+
+@settings(max_examples=100, deadline=None)
+@given(_short_medium_long(), st.integers(1, 8), st.integers(1, 2), st.booleans(), st.booleans(), st.integers(0, 2),
+       st.integers(3000, 8192), st.sampled_from([1, 8]))
+def test_short_medium_and_long_components_keep_the_budget_and_the_share_bound(mixture, num_replicas, acc, packing,
+                                                                              shuffle, epoch, max_tokens, multiple):
+    # one micro-batch per rank and step sizes each step to its longest document's micro-batch and passes over a
+    # document too large for the room left: the same invariants, and each stream still taken in order
+    sizes, lengths, weights = mixture
+    batching = BatchingSettings(max_tokens=max_tokens, accumulate_grad_batches=acc, packing=packing, shuffle=shuffle,
+                                seed=3, pad_to_multiple_of=multiple)
+    layout, mix, tiled, mp = _plan(lengths, sizes, weights, batching, num_replicas=num_replicas, epoch=epoch)
+    units = _check_plan(layout, mix, tiled, mp, batching, num_replicas)
+    total = units.sum(axis=0)
+    assert np.all(np.abs(total - mix.shares * total.sum()) <= int(tiled.max()) + 1e-6)
+    if not shuffle:
+        realized = total / max(total.sum(), 1)
+        deviation = np.abs(units - realized * units.sum(axis=1, keepdims=True)).max(axis=1)
+        bound = _boundary_documents(layout, mp, tiled, batching, num_replicas)
+        assert (deviation <= bound + 1e-6).all(), (deviation, bound)
+    # equal counts (the assignment is full, _check_plan), and every optimizer step but the last has acc micro-steps
+    steps = mp.step_units.shape[0]
+    assert steps == 0 or (steps - 1) * acc < mp.plan.num_micro_steps <= steps * acc
+
+
+def _three_scales(n, seed=0):
+    """The documents of docs/mixtures.md's comparison with one corpus: medians 30 / 300 / 3,000 tokens (log-normal,
+    sigma 0.7, 8 to 8,192 tokens), in proportion to the targets 0.5 / 0.2 / 0.3."""
+    rng = np.random.default_rng(seed)
+    sizes = [int(n * t) for t in (0.5, 0.2, 0.3)]
+    lengths = np.concatenate([np.clip(rng.lognormal(math.log(m), 0.7, s), 8, 8192).astype(np.int64)
+                              for m, s in zip((30, 300, 3000), sizes)])
+    return sizes, lengths
+
+
+def _against_one_corpus(num_replicas, acc, packing, n=1_000_000):
+    """``(mixture stats, one-corpus stats)``: the mixture's plan and the same chosen documents planned as one
+    corpus, at ``max_tokens=8192``."""
+    from lit_balance.plan import plan_epoch
+
+    sizes, lengths = _three_scales(n)
+    batching = BatchingSettings(max_tokens=8192, accumulate_grad_batches=acc, packing=packing)
+    layout, mix, tiled, mp = _plan(lengths, sizes, (0.5, 0.2, 0.3), batching, num_replicas=num_replicas)
+    one = plan_epoch(tiled, batching, num_replicas=num_replicas, epoch=0, eligible=mp.chosen)
+    planner = planner_for(batching)
+    return (plan_stats(mp.plan, tiled, planner=planner, accumulate_grad_batches=acc),
+            plan_stats(one, tiled, planner=planner, accumulate_grad_batches=acc))
+
+
+def _epoch_imbalance(stats):
+    per_rank = stats.rank_cost.sum(axis=0)
+    return per_rank.max() / per_rank.mean()
+
+
+@pytest.mark.parametrize("num_replicas, acc", [(8, 1), (8, 4), (64, 1), (64, 4)])
+@pytest.mark.parametrize("packing", [False, True])
+def test_three_scales_spread_the_epoch_over_the_ranks_as_one_corpus_does(num_replicas, acc, packing):
+    # each step's shares of cost go to the ranks that have cost least so far: the epoch's cost per rank is as even
+    # as the one-corpus plan's of the same documents (a step-local rank choice gave rank 0 every costliest share)
+    mixture, one = _against_one_corpus(num_replicas, acc, packing)
+    assert _epoch_imbalance(mixture) <= _epoch_imbalance(one) + 0.01
+
+
+@pytest.mark.parametrize("num_replicas, acc", [(64, 1), (64, 4)])
+def test_three_scales_padded_reach_one_corpus_u_at_many_micro_batches_per_step(num_replicas, acc):
+    mixture, one = _against_one_corpus(num_replicas, acc, False)
+    assert mixture.useful_fraction >= one.useful_fraction - 0.03
+
+
+@pytest.mark.parametrize("num_replicas, acc", [(8, 1), (8, 4)])
+@pytest.mark.xfail(strict=True, reason="open: at 8 ranks a mixture step of short, medium and long documents leaves a "
+                   "part-filled micro-batch per component (U 0.894 without accumulation, 0.966 with 4; one corpus 0.999)")
+def test_three_scales_padded_reach_one_corpus_u_at_8_ranks(num_replicas, acc):
+    mixture, one = _against_one_corpus(num_replicas, acc, False)
+    assert mixture.useful_fraction >= one.useful_fraction - 0.03
+
+
+@pytest.mark.parametrize("num_replicas, acc", [(8, 1), (64, 1)])
+def test_three_scales_padded_without_accumulation_gain_over_steps_cut_at_the_budget(num_replicas, acc):
+    # a regression guard of the rules for one micro-batch per rank and step (steps sized to their longest document,
+    # a document too large passed over, steps grown): before them U was 0.81 at 8 ranks and 0.89 at 64
+    mixture, one = _against_one_corpus(num_replicas, acc, False)
+    assert mixture.useful_fraction >= one.useful_fraction - (0.11 if num_replicas == 8 else 0.03)
+
+
+@pytest.mark.parametrize("num_replicas, acc", [(8, 1), (8, 4), (64, 1), (64, 4)])
+def test_three_scales_packed_stay_within_a_point_of_one_corpus(num_replicas, acc):
+    mixture, one = _against_one_corpus(num_replicas, acc, True)
+    assert mixture.useful_fraction >= one.useful_fraction - 0.01
