@@ -176,6 +176,9 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         cache_dir: where tokenized corpora are cached (default ``$LIT_BALANCE_CACHE`` or
             ``~/.cache/lit_balance``).
         pin_memory: passed to the DataLoaders (True or False).
+        allow_tokenizer_mismatch: train a tokenized store (or a mixture component) with a ``tokenizer`` other than
+            the one the store says it was written with (a warning instead of the ValueError naming both; see
+            :mod:`lit_balance.data.tokenizer_identity`, ``docs/store_checks.md``). Default False.
 
     Attributes:
         settings: the :class:`~lit_balance.BatchingSettings`, checked at construction (with ``max_tokens="auto"``,
@@ -237,6 +240,7 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         memory_limit: int | None = None,
         memory_fraction: float = DEFAULT_MEMORY_FRACTION,
         cpu_mmap_threshold: int | None = CPU_MMAP_THRESHOLD,
+        allow_tokenizer_mismatch: bool = False,
     ) -> None:
         super().__init__()
         if val_fraction is not None:
@@ -264,6 +268,7 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         self.max_documents = max_documents
         #: Share of the corpus held out for validation (0.0 when the corpus brings its own validation split).
         self.val_fraction = resolve_val_fraction(val_fraction, self.source.split_sizes)
+        self.allow_tokenizer_mismatch = check_bool("allow_tokenizer_mismatch", allow_tokenizer_mismatch)
         self.tokenizer = self._resolve_tokenizer(tokenizer, vocab_size, pad_token_id)
         self.pad_token_id = self.tokenizer.pad_token_id
         self.vocab_size = self.tokenizer.vocab_size
@@ -325,7 +330,8 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
     def _resolve_tokenizer(self, tokenizer: Any, vocab_size: Any, pad_token_id: Any) -> TokenizerAdapter:
         """The tokenizer (and vocabulary) of the corpus, checked now."""
         return corpus_tokenizer(self.source, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
-                                add_special_tokens=self.add_special_tokens)
+                                add_special_tokens=self.add_special_tokens,
+                                allow_tokenizer_mismatch=self.allow_tokenizer_mismatch)
 
     def _tokenized(self) -> TokenizedCorpus:
         """The tokenized corpus: read in place from a tokenized store, else from the cache, or tokenized into it."""

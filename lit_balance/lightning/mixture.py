@@ -90,7 +90,8 @@ class MixtureDataModule(BalancedTextDataModule):
     def _resolve_tokenizer(self, tokenizer: Any, vocab_size: Any, pad_token_id: Any) -> TokenizerAdapter:
         """The one tokenizer of every component: the vocabulary and pad id are decided here, once."""
         adapters = [corpus_tokenizer(s, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
-                                     add_special_tokens=self.add_special_tokens) for s in self._sources]
+                                     add_special_tokens=self.add_special_tokens,
+                                     allow_tokenizer_mismatch=self.allow_tokenizer_mismatch) for s in self._sources]
         return components_vocabulary(self.mixture.names, adapters)
 
     def _tokenized(self) -> _MixtureCorpus:
