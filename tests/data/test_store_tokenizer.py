@@ -176,3 +176,21 @@ def test_arrow_and_parquet_schema_metadata_name_the_tokenizer(stores, tmp_path, 
     assert np.array_equal(
         _dm(ArrowSource(path, cache_dir=tmp_path / "copies"), tmp_path, tokenizer=str(stores["swapped"])).vocab_size,
         VOCAB)
+
+
+def test_lightning_cli_takes_data_allow_tokenizer_mismatch(stores, tmp_path, monkeypatch, capsys):
+    from lit_balance.cli.app import LitBalanceCLI
+
+    monkeypatch.chdir(tmp_path)
+    corpus = json.dumps({"class_path": "lit_balance.data.stores.DatatroveSource",
+                         "init_args": {"paths": str(stores["store_swapped"])}})
+    args = ["--data.corpus", corpus, "--data.tokenizer", str(PACKAGE_TOKENIZER), "--data.val_fraction", "0",
+            "--data.cache_dir", str(tmp_path / "cache"), "--trainer.accelerator", "cpu", "--trainer.devices", "1",
+            "--trainer.logger", "false"]
+    with pytest.raises((ValueError, SystemExit)) as info:
+        LitBalanceCLI(DemoTransformerLM, BalancedTextDataModule, run=False, seed_everything_default=0, args=args)
+    said = str(info.value) + capsys.readouterr().err
+    assert "swapped.json" in said and "--data.allow_tokenizer_mismatch" in said, said
+    cli = LitBalanceCLI(DemoTransformerLM, BalancedTextDataModule, run=False, seed_everything_default=0,
+                        args=[*args, "--data.allow_tokenizer_mismatch", "true"])
+    assert cli.datamodule.allow_tokenizer_mismatch is True and cli.datamodule.vocab_size == VOCAB
