@@ -135,9 +135,10 @@ class FitCount:
         if mode == "max_size":
             self._ends_early = True
             return
+        said = f"mode {mode!r}" if mode is not None else "a mode that cannot be read"
         raise InputValueError(
-            f"a BalancedDataLoader of {len(loader)} micro-batches is a training loader of a CombinedLoader in mode "
-            f"{mode!r} (the mode of a list or dict of loaders is 'max_size_cycle') whose epoch runs {batches} "
+            f"a BalancedDataLoader of {len(loader)} micro-batches is a training loader of a CombinedLoader in {said} "
+            f"(the mode of a list or dict of loaders is 'max_size_cycle') whose epoch runs {batches} "
             f"batches: expected at most {len(loader)}, got {batches}: the epoch would start this loader again on the "
             "same plan, training its documents twice, and no checkpoint could resume it exactly. Combine the loaders "
             "with CombinedLoader(loaders, mode='max_size') (this loader gives None once its micro-batches are done, "
