@@ -44,7 +44,7 @@ def is_cache_dir_error(error: BaseException) -> bool:
 
 
 def cache_dir_error(cache_dir: str | os.PathLike, error: OSError, *, what: str, needed: int | None = None,
-                    written: int | None = None) -> InputValueError:
+                    written: int | None = None, rule: str | None = None) -> InputValueError:
     """The error to raise for ``error``, an ``OSError`` of a write under ``cache_dir``.
 
     Args:
@@ -53,6 +53,7 @@ def cache_dir_error(cache_dir: str | os.PathLike, error: OSError, *, what: str, 
         what: what was being written, e.g. ``"the tokenized corpus"``.
         needed: bytes the write needs, when known.
         written: bytes written when the folder filled (a lower bound of what is needed), when ``needed`` is not known.
+        rule: how the size follows from the data, when neither is known (e.g. before tokenizing).
     """
     free = free_bytes(cache_dir)
     free_text = "unknown" if free is None else f"{free:,}"
@@ -61,7 +62,7 @@ def cache_dir_error(cache_dir: str | os.PathLike, error: OSError, *, what: str, 
     elif written is not None:
         need_text = f"needs more than the {written:,} bytes written when it failed"
     else:
-        need_text = "needs room for it"
+        need_text = rule or "needs room for it"
     if error.errno in FULL:
         state = f"is full ({error.strerror or error}; {free_text} bytes free)"
     else:

@@ -101,7 +101,8 @@ def test_a_read_only_cache_dir_refuses_the_tokenization_cache_naming_it(tmp_path
     cache = tmp_path / "ro"
     with _tmpfs(cache, "ro,size=1m"):
         with pytest.raises(ValueError, match=rf"cache_dir {re.escape(repr(str(cache)))} is not writable "
-                                             r"\(Read-only file system\).*cache_dir="):
+                                             r"\(Read-only file system\).*4 bytes per token .* and 16 per "
+                                             r"document.*cache_dir="):
             load_or_build(resolve_corpus([[1, 2, 3]]), TokenizerAdapter.for_token_ids(10), cache)
 
 
