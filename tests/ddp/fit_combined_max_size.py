@@ -47,7 +47,7 @@ class TwoTasks(L.LightningModule):
         sampler = BalancedBatchSampler(train.lengths, max_tokens=MAX_TOKENS, seed=seed,
                                        **self.trainer.distributed_sampler_kwargs)
         collate = PadFieldsCollator(["input_ids"], pad_token_id=0, scalar_fields=["label"])
-        return balanced_dataloader(train, sampler, collate, num_workers=1)
+        return balanced_dataloader(train, sampler, collate, num_workers=1, trainer=self.trainer)
 
     def train_dataloader(self):
         loaders = {"long": self._loader(203, 3), "short": self._loader(70, 5)}
