@@ -194,3 +194,9 @@ def test_lightning_cli_takes_data_allow_tokenizer_mismatch(stores, tmp_path, mon
     cli = LitBalanceCLI(DemoTransformerLM, BalancedTextDataModule, run=False, seed_everything_default=0,
                         args=[*args, "--data.allow_tokenizer_mismatch", "true"])
     assert cli.datamodule.allow_tokenizer_mismatch is True and cli.datamodule.vocab_size == VOCAB
+
+
+def test_files_of_one_store_written_with_two_tokenizers_are_refused_naming_both(stores):
+    with pytest.raises(ValueError, match=r"written with different tokenizers: .*store_plain.*plain\.json.*"
+                                         r"store_swapped.*swapped\.json"):
+        DatatroveSource([stores["store_plain"], stores["store_swapped"]]).store
