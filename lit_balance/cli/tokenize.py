@@ -8,9 +8,11 @@ per task, ``NNNNN_unshuffled.ds`` (token ids, ``uint16`` for vocabularies up to 
 ``no_loss_ranges`` metadata, e.g. a prompt's characters, are masked there). Training then reads that folder in
 place: :class:`lit_balance.data.stores.datatrove.DatatroveSource`.
 
-The tokenizer written beside the output (``tokenizer.json``) is the given one with truncation and padding cleared
-(datatrove keeps a file's own: the package's tokenizer would cut every document to 128 tokens) and, unless
-``add_special_tokens``, its post-processor cleared too. With the defaults the ids are those of the library's own
+The output folder also holds ``tokenizer_identity.json``, the identity of the tokenizer
+(:mod:`lit_balance.data.tokenizer_identity`): a run that reads the store with another tokenizer is refused, also after
+the folder was moved. The tokenizer written beside the output (``tokenizer.json``) is the given one with truncation
+and padding cleared (datatrove keeps a file's own: the package's tokenizer would cut every document to 128 tokens)
+and, unless ``add_special_tokens``, its post-processor cleared too. With the defaults the ids are those of the library's own
 tokenization cache for the same documents (``add_special_tokens=False``: no ``[CLS]``/``[SEP]``, no EOS);
 ``add_special_tokens=True`` gives the cache's ``add_special_tokens=True`` ids; ``eos_token`` (datatrove's option,
 one EOS id after each document) has no counterpart in the cache. Differences from the cache besides: a JSONL row
@@ -53,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lit_balance.data.tokenizer_identity import SIDECAR_FILE, TokenizerIdentity, identity_of_file, write_sidecar
 from lit_balance.errors import InputFileNotFoundError, InputTypeError, InputValueError
 
 __all__ = ["TokenizeResult", "datatrove_pipeline", "plain_tokenizer_file", "run_tokenize", "tokenize_corpus",
@@ -419,6 +422,11 @@ def tokenize_corpus(input_path: str | os.PathLike, output_folder: str | os.PathL
                               "files, or lower --tasks", parameter="tasks")
     workers = workers if workers is not None else min(tasks, _cores())
     output = Path(output_folder).expanduser().resolve()
+    blocking = next((p for p in (output, *output.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        got = "an existing file" if blocking == output else f"a path under the file {str(blocking)!r}"
+        raise InputValueError(f"--output-folder {str(output_folder)!r}: expected a new or empty folder, got {got}; "
+                              "pass a folder path as --output-folder", parameter="output_folder")
     existing = sorted(output.glob("*.ds")) if output.is_dir() else []
     if existing:
         raise InputValueError(f"output folder {str(output)!r} holds .ds files already ({existing[0].name}, ...); "
@@ -431,6 +439,9 @@ def tokenize_corpus(input_path: str | os.PathLike, output_folder: str | os.PathL
     if executor == "ray":
         _connect_ray(ray_address, workers, timeout_s)
     tokenizer_file = plain_tokenizer_file(tokenizer, output / TOKENIZER_FILE, add_special_tokens)
+    identity = identity_of_file(tokenizer_file)  # kept beside the store: survives moving the folder
+    write_sidecar(output / SIDECAR_FILE, TokenizerIdentity(
+        "the built-in tokenizer" if tokenizer is None else os.path.abspath(tokenizer), identity.sha256))
     steps = datatrove_pipeline(input_folder, str(output), tokenizer_file, glob_pattern=pattern, reader=reader,
                                text_key=text_key, eos_token=eos_token, save_loss_metadata=save_loss_metadata)
     runner = _executor(executor, steps, tasks=tasks, workers=workers, logging_dir=logs, options=options)

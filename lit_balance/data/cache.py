@@ -40,6 +40,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -57,6 +58,7 @@ except ImportError:  # pragma: no cover - not POSIX
 
 from lit_balance._fingerprint import sha256_of as _sha256
 from lit_balance._fingerprint import sha256_of_stream
+from lit_balance.data.cache_space import FULL, cache_dir_error
 from lit_balance.data.records import IGNORE_INDEX, encode_chunk_deferred
 from lit_balance.data.sources import CorpusChunk, CorpusSource
 from lit_balance.data.stores.corpus import TokenizedCorpus
@@ -325,10 +327,16 @@ def _tokenize_into(entry: Path, source: CorpusSource, tokenizer: TokenizerAdapte
                     bar.set_postfix_str(f"{num_tokens:,} tokens, {rate:,.0f} tokens/s", refresh=False)
                     bar.update(len(chunk))
     finally:
-        for writer in writers.values():
-            writer.close()
+        failed = None
+        for writer in writers.values():  # every file closed, also when one fails (a full cache_dir)
+            try:
+                writer.close()
+            except OSError as error:
+                failed = failed or error
         if bar is not None:
             bar.close()
+        if failed is not None and sys.exc_info()[0] is None:  # else the error in flight goes on
+            raise failed
     return num_docs, num_kept, num_tokens, _LABELS in writers
 
 
@@ -377,57 +385,71 @@ def build_cache(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: st
 def _build(source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: Path, key: str | None,
            progress: bool) -> Path:
     """:func:`build_cache` with the key already known (None: learnt by reading an ``IterableDataset``)."""
-    after_reading = key is None
     # before tokenizing: a cache_dir that is not writable fails now
     tmp, lock_fd = _start_entry(cache_dir, key or "iterable" + os.urandom(8).hex())
     try:
-        _remove_leftovers(cache_dir)
-        num_docs, num_kept, num_tokens, has_labels = _tokenize_into(tmp, source, tokenizer, progress)
-        if after_reading:
-            key = cache_key(source, tokenizer)
-            if _read_entry(cache_dir / key, key, tokenizer) is not None:
-                return cache_dir / key  # built before from the same content
-        elif _key_of_read(source, tokenizer) != key:
-            raise RuntimeError(f"the corpus ({source.description}) changed while it was tokenized; run again once it "
-                               "no "
-                               f"longer changes (its identity, {type(source).__qualname__}.identity() and for files "
-                               "their "
-                               "content, differs before and after reading it)")
-        if not num_kept:
-            raise InputValueError(f"all {num_docs} documents of the corpus ({source.description}) are empty after "
-                                  "tokenization")
-        target = cache_dir / key
-        names = [*_ARRAYS, *([_LABELS] if has_labels else [])]
-        digests = {f"{name}.npy": _array_sha256(tmp / f"{name}.npy") for name in names}
-        meta = {"key": key, "format": _CACHE_FORMAT, "num_docs": num_kept, "num_tokens": num_tokens,
-                "num_empty": num_docs - num_kept, "vocab_size": tokenizer.vocab_size,
-                "pad_token_id": tokenizer.pad_token_id, "description": source.description, "sha256": digests}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
-        for _ in range(3):
-            try:
-                os.replace(tmp, target)
-                return target
-            except OSError:
-                try:
-                    inode = target.stat().st_ino
-                except OSError:
-                    continue  # removed meanwhile: try again
-                if _read_entry(target, key, tokenizer) is not None:
-                    return target  # another process won the race with a valid entry
-                _discard(target, inode)
-        raise RuntimeError(f"could not place the cache entry {str(target)!r}; check permissions of {str(cache_dir)!r}")
+        return _build_into(tmp, source, tokenizer, cache_dir, key, progress)
+    except OSError as error:
+        if error.errno in FULL:  # a full cache_dir (a read-only one fails above): named, with the bytes it took
+            raise _not_writable(cache_dir, error, written=_bytes_in(tmp)) from error
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         _release(tmp, lock_fd)
 
 
-def _not_writable(cache_dir: Path, error: OSError) -> InputValueError:
-    return InputValueError(
-        f"cache_dir {str(cache_dir)!r} is not writable ({error.strerror or error}), so the tokenized corpus cannot "
-        "be cached there; pass a writable directory as cache_dir= or set the environment variable "
-        "LIT_BALANCE_CACHE to one (cache_dir=None uses $LIT_BALANCE_CACHE, else $XDG_CACHE_HOME/lit_balance, "
-        "else ~/.cache/lit_balance)", parameter="cache_dir"
-    )
+def _build_into(tmp: Path, source: CorpusSource, tokenizer: TokenizerAdapter, cache_dir: Path, key: str | None,
+                progress: bool) -> Path:
+    """Tokenize into ``tmp`` and move it into place as the entry ``key`` (learnt by reading when None)."""
+    after_reading = key is None
+    _remove_leftovers(cache_dir)
+    num_docs, num_kept, num_tokens, has_labels = _tokenize_into(tmp, source, tokenizer, progress)
+    if after_reading:
+        key = cache_key(source, tokenizer)
+        if _read_entry(cache_dir / key, key, tokenizer) is not None:
+            return cache_dir / key  # built before from the same content
+    elif _key_of_read(source, tokenizer) != key:
+        raise RuntimeError(f"the corpus ({source.description}) changed while it was tokenized; run again once it "
+                           "no "
+                           f"longer changes (its identity, {type(source).__qualname__}.identity() and for files "
+                           "their "
+                           "content, differs before and after reading it)")
+    if not num_kept:
+        raise InputValueError(f"all {num_docs} documents of the corpus ({source.description}) are empty after "
+                              "tokenization")
+    target = cache_dir / key
+    names = [*_ARRAYS, *([_LABELS] if has_labels else [])]
+    digests = {f"{name}.npy": _array_sha256(tmp / f"{name}.npy") for name in names}
+    meta = {"key": key, "format": _CACHE_FORMAT, "num_docs": num_kept, "num_tokens": num_tokens,
+            "num_empty": num_docs - num_kept, "vocab_size": tokenizer.vocab_size,
+            "pad_token_id": tokenizer.pad_token_id, "description": source.description, "sha256": digests}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+    for _ in range(3):
+        try:
+            os.replace(tmp, target)
+            return target
+        except OSError:
+            try:
+                inode = target.stat().st_ino
+            except OSError:
+                continue  # removed meanwhile: try again
+            if _read_entry(target, key, tokenizer) is not None:
+                return target  # another process won the race with a valid entry
+            _discard(target, inode)
+    raise RuntimeError(f"could not place the cache entry {str(target)!r}; check permissions of {str(cache_dir)!r}")
+
+
+def _not_writable(cache_dir: Path, error: OSError, written: int | None = None) -> InputValueError:
+    return cache_dir_error(cache_dir, error, what="the tokenized corpus", written=written,
+                           rule="takes 4 bytes per token (8 with labels) and 16 per document (known once tokenized)")
+
+
+def _bytes_in(folder: Path) -> int:
+    """Bytes of the files directly in ``folder`` (0 when it is gone)."""
+    try:
+        return sum(entry.stat().st_size for entry in os.scandir(folder) if entry.is_file())
+    except OSError:
+        return 0
 
 
 def _start_entry(cache_dir: Path, key: str) -> tuple[Path, int | None]:

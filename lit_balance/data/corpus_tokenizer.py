@@ -52,18 +52,21 @@ def _check_pad_token_id(pad_token_id: Any) -> int | None:
 
 
 def corpus_tokenizer(source: CorpusSource, tokenizer: Any, *, vocab_size: Any, pad_token_id: Any,
-                     add_special_tokens: bool) -> TokenizerAdapter:
+                     add_special_tokens: bool, allow_tokenizer_mismatch: bool = False) -> TokenizerAdapter:
     """The tokenizer of ``source`` (:func:`lit_balance.data.vocabulary.decide_vocabulary`, with what the source's own
     files say, :attr:`CorpusSource.store_vocabulary`): the given one (or the built-in one), a token-id corpus'
-    vocabulary, or a tokenized store's.
+    vocabulary, or a tokenized store's. A store written with another tokenizer than the given one is refused unless
+    ``allow_tokenizer_mismatch`` (:func:`lit_balance.data.tokenizer_identity.check_store_tokenizer`).
 
     Raises:
         TypeError, ValueError: a bad ``vocab_size`` or ``pad_token_id``; ``add_special_tokens`` with token ids; a
-            ``vocab_size`` that disagrees with the tokenizer's, or below a token id of the corpus.
+            ``vocab_size`` that disagrees with the tokenizer's, or below a token id of the corpus; a store written
+            with another tokenizer (without ``allow_tokenizer_mismatch``).
     """
     vocab_size, pad_token_id = _check_vocab_size(vocab_size), _check_pad_token_id(pad_token_id)
     largest = None if source.key_after_reading else (
         lambda: max((int(np.max(d)) for d in source.load_token_ids() if len(d)), default=0))
     return decide_vocabulary(tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
                              store=source.store_vocabulary, holds_token_ids=source.holds_token_ids,
-                             largest_id=largest, add_special_tokens=add_special_tokens, kind=source.kind)
+                             largest_id=largest, add_special_tokens=add_special_tokens, kind=source.kind,
+                             allow_tokenizer_mismatch=allow_tokenizer_mismatch)

@@ -17,7 +17,7 @@ from typing import Any
 
 from lit_balance.errors import InputValueError
 
-__all__ = ["FitCount", "fit_batches_consumed", "fitting"]
+__all__ = ["FitCount", "combined_mode", "fit_batches_consumed", "fitting"]
 
 
 def _batches_done_on_restore(progress: Any) -> int:
@@ -62,37 +62,71 @@ def fitting(trainer: Any) -> bool:
     return trainer.state.fn == "fit" and bool(trainer.training)
 
 
+def combined_mode(trainer: Any) -> str | None:
+    """The mode of the ``CombinedLoader`` a fit iterates (``"max_size_cycle"`` for a list or dict of loaders), or None
+    when it cannot be read (Lightning keeps it in ``trainer.fit_loop._combined_loader._mode``, read here because no
+    public attribute says it)."""
+    mode = getattr(getattr(getattr(trainer, "fit_loop", None), "_combined_loader", None), "_mode", None)
+    return mode if isinstance(mode, str) else None
+
+
 class FitCount:
     """The fit loop's count for one training loader of a fit: a function of no argument (None once the trainer is
     gone or not fitting).
+
+    Beside other training loaders in a ``CombinedLoader`` (Lightning 2.x's modes, ``lightning.pytorch.utilities.
+    combined_loader``):
+
+    * ``min_size``: the fit's epoch ends with the shortest loader; this loader's count is the fit's.
+    * ``max_size``: a loader that runs out first gives None to the later batches of the epoch; its count stops at
+      its own end (``min(fit count, len(loader))``), so a checkpoint taken after it ran out resumes it at its end.
+    * ``max_size_cycle`` (also the mode of a list or dict of loaders): a loader that runs out first would be iterated
+      again within the epoch; refused by :meth:`check` (at the loader's first micro-batch, before any training step),
+      naming ``max_size`` and ``min_size``. A balanced loader that is the longest never restarts: accepted.
+    * ``sequential``: refused by Lightning's fit loop itself, before the first batch.
 
     Args:
         trainer: the fitting ``Trainer``.
         loader: the loader the fit iterates.
 
     Raises:
-        ValueError: from :meth:`check`, when the fit's batches per epoch are more than ``loader``'s micro-batches.
+        ValueError: from :meth:`check`, when the fit's epoch would restart this loader (``max_size_cycle`` with a
+            longer loader beside it, or a mode that cannot be read), naming the mode and the modes that train.
     """
 
     def __init__(self, trainer: Any, loader: Any) -> None:
         self._trainer, self._loader = weakref.ref(trainer), weakref.ref(loader)
+        self._ends_early = False  # max_size beside a longer loader: the count stops at this loader's end
 
     def __call__(self) -> int | None:
-        return fit_batches_consumed(self._trainer())
+        count = fit_batches_consumed(self._trainer())
+        loader = self._loader()
+        if count is None or loader is None or not self._ends_early:
+            return count
+        return min(count, len(loader))
+
+    def ran_out(self) -> bool:
+        """Whether this loader ran out before the fit's epoch ends (mode ``max_size``) and the fit counts past it."""
+        count, loader = fit_batches_consumed(self._trainer()), self._loader()
+        return self._ends_early and count is not None and loader is not None and count >= len(loader)
 
     def check(self) -> None:
-        """Refuse a fit whose batch count is not this loader's: one that runs more batches per epoch than the loader
-        holds (a ``CombinedLoader`` of mode ``max_size_cycle``, ``max_size`` or ``sequential`` beside other loaders:
-        Lightning's count then runs past this loader's end, or restarts it). Called at the loader's first
-        micro-batch, before its training step."""
+        """Refuse a fit whose epoch would iterate this loader again (see the class docstring). Called at the loader's
+        first micro-batch, before its training step."""
         trainer, loader = self._trainer(), self._loader()
         batches = None if trainer is None or loader is None else trainer.num_training_batches
         if batches is None or batches <= len(loader):
             return
+        mode = combined_mode(trainer)
+        if mode == "max_size":
+            self._ends_early = True
+            return
+        said = f"mode {mode!r}" if mode is not None else "a mode that cannot be read"
         raise InputValueError(
-            f"a BalancedDataLoader of {len(loader)} micro-batches is one of the training loaders of a fit of "
-            f"{batches} batches per epoch: Lightning counts the combined batches (a CombinedLoader in mode "
-            "'max_size_cycle', the mode of a list or dict of loaders, 'max_size' or 'sequential'), which run past "
-            "this loader's end, so no checkpoint could resume it exactly. Combine the loaders with "
-            "CombinedLoader(loaders, mode='min_size') (each then resumes exactly), or plan one BalancedBatchSampler "
-            "over the corpora together", parameter="train_dataloader")
+            f"a BalancedDataLoader of {len(loader)} micro-batches is a training loader of a CombinedLoader in {said} "
+            f"(the mode of a list or dict of loaders is 'max_size_cycle') whose epoch runs {batches} "
+            f"batches: expected at most {len(loader)}, got {batches}: the epoch would start this loader again on the "
+            "same plan, training its documents twice, and no checkpoint could resume it exactly. Combine the loaders "
+            "with CombinedLoader(loaders, mode='max_size') (this loader gives None once its micro-batches are done, "
+            "and resumes exactly) or mode='min_size' (the epoch ends with the shortest loader), or plan one "
+            "BalancedBatchSampler over the corpora together (lit_balance.Mixture)", parameter="train_dataloader")

@@ -461,16 +461,24 @@ class _PassCount:
 class _CountingIterator:
     """The DataLoader's iterator, counting the micro-batches it returns (to the training loop, not to the workers)."""
 
-    def __init__(self, iterator: Any, count: _PassCount, sampler: Any, fit_count: FitCount | None) -> None:
+    def __init__(self, iterator: Any, count: _PassCount, sampler: Any, fit_count: FitCount | None,
+                 loader: BalancedDataLoader) -> None:
         self._iterator, self._count, self._sampler, self._fit_count = iterator, count, sampler, fit_count
+        self._loader, self._ended, self._begun = loader, False, False
 
     def __iter__(self) -> _CountingIterator:
         return self
 
     def __next__(self) -> Any:
         count = self._count
-        if count.epoch is None and self._fit_count is not None:
-            self._fit_count.check()  # before the first training step: the fit's batch count is this loader's
+        if not self._begun:  # the first next(): after Lightning's set_epoch
+            self._begun = True
+            if self._fit_count is not None:
+                self._fit_count.check()  # before the first training step: the fit's batch count is this loader's
+            ended, self._loader._ended_epoch = self._loader._ended_epoch, None
+            self._ended = ended is not None and ended == self._sampler.epoch  # restored after its epoch ran out
+        if self._ended:  # (CombinedLoader mode max_size): nothing more in this epoch
+            raise StopIteration
         batch = next(self._iterator)
         if count.epoch is None:  # read now: the pass's start is known once the sampler has begun it
             count.epoch, count.start = self._sampler.epoch, self._sampler.start_micro_step
@@ -526,9 +534,12 @@ class BalancedDataLoader(DataLoader):
     its Trainer, ``trainer=self.trainer`` in the ``train_dataloader`` hook: the count of a training loader is then
     Lightning's own (:func:`lit_balance.lightning.fit_batches_consumed`, :mod:`lit_balance.data.fit_loop`), the
     batches the fit loop counts as done when it restores the checkpoint, so a micro-batch whose training step raised
-    (``OnExceptionCheckpoint``) runs again after the resume. Beside other training loaders, a fit whose batches per
-    epoch outnumber this loader's (a ``CombinedLoader`` in mode ``max_size_cycle``, ``max_size`` or ``sequential``)
-    is refused at its first micro-batch; mode ``min_size`` resumes exactly. Without a Trainer (a plain loop: torchrun,
+    (``OnExceptionCheckpoint``) runs again after the resume. Beside other training loaders in a ``CombinedLoader``,
+    modes ``min_size`` and ``max_size`` train and resume exactly (with ``max_size`` a loader that runs out first
+    gives None to the rest of the epoch, and its count stops at its end); ``max_size_cycle`` (the mode of a list or
+    dict of loaders) beside a longer loader, which would start this one again within the epoch, is refused at its
+    first micro-batch, before any training step, naming the modes that train (:class:`~lit_balance.data.fit_loop.
+    FitCount`); Lightning refuses ``sequential`` for training itself. Without a Trainer (a plain loop: torchrun,
     Fabric; or a fit that gave none) the count is the micro-batches this loader's iterator handed to the loop: save
     :meth:`state_dict` after the micro-batches trained so far and restore it into a loader over a fresh sampler before
     iterating. That count includes a micro-batch whose step raised, so :meth:`state_dict` warns when it is called
@@ -584,6 +595,7 @@ class BalancedDataLoader(DataLoader):
         self._count_source: Callable[[], int | None] | None = None
         self._fit_count: FitCount | None = None
         self._count: _PassCount | None = None
+        self._ended_epoch: int | None = None  # restored: the epoch this loader had run out of (mode max_size)
 
     def __iter__(self) -> Any:
         count = _PassCount()
@@ -592,7 +604,7 @@ class BalancedDataLoader(DataLoader):
         self._fit_count = FitCount(trainer, self) if trainer is not None and fitting(trainer) and any(
             x is self for x in _training_loaders(trainer)) else None
         self.balanced_sampler._read_by(self)  # the sampler's own state_dict() then knows who counts its pass
-        return _CountingIterator(super().__iter__(), count, self.balanced_sampler, self._fit_count)
+        return _CountingIterator(super().__iter__(), count, self.balanced_sampler, self._fit_count, self)
 
     def set_count_source(self, source: Callable[[], int | None] | None) -> None:
         """Take the default count from ``source``, a training loop's own count (None: this loader's count again).
@@ -646,7 +658,10 @@ class BalancedDataLoader(DataLoader):
 
         Returns:
             ``{"version": LOADER_STATE_VERSION, "sampler": BalancedBatchSampler.state_dict(batches_consumed=...)}``:
-            plain types (``torch.load(weights_only=True)`` reads it), the same on every rank.
+            plain types (``torch.load(weights_only=True)`` reads it), the same on every rank; with
+            ``"ended_epoch": EPOCH`` too when, in a ``CombinedLoader`` of mode ``max_size``, this loader ran out before
+            the fit's epoch ended (the sampler's state is then the next epoch's start, and Lightning sets the epoch
+            back to EPOCH on resume: the restored loader yields nothing more in it).
 
         Raises:
             TypeError: the count is not an int (:attr:`batches_consumed`).
@@ -666,7 +681,9 @@ class BalancedDataLoader(DataLoader):
             state = self.balanced_sampler.state_dict(batches_consumed=consumed)
         except InputValueError as error:
             raise InputValueError(f"{error} (the count came from {source})", parameter="batches_consumed") from error
-        return {"version": LOADER_STATE_VERSION, "sampler": state}
+        ended = self._fit_count is not None and self._fit_count.ran_out()
+        return {"version": LOADER_STATE_VERSION, "sampler": state,
+                **({"ended_epoch": int(self.balanced_sampler.epoch)} if ended else {})}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next iterator yields exactly the micro-batches an uninterrupted run
@@ -680,15 +697,20 @@ class BalancedDataLoader(DataLoader):
         if not isinstance(state_dict, Mapping):
             raise InputTypeError(f"BalancedDataLoader.load_state_dict expects the dict its state_dict() returned, got "
                                  f"{type(state_dict).__name__}", parameter="state_dict")
-        if set(state_dict) != {"version", "sampler"}:
-            raise InputValueError(f"BalancedDataLoader state_dict must have keys ['sampler', 'version'], got "
-                                  f"{sorted(state_dict)}; a sampler's own state loads with "
-                                  "sampler.load_state_dict(...)", parameter="state_dict")
+        if not {"version", "sampler"} <= set(state_dict) <= {"version", "sampler", "ended_epoch"}:
+            raise InputValueError(f"BalancedDataLoader state_dict must have keys ['sampler', 'version'] (and "
+                                  f"'ended_epoch' when saved after the loader ran out), got {sorted(state_dict)}; a "
+                                  "sampler's own state loads with sampler.load_state_dict(...)", parameter="state_dict")
         if state_dict["version"] != LOADER_STATE_VERSION:
             raise InputValueError(f"BalancedDataLoader state_dict version {state_dict['version']!r} is not supported "
                                   f"(this version reads {LOADER_STATE_VERSION})", parameter="state_dict")
+        ended = state_dict.get("ended_epoch")
+        if ended is not None and (isinstance(ended, bool) or not isinstance(ended, int) or ended < 0):
+            raise InputValueError(f"BalancedDataLoader state_dict: ended_epoch must be an epoch (int >= 0), got "
+                                  f"{ended!r}", parameter="state_dict")
         self.balanced_sampler.load_state_dict(dict(state_dict["sampler"]))
         self._count = None
+        self._ended_epoch = ended
 
 
 def balanced_dataloader(dataset: Dataset, sampler: Any, collate_fn: Callable[[Any], Any],

@@ -64,6 +64,8 @@ class TokenizerAdapter:
         add_special_tokens: whether :meth:`encode_batch` adds the tokenizer's own special tokens to each
             document, as ``tokenizer(text, add_special_tokens=True)`` does in Hugging Face (the built-in
             BERT tokenizer: ``[CLS] ... [SEP]``; Llama-style: a BOS; GPT-2 adds none). Part of the cache key.
+        name: where the tokenizer came from, for messages (its path, Hugging Face name, or "the built-in
+            tokenizer"); None for bare token ids.
 
     Example:
         >>> adapter = resolve_tokenizer()
@@ -76,6 +78,7 @@ class TokenizerAdapter:
     fingerprint: str
     backend: Any = field(default=None, repr=False, compare=False)
     add_special_tokens: bool = False
+    name: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.add_special_tokens, (bool, np.bool_)):
@@ -268,6 +271,9 @@ def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None,
                                   f"pad_token_id={tokenizer.pad_token_id}; drop one of them")
         return dataclasses.replace(tokenizer, add_special_tokens=True) if add_special_tokens else tokenizer
     fresh = tokenizer is None  # builtin_tokenizer() returns a new plain object: no copy needed
+    name = "the built-in tokenizer" if fresh else (
+        os.fspath(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else
+        getattr(tokenizer, "name_or_path", None) or f"a {type(tokenizer).__name__} object")
     if fresh:
         tokenizer = builtin_tokenizer()
     elif isinstance(tokenizer, (str, os.PathLike)):
@@ -309,4 +315,4 @@ def resolve_tokenizer(tokenizer: Any = None, *, pad_token_id: int | None = None,
     if isinstance(pad, bool) or not isinstance(pad, (int, np.integer)):
         raise InputTypeError(f"pad_token_id must be an int, got {type(pad).__name__} {pad!r}")
     fingerprint = _sha256(*identity, str(vocab_size), str(int(pad)))
-    return TokenizerAdapter(vocab_size, int(pad), fingerprint, backend, bool(add_special_tokens))
+    return TokenizerAdapter(vocab_size, int(pad), fingerprint, backend, bool(add_special_tokens), str(name))

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
+from lit_balance.data.tokenizer_identity import TokenizerIdentity, check_store_tokenizer, identity_of_adapter
 from lit_balance.errors import InputValueError
 
 __all__ = ["StoreVocabulary", "components_vocabulary", "decide_vocabulary", "store_vocabulary"]
@@ -28,11 +29,14 @@ class StoreVocabulary(NamedTuple):
         vocab_size: number of token ids the writer's tokenizer has.
         pad_token_id: its padding id.
         where: the store, for messages (its description).
+        tokenizer: the tokenizer its writer used (:class:`~lit_balance.data.tokenizer_identity.TokenizerIdentity`),
+            or None when its files do not say it.
     """
 
     vocab_size: int | None
     pad_token_id: int | None
     where: str
+    tokenizer: TokenizerIdentity | None = None
 
 
 def store_vocabulary(vocab_size: int | None, pad_token_id: int | None, *, tokenizer_file: str | None = None,
@@ -76,10 +80,12 @@ def store_vocabulary(vocab_size: int | None, pad_token_id: int | None, *, tokeni
 
 
 def _for_store(declared: StoreVocabulary, tokenizer: Any, vocab_size: int | None,
-               pad_token_id: int | None) -> TokenizerAdapter:
+               pad_token_id: int | None, allow_tokenizer_mismatch: bool) -> TokenizerAdapter:
     where = declared.where
     if tokenizer is not None:
         adapter = resolve_tokenizer(tokenizer, pad_token_id=pad_token_id)
+        check_store_tokenizer(declared.tokenizer, identity_of_adapter(adapter), where,
+                              allow_mismatch=allow_tokenizer_mismatch)
         if vocab_size is not None and vocab_size != adapter.vocab_size:
             raise InputValueError(f"vocab_size={vocab_size} conflicts with the given tokenizer's vocabulary of "
                                   f"{adapter.vocab_size} token ids ({where}); leave vocab_size unset (None) or leave "
@@ -124,10 +130,12 @@ def _for_token_ids(largest_id: Callable[[], int] | None, vocab_size: int | None,
 def decide_vocabulary(tokenizer: Any = None, *, vocab_size: int | None = None, pad_token_id: int | None = None,
                       store: StoreVocabulary | None = None, holds_token_ids: bool = False,
                       largest_id: Callable[[], int] | None = None, add_special_tokens: bool = False,
-                      kind: str = "text") -> TokenizerAdapter:
+                      kind: str = "text", allow_tokenizer_mismatch: bool = False) -> TokenizerAdapter:
     """The vocabulary size and padding id a corpus trains with, as a tokenizer adapter: the one place they are decided.
 
-    * A tokenized store (``store`` given): with a tokenizer, the tokenizer's (``vocab_size`` must equal it); else
+    * A tokenized store (``store`` given): with a tokenizer, the tokenizer's (``vocab_size`` must equal it, and the
+      tokenizer must be the one the store was written with when the store says it:
+      :func:`~lit_balance.data.tokenizer_identity.check_store_tokenizer`); else
       ``vocab_size`` / ``pad_token_id`` given, else the store's own (:func:`store_vocabulary`); never below the
       store's own vocabulary.
     * Token ids without a tokenizer: ``vocab_size``, else the largest id + 1 (``largest_id()``); pad id given or 0.
@@ -142,20 +150,23 @@ def decide_vocabulary(tokenizer: Any = None, *, vocab_size: int | None = None, p
         largest_id: returns the corpus' largest id (read on call), or None when it cannot be known in advance.
         add_special_tokens: the tokenization option (text only).
         kind: the corpus' kind, for messages.
+        allow_tokenizer_mismatch: train a store with a tokenizer other than the one it was written with (a warning
+            instead of the ValueError).
 
     Returns:
         The :class:`~lit_balance.data.tokenizer.TokenizerAdapter` (``vocab_size``, ``pad_token_id``, fingerprint).
 
     Raises:
         ValueError: ``add_special_tokens`` with token ids; no vocabulary size or pad id known for a store; a
-            ``vocab_size`` that disagrees with the tokenizer's or lies below an id of the corpus or the store's own.
+            ``vocab_size`` that disagrees with the tokenizer's or lies below an id of the corpus or the store's own;
+            a tokenizer other than the store's (naming both), unless ``allow_tokenizer_mismatch``.
     """
     if holds_token_ids and add_special_tokens:
         raise InputValueError("add_special_tokens=True applies to text corpora only: a token-id corpus is used as "
                               "given (never re-encoded, with or without a tokenizer), so add the special ids to each "
                               "document yourself, or leave add_special_tokens=False", parameter="add_special_tokens")
     if store is not None:
-        return _for_store(store, tokenizer, vocab_size, pad_token_id)
+        return _for_store(store, tokenizer, vocab_size, pad_token_id, allow_tokenizer_mismatch)
     if holds_token_ids and tokenizer is None:
         return _for_token_ids(largest_id, vocab_size, pad_token_id)
     adapter = resolve_tokenizer(tokenizer, pad_token_id=pad_token_id, add_special_tokens=add_special_tokens)

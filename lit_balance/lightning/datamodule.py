@@ -207,6 +207,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         cache_dir: where tokenized corpora are cached (default ``$LIT_BALANCE_CACHE`` or
             ``~/.cache/lit_balance``).
         pin_memory: passed to the DataLoaders (True or False).
+        allow_tokenizer_mismatch: train a tokenized store (or a mixture component) with a ``tokenizer`` other than
+            the one the store says it was written with (a warning instead of the ValueError naming both; see
+            :mod:`lit_balance.data.tokenizer_identity`, ``docs/store_checks.md``). Default False.
 
     Attributes:
         mixture: the blend of named components (:class:`~lit_balance.Mixture`; one corpus: ``Mixture.of(corpus)``,
@@ -275,6 +278,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         memory_limit: int | None = None,
         memory_fraction: float = DEFAULT_MEMORY_FRACTION,
         cpu_mmap_threshold: int | None = CPU_MMAP_THRESHOLD,
+        allow_tokenizer_mismatch: bool = False,
     ) -> None:
         super().__init__()
         if val_fraction is not None:
@@ -305,6 +309,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         #: Share of each component held out for validation (0.0 when a component brings its own validation split;
         #: the largest over the components).
         self.val_fraction = max(self._val_fractions)
+        self.allow_tokenizer_mismatch = check_bool("allow_tokenizer_mismatch", allow_tokenizer_mismatch)
         self.tokenizer = self._resolve_tokenizer(tokenizer, vocab_size, pad_token_id)
         self.pad_token_id = self.tokenizer.pad_token_id
         self.vocab_size = self.tokenizer.vocab_size
@@ -387,7 +392,8 @@ class BalancedTextDataModule(L.LightningDataModule):
     def _resolve_tokenizer(self, tokenizer: Any, vocab_size: Any, pad_token_id: Any) -> TokenizerAdapter:
         """The one tokenizer (and vocabulary) of every component, checked now: the components must agree."""
         adapters = [corpus_tokenizer(s, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
-                                     add_special_tokens=self.add_special_tokens) for s in self.sources]
+                                     add_special_tokens=self.add_special_tokens,
+                                     allow_tokenizer_mismatch=self.allow_tokenizer_mismatch) for s in self.sources]
         return components_vocabulary(self.mixture.names, adapters)
 
     def _tokenized(self) -> tuple[TokenizedCorpus, ...]:

@@ -116,6 +116,34 @@ def test_bad_arguments_exit_with_one_line(corpus, tmp_path, capsys):
     tokenize_corpus(corpus / "part-00001.jsonl", tmp_path / "d", tasks=1)
     err = fails(str(corpus), "--output-folder", str(tmp_path / "d"))
     assert "holds .ds files already" in err and "--output-folder" in err
+    (tmp_path / "a_file").write_text("not a folder")
+    for output, got in ((tmp_path / "a_file", "got an existing file"),
+                        (tmp_path / "a_file" / "sub", f"got a path under the file {str(tmp_path / 'a_file')!r}")):
+        err = fails(str(corpus), "--output-folder", str(output))
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert f"--output-folder {str(output)!r}: expected a new or empty folder, {got}" in err, err
+    assert (tmp_path / "a_file").read_text() == "not a folder"
+
+
+def test_the_output_folder_says_its_tokenizer_and_a_run_with_another_is_refused(corpus, tmp_path):
+    """``tokenize`` writes ``tokenizer_identity.json`` beside the store; the store then refuses a run with a tokenizer
+    other than the one it was written with, and takes the same one."""
+    from lit_balance import BalancedTextDataModule
+    from lit_balance.data.stores import DatatroveSource
+    from lit_balance.data.tokenizer_identity import read_sidecar
+
+    tokenizer = tmp_path / "swapped.json"
+    data = json.loads((ROOT / "lit_balance" / "data" / "tokenizer" / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = data["model"]["vocab"]
+    vocab["the"], vocab["of"] = vocab["of"], vocab["the"]
+    tokenizer.write_text(json.dumps(data), encoding="utf-8")
+    out = tokenize_corpus(corpus / "part-00000.jsonl", tmp_path / "tokens", tokenizer, tasks=1).output_folder
+    said = read_sidecar(Path(out) / "tokenizer_identity.json")
+    assert said.name == str(tokenizer) and len(said.sha256) == 64
+    kwargs = {"max_tokens": 1024, "val_fraction": 0, "cache_dir": tmp_path / "cache"}
+    with pytest.raises(ValueError, match=r"swapped\.json.*the built-in tokenizer.*allow_tokenizer_mismatch=True"):
+        BalancedTextDataModule(DatatroveSource(out), tokenizer=resolve_tokenizer(None), **kwargs)
+    assert BalancedTextDataModule(DatatroveSource(out), tokenizer=str(tokenizer), **kwargs).vocab_size == 30522
 
 
 @pytest.mark.slow

@@ -1,9 +1,10 @@
 """The map-style path (MicroBatchDataset + balanced_dataloader) resumes exactly under Lightning with 2 persistent
 DataLoader workers: the loader saves the micro-batches training consumed, not those its workers fetched ahead; it
 takes the fit loop's count from the Trainer handed to it (trainer=self.trainer; no callback), under the standalone
-pytorch_lightning package too, and a CombinedLoader of such loaders resumes exactly (mode min_size) or is refused before
-training. Without a Trainer its own count resumes a mid-epoch checkpoint exactly, and a checkpoint written while a
-failed step's exception is handled warns that it skips that micro-batch."""
+pytorch_lightning package too, and a CombinedLoader of such loaders trains and resumes exactly (modes min_size and
+max_size), or is refused before any training step naming the modes that train (max_size_cycle beside a longer loader;
+sequential, by Lightning). Without a Trainer its own count resumes a mid-epoch checkpoint exactly, and a checkpoint
+written while a failed step's exception is handled warns that it skips that micro-batch."""
 
 import logging
 import warnings
@@ -212,13 +213,78 @@ def _short(trainer):
     return balanced_dataloader(train, sampler, collate, trainer=trainer)
 
 
-@pytest.mark.parametrize("mode", ["max_size_cycle", "max_size", "sequential"])
-def test_a_combined_loader_whose_count_is_not_each_loaders_is_refused_before_training(tmp_path, mode):
-    model = TwoCorpora(mode)
-    # Lightning's fit loop refuses mode "sequential" itself, as clearly, before the first batch
-    with pytest.raises(ValueError, match="mode='min_size'" if mode != "sequential" else 'mode="sequential"'):
+def _per_loader(trained: list[dict]) -> dict[str, list[list[int]]]:
+    """Each loader's micro-batches in the order trained (None: the loader had run out)."""
+    return {key: [b[key] for b in trained if b[key] is not None] for key in ("a", "b")}
+
+
+def _plans() -> dict[str, list[list[int]]]:
+    """Epoch 0 of each loader of TwoCorpora, from the plans."""
+    out = {}
+    for key, items, seed in (("a", _items(), SEED), ("b", _items()[:60], 1)):
+        sampler = BalancedBatchSampler(MicroBatchDataset(items, length="input_ids").lengths, max_tokens=MAX_TOKENS,
+                                       seed=seed, num_replicas=1, rank=0)
+        plan = sampler.plan(0)
+        out[key] = [plan.batch(int(b))[0].tolist() for b in plan.assignment[:, 0]]
+    return out
+
+
+def test_max_size_cycle_beside_a_longer_loader_is_refused_before_training_naming_the_modes_that_train(tmp_path):
+    model = TwoCorpora("max_size_cycle")
+    plans = _plans()
+    with pytest.raises(ValueError) as info:
         _fit(tmp_path, model)
+    message = str(info.value)
+    for word in ("mode 'max_size_cycle'", f"expected at most {len(plans['b'])}, got {len(plans['a'])}",
+                 "mode='max_size'", "mode='min_size'"):
+        assert word in message, message
     assert model.trained == []  # refused before any training step
+
+
+def test_sequential_is_refused_by_lightning_before_training(tmp_path):
+    model = TwoCorpora("sequential")
+    with pytest.raises(ValueError, match=r'mode="sequential"\)` mode\. The available modes are: .*max_size'):
+        _fit(tmp_path, model)
+    assert model.trained == []
+
+
+class LongestFirst(TwoCorpora):
+    """The balanced loader beside a shorter plain loader: it never restarts, whatever the mode."""
+
+    def train_dataloader(self):
+        from torch.utils.data import DataLoader
+
+        from lightning.pytorch.utilities import CombinedLoader
+
+        short = DataLoader([{"indices": torch.tensor([i])} for i in range(3)], batch_size=None)
+        return CombinedLoader({"a": _loader(self.trainer, num_workers=0, seed=SEED), "b": short}, mode=self.mode)
+
+    def training_step(self, batch, batch_idx):
+        return super(TwoCorpora, self).training_step(batch["a"], batch_idx)
+
+
+@pytest.mark.parametrize("mode", ["max_size_cycle", "max_size"])
+def test_a_balanced_loader_that_is_the_longest_trains_its_epoch_once_in_either_mode(tmp_path, mode):
+    model = LongestFirst(mode)
+    _fit(tmp_path, model)
+    assert [b["a"] for b in model.trained] == _plans()["a"]
+
+
+@pytest.mark.slow  # three in-process fits
+@pytest.mark.parametrize("ended", [False, True], ids=["before the short loader ends", "after it ended"])
+def test_max_size_trains_each_loader_s_epoch_once_and_resumes_exactly_after_a_failed_step(tmp_path, ended):
+    plans = _plans()
+    fail_at = len(plans["b"]) + 5 if ended else 3
+    assert fail_at < len(plans["a"])
+    whole = TwoCorpora("max_size")
+    _fit(tmp_path / "whole", whole)
+    assert _per_loader(whole.trained) == plans  # every micro-batch of each loader's epoch once, none restarted
+    assert len(whole.trained) == len(plans["a"]) and whole.trained[-1]["b"] is None  # b gave None once done
+    failed = TwoCorpora("max_size", fail_at=fail_at)
+    with pytest.raises(RuntimeError, match="boom"):
+        _fit(tmp_path, failed, callbacks=[OnExceptionCheckpoint(tmp_path / "ckpt")])
+    second = _fit(tmp_path, TwoCorpora("max_size"), ckpt_path=tmp_path / "ckpt" / "on_exception.ckpt")
+    assert len(failed.trained) == fail_at and failed.trained + second == whole.trained
 
 
 @pytest.mark.slow  # two in-process fits

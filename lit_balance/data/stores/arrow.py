@@ -25,6 +25,7 @@ from lit_balance.data.stores.corpus import check_labels
 from lit_balance.data.stores.multifile import MultiFileStore, StoreFile
 from lit_balance.data.stores.parquet import parquet_as_arrow
 from lit_balance.data.stores.source import StoreSource, path_list
+from lit_balance.data.tokenizer_identity import schema_tokenizer
 from lit_balance.errors import InputTypeError, InputValueError
 
 __all__ = ["ArrowSource", "ArrowStore"]
@@ -82,6 +83,7 @@ class ArrowFile(StoreFile):
             label_lengths = [np.diff(c.offsets.to_numpy()) for c in arrow.labels]
             check_label_lengths(self.lengths, np.concatenate(label_lengths) if parts else self.lengths, path)
         self.dtype, self.has_labels = np.dtype(kind.value_type.to_pandas_dtype()), arrow.labels is not None
+        self.tokenizer_identity = schema_tokenizer(arrow.table.schema.metadata)
         self._tokens = arrow  # kept for the first reads in this process
 
     def open_tokens(self) -> _Mapped:
@@ -158,7 +160,7 @@ class ArrowSource(StoreSource):
     """Arrow / Parquet files or a ``save_to_disk`` directory with an ``input_ids`` list column, read in place.
 
     The files say neither the vocabulary size nor the padding id: give ``vocab_size`` and ``pad_token_id`` (or a
-    tokenizer) to the DataModule.
+    tokenizer) to the DataModule. Schema metadata may say the tokenizer (:mod:`lit_balance.data.tokenizer_identity`).
 
     Args:
         paths: one path or a list: ``.arrow`` / ``.feather`` / ``.ipc`` / ``.parquet`` files or ``save_to_disk``

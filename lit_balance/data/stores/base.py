@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from lit_balance.data.records import IGNORE_INDEX
+from lit_balance.data.tokenizer_identity import TokenizerIdentity
 
 __all__ = ["TokenStore"]
 
@@ -36,13 +37,17 @@ class TokenStore(abc.ABC):
     """Token ids of a corpus stored on disk with an index of document lengths, read in place.
 
     A subclass defines :attr:`lengths`, :attr:`dtype`, :meth:`read` and :meth:`identity`, and may set
-    :attr:`vocab_size`, :attr:`pad_token_id` and :attr:`has_labels` (class attributes or properties) and override
+    :attr:`vocab_size`, :attr:`pad_token_id`, :attr:`tokenizer_identity` and :attr:`has_labels` (class attributes or
+    properties) and override
     :attr:`description`, :meth:`where` and :meth:`supervised_lengths`.
 
     Attributes:
         vocab_size: number of token ids when the store's own metadata says it (e.g. the tokenizer's vocabulary
             recorded by the writer), else None: every id lies in ``[0, vocab_size)``.
         pad_token_id: padding id when the store's metadata says it, else None.
+        tokenizer_identity: the tokenizer the store was written with
+            (:class:`~lit_balance.data.tokenizer_identity.TokenizerIdentity`) when its files say it, else None; a run
+            with another tokenizer is refused (:func:`~lit_balance.data.tokenizer_identity.check_store_tokenizer`).
         has_labels: whether :meth:`read` returns labels (a label mask or column stored beside the ids).
         ids_in_vocabulary: whether the ids were checked against the vocabulary trained with when they were written
             (the tokenization cache's :class:`~lit_balance.data.stores.FlatStore`); else the dataset checks every
@@ -53,6 +58,7 @@ class TokenStore(abc.ABC):
 
     vocab_size: int | None = None
     pad_token_id: int | None = None
+    tokenizer_identity: TokenizerIdentity | None = None
     has_labels: bool = False
     ids_in_vocabulary: bool = False
     process_local: ClassVar[tuple[str, ...]] = ()

@@ -28,6 +28,7 @@ from lit_balance.data.stores._checks import check_options, read_ends
 from lit_balance.data.stores._files import FileStamp, TokenFile, expand_files
 from lit_balance.data.stores.multifile import MultiFileStore, StoreFile, choose_labels, same_kind
 from lit_balance.data.stores.source import StoreSource, path_list
+from lit_balance.data.tokenizer_identity import datatrove_tokenizer
 from lit_balance.data.vocabulary import store_vocabulary
 from lit_balance.errors import InputValueError
 
@@ -74,6 +75,7 @@ class DatatroveFile(StoreFile):
             raise InputValueError(f"{ds} has no {metadata.name} saying its token size; pass token_size=2 "
                                   "(vocabularies up to 65,536 ids) or 4", parameter="token_size")
         self.name, self.dtype, self.stamp = str(ds), _DTYPES[size], FileStamp(ds)
+        self.tokenizer_identity = datatrove_tokenizer(ds, self.tokenizer)  # a sidecar, else the metadata's tokenizer
         if self.stamp.size != num_tokens * size:
             raise InputValueError(f"{ds}: expected {num_tokens} tokens x {size} bytes = {num_tokens * size} bytes as "
                                   f"{index.name} says, got {self.stamp.size} bytes (truncated, or another token size)",
@@ -117,15 +119,13 @@ class DatatroveStore(MultiFileStore):
         labels: read the ``.ds.loss`` label masks (default: when every file has one).
 
     Raises:
-        FileNotFoundError: a path missing, no ``.ds`` file, a ``.ds`` without its ``.ds.index`` (or ``.ds.loss`` with
-            ``labels=True``).
+        FileNotFoundError: a path missing, no ``.ds`` file, a ``.ds`` without ``.ds.index`` (``.ds.loss``: labels=True).
         ValueError: sizes that disagree (index, ``.ds``, ``.ds.loss``, metadata), decreasing document ends, files of
             different token sizes, some with a ``.ds.loss`` and some without, no token size known; naming the file.
     """
 
     def __init__(self, paths: str | os.PathLike | Sequence[str | os.PathLike], *, token_size: int | None = None,
-                 vocab_size: int | None = None, pad_token_id: int | None = None,
-                 labels: bool | None = None) -> None:
+                 vocab_size: int | None = None, pad_token_id: int | None = None, labels: bool | None = None) -> None:
         paths = path_list(paths, "paths", "a .ds file or folder", "paths")
         check_options({"token_size": token_size, "vocab_size": vocab_size, "pad_token_id": pad_token_id},
                       {"labels": labels})

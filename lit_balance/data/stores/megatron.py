@@ -34,6 +34,7 @@ from lit_balance.data.stores._checks import check_data_size, check_sequence_tabl
 from lit_balance.data.stores._files import FileStamp, TokenFile, check_distinct
 from lit_balance.data.stores.multifile import MultiFileStore, StoreFile, same_kind
 from lit_balance.data.stores.source import StoreSource, path_list
+from lit_balance.data.tokenizer_identity import SIDECAR_SUFFIX, read_sidecar
 from lit_balance.errors import InputFileNotFoundError, InputTypeError, InputValueError
 
 __all__ = ["MEGATRON_DTYPES", "MegatronSource", "MegatronStore"]
@@ -63,6 +64,7 @@ class MegatronFile(StoreFile):
                 raise InputFileNotFoundError(f"Megatron store {prefix!r}: {path} does not exist (a store is the pair "
                                              "PREFIX.bin and PREFIX.idx; pass the prefix)", parameter="corpus")
         self.idx_stamp, self.bin_stamp = FileStamp(self.idx_path), FileStamp(self.name)
+        self.tokenizer_identity = read_sidecar(prefix + SIDECAR_SUFFIX)  # the store's own files never say it
         idx_size = self.idx_stamp.size
         if idx_size < _HEADER.itemsize:
             raise InputValueError(f"{self.idx_path} is not a Megatron index: {idx_size} bytes, shorter than the "
@@ -169,13 +171,11 @@ class MegatronStore(MultiFileStore):
         super().__init__(files)
 
 
-
 class MegatronSource(StoreSource):
     """A Megatron ``.bin/.idx`` store (one path prefix or several, making one corpus), read in place.
 
-    Lengths come from the ``.idx`` files; tokens are read from the memory-mapped ``.bin`` files for the micro-batches
-    a rank runs, when it runs them. The ``.idx`` does not say the vocabulary size or the padding id: give
-    ``vocab_size`` and ``pad_token_id`` (or a tokenizer) to the DataModule.
+    Lengths come from the ``.idx`` files; tokens are read from the ``.bin`` files for the micro-batches a rank runs.
+    The ``.idx`` says neither vocabulary size nor padding id (give them, or a tokenizer); a sidecar says the tokenizer.
 
     Args:
         prefixes: one path prefix (str or os.PathLike) or a list of them; ``PREFIX.bin`` and ``PREFIX.idx`` must exist.

@@ -21,6 +21,7 @@ import numpy as np
 from lit_balance.data.records import IGNORE_INDEX
 from lit_balance.data.stores._files import FileStamp
 from lit_balance.data.stores.base import TokenStore
+from lit_balance.data.tokenizer_identity import TokenizerIdentity, one_tokenizer
 from lit_balance.errors import InputFileNotFoundError, InputValueError
 
 __all__ = ["MultiFileStore", "StoreFile", "choose_labels", "same_kind"]
@@ -39,6 +40,8 @@ class StoreFile(abc.ABC):
         lengths: int64 ``[documents]``: tokens per document, from the index only.
         dtype: the token dtype on disk.
         has_labels: whether :meth:`read` returns labels.
+        tokenizer_identity: the tokenizer the file says it was written with, or None
+            (:mod:`lit_balance.data.tokenizer_identity`); the store's is the one of its files (two differ: ValueError).
         process_local: attributes holding descriptors or memory maps, dropped when pickled and reopened lazily
             (:meth:`handle`; ``"_tokens"``, :attr:`tokens` as :meth:`open_tokens` opens it, is one).
     """
@@ -48,6 +51,7 @@ class StoreFile(abc.ABC):
     lengths: np.ndarray
     dtype: np.dtype
     has_labels: bool = False
+    tokenizer_identity: TokenizerIdentity | None = None
     process_local: ClassVar[tuple[str, ...]] = ("_tokens",)
 
     @abc.abstractmethod
@@ -145,6 +149,7 @@ class MultiFileStore(TokenStore):
         self._lengths.flags.writeable = False
         self._file_docs = np.cumsum([0, *(len(p) for p in parts)], dtype=np.int64)  # first document of each file
         self.has_labels = all(f.has_labels for f in self.files_opened)
+        self.tokenizer_identity = one_tokenizer([(f.name, f.tokenizer_identity) for f in self.files_opened], "corpus")
 
     @property
     def lengths(self) -> np.ndarray:

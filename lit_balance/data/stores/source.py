@@ -70,9 +70,9 @@ class StoreSource(CorpusSource):
 
     @property
     def store_vocabulary(self) -> StoreVocabulary:
-        """The vocabulary size and pad id the store's own files say (each None when they do not)."""
+        """The vocabulary size, pad id and tokenizer the store's own files say (each None when they do not)."""
         store = self.store
-        return StoreVocabulary(store.vocab_size, store.pad_token_id, store.description)
+        return StoreVocabulary(store.vocab_size, store.pad_token_id, store.description, store.tokenizer_identity)
 
     def open_in_place(self, tokenizer: Any) -> Any:
         """The store's documents that hold tokens as a :class:`~lit_balance.data.stores.TokenizedCorpus`, planned
