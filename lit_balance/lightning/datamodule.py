@@ -45,6 +45,7 @@ from lit_balance.lightning.resume_checks import (
 from lit_balance.plan.budget_search import ProbeLayout
 from lit_balance.plan.cost import CostModel, check_cost_model
 from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan.shapes import resolve_split_shapes
 from lit_balance.sampler.sampler import BalancedBatchSampler
 from lit_balance.sampler.state import SettingsMismatchError
 from lit_balance.world import DataParallelWorld, data_parallel_world
@@ -147,7 +148,8 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
             ``max_length`` exceeds ``max_tokens``; ``packing=True``: padding-free micro-batches, one row of whole
             documents each). None (the default, also ``seed``): the BatchingSettings default, or ``settings``'.
         static_packing, padded_shapes: static shapes for compilers (docs/compiling.md): every packed micro-batch
-            ``[1, max_tokens]``, or padded micro-batches of at most K shapes; chosen from the training split. None
+            ``[1, max_tokens]``, or padded micro-batches of at most K shapes; the packed cap chosen from the training
+            split, K padded shapes from the training and validation splits together (they hold every document). None
             (the default): off, or ``settings``'.
         settings: all batching settings as one :class:`~lit_balance.BatchingSettings` instead of the keywords
             above (``max_tokens`` ... ``packing``); a keyword given beside it (not None) must agree with it (else a
@@ -437,10 +439,12 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         if self.too_long == "error":
             check_too_long(corpus, self.max_length, self.pad_to_multiple_of, self.settings.largest_max_tokens)
         world = self._world()
-        train_sampler = self._sampler("training", train, self._train_settings(), world, cost_model=self.cost_model)
+        # an int padded_shapes: the shapes are chosen from both splits' lengths, so they hold every validation document
+        settings = resolve_split_shapes(self._train_settings(), train.lengths, *([] if val is None else [val.lengths]))
+        train_sampler = self._sampler("training", train, settings, world, cost_model=self.cost_model)
         val_sampler = None
         if val is not None:
-            # the training sampler's settings: static shapes chosen from the training split, which the collator pads to
+            # the training sampler's settings: the static shapes the collator pads to
             val_settings = train_sampler.settings.replace(shuffle=False, drop_last=False, largest_first=False,
                                                           accumulate_grad_batches=1)
             val_sampler = self._sampler("validation", val, val_settings, world)
