@@ -5,8 +5,8 @@ Run: python tests/ddp/fit_compiled.py OUT_DIR CACHE_DIR LAYOUT
 LAYOUT "static": packing=True, static_packing=True (every micro-batch [1, max_tokens]); "shapesK": padded_shapes=K;
 "free": padded micro-batches of free shapes. 2 epochs with a validation epoch after each, plan loss divisor
 (accumulate_grad_batches=2). Each rank writes OUT_DIR/rank{r}.json: the counter's frames after each training
-micro-batch, at each validation epoch's end and at the end, the batch input shapes seen, the step losses, the
-recompiles and graph breaks dynamo counted.
+micro-batch (with its epoch and input shape), at each validation epoch's end and at the end, the validation input
+shapes, the declared shapes, the graph breaks dynamo counted, the validation loss and the loss divisor's path.
 """
 
 import json
@@ -40,7 +40,9 @@ class Record(L.Callback):
         self.counter, self.train, self.val, self.shapes = counter, [], [], set()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.train.append(self.counter.frame_count)
+        self.train.append([trainer.current_epoch, self.counter.frame_count, *batch["input_ids"].shape])
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         self.shapes.add(tuple(batch["input_ids"].shape))
 
     def on_validation_epoch_end(self, trainer, pl_module):
@@ -66,9 +68,8 @@ def main():
     trainer.fit(torch.compile(model, dynamic=False, backend=counter), datamodule=dm)
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
         "train_frames": record.train, "val_frames": record.val, "frames": counter.frame_count,
-        "shapes": sorted(record.shapes), "declared": [list(s) for s in dm.train_sampler.settings.padded_shapes or []],
-        "recompiles": sum(v for k, v in counters["stats"].items() if "recompil" in k),
-        "graph_breaks": sum(counters["graph_break"].values()),
+        "val_shapes": sorted(record.shapes),
+        "declared": [list(s) for s in dm.train_sampler.settings.padded_shapes or []], "graph_breaks": sum(counters["graph_break"].values()),
         "val_loss": float(trainer.callback_metrics["val/loss"]), "mode": model.step_loss.mode}))
 
 
