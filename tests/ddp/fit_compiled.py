@@ -69,7 +69,9 @@ def main():
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
         "train_frames": record.train, "val_frames": record.val, "frames": counter.frame_count,
         "val_shapes": sorted(record.shapes),
-        "declared": [list(s) for s in dm.train_sampler.settings.padded_shapes or []], "graph_breaks": sum(counters["graph_break"].values()),
+        "declared": [list(s) for s in dm.train_sampler.settings.padded_shapes or []],
+        "recompile_limit_hits": sum(v for k, v in counters["unimplemented"].items() if "recompile limit" in k),
+        "graph_breaks": sum(counters["graph_break"].values()),
         "val_loss": float(trainer.callback_metrics["val/loss"]), "mode": model.step_loss.mode}))
 
 
