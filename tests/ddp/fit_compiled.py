@@ -4,8 +4,8 @@
 Run: python tests/ddp/fit_compiled.py OUT_DIR CACHE_DIR LAYOUT
 LAYOUT "static": packing=True, static_packing=True (every micro-batch [1, max_tokens]); "shapesK": padded_shapes=K;
 "free": padded micro-batches of free shapes. 2 epochs with a validation epoch after each, plan loss divisor
-(accumulate_grad_batches=2). Each rank writes OUT_DIR/rank{r}.json: the counter's frames after each training
-micro-batch (with its epoch and input shape), at each validation epoch's end and at the end, the validation input
+(accumulate_grad_batches=2), dynamo's recompile limit raised from 8 to 64 so that every shape met compiles. Each rank
+writes OUT_DIR/rank{r}.json: the counter's frames after each training micro-batch (with its epoch and input shape), at each validation epoch's end and at the end, the validation input
 shapes, the declared shapes, the graph breaks dynamo counted, the validation loss and the loss divisor's path.
 """
 
@@ -59,6 +59,7 @@ def main():
                                 **layout(name))
     model = DemoTransformerLM(dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32, lr=3e-3,
                               packed_attention="sdpa_mask")
+    torch._dynamo.config.recompile_limit = 64  # every shape met compiles: the count is the graphs a compiler keeps
     counter = CompileCounter()
     record = Record(counter)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(seconds=120)),
