@@ -24,7 +24,7 @@ def test_every_batch_has_a_declared_shape_and_every_document_comes_once(tmp_path
     dm.prepare_data()
     dm.setup("fit")
     planned = dm.train_sampler.settings
-    for loader, dataset in ((dm.train_dataloader(), dm.train_dataset), (dm.val_dataloader(), dm.val_dataset)):
+    for loader, dataset in ((dm.train_dataloader(), dm.train_dataset), (dm.val_dataloader()[0], dm.val_dataset)):
         seen = []
         for batch in loader:
             if settings.packing:
@@ -51,7 +51,7 @@ def test_a_validation_document_longer_than_every_training_one_gets_a_shape(tmp_p
     assert max(dm.val_dataset.lengths) == longest > max(dm.train_dataset.lengths)
     shapes = dm.train_sampler.settings.padded_shapes
     assert shapes == dm.val_sampler.settings.padded_shapes and shapes[-1][1] == longest and len(shapes) <= k
-    for loader, dataset in ((dm.train_dataloader(), dm.train_dataset), (dm.val_dataloader(), dm.val_dataset)):
+    for loader, dataset in ((dm.train_dataloader(), dm.train_dataset), (dm.val_dataloader()[0], dm.val_dataset)):
         seen = []
         for batch in loader:
             assert tuple(batch["input_ids"].shape) in shapes and batch["input_ids"].numel() <= 96
