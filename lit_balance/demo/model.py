@@ -195,7 +195,7 @@ class DemoTransformerLM(L.LightningModule):
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
         """Mean next-token cross-entropy of one batch over its supervised tokens (0, with a graph, if none)."""
         loss_sum, n = token_loss_sum(self(**self._inputs(batch)), batch["labels"])
-        return loss_sum / max(n, 1)
+        return loss_sum / n.clamp(min=1)
 
     def setup(self, stage: str) -> None:
         # the metric sums over the data-parallel ranks: tensor-parallel peers of one replica hold the same tokens
@@ -211,8 +211,17 @@ class DemoTransformerLM(L.LightningModule):
                 self.val_component_loss[name] = TokenMeanLoss().to(self.device)
             self.val_component_loss[name].process_group = self.val_loss.process_group
 
+    def token_loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss_sum, num_tokens)`` of one micro-batch (:func:`~lit_balance.lightning.loss.token_loss_sum` of the
+        forward): what a compiled model compiles, one graph per input shape. It reads only the batch's tensors the
+        forward takes and ``labels``."""
+        return token_loss_sum(self(**self._inputs(batch)), batch["labels"])
+
+    @torch.compiler.disable(recursive=False)
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        loss_sum, n = token_loss_sum(self(**self._inputs(batch)), batch["labels"])
+        # left to Python under torch.compile (the functions it calls are compiled): the loss scaling reads the batch's
+        # per-step ints, which a compiled frame would guard on (one graph per value); token_loss is the graph
+        loss_sum, n = self.token_loss(batch)
         return self.step_loss.micro_batch(self, batch, loss_sum, n)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -220,9 +229,15 @@ class DemoTransformerLM(L.LightningModule):
         loss = self.step_loss.finish_step(self)
         self.log("train/loss", loss.float(), prog_bar=True, batch_size=1)
 
+    @torch.compiler.disable(recursive=False)
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        # as training_step: token_loss is the graph (one more, for eval mode); metric state and logging stay Python
+        loss_sum, n = self.token_loss(batch)
+        self._record_validation(loss_sum, n, dataloader_idx)
+
+    @torch.compiler.disable
+    def _record_validation(self, loss_sum: torch.Tensor, n: torch.Tensor, dataloader_idx: int) -> None:
         # float sums over tokens, reduced over ranks and divided once when Lightning computes the epoch value
-        loss_sum, n = token_loss_sum(self(**self._inputs(batch)), batch["labels"])
         self.val_loss.update(loss_sum, n)
         if self._val_names:  # one loader per mixture component: logged at the epoch's end, without loader suffixes
             self.val_component_loss[self._val_names[dataloader_idx]].update(loss_sum, n)

@@ -48,6 +48,7 @@ from lit_balance.lightning.resume_checks import (
 from lit_balance.plan.budget_search import ProbeLayout
 from lit_balance.plan.cost import CostModel, check_cost_model
 from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan.shapes import resolve_split_shapes
 from lit_balance.sampler.mixture import MixtureBatchSampler
 from lit_balance.sampler.sampler import BalancedBatchSampler
 from lit_balance.sampler.state import SettingsMismatchError
@@ -176,7 +177,8 @@ class BalancedTextDataModule(L.LightningDataModule):
             ``max_length`` exceeds ``max_tokens``; ``packing=True``: padding-free micro-batches, one row of whole
             documents each). None (the default, also ``seed``): the BatchingSettings default, or ``settings``'.
         static_packing, padded_shapes: static shapes for compilers (docs/compiling.md): every packed micro-batch
-            ``[1, max_tokens]``, or padded micro-batches of at most K shapes; chosen from the training split. None
+            ``[1, max_tokens]``, or padded micro-batches of at most K shapes; the packed cap chosen from the training
+            split, K padded shapes from the training and validation splits together (they hold every document). None
             (the default): off, or ``settings``'.
         settings: all batching settings as one :class:`~lit_balance.BatchingSettings` instead of the keywords
             above (``max_tokens`` ... ``packing``); a keyword given beside it (not None) must agree with it (else a
@@ -527,13 +529,17 @@ class BalancedTextDataModule(L.LightningDataModule):
             for part in self.corpora:
                 check_too_long(part, self.max_length, self.pad_to_multiple_of, self.settings.largest_max_tokens)
         world = self._world()
+        # an int padded_shapes: the shapes are chosen from the training and validation lengths together, so they
+        # hold every validation document
+        settings = resolve_split_shapes(self._train_settings(), train.lengths,
+                                        *(val.lengths for val in self.val_datasets))
         try:
-            train_sampler = self.training_sampler(self._train_settings(), world.num_replicas, rank=world.rank,
+            train_sampler = self.training_sampler(settings, world.num_replicas, rank=world.rank,
                                                   cost_model=self.cost_model)
         except ValueError as error:
             raise InputValueError(f"training split ({len(train)} samples, val_fraction={self.val_fraction}): "
                                   f"{error}", parameter=getattr(error, "parameter", None)) from error
-        # the training sampler's settings: static shapes chosen from the training split, which the collator pads to
+        # the training sampler's settings: the static shapes the collator pads to
         val_settings = train_sampler.settings.replace(shuffle=False, drop_last=False, largest_first=False,
                                                       accumulate_grad_batches=1)
         val_samplers = [self._sampler("validation" if len(names) == 1 else f"validation of {name!r}", val,

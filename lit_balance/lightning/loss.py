@@ -25,6 +25,13 @@ one process computed the mean over those tokens at once. Two ways to know ``N``:
 
 A step with ``N == 0`` has zero loss and zero gradient, never NaN.
 
+Compiled models (``torch.compile(model, dynamic=False)`` handed to ``Trainer.fit``, which compiles ``training_step``
+and ``validation_step``): :func:`token_loss_sum` returns its count as a tensor and reads no tensor value, so it
+traces into the model's graph without a break or a guard; :meth:`StepTokenLoss.micro_batch` reads per-step Python
+numbers (the batch's ``step_supervised_tokens``, the Trainer's ``accumulate_grad_batches``) and keeps running sums, so
+it runs outside the compiled region (``torch.compiler.disable``): a compiler that read those ints would guard on each
+step's value and compile again for every new one (docs/compiling.md).
+
 Packed micro-batches (:class:`lit_balance.PackedCollator`, one row of whole documents) need nothing else: their
 labels are -100 at each document's first token, so the shifted loss of :func:`token_loss_sum` never lets one
 document predict the next one's first token, a document of ``l`` tokens supervises ``l - 1`` as a padded row
@@ -49,7 +56,8 @@ ALL_REDUCE = "all_reduce"
 LOSS_STATE_VERSION = 1
 
 
-def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, *, shift: bool = True) -> tuple[torch.Tensor, int]:
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, *,
+                   shift: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of next-token cross-entropy over supervised tokens, and their count (per rank, one micro-batch).
 
     Args:
@@ -59,20 +67,22 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, *, shift: bool = 
         shift: causal LM: position ``t`` predicts label ``t + 1`` (as in :class:`lit_balance.demo.DemoTransformerLM`).
 
     Returns:
-        ``(loss_sum, num_tokens)``: a scalar tensor (0 with a graph when there are no supervised tokens) and an int.
+        ``(loss_sum, num_tokens)``: a float32 scalar tensor (0 with a graph when there are no supervised tokens) and
+        an int64 scalar tensor on the labels' device (``int(num_tokens)`` reads it). Neither is read on the host
+        here: no device sync, and under ``torch.compile`` no graph break and no guard on the count.
 
     Example:
         >>> logits = torch.zeros(1, 3, 4)  # uniform over 4 ids: ln(4) per token
         >>> loss_sum, n = token_loss_sum(logits, torch.tensor([[1, 2, -100]]))
-        >>> round(float(loss_sum), 4), n
+        >>> round(float(loss_sum), 4), int(n)
         (1.3863, 1)
     """
     if shift:  # the labels move, not the logits: no copy of the [B, T, vocab] tensor
         labels = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
     targets = labels.reshape(-1)
-    n = int((targets != IGNORE_INDEX).sum())
-    if n == 0:
-        return logits.sum() * 0.0, 0  # keeps the graph (DDP needs every parameter used) and never NaN
+    n = (targets != IGNORE_INDEX).sum()
+    # a sum over no supervised token is 0 with a zero gradient for every logit (never NaN), and the graph is kept:
+    # DDP needs every parameter used
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets,
                                              ignore_index=IGNORE_INDEX, reduction="sum")
     return loss, n
@@ -113,7 +123,7 @@ class StepTokenLoss:
         self.num_corrected_steps = 0
         self._open = False
         self._sum: torch.Tensor | float = 0.0
-        self._count = 0
+        self._count: torch.Tensor | int = 0
         self._planned: int | None = None
 
     @staticmethod
@@ -132,14 +142,21 @@ class StepTokenLoss:
             adaptive = planned_acc is not None and int(planned_acc) != acc
         return data_parallel_world(trainer).num_replicas, acc, adaptive
 
-    def micro_batch(self, module: Any, batch: dict[str, Any], loss_sum: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    @torch.compiler.disable
+    def micro_batch(self, module: Any, batch: dict[str, Any], loss_sum: torch.Tensor,
+                    num_tokens: torch.Tensor | int) -> torch.Tensor:
         """Return the loss to hand to Lightning for this micro-batch (see the module docstring for the scaling).
+
+        Runs outside ``torch.compile`` (it reads the batch's per-step ints and the Trainer): in a compiled
+        ``training_step`` the graph ends with ``loss_sum`` and this scaling runs eagerly, so no per-step number
+        becomes a guard.
 
         Args:
             module: the LightningModule (its trainer gives the data-parallel world and ``accumulate_grad_batches``).
             batch: the micro-batch; ``step_supervised_tokens`` selects the plan divisor when accumulation is fixed.
             loss_sum: scalar tensor, sum of token losses of this micro-batch (this rank).
-            num_tokens: supervised tokens of this micro-batch (this rank).
+            num_tokens: supervised tokens of this micro-batch (this rank): an int or an integer scalar tensor (kept
+                on its device until :meth:`finish_step`).
         """
         num_replicas, acc, adaptive = self._context(module)
         planned = batch.get("step_supervised_tokens") if isinstance(batch, dict) else None
@@ -149,7 +166,7 @@ class StepTokenLoss:
         elif mode != self.mode:
             raise RuntimeError(f"micro-batches of one optimizer step use different divisors ({self.mode}, {mode})")
         self._sum = self._sum + loss_sum.detach().double()  # stays on the device: no host sync per micro-batch
-        self._count += int(num_tokens)
+        self._count = self._count + (num_tokens.detach() if isinstance(num_tokens, torch.Tensor) else int(num_tokens))
         if mode == PLAN:
             planned = int(planned)
             if self._planned is not None and self._planned != planned:
@@ -181,7 +198,7 @@ class StepTokenLoss:
         trainer = getattr(module, "_trainer", None)
         world = data_parallel_world(trainer) if trainer is not None else None
         local = torch.stack([torch.as_tensor(self._sum, dtype=torch.float64).cpu(),
-                             torch.tensor(float(self._count), dtype=torch.float64)])
+                             torch.as_tensor(self._count, dtype=torch.float64).cpu()])
         reduce = self.mode == ALL_REDUCE or self.sync_log
         total = local
         if reduce and world is not None:

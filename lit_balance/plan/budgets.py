@@ -244,6 +244,7 @@ class PerRankPlanner:
         self.packed_rows = base.packed_rows
         self.collator_options = base.collator_options
         self.micro_batch_shapes = base.micro_batch_shapes
+        self.real_token_fraction_bound = base.real_token_fraction_bound
 
     @staticmethod
     def steps_together(settings: BatchingSettings) -> bool:

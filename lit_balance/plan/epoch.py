@@ -93,6 +93,10 @@ class Planner(Protocol):
         """``(shapes, keys)`` of each non-empty micro-batch as collated: ``(rows, tokens)`` and a key naming what a
         compiled graph sees (:func:`~lit_balance.plan.shapes.epoch_shapes`)."""
 
+    def real_token_fraction_bound(self, lengths: np.ndarray) -> float | None:
+        """The most real-token fraction micro-batches of samples of ``lengths`` (int ``[n]``, the planned,
+        non-fill samples) can have in this layout's shapes, or None where the layout has no fixed shapes."""
+
     def steps_together(self, settings: BatchingSettings) -> bool:
         """Whether :meth:`batch_steps` forms the micro-batches of a mixture's steps under ``settings`` at once
         (:mod:`lit_balance.plan.mixture`); False: each step is planned by :meth:`plan`."""

@@ -699,6 +699,11 @@ class PaddedPlanner:
     batch_steps = staticmethod(batch_padded_steps)
 
     @staticmethod
+    def real_token_fraction_bound(lengths: np.ndarray) -> float | None:
+        """None: free shapes bound no real-token fraction (:meth:`~lit_balance.plan.Planner.real_token_fraction_bound`)."""
+        return None
+
+    @staticmethod
     def micro_batch_shapes(lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray,
                            settings: BatchingSettings) -> tuple[list[tuple[int, int]], list[str]]:
         """Each non-empty micro-batch's shape ``(rows, longest padded row)`` and its key ``"RxT"``."""

@@ -10,15 +10,19 @@ of :class:`~lit_balance.BatchingSettings` bound the shapes an epoch uses (docs/c
   Without a ``max_batch_size`` the cap is chosen from the lengths (:func:`choose_document_cap`).
 * ``padded_shapes``: every padded micro-batch has one of a few ``(rows, length)`` shapes. An int ``K`` chooses
   ``K`` lengths from the length distribution, the ones that pad the fewest token slots (an exact dynamic program
-  over the distinct lengths, :func:`choose_padded_shapes`), each with as many rows as the budget holds. The plan
+  over the distinct lengths, :func:`choose_padded_shapes`), each with the rows that its samples fill in the fewest
+  micro-batches the budget allows (so that a shape's last micro-batch is not left to shorter samples padded up or
+  to empty rows). The plan
   is the padded plan of the lengths rounded up to their shape's length (:class:`ShapedPaddedPlanner`), so it keeps
   the padded planner's guarantees (budget, equal counts, windows, resume) and its rank assignment (LPT within each
   step), with micro-batches filled to the budget rather than cut to equal costs (every micro-batch of a shape
   costs the same); each micro-batch is then padded to the smallest shape that holds it (:func:`shape_index`).
 
 Worked example (``max_tokens=64``, lengths 3, 5, 9, 9, 30, ``padded_shapes=2``): the lengths 9 and 30 pad the
-fewest slots (3 and 5 pad to 9, 9 stays, 30 stays: 10 slots of padding), so the shapes are ``(7, 9)`` and
-``(2, 30)``; a micro-batch of the four shortest is ``[7, 9]`` (three empty rows), one of the 30 ``[2, 30]``.
+fewest slots (3 and 5 pad to 9, 9 stays, 30 stays: 10 slots of padding); the budget holds 7 rows of 9 and 2 of 30,
+but one micro-batch of each holds all their samples, so the shapes are ``(4, 9)`` and ``(1, 30)``: a micro-batch of
+the four shortest is ``[4, 9]``, one of the 30 ``[1, 30]``, with no empty row (``(7, 9)`` and ``(2, 30)`` would
+pad 36 + 30 slots more).
 
 The choices depend only on the lengths (as a multiset) and the settings, and are made once per sampler, over all its
 samples (:func:`resolve_static_shapes`), so every window, epoch and rank uses the same shapes.
@@ -39,8 +43,8 @@ from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.types import EpochPlan, WorstCaseBatch, padded_lengths
 
 __all__ = ["ShapedPaddedPlanner", "StaticPackedPlanner", "choose_document_cap", "choose_padded_shapes",
-           "epoch_shapes", "length_histogram", "probe_planner", "resolve_static_shapes", "shape_index",
-           "static_planner"]
+           "epoch_shapes", "length_histogram", "probe_planner", "resolve_split_shapes", "resolve_static_shapes",
+           "shape_index", "static_planner"]
 
 _DP_CANDIDATES = 1024  # most distinct lengths the shape choice considers (quantiles of the distinct ones beyond)
 
@@ -106,8 +110,11 @@ def choose_padded_shapes(hist: np.ndarray, settings: BatchingSettings, num_shape
     length (lengths rounded up to ``pad_to_multiple_of`` first; the longest is always chosen): an exact dynamic
     program over the distinct padded lengths (at most 1,024 candidates, the quantiles of the distinct lengths
     beyond), ``O(K x candidates**2)``, the 1-D optimal bucketing of fairseq's and verl's length buckets done
-    exactly. Each shape has as many rows as the budget holds (``max_tokens // length``, capped by
-    ``max_batch_size``).
+    exactly. Each shape then gets the rows its samples fill (:func:`_shape_rows`): at most what the budget holds
+    (``max_tokens // length``, and ``max_batch_size``), and no more than the fewest micro-batches of the shape
+    need, so that the plan's last micro-batch of a shape is full rather than padded from shorter samples or empty;
+    the plan then comes within a point of that bound on the real length distributions at K = 32 before
+    its micro-batches are split to equal counts per rank (docs/compiling.md).
 
     Args:
         hist: int ``[longest + 1]``: samples per length (:func:`length_histogram`), the planned ones.
@@ -115,12 +122,14 @@ def choose_padded_shapes(hist: np.ndarray, settings: BatchingSettings, num_shape
         num_shapes: ``K >= 1``; fewer shapes come back when there are fewer distinct padded lengths.
 
     Returns:
-        The shapes, sorted by length (tokens), each ``rows x length <= max_tokens``.
+        The shapes, sorted by length (tokens), each ``rows x length <= max_tokens``; the rows are those the plan
+        takes at the shape's planned length (:meth:`ShapedPaddedPlanner.planned_lengths`), which rises strictly with
+        the length.
 
     Example:
         >>> hist = np.bincount([3, 5, 9, 9, 30])
         >>> choose_padded_shapes(hist, BatchingSettings(max_tokens=64), 2)
-        ((7, 9), (2, 30))
+        ((4, 9), (1, 30))
     """
     hist = np.asarray(hist, dtype=np.int64)
     values = np.flatnonzero(hist)
@@ -156,10 +165,48 @@ def choose_padded_shapes(hist: np.ndarray, settings: BatchingSettings, num_shape
         if i > 0:
             j = i - 1
             chosen.append(j)
-    lengths = sorted({int(uniq[cand[c]]) for c in chosen})
-    cap = settings.max_batch_size
-    return tuple((int(settings.max_tokens // L if cap is None else min(cap, settings.max_tokens // L)), L)
-                 for L in lengths)
+    lengths = np.array(sorted({int(uniq[cand[c]]) for c in chosen}), dtype=np.int64)
+    per_shape = np.bincount(np.searchsorted(lengths, uniq, side="left"), weights=counts, minlength=lengths.shape[0])
+    rows = _shape_rows(lengths, np.rint(per_shape).astype(np.int64), settings.max_tokens, settings.max_batch_size)
+    return tuple((int(r), int(L)) for r, L in zip(rows, lengths))
+
+
+def _shape_rows(lengths: np.ndarray, counts: np.ndarray, max_tokens: int, max_batch_size: int | None) -> np.ndarray:
+    """int64 ``[K]``: the rows of each shape, so that its samples fill its micro-batches with few rows to spare.
+
+    The plan fills micro-batches longest first, so the rows of a shape's last micro-batch that its own samples leave
+    free go to the next shorter samples, padded up to the shape's length. Going from the longest shape down, a
+    shape of length ``L`` with ``c`` samples still to place (its own, less those the longer shape took) holds at most
+    ``R = max_tokens // L`` rows (and ``max_batch_size``); ``m = ceil(c / R)`` micro-batches of ``ceil(c / m)`` rows
+    leave fewer than ``m`` rows to the next shape, where ``R`` rows leave up to ``R - 1``. Shorter shapes never get
+    fewer rows than longer ones, and the length each shape is planned at (``max(L, max_tokens // (rows + 1) + 1)``,
+    :meth:`ShapedPaddedPlanner.planned_lengths`) rises strictly with its length (a shape takes more rows where that
+    needs it), so the plan never mixes two shapes' samples at one planned length.
+    """
+    most = max_tokens // lengths
+    if max_batch_size is not None:
+        most = np.minimum(most, max_batch_size)
+    most = np.maximum(most, 1)
+    rows = most.copy()
+
+    def taken(k: int, r: int) -> int:  # the fewest rows >= r the plan takes at some planned length (an int)
+        return min(int(most[k]), max_tokens // max(int(lengths[k]), max_tokens // r))
+    above, carry = None, 0  # (rows, planned length) of the next longer shape; rows it leaves to this one
+    for k in range(lengths.shape[0] - 1, -1, -1):
+        left = int(counts[k]) - carry
+        r = int(most[k])
+        if left > 0:
+            batches = -(-left // r)
+            r = -(-left // batches)
+        if above is not None:
+            r = max(r, above[0])
+        r = taken(k, r)
+        while above is not None and r < most[k] and max(int(lengths[k]), max_tokens // (r + 1) + 1) >= above[1]:
+            r = taken(k, r + 1)
+        rows[k] = r
+        carry = -left if left <= 0 else -(-left // r) * r - left
+        above = (r, max(int(lengths[k]), max_tokens // (r + 1) + 1))
+    return rows
 
 
 def resolve_static_shapes(lengths: np.ndarray, settings: BatchingSettings,
@@ -199,6 +246,39 @@ def resolve_static_shapes(lengths: np.ndarray, settings: BatchingSettings,
             f"length >= {longest} and rows x length <= max_tokens={settings.max_tokens}, or truncate the samples",
             parameter="padded_shapes")
     return settings
+
+
+def resolve_split_shapes(settings: BatchingSettings, *splits: np.ndarray) -> BatchingSettings:
+    """``settings`` with an int ``padded_shapes`` chosen from several splits' lengths together (the training and the
+    validation split), so that the shapes hold every split's documents; ``settings`` itself otherwise (a list of
+    shapes is the user's, and ``static_packing``'s cap is chosen by each sampler).
+
+    Each split is counted as its sampler plans it: lengths over the budget (:attr:`BatchingSettings.truncate_to`)
+    cut to it with ``too_long="truncate"``, left out otherwise (the sampler names them). The lengths are read in
+    chunks (:func:`length_histogram`), so a memory map is not copied.
+
+    Args:
+        settings: the batching settings.
+        splits: int ``[num_samples]`` each: tokens per sample of each split.
+
+    Example:
+        >>> s = resolve_split_shapes(BatchingSettings(max_tokens=64, padded_shapes=2), np.array([3, 5]), np.array([9]))
+        >>> s.padded_shapes
+        ((2, 5), (1, 9))
+    """
+    if not isinstance(settings.padded_shapes, int):
+        return settings
+    room = settings.truncate_to
+    hist = np.zeros(room + 1, dtype=np.int64)
+    for lengths in splits:
+        part = length_histogram(lengths)
+        hist[:min(part.shape[0], room + 1)] += part[:room + 1]
+        if settings.too_long == "truncate":
+            hist[room] += part[room + 1:].sum()
+    if not hist.any():
+        return settings
+    hist = hist[:int(np.flatnonzero(hist)[-1]) + 1]
+    return settings.replace(padded_shapes=choose_padded_shapes(hist, settings, settings.padded_shapes))
 
 
 def shape_index(shapes: tuple[tuple[int, int], ...], num_rows: np.ndarray, longest: np.ndarray) -> np.ndarray:
@@ -296,6 +376,15 @@ class ShapedPaddedPlanner(PaddedPlanner):
         """The collator pads each micro-batch to its shape: ``{"shapes": shapes}``."""
         return {"shapes": self.shapes}
 
+    def real_token_fraction_bound(self, lengths: np.ndarray) -> float | None:
+        """The real-token fraction of ``lengths`` (int ``[n]``) each padded to the shortest shape length that holds it,
+        no row empty: the most micro-batches of these shapes can reach."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if not lengths.size:
+            return 1.0
+        padded_up = self._lengths[np.minimum(np.searchsorted(self._lengths, lengths), self._lengths.shape[0] - 1)]
+        return float(lengths.sum() / padded_up.sum())
+
     def micro_batch_shapes(self, lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray,
                            settings: BatchingSettings) -> tuple[list[tuple[int, int]], list[str]]:
         """The shape each non-empty micro-batch is padded to, and its key ``"RxT"``."""
@@ -386,10 +475,13 @@ def epoch_shapes(plan: EpochPlan, lengths: np.ndarray, settings: BatchingSetting
     planner (as :func:`~lit_balance.plan.plan_stats`).
 
     Returns:
-        ``{"shapes": {"RxT": micro-batches}, "distinct_shapes": int, "real_token_fraction": float}``: shapes as
-        ``rows x tokens`` (packed: ``1xN cuS``, the row's length and the entries of ``cu_seq_lens``, whose shape
-        changes a compiled graph too), the real (non-fill) tokens over all token slots of all micro-batches of all
-        ranks (global).
+        ``{"shapes": {"RxT": micro-batches}, "distinct_shapes": int, "real_token_fraction": float,
+        "real_token_fraction_bound": float | None}``: shapes as ``rows x tokens`` (packed: ``1xN cuS``, the row's
+        length and the entries of ``cu_seq_lens``, whose shape changes a compiled graph too), the real (non-fill)
+        tokens over all token slots of all micro-batches of all ranks (global); with ``padded_shapes``, the most that
+        fraction can be with the shapes' lengths (every planned sample padded to the shortest shape length that holds
+        it, no empty row: with an int ``K`` the best ``K`` lengths' fraction, :func:`choose_padded_shapes`), else
+        None.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     rows, offsets = plan.rows, plan.batch_offsets
@@ -398,11 +490,13 @@ def epoch_shapes(plan: EpochPlan, lengths: np.ndarray, settings: BatchingSetting
     if planner is None:
         planner = static_planner(settings) or PaddedPlanner()
     shape, keys = planner.micro_batch_shapes(lengths, rows, offsets, settings)
+    bound = planner.real_token_fraction_bound(lengths[rows[~plan.is_fill]])
     counts: dict[str, int] = {}
     for key in keys:
         counts[key] = counts.get(key, 0) + 1
     slots = sum(int(r) * int(t) for r, t in shape)
-    return {"shapes": counts, "distinct_shapes": len(counts), "real_token_fraction": real / slots if slots else 1.0}
+    return {"shapes": counts, "distinct_shapes": len(counts), "real_token_fraction": real / slots if slots else 1.0,
+            "real_token_fraction_bound": bound}
 
 
 class _ProbePlanner:
@@ -414,8 +508,9 @@ class _ProbePlanner:
         self.row_buckets, self.packed_rows = base.row_buckets, base.packed_rows
         self._hist = hist
         shapes = settings.padded_shapes
-        if isinstance(shapes, int):
-            shapes = choose_padded_shapes(hist, settings, shapes)  # the lengths do not depend on the budget
+        self._chosen = isinstance(shapes, int)
+        if self._chosen:  # the lengths do not depend on the budget; the rows do (at most what the budget holds)
+            shapes = choose_padded_shapes(hist, settings, shapes)
         self._shapes = shapes
 
     def collator_options(self, settings: BatchingSettings) -> dict:
@@ -441,7 +536,7 @@ class _ProbePlanner:
         if not fitting:
             return None
         rows, width = fitting[0]
-        rows = min(rows, budget // width)
+        rows = budget // width if self._chosen else min(rows, budget // width)
         if settings.max_batch_size is not None:
             rows = min(rows, settings.max_batch_size)
         if rows < 1:

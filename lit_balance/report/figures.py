@@ -52,7 +52,8 @@ class PlanReport:
         cost_unit: what a cost counts (``"padded slots"`` for the default cost model, ``"tokens"`` when packed).
         shapes: the input shapes of the balanced plan's micro-batches as collated, all ranks
             (:func:`lit_balance.plan.shapes.epoch_shapes`): ``{"shapes": {"RxT": micro-batches}, "distinct_shapes",
-            "real_token_fraction"}``; in :meth:`summary` only with static shapes (``static_packing``,
+            "real_token_fraction", "real_token_fraction_bound"}`` (the bound: with ``padded_shapes``, every sample padded
+            to its shape's length with no empty row; else None); in :meth:`summary` only with static shapes (``static_packing``,
             ``padded_shapes``), so the summary of other settings is unchanged.
         mixture: for a mixture, :func:`mixture_shares` of the balanced plan (each component's share of every
             optimizer step against its target); None for a single corpus (then not in :meth:`summary`).

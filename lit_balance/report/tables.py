@@ -101,7 +101,10 @@ def _shapes_table(shapes: dict[str, Any], most: int = 12) -> Any:
     from rich.table import Table
 
     table = Table(title=f"BalancedBatchSampler: {shapes['distinct_shapes']} distinct micro-batch shapes this epoch "
-                        f"(all ranks), real-token fraction {shapes['real_token_fraction']:.4f}",
+                        f"(all ranks), real-token fraction {shapes['real_token_fraction']:.4f}"
+                        + ("" if shapes.get("real_token_fraction_bound") is None else
+                           f" (bound of the shapes' lengths {shapes['real_token_fraction_bound']:.4f}: every sample "
+                           "padded to its shape's length, no empty row)"),
                   box=box.SIMPLE_HEAD, title_justify="left")
     table.add_column("shape (rows x tokens)")
     table.add_column("micro-batches", justify="right")

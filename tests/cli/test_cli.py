@@ -195,6 +195,21 @@ def test_plan_on_a_shipped_lengths_file(tmp_path, monkeypatch, capsys):
     assert [int(r[2]) for r in printed] == [r["real_tokens"] for r in bal["ranks"]]
 
 
+def test_plan_reports_the_bound_of_padded_shapes_beside_the_real_token_fraction(tmp_path):
+    out_dir = tmp_path / "report"
+    assert main(["plan", "--lengths", str(LENGTHS / "lengths_fortunes.npy"), "--num-replicas", "2", "--max-tokens",
+                 "2048", "--padded-shapes", "8", "--plots", "false", "--output-dir", str(out_dir)]) is None
+    shapes = json.loads((out_dir / "plan_summary.json").read_text(encoding="utf-8"))["shapes"]
+    assert shapes["distinct_shapes"] <= 8 and 0 < shapes["real_token_fraction"] <= shapes["real_token_fraction_bound"]
+    # the bound: every planned sample padded to the shortest of the 8 lengths that holds it
+    lengths = np.minimum(np.load(LENGTHS / "lengths_fortunes.npy").astype(np.int64), 512)
+    edges = np.array(sorted({int(k.split("x")[1]) for k in shapes["shapes"]}))
+    assert shapes["real_token_fraction_bound"] >= lengths.sum() / edges[np.searchsorted(edges, lengths)].sum() - 1e-12
+    table = " ".join((out_dir / "plan_table.txt").read_text(encoding="utf-8").split())  # the title wraps
+    assert f"real-token fraction {shapes['real_token_fraction']:.4f} (bound of the shapes' lengths " \
+           f"{shapes['real_token_fraction_bound']:.4f}" in table
+
+
 def test_plan_matches_plan_stats_and_the_cost_model(tmp_path):
     lengths = np.load(LENGTHS / "lengths_stdlib_docstrings.npy")[:3000]
     np.savetxt(tmp_path / "lengths.txt", lengths, fmt="%d")

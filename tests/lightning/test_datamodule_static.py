@@ -34,3 +34,26 @@ def test_every_batch_has_a_declared_shape_and_every_document_comes_once(tmp_path
                 assert tuple(batch["input_ids"].shape) in planned.padded_shapes
             seen += batch["indices"][~batch["is_fill"]].tolist()
         assert sorted(seen) == list(range(len(dataset)))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_validation_document_longer_than_every_training_one_gets_a_shape(tmp_path, k):
+    from lit_balance.data.splits import split_documents
+
+    docs = corpus()
+    _, val = split_documents(len(docs), val_fraction=0.2, seed=0)
+    longest = max(len(d) for d in docs) + 17
+    docs[int(val[0])] = [5] * longest  # the longest document of the corpus validates
+    dm = BalancedTextDataModule(docs, max_length=None, val_fraction=0.2, seed=0, cache_dir=tmp_path, max_tokens=96,
+                                padded_shapes=k)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert max(dm.val_dataset.lengths) == longest > max(dm.train_dataset.lengths)
+    shapes = dm.train_sampler.settings.padded_shapes
+    assert shapes == dm.val_sampler.settings.padded_shapes and shapes[-1][1] == longest and len(shapes) <= k
+    for loader, dataset in ((dm.train_dataloader(), dm.train_dataset), (dm.val_dataloader()[0], dm.val_dataset)):
+        seen = []
+        for batch in loader:
+            assert tuple(batch["input_ids"].shape) in shapes and batch["input_ids"].numel() <= 96
+            seen += batch["indices"][~batch["is_fill"]].tolist()
+        assert sorted(seen) == list(range(len(dataset)))

@@ -147,7 +147,11 @@ def test_chosen_shapes_pad_the_fewest_slots(lengths, k, multiple):
     values, counts = np.unique(padded, return_counts=True)
     edges = np.array([t for _, t in shapes])
     assert len(shapes) <= k and edges[-1] == values[-1] and all(t % multiple == 0 for t in edges)
-    assert all(r == budget // t for r, t in shapes)
+    assert all(1 <= r <= budget // t for r, t in shapes)
+    planner = ShapedPaddedPlanner(shapes, budget)
+    planned = planner.planned_lengths(edges)
+    # each shape's rows are the rows the plan takes at its planned length, which rise strictly with the length
+    assert [budget // p for p in planned] == [r for r, _ in shapes] and (np.diff(planned) > 0).all()
     pad = int((edges[np.searchsorted(edges, padded)] - padded).sum())
     assert pad == _brute_force_padding(values, counts, k)
 
@@ -230,3 +234,30 @@ def test_the_budget_probe_measures_the_static_shapes():
             width = min(t for t in widths if t >= length)
             assert case.rows == (width,) * (budget // width) and case.slots <= budget
     assert probe.worst_case_batch(padded, 100, 299) is None or widths[-1] <= 100
+
+
+def _best_lengths_fraction(lengths, k):
+    """The real-token fraction of the best ``k`` lengths (every sample padded to the next chosen length, rows not
+    counted): an exact dynamic program over every distinct length."""
+    values, counts = np.unique(lengths, return_counts=True)
+    cum = np.concatenate([[0], np.cumsum(counts)]).astype(np.float64)
+    n = values.shape[0]
+    slots = values[None, :].astype(np.float64) * (cum[None, 1:] - cum[:n, None])  # samples i..j padded to values[j]
+    slots[np.tril_indices(n, -1)] = np.inf
+    best = slots[0].copy()
+    for _ in range(k - 1):
+        best = np.minimum(best, (np.concatenate([[np.inf], best[:-1]])[:, None] + slots).min(axis=0))
+    return float(lengths.sum() / best[-1])
+
+
+@pytest.mark.parametrize("name", ["stdlib_docstrings", "fortunes", "pydocs_paragraphs"])
+@pytest.mark.parametrize("num_replicas", [1, 2])
+def test_32_chosen_shapes_come_within_two_points_of_the_best_32_lengths(name, num_replicas):
+    from importlib.resources import files
+
+    lengths = np.minimum(np.load(files("lit_balance.data.lengths") / f"lengths_{name}.npy").astype(np.int64), 4096)
+    sampler = BalancedBatchSampler(lengths, max_tokens=8192, padded_shapes=32, num_replicas=num_replicas, rank=0)
+    shapes = epoch_shapes(sampler.plan(0), lengths, sampler.settings)
+    bound = _best_lengths_fraction(lengths, 32)
+    assert shapes["real_token_fraction_bound"] == pytest.approx(bound, abs=1e-9)  # the chosen lengths are the best
+    assert bound - 0.02 <= shapes["real_token_fraction"] <= bound
