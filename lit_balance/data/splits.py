@@ -189,8 +189,14 @@ def check_supervised_targets(corpus: TokenizedCorpus, dataset: TokenDataset, sup
         parts.append(f"{zero.size - lost} have none to begin with (a completion of at most one token, or labels "
                      "all -100)")
     why = ", ".join(parts)
-    fix = ("raise max_length (or max_tokens with too_long='truncate') so that completions survive truncation, "
-           "shorten those prompts, or drop those records")
+    settings = []  # only what cuts tokens now: advice matches the settings given
+    if max_length is not None:
+        settings.append(f"max_length={max_length}")
+    if cut is not None:
+        settings.append(f"max_tokens (too_long='truncate' cuts at {cut} tokens)")
+    fix = "shorten those prompts, or drop those records"
+    if lost and settings:
+        fix = f"raise {' and '.join(settings)} so that completions survive truncation, {fix}"
     if zero.size == len(dataset):
         raise InputValueError(f"no training record has a next-token target: all {zero.size} records' labels are "
                               f"-100 after the shift, so the loss would be 0 and the gradients zero; {why}; "

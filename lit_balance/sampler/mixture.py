@@ -3,6 +3,7 @@ optimizer step (:mod:`lit_balance.plan.mixture`), resumable on any number of ran
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,8 @@ from lit_balance.sampler.inputs import PlanInputs
 from lit_balance.sampler.sampler import BalancedBatchSampler
 
 __all__ = ["MixtureBatchSampler"]
+
+_SHARE_RTOL = 1e-9  # shares this close are one mixture's (weights given at another scale)
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,16 +137,40 @@ class MixtureBatchSampler(BalancedBatchSampler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As :meth:`BalancedBatchSampler.load_state_dict`; the saved mixture must be this one.
 
+        Weights are compared as shares (normalised): ``5, 2, 3`` resumes a run of ``0.5, 0.2, 0.3``. Where the two
+        round to shares a few ulps apart, the resumed sampler plans with the saved weights, so the saved epoch is
+        planned bit for bit as before.
+
         Raises:
-            ValueError: no ``"mixture"`` key, or another mixture (naming both).
+            ValueError: no ``"mixture"`` key, or another mixture: other names, unit, ``max_repetition`` or epoch
+                length, or shares that differ (naming both).
         """
         if not isinstance(state_dict, dict) or "mixture" not in state_dict:
             raise InputValueError("cannot resume a MixtureBatchSampler from a state without 'mixture' (saved by a "
                                   "sampler of one corpus?)")
         state = dict(state_dict)
         saved = state.pop("mixture")
-        if saved != self.mixture.to_dict():
-            raise InputValueError(f"cannot resume: the saved mixture {saved} is not this one {self.mixture.to_dict()}; "
-                                  "resume with the same components, weights, unit and epoch length",
-                                  parameter="mixture")
-        super().load_state_dict(state)
+        mine = self.mixture
+        try:
+            theirs = MixtureSettings(**saved)
+        except (TypeError, ValueError):
+            theirs = None
+        same = theirs is not None and (theirs.names, theirs.unit, theirs.max_repetition, theirs.units_per_epoch) == (
+            mine.names, mine.unit, mine.max_repetition, mine.units_per_epoch) and np.allclose(
+            theirs.shares, mine.shares, rtol=_SHARE_RTOL, atol=0.0)
+        if not same:
+            shares = "" if theirs is None or theirs.names != mine.names else (
+                f" (shares saved {[round(x, 6) for x in theirs.shares.tolist()]}, now "
+                f"{[round(x, 6) for x in mine.shares.tolist()]})")
+            raise InputValueError(f"cannot resume: the saved mixture {saved} is not this one {mine.to_dict()}{shares}; "
+                                  "resume with the same components, weights (any scale: they are compared as "
+                                  "shares), unit and epoch length", parameter="mixture")
+        before = (self._mixture, self._inputs)
+        if theirs.weights != mine.weights:  # the same shares: plan with the saved weights, bit for bit as saved
+            self._mixture = theirs
+            self._inputs = dataclasses.replace(self._inputs, mixture=theirs)
+        try:
+            super().load_state_dict(state)
+        except BaseException:
+            self._mixture, self._inputs = before
+            raise
