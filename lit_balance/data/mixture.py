@@ -28,13 +28,16 @@ class Mixture:
             stream, a Megatron, datatrove or Arrow store).
         unit: what the weights share: ``"tokens"`` (the default), ``"supervised_tokens"`` or ``"documents"``
             (:class:`~lit_balance.plan.mixture.MixtureSettings`).
-        max_repetition: the most reads of a document in one epoch.
+        max_repetition: the most reads of a document in one epoch; the sample space it makes (documents x
+            ``max_repetition``) must fit the sampler's ``plan_window`` (else a ValueError naming the epoch it implies,
+            when the sampler is built).
         tokens_per_epoch: the epoch's length in ``unit`` (global), or None: as long as the components allow.
 
     Raises:
         TypeError: ``components`` not a mapping, or a component neither a mapping nor a pair.
         ValueError: a component without ``corpus``, with unknown keys, and what
-            :class:`~lit_balance.plan.mixture.MixtureSettings` refuses (weights, names, unit), before any token is read.
+            :class:`~lit_balance.plan.mixture.MixtureSettings` refuses (weights; names that are empty, hold ``/``,
+            repeat or end in ``_rank<digits>``, the per-rank keys' suffix; unit), before any token is read.
 
     Example:
         >>> mix = Mixture({"web": {"corpus": ["a b", "c"], "weight": 3}, "code": (["d e f"], 1)})

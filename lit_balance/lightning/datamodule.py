@@ -224,7 +224,8 @@ class BalancedTextDataModule(L.LightningDataModule):
     Raises:
         FileNotFoundError: a corpus path does not exist.
         ValueError: a bad setting (with the value), e.g. a ``vocab_size`` that differs from the
-            tokenizer's; mixture components whose vocabularies or pad ids differ (naming both); an unreadable,
+            tokenizer's; mixture components whose vocabularies or pad ids differ, or that read the same file or
+            corpus object (naming both, :func:`~lit_balance.data.mixture.check_distinct_components`); an unreadable,
             non-UTF-8 or empty corpus; a list of str that names files; a
             ``val_fraction`` beside a ``DatasetDict``'s ``validation`` split; a token-id ``IterableDataset``
             without ``vocab_size`` or tokenizer; a dataset without a usable column.
