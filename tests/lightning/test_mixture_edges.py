@@ -212,3 +212,20 @@ def test_padded_shapes_advice_follows_too_long(too_long):
         assert "or truncate the samples" not in message
     else:
         assert "too_long" not in message
+
+
+@pytest.mark.parametrize("max_length, too_long, advice, absent", [
+    (None, "truncate", "raise max_tokens (too_long='truncate' cuts at 8 tokens)", "max_length"),
+    (8, "skip", "raise max_length=8 so that", "too_long"),
+])
+def test_lost_targets_advice_names_only_what_cuts(tmp_path, max_length, too_long, advice, absent):
+    records = [{"prompt": "explain in detail " * 6, "completion": " yes"} for _ in range(6)]
+    path = tmp_path / "pc.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    dm = BalancedTextDataModule(path, max_tokens=8 if too_long == "truncate" else 64, max_length=max_length,
+                                too_long=too_long, val_fraction=0, cache_dir=tmp_path / "cache")
+    with pytest.raises(ValueError, match=r"no training record has a next-token target") as err:
+        dm.setup("fit")
+    message = str(err.value)
+    assert advice in message and absent not in message
+    assert err.value.parameter == ("max_tokens" if max_length is None else "max_length")
