@@ -119,12 +119,13 @@ def test_the_keys_of_any_accepted_names_never_collide(parts, num_replicas):
 
 
 # ---- weights resume as shares --------------------------------------------------------------------------------------
-def _sampler(weights, **kwargs):
+def _sampler(weights, world=2, rank=0, **kwargs):
     rng = np.random.default_rng(0)
     sizes = [40, 30, 20]
     lengths = np.concatenate([rng.integers(4, 40, size=n) for n in sizes])
     mixture = MixtureSettings(("web", "code", "books"), tuple(weights))
-    return MixtureBatchSampler(lengths, sizes, mixture, max_tokens=128, num_replicas=2, rank=0, seed=5, **kwargs)
+    return MixtureBatchSampler(lengths, sizes, mixture, max_tokens=128, num_replicas=world, rank=rank, seed=5,
+                               **kwargs)
 
 
 @pytest.mark.parametrize("before, after", [((0.5, 0.2, 0.3), (5, 2, 3)), ((51, 38, 31), (0.51, 0.38, 0.31))])
@@ -143,6 +144,30 @@ def test_weights_at_another_scale_resume_exactly(before, after):
     resumed.set_epoch(1)
     uninterrupted.set_epoch(1)
     assert list(resumed) == list(uninterrupted)
+
+
+def _real(batch):
+    return [int(i) for i, fill in zip(batch, batch.is_fill) if not fill]
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_weights_at_another_scale_resume_on_another_number_of_ranks(packing):
+    def ranks(weights, world):
+        return [_sampler(weights, world=world, rank=r, packing=packing) for r in range(world)]
+
+    names = ("web", "code", "books")
+    assert not np.array_equal(MixtureSettings(names, (0.51, 0.38, 0.31)).shares,
+                              MixtureSettings(names, (51, 38, 31)).shares)  # a few bits apart: planned as saved
+    whole = [i for s in ranks((0.51, 0.38, 0.31), 2) for b in s for i in _real(b)]
+    stopped = ranks((0.51, 0.38, 0.31), 2)
+    head = [i for s in stopped for _, b in zip(range(2), s) for i in _real(b)]
+    state = stopped[0].state_dict(batches_consumed=2)
+    resumed = ranks((51, 38, 31), 3)
+    for s in resumed:
+        s.load_state_dict(state)
+    assert all(s.mixture.weights == (0.51, 0.38, 0.31) for s in resumed)  # the saved epoch's own shares
+    rest = [i for s in resumed for b in s for i in _real(b)]
+    assert sorted(head + rest) == sorted(whole)  # nothing replayed, nothing skipped
 
 
 def test_other_shares_are_refused_naming_both():
