@@ -254,3 +254,25 @@ def test_lost_targets_advice_names_only_what_cuts(tmp_path, max_length, too_long
     message = str(err.value)
     assert advice in message and absent not in message
     assert err.value.parameter == ("max_tokens" if max_length is None else "max_length")
+
+
+def test_a_datamodule_resumes_with_weights_at_another_scale(tmp_path):
+    rng = np.random.default_rng(1)
+    parts = {name: [rng.integers(1, 90, size=int(n)).tolist() for n in rng.integers(3, 30, size=size)]
+             for name, size in (("web", 40), ("code", 30), ("books", 20))}
+
+    def dm(weights):
+        mixture = Mixture({name: (docs, w) for (name, docs), w in zip(parts.items(), weights)})
+        module = BalancedTextDataModule(mixture, vocab_size=100, pad_token_id=0, max_tokens=128, max_length=None,
+                                        val_fraction=0, cache_dir=tmp_path, seed=2)
+        module.setup("fit")
+        return module
+
+    whole = [b["indices"].tolist() for b in dm((0.51, 0.38, 0.31)).train_dataloader()]
+    first = dm((0.51, 0.38, 0.31))
+    loader = iter(first.train_dataloader())
+    head = [next(loader)["indices"].tolist() for _ in range(3)]
+    state = first.state_dict()
+    resumed = dm((51, 38, 31))
+    resumed.load_state_dict(state)
+    assert head + [b["indices"].tolist() for b in resumed.train_dataloader()] == whole
