@@ -3,6 +3,7 @@ reads the mixture's sample space (:class:`~lit_balance.plan.mixture.MixtureLayou
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,7 +13,7 @@ from lit_balance.data.dataset import MicroBatchItems
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.mixture import MixtureLayout, MixtureSettings
 
-__all__ = ["Mixture", "MixtureDataset"]
+__all__ = ["Mixture", "MixtureDataset", "check_distinct_components"]
 
 
 class Mixture:
@@ -27,13 +28,16 @@ class Mixture:
             stream, a Megatron, datatrove or Arrow store).
         unit: what the weights share: ``"tokens"`` (the default), ``"supervised_tokens"`` or ``"documents"``
             (:class:`~lit_balance.plan.mixture.MixtureSettings`).
-        max_repetition: the most reads of a document in one epoch.
+        max_repetition: the most reads of a document in one epoch; the sample space it makes (documents x
+            ``max_repetition``) must fit the sampler's ``plan_window`` (else a ValueError naming the epoch it implies,
+            when the sampler is built).
         tokens_per_epoch: the epoch's length in ``unit`` (global), or None: as long as the components allow.
 
     Raises:
         TypeError: ``components`` not a mapping, or a component neither a mapping nor a pair.
         ValueError: a component without ``corpus``, with unknown keys, and what
-            :class:`~lit_balance.plan.mixture.MixtureSettings` refuses (weights, names, unit), before any token is read.
+            :class:`~lit_balance.plan.mixture.MixtureSettings` refuses (weights; names that are empty, hold ``/``,
+            repeat or end in ``_rank<digits>``, the per-rank keys' suffix; unit), before any token is read.
 
     Example:
         >>> mix = Mixture({"web": {"corpus": ["a b", "c"], "weight": 3}, "code": (["d e f"], 1)})
@@ -117,6 +121,66 @@ class Mixture:
     def __repr__(self) -> str:
         weights = ", ".join(f"{n}={w:g}" for n, w in zip(self.names, self.settings.weights))
         return f"Mixture({weights}, unit={self.settings.unit!r})"
+
+
+def _file_key(path: str) -> tuple[int, int] | str:
+    """What makes two names one file: device and inode (a hard link, a symbolic link, another spelling), else the
+    resolved path."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return os.path.realpath(path)
+    return stat.st_dev, stat.st_ino
+
+
+def check_distinct_components(names: Sequence[str], sources: Sequence[Any], corpora: Sequence[Any] = ()) -> None:
+    """Refuse a mixture whose components read the same documents: a file (or store file) read by two components, or
+    one corpus object given to two. Each of its documents would train twice per epoch (once per component) without a
+    word, as a file named twice within one store would (docs/store_checks.md), so both are refused alike.
+
+    Args:
+        names: the components' names, in order.
+        sources: each component's :class:`~lit_balance.data.sources.CorpusSource` (its :attr:`files
+            <lit_balance.data.sources.CorpusSource.files>`: text and JSONL files, a store's token files).
+        corpora: each component's corpus as given (an in-memory corpus, e.g. a list or a Hugging Face dataset, given
+            to two components is the same object twice), or empty.
+
+    Raises:
+        ValueError: naming both components and the file (with the other name it had, if any), or the corpus.
+
+    Example:
+        >>> docs = ["a b", "c"]
+        >>> check_distinct_components(["web", "copy"], [None, None], [docs, docs])
+        Traceback (most recent call last):
+        ...
+        lit_balance.errors.InputValueError: mixture components 'web' and 'copy' are the same corpus (one list object given to both); every document would train twice per epoch. Give each component its own documents (to read a component more often, raise its weight)
+    """
+    from lit_balance.data.sources import CorpusSource
+
+    seen: dict[tuple[int, int] | str, tuple[str, str]] = {}
+    for name, source in zip(names, sources):
+        files = source.files if isinstance(source, CorpusSource) else ()
+        for path in dict.fromkeys(files):  # a file named twice within a component: the component's own check
+            key = _file_key(path)
+            if key in seen and seen[key][0] != name:
+                other, as_named = seen[key]
+                also = "" if as_named == path else f" ({other!r} names it {as_named!r})"
+                raise InputValueError(
+                    f"mixture components {other!r} and {name!r} both read the file {path!r}{also}; every document "
+                    "in it would train twice per epoch. Name each file in one component only (to read a component "
+                    "more often, raise its weight)", parameter=f"components.{name}")
+            seen.setdefault(key, (name, path))
+    given: dict[int, str] = {}
+    for name, corpus in zip(names, corpora):
+        if corpus is None or isinstance(corpus, (str, bytes, os.PathLike, int, float, bool)):
+            continue  # a path is compared by its files above; None is the built-in corpus (a file of this Python)
+        if id(corpus) in given:
+            raise InputValueError(
+                f"mixture components {given[id(corpus)]!r} and {name!r} are the same corpus (one "
+                f"{type(corpus).__name__} object given to both); every document would train twice per epoch. Give "
+                "each component its own documents (to read a component more often, raise its weight)",
+                parameter=f"components.{name}")
+        given[id(corpus)] = name
 
 
 class MixtureDataset(MicroBatchItems):

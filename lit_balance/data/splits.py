@@ -181,20 +181,28 @@ def check_supervised_targets(corpus: TokenizedCorpus, dataset: TokenDataset, sup
     lost = int(np.count_nonzero(dataset.supervised_lengths(items=zero, full=True) > 0))
     shown = ", ".join(str(int(corpus.source_index[d])) for d in dataset.doc_ids[zero[:5]])
     shown += ", ..." if zero.size > 5 else ""
-    limit = f"max_length={max_length}" + (f" (and too_long='truncate' at {cut} tokens)" if cut else "")
+    cutting = [f"max_length={max_length}"] if max_length is not None else []  # what cuts tokens now
+    if cut is not None:
+        cutting.append(f"too_long='truncate' at {cut} tokens")
     parts = []
     if lost:
-        parts.append(f"{lost} of them lose every target to truncation ({limit}: the prompt fills the tokens kept)")
+        parts.append(f"{lost} of them lose every target to truncation ({' and '.join(cutting)}: the prompt fills the "
+                     "tokens kept)")
     if zero.size - lost:
         parts.append(f"{zero.size - lost} have none to begin with (a completion of at most one token, or labels "
                      "all -100)")
     why = ", ".join(parts)
-    fix = ("raise max_length (or max_tokens with too_long='truncate') so that completions survive truncation, "
-           "shorten those prompts, or drop those records")
+    settings = [f"max_length={max_length}"] if max_length is not None else []  # advice: only what cuts tokens now
+    if cut is not None:
+        settings.append(f"max_tokens (too_long='truncate' cuts at {cut} tokens)")
+    fix = "shorten those prompts, or drop those records"
+    if lost and settings:
+        fix = f"raise {' and '.join(settings)} so that completions survive truncation, {fix}"
     if zero.size == len(dataset):
         raise InputValueError(f"no training record has a next-token target: all {zero.size} records' labels are "
                               f"-100 after the shift, so the loss would be 0 and the gradients zero; {why}; "
-                              f"{fix}", parameter="max_length")
+                              f"{fix}", parameter="max_tokens" if max_length is None and cut is not None
+                              else "max_length")
     if warn:
         warnings.warn(
             f"{zero.size} of {len(dataset)} training records have no next-token target (corpus records {shown}) "

@@ -182,14 +182,19 @@ def decide_vocabulary(tokenizer: Any = None, *, vocab_size: int | None = None, p
 def components_vocabulary(names: Sequence[str], adapters: Sequence[TokenizerAdapter]) -> TokenizerAdapter:
     """The one vocabulary of a mixture's components (each decided by :func:`decide_vocabulary`): they must agree.
 
+    The order of the components never matters: when they agree, the vocabulary returned is one that can encode text
+    whenever any component's can (a tokenizer's, not the bare vocabulary of a store or of token ids without a
+    tokenizer), so a text component is tokenized whichever component comes first.
+
     Raises:
         ValueError: two components whose vocabulary sizes or pad ids differ (naming both).
     """
-    first = adapters[0]
-    for name, adapter in zip(names[1:], adapters[1:]):
+    chosen = next((i for i, a in enumerate(adapters) if a.backend is not None), 0)
+    first = adapters[chosen]
+    for name, adapter in zip(names, adapters):
         if (adapter.vocab_size, adapter.pad_token_id) != (first.vocab_size, first.pad_token_id):
             raise InputValueError(
-                f"mixture components {names[0]!r} and {name!r} differ in vocabulary or pad id: "
+                f"mixture components {names[chosen]!r} and {name!r} differ in vocabulary or pad id: "
                 f"vocab_size {first.vocab_size} vs {adapter.vocab_size}, pad_token_id {first.pad_token_id} vs "
                 f"{adapter.pad_token_id}; tokenize every component with one tokenizer (or pass vocab_size and "
                 "pad_token_id for token-id components)", parameter="corpus")

@@ -26,7 +26,7 @@ from lit_balance.data.cache import open_corpus
 from lit_balance.data.collate import PackedCollator, PadCollator, collator_for
 from lit_balance.data.corpus_tokenizer import check_cache_dir, corpus_tokenizer
 from lit_balance.data.dataset import TokenDataset
-from lit_balance.data.mixture import Mixture, MixtureDataset
+from lit_balance.data.mixture import Mixture, MixtureDataset, check_distinct_components
 from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.splits import check_supervised_targets, check_too_long, resolve_val_fraction, split_corpus
 from lit_balance.data.stores import TokenizedCorpus
@@ -229,7 +229,8 @@ class BalancedTextDataModule(L.LightningDataModule):
     Raises:
         FileNotFoundError: a corpus path does not exist.
         ValueError: a bad setting (with the value), e.g. a ``vocab_size`` that differs from the
-            tokenizer's; mixture components whose vocabularies or pad ids differ (naming both); an unreadable,
+            tokenizer's; mixture components whose vocabularies or pad ids differ, or that read the same file or
+            corpus object (naming both, :func:`~lit_balance.data.mixture.check_distinct_components`); an unreadable,
             non-UTF-8 or empty corpus; a list of str that names files; a
             ``val_fraction`` beside a ``DatasetDict``'s ``validation`` split; a token-id ``IterableDataset``
             without ``vocab_size`` or tokenizer; a dataset without a usable column.
@@ -306,6 +307,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.mixture = Mixture.of(corpus, max_documents=max_documents)
         self.sources = [resolve_corpus(c, text_key=text_key, txt_documents=txt_documents, max_documents=bound)
                         for c, bound in zip(self.mixture.corpora, self.mixture.max_documents)]
+        check_distinct_components(self.mixture.names, self.sources, self.mixture.corpora)
         self.max_documents = max_documents
         self._val_fractions = [resolve_val_fraction(val_fraction, s.split_sizes) for s in self.sources]
         #: Share of each component held out for validation (0.0 when a component brings its own validation split;
@@ -421,9 +423,18 @@ class BalancedTextDataModule(L.LightningDataModule):
         """
         corpora = self._tokenized()
         trains, vals = [], []
-        for source, part, fraction in zip(self.sources, corpora, self._val_fractions):
-            train, val = split_corpus(part, val_fraction=fraction, seed=self.seed, max_length=self.max_length,
-                                      split_sizes=source.split_sizes)
+        for name, source, part, fraction in zip(self.mixture.names, self.sources, corpora, self._val_fractions):
+            try:
+                train, val = split_corpus(part, val_fraction=fraction, seed=self.seed, max_length=self.max_length,
+                                          split_sizes=source.split_sizes)
+            except InputValueError as error:
+                if len(corpora) == 1 or error.parameter != "val_fraction":
+                    raise
+                raise InputValueError(  # a mixture: name the component; val_fraction holds out a share of each
+                    f"mixture component {name!r} has {len(part)} document(s); val_fraction={fraction} holds out that "
+                    f"share of every component (at least one document each) and leaves it no document for "
+                    f"training: lower val_fraction, or give {name!r} more documents", parameter="val_fraction") \
+                    from error
             trains.append(train)
             vals.append(val)
         blend = trains[0] if self.mixture.plain else MixtureDataset(trains, self.mixture.settings.max_repetition)

@@ -60,6 +60,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,7 @@ __all__ = ["MIXTURE_UNITS", "MixtureLayout", "MixturePlan", "MixtureSettings", "
 
 #: Accepted values of :attr:`MixtureSettings.unit`.
 MIXTURE_UNITS = ("tokens", "supervised_tokens", "documents")
+_RANK_SUFFIX = re.compile(r"_rank(\d+)$")  # the per-rank metric keys' suffix: no component name ends so
 
 _FILL_START = {"padded": 0.95, "packed": 0.98}  # first fill ratio of a step's capacity, by planner (else 0.95)
 _FILL_SHRINK, _FILL_GROW = 0.98, 1.002  # a step that does not fit: 2 % smaller; one that fits: the next 0.2 % larger
@@ -90,7 +92,9 @@ class MixtureSettings:
     """The components of a mixture, their weights and what an epoch is; checked once, at construction.
 
     Args:
-        names: one name per component, unique (the names of ``val/loss/<name>`` and per-component figures).
+        names: one name per component, unique (the names of ``val/loss/<name>`` and per-component figures): not
+            empty, without ``/`` or surrounding spaces, not ending in ``_rank<digits>`` (the suffix of the per-rank
+            keys ``train/tokens/<name>_rank<r>``, so ``web_rank0``'s keys would be ``web``'s on rank 0).
         weights: one weight per component, finite and non-negative, with a positive sum; normalised to shares
             (``[3, 1]`` is 75 % / 25 %). A weight of 0 leaves the component out of training.
         unit: what the weights share: ``"tokens"`` (real tokens, the default), ``"supervised_tokens"`` (next-token
@@ -101,7 +105,8 @@ class MixtureSettings:
 
     Raises:
         TypeError: a name that is not a string; a weight that is not a number; a non-int ``max_repetition``.
-        ValueError: no component; names and weights of different lengths; an empty or repeated name; a negative,
+        ValueError: no component; names and weights of different lengths; an empty or repeated name, one with
+            ``/`` or surrounding spaces, or ending in ``_rank<digits>``; a negative,
             NaN or infinite weight; weights summing to 0; an unknown ``unit``; ``max_repetition < 1``;
             ``units_per_epoch < 1``.
 
@@ -129,9 +134,17 @@ class MixtureSettings:
             if not isinstance(name, str):
                 raise InputTypeError(f"component names must be strings, got {name!r} of type {type(name).__name__}",
                                      parameter="components")
-            if not name or "/" in name:
-                raise InputValueError(f"component name {name!r} must be a non-empty string without '/' (it names "
-                                      f"the metric val/loss/<name>)", parameter="components")
+            if not name.strip() or "/" in name or name != name.strip():
+                raise InputValueError(f"component name {name!r} must be a non-empty string without '/' or leading "
+                                      f"and trailing spaces (it names the metric val/loss/<name>)",
+                                      parameter="components")
+            clash = _RANK_SUFFIX.search(name)
+            if clash:
+                base, rank = name[:clash.start()], clash.group(1)
+                raise InputValueError(f"component name {name!r} ends in '_rank<digits>', which the per-rank metric "
+                                      f"keys add (train/tokens/<name>_rank<r>): its keys would collide with those of "
+                                      f"a component {base!r} on rank {rank}; rename it (e.g. {base + '_r' + rank!r})",
+                                      parameter="components")
             if name in seen:
                 raise InputValueError(f"component name {name!r} is used twice in the mixture {list(names)}; give "
                                       "every component its own name", parameter="components")

@@ -240,10 +240,16 @@ def resolve_static_shapes(lengths: np.ndarray, settings: BatchingSettings,
         if eligible is not None:
             mask &= np.asarray(eligible)
         first = int(np.flatnonzero(mask)[0])
+        if settings.too_long == "truncate":  # already truncating, at the budget: only a shorter cut helps
+            cut = (f"too_long='truncate' cuts samples at {settings.truncate_to} tokens (max_tokens), not at the "
+                   f"longest shape: truncate them to at most {room} tokens before planning (the DataModule's "
+                   f"max_length={room})")
+        else:
+            cut = f"truncate the samples to at most {room} tokens (the DataModule's max_length={room})"
         raise InputValueError(
             f"padded_shapes {[list(s) for s in settings.padded_shapes]} cannot hold the longest sample: index {first} "
             f"has {int(np.asarray(lengths)[first])} tokens, the longest shape {room}; add a shape (rows, length) with "
-            f"length >= {longest} and rows x length <= max_tokens={settings.max_tokens}, or truncate the samples",
+            f"length >= {longest} and rows x length <= max_tokens={settings.max_tokens}, or {cut}",
             parameter="padded_shapes")
     return settings
 

@@ -3,6 +3,8 @@ optimizer step (:mod:`lit_balance.plan.mixture`), resumable on any number of ran
 
 from __future__ import annotations
 
+import dataclasses
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,12 +15,54 @@ from lit_balance.errors import InputValueError
 from lit_balance.plan.cost import CostModelProtocol
 from lit_balance.plan.mixture import (MixtureLayout, MixtureSettings, mixture_units, plan_mixture,
                                       select_epoch)
-from lit_balance.plan.settings import BatchingSettings
+from lit_balance.plan.settings import DEFAULT_PLAN_WINDOW, BatchingSettings
 from lit_balance.plan.types import EpochPlan
 from lit_balance.sampler.inputs import PlanInputs
 from lit_balance.sampler.sampler import BalancedBatchSampler
 
 __all__ = ["MixtureBatchSampler"]
+
+_SHARE_RTOL = 1e-9  # shares this close are one mixture's (weights given at another scale)
+
+
+def _plan_window(kwargs: dict[str, Any]) -> int:
+    """The ``plan_window`` the sampler's settings will have (``settings``' or the keyword's, else the default); a bad
+    value is left for :class:`~lit_balance.BatchingSettings` to refuse (then the default here)."""
+    settings = kwargs.get("settings")
+    window = settings.plan_window if isinstance(settings, BatchingSettings) else kwargs.get("plan_window")
+    if isinstance(window, numbers.Integral) and not isinstance(window, bool) and window >= 1:
+        return int(window)
+    return DEFAULT_PLAN_WINDOW
+
+
+def _check_sample_space(lengths: np.ndarray, sizes: np.ndarray, mixture: MixtureSettings, supervised: Any,
+                        plan_window: int) -> None:
+    """Refuse, before anything is tiled or planned, a sample space (documents x ``max_repetition``) larger than
+    ``plan_window``, the most samples one epoch is planned over (memory and time grow with it), naming the epoch that
+    ``max_repetition`` implies: about how many documents and tokens it reads."""
+    documents = int(sizes.sum())
+    samples = documents * mixture.max_repetition
+    if samples <= plan_window:
+        return
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    units = mixture_units(mixture, lengths, None if supervised is None else np.asarray(supervised))
+    totals = np.array([units[a:b].sum() for a, b in zip(bounds[:-1], bounds[1:])], dtype=np.float64)
+    tokens = np.array([lengths[a:b].sum() for a, b in zip(bounds[:-1], bounds[1:])], dtype=np.float64)
+    shares, reps = mixture.shares, mixture.max_repetition
+    live = (shares > 0) & (totals > 0)
+    epoch = ""
+    if live.any():  # the epoch of select_epoch: the limiting component read max_repetition times, the rest pro rata
+        length = float(mixture.units_per_epoch) if mixture.units_per_epoch is not None else \
+            float(np.min(reps * totals[live] / shares[live]))
+        passes = np.where(live, np.minimum(reps, shares * length / np.where(totals > 0, totals, 1)), 0.0)
+        epoch = (f"; it implies an epoch of about {float(passes @ sizes):,.0f} documents and "
+                 f"{float(passes @ tokens):,.0f} tokens (global)")
+    raise InputValueError(
+        f"max_repetition={reps} over the mixture's {documents:,} documents (components {list(mixture.names)}) makes a "
+        f"sample space of {samples:,} samples, more than plan_window={plan_window:,}, the most one epoch is planned "
+        f"over (a mixture plans whole epochs; memory and planning time grow with it){epoch}. Lower max_repetition to "
+        f"at most {max(plan_window // max(documents, 1), 1):,}, or raise plan_window to at least {samples:,}",
+        parameter="max_repetition")
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,8 +115,9 @@ class MixtureBatchSampler(BalancedBatchSampler):
             ``rank``, ``cost_model``, ``rank_speeds``).
 
     Raises:
-        ValueError: ``sizes`` that do not sum to ``len(lengths)`` or do not match the mixture's components; more
-            samples than ``plan_window`` (naming both); as :class:`~lit_balance.BalancedBatchSampler` and
+        ValueError: ``sizes`` that do not sum to ``len(lengths)`` or do not match the mixture's components; a sample
+            space (documents x ``max_repetition``) larger than ``plan_window``, before anything is tiled or planned
+            (naming the epoch ``max_repetition`` implies, in documents and tokens, and both settings); as :class:`~lit_balance.BalancedBatchSampler` and
             :func:`~lit_balance.plan.mixture.select_epoch`.
 
     Example:
@@ -95,6 +140,7 @@ class MixtureBatchSampler(BalancedBatchSampler):
         if int(sizes.sum()) != len(lengths):
             raise InputValueError(f"the components' sizes {sizes.tolist()} sum to {int(sizes.sum())} documents, but "
                                   f"lengths holds {len(lengths)}", parameter="sizes")
+        _check_sample_space(np.asarray(lengths), sizes, mixture, supervised_lengths, _plan_window(kwargs))
         self.layout = MixtureLayout(sizes, mixture.max_repetition)
         self._mixture = mixture
         lengths = self.layout.tile(np.asarray(lengths))
@@ -108,12 +154,6 @@ class MixtureBatchSampler(BalancedBatchSampler):
         return self._mixture
 
     def _build_inputs(self, lengths: np.ndarray, settings: BatchingSettings, supervised_lengths: Any) -> PlanInputs:
-        if lengths.shape[0] > settings.plan_window:
-            raise InputValueError(
-                f"a mixture plans whole epochs, never in windows: its {lengths.shape[0]} samples (components "
-                f"{list(self.mixture.names)}, max_repetition={self.mixture.max_repetition}) exceed "
-                f"plan_window={settings.plan_window}; raise plan_window to at least {lengths.shape[0]} (memory grows "
-                "with it), or train one corpus", parameter="plan_window")
         base = PlanInputs.build(lengths, settings, supervised_lengths)
         # base.settings: static shapes resolved once over every sample (packing's document cap, padded_shapes=K)
         inputs = _MixtureInputs(np.asarray(base.lengths, dtype=np.int64), base.settings, base.eligible, None,
@@ -134,16 +174,40 @@ class MixtureBatchSampler(BalancedBatchSampler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As :meth:`BalancedBatchSampler.load_state_dict`; the saved mixture must be this one.
 
+        Weights are compared as shares (normalised): ``5, 2, 3`` resumes a run of ``0.5, 0.2, 0.3``. Where the two
+        round to shares a few ulps apart, the resumed sampler plans with the saved weights, so the saved epoch is
+        planned bit for bit as before.
+
         Raises:
-            ValueError: no ``"mixture"`` key, or another mixture (naming both).
+            ValueError: no ``"mixture"`` key, or another mixture: other names, unit, ``max_repetition`` or epoch
+                length, or shares that differ (naming both).
         """
         if not isinstance(state_dict, dict) or "mixture" not in state_dict:
             raise InputValueError("cannot resume a MixtureBatchSampler from a state without 'mixture' (saved by a "
                                   "sampler of one corpus?)")
         state = dict(state_dict)
         saved = state.pop("mixture")
-        if saved != self.mixture.to_dict():
-            raise InputValueError(f"cannot resume: the saved mixture {saved} is not this one {self.mixture.to_dict()}; "
-                                  "resume with the same components, weights, unit and epoch length",
-                                  parameter="mixture")
-        super().load_state_dict(state)
+        mine = self.mixture
+        try:
+            theirs = MixtureSettings(**saved)
+        except (TypeError, ValueError):
+            theirs = None
+        same = theirs is not None and (theirs.names, theirs.unit, theirs.max_repetition, theirs.units_per_epoch) == (
+            mine.names, mine.unit, mine.max_repetition, mine.units_per_epoch) and np.allclose(
+            theirs.shares, mine.shares, rtol=_SHARE_RTOL, atol=0.0)
+        if not same:
+            shares = "" if theirs is None or theirs.names != mine.names else (
+                f" (shares saved {[round(x, 6) for x in theirs.shares.tolist()]}, now "
+                f"{[round(x, 6) for x in mine.shares.tolist()]})")
+            raise InputValueError(f"cannot resume: the saved mixture {saved} is not this one {mine.to_dict()}{shares}; "
+                                  "resume with the same components, weights (any scale: they are compared as "
+                                  "shares), unit and epoch length", parameter="mixture")
+        before = (self._mixture, self._inputs)
+        if theirs.weights != mine.weights:  # the same shares: plan with the saved weights, bit for bit as saved
+            self._mixture = theirs
+            self._inputs = dataclasses.replace(self._inputs, mixture=theirs)
+        try:
+            super().load_state_dict(state)
+        except BaseException:
+            self._mixture, self._inputs = before
+            raise

@@ -275,6 +275,13 @@ class CorpusSource(abc.ABC):
         return None
 
     @property
+    def files(self) -> tuple[str, ...]:
+        """The files the corpus reads, in order (the default: none, a corpus held in memory or read through a library):
+        a mixture refuses a file read by two of its components (:func:`lit_balance.data.mixture.check_distinct_components`).
+        """
+        return ()
+
+    @property
     def store_vocabulary(self) -> Any:
         """What the corpus' own files say about its vocabulary (a
         :class:`~lit_balance.data.vocabulary.StoreVocabulary`: a tokenized store read in place), or None (the

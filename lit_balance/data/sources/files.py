@@ -316,6 +316,11 @@ class FilesSource(CorpusSource):
         return self._paths
 
     @property
+    def files(self) -> tuple[str, ...]:
+        """The files' resolved paths, in corpus order (:attr:`paths` as str)."""
+        return tuple(str(p) for p in self._paths)
+
+    @property
     def text_key(self) -> str:
         """Key of the document text in JSONL objects."""
         return self._text_key

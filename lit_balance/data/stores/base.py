@@ -107,6 +107,11 @@ class TokenStore(abc.ABC):
     # -- what a subclass may override ---------------------------------------------------------------------------
 
     @property
+    def files(self) -> tuple[str, ...]:
+        """The files holding the store's tokens, in corpus order (none for a store held in memory)."""
+        return ()
+
+    @property
     def description(self) -> str:
         """Human-readable summary, e.g. ``"Megatron store corpus (2 files, 1,000 documents)"``."""
         return f"{type(self).__qualname__} ({len(self):,} documents)"

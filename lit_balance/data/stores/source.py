@@ -85,6 +85,11 @@ class StoreSource(CorpusSource):
         return list(self.store.identity())
 
     @property
+    def files(self) -> tuple[str, ...]:
+        """The store's token files (:attr:`TokenStore.files <lit_balance.data.stores.TokenStore.files>`)."""
+        return tuple(self.store.files)
+
+    @property
     def description(self) -> str:
         """The store's description."""
         return self.store.description
