@@ -71,7 +71,6 @@ from lit_balance.plan.assign import (
     lpt_steps,
     one_row_each,
     shuffle_steps,
-    steps_by_planning,
 )
 from lit_balance.plan.cost import CostModelProtocol
 from lit_balance.plan.settings import BatchingSettings
@@ -127,13 +126,14 @@ def packed_count(lengths: np.ndarray, settings: BatchingSettings, num_replicas: 
     key = (hashlib.sha256(histogram.tobytes()).hexdigest(), histogram.shape[0], capacity, doc_cap, num_replicas,
            headroom)
     if key not in _COUNTS:
-        if len(_COUNTS) >= 16:
+        if len(_COUNTS) >= _COUNTS_HELD:
             _COUNTS.pop(next(iter(_COUNTS)))
         _COUNTS[key] = _count(lengths, capacity, doc_cap, num_replicas, headroom)
     return _COUNTS[key]
 
 
 _COUNTS: dict[tuple, int] = {}
+_COUNTS_HELD = 4096  # counts remembered (a few hundred bytes each): every window of a corpus of billions of samples
 
 
 def _count(lengths: np.ndarray, capacity: int, doc_cap: int, num_replicas: int, headroom: float = _HEADROOM) -> int:
@@ -846,10 +846,31 @@ def count_steps(lengths: np.ndarray, mask: np.ndarray | None, settings: Batching
     """``(micro-steps, min_steps to plan with, None)`` of a window's packed plan with equal rank speeds.
 
     The count is fixed by the lengths and settings (stage 1 of the module docstring), whatever the epoch, so it is
-    learnt by planning (:func:`~lit_balance.plan.assign.steps_by_planning`). ``lengths`` are the window's (int
-    ``[n]``), ``mask`` its eligible documents (or None).
+    read from that count without planning (the same as :func:`~lit_balance.plan.assign.steps_by_planning` of
+    :func:`plan_packed` learns by planning), rounded up to a multiple of ``accumulate_grad_batches`` where the
+    documents allow. ``lengths`` are the window's (int ``[n]``), ``mask`` its eligible documents (or None).
     """
-    return steps_by_planning(plan_packed, lengths, mask, settings, num_replicas, min_steps, cost_model)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    candidates = np.arange(lengths.shape[0], dtype=np.int64) if mask is None else np.flatnonzero(mask)
+    steps = _micro_steps(lengths[candidates], settings, num_replicas, min_steps)
+    accumulate = settings.accumulate_grad_batches
+    aligned = -(-steps // accumulate) * accumulate
+    if aligned == steps:
+        return steps, min_steps, None
+    return _micro_steps(lengths[candidates], settings, num_replicas, aligned), aligned, None
+
+
+def _micro_steps(doc_len: np.ndarray, settings: BatchingSettings, num_replicas: int, min_steps: int) -> int:
+    """Micro-steps of :func:`plan_packed`'s plan of documents of ``doc_len`` with equal rank speeds, any epoch, without
+    planning it: the count of stage 1 (raised for ``min_steps``), or with fewer documents than that and
+    ``drop_last``, one micro-batch per document on as many steps as every rank fills."""
+    n = doc_len.shape[0]
+    k = packed_count(doc_len, settings, num_replicas)
+    if min_steps * num_replicas > k:
+        k = max(k, min(min_steps, n // num_replicas) * num_replicas)
+    if n < k and settings.drop_last:
+        return n // num_replicas
+    return k // num_replicas
 
 
 class PackedPlanner:

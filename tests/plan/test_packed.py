@@ -317,3 +317,23 @@ def test_packed_plans_of_long_documents_on_many_ranks_wait_no_longer_with_exchan
     without = plan_epoch(lengths, settings_, num_replicas=64, epoch=0)
     assert with_exchanges.num_batches == without.num_batches
     assert useful(with_exchanges) >= useful(without)
+
+
+@settings(deadline=None, max_examples=150)
+@given(data=st.data(), max_tokens=st.integers(8, 300), num_replicas=st.integers(1, 6), accumulate=st.integers(1, 3),
+       drop_last=st.booleans(), max_batch_size=st.one_of(st.none(), st.integers(1, 6)), min_steps=st.integers(0, 40),
+       masked=st.booleans(), pad=st.sampled_from([1, 8]))
+def test_the_counted_micro_steps_are_those_of_the_plan(data, max_tokens, num_replicas, accumulate, drop_last,
+                                                       max_batch_size, min_steps, masked, pad):
+    from lit_balance.plan.assign import steps_by_planning
+    from lit_balance.plan.packed import count_steps, plan_packed
+
+    assume(pad <= max_tokens)
+    capacity = (max_tokens // pad) * pad
+    lengths = np.array(data.draw(st.lists(st.integers(1, capacity), min_size=1, max_size=120)), dtype=np.int64)
+    mask = np.array(data.draw(st.lists(st.booleans(), min_size=lengths.size, max_size=lengths.size))) if masked \
+        else None
+    s = BatchingSettings(max_tokens=max_tokens, packing=True, pad_to_multiple_of=pad, accumulate_grad_batches=accumulate,
+                         drop_last=drop_last, max_batch_size=max_batch_size, seed=7)
+    assert count_steps(lengths, mask, s, num_replicas, min_steps, CostModel()) == steps_by_planning(
+        plan_packed, lengths, mask, s, num_replicas, min_steps, CostModel())
