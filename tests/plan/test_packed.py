@@ -333,7 +333,7 @@ def test_the_counted_micro_steps_are_those_of_the_plan(data, max_tokens, num_rep
     lengths = np.array(data.draw(st.lists(st.integers(1, capacity), min_size=1, max_size=120)), dtype=np.int64)
     mask = np.array(data.draw(st.lists(st.booleans(), min_size=lengths.size, max_size=lengths.size))) if masked \
         else None
-    s = BatchingSettings(max_tokens=max_tokens, packing=True, pad_to_multiple_of=pad, accumulate_grad_batches=accumulate,
-                         drop_last=drop_last, max_batch_size=max_batch_size, seed=7)
+    s = BatchingSettings(max_tokens=max_tokens, packing=True, pad_to_multiple_of=pad,
+                         accumulate_grad_batches=accumulate, drop_last=drop_last, max_batch_size=max_batch_size, seed=7)
     assert count_steps(lengths, mask, s, num_replicas, min_steps, CostModel()) == steps_by_planning(
         plan_packed, lengths, mask, s, num_replicas, min_steps, CostModel())
