@@ -11,7 +11,8 @@ micro-batch per rank and optimizer step, equal rank speeds, epochs 0 and 1. *U*:
 over steps) of the plan made for the token cost, under that cost, and of the plan made for an attention cost
 (``CostModel(quadratic=1e-4)``), under that cost; *without exchanges*: the same plan with stage 5 of
 :mod:`lit_balance.plan.packed` left out. Every plan is checked: each document once, every micro-batch within the
-budget, equal counts on every rank. How it measures and its figures: ``docs/benchmarks.md`` (packed plans of long documents).
+budget, equal counts on every rank. How it measures and its figures: ``docs/benchmarks.md`` (packed plans of long
+documents).
 """
 
 from __future__ import annotations
