@@ -16,7 +16,8 @@ Worked example (``max_tokens=10``, ``num_replicas=2``, ``shuffle=False``, token 
     # micro-batch furthest below its target: [9] [6 2 1] [4 2] [3 3], costs 9, 9, 6, 6
     # steps, most costly first: step 0 = [9] and [6 2 1]; step 1 = [4 2] and [3 3]
 
-The plan is made in five stages, all vectorised with numpy except a heap over the few outliers:
+The plan is made in six stages, all vectorised with numpy except a heap over the few outliers and the exchanges
+of stage 5:
 
 1. **Count.** The number of micro-batches is fixed from the lengths and settings only, so every epoch has the
    same length whatever the cost model: the smallest multiple of ``num_replicas`` at or above the most of
@@ -43,7 +44,12 @@ The plan is made in five stages, all vectorised with numpy except a heap over th
    swap with a shorter document whose micro-batch then has room. In an epoch where that fails (none of the
    shipped distributions in 10 epochs), the unshuffled token-cost packing of stage 1, which fits by
    construction, is used: the same micro-batches as every such epoch, in a new order.
-5. **Ranks and order.** Within each step the micro-batches go to ranks by LPT (most costly on the fastest
+5. **Exchanges.** With equal rank speeds and one micro-batch per rank and step, where uneven steps waste more than
+   0.1 % of the epoch (few micro-batches of few documents each, e.g. long documents on many ranks), the most costly
+   micro-batch of each step whose ranks wait more than 0.2 % of its time gives a document, or swaps one for a cheaper
+   one, with a micro-batch that stays at or below its own step's most costly one; then steps that wait for one long
+   document take cost from flat steps of lower level, whose levels fall. No step gets slower (:func:`_polish`).
+6. **Ranks and order.** Within each step the micro-batches go to ranks by LPT (most costly on the fastest
    rank); with ``shuffle`` ranks are permuted within a step and steps run in random order; ``largest_first``
    moves the step holding the epoch's longest document to the front.
 """
@@ -65,7 +71,6 @@ from lit_balance.plan.assign import (
     lpt_steps,
     one_row_each,
     shuffle_steps,
-    steps_by_planning,
 )
 from lit_balance.plan.cost import CostModelProtocol
 from lit_balance.plan.mixture_batches import batch_packed_steps, packed_fits
@@ -83,6 +88,12 @@ def _headroom(settings: BatchingSettings) -> float:
     full rows matter more than rows cut to equal costs (a failed cost packing falls back as in stage 4)."""
     return 0.0 if settings.static_packing else _HEADROOM
 _RESERVE_FACTOR = 1.5  # reserve (finishing) cost per micro-batch, in units of the largest short document's cost
+_POLISH_LOSS = 0.002  # stage 5 polishes a step whose ranks wait more than this share of its slowest rank's time
+_POLISH_GAIN = 0.001  # stage 5 runs only where uneven steps waste more than this share of the epoch's time
+_POLISH_OPS = 4  # at most this many exchanges per micro-batch of a polished step
+_POLISH_SCAN = 256  # swap partners examined per document of the costliest micro-batch
+_POLISH_POOL = 2048  # bins of other steps, those with the most room, that a polished step may move cost into
+_POLISH_DROP = 0.01  # least share of its level a flat step gives to uneven ones (fewer, deeper donors)
 
 
 def _count_lower_bound(lengths: np.ndarray, capacity: int, doc_cap: int, num_replicas: int,
@@ -116,13 +127,14 @@ def packed_count(lengths: np.ndarray, settings: BatchingSettings, num_replicas: 
     key = (hashlib.sha256(histogram.tobytes()).hexdigest(), histogram.shape[0], capacity, doc_cap, num_replicas,
            headroom)
     if key not in _COUNTS:
-        if len(_COUNTS) >= 16:
+        if len(_COUNTS) >= _COUNTS_HELD:
             _COUNTS.pop(next(iter(_COUNTS)))
         _COUNTS[key] = _count(lengths, capacity, doc_cap, num_replicas, headroom)
     return _COUNTS[key]
 
 
 _COUNTS: dict[tuple, int] = {}
+_COUNTS_HELD = 4096  # counts remembered (a few hundred bytes each): every window of a corpus of billions of samples
 
 
 def _count(lengths: np.ndarray, capacity: int, doc_cap: int, num_replicas: int, headroom: float = _HEADROOM) -> int:
@@ -577,6 +589,8 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
                 raise RuntimeError(f"packed planning found no packing of {n} documents into {count} micro-batches of "
                                    f"{capacity} tokens; please report this with the lengths")
             continue
+        if uniform and accumulate == 1 and not settings.static_packing:
+            packed = (_polish(doc_len, doc_cost, packed[0], packed[1], capacity, doc_cap), packed[1])
         plan = _layout(candidates, lengths, *packed, num_replicas, accumulate, speeds, settings, cost_model,
                        finish_rng)
         waste = hold_time(cost_model.packed_cost(lengths[plan.rows], plan.batch_offsets), plan.assignment,
@@ -584,6 +598,151 @@ def plan_packed(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
         if best is None or waste < best[0]:
             best = (waste, plan)
     return best[1]
+
+
+def _polish(length: np.ndarray, cost: np.ndarray, bin_of: np.ndarray, group_of_bin: np.ndarray, capacity: int,
+            doc_cap: int) -> np.ndarray:
+    """Stage 5: lower the most costly micro-batch of each uneven step: move one of its documents, or swap one for a
+    cheaper document, into room below another step's level (or, within its own step, below the lowered cost).
+
+    Equal rank speeds and one micro-batch per rank and step: the ranks of a step wait for its most costly micro-batch,
+    so cost moved from it into a micro-batch that stays at or below its own step's most costly one shortens the
+    epoch and lengthens nothing. A local search in the manner of the exchange heuristics for multiprocessor
+    scheduling (Finn and Horowitz, "A linear time approximation algorithm for multiprocessor scheduling", BIT 19,
+    1979), applied only to steps whose ranks wait more than ``_POLISH_LOSS`` of their time, with a bounded number of
+    exchanges: every document stays in exactly one micro-batch, within ``capacity`` tokens and ``doc_cap``
+    documents, and no micro-batch empties.
+
+    Args:
+        length, cost: int64 / float64 ``[n]``: each document's tokens and cost.
+        bin_of: int64 ``[n]``: each document's micro-batch (not changed; a new array is returned when one moves).
+        group_of_bin: int64 ``[k]``: each micro-batch's step.
+
+    Returns:
+        int64 ``[n]``: each document's micro-batch after the exchanges.
+    """
+    k = group_of_bin.shape[0]
+    if not k:
+        return bin_of
+    bin_cost = np.bincount(bin_of, weights=cost, minlength=k)
+    num_groups = int(group_of_bin.max()) + 1
+    level = np.zeros(num_groups)
+    np.maximum.at(level, group_of_bin, bin_cost)
+    size = np.bincount(group_of_bin, minlength=num_groups)
+    loss = level * size - np.bincount(group_of_bin, weights=bin_cost, minlength=num_groups)
+    todo = np.flatnonzero(loss > _POLISH_LOSS * level * size)
+    if float(loss[todo].sum()) <= _POLISH_GAIN * float((level * size).sum()):  # uneven steps lose little: done
+        return bin_of
+    todo = todo[np.argsort(-loss[todo], kind="stable")]
+    bin_of = bin_of.copy()
+    tokens = np.bincount(bin_of, weights=length, minlength=k).astype(np.int64)
+    count = np.bincount(bin_of, minlength=k)
+    by_bin = np.argsort(bin_of, kind="stable")
+    bin_start = np.searchsorted(bin_of[by_bin], np.arange(k + 1))
+    moved_in: dict[int, list[int]] = collections.defaultdict(list)
+    by_cost = np.argsort(cost, kind="stable")
+    sorted_cost = cost[by_cost]
+    bins_of_group = np.argsort(group_of_bin, kind="stable")
+    group_start = np.searchsorted(group_of_bin[bins_of_group], np.arange(num_groups + 1))
+    tiny = 1e-9 * max(float(level.max()), 1e-300)
+
+    def members(b: int) -> np.ndarray:
+        docs = np.concatenate([by_bin[bin_start[b]:bin_start[b + 1]], np.asarray(moved_in.get(b, ()), np.int64)])
+        return np.unique(docs[bin_of[docs] == b])
+
+    def roomiest() -> np.ndarray:
+        """The bins with the most room below their step's level (at most ``_POLISH_POOL``)."""
+        slack_all = level[group_of_bin] - bin_cost
+        pool = np.flatnonzero(slack_all > tiny)
+        if pool.size > _POLISH_POOL:
+            pool = pool[np.argpartition(-slack_all[pool], _POLISH_POOL)[:_POLISH_POOL]]
+        return pool
+
+    def lower(s: int, goal: float | None, pool: np.ndarray) -> None:
+        """Exchanges that bring step ``s``'s most costly micro-batch down towards ``goal`` (None: the step's mean),
+        into bins of ``pool`` or of the step itself, or by a swap with any bin."""
+        in_step = bins_of_group[group_start[s]:group_start[s + 1]]
+        targets = np.concatenate([pool[group_of_bin[pool] != s], in_step])
+        for _ in range(_POLISH_OPS * in_step.shape[0]):
+            step_cost = bin_cost[in_step]
+            top_at = int(np.argmax(step_cost))
+            b, top = int(in_step[top_at]), float(step_cost[top_at])
+            want = top - (float(step_cost.mean()) if goal is None else goal)
+            if want <= tiny:
+                break
+
+            def slack(bins: np.ndarray) -> np.ndarray:
+                """Room below the level of each of ``bins``; within the step, both end at or below top - delta."""
+                out = np.where(group_of_bin[bins] == s, 0.5 * (top - bin_cost[bins]), level[group_of_bin[bins]]
+                               - bin_cost[bins])
+                return np.where(bins == b, -np.inf, out)
+
+            docs = members(b)
+            best = (np.inf, -1, -1, -1)  # (|delta - want|, document out of b, the other's document or -1, other bin)
+            if count[b] > 1:  # move: the document of b nearest the want that some bin has room for
+                target_slack = slack(targets)
+                target_room = np.where(count[targets] < doc_cap, capacity - tokens[targets], -1)
+                movable = docs[cost[docs] <= 2.0 * want]
+                for a in movable[np.argsort(np.abs(cost[movable] - want), kind="stable")].tolist():
+                    fit = np.flatnonzero((target_slack >= cost[a] - tiny) & (target_room >= length[a]))
+                    if fit.size:
+                        best = (abs(float(cost[a]) - want), a, -1, int(targets[fit[np.argmin(target_slack[fit])]]))
+                        break
+            tried: set[float] = set()
+            for a in docs.tolist():  # swap: a cheaper document of another bin, the difference nearest the want
+                ca = float(cost[a])
+                if ca in tried:
+                    continue
+                tried.add(ca)
+                mid = int(np.searchsorted(sorted_cost, ca - want, side="left"))
+                lo = max(int(np.searchsorted(sorted_cost, ca - 2.0 * want, side="left")), mid - _POLISH_SCAN)
+                hi = min(int(np.searchsorted(sorted_cost, ca - tiny, side="left")), mid + _POLISH_SCAN)
+                cand = by_cost[lo:hi]
+                other = bin_of[cand]
+                delta = ca - cost[cand]
+                ok = ((delta > tiny) & (slack(other) >= delta - tiny)
+                      & (tokens[other] - length[cand] + length[a] <= capacity))
+                if ok.any():
+                    at = np.flatnonzero(ok)
+                    at = int(at[np.argmin(np.abs(delta[at] - want))])
+                    if abs(float(delta[at]) - want) < best[0]:
+                        best = (abs(float(delta[at]) - want), a, int(cand[at]), int(other[at]))
+            _, a, d, c = best
+            if a < 0:
+                break
+            for doc, src, dst in ((a, b, c), (d, c, b)):
+                if doc < 0:
+                    continue
+                bin_of[doc] = dst
+                moved_in[dst].append(doc)
+                tokens[src] -= length[doc]
+                tokens[dst] += length[doc]
+                count[src] -= 1
+                count[dst] += 1
+                bin_cost[src] -= cost[doc]
+                bin_cost[dst] += cost[doc]
+            level[s] = float(bin_cost[in_step].max())
+
+    pool = roomiest()
+    for s in todo.tolist():
+        lower(s, None, pool)
+    # Steps still uneven wait for a micro-batch that no exchange lowers (one long document): their room takes cost
+    # from flat steps of lower level, whose levels then fall, the highest first.
+    loss = level * size - np.bincount(group_of_bin, weights=bin_cost, minlength=num_groups)
+    uneven = loss > _POLISH_LOSS * level * size
+    if uneven.any():
+        hole = float(loss[uneven].sum())
+        donors = np.flatnonzero(~uneven & (level < level[uneven].max()))
+        donors = donors[np.argsort(-level[donors], kind="stable")]
+        per_bin = _POLISH_DROP * float(level[donors].mean()) if donors.size else 0.0
+        donors = donors[:max(1, int(np.ceil(hole / max(per_bin * float(size.max()), 1e-300))))]
+        if donors.size:
+            drop = hole / float(size[donors].sum())
+            pool = roomiest()
+            for s in donors.tolist():
+                in_step = bins_of_group[group_start[s]:group_start[s + 1]]
+                lower(s, float(bin_cost[in_step].mean()) - drop, pool)
+    return bin_of
 
 
 def _split_bins(bin_of: np.ndarray, k: int, target: int) -> np.ndarray:
@@ -688,10 +847,31 @@ def count_steps(lengths: np.ndarray, mask: np.ndarray | None, settings: Batching
     """``(micro-steps, min_steps to plan with, None)`` of a window's packed plan with equal rank speeds.
 
     The count is fixed by the lengths and settings (stage 1 of the module docstring), whatever the epoch, so it is
-    learnt by planning (:func:`~lit_balance.plan.assign.steps_by_planning`). ``lengths`` are the window's (int
-    ``[n]``), ``mask`` its eligible documents (or None).
+    read from that count without planning (the same as :func:`~lit_balance.plan.assign.steps_by_planning` of
+    :func:`plan_packed` learns by planning), rounded up to a multiple of ``accumulate_grad_batches`` where the
+    documents allow. ``lengths`` are the window's (int ``[n]``), ``mask`` its eligible documents (or None).
     """
-    return steps_by_planning(plan_packed, lengths, mask, settings, num_replicas, min_steps, cost_model)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    candidates = np.arange(lengths.shape[0], dtype=np.int64) if mask is None else np.flatnonzero(mask)
+    steps = _micro_steps(lengths[candidates], settings, num_replicas, min_steps)
+    accumulate = settings.accumulate_grad_batches
+    aligned = -(-steps // accumulate) * accumulate
+    if aligned == steps:
+        return steps, min_steps, None
+    return _micro_steps(lengths[candidates], settings, num_replicas, aligned), aligned, None
+
+
+def _micro_steps(doc_len: np.ndarray, settings: BatchingSettings, num_replicas: int, min_steps: int) -> int:
+    """Micro-steps of :func:`plan_packed`'s plan of documents of ``doc_len`` with equal rank speeds, any epoch, without
+    planning it: the count of stage 1 (raised for ``min_steps``), or with fewer documents than that and
+    ``drop_last``, one micro-batch per document on as many steps as every rank fills."""
+    n = doc_len.shape[0]
+    k = packed_count(doc_len, settings, num_replicas)
+    if min_steps * num_replicas > k:
+        k = max(k, min(min_steps, n // num_replicas) * num_replicas)
+    if n < k and settings.drop_last:
+        return n // num_replicas
+    return k // num_replicas
 
 
 class PackedPlanner:

@@ -248,3 +248,92 @@ def test_an_epoch_whose_shuffled_packing_fails_falls_back_to_the_count_packing(m
     # the same micro-batches (the unshuffled packing), in another order
     assert (sorted(map(tuple, np.split(plans[0].rows, plans[0].batch_offsets[1:-1])))
             == sorted(map(tuple, np.split(plans[1].rows, plans[1].batch_offsets[1:-1]))))
+
+
+def _first_fit(lengths, k, capacity, doc_cap):
+    """A valid packing of ``lengths`` into ``k`` non-empty bins (one document each, then first fit), or None."""
+    bin_of = np.full(lengths.shape[0], -1, dtype=np.int64)
+    tokens, count = np.zeros(k, dtype=np.int64), np.zeros(k, dtype=np.int64)
+    for i, length in enumerate(lengths.tolist()):
+        fits = np.flatnonzero((tokens + length <= capacity) & (count < doc_cap))
+        if i < k:
+            fits = np.array([i])
+        if not fits.size:
+            return None
+        bin_of[i] = fits[0]
+        tokens[fits[0]] += length
+        count[fits[0]] += 1
+    return bin_of
+
+
+@settings(deadline=None, max_examples=200)
+@given(data=st.data(), capacity=st.integers(8, 400), num_replicas=st.integers(1, 8), num_steps=st.integers(1, 5),
+       doc_cap=st.integers(1, 12), quadratic=st.sampled_from([0.0, 1e-3, 0.05]))
+def test_exchanges_keep_every_document_once_within_budget_and_slow_no_step(data, capacity, num_replicas, num_steps,
+                                                                         doc_cap, quadratic):
+    from lit_balance.plan.packed import _polish
+
+    k = num_replicas * num_steps
+    lengths = np.array(data.draw(st.lists(st.integers(1, capacity), min_size=k, max_size=6 * k)), dtype=np.int64)
+    bin_of = _first_fit(lengths, k, capacity, doc_cap)
+    assume(bin_of is not None)
+    group_of_bin = np.random.default_rng(data.draw(st.integers(0, 99))).permutation(np.arange(k) // num_replicas)
+    cost = CostModel(quadratic=quadratic).row_cost(lengths)
+    given_bins = bin_of.copy()
+    out = _polish(lengths, cost, bin_of, group_of_bin, capacity, doc_cap)
+    assert np.array_equal(bin_of, given_bins)  # the input is not changed
+    assert out.shape == lengths.shape and out.min() >= 0 and out.max() < k  # every document in exactly one bin
+    count = np.bincount(out, minlength=k)
+    assert (np.bincount(out, weights=lengths, minlength=k) <= capacity).all()
+    assert (count >= 1).all() and (count <= doc_cap).all()
+
+    def levels(b):
+        level = np.zeros(num_steps)
+        np.maximum.at(level, group_of_bin, np.bincount(b, weights=cost, minlength=k))
+        return level
+
+    assert (levels(out) <= levels(given_bins) * (1 + 1e-9) + 1e-12).all()  # no step waits longer
+
+
+def test_exchanges_lower_the_step_that_waits_for_one_micro_batch():
+    from lit_balance.plan.packed import _polish
+
+    lengths = np.array([4, 2, 2])  # one step of two ranks: [4 2] and [2] cost 6 and 2; [4] and [2 2] cost 4 and 4
+    out = _polish(lengths, lengths.astype(np.float64), np.array([0, 0, 1]), np.array([0, 0]), 10, 4)
+    assert sorted(np.bincount(out, weights=lengths).tolist()) == [4.0, 4.0]
+
+
+def test_packed_plans_of_long_documents_on_many_ranks_wait_no_longer_with_exchanges(monkeypatch):
+    import lit_balance.plan.packed as packed
+
+    lengths = np.minimum(np.load(LENGTHS / "lengths_linux_docs.npy").astype(np.int64), 4096)
+    settings_ = BatchingSettings(max_tokens=4096, packing=True, seed=0)
+
+    def useful(plan):
+        return plan_stats(plan, lengths, CostModel(), planner=planner_for(settings_), max_tokens=4096).useful_fraction
+
+    with_exchanges = plan_epoch(lengths, settings_, num_replicas=64, epoch=0)
+    monkeypatch.setattr(packed, "_polish", lambda length, cost, bin_of, *args: bin_of)
+    without = plan_epoch(lengths, settings_, num_replicas=64, epoch=0)
+    assert with_exchanges.num_batches == without.num_batches
+    assert useful(with_exchanges) >= useful(without)
+
+
+@settings(deadline=None, max_examples=150)
+@given(data=st.data(), max_tokens=st.integers(8, 300), num_replicas=st.integers(1, 6), accumulate=st.integers(1, 3),
+       drop_last=st.booleans(), max_batch_size=st.one_of(st.none(), st.integers(1, 6)), min_steps=st.integers(0, 40),
+       masked=st.booleans(), pad=st.sampled_from([1, 8]))
+def test_the_counted_micro_steps_are_those_of_the_plan(data, max_tokens, num_replicas, accumulate, drop_last,
+                                                       max_batch_size, min_steps, masked, pad):
+    from lit_balance.plan.assign import steps_by_planning
+    from lit_balance.plan.packed import count_steps, plan_packed
+
+    assume(pad <= max_tokens)
+    capacity = (max_tokens // pad) * pad
+    lengths = np.array(data.draw(st.lists(st.integers(1, capacity), min_size=1, max_size=120)), dtype=np.int64)
+    mask = np.array(data.draw(st.lists(st.booleans(), min_size=lengths.size, max_size=lengths.size))) if masked \
+        else None
+    s = BatchingSettings(max_tokens=max_tokens, packing=True, pad_to_multiple_of=pad,
+                         accumulate_grad_batches=accumulate, drop_last=drop_last, max_batch_size=max_batch_size, seed=7)
+    assert count_steps(lengths, mask, s, num_replicas, min_steps, CostModel()) == steps_by_planning(
+        plan_packed, lengths, mask, s, num_replicas, min_steps, CostModel())

@@ -2,6 +2,8 @@
 
 ``plan_hashes.json`` was written by ``python tests/plan/plan_hashes.py > tests/plan/plan_hashes.json`` at commit
 7d17127; a change of the planner that changes a plan on purpose rewrites it in the same commit, saying why.
+Rewritten when packed plans gained their exchange stage (stage 5 of ``lit_balance.plan.packed``): 174 packed cases
+of one micro-batch per rank and step changed, no padded case and no case with accumulation.
 """
 
 import json
