@@ -700,7 +700,7 @@ class PaddedPlanner:
 
     @staticmethod
     def real_token_fraction_bound(lengths: np.ndarray) -> float | None:
-        """None: free shapes bound no real-token fraction (:meth:`~lit_balance.plan.Planner.real_token_fraction_bound`)."""
+        """None: free shapes set no bound on the real-token fraction (see ``Planner``)."""
         return None
 
     @staticmethod
