@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
@@ -86,18 +86,15 @@ class ProbeLayout:
     padded_shapes: int | tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
-        check_bool("packing", self.packing)
         check_int("pad_to_multiple_of", self.pad_to_multiple_of, 1, "use 1 for no rounding")
-        if self.max_batch_size is not None:
-            check_int("max_batch_size", self.max_batch_size, 1, "or pass None for no row cap")
         check_bool("static_packing", self.static_packing)
+        self._unshaped()  # the other fields are checked by the settings they are passed on to
 
     @classmethod
     def of(cls, settings: object) -> ProbeLayout:
-        """The layout of a :class:`~lit_balance.BatchingSettings` (or any object with the same attributes)."""
-        return cls(packing=bool(settings.packing), pad_to_multiple_of=int(settings.pad_to_multiple_of),
-                   max_batch_size=settings.max_batch_size, static_packing=bool(settings.static_packing),
-                   padded_shapes=settings.padded_shapes)
+        """The layout of a :class:`~lit_balance.BatchingSettings` (or any object with the same attributes): its
+        fields of the same names, passed on as they are."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
     @property
     def static(self) -> bool:
@@ -109,19 +106,21 @@ class ProbeLayout:
         (per micro-batch, per rank)."""
         from lit_balance.plan.settings import BatchingSettings
 
-        return BatchingSettings(max_tokens=int(max_tokens), packing=self.packing,
-                                pad_to_multiple_of=self.pad_to_multiple_of, max_batch_size=self.max_batch_size,
-                                static_packing=self.static_packing, padded_shapes=self.padded_shapes)
+        return BatchingSettings(max_tokens=int(max_tokens), **asdict(self))
+
+    def _unshaped(self) -> BatchingSettings:
+        """This layout's settings without static shapes, at a budget that holds any row (the planner does not read
+        it)."""
+        from lit_balance.plan.settings import BatchingSettings
+
+        return BatchingSettings(max_tokens=int(self.pad_to_multiple_of) << 20,
+                                **{**asdict(self), "static_packing": False, "padded_shapes": None})
 
     @property
     def planner(self) -> Planner:
         """The planner that forms the micro-batches, without static shapes (:func:`~lit_balance.plan.planner_for` of
-        this layout at any budget; the probe asks :func:`~lit_balance.plan.shapes.probe_planner` for static shapes)."""
-        from lit_balance.plan.settings import BatchingSettings
-
-        return planner_for(BatchingSettings(max_tokens=self.pad_to_multiple_of, packing=self.packing,
-                                            pad_to_multiple_of=self.pad_to_multiple_of,
-                                            max_batch_size=self.max_batch_size))
+        this layout; the probe asks :func:`~lit_balance.plan.shapes.probe_planner` for static shapes)."""
+        return planner_for(self._unshaped())
 
 
 @dataclass(frozen=True)
