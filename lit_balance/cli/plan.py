@@ -445,7 +445,7 @@ def _probe(cfg: Namespace, dm: BalancedTextDataModule) -> Any:
 def _write_ledger(cfg: Namespace, dm: BalancedTextDataModule | None, sampler: Any, lengths: np.ndarray,
                   settings: BatchingSettings, cost_model: CostModel) -> dict[str, Any]:
     """Write ``--ledger``: the plan's epoch as :func:`lit_balance.ledger.write_ledger` lays it out; the header."""
-    from lit_balance.ledger import write_ledger
+    from lit_balance.lightning.ledger import write_ledger
     from lit_balance.lightning.resume_checks import data_identity
     from lit_balance.sampler.sampler import BalancedBatchSampler
 

@@ -79,7 +79,7 @@ class LedgerCheck(L.Callback):
     def _load(self, trainer: L.Trainer) -> None:
         """Read this rank's rows of the ledger for the trainer's epoch (a fit resumed mid-epoch has no
         ``on_train_epoch_start``: then at its first micro-batch)."""
-        from lit_balance.ledger import check_ledger_header, ledger_header, read_ledger
+        from lit_balance.lightning.ledger import check_ledger_header, ledger_header, read_ledger
 
         self._loaded_for = int(trainer.current_epoch)
         self._expected, self._first, self._seen = None, None, set()
