@@ -189,6 +189,14 @@ class _SwappingDataModule(BalancedTextDataModule):
             dataset._item = lambda i, is_fill=False: item(delivered if i == planned else i, is_fill)
 
 
+class _Steps(L.Callback):
+    def __init__(self):
+        self.micro_steps = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.micro_steps.append(batch_idx)
+
+
 def _fit(tmp_path, dm, callbacks, acc=2):
     L.seed_everything(0, verbose=False)
     model = DemoTransformerLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
@@ -200,8 +208,9 @@ def _fit(tmp_path, dm, callbacks, acc=2):
     return trainer
 
 
-@pytest.mark.parametrize("packing", [False, True])
-def test_ledger_check_passes_a_fit_of_the_plan_and_stops_one_with_a_swapped_document(tmp_path, packing):
+@pytest.mark.parametrize(("packing", "every_n_steps"), [(False, 1), (True, 1), (True, 3)])
+def test_ledger_check_passes_a_fit_of_the_plan_and_stops_one_with_a_swapped_document(tmp_path, packing,
+                                                                                     every_n_steps):
     texts = [" ".join(["word"] * (1 + (i * 7) % 23)) for i in range(60)]
     kwargs = dict(max_tokens=64, val_fraction=0.1, packing=packing, cache_dir=tmp_path / "cache", seed=2)
     dm = _SwappingDataModule(texts, **kwargs)
@@ -217,10 +226,13 @@ def test_ledger_check_passes_a_fit_of_the_plan_and_stops_one_with_a_swapped_docu
     planned = int(sample[micro == 3][0])
     swapped = _SwappingDataModule(texts, **kwargs)
     swapped.swap = (planned, int(sample[micro == 0][0]))
+    recorder = _Steps()
     with pytest.raises(LedgerMismatchError, match=rf"optimizer step 1 \(epoch 0, micro-step 3, micro-batch 1 of the "
                                                   rf"step\), rank 0, row 0: the rank received sample "
                                                   rf"{swapped.swap[1]} where the ledger has sample {planned}"):
-        _fit(tmp_path, swapped, [LedgerCheck(path)])
+        _fit(tmp_path, swapped, [recorder, LedgerCheck(path, every_n_steps=every_n_steps)])
+    # stopped at the first gather after the difference: the end of optimizer step every_n_steps - 1 (at least 1)
+    assert recorder.micro_steps == list(range(2 * max(every_n_steps, 2)))
 
 
 def test_ledger_check_refuses_a_ledger_of_other_settings(tmp_path):

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real multi-rank CPU fits in 
 
 SCRIPT = Path(__file__).with_name("fit_ledger.py")
 ROOT = SCRIPT.parents[2]
-TIMEOUT_S = 600  # two fits at once take ~60 s on a quiet 2-core machine
+TIMEOUT_S = 600  # two fits at once: ~10 s on a quiet 2-core machine, ~60 s beside other CPU-bound jobs
 
 
 def _fit_ledger():

@@ -34,7 +34,7 @@ class LedgerCheck(L.Callback):
     :class:`~lit_balance.PackedCollator` put in a batch: the sampler's index of every row) are compared with the
     ledger's rows of that micro-step (Lightning's ``batch_idx``, the epoch's micro-step) and rank; every
     ``every_n_steps`` optimizer steps, and at the epoch's end, the ranks gather their first difference (one
-    ``all_gather`` of six integers), so a difference on one rank stops every rank with the same message. At the
+    ``all_gather`` of eight integers), so a difference on one rank stops every rank with the same message. At the
     epoch's end each rank also checks that it ran every micro-step of the ledger from where the pass started. Other
     epochs than the ledger's are not checked.
 
