@@ -8,6 +8,8 @@ from lit_balance.lightning.callbacks import (
     BalanceProgressBar,
     CostModelFeedback,
     LastStepCheckpoint,
+    LedgerCheck,
+    LedgerMismatchError,
     MixtureMonitor,
     PaddingRatioMonitor,
     RunSummary,
@@ -16,6 +18,6 @@ from lit_balance.lightning.callbacks import (
     backward_is_local,
 )
 
-__all__ = ["AdaptiveGradAccumulation", "BalanceProgressBar", "CostModelFeedback", "LastStepCheckpoint",
+__all__ = ["AdaptiveGradAccumulation", "BalanceProgressBar", "CostModelFeedback", "LastStepCheckpoint", "LedgerCheck", "LedgerMismatchError",
            "MixtureMonitor", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor", "TimingWindow",
            "backward_is_local"]

@@ -37,6 +37,7 @@ LAYERS = {
     "lightning": {"errors", "_checks", "_fingerprint", "world", "plan", "sampler", "data", "report"},
     "demo": {"errors", "_checks", "_fingerprint", "world", "plan", "lightning"},
     "callbacks": {"lightning"},
+    "ledger": {"lightning"},
     "cli": {"errors", "_checks", "_fingerprint", "world", "plan", "sampler", "data", "report", "lightning", "demo"},
     "__init__": set(),
 }

@@ -96,6 +96,10 @@ def plan_parser(fit_parser: ArgumentParser | None = None) -> ArgumentParser:
     parser.add_argument("--output-dir", type=Path, default=Path("plan_report"),
                         help="where plan_table.txt, plan_summary.json and the PNG plots go")
     parser.add_argument("--plots", type=bool, default=True, help="write the PNG plots")
+    parser.add_argument("--ledger", type=Path | None, default=None,
+                        help="also write the epoch's ledger to this Parquet file: one row per document per micro-batch "
+                             "(optimizer step, rank, component, document, store file and row, tokens; "
+                             "docs/ledger.md)")
     return parser
 
 
@@ -438,6 +442,22 @@ def _probe(cfg: Namespace, dm: BalancedTextDataModule) -> Any:
     return dm.find_max_tokens(model)
 
 
+def _write_ledger(cfg: Namespace, dm: BalancedTextDataModule | None, sampler: Any, lengths: np.ndarray,
+                  settings: BatchingSettings, cost_model: CostModel) -> dict[str, Any]:
+    """Write ``--ledger``: the plan's epoch as :func:`lit_balance.ledger.write_ledger` lays it out; the header."""
+    from lit_balance.lightning.ledger import write_ledger
+    from lit_balance.lightning.resume_checks import data_identity
+    from lit_balance.sampler.sampler import BalancedBatchSampler
+
+    if dm is None:
+        sampler = BalancedBatchSampler(lengths, settings=settings, num_replicas=cfg.num_replicas, rank=0,
+                                       cost_model=cost_model)
+    sampler.set_epoch(cfg.epoch)
+    Path(cfg.ledger).parent.mkdir(parents=True, exist_ok=True)
+    return write_ledger(cfg.ledger, sampler, dataset=None if dm is None else dm.train_dataset,
+                        data=None if dm is None else data_identity(dm))
+
+
 def run_plan(cfg: Namespace) -> dict[str, Any]:
     """Run the ``plan`` subcommand on parsed options; print the report and write it to ``--output-dir``.
 
@@ -483,6 +503,7 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
         sampler = None if dm is None else dm.training_sampler(settings, cfg.num_replicas, cost_model=cost_model)
         report = plan_report(lengths, settings=settings, num_replicas=cfg.num_replicas, epoch=cfg.epoch,
                              cost_model=cost_model, sampler=sampler)
+        ledger = None if cfg.ledger is None else _write_ledger(cfg, dm, sampler, lengths, settings, cost_model)
     except InputError as error:
         # the library names its Python arguments (max_tokens, too_long="skip"); here they are flags
         raise type(error)(flag_names(str(error), PLAN_FLAGS, parameter=error.parameter),
@@ -508,5 +529,10 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
         written += save_plots(report, output_dir)
     table_path = output_dir / "plan_table.txt"
     table_path.write_text(console.export_text(), encoding="utf-8")
+    if ledger is not None:
+        written.append(Path(cfg.ledger))
+        console.print(f"ledger: {ledger['rows']} rows, {ledger['optimizer_steps']} optimizer steps of "
+                      f"{ledger['num_replicas']} ranks x {ledger['accumulate_grad_batches']} micro-batches",
+                      highlight=False, soft_wrap=True)
     console.print("wrote " + ", ".join(str(p) for p in [table_path, *written]), highlight=False, soft_wrap=True)
     return summary

@@ -169,6 +169,28 @@ class TokenDataset(MicroBatchItems):
             docs = items if docs is None else docs[items]
         return self.store.supervised_lengths(lengths, docs)
 
+    def document_origins(self, items: np.ndarray) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+        """Where items ``items`` come from, for many at once (what the ledger of a run records per document).
+
+        Args:
+            items: int ``[n]``, item indices of this dataset.
+
+        Returns:
+            ``(columns, files)``: ``columns`` holds int64 ``[n]`` arrays ``corpus_document`` (the document's index in
+            the corpus, before the train/validation split), ``store_document`` (its index in the store, after empty
+            documents were left out: what :meth:`~lit_balance.data.stores.TokenStore.read` reads),
+            ``document_tokens`` (its whole length, before ``max_length``), int32 ``store_file`` (a position in
+            ``files``) and int64 ``file_document`` (its number within that file: an Arrow row, a Megatron or
+            datatrove document), from :meth:`~lit_balance.data.stores.TokenStore.locate_documents`.
+        """
+        items = np.asarray(items, dtype=np.int64)
+        corpus_docs = items if self._doc_ids is None else self._doc_ids[items]
+        store_docs = items if self._store_docs is None else self._store_docs[items]
+        files, file, local = self.store.locate_documents(store_docs)
+        return {"corpus_document": corpus_docs, "store_document": store_docs,
+                "document_tokens": np.asarray(self.corpus.lengths, dtype=np.int64)[corpus_docs],
+                "store_file": file, "file_document": local}, tuple(files)
+
     def store_document(self, i: int) -> int:
         """The store's index of item ``i``'s document (what :meth:`~lit_balance.data.stores.TokenStore.read` reads)."""
         return i if self._store_docs is None else int(self._store_docs[i])

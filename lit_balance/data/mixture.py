@@ -211,6 +211,24 @@ class MixtureDataset(MicroBatchItems):
         """int64 ``[N]``: next-token targets of each document (one copy), components in order."""
         return np.concatenate([np.asarray(d.supervised_lengths(max_length), dtype=np.int64) for d in self.datasets])
 
+    def document_origins(self, samples: np.ndarray) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+        """As :meth:`lit_balance.data.dataset.TokenDataset.document_origins` for samples of the mixture's sample
+        space, each asked of its component's dataset; ``store_file`` indexes the components' files one after the
+        other (``files``)."""
+        samples = np.asarray(samples, dtype=np.int64)
+        located = self.layout.locate(samples)
+        columns: dict[str, np.ndarray] = {}
+        files: list[str] = []
+        for c, dataset in enumerate(self.datasets):
+            mine = np.flatnonzero(located[:, 0] == c)
+            part, part_files = dataset.document_origins(located[mine, 1])
+            for name, values in part.items():
+                if name not in columns:
+                    columns[name] = np.zeros(samples.shape[0], dtype=values.dtype)
+                columns[name][mine] = values + (len(files) if name == "store_file" else 0)
+            files.extend(part_files)
+        return columns, tuple(files)
+
     def _item(self, i: int, is_fill: bool = False) -> dict[str, Any]:
         if not 0 <= i < len(self):
             raise IndexError(f"index {i} out of range for a mixture of {len(self)} samples")

@@ -165,6 +165,13 @@ class MixtureBatchSampler(BalancedBatchSampler):
         """int64: the component (position in ``mixture.names``) of each sample index."""
         return self.layout.component_of(indices)
 
+    def locate(self, indices: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """As :meth:`BalancedBatchSampler.locate`: sample ``i`` is document ``(i % N) - offsets[c]`` of component
+        ``c``, read for the ``i // N``-th time (:class:`~lit_balance.plan.mixture.MixtureLayout`)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        located = self.layout.locate(indices)
+        return located[:, 0], located[:, 1], indices // max(self.layout.num_documents, 1)
+
     def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
         """As :meth:`BalancedBatchSampler.state_dict`, with the mixture's settings under ``"mixture"``."""
         state = super().state_dict(batches_consumed)

@@ -211,6 +211,15 @@ class BalancedBatchSampler(DistributedSampler):
         sample of one corpus."""
         return np.zeros(np.asarray(indices).shape[0], dtype=np.int64)
 
+    def locate(self, indices: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(component, document, copy)``, int64 ``[len(indices)]`` each: the component (position in
+        ``mixture.names``) of each sample index, the document's index in that component, and which read of the
+        document in the epoch's sample space it is (0 for the first; a mixture with ``max_repetition`` above 1 reads a
+        document again as another sample). One corpus: ``(0, index, 0)``."""
+        indices = np.asarray(indices, dtype=np.int64)
+        zeros = np.zeros(indices.shape[0], dtype=np.int64)
+        return zeros, indices, zeros.copy()
+
     @property
     def settings(self) -> BatchingSettings:
         """The :class:`~lit_balance.BatchingSettings` in force."""

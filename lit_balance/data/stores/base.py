@@ -120,6 +120,20 @@ class TokenStore(abc.ABC):
         """Where document ``doc`` lives, for error messages, e.g. ``"document 3 of /data/corpus.bin"``."""
         return f"document {doc} of {self.description}"
 
+    def locate_documents(self, docs: np.ndarray) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+        """Where documents ``docs`` live, for many at once (the ledger of a run records it per document).
+
+        Args:
+            docs: int ``[n]``, store document indices.
+
+        Returns:
+            ``(files, file, local)``: the names of the store's files (one, :attr:`description`, for a store that is
+            not split in files), int32 ``[n]`` each document's file (a position in ``files``) and int64 ``[n]`` its
+            number within that file (a row of an Arrow file, a document of a Megatron or datatrove file).
+        """
+        docs = np.asarray(docs, dtype=np.int64)
+        return (self.description,), np.zeros(docs.shape[0], dtype=np.int32), docs
+
     def supervised_lengths(self, lengths: np.ndarray, docs: np.ndarray | None = None) -> np.ndarray:
         """int64 ``[n]``: next-token targets of documents ``docs`` cut to ``lengths`` tokens, as a causal LM counts.
 

@@ -182,6 +182,12 @@ class MultiFileStore(TokenStore):
         file, local = self._locate(doc)
         return f"{self.noun} {local} of {self.files_opened[file].name}"
 
+    def locate_documents(self, docs: np.ndarray) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+        """As :meth:`TokenStore.locate_documents`: each document's file (of :attr:`files`) and number within it."""
+        docs = np.asarray(docs, dtype=np.int64)
+        file = np.searchsorted(self._file_docs, docs, side="right") - 1
+        return self.files, file.astype(np.int32), docs - self._file_docs[file]
+
     def read(self, doc: int, length: int) -> tuple[np.ndarray, np.ndarray | None]:
         """The first ``length`` tokens (and labels) of document ``doc``, read from its file (see
         :meth:`TokenStore.read`)."""

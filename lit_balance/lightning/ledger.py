@@ -1,0 +1,315 @@
+"""The ledger of an epoch (public home: :mod:`lit_balance.ledger`): which documents every rank trains on at every optimizer step, written before training.
+
+The plan of an epoch is a pure function of (lengths, settings, seed, epoch, num_replicas) (:mod:`lit_balance.plan`), so
+what each rank reads at each micro-step is known without a GPU and without running anything. :func:`ledger_columns`
+lays it out as one row per document per micro-batch, built with NumPy from the plan's arrays (no Python loop per
+document); :func:`write_ledger` writes it as Parquet (pyarrow, the ``stores`` extra) with a JSON header of the
+settings and fingerprints in the schema metadata (key ``lit_balance.ledger``); :func:`read_ledger` reads it back and
+:func:`check_ledger_header` compares a header with a run. :class:`lit_balance.callbacks.LedgerCheck` checks, while
+training, that every rank received exactly the ledger's documents.
+
+Columns (one row per document of a micro-batch, in the order the micro-batches run: micro-step, then rank, then the
+rows of the micro-batch):
+
+========================  =======  ======================================================================================
+``epoch``                 int32    the epoch
+``optimizer_step``        int64    ``first_optimizer_step + micro_step // accumulate_grad_batches``
+``micro_step``            int64    the micro-step of the epoch (Lightning's ``batch_idx``), counted from its start
+``rank``                  int32    the data-parallel rank that runs the micro-batch
+``micro_batch``           int32    the micro-batch's place in its rank's optimizer step, ``[0, accumulate_grad_batches)``
+``row``                   int32    the document's place in its micro-batch (a padded row, or a document of a packed row)
+``sample``                int64    the sampler's index (what a batch's ``indices`` carries)
+``component``             dict     the component's name (``train`` for one corpus)
+``document``              int64    the document's index in its component (the component's training split)
+``copy``                  int16    which read of the document in the epoch's sample space (mixture ``max_repetition``)
+``tokens``                int32    tokens planned (after truncation)
+``supervised_tokens``     int32    next-token targets of the row (0 for a fill row, whose labels are ignored)
+``fill``                  bool     a fill row: a duplicate that only gives every rank the same number of micro-batches
+``repeated``              bool     ``fill`` or ``copy > 0``: the document was already read earlier in the epoch
+========================  =======  ======================================================================================
+
+With the dataset (a DataModule's training split), also: ``corpus_document`` (index in the component's corpus, before
+the train/validation split), ``store_document`` (index in its store), ``store_file`` (dict: the store's file) and
+``file_document`` (the document's number within that file: an Arrow row, a Megatron or datatrove document),
+``document_tokens`` (its whole length) and ``truncated`` (fewer tokens planned than the document holds, cut by
+``max_length`` or ``too_long="truncate"``; a document is never split over several micro-batches).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from lit_balance.errors import InputValueError
+from lit_balance.lightning.resume_checks import data_identity
+
+__all__ = ["LEDGER_KEY", "LEDGER_VERSION", "check_ledger_header", "ledger_columns", "ledger_header", "read_ledger",
+           "step_documents", "write_datamodule_ledger", "write_ledger"]
+
+#: Schema metadata key of the ledger's JSON header.
+LEDGER_KEY = b"lit_balance.ledger"
+#: Version of the ledger's layout (columns and header).
+LEDGER_VERSION = 1
+#: Header entries a run must match for its ledger to describe it (what :func:`check_ledger_header` compares).
+_RUN_KEYS = ("epoch", "num_replicas", "accumulate_grad_batches", "first_micro_step", "micro_steps", "num_samples",
+             "lengths_sha256", "settings", "mixture")
+
+
+def _import_pyarrow() -> Any:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet  # noqa: F401
+    except ImportError as error:  # pragma: no cover - pyarrow comes with the stores and test extras
+        raise ImportError('writing or reading a ledger needs pyarrow: pip install "lit_balance[stores]"') from error
+    return pa
+
+
+def ledger_header(sampler: Any, *, epoch: int | None = None, first_optimizer_step: int = 0,
+                  data: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ledger's header: the settings and fingerprints of ``sampler``'s plan of ``epoch``, plain JSON types.
+
+    Returns:
+        ``{"version", "epoch", "num_replicas", "accumulate_grad_batches", "first_micro_step", "micro_steps",
+        "first_optimizer_step", "optimizer_steps", "num_samples", "lengths_sha256", "settings", "mixture",
+        "rank_speeds", "cost_model", "data"}``; ``first_micro_step`` is the micro-step at which this world size's plan
+        starts (above 0 after a resume on another number of ranks: the micro-steps before it ran on the old ranks and
+        are not in this ledger); ``micro_steps`` the epoch's micro-steps (``len(sampler)``).
+    """
+    epoch = sampler.epoch if epoch is None else int(epoch)
+    settings = sampler.settings
+    acc = int(settings.accumulate_grad_batches)
+    current = epoch == sampler.epoch
+    first = int(sampler.first_micro_step) if current else 0
+    micro_steps = first + sum(part.num_micro_steps for part in sampler.plan_parts(epoch)) if not current else \
+        len(sampler)
+    speeds = sampler.rank_speeds
+    return {
+        "version": LEDGER_VERSION, "epoch": epoch, "num_replicas": int(sampler.num_replicas),
+        "accumulate_grad_batches": acc, "first_micro_step": first, "micro_steps": int(micro_steps),
+        "first_optimizer_step": int(first_optimizer_step), "optimizer_steps": -(-int(micro_steps) // acc),
+        "num_samples": int(len(sampler.lengths)), "lengths_sha256": sampler.lengths_sha256,
+        "settings": settings.to_dict(), "mixture": sampler.mixture.to_dict(),
+        "rank_speeds": None if speeds is None else [float(s) for s in speeds],
+        "cost_model": repr(sampler.cost_model), "data": None if data is None else dict(data),
+    }
+
+
+def _part_columns(plan: Any, base: int, acc: int) -> dict[str, np.ndarray]:
+    """The rows of one part of an epoch's plan (micro-steps from ``base``), in running order: sample, fill, the
+    micro-step, rank and row of each."""
+    steps, ranks = plan.assignment.shape
+    batches = plan.assignment.reshape(-1)  # micro-step-major, then rank
+    lo = plan.batch_offsets[batches]
+    sizes = plan.batch_offsets[batches + 1] - lo
+    total = int(sizes.sum())
+    starts = np.zeros(batches.shape[0], dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    entry = np.repeat(np.arange(batches.shape[0], dtype=np.int64), sizes)
+    position = np.arange(total, dtype=np.int64) - starts[entry]
+    at = lo[entry] + position
+    micro_step = base + entry // ranks
+    return {"micro_step": micro_step, "rank": (entry % ranks).astype(np.int32),
+            "micro_batch": (micro_step % acc).astype(np.int32), "row": position.astype(np.int32),
+            "sample": plan.rows[at], "fill": plan.is_fill[at]}
+
+
+def ledger_columns(sampler: Any, *, dataset: Any = None, epoch: int | None = None,
+                   first_optimizer_step: int = 0) -> tuple[dict[str, np.ndarray], dict[str, tuple[str, ...]]]:
+    """The ledger of ``sampler``'s plan of ``epoch`` as NumPy columns (see the module's table).
+
+    Every rank's micro-batches, as the sampler plans them (the same on every rank); after
+    :meth:`~lit_balance.BalancedBatchSampler.load_state_dict` on another number of ranks, the micro-steps of this
+    world size's plan (from ``first_micro_step``). An epoch planned in windows is laid out window by window.
+
+    Args:
+        sampler: a :class:`~lit_balance.BalancedBatchSampler` (or a mixture's), with the ``accumulate_grad_batches``
+            of the run.
+        dataset: the dataset the sampler's indices read (a DataModule's ``train_dataset``), which adds where each
+            document comes from (``document_origins``); None: the sampler's columns only.
+        epoch: the epoch (default: the sampler's).
+        first_optimizer_step: optimizer steps of the run before this epoch (the ``optimizer_step`` of the epoch's
+            first step).
+
+    Returns:
+        ``(columns, dictionaries)``: ``columns`` maps each column's name to an array ``[num_rows]``; ``component`` and
+        ``store_file`` are int32 codes into ``dictionaries["component"]`` / ``dictionaries["store_file"]``.
+    """
+    epoch = sampler.epoch if epoch is None else int(epoch)
+    acc = int(sampler.settings.accumulate_grad_batches)
+    base = int(sampler.first_micro_step) if epoch == sampler.epoch else 0
+    parts = []
+    for plan in sampler.plan_parts(epoch):
+        parts.append(_part_columns(plan, base, acc))
+        base += plan.num_micro_steps
+    columns = {k: np.concatenate([p[k] for p in parts]) if len(parts) != 1 else parts[0][k] for k in parts[0]}
+    sample, fill = columns.pop("sample"), columns.pop("fill")
+    n = sample.shape[0]
+    component, document, copy = sampler.locate(sample)
+    tokens = np.asarray(sampler.lengths)[sample].astype(np.int32)
+    supervised = sampler.supervised_lengths
+    supervised = (tokens - 1) if supervised is None else np.asarray(supervised)[sample].astype(np.int32)
+    micro_step = columns.pop("micro_step")
+    out = {"epoch": np.full(n, epoch, dtype=np.int32),
+           "optimizer_step": micro_step // acc + int(first_optimizer_step), "micro_step": micro_step, **columns,
+           "sample": sample, "component": component.astype(np.int32), "document": document,
+           "copy": copy.astype(np.int16), "tokens": tokens,
+           "supervised_tokens": np.where(fill, 0, supervised).astype(np.int32), "fill": fill,
+           "repeated": fill | (copy > 0)}
+    dictionaries = {"component": tuple(sampler.mixture.names)}
+    if dataset is not None:
+        origins, files = dataset.document_origins(sample)
+        out.update(origins)
+        out["truncated"] = tokens < origins["document_tokens"]
+        dictionaries["store_file"] = files
+    return out, dictionaries
+
+
+def write_ledger(path: str | os.PathLike, sampler: Any, *, dataset: Any = None, epoch: int | None = None,
+                 first_optimizer_step: int = 0, data: Mapping[str, Any] | None = None,
+                 compression: str = "zstd") -> dict[str, Any]:
+    """Write the ledger of ``sampler``'s plan of ``epoch`` to ``path`` (Parquet), for every rank at once.
+
+    Args:
+        path: the Parquet file to write (replaced).
+        sampler, dataset, epoch, first_optimizer_step: as :func:`ledger_columns`.
+        data: what the documents are (e.g. :func:`lit_balance.lightning.resume_checks.data_identity` of a DataModule),
+            kept in the header.
+        compression: Parquet compression codec (pyarrow's names: ``"zstd"``, ``"snappy"``, ``"none"``).
+
+    Returns:
+        The header written (:func:`ledger_header`), with ``"rows"``, the rows written.
+
+    Raises:
+        ImportError: pyarrow is not installed (naming the extra).
+
+    Example:
+        >>> from lit_balance import BalancedBatchSampler
+        >>> s = BalancedBatchSampler([95] * 5 + [20] * 5, max_tokens=100, num_replicas=2, rank=0, shuffle=False)
+        >>> write_ledger(getfixture("tmp_path") / "ledger.parquet", s)["rows"]
+        10
+    """
+    pa = _import_pyarrow()
+    columns, dictionaries = ledger_columns(sampler, dataset=dataset, epoch=epoch,
+                                           first_optimizer_step=first_optimizer_step)
+    header = ledger_header(sampler, epoch=epoch, first_optimizer_step=first_optimizer_step, data=data)
+    arrays, names = [], []
+    for name, values in columns.items():
+        if name in dictionaries:
+            arrays.append(pa.DictionaryArray.from_arrays(pa.array(values, type=pa.int32()),
+                                                         pa.array(list(dictionaries[name]), type=pa.string())))
+        else:
+            arrays.append(pa.array(values))
+        names.append(name)
+    header["rows"] = len(arrays[0]) if arrays else 0
+    table = pa.Table.from_arrays(arrays, names=names).replace_schema_metadata(
+        {LEDGER_KEY: json.dumps(header).encode()})
+    # integers delta-encoded (steps, ranks and rows run in order), no dictionary tried on columns of many values
+    encoding = {name: "DELTA_BINARY_PACKED" for name, values in columns.items()
+                if name not in dictionaries and values.dtype.kind in "iu"}
+    pa.parquet.write_table(table, str(path), compression=compression, use_dictionary=list(dictionaries),
+                           column_encoding=encoding)
+    return header
+
+
+def write_datamodule_ledger(path: str | os.PathLike, datamodule: Any, *, num_replicas: int,
+                            accumulate_grad_batches: int = 1, epoch: int = 0, first_optimizer_step: int = 0,
+                            sampler_state: Mapping[str, Any] | None = None,
+                            compression: str = "zstd") -> dict[str, Any]:
+    """Write the ledger of a :class:`~lit_balance.BalancedTextDataModule`'s training split for ``num_replicas`` ranks
+    (after :meth:`~lit_balance.BalancedTextDataModule.setup`): the plan training on that world runs
+    (:meth:`~lit_balance.BalancedTextDataModule.training_sampler`), with where each document comes from.
+
+    Args:
+        path: the Parquet file to write.
+        datamodule: the DataModule, set up.
+        num_replicas: data-parallel ranks of the run.
+        accumulate_grad_batches: the Trainer's.
+        epoch: the epoch (ignored with ``sampler_state``, which holds it).
+        first_optimizer_step: as :func:`ledger_columns`.
+        sampler_state: the training sampler's state saved in a checkpoint
+            (``checkpoint["BalancedTextDataModule"]["train_sampler"]``): the ledger of the rest of its epoch as a
+            resume on ``num_replicas`` ranks runs it (from ``first_micro_step``, the micro-step it resumes at).
+        compression: as :func:`write_ledger`.
+
+    Raises:
+        RuntimeError: called before ``setup``.
+        ValueError: ``max_tokens="auto"`` (the budget is measured at the fit's start: write the ledger from the
+            training sampler then, or pass the budget), or as the sampler.
+    """
+    if datamodule.train_dataset is None:
+        raise RuntimeError("write_datamodule_ledger needs the training split: call datamodule.setup('fit') first")
+    if datamodule.max_tokens == "auto":
+        raise InputValueError("the ledger of max_tokens='auto' is known once the budget is measured: pass the budget "
+                              "the fit uses (max_tokens=N), or write the ledger of trainer.datamodule.train_sampler "
+                              "with write_ledger", parameter="max_tokens")
+    settings = datamodule.settings.replace(accumulate_grad_batches=accumulate_grad_batches)
+    sampler = datamodule.training_sampler(settings, num_replicas, cost_model=datamodule.cost_model)
+    if sampler_state is not None:
+        sampler.load_state_dict(dict(sampler_state))
+    else:
+        sampler.set_epoch(epoch)
+    return write_ledger(path, sampler, dataset=datamodule.train_dataset, first_optimizer_step=first_optimizer_step,
+                        data=data_identity(datamodule), compression=compression)
+
+
+def read_ledger(path: str | os.PathLike, *, columns: list[str] | None = None,
+                rank: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """Read a ledger: ``(table, header)``, a ``pyarrow.Table`` (``columns`` of it; the rows of ``rank`` only when
+    given) and the JSON header.
+
+    Raises:
+        ValueError: the file is not a ledger (no header), or one of another version, naming the file.
+    """
+    pa = _import_pyarrow()
+    metadata = pa.parquet.read_schema(str(path)).metadata or {}
+    if LEDGER_KEY not in metadata:
+        raise InputValueError(f"{path} is not a ledger: its Parquet schema has no {LEDGER_KEY.decode()!r} header; "
+                              "write it with lit_balance.ledger.write_ledger or lit-balance plan --ledger",
+                              parameter="ledger")
+    header = json.loads(metadata[LEDGER_KEY])
+    if header.get("version") != LEDGER_VERSION:
+        raise InputValueError(f"{path} is a ledger of version {header.get('version')}, this library reads version "
+                              f"{LEDGER_VERSION}; write it again", parameter="ledger")
+    if rank is None:
+        return pa.parquet.read_table(str(path), columns=columns), header
+    # one row group at a time, this rank's rows kept: memory of one rank's share plus one row group
+    names = columns if columns is None or "rank" in columns else [*columns, "rank"]
+    handle = pa.parquet.ParquetFile(str(path))
+    parts = []
+    for group in range(handle.num_row_groups):
+        part = handle.read_row_group(group, columns=names)
+        parts.append(part.filter(pa.array(part.column("rank").to_numpy() == int(rank))))
+    table = pa.concat_tables(parts) if parts else handle.schema_arrow.empty_table()
+    return (table if columns is None or "rank" in columns else table.drop_columns(["rank"])), header
+
+
+def check_ledger_header(header: Mapping[str, Any], run: Mapping[str, Any], *, source: str = "the ledger") -> None:
+    """Raise when ``header`` (a ledger's) does not describe ``run`` (:func:`ledger_header` of the run's sampler).
+
+    Raises:
+        ValueError: naming every setting that differs, with both values, and what to do.
+    """
+    diff = [f"{k}: ledger {header.get(k)!r}, run {run.get(k)!r}" for k in _RUN_KEYS if header.get(k) != run.get(k)]
+    if diff:
+        first = diff[0].split(":")[0]
+        raise InputValueError(f"{source} was written for other settings than this run's: " + "; ".join(diff) +
+                              ". Write the ledger again for this run's settings (lit-balance plan --ledger, or "
+                              "lit_balance.ledger.write_ledger of the run's training sampler)", parameter=first)
+
+
+def step_documents(table: Any) -> dict[tuple[int, int], np.ndarray]:
+    """``{(micro_step, rank): int64 [rows] samples}`` of a ledger table (``micro_step``, ``rank``, ``sample``
+    columns), in running order: each micro-batch's documents."""
+    micro = table.column("micro_step").to_numpy()
+    rank = table.column("rank").to_numpy()
+    sample = table.column("sample").to_numpy()
+    if not micro.size:
+        return {}
+    key = micro * (int(rank.max()) + 1) + rank
+    cuts = np.flatnonzero(np.diff(key)) + 1
+    starts = np.concatenate([[0], cuts])
+    return {(int(micro[s]), int(rank[s])): part for s, part in zip(starts.tolist(), np.split(sample, cuts))}

@@ -1,0 +1,143 @@
+"""The ledger of a plan is what real CPU ranks (gloo) train on, micro-batch by micro-batch, under LedgerCheck: one
+corpus and a mixture, padded and packed, accumulate_grad_batches=2, stopped mid-epoch on 2 ranks and resumed on 3 (the
+resumed run checked against the ledger of the checkpoint's rest of the epoch); and a document swapped in one rank's
+loader stops every rank with an error naming the optimizer step and rank."""
+
+import json
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from launch import run_scripts  # launch.py (the repository root)
+
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]  # real multi-rank CPU fits in subprocesses, ~15 s each alone
+
+SCRIPT = Path(__file__).with_name("fit_ledger.py")
+ROOT = SCRIPT.parents[2]
+TIMEOUT_S = 600  # two fits at once: ~10 s on a quiet 2-core machine, ~60 s beside other CPU-bound jobs
+
+
+def _fit_ledger():
+    sys.path.insert(0, str(SCRIPT.parent))
+    import fit_ledger
+
+    return fit_ledger
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ledger_data")
+    words = "the cat sat on a mat while dogs ran far away over green hills".split()
+    (root / "web.jsonl").write_text("".join(json.dumps({"text": " ".join(words[(i + j) % 14]
+                                                                         for j in range(3 + (i * 7) % 45))}) + "\n"
+                                            for i in range(90)))
+    (root / "code.jsonl").write_text("".join(json.dumps({"text": " ".join(f"x{(i * j) % 7} = {j}"
+                                                                          for j in range(2 + i % 16))}) + "\n"
+                                             for i in range(60)))
+    return root
+
+
+def _datamodule(data, kind, layout):
+    dm = _fit_ledger().datamodule(data, kind, layout)
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+def _ledger_rows(path):
+    from lit_balance.ledger import read_ledger
+
+    table, header = read_ledger(path)
+    names = ("micro_step", "rank", "sample", "fill", "component", "document")
+    return [dict(zip(names, row)) for row in zip(*(table.column(n).to_pylist() for n in names))], header
+
+
+def _by_step(rows, rank):
+    out = {}
+    for row in rows:
+        if row["rank"] == rank:
+            indices, fill = out.setdefault(row["micro_step"], ([], []))
+            indices.append(row["sample"])
+            fill.append(row["fill"])
+    return out
+
+
+def _read(out, phase, devices):
+    return [json.loads((out / f"{phase}_rank{r}.json").read_text()) for r in range(devices)]
+
+
+@pytest.fixture(scope="module", params=["plain", "mixture"])
+def runs(request, data, tmp_path_factory):
+    """Per layout: (the 2-rank ledger, the stopped run, the 3-rank ledger of the rest, the resumed run)."""
+    from lit_balance.ledger import write_datamodule_ledger
+
+    kind = request.param
+    fit = _fit_ledger()
+    dirs = {layout: (tmp_path_factory.mktemp(f"stop_{kind}_{layout}"), tmp_path_factory.mktemp(f"resume_{kind}_"
+                                                                                                   f"{layout}"))
+            for layout in ("padded", "packed")}
+    for layout, (stop, _) in dirs.items():
+        write_datamodule_ledger(stop / "ledger.parquet", _datamodule(data, kind, layout), num_replicas=2,
+                                accumulate_grad_batches=fit.ACCUMULATE)
+    run_scripts(SCRIPT, {layout: [stop, data, kind, layout, "stop", 2] for layout, (stop, _) in dirs.items()},
+                TIMEOUT_S)
+    for layout, (stop, resume) in dirs.items():
+        shutil.copy(stop / "mid.ckpt", resume / "mid.ckpt")
+        state = torch.load(resume / "mid.ckpt", weights_only=True)["BalancedTextDataModule"]["train_sampler"]
+        write_datamodule_ledger(resume / "ledger.parquet", _datamodule(data, kind, layout), num_replicas=3,
+                                accumulate_grad_batches=fit.ACCUMULATE, sampler_state=state)
+    run_scripts(SCRIPT, {layout: [resume, data, kind, layout, "resume", 3] for layout, (_, resume) in dirs.items()},
+                TIMEOUT_S)
+    return {layout: (_ledger_rows(stop / "ledger.parquet"), _read(stop, "stop", 2),
+                     _ledger_rows(resume / "ledger.parquet"), _read(resume, "resume", 3))
+            for layout, (stop, resume) in dirs.items()}
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_each_rank_trains_exactly_the_ledgers_micro_batches_before_and_after_a_resume_on_three_ranks(runs, layout):
+    (full, header2), stopped, (rest, header3), resumed = runs[layout]
+    stop_at = _fit_ledger().STOP_AT
+    assert header2["num_replicas"] == 2 and header3["num_replicas"] == 3 and header3["first_micro_step"] == stop_at
+    for rank, record in enumerate(stopped):
+        planned = _by_step(full, rank)
+        assert [b[0] for b in record["batches"]] == list(range(stop_at))
+        assert {b[0]: (b[1], b[2]) for b in record["batches"]} == {s: planned[s] for s in range(stop_at)}
+    for rank, record in enumerate(resumed):
+        planned = _by_step(rest, rank)
+        assert sorted(planned) == list(range(stop_at, header3["micro_steps"]))
+        assert {b[0]: (b[1], b[2]) for b in record["batches"]} == planned
+        assert record["global_step"] == header3["optimizer_steps"]
+    # the two ledgers together hold every document of the uninterrupted epoch once, by component
+    documents = lambda rows: Counter((r["component"], r["document"]) for r in rows if not r["fill"])  # noqa: E731
+    first_part = [r for r in full if r["micro_step"] < stop_at]
+    assert documents(first_part) + documents(rest) == documents(full)
+    assert max(documents(full).values()) == 1
+
+
+@pytest.fixture(scope="module")
+def swapped(data, tmp_path_factory):
+    from lit_balance.ledger import write_datamodule_ledger
+
+    out = tmp_path_factory.mktemp("swap")
+    fit = _fit_ledger()
+    write_datamodule_ledger(out / "ledger.parquet", _datamodule(data, "mixture", "packed"), num_replicas=2,
+                            accumulate_grad_batches=fit.ACCUMULATE)
+    rows, _ = _ledger_rows(out / "ledger.parquet")
+    planned = next(r["sample"] for r in rows if r["micro_step"] == 2 and r["rank"] == 1)
+    delivered = next(r["sample"] for r in rows if r["micro_step"] == 2 and r["rank"] == 0)
+    run_scripts(SCRIPT, {"swap": [out, data, "mixture", "packed", "swap", 2, planned, delivered]}, TIMEOUT_S)
+    return _read(out, "swap", 2), planned, delivered
+
+
+def test_a_document_swapped_in_one_ranks_loader_stops_every_rank_naming_the_step_and_rank(swapped):
+    records, planned, delivered = swapped
+    for record in records:
+        assert record["mismatch"] is not None
+        assert (f"optimizer step 1 (epoch 0, micro-step 2, micro-batch 0 of the step), rank 1, row 0: the rank "
+                f"received sample {delivered} where the ledger has sample {planned}") in record["mismatch"]
+        # stopped at the end of the step that differed: its two micro-batches trained, no later one
+        assert [b[0] for b in record["batches"]] == [0, 1, 2, 3]
