@@ -527,6 +527,10 @@ class BalancedDataLoader(DataLoader):
     trained so far and restore it into a loader over a fresh sampler before iterating. While it iterates, the sampler's
     own ``state_dict()`` without a count refuses to save a position ahead of this count.
 
+    Its worker processes ignore SIGINT and SIGTERM (a ``worker_init_fn`` given to it still runs, after that;
+    :func:`lit_balance.data.workers.ignore_stop_signals_in_workers`): Ctrl-C in a terminal reaches every process of the
+    group, and the main process, not a worker, decides how training stops.
+
     Build it with :func:`balanced_dataloader` (checked), or like a ``DataLoader`` with the sampler as ``sampler``
     (``batch_size=None``) or as ``batch_sampler``.
 
@@ -555,6 +559,10 @@ class BalancedDataLoader(DataLoader):
 
     def __init__(self, *args: Any, batches_consumed: Callable[[], int | None] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        from lit_balance.data.workers import ignore_stop_signals_in_workers
+
+        # the workers leave Ctrl-C and SIGTERM to the main process (lit_balance.data.workers)
+        self.worker_init_fn = ignore_stop_signals_in_workers(self.worker_init_fn)
         from lit_balance.sampler.sampler import BalancedBatchSampler
 
         sampler = self.sampler if isinstance(self.sampler, BalancedBatchSampler) else self.batch_sampler

@@ -29,6 +29,7 @@ from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.splits import check_supervised_targets, check_too_long, resolve_val_fraction, split_corpus
 from lit_balance.data.stores import TokenizedCorpus
 from lit_balance.data.tokenizer import TokenizerAdapter
+from lit_balance.data.workers import ignore_stop_signals_in_workers
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.agreement import check_ranks_agree, plan_fingerprint
 from lit_balance.lightning.budget import DEFAULT_MEMORY_FRACTION, TokenBudget, find_max_tokens
@@ -570,6 +571,7 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=self.pin_memory,
+            worker_init_fn=ignore_stop_signals_in_workers(),  # Ctrl-C and SIGTERM are the main process's to handle
             **kwargs,
         )
 
