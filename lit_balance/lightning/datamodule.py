@@ -194,7 +194,7 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         TypeError: a setting of the wrong type (e.g. ``pin_memory="yes"``, ``cache_dir=5``), or a
             corpus or tokenizer of an unsupported type.
         ImportError: a Hugging Face ``datasets`` object while ``datasets`` cannot be imported (the message
-            says ``pip install "lit_balance[datasets]"``).
+            says ``pip install -e ".[datasets]"``).
 
     Example:
         >>> dm = BalancedTextDataModule(["the cat sat", "a dog ran far away"], max_tokens=64, val_fraction=0,
