@@ -41,8 +41,8 @@ class LastStepCheckpoint(Checkpoint):
       A further Ctrl-C or SIGTERM while the run stops (the rest of the step, validation, the save, the table) waits
       for it: rank 0 says so on stderr once; SIGKILL ends the processes at once, and the last complete checkpoint is
       then the one written before. The handlers are installed at ``setup`` (a signal before training starts is
-      answered by the handler they replaced: Ctrl-C raises ``KeyboardInterrupt``) and set back at ``teardown``; after an exception,
-      which calls no ``teardown``, they stay and answer as the handlers they replaced.
+      answered by the handler they replaced: Ctrl-C raises ``KeyboardInterrupt``) and set back at ``teardown``; after
+      an exception, which calls no ``teardown``, they stay and answer as the handlers they replaced.
       DataLoader workers of this package's loaders ignore both signals
       (:func:`lit_balance.data.workers.ignore_stop_signals_in_workers`): the terminal's Ctrl-C reaches every process
       of the group, and the main process decides.
@@ -56,8 +56,9 @@ class LastStepCheckpoint(Checkpoint):
             ``<trainer.log_dir or default_root_dir>/checkpoints``.
         filename: the file's name, ``.ckpt`` added.
         stop_on_signal: SIGINT and SIGTERM during training stop every rank at the end of the optimizer step (one
-            all-gather of a flag per optimizer step and per validation); False: Lightning's own handling (SIGTERM stops every rank with a
-            ``SIGTERMException``, after this callback saved; Ctrl-C raises ``KeyboardInterrupt``).
+            all-gather of a flag per optimizer step and per validation); False: Lightning's own handling (SIGTERM
+            stops every rank with a ``SIGTERMException``, after this callback saved; Ctrl-C raises
+            ``KeyboardInterrupt``).
 
     Attributes:
         last_model_path: the file written by this fit ("" before it wrote one; not restored from a checkpoint), as
