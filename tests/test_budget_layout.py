@@ -1,19 +1,10 @@
-"""The automatic budget is one unit the DataModule consumes: the probe and the owner each in a file of at most 350
-lines, the settling arithmetic pure in ``plan/budget_search.py``, and no stand-in ``max_tokens`` in the Lightning
-layer."""
+"""The automatic budget is one unit the DataModule consumes: the settling arithmetic pure in
+``plan/budget_search.py``, and no stand-in ``max_tokens`` in the Lightning layer."""
 
 import ast
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[1] / "lit_balance"
-
-
-@pytest.mark.parametrize("name", ["lightning/probe.py", "lightning/budget.py"])
-def test_the_probe_and_the_owner_are_files_of_at_most_350_lines(name):
-    lines = len((PACKAGE / name).read_text().splitlines())
-    assert lines <= 350, f"{name} has {lines} lines"
 
 
 def test_no_module_of_the_lightning_layer_uses_the_max_tokens_limit_as_a_stand_in():

@@ -193,7 +193,7 @@ class LitBalanceCLI(LightningCLI):
             num_replicas = data_parallel_world(trainer).num_replicas
         except RuntimeError:  # ModelParallelStrategy: the data-parallel size is its device mesh's, built by fit
             num_replicas = None
-        unit = "tokens per packed row" if getattr(dm, "packing", False) else "padded slots"
+        unit = "tokens per packed row" if dm.packing else "padded slots"
         if num_replicas is None:
             print(f"world size {trainer.world_size} processes (data-parallel size set when fit builds the mesh)\n"
                   f"per-rank budget {dm.max_tokens} {unit} per micro-batch | {tail}", flush=True)
@@ -205,8 +205,8 @@ class LitBalanceCLI(LightningCLI):
         print(f"data-parallel size {num_replicas} | per-rank budget {dm.max_tokens} {unit} per micro-batch\n"
               f"global budget {sum(budgets) * trainer.accumulate_grad_batches} {unit} per optimizer step | {tail}",
               flush=True)
-        if isinstance(dm, BalancedTextDataModule):  # the preview communicates with no other rank
-            print(summary_line(dm.plan_summary(num_replicas, trainer.accumulate_grad_batches)), flush=True)
+        # the preview communicates with no other rank
+        print(summary_line(dm.plan_summary(num_replicas, trainer.accumulate_grad_batches)), flush=True)
 
     def after_fit(self) -> None:
         """Name the metrics file, logger directories and checkpoints this fit wrote, and plot the figures (rank 0;

@@ -235,6 +235,10 @@ def check_before_launch(datamodule: Any, trainer: Any) -> None:
     ``max_tokens="auto"`` on a CPU without ``memory_limit`` (the probe measures the process's resident memory
     against it).
 
+    Args:
+        datamodule: the :class:`~lit_balance.BalancedTextDataModule` the command or the recipe built.
+        trainer: its ``Trainer``.
+
     Raises:
         ValueError: (an :class:`~lit_balance.errors.InputValueError`) the case above; its message names
             ``memory_limit``.
@@ -243,7 +247,7 @@ def check_before_launch(datamodule: Any, trainer: Any) -> None:
 
     from lit_balance.errors import InputValueError
 
-    if (getattr(datamodule, "max_tokens", None) == "auto" and getattr(datamodule, "memory_limit", None) is None
+    if (datamodule.max_tokens == "auto" and datamodule.memory_limit is None
             and isinstance(trainer.accelerator, CPUAccelerator)):
         raise InputValueError("max_tokens='auto' on a CPU needs memory_limit: the bytes of resident memory one rank's "
                               "process may use, e.g. memory_limit=8589934592 for 8 GiB", parameter="memory_limit")

@@ -457,7 +457,7 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
     _check_max_length(cfg)
     _check_output_dir(Path(cfg.output_dir))
     budget = None
-    mixture = False
+    dm = None
     try:
         values = {name: cfg[name] for name in BatchingSettings.names()}
         if values["max_tokens"] == "auto" and cfg.lengths is not None:
@@ -470,7 +470,6 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
             source = f"{cfg.lengths} ({lengths.size} samples, max_length={cfg.max_length})"
         else:
             dm = _datamodule(cfg, values)
-            mixture = hasattr(dm, "training_sampler")  # a mixture's DataModule (lit_balance.lightning.mixture)
             if values["max_tokens"] == "auto":
                 budget = _probe(cfg, dm)
                 values["max_tokens"] = budget.max_tokens
@@ -480,7 +479,8 @@ def run_plan(cfg: Namespace) -> dict[str, Any]:
                       f"(val_fraction={dm.val_fraction}, max_length={dm.max_length})")
         settings = BatchingSettings.from_dict(values)
         cost_model = CostModel(linear=cfg.linear, quadratic=cfg.quadratic, per_batch=cfg.per_batch)
-        sampler = (dm.training_sampler(settings, cfg.num_replicas, cost_model=cost_model) if mixture else None)
+        # the DataModule's own training sampler (one corpus or a blend of several); from --lengths, one corpus
+        sampler = None if dm is None else dm.training_sampler(settings, cfg.num_replicas, cost_model=cost_model)
         report = plan_report(lengths, settings=settings, num_replicas=cfg.num_replicas, epoch=cfg.epoch,
                              cost_model=cost_model, sampler=sampler)
     except InputError as error:

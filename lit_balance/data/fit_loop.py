@@ -2,26 +2,22 @@
 ``Trainer`` iterates, read through the Trainer's public attributes (no Lightning import here).
 
 A :class:`~lit_balance.BalancedDataLoader` saves the sampler's position at the micro-batches training consumed. Under
-``Trainer.fit`` the right count is the fit loop's (:func:`fit_batches_consumed`): Lightning fetches one batch ahead of
-the training step, and after a training step raised, the checkpoint ``OnExceptionCheckpoint`` writes must count that
-micro-batch as not done, which the loader alone cannot tell. When a loader's iterator is created,
-:func:`fitting_trainer` finds the ``Trainer`` (of ``lightning`` or of the standalone ``pytorch_lightning``) whose
-``fit`` creates it, if any: the caller frames are searched for it, so nothing is registered with Lightning and fits
-that use no ``BalancedDataLoader`` are not touched.
+``Trainer.fit`` the right count is the fit loop's (:func:`fit_batches_consumed`): after a training step raised, the
+checkpoint ``OnExceptionCheckpoint`` writes must count that micro-batch as not done, which the loader alone cannot
+tell. The ``Trainer`` is handed to the loader explicitly (``balanced_dataloader(..., trainer=self.trainer)`` in a
+``train_dataloader`` hook; :class:`~lit_balance.BalancedTextDataModule` passes its own count): when the loader's
+iterator is created for training in that fit (:func:`fitting`), the loader counts with :class:`FitCount`. Nothing is
+registered with Lightning and no caller is searched for.
 """
 
 from __future__ import annotations
 
-import sys
 import weakref
 from typing import Any
 
 from lit_balance.errors import InputValueError
 
-__all__ = ["FitCount", "fit_batches_consumed", "fitting_trainer"]
-
-#: Modules whose ``Trainer`` runs fits: Lightning's unified package and the standalone one.
-_TRAINER_MODULES = ("lightning.pytorch", "pytorch_lightning")
+__all__ = ["FitCount", "fit_batches_consumed", "fitting"]
 
 
 def _batches_done_on_restore(progress: Any) -> int:
@@ -60,20 +56,10 @@ def fit_batches_consumed(trainer: Any) -> int | None:
     return _batches_done_on_restore(trainer.fit_loop.epoch_loop.batch_progress)
 
 
-def fitting_trainer() -> Any | None:
-    """The ``Trainer`` whose ``fit`` is running in its training stage in a frame that called this one, or None (no
-    Lightning imported, a plain loop, validation, another stage)."""
-    classes = tuple(trainer for name in _TRAINER_MODULES if (module := sys.modules.get(name)) is not None
-                    and isinstance(trainer := getattr(module, "Trainer", None), type))
-    if not classes:
-        return None
-    frame = sys._getframe(1)
-    while frame is not None:
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, classes):
-            return candidate if candidate.state.fn == "fit" and candidate.training else None
-        frame = frame.f_back
-    return None
+def fitting(trainer: Any) -> bool:
+    """Whether ``trainer`` (a ``lightning.Trainer`` or ``pytorch_lightning.Trainer``) is in the training stage of a
+    fit: the time a training loader's iterator is created (not validation inside the fit, not another stage)."""
+    return trainer.state.fn == "fit" and bool(trainer.training)
 
 
 class FitCount:

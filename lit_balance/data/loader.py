@@ -18,6 +18,9 @@ loader has none) and ``False``; each index the sampler yields is a whole micro-b
 
 from __future__ import annotations
 
+import sys
+import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -27,7 +30,8 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lit_balance.data.collate import IGNORE_INDEX
-from lit_balance.data.fit_loop import FitCount, fitting_trainer
+from lit_balance.data.fit_loop import FitCount, fitting
+from lit_balance.data.workers import ignore_stop_signals_in_workers
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.types import MicroBatch, padded_lengths
 
@@ -443,6 +447,9 @@ def _field_values(samples: Sequence[Mapping[str, Any]], field: str, indices: Seq
     return values
 
 
+_OWN_COUNT = "the loader's own count"
+
+
 class _PassCount:
     """Micro-batches one pass of a :class:`BalancedDataLoader` handed to the loop, and where in the epoch it began."""
 
@@ -516,16 +523,18 @@ class BalancedDataLoader(DataLoader):
 
     It is stateful as Lightning sees it (``state_dict`` / ``load_state_dict``): Lightning saves :meth:`state_dict` in
     the checkpoint's fit loop and restores it before the epoch's iterator is created, so ``Trainer.fit(ckpt_path=...)``
-    resumes exactly, with workers. Under ``Trainer.fit`` (of ``lightning`` or ``pytorch_lightning``) the count of a
-    training loader is Lightning's own by default (:func:`lit_balance.lightning.fit_batches_consumed`; the loader finds
-    the fitting Trainer when its iterator is created, :mod:`lit_balance.data.fit_loop`): the batches the fit loop
-    counts as done when it restores the checkpoint, so a micro-batch whose training step raised
+    resumes exactly, with workers. Under ``Trainer.fit`` (of ``lightning`` or ``pytorch_lightning``) hand the loader
+    its Trainer, ``trainer=self.trainer`` in the ``train_dataloader`` hook: the count of a training loader is then
+    Lightning's own (:func:`lit_balance.lightning.fit_batches_consumed`, :mod:`lit_balance.data.fit_loop`), the
+    batches the fit loop counts as done when it restores the checkpoint, so a micro-batch whose training step raised
     (``OnExceptionCheckpoint``) runs again after the resume. Beside other training loaders, a fit whose batches per
     epoch outnumber this loader's (a ``CombinedLoader`` in mode ``max_size_cycle``, ``max_size`` or ``sequential``)
-    is refused at its first micro-batch; mode ``min_size`` resumes exactly. In a plain loop (torchrun, Fabric) the count
-    is the micro-batches this loader's iterator handed to the loop: save :meth:`state_dict` after the micro-batches
-    trained so far and restore it into a loader over a fresh sampler before iterating. While it iterates, the sampler's
-    own ``state_dict()`` without a count refuses to save a position ahead of this count.
+    is refused at its first micro-batch; mode ``min_size`` resumes exactly. Without a Trainer (a plain loop: torchrun,
+    Fabric; or a fit that gave none) the count is the micro-batches this loader's iterator handed to the loop: save
+    :meth:`state_dict` after the micro-batches trained so far and restore it into a loader over a fresh sampler before
+    iterating. That count includes a micro-batch whose step raised, so :meth:`state_dict` warns when it is called
+    with it while an exception is being handled. While it iterates, the sampler's own ``state_dict()`` without a count
+    refuses to save a position ahead of this count.
 
     Its worker processes ignore SIGINT and SIGTERM (a ``worker_init_fn`` given to it still runs, after that;
     :func:`lit_balance.data.workers.ignore_stop_signals_in_workers`): Ctrl-C in a terminal reaches every process of the
@@ -538,12 +547,15 @@ class BalancedDataLoader(DataLoader):
         *args, **kwargs: ``DataLoader`` arguments.
         batches_consumed: a function of no argument returning the micro-batches of the current epoch consumed by
             training, counted from the epoch's start, as an int (or None to use the default count); it takes
-            precedence over the default. None (the default): Lightning's count under ``Trainer.fit``, else this
-            loader's.
+            precedence over the default. None (the default): Lightning's count when ``trainer`` fits with this
+            loader as a training loader, else this loader's.
+        trainer: the ``lightning.Trainer`` (or ``pytorch_lightning.Trainer``) that iterates this loader, e.g.
+            ``self.trainer`` in a ``train_dataloader`` hook (held by a weak reference). None: no Trainer.
 
     Raises:
         TypeError: the loader's ``sampler`` or ``batch_sampler`` is not a BalancedBatchSampler; ``batches_consumed``
             is not callable.
+        ValueError: (at the first micro-batch) ``trainer`` fits more batches per epoch than this loader holds.
 
     Example:
         >>> from lit_balance import BalancedBatchSampler
@@ -557,24 +569,25 @@ class BalancedDataLoader(DataLoader):
         True
     """
 
-    def __init__(self, *args: Any, batches_consumed: Callable[[], int | None] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, batches_consumed: Callable[[], int | None] | None = None, trainer: Any = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        from lit_balance.data.workers import ignore_stop_signals_in_workers
-
         # the workers leave Ctrl-C and SIGTERM to the main process (lit_balance.data.workers)
         self.worker_init_fn = ignore_stop_signals_in_workers(self.worker_init_fn)
         from lit_balance.sampler.sampler import BalancedBatchSampler
 
-        sampler = self.sampler if isinstance(self.sampler, BalancedBatchSampler) else self.batch_sampler
+        # the DataLoader draws its batches from batch_sampler when it has one, else from sampler (batch_size=None)
+        sampler = self.sampler if self.batch_sampler is None else self.batch_sampler
         if not isinstance(sampler, BalancedBatchSampler):
-            raise InputTypeError(f"BalancedDataLoader needs a lit_balance.BalancedBatchSampler as its sampler or "
-                                 f"batch_sampler, got sampler={type(self.sampler).__name__}, "
+            raise InputTypeError(f"BalancedDataLoader needs a lit_balance.BalancedBatchSampler as its sampler (with "
+                                 f"batch_size=None) or batch_sampler, got sampler={type(self.sampler).__name__}, "
                                  f"batch_sampler={type(self.batch_sampler).__name__}")
         if batches_consumed is not None and not callable(batches_consumed):
             raise InputTypeError(f"batches_consumed must be a function of no argument or None, got "
                                  f"{batches_consumed!r}", parameter="batches_consumed")
         self.balanced_sampler = sampler
         self._batches_consumed = batches_consumed
+        self._trainer_ref = None if trainer is None else weakref.ref(trainer)
         self._count_source: Callable[[], int | None] | None = None
         self._fit_count: FitCount | None = None
         self._count: _PassCount | None = None
@@ -582,8 +595,8 @@ class BalancedDataLoader(DataLoader):
     def __iter__(self) -> Any:
         count = _PassCount()
         self._count = count
-        trainer = fitting_trainer()  # the Trainer whose fit creates this iterator for training, if any
-        self._fit_count = FitCount(trainer, self) if trainer is not None and any(
+        trainer = None if self._trainer_ref is None else self._trainer_ref()  # the Trainer handed over, if any
+        self._fit_count = FitCount(trainer, self) if trainer is not None and fitting(trainer) and any(
             x is self for x in _training_loaders(trainer)) else None
         self.balanced_sampler._read_by(self)  # the sampler's own state_dict() then knows who counts its pass
         return _CountingIterator(super().__iter__(), count, self.balanced_sampler, self._fit_count)
@@ -591,7 +604,7 @@ class BalancedDataLoader(DataLoader):
     def set_count_source(self, source: Callable[[], int | None] | None) -> None:
         """Take the default count from ``source``, a training loop's own count (None: this loader's count again).
 
-        It takes precedence over the fit loop's count that the loader finds itself under ``Trainer.fit``; a
+        It takes precedence over the fit loop's count of a ``trainer`` given to the constructor; a
         ``batches_consumed`` function given to the constructor takes precedence over both.
 
         Args:
@@ -610,8 +623,8 @@ class BalancedDataLoader(DataLoader):
     def batches_consumed(self) -> int:
         """Micro-batches of the sampler's current epoch consumed by training, counted from the epoch's start (the
         same on every rank): the ``batches_consumed`` function's value when given, else the count source's, else
-        Lightning's under ``Trainer.fit``, else the micro-batches this loader's latest iterator handed out plus where
-        that pass began.
+        Lightning's when the ``trainer`` given fits with this loader, else the micro-batches this loader's latest
+        iterator handed out plus where that pass began.
 
         Raises:
             TypeError: the function or the source returned something other than an int (a bool, a float, a string),
@@ -625,15 +638,15 @@ class BalancedDataLoader(DataLoader):
         sampler = self.balanced_sampler
         for source, what in ((self._batches_consumed, "the batches_consumed function given to BalancedDataLoader"),
                              (getattr(self, "_count_source", None), "the loader's count source"),
-                             (getattr(self, "_fit_count", None), "fit_batches_consumed of the fitting Trainer")):
+                             (self._fit_count, "fit_batches_consumed of the Trainer given as trainer=")):
             if source is not None:
                 given = source()
                 if given is not None:
                     return _checked_count(given, what), what
         count = self._count
         if count is None or count.epoch is None or count.epoch != sampler.epoch:
-            return sampler.start_micro_step, "the loader's own count"  # nothing handed out in this epoch's pass yet
-        return count.start + count.yielded, "the loader's own count"
+            return sampler.start_micro_step, _OWN_COUNT  # nothing handed out in this epoch's pass yet
+        return count.start + count.yielded, _OWN_COUNT
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler's state at the micro-batches consumed by training (:attr:`batches_consumed`).
@@ -648,6 +661,14 @@ class BalancedDataLoader(DataLoader):
                 :meth:`BalancedBatchSampler.state_dict`), naming ``batches_consumed`` and the value.
         """
         consumed, source = self._count_and_source()
+        if source == _OWN_COUNT and sys.exc_info()[1] is not None and self._count is not None \
+                and self._count.yielded:
+            warnings.warn(
+                f"BalancedDataLoader.state_dict() is saving {consumed} micro-batches consumed, by the loader's own "
+                "count, while an exception is being handled: the micro-batch whose training step raised counts as "
+                "trained, so a resume from this state skips it. Under Trainer.fit pass trainer=self.trainer to "
+                "balanced_dataloader (the fit loop's count then applies); in a loop of your own pass "
+                "batches_consumed= with the micro-batches it finished", RuntimeWarning, stacklevel=2)
         try:
             state = self.balanced_sampler.state_dict(batches_consumed=consumed)
         except InputValueError as error:
@@ -686,8 +707,8 @@ def balanced_dataloader(dataset: Dataset, sampler: Any, collate_fn: Callable[[An
     ``setup()`` or ``train_dataloader()``, with the sampler built there for the data-parallel world
     (:func:`lit_balance.world.data_parallel_world` of the Trainer) and the Trainer's ``accumulate_grad_batches``.
     The loader is a :class:`BalancedDataLoader`: its ``state_dict()`` saves the micro-batches training consumed (not
-    those its workers fetched ahead; under ``Trainer.fit``, the fit loop's own count, with no argument needed), and
-    Lightning saves and restores it with every checkpoint.
+    those its workers fetched ahead; under ``Trainer.fit``, the fit loop's own count when ``trainer=self.trainer`` is
+    passed), and Lightning saves and restores it with every checkpoint.
 
     Args:
         dataset: a :class:`MicroBatchDataset` (or :class:`lit_balance.TokenDataset`): indexed by a whole
@@ -695,7 +716,8 @@ def balanced_dataloader(dataset: Dataset, sampler: Any, collate_fn: Callable[[An
         sampler: a :class:`lit_balance.BalancedBatchSampler` over ``dataset.lengths``.
         collate_fn: turns a micro-batch's items into a batch, e.g. :class:`PadFieldsCollator`.
         **dataloader_kwargs: other DataLoader arguments (``num_workers``, ``pin_memory``, ...), and
-            ``batches_consumed`` of :class:`BalancedDataLoader`.
+            ``trainer`` and ``batches_consumed`` of :class:`BalancedDataLoader` (under ``Trainer.fit``, pass
+            ``trainer=self.trainer``).
 
     Returns:
         A :class:`BalancedDataLoader` whose ``len()`` is the sampler's (micro-batches per rank per epoch).

@@ -20,10 +20,11 @@ class Mixture:
     :class:`~lit_balance.BalancedTextDataModule`.
 
     Args:
-        components: ``{name: {"corpus": ..., "weight": w}}`` (a Hydra or YAML mapping reads so), or
+        components: ``{name: {"corpus": ..., "weight": w}}`` (a Hydra or YAML mapping reads so; optionally
+            ``"max_documents": n``, the bound of a Hugging Face ``IterableDataset`` component, a stream), or
             ``{name: (corpus, weight)}``. A component's ``corpus`` is anything the DataModule takes as its corpus
-            (text or ``.jsonl`` files, a list of texts or of token-id lists, a Hugging Face dataset, a Megatron,
-            datatrove or Arrow store).
+            (text or ``.jsonl`` files, a list of texts or of token-id lists, a Hugging Face dataset or bounded
+            stream, a Megatron, datatrove or Arrow store).
         unit: what the weights share: ``"tokens"`` (the default), ``"supervised_tokens"`` or ``"documents"``
             (:class:`~lit_balance.plan.mixture.MixtureSettings`).
         max_repetition: the most reads of a document in one epoch.
@@ -45,31 +46,61 @@ class Mixture:
         if not isinstance(components, Mapping):
             raise InputTypeError(f"components must map each component's name to its corpus and weight, got "
                                  f"{type(components).__name__}", parameter="components")
-        corpora, weights = [], []
+        corpora, weights, bounds = [], [], []
         for name, spec in components.items():
             if isinstance(spec, Mapping):
-                unknown = sorted(set(spec) - {"corpus", "weight"})
+                unknown = sorted(set(spec) - {"corpus", "weight", "max_documents"})
                 if unknown or "corpus" not in spec:
-                    raise InputValueError(f"component {name!r} must have 'corpus' and 'weight' (only), got keys "
-                                          f"{sorted(spec)}", parameter=f"components.{name}")
+                    raise InputValueError(f"component {name!r} must have 'corpus' and 'weight' (and, for a stream, "
+                                          f"'max_documents'), got keys {sorted(spec)}", parameter=f"components.{name}")
                 corpora.append(spec["corpus"])
                 weights.append(spec.get("weight", 1.0))
+                bounds.append(spec.get("max_documents"))
             elif isinstance(spec, (tuple, list)) and len(spec) == 2:
                 corpora.append(spec[0])
                 weights.append(spec[1])
+                bounds.append(None)
             else:
                 raise InputTypeError(f"component {name!r} must be {{'corpus': ..., 'weight': ...}} or (corpus, "
                                      f"weight), got {type(spec).__name__}", parameter=f"components.{name}")
         self.settings = MixtureSettings(tuple(components), tuple(weights), unit=unit, max_repetition=max_repetition,
                                         units_per_epoch=tokens_per_epoch)
         self.corpora = tuple(corpora)
+        #: Per component: the rows read at most from a Hugging Face ``IterableDataset`` (a stream), or None.
+        self.max_documents = tuple(bounds)
 
-    @staticmethod
-    def describes(corpus: Any) -> bool:
-        """Whether ``corpus`` is a mixture: a :class:`Mixture`, or the mapping of its arguments a config gives
-        (``{"components": {...}, ...}``; :class:`~lit_balance.BalancedTextDataModule` then builds the DataModule of
-        mixtures)."""
-        return isinstance(corpus, Mixture) or (isinstance(corpus, Mapping) and "components" in corpus)
+    @classmethod
+    def of(cls, corpus: Any, *, name: str = "train", max_documents: int | None = None) -> Mixture:
+        """The blend a DataModule reads: ``corpus`` itself when it is a :class:`Mixture`, a mixture built from the
+        mapping of its arguments a config gives (``{"components": {...}, ...}``), else a blend of one component
+        ``name`` (weight 1) whose corpus is ``corpus``, read to at most ``max_documents`` rows when it is a stream.
+
+        Raises:
+            ValueError: ``max_documents`` beside a mixture (give each stream component its own), and what
+                :class:`Mixture` refuses.
+
+        Example:
+            >>> Mixture.of(["a b", "c"]).names, Mixture.of({"components": {"x": (["a"], 1)}}).names
+            (('train',), ('x',))
+        """
+        if isinstance(corpus, Mapping) and "components" in corpus:
+            corpus = cls(**corpus)
+        if isinstance(corpus, Mixture):
+            if max_documents is not None:
+                raise InputValueError(
+                    f"max_documents={max_documents!r} cannot bound a Mixture corpus (components "
+                    f"{list(corpus.names)}): give a stream component its own bound, "
+                    "{'corpus': stream, 'weight': w, 'max_documents': n}, and leave max_documents=None",
+                    parameter="max_documents")
+            return corpus
+        return cls({name: {"corpus": corpus, "weight": 1, "max_documents": max_documents}})
+
+    @property
+    def plain(self) -> bool:
+        """Whether the blend is planned as one corpus: one component, read once per epoch, to its end (a sampler
+        of one corpus, :class:`~lit_balance.BalancedBatchSampler`, plans exactly its samples)."""
+        s = self.settings
+        return len(s.names) == 1 and s.max_repetition == 1 and s.units_per_epoch is None
 
     @property
     def names(self) -> tuple[str, ...]:

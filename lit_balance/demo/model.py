@@ -56,7 +56,9 @@ class DemoTransformerLM(L.LightningModule):
     cross-entropy over all supervised validation tokens of all ranks, logged once per validation epoch: sums
     of token losses and token counts are kept in a :class:`lit_balance.lightning.metrics.TokenMeanLoss` (attribute
     ``val_loss``), summed over the data-parallel ranks (:func:`lit_balance.world.data_parallel_world`; its process
-    group is set at ``setup``) and divided once at epoch end.
+    group is set at ``setup``) and divided once at epoch end. With several validation loaders (one per component of
+    a :class:`~lit_balance.Mixture`), it also logs ``val/loss/<name>`` per loader, named by the DataModule's
+    ``val_names`` (:class:`~lit_balance.BalancedTextDataModule` has them).
 
     Args:
         vocab_size: number of token ids.
@@ -197,14 +199,17 @@ class DemoTransformerLM(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         # the metric sums over the data-parallel ranks: tensor-parallel peers of one replica hold the same tokens
-        group = data_parallel_world(self.trainer).process_group
-        self.val_loss.process_group = group
-        # a mixture's DataModule has one validation loader per component (lit_balance.lightning.mixture)
-        self._val_names = list(getattr(self.trainer.datamodule, "val_names", None) or [])
+        self.val_loss.process_group = data_parallel_world(self.trainer).process_group
+
+    def on_validation_start(self) -> None:
+        # several validation loaders: one per component of a blend, named by the DataModule's val_names
+        self._val_names = []
+        if len(self.trainer.num_val_batches) > 1:
+            self._val_names = list(self.trainer.datamodule.val_names)
         for name in self._val_names:
             if name not in self.val_component_loss:
-                self.val_component_loss[name] = TokenMeanLoss()
-            self.val_component_loss[name].process_group = group
+                self.val_component_loss[name] = TokenMeanLoss().to(self.device)
+            self.val_component_loss[name].process_group = self.val_loss.process_group
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss_sum, n = token_loss_sum(self(**self._inputs(batch)), batch["labels"])

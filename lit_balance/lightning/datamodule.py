@@ -1,14 +1,16 @@
 """BalancedTextDataModule: tokenize a corpus once, feed every rank token-budgeted micro-batches.
 
-Lightning glue over the data layer: :mod:`lit_balance.data` tokenizes and caches the corpus and splits it
-(:mod:`lit_balance.data.splits`), :class:`~lit_balance.BalancedBatchSampler` plans each split for this rank of the
-data-parallel world (:func:`lit_balance.world.data_parallel_world`), and :mod:`lit_balance.lightning.agreement`
-checks at ``setup`` that every process planned the same data.
+Lightning glue over the data layer. The corpus is always a blend of named components (:class:`~lit_balance.Mixture`;
+a plain corpus is a blend of one, ``train``): :mod:`lit_balance.data` tokenizes and caches each component and splits it
+(:mod:`lit_balance.data.splits`); the training split is planned for this rank of the data-parallel world
+(:func:`lit_balance.world.data_parallel_world`) by :meth:`BalancedTextDataModule.training_sampler` (a blend of one by
+:class:`~lit_balance.BalancedBatchSampler`, as one corpus always was; several components by
+:class:`~lit_balance.sampler.mixture.MixtureBatchSampler`), each component's validation split by its own sampler; and
+:mod:`lit_balance.lightning.agreement` checks at ``setup`` that every process planned the same data.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import weakref
 from collections.abc import Mapping
@@ -24,11 +26,12 @@ from lit_balance.data.cache import open_corpus
 from lit_balance.data.collate import PackedCollator, PadCollator, collator_for
 from lit_balance.data.corpus_tokenizer import check_cache_dir, corpus_tokenizer
 from lit_balance.data.dataset import TokenDataset
-from lit_balance.data.mixture import Mixture
+from lit_balance.data.mixture import Mixture, MixtureDataset
 from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.splits import check_supervised_targets, check_too_long, resolve_val_fraction, split_corpus
 from lit_balance.data.stores import TokenizedCorpus
 from lit_balance.data.tokenizer import TokenizerAdapter
+from lit_balance.data.vocabulary import components_vocabulary
 from lit_balance.data.workers import ignore_stop_signals_in_workers
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.agreement import check_ranks_agree, plan_fingerprint
@@ -46,6 +49,7 @@ from lit_balance.lightning.resume_checks import (
 from lit_balance.plan.budget_search import ProbeLayout
 from lit_balance.plan.cost import CostModel, check_cost_model
 from lit_balance.plan.settings import BatchingSettings
+from lit_balance.sampler.mixture import MixtureBatchSampler
 from lit_balance.sampler.sampler import BalancedBatchSampler
 from lit_balance.sampler.state import SettingsMismatchError
 from lit_balance.world import DataParallelWorld, data_parallel_world
@@ -53,12 +57,43 @@ from lit_balance.world import DataParallelWorld, data_parallel_world
 __all__ = ["DEFAULT_MAX_TOKENS", "BalancedTextDataModule", "fit_batches_consumed"]
 
 
-class _Splits(NamedTuple):
-    """The tokenized corpus and its training and validation datasets (the latter None without validation)."""
+class _Corpora(NamedTuple):
+    """Several components' tokenized corpora, in the blend's order, as one corpus for the resume and agreement checks
+    (one component's corpus is its own :class:`~lit_balance.data.stores.TokenizedCorpus`).
 
-    corpus: TokenizedCorpus
-    train_dataset: TokenDataset
-    val_dataset: TokenDataset | None
+    Attributes:
+        corpora: one :class:`~lit_balance.data.stores.TokenizedCorpus` per component.
+        lengths: int64 ``[documents]``: every component's token lengths, concatenated.
+    """
+
+    corpora: tuple[TokenizedCorpus, ...]
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, corpora: tuple[TokenizedCorpus, ...]) -> TokenizedCorpus | _Corpora:
+        """``corpora[0]`` for one component, else the components as one."""
+        if len(corpora) == 1:
+            return corpora[0]
+        return cls(corpora, np.concatenate([np.asarray(c.lengths, dtype=np.int64) for c in corpora]))
+
+    def __len__(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def num_empty(self) -> int:
+        """Documents dropped as empty after tokenization, over the components."""
+        return sum(int(c.num_empty) for c in self.corpora)
+
+
+class _Splits(NamedTuple):
+    """The tokenized components, each component's training dataset, the training dataset (one component's
+    :class:`TokenDataset`, or the blend's :class:`MixtureDataset` over them) and each component's validation dataset
+    (None where it has none)."""
+
+    corpora: tuple[TokenizedCorpus, ...]
+    train_splits: list[TokenDataset]
+    train_dataset: TokenDataset | MixtureDataset
+    val_splits: list[TokenDataset | None]
 
 
 def _setting(name: str) -> property:
@@ -67,34 +102,28 @@ def _setting(name: str) -> property:
                     doc=f"``settings.{name}`` (read-only; see :class:`~lit_balance.BatchingSettings`).")
 
 
-class _ByCorpus(type):
-    """The metaclass that builds the DataModule a corpus needs: ``BalancedTextDataModule(corpus=...)`` gives a
-    :class:`~lit_balance.lightning.mixture.MixtureDataModule` when the corpus is a mixture
-    (:meth:`Mixture.describes <lit_balance.data.mixture.Mixture.describes>`: a ``Mixture`` or the mapping of its
-    arguments a config gives), called with the same arguments. ``__init__``'s signature stays the one LightningCLI and
-    Hydra read; pickling (``ddp_spawn``, workers) does not call the class, so it is unaffected."""
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        if cls is BalancedTextDataModule and Mixture.describes(args[0] if args else kwargs.get("corpus")):
-            # the DataModule of mixtures subclasses this one, so its module imports this one: looked up when needed
-            cls = importlib.import_module("lit_balance.lightning.mixture").MixtureDataModule
-        return super().__call__(*args, **kwargs)
-
-
-class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
+class BalancedTextDataModule(L.LightningDataModule):
     """A LightningDataModule that tokenizes a corpus and feeds each rank token-budgeted micro-batches.
 
     With no arguments it uses the built-in corpus (the docstrings of the running Python's standard
     library, so it needs no download) and the built-in BERT-uncased WordPiece tokenizer (30,522 tokens).
 
-    Data flow: ``prepare_data`` (one process per node) tokenizes the corpus into a cache of plain
-    arrays keyed by corpus and tokenizer; ``setup`` loads it on every rank, splits documents into train
-    and validation (a permutation seeded by ``seed``), truncates each to ``max_length`` tokens, and
-    builds one :class:`BalancedBatchSampler` per split for this rank of the data-parallel world
+    The corpus is a blend of named components (:attr:`mixture`): a plain corpus is a blend of one, named ``train``;
+    a :class:`~lit_balance.Mixture` names its components and weights them (docs/mixtures.md). Every step below runs
+    once per component, with the same code whatever their number.
+
+    Data flow: ``prepare_data`` (one process per node) tokenizes each component into a cache of plain
+    arrays keyed by corpus and tokenizer; ``setup`` loads them on every rank, splits each component's documents into
+    train and validation (a permutation seeded by ``seed``), truncates each to ``max_length`` tokens, and
+    builds the samplers for this rank of the data-parallel world
     (:func:`lit_balance.world.data_parallel_world`: the rank and size of the strategy's
     ``distributed_sampler_kwargs``; processes of one tensor-parallel replica get the same micro-batches): the training
-    split's with :attr:`settings` and the Trainer's ``accumulate_grad_batches``, the validation split's unshuffled,
-    without drop_last, largest_first or accumulation, with the default cost model. Loaders are
+    split's (:meth:`training_sampler`) with :attr:`settings` and the Trainer's ``accumulate_grad_batches``, one
+    :class:`BalancedBatchSampler` per component's validation split, with the training sampler's settings (static
+    shapes included) but unshuffled, without drop_last, largest_first or accumulation, with the default cost model.
+    :meth:`val_dataloader` returns one loader per component with validation documents, named by :attr:`val_names`
+    (a model logs ``val/loss``, and ``val/loss/<name>`` when there are several, as
+    :class:`~lit_balance.demo.model.DemoTransformerLM` does). Loaders are
     ``DataLoader(dataset, sampler=sampler, batch_size=None)``: because the sampler is a ``DistributedSampler``,
     Lightning calls its ``set_epoch`` every epoch and leaves it in place under either value of
     ``Trainer(use_distributed_sampler=...)``. The training loader is stateful as Lightning sees it (``state_dict``
@@ -115,9 +144,9 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
             ``datasets.Dataset``, ``DatasetDict`` or ``IterableDataset`` (columns ``input_ids`` with optional
             ``labels``, the ``text_key`` column, or ``prompt`` and ``completion``; see
             :mod:`lit_balance.data.sources.hf`); or a :class:`~lit_balance.Mixture` of such corpora with weights (or
-            a mapping of its arguments, ``{"components": {...}}``): the DataModule is then a
-            :class:`~lit_balance.lightning.mixture.MixtureDataModule` (docs/mixtures.md). Prompt–completion records and
-            ``labels`` mask tokens: batches
+            a mapping of its arguments, ``{"components": {...}}``; docs/mixtures.md): every component is resolved,
+            tokenized and split with this DataModule's settings, and ``val_fraction`` holds out that share of each.
+            Prompt–completion records and ``labels`` mask tokens: batches
             carry their labels (``-100`` on a prompt), and the plan's ``step_supervised_tokens`` counts exactly
             the targets left.
         tokenizer: None for the built-in tokenizer, a ``tokenizers.Tokenizer``, a Hugging Face tokenizer
@@ -162,7 +191,9 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
             lines, joined with ``"\\n"``, so wrapped paragraphs stay one document). Part of the cache key.
         max_documents: rows read at most from a Hugging Face ``IterableDataset`` corpus (global, before the
             validation split), which needs this bound: a stream may never end, and one without it is refused. None
-            (the default) for every other corpus, which is read to its end; a number beside one is a ValueError.
+            (the default) for every other corpus, which is read to its end; a number beside one is a ValueError. A
+            stream component of a :class:`~lit_balance.Mixture` takes its own (``{"corpus": stream, "weight": w,
+            "max_documents": n}``); a number here beside a mixture is a ValueError.
         add_special_tokens: add the tokenizer's own special tokens to every document, exactly as
             ``tokenizer(text, add_special_tokens=True)`` does in Hugging Face: the built-in BERT tokenizer
             gives ``[CLS] ... [SEP]``, a Llama-style tokenizer a BOS, GPT-2 none (its template adds nothing;
@@ -179,6 +210,12 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         pin_memory: passed to the DataLoaders (True or False).
 
     Attributes:
+        mixture: the blend of named components (:class:`~lit_balance.Mixture`; one corpus: ``Mixture.of(corpus)``,
+            one component ``train``).
+        sources: one :class:`~lit_balance.data.sources.CorpusSource` per component, in order (``source``: the first).
+        val_names: after ``setup``: the names of the validation loaders, in order (components with validation
+            documents); ``val_datasets`` and ``val_samplers`` hold theirs (``val_dataset``, ``val_sampler``: the
+            first, or None).
         settings: the :class:`~lit_balance.BatchingSettings`, checked at construction (with ``max_tokens="auto"``,
             once measured); its fields are also readable as attributes (``dm.max_tokens``, ``dm.shuffle``, ...).
         vocab_size: number of token ids, known at construction.
@@ -188,7 +225,8 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
     Raises:
         FileNotFoundError: a corpus path does not exist.
         ValueError: a bad setting (with the value), e.g. a ``vocab_size`` that differs from the
-            tokenizer's; an unreadable, non-UTF-8 or empty corpus; a list of str that names files; a
+            tokenizer's; mixture components whose vocabularies or pad ids differ (naming both); an unreadable,
+            non-UTF-8 or empty corpus; a list of str that names files; a
             ``val_fraction`` beside a ``DatasetDict``'s ``validation`` split; a token-id ``IterableDataset``
             without ``vocab_size`` or tokenizer; a dataset without a usable column.
         TypeError: a setting of the wrong type (e.g. ``pin_memory="yes"``, ``cache_dir=5``), or a
@@ -260,11 +298,14 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         self.add_special_tokens = check_bool("add_special_tokens", add_special_tokens)
         self.txt_documents = txt_documents
         self.cache_dir = check_cache_dir(cache_dir)
-        self.source = resolve_corpus(corpus, text_key=text_key, txt_documents=txt_documents,
-                                     max_documents=max_documents)
+        self.mixture = Mixture.of(corpus, max_documents=max_documents)
+        self.sources = [resolve_corpus(c, text_key=text_key, txt_documents=txt_documents, max_documents=bound)
+                        for c, bound in zip(self.mixture.corpora, self.mixture.max_documents)]
         self.max_documents = max_documents
-        #: Share of the corpus held out for validation (0.0 when the corpus brings its own validation split).
-        self.val_fraction = resolve_val_fraction(val_fraction, self.source.split_sizes)
+        self._val_fractions = [resolve_val_fraction(val_fraction, s.split_sizes) for s in self.sources]
+        #: Share of each component held out for validation (0.0 when a component brings its own validation split;
+        #: the largest over the components).
+        self.val_fraction = max(self._val_fractions)
         self.tokenizer = self._resolve_tokenizer(tokenizer, vocab_size, pad_token_id)
         self.pad_token_id = self.tokenizer.pad_token_id
         self.vocab_size = self.tokenizer.vocab_size
@@ -272,11 +313,17 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         self._train_sampler_state: dict[str, Any] | None = None
         self._saved_data: dict[str, Any] | None = None
         self._warned_zero_targets = False
-        self.corpus: TokenizedCorpus | None = None
-        self.train_dataset: TokenDataset | None = None
-        self.val_dataset: TokenDataset | None = None
+        #: After ``setup``: each component's tokenized corpus, in order; ``corpus``: the one corpus (several
+        #: components: all of them as one, for counts and lengths).
+        self.corpora: tuple[TokenizedCorpus, ...] = ()
+        self.corpus: TokenizedCorpus | _Corpora | None = None
+        self.train_dataset: TokenDataset | MixtureDataset | None = None
+        self._train_splits: list[TokenDataset] = []
+        self._val_splits: list[TokenDataset | None] = []
+        self.val_names: list[str] = []
+        self.val_datasets: list[TokenDataset] = []
+        self.val_samplers: list[BalancedBatchSampler] = []
         self.train_sampler: BalancedBatchSampler | None = None
-        self.val_sampler: BalancedBatchSampler | None = None
         self.collator: PadCollator | PackedCollator | None = None
         self._train_loader: weakref.ReferenceType | None = None  # the last training loader built
 
@@ -301,9 +348,24 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         return getattr(self._settings, "max_tokens", "auto")
 
     @property
+    def source(self) -> Any:
+        """The first component's :class:`~lit_balance.data.sources.CorpusSource` (one corpus: its source)."""
+        return self.sources[0]
+
+    @property
     def corpus_description(self) -> str:
-        """What the corpus is, in a line (a mixture: its components and target shares)."""
-        return self.source.description
+        """What the corpus is, in a line (several components: each with its target share)."""
+        return self.source.description if len(self.sources) == 1 else self.mixture.description
+
+    @property
+    def val_dataset(self) -> TokenDataset | None:
+        """The first validation dataset (one corpus: its validation split), or None (after ``setup``)."""
+        return self.val_datasets[0] if self.val_datasets else None
+
+    @property
+    def val_sampler(self) -> BalancedBatchSampler | None:
+        """The first validation sampler (one corpus: its validation split's), or None (after ``setup``)."""
+        return self.val_samplers[0] if self.val_samplers else None
 
     @property
     def token_budget(self) -> TokenBudget | None:
@@ -324,16 +386,18 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
 
     # ---- the corpus -------------------------------------------------------------------------------------------------
     def _resolve_tokenizer(self, tokenizer: Any, vocab_size: Any, pad_token_id: Any) -> TokenizerAdapter:
-        """The tokenizer (and vocabulary) of the corpus, checked now."""
-        return corpus_tokenizer(self.source, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
-                                add_special_tokens=self.add_special_tokens)
+        """The one tokenizer (and vocabulary) of every component, checked now: the components must agree."""
+        adapters = [corpus_tokenizer(s, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
+                                     add_special_tokens=self.add_special_tokens) for s in self.sources]
+        return components_vocabulary(self.mixture.names, adapters)
 
-    def _tokenized(self) -> TokenizedCorpus:
-        """The tokenized corpus: read in place from a tokenized store, else from the cache, or tokenized into it."""
-        return open_corpus(self.source, self.tokenizer, self.cache_dir, progress=True)
+    def _tokenized(self) -> tuple[TokenizedCorpus, ...]:
+        """The tokenized components: each read in place from a tokenized store, else from the cache, or tokenized
+        into it."""
+        return tuple(open_corpus(s, self.tokenizer, self.cache_dir, progress=True) for s in self.sources)
 
     def prepare_data(self) -> None:
-        """Tokenize the corpus into the cache (once per node; other ranks wait at Lightning's barrier)."""
+        """Tokenize every component into the cache (once per node; other ranks wait at Lightning's barrier)."""
         self._tokenized()
 
     def _world(self) -> DataParallelWorld:
@@ -341,15 +405,22 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         return data_parallel_world(self.trainer)
 
     def _splits(self) -> _Splits:
-        """Load the cache and build the training and validation datasets; changes nothing on the DataModule.
+        """Load the cache and split every component into training and validation documents; changes nothing on the
+        DataModule. The training dataset is one component's split (a blend of one, planned as one corpus), or the
+        blend's :class:`~lit_balance.data.mixture.MixtureDataset` over every component's.
 
         Raises:
             ValueError: as :func:`lit_balance.data.splits.split_corpus`.
         """
-        corpus = self._tokenized()
-        train, val = split_corpus(corpus, val_fraction=self.val_fraction, seed=self.seed, max_length=self.max_length,
-                                  split_sizes=self.source.split_sizes)
-        return _Splits(corpus, train, val)
+        corpora = self._tokenized()
+        trains, vals = [], []
+        for source, part, fraction in zip(self.sources, corpora, self._val_fractions):
+            train, val = split_corpus(part, val_fraction=fraction, seed=self.seed, max_length=self.max_length,
+                                      split_sizes=source.split_sizes)
+            trains.append(train)
+            vals.append(val)
+        blend = trains[0] if self.mixture.plain else MixtureDataset(trains, self.mixture.settings.max_repetition)
+        return _Splits(corpora, trains, blend, vals)
 
     def _train_settings(self) -> BatchingSettings:
         """:attr:`settings` with the Trainer's ``accumulate_grad_batches`` at setup time (the plan balances each
@@ -400,8 +471,12 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         error: BaseException | None = None
         fields = None
         try:
-            self.corpus, self.train_dataset, self.val_dataset = self._splits()  # the split, built once
-            self.train_sampler = self.val_sampler = self.collator = None
+            self.corpora, self._train_splits, self.train_dataset, self._val_splits = self._splits()  # built once
+            self.corpus = _Corpora.of(self.corpora)
+            self.train_sampler = self.collator = None
+            named = [(n, v) for n, v in zip(self.mixture.names, self._val_splits) if v is not None]
+            self.val_names, self.val_datasets = [n for n, _ in named], [v for _, v in named]
+            self.val_samplers = []
             if self.auto_budget is not None:
                 self._settings = None  # each fit plans with the budget auto_budget resolves at its start
             self._plan(measure=False)
@@ -432,25 +507,37 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         self._build_samplers()
 
     def _build_samplers(self) -> None:
-        """Build this rank's training and validation samplers and the collator over the split, with the budget known
-        (:meth:`_plan`)."""
-        corpus, train, val = self.corpus, self.train_dataset, self.val_dataset
+        """Build this rank's training sampler (:meth:`training_sampler`), one validation sampler per component with
+        validation documents, and the collator, over the split, with the budget known (:meth:`_plan`); the too-long
+        and supervised-target checks run on every component."""
+        train, names = self.train_dataset, self.mixture.names
         if self.too_long == "error":
-            check_too_long(corpus, self.max_length, self.pad_to_multiple_of, self.settings.largest_max_tokens)
+            for part in self.corpora:
+                check_too_long(part, self.max_length, self.pad_to_multiple_of, self.settings.largest_max_tokens)
         world = self._world()
-        train_sampler = self._sampler("training", train, self._train_settings(), world, cost_model=self.cost_model)
-        val_sampler = None
-        if val is not None:
-            # the training sampler's settings: static shapes chosen from the training split, which the collator pads to
-            val_settings = train_sampler.settings.replace(shuffle=False, drop_last=False, largest_first=False,
-                                                          accumulate_grad_batches=1)
-            val_sampler = self._sampler("validation", val, val_settings, world)
+        try:
+            train_sampler = self.training_sampler(self._train_settings(), world.num_replicas, rank=world.rank,
+                                                  cost_model=self.cost_model)
+        except ValueError as error:
+            raise InputValueError(f"training split ({len(train)} samples, val_fraction={self.val_fraction}): "
+                                  f"{error}", parameter=getattr(error, "parameter", None)) from error
+        # the training sampler's settings: static shapes chosen from the training split, which the collator pads to
+        val_settings = train_sampler.settings.replace(shuffle=False, drop_last=False, largest_first=False,
+                                                      accumulate_grad_batches=1)
+        val_samplers = [self._sampler("validation" if len(names) == 1 else f"validation of {name!r}", val,
+                                      val_settings, world) for name, val in zip(self.val_names, self.val_datasets)]
         truncate = train_sampler.truncate_to if self.too_long == "truncate" else None
-        if train_sampler.supervised_lengths is not None:
-            self._warned_zero_targets |= check_supervised_targets(
-                corpus, train, train_sampler.supervised_lengths, truncate, self.max_length,
-                warn=not self._warned_zero_targets)
-        self.train_sampler, self.val_sampler = train_sampler, val_sampler
+        supervised = train_sampler.supervised_lengths
+        if supervised is not None:  # one copy of every document, components in order (a sampler tiles repetitions)
+            first = 0
+            for part, dataset in zip(self.corpora, self._train_splits):
+                mine = np.asarray(supervised[first:first + len(dataset)])
+                first += len(dataset)
+                if dataset.labels is not None:
+                    self._warned_zero_targets |= check_supervised_targets(
+                        part, dataset, mine, truncate, self.max_length, warn=not self._warned_zero_targets)
+        self.train_sampler = train_sampler
+        self.val_samplers = val_samplers
         # the sampler's settings: static shapes are chosen from the split's lengths when it is built
         self.collator = collator_for(train_sampler.settings, self.pad_token_id, max_length=truncate)
 
@@ -460,12 +547,15 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         same = sampler is not None and sampler.lengths is self.train_dataset.lengths
         accumulate = self._batching["accumulate_grad_batches"] if self.trainer is None else (
             getattr(self.trainer, "accumulate_grad_batches", 1) or 1)
+        vals = [v.lengths for v in self.val_datasets]
         return plan_fingerprint(
             corpus_lengths=self.corpus.lengths, tokenizer_fingerprint=self.tokenizer.fingerprint,
             max_length=self.max_length, seed=self.seed, val_fraction=self.val_fraction,
-            settings={**self._batching, "max_tokens": self.max_tokens, "accumulate_grad_batches": accumulate},
+            settings={**self._batching, "max_tokens": self.max_tokens, "accumulate_grad_batches": accumulate,
+                      "mixture": self.mixture.settings.to_dict()},
             train_lengths=self.train_dataset.lengths, train_lengths_sha256=sampler.lengths_sha256 if same else None,
-            val_lengths=None if self.val_dataset is None else self.val_dataset.lengths)
+            val_lengths=None if not vals else vals[0] if len(vals) == 1 else np.concatenate(
+                [np.asarray(v, dtype=np.int64) for v in vals]))
 
     # ---- max_tokens="auto" ------------------------------------------------------------------------------------
     def probe_inputs(self) -> dict[str, Any]:
@@ -527,9 +617,12 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
             epoch: the epoch to plan (as ``set_epoch``).
 
         Returns:
-            :meth:`lit_balance.report.PlanReport.summary`: ``summary["balanced"]`` holds ``padding_ratio``,
-            ``useful_fraction``, ``micro_batches_per_rank`` (``len(train_sampler)`` under that world size),
-            ``optimizer_steps``, ...; ``summary["distributed_sampler"]`` the fixed-batch-size comparison.
+            :meth:`lit_balance.report.PlanReport.summary` of :meth:`training_sampler`'s plan: ``summary["balanced"]``
+            holds ``padding_ratio``, ``useful_fraction``, ``micro_batches_per_rank`` (``len(train_sampler)`` under
+            that world size), ``optimizer_steps``, ...; ``summary["distributed_sampler"]`` the fixed-batch-size
+            comparison; with several components ``summary["mixture"]``
+            (:func:`lit_balance.report.figures.mixture_shares`: ``names``, ``unit``, ``target``, ``step_units``,
+            ``step_shares``, ``max_deviation_pp``, ...; and ``max_step_deviation``, per component, as a fraction).
 
         Raises:
             ValueError, TypeError: as :meth:`setup`, or a bad ``num_replicas`` / ``accumulate_grad_batches``.
@@ -543,10 +636,61 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         from lit_balance.report import plan_report
 
         settings = self.settings.replace(accumulate_grad_batches=accumulate_grad_batches)
-        lengths = np.asarray(self._splits().train_dataset.lengths, dtype=np.int64)
-        report = plan_report(lengths, settings=settings, num_replicas=num_replicas, epoch=epoch,
-                             cost_model=self.cost_model)
-        return report.summary()
+        cost_model = self.cost_model if self.cost_model is not None else CostModel()
+        sampler = self._training_sampler(self._splits().train_dataset, settings, num_replicas, rank=0,
+                                         cost_model=cost_model)
+        summary = plan_report(None, num_replicas=num_replicas, epoch=epoch, cost_model=cost_model,
+                              sampler=sampler).summary()
+        if "mixture" in summary:
+            summary["mixture"]["max_step_deviation"] = [pp / 100 for pp in summary["mixture"]["max_deviation_pp"]]
+        return summary
+
+    def training_sampler(self, settings: BatchingSettings, num_replicas: int, *, rank: int = 0,
+                         cost_model: Any = None) -> BalancedBatchSampler:
+        """A sampler of the training split for ``num_replicas`` ranks with ``settings`` (after :meth:`setup`; changes
+        nothing on the DataModule): what training uses and ``lit-balance plan`` reports.
+
+        A blend of one component (one corpus; :attr:`Mixture.plain <lit_balance.Mixture.plain>`) is planned by a
+        :class:`~lit_balance.BalancedBatchSampler` over its documents, as one corpus always was; several components
+        (or one read more than once, or to a set length) by a :class:`~lit_balance.sampler.mixture.MixtureBatchSampler`
+        (each optimizer step holds each component's share). Both answer :attr:`~BalancedBatchSampler.mixture` and
+        :meth:`~BalancedBatchSampler.component_of`.
+
+        Args:
+            settings: the :class:`~lit_balance.BatchingSettings` (an int or per-rank ``max_tokens``).
+            num_replicas: ranks to plan for.
+            rank: this rank.
+            cost_model: the cost model (None: padded tokens).
+
+        Raises:
+            RuntimeError: called before :meth:`setup`.
+            ValueError: as the sampler.
+        """
+        if self.train_dataset is None:
+            raise RuntimeError("training_sampler needs the training split: call setup() first")
+        return self._training_sampler(self.train_dataset, settings, num_replicas, rank=rank, cost_model=cost_model)
+
+    def _training_sampler(self, train: Any, settings: BatchingSettings, num_replicas: int, *, rank: int,
+                          cost_model: Any) -> BalancedBatchSampler:
+        kwargs: dict[str, Any] = {}
+        if train.labels is not None:  # masked labels: the plan counts each sample's next-token targets exactly
+            cut = settings.truncate_to if settings.too_long == "truncate" else None
+            kwargs["supervised_lengths"] = train.supervised_lengths(cut)
+        if cost_model is not None:
+            kwargs["cost_model"] = cost_model
+        if self.mixture.plain:
+            return BalancedBatchSampler(train.lengths, settings=settings, num_replicas=num_replicas, rank=rank,
+                                        **kwargs)
+        return MixtureBatchSampler(train.lengths, train.layout.sizes, self.mixture.settings, settings=settings,
+                                   num_replicas=num_replicas, rank=rank, **kwargs)
+
+    def component_tokens(self, indices: Any, is_fill: Any, lengths: Any) -> np.ndarray:
+        """int64 ``[num_components]``: real tokens of each component among a batch's rows (``indices``, ``is_fill``
+        and each row's ``lengths``, per rank; after :meth:`setup`)."""
+        indices, lengths = np.asarray(indices, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+        keep = ~np.asarray(is_fill, dtype=bool)
+        return np.bincount(self.train_sampler.component_of(indices[keep]), weights=lengths[keep],
+                           minlength=len(self.mixture.names)).astype(np.int64)
 
     @property
     def num_empty_documents(self) -> int:
@@ -665,12 +809,15 @@ class BalancedTextDataModule(L.LightningDataModule, metaclass=_ByCorpus):
         if self.auto_budget is not None and state_dict.get("token_budget"):
             self.auto_budget.load_state_dict(state_dict["token_budget"])  # checked now, planned at train_dataloader
 
-    def val_dataloader(self) -> DataLoader | list:
-        """Validation micro-batches of this rank (unshuffled), or ``[]`` without a validation split."""
-        if self.val_fraction == 0 and self.source.split_sizes is None:
+    def val_dataloader(self) -> list[DataLoader]:
+        """One loader of validation micro-batches (this rank's, unshuffled) per component with validation documents,
+        named by :attr:`val_names` in order; ``[]`` without validation."""
+        if all(f == 0 and s.split_sizes is None for f, s in zip(self._val_fractions, self.sources)):
             return []
+        if self.train_dataset is None:
+            raise RuntimeError("call setup() before asking for a dataloader")
         self._plan(measure=True)
-        return self._loader(self.val_dataset, self.val_sampler)
+        return [self._loader(d, s) for d, s in zip(self.val_datasets, self.val_samplers)]
 
     def on_exception(self, exception: BaseException) -> None:
         """When one rank fails, make every rank's error name the cause (:func:`~lit_balance.lightning.rank_errors.

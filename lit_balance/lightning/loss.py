@@ -38,12 +38,15 @@ from typing import Any
 import torch
 
 from lit_balance.data.collate import IGNORE_INDEX
+from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.world import data_parallel_world
 
 __all__ = ["StepTokenLoss", "token_loss_sum"]
 
 PLAN = "plan"
 ALL_REDUCE = "all_reduce"
+#: Version of :meth:`StepTokenLoss.state_dict`.
+LOSS_STATE_VERSION = 1
 
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, *, shift: bool = True) -> tuple[torch.Tensor, int]:
@@ -200,3 +203,44 @@ class StepTokenLoss:
         self.last_step_tokens = n
         self._sum, self._count, self._planned, self._open = 0.0, 0, None, False
         return torch.tensor(loss_sum / n if n else 0.0, dtype=torch.float64)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loss's state: the settings, the counters and the optimizer step in progress (its loss sum, token
+        count and planned tokens so far).
+
+        The budget probe saves it before its passes and restores it after them, so the probe's micro-batches leave
+        no trace in the training's steps.
+
+        Returns:
+            Plain Python types and, for the loss sum of a step in progress, a detached copy of its tensor; a
+            ``version`` key (:data:`LOSS_STATE_VERSION`).
+        """
+        loss_sum = self._sum.detach().clone() if isinstance(self._sum, torch.Tensor) else float(self._sum)
+        return {"version": LOSS_STATE_VERSION, "sync_log": self.sync_log, "mode": self.mode,
+                "last_step_tokens": int(self.last_step_tokens), "num_corrected_steps": int(self.num_corrected_steps),
+                "step_open": bool(self._open), "step_loss_sum": loss_sum, "step_tokens": int(self._count),
+                "step_planned_tokens": self._planned}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (strict: other keys or another version raise).
+
+        Raises:
+            TypeError: ``state_dict`` is not a dict.
+            ValueError: missing or unknown keys, or another version, naming them.
+        """
+        if not isinstance(state_dict, dict):
+            raise InputTypeError(f"StepTokenLoss.load_state_dict expects the dict its state_dict() returned, got "
+                                 f"{type(state_dict).__name__}", parameter="state_dict")
+        expected = set(self.state_dict())
+        if set(state_dict) != expected:
+            raise InputValueError(f"StepTokenLoss state_dict must have keys {sorted(expected)}, got "
+                                  f"{sorted(state_dict)} (missing {sorted(expected - set(state_dict))}, unknown "
+                                  f"{sorted(set(state_dict) - expected)})", parameter="state_dict")
+        if state_dict["version"] != LOSS_STATE_VERSION:
+            raise InputValueError(f"StepTokenLoss state_dict version {state_dict['version']!r} is not supported "
+                                  f"(this version reads {LOSS_STATE_VERSION})", parameter="state_dict")
+        self.sync_log, self.mode = bool(state_dict["sync_log"]), state_dict["mode"]
+        self.last_step_tokens = int(state_dict["last_step_tokens"])
+        self.num_corrected_steps = int(state_dict["num_corrected_steps"])
+        self._open, self._sum = bool(state_dict["step_open"]), state_dict["step_loss_sum"]
+        self._count, self._planned = int(state_dict["step_tokens"]), state_dict["step_planned_tokens"]

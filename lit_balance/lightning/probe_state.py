@@ -4,7 +4,8 @@ probe had not run.
 :class:`ModuleSnapshot` holds, bit for bit: the parameters' gradients, every buffer (BatchNorm's running statistics and
 ``num_batches_tracked`` move in training mode), the training mode, every random number generator a ``training_step``
 may draw from (torch's CPU generator and those of the CUDA devices in use, NumPy's global one, Python's ``random``) and
-the state of every :class:`~lit_balance.lightning.loss.StepTokenLoss` attribute. While it is held, ``self.log`` and
+the state of every :class:`~lit_balance.lightning.loss.StepTokenLoss` attribute (through its own
+``state_dict()`` / ``load_state_dict()``). While it is held, ``self.log`` and
 ``self.log_dict`` do nothing, and the objects alive before it are frozen (``gc.freeze``), so the garbage collection
 before each pass walks only what the passes made (unless the process had frozen objects itself). Parameters are not
 saved: the probe never steps an optimizer.
@@ -51,7 +52,7 @@ class ModuleSnapshot:
         self._grads = [(p, p.grad) for p in module.parameters()]
         self._buffers = [(b, b.detach().clone()) for b in module.buffers()]
         self._training = module.training
-        self._losses = {name: dict(vars(obj)) for name, obj in vars(module).items() if isinstance(obj, StepTokenLoss)}
+        self._losses = [(obj, obj.state_dict()) for obj in vars(module).values() if isinstance(obj, StepTokenLoss)]
         self._rng = (torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in self.devices],
                      np.random.get_state(), random.getstate())
         self._patched = [name for name in ("log", "log_dict") if hasattr(module, name)]
@@ -70,10 +71,8 @@ class ModuleSnapshot:
         module = self.module
         for name in self._patched:
             object.__delattr__(module, name)
-        for name, saved in self._losses.items():
-            obj = getattr(module, name)
-            obj.__dict__.clear()
-            obj.__dict__.update(saved)
+        for loss, saved in self._losses:
+            loss.load_state_dict(saved)
         with torch.no_grad():
             for buffer, saved in self._buffers:
                 buffer.copy_(saved)

@@ -152,6 +152,8 @@ def plan_filled(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
     order = _order(padded, candidates, settings.max_tokens, 0.0, rng)
     cuts = _Cuts(padded[order], settings.max_tokens, row_cap, cost_model)
     ends = _cut_points(cuts.run_take, cuts.run_ends) if cuts.n else np.empty(0, dtype=np.int64)
+    if num_batches is not None:  # a count asked for (a mixture's step) that the filled micro-batches exceed: theirs
+        k = max(k, -(-ends.shape[0] // num_replicas) * num_replicas)
     finish_rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch), 1])) if shuffle else None
     layout = _Layout(padded=padded, cost_model=cost_model, num_replicas=num_replicas,
                      accumulate_grad_batches=settings.accumulate_grad_batches, speeds=speeds,

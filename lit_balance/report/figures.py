@@ -198,8 +198,9 @@ def plan_report(
             default :class:`CostModel()` (padded token slots).
         sampler: a sampler to report in place of building one from ``lengths`` and the settings (which are then not
             used; ``num_replicas`` must be the sampler's), e.g. a
-            :class:`~lit_balance.sampler.mixture.MixtureBatchSampler` (built with ``cost_model``): the report then
-            holds :func:`mixture_shares` as ``mixture``, and the baseline batches the samples the epoch reads.
+            :class:`~lit_balance.sampler.mixture.MixtureBatchSampler` (built with ``cost_model``): with several
+            components (``sampler.num_components``) the report then holds :func:`mixture_shares` as ``mixture``; the
+            baseline batches the samples the epoch reads.
         **settings_kwargs: settings by name (``shuffle=False``, ``accumulate_grad_batches=2``, ...).
 
     Returns:
@@ -230,12 +231,9 @@ def plan_report(
                           accumulate_grad_batches=accumulate, planner=planner,
                           max_tokens=settings.largest_max_tokens)
 
-    mixture = None
-    if callable(getattr(sampler, "component_of", None)):  # a mixture: the samples this epoch reads
-        kept = np.union1d(plan.rows[~plan.is_fill], plan.dropped)
-        mixture = mixture_shares(sampler, plan)
-    else:
-        kept = np.setdiff1d(np.arange(planned.size), sampler.skipped_indices)
+    # the samples this epoch reads (one corpus: every sample but those too_long="skip" leaves out)
+    kept = np.union1d(plan.rows[~plan.is_fill], plan.dropped)
+    mixture = mixture_shares(sampler, plan) if sampler.num_components > 1 else None
     kept_lengths = planned[kept]
     # one batch size for every rank: within the smallest per-rank budget where the longest sample allows
     smallest = min(settings.rank_max_tokens(sampler.num_replicas))
@@ -267,8 +265,8 @@ def mixture_shares(sampler: Any, plan: EpochPlan | None = None) -> dict[str, Any
     ``g`` is micro-steps ``[g * accumulate_grad_batches, (g + 1) * accumulate_grad_batches)`` of every rank.
 
     Args:
-        sampler: a :class:`~lit_balance.sampler.mixture.MixtureBatchSampler` (its ``component_of``, ``mixture``,
-            ``lengths`` and ``settings``).
+        sampler: a sampler (its ``component_of``, ``mixture``, ``lengths`` and ``settings``; every
+            :class:`~lit_balance.BalancedBatchSampler` has them, one corpus being a blend of one).
         plan: its plan of an epoch (default ``sampler.plan()``).
 
     Returns:
@@ -339,7 +337,7 @@ def summary_line(summary: dict[str, Any]) -> str:
 def mixture_lines(mixture: dict[str, Any]) -> list[str]:
     """Lines of at most 80 characters (names up to 12 characters): per component, its target share and how far its
     share of an optimizer step came from it (max and p95 over the epoch's steps, percentage points), from
-    :func:`mixture_shares` or :meth:`lit_balance.lightning.mixture.MixtureDataModule.plan_summary`'s ``"mixture"``.
+    :func:`mixture_shares` or :meth:`lit_balance.BalancedTextDataModule.plan_summary`'s ``"mixture"``.
 
     Example:
         >>> for line in mixture_lines({"names": ["web"], "unit": "tokens", "target": [1.0],

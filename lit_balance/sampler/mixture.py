@@ -58,7 +58,9 @@ class MixtureBatchSampler(BalancedBatchSampler):
     ranks too), and each optimizer step is within one document of each component's share. Epochs may differ in
     length by a step or so (another subset): under Lightning reload the train dataloader every epoch
     (``reload_dataloaders_every_n_epochs=1``; :class:`~lit_balance.BalancedTextDataModule` sets the epoch there).
-    ``plan_window`` is not used.
+    A mixture plans whole epochs, never in windows: a sample space larger than ``plan_window`` is refused (raise
+    ``plan_window``). Static shapes (``static_packing``, ``padded_shapes``) are chosen once over every sample, as for
+    one corpus.
 
     Args:
         lengths: int ``[N]``: tokens per document, components concatenated in order (one copy).
@@ -69,8 +71,9 @@ class MixtureBatchSampler(BalancedBatchSampler):
             ``rank``, ``cost_model``, ``rank_speeds``).
 
     Raises:
-        ValueError: ``sizes`` that do not sum to ``len(lengths)`` or do not match the mixture's components; as
-            :class:`~lit_balance.BalancedBatchSampler` and :func:`~lit_balance.plan.mixture.select_epoch`.
+        ValueError: ``sizes`` that do not sum to ``len(lengths)`` or do not match the mixture's components; more
+            samples than ``plan_window`` (naming both); as :class:`~lit_balance.BalancedBatchSampler` and
+            :func:`~lit_balance.plan.mixture.select_epoch`.
 
     Example:
         >>> mix = MixtureSettings(("a", "b"), (1, 1))
@@ -93,16 +96,27 @@ class MixtureBatchSampler(BalancedBatchSampler):
             raise InputValueError(f"the components' sizes {sizes.tolist()} sum to {int(sizes.sum())} documents, but "
                                   f"lengths holds {len(lengths)}", parameter="sizes")
         self.layout = MixtureLayout(sizes, mixture.max_repetition)
-        self.mixture = mixture
+        self._mixture = mixture
         lengths = self.layout.tile(np.asarray(lengths))
         if supervised_lengths is not None:
             supervised_lengths = self.layout.tile(np.asarray(supervised_lengths))
         super().__init__(lengths, max_tokens, supervised_lengths=supervised_lengths, **kwargs)
 
+    @property
+    def mixture(self) -> MixtureSettings:
+        """The mixture's settings: names, weights, unit, epoch length."""
+        return self._mixture
+
     def _build_inputs(self, lengths: np.ndarray, settings: BatchingSettings, supervised_lengths: Any) -> PlanInputs:
-        base = PlanInputs.build(lengths, settings.replace(plan_window=max(settings.plan_window, lengths.shape[0])),
-                                supervised_lengths)
-        inputs = _MixtureInputs(np.asarray(base.lengths, dtype=np.int64), settings, base.eligible, None,
+        if lengths.shape[0] > settings.plan_window:
+            raise InputValueError(
+                f"a mixture plans whole epochs, never in windows: its {lengths.shape[0]} samples (components "
+                f"{list(self.mixture.names)}, max_repetition={self.mixture.max_repetition}) exceed "
+                f"plan_window={settings.plan_window}; raise plan_window to at least {lengths.shape[0]} (memory grows "
+                "with it), or train one corpus", parameter="plan_window")
+        base = PlanInputs.build(lengths, settings, supervised_lengths)
+        # base.settings: static shapes resolved once over every sample (packing's document cap, padded_shapes=K)
+        inputs = _MixtureInputs(np.asarray(base.lengths, dtype=np.int64), base.settings, base.eligible, None,
                                 base.supervised_lengths, base.lengths_sha256, layout=self.layout, mixture=self.mixture)
         inputs.chosen(0)  # an unreachable share or an empty component is an error now, before any token is read
         return inputs

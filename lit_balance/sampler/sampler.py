@@ -16,6 +16,7 @@ from torch.utils.data.distributed import DistributedSampler
 from lit_balance._checks import MAX_TOKENS_LIMIT, MIN_RANK_SPEED_RATIO, check_int, check_lengths, check_speeds
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.cost import CostModelProtocol, check_cost_model
+from lit_balance.plan.mixture import MixtureSettings
 from lit_balance.plan.settings import TOO_LONG_POLICIES, BatchingSettings, delegate_settings
 from lit_balance.plan.types import EpochPlan, MicroBatch
 from lit_balance.plan.windows import PlanWindows, WindowedPlan
@@ -24,8 +25,11 @@ from lit_balance.sampler.inputs import PlanInputs
 from lit_balance.sampler.state import STATE_VERSION, ReplayRecord
 from lit_balance.world import check_defaulted_world, resolve_world
 
-__all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "STATE_VERSION", "TOO_LONG_POLICIES", "BalancedBatchSampler",
-           "MicroBatch"]
+__all__ = ["MAX_TOKENS_LIMIT", "MIN_RANK_SPEED_RATIO", "ONE_CORPUS", "STATE_VERSION", "TOO_LONG_POLICIES",
+           "BalancedBatchSampler", "MicroBatch"]
+
+#: The blend a sampler of one corpus plans: one component, ``"train"``, that holds every sample.
+ONE_CORPUS = MixtureSettings(("train",), (1.0,))
 
 
 @delegate_settings
@@ -190,6 +194,23 @@ class BalancedBatchSampler(DistributedSampler):
         return PlanInputs.build(lengths, settings, supervised_lengths)
 
     # -- what the plans are made of ------------------------------------------------------------------
+    @property
+    def mixture(self) -> MixtureSettings:
+        """The blend of named components this sampler plans (:class:`~lit_balance.plan.mixture.MixtureSettings`): one
+        corpus is a blend of one, :data:`ONE_CORPUS`; a :class:`~lit_balance.sampler.mixture.MixtureBatchSampler`'s
+        is its mixture."""
+        return ONE_CORPUS
+
+    @property
+    def num_components(self) -> int:
+        """Components of :attr:`mixture` (1 for one corpus)."""
+        return len(self.mixture.names)
+
+    def component_of(self, indices: Any) -> np.ndarray:
+        """int64 ``[len(indices)]``: the component (position in ``mixture.names``) of each sample index; 0 for every
+        sample of one corpus."""
+        return np.zeros(np.asarray(indices).shape[0], dtype=np.int64)
+
     @property
     def settings(self) -> BatchingSettings:
         """The :class:`~lit_balance.BatchingSettings` in force."""

@@ -82,17 +82,18 @@ def test_a_store_and_the_cache_give_one_corpus_and_dataset_class(tmp_path):
         assert [dataset_b[i]["input_ids"].tolist() for i in range(2)] == [[10], [5, 6]]
 
 
-def test_a_mixture_corpus_builds_the_datamodule_of_mixtures_and_a_corpus_this_class(tmp_path):
+def test_a_mixture_corpus_and_one_corpus_build_one_datamodule_class(tmp_path):
     from lit_balance import Mixture
-    from lit_balance.lightning.mixture import MixtureDataModule
 
     common = {"cache_dir": tmp_path, "max_tokens": 64}
     spec = {"components": {"a": {"corpus": ["one two", "three"], "weight": 1}, "b": (["four five six"], 1)}}
     for corpus in (Mixture(spec["components"]), spec):
         dm = BalancedTextDataModule(corpus=corpus, **common)
-        assert type(dm) is MixtureDataModule and dm.mixture.names == ("a", "b")
-        assert type(pickle.loads(pickle.dumps(dm))) is MixtureDataModule
-    assert type(BalancedTextDataModule(["one two"], **common)) is BalancedTextDataModule
+        assert type(dm) is BalancedTextDataModule and dm.mixture.names == ("a", "b")
+        restored = pickle.loads(pickle.dumps(dm))
+        assert type(restored) is BalancedTextDataModule and restored.mixture.names == ("a", "b")
+    one = BalancedTextDataModule(["one two"], **common)
+    assert type(one) is BalancedTextDataModule and one.mixture.names == ("train",)
 
 
 def _reference_documents(prefix: str) -> list[np.ndarray]:

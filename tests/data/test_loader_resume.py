@@ -197,3 +197,15 @@ def test_a_sampler_that_a_loader_read_still_pickles_and_copies():
     clone = pickle.loads(pickle.dumps(sampler))  # the loader that reads it is not part of it
     assert clone.state_dict(batches_consumed=1) == sampler.state_dict(batches_consumed=1)
     assert batch["indices"].tolist() == list(next(iter(clone)))
+
+
+def test_the_loader_reads_its_sampler_where_the_dataloader_draws_batches_from():
+    train = _train_set()
+    sampler = BalancedBatchSampler(train.lengths, max_tokens=MAX_TOKENS, num_replicas=1, rank=0)
+    collate = PadFieldsCollator(["input_ids"], pad_token_id=0)
+    as_sampler = BalancedDataLoader(train, sampler=sampler, batch_size=None, collate_fn=collate)
+    as_batch_sampler = BalancedDataLoader(train, batch_sampler=sampler, collate_fn=collate)
+    assert as_sampler.balanced_sampler is sampler and as_batch_sampler.balanced_sampler is sampler
+    # batch_size=1 (the DataLoader's default) wraps each micro-batch into a batch of one: refused, naming the fix
+    with pytest.raises(TypeError, match=r"as its sampler \(with batch_size=None\).*batch_sampler=BatchSampler"):
+        BalancedDataLoader(train, sampler=sampler, collate_fn=collate)

@@ -87,4 +87,4 @@ def test_the_documented_ray_data_path_trains_as_the_tokenization_cache(corpus, t
     assert dm.corpus.num_empty == 0 and len(dm.corpus) == len(reference.corpus) == 160
     for epoch in (0, 1):
         assert_same_batches(epoch_batches(dm, epoch), epoch_batches(reference, epoch))
-    assert_same_batches(list(dm.val_dataloader()), list(reference.val_dataloader()))
+    assert_same_batches(list(dm.val_dataloader()[0]), list(reference.val_dataloader()[0]))

@@ -124,7 +124,7 @@ def test_plans_and_micro_batches_equal_the_token_id_list(tmp_path, fmt, world_si
         assert store_dm.tokenizer.fingerprint == list_dm.tokenizer.fingerprint
         for epoch in (0, 1):
             assert_same_batches(epoch_batches(store_dm, epoch), epoch_batches(list_dm, epoch))
-        assert_same_batches(list(store_dm.val_dataloader()), list(list_dm.val_dataloader()))
+        assert_same_batches(list(store_dm.val_dataloader()[0]), list(list_dm.val_dataloader()[0]))
         if world_size == 1:  # the resume state and its fingerprint: from the lengths, not the files
             assert store_dm.state_dict() == list_dm.state_dict()
     assert files_under(tmp_path / "store") == before

@@ -1,4 +1,4 @@
-"""Fit a map-style dataset through balanced_dataloader with default arguments on 2 CPU ranks, 2 persistent workers each;
+"""Fit a map-style dataset through balanced_dataloader(..., trainer=self.trainer) on 2 CPU ranks, 2 persistent workers each;
 stop it mid-epoch, resume it; record every micro-batch each rank started and finished.
 
 Run: python tests/ddp/fit_mapstyle_resume.py OUT_DIR PHASE, PHASE one of
@@ -34,7 +34,7 @@ def items() -> list[dict]:
 
 
 class Classifier(L.LightningModule):
-    """A tiny classifier whose train_dataloader is balanced_dataloader with default arguments (no batches_consumed)."""
+    """A tiny classifier whose train_dataloader is balanced_dataloader handed the Trainer (no batches_consumed)."""
 
     def __init__(self, fail: bool) -> None:
         super().__init__()
@@ -48,7 +48,8 @@ class Classifier(L.LightningModule):
         sampler = BalancedBatchSampler(train.lengths, max_tokens=MAX_TOKENS, seed=SEED,
                                        **self.trainer.distributed_sampler_kwargs)
         collate = PadFieldsCollator(["input_ids"], pad_token_id=0, scalar_fields=["label"])
-        return balanced_dataloader(train, sampler, collate, num_workers=2, persistent_workers=True)
+        return balanced_dataloader(train, sampler, collate, num_workers=2, persistent_workers=True,
+                                   trainer=self.trainer)
 
     def training_step(self, batch, batch_idx):
         self.started.append(batch["indices"].tolist())

@@ -1,7 +1,7 @@
-"""balanced_dataloader with default arguments under a real 2-process Trainer.fit (gloo, CPU), 2 persistent workers per
-rank: a resume from OnExceptionCheckpoint after a training step raised, and from a ModelCheckpoint mid-epoch, trains
-every document of the epoch exactly once, as the uninterrupted run does: the loader takes the fit loop's count by
-itself."""
+"""balanced_dataloader handed the Trainer (trainer=self.trainer) under a real 2-process Trainer.fit (gloo, CPU), 2
+persistent workers per rank: a resume from OnExceptionCheckpoint after a training step raised, and from a
+ModelCheckpoint mid-epoch, trains every document of the epoch exactly once, as the uninterrupted run does: the loader
+takes the fit loop's count from that Trainer."""
 
 import shutil
 from collections import Counter

@@ -13,7 +13,8 @@ from torch import nn
 
 from lit_balance import BalancedTextDataModule
 from lit_balance.lightning.budget import TokenBudget, TokenBudgetProbe
-from lit_balance.lightning.loss import token_loss_sum
+from lit_balance.lightning.loss import StepTokenLoss, token_loss_sum
+from lit_balance.lightning.probe_state import ModuleSnapshot
 
 VOCAB = 64
 
@@ -156,3 +157,48 @@ def test_an_auto_fit_ends_with_the_weights_of_a_fit_with_the_budget_it_found(tmp
     a, b = auto_model.state_dict(), int_model.state_dict()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def _open_step_loss():
+    """A StepTokenLoss in the middle of an optimizer step (one micro-batch in, the plan path)."""
+    loss = StepTokenLoss(sync_log=False)
+    module = nn.Linear(2, 2)
+    loss.micro_batch(module, {"step_supervised_tokens": 10}, torch.tensor(4.0), 4)
+    return loss, module
+
+
+def test_the_loss_state_round_trips_through_a_weights_only_checkpoint_and_continues_the_step(tmp_path):
+    loss, module = _open_step_loss()
+    torch.save(loss.state_dict(), tmp_path / "loss.pt")
+    fresh = StepTokenLoss(sync_log=True)
+    fresh.load_state_dict(torch.load(tmp_path / "loss.pt", weights_only=True))
+    for each in (loss, fresh):
+        each.micro_batch(module, {"step_supervised_tokens": 10}, torch.tensor(6.0), 6)
+    assert float(fresh.finish_step(module)) == float(loss.finish_step(module)) == 1.0  # (4 + 6) / 10 tokens
+    assert fresh.last_step_tokens == loss.last_step_tokens == 10 and fresh.sync_log is False
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda s: s.pop("step_tokens"), r"missing \['step_tokens'\]"),
+    (lambda s: s.update(extra=1), r"unknown \['extra'\]"),
+    (lambda s: s.update(version=99), "version 99 is not supported"),
+])
+def test_a_loss_state_with_other_keys_or_version_is_refused(change, match):
+    state = _open_step_loss()[0].state_dict()
+    change(state)
+    with pytest.raises(ValueError, match=match):
+        StepTokenLoss().load_state_dict(state)
+
+
+def test_the_module_snapshot_restores_a_loss_in_the_middle_of_a_step_through_its_state_dict():
+    loss, module = _open_step_loss()
+    module.step_loss = loss
+    before = loss.state_dict()
+    with ModuleSnapshot(module, devices=()):
+        loss.micro_batch(module, {"step_supervised_tokens": 10}, torch.tensor(6.0), 6)  # a probe pass
+        loss.finish_step(module)
+        assert loss.state_dict()["step_open"] is False  # the pass changed it
+    after = loss.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(torch.as_tensor(after[k]), torch.as_tensor(before[k])) if k == "step_loss_sum"
+               else after[k] == before[k] for k in before)

@@ -159,7 +159,7 @@ def test_builtin_every_epoch_covers_train_once(builtin_dm):
 
 def test_builtin_val_loader_covers_val_once(builtin_dm):
     dm, _, _ = builtin_dm
-    batches = list(dm.val_dataloader())
+    batches = list(dm.val_dataloader()[0])
     seen = [i for b in batches for i in b["indices"].tolist()]
     assert sorted(seen) == list(range(len(dm.val_dataset)))
     for batch in batches:
@@ -579,7 +579,7 @@ def test_max_length_truncates_rows(tmp_path):
     dm = ready(BalancedTextDataModule(texts, max_tokens=64, max_length=7, val_fraction=0.1, cache_dir=tmp_path))
     assert int(dm.corpus.lengths.max()) > 7
     long_rows = 0
-    for loader in (dm.train_dataloader(), dm.val_dataloader()):
+    for loader in (dm.train_dataloader(), dm.val_dataloader()[0]):
         dataset = dm.train_dataset if loader.dataset is dm.train_dataset else dm.val_dataset
         for batch in loader:
             check_batch(batch, 64, 0)
@@ -599,7 +599,7 @@ def test_too_long_truncate_without_max_length(tmp_path):
     assert truncate_to == 45
     assert int(dm.train_dataset.lengths.max()) > max_tokens
     truncated = 0
-    for loader, dataset in ((dm.train_dataloader(), dm.train_dataset), (dm.val_dataloader(), dm.val_dataset)):
+    for loader, dataset in ((dm.train_dataloader(), dm.train_dataset), (dm.val_dataloader()[0], dm.val_dataset)):
         seen = []
         for batch in loader:
             check_batch(batch, max_tokens, 0, pad_to_multiple_of=5)
@@ -684,7 +684,7 @@ def test_three_simulated_ranks_cover_every_train_index(tmp_path):
     assert len(modules[0].train_dataloader()) > 3
     _check_ranks(modules)
     # validation is sharded too and covers every validation index
-    val = [i for dm in modules for b in dm.val_dataloader() for i, f in zip(b["indices"].tolist(),
+    val = [i for dm in modules for b in dm.val_dataloader()[0] for i, f in zip(b["indices"].tolist(),
                                                                             b["is_fill"].tolist()) if not f]
     assert sorted(val) == list(range(len(modules[0].val_dataset)))
 
@@ -739,7 +739,7 @@ def test_worker_processes_give_the_same_batches(tmp_path):
                     assert torch.equal(a[key], b[key]), key
                 else:
                     assert a[key] == b[key], key
-    val_expected, val_got = list(dm.val_dataloader()), list(workers.val_dataloader())
+    val_expected, val_got = list(dm.val_dataloader()[0]), list(workers.val_dataloader()[0])
     assert [b["indices"].tolist() for b in val_expected] == [b["indices"].tolist() for b in val_got]
     del loader
 

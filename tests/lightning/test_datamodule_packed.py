@@ -31,7 +31,7 @@ def test_packed_batches_hold_every_training_document_once_within_the_budget(tmp_
         assert (batch["labels"][0, cu[:-1]] == IGNORE_INDEX).all()
         seen += batch["indices"][~batch["is_fill"]].tolist()
     assert sorted(seen) == list(range(len(dm.train_dataset)))
-    val = [i for b in dm.val_dataloader() for i in b["indices"][~b["is_fill"]].tolist()]
+    val = [i for b in dm.val_dataloader()[0] for i in b["indices"][~b["is_fill"]].tolist()]
     assert sorted(val) == list(range(len(dm.val_dataset)))
 
 

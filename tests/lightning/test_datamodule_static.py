@@ -24,7 +24,7 @@ def test_every_batch_has_a_declared_shape_and_every_document_comes_once(tmp_path
     dm.prepare_data()
     dm.setup("fit")
     planned = dm.train_sampler.settings
-    for loader, dataset in ((dm.train_dataloader(), dm.train_dataset), (dm.val_dataloader(), dm.val_dataset)):
+    for loader, dataset in ((dm.train_dataloader(), dm.train_dataset), (dm.val_dataloader()[0], dm.val_dataset)):
         seen = []
         for batch in loader:
             if settings.packing:

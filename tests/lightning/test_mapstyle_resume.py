@@ -1,9 +1,12 @@
 """The map-style path (MicroBatchDataset + balanced_dataloader) resumes exactly under Lightning with 2 persistent
 DataLoader workers: the loader saves the micro-batches training consumed, not those its workers fetched ahead; it
-takes the fit loop's count by itself (no callback), under the standalone pytorch_lightning package too, and a
-CombinedLoader of such loaders resumes exactly (mode min_size) or is refused before training."""
+takes the fit loop's count from the Trainer handed to it (trainer=self.trainer; no callback), under the standalone
+pytorch_lightning package too, and a CombinedLoader of such loaders resumes exactly (mode min_size) or is refused before
+training. Without a Trainer its own count resumes a mid-epoch checkpoint exactly, and a checkpoint written while a
+failed step's exception is handled warns that it skips that micro-batch."""
 
 import logging
+import warnings
 from collections import Counter
 
 import lightning as L
@@ -24,11 +27,13 @@ def _items() -> list[dict]:
             for i, n in enumerate(rng.integers(1, 30, 150))]
 
 
-def _loader(trainer, num_workers=2, seed=SEED, **kwargs):
+def _loader(trainer, num_workers=2, seed=SEED, hand_trainer=True, **kwargs):
     train = MicroBatchDataset(_items(), length="input_ids")
     sampler = BalancedBatchSampler(train.lengths, max_tokens=MAX_TOKENS, seed=seed, num_replicas=trainer.world_size,
                                    rank=trainer.global_rank)
     collate = PadFieldsCollator(["input_ids"], pad_token_id=0, scalar_fields=["label"])
+    if hand_trainer:
+        kwargs["trainer"] = trainer
     return balanced_dataloader(train, sampler, collate,
                                num_workers=num_workers, persistent_workers=num_workers > 0, **kwargs)
 
@@ -36,15 +41,15 @@ def _loader(trainer, num_workers=2, seed=SEED, **kwargs):
 class _ClassifierSteps:
     """A tiny classifier on map-style micro-batches; records the indices of every micro-batch it trained."""
 
-    def __init__(self, count_from_trainer: bool = False, fail_at: int | None = None) -> None:
+    def __init__(self, count_from_trainer: bool = False, fail_at: int | None = None, hand_trainer: bool = True) -> None:
         super().__init__()
         self.embed, self.head = torch.nn.Embedding(64, 4), torch.nn.Linear(4, 2)
-        self.count_from_trainer, self.fail_at = count_from_trainer, fail_at
+        self.count_from_trainer, self.fail_at, self.hand_trainer = count_from_trainer, fail_at, hand_trainer
         self.trained: list[list[int]] = []
 
     def train_dataloader(self):
         kwargs = {"batches_consumed": lambda: fit_batches_consumed(self.trainer)} if self.count_from_trainer else {}
-        return _loader(self.trainer, **kwargs)
+        return _loader(self.trainer, hand_trainer=self.hand_trainer, **kwargs)
 
     def training_step(self, batch, batch_idx):
         if self.fail_at is not None and batch_idx == self.fail_at:
@@ -84,12 +89,13 @@ def _documents(batches: list[list[int]]) -> Counter:
 
 
 @pytest.mark.slow  # two in-process fits with DataLoader worker processes
-def test_mid_epoch_checkpoint_resumes_exactly_with_two_persistent_workers(tmp_path):
+@pytest.mark.parametrize("hand_trainer", [True, False], ids=["fit_count", "own_count"])
+def test_mid_epoch_checkpoint_resumes_exactly_with_two_persistent_workers(tmp_path, hand_trainer):
     expected = _epoch_plan()
     assert len(expected) > 12  # far more micro-batches than the workers fetch ahead (2 workers x prefetch 2)
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=5, save_top_k=-1, filename="mid")
-    first = _fit(tmp_path, Classifier(), callbacks=[checkpoint], max_steps=5)
-    second = _fit(tmp_path, Classifier(), ckpt_path=tmp_path / "ckpt" / "mid.ckpt")
+    first = _fit(tmp_path, Classifier(hand_trainer=hand_trainer), callbacks=[checkpoint], max_steps=5)
+    second = _fit(tmp_path, Classifier(hand_trainer=hand_trainer), ckpt_path=tmp_path / "ckpt" / "mid.ckpt")
     assert len(first) == 5
     assert _documents(first + second) == _documents(expected)  # nothing skipped, nothing repeated
     assert first + second == expected
@@ -116,10 +122,10 @@ def test_a_trainer_gets_no_callback_from_the_package_and_logs_nothing_of_it(capl
 
 
 @pytest.mark.slow  # two in-process fits with DataLoader worker processes
-def test_default_arguments_take_the_trainers_count_so_a_failed_step_runs_again(tmp_path):
+def test_the_trainer_handed_to_the_loader_gives_its_count_so_a_failed_step_runs_again(tmp_path):
     expected = _epoch_plan()
     fail_at = 5
-    model = Classifier(fail_at=fail_at)  # balanced_dataloader with no batches_consumed
+    model = Classifier(fail_at=fail_at)  # balanced_dataloader(..., trainer=self.trainer), no batches_consumed
     with pytest.raises(RuntimeError, match="boom"):
         _fit(tmp_path, model, callbacks=[OnExceptionCheckpoint(tmp_path / "ckpt")])
     first = model.trained
@@ -139,12 +145,40 @@ def test_the_standalone_pytorch_lightning_trainer_gives_its_count_too(tmp_path):
         pass
 
     expected = _epoch_plan()
-    model = PLClassifier(fail_at=5)  # balanced_dataloader with no batches_consumed
+    model = PLClassifier(fail_at=5)  # balanced_dataloader(..., trainer=self.trainer), no batches_consumed
     with pytest.raises(RuntimeError, match="boom"):
         _fit(tmp_path, model, callbacks=[pl.callbacks.OnExceptionCheckpoint(tmp_path / "ckpt")],
              trainer_class=pl.Trainer)
     second = _fit(tmp_path, PLClassifier(), ckpt_path=tmp_path / "ckpt" / "on_exception.ckpt", trainer_class=pl.Trainer)
     assert model.trained + second == expected  # the failed micro-batch runs again; nothing else twice, none skipped
+
+
+@pytest.mark.slow  # an in-process fit with DataLoader worker processes
+def test_without_a_trainer_a_checkpoint_written_while_a_failed_step_is_handled_warns_that_it_skips_it(tmp_path):
+    model = Classifier(fail_at=5, hand_trainer=False)
+    with pytest.raises(RuntimeError, match="boom"), pytest.warns(RuntimeWarning) as caught:
+        _fit(tmp_path, model, callbacks=[OnExceptionCheckpoint(tmp_path / "ckpt")])
+    messages = [str(w.message) for w in caught if "BalancedDataLoader.state_dict()" in str(w.message)]
+    assert len(messages) == 1 and "saving 6 micro-batches consumed" in messages[0], messages
+    assert "trainer=self.trainer" in messages[0] and "skips it" in messages[0]
+    assert len(model.trained) == 5 and (tmp_path / "ckpt" / "on_exception.ckpt").exists()  # still written
+
+
+def test_a_state_saved_outside_an_exception_does_not_warn():
+    class OneRank:
+        world_size, global_rank = 1, 0
+
+    loader = _loader(OneRank(), num_workers=0, hand_trainer=False)
+    iterator = iter(loader)
+    next(iterator)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert loader.state_dict()["sampler"] is not None
+    try:
+        raise KeyError("handled")
+    except KeyError:
+        with pytest.warns(RuntimeWarning, match="saving 1 micro-batches consumed"):
+            loader.state_dict()
 
 
 class TwoCorpora(Classifier):
@@ -175,7 +209,7 @@ def _short(trainer):
     sampler = BalancedBatchSampler(train.lengths, max_tokens=MAX_TOKENS, seed=1, num_replicas=trainer.world_size,
                                    rank=trainer.global_rank)
     collate = PadFieldsCollator(["input_ids"], pad_token_id=0, scalar_fields=["label"])
-    return balanced_dataloader(train, sampler, collate)
+    return balanced_dataloader(train, sampler, collate, trainer=trainer)
 
 
 @pytest.mark.parametrize("mode", ["max_size_cycle", "max_size", "sequential"])

@@ -11,6 +11,7 @@ import torch
 
 from lit_balance.data.collate import IGNORE_INDEX
 from lit_balance.errors import InputTypeError
+from lit_balance.sampler.sampler import BalancedBatchSampler
 from lit_balance.world import data_parallel_world
 
 
@@ -83,11 +84,12 @@ def batch_fields(batch: Any, keys: tuple[str, ...], owner: str) -> list[Any]:
 
 
 def mixture_sampler(trainer: L.Trainer) -> Any:
-    """The training loader's mixture sampler (:class:`lit_balance.sampler.mixture.MixtureBatchSampler`: it has
-    ``component_of`` and ``mixture``), or None for a single corpus. The same on every rank (one DataModule type)."""
+    """The training loader's sampler when it blends several components (its ``num_components``; every
+    :class:`~lit_balance.BalancedBatchSampler` answers ``mixture``, ``num_components`` and ``component_of``), or None
+    for one corpus or another sampler. The same on every rank (the same plan)."""
     loader = getattr(trainer, "train_dataloader", None)
     for sampler in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
-        if callable(getattr(sampler, "component_of", None)) and getattr(sampler, "mixture", None) is not None:
+        if isinstance(sampler, BalancedBatchSampler) and sampler.num_components > 1:
             return sampler
     return None
 

@@ -126,6 +126,7 @@ class BalanceProgressBar(RichProgressBar):
         self._epoch_offset: int | None = 0  # batch_idx of the first micro-batch this process ran in this epoch
         self._epoch_start_step = 0  # global_step when this process started the epoch
         self._columns: tuple = ()  # the progress's columns (configure_columns)
+        self._description: str | None = None  # the training bar's description this epoch (train_description)
         self._streams: list[tuple[logging.StreamHandler, Any]] = []  # handlers sent through the bar, their streams
         self._held: list[str] | None = None  # warnings of a rank > 0 while rank 0 draws the bar
         self._showwarning: Any = None
@@ -232,6 +233,7 @@ class BalanceProgressBar(RichProgressBar):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start_step, self._epoch_offset = int(trainer.global_step), None
+        self._description = self.train_description(trainer.current_epoch)
         super().on_train_epoch_start(trainer, pl_module)
         self._own_columns()
 
@@ -265,12 +267,15 @@ class BalanceProgressBar(RichProgressBar):
             self._unroute_logging()
         super().teardown(trainer, pl_module, stage)
 
-    def _get_train_description(self, current_epoch: int) -> str:
+    def train_description(self, current_epoch: int) -> str:
+        """The training bar's description: ``Epoch 3``, or ``Epoch 3/9`` when ``max_epochs=10``, padded as wide as
+        the validation bar's (no flicker). Drawn by the bar's own description column (:meth:`configure_columns`), in
+        place of the text Lightning gives the training task (set at each ``on_train_epoch_start``)."""
         description = f"Epoch {current_epoch}"
         max_epochs = self.trainer.max_epochs
         if max_epochs is not None and max_epochs > 0:
             description += f"/{max_epochs - 1}"
-        return f"{description:{len(self.validation_description)}}"  # as wide as "Validation": no flicker
+        return f"{description:{len(self.validation_description)}}"
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         items = super().get_metrics(trainer, pl_module)
@@ -341,7 +346,8 @@ def _columns(bar: BalanceProgressBar) -> tuple:
     resume, those since the resume)."""
     from datetime import timedelta
 
-    from rich.progress import BarColumn, ProgressColumn, TextColumn
+    from rich.markup import escape
+    from rich.progress import BarColumn, ProgressColumn
     from rich.text import Text
 
     theme = bar.theme
@@ -366,7 +372,15 @@ def _columns(bar: BalanceProgressBar) -> tuple:
             offset = (bar._epoch_offset or 0) if task.id == bar.train_progress_bar_id else 0
             return Text(_rate(task.completed - offset, task.elapsed), style=theme.processing_speed)
 
-    return (TextColumn("[progress.description]{task.description}"),
+    class DescriptionColumn(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            if task.id != bar.train_progress_bar_id or bar._description is None:
+                return Text.from_markup(f"[progress.description]{task.description}")
+            text = escape(bar._description)
+            styled = f"[{theme.description}]{text}" if theme.description else text
+            return Text.from_markup(f"[progress.description]{styled}")
+
+    return (DescriptionColumn(),
             BarColumn(complete_style=theme.progress_bar, finished_style=theme.progress_bar_finished,
                       pulse_style=theme.progress_bar_pulse),
             CountColumn(), TimeColumn(), RateColumn())
