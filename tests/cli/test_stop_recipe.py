@@ -90,6 +90,17 @@ def _table_tokens(text: str) -> dict[str, int]:
     return rows
 
 
+def _resume_command(shown: list[str], columns: int = 80) -> list[str]:
+    """The printed resume line, the last lines of the screen, as arguments. The terminal wraps it at ``columns``: a
+    full line continues the same argument, and a line one short of full ended at a space the terminal wrapped on."""
+    lines = [line.rstrip() for line in shown]
+    start = max(i for i, line in enumerate(lines) if line.startswith("resume: "))
+    command = ""
+    for line in lines[start:]:
+        command += line + ("" if len(line) == columns else " " if len(line) == columns - 1 else "\n")
+    return shlex.split(command.split("\n", 1)[0].removeprefix("resume: "))
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "ctrl-c-twice", "sigterm-in-validation"])
 def test_a_stop_keeps_every_step_and_the_printed_line_resumes_it(tmp_path, corpus, how):
     root, overrides, expected = corpus
@@ -117,9 +128,7 @@ def test_a_stop_keeps_every_step_and_the_printed_line_resumes_it(tmp_path, corpu
     else:
         assert 3 <= step < 10
     table = _table_tokens(text)
-    resume = re.search(r"^resume: (.*)$", text, flags=re.MULTILINE)
-    assert resume, text[-4000:]
-    command = shlex.split(resume[1])
+    command = _resume_command(screens[-1])
     checkpoint = tmp_path / command[-1].split("=", 1)[1]
     assert command[-1].startswith("ckpt_path=") and checkpoint.name == "last.ckpt", command
     assert torch.load(checkpoint, weights_only=False)["global_step"] == step
