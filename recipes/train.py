@@ -21,8 +21,10 @@ in total: micro-batches, real tokens, padded slots, padding ratio, compute, data
 (``metrics.csv``: every logged figure by step), checkpoints (``checkpoints/``: ``last.ckpt``, the last optimizer step
 however training ended, and the one after the last validation) and ``training.png`` (the figures per rank over steps);
 the last lines name them and the command that resumes (every override of the run, ``ckpt_path``, and twice the steps
-after a run that reached ``trainer.max_steps``). Ctrl-C (SIGINT) or SIGTERM on any rank stops every rank at the end of
-that optimizer step, which ``last.ckpt`` keeps, with the same end; the exit status is then 128 + the signal's number.
+after a run that reached ``trainer.max_steps``). Ctrl-C (SIGINT) or SIGTERM on any rank (or the whole process group,
+DataLoader workers included: they ignore it) stops every rank at the end of that optimizer step (or of the validation
+under way), which ``last.ckpt`` keeps, with the same end; a second Ctrl-C waits for it; the exit status is then 128 +
+the signal's number.
 A setting lit_balance rejects ends the run with one line on stderr naming the key (``data.memory_limit``), printed
 once (``HYDRA_FULL_ERROR=1``: the traceback). Printed lines are at most 80 characters, but for paths and commands.
 
@@ -123,6 +125,9 @@ def train(cfg: DictConfig) -> None:
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
     last = next((c for c in trainer.checkpoint_callbacks if isinstance(c, LastStepCheckpoint)), None)
     stopped_by = last.stopped_by if last is not None else None
+    if stopped_by:  # stopping: a further Ctrl-C while the last lines print (and the plot is drawn) waits for them
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
     if trainer.is_global_zero and dm.token_budget is not None:
         print(f"token budget: {dm.token_budget.describe()}", flush=True)
     if trainer.is_global_zero:

@@ -175,4 +175,4 @@ def test_tokenize_without_datatrove_says_what_to_install_in_one_line(stores_only
     lines = stores_only.stderr.split("tokenize:\n", 1)[-1].splitlines()  # what tokenize printed
     assert stores_only.returncode == 2 and len(lines) == 1, stores_only.stderr[-3000:]
     assert lines[0] == ('lit-balance tokenize: error: lit-balance tokenize runs datatrove, which is not installed: '
-                        'pip install "lit_balance[datatrove]"'), lines
+                        'pip install -e ".[datatrove]" (in a clone of lit_balance)'), lines

@@ -222,7 +222,9 @@ class LitBalanceCLI(LightningCLI):
         stopped_by = last.stopped_by if last is not None else None
         if not trainer.is_global_zero:
             return
-        if stopped_by:
+        if stopped_by:  # stopping: a further Ctrl-C while the last lines print (and the plot is drawn) waits for them
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
             print(f"stopped by {stopped_by} at optimizer step {trainer.global_step} of {trainer.max_steps}, on every "
                   "rank", flush=True)
         print("\n".join(report_outputs(trainer, since=self._fit_started)), flush=True)

@@ -72,8 +72,8 @@ def _require_datatrove() -> None:
     try:
         import datatrove  # noqa: F401
     except ImportError as error:
-        raise ImportError('lit-balance tokenize runs datatrove, which is not installed: pip install '
-                          '"lit_balance[datatrove]"') from error
+        raise ImportError('lit-balance tokenize runs datatrove, which is not installed: pip install -e '
+                          '".[datatrove]" (in a clone of lit_balance)') from error
 
 
 def _cores() -> int:
@@ -172,7 +172,7 @@ def datatrove_pipeline(input_folder: str, output_folder: str, tokenizer_file: st
 
     Raises:
         ValueError: an unknown ``reader``.
-        ImportError: datatrove is not installed (``pip install "lit_balance[datatrove]"``).
+        ImportError: datatrove is not installed (``pip install -e ".[datatrove]"`` in a clone).
     """
     _require_datatrove()
     from datatrove.pipeline.readers import JsonlReader, ParquetReader
@@ -299,8 +299,8 @@ def _connect_ray(address: str | None, num_cpus: int, timeout_s: float) -> None:
     try:
         import ray
     except ImportError:
-        raise ImportError('--executor ray runs datatrove\'s RayPipelineExecutor, which needs Ray: pip install '
-                          '"lit_balance[ray]"') from None
+        raise ImportError('--executor ray runs datatrove\'s RayPipelineExecutor, which needs Ray: pip install -e '
+                          '".[ray]" (in a clone of lit_balance)') from None
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
@@ -398,8 +398,8 @@ def tokenize_corpus(input_path: str | os.PathLike, output_folder: str | os.PathL
             files already, a logging folder with completion markers, an unknown executor or executor option, no Ray
             cluster or ``sbatch`` answering within ``timeout_s``, or no document written (naming the input and the
             text key).
-        ImportError: datatrove (``pip install "lit_balance[datatrove]"``) or, for Ray, ray
-            (``pip install "lit_balance[ray]"``) is not installed.
+        ImportError: datatrove (``pip install -e ".[datatrove]"`` in a clone) or, for Ray, ray
+            (``pip install -e ".[ray]"``) is not installed.
     """
     import numpy as np
 

@@ -21,9 +21,9 @@ from lit_balance.data.sources import (
     stdlib_docstrings,
 )
 from lit_balance.data.tokenizer import TokenizerAdapter, resolve_tokenizer
+from lit_balance.data.workers import ignore_stop_signals_in_workers
 
-__all__ = ["IGNORE_INDEX", "BalancedDataLoader", "CorpusChunk", "CorpusSource", "MicroBatchDataset", "PackedCollator", "PadCollator",
-           "PadFieldsCollator", "PromptCompletion", "TokenDataset", "TokenIds", "TokenizedCorpus", "TokenizerAdapter",
-           "balanced_dataloader", "collator_for", "item_lengths", "load_or_build", "resolve_corpus",
-           "resolve_tokenizer",
-           "stdlib_docstrings"]
+__all__ = ["IGNORE_INDEX", "BalancedDataLoader", "CorpusChunk", "CorpusSource", "MicroBatchDataset", "PackedCollator",
+           "PadCollator", "PadFieldsCollator", "PromptCompletion", "TokenDataset", "TokenIds", "TokenizedCorpus",
+           "TokenizerAdapter", "balanced_dataloader", "collator_for", "ignore_stop_signals_in_workers", "item_lengths",
+           "load_or_build", "resolve_corpus", "resolve_tokenizer", "stdlib_docstrings"]

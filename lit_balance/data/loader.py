@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lit_balance.data.collate import IGNORE_INDEX
 from lit_balance.data.fit_loop import FitCount, fitting
+from lit_balance.data.workers import ignore_stop_signals_in_workers
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.types import MicroBatch, padded_lengths
 
@@ -546,6 +547,10 @@ class BalancedDataLoader(DataLoader):
     with it while an exception is being handled. While it iterates, the sampler's own ``state_dict()`` without a count
     refuses to save a position ahead of this count.
 
+    Its worker processes ignore SIGINT and SIGTERM (a ``worker_init_fn`` given to it still runs, after that;
+    :func:`lit_balance.data.workers.ignore_stop_signals_in_workers`): Ctrl-C in a terminal reaches every process of the
+    group, and the main process, not a worker, decides how training stops.
+
     Build it with :func:`balanced_dataloader` (checked), or like a ``DataLoader`` with the sampler as ``sampler``
     (``batch_size=None``) or as ``batch_sampler``.
 
@@ -578,6 +583,8 @@ class BalancedDataLoader(DataLoader):
     def __init__(self, *args: Any, batches_consumed: Callable[[], int | None] | None = None, trainer: Any = None,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # the workers leave Ctrl-C and SIGTERM to the main process (lit_balance.data.workers)
+        self.worker_init_fn = ignore_stop_signals_in_workers(self.worker_init_fn)
         from lit_balance.sampler.sampler import BalancedBatchSampler
 
         # the DataLoader draws its batches from batch_sampler when it has one, else from sampler (batch_size=None)

@@ -32,6 +32,7 @@ from lit_balance.data.splits import check_supervised_targets, check_too_long, re
 from lit_balance.data.stores import TokenizedCorpus
 from lit_balance.data.tokenizer import TokenizerAdapter
 from lit_balance.data.vocabulary import components_vocabulary
+from lit_balance.data.workers import ignore_stop_signals_in_workers
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.lightning.agreement import check_ranks_agree, plan_fingerprint
 from lit_balance.lightning.budget import DEFAULT_MEMORY_FRACTION, TokenBudget, find_max_tokens
@@ -237,7 +238,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         TypeError: a setting of the wrong type (e.g. ``pin_memory="yes"``, ``cache_dir=5``), or a
             corpus or tokenizer of an unsupported type.
         ImportError: a Hugging Face ``datasets`` object while ``datasets`` cannot be imported (the message
-            says ``pip install "lit_balance[datasets]"``).
+            says ``pip install -e ".[datasets]"``).
 
     Example:
         >>> dm = BalancedTextDataModule(["the cat sat", "a dog ran far away"], max_tokens=64, val_fraction=0,
@@ -744,6 +745,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=self.pin_memory,
+            worker_init_fn=ignore_stop_signals_in_workers(),  # Ctrl-C and SIGTERM are the main process's to handle
             **kwargs,
         )
 

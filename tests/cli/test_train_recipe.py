@@ -14,6 +14,7 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -209,12 +210,16 @@ def test_train_recipe_runs_without_a_progress_bar_when_asked(packed_without_bar)
 
 
 def _run_in_terminal(args: list[str], cwd: Path, env: dict[str, str], columns: int = 80, lines: int = 40,
-                     timeout: float = 400, interrupt_at_step: int | None = None, command: list[str] | None = None
+                     timeout: float = 400, interrupt_at_step: int | None = None, command: list[str] | None = None,
+                     interrupt_when: Callable[[list[str]], bool] | None = None,
+                     signals: tuple[int, ...] = (signal.SIGINT,), gap_s: float = 0.15
                      ) -> tuple[int, list[list[str]]]:
     """Run the main job under a pseudo-terminal of ``columns`` x ``lines``, as a user does, and read its screen
     (pyte, a VT100 emulator) after every chunk of output. With ``interrupt_at_step``, press Ctrl-C (SIGINT to the
-    job's process group, every rank, as a terminal sends it) once the bar shows that optimizer step. ``command``
-    replaces ``python recipes/train.py``. Returns the exit status and every screen seen."""
+    job's process group, every rank and its DataLoader workers, as a terminal sends it) once the bar shows that
+    optimizer step; with ``interrupt_when``, once it returns True for the screen (asked every chunk and every second).
+    ``signals``: what is sent then to the group, ``gap_s`` seconds apart (``(SIGINT, SIGINT)``: Ctrl-C twice).
+    ``command`` replaces ``python recipes/train.py``. Returns the exit status and every screen seen."""
     import pyte
 
     master, slave = os.openpty()
@@ -227,25 +232,30 @@ def _run_in_terminal(args: list[str], cwd: Path, env: dict[str, str], columns: i
     stream = pyte.ByteStream(screen)
     screens = []
     deadline = time.monotonic() + timeout
+    if interrupt_at_step is not None:
+        at_step = interrupt_at_step
+        interrupt_when = lambda shown: any(  # noqa: E731
+            int(m[1]) >= at_step for line in shown if (m := re.search(r"\bstep: (\d+)/", line)))
     try:
         while time.monotonic() < deadline:
             ready, _, _ = select.select([master], [], [], 1.0)
-            if not ready:
-                if proc.poll() is not None:
+            if not ready and proc.poll() is not None:
+                break
+            if ready:
+                try:
+                    chunk = os.read(master, 1 << 16)
+                except OSError:  # the terminal closed: every process of the job exited
                     break
-                continue
-            try:
-                chunk = os.read(master, 1 << 16)
-            except OSError:  # the terminal closed: every process of the job exited
-                break
-            if not chunk:
-                break
-            stream.feed(chunk)
-            screens.append(list(screen.display))
-            if interrupt_at_step is not None and any(
-                    int(m[1]) >= interrupt_at_step for line in screens[-1] if (m := re.search(r"\bstep: (\d+)/", line))):
-                os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
-                interrupt_at_step = None
+                if not chunk:
+                    break
+                stream.feed(chunk)
+                screens.append(list(screen.display))
+            if interrupt_when is not None and screens and interrupt_when(screens[-1]):
+                for k, signum in enumerate(signals):
+                    if k:
+                        time.sleep(gap_s)
+                    os.killpg(proc.pid, signum)  # Ctrl-C (SIGINT), or a scheduler's SIGTERM to the job
+                interrupt_when = None
     finally:
         os.close(master)
         if proc.poll() is None:

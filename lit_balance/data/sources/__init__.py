@@ -120,7 +120,7 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents:
             patterns matching files.
         TypeError: an unsupported type, or a list mixing item kinds.
         ImportError: a Hugging Face ``datasets`` object while ``datasets`` cannot be imported (the message
-            says ``pip install "lit_balance[datasets]"``).
+            says ``pip install -e ".[datasets]"``).
 
     Example:
         >>> resolve_corpus().kind, resolve_corpus([[1, 2], [3]]).kind
@@ -153,7 +153,8 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents:
     if not isinstance(corpus, (list, tuple)):
         raise InputTypeError(f"corpus must be None, {BUILTIN_CORPUS!r}, a path, a list/tuple of documents, paths "
                              "or token-id sequences, a Hugging Face datasets.Dataset, DatasetDict or IterableDataset "
-                             f"(pip install \"lit_balance[datasets]\"), or a CorpusSource; got {type(corpus).__name__}",
+                             "(pip install -e \".[datasets]\" in a clone of lit_balance), or a CorpusSource; got "
+                             f"{type(corpus).__name__}",
                              parameter="corpus")
     if not corpus:
         raise InputValueError("corpus is empty: the list holds no documents", parameter="corpus")

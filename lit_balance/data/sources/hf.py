@@ -1,6 +1,6 @@
 """Hugging Face ``datasets`` objects as a corpus: ``Dataset``, ``DatasetDict``, ``IterableDataset`` and ``Column``.
 
-``datasets`` is an optional dependency (``pip install "lit_balance[datasets]"``): this module never imports it at
+``datasets`` is an optional dependency (``pip install -e ".[datasets]"`` in a clone): this module never imports it at
 import time; an object is recognised by the package its class comes from.
 
 Which columns are read, in order of precedence:
@@ -36,7 +36,7 @@ from lit_balance.errors import InputTypeError, InputValueError
 
 __all__ = ["HuggingFaceSource", "is_datasets_object"]
 
-INSTALL_HINT = 'pip install "lit_balance[datasets]"'
+INSTALL_HINT = 'pip install -e ".[datasets]" (in a clone of lit_balance)'
 MODES = ("token_ids", "texts", "prompt_completion")
 _READ_ROWS = 4096  # rows per batch read from a dataset
 

@@ -188,7 +188,8 @@ def import_pyarrow() -> Any:
         import pyarrow.compute  # noqa: F401  (list_value_length)
         import pyarrow.parquet  # noqa: F401
     except ImportError as error:  # pragma: no cover - pyarrow comes with the test extra
-        raise ImportError('reading Arrow / Parquet stores needs pyarrow: pip install "lit_balance[stores]"') from error
+        raise ImportError('reading Arrow / Parquet stores needs pyarrow: pip install -e ".[stores]" '
+                          '(in a clone of lit_balance)') from error
     return pa
 
 

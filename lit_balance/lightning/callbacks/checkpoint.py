@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from lit_balance.data.workers import STOP_SIGNALS
 
 __all__ = ["LastStepCheckpoint"]
 
@@ -30,12 +33,19 @@ class LastStepCheckpoint(Checkpoint):
       epoch (a state written at ``on_train_end`` would count that epoch as finished and skip the rest of it);
     * at ``on_train_end`` otherwise (``max_epochs``, a ``max_time``, an early stop), unless it already wrote this step;
     * when a SIGINT (Ctrl-C) or SIGTERM reaches any rank during training: with ``stop_on_signal=True`` (the default)
-      the signal only sets a flag; at the end of each optimizer step every process takes part in one small all-gather
-      of the flags, and when any is set every rank stops there (``trainer.should_stop``) and this callback writes the
-      step's mid-epoch state, as at ``max_steps``. Training then ends as it normally does (``on_train_end`` and
-      ``on_fit_end`` run on every rank: a :class:`RunSummary` prints its table), ``trainer.fit`` returns, and
-      :attr:`stopped_by` names the signal. A second Ctrl-C interrupts at once (``KeyboardInterrupt``, Lightning's
-      handling; it writes ``last.ckpt`` only in a single process, where no collective save can hang).
+      the signal only sets a flag; at the end of each optimizer step, and at the end of a validation inside training,
+      every process takes part in one small all-gather of the flags, and when any is set every rank stops there
+      (``trainer.should_stop``) and this callback writes the step's mid-epoch state, as at ``max_steps``. Training then
+      ends as it normally does (``on_train_end`` and ``on_fit_end`` run on every rank: a :class:`RunSummary` prints its
+      table, the monitors log every trained step), ``trainer.fit`` returns, and :attr:`stopped_by` names the signal.
+      A further Ctrl-C or SIGTERM while the run stops (the rest of the step, validation, the save, the table) waits
+      for it: rank 0 says so on stderr once; SIGKILL ends the processes at once, and the last complete checkpoint is
+      then the one written before. The handlers are installed at ``setup`` (a signal before training starts is
+      answered by the handler they replaced: Ctrl-C raises ``KeyboardInterrupt``) and set back at ``teardown``; after
+      an exception, which calls no ``teardown``, they stay and answer as the handlers they replaced.
+      DataLoader workers of this package's loaders ignore both signals
+      (:func:`lit_balance.data.workers.ignore_stop_signals_in_workers`): the terminal's Ctrl-C reaches every process
+      of the group, and the main process decides.
 
     Lightning keeps its checkpoint callbacks last, so this one runs after every other callback's ``on_train_end``.
     Beside a :class:`~lightning.pytorch.callbacks.ModelCheckpoint`, pass ``Trainer(callbacks=[ModelCheckpoint(...),
@@ -46,8 +56,9 @@ class LastStepCheckpoint(Checkpoint):
             ``<trainer.log_dir or default_root_dir>/checkpoints``.
         filename: the file's name, ``.ckpt`` added.
         stop_on_signal: SIGINT and SIGTERM during training stop every rank at the end of the optimizer step (one
-            all-gather of a flag per optimizer step); False: Lightning's own handling (SIGTERM stops every rank with a
-            ``SIGTERMException``, after this callback saved; Ctrl-C raises ``KeyboardInterrupt``).
+            all-gather of a flag per optimizer step and per validation); False: Lightning's own handling (SIGTERM
+            stops every rank with a ``SIGTERMException``, after this callback saved; Ctrl-C raises
+            ``KeyboardInterrupt``).
 
     Attributes:
         last_model_path: the file written by this fit ("" before it wrote one; not restored from a checkpoint), as
@@ -67,6 +78,9 @@ class LastStepCheckpoint(Checkpoint):
         self._received = 0  # the signal number this process received during training, 0 if none
         self._checked_step = -1
         self._handlers: dict[int, Any] = {}
+        self._armed = False  # training runs: a signal stops it at a step's end
+        self._presses = 0
+        self._global_zero = False
 
     def _path(self, trainer: L.Trainer) -> Path:
         if self.dirpath is not None:
@@ -85,46 +99,84 @@ class LastStepCheckpoint(Checkpoint):
         self.last_model_path = str(path)
         self._saved_step = int(trainer.global_step)
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # installed before Lightning records the process's handlers (Trainer._run), so that the ones it sets back
+        # when the fit ends are these: a further Ctrl-C while the table prints still waits
+        self._armed, self._presses = False, 0
+        if stage == "fit" and self.stop_on_signal and threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                if signum not in self._handlers:
+                    self._handlers[signum] = signal.signal(signum, self._on_signal)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore_handlers()
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._saved_step, self._checked_step, self._received, self.stopped_by = -1, int(trainer.global_step), 0, None
         self.last_model_path = ""  # a resumed fit names the file it writes, not the one it loaded
-        if self.stop_on_signal and threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._handlers[signum] = signal.signal(signum, self._on_signal)
+        self._global_zero = bool(trainer.is_global_zero)
+        if self._handlers:
+            # Lightning put its SIGTERM handler (a stop by exception, SIGTERMException) in front of this one
+            signal.signal(signal.SIGTERM, self._on_signal)
+            self._armed = True
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        """Note the signal; the next optimizer step's end stops every rank. A second SIGINT goes to the handler this
-        one replaced (Lightning's: ``KeyboardInterrupt``)."""
+        """Note the signal; the next optimizer step's end (or validation's) stops every rank. A further one while the
+        run stops (the step, validation, the save, the table) waits for it. Before training starts, the handler this
+        one replaced answers (Ctrl-C: ``KeyboardInterrupt``)."""
+        if not self._armed:  # before training starts, or after it ended without a stop: as if this were not here
+            previous = self._handlers.get(signum, signal.SIG_DFL)
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
+            return
         self._received = max(self._received, int(signum))
-        previous = self._handlers.pop(signum, None)
-        if previous is not None:
-            signal.signal(signum, previous)
+        self._presses += 1
+        if self._presses == 2 and self._global_zero:
+            print(f"\n{signal.Signals(signum).name} again: every rank is stopping at the end of this optimizer step "
+                  "and writing last.ckpt; waiting for it (SIGKILL ends at once, without it)", file=sys.stderr,
+                  flush=True)
 
     def _restore_handlers(self) -> None:
+        self._armed = False
         while self._handlers:
             signum, previous = self._handlers.popitem()
             signal.signal(signum, previous)
+
+    def _stop_if_signalled(self, trainer: L.Trainer) -> None:
+        """Every process takes part: one all-gather of the signal each received; any: every rank stops here, saved."""
+        device = getattr(trainer.strategy, "root_device", torch.device("cpu"))
+        received = int(trainer.strategy.all_gather(torch.tensor([self._received], device=device)).max())
+        if received:
+            self.stopped_by = signal.Signals(received).name
+            trainer.should_stop = True
+            self._save(trainer)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: object, batch: object,
                            batch_idx: int) -> None:
         max_steps = trainer.max_steps
         if max_steps is not None and max_steps > 0 and trainer.global_step >= max_steps:
             self._save(trainer)
-        if self.stop_on_signal and int(trainer.global_step) != self._checked_step:  # an optimizer step ended here
-            self._checked_step = int(trainer.global_step)
-            device = getattr(trainer.strategy, "root_device", torch.device("cpu"))
-            received = int(trainer.strategy.all_gather(torch.tensor([self._received], device=device)).max())
-            if received:
-                self.stopped_by = signal.Signals(received).name
-                trainer.should_stop = True
-                self._save(trainer)
+        if self._armed and self.stopped_by is None and int(trainer.global_step) != self._checked_step:
+            self._checked_step = int(trainer.global_step)  # an optimizer step ended here
+            self._stop_if_signalled(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # validation inside training runs at an optimizer step's end on every rank: a signal during it stops there
+        if self._armed and self.stopped_by is None and not trainer.sanity_checking:
+            self._stop_if_signalled(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore_handlers()
+        if not self._received:  # no stop under way: a signal now is the previous handler's (teardown sets it back)
+            self._armed = False
         self._save(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._restore_handlers()
+        # Lightning sets back the handlers it found at the fit's start (these) and calls no teardown hook after an
+        # exception: from now on they answer as the handlers they replaced
+        self._armed = False
         if isinstance(exception, SIGTERMException) or (
                 isinstance(exception, KeyboardInterrupt) and int(trainer.world_size) == 1):
             self._save(trainer)

@@ -47,7 +47,9 @@ class MixtureMonitor(L.Callback):
     sampler is looked up at each micro-batch (a fit resumed mid-epoch, where Lightning skips ``on_train_epoch_start``,
     logs its steps too; a run stopped by an exception logs the steps gathered before it).
     Every ``log_every_n_steps`` optimizer steps (the same steps on every rank), at the end of each training epoch and
-    of training, the data-parallel ranks take part in one ``all_gather`` of the steps since the last one, and global
+    of training, and when a checkpoint is saved (``on_save_checkpoint``, on every rank: the steps a checkpoint holds
+    are in the metrics file before it is used, also when training is stopped by a signal or fails after the save), the
+    data-parallel ranks take part in one ``all_gather`` of the steps since the last one, and global
     rank 0 logs each step's figures at that step (Lightning's ``global_step`` at the start of the step's micro-batches,
     the step the loss of that step is logged at), for every component ``<name>``:
 
@@ -135,6 +137,16 @@ class MixtureMonitor(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._flush(trainer)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # every rank takes part in a save (Trainer.save_checkpoint): the figures of every step the checkpoint holds
+        # are logged and written now, whatever happens after it (a stop by a signal, a failure before the end)
+        if self._metric is None or not self._pending:
+            return
+        self._log(trainer)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.save()
 
     def _flush(self, trainer: L.Trainer) -> None:
         if self._metric is None:

@@ -18,9 +18,13 @@ class RecordingLogger:
 
     def __init__(self):
         self.calls = []
+        self.saved = 0  # calls recorded when save() was last called (what a file logger has written)
 
     def log_metrics(self, metrics, step=None):
         self.calls.append((step, dict(metrics)))
+
+    def save(self):
+        self.saved = len(self.calls)
 
     def merged(self):
         out = {}

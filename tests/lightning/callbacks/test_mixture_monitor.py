@@ -116,6 +116,34 @@ def test_a_fit_resumed_mid_epoch_without_on_train_epoch_start_logs_the_same():
     assert resumed.calls == started.calls and len(started.calls) > 1
 
 
+def test_a_checkpoint_saved_between_gathers_logs_and_writes_every_step_it_holds():
+    # a stop by a signal saves last.ckpt between two gathers (log_every_n_steps=4): the steps since the last gather are
+    # logged and written then, on every rank in one gather, whatever happens after the save
+    samplers = _samplers(packing=False)
+    for s in samplers:
+        s.set_epoch(0)
+    collate = PadCollator(0, pad_to_multiple_of=8)
+    logs = {}
+    for rank, sampler in enumerate(samplers):
+        trainer, logger = make_trainer(rank=rank, world_size=2, sampler=sampler)
+        cb = MixtureMonitor(log_every_n_steps=4)
+        cb.on_train_epoch_start(trainer, MODULE)
+        for k, micro_batch in zip(range(6 * ACCUMULATE), sampler):  # 6 optimizer steps, then the save
+            b = collate([_sample(i, f) for i, f in zip(micro_batch, micro_batch.is_fill)])
+            cb.on_train_batch_start(trainer, MODULE, b, k)
+            if k % ACCUMULATE == ACCUMULATE - 1:
+                trainer.global_step += 1
+            cb.on_train_batch_end(trainer, MODULE, None, b, k)
+        assert trainer.strategy.gathers == 1  # steps 0-3; 4 and 5 wait for the next gather
+        cb.on_save_checkpoint(trainer, MODULE, {})
+        assert trainer.strategy.gathers == 2  # every rank takes part
+        cb.on_save_checkpoint(trainer, MODULE, {})  # nothing new: no gather
+        assert trainer.strategy.gathers == 2
+        logs[rank] = logger
+    assert logs[1].calls == []  # rank 0 writes
+    assert [step for step, _ in logs[0].calls] == [0, 1, 2, 3, 4, 5] and logs[0].saved == 6
+
+
 def test_a_single_corpus_logs_nothing_and_gathers_nothing():
     trainer, logger = make_trainer(rank=0, world_size=2, sampler=object())
     cb = MixtureMonitor(log_every_n_steps=1)
@@ -124,6 +152,7 @@ def test_a_single_corpus_logs_nothing_and_gathers_nothing():
         cb.on_train_batch_start(trainer, MODULE, batch(1, 4, 4), k)
         trainer.global_step += 1
         cb.on_train_batch_end(trainer, MODULE, None, batch(1, 4, 4), k)
+    cb.on_save_checkpoint(trainer, MODULE, {})
     cb.on_train_epoch_end(trainer, MODULE)
     cb.on_train_end(trainer, MODULE)
     assert logger.calls == [] and trainer.strategy.gathers == 0 and cb.last_metrics == {} and cb.names == ()
