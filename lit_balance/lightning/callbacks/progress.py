@@ -374,9 +374,13 @@ def _columns(bar: BalanceProgressBar) -> tuple:
 
     class DescriptionColumn(ProgressColumn):
         def render(self, task: Any) -> Text:
-            if task.id != bar.train_progress_bar_id or bar._description is None:
+            if task.id != bar.train_progress_bar_id:
                 return Text.from_markup(f"[progress.description]{task.description}")
-            text = escape(bar._description)
+            # a fit resumed mid-epoch makes the training task at its first batch, with no on_train_epoch_start
+            description = bar._description
+            if description is None:
+                description = bar._description = bar.train_description(bar.trainer.current_epoch)
+            text = escape(description)
             styled = f"[{theme.description}]{text}" if theme.description else text
             return Text.from_markup(f"[progress.description]{styled}")
 
