@@ -2,7 +2,7 @@
 LedgerCheck against the fit's steps, and writes its dated report.
 
 Run:
-    python -m pytest tests/benchmarks/test_ledger.py -q -m benchmark
+    python -m pytest tests/benchmarks/test_bench_ledger.py -q -m benchmark
 """
 
 import json
