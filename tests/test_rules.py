@@ -253,10 +253,6 @@ def packing_reads(sources: dict[str, str]) -> list[tuple[str, int, str]]:
     return sorted(found)
 
 
-@pytest.mark.xfail(strict=True, reason="pending: the layout asked of the Planner object in plan/ (budget_search.py, "
-                                       "shapes.py, mixture.py and mixture_batches.py still read the packing flag); "
-                                       "lightning/datamodule.py builds the probe's layout from it and cli/app.py "
-                                       "names the budget's unit by it")
 def test_the_packing_flag_is_read_only_where_the_planner_is_chosen():
     assert packing_reads(_sources()) == []
 
