@@ -169,8 +169,8 @@ def test_the_mixture_rooms_ask_no_datamodule_or_sampler_what_kind_it_is():
     assert kind_tests(sites, kind_classes(sources)) == []
 
 
-@pytest.mark.xfail(strict=True, reason="pending: data/loader.py (does the dataset truncate: TokenDataset; a store's "
-                                       "lengths_of; a Hugging Face dataset's columns), callbacks/accumulation.py and "
+@pytest.mark.xfail(strict=True, reason="pending: data/loader.py (a store's lengths_of; a Hugging Face dataset's "
+                                       "columns), callbacks/accumulation.py and "
                                        "callbacks/feedback.py (is the sampler a BalancedBatchSampler, or another with "
                                        "plan(), cost_model, set_cost_model?), lightning/loss.py (the sampler's "
                                        "accumulate_grad_batches) still decide kinds")
