@@ -169,8 +169,8 @@ def test_the_mixture_rooms_ask_no_datamodule_or_sampler_what_kind_it_is():
     assert kind_tests(sites, kind_classes(sources)) == []
 
 
-@pytest.mark.xfail(strict=True, reason="pending: data/loader.py (does the dataset truncate: TokenDataset; a store's "
-                                       "lengths_of; a Hugging Face dataset's columns), callbacks/accumulation.py and "
+@pytest.mark.xfail(strict=True, reason="pending: data/loader.py (a store's lengths_of; a Hugging Face dataset's "
+                                       "columns), callbacks/accumulation.py and "
                                        "callbacks/feedback.py (is the sampler a BalancedBatchSampler, or another with "
                                        "plan(), cost_model, set_cost_model?), lightning/loss.py (the sampler's "
                                        "accumulate_grad_batches) still decide kinds")
@@ -253,10 +253,6 @@ def packing_reads(sources: dict[str, str]) -> list[tuple[str, int, str]]:
     return sorted(found)
 
 
-@pytest.mark.xfail(strict=True, reason="pending: the layout asked of the Planner object in plan/ (budget_search.py, "
-                                       "shapes.py, mixture.py and mixture_batches.py still read the packing flag); "
-                                       "lightning/datamodule.py builds the probe's layout from it and cli/app.py "
-                                       "names the budget's unit by it")
 def test_the_packing_flag_is_read_only_where_the_planner_is_chosen():
     assert packing_reads(_sources()) == []
 

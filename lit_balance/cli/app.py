@@ -193,7 +193,7 @@ class LitBalanceCLI(LightningCLI):
             num_replicas = data_parallel_world(trainer).num_replicas
         except RuntimeError:  # ModelParallelStrategy: the data-parallel size is its device mesh's, built by fit
             num_replicas = None
-        unit = "tokens per packed row" if dm.packing else "padded slots"
+        unit = "tokens per packed row" if dm.batch_layout.planner.packed_rows else "padded slots"
         if num_replicas is None:
             print(f"world size {trainer.world_size} processes (data-parallel size set when fit builds the mesh)\n"
                   f"per-rank budget {dm.max_tokens} {unit} per micro-batch | {tail}", flush=True)

@@ -79,6 +79,12 @@ class TokenDataset(MicroBatchItems):
         ([2, 2], [1, 2])
     """
 
+    #: Micro-batches of its documents may be planned shorter than they are (``too_long="truncate"``): the collators
+    #: of token documents (:class:`~lit_balance.PadCollator`, :class:`~lit_balance.PackedCollator`, given the
+    #: sampler's ``truncate_to`` as ``max_length``) cut them, so :func:`~lit_balance.data.loader.balanced_dataloader`
+    #: does not compare the items' lengths with ``truncate_to``.
+    cut_by_collator = True
+
     def __init__(self, token_ids: np.ndarray, offsets: np.ndarray, doc_ids: np.ndarray, max_length: int | None = None,
                  labels: np.ndarray | None = None) -> None:
         store = FlatStore(token_ids, offsets, labels)

@@ -206,6 +206,10 @@ class MicroBatchDataset(Dataset):
         ([3, 1], (False, True))
     """
 
+    #: Its items are collated whole (:class:`PadFieldsCollator` cuts nothing), so a sampler that plans them shorter
+    #: (``too_long="truncate"``) is refused by :func:`balanced_dataloader` where an item is longer than ``truncate_to``.
+    cut_by_collator = False
+
     def __init__(self, dataset: Any, length: LengthSpec) -> None:
         self.dataset = dataset
         self.length = length
@@ -770,7 +774,7 @@ def balanced_dataloader(dataset: Dataset, sampler: Any, collate_fn: Callable[[An
         raise InputValueError(f"the sampler plans {sampler.lengths.shape[0]} samples but the dataset holds "
                               f"{len(dataset)}; "
                               "build the sampler from dataset.lengths")
-    if sampler.settings.too_long == "truncate" and not isinstance(dataset, TokenDataset):
+    if sampler.settings.too_long == "truncate" and not dataset.cut_by_collator:
         if np.any(lengths > sampler.truncate_to):
             raise InputValueError(f"too_long='truncate' plans {int(np.sum(lengths > sampler.truncate_to))} sample(s) "
                                   "at "

@@ -11,6 +11,7 @@ a plain corpus is a blend of one, ``train``): :mod:`lit_balance.data` tokenizes 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import weakref
 from collections.abc import Mapping
@@ -587,6 +588,15 @@ class BalancedTextDataModule(L.LightningDataModule):
             val_lengths=None if not vals else vals[0] if len(vals) == 1 else np.concatenate(
                 [np.asarray(v, dtype=np.int64) for v in vals]))
 
+    @property
+    def batch_layout(self) -> ProbeLayout:
+        """How the micro-batches are laid out (:class:`~lit_balance.plan.budget_search.ProbeLayout`: packing, pad
+        multiple, row cap, static shapes), known before the budget is (also with ``max_tokens="auto"``); its
+        ``planner`` (:func:`~lit_balance.plan.planner_for`) answers what depends on the layout, such as its
+        ``packed_rows`` and ``cost_unit``."""
+        return ProbeLayout(**{f.name: self._batching[f.name] for f in dataclasses.fields(ProbeLayout)
+                              if f.name in self._batching})
+
     # ---- max_tokens="auto" ------------------------------------------------------------------------------------
     def probe_inputs(self) -> dict[str, Any]:
         """The :class:`~lit_balance.lightning.probe.TokenBudgetProbe` arguments this DataModule gives: ``lengths``
@@ -594,11 +604,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         packing, pad multiple, row cap), ``pad_token_id`` and ``token_ids`` (its longest document's)."""
         train = self.train_dataset if self.train_dataset is not None else self._splits().train_dataset
         lengths = np.asarray(train.lengths, dtype=np.int64)
-        b = self._batching
-        layout = ProbeLayout(packing=b["packing"], pad_to_multiple_of=b["pad_to_multiple_of"],
-                             max_batch_size=b["max_batch_size"], static_packing=b.get("static_packing", False),
-                             padded_shapes=b.get("padded_shapes"))
-        return {"lengths": lengths, "layout": layout, "pad_token_id": self.pad_token_id,
+        return {"lengths": lengths, "layout": self.batch_layout, "pad_token_id": self.pad_token_id,
                 "token_ids": np.asarray(train[int(np.argmax(lengths))]["input_ids"], dtype=np.int64)}
 
     def find_max_tokens(self, model: Any, *, memory_limit: int | None = None, memory_fraction: float | None = None,

@@ -302,3 +302,24 @@ def test_hugging_face_dataset_lengths_read_in_arrow_equal_the_item_by_item_readi
     empty = datasets.Dataset.from_list([{"input_ids": [1]}, {"input_ids": []}])
     with pytest.raises(ValueError, match="item 1 has length 0"):
         item_lengths(empty, "input_ids")
+
+
+def test_balanced_dataloader_asks_the_dataset_whether_its_collator_cuts_what_the_sampler_truncates():
+    from lit_balance import PadCollator, TokenDataset
+
+    lengths = [30, 5, 12]
+    tokens = np.arange(1, 1 + sum(lengths))
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    docs = TokenDataset(tokens, offsets, np.arange(3), max_length=16)  # its items are cut to 16 tokens
+    sampler = BalancedBatchSampler(docs.lengths, max_tokens=16, too_long="truncate", num_replicas=1, rank=0,
+                                   shuffle=False)
+    assert docs.cut_by_collator and not MicroBatchDataset([{"input_ids": [1]}], "input_ids").cut_by_collator
+    loader = balanced_dataloader(docs, sampler, PadCollator(0, max_length=sampler.truncate_to))
+    batches = list(loader)
+    assert sorted(int(i) for b in batches for i in b["indices"]) == [0, 1, 2]
+    assert max(int(b["input_ids"].shape[1]) for b in batches) <= sampler.truncate_to
+    # the same lengths as whole items of a MicroBatchDataset are refused: its collator keeps them whole
+    whole = TokenDataset(tokens, offsets, np.arange(3))
+    items = MicroBatchDataset([{"input_ids": list(whole[i]["input_ids"])} for i in range(3)], "input_ids")
+    with pytest.raises(ValueError, match=r"too_long='truncate' plans 1 sample\(s\) at 16 tokens"):
+        balanced_dataloader(items, sampler, PadFieldsCollator(["input_ids"], pad_token_id=0))

@@ -187,3 +187,28 @@ def test_a_fit_that_stops_with_an_exception_sets_the_allocator_back_too(tmp_path
     assert dm.auto_budget.allocator.hold() is not None and calls == [meters.CPU_MMAP_THRESHOLD]
     dm.on_exception(RuntimeError("the probe failed"))  # Lightning calls no teardown after an exception
     assert not dm.auto_budget.allocator.held and len(calls) == 2
+
+
+@pytest.mark.parametrize("options, planner, packed_rows", [
+    ({}, "padded", False),
+    ({"packing": True, "pad_to_multiple_of": 8}, "packed", True),
+    ({"packing": True, "static_packing": True}, "packed", True),
+    ({"padded_shapes": 3, "max_batch_size": 4}, "padded", False),
+])
+@pytest.mark.parametrize("max_tokens", [64, "auto"])
+def test_the_batch_layout_is_the_settings_layout_and_names_its_planner(tmp_path, options, planner, packed_rows,
+                                                                       max_tokens):
+    from lit_balance.plan.budget_search import ProbeLayout
+
+    docs = [np.arange(1, 1 + n) for n in (5, 9, 30, 12, 7, 3, 22)]
+    extra = {"memory_limit": 2**30} if max_tokens == "auto" else {}
+    dm = BalancedTextDataModule(docs, max_tokens=max_tokens, val_fraction=0, cache_dir=tmp_path, **options, **extra)
+    layout = dm.batch_layout  # known before setup and before the budget is measured
+    assert isinstance(layout, ProbeLayout)
+    assert (layout.planner.name, layout.planner.packed_rows) == (planner, packed_rows)
+    assert layout == ProbeLayout(**{k: v for k, v in options.items() if k != "max_batch_size"},
+                                 max_batch_size=options.get("max_batch_size"))
+    if max_tokens != "auto":
+        dm.prepare_data()
+        dm.setup("fit")
+        assert ProbeLayout.of(dm.train_sampler.settings).planner.name == layout.planner.name
