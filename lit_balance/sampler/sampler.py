@@ -366,7 +366,94 @@ class BalancedBatchSampler(DistributedSampler):
         return length
 
     def _epoch_length(self) -> int:
-        return self._record.earlier + self._segment().num_micro_steps
+        """Micro-steps this rank trains in the current epoch: the plan's, less the skipped ones."""
+        return sampler_state.trained_micro_step(self._record.skips,
+                                                self._record.earlier + self._segment().num_micro_steps)
+
+    def _skipped_mask(self, first: int, count: int) -> np.ndarray:
+        """bool ``[count]``: whether each epoch micro-step ``first .. first + count - 1`` of the plan is skipped."""
+        mask = np.zeros(count, dtype=bool)
+        for a, b in self._record.skips:
+            mask[max(a - first, 0):max(b - first, 0)] = True
+        return mask
+
+    @property
+    def skip_micro_steps(self) -> tuple[tuple[int, int], ...]:
+        """``((first, end), ...)``: the current epoch's skipped micro-steps (:meth:`skip_steps`), as epoch micro-steps of
+        the plan (``[first, end)``, sorted); empty when nothing is skipped."""
+        return self._record.skips
+
+    @property
+    def first_plan_micro_step(self) -> int:
+        """Epoch micro-step of the plan (skipped ones counted) at which this world size's plan starts: as
+        :attr:`first_micro_step`, which does not count skipped micro-steps."""
+        return self._record.earlier
+
+    def skip_steps(self, skip_steps: Sequence[Sequence[int]], *, first_optimizer_step: int = 0) -> None:
+        """Leave out the documents of optimizer steps ``[a, b)`` of the run: the sampler consumes their micro-batches
+        without yielding them, so every later step trains exactly what the plan has there.
+
+        Steps are counted over the run from the start of training, as the ledger's ``optimizer_step`` numbers them
+        (:mod:`lit_balance.ledger`): the epoch's optimizer step ``k`` (micro-steps ``k * accumulate_grad_batches`` to
+        ``(k + 1) * accumulate_grad_batches - 1`` of the plan, on every rank) is step ``first_optimizer_step + k`` of
+        the run. Ranges are inclusive-exclusive. The skipped micro-steps are not yielded, so a training loop's counts
+        (Lightning's ``batch_idx`` and ``global_step``, :meth:`__len__`, ``batches_consumed``) do not count them: the
+        ``global_step`` after a skip is the plan's step less the steps skipped. The ranges are saved in
+        :meth:`state_dict` (epoch micro-steps of the plan) and hold on any later resume, on any number of ranks; giving
+        a saved range again is allowed. Call it after :meth:`load_state_dict` (or on a fresh sampler) and before
+        iterating; the ranges apply to the current epoch only.
+
+        Args:
+            skip_steps: ``[(a, b), ...]`` ints, ``0 <= a < b``, disjoint: optimizer steps ``a .. b - 1`` of the run.
+            first_optimizer_step: optimizer steps of the run before the current epoch.
+
+        Raises:
+            TypeError: ``skip_steps`` not a list of pairs of ints.
+            ValueError: a range reversed or empty, negative, overlapping another, outside the current epoch, or
+                starting before the position the sampler resumes at (a range in the past of the checkpoint), naming
+                the range and the resume step.
+
+        Example:
+            >>> s = BalancedBatchSampler([10] * 16, max_tokens=20, num_replicas=2, rank=0, shuffle=False)
+            >>> list(s)
+            [[0, 1], [4, 5], [8, 9], [12, 13]]
+            >>> s.skip_steps([(1, 3)])  # optimizer steps 1 and 2 are not trained
+            >>> len(s), list(s)
+            (2, [[0, 1], [12, 13]])
+        """
+        acc = self.settings.accumulate_grad_batches
+        first = check_int("first_optimizer_step", first_optimizer_step, 0, "optimizer steps before the epoch")
+        ranges = _check_step_ranges(skip_steps)
+        end = self._record.earlier + self._segment().num_micro_steps
+        position = self._record.earlier + self._offset()
+        resume_step = first + -(-position // acc)
+        last_step = first + -(-end // acc)
+        saved = set(self._record.skips)
+        skips = set(saved)
+        for a, b in ranges:
+            lo, hi = (a - first) * acc, min((b - first) * acc, -(-end // acc) * acc)
+            if a < first or b > last_step:
+                raise InputValueError(
+                    f"skip_steps range ({a}, {b}) is outside epoch {self.epoch}, whose optimizer steps are "
+                    f"[{first}, {last_step}) of the run (first_optimizer_step={first}); give ranges of the epoch "
+                    "the run resumes", parameter="skip_steps")
+            if (lo, hi) in saved:  # given again: already part of the saved state
+                continue
+            if lo < position:
+                raise InputValueError(
+                    f"skip_steps range ({a}, {b}) starts in the past of the checkpoint: the run resumes at optimizer "
+                    f"step {resume_step}, so steps before it have trained already; give ranges that start at step "
+                    f"{resume_step} or later", parameter="skip_steps")
+            skips.add((lo, hi))
+        ordered = tuple(sorted(skips))
+        for (a0, b0), (a1, b1) in zip(ordered, ordered[1:]):
+            if a1 < b0:
+                raise InputValueError(
+                    f"skip_steps ranges overlap: micro-steps [{a0}, {b0}) and [{a1}, {b1}) of epoch {self.epoch} "
+                    f"(optimizer steps [{first + a0 // acc}, {first + -(-b0 // acc)}) and [{first + a1 // acc}, "
+                    f"{first + -(-b1 // acc)})), one given or saved in the checkpoint; give disjoint ranges",
+                    parameter="skip_steps")
+        self._record = dataclasses.replace(self._record, skips=ordered)
 
     def _check_length(self) -> None:
         """Warn (once) when the epoch about to run is longer than the ``len()`` reported before this pass began."""
@@ -430,7 +517,10 @@ class BalancedBatchSampler(DistributedSampler):
         step_tokens, step_rows = sampler_state.window_totals(self._inputs, replayed)
         step_supervised = sampler_state.window_supervised_tokens(self._inputs, replayed, plan)
         earlier = step_tokens.shape[0] - plan.num_micro_steps
+        skipped = self._skipped_mask(earlier, plan.num_micro_steps)
         for s in range(start, plan.num_micro_steps):
+            if skipped[s]:  # a skipped optimizer step: consumed, never trained
+                continue
             idx, fill = plan.batch(int(column[s]))
             self._cursor = s + 1
             yield _SentMicroBatch(idx, fill, int(step_tokens[earlier + s]), int(step_rows[earlier + s]),
@@ -446,6 +536,7 @@ class BalancedBatchSampler(DistributedSampler):
         self._cursor = start
         earlier, accumulate = earlier_tokens.shape[0], self.settings.accumulate_grad_batches
         total = earlier + plan.num_micro_steps
+        skipped = self._skipped_mask(earlier, plan.num_micro_steps)
         for position in range(plan.order.shape[0]):
             first, end = max(int(plan.starts[position]), start), int(plan.starts[position + 1])
             if first >= end:
@@ -466,6 +557,8 @@ class BalancedBatchSampler(DistributedSampler):
             column = held.assignment[:, self.rank].tolist()
             base = int(plan.starts[position])
             for s in range(first, end):
+                if skipped[s]:  # a skipped optimizer step: consumed, never trained
+                    continue
                 idx, fill = held.batch(column[s - base])
                 g = (earlier + s - lo) // accumulate
                 self._cursor = s + 1
@@ -508,7 +601,7 @@ class BalancedBatchSampler(DistributedSampler):
             RuntimeWarning: once per sampler, no ``batches_consumed`` while another DataLoader sent this pass's
                 micro-batches to worker processes (they read ahead of training), naming what to call instead.
         """
-        earlier = self._record.earlier
+        earlier = self.first_micro_step
         if batches_consumed is None:
             self._check_default_count()
             return self._build_state(self._cursor)
@@ -522,7 +615,9 @@ class BalancedBatchSampler(DistributedSampler):
                 f"rank runs in it, counted from the epoch's start), got {batches_consumed}; pass the micro-batches "
                 "training consumed, e.g. sampler.start_micro_step plus those the loop trained in this pass",
                 parameter="batches_consumed")
-        return self._build_state(batches_consumed - earlier)
+        position = sampler_state.plan_micro_step(self._record.skips, batches_consumed)
+        return self._build_state(min(position, self._record.earlier + self._segment().num_micro_steps)
+                                 - self._record.earlier)
 
     def _check_default_count(self) -> None:
         """Refuse (or warn) when the default count of :meth:`state_dict`, the micro-batches handed out, is not what
@@ -530,7 +625,7 @@ class BalancedBatchSampler(DistributedSampler):
         trace = getattr(self, "_pass", None)
         if trace is None:
             return
-        handed = self._record.earlier + self._cursor
+        handed = sampler_state.trained_micro_step(self._record.skips, self._record.earlier + self._cursor)
         reader = trace.reader() if trace.reader is not None else None
         if reader is not None and getattr(reader, "balanced_sampler", None) is self:
             consumed = reader.batches_consumed
@@ -596,7 +691,7 @@ class BalancedBatchSampler(DistributedSampler):
         0 unless the epoch was resumed on another number of ranks (:meth:`load_state_dict`): then the micro-steps
         before it ran on the old ranks, and ``len(self)`` counts them too.
         """
-        return self._record.earlier
+        return sampler_state.trained_micro_step(self._record.skips, self._record.earlier)
 
     @property
     def start_micro_step(self) -> int:
@@ -606,7 +701,7 @@ class BalancedBatchSampler(DistributedSampler):
         A loop that counts the micro-batches it consumed in this pass saves ``state_dict(batches_consumed=
         sampler.start_micro_step + consumed)`` (:class:`lit_balance.data.BalancedDataLoader` does).
         """
-        return self._record.earlier + self._offset()
+        return sampler_state.trained_micro_step(self._record.skips, self._record.earlier + self._offset())
 
     def micro_step_totals(self) -> tuple[np.ndarray, np.ndarray]:
         """Real tokens and rows of every micro-step of the current epoch, summed over the ranks (global).
@@ -616,7 +711,11 @@ class BalancedBatchSampler(DistributedSampler):
             (fill rows excluded) of every rank's micro-batch; micro-steps before :attr:`first_micro_step` are those
             the old ranks ran. Every rank computes the same, without communication.
         """
-        return sampler_state.micro_step_totals(self._inputs, self._replay())
+        tokens, rows = sampler_state.micro_step_totals(self._inputs, self._replay())
+        if self._record.skips:  # the skipped micro-steps are not trained: Lightning's batch_idx does not count them
+            keep = ~self._skipped_mask(0, tokens.shape[0])
+            tokens, rows = tokens[keep], rows[keep]
+        return tokens, rows
 
     @property
     def num_skipped(self) -> int:
@@ -633,6 +732,29 @@ class BalancedBatchSampler(DistributedSampler):
         """Fill rows (marked duplicates) in the current epoch over all ranks (at most ``num_replicas - 1``, per window
         for an epoch planned in windows)."""
         return int(self.plan().is_fill.sum())
+
+
+def _check_step_ranges(skip_steps: Any) -> list[tuple[int, int]]:
+    """``skip_steps`` as sorted ``(a, b)`` int pairs with ``0 <= a < b``, disjoint; else a clear error."""
+    def is_int(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    if (isinstance(skip_steps, (str, bytes)) or not isinstance(skip_steps, Sequence)
+            or not all(isinstance(p, Sequence) and not isinstance(p, (str, bytes)) and len(p) == 2
+                       and all(is_int(v) for v in p) for p in skip_steps)):
+        raise InputTypeError(f"skip_steps must be a list of (a, b) pairs of ints (optimizer steps a .. b-1 of the run), "
+                             f"got {skip_steps!r}", parameter="skip_steps")
+    ranges = sorted((int(a), int(b)) for a, b in skip_steps)
+    for a, b in ranges:
+        if a < 0 or b <= a:
+            raise InputValueError(f"skip_steps range ({a}, {b}) must have 0 <= a < b (optimizer steps a .. b-1 of the "
+                                  f"run, inclusive-exclusive); got a {'negative step' if a < 0 else 'reversed or empty range'}",
+                                  parameter="skip_steps")
+    for (a0, b0), (a1, b1) in zip(ranges, ranges[1:]):
+        if a1 < b0:
+            raise InputValueError(f"skip_steps ranges ({a0}, {b0}) and ({a1}, {b1}) overlap; give disjoint ranges",
+                                  parameter="skip_steps")
+    return ranges
 
 
 _SAVE_WHAT_TRAINED = (

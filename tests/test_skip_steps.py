@@ -1,0 +1,164 @@
+"""skip_steps: on resume, the documents of a range of optimizer steps of the run are left out; every other step trains
+what the plan has there, also after a further restart on another number of ranks; bad ranges are refused by name.
+
+Ranks are simulated in process: one sampler per rank, each resumed from the same state."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lit_balance import BalancedBatchSampler
+from lit_balance.errors import InputError
+
+
+def _ranks(lengths, num_replicas, kwargs, state=None, skip=None):
+    """One sampler per rank, resumed from ``state`` and given ``skip`` (optimizer steps of the run)."""
+    out = []
+    for rank in range(num_replicas):
+        s = BalancedBatchSampler(lengths, num_replicas=num_replicas, rank=rank, **kwargs)
+        if state is not None:
+            s.load_state_dict(state)
+        if skip is not None:
+            s.skip_steps(skip)
+        out.append(s)
+    return out
+
+
+def _steps(samplers):
+    """The micro-steps the samplers yield: ``[(micro-batch of rank 0, micro-batch of rank 1, ...), ...]``."""
+    per_rank = [[tuple(int(i) for i in mb) for mb in s] for s in samplers]
+    assert len({len(p) for p in per_rank}) == 1  # equal counts on every rank
+    return [tuple(p[t] for p in per_rank) for t in range(len(per_rank[0]))]
+
+
+def _docs(steps):
+    return sorted(i for step in steps for mb in step for i in mb)
+
+
+SETUP = dict(lengths=st.lists(st.integers(1, 60), min_size=20, max_size=120), worlds=st.tuples(
+    st.integers(1, 4), st.integers(1, 4), st.integers(1, 4)), acc=st.integers(1, 3), packing=st.booleans(),
+    window=st.sampled_from([None, 16]), data=st.data())
+
+
+@settings(max_examples=30, deadline=None)
+@given(**SETUP)
+def test_a_resume_with_skip_steps_trains_the_plan_less_those_steps_also_after_a_second_restart(
+        lengths, worlds, acc, packing, window, data):
+    r1, r2, r3 = worlds
+    kwargs = dict(max_tokens=64, accumulate_grad_batches=acc, packing=packing, seed=3, drop_last=False)
+    if window is not None:
+        kwargs["plan_window"] = window
+    first = _ranks(lengths, r1, kwargs)
+    epoch1 = _steps(first)
+    stop1 = data.draw(st.integers(0, len(epoch1) - 1), label="stop1 (micro-steps trained on the first world)")
+    state1 = first[0].state_dict(batches_consumed=stop1)
+
+    plain2 = _ranks(lengths, r2, kwargs, state1)  # the uninterrupted plan on the second world
+    planned = _steps(plain2)  # epoch micro-steps stop1 .. end
+    end = stop1 + len(planned)
+    steps_in_epoch = -(-end // acc)
+    resume_step = -(-stop1 // acc)
+    if resume_step >= steps_in_epoch:
+        return
+    a = data.draw(st.integers(resume_step, steps_in_epoch - 1), label="a")
+    b = data.draw(st.integers(a + 1, steps_in_epoch), label="b")
+    skipped2 = _ranks(lengths, r2, kwargs, state1, skip=[(a, b)])
+    trained2 = _steps(skipped2)
+    in_range = [stop1 + i in range(a * acc, b * acc) for i in range(len(planned))]
+    assert trained2 == [step for step, out in zip(planned, in_range) if not out]
+    assert len(skipped2[0]) == stop1 + len(trained2)  # len() counts the micro-steps trained, as Lightning's batch_idx
+    assert skipped2[0].start_micro_step == stop1  # the range starts at or after the resume: nothing skipped before
+
+    # nothing else lost, nothing repeated: the epoch's documents are those trained plus those skipped
+    left_out = [step for step, out in zip(planned, in_range) if out]
+    all_docs = _docs(epoch1[:stop1]) + _docs(trained2) + _docs(left_out)
+    assert sorted(set(all_docs)) == list(range(len(lengths)))
+
+    # a second restart, on a third world, after some of the skipped run trained: the range stays right
+    stop2 = data.draw(st.integers(skipped2[0].start_micro_step, len(skipped2[0])),
+                      label="stop2 (trained micro-steps, counted in the epoch)")
+    state2 = skipped2[0].state_dict(batches_consumed=stop2)
+    # the plan position of stop2 trained micro-steps: past the skipped range once it is reached
+    plan_position = stop2 if stop2 < a * acc else min(stop2 + len(range(a * acc, min(b * acc, end))), end)
+    reference_state = plain2[0].state_dict(batches_consumed=plan_position)  # the same position, nothing skipped
+    if plan_position >= end:
+        assert state2["epoch"] == 1 and "skip_micro_steps" not in state2
+        return
+    assert state2["segments"] == reference_state["segments"]
+    assert state2["skip_micro_steps"] == [[a * acc, min(b * acc, -(-end // acc) * acc)]]
+    regive = data.draw(st.booleans(), label="the range given again")
+    third = _ranks(lengths, r3, kwargs, state2, skip=[(a, b)] if regive else None)
+    plain3 = _steps(_ranks(lengths, r3, kwargs, reference_state))
+    end3 = plan_position + len(plain3)
+    expected3 = [step for i, step in enumerate(plain3) if not a * acc <= plan_position + i < b * acc]
+    assert _steps(third) == expected3
+    assert len(third[0]) == end3 - sum(1 for t in range(a * acc, min(b * acc, end3)))
+
+
+def _sampler(**kwargs):
+    return BalancedBatchSampler([10] * 32, max_tokens=20, num_replicas=2, rank=0, shuffle=False, **kwargs)
+
+
+def test_the_skip_is_saved_in_the_state_and_restored_on_the_same_world():
+    s = _sampler(accumulate_grad_batches=2)
+    s.skip_steps([(1, 3)])  # micro-steps 2 .. 5 of 8
+    assert len(s) == 4 and s.skip_micro_steps == ((2, 6),)
+    batches = [list(mb) for mb in s]
+    state = s.state_dict(batches_consumed=2)  # after step 0: the plan resumes past the skipped steps
+    assert state["segments"] == [[2, 6]] and state["skip_micro_steps"] == [[2, 6]]
+    fresh = _sampler(accumulate_grad_batches=2)
+    fresh.load_state_dict(state)
+    assert fresh.start_micro_step == 2 and len(fresh) == 4
+    assert [list(mb) for mb in fresh] == batches[2:]
+
+
+@pytest.mark.parametrize("skip, match", [
+    ([(3, 2)], r"skip_steps range \(3, 2\) must have 0 <= a < b.*reversed"),
+    ([(2, 2)], r"skip_steps range \(2, 2\).*reversed or empty"),
+    ([(-1, 2)], r"skip_steps range \(-1, 2\).*negative"),
+    ([(0, 3), (2, 4)], r"skip_steps ranges \(0, 3\) and \(2, 4\) overlap"),
+    ([(0, 99)], r"skip_steps range \(0, 99\) is outside epoch 0"),
+])
+def test_bad_ranges_are_refused_naming_skip_steps(skip, match):
+    with pytest.raises(ValueError, match=match):
+        _sampler().skip_steps(skip)
+
+
+@pytest.mark.parametrize("skip", ["0-3", [(0, 1.5)], [(True, 3)], [(1, 2, 3)], 5])
+def test_ranges_of_the_wrong_type_are_refused_naming_skip_steps(skip):
+    with pytest.raises(TypeError, match="skip_steps must be a list of"):
+        _sampler().skip_steps(skip)
+
+
+def test_a_range_in_the_past_of_the_checkpoint_is_refused_before_anything_is_read():
+    state = _sampler().state_dict(batches_consumed=5)
+    s = _sampler()
+    s.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"skip_steps range \(4, 6\) starts in the past of the checkpoint: the run "
+                                         r"resumes at optimizer step 5") as info:
+        s.skip_steps([(4, 6)])
+    assert isinstance(info.value, InputError)
+    assert s.skip_micro_steps == () and s.start_micro_step == 5  # nothing changed
+    s.skip_steps([(5, 6)])  # at the resume step: allowed
+    assert s.skip_micro_steps == ((5, 6),)
+
+
+def test_a_new_range_that_overlaps_a_saved_one_is_refused():
+    s = _sampler()
+    s.skip_steps([(4, 6)])
+    state = s.state_dict(batches_consumed=3)
+    resumed = _sampler()
+    resumed.load_state_dict(state)
+    resumed.skip_steps([(4, 6)])  # the saved range, given again
+    with pytest.raises(ValueError, match=r"skip_steps ranges overlap: micro-steps \[4, 6\) and \[5, 7\)"):
+        resumed.skip_steps([(5, 7)])
+    assert resumed.skip_micro_steps == ((4, 6),)
+
+
+def test_the_micro_step_totals_skip_the_skipped_steps():
+    s = _sampler(accumulate_grad_batches=2)
+    tokens, _ = s.micro_step_totals()
+    s.skip_steps([(1, 2)])
+    skipped, _ = s.micro_step_totals()
+    assert skipped.tolist() == np.delete(tokens, [2, 3]).tolist() and len(skipped) == len(s)
