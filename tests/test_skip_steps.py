@@ -3,13 +3,18 @@ what the plan has there, also after a further restart on another number of ranks
 
 Ranks are simulated in process: one sampler per rank, each resumed from the same state."""
 
+import lightning as L
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lit_balance import BalancedBatchSampler
+from lit_balance import BalancedBatchSampler, BalancedTextDataModule
+from lit_balance.callbacks import LedgerCheck
+from lit_balance.demo import DemoTransformerLM
 from lit_balance.errors import InputError
+from lit_balance.ledger import check_ledger_header, ledger_columns, ledger_header, read_ledger, write_datamodule_ledger
 
 
 def _ranks(lengths, num_replicas, kwargs, state=None, skip=None):
@@ -86,7 +91,7 @@ def test_a_resume_with_skip_steps_trains_the_plan_less_those_steps_also_after_a_
         assert state2["epoch"] == 1 and "skip_micro_steps" not in state2
         return
     assert state2["segments"] == reference_state["segments"]
-    assert state2["skip_micro_steps"] == [[a * acc, min(b * acc, -(-end // acc) * acc)]]
+    assert state2["skip_micro_steps"] == [[a * acc, b * acc]]
     regive = data.draw(st.booleans(), label="the range given again")
     third = _ranks(lengths, r3, kwargs, state2, skip=[(a, b)] if regive else None)
     plain3 = _steps(_ranks(lengths, r3, kwargs, reference_state))
@@ -118,7 +123,7 @@ def test_the_skip_is_saved_in_the_state_and_restored_on_the_same_world():
     ([(2, 2)], r"skip_steps range \(2, 2\).*reversed or empty"),
     ([(-1, 2)], r"skip_steps range \(-1, 2\).*negative"),
     ([(0, 3), (2, 4)], r"skip_steps ranges \(0, 3\) and \(2, 4\) overlap"),
-    ([(0, 99)], r"skip_steps range \(0, 99\) is outside epoch 0"),
+    ([(99, 100)], r"skip_steps range \(99, 100\) does not start in epoch 0, whose optimizer steps are \[0, 8\)"),
 ])
 def test_bad_ranges_are_refused_naming_skip_steps(skip, match):
     with pytest.raises(ValueError, match=match):
@@ -162,3 +167,118 @@ def test_the_micro_step_totals_skip_the_skipped_steps():
     s.skip_steps([(1, 2)])
     skipped, _ = s.micro_step_totals()
     assert skipped.tolist() == np.delete(tokens, [2, 3]).tolist() and len(skipped) == len(s)
+
+
+@settings(max_examples=20, deadline=None)
+@given(worlds=st.tuples(st.integers(1, 3), st.integers(1, 4)), acc=st.integers(1, 3), packing=st.booleans(),
+       data=st.data())
+def test_the_ledger_of_a_resume_with_skip_steps_lists_what_trains_and_leaves_the_skipped_steps_out(
+        worlds, acc, packing, data):
+    lengths = [1 + (i * 13) % 50 for i in range(90)]
+    kwargs = dict(max_tokens=64, accumulate_grad_batches=acc, packing=packing, seed=1)
+    r1, r2 = worlds
+    first = _ranks(lengths, r1, kwargs)
+    stop = data.draw(st.integers(0, len(first[0]) - 1), label="stop")
+    state = first[0].state_dict(batches_consumed=stop)
+    plain = _ranks(lengths, r2, kwargs, state)
+    end = plain[0].first_plan_micro_step + sum(p.num_micro_steps for p in plain[0].plan_parts())
+    resume, last = -(-stop // acc), -(-end // acc)
+    if resume >= last:
+        return
+    a = data.draw(st.integers(resume, last - 1), label="a")
+    b = data.draw(st.integers(a + 1, last), label="b")
+    skipped = _ranks(lengths, r2, kwargs, state, skip=[(a, b)])
+    columns, _ = ledger_columns(skipped[0], first_optimizer_step=7)
+    start = skipped[0].start_micro_step
+    expected = []
+    for i, step in enumerate(_steps(skipped)):
+        expected += [(start + i, rank, int(x)) for rank, mb in enumerate(step) for x in mb]
+    rows = list(zip(columns["micro_step"].tolist(), columns["rank"].tolist(), columns["sample"].tolist()))
+    assert [r for r in rows if r[0] >= start] == expected
+    before = ledger_columns(plain[0])[0]  # on the same world the ledger starts at the epoch's start
+    assert [r for r in rows if r[0] < start] == [
+        r for r in zip(before["micro_step"].tolist(), before["rank"].tolist(), before["sample"].tolist()) if r[0] < start]
+    steps = set(columns["optimizer_step"].tolist())
+    assert not steps & set(range(7 + a, 7 + b))  # the skipped steps are absent, the numbering keeps them
+    plain_steps = set(ledger_columns(plain[0], first_optimizer_step=7)[0]["optimizer_step"].tolist())
+    assert steps == plain_steps - set(range(7 + a, 7 + b))
+    header = ledger_header(skipped[0], first_optimizer_step=7)
+    assert header["skip_steps"] == [[7 + a, 7 + b]] and header["micro_steps"] == len(skipped[0])
+    with pytest.raises(ValueError, match=r"skip_micro_steps: ledger \[\], run \[\["):
+        check_ledger_header(ledger_header(plain[0]), ledger_header(skipped[0]))
+
+
+class _Received(L.Callback):
+    def __init__(self):
+        self.batches = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.batches.append((batch_idx, batch["indices"].tolist()))
+
+
+class _SaveAt(L.Callback):
+    """Saves a checkpoint after micro-batch ``batch_idx`` (the end of an optimizer step) and stops the fit."""
+
+    def __init__(self, path, batch_idx):
+        self.path, self.batch_idx = path, batch_idx
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx == self.batch_idx:
+            trainer.save_checkpoint(self.path)
+            trainer.should_stop = True
+
+
+def _fit(tmp_path, dm, callbacks, max_steps=-1, ckpt_path=None):
+    L.seed_everything(0, verbose=False)
+    model = DemoTransformerLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=max_steps, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, limit_val_batches=0, accumulate_grad_batches=2, callbacks=callbacks,
+                        default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    return trainer
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_a_fit_resumed_with_skip_steps_trains_the_plan_less_those_steps_as_its_ledger_says(tmp_path, packing):
+    texts = [" ".join(["word"] * (1 + (i * 7) % 23)) for i in range(80)]
+    kwargs = dict(max_tokens=64, val_fraction=0.1, packing=packing, cache_dir=tmp_path / "cache", seed=2)
+    whole = _Received()
+    _fit(tmp_path, BalancedTextDataModule(texts, **kwargs), [whole])
+    ckpt = tmp_path / "mid.ckpt"
+    _fit(tmp_path, BalancedTextDataModule(texts, **kwargs), [_SaveAt(ckpt, 3)])  # after optimizer steps 0 and 1
+    dm = BalancedTextDataModule(texts, skip_steps=[(3, 5)], **kwargs)
+    dm.prepare_data()
+    dm.setup("fit")
+    state = torch.load(ckpt, weights_only=True)["BalancedTextDataModule"]["train_sampler"]
+    ledger = tmp_path / "rest.parquet"
+    header = write_datamodule_ledger(ledger, dm, num_replicas=1, accumulate_grad_batches=2, sampler_state=state)
+    assert header["skip_steps"] == [[3, 5]]
+    resumed = _Received()
+    trainer = _fit(tmp_path, BalancedTextDataModule(texts, skip_steps=[(3, 5)], **kwargs),
+                   [resumed, LedgerCheck(ledger)], ckpt_path=ckpt)
+    plan = [indices for _, indices in whole.batches]
+    assert [indices for _, indices in resumed.batches] == plan[4:6] + plan[10:]  # step 2, then steps 5 on
+    assert [i for i, _ in resumed.batches] == list(range(4, 4 + len(plan) - 8))  # batch_idx counts what trains
+    assert trainer.global_step == len(plan) // 2 - 2 + (len(plan) % 2)  # the two skipped steps are not counted
+    table, _ = read_ledger(ledger)
+    assert not set(table.column("optimizer_step").to_numpy().tolist()) & {3, 4}
+
+
+def test_a_datamodule_refuses_a_range_in_the_past_of_the_checkpoint_before_reading_a_batch(tmp_path):
+    texts = [" ".join(["word"] * (1 + (i * 7) % 23)) for i in range(80)]
+    kwargs = dict(max_tokens=64, val_fraction=0.1, cache_dir=tmp_path / "cache", seed=2)
+    ckpt = tmp_path / "mid.ckpt"
+    _fit(tmp_path, BalancedTextDataModule(texts, **kwargs), [_SaveAt(ckpt, 5)])  # after optimizer steps 0 to 2
+    received = _Received()
+    with pytest.raises(ValueError, match=r"skip_steps range \(1, 4\) starts in the past of the checkpoint: the run "
+                                         r"resumes at optimizer step 3"):
+        _fit(tmp_path, BalancedTextDataModule(texts, skip_steps=[(1, 4)], **kwargs), [received], ckpt_path=ckpt)
+    assert received.batches == []
+
+
+@pytest.mark.parametrize("skip, error", [([(2, 1)], ValueError), ([(0, 2), (1, 3)], ValueError), ("1:3", TypeError),
+                                         ([(-2, 1)], ValueError)])
+def test_a_datamodule_refuses_bad_skip_steps_at_construction(tmp_path, skip, error):
+    with pytest.raises(error, match="skip_steps"):
+        BalancedTextDataModule(["a b c"] * 4, max_tokens=64, skip_steps=skip, cache_dir=tmp_path)

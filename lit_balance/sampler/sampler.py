@@ -183,6 +183,7 @@ class BalancedBatchSampler(DistributedSampler):
         self._pass: _Pass | None = None  # the pass now running (or the latest), and who reads it
         self._reader: Any = None  # the BalancedDataLoader that iterates this sampler, a weak reference (see _read_by)
         self._warned_ahead = False
+        self._skip_request: tuple | None = None  # (epoch, ranges, first_optimizer_step) given to skip_steps
         if self._epoch_length() == 0:
             raise InputValueError(
                 f"drop_last=True with {self._inputs.num_samples - self.num_skipped} sample(s) and "
@@ -320,6 +321,7 @@ class BalancedBatchSampler(DistributedSampler):
         """
         epoch = check_int("epoch", epoch, 0, "epochs count from 0")
         if epoch != self.epoch:
+            self._skip_request = None  # skipped steps belong to their epoch
             self._cursor = 0
             self._resume_pending = False
             self._pass = None  # what the last pass handed out was of the previous epoch
@@ -400,8 +402,9 @@ class BalancedBatchSampler(DistributedSampler):
         (Lightning's ``batch_idx`` and ``global_step``, :meth:`__len__`, ``batches_consumed``) do not count them: the
         ``global_step`` after a skip is the plan's step less the steps skipped. The ranges are saved in
         :meth:`state_dict` (epoch micro-steps of the plan) and hold on any later resume, on any number of ranks; giving
-        a saved range again is allowed. Call it after :meth:`load_state_dict` (or on a fresh sampler) and before
-        iterating; the ranges apply to the current epoch only.
+        a saved range again is allowed. Call it before iterating (after :meth:`load_state_dict` or before: a later
+        :meth:`load_state_dict` of the same epoch applies them again to its position, as a training loop that restores
+        the sampler through its loader does); the ranges apply to the current epoch only.
 
         Args:
             skip_steps: ``[(a, b), ...]`` ints, ``0 <= a < b``, disjoint: optimizer steps ``a .. b - 1`` of the run.
@@ -409,7 +412,8 @@ class BalancedBatchSampler(DistributedSampler):
 
         Raises:
             TypeError: ``skip_steps`` not a list of pairs of ints.
-            ValueError: a range reversed or empty, negative, overlapping another, outside the current epoch, or
+            ValueError: a range reversed or empty, negative, overlapping another, starting outside the current epoch
+                (one that ends past the epoch's last step skips to its end), or
                 starting before the position the sampler resumes at (a range in the past of the checkpoint), naming
                 the range and the resume step.
 
@@ -423,7 +427,7 @@ class BalancedBatchSampler(DistributedSampler):
         """
         acc = self.settings.accumulate_grad_batches
         first = check_int("first_optimizer_step", first_optimizer_step, 0, "optimizer steps before the epoch")
-        ranges = _check_step_ranges(skip_steps)
+        ranges = sampler_state.check_skip_steps(skip_steps)
         end = self._record.earlier + self._segment().num_micro_steps
         position = self._record.earlier + self._offset()
         resume_step = first + -(-position // acc)
@@ -431,14 +435,14 @@ class BalancedBatchSampler(DistributedSampler):
         saved = set(self._record.skips)
         skips = set(saved)
         for a, b in ranges:
-            lo, hi = (a - first) * acc, min((b - first) * acc, -(-end // acc) * acc)
-            if a < first or b > last_step:
-                raise InputValueError(
-                    f"skip_steps range ({a}, {b}) is outside epoch {self.epoch}, whose optimizer steps are "
-                    f"[{first}, {last_step}) of the run (first_optimizer_step={first}); give ranges of the epoch "
-                    "the run resumes", parameter="skip_steps")
+            lo, hi = (a - first) * acc, (b - first) * acc
             if (lo, hi) in saved:  # given again: already part of the saved state
                 continue
+            if a < first or a >= last_step:
+                raise InputValueError(
+                    f"skip_steps range ({a}, {b}) does not start in epoch {self.epoch}, whose optimizer steps are "
+                    f"[{first}, {last_step}) of the run (first_optimizer_step={first}); give ranges that start in the "
+                    "epoch the run resumes", parameter="skip_steps")
             if lo < position:
                 raise InputValueError(
                     f"skip_steps range ({a}, {b}) starts in the past of the checkpoint: the run resumes at optimizer "
@@ -454,6 +458,7 @@ class BalancedBatchSampler(DistributedSampler):
                     f"{first + -(-b1 // acc)})), one given or saved in the checkpoint; give disjoint ranges",
                     parameter="skip_steps")
         self._record = dataclasses.replace(self._record, skips=ordered)
+        self._skip_request = (self.epoch, tuple(ranges), first)
 
     def _check_length(self) -> None:
         """Warn (once) when the epoch about to run is longer than the ``len()`` reported before this pass began."""
@@ -683,6 +688,9 @@ class BalancedBatchSampler(DistributedSampler):
         self._cursor = consumed
         self._resume_pending = True
         self._pass = None
+        request = getattr(self, "_skip_request", None)
+        if request is not None and request[0] == record.epoch:  # given for this resume: they hold whichever restore
+            self.skip_steps(request[1], first_optimizer_step=request[2])  # (DataModule's or loader's) comes last
 
     @property
     def first_micro_step(self) -> int:
@@ -732,29 +740,6 @@ class BalancedBatchSampler(DistributedSampler):
         """Fill rows (marked duplicates) in the current epoch over all ranks (at most ``num_replicas - 1``, per window
         for an epoch planned in windows)."""
         return int(self.plan().is_fill.sum())
-
-
-def _check_step_ranges(skip_steps: Any) -> list[tuple[int, int]]:
-    """``skip_steps`` as sorted ``(a, b)`` int pairs with ``0 <= a < b``, disjoint; else a clear error."""
-    def is_int(v: Any) -> bool:
-        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-    if (isinstance(skip_steps, (str, bytes)) or not isinstance(skip_steps, Sequence)
-            or not all(isinstance(p, Sequence) and not isinstance(p, (str, bytes)) and len(p) == 2
-                       and all(is_int(v) for v in p) for p in skip_steps)):
-        raise InputTypeError(f"skip_steps must be a list of (a, b) pairs of ints (optimizer steps a .. b-1 of the run), "
-                             f"got {skip_steps!r}", parameter="skip_steps")
-    ranges = sorted((int(a), int(b)) for a, b in skip_steps)
-    for a, b in ranges:
-        if a < 0 or b <= a:
-            raise InputValueError(f"skip_steps range ({a}, {b}) must have 0 <= a < b (optimizer steps a .. b-1 of the "
-                                  f"run, inclusive-exclusive); got a {'negative step' if a < 0 else 'reversed or empty range'}",
-                                  parameter="skip_steps")
-    for (a0, b0), (a1, b1) in zip(ranges, ranges[1:]):
-        if a1 < b0:
-            raise InputValueError(f"skip_steps ranges ({a0}, {b0}) and ({a1}, {b1}) overlap; give disjoint ranges",
-                                  parameter="skip_steps")
-    return ranges
 
 
 _SAVE_WHAT_TRAINED = (

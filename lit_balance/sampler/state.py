@@ -52,7 +52,7 @@ from lit_balance.plan.windows import WindowedPlan
 from lit_balance.sampler.inputs import PlanInputs
 
 __all__ = ["OPTIONAL_STATE_KEYS", "STATE_KEYS", "STATE_VERSION", "Replay", "ReplayRecord", "SettingsMismatchError",
-           "build_state", "check_skips", "class_name", "micro_step_totals", "parse_state", "plan_micro_step", "replay",
+           "build_state", "check_skip_steps", "check_skips", "class_name", "micro_step_totals", "parse_state", "plan_micro_step", "replay",
            "trained_micro_step", "window_supervised_tokens", "window_totals"]
 
 #: Version of the state dict's layout.
@@ -177,6 +177,34 @@ def plan_micro_step(skips: tuple[tuple[int, int], ...], trained: int) -> int:
         if first <= position:
             position += end - first
     return position
+
+
+def check_skip_steps(skip_steps: Any) -> list[tuple[int, int]]:
+    """``skip_steps`` (optimizer steps ``a .. b - 1`` of the run per pair) as sorted ``(a, b)`` int pairs.
+
+    Raises:
+        TypeError: not a list of pairs of ints, naming ``skip_steps``.
+        ValueError: a negative step, a reversed or empty range, overlapping ranges, naming ``skip_steps``.
+    """
+    def is_int(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    if (isinstance(skip_steps, (str, bytes)) or not isinstance(skip_steps, (list, tuple))
+            or not all(isinstance(p, (list, tuple)) and not isinstance(p, (str, bytes)) and len(p) == 2
+                       and all(is_int(v) for v in p) for p in skip_steps)):
+        raise InputTypeError(f"skip_steps must be a list of (a, b) pairs of ints (optimizer steps a .. b-1 of the run), "
+                             f"got {skip_steps!r}", parameter="skip_steps")
+    ranges = sorted((int(a), int(b)) for a, b in skip_steps)
+    for a, b in ranges:
+        if a < 0 or b <= a:
+            raise InputValueError(f"skip_steps range ({a}, {b}) must have 0 <= a < b (optimizer steps a .. b-1 of the "
+                                  f"run, inclusive-exclusive); got a {'negative step' if a < 0 else 'reversed or empty range'}",
+                                  parameter="skip_steps")
+    for (a0, b0), (a1, b1) in zip(ranges, ranges[1:]):
+        if a1 < b0:
+            raise InputValueError(f"skip_steps ranges ({a0}, {b0}) and ({a1}, {b1}) overlap; give disjoint ranges",
+                                  parameter="skip_steps")
+    return ranges
 
 
 def check_skips(raw: Any, accumulate: int) -> tuple[tuple[int, int], ...]:
