@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lit_balance import BalancedBatchSampler, BalancedTextDataModule
-from lit_balance.callbacks import LedgerCheck
+from lit_balance.callbacks import LedgerCheck, LedgerMismatchError
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.errors import InputError
 from lit_balance.ledger import check_ledger_header, ledger_columns, ledger_header, read_ledger, write_datamodule_ledger
@@ -274,6 +274,30 @@ def test_a_fit_resumed_with_skip_steps_trains_the_plan_less_those_steps_as_its_l
     assert trainer.global_step == len(plan) // 2 - 2 + (len(plan) % 2)  # the two skipped steps are not counted
     table, _ = read_ledger(ledger)
     assert not set(table.column("optimizer_step").to_numpy().tolist()) & {3, 4}
+
+    # a document swapped at the first step after the range is named by the ledger's step number (5), not Lightning's
+    micro, sample = table.column("micro_step").to_numpy(), table.column("sample").to_numpy()
+    step = table.column("optimizer_step").to_numpy()
+    planned = int(sample[step == 5][0])
+    swapped = _Swapping(texts, skip_steps=[(3, 5)], **kwargs)
+    swapped.swap = (planned, int(sample[step == 2][0]))
+    with pytest.raises(LedgerMismatchError, match=rf"at optimizer step 5 \(epoch 0, micro-step {int(micro[step == 5][0])}, "
+                                                  rf"micro-batch 0 of the step\), rank 0, row 0: the rank received "
+                                                  rf"sample {swapped.swap[1]} where the ledger has sample {planned}"):
+        _fit(tmp_path, swapped, [LedgerCheck(ledger)], ckpt_path=ckpt)
+
+
+class _Swapping(BalancedTextDataModule):
+    """Its training dataset hands one planned sample's item in place of another (a loader bug)."""
+
+    swap = None
+
+    def setup(self, stage=None):
+        super().setup(stage)
+        if self.swap is not None:
+            dataset, (planned, delivered) = self.train_dataset, self.swap
+            item = dataset._item
+            dataset._item = lambda i, is_fill=False: item(delivered if i == planned else i, is_fill)
 
 
 def test_a_datamodule_refuses_a_range_in_the_past_of_the_checkpoint_before_reading_a_batch(tmp_path):
