@@ -207,8 +207,8 @@ def test_the_ledger_of_a_resume_with_skip_steps_lists_what_trains_and_leaves_the
     rows = list(zip(columns["micro_step"].tolist(), columns["rank"].tolist(), columns["sample"].tolist()))
     assert [r for r in rows if r[0] >= start] == expected
     before = ledger_columns(plain[0])[0]  # on the same world the ledger starts at the epoch's start
-    assert [r for r in rows if r[0] < start] == [
-        r for r in zip(before["micro_step"].tolist(), before["rank"].tolist(), before["sample"].tolist()) if r[0] < start]
+    earlier = zip(before["micro_step"].tolist(), before["rank"].tolist(), before["sample"].tolist())
+    assert [r for r in rows if r[0] < start] == [r for r in earlier if r[0] < start]
     steps = set(columns["optimizer_step"].tolist())
     assert not steps & set(range(7 + a, 7 + b))  # the skipped steps are absent, the numbering keeps them
     plain_steps = set(ledger_columns(plain[0], first_optimizer_step=7)[0]["optimizer_step"].tolist())
@@ -281,7 +281,8 @@ def test_a_fit_resumed_with_skip_steps_trains_the_plan_less_those_steps_as_its_l
     planned = int(sample[step == 5][0])
     swapped = _Swapping(texts, skip_steps=[(3, 5)], **kwargs)
     swapped.swap = (planned, int(sample[step == 2][0]))
-    with pytest.raises(LedgerMismatchError, match=rf"at optimizer step 5 \(epoch 0, micro-step {int(micro[step == 5][0])}, "
+    first = int(micro[step == 5][0])
+    with pytest.raises(LedgerMismatchError, match=rf"at optimizer step 5 \(epoch 0, micro-step {first}, "
                                                   rf"micro-batch 0 of the step\), rank 0, row 0: the rank received "
                                                   rf"sample {swapped.swap[1]} where the ledger has sample {planned}"):
         _fit(tmp_path, swapped, [LedgerCheck(ledger)], ckpt_path=ckpt)

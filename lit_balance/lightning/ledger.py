@@ -15,8 +15,8 @@ rows of the micro-batch):
 ``epoch``                 int32    the epoch
 ``optimizer_step``        int64    ``first_optimizer_step + k``: the plan's optimizer step ``k`` of the epoch; skipped
                                    steps (``skip_steps``) are absent, the numbering keeps them
-``micro_step``            int64    the micro-step of the epoch (Lightning's ``batch_idx``), counted from its start; skipped
-                                   micro-steps are not counted
+``micro_step``            int64    the micro-step of the epoch (Lightning's ``batch_idx``), counted from its start;
+                                   skipped micro-steps are not counted
 ``rank``                  int32    the data-parallel rank that runs the micro-batch
 ``micro_batch``           int32    the micro-batch's place in its rank's optimizer step, ``[0, accumulate_grad_batches)``
 ``row``                   int32    the document's place in its micro-batch (a padded row, or a document of a packed row)

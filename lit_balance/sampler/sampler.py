@@ -381,8 +381,8 @@ class BalancedBatchSampler(DistributedSampler):
 
     @property
     def skip_micro_steps(self) -> tuple[tuple[int, int], ...]:
-        """``((first, end), ...)``: the current epoch's skipped micro-steps (:meth:`skip_steps`), as epoch micro-steps of
-        the plan (``[first, end)``, sorted); empty when nothing is skipped."""
+        """``((first, end), ...)``: the current epoch's skipped micro-steps (:meth:`skip_steps`), as epoch micro-steps
+        of the plan (``[first, end)``, sorted); empty when nothing is skipped."""
         return self._record.skips
 
     @property

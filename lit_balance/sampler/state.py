@@ -52,8 +52,8 @@ from lit_balance.plan.windows import WindowedPlan
 from lit_balance.sampler.inputs import PlanInputs
 
 __all__ = ["OPTIONAL_STATE_KEYS", "STATE_KEYS", "STATE_VERSION", "Replay", "ReplayRecord", "SettingsMismatchError",
-           "build_state", "check_skip_steps", "check_skips", "class_name", "micro_step_totals", "parse_state", "plan_micro_step", "replay",
-           "trained_micro_step", "window_supervised_tokens", "window_totals"]
+           "build_state", "check_skip_steps", "check_skips", "class_name", "micro_step_totals", "parse_state",
+           "plan_micro_step", "replay", "trained_micro_step", "window_supervised_tokens", "window_totals"]
 
 #: Version of the state dict's layout.
 STATE_VERSION = 1
@@ -192,14 +192,14 @@ def check_skip_steps(skip_steps: Any) -> list[tuple[int, int]]:
     if (isinstance(skip_steps, (str, bytes)) or not isinstance(skip_steps, (list, tuple))
             or not all(isinstance(p, (list, tuple)) and not isinstance(p, (str, bytes)) and len(p) == 2
                        and all(is_int(v) for v in p) for p in skip_steps)):
-        raise InputTypeError(f"skip_steps must be a list of (a, b) pairs of ints (optimizer steps a .. b-1 of the run), "
-                             f"got {skip_steps!r}", parameter="skip_steps")
+        raise InputTypeError(f"skip_steps must be a list of (a, b) pairs of ints (optimizer steps a .. b-1 of the "
+                             f"run), got {skip_steps!r}", parameter="skip_steps")
     ranges = sorted((int(a), int(b)) for a, b in skip_steps)
     for a, b in ranges:
         if a < 0 or b <= a:
+            got = "a negative step" if a < 0 else "a reversed or empty range"
             raise InputValueError(f"skip_steps range ({a}, {b}) must have 0 <= a < b (optimizer steps a .. b-1 of the "
-                                  f"run, inclusive-exclusive); got a {'negative step' if a < 0 else 'reversed or empty range'}",
-                                  parameter="skip_steps")
+                                  f"run, inclusive-exclusive); got {got}", parameter="skip_steps")
     for (a0, b0), (a1, b1) in zip(ranges, ranges[1:]):
         if a1 < b0:
             raise InputValueError(f"skip_steps ranges ({a0}, {b0}) and ({a1}, {b1}) overlap; give disjoint ranges",
