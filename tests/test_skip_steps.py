@@ -250,10 +250,12 @@ def _fit(tmp_path, dm, callbacks, max_steps=-1, ckpt_path=None):
     return trainer
 
 
-@pytest.mark.parametrize("packing", [False, True])
-def test_a_fit_resumed_with_skip_steps_trains_the_plan_less_those_steps_as_its_ledger_says(tmp_path, packing):
+@pytest.mark.parametrize("packing, num_workers", [(False, 0), (True, 0), (False, 2)])
+def test_a_fit_resumed_with_skip_steps_trains_the_plan_less_those_steps_as_its_ledger_says(tmp_path, packing,
+                                                                                         num_workers):
     texts = [" ".join(["word"] * (1 + (i * 7) % 23)) for i in range(80)]
-    kwargs = dict(max_tokens=64, val_fraction=0.1, packing=packing, cache_dir=tmp_path / "cache", seed=2)
+    kwargs = dict(max_tokens=64, val_fraction=0.1, packing=packing, cache_dir=tmp_path / "cache", seed=2,
+                  num_workers=num_workers)
     whole = _Received()
     _fit(tmp_path, BalancedTextDataModule(texts, **kwargs), [whole])
     ckpt = tmp_path / "mid.ckpt"
