@@ -53,7 +53,7 @@ from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.shapes import resolve_split_shapes
 from lit_balance.sampler.mixture import MixtureBatchSampler
 from lit_balance.sampler.sampler import BalancedBatchSampler
-from lit_balance.sampler.state import SettingsMismatchError
+from lit_balance.sampler.state import SettingsMismatchError, check_skip_steps
 from lit_balance.world import DataParallelWorld, data_parallel_world
 
 __all__ = ["DEFAULT_MAX_TOKENS", "BalancedTextDataModule", "fit_batches_consumed"]
@@ -214,6 +214,12 @@ class BalancedTextDataModule(L.LightningDataModule):
         allow_tokenizer_mismatch: train a tokenized store (or a mixture component) with a ``tokenizer`` other than
             the one the store says it was written with (a warning instead of the ValueError naming both; see
             :mod:`lit_balance.data.tokenizer_identity`, ``docs/store_checks.md``). Default False.
+        skip_steps: ``[(a, b), ...]``: leave out the documents of optimizer steps ``a .. b - 1`` of the run
+            (inclusive-exclusive, counted from the start of training as the ledger's ``optimizer_step``), typically on
+            a resume after a loss spike (:meth:`BalancedBatchSampler.skip_steps`, ``docs/ledger.md``). Applied once per
+            fit, after a checkpoint is restored and before any batch is read; every other step trains what the plan
+            has there, on any number of ranks, and the ranges are saved in the checkpoint. Ranges must lie in the first
+            epoch and start at or after the step the checkpoint resumes at. None (the default): nothing skipped.
 
     Attributes:
         mixture: the blend of named components (:class:`~lit_balance.Mixture`; one corpus: ``Mixture.of(corpus)``,
@@ -284,8 +290,12 @@ class BalancedTextDataModule(L.LightningDataModule):
         memory_fraction: float = DEFAULT_MEMORY_FRACTION,
         cpu_mmap_threshold: int | None = CPU_MMAP_THRESHOLD,
         allow_tokenizer_mismatch: bool = False,
+        skip_steps: list[tuple[int, int]] | None = None,
     ) -> None:
         super().__init__()
+        #: Optimizer steps of the run whose documents are left out (``(a, b)`` pairs, ``a .. b - 1``), or None.
+        self.skip_steps = None if skip_steps is None else check_skip_steps(skip_steps)
+        self._skip_pending = self.skip_steps is not None
         if val_fraction is not None:
             resolve_val_fraction(val_fraction)  # its type and range, before the corpus is read
         given = {k: v for k, v in (("max_tokens", max_tokens), ("shuffle", shuffle), ("seed", seed),
@@ -773,6 +783,8 @@ class BalancedTextDataModule(L.LightningDataModule):
             except SettingsMismatchError as error:
                 raise InputValueError(settings_advice(error.differences), parameter="settings") from error
             self._train_sampler_state = None
+        if self._skip_pending and self.train_sampler is not None:
+            self._apply_skip_steps()
         trainer = self.trainer
         if trainer is not None and self.train_sampler is not None and trainer.current_epoch > self.train_sampler.epoch:
             # Lightning reads len(loader) before it calls set_epoch; select the new epoch first, so that its
@@ -781,6 +793,17 @@ class BalancedTextDataModule(L.LightningDataModule):
         loader = self._loader(self.train_dataset, self.train_sampler, TrainLoader, batches_consumed=self._consumed)
         self._train_loader = weakref.ref(loader)
         return loader
+
+    def _apply_skip_steps(self) -> None:
+        """Hand :attr:`skip_steps` to the training sampler (after a restored position, before any batch is read)."""
+        sampler = self.train_sampler
+        if sampler.epoch != 0:
+            raise InputValueError(
+                f"skip_steps={self.skip_steps} counts optimizer steps from the start of training, and this "
+                f"DataModule places them in the first epoch only, but the run resumes in epoch {sampler.epoch}: "
+                "those steps have trained already; remove skip_steps", parameter="skip_steps")
+        sampler.skip_steps(self.skip_steps, first_optimizer_step=0)
+        self._skip_pending = False
 
     def __getstate__(self) -> dict[str, Any]:  # pickled for ddp_spawn: a weak reference does not pickle
         return {**super().__getstate__(), "_train_loader": None}
@@ -842,6 +865,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         if self._saved_data is not None and self.corpus is not None:
             check_saved_data(self._saved_data, data_identity(self))
         self._train_sampler_state = state_dict.get("train_sampler")
+        self._skip_pending = self.skip_steps is not None  # placed after the restored position
         if self.auto_budget is not None and state_dict.get("token_budget"):
             self.auto_budget.load_state_dict(state_dict["token_budget"])  # checked now, planned at train_dataloader
 

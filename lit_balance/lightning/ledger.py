@@ -13,8 +13,10 @@ rows of the micro-batch):
 
 ========================  =======  ======================================================================================
 ``epoch``                 int32    the epoch
-``optimizer_step``        int64    ``first_optimizer_step + micro_step // accumulate_grad_batches``
-``micro_step``            int64    the micro-step of the epoch (Lightning's ``batch_idx``), counted from its start
+``optimizer_step``        int64    ``first_optimizer_step + k``: the plan's optimizer step ``k`` of the epoch; skipped
+                                   steps (``skip_steps``) are absent, the numbering keeps them
+``micro_step``            int64    the micro-step of the epoch (Lightning's ``batch_idx``), counted from its start;
+                                   skipped micro-steps are not counted
 ``rank``                  int32    the data-parallel rank that runs the micro-batch
 ``micro_batch``           int32    the micro-batch's place in its rank's optimizer step, ``[0, accumulate_grad_batches)``
 ``row``                   int32    the document's place in its micro-batch (a padded row, or a document of a packed row)
@@ -56,7 +58,9 @@ LEDGER_KEY = b"lit_balance.ledger"
 LEDGER_VERSION = 1
 #: Header entries a run must match for its ledger to describe it (what :func:`check_ledger_header` compares).
 _RUN_KEYS = ("epoch", "num_replicas", "accumulate_grad_batches", "first_micro_step", "micro_steps", "num_samples",
-             "lengths_sha256", "settings", "mixture")
+             "lengths_sha256", "settings", "mixture", "skip_micro_steps")
+#: What a header written before an entry existed means by its absence.
+_ABSENT = {"skip_micro_steps": []}
 
 
 def _import_pyarrow() -> Any:
@@ -75,9 +79,11 @@ def ledger_header(sampler: Any, *, epoch: int | None = None, first_optimizer_ste
     Returns:
         ``{"version", "epoch", "num_replicas", "accumulate_grad_batches", "first_micro_step", "micro_steps",
         "first_optimizer_step", "optimizer_steps", "num_samples", "lengths_sha256", "settings", "mixture",
-        "rank_speeds", "cost_model", "data"}``; ``first_micro_step`` is the micro-step at which this world size's plan
-        starts (above 0 after a resume on another number of ranks: the micro-steps before it ran on the old ranks and
-        are not in this ledger); ``micro_steps`` the epoch's micro-steps (``len(sampler)``).
+        "rank_speeds", "cost_model", "data", "skip_micro_steps", "skip_steps"}``; ``first_micro_step`` is the
+        micro-step at which this world size's plan starts (above 0 after a resume on another number of ranks: the
+        micro-steps before it ran on the old ranks and are not in this ledger); ``micro_steps`` the epoch's micro-steps
+        trained (``len(sampler)``); ``optimizer_steps`` the plan's, skipped ones counted; ``skip_micro_steps`` the
+        skipped ranges as epoch micro-steps of the plan, ``skip_steps`` as optimizer steps of the run (``[a, b)``).
     """
     epoch = sampler.epoch if epoch is None else int(epoch)
     settings = sampler.settings
@@ -86,15 +92,21 @@ def ledger_header(sampler: Any, *, epoch: int | None = None, first_optimizer_ste
     first = int(sampler.first_micro_step) if current else 0
     micro_steps = first + sum(part.num_micro_steps for part in sampler.plan_parts(epoch)) if not current else \
         len(sampler)
+    skips = [[int(a), int(b)] for a, b in sampler.skip_micro_steps] if current else []
+    plan_steps = (int(sampler.first_plan_micro_step) + sum(part.num_micro_steps for part in sampler.plan_parts())
+                  if skips else int(micro_steps))
     speeds = sampler.rank_speeds
     return {
         "version": LEDGER_VERSION, "epoch": epoch, "num_replicas": int(sampler.num_replicas),
         "accumulate_grad_batches": acc, "first_micro_step": first, "micro_steps": int(micro_steps),
-        "first_optimizer_step": int(first_optimizer_step), "optimizer_steps": -(-int(micro_steps) // acc),
+        "first_optimizer_step": int(first_optimizer_step), "optimizer_steps": -(-plan_steps // acc),
         "num_samples": int(len(sampler.lengths)), "lengths_sha256": sampler.lengths_sha256,
         "settings": settings.to_dict(), "mixture": sampler.mixture.to_dict(),
         "rank_speeds": None if speeds is None else [float(s) for s in speeds],
         "cost_model": repr(sampler.cost_model), "data": None if data is None else dict(data),
+        "skip_micro_steps": skips,
+        "skip_steps": [[int(first_optimizer_step) + a // acc, int(first_optimizer_step) + -(-b // acc)]
+                       for a, b in skips],
     }
 
 
@@ -140,21 +152,34 @@ def ledger_columns(sampler: Any, *, dataset: Any = None, epoch: int | None = Non
     """
     epoch = sampler.epoch if epoch is None else int(epoch)
     acc = int(sampler.settings.accumulate_grad_batches)
-    base = int(sampler.first_micro_step) if epoch == sampler.epoch else 0
+    current = epoch == sampler.epoch
+    base = int(sampler.first_plan_micro_step) if current else 0
+    skips = sampler.skip_micro_steps if current else ()
     parts = []
     for plan in sampler.plan_parts(epoch):
         parts.append(_part_columns(plan, base, acc))
         base += plan.num_micro_steps
     columns = {k: np.concatenate([p[k] for p in parts]) if len(parts) != 1 else parts[0][k] for k in parts[0]}
+    if skips:  # skipped steps are absent; micro_step counts what trains (Lightning's batch_idx)
+        plan_step = columns["micro_step"]
+        keep = np.ones(plan_step.shape[0], dtype=bool)
+        trained = plan_step.copy()
+        for a, b in skips:
+            keep &= (plan_step < a) | (plan_step >= b)
+            trained -= np.clip(plan_step - a, 0, b - a)
+        columns = {k: v[keep] for k, v in columns.items()}
+        columns["plan_micro_step"], columns["micro_step"] = plan_step[keep], trained[keep]
+    else:
+        columns["plan_micro_step"] = columns["micro_step"]
     sample, fill = columns.pop("sample"), columns.pop("fill")
     n = sample.shape[0]
     component, document, copy = sampler.locate(sample)
     tokens = np.asarray(sampler.lengths)[sample].astype(np.int32)
     supervised = sampler.supervised_lengths
     supervised = (tokens - 1) if supervised is None else np.asarray(supervised)[sample].astype(np.int32)
-    micro_step = columns.pop("micro_step")
+    micro_step, plan_step = columns.pop("micro_step"), columns.pop("plan_micro_step")
     out = {"epoch": np.full(n, epoch, dtype=np.int32),
-           "optimizer_step": micro_step // acc + int(first_optimizer_step), "micro_step": micro_step, **columns,
+           "optimizer_step": plan_step // acc + int(first_optimizer_step), "micro_step": micro_step, **columns,
            "sample": sample, "component": component.astype(np.int32), "document": document,
            "copy": copy.astype(np.int16), "tokens": tokens,
            "supervised_tokens": np.where(fill, 0, supervised).astype(np.int32), "fill": fill,
@@ -252,6 +277,8 @@ def write_datamodule_ledger(path: str | os.PathLike, datamodule: Any, *, num_rep
         sampler.load_state_dict(dict(sampler_state))
     else:
         sampler.set_epoch(epoch)
+    if datamodule.skip_steps is not None and sampler.epoch == 0:  # as the fit applies them (first epoch only)
+        sampler.skip_steps(datamodule.skip_steps)
     return write_ledger(path, sampler, dataset=datamodule.train_dataset, first_optimizer_step=first_optimizer_step,
                         data=data_identity(datamodule), compression=compression)
 
@@ -293,7 +320,10 @@ def check_ledger_header(header: Mapping[str, Any], run: Mapping[str, Any], *, so
     Raises:
         ValueError: naming every setting that differs, with both values, and what to do.
     """
-    diff = [f"{k}: ledger {header.get(k)!r}, run {run.get(k)!r}" for k in _RUN_KEYS if header.get(k) != run.get(k)]
+    def get(d: Mapping[str, Any], k: str) -> Any:
+        return d.get(k, _ABSENT.get(k))
+
+    diff = [f"{k}: ledger {get(header, k)!r}, run {get(run, k)!r}" for k in _RUN_KEYS if get(header, k) != get(run, k)]
     if diff:
         first = diff[0].split(":")[0]
         raise InputValueError(f"{source} was written for other settings than this run's: " + "; ".join(diff) +

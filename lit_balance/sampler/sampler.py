@@ -183,6 +183,7 @@ class BalancedBatchSampler(DistributedSampler):
         self._pass: _Pass | None = None  # the pass now running (or the latest), and who reads it
         self._reader: Any = None  # the BalancedDataLoader that iterates this sampler, a weak reference (see _read_by)
         self._warned_ahead = False
+        self._skip_request: tuple | None = None  # (epoch, ranges, first_optimizer_step) given to skip_steps
         if self._epoch_length() == 0:
             raise InputValueError(
                 f"drop_last=True with {self._inputs.num_samples - self.num_skipped} sample(s) and "
@@ -320,6 +321,7 @@ class BalancedBatchSampler(DistributedSampler):
         """
         epoch = check_int("epoch", epoch, 0, "epochs count from 0")
         if epoch != self.epoch:
+            self._skip_request = None  # skipped steps belong to their epoch
             self._cursor = 0
             self._resume_pending = False
             self._pass = None  # what the last pass handed out was of the previous epoch
@@ -366,7 +368,97 @@ class BalancedBatchSampler(DistributedSampler):
         return length
 
     def _epoch_length(self) -> int:
-        return self._record.earlier + self._segment().num_micro_steps
+        """Micro-steps this rank trains in the current epoch: the plan's, less the skipped ones."""
+        return sampler_state.trained_micro_step(self._record.skips,
+                                                self._record.earlier + self._segment().num_micro_steps)
+
+    def _skipped_mask(self, first: int, count: int) -> np.ndarray:
+        """bool ``[count]``: whether each epoch micro-step ``first .. first + count - 1`` of the plan is skipped."""
+        mask = np.zeros(count, dtype=bool)
+        for a, b in self._record.skips:
+            mask[max(a - first, 0):max(b - first, 0)] = True
+        return mask
+
+    @property
+    def skip_micro_steps(self) -> tuple[tuple[int, int], ...]:
+        """``((first, end), ...)``: the current epoch's skipped micro-steps (:meth:`skip_steps`), as epoch micro-steps
+        of the plan (``[first, end)``, sorted); empty when nothing is skipped."""
+        return self._record.skips
+
+    @property
+    def first_plan_micro_step(self) -> int:
+        """Epoch micro-step of the plan (skipped ones counted) at which this world size's plan starts: as
+        :attr:`first_micro_step`, which does not count skipped micro-steps."""
+        return self._record.earlier
+
+    def skip_steps(self, skip_steps: Sequence[Sequence[int]], *, first_optimizer_step: int = 0) -> None:
+        """Leave out the documents of optimizer steps ``[a, b)`` of the run: the sampler consumes their micro-batches
+        without yielding them, so every later step trains exactly what the plan has there.
+
+        Steps are counted over the run from the start of training, as the ledger's ``optimizer_step`` numbers them
+        (:mod:`lit_balance.ledger`): the epoch's optimizer step ``k`` (micro-steps ``k * accumulate_grad_batches`` to
+        ``(k + 1) * accumulate_grad_batches - 1`` of the plan, on every rank) is step ``first_optimizer_step + k`` of
+        the run. Ranges are inclusive-exclusive. The skipped micro-steps are not yielded, so a training loop's counts
+        (Lightning's ``batch_idx`` and ``global_step``, :meth:`__len__`, ``batches_consumed``) do not count them: the
+        ``global_step`` after a skip is the plan's step less the steps skipped. The ranges are saved in
+        :meth:`state_dict` (epoch micro-steps of the plan) and hold on any later resume, on any number of ranks; giving
+        a saved range again is allowed. Call it before iterating (after :meth:`load_state_dict` or before: a later
+        :meth:`load_state_dict` of the same epoch applies them again to its position, as a training loop that restores
+        the sampler through its loader does); the ranges apply to the current epoch only.
+
+        Args:
+            skip_steps: ``[(a, b), ...]`` ints, ``0 <= a < b``, disjoint: optimizer steps ``a .. b - 1`` of the run.
+            first_optimizer_step: optimizer steps of the run before the current epoch.
+
+        Raises:
+            TypeError: ``skip_steps`` not a list of pairs of ints.
+            ValueError: a range reversed or empty, negative, overlapping another, starting outside the current epoch
+                (one that ends past the epoch's last step skips to its end), or
+                starting before the position the sampler resumes at (a range in the past of the checkpoint), naming
+                the range and the resume step.
+
+        Example:
+            >>> s = BalancedBatchSampler([10] * 16, max_tokens=20, num_replicas=2, rank=0, shuffle=False)
+            >>> list(s)
+            [[0, 1], [4, 5], [8, 9], [12, 13]]
+            >>> s.skip_steps([(1, 3)])  # optimizer steps 1 and 2 are not trained
+            >>> len(s), list(s)
+            (2, [[0, 1], [12, 13]])
+        """
+        acc = self.settings.accumulate_grad_batches
+        first = check_int("first_optimizer_step", first_optimizer_step, 0, "optimizer steps before the epoch")
+        ranges = sampler_state.check_skip_steps(skip_steps)
+        end = self._record.earlier + self._segment().num_micro_steps
+        position = self._record.earlier + self._offset()
+        resume_step = first + -(-position // acc)
+        last_step = first + -(-end // acc)
+        saved = set(self._record.skips)
+        skips = set(saved)
+        for a, b in ranges:
+            lo, hi = (a - first) * acc, (b - first) * acc
+            if (lo, hi) in saved:  # given again: already part of the saved state
+                continue
+            if a < first or a >= last_step:
+                raise InputValueError(
+                    f"skip_steps range ({a}, {b}) does not start in epoch {self.epoch}, whose optimizer steps are "
+                    f"[{first}, {last_step}) of the run (first_optimizer_step={first}); give ranges that start in the "
+                    "epoch the run resumes", parameter="skip_steps")
+            if lo < position:
+                raise InputValueError(
+                    f"skip_steps range ({a}, {b}) starts in the past of the checkpoint: the run resumes at optimizer "
+                    f"step {resume_step}, so steps before it have trained already; give ranges that start at step "
+                    f"{resume_step} or later", parameter="skip_steps")
+            skips.add((lo, hi))
+        ordered = tuple(sorted(skips))
+        for (a0, b0), (a1, b1) in zip(ordered, ordered[1:]):
+            if a1 < b0:
+                raise InputValueError(
+                    f"skip_steps ranges overlap: micro-steps [{a0}, {b0}) and [{a1}, {b1}) of epoch {self.epoch} "
+                    f"(optimizer steps [{first + a0 // acc}, {first + -(-b0 // acc)}) and [{first + a1 // acc}, "
+                    f"{first + -(-b1 // acc)})), one given or saved in the checkpoint; give disjoint ranges",
+                    parameter="skip_steps")
+        self._record = dataclasses.replace(self._record, skips=ordered)
+        self._skip_request = (self.epoch, tuple(ranges), first)
 
     def _check_length(self) -> None:
         """Warn (once) when the epoch about to run is longer than the ``len()`` reported before this pass began."""
@@ -430,7 +522,10 @@ class BalancedBatchSampler(DistributedSampler):
         step_tokens, step_rows = sampler_state.window_totals(self._inputs, replayed)
         step_supervised = sampler_state.window_supervised_tokens(self._inputs, replayed, plan)
         earlier = step_tokens.shape[0] - plan.num_micro_steps
+        skipped = self._skipped_mask(earlier, plan.num_micro_steps)
         for s in range(start, plan.num_micro_steps):
+            if skipped[s]:  # a skipped optimizer step: consumed, never trained
+                continue
             idx, fill = plan.batch(int(column[s]))
             self._cursor = s + 1
             yield _SentMicroBatch(idx, fill, int(step_tokens[earlier + s]), int(step_rows[earlier + s]),
@@ -446,6 +541,7 @@ class BalancedBatchSampler(DistributedSampler):
         self._cursor = start
         earlier, accumulate = earlier_tokens.shape[0], self.settings.accumulate_grad_batches
         total = earlier + plan.num_micro_steps
+        skipped = self._skipped_mask(earlier, plan.num_micro_steps)
         for position in range(plan.order.shape[0]):
             first, end = max(int(plan.starts[position]), start), int(plan.starts[position + 1])
             if first >= end:
@@ -466,6 +562,8 @@ class BalancedBatchSampler(DistributedSampler):
             column = held.assignment[:, self.rank].tolist()
             base = int(plan.starts[position])
             for s in range(first, end):
+                if skipped[s]:  # a skipped optimizer step: consumed, never trained
+                    continue
                 idx, fill = held.batch(column[s - base])
                 g = (earlier + s - lo) // accumulate
                 self._cursor = s + 1
@@ -508,7 +606,7 @@ class BalancedBatchSampler(DistributedSampler):
             RuntimeWarning: once per sampler, no ``batches_consumed`` while another DataLoader sent this pass's
                 micro-batches to worker processes (they read ahead of training), naming what to call instead.
         """
-        earlier = self._record.earlier
+        earlier = self.first_micro_step
         if batches_consumed is None:
             self._check_default_count()
             return self._build_state(self._cursor)
@@ -522,7 +620,9 @@ class BalancedBatchSampler(DistributedSampler):
                 f"rank runs in it, counted from the epoch's start), got {batches_consumed}; pass the micro-batches "
                 "training consumed, e.g. sampler.start_micro_step plus those the loop trained in this pass",
                 parameter="batches_consumed")
-        return self._build_state(batches_consumed - earlier)
+        position = sampler_state.plan_micro_step(self._record.skips, batches_consumed)
+        return self._build_state(min(position, self._record.earlier + self._segment().num_micro_steps)
+                                 - self._record.earlier)
 
     def _check_default_count(self) -> None:
         """Refuse (or warn) when the default count of :meth:`state_dict`, the micro-batches handed out, is not what
@@ -530,7 +630,7 @@ class BalancedBatchSampler(DistributedSampler):
         trace = getattr(self, "_pass", None)
         if trace is None:
             return
-        handed = self._record.earlier + self._cursor
+        handed = sampler_state.trained_micro_step(self._record.skips, self._record.earlier + self._cursor)
         reader = trace.reader() if trace.reader is not None else None
         if reader is not None and getattr(reader, "balanced_sampler", None) is self:
             consumed = reader.batches_consumed
@@ -588,6 +688,9 @@ class BalancedBatchSampler(DistributedSampler):
         self._cursor = consumed
         self._resume_pending = True
         self._pass = None
+        request = getattr(self, "_skip_request", None)
+        if request is not None and request[0] == record.epoch:  # given for this resume: they hold whichever restore
+            self.skip_steps(request[1], first_optimizer_step=request[2])  # (DataModule's or loader's) comes last
 
     @property
     def first_micro_step(self) -> int:
@@ -596,7 +699,7 @@ class BalancedBatchSampler(DistributedSampler):
         0 unless the epoch was resumed on another number of ranks (:meth:`load_state_dict`): then the micro-steps
         before it ran on the old ranks, and ``len(self)`` counts them too.
         """
-        return self._record.earlier
+        return sampler_state.trained_micro_step(self._record.skips, self._record.earlier)
 
     @property
     def start_micro_step(self) -> int:
@@ -606,7 +709,7 @@ class BalancedBatchSampler(DistributedSampler):
         A loop that counts the micro-batches it consumed in this pass saves ``state_dict(batches_consumed=
         sampler.start_micro_step + consumed)`` (:class:`lit_balance.data.BalancedDataLoader` does).
         """
-        return self._record.earlier + self._offset()
+        return sampler_state.trained_micro_step(self._record.skips, self._record.earlier + self._offset())
 
     def micro_step_totals(self) -> tuple[np.ndarray, np.ndarray]:
         """Real tokens and rows of every micro-step of the current epoch, summed over the ranks (global).
@@ -616,7 +719,11 @@ class BalancedBatchSampler(DistributedSampler):
             (fill rows excluded) of every rank's micro-batch; micro-steps before :attr:`first_micro_step` are those
             the old ranks ran. Every rank computes the same, without communication.
         """
-        return sampler_state.micro_step_totals(self._inputs, self._replay())
+        tokens, rows = sampler_state.micro_step_totals(self._inputs, self._replay())
+        if self._record.skips:  # the skipped micro-steps are not trained: Lightning's batch_idx does not count them
+            keep = ~self._skipped_mask(0, tokens.shape[0])
+            tokens, rows = tokens[keep], rows[keep]
+        return tokens, rows
 
     @property
     def num_skipped(self) -> int:

@@ -15,7 +15,13 @@ every rank. Layout (version :data:`STATE_VERSION`)::
      "cost_model": cost_model.to_dict(), "rank_speeds": [float] | None, "first_rank_speeds": [float] | None,
      "pending": None | {"cost_model": cost_model.to_dict(), "rank_speeds": [float] | None},
      "cost_model_class": "lit_balance.CostModel" | "module.QualifiedName",
-     "segment_max_tokens": [int | [int, ...], ...]}
+     "segment_max_tokens": [int | [int, ...], ...], "skip_micro_steps": [[first, end], ...]}
+
+``skip_micro_steps`` (present only when the epoch skips optimizer steps, :meth:`BalancedBatchSampler.skip_steps`)
+holds the skipped ranges as epoch micro-steps of the plan (``[first, end)``, multiples of ``accumulate_grad_batches``):
+those micro-steps are consumed without being yielded. Positions in ``segments`` count them (plan micro-steps); the
+micro-steps a training loop counts (Lightning's ``batch_idx``, ``batches_consumed``, ``len()``) do not
+(:func:`trained_micro_step`, :func:`plan_micro_step`).
 
 ``segment_max_tokens`` (present only when an earlier segment of the epoch ran on ranks of other per-rank budgets)
 holds each segment's ``max_tokens``; without it every segment ran with ``settings["max_tokens"]``.
@@ -46,8 +52,8 @@ from lit_balance.plan.windows import WindowedPlan
 from lit_balance.sampler.inputs import PlanInputs
 
 __all__ = ["OPTIONAL_STATE_KEYS", "STATE_KEYS", "STATE_VERSION", "Replay", "ReplayRecord", "SettingsMismatchError",
-           "build_state", "class_name", "micro_step_totals", "parse_state", "replay", "window_supervised_tokens",
-           "window_totals"]
+           "build_state", "check_skip_steps", "check_skips", "class_name", "micro_step_totals", "parse_state",
+           "plan_micro_step", "replay", "trained_micro_step", "window_supervised_tokens", "window_totals"]
 
 #: Version of the state dict's layout.
 STATE_VERSION = 1
@@ -57,7 +63,7 @@ STATE_KEYS = ("version", "epoch", "segments", "num_samples", "lengths_sha256", "
               "rank_speeds", "first_rank_speeds", "pending")
 #: Keys a state dict may lack: ``cost_model_class`` (absent: :class:`~lit_balance.CostModel`),
 #: ``segment_max_tokens`` (absent: every segment of the epoch ran with the saved settings' ``max_tokens``).
-OPTIONAL_STATE_KEYS = ("cost_model_class", "segment_max_tokens")
+OPTIONAL_STATE_KEYS = ("cost_model_class", "segment_max_tokens", "skip_micro_steps")
 
 Speeds = np.ndarray | None
 
@@ -92,6 +98,8 @@ class ReplayRecord:
         pending: ``(cost_model, rank_speeds)`` handed over for the next epoch, or None.
         segment_max_tokens: each segment's ``max_tokens`` (an int or a tuple of per-rank budgets) when an earlier
             segment ran with other budgets than the sampler's, else None (every segment ran with the sampler's).
+        skips: ``((first, end), ...)`` sorted, disjoint ranges of epoch micro-steps (plan numbering) that are consumed
+            without being trained (:meth:`BalancedBatchSampler.skip_steps`); empty: none.
     """
 
     epoch: int
@@ -101,6 +109,7 @@ class ReplayRecord:
     first_speeds: Speeds = None
     pending: tuple[CostModelProtocol, Speeds] | None = None
     segment_max_tokens: tuple | None = None
+    skips: tuple[tuple[int, int], ...] = ()
 
     @property
     def offset(self) -> int:
@@ -127,7 +136,7 @@ class ReplayRecord:
 
     def fresh(self) -> ReplayRecord:
         """The same epoch run from its start on the sampler's own ranks (a later pass over the epoch)."""
-        return dataclasses.replace(self, segments=(), first_speeds=None, segment_max_tokens=None)
+        return dataclasses.replace(self, segments=(), first_speeds=None, segment_max_tokens=None, skips=())
 
 
 @dataclass(frozen=True)
@@ -155,6 +164,69 @@ def _plain_tuple(speeds: Speeds) -> tuple | None:
     return None if speeds is None else tuple(speeds)
 
 
+def trained_micro_step(skips: tuple[tuple[int, int], ...], micro_step: int) -> int:
+    """The micro-steps trained before epoch micro-step ``micro_step`` of the plan: those not in ``skips``."""
+    return int(micro_step) - sum(max(0, min(end, micro_step) - first) for first, end in skips)
+
+
+def plan_micro_step(skips: tuple[tuple[int, int], ...], trained: int) -> int:
+    """The epoch micro-step of the plan reached once ``trained`` micro-steps were trained: the inverse of
+    :func:`trained_micro_step`, past a skipped range that starts there."""
+    position = int(trained)
+    for first, end in skips:  # sorted
+        if first <= position:
+            position += end - first
+    return position
+
+
+def check_skip_steps(skip_steps: Any) -> list[tuple[int, int]]:
+    """``skip_steps`` (optimizer steps ``a .. b - 1`` of the run per pair) as sorted ``(a, b)`` int pairs.
+
+    Raises:
+        TypeError: not a list of pairs of ints, naming ``skip_steps``.
+        ValueError: a negative step, a reversed or empty range, overlapping ranges, naming ``skip_steps``.
+    """
+    def is_int(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    if (isinstance(skip_steps, (str, bytes)) or not isinstance(skip_steps, (list, tuple))
+            or not all(isinstance(p, (list, tuple)) and not isinstance(p, (str, bytes)) and len(p) == 2
+                       and all(is_int(v) for v in p) for p in skip_steps)):
+        raise InputTypeError(f"skip_steps must be a list of (a, b) pairs of ints (optimizer steps a .. b-1 of the "
+                             f"run), got {skip_steps!r}", parameter="skip_steps")
+    ranges = sorted((int(a), int(b)) for a, b in skip_steps)
+    for a, b in ranges:
+        if a < 0 or b <= a:
+            got = "a negative step" if a < 0 else "a reversed or empty range"
+            raise InputValueError(f"skip_steps range ({a}, {b}) must have 0 <= a < b (optimizer steps a .. b-1 of the "
+                                  f"run, inclusive-exclusive); got {got}", parameter="skip_steps")
+    for (a0, b0), (a1, b1) in zip(ranges, ranges[1:]):
+        if a1 < b0:
+            raise InputValueError(f"skip_steps ranges ({a0}, {b0}) and ({a1}, {b1}) overlap; give disjoint ranges",
+                                  parameter="skip_steps")
+    return ranges
+
+
+def check_skips(raw: Any, accumulate: int) -> tuple[tuple[int, int], ...]:
+    """Saved ``skip_micro_steps`` as a tuple of ``(first, end)`` pairs, checked: sorted, disjoint, aligned."""
+    def is_int(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    if (not isinstance(raw, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in raw)
+            or not all(is_int(v) for p in raw for v in p)):
+        raise InputValueError(f"sampler state_dict skip_micro_steps must be a list of [first, end] int pairs, got "
+                              f"{raw!r}", parameter="skip_steps")
+    skips = tuple((int(a), int(b)) for a, b in raw)
+    previous = 0
+    for a, b in skips:
+        if not previous <= a < b or a % accumulate or b % accumulate:
+            raise InputValueError(f"sampler state_dict skip_micro_steps must be sorted, disjoint [first, end) ranges "
+                                  f"of micro-steps, multiples of accumulate_grad_batches={accumulate}, got "
+                                  f"{list(map(list, skips))}", parameter="skip_steps")
+        previous = b
+    return skips
+
+
 def build_state(inputs: PlanInputs, record: ReplayRecord, num_replicas: int, consumed: int,
                 plan_micro_steps: int) -> dict[str, Any]:
     """The state dict with ``consumed`` of the ``plan_micro_steps`` micro-steps of the record's current plan consumed.
@@ -172,6 +244,8 @@ def build_state(inputs: PlanInputs, record: ReplayRecord, num_replicas: int, con
         if pending is not None:
             (cost_model, speeds), pending = pending, None
     extra = {} if segment_max_tokens is None else {"segment_max_tokens": [_plain_budget(b) for b in segment_max_tokens]}
+    if record.skips and epoch == record.epoch:  # skipped ranges belong to their epoch
+        extra["skip_micro_steps"] = [[int(a), int(b)] for a, b in record.skips]
     return {
         "version": STATE_VERSION,
         "epoch": int(epoch),
@@ -353,9 +427,11 @@ def parse_state(state_dict: Any, inputs: PlanInputs, *, num_replicas: int, cost_
     for (replicas, _), budget in zip(segments, budgets):  # each segment's budgets fit its ranks
         inputs.settings.replace(max_tokens=budget).rank_max_tokens(replicas)
     same = all(b == inputs.settings.max_tokens for b in budgets)
+    skips = check_skips(state_dict.get("skip_micro_steps", []), inputs.settings.accumulate_grad_batches)
     return ReplayRecord(epoch=epoch, segments=tuple((r, c) for r, c in segments), cost_model=cost_model,
                         rank_speeds=rank_speeds, first_speeds=first_speeds if len(segments) > 1 else None,
-                        pending=pending, segment_max_tokens=None if same or len(segments) < 2 else tuple(budgets))
+                        pending=pending, segment_max_tokens=None if same or len(segments) < 2 else tuple(budgets),
+                        skips=skips)
 
 
 def _segment_budgets(state_dict: dict[str, Any], num_segments: int) -> list:

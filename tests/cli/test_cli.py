@@ -626,3 +626,11 @@ def test_the_resume_command_keeps_the_arguments_and_replaces_the_checkpoint_and_
         "lit-balance fit --config 'my conf.yaml' --data.seed=3 '--ckpt_path=new dir/last.ckpt' --trainer.max_steps=10")
     assert _resume_command(["fit", "--ckpt_path=old.ckpt", "--trainer.max_steps=5"], "a.ckpt", None) == (
         "lit-balance fit --trainer.max_steps=5 --ckpt_path=a.ckpt")  # stopped early: the same steps
+
+
+def test_skip_steps_is_a_datamodule_argument_of_the_cli(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = LitBalanceCLI(DemoTransformerLM, BalancedTextDataModule,
+                        args=["--config", str(FIT_CPU), "--data.skip_steps", "[[3, 5], [8, 9]]"], run=False,
+                        seed_everything_default=0)
+    assert cli.datamodule.skip_steps == [(3, 5), (8, 9)]

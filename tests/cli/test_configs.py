@@ -268,3 +268,13 @@ def test_a_target_rejecting_its_arguments_names_the_target():
     with pytest.raises(InstantiationException,
                        match=r"Error in call to target 'lit_balance\.[\w.]+'(?s:.*)d_model \(30\) must be divisible"):
         instantiate(cfg.model, vocab_size=10)
+
+
+def test_data_skip_steps_reaches_the_datamodule_from_a_hydra_override(tmp_path, corpus_file):
+    assert _compose(["data=files", f"data.corpus={corpus_file}"]).data.skip_steps is None
+    cfg = _compose(["data=files", f"data.corpus={corpus_file}", "data.skip_steps=[[3,5],[8,9]]"])
+    dm = instantiate(cfg.data, cache_dir=str(tmp_path / "cache"))
+    assert dm.skip_steps == [(3, 5), (8, 9)]
+    bad = _compose(["data=files", f"data.corpus={corpus_file}", "data.skip_steps=[[5,3]]"])
+    with pytest.raises(InstantiationException, match=r"skip_steps range \(5, 3\)"):
+        instantiate(bad.data, cache_dir=str(tmp_path / "cache"))

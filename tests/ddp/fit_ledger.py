@@ -4,7 +4,8 @@ two, padded or packed; stop mid-epoch with a checkpoint, resume from it, or plan
 Run: python tests/ddp/fit_ledger.py OUT_DIR DATA_DIR KIND LAYOUT PHASE DEVICES [PLANNED DELIVERED]
 KIND is ``plain`` or ``mixture``, LAYOUT ``padded`` or ``packed``; DATA_DIR holds ``web.jsonl`` and ``code.jsonl`` and
 the tokenization cache (test_ledger_ddp.py writes them). PHASE ``stop`` trains STOP_AT micro-batches per rank, saves
-OUT_DIR/mid.ckpt and raises at the next training_step; ``resume`` continues from mid.ckpt on DEVICES ranks; ``swap``
+OUT_DIR/mid.ckpt and raises at the next training_step; ``resume`` continues from mid.ckpt on DEVICES ranks; ``skip``
+does the same with ``skip_steps=[SKIP_STEPS]`` (those optimizer steps of the run left out); ``swap``
 runs the epoch with rank 1's dataset handing sample DELIVERED where the plan has PLANNED. Every phase checks against
 OUT_DIR/ledger.parquet (written beforehand by the test). Each rank writes OUT_DIR/{phase}_rank{r}.json: per trained
 micro-batch its batch_idx, indices and is_fill, and the LedgerMismatchError message if one stopped it.
@@ -26,10 +27,11 @@ from launch import run_as_ranks  # launch.py (the repository root)
 
 STOP_AT = 4  # micro-batches per rank before the stop: two optimizer steps
 ACCUMULATE = 2
+SKIP_STEPS = (3, 4)  # optimizer step 3 of the run (after the stop at step 2) left out by the ``skip`` phase
 TOKENIZER = Path(__file__).resolve().parents[2] / "lit_balance/data/tokenizer/tokenizer.json"
 
 
-def datamodule(data: Path, kind: str, layout: str) -> BalancedTextDataModule:
+def datamodule(data: Path, kind: str, layout: str, skip_steps=None) -> BalancedTextDataModule:
     """The DataModule every phase and the test's ledger use."""
     if kind == "plain":
         corpus = data / "web.jsonl"
@@ -37,7 +39,7 @@ def datamodule(data: Path, kind: str, layout: str) -> BalancedTextDataModule:
         corpus = Mixture({"web": {"corpus": data / "web.jsonl", "weight": 0.6},
                           "code": {"corpus": data / "code.jsonl", "weight": 0.4}})
     return BalancedTextDataModule(corpus, str(TOKENIZER), max_tokens=96, max_length=40, val_fraction=0,
-                                  packing=layout == "packed", cache_dir=data / "cache", seed=7)
+                                  packing=layout == "packed", cache_dir=data / "cache", seed=7, skip_steps=skip_steps)
 
 
 class Recorder(L.Callback):
@@ -75,7 +77,7 @@ class Swap(L.Callback):
 def main() -> None:
     out, data, kind, layout, phase, devices = (Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4],
                                                sys.argv[5], int(sys.argv[6]))
-    dm = datamodule(data, kind, layout)
+    dm = datamodule(data, kind, layout, skip_steps=[SKIP_STEPS] if phase == "skip" else None)
     model = StoppingLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
     model.stop = phase == "stop"
     recorder = Recorder(out, stop=phase == "stop")
@@ -89,7 +91,7 @@ def main() -> None:
                         num_sanity_val_steps=0)
     mismatch = None
     try:
-        trainer.fit(model, datamodule=dm, ckpt_path=out / "mid.ckpt" if phase == "resume" else None)
+        trainer.fit(model, datamodule=dm, ckpt_path=out / "mid.ckpt" if phase in ("resume", "skip") else None)
     except LedgerMismatchError as error:
         if phase != "swap":
             raise

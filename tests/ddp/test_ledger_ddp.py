@@ -1,7 +1,8 @@
 """The ledger of a plan is what real CPU ranks (gloo) train on, micro-batch by micro-batch, under LedgerCheck: one
 corpus and a mixture, padded and packed, accumulate_grad_batches=2, stopped mid-epoch on 2 ranks and resumed on 3 (the
-resumed run checked against the ledger of the checkpoint's rest of the epoch); and a document swapped in one rank's
-loader stops every rank with an error naming the optimizer step and rank."""
+resumed run checked against the ledger of the checkpoint's rest of the epoch; also resumed with ``skip_steps``, checked
+against the ledger that leaves those steps out); and a document swapped in one rank's loader stops every rank with an
+error naming the optimizer step and rank."""
 
 import json
 import shutil
@@ -41,8 +42,8 @@ def data(tmp_path_factory):
     return root
 
 
-def _datamodule(data, kind, layout):
-    dm = _fit_ledger().datamodule(data, kind, layout)
+def _datamodule(data, kind, layout, skip_steps=None):
+    dm = _fit_ledger().datamodule(data, kind, layout, skip_steps=skip_steps)
     dm.prepare_data()
     dm.setup("fit")
     return dm
@@ -52,7 +53,7 @@ def _ledger_rows(path):
     from lit_balance.ledger import read_ledger
 
     table, header = read_ledger(path)
-    names = ("micro_step", "rank", "sample", "fill", "component", "document")
+    names = ("micro_step", "rank", "sample", "fill", "component", "document", "optimizer_step")
     return [dict(zip(names, row)) for row in zip(*(table.column(n).to_pylist() for n in names))], header
 
 
@@ -141,3 +142,48 @@ def test_a_document_swapped_in_one_ranks_loader_stops_every_rank_naming_the_step
                 f"received sample {delivered} where the ledger has sample {planned}") in record["mismatch"]
         # stopped at the end of the step that differed: its two micro-batches trained, no later one
         assert [b[0] for b in record["batches"]] == [0, 1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def skipped(data, tmp_path_factory):
+    """A 2-rank run stopped after two optimizer steps, resumed on 3 ranks with skip_steps=[SKIP_STEPS]: the ledgers of
+    the rest with and without the skip, and what every rank trained."""
+    from lit_balance.ledger import write_datamodule_ledger
+
+    fit = _fit_ledger()
+    stop, resume = tmp_path_factory.mktemp("skip_stop"), tmp_path_factory.mktemp("skip_resume")
+    write_datamodule_ledger(stop / "ledger.parquet", _datamodule(data, "mixture", "padded"), num_replicas=2,
+                            accumulate_grad_batches=fit.ACCUMULATE)
+    run_scripts(SCRIPT, {"stop": [stop, data, "mixture", "padded", "stop", 2]}, TIMEOUT_S)
+    shutil.copy(stop / "mid.ckpt", resume / "mid.ckpt")
+    state = torch.load(resume / "mid.ckpt", weights_only=True)["BalancedTextDataModule"]["train_sampler"]
+    write_datamodule_ledger(resume / "plain.parquet", _datamodule(data, "mixture", "padded"), num_replicas=3,
+                            accumulate_grad_batches=fit.ACCUMULATE, sampler_state=state)
+    write_datamodule_ledger(resume / "ledger.parquet", _datamodule(data, "mixture", "padded", [fit.SKIP_STEPS]),
+                            num_replicas=3, accumulate_grad_batches=fit.ACCUMULATE, sampler_state=state)
+    run_scripts(SCRIPT, {"skip": [resume, data, "mixture", "padded", "skip", 3]}, TIMEOUT_S)
+    return (_ledger_rows(stop / "ledger.parquet"), _ledger_rows(resume / "plain.parquet"),
+            _ledger_rows(resume / "ledger.parquet"), _read(resume, "skip", 3))
+
+
+def test_a_resume_on_three_ranks_with_skip_steps_trains_the_plan_less_those_steps_as_the_ledger_says(skipped):
+    (full, _), (plain, plain_header), (rest, header), resumed = skipped
+    fit = _fit_ledger()
+    a, b = fit.SKIP_STEPS
+    assert header["skip_steps"] == [[a, b]] and plain_header["optimizer_steps"] > b  # the range lies in the epoch
+    # the skip ledger is the plain plan of the rest less the rows of the skipped steps, renumbered as batch_idx
+    kept = [r for r in plain if not a <= r["optimizer_step"] < b]
+    shift = (b - a) * fit.ACCUMULATE
+    assert [(r["rank"], r["sample"], r["fill"], r["optimizer_step"]) for r in rest] == \
+        [(r["rank"], r["sample"], r["fill"], r["optimizer_step"]) for r in kept]
+    assert [r["micro_step"] for r in rest] == [r["micro_step"] - (shift if r["optimizer_step"] >= b else 0)
+                                               for r in kept]
+    for rank, record in enumerate(resumed):  # LedgerCheck passed on every rank, and each trained the ledger's rows
+        assert record["mismatch"] is None
+        assert {x[0]: (x[1], x[2]) for x in record["batches"]} == _by_step(rest, rank)
+        assert record["global_step"] == plain_header["optimizer_steps"] - (b - a)  # skipped steps are not counted
+    # nothing else lost: the stopped part, what trained after it and the skipped rows hold the epoch's documents once
+    documents = lambda rows: Counter((r["component"], r["document"]) for r in rows if not r["fill"])  # noqa: E731
+    skipped_rows = [r for r in plain if a <= r["optimizer_step"] < b]
+    assert skipped_rows and documents([r for r in full if r["micro_step"] < fit.STOP_AT]) + documents(rest) + \
+        documents(skipped_rows) == documents(full)

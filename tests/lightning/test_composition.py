@@ -7,7 +7,7 @@ Every case runs ``BalancedTextDataModule.setup`` and its training loaders on sim
 a Trainer as ``data_parallel_world`` reads it) and checks: every micro-batch within its rank's budget and in its
 layout's shape, equal counts on every rank, each mixture step within one document of its share, every document once
 per epoch, and a mid-epoch stop on 2 ranks resumed exactly on 3 (the documents of the stopped and the resumed parts are
-those of an uninterrupted epoch). ``auto`` plans with a measured budget restored from a checkpoint (as a resume does;
+those of an uninterrupted epoch), also with ``skip_steps`` (those steps' micro-batches left out, the rest unchanged). ``auto`` plans with a measured budget restored from a checkpoint (as a resume does;
 the probe itself runs in test_mixture_datamodule.py and tests/lightning/test_budget.py). Combinations that mean nothing
 are refused, naming both settings, before any token is read.
 """
@@ -63,13 +63,14 @@ def _corpus(kind: str, root):
                     "stream": {"corpus": _stream(), "weight": 0.3, "max_documents": STREAM_BOUND}})
 
 
-def _ranks(kind, layout, budget, workers, world, root, state=None):
+def _ranks(kind, layout, budget, workers, world, root, state=None, skip_steps=None):
     """One DataModule per simulated rank, set up, with ``state`` (a DataModule state_dict) restored."""
     modules = []
     for rank in range(world):
         dm = BalancedTextDataModule(_corpus(kind, root), vocab_size=VOCAB, pad_token_id=0,
                                     max_tokens=BUDGETS[budget][world], max_length=MAX_LENGTH, val_fraction=0.1, seed=5,
-                                    num_workers=workers, cache_dir=root / "cache", **LAYOUTS[layout])
+                                    num_workers=workers, cache_dir=root / "cache", skip_steps=skip_steps,
+                                    **LAYOUTS[layout])
         dm.trainer = SimpleNamespace(world_size=world, global_rank=rank, current_epoch=0, accumulate_grad_batches=1,
                                      strategy=SimpleNamespace(distributed_sampler_kwargs={"num_replicas": world,
                                                                                           "rank": rank}),
@@ -161,6 +162,12 @@ def _case(kind, layout, budget, workers, root):
     assert len({len(rows) for rows in resumed}) == 1
     after = Counter(i for rows in stopped + resumed for real in rows for i in real)
     assert after == epoch  # exactly the uninterrupted epoch's documents
+    # resumed again with skip_steps (optimizer steps of the run; one micro-step each here): those steps' documents
+    # are left out, every other step trains what the resumed plan has there
+    assert len(resumed[0]) > 1
+    skip = (STOP_AT + 1, STOP_AT + min(3, len(resumed[0])))
+    skipped = _run(_ranks(kind, layout, budget, workers, 3, root, state=state, skip_steps=[skip]), layout)
+    assert skipped == [rows[:1] + rows[skip[1] - STOP_AT:] for rows in resumed]
 
 
 STATIC = {"static_packed", "padded_shapes"}  # one shape set for every rank: one budget for every rank

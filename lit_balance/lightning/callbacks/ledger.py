@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from lit_balance.errors import InputValueError
+from lit_balance.sampler.state import plan_micro_step
 from lit_balance.lightning.callbacks._common import batch_fields, gather, train_sampler
 from lit_balance.world import data_parallel_world
 
@@ -71,6 +72,7 @@ class LedgerCheck(L.Callback):
         self._acc = 1
         self._rank = 0
         self._optimizer_step0 = 0
+        self._skips: tuple[tuple[int, int], ...] = ()  # the ledger's skipped micro-steps (plan numbering)
         self._loaded_for: int | None = None  # the epoch whose ledger rows were read (or found not to be the ledger's)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -91,6 +93,7 @@ class LedgerCheck(L.Callback):
         check_ledger_header(header, ledger_header(sampler), source=f"the ledger {self.ledger}")
         self._epoch, self._acc, self._rank = int(header["epoch"]), int(header["accumulate_grad_batches"]), world.rank
         self._optimizer_step0 = int(header["first_optimizer_step"])
+        self._skips = tuple((int(a), int(b)) for a, b in header.get("skip_micro_steps", []))
         micro = table.column("micro_step").to_numpy()
         sample = table.column("sample").to_numpy()
         fill = table.column("fill").to_numpy(zero_copy_only=False)
@@ -147,7 +150,8 @@ class LedgerCheck(L.Callback):
         if not bad:
             return
         _, rank, micro, row, want, got, want_fill, got_fill = min(bad, key=lambda r: (r[2], r[1]))
-        step = self._optimizer_step0 + micro // self._acc
+        # the optimizer step of the run as the ledger numbers it (skipped steps counted)
+        step = self._optimizer_step0 + plan_micro_step(self._skips, micro) // self._acc
         what = (f"received sample {got}{' (a fill row)' if got_fill == 1 else ''} where the ledger has sample {want}"
                 f"{' (a fill row)' if want_fill == 1 else ''}" if got != _NONE and want != _NONE else
                 f"received no row where the ledger has sample {want}" if got == _NONE and micro in self._seen else
