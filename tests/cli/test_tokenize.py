@@ -284,7 +284,7 @@ def test_ray_not_installed_or_not_reachable_is_a_clear_error_never_a_hang(corpus
         ray = None
     monkeypatch.setitem(sys.modules, "ray", None)  # as without Ray installed
     with pytest.raises(ImportError, match=r'--executor ray runs datatrove\'s RayPipelineExecutor, which needs Ray: '
-                                          r'pip install "lit_balance\[ray\]"'):
+                                          r'pip install -e "\.\[ray\]"'):
         tokenize_corpus(corpus, tmp_path / "a", executor="ray")
     if ray is None:
         pytest.skip("ray is not installed (the test extra installs it)")

@@ -207,7 +207,7 @@ def test_an_empty_dataset_and_unusable_columns_are_refused():
 def test_without_datasets_installed_the_error_names_the_extra(monkeypatch):
     fake = type("Dataset", (), {"__module__": "datasets.arrow_dataset"})()
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets now raises ImportError
-    with pytest.raises(ImportError, match=r'pip install "lit_balance\[datasets\]"'):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[datasets\]"'):
         resolve_corpus(fake)
 
 

@@ -65,9 +65,10 @@ def _balanced_loader(**kwargs):
 
 def _interrupted(loader):
     """The micro-batches of one pass over ``loader`` (one worker), its worker sent SIGINT after the first."""
+    before = {p.pid for p in multiprocessing.active_children()}  # other tests of this process may have children
     it = iter(loader)
     got = [next(it)["input_ids"].tolist()]
-    (worker,) = multiprocessing.active_children()  # the loader's one worker process
+    (worker,) = [p for p in multiprocessing.active_children() if p.pid not in before]  # the loader's one worker
     os.kill(worker.pid, signal.SIGINT)  # what a terminal's Ctrl-C does to the whole group, worker included
     return got + [b["input_ids"].tolist() for b in it]
 
