@@ -108,7 +108,7 @@ def test_each_update_equals_one_process_token_mean_step(runs, run):
         loss_sum, count = torch.zeros((), dtype=torch.float64), 0
         for micro in (m for rank_tensors in tensors for m in rank_tensors if m["step"] == k):
             s, n = token_loss_sum(model(micro["input_ids"]), micro["labels"])
-            loss_sum, count = loss_sum + s.double(), count + n
+            loss_sum, count = loss_sum + s.double(), count + int(n)
         (loss_sum / count).backward()
         assert step["tokens"] == count
         assert step["loss"] == pytest.approx(float(loss_sum.detach() / count), rel=1e-5)
