@@ -17,7 +17,8 @@ one process computed the mean over those tokens at once. Two ways to know ``N``:
   fixed (no callback in the Trainer that changes ``accumulate_grad_batches`` during fit, which such a callback
   declares by the class attribute ``sets_accumulate_grad_batches = True`` as
   :class:`lit_balance.callbacks.AdaptiveGradAccumulation` does; and the training sampler handed to the Trainer, if
-  any (:func:`lit_balance.use_training_sampler`), planned with the Trainer's ``accumulate_grad_batches``), each micro-batch returns ``sum_local * num_replicas * accumulate_grad_batches / N``.
+  any (:func:`lit_balance.use_training_sampler`), planned with the Trainer's ``accumulate_grad_batches``), each
+  micro-batch returns ``sum_local * num_replicas * accumulate_grad_batches / N``.
 * **All-reduce divisor** (one all-reduce of two numbers per optimizer step): otherwise each micro-batch
   returns ``sum_local * accumulate_grad_batches`` and, in ``on_before_optimizer_step`` (before gradient
   clipping), ``N`` is summed over ranks and gradients are multiplied by ``num_replicas / N``. This is the
