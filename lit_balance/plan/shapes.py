@@ -103,7 +103,8 @@ def choose_document_cap(hist: np.ndarray, settings: BatchingSettings) -> int:
     return int(max(1, min(cap, capacity // shortest, int(counts.sum()))))
 
 
-def choose_padded_shapes(hist: np.ndarray, settings: BatchingSettings, num_shapes: int) -> tuple[tuple[int, int], ...]:
+def choose_padded_shapes(hist: np.ndarray, settings: BatchingSettings, num_shapes: int,
+                         num_replicas: int = 1) -> tuple[tuple[int, int], ...]:
     """``num_shapes`` padded shapes ``(rows, length)`` chosen from the length distribution.
 
     The lengths are the ``K`` that pad the fewest token slots when every sample is padded up to the next chosen
@@ -167,50 +168,76 @@ def choose_padded_shapes(hist: np.ndarray, settings: BatchingSettings, num_shape
             chosen.append(j)
     lengths = np.array(sorted({int(uniq[cand[c]]) for c in chosen}), dtype=np.int64)
     per_shape = np.bincount(np.searchsorted(lengths, uniq, side="left"), weights=counts, minlength=lengths.shape[0])
-    rows = _shape_rows(lengths, np.rint(per_shape).astype(np.int64), settings.max_tokens, settings.max_batch_size)
+    rows = _shape_rows(lengths, np.rint(per_shape).astype(np.int64), settings.max_tokens, settings.max_batch_size,
+                       int(num_replicas) * settings.accumulate_grad_batches)
     return tuple((int(r), int(L)) for r, L in zip(rows, lengths))
 
 
-def _shape_rows(lengths: np.ndarray, counts: np.ndarray, max_tokens: int, max_batch_size: int | None) -> np.ndarray:
-    """int64 ``[K]``: the rows of each shape, so that its samples fill its micro-batches with few rows to spare.
+def _shape_rows(lengths: np.ndarray, counts: np.ndarray, max_tokens: int, max_batch_size: int | None,
+                multiple: int = 1) -> np.ndarray:
+    """int64 ``[K]``: the rows of each shape, so that its samples fill its micro-batches with few rows to spare, in a
+    number of micro-batches that is a multiple of ``multiple`` (the ranks times ``accumulate_grad_batches``).
 
-    The plan fills micro-batches longest first, so the rows of a shape's last micro-batch that its own samples leave
-    free go to the next shorter samples, padded up to the shape's length. Going from the longest shape down, a
-    shape of length ``L`` with ``c`` samples still to place (its own, less those the longer shape took) holds at most
-    ``R = max_tokens // L`` rows (and ``max_batch_size``); ``m = ceil(c / R)`` micro-batches of ``ceil(c / m)`` rows
-    leave fewer than ``m`` rows to the next shape, where ``R`` rows leave up to ``R - 1``. Shorter shapes never get
-    fewer rows than longer ones, and the length each shape is planned at (``max(L, max_tokens // (rows + 1) + 1)``,
-    :meth:`ShapedPaddedPlanner.planned_lengths`) rises strictly with its length (a shape takes more rows where that
-    needs it), so the plan never mixes two shapes' samples at one planned length.
+    The plan fills micro-batches longest first, each taking the rows of its first sample's shape, so the rows of a
+    shape's last micro-batch that its own samples leave free go to the next shorter samples, padded up to the shape's
+    length. Going from the longest shape down, a shape of length ``L`` with ``c`` samples still to place (its own,
+    less those the longer shape took) holds at most ``R = max_tokens // L`` rows (and ``max_batch_size``);
+    ``m = ceil(c / R)`` micro-batches of ``ceil(c / m)`` rows leave fewer than ``m`` rows to the next shape, where
+    ``R`` rows leave up to ``R - 1``.
+
+    Every rank runs the same number of micro-batches, so the plan's count is rounded up to that multiple: a
+    micro-batch added to a plan of full shapes would be padded to a whole shape. The micro-batches up to the multiple
+    are given to the shapes instead: one shape at a time loses a row, the one whose samples, spread over more
+    micro-batches, add the fewest padded token slots per micro-batch added (the chain above evaluated for each
+    shape), until the count is the multiple; the shapes then stay full at the count the plan needs.
     """
     most = max_tokens // lengths
     if max_batch_size is not None:
         most = np.minimum(most, max_batch_size)
-    most = np.maximum(most, 1)
-    rows = most.copy()
+    num = lengths.shape[0]
+    length_list, count_list = lengths.tolist(), np.asarray(counts).tolist()
 
-    def taken(k: int, r: int) -> int:  # the fewest rows >= r the plan takes at some planned length (an int)
-        return min(int(most[k]), max_tokens // max(int(lengths[k]), max_tokens // r))
-    above, carry = None, 0  # (rows, planned length) of the next longer shape; rows it leaves to this one
-    for k in range(lengths.shape[0] - 1, -1, -1):
-        left = int(counts[k]) - carry
-        r = int(most[k])
-        if left > 0:
-            batches = -(-left // r)
-            r = -(-left // batches)
-        if above is not None:
-            r = max(r, above[0])
-        r = taken(k, r)
-        while above is not None and r < most[k] and max(int(lengths[k]), max_tokens // (r + 1) + 1) >= above[1]:
-            r = taken(k, r + 1)
-        rows[k] = r
-        carry = -left if left <= 0 else -(-left // r) * r - left
-        above = (r, max(int(lengths[k]), max_tokens // (r + 1) + 1))
-    return rows
+    def chain(cap: list[int]) -> tuple[list[int], list[int], int, int]:
+        """Rows, samples left and micro-batches of each shape with at most ``cap[k]`` rows, the micro-batches in all
+        and their padded slots."""
+        rows, left_of = list(cap), [0] * num
+        carry = count = slots = 0  # rows the longer shape's last micro-batch leaves to this one
+        for k in range(num - 1, -1, -1):
+            left = left_of[k] = count_list[k] - carry
+            if left <= 0:
+                carry = -left
+                continue
+            batches = -(-left // cap[k])
+            rows[k] = -(-left // batches)
+            count += batches
+            slots += batches * rows[k] * length_list[k]
+            carry = batches * rows[k] - left
+        return rows, left_of, count, slots
+
+    cap = np.maximum(most, 1).tolist()
+    rows, left_of, count, slots = chain(cap)
+    target = -(-count // multiple) * multiple
+    while count < target:
+        best = None  # (added slots per added micro-batch, shape, cap, result)
+        for k in range(num):
+            if left_of[k] <= 0 or rows[k] <= 1:
+                continue
+            trial = list(cap)
+            trial[k] = rows[k] - 1
+            result = chain(trial)
+            if count < result[2] <= target:
+                score = (result[3] - slots) / (result[2] - count)
+                if best is None or score < best[0]:
+                    best = (score, k, trial, result)
+        if best is None:  # no shape takes one more micro-batch within the multiple: the plan splits the rest
+            break
+        cap = best[2]
+        rows, left_of, count, slots = best[3]
+    return np.asarray(rows, dtype=np.int64)
 
 
 def resolve_static_shapes(lengths: np.ndarray, settings: BatchingSettings,
-                          eligible: np.ndarray | None = None) -> BatchingSettings:
+                          eligible: np.ndarray | None = None, num_replicas: int = 1) -> BatchingSettings:
     """``settings`` with their static shapes made explicit from the samples to plan: the document cap of
     ``static_packing`` (as ``max_batch_size``) and the shapes of an int ``padded_shapes``; ``settings`` itself when
     neither needs a choice. A sampler calls this once, over all its samples.
@@ -232,7 +259,8 @@ def resolve_static_shapes(lengths: np.ndarray, settings: BatchingSettings,
     if settings.static_packing:
         return settings.replace(max_batch_size=choose_document_cap(hist, settings))
     if isinstance(settings.padded_shapes, int):
-        return settings.replace(padded_shapes=choose_padded_shapes(hist, settings, settings.padded_shapes))
+        return settings.replace(padded_shapes=choose_padded_shapes(hist, settings, settings.padded_shapes,
+                                                                   num_replicas))
     room = settings.padded_shapes[-1][1]
     longest = hist.shape[0] - 1
     if longest > room:
@@ -254,7 +282,7 @@ def resolve_static_shapes(lengths: np.ndarray, settings: BatchingSettings,
     return settings
 
 
-def resolve_split_shapes(settings: BatchingSettings, *splits: np.ndarray) -> BatchingSettings:
+def resolve_split_shapes(settings: BatchingSettings, *splits: np.ndarray, num_replicas: int = 1) -> BatchingSettings:
     """``settings`` with an int ``padded_shapes`` chosen from several splits' lengths together (the training and the
     validation split), so that the shapes hold every split's documents; ``settings`` itself otherwise (a list of
     shapes is the user's, and ``static_packing``'s cap is chosen by each sampler).
@@ -284,7 +312,7 @@ def resolve_split_shapes(settings: BatchingSettings, *splits: np.ndarray) -> Bat
     if not hist.any():
         return settings
     hist = hist[:int(np.flatnonzero(hist)[-1]) + 1]
-    return settings.replace(padded_shapes=choose_padded_shapes(hist, settings, settings.padded_shapes))
+    return settings.replace(padded_shapes=choose_padded_shapes(hist, settings, settings.padded_shapes, num_replicas))
 
 
 def shape_index(shapes: tuple[tuple[int, int], ...], num_rows: np.ndarray, longest: np.ndarray) -> np.ndarray:
@@ -326,24 +354,32 @@ class ShapedPaddedPlanner(PaddedPlanner):
         self.max_tokens = int(max_tokens)
         self._rows = np.array([r for r, _ in self.shapes], dtype=np.int64)
         self._lengths = np.array([length for _, length in self.shapes], dtype=np.int64)
-        self._planned = np.maximum(self._lengths, self.max_tokens // (self._rows + 1) + 1)
+
+    def _shape_of(self, lengths: np.ndarray) -> np.ndarray:
+        """int64 ``[n]``: the shape each sample is padded to (samples longer than every shape: the last)."""
+        k = np.searchsorted(self._lengths, np.asarray(lengths, dtype=np.int64), side="left")
+        return np.minimum(k, self._lengths.shape[0] - 1)
 
     def planned_lengths(self, lengths: np.ndarray) -> np.ndarray:
-        """int64 ``[n]``: each sample's shape length as planned (samples longer than every shape: the last)."""
-        k = np.searchsorted(self._lengths, np.asarray(lengths, dtype=np.int64), side="left")
-        return self._planned[np.minimum(k, self._lengths.shape[0] - 1)]
+        """int64 ``[n]``: each sample's shape length, as planned."""
+        return self._lengths[self._shape_of(lengths)]
 
     def plan(self, lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int,
              epoch: int, cost_model: CostModelProtocol, speeds: np.ndarray, min_steps: int = 0,
              num_batches: int | None = None) -> EpochPlan:
-        """:func:`~lit_balance.plan.padded.plan_filled` on the shape lengths."""
-        return plan_filled(self.planned_lengths(lengths), candidates, settings, num_replicas=num_replicas, epoch=epoch,
-                           cost_model=cost_model, speeds=speeds, min_steps=min_steps, num_batches=num_batches)
+        """:func:`~lit_balance.plan.padded.plan_filled` on the shape lengths, each micro-batch taking the rows of
+        the shape of its first (longest) sample."""
+        shape = self._shape_of(lengths)
+        return plan_filled(self._lengths[shape], candidates, settings, num_replicas=num_replicas, epoch=epoch,
+                           cost_model=cost_model, speeds=speeds, min_steps=min_steps, num_batches=num_batches,
+                           takes=self._rows[shape])
 
     def count_steps(self, lengths: np.ndarray, mask: np.ndarray | None, settings: BatchingSettings, num_replicas: int,
                     min_steps: int, cost_model: CostModelProtocol | None = None) -> tuple[int, int, int | None]:
-        """:func:`~lit_balance.plan.padded.count_filled_steps` on the shape lengths."""
-        return count_filled_steps(self.planned_lengths(lengths), mask, settings, num_replicas, min_steps, cost_model)
+        """:func:`~lit_balance.plan.padded.count_filled_steps` on the shape lengths and rows."""
+        shape = self._shape_of(lengths)
+        return count_filled_steps(self._lengths[shape], mask, settings, num_replicas, min_steps, cost_model,
+                                  takes=self._rows[shape])
 
     def batch_costs(self, lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray, pad_to_multiple_of: int,
                     cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray]:
