@@ -10,13 +10,14 @@ of :class:`~lit_balance.BatchingSettings` bound the shapes an epoch uses (docs/c
   Without a ``max_batch_size`` the cap is chosen from the lengths (:func:`choose_document_cap`).
 * ``padded_shapes``: every padded micro-batch has one of a few ``(rows, length)`` shapes. An int ``K`` chooses
   ``K`` lengths from the length distribution, the ones that pad the fewest token slots (an exact dynamic program
-  over the distinct lengths, :func:`choose_padded_shapes`), each with the rows that its samples fill in the fewest
-  micro-batches the budget allows (so that a shape's last micro-batch is not left to shorter samples padded up or
-  to empty rows). The plan
-  is the padded plan of the lengths rounded up to their shape's length (:class:`ShapedPaddedPlanner`), so it keeps
-  the padded planner's guarantees (budget, equal counts, windows, resume) and its rank assignment (LPT within each
-  step), with micro-batches filled to the budget rather than cut to equal costs (every micro-batch of a shape
-  costs the same); each micro-batch is then padded to the smallest shape that holds it (:func:`shape_index`).
+  over the distinct lengths, :func:`choose_padded_shapes`), each with the rows that its samples fill in the
+  micro-batches the plan has: the fewest the budget allows, rounded up to a multiple of the ranks times
+  ``accumulate_grad_batches`` (every rank runs as many), the micro-batches added spread over the shapes so that no
+  micro-batch is left to shorter samples padded up or to empty rows. The plan is the padded plan of the lengths
+  rounded up to their shape's length (:class:`ShapedPaddedPlanner`), so it keeps the padded planner's guarantees
+  (budget, equal counts, windows, resume) and its rank assignment (LPT within each step), with each micro-batch
+  taking the rows of its longest sample's shape rather than cut to equal costs (every micro-batch of a shape costs
+  the same); each micro-batch is then padded to the smallest shape that holds it (:func:`shape_index`).
 
 Worked example (``max_tokens=64``, lengths 3, 5, 9, 9, 30, ``padded_shapes=2``): the lengths 9 and 30 pad the
 fewest slots (3 and 5 pad to 9, 9 stays, 30 stays: 10 slots of padding); the budget holds 7 rows of 9 and 2 of 30,
@@ -24,8 +25,10 @@ but one micro-batch of each holds all their samples, so the shapes are ``(4, 9)`
 the four shortest is ``[4, 9]``, one of the 30 ``[1, 30]``, with no empty row (``(7, 9)`` and ``(2, 30)`` would
 pad 36 + 30 slots more).
 
-The choices depend only on the lengths (as a multiset) and the settings, and are made once per sampler, over all its
-samples (:func:`resolve_static_shapes`), so every window, epoch and rank uses the same shapes.
+The choices depend only on the lengths (as a multiset), the settings and the number of ranks, and are made once per
+sampler, over all its samples (:func:`resolve_static_shapes`), so every window, epoch and rank uses the same shapes;
+a resume on another number of ranks plans the rest of the epoch with that number's shapes
+(:mod:`lit_balance.sampler.state`).
 """
 
 from __future__ import annotations
@@ -112,20 +115,23 @@ def choose_padded_shapes(hist: np.ndarray, settings: BatchingSettings, num_shape
     program over the distinct padded lengths (at most 1,024 candidates, the quantiles of the distinct lengths
     beyond), ``O(K x candidates**2)``, the 1-D optimal bucketing of fairseq's and verl's length buckets done
     exactly. Each shape then gets the rows its samples fill (:func:`_shape_rows`): at most what the budget holds
-    (``max_tokens // length``, and ``max_batch_size``), and no more than the fewest micro-batches of the shape
-    need, so that the plan's last micro-batch of a shape is full rather than padded from shorter samples or empty;
-    the plan then comes within a point of that bound on the real length distributions at K = 32 before
-    its micro-batches are split to equal counts per rank (docs/compiling.md).
+    (``max_tokens // length``, and ``max_batch_size``), and no more than the micro-batches of the shape need, so
+    that the plan's last micro-batch of a shape is full rather than padded from shorter samples or empty; the
+    micro-batches the plan adds to give every rank as many (a multiple of ``num_replicas x
+    accumulate_grad_batches``) are spread over the shapes by lowering their rows, rather than split from full
+    micro-batches. The plan then comes within 0.2 points of the bound on the real length distributions at K = 32,
+    on 1 to 64 ranks (docs/benchmarks.md).
 
     Args:
         hist: int ``[longest + 1]``: samples per length (:func:`length_histogram`), the planned ones.
-        settings: the batching settings (``max_tokens``, ``pad_to_multiple_of``, ``max_batch_size``).
+        settings: the batching settings (``max_tokens``, ``pad_to_multiple_of``, ``max_batch_size``,
+            ``accumulate_grad_batches``).
         num_shapes: ``K >= 1``; fewer shapes come back when there are fewer distinct padded lengths.
+        num_replicas: the ranks the plan runs on (the rows depend on it, the lengths do not).
 
     Returns:
-        The shapes, sorted by length (tokens), each ``rows x length <= max_tokens``; the rows are those the plan
-        takes at the shape's planned length (:meth:`ShapedPaddedPlanner.planned_lengths`), which rises strictly with
-        the length.
+        The shapes, sorted by length (tokens), each ``rows x length <= max_tokens``; a micro-batch of the plan takes
+        the rows of its longest sample's shape (:class:`ShapedPaddedPlanner`).
 
     Example:
         >>> hist = np.bincount([3, 5, 9, 9, 30])
@@ -246,6 +252,7 @@ def resolve_static_shapes(lengths: np.ndarray, settings: BatchingSettings,
         lengths: int ``[num_samples]``: tokens per sample as planned (after truncation).
         settings: the batching settings.
         eligible: bool ``[num_samples]``: the samples planned (None: all).
+        num_replicas: the ranks the plan runs on (an int ``padded_shapes`` chooses rows for them).
 
     Raises:
         ValueError: an explicit ``padded_shapes`` whose longest shape is shorter than a planned sample (naming the
@@ -294,6 +301,7 @@ def resolve_split_shapes(settings: BatchingSettings, *splits: np.ndarray, num_re
     Args:
         settings: the batching settings.
         splits: int ``[num_samples]`` each: tokens per sample of each split.
+        num_replicas: the ranks the training plan runs on (the rows of the shapes depend on it).
 
     Example:
         >>> s = resolve_split_shapes(BatchingSettings(max_tokens=64, padded_shapes=2), np.array([3, 5]), np.array([9]))
@@ -336,12 +344,11 @@ def shape_index(shapes: tuple[tuple[int, int], ...], num_rows: np.ndarray, longe
 class ShapedPaddedPlanner(PaddedPlanner):
     """The padded planner with ``padded_shapes``: every micro-batch fits one of ``shapes`` (see the module doc).
 
-    Each sample is planned at its *shape length*: the length of the shortest shape that holds it, raised so that the
-    budget holds at most that shape's rows (``max(length, max_tokens // (rows + 1) + 1)``; the length itself when the
-    shape has ``max_tokens // length`` rows). The padded planner then bounds every micro-batch by ``max_tokens``,
-    so a micro-batch whose longest sample has shape ``k`` has at most ``rows_k`` rows and :func:`shape_index` finds it
-    a shape. The micro-batches are filled to the budget (:func:`~lit_balance.plan.padded.plan_filled`: longest first,
-    samples of one shape length in random order), so the shapes are full. Costs and slots (:meth:`batch_costs`) are
+    Each sample is planned at its *shape length*: the length of the shortest shape that holds it. The micro-batches
+    are filled longest first (:func:`~lit_balance.plan.padded.plan_filled`, samples of one shape length in random
+    order), each taking the rows of its first (longest) sample's shape, so a micro-batch whose longest sample has
+    shape ``k`` has at most ``rows_k`` rows, :func:`shape_index` finds it shape ``k`` (``rows_k x length_k <=
+    max_tokens``), and the shapes are full. Costs and slots (:meth:`batch_costs`) are
     those of the shape each micro-batch is padded to.
 
     Args:
