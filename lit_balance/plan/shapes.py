@@ -203,42 +203,40 @@ def _shape_rows(lengths: np.ndarray, counts: np.ndarray, max_tokens: int, max_ba
     num = lengths.shape[0]
     length_list, count_list = lengths.tolist(), np.asarray(counts).tolist()
 
-    def chain(cap: list[int]) -> tuple[list[int], list[int], int, int]:
-        """Rows, samples left and micro-batches of each shape with at most ``cap[k]`` rows, the micro-batches in all
-        and their padded slots."""
-        rows, left_of = list(cap), [0] * num
-        carry = count = slots = 0  # rows the longer shape's last micro-batch leaves to this one
+    def chain(cap: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """For each row of ``cap`` (int64 ``[trials, K]``, at most that many rows per shape): the rows and the samples
+        left of each shape (``[trials, K]``), the micro-batches in all and their padded slots (``[trials]``)."""
+        trials = cap.shape[0]
+        rows, left_of = cap.copy(), np.zeros_like(cap)
+        carry = np.zeros(trials, dtype=np.int64)  # rows the longer shape's last micro-batch leaves to this one
+        count, slots = np.zeros(trials, dtype=np.int64), np.zeros(trials, dtype=np.int64)
         for k in range(num - 1, -1, -1):
-            left = left_of[k] = count_list[k] - carry
-            if left <= 0:
-                carry = -left
-                continue
-            batches = -(-left // cap[k])
-            rows[k] = -(-left // batches)
+            left = left_of[:, k] = count_list[k] - carry
+            placed = left > 0
+            batches = np.where(placed, -(-left // cap[:, k]), 0)
+            rows[:, k] = np.where(placed, -(-left // np.maximum(batches, 1)), cap[:, k])
             count += batches
-            slots += batches * rows[k] * length_list[k]
-            carry = batches * rows[k] - left
+            slots += batches * rows[:, k] * length_list[k]
+            carry = np.where(placed, batches * rows[:, k] - left, -left)
         return rows, left_of, count, slots
 
-    cap = np.maximum(most, 1).tolist()
-    rows, left_of, count, slots = chain(cap)
-    target = -(-count // multiple) * multiple
+    cap = np.maximum(most, 1).astype(np.int64)[None, :]
+    rows, left_of, count, slots = (x[0] for x in chain(cap))
+    target = -(-int(count) // multiple) * multiple
     while count < target:
-        best = None  # (added slots per added micro-batch, shape, cap, result)
-        for k in range(num):
-            if left_of[k] <= 0 or rows[k] <= 1:
-                continue
-            trial = list(cap)
-            trial[k] = rows[k] - 1
-            result = chain(trial)
-            if count < result[2] <= target:
-                score = (result[3] - slots) / (result[2] - count)
-                if best is None or score < best[0]:
-                    best = (score, k, trial, result)
-        if best is None:  # no shape takes one more micro-batch within the multiple: the plan splits the rest
+        movable = np.flatnonzero((left_of > 0) & (rows > 1))  # shapes whose samples can take one row less
+        if not movable.size:
             break
-        cap = best[2]
-        rows, left_of, count, slots = best[3]
+        trial = np.repeat(cap, movable.shape[0], axis=0)
+        trial[np.arange(movable.shape[0]), movable] = rows[movable] - 1
+        t_rows, t_left, t_count, t_slots = chain(trial)
+        fits = (t_count > count) & (t_count <= target)
+        if not fits.any():  # no shape takes one more micro-batch within the multiple: the plan splits the rest
+            break
+        score = np.where(fits, (t_slots - slots) / np.maximum(t_count - count, 1), np.inf)
+        best = int(np.argmin(score))  # the fewest padded slots per micro-batch added (ties: the shortest shape)
+        cap = trial[best:best + 1]
+        rows, left_of, count, slots = t_rows[best], t_left[best], t_count[best], t_slots[best]
     return np.asarray(rows, dtype=np.int64)
 
 
