@@ -304,3 +304,16 @@ def test_chosen_shapes_change_with_the_ranks_and_a_resume_on_other_ranks_keeps_e
         assert all(_roundtrip(s.state_dict()) == state for s in samplers)  # the same on every rank
     assert len(set(chosen)) > 1  # the rows follow the ranks: the resumes planned with other shapes
     assert sorted(seen) == list(range(len(lengths)))  # every document once
+
+
+def test_a_resume_on_the_same_ranks_with_other_shapes_is_refused_naming_them():
+    lengths = _real_lengths_and_bound("fortunes")[0][:2000]
+    saved = BalancedBatchSampler(lengths, 2048, num_replicas=2, rank=0, padded_shapes=8).state_dict()
+    other = BalancedBatchSampler(lengths, 2048, num_replicas=2, rank=0, padded_shapes=6)
+    with pytest.raises(InputValueError, match="padded_shapes: saved"):
+        other.load_state_dict(saved)
+    bad = {**saved, "segments": [[3, 1], [2, 0]], "segment_padded_shapes": [[[9999, 9999]], saved["settings"]
+                                                                            ["padded_shapes"]]}
+    same = BalancedBatchSampler(lengths, 2048, num_replicas=2, rank=0, padded_shapes=8)
+    with pytest.raises(InputValueError, match="padded_shapes must be"):  # a segment's shapes over the budget
+        same.load_state_dict(bad)
