@@ -554,9 +554,9 @@ class BalancedTextDataModule(L.LightningDataModule):
                 check_too_long(part, self.max_length, self.pad_to_multiple_of, self.settings.largest_max_tokens)
         world = self._world()
         # an int padded_shapes: the shapes are chosen from the training and validation lengths together, so they
-        # hold every validation document
+        # hold every validation document, with rows that fill the micro-batches of this number of ranks
         settings = resolve_split_shapes(self._train_settings(), train.lengths,
-                                        *(val.lengths for val in self.val_datasets))
+                                        *(val.lengths for val in self.val_datasets), num_replicas=world.num_replicas)
         try:
             train_sampler = self.training_sampler(settings, world.num_replicas, rank=world.rank,
                                                   cost_model=self.cost_model)
