@@ -6,9 +6,9 @@ planner of every corpus (:func:`plan_window`), moves the token ids to the ranks 
 micro-batches; it resumes exactly on any number of ranks. See ``docs/streams.md``.
 """
 
-from lit_balance.stream.batches import StreamBatches, StreamRankError
+from lit_balance.stream.batches import StreamBatches, StreamLoader, StreamRankError
 from lit_balance.stream.plan import plan_window, reader_of, trained_by, window_seed
 from lit_balance.stream.source import StreamCorpus, StreamReader
 
-__all__ = ["StreamBatches", "StreamCorpus", "StreamRankError", "StreamReader", "plan_window", "reader_of",
+__all__ = ["StreamBatches", "StreamCorpus", "StreamLoader", "StreamRankError", "StreamReader", "plan_window", "reader_of",
            "trained_by", "window_seed"]

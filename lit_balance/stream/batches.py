@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import traceback
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,9 +44,10 @@ from lit_balance.stream.plan import plan_window, trained_by
 from lit_balance.stream.source import StreamCorpus
 from lit_balance.world import DataParallelWorld, resolve_world
 
-__all__ = ["StreamBatches", "StreamRankError"]
+__all__ = ["StreamBatches", "StreamLoader", "StreamRankError"]
 
 _VERSION = 1
+_HISTORY = 16  # states kept for a loader that runs ahead of training (Lightning prefetches one batch)
 
 
 class StreamRankError(RuntimeError):
@@ -124,6 +126,8 @@ class StreamBatches(torch.utils.data.IterableDataset):
         self._plan: EpochPlan | None = None
         self._steps_done = 0
         self._finished = False
+        self._yielded = 0  # micro-batches yielded in this pass
+        self._history: deque = deque(maxlen=_HISTORY)  # the state after each of the last micro-batches yielded
 
     # ----------------------------------------------------------------------------------------------- collectives
     def _all_gather(self, vector: np.ndarray) -> np.ndarray:
@@ -216,6 +220,8 @@ class StreamBatches(torch.utils.data.IterableDataset):
         if self._finished:  # the next pass over the stream
             self.epoch, self.window, self.start, self.position = self.epoch + 1, 0, self.held_out, None
             self._trained, self._plan, self._steps_done, self._finished = None, None, 0, False
+            self._yielded = 0
+            self._history.clear()
         reader = self.corpus.reader(self.position, self.start)
         collate = None
         try:
@@ -266,25 +272,46 @@ class StreamBatches(torch.utils.data.IterableDataset):
                       "step_real_tokens": int(step_real[g]), "step_rows": int(step_rows[g])}
                      for p, f in zip(positions, fills)]
             batch = collate(items)
-            self._steps_done = s + 1
+            self._steps_done, self._yielded = s + 1, self._yielded + 1
+            self._history.append(self._snapshot())
             yield batch
 
     # ---------------------------------------------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
-        """Where the stream stands after the micro-batches yielded so far (plain types; the same on every rank).
+    def _snapshot(self) -> tuple:
+        return (self._yielded, self.epoch, self.window, self.start, self.position, self._trained, self._plan,
+                self._steps_done, self._finished)
+
+    def state_dict(self, micro_batches: int | None = None) -> dict[str, Any]:
+        """Where the stream stands after the micro-batches yielded so far, or after the first ``micro_batches`` of this
+        pass (plain types; the same on every rank).
+
+        Args:
+            micro_batches: micro-batches of this pass that training consumed, when a loader runs ahead of training
+                (Lightning's fit-loop count, :class:`StreamLoader`); one of the last 16 yielded. None: all yielded.
 
         Keys: ``version``, ``epoch``, ``window``, ``start`` (documents of the stream before the window),
         ``position`` (the source's seek position there, or None), ``window_documents``, ``trained`` (a list of
-        the window's positions already trained), ``finished``, and the static shapes chosen (``padded_shapes``,
-        ``max_batch_size``) or None.
+        the window's positions already trained), ``finished``, ``micro_batches`` (of this pass), and the static shapes
+        chosen (``padded_shapes``, ``max_batch_size``) or None.
+
+        Raises:
+            RuntimeError: ``micro_batches`` is not one of the last micro-batches yielded.
         """
-        trained = np.zeros(0, dtype=bool) if self._trained is None else self._trained.copy()
-        if self._plan is not None:
-            self._plan.mark_rows(self._steps_done, trained)
+        snapshot = self._snapshot()
+        if micro_batches is not None and micro_batches != self._yielded:
+            held = [s for s in self._history if s[0] == micro_batches]
+            if not held:
+                raise RuntimeError(f"the state after micro-batch {micro_batches} of this pass is not held: "
+                                   f"{self._yielded} were yielded, the last {len(self._history)} states are kept")
+            snapshot = held[0]
+        count, epoch, window, start, position, trained, plan, steps_done, finished = snapshot
+        trained = np.zeros(0, dtype=bool) if trained is None else trained.copy()
+        if plan is not None:
+            plan.mark_rows(steps_done, trained)
         resolved = self._resolved
-        return {"version": _VERSION, "epoch": self.epoch, "window": self.window, "start": self.start,
-                "position": self.position, "window_documents": self.window_documents,
-                "trained": np.flatnonzero(trained).tolist(), "finished": self._finished,
+        return {"version": _VERSION, "epoch": epoch, "window": window, "start": start, "position": position,
+                "window_documents": self.window_documents, "trained": np.flatnonzero(trained).tolist(),
+                "finished": finished, "micro_batches": count,
                 "shapes": None if resolved is None else {"padded_shapes": resolved.padded_shapes,
                                                          "max_batch_size": resolved.max_batch_size}}
 
@@ -296,7 +323,7 @@ class StreamBatches(torch.utils.data.IterableDataset):
                 cut by it: change it only between passes).
         """
         keys = {"version", "epoch", "window", "start", "position", "window_documents", "trained", "finished",
-                "shapes"}
+                "micro_batches", "shapes"}
         if set(state) != keys:
             raise InputValueError(f"a StreamBatches state has keys {sorted(keys)}, got {sorted(state)}",
                                   parameter="state_dict")
@@ -312,8 +339,45 @@ class StreamBatches(torch.utils.data.IterableDataset):
         trained = np.zeros(self.window_documents, dtype=bool)
         trained[np.asarray(state["trained"], dtype=np.int64)] = True
         self._trained = trained if trained.any() else None
-        self._plan, self._steps_done = None, 0
+        self._plan, self._steps_done, self._yielded = None, 0, int(state["micro_batches"])
+        self._history.clear()
         shapes = state["shapes"]
         self._resolved = None if shapes is None else self.settings.replace(
             padded_shapes=shapes["padded_shapes"] if self.settings.padded_shapes is not None else None,
             max_batch_size=shapes["max_batch_size"])
+
+
+class StreamLoader(torch.utils.data.DataLoader):
+    """``DataLoader(batches, batch_size=None, num_workers=0)`` whose ``state_dict`` Lightning saves in a checkpoint.
+
+    Under ``Trainer.fit`` (pass ``trainer=self.trainer`` from a ``train_dataloader`` hook) the state is taken at the
+    micro-batches the fit loop counts as done (:func:`~lit_balance.data.fit_loop.fit_batches_consumed`), not at those
+    the loader prefetched; Lightning restores it with ``load_state_dict`` before the loader is iterated again.
+
+    Args:
+        batches: the :class:`StreamBatches` of this rank.
+        trainer: the ``Trainer`` that fits with this loader, or None (the state counts every micro-batch yielded).
+
+    Example:
+        >>> from lit_balance import BatchingSettings
+        >>> corpus = StreamCorpus(lambda: ([3] * n for n in (3, 5, 2)))
+        >>> loader = StreamLoader(StreamBatches(corpus, BatchingSettings(max_tokens=8), window_documents=2,
+        ...                                     num_replicas=1, rank=0))
+        >>> sum(len(b["indices"]) for b in loader), loader.state_dict()["finished"]
+        (3, True)
+    """
+
+    def __init__(self, batches: StreamBatches, trainer: Any = None) -> None:
+        if not isinstance(batches, StreamBatches):
+            raise InputTypeError(f"StreamLoader takes a StreamBatches, got {type(batches).__name__}",
+                                 parameter="batches")
+        super().__init__(batches, batch_size=None, num_workers=0)
+        self.trainer = trainer
+
+    def state_dict(self) -> dict[str, Any]:
+        from lit_balance.data.fit_loop import fit_batches_consumed
+
+        return self.dataset.state_dict(micro_batches=fit_batches_consumed(self.trainer))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state)

@@ -176,3 +176,23 @@ def test_a_second_pass_starts_the_stream_again():
     first = sorted(i for b in batches for i in b["indices"].tolist())
     second = sorted(i for b in batches for i in b["indices"].tolist())
     assert first == second == list(range(30)) and batches.epoch == 1
+
+
+def test_the_state_after_an_earlier_micro_batch_is_the_one_taken_then():
+    make = lambda: StreamBatches(StreamCorpus(seeded_stream(5, 120, 40)), BatchingSettings(max_tokens=64),
+                                 window_documents=16, num_replicas=1, rank=0)
+    batches, states = make(), []
+    for _ in batches:
+        states.append(batches.state_dict())
+    for k in range(len(states) - 15, len(states)):
+        assert batches.state_dict(micro_batches=k) == states[k - 1]
+    assert batches.state_dict(micro_batches=len(states)) == {**states[-1], "finished": True}  # the loop ended
+    with pytest.raises(RuntimeError, match="not held"):
+        batches.state_dict(micro_batches=1)
+    resumed = make()  # a resume at a prefetched loader's count trains the rest
+    resumed.load_state_dict(batches.state_dict(micro_batches=len(states) - 3))
+    rest = [i for b in resumed for i in b["indices"].tolist()]
+    assert resumed._yielded == len(states)
+    first = make()
+    done = [i for _, b in zip(range(len(states) - 3), first) for i in b["indices"].tolist()]
+    assert sorted(done + rest) == list(range(120))
