@@ -92,3 +92,25 @@ def test_a_stream_that_raises_on_one_rank_stops_every_rank_with_that_rank_error(
         assert records[r]["error_type"] == "StreamRankError"
         assert "rank 1" in records[r]["error"] and "refused shard 1 (rank 1)" in records[r]["error"]
     assert len({len(r["batches"]) for r in records}) == 1  # every rank stopped at the same micro-step
+
+
+FIT = Path(__file__).with_name("fit_stream.py")
+
+
+def test_a_lightning_fit_from_a_stream_ends_with_it_and_resumes_from_a_checkpoint_on_3_ranks(tmp_path):
+    run_scripts(FIT, {"full": [tmp_path, "full", 2], "stop": [tmp_path, "stop", 2]}, TIMEOUT_S)
+    full = [json.loads((tmp_path / f"full_rank{r}.json").read_text()) for r in range(2)]
+    assert len({len(r["batches"]) for r in full}) == 1  # the stream's end on both ranks, no len()
+
+    def trained(records, upto=None):
+        return [i for rec in records for step, idx, fills in rec["batches"][:upto] for i, f in zip(idx, fills)
+                if not f]
+
+    assert sorted(trained(full)) == list(range(150))
+    run_scripts(FIT, {"resume": [tmp_path, "resume", 3]}, TIMEOUT_S)
+    stop = [json.loads((tmp_path / f"stop_rank{r}.json").read_text()) for r in range(2)]
+    resume = [json.loads((tmp_path / f"resume_rank{r}.json").read_text()) for r in range(3)]
+    assert len({len(r["batches"]) for r in resume}) == 1
+    assert resume[0]["batches"][0][0] == 3  # it goes on from optimizer step 3
+    # the checkpoint holds the first 6 micro-batches (3 optimizer steps of 2), not the one Lightning prefetched
+    assert sorted(trained(stop, 6) + trained(resume)) == list(range(150))
