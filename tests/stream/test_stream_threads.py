@@ -196,3 +196,14 @@ def test_the_state_after_an_earlier_micro_batch_is_the_one_taken_then():
     first = make()
     done = [i for _, b in zip(range(len(states) - 3), first) for i in b["indices"].tolist()]
     assert sorted(done + rest) == list(range(120))
+
+
+def test_per_rank_budgets_and_loader_workers_are_refused_naming_the_setting():
+    corpus = StreamCorpus(seeded_stream(1, 20, 10))
+    with pytest.raises(ValueError, match="max_tokens"):
+        StreamBatches(corpus, BatchingSettings(max_tokens=[64, 32]), window_documents=8, num_replicas=2, rank=0)
+    batches = StreamBatches(corpus, BatchingSettings(max_tokens=64), window_documents=8, num_replicas=1, rank=0)
+    import torch
+
+    with pytest.raises(ValueError, match="num_workers=0"):
+        next(iter(torch.utils.data.DataLoader(batches, batch_size=None, num_workers=1)))
