@@ -114,3 +114,15 @@ def test_a_lightning_fit_from_a_stream_ends_with_it_and_resumes_from_a_checkpoin
     assert resume[0]["batches"][0][0] == 3  # it goes on from optimizer step 3
     # the checkpoint holds the first 6 micro-batches (3 optimizer steps of 2), not the one Lightning prefetched
     assert sorted(trained(stop, 6) + trained(resume)) == list(range(150))
+
+
+def test_100_seeded_streams_end_on_every_rank_without_a_hang(tmp_path):
+    out = tmp_path / "seeds"
+    out.mkdir()
+    run_scripts(SCRIPT, {0: [out, 3, json.dumps({"seeds": list(range(100))})]}, TIMEOUT_S)  # a hang: the timeout
+    records = _records(out, 3)
+    assert len(records[0]) == 100
+    for seed, first in records[0].items():
+        runs = [r[seed] for r in records]
+        _check([{"error": None, "batches": r["batches"], "state": None} for r in runs], first["num_documents"],
+               first["max_tokens"])
