@@ -10,5 +10,5 @@ from lit_balance.stream.batches import StreamBatches, StreamLoader, StreamRankEr
 from lit_balance.stream.plan import plan_window, reader_of, trained_by, window_seed
 from lit_balance.stream.source import StreamCorpus, StreamReader
 
-__all__ = ["StreamBatches", "StreamCorpus", "StreamLoader", "StreamRankError", "StreamReader", "plan_window", "reader_of",
-           "trained_by", "window_seed"]
+__all__ = ["StreamBatches", "StreamCorpus", "StreamLoader", "StreamRankError", "StreamReader", "plan_window",
+           "reader_of", "trained_by", "window_seed"]

@@ -1,9 +1,10 @@
 """Ranks of a stream over gloo, without Lightning: each reads, plans and trains its column of a StreamBatches.
 
 Run: python tests/ddp/stream_ranks.py OUT_DIR NUM_RANKS CONFIG_JSON  (forked into NUM_RANKS ranks by launch.py)
-CONFIG_JSON keys: seeds (a list: one seeded stream per seed, each to its end, see seeded_config), or kind (generator | hf | jsonl), seed, num_documents, window, max_tokens, acc, packing, stop_after
-(micro-batches, or null: to the end), state_in (a state file to resume from, or null), fail_rank / fail_at (the
-generator raises on that rank at that document), paths (jsonl files). Each rank writes OUT_DIR/rank{r}.json: its
+CONFIG_JSON keys: seeds (a list: one seeded stream per seed, each to its end, see seeded_config), or kind
+(generator | hf | jsonl), seed, num_documents, window, max_tokens, acc, packing, stop_after (micro-batches, or null:
+to the end), state_in (a state file to resume from, or null), fail_rank / fail_at (the generator raises on that rank
+at that document), shards (hf: rows per shard), paths (jsonl files). Each rank writes OUT_DIR/rank{r}.json: its
 micro-batches (indices, is_fill, padded slots), its state after them, and the error it stopped with (or null).
 """
 
