@@ -85,9 +85,10 @@ def test_a_window_that_is_not_the_last_is_whole_optimizer_steps():
     assert boundaries and all(k % 2 == 0 for k in boundaries)  # a window starts at an optimizer step
 
 
-@pytest.mark.parametrize("layout", ["padded", "packed"])
-def test_resume_on_4_then_3_then_4_ranks_trains_the_documents_of_the_uninterrupted_run(layout, capfd):
-    case = {"num_replicas": 4, "acc": 1, "window": 24, "layout": layout, "num_documents": 150, "max_tokens": 100,
+@pytest.mark.parametrize("acc", [1, 2])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_resume_on_4_then_3_then_4_ranks_trains_the_documents_of_the_uninterrupted_run(layout, acc, capfd):
+    case = {"num_replicas": 4, "acc": acc, "window": 24, "layout": layout, "num_documents": 150, "max_tokens": 100,
             "seed": 11}
     whole = run_ranks(_make(case), 4)
     _check_run(case, whole)
@@ -103,6 +104,8 @@ def test_resume_on_4_then_3_then_4_ranks_trains_the_documents_of_the_uninterrupt
     trained = [i for part in (first, second, third) for run in part["batches"] for idx, fills, _, _ in run
                for i, f in zip(idx, fills) if not f]
     assert sorted(trained) == list(range(150))  # none lost, none repeated
+    assert first["states"][0]["shapes"] == second["states"][0]["shapes"] == third["states"][0]["shapes"]
+    assert all(p <= 100 for part in (first, second, third) for run in part["batches"] for _, _, p, _ in run)
     assert "skipping the stream's first" in capfd.readouterr().err  # a generator cannot seek: said on stderr
 
 
