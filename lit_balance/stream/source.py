@@ -180,6 +180,7 @@ class StreamReader:
 
     def __init__(self, corpus: StreamCorpus, position: Any, start: int) -> None:
         self.corpus, self.next_document, self.skipped = corpus, int(start), 0
+        self._opened_at, self._pulled = position, False  # a dataset's state is its last iteration's until a row is read
         self._file, self._offset, self._handle = 0, 0, None
         self._iterator: Iterator[Any] | None = None
         if corpus.files is not None:
@@ -218,7 +219,7 @@ class StreamReader:
         if self.corpus.files is not None:
             return {"file": self._file, "offset": self._offset}
         if self.corpus.hf:
-            return self.corpus.source.state_dict()
+            return self.corpus.source.state_dict() if self._pulled else self._opened_at
         return None
 
     def _raw(self, count: int) -> Iterator[Any]:
@@ -229,6 +230,7 @@ class StreamReader:
                     item = next(self._iterator)
                 except StopIteration:
                     return
+                self._pulled = True
                 self.next_document += 1
                 yield item
             return

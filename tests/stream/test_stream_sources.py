@@ -114,3 +114,19 @@ def test_a_missing_or_unknown_file_is_refused(tmp_path):
     (tmp_path / "x.csv").write_text("a\n")
     with pytest.raises(InputValueError, match="suffix '.csv'"):
         StreamCorpus([tmp_path / "x.csv"])
+
+
+def test_an_hf_stream_stopped_in_its_first_window_after_an_earlier_pass_resumes_from_its_start():
+    source = hf_stream()
+    corpus = StreamCorpus(source)
+    assert len(corpus.head(200)) == 200  # an earlier pass over the same dataset object leaves its state behind
+    make = lambda: StreamBatches(corpus, BatchingSettings(max_tokens=128), window_documents=64, num_replicas=1,
+                                 rank=0)
+    first = make()
+    done = [i for _, b in zip(range(3), first) for i in b["indices"].tolist()]
+    state = first.state_dict()
+    assert state["window"] == 0
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = [i for b in resumed for i in b["indices"].tolist()]
+    assert sorted(done + rest) == list(range(sum(SHARDS)))
