@@ -222,6 +222,8 @@ class StreamBatches(torch.utils.data.IterableDataset):
             self._trained, self._plan, self._steps_done, self._finished = None, None, 0, False
             self._yielded = 0
             self._history.clear()
+        elif self._plan is not None:  # a pass left mid-window (a loop that broke off): go on where it stopped
+            self.load_state_dict(self.state_dict())
         reader = self.corpus.reader(self.position, self.start)
         collate = None
         try:

@@ -210,3 +210,11 @@ def test_per_rank_budgets_and_loader_workers_are_refused_naming_the_setting():
 
     with pytest.raises(ValueError, match="num_workers=0"):
         next(iter(torch.utils.data.DataLoader(batches, batch_size=None, num_workers=1)))
+
+
+def test_a_loop_that_breaks_off_and_iterates_again_goes_on_where_it_stopped():
+    batches = StreamBatches(StreamCorpus(seeded_stream(6, 70, 30)), BatchingSettings(max_tokens=64),
+                            window_documents=16, num_replicas=1, rank=0)
+    first = [i for _, b in zip(range(5), batches) for i in b["indices"].tolist()]
+    rest = [i for b in batches for i in b["indices"].tolist()]
+    assert sorted(first + rest) == list(range(70)) and batches.epoch == 0
