@@ -60,7 +60,7 @@ class StreamBatches(torch.utils.data.IterableDataset):
     Use it as the dataset of ``DataLoader(stream_batches, batch_size=None, num_workers=0)`` (each item is already a
     batch; the collectives run in the loading process, so workers are refused). It has no ``len()``: the run ends at
     the stream's end (every rank at the same micro-step) or at the trainer's ``max_steps``. Iterating again after the
-    end starts the next pass over the stream (``epoch + 1``).
+    end starts the next pass over the stream (``epoch + 1``); after a loop broke off, it goes on where it stopped.
 
     Args:
         corpus: the stream.
