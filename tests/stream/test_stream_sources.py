@@ -132,3 +132,20 @@ def test_an_hf_stream_stopped_in_its_first_window_after_an_earlier_pass_resumes_
     resumed.load_state_dict(state)
     rest = [i for b in resumed for i in b["indices"].tolist()]
     assert sorted(done + rest) == list(range(sum(SHARDS)))
+
+
+def test_a_stream_state_loads_with_weights_only_and_as_json(tmp_path):
+    import io
+
+    import torch
+
+    batches = StreamBatches(StreamCorpus(hf_stream()), BatchingSettings(max_tokens=128), window_documents=24,
+                            num_replicas=1, rank=0)
+    for _, _batch in zip(range(30), batches):
+        pass
+    state = batches.state_dict()
+    assert state["position"] is not None and state["trained"]
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=True) == state == json.loads(json.dumps(state))
