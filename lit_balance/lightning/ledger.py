@@ -72,7 +72,17 @@ def _import_pyarrow() -> Any:
     return pa
 
 
-def ledger_header(sampler: Any, *, epoch: int | None = None, first_optimizer_step: int = 0,
+def _first_step(sampler: Any, epoch: int, first_optimizer_step: int | None) -> int:
+    """The run's optimizer steps before ``epoch``: as given, else the sampler's count (0 where it has none)."""
+    if first_optimizer_step is not None:
+        return int(first_optimizer_step)
+    if epoch != sampler.epoch:
+        return 0
+    counted = sampler.first_optimizer_step
+    return 0 if counted is None else int(counted)
+
+
+def ledger_header(sampler: Any, *, epoch: int | None = None, first_optimizer_step: int | None = None,
                   data: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ledger's header: the settings and fingerprints of ``sampler``'s plan of ``epoch``, plain JSON types.
 
@@ -86,6 +96,7 @@ def ledger_header(sampler: Any, *, epoch: int | None = None, first_optimizer_ste
         skipped ranges as epoch micro-steps of the plan, ``skip_steps`` as optimizer steps of the run (``[a, b)``).
     """
     epoch = sampler.epoch if epoch is None else int(epoch)
+    first_optimizer_step = _first_step(sampler, epoch, first_optimizer_step)
     settings = sampler.settings
     acc = int(settings.accumulate_grad_batches)
     current = epoch == sampler.epoch
@@ -130,7 +141,7 @@ def _part_columns(plan: Any, base: int, acc: int) -> dict[str, np.ndarray]:
 
 
 def ledger_columns(sampler: Any, *, dataset: Any = None, epoch: int | None = None,
-                   first_optimizer_step: int = 0) -> tuple[dict[str, np.ndarray], dict[str, tuple[str, ...]]]:
+                   first_optimizer_step: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, tuple[str, ...]]]:
     """The ledger of ``sampler``'s plan of ``epoch`` as NumPy columns (see the module's table).
 
     Every rank's micro-batches, as the sampler plans them (the same on every rank); after
@@ -144,13 +155,15 @@ def ledger_columns(sampler: Any, *, dataset: Any = None, epoch: int | None = Non
             document comes from (``document_origins``); None: the sampler's columns only.
         epoch: the epoch (default: the sampler's).
         first_optimizer_step: optimizer steps of the run before this epoch (the ``optimizer_step`` of the epoch's
-            first step).
+            first step); default: the sampler's count (:attr:`~lit_balance.BalancedBatchSampler.first_optimizer_step`,
+            0 where it has none).
 
     Returns:
         ``(columns, dictionaries)``: ``columns`` maps each column's name to an array ``[num_rows]``; ``component`` and
         ``store_file`` are int32 codes into ``dictionaries["component"]`` / ``dictionaries["store_file"]``.
     """
     epoch = sampler.epoch if epoch is None else int(epoch)
+    first_optimizer_step = _first_step(sampler, epoch, first_optimizer_step)
     acc = int(sampler.settings.accumulate_grad_batches)
     current = epoch == sampler.epoch
     base = int(sampler.first_plan_micro_step) if current else 0
@@ -194,7 +207,7 @@ def ledger_columns(sampler: Any, *, dataset: Any = None, epoch: int | None = Non
 
 
 def write_ledger(path: str | os.PathLike, sampler: Any, *, dataset: Any = None, epoch: int | None = None,
-                 first_optimizer_step: int = 0, data: Mapping[str, Any] | None = None,
+                 first_optimizer_step: int | None = None, data: Mapping[str, Any] | None = None,
                  compression: str = "zstd") -> dict[str, Any]:
     """Write the ledger of ``sampler``'s plan of ``epoch`` to ``path`` (Parquet), for every rank at once.
 
@@ -241,7 +254,8 @@ def write_ledger(path: str | os.PathLike, sampler: Any, *, dataset: Any = None, 
 
 
 def write_datamodule_ledger(path: str | os.PathLike, datamodule: Any, *, num_replicas: int,
-                            accumulate_grad_batches: int = 1, epoch: int = 0, first_optimizer_step: int = 0,
+                            accumulate_grad_batches: int = 1, epoch: int = 0,
+                            first_optimizer_step: int | None = None,
                             sampler_state: Mapping[str, Any] | None = None,
                             compression: str = "zstd") -> dict[str, Any]:
     """Write the ledger of a :class:`~lit_balance.BalancedTextDataModule`'s training split for ``num_replicas`` ranks
@@ -277,8 +291,12 @@ def write_datamodule_ledger(path: str | os.PathLike, datamodule: Any, *, num_rep
         sampler.load_state_dict(dict(sampler_state))
     else:
         sampler.set_epoch(epoch)
-    if datamodule.skip_steps is not None and sampler.epoch == 0:  # as the fit applies them (first epoch only)
-        sampler.skip_steps(datamodule.skip_steps)
+    if datamodule.skip_steps is not None:  # as the fit applies them
+        ranges = datamodule.skip_steps
+        first = sampler.first_optimizer_step
+        if sampler_state is None and first is not None:  # an epoch's start: the earlier steps ran in earlier epochs
+            ranges = [(max(a, first), b) for a, b in ranges if b > first]
+        sampler.skip_steps(ranges)
     return write_ledger(path, sampler, dataset=datamodule.train_dataset, first_optimizer_step=first_optimizer_step,
                         data=data_identity(datamodule), compression=compression)
 
