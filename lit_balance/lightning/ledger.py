@@ -293,10 +293,10 @@ def write_datamodule_ledger(path: str | os.PathLike, datamodule: Any, *, num_rep
         sampler.set_epoch(epoch)
     if datamodule.skip_steps is not None:  # as the fit applies them
         ranges = datamodule.skip_steps
-        first = sampler.first_optimizer_step
+        first = sampler.first_optimizer_step if first_optimizer_step is None else int(first_optimizer_step)
         if sampler_state is None and first is not None:  # an epoch's start: the earlier steps ran in earlier epochs
             ranges = [(max(a, first), b) for a, b in ranges if b > first]
-        sampler.skip_steps(ranges)
+        sampler.skip_steps(ranges, first_optimizer_step=first_optimizer_step)
     return write_ledger(path, sampler, dataset=datamodule.train_dataset, first_optimizer_step=first_optimizer_step,
                         data=data_identity(datamodule), compression=compression)
 

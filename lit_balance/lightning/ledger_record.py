@@ -51,8 +51,8 @@ def micro_batch_hash(samples: np.ndarray, fill: np.ndarray) -> int:
 
 
 def record_file_name(epoch: int, rank: int, first_micro_step: int) -> str:
-    """``epoch{E:04d}-from{M:08d}-rank{R:05d}.parquet``: the file a rank writes for a pass over epoch ``E`` that began at
-    micro-step ``M`` (a resumed pass begins later)."""
+    """``epoch{E:04d}-from{M:08d}-rank{R:05d}.parquet``: the file a rank writes for a pass over epoch ``E`` that began
+    at micro-step ``M`` (a resumed pass begins later)."""
     return f"epoch{int(epoch):04d}-from{int(first_micro_step):08d}-rank{int(rank):05d}.parquet"
 
 
@@ -205,9 +205,9 @@ def check_record(records: Sequence[str | os.PathLike], ledger: str | os.PathLike
         check_ledger_header(header, record_header, source=f"the ledger {ledger} (checking the record {path})")
         files.append((path, record, record_header))
     if not files:
-        raise InputValueError(f"no record of epoch {epoch} (the epoch of the ledger {ledger}) in {list(map(str, records))}"
-                              "; give the ledger of the recorded epoch (lit-balance plan --ledger ... --epoch E)",
-                              parameter="record")
+        raise InputValueError(f"no record of epoch {epoch} (the epoch of the ledger {ledger}) in "
+                              f"{list(map(str, records))}; give the ledger of the recorded epoch (lit-balance "
+                              "plan --ledger ... --epoch E)", parameter="record")
     expected = _ledger_batches(table)
     components = table.column("component").to_pylist()
     documents = table.column("document").to_numpy()

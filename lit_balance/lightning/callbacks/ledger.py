@@ -39,7 +39,8 @@ class LedgerCheck(L.Callback):
     epoch's end each rank also checks that it ran every micro-step of the ledger from where the pass started. Other
     epochs than the ledger's are not checked.
 
-    With ``record=DIR`` each rank also keeps, per micro-batch, the hash of what it received and the indices
+    With ``record=DIR`` each rank also keeps, per micro-batch it trained (its training step ended), the hash of what it
+    received and the indices
     (:mod:`lit_balance.lightning.ledger_record`), and writes them at the end of each pass over an epoch (also a pass cut
     short by ``max_steps`` or an error) to ``DIR/epochE-fromM-rankR.parquet``, for ``lit-balance ledger check DIR
     --ledger LEDGER`` after training; with ``ledger=None`` it only records (no ledger needed while training, no
@@ -135,10 +136,8 @@ class LedgerCheck(L.Callback):
         indices, is_fill = batch_fields(batch, ("indices", "is_fill"), "LedgerCheck")
         got = torch.as_tensor(indices).cpu().numpy().astype(np.int64, copy=True).reshape(-1)
         got_fill = torch.as_tensor(is_fill).cpu().numpy().astype(bool, copy=True).reshape(-1)
-        if self._recorded is not None:
-            self._recorded["micro"].append(int(batch_idx))
-            self._recorded["samples"].append(got)
-            self._recorded["fill"].append(got_fill)
+        if self._recorded is not None:  # recorded once its training step ends (a failed step did not train)
+            self._recorded["pending"] = (int(batch_idx), got, got_fill)
         if self._expected is None:
             return
         self._seen.add(int(batch_idx))
@@ -156,6 +155,12 @@ class LedgerCheck(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        recorded = self._recorded
+        if recorded is not None and recorded.get("pending") is not None:
+            micro, got, got_fill = recorded.pop("pending")
+            recorded["micro"].append(micro)
+            recorded["samples"].append(got)
+            recorded["fill"].append(got_fill)
         if self._expected is None:
             return
         step_end = (batch_idx + 1) % self._acc == 0
