@@ -108,7 +108,7 @@ def test_parquet_round_trip_keeps_columns_dictionaries_and_the_header(tmp_path):
     rank1, _ = read_ledger(path, rank=1)
     assert set(rank1.column("rank").to_pylist()) == {1}
     assert rank1.num_rows == int((columns["rank"] == 1).sum())
-    assert json.loads(pq.read_schema(path).metadata[LEDGER_KEY])["version"] == 1
+    assert json.loads(pq.read_metadata(path).metadata[LEDGER_KEY])["version"] == 1
 
 
 def test_a_parquet_file_without_the_header_is_refused_naming_the_file(tmp_path):
