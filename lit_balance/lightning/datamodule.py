@@ -219,8 +219,9 @@ class BalancedTextDataModule(L.LightningDataModule):
             (inclusive-exclusive, counted from the start of training as the ledger's ``optimizer_step``), typically on
             a resume after a loss spike (:meth:`BalancedBatchSampler.skip_steps`, ``docs/ledger.md``). Applied once per
             fit, after a checkpoint is restored and before any batch is read; every other step trains what the plan
-            has there, on any number of ranks, and the ranges are saved in the checkpoint. Ranges must lie in the first
-            epoch and start at or after the step the checkpoint resumes at. None (the default): nothing skipped.
+            has there, on any number of ranks, and the ranges are saved in the checkpoint. Ranges may lie in any epoch
+            (or across an epoch's end) and must start at or after the step the checkpoint resumes at. None (the
+            default): nothing skipped.
 
     Attributes:
         mixture: the blend of named components (:class:`~lit_balance.Mixture`; one corpus: ``Mixture.of(corpus)``,
@@ -800,14 +801,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         return loader
 
     def _apply_skip_steps(self) -> None:
-        """Hand :attr:`skip_steps` to the training sampler (after a restored position, before any batch is read)."""
-        sampler = self.train_sampler
-        if sampler.epoch != 0:
-            raise InputValueError(
-                f"skip_steps={self.skip_steps} counts optimizer steps from the start of training, and this "
-                f"DataModule places them in the first epoch only, but the run resumes in epoch {sampler.epoch}: "
-                "those steps have trained already; remove skip_steps", parameter="skip_steps")
-        sampler.skip_steps(self.skip_steps, first_optimizer_step=0)
+        """Hand :attr:`skip_steps` to the training sampler (after a restored position, before any batch is read); the
+        sampler keeps them for every later epoch and saves them."""
+        self.train_sampler.skip_steps(self.skip_steps)
         self._skip_pending = False
 
     def __getstate__(self) -> dict[str, Any]:  # pickled for ddp_spawn: a weak reference does not pickle
