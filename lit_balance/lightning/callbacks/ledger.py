@@ -107,7 +107,7 @@ class LedgerCheck(L.Callback):
         self._expected, self._first, self._seen = None, None, set()
         world = data_parallel_world(trainer)
         if self.record is not None:
-            sampler = train_sampler(trainer)
+            sampler = needed_sampler(trainer, "LedgerCheck")
             header = ledger_header(sampler)
             self._recorded = {"header": header, "rank": world.rank, "acc": int(header["accumulate_grad_batches"]),
                               "skips": tuple((int(a), int(b)) for a, b in header["skip_micro_steps"]),
