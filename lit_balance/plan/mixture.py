@@ -85,6 +85,7 @@ _BIG_STEP_TOKENS, _BIG_STEP_SHARE = 256 * 1024, 0.02
 _DEFER_LOOK = 4096  # a document that does not fit its step moves past at most this many walk positions
 _BUDGET_TRIES = 3  # a step's room shrinks to what its longest document allows at most this many times
 _GROW = (0.04, 0.02, 0.01)  # a step that fits: larger ones tried, by these shares of its room more
+_WHOLE_COMPONENTS = 4  # steps rounded to whole micro-batches per component up to this many components (4**k tries)
 
 
 @dataclass(frozen=True)
@@ -443,6 +444,9 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
     # one micro-batch per rank and step: each is all a rank runs in its step, so a step is sized to the micro-batch
     # of its longest document and filled to its room (with accumulation, a rank's micro-batches even each other out)
     single = fast and acc == 1
+    # rows of similar length share a micro-batch: each component's documents in a step are rounded to whole
+    # micro-batches where the share bound allows (a few components: every rounding is tried)
+    whole = fast and planner.row_buckets and 1 < k <= _WHOLE_COMPONENTS
     steps: list[tuple[int, int, EpochPlan | None]] = []  # (start, end, plan or None: batched below)
     sorted_members: list[np.ndarray] = []
     budgets: list[int] = []  # of the steps batched together: each micro-batch's budget
@@ -457,12 +461,12 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
             members = walk.merged[a:b]
             if fast:  # fewer documents than micro-batches: one each (_parts), which fits
                 values = key[members]
-                least = planner.step_budget(int(values.max()), settings) if single else budget
+                least = planner.step_budget(int(values.max()), settings)
                 if least < budget and shrunk < _BUDGET_TRIES:
                     # the micro-batch of the step's longest document costs at most `least`: the step's room is
                     # what every rank can hold alongside it, and a smaller step is formed
                     budget, shrunk = least, shrunk + 1
-                    room = float(num_replicas) * budget
+                    room = float(num_micro) * budget
                     continue
                 fits = b - a < num_micro or planner.step_fits(values, num_micro, settings, budget)
                 plan = None
@@ -480,6 +484,9 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
         fill = min(fill * _FILL_GROW, 1.0)
         if plan is None and b - a >= num_micro and single:
             b = _grow(walk, a, b, room, key, planner, settings, num_micro, budget)
+        if plan is None and whole:
+            b = _whole(walk, a, b, key, planner, settings, num_micro, budget)
+        if plan is None:
             members = walk.merged[a:b]
             values = key[members]
         steps.append((a, b, plan))
@@ -531,6 +538,73 @@ def _even_epoch(plan: EpochPlan, lengths: np.ndarray, planner: Any, settings: Ba
     rows = np.arange(num_micro_steps)[:, None]
     new[rows, target[step_of]] = old[rows, costliest[step_of]]
     return dataclasses.replace(plan, assignment=new)
+
+
+def _whole(walk: _Walk, a: int, b: int, key: np.ndarray, planner: Any, settings: BatchingSettings, num_micro: int,
+           budget: int) -> int:
+    """The end of the step from ``a`` (formed as ``a:b``) with each component's documents rounded to whole
+    micro-batches where the step's bounds allow, the walk regrouped to it; ``b`` when no rounding fits better.
+
+    A component's documents from its cut at ``a``, in stream order (longest first), make full micro-batches of
+    ``budget`` slots (as many rows as the first, longest, allows). The step ``a:b`` ends part-way through one of
+    each component's micro-batches; left so, each such part-filled micro-batch holds its rank for less than the
+    others (or pads shorter rows to its length). Every choice of, per component, one micro-batch fewer, the
+    micro-batch boundary before ``b``, the count at ``b`` itself, or the boundary after ``b`` is tried at once; of those
+    that need at most ``num_micro`` micro-batches and keep the step's bounds (:meth:`_Walk.end`'s rules, at the new
+    cuts), the one of most tokens is kept (on a tie, the fewest part-filled micro-batches), if it fits.
+    """
+    k = walk.count.shape[1]
+    row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
+    start = walk.count[a].astype(np.int64)
+    at_b = walk.count[b].astype(np.int64)
+    options = np.empty((k, 4), dtype=np.int64)  # per component: counts at four candidate cuts (stream positions)
+    chunks = np.empty((k, 4), dtype=np.int64)  # micro-batches each needs
+    for c in range(k):
+        stream = walk.streams[c]
+        p, q, size = int(start[c]), int(at_b[c]), int(walk.streams[c].size)
+        bounds = [p]
+        pos = p
+        while pos < size and pos <= q:
+            first = int(key[stream[pos]])
+            rows = min(budget // first, row_cap)
+            if rows > 1:  # the stream is longest first up to jitter: the window's longest sets the rows
+                rows = min(budget // int(key[stream[pos:pos + rows]].max()), row_cap)
+            pos = min(pos + max(rows, 1), size)
+            bounds.append(pos)
+        i = max(j for j, v in enumerate(bounds) if v <= q)  # boundaries[i] <= q < boundaries[i + 1] (or the end)
+        below = bounds[i - 1] if i >= 1 else bounds[i]
+        after = bounds[i + 1] if i + 1 < len(bounds) else bounds[i]
+        options[c] = (below, bounds[i], q, after)
+        chunks[c] = (max(i - 1, 0), i, i + (q > bounds[i]), i + (after > bounds[i]))
+    grid = np.stack(np.meshgrid(*[np.arange(4)] * k, indexing="ij"), axis=-1).reshape(-1, k)
+    counts = options[np.arange(k), grid]  # [4**k, k]
+    need = chunks[np.arange(k), grid].sum(axis=1)
+    at = counts + walk.starts
+    units = walk.cum[at]
+    x = units.sum(axis=1)
+    tokens = walk.cum_tokens[at].sum(axis=1) - float(walk.cum_tokens[start + walk.starts].sum())
+    d = walk.shares * x[:, None] - units
+    edge = walk.adjacent[at].max(axis=1)
+    da, ea = walk._errors(np.array([a]))
+    dev = np.abs(d - da).max(axis=1)
+    ok = (need <= num_micro) & (counts >= start).all(axis=1) & (counts.sum(axis=1) > start.sum())
+    ok &= dev <= np.maximum(edge, ea) * (1 + 1e-12) + 1e-9
+    ok &= np.abs(d).max(axis=1) <= np.maximum(edge, ea)  # the next step starts from these errors: within reach
+    big = tokens >= _BIG_STEP_TOKENS
+    ok &= ~big | (dev <= _BIG_STEP_SHARE * (x - float(walk.x[a])) + 1e-9)
+    if not ok.any():
+        return b
+    partial = (counts != options[np.arange(k), 1]).sum(axis=1) - (counts == options[np.arange(k), 0]).sum(axis=1)
+    score = np.where(ok, tokens, -np.inf)
+    best = np.flatnonzero(score >= score.max() - 1e-9)
+    choice = counts[best[np.argmin(partial[best])]]
+    if np.array_equal(choice, at_b) or tokens[best[0]] < walk.tokens(a, b):
+        return b
+    members = np.concatenate([walk.streams[c][start[c]:choice[c]] for c in range(k)])
+    if not planner.step_fits(key[members], num_micro, settings, budget):
+        return b
+    end = walk.regroup(a, b, choice - start)
+    return b if end is None else end
 
 
 def _grow(walk: _Walk, a: int, b: int, room: float, key: np.ndarray, planner: Any, settings: BatchingSettings,
@@ -602,6 +676,9 @@ class _Walk:
         self.adjacent = np.concatenate([np.maximum(np.concatenate([[0.0], u]), np.concatenate([u, [0.0]]))
                                         for u in per])
         self.starts = starts.astype(np.int64)
+        self.streams = list(streams)
+        self.cum_tokens = self.cum if units is lengths else np.concatenate(
+            [np.concatenate([[0.0], np.cumsum(lengths[s].astype(np.float64))]) for s in streams])
         self._last: tuple = (-1, None, None)  # the last end found, and its errors (the next step's start)
 
     def defer(self, a: int, b: int, tokens: float) -> int:
@@ -632,6 +709,39 @@ class _Walk:
         onehot = self.comp[b:b + k + 1][:, None] == np.arange(self.count.shape[1])
         self.count[b + 1:b + k + 2] = self.count[b] + np.cumsum(onehot, axis=0)
         return b + k
+
+    def regroup(self, a: int, b: int, counts: np.ndarray) -> int | None:
+        """Make the step from ``a`` hold exactly ``counts[c]`` documents of each component ``c`` (int64 ``[k]``; the
+        step ``a:b`` holds others): the last documents of a component beyond its count move after the step, and the
+        next documents of a component short of its count (found within :data:`_DEFER_LOOK` positions after ``b``) move
+        into it; everything else keeps its place and every stream its order. Returns the step's new end, or None
+        (nothing moved) when a document to move in is not within reach."""
+        have = self.count[b].astype(np.int64) - self.count[a]
+        need = np.asarray(counts, dtype=np.int64)
+        e = b
+        for c in np.flatnonzero(need > have):
+            extra = int(need[c] - have[c])
+            pos = np.flatnonzero(self.comp[b:min(self.size, b + _DEFER_LOOK)] == c)
+            if pos.size < extra:
+                return None
+            e = max(e, b + int(pos[extra - 1]) + 1)
+        comp = self.comp[a:e].astype(np.int64)
+        occurrence = np.empty(e - a, dtype=np.int64)  # each position's rank within its component in the segment
+        for c in range(need.size):
+            mine = np.flatnonzero(comp == c)
+            occurrence[mine] = np.arange(mine.size)
+        inside = occurrence < need[comp]
+        idx = a + np.concatenate([np.flatnonzero(inside), np.flatnonzero(~inside)])
+        if self._tokens is self._units:
+            self._tokens = self._units.copy()
+        for array in (self.merged, self.comp, self._units, self._tokens):
+            array[a:e] = array[idx]
+        self.x[a + 1:e + 1] = self.x[a] + np.cumsum(self._units[a:e])
+        self.t[a + 1:e + 1] = self.t[a] + np.cumsum(self._tokens[a:e])
+        onehot = self.comp[a:e][:, None] == np.arange(self.count.shape[1])
+        self.count[a + 1:e + 1] = self.count[a] + np.cumsum(onehot, axis=0)
+        self._last = (-1, None, None)
+        return a + int(need.sum())
 
     def tokens(self, a: int, b: int) -> int:
         """Tokens of the walk's positions ``a:b``."""
