@@ -58,6 +58,7 @@ planned at most once per epoch and the sampler's resume (which marks the samples
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import re
@@ -576,7 +577,7 @@ def _whole(walk: _Walk, a: int, b: int, key: np.ndarray, planner: Any, settings:
         after = bounds[i + 1] if i + 1 < len(bounds) else bounds[i]
         options[c] = (below, bounds[i], q, after)
         chunks[c] = (max(i - 1, 0), i, i + (q > bounds[i]), i + (after > bounds[i]))
-    grid = np.stack(np.meshgrid(*[np.arange(4)] * k, indexing="ij"), axis=-1).reshape(-1, k)
+    grid = _grid(k)
     counts = options[np.arange(k), grid]  # [4**k, k]
     need = chunks[np.arange(k), grid].sum(axis=1)
     at = counts + walk.starts
@@ -605,6 +606,12 @@ def _whole(walk: _Walk, a: int, b: int, key: np.ndarray, planner: Any, settings:
         return b
     end = walk.regroup(a, b, choice - start)
     return b if end is None else end
+
+
+@functools.lru_cache(maxsize=None)
+def _grid(k: int) -> np.ndarray:
+    """int64 ``[4**k, k]``: every choice of one of four options per component."""
+    return np.stack(np.meshgrid(*[np.arange(4)] * k, indexing="ij"), axis=-1).reshape(-1, k)
 
 
 def _grow(walk: _Walk, a: int, b: int, room: float, key: np.ndarray, planner: Any, settings: BatchingSettings,
