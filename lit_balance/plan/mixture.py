@@ -30,15 +30,24 @@ settings, mixture, seed, epoch, ranks):
    each component has exactly its share of the chosen units, which the selection puts within one document of its
    weight. A step's size starts at the micro-batches' capacity (``num_replicas * accumulate_grad_batches``
    budgets) times a fill ratio that adapts: a step whose documents do not fit its micro-batches is made 2 %
-   smaller and formed again, and each step that fits lets the next be 0.2 % larger. With one micro-batch per rank
-   and step (``accumulate_grad_batches=1``, where a rank's one micro-batch is all it runs in the step), three more
-   rules keep every rank busy for as long as the costliest: the step's room is ``num_replicas`` times the costliest
-   micro-batch its longest document can be in (:meth:`~lit_balance.plan.epoch.Planner.step_budget`: padded, as many
-   rows of that length as ``max_tokens`` holds, so a step of 4,500-token documents under ``max_tokens=8192`` is cut
-   into micro-batches of 4,500 slots, not left beside micro-batches of 8,192); a next document too large for the room
-   left moves later in the walk, past the documents of other components that fill it (never past one of its own, so
-   each stream keeps its order, and the step's bounds are checked as for any other end); and a step that fits is
-   grown by 4, 2 and 1 % of its room where the larger step still fits.
+   smaller and formed again, and each step that fits lets the next be 0.2 % larger. The step's room is its
+   micro-batches times the costliest micro-batch its longest document can be in
+   (:meth:`~lit_balance.plan.epoch.Planner.step_budget`: padded, as many rows of that length as ``max_tokens``
+   holds, so a step of 4,500-token documents under ``max_tokens=8192`` is cut into micro-batches of 4,500 slots, not
+   left beside micro-batches of 8,192). With one micro-batch per rank and step (``accumulate_grad_batches=1``, where
+   a rank's one micro-batch is all it runs in the step), two more rules keep every rank busy for as long as the
+   costliest: a next document too large for the room left moves later in the walk, past the documents of other
+   components that fill it (never past one of its own, so each stream keeps its order, and the step's bounds are
+   checked as for any other end); and a step that fits is grown by 4, 2 and 1 % of its room where the larger step
+   still fits. Padded (rows of similar length share a micro-batch), a step of two to four components
+   (:data:`_WHOLE_COMPONENTS`) is then **rounded to whole micro-batches per component**: each component's documents
+   from its cut, longest first, make full micro-batches of the step's budget, and a step that ends part-way through
+   one leaves it part-filled (its rank idles, or shorter rows pad to its length). Every choice of, per component, one
+   micro-batch fewer, the micro-batch boundary before the end, the end itself, or the boundary after it is tried at
+   once (:func:`_whole`); of those that need no more micro-batches than the step has, keep the step's bounds and
+   leave every error within one boundary document (so the next step starts within reach of its shares), the one of
+   most tokens is kept, and the walk is regrouped to it (documents move across the step's end only, and each stream
+   keeps its order).
 3. **Micro-batches.** Whether a step fits is known without planning it, and the micro-batches of all steps are then
    formed at once (:mod:`lit_balance.plan.mixture_batches`: NumPy over the steps, a few hundred times faster than a
    planner call per step), exactly ``num_replicas * accumulate_grad_batches`` per step within the budget, with the
@@ -551,8 +560,10 @@ def _whole(walk: _Walk, a: int, b: int, key: np.ndarray, planner: Any, settings:
     each component's micro-batches; left so, each such part-filled micro-batch holds its rank for less than the
     others (or pads shorter rows to its length). Every choice of, per component, one micro-batch fewer, the
     micro-batch boundary before ``b``, the count at ``b`` itself, or the boundary after ``b`` is tried at once; of those
-    that need at most ``num_micro`` micro-batches and keep the step's bounds (:meth:`_Walk.end`'s rules, at the new
-    cuts), the one of most tokens is kept (on a tie, the fewest part-filled micro-batches), if it fits.
+    that need at most ``num_micro`` micro-batches, keep the step's bounds (:meth:`_Walk.end`'s rules, at the new
+    cuts) and leave every component's error within the boundary document (the next step, formed on the walk, must
+    reach its shares from there), the one of most tokens is kept (on a tie, the fewest part-filled micro-batches),
+    if it holds at least the tokens of ``a:b`` and fits (:meth:`~lit_balance.plan.epoch.Planner.step_fits`).
     """
     k = walk.count.shape[1]
     row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
@@ -560,17 +571,26 @@ def _whole(walk: _Walk, a: int, b: int, key: np.ndarray, planner: Any, settings:
     at_b = walk.count[b].astype(np.int64)
     options = np.empty((k, 4), dtype=np.int64)  # per component: counts at four candidate cuts (stream positions)
     chunks = np.empty((k, 4), dtype=np.int64)  # micro-batches each needs
+    # rows of a micro-batch starting at each position of every component's run up to its count at b: as many as its
+    # first document allows, then as many as the longest of those allows (streams are longest first only up to the
+    # shuffle's jitter); all components at once
+    sizes = np.array([s.size for s in walk.streams], dtype=np.int64)
+    lens = np.minimum(sizes, at_b + 1) - start
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    w = key[np.concatenate([walk.streams[c][start[c]:start[c] + lens[c]] for c in range(k)])]
+    local = np.arange(w.size) - np.repeat(offsets[:-1], lens)
+    first = np.maximum(np.minimum(budget // w, row_cap), 1)
+    ends = np.minimum(local + first, np.repeat(lens, lens)) + np.repeat(offsets[:-1], lens)
+    windows = np.stack([np.arange(w.size), ends], axis=1).reshape(-1)  # [start, end) of each, in turn
+    longest = np.maximum.reduceat(np.append(w, 0), windows)[::2] if w.size else w  # (a sentinel past the end)
+    jump = (local + np.maximum(np.minimum(budget // longest, row_cap), 1)).tolist()
     for c in range(k):
-        stream = walk.streams[c]
-        p, q, size = int(start[c]), int(at_b[c]), int(walk.streams[c].size)
+        p, q, size = int(start[c]), int(at_b[c]), int(sizes[c])
+        base = int(offsets[c])
         bounds = [p]
         pos = p
         while pos < size and pos <= q:
-            first = int(key[stream[pos]])
-            rows = min(budget // first, row_cap)
-            if rows > 1:  # the stream is longest first up to jitter: the window's longest sets the rows
-                rows = min(budget // int(key[stream[pos:pos + rows]].max()), row_cap)
-            pos = min(pos + max(rows, 1), size)
+            pos = min(p + jump[base + pos - p], size)
             bounds.append(pos)
         i = max(j for j, v in enumerate(bounds) if v <= q)  # boundaries[i] <= q < boundaries[i + 1] (or the end)
         below = bounds[i - 1] if i >= 1 else bounds[i]
