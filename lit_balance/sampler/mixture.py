@@ -6,19 +6,21 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from lit_balance.errors import InputValueError
 from lit_balance.plan.cost import CostModelProtocol
-from lit_balance.plan.mixture import (MixtureLayout, MixtureSettings, mixture_units, plan_mixture,
+from lit_balance.plan.mixture import (MixtureLayout, MixtureSettings, MixturePlan, mixture_units, plan_mixture,
                                       select_epoch)
+from lit_balance.plan.mixture_schedule import StepShares, check_weights_schedule
 from lit_balance.plan.settings import DEFAULT_PLAN_WINDOW, BatchingSettings
 from lit_balance.plan.types import EpochPlan
 from lit_balance.sampler.inputs import PlanInputs
 from lit_balance.sampler.sampler import BalancedBatchSampler
+from lit_balance.schedule import Schedule
 
 __all__ = ["MixtureBatchSampler"]
 
@@ -72,12 +74,43 @@ class _MixtureInputs(PlanInputs):
 
     layout: MixtureLayout | None = None
     mixture: MixtureSettings | None = None
+    schedule: Any = None  # the weight schedule (lit_balance.schedule.Schedule), or None for fixed weights
+    starts: dict = field(default_factory=dict, repr=False)  # epoch -> (first step, tokens before, carry)
 
     def chosen(self, epoch: int) -> np.ndarray:
         """bool ``[num_samples]``: the samples ``epoch`` reads."""
+        if self.schedule is not None:
+            raise RuntimeError("a mixture with a weight schedule selects its samples while it plans the epoch")
         units = mixture_units(self.mixture, self.lengths, self.supervised_lengths)
         return select_epoch(units, self.layout, self.mixture, seed=self.settings.seed, epoch=epoch,
                             eligible=self.eligible)
+
+    def step_shares(self, epoch: int, num_replicas: int, cost_model: CostModelProtocol) -> StepShares | None:
+        """Where ``epoch`` starts in the run (its first optimizer step, the tokens before it, each component's
+        carried deficit) under the weight schedule; the epochs before it are planned once to learn it (on
+        ``num_replicas`` ranks), unless a resume state gave it. None without a schedule."""
+        if self.schedule is None:
+            return None
+        if not self.starts:
+            self.starts[0] = (0, 0, None)
+        if epoch not in self.starts:
+            e = max((k for k in self.starts if k < epoch), default=0)
+            while e < epoch:
+                mp = self.plan_whole(e, num_replicas, cost_model)
+                first, tokens, _ = self.starts[e]
+                self.starts[e + 1] = (first + int(mp.step_units.shape[0]), tokens + _real_tokens(mp, self.lengths),
+                                      tuple(float(x) for x in mp.carry))
+                e += 1
+        first, tokens, carry = self.starts[epoch]
+        return StepShares(self.schedule, self.mixture.names, first, tokens, carry)
+
+    def plan_whole(self, epoch: int, num_replicas: int, cost_model: CostModelProtocol,
+                   speeds: np.ndarray | None = None, settings: BatchingSettings | None = None) -> MixturePlan:
+        """The mixture plan of the whole ``epoch``."""
+        return plan_mixture(self.lengths, self.layout, self.mixture, settings or self.settings,
+                            num_replicas=num_replicas, epoch=epoch, cost_model=cost_model, speeds=speeds,
+                            supervised_lengths=self.supervised_lengths, eligible=self.eligible,
+                            step_shares=self.step_shares(epoch, num_replicas, cost_model))
 
     def plan(self, epoch: int, num_replicas: int, *, eligible: np.ndarray | None, speeds: np.ndarray | None,
              cost_model: CostModelProtocol, min_steps: int = 0,
@@ -85,10 +118,20 @@ class _MixtureInputs(PlanInputs):
         settings = self.settings
         if max_tokens is not None and max_tokens != settings.max_tokens:
             settings = settings.replace(max_tokens=max_tokens)
-        exactly = None if eligible is self.eligible else self.chosen(epoch) & eligible
+        if eligible is self.eligible:
+            return self.plan_whole(epoch, num_replicas, cost_model, speeds, settings).plan
+        if self.schedule is not None:  # parse_state refuses this; a guard for other callers
+            raise RuntimeError("the rest of an epoch under a weight schedule cannot be planned on other ranks")
+        exactly = self.chosen(epoch) & eligible
         return plan_mixture(self.lengths, self.layout, self.mixture, settings, num_replicas=num_replicas, epoch=epoch,
                             cost_model=cost_model, speeds=speeds, supervised_lengths=self.supervised_lengths,
                             eligible=self.eligible, plan_exactly=exactly).plan
+
+
+def _real_tokens(mp: MixturePlan, lengths: np.ndarray) -> int:
+    """Real tokens (fill rows excluded) of a mixture plan, all ranks."""
+    plan = mp.plan
+    return int(np.asarray(lengths)[plan.rows[~plan.is_fill]].sum())
 
 
 class MixtureBatchSampler(BalancedBatchSampler):
@@ -111,6 +154,10 @@ class MixtureBatchSampler(BalancedBatchSampler):
         sizes: documents per component, in order.
         mixture: the :class:`~lit_balance.plan.mixture.MixtureSettings` (names, weights, unit, epoch length).
         supervised_lengths: int ``[N]`` next-token targets per document, or None.
+        weights_schedule: the mixture's weights per optimizer step of the run, a
+            :class:`~lit_balance.schedule.Schedule` whose values name every component (or what
+            :meth:`Schedule.of <lit_balance.schedule.Schedule.of>` takes), or None for the fixed weights of
+            ``mixture`` (:mod:`lit_balance.plan.mixture_schedule`; docs/schedules.md).
         **kwargs: as :class:`~lit_balance.BalancedBatchSampler` (``settings`` or its keywords, ``num_replicas``,
             ``rank``, ``cost_model``, ``rank_speeds``).
 
@@ -129,7 +176,8 @@ class MixtureBatchSampler(BalancedBatchSampler):
     """
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, sizes: Sequence[int], mixture: MixtureSettings,
-                 max_tokens: int | None = None, *, supervised_lengths: Any = None, **kwargs: Any) -> None:
+                 max_tokens: int | None = None, *, supervised_lengths: Any = None, weights_schedule: Any = None,
+                 **kwargs: Any) -> None:
         if not isinstance(mixture, MixtureSettings):
             raise InputValueError(f"mixture must be a lit_balance.plan.mixture.MixtureSettings, got "
                                   f"{type(mixture).__name__}", parameter="mixture")
@@ -141,6 +189,8 @@ class MixtureBatchSampler(BalancedBatchSampler):
             raise InputValueError(f"the components' sizes {sizes.tolist()} sum to {int(sizes.sum())} documents, but "
                                   f"lengths holds {len(lengths)}", parameter="sizes")
         _check_sample_space(np.asarray(lengths), sizes, mixture, supervised_lengths, _plan_window(kwargs))
+        self._weights_schedule = None if weights_schedule is None else check_weights_schedule(weights_schedule,
+                                                                                              mixture.names)
         self.layout = MixtureLayout(sizes, mixture.max_repetition)
         self._mixture = mixture
         lengths = self.layout.tile(np.asarray(lengths))
@@ -156,10 +206,35 @@ class MixtureBatchSampler(BalancedBatchSampler):
     def _build_inputs(self, lengths: np.ndarray, settings: BatchingSettings, supervised_lengths: Any) -> PlanInputs:
         base = PlanInputs.build(lengths, settings, supervised_lengths)
         # base.settings: static shapes resolved once over every sample (packing's document cap, padded_shapes=K)
+        schedule = self._weights_schedule
         inputs = _MixtureInputs(np.asarray(base.lengths, dtype=np.int64), base.settings, base.eligible, None,
-                                base.supervised_lengths, base.lengths_sha256, layout=self.layout, mixture=self.mixture)
-        inputs.chosen(0)  # an unreachable share or an empty component is an error now, before any token is read
+                                base.supervised_lengths, base.lengths_sha256, layout=self.layout, mixture=self.mixture,
+                                schedule=schedule)
+        if schedule is None:
+            inputs.chosen(0)  # an unreachable share or an empty component is an error now, before any token is read
+        else:
+            _check_scheduled(inputs, schedule)
         return inputs
+
+    @property
+    def weights_schedule(self) -> Any:
+        """The weight schedule (:class:`~lit_balance.schedule.Schedule`), or None for fixed weights."""
+        return self._weights_schedule
+
+    def step_targets(self, epoch: int | None = None) -> np.ndarray | None:
+        """float64 ``[optimizer steps of the epoch, num_components]``: each step's scheduled shares (None for fixed
+        weights), for the whole epoch on this sampler's ranks."""
+        if self._weights_schedule is None:
+            return None
+        epoch = self.epoch if epoch is None else epoch
+        return self._inputs.plan_whole(epoch, self.num_replicas, self.cost_model).step_targets
+
+    def schedule_start(self, epoch: int | None = None) -> tuple[int, int, tuple[float, ...] | None]:
+        """``(first optimizer step, real tokens before, carried deficits)`` of ``epoch`` in the run under the weight
+        schedule ((0, 0, None) without one)."""
+        epoch = self.epoch if epoch is None else epoch
+        shares = self._inputs.step_shares(epoch, self.num_replicas, self.cost_model)
+        return (0, 0, None) if shares is None else (shares.first_step, shares.tokens_before, shares.carry)
 
     def component_of(self, indices: np.ndarray) -> np.ndarray:
         """int64: the component (position in ``mixture.names``) of each sample index."""
@@ -173,9 +248,16 @@ class MixtureBatchSampler(BalancedBatchSampler):
         return located[:, 0], located[:, 1], indices // max(self.layout.num_documents, 1)
 
     def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
-        """As :meth:`BalancedBatchSampler.state_dict`, with the mixture's settings under ``"mixture"``."""
+        """As :meth:`BalancedBatchSampler.state_dict`, with the mixture's settings under ``"mixture"``; with a weight
+        schedule also ``"weights_schedule"`` (:meth:`Schedule.to_dict <lit_balance.schedule.Schedule.to_dict>`) and
+        ``"schedule_start"``, where the state's epoch starts in the run: ``[first optimizer step, real tokens
+        before, carried deficits]``."""
         state = super().state_dict(batches_consumed)
         state["mixture"] = self.mixture.to_dict()
+        if self._weights_schedule is not None:
+            first, tokens, carry = self.schedule_start(state["epoch"])
+            state["weights_schedule"] = self._weights_schedule.to_dict()
+            state["schedule_start"] = [int(first), int(tokens), None if carry is None else [float(x) for x in carry]]
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -193,6 +275,8 @@ class MixtureBatchSampler(BalancedBatchSampler):
             raise InputValueError("cannot resume a MixtureBatchSampler from a state without 'mixture' (saved by a "
                                   "sampler of one corpus?)")
         state = dict(state_dict)
+        saved_schedule, saved_start = state.pop("weights_schedule", None), state.pop("schedule_start", None)
+        restore_starts = self._resume_schedule(state, saved_schedule, saved_start)
         saved = state.pop("mixture")
         mine = self.mixture
         try:
@@ -217,4 +301,104 @@ class MixtureBatchSampler(BalancedBatchSampler):
             super().load_state_dict(state)
         except BaseException:
             self._mixture, self._inputs = before
+            restore_starts()
             raise
+
+    def _resume_schedule(self, state: dict[str, Any], saved: Any, start: Any) -> Any:
+        """Check the saved weight schedule against this sampler's and seed where the saved epoch starts in the run;
+        returns a function that undoes the seeding (for a state refused later). May rewrite ``state``'s segments: an
+        epoch not yet begun starts on this sampler's ranks.
+
+        Raises:
+            ValueError: a schedule on one side only; an edit of the schedule at a step the run has trained (naming
+                the first differing point); an edit within the resumed epoch after the resume step (it can change from
+                the next epoch's first step, named); a resume mid-epoch on another number of ranks.
+        """
+        mine = self._weights_schedule
+        if (saved is None) != (mine is None):
+            raise InputValueError(
+                f"cannot resume: the state was saved {'without' if saved is None else 'with'} a weights_schedule and "
+                f"this sampler has {'one' if mine is not None else 'none'}; resume with the same kind of weights",
+                parameter="weights_schedule")
+        if mine is None:
+            return lambda: None
+        saved = Schedule.from_dict(saved)
+        if not (isinstance(start, list) and len(start) == 3):
+            raise InputValueError(f"sampler state_dict schedule_start must be [first step, tokens before, carry], got "
+                                  f"{start!r}")
+        epoch = int(state.get("epoch", 0))
+        carry = None if start[2] is None else tuple(float(x) for x in start[2])
+        segments = state.get("segments") or [[self.num_replicas, 0]]
+        consumed = sum(int(c) for _, c in segments)
+        if consumed > 0 and (len(segments) > 1 or int(segments[-1][0]) != self.num_replicas):
+            raise InputValueError(
+                f"cannot resume epoch {epoch} mid-epoch ({consumed} micro-steps trained on {segments[-1][0]} rank(s)) "
+                f"on {self.num_replicas} rank(s) with a weights_schedule: the rest of an epoch under a schedule is "
+                "planned on the ranks that began it; resume on the same number of ranks, or from a checkpoint at an "
+                "epoch's end", parameter="weights_schedule")
+        if consumed == 0:
+            state["segments"] = [[self.num_replicas, 0]]
+        old_starts, old_schedule = dict(self._inputs.starts), self._inputs.schedule
+        # the epoch is planned as it was saved (its selection looks ahead in the schedule), from its saved start
+        object.__setattr__(self._inputs, "schedule", saved)
+        self._inputs.starts.clear()
+        self._inputs.starts[epoch] = (int(start[0]), int(start[1]), carry)
+
+        def restore() -> None:
+            object.__setattr__(self._inputs, "schedule", old_schedule)
+            self._inputs.starts.clear()
+            self._inputs.starts.update(old_starts)
+
+        try:
+            mp = self._inputs.plan_whole(epoch, self.num_replicas, self.cost_model)
+            acc = self.settings.accumulate_grad_batches
+            trained_steps = -(-consumed // acc)
+            steps = int(mp.step_units.shape[0])
+            if saved.unit == "steps":
+                now, end = int(start[0]) + trained_steps, int(start[0]) + steps
+            else:
+                tokens = _micro_step_tokens(mp, self._inputs.lengths)
+                now = int(start[1]) + int(tokens[:trained_steps * acc].sum())
+                end = int(start[1]) + int(tokens.sum())
+            saved.check_unchanged_before(mine, now)
+            later = saved.first_difference(mine, end)
+            if later is not None:
+                raise InputValueError(
+                    f"cannot resume with this weights_schedule: {later}, inside epoch {epoch}, which resumes at "
+                    f"{now} {saved.unit} and was planned with the saved schedule up to its end at {end} "
+                    f"{saved.unit}. A change may start at {end} {saved.unit} (the next epoch's first step) or later; "
+                    "move the edited point there", parameter="weights_schedule")
+        except BaseException:
+            restore()
+            raise
+        if saved != mine:  # the next epochs follow the new schedule; this one runs as planned (equal up to its end)
+            object.__setattr__(self._inputs, "schedule", mine)
+            self._inputs.starts.clear()
+            self._inputs.starts[epoch] = (int(start[0]), int(start[1]), carry)
+        return restore
+
+
+def _check_scheduled(inputs: _MixtureInputs, schedule: Schedule) -> None:
+    """Refuse, before any token is read, a component that a weight schedule gives a positive weight but that has
+    nothing to read, and ``largest_first`` beside a schedule."""
+    if inputs.settings.largest_first:
+        raise InputValueError("largest_first=True moves the step of the longest document first, but a "
+                              "weights_schedule plans every optimizer step with its own shares in order; set "
+                              "largest_first=False or give fixed weights", parameter="largest_first")
+    units = mixture_units(inputs.mixture, inputs.lengths, inputs.supervised_lengths)
+    n, offsets = inputs.layout.num_documents, inputs.layout.offsets
+    ok = np.ones(n, dtype=bool) if inputs.eligible is None else inputs.eligible[:n]
+    for c, name in enumerate(inputs.mixture.names):
+        total = int(units[:n][offsets[c]:offsets[c + 1]][ok[offsets[c]:offsets[c + 1]]].sum())
+        weight = max(value[name] for value in schedule.values)
+        if weight > 0 and total <= 0:
+            raise InputValueError(f"component {name!r} has weight {weight} in the weights_schedule but no "
+                                  f"{inputs.mixture.unit} to read ({int(inputs.layout.sizes[c])} documents after "
+                                  "too_long); give it documents or a weight of 0 at every point",
+                                  parameter="weights_schedule")
+
+
+def _micro_step_tokens(mp: MixturePlan, lengths: np.ndarray) -> np.ndarray:
+    """int64 ``[micro-steps]``: real tokens of every rank at each micro-step of a mixture plan."""
+    plan = mp.plan
+    return plan.real_tokens_per_batch(np.asarray(lengths))[plan.assignment].sum(axis=1).astype(np.int64)
