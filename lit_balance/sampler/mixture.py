@@ -76,6 +76,9 @@ class _MixtureInputs(PlanInputs):
     mixture: MixtureSettings | None = None
     schedule: Any = None  # the weight schedule (lit_balance.schedule.Schedule), or None for fixed weights
     starts: dict = field(default_factory=dict, repr=False)  # epoch -> (first step, tokens before, carry)
+    # a resumed epoch: (epoch, segments ((num_replicas, micro-steps consumed), ...), the schedule it began with)
+    cut: Any = None
+    _chain: dict = field(default_factory=dict, repr=False)  # the cut epoch's plans per segment, once
 
     def chosen(self, epoch: int) -> np.ndarray:
         """bool ``[num_samples]``: the samples ``epoch`` reads."""
@@ -96,13 +99,56 @@ class _MixtureInputs(PlanInputs):
         if epoch not in self.starts:
             e = max((k for k in self.starts if k < epoch), default=0)
             while e < epoch:
-                mp = self.plan_whole(e, num_replicas, cost_model)
-                first, tokens, _ = self.starts[e]
-                self.starts[e + 1] = (first + int(mp.step_units.shape[0]), tokens + _real_tokens(mp, self.lengths),
+                if self.cut is not None and self.cut[0] == e:  # a resumed epoch ends where its last segment does
+                    _, mp, shares = self.segments_chain(cost_model)[-1]
+                else:
+                    mp, shares = self.plan_whole(e, num_replicas, cost_model), self.step_shares(e, num_replicas,
+                                                                                                  cost_model)
+                self.starts[e + 1] = (shares.first_step + int(mp.step_units.shape[0]),
+                                      shares.tokens_before + _real_tokens(mp, self.lengths),
                                       tuple(float(x) for x in mp.carry))
                 e += 1
         first, tokens, carry = self.starts[epoch]
-        return StepShares(self.schedule, self.mixture.names, first, tokens, carry)
+        schedule = self.cut[2] if self.cut is not None and self.cut[0] == epoch else self.schedule
+        return StepShares(schedule, self.mixture.names, first, tokens, carry)
+
+    def segments_chain(self, cost_model: CostModelProtocol) -> list[tuple[np.ndarray | None, MixturePlan,
+                                                                              StepShares]]:
+        """The resumed epoch (:attr:`cut`) segment by segment: ``(samples still to plan, plan, shares)`` each. The
+        first segment's plan is the whole epoch under the schedule it began with; each later one plans exactly the
+        samples its predecessors left, on its ranks, from the step after the cut, with the deficits at the cut and
+        the current schedule."""
+        epoch, segments, _ = self.cut
+        if self._chain.get("key") == (epoch, segments, cost_model):
+            return self._chain["value"]
+        k = len(self.mixture.names)
+        units = mixture_units(self.mixture, self.lengths, self.supervised_lengths)
+        acc = self.settings.accumulate_grad_batches
+        shares = self.step_shares(epoch, segments[0][0], cost_model)
+        mp = plan_mixture(self.lengths, self.layout, self.mixture, self.settings, num_replicas=segments[0][0],
+                          epoch=epoch, cost_model=cost_model, supervised_lengths=self.supervised_lengths,
+                          eligible=self.eligible, step_shares=shares)
+        out = [(self.eligible, mp, shares)]
+        eligible = self.eligible
+        for i in range(1, len(segments)):
+            consumed = int(segments[i - 1][1])
+            seen = np.zeros(self.num_samples, dtype=bool)
+            mp.plan.mark_rows(consumed, seen)
+            got = _micro_step_units(mp, units, self.layout, consumed, k)  # [consumed, k]
+            step = np.arange(consumed) // acc
+            asked = mp.step_targets[step] * got.sum(axis=1, keepdims=True)
+            carry = shares.initial_carry + (asked - got).sum(axis=0)
+            tokens = int(_micro_step_tokens(mp, self.lengths)[:consumed].sum())
+            shares = StepShares(self.schedule, self.mixture.names, shares.first_step + -(-consumed // acc),
+                                shares.tokens_before + tokens, tuple(float(x) for x in carry))
+            eligible = (np.ones(self.num_samples, dtype=bool) if eligible is None else eligible) & ~seen
+            mp = plan_mixture(self.lengths, self.layout, self.mixture, self.settings, num_replicas=segments[i][0],
+                              epoch=epoch, cost_model=cost_model, supervised_lengths=self.supervised_lengths,
+                              eligible=self.eligible, plan_exactly=mp.chosen & eligible, step_shares=shares)
+            out.append((eligible, mp, shares))
+        self._chain.clear()
+        self._chain.update(key=(epoch, segments, cost_model), value=out)
+        return out
 
     def plan_whole(self, epoch: int, num_replicas: int, cost_model: CostModelProtocol,
                    speeds: np.ndarray | None = None, settings: BatchingSettings | None = None) -> MixturePlan:
@@ -120,12 +166,29 @@ class _MixtureInputs(PlanInputs):
             settings = settings.replace(max_tokens=max_tokens)
         if eligible is self.eligible:
             return self.plan_whole(epoch, num_replicas, cost_model, speeds, settings).plan
-        if self.schedule is not None:  # parse_state refuses this; a guard for other callers
-            raise RuntimeError("the rest of an epoch under a weight schedule cannot be planned on other ranks")
+        if self.schedule is not None:  # a later segment of the resumed epoch
+            if self.cut is not None and self.cut[0] == epoch:
+                for remaining, mp, _ in self.segments_chain(cost_model)[1:]:
+                    if np.array_equal(remaining, eligible):
+                        return mp.plan
+            raise RuntimeError(f"no segment of the resumed epoch {epoch} plans these samples (a bug)")
         exactly = self.chosen(epoch) & eligible
         return plan_mixture(self.lengths, self.layout, self.mixture, settings, num_replicas=num_replicas, epoch=epoch,
                             cost_model=cost_model, speeds=speeds, supervised_lengths=self.supervised_lengths,
                             eligible=self.eligible, plan_exactly=exactly).plan
+
+
+def _micro_step_units(mp: MixturePlan, units: np.ndarray, layout: MixtureLayout, upto: int, k: int) -> np.ndarray:
+    """float64 ``[upto, k]``: each component's units (fill rows excluded) at micro-steps ``0 .. upto - 1``, all
+    ranks."""
+    plan = mp.plan
+    out = np.zeros((upto, k))
+    for t in range(upto):
+        for b in plan.assignment[t]:
+            rows, fill = plan.batch(int(b))
+            rows = rows[~fill]
+            np.add.at(out[t], layout.component_of(rows), units[rows])
+    return out
 
 
 def _real_tokens(mp: MixturePlan, lengths: np.ndarray) -> int:
@@ -222,11 +285,15 @@ class MixtureBatchSampler(BalancedBatchSampler):
         return self._weights_schedule
 
     def step_targets(self, epoch: int | None = None) -> np.ndarray | None:
-        """float64 ``[optimizer steps of the epoch, num_components]``: each step's scheduled shares (None for fixed
-        weights), for the whole epoch on this sampler's ranks."""
+        """float64 ``[optimizer steps, num_components]``: each step's scheduled shares (None for fixed weights): of
+        the whole epoch on this sampler's ranks, or, for an epoch resumed from a state whose rest is planned anew
+        (on other ranks, or under an edited schedule), of the steps planned after the cut."""
         if self._weights_schedule is None:
             return None
         epoch = self.epoch if epoch is None else epoch
+        cut = self._inputs.cut
+        if cut is not None and cut[0] == epoch and len(cut[1]) > 1:
+            return self._inputs.segments_chain(self.cost_model)[-1][1].step_targets
         return self._inputs.plan_whole(epoch, self.num_replicas, self.cost_model).step_targets
 
     def schedule_start(self, epoch: int | None = None) -> tuple[int, int, tuple[float, ...] | None]:
@@ -305,14 +372,14 @@ class MixtureBatchSampler(BalancedBatchSampler):
             raise
 
     def _resume_schedule(self, state: dict[str, Any], saved: Any, start: Any) -> Any:
-        """Check the saved weight schedule against this sampler's and seed where the saved epoch starts in the run;
-        returns a function that undoes the seeding (for a state refused later). May rewrite ``state``'s segments: an
-        epoch not yet begun starts on this sampler's ranks.
+        """Check the saved weight schedule against this sampler's and plan the resumed epoch from where it starts in
+        the run; returns a function that undoes it (for a state refused later). A schedule edited after the resume
+        point within the resumed epoch makes the rest of the epoch a new segment on the same ranks (``state``'s
+        segments rewritten), planned with the new schedule from the step after the cut.
 
         Raises:
             ValueError: a schedule on one side only; an edit of the schedule at a step the run has trained (naming
-                the first differing point); an edit within the resumed epoch after the resume step (it can change from
-                the next epoch's first step, named); a resume mid-epoch on another number of ranks.
+                the first differing point); a malformed ``schedule_start``.
         """
         mine = self._weights_schedule
         if (saved is None) != (mine is None):
@@ -328,54 +395,51 @@ class MixtureBatchSampler(BalancedBatchSampler):
                                   f"{start!r}")
         epoch = int(state.get("epoch", 0))
         carry = None if start[2] is None else tuple(float(x) for x in start[2])
-        segments = state.get("segments") or [[self.num_replicas, 0]]
-        consumed = sum(int(c) for _, c in segments)
-        if consumed > 0 and (len(segments) > 1 or int(segments[-1][0]) != self.num_replicas):
-            raise InputValueError(
-                f"cannot resume epoch {epoch} mid-epoch ({consumed} micro-steps trained on {segments[-1][0]} rank(s)) "
-                f"on {self.num_replicas} rank(s) with a weights_schedule: the rest of an epoch under a schedule is "
-                "planned on the ranks that began it; resume on the same number of ranks, or from a checkpoint at an "
-                "epoch's end", parameter="weights_schedule")
-        if consumed == 0:
-            state["segments"] = [[self.num_replicas, 0]]
-        old_starts, old_schedule = dict(self._inputs.starts), self._inputs.schedule
-        # the epoch is planned as it was saved (its selection looks ahead in the schedule), from its saved start
-        object.__setattr__(self._inputs, "schedule", saved)
-        self._inputs.starts.clear()
-        self._inputs.starts[epoch] = (int(start[0]), int(start[1]), carry)
+        segments = [[int(r), int(c)] for r, c in (state.get("segments") or [[self.num_replicas, 0]])]
+        consumed = sum(c for _, c in segments)
+        if consumed == 0:  # the epoch not begun: it starts on this sampler's ranks
+            segments = state["segments"] = [[self.num_replicas, 0]]
+        elif segments[-1][0] != self.num_replicas:
+            segments = segments + [[self.num_replicas, 0]]  # as parse_state makes it: the rest on the new ranks
+        inputs = self._inputs
+        before = (dict(inputs.starts), inputs.schedule, inputs.cut)
 
         def restore() -> None:
-            object.__setattr__(self._inputs, "schedule", old_schedule)
-            self._inputs.starts.clear()
-            self._inputs.starts.update(old_starts)
+            object.__setattr__(inputs, "schedule", before[1])
+            object.__setattr__(inputs, "cut", before[2])
+            inputs.starts.clear()
+            inputs.starts.update(before[0])
+            inputs._chain.clear()
 
         try:
-            mp = self._inputs.plan_whole(epoch, self.num_replicas, self.cost_model)
-            acc = self.settings.accumulate_grad_batches
-            trained_steps = -(-consumed // acc)
-            steps = int(mp.step_units.shape[0])
-            if saved.unit == "steps":
-                now, end = int(start[0]) + trained_steps, int(start[0]) + steps
-            else:
-                tokens = _micro_step_tokens(mp, self._inputs.lengths)
-                now = int(start[1]) + int(tokens[:trained_steps * acc].sum())
-                end = int(start[1]) + int(tokens.sum())
+            object.__setattr__(inputs, "schedule", mine)
+            object.__setattr__(inputs, "cut", (epoch, tuple(tuple(x) for x in segments), saved))
+            inputs.starts.clear()
+            inputs.starts[epoch] = (int(start[0]), int(start[1]), carry)
+            inputs._chain.clear()
+            # where the run stands: after the micro-steps consumed (a step begun counts as trained)
+            chain = inputs.segments_chain(self.cost_model) if consumed else None
+            now = (int(start[0]), int(start[1])) if not consumed else _position_after(
+                chain[-1][1], chain[-1][2], segments[-1][1], self.settings.accumulate_grad_batches, inputs.lengths)
+            now = now[0] if saved.unit == "steps" else now[1]
             saved.check_unchanged_before(mine, now)
-            later = saved.first_difference(mine, end)
-            if later is not None:
-                raise InputValueError(
-                    f"cannot resume with this weights_schedule: {later}, inside epoch {epoch}, which resumes at "
-                    f"{now} {saved.unit} and was planned with the saved schedule up to its end at {end} "
-                    f"{saved.unit}. A change may start at {end} {saved.unit} (the next epoch's first step) or later; "
-                    "move the edited point there", parameter="weights_schedule")
+            if consumed and len(segments) == 1 and saved != mine:
+                # the rest of the epoch under the new schedule: a new segment on the same ranks from the cut
+                segments = state["segments"] = [[self.num_replicas, segments[0][1]], [self.num_replicas, 0]]
+                object.__setattr__(inputs, "cut", (epoch, tuple(tuple(x) for x in segments), saved))
+                inputs._chain.clear()
         except BaseException:
             restore()
             raise
-        if saved != mine:  # the next epochs follow the new schedule; this one runs as planned (equal up to its end)
-            object.__setattr__(self._inputs, "schedule", mine)
-            self._inputs.starts.clear()
-            self._inputs.starts[epoch] = (int(start[0]), int(start[1]), carry)
         return restore
+
+
+def _position_after(mp: MixturePlan, shares: StepShares, consumed: int, acc: int,
+                    lengths: np.ndarray) -> tuple[int, int]:
+    """``(optimizer step, tokens trained)`` of the run after ``consumed`` micro-steps of ``mp`` (which starts at
+    ``shares``); a step begun counts as trained."""
+    tokens = int(_micro_step_tokens(mp, lengths)[:consumed].sum())
+    return shares.first_step + -(-consumed // acc), shares.tokens_before + tokens
 
 
 def _check_scheduled(inputs: _MixtureInputs, schedule: Schedule) -> None:

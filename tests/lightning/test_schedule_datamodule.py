@@ -1,6 +1,6 @@
 """BalancedTextDataModule with weights_schedule, simulated ranks in one process: each step within one document of its
-scheduled shares (padded and packed), the schedule saved in the DataModule's state and resumed exactly, a past edit
-refused naming its point, and the settings refused before any token is read."""
+scheduled shares (padded and packed), the schedule saved in the DataModule's state and resumed exactly (on 2 ranks
+and on 3), a past edit refused naming its point, and the settings refused before any token is read."""
 
 from types import SimpleNamespace
 
@@ -84,9 +84,21 @@ def test_every_step_follows_the_schedule_and_a_resume_continues_it(tmp_path, pac
     past = {"points": [[0, {"short": 0.8, "long": 0.2}], [1, {"short": 0.5, "long": 0.5}]]}
     with pytest.raises(ValueError, match=r"weights_schedule.*is at 1 steps.*point \(1, \{'short': 0.5"):
         _run(_ranks(2, tmp_path, schedule=past, state=state, packing=packing))  # refused where the sampler loads it
-    # a resume mid-epoch on another number of ranks is refused, naming the setting
-    with pytest.raises(ValueError, match=r"on 3 rank\(s\) with a weights_schedule"):
-        _run(_ranks(3, tmp_path, state=state, packing=packing))
+    # resumed on 3 ranks: exactly the rest of the uninterrupted epoch's documents, each step on its schedule
+    three = _ranks(3, tmp_path, state=state, packing=packing)
+    rest = _run(three)
+    assert len({len(r) for r in rest}) == 1
+    trained = sorted(i for rows in stopped + rest for real in rows for i in real)
+    assert trained == sorted(seen)
+    targets = three[0].train_sampler.step_targets()
+    units = np.zeros((len(rest[0]), 2))
+    for rows in rest:
+        for step, real in enumerate(rows):
+            np.add.at(units[step], sampler.component_of(np.asarray(real, dtype=np.int64)), lengths[real])
+    for step in range(len(rest[0])):
+        w = np.asarray(schedule.vector_at(2 + step, ("short", "long")))
+        np.testing.assert_allclose(targets[step], w / w.sum())
+        assert np.abs(units[step] - targets[step] * units[step].sum()).max() <= lengths.max()
 
 
 def test_weights_schedule_settings_are_refused_before_any_token_is_read(tmp_path):

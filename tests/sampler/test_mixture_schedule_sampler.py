@@ -106,40 +106,97 @@ def test_an_edit_of_the_past_is_refused_naming_the_first_differing_point():
     assert "is at 2 steps" in text and "point (2, {'web': 0.5, 'code': 0.5, 'rare': 0})" in text
 
 
-def test_an_edit_of_the_future_holds_from_the_next_epoch_and_one_inside_the_epoch_names_where_it_may_start():
-    run, _ = _sampler(SCHEDULE, 2, 0)
-    run.set_epoch(1)
-    state, _ = _state_after(run, 2)
-    end = run.schedule_start(2)[0]  # the next epoch's first step
-    future = Schedule(list(SCHEDULE.points_as_given()) + [(end, {"web": 0.1, "code": 0.1, "rare": 0.8})],
-                      name="weights_schedule")
-    fresh, _ = _sampler(future, 2, 0)
-    fresh.load_state_dict(state)
-    rest = [list(b) for b in fresh]
-    ref, _ = _sampler(SCHEDULE, 2, 0)
-    ref.set_epoch(1)
-    assert rest == [list(b) for b in ref][2:]  # the resumed epoch runs as planned
-    fresh.set_epoch(2)
-    assert fresh.schedule_start(2)[0] == end
-    targets = fresh.step_targets(2)
-    np.testing.assert_allclose(targets[0], [0.1, 0.1, 0.8])
-    inside = Schedule(list(SCHEDULE.points_as_given()) + [(end - 1, {"web": 0.1, "code": 0.1, "rare": 0.8})],
-                      name="weights_schedule")
-    if end - 1 >= state["schedule_start"][0] + 2:
-        with pytest.raises(ValueError, match=f"A change may start at {end} steps"):
-            _sampler(inside, 2, 0)[0].load_state_dict(state)
+def _units_per_step(samplers, lengths, acc=1):
+    """Real units per component of every optimizer step the samplers (one per rank) yield now, and the documents."""
+    comp = samplers[0].component_of(np.arange(lengths.size))
+    for s in samplers:
+        len(s)
+    batches = [[np.asarray(list(mb))[~np.asarray(mb.is_fill, dtype=bool)] for mb in s] for s in samplers]
+    steps = -(-len(batches[0]) // acc)
+    units = np.zeros((steps, len(NAMES)))
+    docs = []
+    for rank_batches in batches:
+        for t, rows in enumerate(rank_batches):
+            np.add.at(units, (t // acc, comp[rows]), lengths[rows])
+            docs += rows.tolist()
+    return units, docs
 
 
-def test_a_resume_mid_epoch_on_other_ranks_is_refused_and_one_at_an_epoch_start_is_planned_on_the_new_ranks():
-    run, _ = _sampler(SCHEDULE, 2, 0)
-    run.set_epoch(1)
-    state, _ = _state_after(run, 2)
-    with pytest.raises(ValueError, match="on 3 rank\\(s\\) with a weights_schedule"):
-        _sampler(SCHEDULE, 3, 0)[0].load_state_dict(state)
-    at_start = run.state_dict(batches_consumed=len(run))  # the epoch done: the next one's start
-    fresh, _ = _sampler(SCHEDULE, 3, 0)
-    fresh.load_state_dict(at_start)
-    assert fresh.epoch == 2 and fresh.schedule_start(2)[0] == run.schedule_start(2)[0]
+def _take(sampler, count):
+    """The real rows of the next ``count`` micro-batches of a new pass."""
+    it = iter(sampler)
+    out = []
+    for _ in range(count):
+        mb = next(it)
+        out += [i for i, f in zip(list(mb), mb.is_fill) if not f]
+    return out
+
+
+def _stopped(world, consumed, schedule=SCHEDULE, epoch=1):
+    runs = [_sampler(schedule, world, r)[0] for r in range(world)]
+    head = []
+    for s in runs:
+        s.set_epoch(epoch)
+        head += _take(s, consumed)
+    return runs[0].state_dict(batches_consumed=consumed), head
+
+
+def _resumed(world, state, schedule=SCHEDULE):
+    out = []
+    for r in range(world):
+        s, _ = _sampler(schedule, world, r)
+        s.load_state_dict(state)
+        out.append(s)
+    return out
+
+
+def _check_rest(samplers, schedule, first_step):
+    lengths = _lengths()[0]
+    targets = samplers[0].step_targets()
+    units, docs = _units_per_step(samplers, lengths)
+    assert targets.shape[0] == units.shape[0]
+    for g in range(units.shape[0]):
+        w = np.asarray(schedule.vector_at(first_step + g, NAMES))
+        np.testing.assert_allclose(targets[g], w / w.sum())
+        assert np.abs(units[g] - targets[g] * units[g].sum()).max() <= lengths.max() + 1e-6
+    return docs
+
+
+def _whole(epoch=1):
+    ref = [_sampler(SCHEDULE, 2, r)[0] for r in range(2)]
+    for s in ref:
+        s.set_epoch(epoch)
+    return ref, _units_per_step(ref, _lengths()[0])[1]
+
+
+def test_an_edit_of_the_future_holds_from_the_resume_step_with_the_same_documents():
+    state, head = _stopped(2, 2)
+    resume_step = state["schedule_start"][0] + 2
+    ref, whole = _whole()
+    future = Schedule([*SCHEDULE.points_as_given(), (resume_step, {"web": 0.1, "code": 0.1, "rare": 0.8})],
+                      name="weights_schedule")
+    rest = _check_rest(_resumed(2, state, future), future, resume_step)
+    assert sorted(head + rest) == sorted(whole)  # nothing consumed lost or repeated
+    # the schedule unchanged: the rest is the uninterrupted run's, micro-batch for micro-batch
+    same = _resumed(2, state)
+    ref[1].set_epoch(1)
+    assert [list(b) for b in same[1]] == [list(b) for b in ref[1]][2:]
+
+
+def test_a_resume_on_other_ranks_mid_epoch_and_back_trains_the_uninterrupted_epochs_documents():
+    state, head = _stopped(2, 3)
+    _, whole = _whole()
+    resume_step = state["schedule_start"][0] + 3
+    three = _resumed(3, state)
+    middle = [i for s in three for i in _take(s, 2)]  # 2 more micro-steps on 3 ranks, then stopped again
+    state3 = three[0].state_dict(batches_consumed=three[0].first_micro_step + 2)
+    back = _resumed(2, state3)
+    rest = _check_rest(back, SCHEDULE, resume_step + 2)
+    assert sorted(head + middle + rest) == sorted(whole)
+    # the next epoch starts where the resumed one ended, and its steps follow the schedule
+    for s in back:
+        s.set_epoch(2)
+    _check_rest(back, SCHEDULE, back[0].schedule_start(2)[0])
 
 
 def test_a_state_with_and_without_a_schedule_do_not_mix():
