@@ -225,8 +225,8 @@ class BalancedTextDataModule(L.LightningDataModule):
             a :class:`~lit_balance.Schedule` whose values name every component, a list of ``[step, {name: weight}]``
             points, or ``{"points": ..., "unit": "steps" | "tokens", "interpolation": "constant" | "linear"}``. Every
             optimizer step holds each component within one boundary document of the share the schedule gives that
-            step; saved in the checkpoint, where a resume may change only points at or after the next epoch's first
-            step (``docs/schedules.md``). None (the default): the mixture's fixed weights. Not with
+            step; saved in the checkpoint, where a resume may change only points at or after the resume step
+            (``docs/schedules.md``). None (the default): the mixture's fixed weights. Not with
             ``largest_first``.
 
     Attributes:
