@@ -79,6 +79,7 @@ class _MixtureInputs(PlanInputs):
     # a resumed epoch: (epoch, segments ((num_replicas, micro-steps consumed), ...), the schedule it began with)
     cut: Any = None
     _chain: dict = field(default_factory=dict, repr=False)  # the cut epoch's plans per segment, once
+    ends: dict = field(default_factory=dict, repr=False)  # where each whole-epoch plan ended, by its inputs
 
     def chosen(self, epoch: int) -> np.ndarray:
         """bool ``[num_samples]``: the samples ``epoch`` reads."""
@@ -104,9 +105,7 @@ class _MixtureInputs(PlanInputs):
                 else:
                     mp, shares = self.plan_whole(e, num_replicas, cost_model), self.step_shares(e, num_replicas,
                                                                                                   cost_model)
-                self.starts[e + 1] = (shares.first_step + int(mp.step_units.shape[0]),
-                                      shares.tokens_before + _real_tokens(mp, self.lengths),
-                                      tuple(float(x) for x in mp.carry))
+                self.starts[e + 1] = _end_of(mp, shares, self.lengths)
                 e += 1
         first, tokens, carry = self.starts[epoch]
         schedule = self.cut[2] if self.cut is not None and self.cut[0] == epoch else self.schedule
@@ -152,11 +151,21 @@ class _MixtureInputs(PlanInputs):
 
     def plan_whole(self, epoch: int, num_replicas: int, cost_model: CostModelProtocol,
                    speeds: np.ndarray | None = None, settings: BatchingSettings | None = None) -> MixturePlan:
-        """The mixture plan of the whole ``epoch``."""
-        return plan_mixture(self.lengths, self.layout, self.mixture, settings or self.settings,
-                            num_replicas=num_replicas, epoch=epoch, cost_model=cost_model, speeds=speeds,
-                            supervised_lengths=self.supervised_lengths, eligible=self.eligible,
-                            step_shares=self.step_shares(epoch, num_replicas, cost_model))
+        """The mixture plan of the whole ``epoch`` (with a schedule, where it ends is kept: :meth:`ended`)."""
+        shares = self.step_shares(epoch, num_replicas, cost_model)
+        mp = plan_mixture(self.lengths, self.layout, self.mixture, settings or self.settings,
+                          num_replicas=num_replicas, epoch=epoch, cost_model=cost_model, speeds=speeds,
+                          supervised_lengths=self.supervised_lengths, eligible=self.eligible, step_shares=shares)
+        if shares is not None:
+            own = settings is None or settings == self.settings
+            self.ends[_end_key(epoch, num_replicas, speeds, cost_model, None if own else settings)] = _end_of(
+                mp, shares, self.lengths)
+        return mp
+
+    def ended(self, epoch: int, num_replicas: int, speeds: Any, cost_model: CostModelProtocol) -> tuple | None:
+        """Where ``epoch`` ended as planned with these ranks, speeds and cost model (the plan the sampler ran), or
+        None when it was not planned so."""
+        return self.ends.get(_end_key(epoch, num_replicas, speeds, cost_model, None))
 
     def plan(self, epoch: int, num_replicas: int, *, eligible: np.ndarray | None, speeds: np.ndarray | None,
              cost_model: CostModelProtocol, min_steps: int = 0,
@@ -176,6 +185,17 @@ class _MixtureInputs(PlanInputs):
         return plan_mixture(self.lengths, self.layout, self.mixture, settings, num_replicas=num_replicas, epoch=epoch,
                             cost_model=cost_model, speeds=speeds, supervised_lengths=self.supervised_lengths,
                             eligible=self.eligible, plan_exactly=exactly).plan
+
+
+def _end_key(epoch: int, num_replicas: int, speeds: Any, cost_model: Any, settings: Any) -> tuple:
+    return (int(epoch), int(num_replicas), None if speeds is None else tuple(float(x) for x in speeds), cost_model,
+            settings)
+
+
+def _end_of(mp: MixturePlan, shares: StepShares, lengths: np.ndarray) -> tuple:
+    """``(first step, tokens before, carry)`` of the epoch after the one ``mp`` plans from ``shares``."""
+    return (shares.first_step + int(mp.step_units.shape[0]), shares.tokens_before + _real_tokens(mp, lengths),
+            tuple(float(x) for x in mp.carry))
 
 
 def _micro_step_units(mp: MixturePlan, units: np.ndarray, layout: MixtureLayout, upto: int, k: int) -> np.ndarray:
@@ -279,6 +299,21 @@ class MixtureBatchSampler(BalancedBatchSampler):
             _check_scheduled(inputs, schedule)
         return inputs
 
+    def set_epoch(self, epoch: int) -> None:
+        """As :meth:`BalancedBatchSampler.set_epoch`; under a weight schedule, moving to the next epoch first keeps
+        where the current one ended as this sampler planned it (its ranks, rank speeds and cost model), so the next
+        epoch's steps continue the run's step count."""
+        inputs = self._inputs
+        if self._weights_schedule is not None and epoch == self.epoch + 1 and not (
+                inputs.cut is not None and inputs.cut[0] == self.epoch):  # a resumed epoch ends as its last segment
+            record = self._record
+            end = inputs.ended(self.epoch, self.num_replicas, record.rank_speeds, record.cost_model)
+            if end is not None and inputs.starts.get(epoch) != end:  # a preview planned otherwise gives way
+                for later in [e for e in inputs.starts if e >= epoch]:
+                    del inputs.starts[later]
+                inputs.starts[epoch] = end
+        super().set_epoch(epoch)
+
     @property
     def weights_schedule(self) -> Any:
         """The weight schedule (:class:`~lit_balance.schedule.Schedule`), or None for fixed weights."""
@@ -294,11 +329,14 @@ class MixtureBatchSampler(BalancedBatchSampler):
         cut = self._inputs.cut
         if cut is not None and cut[0] == epoch and len(cut[1]) > 1:
             return self._inputs.segments_chain(self.cost_model)[-1][1].step_targets
-        return self._inputs.plan_whole(epoch, self.num_replicas, self.cost_model).step_targets
+        speeds = self.rank_speeds if epoch == self.epoch else None
+        return self._inputs.plan_whole(epoch, self.num_replicas, self.cost_model, speeds).step_targets
 
     def schedule_start(self, epoch: int | None = None) -> tuple[int, int, tuple[float, ...] | None]:
         """``(first optimizer step, real tokens before, carried deficits)`` of ``epoch`` in the run under the weight
-        schedule ((0, 0, None) without one)."""
+        schedule ((0, 0, None) without one). For an epoch after the current one this plans the epochs between with the
+        current cost model and rank speeds: a preview, which :meth:`set_epoch` replaces by where the epoch the sampler
+        ran ended."""
         epoch = self.epoch if epoch is None else epoch
         shares = self._inputs.step_shares(epoch, self.num_replicas, self.cost_model)
         return (0, 0, None) if shares is None else (shares.first_step, shares.tokens_before, shares.carry)

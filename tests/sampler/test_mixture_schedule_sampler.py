@@ -212,3 +212,19 @@ def test_bad_schedules_are_refused_when_the_sampler_is_built():
         _sampler(Schedule([(0, {"web": 1, "code": 1, "rare": 1, "books": 1})]), 1, 0)
     with pytest.raises(ValueError, match="largest_first=True"):
         _sampler(SCHEDULE, 1, 0, largest_first=True)
+
+
+def test_with_rank_speeds_and_a_preview_on_one_rank_the_step_count_continues_the_epochs_that_ran():
+    """Rank speeds change the plan, hence the steps of an epoch: the next epoch's first step is where the epoch the
+    samplers ran ended, also after rank 0 alone previewed a later epoch (planned with other inputs)."""
+    lengths = _lengths()[0]
+    samplers = [_sampler(SCHEDULE, 2, r, rank_speeds=[1.0, 2.0])[0] for r in range(2)]
+    samplers[0].schedule_start(2)  # a preview on rank 0 only
+    first = 0
+    for epoch in range(3):
+        for s in samplers:
+            s.set_epoch(epoch)
+        assert [s.schedule_start(epoch)[0] for s in samplers] == [first, first]
+        docs = _check_rest(samplers, SCHEDULE, first)
+        assert len(docs) == len(set(docs))
+        first += samplers[0].step_targets().shape[0]
