@@ -478,7 +478,7 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
     a, n = 0, walk.size
     while a < n:
         if step_shares is not None:  # the step's shares: the walk merged again where they change; or the epoch ends
-            n = walk.begin_step(a, len(steps))
+            n = walk.begin_step(a, len(steps), capacity * fill)
             if a >= n:
                 break
         budget, room, shrunk = settings.max_tokens, capacity, 0

@@ -19,7 +19,8 @@ fixed mixture is (:mod:`lit_balance.plan.mixture`), with three changes:
    its next document's midpoint is due, and is never rounded to zero: over the run a component's units stay within
    one document of ``sum_g s_c(g) * U_g``. The deficits at the epoch's end are carried into the next epoch.
 3. **The epoch's end.** The epoch ends where a component of positive share that has run out of selected documents
-   would fall more than its longest document behind its schedule (each walk is cut there). The rest of an epoch resumed on other ranks (a
+   would fall more than its longest document behind its schedule: before a step in which it would (a whole step of
+   its share), and no later than the walk position where it does. The rest of an epoch resumed on other ranks (a
    given set of samples that must all be planned) instead continues without the components that ran out (their
    shares spread over the others), so nothing consumed is repeated and nothing selected is lost.
 
@@ -286,7 +287,7 @@ class ScheduledWalk:
             limit = min(limit, max(last, q))
         return limit
 
-    def begin_step(self, a: int, step: int) -> int:
+    def begin_step(self, a: int, step: int, room_tokens: float) -> int:
         """Before step ``step`` starts at ``a``: merge again if its shares differ from the walk's; the walk's size,
         ``a`` when the epoch ends here (what is left goes back to the pool)."""
         shares = self._step_shares.shares(step, self.tokens_before + self.tokens(self.base, a))
@@ -294,6 +295,14 @@ class ScheduledWalk:
         live = self._shares(shares)
         if not np.array_equal(live, self.target):
             self._rewalk(a, live)
+        if not self._exact and a < self.size:  # a component that ran out and a whole step would put too far behind
+            local = a - self.base
+            out = np.array([self.inner.count[local, c] >= self.inner.stream_sizes[c] for c in range(len(live))])
+            if (out & (live > 0)).any():
+                per_unit = float(self.inner.x[-1]) / max(float(self.inner.t[-1]), 1.0)
+                behind = self.inner.deficits(local) + live * room_tokens * per_unit
+                if np.any(out & (live > 0) & (behind > self._longest)):
+                    self.inner.cut(local)
         if a >= self.size:
             self.targets.pop()
         return self.size

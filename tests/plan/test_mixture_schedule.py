@@ -2,6 +2,8 @@
 schedule gives (transition steps included), tiny weights honoured over the run through the carried deficit, the
 budget, equal counts and every chosen document once; the errors of bad weight schedules."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -157,3 +159,25 @@ def test_largest_first_is_refused_beside_a_schedule():
     with pytest.raises(ValueError, match="largest_first=True .* weights_schedule"):
         plan_mixture(np.full(6, 10), layout, mix, BatchingSettings(max_tokens=100, largest_first=True),
                      num_replicas=1, epoch=0, cost_model=CostModel(), step_shares=shares)
+
+
+def test_steps_stay_full_until_the_epoch_ends():
+    """A component read whole ends the epoch before its share would leave steps to shrink around it: every step but
+    the last fills most of its capacity, as with fixed weights, and the epoch is about as long."""
+    rng = np.random.default_rng(0)
+    real = np.load(Path(__file__).parents[2] / "lit_balance/data/lengths/lengths_pydocs_paragraphs.npy")
+    n = 20_000
+    sizes = np.array([n // 2, n // 4, n - n // 2 - n // 4])
+    lengths = np.minimum(rng.choice(real, n), 4096).astype(np.int64)
+    layout, names = MixtureLayout(sizes, 1), ("a", "b", "c")
+    mix = MixtureSettings(names, (0.6, 0.1, 0.3))
+    batching = BatchingSettings(max_tokens=8192, accumulate_grad_batches=2, seed=0)
+    fixed = plan_mixture(lengths, layout, mix, batching, num_replicas=8, epoch=0, cost_model=CostModel())
+    schedule = Schedule([(0, {"a": 0.6, "b": 0.1, "c": 0.3}), (4, {"a": 0.3, "b": 0.3, "c": 0.4})])
+    for interpolation in ("constant", "linear"):
+        s = Schedule(schedule.points_as_given(), interpolation=interpolation)
+        mp = plan_mixture(lengths, layout, mix, batching, num_replicas=8, epoch=0, cost_model=CostModel(),
+                          step_shares=StepShares(s, names))
+        tokens = mp.step_units.sum(axis=1)
+        assert (tokens[:-1] >= 0.8 * 8 * 2 * 8192).all(), tokens
+        assert 0.5 * fixed.step_units.shape[0] <= tokens.size <= 1.5 * fixed.step_units.shape[0]
