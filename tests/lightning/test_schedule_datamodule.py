@@ -73,6 +73,10 @@ def test_every_step_follows_the_schedule_and_a_resume_continues_it(tmp_path, pac
         assert np.abs(units[step] - targets[step] * units[step].sum()).max() <= lengths.max()
     seen = [i for rows in full for real in rows for i in real]
     assert len(seen) == len(set(seen))
+    # the plan summary measures each step's share against the step's scheduled share
+    mix = full_ranks[0].plan_summary(num_replicas=2)["mixture"]
+    assert mix["step_targets"] == targets.tolist()
+    assert max(mix["max_deviation_pp"]) <= 100 * lengths.max() / units.sum(axis=1).min()
     # stopped after 2 micro-batches, resumed on the same ranks: the rest of the epoch exactly
     running = []
     stopped = _run(full_ranks, steps=2, loaders=running)
