@@ -52,6 +52,7 @@ from lit_balance.plan.budget_search import ProbeLayout
 from lit_balance.plan.cost import CostModel, check_cost_model
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.shapes import resolve_split_shapes
+from lit_balance.plan.mixture_schedule import check_weights_schedule
 from lit_balance.sampler.mixture import MixtureBatchSampler
 from lit_balance.sampler.sampler import BalancedBatchSampler
 from lit_balance.sampler.state import SettingsMismatchError, check_skip_steps
@@ -222,6 +223,13 @@ class BalancedTextDataModule(L.LightningDataModule):
             has there, on any number of ranks, and the ranges are saved in the checkpoint. Ranges may lie in any epoch
             (or across an epoch's end) and must start at or after the step the checkpoint resumes at. None (the
             default): nothing skipped.
+        weights_schedule: the mixture's weights per optimizer step of the run (a mixture of two or more components):
+            a :class:`~lit_balance.Schedule` whose values name every component, a list of ``[step, {name: weight}]``
+            points, or ``{"points": ..., "unit": "steps" | "tokens", "interpolation": "constant" | "linear"}``. Every
+            optimizer step holds each component within one boundary document of the share the schedule gives that
+            step; saved in the checkpoint, where a resume may change only points at or after the resume step
+            (``docs/schedules.md``). None (the default): the mixture's fixed weights. Not with
+            ``largest_first``.
 
     Attributes:
         mixture: the blend of named components (:class:`~lit_balance.Mixture`; one corpus: ``Mixture.of(corpus)``,
@@ -293,6 +301,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         cpu_mmap_threshold: int | None = CPU_MMAP_THRESHOLD,
         allow_tokenizer_mismatch: bool = False,
         skip_steps: list[tuple[int, int]] | None = None,
+        weights_schedule: dict[str, Any] | list[Any] | None = None,
     ) -> None:
         super().__init__()
         #: Optimizer steps of the run whose documents are left out (``(a, b)`` pairs, ``a .. b - 1``), or None.
@@ -322,6 +331,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.sources = [resolve_corpus(c, text_key=text_key, txt_documents=txt_documents, max_documents=bound)
                         for c, bound in zip(self.mixture.corpora, self.mixture.max_documents)]
         check_distinct_components(self.mixture.names, self.sources, self.mixture.corpora)
+        #: The mixture's weights per optimizer step (:class:`~lit_balance.Schedule`), or None for fixed weights.
+        self.weights_schedule = self._check_weights_schedule(weights_schedule, settings, largest_first)
         self.max_documents = max_documents
         self._val_fractions = [resolve_val_fraction(val_fraction, s.split_sizes) for s in self.sources]
         #: Share of each component held out for validation (0.0 when a component brings its own validation split;
@@ -405,6 +416,22 @@ class BalancedTextDataModule(L.LightningDataModule):
     plan_window = _setting("plan_window")
     packing = _setting("packing")
     accumulate_grad_batches = _setting("accumulate_grad_batches")  # the Trainer's is used under a Trainer
+
+    def _check_weights_schedule(self, schedule: Any, settings: BatchingSettings | None,
+                                largest_first: bool | None) -> Any:
+        """The weight schedule checked against the mixture's components, before any token is read."""
+        if schedule is None:
+            return None
+        if len(self.mixture.names) < 2:
+            raise InputValueError(f"weights_schedule sets the shares of a mixture's components, but the corpus is one "
+                                  f"component ({list(self.mixture.names)}); pass a Mixture of two or more components "
+                                  "as the corpus, or leave weights_schedule unset", parameter="weights_schedule")
+        schedule = check_weights_schedule(schedule, self.mixture.names)
+        if largest_first or (settings is not None and settings.largest_first):
+            raise InputValueError("largest_first=True moves the step of the longest document first, but a "
+                                  "weights_schedule plans every optimizer step with its own shares in order; set "
+                                  "largest_first=False or leave weights_schedule unset", parameter="largest_first")
+        return schedule
 
     # ---- the corpus -------------------------------------------------------------------------------------------------
     def _resolve_tokenizer(self, tokenizer: Any, vocab_size: Any, pad_token_id: Any) -> TokenizerAdapter:
@@ -730,7 +757,8 @@ class BalancedTextDataModule(L.LightningDataModule):
             return BalancedBatchSampler(train.lengths, settings=settings, num_replicas=num_replicas, rank=rank,
                                         **kwargs)
         return MixtureBatchSampler(train.lengths, train.layout.sizes, self.mixture.settings, settings=settings,
-                                   num_replicas=num_replicas, rank=rank, **kwargs)
+                                   num_replicas=num_replicas, rank=rank, weights_schedule=self.weights_schedule,
+                                   **kwargs)
 
     def component_tokens(self, indices: Any, is_fill: Any, lengths: Any) -> np.ndarray:
         """int64 ``[num_components]``: real tokens of each component among a batch's rows (``indices``, ``is_fill``
