@@ -19,6 +19,7 @@ Pure NumPy: the same inputs give the same plan on every rank.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +39,7 @@ __all__ = ["LengthWarmupPlan", "length_pieces", "max_length_function", "plan_len
 DEFAULT_MIN_CHUNK_STEPS = 8
 #: The share of an optimizer step's token slots a chunk is sized to fill (the planners' U is about this).
 _FILL = 0.97
-#: Steps looked ahead for the end of a stage of constant ``max_length``.
+#: Steps looked ahead at most for the end of a stage of constant ``max_length``.
 _LOOKAHEAD = 1 << 16
 
 
@@ -91,7 +92,7 @@ def max_length_function(max_length: Any, settings: BatchingSettings) -> Callable
                          f"(pad_to_multiple_of={settings.pad_to_multiple_of}); keep the schedule within "
                          f"[1, {limit}] or raise max_tokens", limit)
 
-    if isinstance(max_length, (bool, np.bool_)):
+    if isinstance(max_length, (bool, np.bool_, str, bytes)):
         raise InputTypeError(f"max_length_schedule must be an int, a list of ints per optimizer step or a callable "
                              f"step -> int, got {max_length!r}", parameter="max_length_schedule")
     if isinstance(max_length, (int, np.integer)):
@@ -189,7 +190,7 @@ def plan_length_warmup(
     epoch = check_int("epoch", epoch, 0, "epochs count from 0")
     first_step = check_int("first_step", first_step, 0, "optimizer steps count from 0")
     min_chunk_steps = check_int("min_chunk_steps", min_chunk_steps, 1, "optimizer steps per chunk at least")
-    value_at = max_length_function(max_length, settings)
+    value_at = functools.lru_cache(maxsize=None)(max_length_function(max_length, settings))
     lengths = check_lengths(lengths)
     if spans is None:
         doc = np.arange(lengths.shape[0], dtype=np.int64)
@@ -204,7 +205,6 @@ def plan_length_warmup(
             raise InputValueError("spans must lie within their documents (0 <= start, 1 <= length, start + length "
                                   "<= the document's length)", parameter="spans")
     acc = settings.accumulate_grad_batches
-    step_capacity = settings.truncate_to * num_replicas * acc  # token slots of one optimizer step, all ranks
     rng = np.random.default_rng([settings.seed, epoch, first_step, 0x57A6])
     order = rng.permutation(doc.shape[0]) if settings.shuffle else np.arange(doc.shape[0])
     doc, start, length = doc[order], start[order], length[order]
@@ -214,11 +214,15 @@ def plan_length_warmup(
     step, cursor, n = first_step, 0, doc.shape[0]
     chunk_index = 0
     while cursor < n:
-        m, stage = _stage(value_at, step, min_chunk_steps)
         done = int(ends[cursor - 1]) if cursor else 0
-        target = max(1, int(_FILL * stage * step_capacity))
+        capacity = _step_capacity(settings, num_replicas, value_at(step))
+        # no stage is looked at beyond the steps the rest of the epoch could fill, half full
+        lookahead = min(_LOOKAHEAD, 2 * -(-(int(ends[-1]) - done) // capacity) + min_chunk_steps)
+        m, stage = _stage(value_at, step, min_chunk_steps, lookahead)
+        capacity = _step_capacity(settings, num_replicas, m)
+        target = max(1, int(_FILL * stage * capacity))
         end = int(np.searchsorted(ends, done + target, side="left")) + 1
-        if end < n and int(ends[-1]) - int(ends[end - 1]) < 2 * step_capacity:
+        if end < n and int(ends[-1]) - int(ends[end - 1]) < 2 * capacity:
             end = n  # a short tail joins this chunk rather than make a chunk of its own
         end = min(max(end, cursor + 1), n)
         while True:
@@ -268,15 +272,23 @@ def remaining_spans(warmup: LengthWarmupPlan, steps_consumed: int) -> tuple[np.n
     return doc[head], start[head], total
 
 
-def _stage(value_at: Callable[[int], int], step: int, min_steps: int) -> tuple[int, int]:
+def _stage(value_at: Callable[[int], int], step: int, min_steps: int, lookahead: int) -> tuple[int, int]:
     """``(max_length, steps)``: the smallest value of the schedule over the steps a chunk starting at ``step`` is
-    sized for: the stage of constant value there (up to :data:`_LOOKAHEAD` steps), at least ``min_steps``."""
+    sized for: the stage of constant value there (up to ``lookahead`` steps), at least ``min_steps``."""
     first = value_at(step)
     steps = 1
-    while steps < _LOOKAHEAD and value_at(step + steps) == first:
+    while steps < lookahead and value_at(step + steps) == first:
         steps += 1
     steps = max(steps, min_steps)
     return min(value_at(g) for g in range(step, step + steps)), steps
+
+
+def _step_capacity(settings: BatchingSettings, num_replicas: int, max_length: int) -> int:
+    """Tokens one optimizer step (all ranks) holds at most when no piece is longer than ``max_length``."""
+    per_batch = settings.truncate_to
+    if settings.max_batch_size is not None:
+        per_batch = min(per_batch, settings.max_batch_size * max_length)
+    return max(1, per_batch * num_replicas * settings.accumulate_grad_batches)
 
 
 def _chunk_seed(seed: int, chunk: int) -> int:
