@@ -40,6 +40,7 @@ _EXPORTS = {
     "MixtureSettings": "lit_balance.plan.mixture",
     "plan_mixture": "lit_balance.plan.mixture",
     "BatchingSettings": "lit_balance.plan.settings",
+    "Schedule": "lit_balance.schedule",
     "PlanStats": "lit_balance.plan.stats",
     "plan_stats": "lit_balance.plan.stats",
     "PlanWindows": "lit_balance.plan.windows",
@@ -82,6 +83,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs
     from lit_balance.plan.types import PieceMicroBatch  # noqa: F401
     from lit_balance.data.pieces import PieceDataset  # noqa: F401
     from lit_balance.sampler.warmup import LengthWarmupSampler  # noqa: F401
+    from lit_balance.schedule import Schedule  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

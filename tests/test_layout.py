@@ -1,7 +1,7 @@
 """The layering of the package: each subpackage imports only those below it, no import cycle, no heavy import.
 
-The layers, bottom up (``LAYERS``): the base modules (``errors``, ``_checks``, ``_fingerprint``: NumPy only;
-``world``: torch), ``plan`` (NumPy only), ``sampler`` (torch, no Lightning), ``data`` (torch, no Lightning) and
+The layers, bottom up (``LAYERS``): the base modules (``errors``, ``_checks``, ``_fingerprint``, ``schedule``: NumPy
+only; ``world``: torch), ``plan`` (NumPy only), ``sampler`` (torch, no Lightning), ``data`` (torch, no Lightning) and
 ``report`` (no Lightning), ``lightning``, ``demo``, then the ``callbacks`` re-export and ``cli`` on top. The static
 check reads every ``import`` statement of every module (also those inside functions; not those under
 ``if TYPE_CHECKING:``) and every import by a literal name (``importlib.import_module("lit_balance.x")``,
@@ -26,19 +26,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lit_balance"
 
-BASE = {"errors": set(), "_checks": {"errors"}, "_fingerprint": set(), "world": {"errors", "_checks"}}
+BASE = {"errors": set(), "_checks": {"errors"}, "_fingerprint": set(), "world": {"errors", "_checks"},
+        "schedule": {"errors", "_fingerprint"}}
 #: top-level part of lit_balance -> the parts it may import (besides itself); a base module may import base modules
 LAYERS = {
     **BASE,
-    "plan": {"errors", "_checks", "_fingerprint"},
-    "sampler": {"errors", "_checks", "_fingerprint", "world", "plan"},
-    "data": {"errors", "_checks", "_fingerprint", "world", "plan", "sampler"},
-    "report": {"errors", "_checks", "_fingerprint", "plan", "sampler"},
-    "lightning": {"errors", "_checks", "_fingerprint", "world", "plan", "sampler", "data", "report"},
-    "demo": {"errors", "_checks", "_fingerprint", "world", "plan", "lightning"},
+    "plan": {"errors", "schedule", "_checks", "_fingerprint"},
+    "sampler": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan"},
+    "data": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan", "sampler"},
+    "report": {"errors", "schedule", "_checks", "_fingerprint", "plan", "sampler"},
+    "lightning": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan", "sampler", "data", "report"},
+    "demo": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan", "lightning"},
     "callbacks": {"lightning"},
     "ledger": {"lightning"},
-    "cli": {"errors", "_checks", "_fingerprint", "world", "plan", "sampler", "data", "report", "lightning", "demo"},
+    "cli": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan", "sampler", "data", "report", "lightning",
+            "demo"},
     "__init__": set(),
 }
 #: within a part: module (or prefix) -> lit_balance modules (or prefixes) it must not import
@@ -54,6 +56,7 @@ FORBIDDEN = {
     "errors": {"torch", "lightning", "pytorch_lightning"},
     "_checks": {"torch", "lightning", "pytorch_lightning"},
     "_fingerprint": {"torch", "lightning", "pytorch_lightning"},
+    "schedule": {"torch", "lightning", "pytorch_lightning"},
     "world": {"lightning", "pytorch_lightning"},
     "plan": {"torch", "lightning", "pytorch_lightning", "torchmetrics", "matplotlib", "rich"},
     "sampler": {"lightning", "pytorch_lightning", "torchmetrics", "matplotlib", "rich"},
