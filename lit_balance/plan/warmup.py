@@ -20,6 +20,7 @@ Pure NumPy: the same inputs give the same plan on every rank.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from lit_balance.plan.cost import CostModelProtocol
 from lit_balance.plan.epoch import plan_epoch
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.types import EpochPlan, empty_plan
+from lit_balance.schedule import Schedule
 
 __all__ = ["LengthWarmupPlan", "length_pieces", "max_length_function", "plan_length_warmup", "remaining_spans"]
 
@@ -75,14 +77,15 @@ def max_length_function(max_length: Any, settings: BatchingSettings) -> Callable
     """The per-optimizer-step ``max_length`` as a function of the step, checked against the budget.
 
     Args:
-        max_length: an int (every step), a sequence of ints (step ``g`` reads item ``g``, the last item after its
-            end) or a callable ``step -> int`` (a schedule's ``value_at``).
+        max_length: a :class:`~lit_balance.Schedule` in optimizer steps (a linear one rounded down to whole
+            tokens), an int (every step), a sequence of ints (step ``g`` reads item ``g``, the last item after its
+            end) or a callable ``step -> int``.
         settings: the batching settings; every value must lie in ``[1, settings.truncate_to]`` (the longest row
             the budget ``max_tokens`` holds once padded).
 
     Raises:
         TypeError: ``max_length`` is none of these.
-        ValueError: an empty sequence; a value (checked where it is read) below 1 or above the budget.
+        ValueError: a schedule in tokens or of named values; an empty sequence; a value (checked where it is read) below 1 or above the budget.
     """
     limit = settings.truncate_to
 
@@ -95,6 +98,13 @@ def max_length_function(max_length: Any, settings: BatchingSettings) -> Callable
     if isinstance(max_length, (bool, np.bool_, str, bytes)):
         raise InputTypeError(f"max_length_schedule must be an int, a list of ints per optimizer step or a callable "
                              f"step -> int, got {max_length!r}", parameter="max_length_schedule")
+    if isinstance(max_length, Schedule):
+        if max_length.unit != "steps" or max_length.keys is not None:
+            raise InputValueError(f"max_length_schedule must give one number per optimizer step (unit='steps'), got "
+                                  f"a schedule of unit {max_length.unit!r}"
+                                  + ("" if max_length.keys is None else f" with names {list(max_length.keys)}")
+                                  + "; give its points in optimizer steps", parameter="max_length_schedule")
+        return lambda step: check(step, math.floor(max_length.value_at(step)))
     if isinstance(max_length, (int, np.integer)):
         value = check(0, max_length)
         return lambda step: value

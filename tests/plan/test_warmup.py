@@ -182,3 +182,20 @@ def test_settings_that_leave_tokens_out_are_refused_naming_both(change, names):
     with pytest.raises(ValueError) as info:
         plan_length_warmup(np.array([300, 20]), s, num_replicas=1, epoch=0, max_length=64)
     assert all(name in str(info.value) for name in names)
+
+
+def test_a_schedule_in_optimizer_steps_gives_the_length_rounded_down():
+    from lit_balance import Schedule
+
+    s = BatchingSettings(max_tokens=128)
+    ramp = Schedule([(0, 16), (10, 128)], interpolation="linear", name="max_length_schedule")
+    value_at = max_length_function(ramp, s)
+    assert [value_at(g) for g in (0, 1, 10, 50)] == [16, 27, 128, 128]  # 16 + 112 / 10 = 27.2 -> 27
+    lengths = np.array([300, 20, 129, 64])
+    warmup = plan_length_warmup(lengths, s, num_replicas=2, epoch=0, max_length=ramp, min_chunk_steps=1)
+    assert int(warmup.plan.real_tokens_per_batch(warmup.piece_length).sum()) == int(lengths.sum())
+    assert all(m <= value_at(warmup.first_step + g) for g, m in enumerate(warmup.step_max_length.tolist()))
+    with pytest.raises(ValueError, match=r"max_length_schedule.*unit 'tokens'.*optimizer steps"):
+        max_length_function(Schedule([(0, 16)], unit="tokens", name="max_length_schedule"), s)
+    with pytest.raises(ValueError, match=r"max_length_schedule \(at optimizer step 10\).*200.*max_tokens=128"):
+        max_length_function(Schedule([(0, 16), (10, 200)], name="max_length_schedule"), s)(10)
