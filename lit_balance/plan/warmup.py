@@ -85,7 +85,9 @@ def max_length_function(max_length: Any, settings: BatchingSettings) -> Callable
 
     Raises:
         TypeError: ``max_length`` is none of these.
-        ValueError: a schedule in tokens or of named values; an empty sequence; a value (checked where it is read) below 1 or above the budget.
+        ValueError: a schedule in tokens or of named values; an empty sequence; a value below 1 or above the budget
+            (every point of a :class:`~lit_balance.Schedule` and every item of a sequence here, a callable's where it
+            is read).
     """
     limit = settings.truncate_to
 
@@ -104,6 +106,8 @@ def max_length_function(max_length: Any, settings: BatchingSettings) -> Callable
                                   f"a schedule of unit {max_length.unit!r}"
                                   + ("" if max_length.keys is None else f" with names {list(max_length.keys)}")
                                   + "; give its points in optimizer steps", parameter="max_length_schedule")
+        for at, value in zip(max_length.positions, max_length.values):  # every point, before any token is read
+            check(at, math.floor(value))
         return lambda step: check(step, math.floor(max_length.value_at(step)))
     if isinstance(max_length, (int, np.integer)):
         value = check(0, max_length)

@@ -198,4 +198,4 @@ def test_a_schedule_in_optimizer_steps_gives_the_length_rounded_down():
     with pytest.raises(ValueError, match=r"max_length_schedule.*unit 'tokens'.*optimizer steps"):
         max_length_function(Schedule([(0, 16)], unit="tokens", name="max_length_schedule"), s)
     with pytest.raises(ValueError, match=r"max_length_schedule \(at optimizer step 10\).*200.*max_tokens=128"):
-        max_length_function(Schedule([(0, 16), (10, 200)], name="max_length_schedule"), s)(10)
+        max_length_function(Schedule([(0, 16), (10, 200)], name="max_length_schedule"), s)  # before any step
