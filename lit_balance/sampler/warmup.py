@@ -71,6 +71,7 @@ class LengthWarmupSampler(DistributedSampler):
         self._segments: list[list[int]] = [[self.num_replicas, 0]]
         self._epoch_starts: dict[int, int] = {0: 0}
         self._cache: tuple[tuple, LengthWarmupPlan] | None = None
+        self._resume_pending, self._yielded = False, 0
 
     @property
     def lengths(self) -> np.ndarray:
@@ -118,12 +119,39 @@ class LengthWarmupSampler(DistributedSampler):
         """Plan epoch ``epoch`` next (Lightning calls this before each epoch)."""
         epoch = check_int("epoch", epoch, 0, "epochs count from 0")
         if epoch != self._epoch:
-            self._epoch, self._segments = epoch, [[self.num_replicas, 0]]
+            self._epoch, self._segments, self._resume_pending = epoch, [[self.num_replicas, 0]], False
+
+    @property
+    def epoch(self) -> int:
+        """The epoch planned (set by :meth:`set_epoch` or a restored state)."""
+        return self._epoch
+
+    @property
+    def first_micro_step(self) -> int:
+        """Micro-step of the epoch at which this world size's plan starts: 0, or after a resume on another number of
+        ranks the micro-steps the earlier ranks ran (``len(self)`` counts them too)."""
+        return sum(consumed for _, consumed in self._segments[:-1])
+
+    @property
+    def start_micro_step(self) -> int:
+        """Micro-step of the epoch (from its start) at which the next pass begins: 0 or the restored position."""
+        return self.first_micro_step + self._segments[-1][1]
 
     def __len__(self) -> int:
-        return self.plan().plan.num_micro_steps - self._segments[-1][1]
+        """Micro-batches of the epoch on this rank, counted from its start (after a resume on another number of
+        ranks, those the earlier ranks ran too): a training loop that counts from the epoch's start ends it here."""
+        return self.first_micro_step + self.plan().plan.num_micro_steps
 
     def __iter__(self) -> Iterator[PieceMicroBatch]:
+        """This rank's micro-batches from :attr:`start_micro_step` (the restored position on the first pass after
+        :meth:`load_state_dict`; any later pass yields the whole epoch, as a fresh sampler does)."""
+        if not self._resume_pending:
+            self._segments = [[self.num_replicas, 0]]
+        self._resume_pending = False
+        self._yielded = 0
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[PieceMicroBatch]:
         warmup = self.plan()
         plan, acc = warmup.plan, warmup.plan.accumulate_grad_batches
         real = plan.real_tokens_per_batch(warmup.piece_length)
@@ -131,17 +159,33 @@ class LengthWarmupSampler(DistributedSampler):
         for s in range(self._segments[-1][1], plan.num_micro_steps):
             step = plan.assignment[(s // acc) * acc:(s // acc + 1) * acc].reshape(-1)
             pieces, fill = plan.batch(int(plan.assignment[s, self.rank]))
+            self._yielded += 1
             yield PieceMicroBatch(warmup.piece_doc[pieces], fill, piece_start=warmup.piece_start[pieces],
                                   piece_length=warmup.piece_length[pieces],
                                   step_real_tokens=int(real[step].sum()), step_rows=int(rows[step].sum()))
 
-    def state_dict(self, batches_consumed: int) -> dict[str, Any]:
-        """Plain-Python resume state after ``batches_consumed`` micro-batches of this rank in the current plan (the
-        same on every rank)."""
-        consumed = self._segments[-1][1] + check_int("batches_consumed", batches_consumed, 0,
-                                                     "micro-batches consumed since the last iter()", len(self))
-        segments = [list(s) for s in self._segments[:-1]] + [[self.num_replicas, consumed]]
-        return {"version": STATE_VERSION, "epoch": self._epoch, "segments": segments,
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
+        """Plain-Python resume state, the same on every rank.
+
+        Args:
+            batches_consumed: micro-batches of the epoch consumed by training, counted from the epoch's start (as a
+                training loop counts, :attr:`start_micro_step` plus those of this pass); default: those the latest
+                pass yielded (with DataLoader workers that counts what they fetched ahead: pass the count).
+
+        Returns:
+            ``{"version", "epoch", "segments", "num_samples", "settings"}``; once the epoch is consumed, the start of
+            the next one.
+        """
+        if batches_consumed is None:
+            batches_consumed = self.start_micro_step + self._yielded
+        consumed = check_int("batches_consumed", batches_consumed, self.first_micro_step,
+                             "micro-batches of the epoch consumed, counted from its start", len(self))
+        if consumed == len(self):
+            epoch, segments = self._epoch + 1, [[self.num_replicas, 0]]
+        else:
+            epoch = self._epoch
+            segments = [list(s) for s in self._segments[:-1]] + [[self.num_replicas, consumed - self.first_micro_step]]
+        return {"version": STATE_VERSION, "epoch": epoch, "segments": segments,
                 "num_samples": int(self._lengths.shape[0]), "settings": self._settings.to_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -169,3 +213,4 @@ class LengthWarmupSampler(DistributedSampler):
                                       "checkpoint at an optimizer step's end")
             segments.append([self.num_replicas, 0])
         self._epoch, self._segments = int(state["epoch"]), segments
+        self._resume_pending = True

@@ -78,7 +78,7 @@ def _assert_every_token_once(covered, lengths):
         assert (covered[d, n:] == 0).all()
 
 
-@settings(deadline=None, max_examples=150)
+@settings(deadline=None, max_examples=60)
 @given(case=_cases(), epoch=st.integers(0, 2))
 def test_every_token_once_within_step_length_and_budget(case, epoch):
     lengths, settings_, schedule, num_replicas, _ = case
@@ -94,7 +94,7 @@ def test_every_token_once_within_step_length_and_budget(case, epoch):
     assert np.array_equal(again.plan.assignment, warmup.plan.assignment)
 
 
-@settings(deadline=None, max_examples=120)
+@settings(deadline=None, max_examples=50)
 @given(case=_cases(), data=st.data())
 def test_resume_mid_epoch_on_another_world_size(case, data):
     """8 -> 6 -> 8 style: a run stopped after some optimizer steps goes on with another number of ranks from the

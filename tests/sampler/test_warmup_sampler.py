@@ -154,7 +154,7 @@ def test_resume_mid_stage_on_another_world_size(worlds, packing):
                 width = batch["cu_seq_lens_q"].diff().max() if packing else batch["attention_mask"].sum(1).max()
                 assert int(width) <= schedule(step + j // acc)
         if not last:
-            states = [sampler.state_dict(stop) for sampler in samplers]
+            states = [sampler.state_dict(sampler.start_micro_step + stop) for sampler in samplers]
             assert all(st_ == states[0] for st_ in states)  # the same on every rank
             state = states[0]
             step += stop // acc
@@ -172,7 +172,24 @@ def test_resume_inside_an_optimizer_step_on_another_world_size_is_refused():
         other.load_state_dict(state)
     same = LengthWarmupSampler(lengths, s, 16, num_replicas=2, rank=0)
     same.load_state_dict(state)
-    assert len(same) == len(sampler) - 1
+    assert len(same) == len(sampler) and same.start_micro_step == 1  # counted from the epoch's start
+    assert list(same) == list(sampler)[1:]  # the first pass goes on from the position
+    assert list(same) == list(sampler)  # a later pass yields the whole epoch
+    assert same.state_dict()["segments"] == [[2, 0]] and same.state_dict()["epoch"] == 1  # consumed: next epoch
+
+
+def test_len_counts_the_micro_steps_the_earlier_ranks_ran():
+    lengths = np.arange(1, 200)
+    s = BatchingSettings(max_tokens=64, accumulate_grad_batches=2)
+    first = LengthWarmupSampler(lengths, s, [16, 32, 64], num_replicas=2, rank=1)
+    state = first.state_dict(4)
+    later = LengthWarmupSampler(lengths, s, [16, 32, 64], num_replicas=3, rank=2)
+    later.load_state_dict(state)
+    assert later.first_micro_step == later.start_micro_step == 4
+    assert len(later) == 4 + later.plan().plan.num_micro_steps == 4 + len(list(later))
+    assert later.state_dict(5)["segments"] == [[2, 4], [3, 1]]
+    with pytest.raises(ValueError, match="batches_consumed"):
+        later.state_dict(3)  # before this world's plan began
 
 
 def test_later_epochs_start_where_the_earlier_ended():
