@@ -11,7 +11,9 @@ hold while the schedule keeps its value (a stage of a piecewise-constant schedul
 ``min_chunk_steps`` steps). A chunk's spans are split at the smallest ``max_length`` of the steps it will fill, and
 the pieces are planned by the ordinary planner (:func:`~lit_balance.plan.epoch.plan_epoch`: the same budget, equal
 counts, LPT within steps, padded or packed); the chunks' plans are laid end to end. Pieces of one document lie in
-one chunk, most often in one micro-batch (they have the same length). Each chunk ends with at most one partly
+one chunk; its full pieces (all but the last, of one length, so interchangeable in the plan) are then given to the
+plan's rows of that length in piece order along the training order, so they sit next to each other: in one
+micro-batch or optimizer step where they fit. Each chunk ends with at most one partly
 filled optimizer step, so padding grows by about one step per chunk.
 
 Pure NumPy: the same inputs give the same plan on every rank.
@@ -19,6 +21,7 @@ Pure NumPy: the same inputs give the same plan on every rank.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -255,7 +258,7 @@ def plan_length_warmup(
                 break
             m = low  # the schedule falls within the chunk's steps: cut shorter, and take fewer documents
             end = max(cursor + 1, cursor + (end - cursor) // 2)
-        parts.append((plan, doc[cursor:end][span], p_start, p_len, m, k))
+        parts.append((_group_pieces(plan, p_len, m), doc[cursor:end][span], p_start, p_len, m, k))
         step, cursor, chunk_index = step + k, end, chunk_index + 1
     return _concat(parts, num_replicas, acc, first_step)
 
@@ -303,6 +306,26 @@ def _step_capacity(settings: BatchingSettings, num_replicas: int, max_length: in
     if settings.max_batch_size is not None:
         per_batch = min(per_batch, settings.max_batch_size * max_length)
     return max(1, per_batch * num_replicas * settings.accumulate_grad_batches)
+
+
+def _group_pieces(plan: EpochPlan, piece_length: np.ndarray, max_length: int) -> EpochPlan:
+    """``plan`` with its full pieces (``max_length`` tokens) laid out in piece order along the training order.
+
+    Pieces of one length are interchangeable in a plan (the same slots, cost and budget), so the real rows holding a
+    full piece are given the full pieces in piece order (a document's pieces are numbered one after another) as they
+    come micro-step by micro-step, rank by rank: a document's pieces then sit next to each other, in one micro-batch
+    or one optimizer step where they fit. Fill rows keep theirs. Nothing else of the plan changes.
+    """
+    order = plan.assignment.reshape(-1)  # micro-step major, then rank: the order the rows are trained in
+    lo, hi = plan.batch_offsets[order], plan.batch_offsets[order + 1]
+    sizes = hi - lo
+    at = np.repeat(lo - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes) + np.arange(int(sizes.sum()))
+    full = at[~plan.is_fill[at] & (piece_length[plan.rows[at]] == max_length)]
+    if full.size < 2:
+        return plan
+    rows = plan.rows.copy()
+    rows[full] = np.sort(rows[full])
+    return dataclasses.replace(plan, rows=rows)
 
 
 def _chunk_seed(seed: int, chunk: int) -> int:

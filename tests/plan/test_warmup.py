@@ -145,6 +145,25 @@ def test_pieces_of_a_document_share_a_micro_batch_where_they_can():
     assert len(batch_of[0]) <= 2 and len(batch_of[3]) <= 2  # 4 and 3 pieces, of 4 rows per micro-batch at most
 
 
+@pytest.mark.parametrize("packing", [False, True])
+def test_the_full_pieces_of_a_document_are_trained_one_after_another(packing):
+    """Full pieces (of the step's length) are interchangeable: along the training order they come in piece order,
+    so a document's full pieces are next to each other; the plan's lengths per row are those the planner made."""
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 2000, size=400)
+    s = BatchingSettings(max_tokens=1024, accumulate_grad_batches=2, packing=packing)
+    warmup = plan_length_warmup(lengths, s, num_replicas=4, epoch=0, max_length=128)
+    plan = warmup.plan
+    order = plan.assignment.reshape(-1)
+    rows = np.concatenate([plan.batch(int(b))[0] for b in order])
+    fill = np.concatenate([plan.batch(int(b))[1] for b in order])
+    full = rows[~fill & (warmup.piece_length[rows] == 128)]
+    assert full.size > 100 and np.array_equal(full, np.sort(full))  # piece order along the training order
+    doc = warmup.piece_doc[full]
+    runs = 1 + int(np.count_nonzero(np.diff(doc)))
+    assert runs == np.unique(doc).size  # each document's full pieces form one run: next to each other
+
+
 def test_length_pieces_cover_each_span_in_order():
     span, start, length = length_pieces(np.array([7, 3, 1]), 3, np.array([2, 0, 5]))
     assert span.tolist() == [0, 0, 0, 1, 2]
