@@ -47,6 +47,11 @@ _EXPORTS = {
     "PlanWindows": "lit_balance.plan.windows",
     "WindowedPlan": "lit_balance.plan.windows",
     "useful_fraction_bound": "lit_balance.plan.stats",
+    "LengthWarmupPlan": "lit_balance.plan.warmup",
+    "plan_length_warmup": "lit_balance.plan.warmup",
+    "PieceMicroBatch": "lit_balance.plan.types",
+    "PieceDataset": "lit_balance.data.pieces",
+    "LengthWarmupSampler": "lit_balance.sampler.warmup",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -76,6 +81,10 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs
     from lit_balance.data.mixture import Mixture  # noqa: F401
     from lit_balance.plan.mixture import MixtureSettings, plan_mixture  # noqa: F401
     from lit_balance.sampler.mixture import MixtureBatchSampler  # noqa: F401
+    from lit_balance.plan.warmup import LengthWarmupPlan, plan_length_warmup  # noqa: F401
+    from lit_balance.plan.types import PieceMicroBatch  # noqa: F401
+    from lit_balance.data.pieces import PieceDataset  # noqa: F401
+    from lit_balance.sampler.warmup import LengthWarmupSampler  # noqa: F401
     from lit_balance.schedule import Schedule  # noqa: F401
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from lit_balance.errors import InputValueError
 
-__all__ = ["EpochPlan", "MicroBatch", "WorstCaseBatch", "empty_plan", "padded_lengths"]
+__all__ = ["EpochPlan", "MicroBatch", "PieceMicroBatch", "WorstCaseBatch", "empty_plan", "padded_lengths"]
 
 
 class MicroBatch(list):
@@ -56,6 +56,29 @@ class MicroBatch(list):
         self.step_real_tokens = None if step_real_tokens is None else int(step_real_tokens)
         self.step_rows = None if step_rows is None else int(step_rows)
         self.step_supervised_tokens = None if step_supervised_tokens is None else int(step_supervised_tokens)
+
+
+class PieceMicroBatch(MicroBatch):
+    """A :class:`MicroBatch` of document indices whose rows are pieces of those documents.
+
+    Attributes:
+        piece_start: ``tuple[int, ...]``, each row's first token within its document.
+        piece_length: ``tuple[int, ...]``, each row's tokens.
+
+    Example:
+        >>> mb = PieceMicroBatch([3, 3], piece_start=[0, 4], piece_length=[4, 2])
+        >>> mb == [3, 3], mb.piece_start, mb.piece_length
+        (True, (0, 4), (4, 2))
+    """
+
+    def __init__(self, indices: Sequence[int] = (), is_fill: Sequence[bool] | None = None, *,
+                 piece_start: Sequence[int], piece_length: Sequence[int], **step_totals: Any) -> None:
+        super().__init__(indices, is_fill, **step_totals)
+        self.piece_start = tuple(int(s) for s in piece_start)
+        self.piece_length = tuple(int(n) for n in piece_length)
+        if not len(self.piece_start) == len(self.piece_length) == len(self):
+            raise InputValueError(f"a piece micro-batch needs one piece_start and piece_length per index, got "
+                                  f"{len(self.piece_start)} and {len(self.piece_length)} for {len(self)} indices")
 
 
 @dataclass(frozen=True)
