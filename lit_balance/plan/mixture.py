@@ -483,8 +483,9 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
     # of its longest document and filled to its room (with accumulation, a rank's micro-batches even each other out)
     single = fast and acc == 1
     # rows of similar length share a micro-batch: each component's documents in a step are rounded to whole
-    # micro-batches where the share bound allows (a few components: every rounding is tried)
-    whole = fast and planner.row_buckets and 1 < k <= _WHOLE_COMPONENTS
+    # micro-batches where the share bound allows (a few components: every rounding is tried); under a weight schedule
+    # the walk is merged again where the shares change, and steps are not rounded
+    whole = fast and planner.row_buckets and 1 < k <= _WHOLE_COMPONENTS and step_shares is None
     steps: list[tuple[int, int, EpochPlan | None]] = []  # (start, end, plan or None: batched below)
     sorted_members: list[np.ndarray] = []
     budgets: list[int] = []  # of the steps batched together: each micro-batch's budget
