@@ -293,8 +293,8 @@ def test_window_membership_is_the_recorded_permutation(num_samples, plan_window,
 def test_the_first_micro_batch_counts_the_windows_it_needs_only(lengths, num_replicas, plan_window, epoch, accumulate,
                                                                packing, drop_last, shuffle):
     """Windows are counted when first needed: building the sampler and its first micro-batch draw the members of the
-    first windows of the epoch's order only (those the first optimizer step reaches), len() read afterwards counts the
-    rest, and the epoch is the one a sampler whose len() was read first yields (equal counts on every rank)."""
+    first windows of the epoch's order only (the first with a micro-step, and those the optimizer step holding its
+    last micro-step reaches, for the step sums), len() read afterwards counts the rest, and the epoch is the one a sampler whose len() was read first yields (equal counts on every rank)."""
     assume(len(lengths) > plan_window)
     kwargs = {"plan_window": plan_window, "seed": 3, "accumulate_grad_batches": accumulate, "packing": packing,
               "drop_last": drop_last, "shuffle": shuffle, "too_long": "skip"}  # lengths above 512 are skipped
@@ -316,14 +316,17 @@ def test_the_first_micro_batch_counts_the_windows_it_needs_only(lengths, num_rep
 
     reference = _samplers(lengths, num_replicas, **kwargs)[0]
 
-    def prefix(e, upto):  # the windows of epoch e's order that hold its micro-steps [0, upto]
+    def prefix(e, whole_steps):  # the windows of epoch e's order up to its first with a micro-step, and with
+        # whole_steps, up to the end of the optimizer step holding that window's last micro-step (its step sums)
         starts = np.cumsum([0] + [part.num_micro_steps for part in reference.plan_parts(e)])
         order = reference.windows.order(e, reference.settings).tolist()
+        end = int(starts[np.searchsorted(starts, 0, side="right")]) if starts[-1] else 0
+        upto = -(-end // accumulate) * accumulate - 1 if whole_steps else 0
         return order, set(order[:max(int(np.searchsorted(starts, upto, side="right")), 1)])
 
-    order, needed = prefix(epoch, accumulate - 1)
+    order, needed = prefix(epoch, True)
     assert set(drawn) <= needed
-    assert built <= prefix(0, 0)[1]  # building counts windows until one has a micro-step
+    assert built <= prefix(0, False)[1]  # building counts windows until one has a micro-step
     if len(needed) < len(order):
         assert len(set(drawn)) < len(order)
     out = [[b for b in firsts if b is not None] + list(iterators[0])] + [list(it) for it in iterators[1:]]
