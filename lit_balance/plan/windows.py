@@ -8,7 +8,9 @@ array is stored, so a window's members cost memory proportional to the window). 
 :func:`~lit_balance.plan_epoch`, which varies its batch composition and order by epoch. Each window's
 plan has every guarantee of a whole-epoch plan (budget, equal counts on every rank, coverage, determinism), and
 its number of micro-steps depends only on the window's lengths and the settings, so the epoch's length
-(their sum) is known before any window is planned and is the same every epoch (with equal rank speeds).
+(their sum) is known without planning any window and is the same every epoch (with equal rank speeds). Windows are
+counted when first needed, in the epoch's order: the first micro-batch counts and plans the first window, and the
+epoch's length counts the rest when it is first asked (:class:`WindowedPlan`).
 
 Worked example (``plan_window=4``, 10 samples, so 3 windows of 3, 3 and 4 samples)::
 
