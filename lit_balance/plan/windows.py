@@ -234,6 +234,7 @@ class WindowedPlan:
         """int64: window ``j``'s members (the last window's drawn are kept: counting it comes right before planning
         it)."""
         if self._drawn is None or self._drawn[0] != j:
+            self._drawn = None  # the window held before is let go first: one window's members in memory
             self._drawn = (j, self.windows.members(j))
         return self._drawn[1]
 
