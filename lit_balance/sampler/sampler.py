@@ -361,7 +361,9 @@ class BalancedBatchSampler(DistributedSampler):
         loop that counts batches from the start of the epoch ends it at the right place. A training loop that
         reads it before :meth:`set_epoch` (Lightning does, when it loads the train dataloader) gets the previous
         epoch's length; when the epoch that then runs is longer than the length reported before the pass began
-        (rank speeds from :meth:`set_cost_model`), its first ``next()`` warns once, naming the fix.
+        (rank speeds from :meth:`set_cost_model`), its first ``next()`` warns once, naming the fix. An epoch planned in
+        windows counts, at the first read, the windows not counted yet (:class:`~lit_balance.plan.windows.WindowedPlan`:
+        the first micro-batch needs only the first window's count).
         """
         length = self._epoch_length()
         self._reported_length = length
