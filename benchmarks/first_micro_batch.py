@@ -22,7 +22,8 @@ The store row: a Megatron ``.bin/.idx`` pair of ``--store-sizes`` documents writ
 :func:`benchmarks.store_megatron.write_store` (NumPy in megatron-core's layout, checked against megatron-core's
 ``IndexedDataset`` at a small size first; megatron-core's own ``IndexedDatasetBuilder`` adds one document per Python
 call, too slow at 100M), then ``BalancedTextDataModule(MegatronSource(prefix))``: CPU seconds from the start of
-``setup("fit")`` to the first micro-batch out of ``train_dataloader()`` (:func:`benchmarks.store_megatron._first_batch`).
+``setup("fit")`` to the first micro-batch out of ``train_dataloader()``
+(:func:`benchmarks.store_megatron._first_batch`).
 
 With ``--baseline REVISION`` every measurement also runs with the package of that git revision (``git archive``,
 imported first on ``sys.path``; the benchmark code is this one), alternately with this checkout's, in the same run.
@@ -31,6 +32,8 @@ imported first on ``sys.path``; the benchmark code is this one), alternately wit
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -109,9 +112,6 @@ def baseline_package(revision: str, into: Path) -> Path:
 
 def _run(kind: str, *args: str, package: Path | None, timeout_s: float) -> dict[str, Any]:
     """``kind``'s child in a fresh process, importing ``lit_balance`` from ``package`` (None: this checkout)."""
-    import json
-    import os
-
     first = [] if package is None else [str(package)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*first, str(ROOT)])}
     proc = subprocess.Popen([sys.executable, "-m", _MODULE, "--child", kind, *args], stdout=subprocess.PIPE,

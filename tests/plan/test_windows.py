@@ -294,7 +294,8 @@ def test_the_first_micro_batch_counts_the_windows_it_needs_only(lengths, num_rep
                                                                packing, drop_last, shuffle):
     """Windows are counted when first needed: building the sampler and its first micro-batch draw the members of the
     first windows of the epoch's order only (the first with a micro-step, and those the optimizer step holding its
-    last micro-step reaches, for the step sums), len() read afterwards counts the rest, and the epoch is the one a sampler whose len() was read first yields (equal counts on every rank)."""
+    last micro-step reaches, for the step sums), len() read afterwards counts the rest, and the epoch is the one a
+    sampler whose len() was read first yields (equal counts on every rank)."""
     assume(len(lengths) > plan_window)
     kwargs = {"plan_window": plan_window, "seed": 3, "accumulate_grad_batches": accumulate, "packing": packing,
               "drop_last": drop_last, "shuffle": shuffle, "too_long": "skip"}  # lengths above 512 are skipped
