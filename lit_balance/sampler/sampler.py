@@ -186,7 +186,7 @@ class BalancedBatchSampler(DistributedSampler):
         self._skip_request: tuple | None = None  # (epoch, ranges, first_optimizer_step) given to skip_steps
         # (steps, epoch): the current epoch's first step is steps plus whole plans of the epochs from that one; or None
         self._first_step_lazy: tuple | None = None
-        if self._epoch_length() == 0:
+        if not self._has_micro_steps():
             raise InputValueError(
                 f"drop_last=True with {self._inputs.num_samples - self.num_skipped} sample(s) and "
                 f"num_replicas={self.num_replicas} leaves no micro-batch for any rank; set drop_last=False",
@@ -314,7 +314,7 @@ class BalancedBatchSampler(DistributedSampler):
             return
         for position in range(segment.order.shape[0]):
             yield segment.window(position).plan
-            segment.release_before(int(segment.starts[position + 1]))
+            segment.release_before(segment.start(position + 1))
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to plan; with ``shuffle=True`` each epoch has its own composition and order.
@@ -333,7 +333,8 @@ class BalancedBatchSampler(DistributedSampler):
         self._cursor = 0
         self._resume_pending = False
         self._pass = None  # what the last pass handed out was of the previous epoch
-        if epoch == self.epoch + 1:  # the next epoch (training's case): the current plan is at hand
+        if epoch == self.epoch + 1 and (self._record.segments or self._record.pending is not None):
+            # the next epoch after a resume or with pending speeds: the current plan is at hand
             first_step = self._resolve_first_step()
             if first_step is not None:
                 first_step += sampler_state.epoch_optimizer_steps(
@@ -419,11 +420,21 @@ class BalancedBatchSampler(DistributedSampler):
         loop that counts batches from the start of the epoch ends it at the right place. A training loop that
         reads it before :meth:`set_epoch` (Lightning does, when it loads the train dataloader) gets the previous
         epoch's length; when the epoch that then runs is longer than the length reported before the pass began
-        (rank speeds from :meth:`set_cost_model`), its first ``next()`` warns once, naming the fix.
+        (rank speeds from :meth:`set_cost_model`), its first ``next()`` warns once, naming the fix. An epoch planned in
+        windows counts, at the first read, the windows not counted yet (:class:`~lit_balance.plan.windows.WindowedPlan`:
+        the first micro-batch needs only the first window's count).
         """
         length = self._epoch_length()
         self._reported_length = length
         return length
+
+    def _has_micro_steps(self) -> bool:
+        """Whether the current epoch has a micro-step to train; an epoch planned in windows counts its windows only
+        until one has (the first, unless ``drop_last`` empties it)."""
+        segment = self._segment()
+        if isinstance(segment, WindowedPlan) and not self._record.skips and not self._record.earlier:
+            return segment.has_micro_steps()
+        return self._epoch_length() > 0
 
     def _epoch_length(self) -> int:
         """Micro-steps this rank trains in the current epoch: the plan's, less the skipped ones."""
@@ -521,8 +532,11 @@ class BalancedBatchSampler(DistributedSampler):
 
     def _check_length(self) -> None:
         """Warn (once) when the epoch about to run is longer than the ``len()`` reported before this pass began."""
-        reported, length = getattr(self, "_length_at_iter", None), self._epoch_length()
-        if reported is None or length <= reported or getattr(self, "_warned_length", False):
+        reported = getattr(self, "_length_at_iter", None)
+        if reported is None or getattr(self, "_warned_length", False):  # no length to compare: nothing is counted
+            return
+        length = self._epoch_length()
+        if length <= reported:
             return
         self._warned_length = True
         warnings.warn(
@@ -599,29 +613,30 @@ class BalancedBatchSampler(DistributedSampler):
         self._resume_pending = False
         self._cursor = start
         earlier, accumulate = earlier_tokens.shape[0], self.settings.accumulate_grad_batches
-        total = earlier + plan.num_micro_steps
-        skipped = self._skipped_mask(earlier, plan.num_micro_steps)
+        # Windows are counted as they are reached (the first micro-batch needs the first window only).
         for position in range(plan.order.shape[0]):
-            first, end = max(int(plan.starts[position]), start), int(plan.starts[position + 1])
+            base, end = plan.start(position), plan.start(position + 1)
+            first = max(base, start)
             if first >= end:
                 continue
-            # the optimizer steps (Lightning's accumulation windows, counted in epoch micro-steps) of these steps
+            skipped = self._skipped_mask(earlier + base, end - base)
+            # the optimizer steps (Lightning's accumulation windows, counted in epoch micro-steps) of these steps,
+            # cut at the epoch's end (step_sums stops there)
             lo = (earlier + first) // accumulate * accumulate
-            hi = min(-(-(earlier + end) // accumulate) * accumulate, total)
+            hi = -(-(earlier + end) // accumulate) * accumulate
             plan.release_before(max(lo - earlier, 0))
             tokens, rows, supervised = plan.step_sums(max(lo - earlier, 0), hi - earlier)
             tokens = np.concatenate([earlier_tokens[lo:earlier], tokens])
             rows = np.concatenate([earlier_rows[lo:earlier], rows])
             supervised = np.concatenate([earlier_supervised[lo:earlier], supervised])
-            cuts = np.arange(0, hi - lo, accumulate)
+            cuts = np.arange(0, tokens.shape[0], accumulate)
             group_tokens = np.add.reduceat(tokens, cuts).tolist()
             group_rows = np.add.reduceat(rows, cuts).tolist()
             group_supervised = np.add.reduceat(supervised, cuts).tolist()
             held = plan.window(position).plan
             column = held.assignment[:, self.rank].tolist()
-            base = int(plan.starts[position])
             for s in range(first, end):
-                if skipped[s]:  # a skipped optimizer step: consumed, never trained
+                if skipped[s - base]:  # a skipped optimizer step: consumed, never trained
                     continue
                 idx, fill = held.batch(column[s - base])
                 g = (earlier + s - lo) // accumulate
