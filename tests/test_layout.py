@@ -35,7 +35,7 @@ LAYERS = {
     "data": {"errors", "_checks", "_fingerprint", "world", "plan", "sampler"},
     "report": {"errors", "_checks", "_fingerprint", "plan", "sampler"},
     "stream": {"errors", "_checks", "_fingerprint", "world", "plan", "sampler", "data"},
-    "lightning": {"errors", "_checks", "_fingerprint", "world", "plan", "sampler", "data", "report"},
+    "lightning": {"errors", "_checks", "_fingerprint", "world", "plan", "sampler", "data", "report", "stream"},
     "demo": {"errors", "_checks", "_fingerprint", "world", "plan", "lightning"},
     "callbacks": {"lightning"},
     "ledger": {"lightning"},

@@ -41,6 +41,7 @@ from lit_balance.lightning.budget import DEFAULT_MEMORY_FRACTION, TokenBudget, f
 from lit_balance.lightning.meters import CPU_MMAP_THRESHOLD
 from lit_balance.lightning.dm_settings import DEFAULT_MAX_TOKENS, auto_budget, batching_settings
 from lit_balance.lightning.rank_errors import share_failure
+from lit_balance.lightning.stream_data import stream_component
 from lit_balance.lightning.resume_checks import (
     TrainLoader,
     check_saved_data,
@@ -292,6 +293,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         cpu_mmap_threshold: int | None = CPU_MMAP_THRESHOLD,
         allow_tokenizer_mismatch: bool = False,
         skip_steps: list[tuple[int, int]] | None = None,
+        window_documents: int | None = None,
+        val_documents: int | None = None,
+        val_corpus: Any = None,
     ) -> None:
         super().__init__()
         #: Optimizer steps of the run whose documents are left out (``(a, b)`` pairs, ``a .. b - 1``), or None.
@@ -321,8 +325,15 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.sources = [resolve_corpus(c, text_key=text_key, txt_documents=txt_documents, max_documents=bound)
                         for c, bound in zip(self.mixture.corpora, self.mixture.max_documents)]
         check_distinct_components(self.mixture.names, self.sources, self.mixture.corpora)
+        #: The stream and its validation when the corpus is a stream (docs/streams.md), else None.
+        self.stream = stream_component(
+            self.mixture.names, self.sources, self.mixture.plain, settings=self._settings, batching=self._batching,
+            auto=self.auto_budget is not None, num_workers=self.num_workers, val_fraction=val_fraction,
+            skip_steps=self.skip_steps, window_documents=window_documents, val_documents=val_documents,
+            val_corpus=val_corpus, text_key=text_key, txt_documents=txt_documents)
         self.max_documents = max_documents
-        self._val_fractions = [resolve_val_fraction(val_fraction, s.split_sizes) for s in self.sources]
+        self._val_fractions = [0.0 if s.streamed else resolve_val_fraction(val_fraction, s.split_sizes)
+                               for s in self.sources]
         #: Share of each component held out for validation (0.0 when a component brings its own validation split;
         #: the largest over the components).
         self.val_fraction = max(self._val_fractions)
@@ -408,6 +419,10 @@ class BalancedTextDataModule(L.LightningDataModule):
     # ---- the corpus -------------------------------------------------------------------------------------------------
     def _resolve_tokenizer(self, tokenizer: Any, vocab_size: Any, pad_token_id: Any) -> TokenizerAdapter:
         """The one tokenizer (and vocabulary) of every component, checked now: the components must agree."""
+        if self.stream is not None:
+            return self.stream.tokenizer(tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
+                                         add_special_tokens=self.add_special_tokens,
+                                         allow_tokenizer_mismatch=self.allow_tokenizer_mismatch)
         adapters = [corpus_tokenizer(s, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
                                      add_special_tokens=self.add_special_tokens,
                                      allow_tokenizer_mismatch=self.allow_tokenizer_mismatch) for s in self.sources]
@@ -419,7 +434,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         return tuple(open_corpus(s, self.tokenizer, self.cache_dir, progress=True) for s in self.sources)
 
     def prepare_data(self) -> None:
-        """Tokenize every component into the cache (once per node; other ranks wait at Lightning's barrier)."""
+        """Tokenize every component into the cache (once per node; other ranks wait at Lightning's barrier); a stream
+        is read while training (only its finite ``val_corpus`` is tokenized here)."""
+        if self.stream is not None:
+            return self.stream.prepare_data(self)
         self._tokenized()
 
     def _world(self) -> DataParallelWorld:
@@ -501,6 +519,12 @@ class BalancedTextDataModule(L.LightningDataModule):
         """
         error: BaseException | None = None
         fields = None
+        if self.stream is not None:  # validation only: the stream is read window by window while training
+            try:
+                fields = self.stream.setup(self)
+            except Exception as exc:  # noqa: BLE001  as below
+                error = exc
+            return check_ranks_agree(self.trainer, fields, error)
         try:
             self.corpora, self._train_splits, self.train_dataset, self._val_splits = self._splits()  # built once
             self.corpus = _Corpora.of(self.corpora)
@@ -713,6 +737,9 @@ class BalancedTextDataModule(L.LightningDataModule):
             RuntimeError: called before :meth:`setup`.
             ValueError: as the sampler.
         """
+        if self.stream is not None:
+            raise RuntimeError(f"a stream ({self.stream.description}) has no training sampler: it is planned window by "
+                               "window while training (docs/streams.md)")
         if self.train_dataset is None:
             raise RuntimeError("training_sampler needs the training split: call setup() first")
         return self._training_sampler(self.train_dataset, settings, num_replicas, rank=rank, cost_model=cost_model)
@@ -777,6 +804,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         training sampler is handed to the Trainer (:func:`~lit_balance.use_training_sampler`) for the callbacks and
         the loss that read it.
         """
+        if self.stream is not None:
+            return self.stream.train_loader(self)
         self._plan(measure=True)
         if self._train_sampler_state is not None and self.train_sampler is not None:
             if self._saved_data is not None:
@@ -837,6 +866,8 @@ class BalancedTextDataModule(L.LightningDataModule):
             with ``max_tokens="auto"`` also ``"token_budget"`` (:meth:`AutoTokenBudget.state_dict`): a resume plans
             with it instead of probing again.
         """
+        if self.stream is not None:
+            return self.stream.state_dict(self)
         if self.train_sampler is None:
             return {}
         consumed = self._consumed()
@@ -863,6 +894,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         if not isinstance(state_dict, Mapping):
             raise InputTypeError(f"BalancedTextDataModule.load_state_dict expects the dict returned by state_dict() "
                                  f"(key 'train_sampler'), got {state_dict!r} of type {type(state_dict).__name__}")
+        if self.stream is not None:
+            return self.stream.load_state_dict(self, state_dict)
         unknown = set(state_dict) - {"train_sampler", "data", "token_budget"}
         if unknown:
             raise InputValueError(f"BalancedTextDataModule state_dict has unknown keys {sorted(unknown)}")
@@ -877,6 +910,8 @@ class BalancedTextDataModule(L.LightningDataModule):
     def val_dataloader(self) -> list[DataLoader]:
         """One loader of validation micro-batches (this rank's, unshuffled) per component with validation documents,
         named by :attr:`val_names` in order; ``[]`` without validation."""
+        if self.stream is not None:
+            return self.stream.val_loaders(self)
         if all(f == 0 and s.split_sizes is None for f, s in zip(self._val_fractions, self.sources)):
             return []
         if self.train_dataset is None:
