@@ -262,8 +262,9 @@ class StreamReader:
                 self._skip(start)
 
     def _skip(self, count: int) -> None:
-        print(f"lit_balance: reading and skipping the stream's first {count} documents (this source cannot seek)",
-              file=sys.stderr, flush=True)
+        if not self.corpus.can_seek:  # a source that seeks skips without a position only past held-out documents
+            print(f"lit_balance: reading and skipping the stream's first {count} documents (this source cannot seek)",
+                  file=sys.stderr, flush=True)
         self.next_document = 0
         for _ in self._raw(count):
             pass
