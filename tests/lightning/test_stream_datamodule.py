@@ -183,3 +183,14 @@ def test_what_needs_a_plan_of_the_epoch_names_the_stream(tmp_path):
         needed_sampler(trainer, "StragglerMonitor")
     with pytest.raises(RuntimeError, match="has no training sampler"):
         dm.training_sampler(dm.settings, 2)
+
+
+def test_adaptive_accumulation_is_refused_with_a_stream_naming_both(tmp_path):
+    from lit_balance.callbacks import AdaptiveGradAccumulation
+
+    trainer = SimpleNamespace(train_dataloader=None, accumulate_grad_batches=1, callbacks=[],
+                              strategy=SimpleNamespace(handles_gradient_accumulation=False))
+    use_training_stream(trainer, "stream of 1 file(s): a.jsonl")
+    callback = AdaptiveGradAccumulation(target_tokens_per_step=1000)
+    with pytest.raises(ValueError, match=r"AdaptiveGradAccumulation .*stream \(stream of 1 file.*accumulate_grad_batches"):
+        callback.on_train_start(trainer, SimpleNamespace(automatic_optimization=True))
