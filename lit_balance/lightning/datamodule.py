@@ -141,7 +141,8 @@ class BalancedTextDataModule(L.LightningDataModule):
     the same token counts; validation batches are packed too.
 
     Args:
-        corpus: None or ``"stdlib_docstrings"`` for the built-in corpus; a list of strings (documents);
+        corpus: None or ``"stdlib_docstrings"`` for the built-in corpus; a :class:`~lit_balance.stream.StreamCorpus`
+            (a stream of unknown length, planned window by window while training; see ``window_documents``); a list of strings (documents);
             a path or list of paths to UTF-8 text files (one document per non-blank line) or ``.jsonl``
             files (one object per line: text under ``text_key``, or a prompt–completion record with
             ``prompt`` and ``completion``); a list of token-id sequences; or a Hugging Face
@@ -222,8 +223,19 @@ class BalancedTextDataModule(L.LightningDataModule):
             fit, after a checkpoint is restored and before any batch is read; every other step trains what the plan
             has there, on any number of ranks, and the ranges are saved in the checkpoint. Ranges must lie in the first
             epoch and start at or after the step the checkpoint resumes at. None (the default): nothing skipped.
+        window_documents: with a stream corpus (a :class:`~lit_balance.stream.StreamCorpus`, docs/streams.md):
+            documents read, exchanged and planned together, global (the same on any number of ranks and when
+            resuming); None: 4096. A stream is trained window by window while training: no cache, no pass before
+            training, no ``len()``; the run ends at the stream's end or ``max_steps``. A number beside a finite corpus
+            is a ValueError.
+        val_documents: with a stream corpus: its first documents held out for validation (read by every rank at
+            ``setup``, never trained); None: none.
+        val_corpus: with a stream corpus: a finite validation corpus instead (anything ``corpus`` takes but a
+            mixture or a stream; tokenized into the cache by ``prepare_data``). Not beside ``val_documents``.
 
     Attributes:
+        stream: the :class:`~lit_balance.lightning.stream_data.StreamComponent` of a stream corpus (its description,
+            its ``batches`` once training started), or None for a finite corpus.
         mixture: the blend of named components (:class:`~lit_balance.Mixture`; one corpus: ``Mixture.of(corpus)``,
             one component ``train``).
         sources: one :class:`~lit_balance.data.sources.CorpusSource` per component, in order (``source``: the first).
