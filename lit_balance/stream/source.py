@@ -282,8 +282,9 @@ class StreamReader:
             return self.corpus.source.state_dict() if self._pulled else self._opened_at
         return None
 
-    def _raw(self, count: int) -> Iterator[Any]:
-        """Up to ``count`` raw documents from :attr:`next_document` on (fewer at the stream's end)."""
+    def _raw(self, count: int, wanted: Callable[[int], bool] | None = None) -> Iterator[Any]:
+        """Up to ``count`` raw documents from :attr:`next_document` on (fewer at the stream's end). A JSONL line whose
+        position ``wanted`` says False of is counted but not parsed (None): each rank parses only its own lines."""
         if self._iterator is not None:
             for _ in range(count):
                 try:
@@ -308,7 +309,9 @@ class StreamReader:
             text = line.decode("utf-8").rstrip("\r\n")
             if not text.strip():
                 continue
-            if files[self._file].suffix == ".jsonl":
+            if wanted is not None and not wanted(self.next_document):
+                text = None  # another rank's line: counted (a non-blank line is a document), not parsed
+            elif files[self._file].suffix == ".jsonl":
                 try:
                     text = json.loads(text)
                 except json.JSONDecodeError as error:
@@ -322,7 +325,7 @@ class StreamReader:
         """The next ``count`` documents (fewer at the end) as ``(position, token ids)``; those ``tokenize(position)``
         says False of are read but not tokenized (ids None). None: tokenize all."""
         first = self.next_document
-        items = list(enumerate(self._raw(count), start=first))
+        items = list(enumerate(self._raw(count, tokenize), start=first))
         mine = [(p, x) for p, x in items if tokenize is None or tokenize(p)]
         ids = dict(zip((p for p, _ in mine), self.corpus.to_ids(mine)))
         return [(p, ids.get(p)) for p, _ in items]
