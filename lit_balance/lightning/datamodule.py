@@ -718,6 +718,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         """
         from lit_balance.report import plan_report
 
+        if self.stream is not None:
+            raise RuntimeError(f"a stream ({self.stream.description}) has no plan before training: it is planned window "
+                               "by window while training (docs/streams.md)")
         settings = self.settings.replace(accumulate_grad_batches=accumulate_grad_batches)
         cost_model = self.cost_model if self.cost_model is not None else CostModel()
         sampler = self._training_sampler(self._splits().train_dataset, settings, num_replicas, rank=0,

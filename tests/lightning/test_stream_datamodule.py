@@ -183,6 +183,8 @@ def test_what_needs_a_plan_of_the_epoch_names_the_stream(tmp_path):
         needed_sampler(trainer, "StragglerMonitor")
     with pytest.raises(RuntimeError, match="has no training sampler"):
         dm.training_sampler(dm.settings, 2)
+    with pytest.raises(RuntimeError, match="has no plan before training"):
+        dm.plan_summary(2)
 
 
 def test_adaptive_accumulation_is_refused_with_a_stream_naming_both(tmp_path):
