@@ -196,3 +196,26 @@ def test_adaptive_accumulation_is_refused_with_a_stream_naming_both(tmp_path):
     callback = AdaptiveGradAccumulation(target_tokens_per_step=1000)
     with pytest.raises(ValueError, match=r"AdaptiveGradAccumulation .*stream \(stream of 1 file.*accumulate_grad_batches"):
         callback.on_train_start(trainer, SimpleNamespace(automatic_optimization=True))
+
+
+def test_a_hugging_face_iterable_dataset_resumes_through_the_datamodule(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rng = np.random.default_rng(3)
+    rows = [{"input_ids": rng.integers(1, VOCAB, int(rng.integers(2, 40))).tolist()} for _ in range(N)]
+    shards = [rows[:40], rows[40:44], rows[44:]]  # one shard 10x shorter
+
+    def stream():
+        return datasets.IterableDataset.from_generator(
+            lambda shards: (row for shard in shards for row in shard), gen_kwargs={"shards": shards})
+
+    first = datamodule(tmp_path, source=stream(), val_documents=5)
+    first.setup("fit")
+    loader = iter(first.train_dataloader())
+    head = [next(loader) for _ in range(7)]
+    state = first.state_dict()
+    second = datamodule(tmp_path, source=stream(), val_documents=5)
+    second.setup("fit")
+    second.load_state_dict(state)
+    assert state["stream"]["position"] is not None  # the dataset's own state_dict at the window: a resume seeks there
+    rest = list(second.train_dataloader())
+    assert sorted(trained(head) + trained(rest)) == list(range(5, N))
