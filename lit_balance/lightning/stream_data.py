@@ -239,8 +239,10 @@ class StreamComponent:
         :class:`~lit_balance.stream.StreamBatches` (the same object on each call of a fit, so a new epoch is the next
         pass), after a restored state."""
         trainer = dm.trainer
-        if self.batches is None:
-            world = data_parallel_world(trainer)
+        world = data_parallel_world(trainer)
+        if self.batches is None or (self.batches.num_replicas, self.batches.rank) != (world.num_replicas, world.rank):
+            if self.batches is not None and self._state is None:  # a fit on another world goes on where this stood
+                self._state = self.batches.state_dict()
             self.batches = StreamBatches(self.corpus(dm), dm._train_settings(), window_documents=self.window_documents,
                                          num_replicas=world.num_replicas, rank=world.rank,
                                          process_group=world.process_group, cost_model=dm.cost_model,
@@ -277,6 +279,9 @@ class StreamComponent:
             ValueError: unknown keys; a checkpoint of another stream, ``val_documents``, seed, ``max_length`` or
                 tokenizer (naming each).
         """
+        if not state:  # saved before the training loader was built: nothing consumed
+            self._state = None
+            return
         if set(state) - {"stream", "data"} or "stream" not in state:
             raise InputValueError(f"the state of a stream DataModule has keys ['data', 'stream'], got {sorted(state)}",
                                   parameter="state_dict")

@@ -219,3 +219,16 @@ def test_a_hugging_face_iterable_dataset_resumes_through_the_datamodule(tmp_path
     assert state["stream"]["position"] is not None  # the dataset's own state_dict at the window: a resume seeks there
     rest = list(second.train_dataloader())
     assert sorted(trained(head) + trained(rest)) == list(range(5, N))
+
+
+def test_an_empty_state_saved_before_training_starts_the_stream_from_its_start(tmp_path):
+    first = datamodule(tmp_path, val_documents=3)
+    first.setup("fit")
+    state = first.state_dict()
+    assert state == {}
+    second = datamodule(tmp_path, val_documents=3)
+    second.setup("fit")
+    second.load_state_dict(state)
+    assert sorted(trained(second.train_dataloader())) == list(range(3, N))
+    with pytest.raises(ValueError, match=r"keys \['data', 'stream'\]"):
+        second.load_state_dict({"train_sampler": {}})
