@@ -159,8 +159,14 @@ class StreamComponent:
     def tokenizer(self, tokenizer: Any, *, vocab_size: Any, pad_token_id: Any, add_special_tokens: bool,
                   allow_tokenizer_mismatch: bool) -> TokenizerAdapter:
         """The tokenizer of the stream: the given one, else the built-in one; token ids without a tokenizer when only
-        ``vocab_size`` is given (a stream of token ids, whose largest id is not known before training). A finite
-        ``val_corpus`` must agree with it."""
+        ``vocab_size`` is given (a stream of token ids, whose largest id is not known before training). The
+        ``StreamCorpus``'s own tokenizer counts as given; given both ways, it is a ValueError. A finite ``val_corpus``
+        must agree with it."""
+        own = self.source.given_tokenizer
+        if own is not None and tokenizer is not None and own is not tokenizer:
+            raise InputValueError("a tokenizer is given to both the StreamCorpus and BalancedTextDataModule: give it "
+                                  "to one of them (tokenizer=...)", parameter="tokenizer")
+        tokenizer = own if tokenizer is None else tokenizer
         if tokenizer is None and vocab_size is not None:
             adapter = decide_vocabulary(None, vocab_size=vocab_size, pad_token_id=pad_token_id, holds_token_ids=True,
                                         add_special_tokens=add_special_tokens, kind="stream")

@@ -121,6 +121,11 @@ class StreamCorpus(CorpusSource):
     kind = "stream"
 
     @property
+    def given_tokenizer(self) -> Any:
+        """The ``tokenizer`` this stream was built with (None: none given)."""
+        return self._tokenizer_arg
+
+    @property
     def streamed(self) -> bool:
         """True: a stream, read window by window while training (:class:`~lit_balance.stream.StreamBatches`)."""
         return True

@@ -232,3 +232,17 @@ def test_an_empty_state_saved_before_training_starts_the_stream_from_its_start(t
     assert sorted(trained(second.train_dataloader())) == list(range(3, N))
     with pytest.raises(ValueError, match=r"keys \['data', 'stream'\]"):
         second.load_state_dict({"train_sampler": {}})
+
+
+def test_the_streams_own_tokenizer_tokenizes_and_a_second_one_is_refused(tmp_path):
+    from lit_balance.data.tokenizer import resolve_tokenizer
+
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(8)))
+    own = resolve_tokenizer(None)
+    dm = BalancedTextDataModule(StreamCorpus(path, tokenizer=own), max_tokens=64, window_documents=8,
+                                cache_dir=tmp_path)
+    assert dm.tokenizer is own
+    with pytest.raises(ValueError, match="tokenizer is given to both the StreamCorpus and BalancedTextDataModule"):
+        BalancedTextDataModule(StreamCorpus(path, tokenizer=own), tokenizer=resolve_tokenizer(None), max_tokens=64,
+                               cache_dir=tmp_path)
