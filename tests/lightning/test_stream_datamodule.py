@@ -246,3 +246,17 @@ def test_the_streams_own_tokenizer_tokenizes_and_a_second_one_is_refused(tmp_pat
     with pytest.raises(ValueError, match="tokenizer is given to both the StreamCorpus and BalancedTextDataModule"):
         BalancedTextDataModule(StreamCorpus(path, tokenizer=own), tokenizer=resolve_tokenizer(None), max_tokens=64,
                                cache_dir=tmp_path)
+
+
+def test_the_plan_command_refuses_a_stream_naming_it(tmp_path, capsys):
+    from lit_balance.cli.app import main
+
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(8)))
+    corpus = json.dumps({"_target_": "lit_balance.stream.StreamCorpus", "source": str(path)})
+    with pytest.raises(SystemExit) as stop:
+        main(["plan", "--corpus", corpus, "--cache-dir", str(tmp_path / "c"), "--output-dir", str(tmp_path / "o")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "lit-balance plan previews the plan of a finite corpus" in err and "stream of 1 file(s): a.jsonl" in err
+    assert not (tmp_path / "c").exists()  # refused before any token is read
