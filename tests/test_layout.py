@@ -37,7 +37,7 @@ LAYERS = {
     "data": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan", "sampler"},
     "report": {"errors", "schedule", "_checks", "_fingerprint", "plan", "sampler"},
     "stream": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan", "sampler", "data"},
-    "lightning": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan", "sampler", "data", "report"},
+    "lightning": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan", "sampler", "data", "report", "stream"},
     "demo": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan", "lightning"},
     "callbacks": {"lightning"},
     "ledger": {"lightning"},

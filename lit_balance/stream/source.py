@@ -16,6 +16,8 @@ the position are skipped, said once on stderr with their count.
 
 from __future__ import annotations
 
+import copy
+import glob
 import json
 import os
 import sys
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from lit_balance.data.sources.base import CorpusSource
 from lit_balance.errors import InputTypeError, InputValueError
 
 __all__ = ["StreamCorpus", "StreamReader"]
@@ -37,8 +40,13 @@ def _is_hf_iterable(obj: Any) -> bool:
 
 
 def _file_list(source: Any) -> list[Path] | None:
-    """The files a source names (a ``Path``, a str path, or a list of them), or None when it names none."""
-    if isinstance(source, (str, os.PathLike)):
+    """The files a source names (a ``Path``, a str path or glob pattern, or a list of ``Path``), or None when it names
+    none."""
+    if isinstance(source, str) and glob.has_magic(source):
+        items = sorted(p for p in glob.glob(os.path.expanduser(source)) if os.path.isfile(p))
+        if not items:
+            raise InputValueError(f"stream glob pattern {source!r} matches no file", parameter="source")
+    elif isinstance(source, (str, os.PathLike)):
         items = [source]
     elif isinstance(source, (list, tuple)) and source and all(isinstance(s, os.PathLike) for s in source):
         items = list(source)
@@ -54,8 +62,10 @@ def _file_list(source: Any) -> list[Path] | None:
     return files
 
 
-class StreamCorpus:
-    """A stream of documents with no known length: what :class:`~lit_balance.stream.StreamBatches` trains from.
+class StreamCorpus(CorpusSource):
+    """A stream of documents with no known length: what :class:`~lit_balance.stream.StreamBatches` trains from, and a
+    corpus of :class:`~lit_balance.BalancedTextDataModule` (it declares itself :attr:`streamed`, so the DataModule
+    plans it window by window during training: no cache, no pass before training, no ``len()``).
 
     Args:
         source: one of
@@ -64,8 +74,10 @@ class StreamCorpus:
               generator object serves one pass only;
             * a Hugging Face ``datasets.IterableDataset`` (``streaming=True``), rows with ``input_ids`` or
               ``text_key``;
-            * a path (str or ``os.PathLike``) or a list of ``os.PathLike`` of ``.txt`` (one document per non-blank
-              line) and ``.jsonl`` (one record per line) files, read lazily in the order given.
+            * a path (str or ``os.PathLike``), a glob pattern (a str holding ``*``, ``?`` or ``[``, expanded in
+              sorted order) or a list of ``os.PathLike`` of ``.txt`` (one document per non-blank line) and ``.jsonl``
+              (one record per line) files, read lazily in the order given (a list of str is documents; one whose
+              items all name existing files is refused).
             A document is a str (tokenized by the tokenizer), a mapping with ``input_ids`` (token ids, used as they
             are) or with ``text_key`` (a str, tokenized), or a sequence / 1-D array of ints (token ids).
         text_key: the field holding a record's text.
@@ -89,23 +101,75 @@ class StreamCorpus:
                                        or max_length < 1):
             raise InputValueError(f"max_length must be an int >= 1 or None, got {max_length!r}",
                                   parameter="max_length")
-        self.files = _file_list(source)
+        self.file_paths = _file_list(source)
         self.hf = _is_hf_iterable(source)
-        if self.files is None and not self.hf and not callable(source) and not isinstance(source, Iterable):
+        if self.file_paths is None and not self.hf and not callable(source) and not isinstance(source, Iterable):
             raise InputTypeError(f"a stream source must be an iterable of documents, a callable returning one, a "
                                  f"datasets.IterableDataset or text/JSONL file paths; got {type(source).__name__}",
                                  parameter="source")
         if isinstance(source, (bytes, Mapping)):
             raise InputTypeError(f"a stream source must be an iterable of documents, got a {type(source).__name__}",
                                  parameter="source")
+        if isinstance(source, (list, tuple)) and source and all(isinstance(s, str) for s in source):
+            from lit_balance.data.sources import _refuse_paths_as_texts
+
+            _refuse_paths_as_texts(tuple(source))
         self.source, self.text_key, self.max_length = source, text_key, max_length
         self._tokenizer_arg, self._tokenizer = tokenizer, None
         self.pad_token_id: int | None = None if tokenizer is None else self.tokenizer.pad_token_id
 
+    kind = "stream"
+
+    @property
+    def given_tokenizer(self) -> Any:
+        """The ``tokenizer`` this stream was built with (None: none given)."""
+        return self._tokenizer_arg
+
+    @property
+    def streamed(self) -> bool:
+        """True: a stream, read window by window while training (:class:`~lit_balance.stream.StreamBatches`)."""
+        return True
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The files the stream reads, in order (none for an iterable or a dataset)."""
+        return tuple(str(p) for p in self.file_paths or ())
+
+    @property
+    def description(self) -> str:
+        """What the stream is, in a line."""
+        if self.file_paths is not None:
+            names = ", ".join(p.name for p in self.file_paths[:3]) + (", ..." if len(self.file_paths) > 3 else "")
+            return f"stream of {len(self.file_paths)} file(s): {names}"
+        return f"stream of {'a datasets.IterableDataset' if self.hf else type(self.source).__name__}"
+
+    def identity(self) -> list[str]:
+        """The files' paths, or the source's type: a stream's content is not known before it is read."""
+        return [*self.files] or [type(self.source).__qualname__]
+
+    def read_records(self) -> Any:
+        """Refused: a stream has no pass before training, so it is not tokenized into the cache.
+
+        Raises:
+            ValueError: always, naming what needs a finite corpus.
+        """
+        raise InputValueError(
+            f"{self.description} is read window by window while training (lit_balance.stream); the tokenization "
+            "cache, `lit-balance tokenize` and plan previews need a finite corpus: pass the files or dataset itself "
+            "(not wrapped in StreamCorpus), or train from the stream", parameter="corpus")
+
+    def with_tokenizer(self, tokenizer: Any, max_length: int | None) -> StreamCorpus:
+        """A copy of this stream (the same source) that tokenizes with ``tokenizer`` (a
+        :class:`~lit_balance.TokenizerAdapter`, whose ``pad_token_id`` it takes) and cuts documents to ``max_length``
+        tokens (None: not cut); this one is left as it is."""
+        other = copy.copy(self)
+        other.max_length, other._tokenizer, other.pad_token_id = max_length, tokenizer, tokenizer.pad_token_id
+        return other
+
     @property
     def can_seek(self) -> bool:
         """Whether a resume seeks (files, an ``IterableDataset``) rather than re-reading the skipped documents."""
-        return self.files is not None or self.hf
+        return self.file_paths is not None or self.hf
 
     @property
     def tokenizer(self) -> Any:
@@ -183,7 +247,7 @@ class StreamReader:
         self._opened_at, self._pulled = position, False  # a dataset's state is its last iteration's until a row is read
         self._file, self._offset, self._handle = 0, 0, None
         self._iterator: Iterator[Any] | None = None
-        if corpus.files is not None:
+        if corpus.file_paths is not None:
             if position is not None:
                 self._file, self._offset = int(position["file"]), int(position["offset"])
             elif start:
@@ -203,8 +267,9 @@ class StreamReader:
                 self._skip(start)
 
     def _skip(self, count: int) -> None:
-        print(f"lit_balance: reading and skipping the stream's first {count} documents (this source cannot seek)",
-              file=sys.stderr, flush=True)
+        if not self.corpus.can_seek:  # a source that seeks skips without a position only past held-out documents
+            print(f"lit_balance: reading and skipping the stream's first {count} documents (this source cannot seek)",
+                  file=sys.stderr, flush=True)
         self.next_document = 0
         for _ in self._raw(count):
             pass
@@ -216,14 +281,15 @@ class StreamReader:
 
     def position(self) -> Any:
         """The seek position of :attr:`next_document` (plain types; the same on every rank), or None."""
-        if self.corpus.files is not None:
+        if self.corpus.file_paths is not None:
             return {"file": self._file, "offset": self._offset}
         if self.corpus.hf:
             return self.corpus.source.state_dict() if self._pulled else self._opened_at
         return None
 
-    def _raw(self, count: int) -> Iterator[Any]:
-        """Up to ``count`` raw documents from :attr:`next_document` on (fewer at the stream's end)."""
+    def _raw(self, count: int, wanted: Callable[[int], bool] | None = None) -> Iterator[Any]:
+        """Up to ``count`` raw documents from :attr:`next_document` on (fewer at the stream's end). A JSONL line whose
+        position ``wanted`` says False of is counted but not parsed (None): each rank parses only its own lines."""
         if self._iterator is not None:
             for _ in range(count):
                 try:
@@ -234,7 +300,7 @@ class StreamReader:
                 self.next_document += 1
                 yield item
             return
-        files, read = self.corpus.files, 0
+        files, read = self.corpus.file_paths, 0
         while read < count and self._file < len(files):
             if self._handle is None:
                 self._handle = open(files[self._file], "rb")  # noqa: SIM115 (kept open across windows)
@@ -248,7 +314,9 @@ class StreamReader:
             text = line.decode("utf-8").rstrip("\r\n")
             if not text.strip():
                 continue
-            if files[self._file].suffix == ".jsonl":
+            if wanted is not None and not wanted(self.next_document):
+                text = None  # another rank's line: counted (a non-blank line is a document), not parsed
+            elif files[self._file].suffix == ".jsonl":
                 try:
                     text = json.loads(text)
                 except json.JSONDecodeError as error:
@@ -262,7 +330,7 @@ class StreamReader:
         """The next ``count`` documents (fewer at the end) as ``(position, token ids)``; those ``tokenize(position)``
         says False of are read but not tokenized (ids None). None: tokenize all."""
         first = self.next_document
-        items = list(enumerate(self._raw(count), start=first))
+        items = list(enumerate(self._raw(count, tokenize), start=first))
         mine = [(p, x) for p, x in items if tokenize is None or tokenize(p)]
         ids = dict(zip((p for p, _ in mine), self.corpus.to_ids(mine)))
         return [(p, ids.get(p)) for p, _ in items]

@@ -149,3 +149,15 @@ def test_a_stream_state_loads_with_weights_only_and_as_json(tmp_path):
     torch.save(state, buffer)
     buffer.seek(0)
     assert torch.load(buffer, weights_only=True) == state == json.loads(json.dumps(state))
+
+
+def test_a_rank_parses_only_the_jsonl_lines_it_tokenizes(tmp_path):
+    path = tmp_path / "a.jsonl"
+    lines = [json.dumps({"text": f"line {p}"}) if p % 2 == 0 else "{not json" for p in range(9)]
+    path.write_text("\n".join(lines[:5]) + "\n\n" + "\n".join(lines[5:]) + "\n")  # a blank line is no document
+    corpus = StreamCorpus(path)
+    read = corpus.reader().read(9, tokenize=lambda p: p % 2 == 0)  # the even lines are this rank's
+    assert [p for p, _ in read] == list(range(9))
+    assert [ids is None for _, ids in read] == [p % 2 == 1 for p in range(9)]  # the others' lines are not parsed
+    with pytest.raises(ValueError, match="is not JSON"):
+        StreamCorpus(path).reader().read(9, tokenize=lambda p: p % 2 == 1)
