@@ -79,6 +79,7 @@ class TokenStepPlan:
         step_target: int64 ``[num_steps]``, the schedule's value for each step (rounded down to whole tokens).
         first_step: the run's optimizer step at which this plan starts.
         tokens_before: global real tokens the run trained before :attr:`first_step`.
+        order: int64 ``[n]``, the documents in the order the steps take them (step ``g`` holds the next ones).
     """
 
     plan: EpochPlan
@@ -87,6 +88,7 @@ class TokenStepPlan:
     step_target: np.ndarray
     first_step: int
     tokens_before: int
+    order: np.ndarray
 
     @property
     def num_steps(self) -> int:
@@ -119,7 +121,9 @@ def plan_tokens_per_step(lengths: Any, settings: BatchingSettings, *, num_replic
         schedule: tokens per optimizer step (:func:`check_tokens_per_step_schedule`).
         first_step: the run's optimizer step at which this plan starts (the schedule is read from there).
         tokens_before: global real tokens trained before ``first_step`` (for a schedule in tokens).
-        documents: int ``[n]``, the documents to plan (default all; a resume passes those not yet trained).
+        documents: int ``[n]``, the documents to plan, in the order the steps take them (not shuffled), or None for
+            every document in a seeded order (with ``shuffle``). A resume passes the rest of the saved plan's
+            :attr:`TokenStepPlan.order`, so its steps hold the documents of the uninterrupted run.
 
     Returns:
         The :class:`TokenStepPlan`.
@@ -142,9 +146,8 @@ def plan_tokens_per_step(lengths: Any, settings: BatchingSettings, *, num_replic
                               "set drop_last=False", parameter="drop_last")
     schedule = check_tokens_per_step_schedule(schedule, settings, num_replicas)
     target = _target(schedule)
-    if documents is None:
-        documents = np.arange(lengths.shape[0], dtype=np.int64)
-    documents = np.asarray(documents, dtype=np.int64)
+    given = documents is not None
+    documents = np.asarray(documents if given else np.arange(lengths.shape[0]), dtype=np.int64)
     too_long = padded_lengths(lengths[documents], settings.pad_to_multiple_of) > min(settings.rank_max_tokens(
         num_replicas))
     if too_long.any():
@@ -152,7 +155,7 @@ def plan_tokens_per_step(lengths: Any, settings: BatchingSettings, *, num_replic
         raise InputValueError(f"{SETTING}: document {d} has {int(lengths[d])} tokens, over the budget "
                               f"max_tokens={settings.max_tokens}; every document must fit one micro-batch",
                               parameter="max_tokens")
-    if settings.shuffle:
+    if settings.shuffle and not given:
         order = documents[np.random.default_rng([settings.seed, epoch, 0x70CE]).permutation(documents.shape[0])]
     else:
         order = documents
@@ -178,7 +181,7 @@ def plan_tokens_per_step(lengths: Any, settings: BatchingSettings, *, num_replic
     return TokenStepPlan(plan=_concat(parts, num_replicas), step_micro_batches=np.asarray(micro, dtype=np.int64),
                          step_tokens=np.asarray(tokens, dtype=np.int64),
                          step_target=np.asarray(targets, dtype=np.int64), first_step=int(first_step),
-                         tokens_before=int(tokens_before))
+                         tokens_before=int(tokens_before), order=order)
 
 
 def _concat(parts: list[tuple[EpochPlan, np.ndarray]], num_replicas: int) -> EpochPlan:

@@ -122,18 +122,13 @@ class TokensPerStepSampler(DistributedSampler):
             steps = int(np.searchsorted(plan.step_starts, consumed))
             done = np.zeros(self._lengths.shape[0], dtype=bool)
             plan.plan.mark_rows(consumed, done)
-            rest = np.flatnonzero(self._planned_mask(plan) & ~done)
+            rest = plan.order[~done[plan.order]]  # in the order of the uninterrupted run
             last = i == len(segments) - 2
             plan = self._plan_epoch(self._epoch, (plan.first_step + steps,
                                                   plan.tokens_before + int(plan.step_tokens[:steps].sum())),
                                     replicas, documents=rest, schedule=None if last else old)
         self._cache = (key, plan)
         return plan
-
-    def _planned_mask(self, plan: TokenStepPlan) -> np.ndarray:
-        mask = np.zeros(self._lengths.shape[0], dtype=bool)
-        mask[plan.plan.rows[~plan.plan.is_fill]] = True
-        return mask
 
     @property
     def step_micro_batches(self) -> np.ndarray:
