@@ -15,9 +15,10 @@ from lit_balance.lightning.callbacks import (
     RunSummary,
     StragglerMonitor,
     TimingWindow,
+    TokensPerStepAccumulation,
     backward_is_local,
 )
 
 __all__ = ["AdaptiveGradAccumulation", "BalanceProgressBar", "CostModelFeedback", "LastStepCheckpoint", "LedgerCheck", "LedgerMismatchError",
-           "MixtureMonitor", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor", "TimingWindow",
+           "MixtureMonitor", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor", "TimingWindow", "TokensPerStepAccumulation",
            "backward_is_local"]
