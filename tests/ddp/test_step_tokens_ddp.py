@@ -79,3 +79,26 @@ def test_each_step_is_the_one_process_token_mean(runs, layout):
         assert float((total / count).detach()) == pytest.approx(loss, rel=1e-4)
         for name, p in model.named_parameters():
             torch.testing.assert_close(p.grad, grads[name], rtol=1e-3, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    stop, resume = tmp_path_factory.mktemp("stop"), tmp_path_factory.mktemp("resume")
+    run_scripts(SCRIPT, {"stop": [stop, "packed", 2, "stop"]}, 300)
+    (resume / "mid.ckpt").write_bytes((stop / "mid.ckpt").read_bytes())
+    run_scripts(SCRIPT, {"resume": [resume, "packed", 3, "resume"]}, 300)
+    return ([json.loads((stop / f"rank{r}.json").read_text()) for r in range(2)],
+            [json.loads((resume / f"rank{r}.json").read_text()) for r in range(3)])
+
+
+def test_a_resume_on_three_ranks_trains_the_uninterrupted_steps(runs, resumed):
+    full, _ = runs["packed"]
+    stopped, continued = resumed
+    whole = _step_documents(full)
+    before = _step_documents(stopped)
+    assert len(before) == fit.STOP_STEPS
+    after = _step_documents(continued)
+    assert continued[0]["first_step"] == fit.STOP_STEPS  # the rest planned on 3 ranks from the step reached
+    assert len({len(rank["micro"]) for rank in continued}) == 1  # equal counts on the new ranks
+    assert before + after == whole  # step by step, the documents of the uninterrupted run
+    assert [h[2] for h in continued[0]["history"]] == continued[0]["step_micro_batches"]

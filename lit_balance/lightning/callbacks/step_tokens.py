@@ -7,6 +7,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 
+from lit_balance.data.fit_loop import fit_batches_consumed
 from lit_balance.errors import InputValueError
 from lit_balance.lightning.callbacks._common import emit
 from lit_balance.sampler.step_tokens import TokensPerStepSampler
@@ -58,9 +59,19 @@ class TokensPerStepAccumulation(L.Callback):
     step's supervised tokens. A micro-batch that is not a step's last may run with DDP's gradient all-reduce (an
     all-reduce of the sum so far, which leaves the step's mean unchanged).
 
+    **Checkpoint.** Given the ``sampler``, its position is saved in the callback's state (in every Lightning
+    checkpoint: the schedule, the epoch, where it starts in the run, the micro-batches training consumed) and restored
+    into the sampler at the resumed fit's start, before Lightning reads the loader's length: the run continues with the
+    documents of the uninterrupted run, on another number of ranks too (from a checkpoint at an optimizer step's end),
+    and with a schedule edited after the resume step (an edit before it is refused, naming the first differing point).
+
     Logs, at every optimizer step, ``balance/accumulate_grad_batches`` (micro-batches per rank in that step) and
     ``balance/tokens_per_optimizer_step`` (the plan's global real tokens of that step); :attr:`history` keeps
     ``(epoch, first batch_idx, micro-batches, tokens)`` per step. The Trainer's value is restored at the end of fit.
+
+    Args:
+        sampler: the training loader's :class:`~lit_balance.TokensPerStepSampler`, whose position the callback saves
+            and restores; None: found in the training loader, and not saved.
 
     Raises:
         RuntimeError: (at fit start) manual optimization; a strategy that accumulates itself; another callback that
@@ -74,14 +85,21 @@ class TokensPerStepAccumulation(L.Callback):
     #: Read by :class:`lit_balance.StepTokenLoss`: accumulation changes during fit.
     sets_accumulate_grad_batches = True
 
-    def __init__(self) -> None:
+    def __init__(self, sampler: TokensPerStepSampler | None = None) -> None:
+        if sampler is not None and not isinstance(sampler, TokensPerStepSampler):
+            raise InputValueError(f"sampler must be the training loader's TokensPerStepSampler, got "
+                                  f"{type(sampler).__name__}", parameter="sampler")
+        self.sampler = sampler
+        self._pending: dict[str, Any] | None = None
+        self._trainer: L.Trainer | None = None
         #: ``(epoch, first batch_idx, micro-batches per rank, global real tokens)`` of every optimizer step.
         self.history: list[tuple[int, int, int, int]] = []
         self._original: int | None = None
         self._step = 0
 
-    @staticmethod
-    def _sampler(trainer: L.Trainer) -> TokensPerStepSampler:
+    def _sampler(self, trainer: L.Trainer) -> TokensPerStepSampler:
+        if self.sampler is not None:
+            return self.sampler
         loader = trainer.train_dataloader
         for candidate in (getattr(loader, "sampler", None),
                           getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
@@ -90,6 +108,36 @@ class TokensPerStepAccumulation(L.Callback):
         raise RuntimeError("TokensPerStepAccumulation needs a training DataLoader whose sampler is a "
                            f"TokensPerStepSampler, got {type(getattr(loader, 'sampler', None)).__name__}; build the "
                            "loader as DataLoader(dataset, sampler=TokensPerStepSampler(...), batch_size=None, ...)")
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"version": 1, "sampler": the sampler's state at the micro-batches training consumed, or None}``."""
+        state = None
+        if self.sampler is not None:
+            consumed = fit_batches_consumed(self._trainer)
+            if consumed is not None:
+                consumed = min(max(consumed, self.sampler.first_micro_step), len(self.sampler))
+            state = self.sampler.state_dict(batches_consumed=consumed)
+        return {"version": 1, "sampler": state}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the sampler's saved position; restored into the sampler at the fit's start (``on_fit_start``).
+
+        Raises:
+            ValueError: other keys or version.
+        """
+        if set(state_dict) != {"version", "sampler"} or state_dict["version"] != 1:
+            raise InputValueError(f"a TokensPerStepAccumulation state holds ['sampler', 'version'] of version 1, got "
+                                  f"{state_dict!r}")
+        self._pending = state_dict["sampler"]
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._trainer = trainer
+        if self._pending is not None:
+            if self.sampler is None:
+                raise RuntimeError("the checkpoint holds a TokensPerStepSampler position; pass the sampler: "
+                                   "TokensPerStepAccumulation(sampler=...)")
+            self.sampler.load_state_dict(self._pending)  # before Lightning reads len(loader)
+            self._pending = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not pl_module.automatic_optimization:
