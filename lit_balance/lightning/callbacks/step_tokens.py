@@ -70,23 +70,26 @@ class TokensPerStepAccumulation(L.Callback):
     ``(epoch, first batch_idx, micro-batches, tokens)`` per step. The Trainer's value is restored at the end of fit.
 
     Args:
-        sampler: the training loader's :class:`~lit_balance.TokensPerStepSampler`, whose position the callback saves
-            and restores; None: found in the training loader, and not saved.
+        sampler: the training loader's :class:`~lit_balance.TokensPerStepSampler` (this rank's), whose steps the
+            callback applies and whose position it saves and restores.
 
     Raises:
         RuntimeError: (at fit start) manual optimization; a strategy that accumulates itself; another callback that
-            sets ``accumulate_grad_batches``; a training loader whose sampler is not a ``TokensPerStepSampler``.
+            sets ``accumulate_grad_batches``.
         ValueError: (at fit start) ``Trainer(accumulate_grad_batches != 1)``.
 
     Example:
-        >>> cb = TokensPerStepAccumulation()
+        >>> from lit_balance import BatchingSettings, TokensPerStepSampler
+        >>> sampler = TokensPerStepSampler([4] * 6, BatchingSettings(max_tokens=4), [[0, 4], [1, 8]], num_replicas=1,
+        ...                                rank=0)
+        >>> cb = TokensPerStepAccumulation(sampler)  # Trainer(callbacks=[cb]); DataLoader(..., sampler=sampler)
     """
 
     #: Read by :class:`lit_balance.StepTokenLoss`: accumulation changes during fit.
     sets_accumulate_grad_batches = True
 
-    def __init__(self, sampler: TokensPerStepSampler | None = None) -> None:
-        if sampler is not None and not isinstance(sampler, TokensPerStepSampler):
+    def __init__(self, sampler: TokensPerStepSampler) -> None:
+        if not isinstance(sampler, TokensPerStepSampler):
             raise InputValueError(f"sampler must be the training loader's TokensPerStepSampler, got "
                                   f"{type(sampler).__name__}", parameter="sampler")
         self.sampler = sampler
@@ -98,26 +101,14 @@ class TokensPerStepAccumulation(L.Callback):
         self._step = 0
 
     def _sampler(self, trainer: L.Trainer) -> TokensPerStepSampler:
-        if self.sampler is not None:
-            return self.sampler
-        loader = trainer.train_dataloader
-        for candidate in (getattr(loader, "sampler", None),
-                          getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
-            if isinstance(candidate, TokensPerStepSampler):
-                return candidate
-        raise RuntimeError("TokensPerStepAccumulation needs a training DataLoader whose sampler is a "
-                           f"TokensPerStepSampler, got {type(getattr(loader, 'sampler', None)).__name__}; build the "
-                           "loader as DataLoader(dataset, sampler=TokensPerStepSampler(...), batch_size=None, ...)")
+        return self.sampler
 
     def state_dict(self) -> dict[str, Any]:
         """``{"version": 1, "sampler": the sampler's state at the micro-batches training consumed, or None}``."""
-        state = None
-        if self.sampler is not None:
-            consumed = fit_batches_consumed(self._trainer)
-            if consumed is not None:
-                consumed = min(max(consumed, self.sampler.first_micro_step), len(self.sampler))
-            state = self.sampler.state_dict(batches_consumed=consumed)
-        return {"version": 1, "sampler": state}
+        consumed = fit_batches_consumed(self._trainer)
+        if consumed is not None:
+            consumed = min(max(consumed, self.sampler.first_micro_step), len(self.sampler))
+        return {"version": 1, "sampler": self.sampler.state_dict(batches_consumed=consumed)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep the sampler's saved position; restored into the sampler at the fit's start (``on_fit_start``).
@@ -133,9 +124,6 @@ class TokensPerStepAccumulation(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._trainer = trainer
         if self._pending is not None:
-            if self.sampler is None:
-                raise RuntimeError("the checkpoint holds a TokensPerStepSampler position; pass the sampler: "
-                                   "TokensPerStepAccumulation(sampler=...)")
             self.sampler.load_state_dict(self._pending)  # before Lightning reads len(loader)
             self._pending = None
 
