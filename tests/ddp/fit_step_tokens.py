@@ -29,7 +29,7 @@ from launch import run_as_ranks  # launch.py (the repository root)
 
 MAX_TOKENS = 64
 STOP_STEPS = 3
-#: global real tokens per optimizer step: 3 ranks x 64 at step 0 (the resume runs on 3), ramped linearly to 3x that at step 6
+#: global real tokens per optimizer step: 3 ranks x 64 at step 0 (the resume runs on 3 ranks), 3x that at step 6
 RAMP = {"points": [[0, 192], [6, 576]], "interpolation": "linear"}
 
 
