@@ -11,6 +11,7 @@ from lit_balance.lightning.callbacks import (
     LedgerCheck,
     LedgerMismatchError,
     MixtureMonitor,
+    MixtureWeightsHook,
     PaddingRatioMonitor,
     RunSummary,
     StragglerMonitor,
@@ -20,5 +21,5 @@ from lit_balance.lightning.callbacks import (
 )
 
 __all__ = ["AdaptiveGradAccumulation", "BalanceProgressBar", "CostModelFeedback", "LastStepCheckpoint", "LedgerCheck", "LedgerMismatchError",
-           "MixtureMonitor", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor", "TimingWindow", "TokensPerStepAccumulation",
+           "MixtureMonitor", "MixtureWeightsHook", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor", "TimingWindow", "TokensPerStepAccumulation",
            "backward_is_local"]
