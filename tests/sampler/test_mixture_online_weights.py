@@ -59,3 +59,11 @@ def test_fixed_weights_are_refused():
                             max_tokens=100, num_replicas=1, rank=0)
     with pytest.raises(ValueError, match="fixed weights; pass weights_schedule"):
         s.set_weights_from(5, {"a": 1, "b": 1})
+
+
+@pytest.mark.parametrize("at", [0, 1, 5, 9, 10, 15])
+def test_set_from_keeps_every_value_before_its_step(at):
+    ramp = Schedule([(0, 1.0), (10, 3.0)], interpolation="linear")
+    edited = ramp.set_from(at, 7.0)
+    assert [edited.value_at(x) for x in range(at)] == pytest.approx([ramp.value_at(x) for x in range(at)], rel=1e-12)
+    assert [edited.value_at(x) for x in range(at, at + 5)] == [7.0] * 5
