@@ -11,13 +11,15 @@ from lit_balance.lightning.callbacks import (
     LedgerCheck,
     LedgerMismatchError,
     MixtureMonitor,
+    MixtureWeightsHook,
     PaddingRatioMonitor,
     RunSummary,
     StragglerMonitor,
     TimingWindow,
+    TokensPerStepAccumulation,
     backward_is_local,
 )
 
 __all__ = ["AdaptiveGradAccumulation", "BalanceProgressBar", "CostModelFeedback", "LastStepCheckpoint", "LedgerCheck", "LedgerMismatchError",
-           "MixtureMonitor", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor", "TimingWindow",
+           "MixtureMonitor", "MixtureWeightsHook", "PaddingRatioMonitor", "RunSummary", "StragglerMonitor", "TimingWindow", "TokensPerStepAccumulation",
            "backward_is_local"]

@@ -325,6 +325,31 @@ class Schedule:
                         f"{_show(mine)} ({self._near(x)}), new {_show(theirs)} ({other._near(x)})")
         return None
 
+    def set_from(self, at: int, value: Value) -> Schedule:
+        """This schedule with ``value`` from position ``at`` on (its points before ``at`` kept, those at or after it
+        replaced): a future edit, which gives the same value as this schedule at every position before ``at``.
+
+        Under ``"linear"`` a point at ``at - 1`` with this schedule's value there is kept too, so the ramp before
+        ``at`` is unchanged (a jump to ``value`` at ``at``).
+
+        Raises:
+            ValueError: ``at`` < 0; a value the constructor refuses.
+
+        Example:
+            >>> Schedule([(0, 1.0), (10, 2.0)]).set_from(5, 3.0).points_as_given()
+            [(0, 1.0), (5, 3.0)]
+        """
+        if isinstance(at, bool) or not isinstance(at, int) or at < 0:
+            raise InputValueError(f"{self.name}: set_from needs a position >= 0 ({self.unit}), got {at!r}",
+                                  parameter=self.name)
+        points = [(p, v) for p, v in self.points_as_given() if p < at]
+        if self.interpolation == "linear" and at >= 1 and (not points or points[-1][0] < at - 1):
+            points.append((at - 1, self.value_at(at - 1)))
+        points.append((at, value))
+        edited = Schedule(points, self.unit, self.interpolation, self.name)
+        self.check_unchanged_before(edited, at)
+        return edited
+
     def check_unchanged_before(self, other: Schedule, before: int) -> None:
         """Refuse ``other`` as a resume of this (saved) schedule when it changes a value before ``before``.
 

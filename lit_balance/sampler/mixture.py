@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -321,6 +321,52 @@ class MixtureBatchSampler(BalancedBatchSampler):
     def weights_schedule(self) -> Any:
         """The weight schedule (:class:`~lit_balance.schedule.Schedule`), or None for fixed weights."""
         return self._weights_schedule
+
+    def set_weights_from(self, step: int, weights: Mapping[str, float], *, check_step: bool = True) -> Any:
+        """Change the weight schedule to ``weights`` from optimizer step ``step`` of the run on (a future edit: the
+        values before ``step`` are kept, :meth:`Schedule.set_from <lit_balance.Schedule.set_from>`), as a resume with
+        an edited schedule would; the state saves the edited schedule.
+
+        The edit applies to epochs not planned yet: ``step`` must be at or after the first step of the next epoch
+        (:meth:`schedule_start` of ``epoch + 1``), and the epochs after the current one are planned again.
+        :class:`lit_balance.callbacks.MixtureWeightsHook` calls it on every rank with the same arguments.
+
+        Args:
+            step: the run's optimizer step from which ``weights`` hold.
+            weights: ``{component: weight}`` naming every component (normalised per step).
+            check_step: False when restoring edits a run made before its checkpoint (the step is then in the past).
+
+        Returns:
+            The edited :class:`~lit_balance.Schedule`.
+
+        Raises:
+            ValueError: no weight schedule (fixed weights); ``step`` inside a planned epoch; weights the schedule
+                refuses (another component, a negative or NaN weight, a sum of 0, a positive weight on a component with
+                nothing to read).
+        """
+        if self._weights_schedule is None:
+            raise InputValueError("set_weights_from changes a weight schedule, but this mixture has fixed weights; "
+                                  "pass weights_schedule (e.g. the mixture's weights as one point) to set weights "
+                                  "during training", parameter="weights_schedule")
+        if check_step:
+            first = self.schedule_start(self.epoch + 1)[0]
+            if step < first:
+                raise InputValueError(f"set_weights_from: step {step} lies in an epoch already planned; new weights "
+                                      f"apply from the next epoch's first optimizer step ({first}) on",
+                                      parameter="step")
+        edited = check_weights_schedule(self._weights_schedule.set_from(int(step), dict(weights)), self.mixture.names)
+        inputs = self._inputs
+        _check_scheduled(inputs, edited)
+        keep = self.epoch + 1
+        if check_step:
+            inputs.starts.setdefault(keep, self.schedule_start(keep))
+        for later in [e for e in inputs.starts if e > (keep if check_step else -1)]:
+            del inputs.starts[later]
+        for key in [k for k in inputs.ends if not check_step or k[0] >= keep]:
+            del inputs.ends[key]
+        object.__setattr__(inputs, "schedule", edited)  # the plans of later epochs read it
+        self._weights_schedule = edited
+        return edited
 
     def step_targets(self, epoch: int | None = None) -> np.ndarray | None:
         """float64 ``[optimizer steps, num_components]``: each step's scheduled shares (None for fixed weights): of
