@@ -8,7 +8,7 @@ Three components of real length distributions (``lit_balance/data/lengths/``, ca
 with replacement, seeded): ``web`` the paragraphs of the Python documentation, ``code`` the standard library's whole
 source files, ``books`` the Linux kernel's documentation files; documents in proportion to what the schedule asks of
 each component (by tokens). Weights by tokens 0.6 / 0.1 / 0.3, then 0.3 / 0.3 / 0.4 from the step at 90 % of the run
-(the run: one epoch, its length estimated from a plan of the first weights), 8 ranks, ``max_tokens=16384`` per
+(the run: one epoch of each layout, :func:`at_90_percent`), 8 ranks, ``max_tokens=16384`` per
 micro-batch, 4 micro-batches per rank per optimizer step (steps of 512k token slots). Plans only: nothing is trained.
 
 * **lit_balance** (:func:`lit_balance.plan.mixture.plan_mixture` with the schedule's
@@ -241,13 +241,23 @@ def tiny_weight(num_documents: int, transition: int, tiny: float) -> dict[str, A
 
 
 def at_90_percent(sizes: np.ndarray, lengths: np.ndarray, packing: bool) -> int:
-    """The optimizer step at 90 % of the scheduled epoch: from a plan of the first weights, refined twice (the
-    epoch's length depends on where the transition falls)."""
+    """The optimizer step ``T`` at 90 % of the scheduled epoch, ``T = 0.9 * N(T)``: the epoch's length ``N`` depends
+    on where the transition falls (the limiting component is read at another rate after it), about linearly, so
+    two plans at ``T0 = 0.9 x`` the first weights' epoch and ``T1 = 0.9 * N(T0)`` give the line that is solved.
+
+    Raises:
+        ValueError: an epoch too short for a transition inside it (``--documents`` too small).
+    """
     fixed, _ = plan(sizes, lengths, None, packing)
-    transition = int(0.9 * fixed.step_units.shape[0])
-    for _ in range(2):
-        mp, _ = plan(sizes, lengths, weights_schedule(transition), packing)
-        transition = int(round(0.9 * mp.step_units.shape[0]))
+    t0 = int(0.9 * fixed.step_units.shape[0])
+    n0 = plan(sizes, lengths, weights_schedule(t0), packing)[0].step_units.shape[0]
+    t1 = int(round(0.9 * n0))
+    n1 = plan(sizes, lengths, weights_schedule(t1), packing)[0].step_units.shape[0] if t1 != t0 else n0
+    slope = (n1 - n0) / (t1 - t0) if t1 != t0 else 0.0
+    transition = int(round(0.9 * (n0 - slope * t0) / (1 - 0.9 * slope)))
+    if not 0 < transition < fixed.step_units.shape[0]:
+        raise ValueError(f"the epoch of {lengths.size} documents has {fixed.step_units.shape[0]} optimizer steps, too "
+                         "few for a transition at 90 % of it; raise --documents")
     return transition
 
 
