@@ -127,7 +127,7 @@ class MixtureMonitor(L.Callback):
         self.names = names
         self.targets = np.asarray(sampler.mixture.shares, dtype=np.float64)
         self._planned = None  # a schedule in tokens: (first optimizer step of the epoch's planned steps, targets)
-        schedule = getattr(sampler, "weights_schedule", None)
+        schedule = sampler.weights_schedule
         if schedule is not None and schedule.unit != "steps":
             planned = sampler.step_targets()
             acc = max(int(sampler.settings.accumulate_grad_batches), 1)
@@ -138,7 +138,7 @@ class MixtureMonitor(L.Callback):
     def _target(self, step: int) -> np.ndarray | None:
         """The components' target shares of optimizer step ``step`` of the run (None where a schedule in tokens has
         no planned step there)."""
-        schedule = getattr(self._sampler, "weights_schedule", None)
+        schedule = None if self._sampler is None else self._sampler.weights_schedule
         if schedule is None:
             return self.targets
         if schedule.unit == "steps":
