@@ -2,7 +2,7 @@
 
 Run:
     python -m benchmarks.schedules                                   # 2M documents; planning time at 10M
-    python -m benchmarks.schedules --documents 30000 --timing-documents 30000 --warmup-tokens 2000000   # seconds
+    python -m benchmarks.schedules --documents 60000 --timing-documents 20000 --warmup-tokens 1500000 --tiny-weight 1e-4
 
 Three components of real length distributions (``lit_balance/data/lengths/``, capped at 4,096 tokens; each drawn
 with replacement, seeded): ``web`` the paragraphs of the Python documentation, ``code`` the standard library's whole
@@ -218,7 +218,8 @@ def levanter(sizes: np.ndarray, lengths: np.ndarray, transition: int, num_steps:
             documents[c] += k
     worst, p95, big = _deviation_pp(step_tokens, targets)
     return {"corrected": corrected, "block_samples": sorted(blocks), "max_pp": worst, "p95_pp": p95,
-            "steps_256k": big, "documents": documents.tolist(), "tokens": step_tokens.sum(axis=0).astype(np.int64).tolist(),
+            "steps_256k": big, "documents": documents.tolist(),
+            "tokens": step_tokens.sum(axis=0).astype(np.int64).tolist(),
             "asked_tokens": np.round((targets * step_tokens.sum(axis=1, keepdims=True)).sum(axis=0)).tolist()}
 
 

@@ -79,7 +79,7 @@ def test_a_fit_logs_each_steps_scheduled_target_beside_its_share(tmp_path, packi
     assert bar_figures(trainer)["long"].endswith("target 0.700)")
 
 
-def test_a_schedule_in_tokens_logs_the_planned_target_of_each_step():
+def test_a_schedule_in_tokens_logs_the_planned_target_of_each_step(monkeypatch):
     rng = np.random.default_rng(0)
     lengths = np.concatenate([rng.integers(4, 20, size=120), rng.integers(30, 60, size=60)])
     schedule = {"points": [[0, {"short": 0.8, "long": 0.2}], [800, {"short": 0.3, "long": 0.7}]], "unit": "tokens"}
@@ -91,12 +91,8 @@ def test_a_schedule_in_tokens_logs_the_planned_target_of_each_step():
     assert not np.allclose(planned[0], planned[-1])  # the transition falls inside the epoch
     from lit_balance.lightning.callbacks import mixture as module
 
-    module_sampler = module.mixture_sampler
-    try:
-        module.mixture_sampler = lambda trainer: sampler
-        monitor._attach(None)
-    finally:
-        module.mixture_sampler = module_sampler
+    monkeypatch.setattr(module, "mixture_sampler", lambda trainer: sampler)  # the trainer's training sampler
+    monitor._attach(None)
     for step in range(planned.shape[0]):
         np.testing.assert_allclose(monitor._target(step), planned[step])
     assert monitor._target(planned.shape[0]) is None
