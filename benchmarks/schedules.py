@@ -255,8 +255,13 @@ def at_90_percent(sizes: np.ndarray, lengths: np.ndarray, packing: bool) -> int:
     t1 = int(round(0.9 * n0))
     n1 = plan(sizes, lengths, weights_schedule(t1), packing)[0].step_units.shape[0] if t1 != t0 else n0
     slope = (n1 - n0) / (t1 - t0) if t1 != t0 else 0.0
-    transition = int(round(0.9 * (n0 - slope * t0) / (1 - 0.9 * slope)))
-    if not 0 < transition < fixed.step_units.shape[0]:
+    transition = int(round(0.9 * (n0 - slope * t0) / (1 - 0.9 * slope))) if slope < 1 else t1
+    if not 0 < transition < max(n0, n1):  # a short epoch's step counts are too coarse for the line
+        transition = t1
+    while transition > 1 and transition >= plan(sizes, lengths, weights_schedule(transition),
+                                                 packing)[0].step_units.shape[0]:
+        transition -= 1  # a short epoch: the transition inside it
+    if not 0 < transition < max(n0, n1):
         raise ValueError(f"the epoch of {lengths.size} documents has {fixed.step_units.shape[0]} optimizer steps, too "
                          "few for a transition at 90 % of it; raise --documents")
     return transition
