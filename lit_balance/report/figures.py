@@ -338,8 +338,9 @@ def summary_line(summary: dict[str, Any]) -> str:
 
 
 def mixture_lines(mixture: dict[str, Any]) -> list[str]:
-    """Lines of at most 80 characters (names up to 12 characters): per component, its target share and how far its
-    share of an optimizer step came from it (max and p95 over the epoch's steps, percentage points), from
+    """Lines of at most 80 characters after the first (names up to 12 characters): per component, its target share and
+    how far its share of an optimizer step came from it (max and p95 over the epoch's steps, percentage points; under
+    a weight schedule, ``step_targets``, from each step's scheduled share, the target shown being their mean), from
     :func:`mixture_shares` or :meth:`lit_balance.BalancedTextDataModule.plan_summary`'s ``"mixture"``.
 
     Example:
@@ -351,9 +352,12 @@ def mixture_lines(mixture: dict[str, Any]) -> list[str]:
     """
     target = np.asarray(mixture.get("target", mixture.get("shares")), dtype=np.float64)
     shares = np.asarray(mixture["step_shares"], dtype=np.float64).reshape(-1, target.size)
-    deviation = 100.0 * np.abs(shares - target)
+    scheduled = mixture.get("step_targets")
+    per_step = target if scheduled is None else np.asarray(scheduled, dtype=np.float64).reshape(shares.shape)
+    deviation = 100.0 * np.abs(shares - per_step)
     unit = mixture["unit"].replace("_", " ")
-    lines = [f"shares of {unit} per optimizer step, {shares.shape[0]} steps (deviation from target, pp):"]
+    against = "target" if scheduled is None else "each step's scheduled share; target: mean over the steps"
+    lines = [f"shares of {unit} per optimizer step, {shares.shape[0]} steps (deviation from {against}, pp):"]
     for c, name in enumerate(mixture["names"]):
         worst = float(deviation[:, c].max()) if shares.size else 0.0
         p95 = float(np.percentile(deviation[:, c], 95)) if shares.size else 0.0

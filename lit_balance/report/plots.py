@@ -13,8 +13,8 @@ import numpy as np
 from lit_balance.errors import InputValueError
 from lit_balance.report.figures import PlanReport
 
-__all__ = ["read_metrics_csv", "save_mixture_plot", "save_plots", "save_training_plot", "training_figure",
-           "training_plot_data"]
+__all__ = ["mixture_figure", "read_metrics_csv", "save_mixture_plot", "save_plots", "save_training_plot",
+           "training_figure", "training_plot_data"]
 
 
 def save_plots(report: PlanReport, output_dir: str | Path, *, dpi: int = 80) -> list[Path]:
@@ -92,12 +92,8 @@ def save_plots(report: PlanReport, output_dir: str | Path, *, dpi: int = 80) -> 
 
 
 def save_mixture_plot(mixture: dict[str, Any], output_path: str | Path, *, title: str = "", dpi: int = 80) -> Path:
-    """Plot each mixture component's realized share of every optimizer step against its target, as a PNG.
-
-    One panel: per component, its share of each step's units (the mixture's unit, all ranks) as a line over the
-    optimizer steps and its target share as a dashed line of the same colour; the legend gives each component's
-    largest and 95th-percentile deviation (percentage points). Below it, the deviation of every step's share from
-    its target, in percentage points.
+    """Plot each mixture component's realized share of every optimizer step against its target, as a PNG
+    (:func:`mixture_figure`).
 
     Args:
         mixture: :func:`~lit_balance.report.figures.mixture_shares` (or a plan report's ``mixture``).
@@ -108,13 +104,40 @@ def save_mixture_plot(mixture: dict[str, Any], output_path: str | Path, *, title
     Returns:
         The path written.
     """
+    fig = mixture_figure(mixture, title=title)
+    output_path = Path(output_path)
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    _save_png(fig, output_path, dpi)
+    return output_path
+
+
+def mixture_figure(mixture: dict[str, Any], *, title: str = "") -> Any:
+    """The matplotlib ``Figure`` of :func:`save_mixture_plot`: each component's realized share against its target.
+
+    Top panel: per component, its share of each step's units (the mixture's unit, all ranks) as a solid line over the
+    optimizer steps (label ``<name>: max .. pp, p95 .. pp``, its largest and 95th-percentile deviation) and its
+    target as a dashed line of the same colour (label ``<name> target``): under a weight schedule
+    (``mixture["step_targets"]`` not None) the step's scheduled share, drawn as steps; with fixed weights the
+    mixture's share. Bottom panel: each step's share minus its target, in percentage points.
+
+    Args:
+        mixture: :func:`~lit_balance.report.figures.mixture_shares` (or a plan report's ``mixture``).
+        title: what the plan is (ranks, budget), appended to the figure's title.
+
+    Returns:
+        A ``matplotlib.figure.Figure`` (not attached to pyplot).
+    """
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     names = mixture["names"]
     shares = np.asarray(mixture["step_shares"], dtype=np.float64).reshape(-1, len(names))
-    target = np.asarray(mixture["target"], dtype=np.float64)
     steps = np.arange(shares.shape[0])
+    scheduled = mixture.get("step_targets") is not None
+    if scheduled:
+        targets = np.asarray(mixture["step_targets"], dtype=np.float64).reshape(shares.shape)
+    else:
+        targets = np.broadcast_to(np.asarray(mixture["target"], dtype=np.float64), shares.shape)
     fig = Figure(figsize=(8, 5), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
     marker = "." if steps.size < 40 else None
@@ -122,21 +145,20 @@ def save_mixture_plot(mixture: dict[str, Any], output_path: str | Path, *, title
         line, = top.plot(steps, shares[:, c], lw=1.0, marker=marker,
                          label=f"{name}: max {mixture['max_deviation_pp'][c]:.2f} pp, "
                                f"p95 {mixture['p95_deviation_pp'][c]:.2f} pp")
-        top.axhline(target[c], color=line.get_color(), ls="--", lw=0.9)
-        bottom.plot(steps, 100.0 * (shares[:, c] - target[c]), lw=0.9, color=line.get_color(), marker=marker)
+        top.plot(steps, targets[:, c], color=line.get_color(), ls="--", lw=0.9,
+                 drawstyle="steps-mid" if scheduled else "default", label=f"{name} target")
+        bottom.plot(steps, 100.0 * (shares[:, c] - targets[:, c]), lw=0.9, color=line.get_color(), marker=marker)
+    what = "scheduled share" if scheduled else "target"
     top.set_ylim(0, 1)
-    top.set_ylabel(f"share of the step's {mixture['unit'].replace('_', ' ')}\n(dashed: target)", fontsize=8)
+    top.set_ylabel(f"share of the step's {mixture['unit'].replace('_', ' ')}\n(dashed: {what})", fontsize=8)
     top.legend(fontsize=7, loc="best", ncols=min(len(names), 3))
     bottom.axhline(0.0, color="black", lw=0.6)
-    bottom.set_ylabel("share - target (pp)", fontsize=8)
+    bottom.set_ylabel(f"share - {what} (pp)", fontsize=8)
     bottom.set_xlabel("optimizer step")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.suptitle("mixture: realized share per optimizer step against target" + (f" ({title})" if title else ""),
+    fig.suptitle(f"mixture: realized share per optimizer step against {what}" + (f" ({title})" if title else ""),
                  fontsize=10)
-    output_path = Path(output_path)
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    _save_png(fig, output_path, dpi)
-    return output_path
+    return fig
 
 
 def read_metrics_csv(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:

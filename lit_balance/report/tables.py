@@ -79,8 +79,10 @@ def mixture_table(mixture: dict[str, Any]) -> Any:
     shares = np.asarray(mixture["step_shares"], dtype=np.float64).reshape(-1, len(mixture["names"]))
     units = np.asarray(mixture["step_units"], dtype=np.int64).reshape(shares.shape)
     unit = mixture["unit"].replace("_", " ")
+    against = ("the target" if mixture.get("step_targets") is None else
+               "each step's scheduled share (a weight schedule; target: their mean)")
     table = Table(title=f"mixture: each component's share of {unit} per optimizer step ({shares.shape[0]} steps, "
-                        "all ranks; deviation from the target in percentage points)",
+                        f"all ranks; deviation from {against} in percentage points)",
                   box=box.SIMPLE_HEAD, title_justify="left")
     for col in ("component", "target", "epoch share", "min step share", "max step share", "max deviation (pp)",
                 "p95 deviation (pp)", f"{unit} (epoch)"):

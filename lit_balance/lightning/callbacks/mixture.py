@@ -21,10 +21,11 @@ def component_keys(names: Any, num_replicas: int | None = None) -> list[str]:
 
     Example:
         >>> component_keys(["web"], 2)  # doctest: +NORMALIZE_WHITESPACE
-        ['train/tokens/web', 'train/supervised_tokens/web', 'train/share/web', 'train/tokens/web_rank0',
-         'train/supervised_tokens/web_rank0', 'train/tokens/web_rank1', 'train/supervised_tokens/web_rank1']
+        ['train/tokens/web', 'train/supervised_tokens/web', 'train/share/web', 'train/target/web',
+         'train/tokens/web_rank0', 'train/supervised_tokens/web_rank0', 'train/tokens/web_rank1',
+         'train/supervised_tokens/web_rank1']
     """
-    keys = [f"train/{kind}/{name}" for name in names for kind in ("tokens", "supervised_tokens", "share")]
+    keys = [f"train/{kind}/{name}" for name in names for kind in ("tokens", "supervised_tokens", "share", "target")]
     for r in range(num_replicas or 0):
         keys += [f"train/{kind}/{name}_rank{r}" for name in names for kind in ("tokens", "supervised_tokens")]
     return keys
@@ -57,6 +58,11 @@ class MixtureMonitor(L.Callback):
     * ``train/supervised_tokens/<name>``: its tokens with a next-token target (labels other than -100), all ranks.
     * ``train/share/<name>``: its share of the step's units over all ranks, in the mixture's ``unit`` (real tokens,
       supervised tokens or documents): a ratio of sums, comparable with the component's target share.
+    * ``train/target/<name>``: the component's target share for that step: under a weight schedule
+      (``MixtureBatchSampler(weights_schedule=...)``) the share the schedule gives the step (a schedule in optimizer
+      steps: its weights at Lightning's ``global_step`` of the step, normalised; in tokens: the step's scheduled
+      share as the sampler planned it, :meth:`~lit_balance.sampler.mixture.MixtureBatchSampler.step_targets`), else
+      the mixture's share.
     * ``train/tokens/<name>_rank{r}``, ``train/supervised_tokens/<name>_rank{r}``: the same on rank ``r`` (with
       ``per_rank=True``).
 
@@ -67,7 +73,8 @@ class MixtureMonitor(L.Callback):
 
     Attributes:
         names: the components' names (empty for a single corpus).
-        targets: float64 ``[num_components]``: the mixture's target shares.
+        targets: float64 ``[num_components]``: the mixture's target shares (under a weight schedule, the last
+            logged step's scheduled shares).
         last_metrics: the last step's logged values (the same on every rank), what the progress bar shows.
 
     Raises:
@@ -95,6 +102,7 @@ class MixtureMonitor(L.Callback):
         self._metric: ComponentTokens | None = None
         self._pending: list[tuple[int, torch.Tensor]] = []  # (step, [3, num_components]) of steps not yet gathered
         self._step = 0
+        self._planned: tuple[int, np.ndarray] | None = None
         self._counted = False  # the current step has micro-batches
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -118,6 +126,26 @@ class MixtureMonitor(L.Callback):
             self._metric = ComponentTokens(len(names), unit=sampler.mixture.unit, sync_on_compute=False)
         self.names = names
         self.targets = np.asarray(sampler.mixture.shares, dtype=np.float64)
+        self._planned = None  # a schedule in tokens: (first optimizer step of the epoch's planned steps, targets)
+        schedule = sampler.weights_schedule
+        if schedule is not None and schedule.unit != "steps":
+            planned = sampler.step_targets()
+            acc = max(int(sampler.settings.accumulate_grad_batches), 1)
+            epoch_steps = -(-len(sampler) // acc)  # counted from the epoch's start, also after a resume
+            first = int(sampler.schedule_start()[0]) + epoch_steps - len(planned)  # a resumed epoch plans its rest
+            self._planned = (first, np.asarray(planned, dtype=np.float64))
+
+    def _target(self, step: int) -> np.ndarray | None:
+        """The components' target shares of optimizer step ``step`` of the run (None where a schedule in tokens has
+        no planned step there)."""
+        schedule = None if self._sampler is None else self._sampler.weights_schedule
+        if schedule is None:
+            return self.targets
+        if schedule.unit == "steps":
+            weights = np.asarray(schedule.vector_at(step, self.names), dtype=np.float64)
+            return weights / weights.sum()
+        first, planned = self._planned
+        return planned[step - first] if 0 <= step - first < len(planned) else None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -173,10 +201,15 @@ class MixtureMonitor(L.Callback):
             total = per_rank.sum(dim=0)
             units = float(total[unit].sum())
             metrics: dict[str, float] = {}
+            target = self._target(step)
+            if target is not None:
+                self.targets = target
             for c, name in enumerate(self.names):
                 metrics[f"train/tokens/{name}"] = float(total[0, c])
                 metrics[f"train/supervised_tokens/{name}"] = float(total[1, c])
                 metrics[f"train/share/{name}"] = float(total[unit, c]) / units if units > 0 else 0.0
+                if target is not None:
+                    metrics[f"train/target/{name}"] = float(target[c])
             if self.per_rank:
                 for r in range(per_rank.shape[0]):
                     for c, name in enumerate(self.names):

@@ -43,7 +43,8 @@ def bar_figures(trainer: L.Trainer) -> dict[str, str]:
     (the shipped configs). Without a PaddingRatioMonitor, ``tokens/s`` is the StragglerMonitor window's real tokens
     of all ranks over the slowest rank's seconds. From :class:`MixtureMonitor` (a mixture only), the last optimizer
     step it logged, one item per component ``<name>``: its real tokens in that step (all ranks), its share of the step
-    in the mixture's unit and its target share, e.g. ``web: 3,210 tokens (share 0.612, target 0.600)``.
+    in the mixture's unit and its target share (``train/target/<name>``: under a weight schedule the step's
+    scheduled share), e.g. ``web: 3,210 tokens (share 0.612, target 0.600)``.
     """
     items: dict[str, str] = {}
     window = None
@@ -76,6 +77,7 @@ def bar_figures(trainer: L.Trainer) -> dict[str, str]:
         if isinstance(callback, MixtureMonitor) and callback.last_metrics:
             figures = callback.last_metrics
             for name, target in zip(callback.names, callback.targets.tolist()):
+                target = figures.get(f"train/target/{name}", target)  # the step's scheduled share, as logged
                 items[name] = (f"{figures[f'train/tokens/{name}']:,.0f} tokens (share "
                                f"{figures[f'train/share/{name}']:.3f}, target {target:.3f})")
     return items

@@ -96,6 +96,7 @@ def test_logs_each_components_tokens_per_step_and_per_rank_exactly(packing):
             want[f"train/tokens/{name}"] = float(total[0, c])
             want[f"train/supervised_tokens/{name}"] = float(total[1, c])
             want[f"train/share/{name}"] = float(total[0, c]) / float(total[0].sum())
+            want[f"train/target/{name}"] = (0.4, 0.6)[c]
         for r in range(2):
             for c, name in enumerate(("short", "long")):
                 want[f"train/tokens/{name}_rank{r}"] = float(counts[r, 0, c])
