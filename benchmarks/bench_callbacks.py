@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from benchmarks._harness import load_lengths, positive_int, write_report
-from lit_balance import BalancedTextDataModule
+from lit_balance import BalancedTextDataModule, use_training_sampler
 from lit_balance.callbacks import AdaptiveGradAccumulation, CostModelFeedback, PaddingRatioMonitor, StragglerMonitor
 from lit_balance.demo import DemoTransformerLM
 
@@ -75,6 +75,7 @@ def fit(args, dm: BalancedTextDataModule, with_callbacks: bool) -> tuple[float, 
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     dm.setup("fit")  # a fresh sampler every fit (CostModelFeedback hands the sampler its fit)
     dl = dm.train_dataloader()
+    use_training_sampler(trainer, dm.train_sampler)  # the loader is passed to fit: hand its sampler to the callbacks
     start, cpu = time.perf_counter(), time.process_time()
     trainer.fit(model, train_dataloaders=dl)
     return time.perf_counter() - start, time.process_time() - cpu, hook_s, len(dl)

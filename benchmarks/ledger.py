@@ -21,7 +21,7 @@ import torch
 
 from benchmarks._harness import load_lengths, markdown_table, positive_int, timed, write_report
 from benchmarks.bench_callbacks import data as fit_data
-from lit_balance import BalancedBatchSampler
+from lit_balance import BalancedBatchSampler, use_training_sampler
 from lit_balance.callbacks import LedgerCheck
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.ledger import write_ledger
@@ -63,6 +63,7 @@ def fit(args: argparse.Namespace, dm, ledger: Path | None) -> tuple[float, float
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     dm.setup("fit")
     loader = dm.train_dataloader()
+    use_training_sampler(trainer, dm.train_sampler)  # the loader is passed to fit: LedgerCheck reads its sampler
     return timed(lambda: trainer.fit(model, train_dataloaders=loader))[1], load[0], steps[0], int(trainer.global_step)
 
 

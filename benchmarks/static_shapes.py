@@ -3,7 +3,8 @@
 
 Run: ``python -m benchmarks.static_shapes`` (smallest: ``--distributions fortunes --ranks 2 --ks 8 --layouts static``)
 
-Plans: each shipped length distribution capped at ``--max-length``, ``--max-tokens`` slots, ``--ranks`` ranks,
+Plans: each shipped length distribution (every ``lengths_*.npy`` of ``lit_balance/data/lengths``, short and long
+documents) capped at ``--max-length``, ``--max-tokens`` slots, ``--ranks`` ranks (1, 8 and 64 by default),
 ``padded_shapes=K``: epoch 0's real-token fraction as collated (:func:`lit_balance.plan.epoch_shapes`) against the
 best ``K`` lengths' (every sample padded to the next chosen length, rows not counted; an exact dynamic program over
 every distinct length, here, apart from the library's choice). Graphs: the 2-rank gloo fit of
@@ -20,9 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._harness import DISTRIBUTIONS, ROOT, load_lengths, markdown_table, positive_int, write_report
+from benchmarks._harness import LENGTHS_DIR, ROOT, load_lengths, markdown_table, positive_int, write_report
 from lit_balance import BalancedBatchSampler
 from lit_balance.plan import epoch_shapes
+
+#: Every length distribution shipped in ``lit_balance/data/lengths`` (``lengths_<name>.npy``).
+SHIPPED = tuple(sorted(p.name[len("lengths_"):-len(".npy")] for p in LENGTHS_DIR.glob("lengths_*.npy")))
 
 
 def best_lengths_fraction(lengths: np.ndarray, k: int) -> float:
@@ -62,10 +66,10 @@ def graph_runs(layouts: list[str], timeout_s: float) -> dict[str, list[dict[str,
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--distributions", nargs="+", choices=DISTRIBUTIONS, default=list(DISTRIBUTIONS))
+    parser.add_argument("--distributions", nargs="+", choices=SHIPPED, default=list(SHIPPED))
     parser.add_argument("--max-length", type=positive_int, default=4096, help="tokens kept per document")
     parser.add_argument("--max-tokens", type=positive_int, default=8192, help="token slots per micro-batch")
-    parser.add_argument("--ranks", type=positive_int, nargs="+", default=[1, 2, 8])
+    parser.add_argument("--ranks", type=positive_int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--ks", type=positive_int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--layouts", nargs="*", default=["static", "shapes8", "shapes32", "free"],
                         help="compiled 2-rank fits: static, shapesK, free (none: plans only)")

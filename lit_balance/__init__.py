@@ -25,6 +25,7 @@ _EXPORTS = {
     "balanced_dataloader": "lit_balance.data.loader",
     "BalancedDataLoader": "lit_balance.data.loader",
     "item_lengths": "lit_balance.data.loader",
+    "use_training_sampler": "lit_balance.data.training_sampler",
     "StepTokenLoss": "lit_balance.lightning.loss",
     "token_loss_sum": "lit_balance.lightning.loss",
     "PaddingRatio": "lit_balance.lightning.metrics",
@@ -65,6 +66,7 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs
         balanced_dataloader,
         item_lengths,
     )
+    from lit_balance.data.training_sampler import use_training_sampler  # noqa: F401
     from lit_balance.lightning.datamodule import BalancedTextDataModule  # noqa: F401
     from lit_balance.lightning.loss import StepTokenLoss, token_loss_sum  # noqa: F401
     from lit_balance.lightning.metrics import PaddingRatio, TokenMeanLoss  # noqa: F401

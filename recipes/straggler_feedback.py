@@ -31,7 +31,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset
+from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset, use_training_sampler
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks import CostModelFeedback, StragglerMonitor, TimingWindow
 
@@ -59,6 +59,7 @@ class SyntheticText(L.LightningDataModule):
         # rank speeds handed over for it (as BalancedTextDataModule does)
         if self.trainer.current_epoch > self.sampler.epoch:
             self.sampler.set_epoch(self.trainer.current_epoch)
+        use_training_sampler(self.trainer, self.sampler)  # the sampler CostModelFeedback hands its fit to
         return DataLoader(self.dataset, sampler=self.sampler, batch_size=None, collate_fn=PadCollator(0))
 
 

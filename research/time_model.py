@@ -676,6 +676,7 @@ def _adaptive_steps(sampler: Any, target_tokens_per_step: int) -> np.ndarray:
     """Optimizer step of each micro-step of the sampler's epoch, as :class:`AdaptiveGradAccumulation` (its
     defaults, the runner's) sets ``accumulate_grad_batches``: the callback itself, driven through its hooks by a
     stand-in trainer that runs the epoch's micro-steps in order."""
+    from lit_balance import use_training_sampler
     from lit_balance.callbacks import AdaptiveGradAccumulation
 
     callback = AdaptiveGradAccumulation(target_tokens_per_step=int(target_tokens_per_step))
@@ -684,6 +685,7 @@ def _adaptive_steps(sampler: Any, target_tokens_per_step: int) -> np.ndarray:
         current_epoch=sampler.epoch, num_training_batches=len(sampler), world_size=sampler.num_replicas,
         is_global_zero=False, loggers=[], callback_metrics={}, global_step=0,
         strategy=types.SimpleNamespace(handles_gradient_accumulation=False), callbacks=[callback])
+    use_training_sampler(trainer, sampler)  # the sampler whose plan the callback reads
     module = types.SimpleNamespace(automatic_optimization=True)
     callback.on_train_start(trainer, module)
     batch = {"num_real_tokens": 0}

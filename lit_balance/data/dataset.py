@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,9 +15,22 @@ from lit_balance.data.stores.flat import FlatStore
 from lit_balance.errors import InputValueError
 from lit_balance.plan.types import MicroBatch
 
-__all__ = ["MicroBatchItems", "TokenDataset"]
+__all__ = ["KnownLengths", "MicroBatchItems", "TokenDataset"]
 
 _STEP_KEYS = ("step_real_tokens", "step_rows", "step_supervised_tokens")
+
+
+class KnownLengths(abc.ABC):
+    """Declares that a map-style dataset of dicts knows its items' lengths without reading the items (a store's
+    index): :func:`~lit_balance.item_lengths` (and so :class:`~lit_balance.MicroBatchDataset`) asks
+    :meth:`lengths_of` before reading any item. A dataset declares it by deriving from this class
+    (:class:`TokenDataset` does); any other dataset's items are read.
+    """
+
+    @abc.abstractmethod
+    def lengths_of(self, fields: Sequence[str]) -> np.ndarray | None:
+        """int64 ``[len(self)]``: each item's length in ``fields`` (the longest of them), or None when the dataset does
+        not know them without reading its items (then they are read)."""
 
 
 class MicroBatchItems(Dataset):
@@ -42,7 +56,7 @@ class MicroBatchItems(Dataset):
         return items
 
 
-class TokenDataset(MicroBatchItems):
+class TokenDataset(MicroBatchItems, KnownLengths):
     """Documents ``doc_ids`` of a tokenized corpus, each truncated to ``max_length`` tokens, read on access: the one
     dataset of the cache and of every store.
 

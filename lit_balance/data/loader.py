@@ -30,7 +30,9 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lit_balance.data.collate import IGNORE_INDEX
+from lit_balance.data.dataset import KnownLengths
 from lit_balance.data.fit_loop import FitCount, fitting
+from lit_balance.data.training_sampler import offer_training_loader, training_loaders
 from lit_balance.data.workers import ignore_stop_signals_in_workers
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.types import MicroBatch, padded_lengths
@@ -94,7 +96,8 @@ def item_lengths(dataset: Any, length: LengthSpec) -> np.ndarray:
 
     Returns:
         int64 ``[len(dataset)]``: tokens per item. Columns of a Hugging Face ``datasets.Dataset`` are read in
-        Arrow, without a Python loop over the rows; a dataset with ``lengths_of(fields)`` (a
+        Arrow, without a Python loop over the rows (a dataset of the ``datasets`` package's ``Dataset`` class); a
+        dataset that declares its lengths (:class:`~lit_balance.data.dataset.KnownLengths`, e.g. a
         :class:`~lit_balance.data.dataset.TokenDataset`: a store's index) gives them without reading a token.
 
     Raises:
@@ -109,12 +112,15 @@ def item_lengths(dataset: Any, length: LengthSpec) -> np.ndarray:
     """
     read = _length_function(length)
     fields = (length,) if isinstance(length, str) else length
-    known = None if callable(length) else getattr(dataset, "lengths_of", None)
-    if known is not None and (lengths := known(fields)) is not None and (not lengths.size or lengths.min() >= 1):
-        return lengths  # a TokenDataset's lengths (a store's index): no token read
-    fast = _arrow_lengths(dataset, length)
-    if fast is not None:
-        return fast
+    if not callable(length) and isinstance(dataset, KnownLengths):  # it declares its lengths (a store's index)
+        lengths = dataset.lengths_of(fields)
+        if lengths is not None and (not lengths.size or lengths.min() >= 1):
+            return lengths  # no token read
+    hf = sys.modules.get("datasets")  # a Hugging Face dataset exists only where its package was imported
+    if hf is not None and not callable(length) and isinstance(dataset, hf.Dataset):
+        fast = _arrow_lengths(dataset, fields, length)
+        if fast is not None:
+            return fast
     out = np.empty(len(dataset), dtype=np.int64)
     for i in range(len(dataset)):
         value = read(dataset[i], i)
@@ -128,16 +134,16 @@ def item_lengths(dataset: Any, length: LengthSpec) -> np.ndarray:
     return out
 
 
-def _arrow_lengths(dataset: Any, length: LengthSpec) -> np.ndarray | None:
-    """Lengths of Hugging Face ``datasets.Dataset`` columns read in Arrow (no Python loop over rows), or None.
+def _arrow_lengths(dataset: Any, fields: Sequence[str], length: LengthSpec) -> np.ndarray | None:
+    """Lengths of a Hugging Face ``datasets.Dataset``'s columns ``fields``, read in Arrow (no Python loop over rows),
+    or None.
 
-    Used when ``length`` names columns of such a dataset that hold lists (their lengths) or integers; any other
-    case (a function, other datasets, other column types) returns None and is read item by item.
+    Used when ``fields`` are columns of the dataset that hold lists (their lengths) or integers; any other case (a
+    missing column, other column types, nulls) returns None and is read item by item, where the message names the
+    item. ``length`` is the argument as given, for the messages.
     """
-    fields = (length,) if isinstance(length, str) else length
-    names = getattr(dataset, "column_names", None)
-    if callable(length) or not isinstance(names, list) or not hasattr(dataset, "with_format") \
-            or not all(isinstance(f, str) and f in names for f in fields) or len(dataset) == 0:
+    names = dataset.column_names
+    if not all(isinstance(f, str) and f in names for f in fields) or len(dataset) == 0:
         return None
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -494,20 +500,6 @@ class _CountingIterator:
         return len(self._iterator)
 
 
-def _training_loaders(trainer: Any) -> list[Any]:
-    """The loaders of ``trainer.train_dataloader``: one, or a list, tuple or dict of them (nested too)."""
-    out, todo = [], [trainer.train_dataloader]
-    while todo:
-        item = todo.pop()
-        if isinstance(item, Mapping):
-            todo.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            todo.extend(item)
-        else:
-            out.append(item)
-    return out
-
-
 def _checked_count(value: Any, source: str) -> int:
     """``value`` as a count of micro-batches; a bool, a float, a string or a negative value raises, naming
     ``source``."""
@@ -549,7 +541,9 @@ class BalancedDataLoader(DataLoader):
     :meth:`state_dict` after the micro-batches trained so far and restore it into a loader over a fresh sampler before
     iterating. That count includes a micro-batch whose step raised, so :meth:`state_dict` warns when it is called
     with it while an exception is being handled. While it iterates, the sampler's own ``state_dict()`` without a count
-    refuses to save a position ahead of this count.
+    refuses to save a position ahead of this count. Given a Trainer, the loader also hands its sampler to it for the
+    callbacks and the loss that read the training sampler, while the Trainer trains from this loader
+    (:func:`lit_balance.data.training_sampler.offer_training_loader`).
 
     Its worker processes ignore SIGINT and SIGTERM (a ``worker_init_fn`` given to it still runs, after that;
     :func:`lit_balance.data.workers.ignore_stop_signals_in_workers`): Ctrl-C in a terminal reaches every process of the
@@ -565,7 +559,8 @@ class BalancedDataLoader(DataLoader):
             precedence over the default. None (the default): Lightning's count when ``trainer`` fits with this
             loader as a training loader, else this loader's.
         trainer: the ``lightning.Trainer`` (or ``pytorch_lightning.Trainer``) that iterates this loader, e.g.
-            ``self.trainer`` in a ``train_dataloader`` hook (held by a weak reference). None: no Trainer.
+            ``self.trainer`` in a ``train_dataloader`` hook (held by a weak reference; the Trainer holds this loader
+            by a weak reference too, to find the training sampler). None: no Trainer.
 
     Raises:
         TypeError: the loader's ``sampler`` or ``batch_sampler`` is not a BalancedBatchSampler; ``batches_consumed``
@@ -603,6 +598,8 @@ class BalancedDataLoader(DataLoader):
         self.balanced_sampler = sampler
         self._batches_consumed = batches_consumed
         self._trainer_ref = None if trainer is None else weakref.ref(trainer)
+        if trainer is not None:  # the callbacks' training sampler while the Trainer trains from this loader
+            offer_training_loader(trainer, self)
         self._count_source: Callable[[], int | None] | None = None
         self._fit_count: FitCount | None = None
         self._count: _PassCount | None = None
@@ -613,7 +610,7 @@ class BalancedDataLoader(DataLoader):
         self._count = count
         trainer = None if self._trainer_ref is None else self._trainer_ref()  # the Trainer handed over, if any
         self._fit_count = FitCount(trainer, self) if trainer is not None and fitting(trainer) and any(
-            x is self for x in _training_loaders(trainer)) else None
+            x is self for x in training_loaders(trainer)) else None
         self.balanced_sampler._read_by(self)  # the sampler's own state_dict() then knows who counts its pass
         return _CountingIterator(super().__iter__(), count, self.balanced_sampler, self._fit_count, self)
 

@@ -32,6 +32,7 @@ from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.splits import check_supervised_targets, check_too_long, resolve_val_fraction, split_corpus
 from lit_balance.data.stores import TokenizedCorpus
 from lit_balance.data.tokenizer import TokenizerAdapter
+from lit_balance.data.training_sampler import use_training_sampler
 from lit_balance.data.vocabulary import components_vocabulary
 from lit_balance.data.workers import ignore_stop_signals_in_workers
 from lit_balance.errors import InputTypeError, InputValueError
@@ -553,9 +554,9 @@ class BalancedTextDataModule(L.LightningDataModule):
                 check_too_long(part, self.max_length, self.pad_to_multiple_of, self.settings.largest_max_tokens)
         world = self._world()
         # an int padded_shapes: the shapes are chosen from the training and validation lengths together, so they
-        # hold every validation document
+        # hold every validation document, with rows that fill the micro-batches of this number of ranks
         settings = resolve_split_shapes(self._train_settings(), train.lengths,
-                                        *(val.lengths for val in self.val_datasets))
+                                        *(val.lengths for val in self.val_datasets), num_replicas=world.num_replicas)
         try:
             train_sampler = self.training_sampler(settings, world.num_replicas, rank=world.rank,
                                                   cost_model=self.cost_model)
@@ -772,7 +773,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         After a checkpoint is restored (:meth:`load_state_dict`), the sampler continues the saved epoch (after
         checking that the training split is the saved one). When the trainer has moved on to a later epoch, the
         sampler is set to it here, before Lightning reads ``len()`` (with ``reload_dataloaders_every_n_epochs=1``,
-        the length then counts rank speeds handed over by :class:`~lit_balance.callbacks.CostModelFeedback`).
+        the length then counts rank speeds handed over by :class:`~lit_balance.callbacks.CostModelFeedback`). The
+        training sampler is handed to the Trainer (:func:`~lit_balance.use_training_sampler`) for the callbacks and
+        the loss that read it.
         """
         self._plan(measure=True)
         if self._train_sampler_state is not None and self.train_sampler is not None:
@@ -792,6 +795,8 @@ class BalancedTextDataModule(L.LightningDataModule):
             self.train_sampler.set_epoch(int(trainer.current_epoch))
         loader = self._loader(self.train_dataset, self.train_sampler, TrainLoader, batches_consumed=self._consumed)
         self._train_loader = weakref.ref(loader)
+        if trainer is not None:  # the training sampler of the callbacks and the loss
+            use_training_sampler(trainer, self.train_sampler)
         return loader
 
     def _apply_skip_steps(self) -> None:

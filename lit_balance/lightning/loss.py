@@ -16,8 +16,9 @@ one process computed the mean over those tokens at once. Two ways to know ``N``:
   knows every rank's micro-batches of the step ahead, see :class:`lit_balance.PadCollator`) and accumulation is
   fixed (no callback in the Trainer that changes ``accumulate_grad_batches`` during fit, which such a callback
   declares by the class attribute ``sets_accumulate_grad_batches = True`` as
-  :class:`lit_balance.callbacks.AdaptiveGradAccumulation` does; and the sampler planned with the Trainer's
-  ``accumulate_grad_batches``), each micro-batch returns ``sum_local * num_replicas * accumulate_grad_batches / N``.
+  :class:`lit_balance.callbacks.AdaptiveGradAccumulation` does; and the training sampler handed to the Trainer, if
+  any (:func:`lit_balance.use_training_sampler`), planned with the Trainer's ``accumulate_grad_batches``), each
+  micro-batch returns ``sum_local * num_replicas * accumulate_grad_batches / N``.
 * **All-reduce divisor** (one all-reduce of two numbers per optimizer step): otherwise each micro-batch
   returns ``sum_local * accumulate_grad_batches`` and, in ``on_before_optimizer_step`` (before gradient
   clipping), ``N`` is summed over ranks and gradients are multiplied by ``num_replicas / N``. This is the
@@ -45,6 +46,7 @@ from typing import Any
 import torch
 
 from lit_balance.data.collate import IGNORE_INDEX
+from lit_balance.data.training_sampler import training_sampler_of
 from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.world import data_parallel_world
 
@@ -136,10 +138,9 @@ class StepTokenLoss:
         # a callback that changes accumulate_grad_batches during fit says so by this class attribute
         # (AdaptiveGradAccumulation does); the plan's per-step token count then no longer matches the steps run
         adaptive = any(getattr(c, "sets_accumulate_grad_batches", False) is True for c in trainer.callbacks)
-        if not adaptive:
-            sampler = getattr(getattr(trainer, "train_dataloader", None), "sampler", None)
-            planned_acc = getattr(sampler, "accumulate_grad_batches", None)
-            adaptive = planned_acc is not None and int(planned_acc) != acc
+        if not adaptive:  # a training sampler planned for other optimizer steps than the Trainer's
+            sampler = training_sampler_of(trainer)
+            adaptive = sampler is not None and int(sampler.settings.accumulate_grad_batches) != acc
         return data_parallel_world(trainer).num_replicas, acc, adaptive
 
     @torch.compiler.disable

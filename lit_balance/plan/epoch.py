@@ -218,7 +218,7 @@ def plan_epoch(
     if settings.static_packing or settings.padded_shapes is not None:  # shapes not chosen yet: from these samples
         planned = np.zeros(lengths.shape[0], dtype=bool)
         planned[candidates] = True
-        settings = resolve_static_shapes(lengths, settings, planned)
+        settings = resolve_static_shapes(lengths, settings, planned, num_replicas)
     speeds = check_speeds(rank_speeds, num_replicas)
     speeds = np.ones(num_replicas) if speeds is None else speeds
     return planner_for(settings).plan(lengths, candidates, settings, num_replicas=num_replicas, epoch=epoch,

@@ -132,26 +132,29 @@ def plan_padded(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
 
 def plan_filled(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int,
                 epoch: int, cost_model: CostModelProtocol, speeds: np.ndarray, min_steps: int = 0,
-                num_batches: int | None = None) -> EpochPlan:
+                num_batches: int | None = None, takes: np.ndarray | None = None) -> EpochPlan:
     """A padded epoch of micro-batches filled to the budget: the plan of static shapes (``padded_shapes``).
 
     The samples go longest first (ties at random with ``shuffle``; ``shuffle_window`` does not apply) and each
     micro-batch takes as many rows as the budget holds at its first row's length, so every micro-batch but the last
     of the order is full: with a few distinct lengths (the shapes' lengths), the shape a micro-batch is padded to
-    is filled. The count (:func:`filled_count`) is the same every epoch; micro-batches are then split to it and to
-    equal counts, and assigned to ranks and steps as :func:`plan_padded` does (LPT on cost within each step).
+    is filled. With ``takes`` (int ``[num_samples]``, equal for equal lengths), a micro-batch whose first row is
+    sample ``i`` takes ``takes[i]`` rows instead (at most what the budget holds at ``lengths[i]``): the rows of the
+    shape that sample is padded to. The count (:func:`filled_count`) is the same every epoch; micro-batches are then
+    split to it and to equal counts, and assigned to ranks and steps as :func:`plan_padded` does (LPT on cost within
+    each step).
 
-    Args: as for :func:`plan_padded` (``lengths`` here the lengths the shapes round to).
+    Args: as for :func:`plan_padded` (``lengths`` here the lengths the shapes round to), and ``takes``.
     """
     padded = padded_lengths(lengths, settings.pad_to_multiple_of)
     row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
     seed, shuffle = int(settings.seed), settings.shuffle
     rng = np.random.default_rng(np.random.SeedSequence([seed, int(epoch)])) if shuffle else None
-    k = filled_count(padded, candidates, settings, num_replicas) if num_batches is None else num_batches
+    k = filled_count(padded, candidates, settings, num_replicas, takes) if num_batches is None else num_batches
     if min_steps * num_replicas > k:
         k = max(k, min(min_steps, candidates.shape[0] // num_replicas) * num_replicas)
     order = _order(padded, candidates, settings.max_tokens, 0.0, rng)
-    cuts = _Cuts(padded[order], settings.max_tokens, row_cap, cost_model)
+    cuts = _Cuts(padded[order], settings.max_tokens, row_cap, cost_model, None if takes is None else takes[order])
     ends = _cut_points(cuts.run_take, cuts.run_ends) if cuts.n else np.empty(0, dtype=np.int64)
     if num_batches is not None:  # a count asked for (a mixture's step) that the filled micro-batches exceed: theirs
         k = max(k, -(-ends.shape[0] // num_replicas) * num_replicas)
@@ -163,27 +166,33 @@ def plan_filled(lengths: np.ndarray, candidates: np.ndarray, settings: BatchingS
     return layout.finish(order, ends, k, by_lpt=True)
 
 
-def filled_count(padded: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, num_replicas: int) -> int:
-    """Micro-batches of every epoch of :func:`plan_filled`: those filled to the budget (ties do not change the
-    count), rounded up to a multiple of ``num_replicas``."""
+def filled_count(padded: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, num_replicas: int,
+                 takes: np.ndarray | None = None) -> int:
+    """Micro-batches of every epoch of :func:`plan_filled`: those filled to the budget (or to ``takes``; ties do not
+    change the count), rounded up to a multiple of ``num_replicas``."""
     if not candidates.shape[0]:
         return 0
     row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
-    longest = sorted_descending(padded[candidates])
-    count = _Cuts(longest, settings.max_tokens, row_cap, CostModel()).fill_count()
+    if takes is None:
+        longest, taken = sorted_descending(padded[candidates]), None
+    else:
+        by_length = longest_first_order(padded[candidates])
+        longest, taken = padded[candidates][by_length], takes[candidates][by_length]
+    count = _Cuts(longest, settings.max_tokens, row_cap, CostModel(), taken).fill_count()
     return -(-count // num_replicas) * num_replicas
 
 
 def count_filled_steps(lengths: np.ndarray, mask: np.ndarray | None, settings: BatchingSettings, num_replicas: int,
-                       min_steps: int, cost_model: CostModelProtocol | None = None) -> tuple[int, int, int | None]:
-    """``(micro-steps, min_steps to plan with, micro-batches before min_steps)`` of a window's :func:`plan_filled`,
-    as :func:`count_steps` for :func:`plan_padded`."""
+                       min_steps: int, cost_model: CostModelProtocol | None = None,
+                       takes: np.ndarray | None = None) -> tuple[int, int, int | None]:
+    """``(micro-steps, min_steps to plan with, micro-batches before min_steps)`` of a window's :func:`plan_filled`
+    (with ``takes``), as :func:`count_steps` for :func:`plan_padded`."""
     padded = padded_lengths(lengths, settings.pad_to_multiple_of)
     candidates = np.arange(padded.shape[0], dtype=np.int64) if mask is None else np.flatnonzero(mask)
     n = candidates.shape[0]
     if not n:
         return 0, 0, None
-    k = count = filled_count(padded, candidates, settings, num_replicas)
+    k = count = filled_count(padded, candidates, settings, num_replicas, takes)
     accumulate = settings.accumulate_grad_batches
     plan_min = max(int(min_steps), -(-(k // num_replicas) // accumulate) * accumulate)
     if plan_min * num_replicas > k:
@@ -227,7 +236,10 @@ def _cumulative_by_speed(cuts: _Cuts, weight: np.ndarray, k: int,
 class _Cuts:
     """Contiguous cuts of one order (padded lengths ``pl`` in plan order) into micro-batches within the budget."""
 
-    def __init__(self, pl: np.ndarray, max_tokens: int, row_cap: int, cost_model: CostModel) -> None:
+    def __init__(self, pl: np.ndarray, max_tokens: int, row_cap: int, cost_model: CostModel,
+                 takes: np.ndarray | None = None) -> None:
+        """``takes``: int ``[n]`` rows of a micro-batch starting at each row, in plan order (equal within a run of
+        equal caps; None: as many as the budget holds)."""
         n = self.n = pl.shape[0]
         # Each row's cap: the longest padded length from it to the end of the order (non-increasing), which
         # bounds the longest row of any micro-batch that starts there.
@@ -236,6 +248,8 @@ class _Cuts:
         run_caps = caps[self.run_ends - 1] if n else np.zeros(0, dtype=np.int64)
         self.run_cost = cost_model.row_cost(run_caps)
         self.run_take = np.minimum(max_tokens // np.maximum(run_caps, 1), row_cap)
+        if takes is not None and n:
+            self.run_take = np.clip(np.asarray(takes, dtype=np.int64)[self.run_ends - 1], 1, self.run_take)
         self.per_batch = cost_model.per_batch
         self.caps = caps
         self.cost_model = cost_model

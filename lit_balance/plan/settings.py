@@ -114,8 +114,8 @@ class BatchingSettings:
             from the lengths when None (:func:`lit_balance.plan.shapes.choose_document_cap`; the sampler's settings
             then hold it).
         padded_shapes: without ``packing``, every padded micro-batch has one of a few shapes ``(rows, length)``:
-            an int ``K`` (>= 1) has the sampler choose ``K`` shapes from the lengths
-            (:func:`lit_balance.plan.shapes.choose_padded_shapes`; its settings then hold them), or a sequence of
+            an int ``K`` (>= 1) has the sampler choose ``K`` shapes from the lengths, their rows for its number of
+            ranks (:func:`lit_balance.plan.shapes.choose_padded_shapes`; its settings then hold them), or a sequence of
             ``(rows, length)`` pairs gives them (each within ``max_tokens`` padded slots, lengths multiples of
             ``pad_to_multiple_of``, distinct). None (default): free shapes. Both static-shape settings (for
             ``torch.compile(dynamic=False)``, CUDA graphs, XLA; docs/compiling.md) are off by default and leave every

@@ -10,13 +10,14 @@ of :class:`~lit_balance.BatchingSettings` bound the shapes an epoch uses (docs/c
   Without a ``max_batch_size`` the cap is chosen from the lengths (:func:`choose_document_cap`).
 * ``padded_shapes``: every padded micro-batch has one of a few ``(rows, length)`` shapes. An int ``K`` chooses
   ``K`` lengths from the length distribution, the ones that pad the fewest token slots (an exact dynamic program
-  over the distinct lengths, :func:`choose_padded_shapes`), each with the rows that its samples fill in the fewest
-  micro-batches the budget allows (so that a shape's last micro-batch is not left to shorter samples padded up or
-  to empty rows). The plan
-  is the padded plan of the lengths rounded up to their shape's length (:class:`ShapedPaddedPlanner`), so it keeps
-  the padded planner's guarantees (budget, equal counts, windows, resume) and its rank assignment (LPT within each
-  step), with micro-batches filled to the budget rather than cut to equal costs (every micro-batch of a shape
-  costs the same); each micro-batch is then padded to the smallest shape that holds it (:func:`shape_index`).
+  over the distinct lengths, :func:`choose_padded_shapes`), each with the rows that its samples fill in the
+  micro-batches the plan has: the fewest the budget allows, rounded up to a multiple of the ranks times
+  ``accumulate_grad_batches`` (every rank runs as many), the micro-batches added spread over the shapes so that no
+  micro-batch is left to shorter samples padded up or to empty rows. The plan is the padded plan of the lengths
+  rounded up to their shape's length (:class:`ShapedPaddedPlanner`), so it keeps the padded planner's guarantees
+  (budget, equal counts, windows, resume) and its rank assignment (LPT within each step), with each micro-batch
+  taking the rows of its longest sample's shape rather than cut to equal costs (every micro-batch of a shape costs
+  the same); each micro-batch is then padded to the smallest shape that holds it (:func:`shape_index`).
 
 Worked example (``max_tokens=64``, lengths 3, 5, 9, 9, 30, ``padded_shapes=2``): the lengths 9 and 30 pad the
 fewest slots (3 and 5 pad to 9, 9 stays, 30 stays: 10 slots of padding); the budget holds 7 rows of 9 and 2 of 30,
@@ -24,8 +25,10 @@ but one micro-batch of each holds all their samples, so the shapes are ``(4, 9)`
 the four shortest is ``[4, 9]``, one of the 30 ``[1, 30]``, with no empty row (``(7, 9)`` and ``(2, 30)`` would
 pad 36 + 30 slots more).
 
-The choices depend only on the lengths (as a multiset) and the settings, and are made once per sampler, over all its
-samples (:func:`resolve_static_shapes`), so every window, epoch and rank uses the same shapes.
+The choices depend only on the lengths (as a multiset), the settings and the number of ranks, and are made once per
+sampler, over all its samples (:func:`resolve_static_shapes`), so every window, epoch and rank uses the same shapes;
+a resume on another number of ranks plans the rest of the epoch with that number's shapes
+(:mod:`lit_balance.sampler.state`).
 """
 
 from __future__ import annotations
@@ -103,7 +106,8 @@ def choose_document_cap(hist: np.ndarray, settings: BatchingSettings) -> int:
     return int(max(1, min(cap, capacity // shortest, int(counts.sum()))))
 
 
-def choose_padded_shapes(hist: np.ndarray, settings: BatchingSettings, num_shapes: int) -> tuple[tuple[int, int], ...]:
+def choose_padded_shapes(hist: np.ndarray, settings: BatchingSettings, num_shapes: int,
+                         num_replicas: int = 1) -> tuple[tuple[int, int], ...]:
     """``num_shapes`` padded shapes ``(rows, length)`` chosen from the length distribution.
 
     The lengths are the ``K`` that pad the fewest token slots when every sample is padded up to the next chosen
@@ -111,20 +115,23 @@ def choose_padded_shapes(hist: np.ndarray, settings: BatchingSettings, num_shape
     program over the distinct padded lengths (at most 1,024 candidates, the quantiles of the distinct lengths
     beyond), ``O(K x candidates**2)``, the 1-D optimal bucketing of fairseq's and verl's length buckets done
     exactly. Each shape then gets the rows its samples fill (:func:`_shape_rows`): at most what the budget holds
-    (``max_tokens // length``, and ``max_batch_size``), and no more than the fewest micro-batches of the shape
-    need, so that the plan's last micro-batch of a shape is full rather than padded from shorter samples or empty;
-    the plan then comes within a point of that bound on the real length distributions at K = 32 before
-    its micro-batches are split to equal counts per rank (docs/compiling.md).
+    (``max_tokens // length``, and ``max_batch_size``), and no more than the micro-batches of the shape need, so
+    that the plan's last micro-batch of a shape is full rather than padded from shorter samples or empty; the
+    micro-batches the plan adds to give every rank as many (a multiple of ``num_replicas x
+    accumulate_grad_batches``) are spread over the shapes by lowering their rows, rather than split from full
+    micro-batches. The plan then comes within 0.2 points of the bound on the real length distributions at K = 32,
+    on 1 to 64 ranks (docs/benchmarks.md).
 
     Args:
         hist: int ``[longest + 1]``: samples per length (:func:`length_histogram`), the planned ones.
-        settings: the batching settings (``max_tokens``, ``pad_to_multiple_of``, ``max_batch_size``).
+        settings: the batching settings (``max_tokens``, ``pad_to_multiple_of``, ``max_batch_size``,
+            ``accumulate_grad_batches``).
         num_shapes: ``K >= 1``; fewer shapes come back when there are fewer distinct padded lengths.
+        num_replicas: the ranks the plan runs on (the rows depend on it, the lengths do not).
 
     Returns:
-        The shapes, sorted by length (tokens), each ``rows x length <= max_tokens``; the rows are those the plan
-        takes at the shape's planned length (:meth:`ShapedPaddedPlanner.planned_lengths`), which rises strictly with
-        the length.
+        The shapes, sorted by length (tokens), each ``rows x length <= max_tokens``; a micro-batch of the plan takes
+        the rows of its longest sample's shape (:class:`ShapedPaddedPlanner`).
 
     Example:
         >>> hist = np.bincount([3, 5, 9, 9, 30])
@@ -167,50 +174,74 @@ def choose_padded_shapes(hist: np.ndarray, settings: BatchingSettings, num_shape
             chosen.append(j)
     lengths = np.array(sorted({int(uniq[cand[c]]) for c in chosen}), dtype=np.int64)
     per_shape = np.bincount(np.searchsorted(lengths, uniq, side="left"), weights=counts, minlength=lengths.shape[0])
-    rows = _shape_rows(lengths, np.rint(per_shape).astype(np.int64), settings.max_tokens, settings.max_batch_size)
+    rows = _shape_rows(lengths, np.rint(per_shape).astype(np.int64), settings.max_tokens, settings.max_batch_size,
+                       int(num_replicas) * settings.accumulate_grad_batches)
     return tuple((int(r), int(L)) for r, L in zip(rows, lengths))
 
 
-def _shape_rows(lengths: np.ndarray, counts: np.ndarray, max_tokens: int, max_batch_size: int | None) -> np.ndarray:
-    """int64 ``[K]``: the rows of each shape, so that its samples fill its micro-batches with few rows to spare.
+def _shape_rows(lengths: np.ndarray, counts: np.ndarray, max_tokens: int, max_batch_size: int | None,
+                multiple: int = 1) -> np.ndarray:
+    """int64 ``[K]``: the rows of each shape, so that its samples fill its micro-batches with few rows to spare, in a
+    number of micro-batches that is a multiple of ``multiple`` (the ranks times ``accumulate_grad_batches``).
 
-    The plan fills micro-batches longest first, so the rows of a shape's last micro-batch that its own samples leave
-    free go to the next shorter samples, padded up to the shape's length. Going from the longest shape down, a
-    shape of length ``L`` with ``c`` samples still to place (its own, less those the longer shape took) holds at most
-    ``R = max_tokens // L`` rows (and ``max_batch_size``); ``m = ceil(c / R)`` micro-batches of ``ceil(c / m)`` rows
-    leave fewer than ``m`` rows to the next shape, where ``R`` rows leave up to ``R - 1``. Shorter shapes never get
-    fewer rows than longer ones, and the length each shape is planned at (``max(L, max_tokens // (rows + 1) + 1)``,
-    :meth:`ShapedPaddedPlanner.planned_lengths`) rises strictly with its length (a shape takes more rows where that
-    needs it), so the plan never mixes two shapes' samples at one planned length.
+    The plan fills micro-batches longest first, each taking the rows of its first sample's shape, so the rows of a
+    shape's last micro-batch that its own samples leave free go to the next shorter samples, padded up to the shape's
+    length. Going from the longest shape down, a shape of length ``L`` with ``c`` samples still to place (its own,
+    less those the longer shape took) holds at most ``R = max_tokens // L`` rows (and ``max_batch_size``);
+    ``m = ceil(c / R)`` micro-batches of ``ceil(c / m)`` rows leave fewer than ``m`` rows to the next shape, where
+    ``R`` rows leave up to ``R - 1``.
+
+    Every rank runs the same number of micro-batches, so the plan's count is rounded up to that multiple: a
+    micro-batch added to a plan of full shapes would be padded to a whole shape. The micro-batches up to the multiple
+    are given to the shapes instead: one shape at a time loses a row, the one whose samples, spread over more
+    micro-batches, add the fewest padded token slots per micro-batch added (the chain above evaluated for each
+    shape), until the count is the multiple; the shapes then stay full at the count the plan needs.
     """
     most = max_tokens // lengths
     if max_batch_size is not None:
         most = np.minimum(most, max_batch_size)
-    most = np.maximum(most, 1)
-    rows = most.copy()
+    num = lengths.shape[0]
+    length_list, count_list = lengths.tolist(), np.asarray(counts).tolist()
 
-    def taken(k: int, r: int) -> int:  # the fewest rows >= r the plan takes at some planned length (an int)
-        return min(int(most[k]), max_tokens // max(int(lengths[k]), max_tokens // r))
-    above, carry = None, 0  # (rows, planned length) of the next longer shape; rows it leaves to this one
-    for k in range(lengths.shape[0] - 1, -1, -1):
-        left = int(counts[k]) - carry
-        r = int(most[k])
-        if left > 0:
-            batches = -(-left // r)
-            r = -(-left // batches)
-        if above is not None:
-            r = max(r, above[0])
-        r = taken(k, r)
-        while above is not None and r < most[k] and max(int(lengths[k]), max_tokens // (r + 1) + 1) >= above[1]:
-            r = taken(k, r + 1)
-        rows[k] = r
-        carry = -left if left <= 0 else -(-left // r) * r - left
-        above = (r, max(int(lengths[k]), max_tokens // (r + 1) + 1))
-    return rows
+    def chain(cap: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """For each row of ``cap`` (int64 ``[trials, K]``, at most that many rows per shape): the rows and the samples
+        left of each shape (``[trials, K]``), the micro-batches in all and their padded slots (``[trials]``)."""
+        trials = cap.shape[0]
+        rows, left_of = cap.copy(), np.zeros_like(cap)
+        carry = np.zeros(trials, dtype=np.int64)  # rows the longer shape's last micro-batch leaves to this one
+        count, slots = np.zeros(trials, dtype=np.int64), np.zeros(trials, dtype=np.int64)
+        for k in range(num - 1, -1, -1):
+            left = left_of[:, k] = count_list[k] - carry
+            placed = left > 0
+            batches = np.where(placed, -(-left // cap[:, k]), 0)
+            rows[:, k] = np.where(placed, -(-left // np.maximum(batches, 1)), cap[:, k])
+            count += batches
+            slots += batches * rows[:, k] * length_list[k]
+            carry = np.where(placed, batches * rows[:, k] - left, -left)
+        return rows, left_of, count, slots
+
+    cap = np.maximum(most, 1).astype(np.int64)[None, :]
+    rows, left_of, count, slots = (x[0] for x in chain(cap))
+    target = -(-int(count) // multiple) * multiple
+    while count < target:
+        movable = np.flatnonzero((left_of > 0) & (rows > 1))  # shapes whose samples can take one row less
+        if not movable.size:
+            break
+        trial = np.repeat(cap, movable.shape[0], axis=0)
+        trial[np.arange(movable.shape[0]), movable] = rows[movable] - 1
+        t_rows, t_left, t_count, t_slots = chain(trial)
+        fits = (t_count > count) & (t_count <= target)
+        if not fits.any():  # no shape takes one more micro-batch within the multiple: the plan splits the rest
+            break
+        score = np.where(fits, (t_slots - slots) / np.maximum(t_count - count, 1), np.inf)
+        best = int(np.argmin(score))  # the fewest padded slots per micro-batch added (ties: the shortest shape)
+        cap = trial[best:best + 1]
+        rows, left_of, count, slots = t_rows[best], t_left[best], t_count[best], t_slots[best]
+    return np.asarray(rows, dtype=np.int64)
 
 
 def resolve_static_shapes(lengths: np.ndarray, settings: BatchingSettings,
-                          eligible: np.ndarray | None = None) -> BatchingSettings:
+                          eligible: np.ndarray | None = None, num_replicas: int = 1) -> BatchingSettings:
     """``settings`` with their static shapes made explicit from the samples to plan: the document cap of
     ``static_packing`` (as ``max_batch_size``) and the shapes of an int ``padded_shapes``; ``settings`` itself when
     neither needs a choice. A sampler calls this once, over all its samples.
@@ -219,6 +250,7 @@ def resolve_static_shapes(lengths: np.ndarray, settings: BatchingSettings,
         lengths: int ``[num_samples]``: tokens per sample as planned (after truncation).
         settings: the batching settings.
         eligible: bool ``[num_samples]``: the samples planned (None: all).
+        num_replicas: the ranks the plan runs on (an int ``padded_shapes`` chooses rows for them).
 
     Raises:
         ValueError: an explicit ``padded_shapes`` whose longest shape is shorter than a planned sample (naming the
@@ -232,7 +264,8 @@ def resolve_static_shapes(lengths: np.ndarray, settings: BatchingSettings,
     if settings.static_packing:
         return settings.replace(max_batch_size=choose_document_cap(hist, settings))
     if isinstance(settings.padded_shapes, int):
-        return settings.replace(padded_shapes=choose_padded_shapes(hist, settings, settings.padded_shapes))
+        return settings.replace(padded_shapes=choose_padded_shapes(hist, settings, settings.padded_shapes,
+                                                                   num_replicas))
     room = settings.padded_shapes[-1][1]
     longest = hist.shape[0] - 1
     if longest > room:
@@ -254,7 +287,7 @@ def resolve_static_shapes(lengths: np.ndarray, settings: BatchingSettings,
     return settings
 
 
-def resolve_split_shapes(settings: BatchingSettings, *splits: np.ndarray) -> BatchingSettings:
+def resolve_split_shapes(settings: BatchingSettings, *splits: np.ndarray, num_replicas: int = 1) -> BatchingSettings:
     """``settings`` with an int ``padded_shapes`` chosen from several splits' lengths together (the training and the
     validation split), so that the shapes hold every split's documents; ``settings`` itself otherwise (a list of
     shapes is the user's, and ``static_packing``'s cap is chosen by each sampler).
@@ -266,6 +299,7 @@ def resolve_split_shapes(settings: BatchingSettings, *splits: np.ndarray) -> Bat
     Args:
         settings: the batching settings.
         splits: int ``[num_samples]`` each: tokens per sample of each split.
+        num_replicas: the ranks the training plan runs on (the rows of the shapes depend on it).
 
     Example:
         >>> s = resolve_split_shapes(BatchingSettings(max_tokens=64, padded_shapes=2), np.array([3, 5]), np.array([9]))
@@ -284,7 +318,7 @@ def resolve_split_shapes(settings: BatchingSettings, *splits: np.ndarray) -> Bat
     if not hist.any():
         return settings
     hist = hist[:int(np.flatnonzero(hist)[-1]) + 1]
-    return settings.replace(padded_shapes=choose_padded_shapes(hist, settings, settings.padded_shapes))
+    return settings.replace(padded_shapes=choose_padded_shapes(hist, settings, settings.padded_shapes, num_replicas))
 
 
 def shape_index(shapes: tuple[tuple[int, int], ...], num_rows: np.ndarray, longest: np.ndarray) -> np.ndarray:
@@ -308,12 +342,11 @@ def shape_index(shapes: tuple[tuple[int, int], ...], num_rows: np.ndarray, longe
 class ShapedPaddedPlanner(PaddedPlanner):
     """The padded planner with ``padded_shapes``: every micro-batch fits one of ``shapes`` (see the module doc).
 
-    Each sample is planned at its *shape length*: the length of the shortest shape that holds it, raised so that the
-    budget holds at most that shape's rows (``max(length, max_tokens // (rows + 1) + 1)``; the length itself when the
-    shape has ``max_tokens // length`` rows). The padded planner then bounds every micro-batch by ``max_tokens``,
-    so a micro-batch whose longest sample has shape ``k`` has at most ``rows_k`` rows and :func:`shape_index` finds it
-    a shape. The micro-batches are filled to the budget (:func:`~lit_balance.plan.padded.plan_filled`: longest first,
-    samples of one shape length in random order), so the shapes are full. Costs and slots (:meth:`batch_costs`) are
+    Each sample is planned at its *shape length*: the length of the shortest shape that holds it. The micro-batches
+    are filled longest first (:func:`~lit_balance.plan.padded.plan_filled`, samples of one shape length in random
+    order), each taking the rows of its first (longest) sample's shape, so a micro-batch whose longest sample has
+    shape ``k`` has at most ``rows_k`` rows, :func:`shape_index` finds it shape ``k`` (``rows_k x length_k <=
+    max_tokens``), and the shapes are full. Costs and slots (:meth:`batch_costs`) are
     those of the shape each micro-batch is padded to.
 
     Args:
@@ -326,24 +359,32 @@ class ShapedPaddedPlanner(PaddedPlanner):
         self.max_tokens = int(max_tokens)
         self._rows = np.array([r for r, _ in self.shapes], dtype=np.int64)
         self._lengths = np.array([length for _, length in self.shapes], dtype=np.int64)
-        self._planned = np.maximum(self._lengths, self.max_tokens // (self._rows + 1) + 1)
+
+    def _shape_of(self, lengths: np.ndarray) -> np.ndarray:
+        """int64 ``[n]``: the shape each sample is padded to (samples longer than every shape: the last)."""
+        k = np.searchsorted(self._lengths, np.asarray(lengths, dtype=np.int64), side="left")
+        return np.minimum(k, self._lengths.shape[0] - 1)
 
     def planned_lengths(self, lengths: np.ndarray) -> np.ndarray:
-        """int64 ``[n]``: each sample's shape length as planned (samples longer than every shape: the last)."""
-        k = np.searchsorted(self._lengths, np.asarray(lengths, dtype=np.int64), side="left")
-        return self._planned[np.minimum(k, self._lengths.shape[0] - 1)]
+        """int64 ``[n]``: each sample's shape length, as planned."""
+        return self._lengths[self._shape_of(lengths)]
 
     def plan(self, lengths: np.ndarray, candidates: np.ndarray, settings: BatchingSettings, *, num_replicas: int,
              epoch: int, cost_model: CostModelProtocol, speeds: np.ndarray, min_steps: int = 0,
              num_batches: int | None = None) -> EpochPlan:
-        """:func:`~lit_balance.plan.padded.plan_filled` on the shape lengths."""
-        return plan_filled(self.planned_lengths(lengths), candidates, settings, num_replicas=num_replicas, epoch=epoch,
-                           cost_model=cost_model, speeds=speeds, min_steps=min_steps, num_batches=num_batches)
+        """:func:`~lit_balance.plan.padded.plan_filled` on the shape lengths, each micro-batch taking the rows of
+        the shape of its first (longest) sample."""
+        shape = self._shape_of(lengths)
+        return plan_filled(self._lengths[shape], candidates, settings, num_replicas=num_replicas, epoch=epoch,
+                           cost_model=cost_model, speeds=speeds, min_steps=min_steps, num_batches=num_batches,
+                           takes=self._rows[shape])
 
     def count_steps(self, lengths: np.ndarray, mask: np.ndarray | None, settings: BatchingSettings, num_replicas: int,
                     min_steps: int, cost_model: CostModelProtocol | None = None) -> tuple[int, int, int | None]:
-        """:func:`~lit_balance.plan.padded.count_filled_steps` on the shape lengths."""
-        return count_filled_steps(self.planned_lengths(lengths), mask, settings, num_replicas, min_steps, cost_model)
+        """:func:`~lit_balance.plan.padded.count_filled_steps` on the shape lengths and rows."""
+        shape = self._shape_of(lengths)
+        return count_filled_steps(self._lengths[shape], mask, settings, num_replicas, min_steps, cost_model,
+                                  takes=self._rows[shape])
 
     def batch_costs(self, lengths: np.ndarray, rows: np.ndarray, offsets: np.ndarray, pad_to_multiple_of: int,
                     cost_model: CostModelProtocol) -> tuple[np.ndarray, np.ndarray]:

@@ -43,10 +43,11 @@ class PlanInputs:
     windows: PlanWindows | None
     supervised_lengths: np.ndarray | None
     lengths_sha256: str
-    _window_counts: dict = field(default_factory=dict, repr=False)  # windows counted once (per budget), every epoch
+    _window_counts: dict = field(default_factory=dict, repr=False)  # windows counted once (per budget and shapes)
 
     @classmethod
-    def build(cls, lengths: np.ndarray, settings: BatchingSettings, supervised_lengths: Any = None) -> PlanInputs:
+    def build(cls, lengths: np.ndarray, settings: BatchingSettings, supervised_lengths: Any = None,
+              num_replicas: int = 1) -> PlanInputs:
         """Apply ``settings.too_long`` to ``lengths`` (int ``[num_samples]``, as ``check_lengths(lengths,
         keep_dtype=True)`` returns them).
 
@@ -70,7 +71,8 @@ class PlanInputs:
                 eligible = ~too_long_mask
             else:
                 lengths_arr = np.minimum(lengths_arr, settings.truncate_to)
-        settings = resolve_static_shapes(lengths_arr, settings, eligible)  # static shapes: once, over all samples
+        # static shapes: once, over all samples (an int padded_shapes: rows for num_replicas ranks)
+        settings = resolve_static_shapes(lengths_arr, settings, eligible, num_replicas)
         supervised = (None if supervised_lengths is None
                       else check_supervised_lengths(supervised_lengths, np.asarray(lengths_arr, np.int64)))
         windows = PlanWindows(lengths_arr.shape[0], settings.plan_window, settings.seed) if windowed else None
@@ -92,16 +94,20 @@ class PlanInputs:
 
     def plan(self, epoch: int, num_replicas: int, *, eligible: np.ndarray | None, speeds: np.ndarray | None,
              cost_model: CostModelProtocol, min_steps: int = 0,
-             max_tokens: int | tuple[int, ...] | None = None) -> EpochPlan | WindowedPlan:
+             max_tokens: int | tuple[int, ...] | None = None,
+             padded_shapes: tuple[tuple[int, int], ...] | None = None) -> EpochPlan | WindowedPlan:
         """The plan of ``eligible`` samples (None: :attr:`eligible`) in ``epoch`` on ``num_replicas`` ranks: an
         :class:`EpochPlan`, or a lazy :class:`WindowedPlan` (each window planned when it is reached). ``max_tokens``
         (None: the settings') is the budget of the ranks that run it: an earlier segment of a resumed epoch ran on
-        ranks of other per-rank budgets."""
+        ranks of other per-rank budgets; ``padded_shapes`` (None: the settings') the shapes they ran with (those an int
+        ``padded_shapes`` chose for their number of ranks)."""
         settings = self.settings
         if max_tokens is not None and max_tokens != settings.max_tokens:
             settings = settings.replace(max_tokens=max_tokens)
+        if padded_shapes is not None and padded_shapes != settings.padded_shapes:
+            settings = settings.replace(padded_shapes=padded_shapes)
         if self.windows is not None:
-            cache = self._window_counts.setdefault(settings.max_tokens, {})
+            cache = self._window_counts.setdefault((settings.max_tokens, settings.padded_shapes), {})
             return WindowedPlan(self.lengths, settings, self.windows, num_replicas=num_replicas, epoch=epoch,
                                 eligible=None if eligible is self.eligible else eligible, base_eligible=self.eligible,
                                 cost_model=cost_model, rank_speeds=speeds, min_steps=min_steps, count_cache=cache,

@@ -81,10 +81,13 @@ class _MixtureInputs(PlanInputs):
 
     def plan(self, epoch: int, num_replicas: int, *, eligible: np.ndarray | None, speeds: np.ndarray | None,
              cost_model: CostModelProtocol, min_steps: int = 0,
-             max_tokens: int | tuple[int, ...] | None = None) -> EpochPlan:
+             max_tokens: int | tuple[int, ...] | None = None,
+             padded_shapes: tuple[tuple[int, int], ...] | None = None) -> EpochPlan:
         settings = self.settings
         if max_tokens is not None and max_tokens != settings.max_tokens:
             settings = settings.replace(max_tokens=max_tokens)
+        if padded_shapes is not None and padded_shapes != settings.padded_shapes:
+            settings = settings.replace(padded_shapes=padded_shapes)
         exactly = None if eligible is self.eligible else self.chosen(epoch) & eligible
         return plan_mixture(self.lengths, self.layout, self.mixture, settings, num_replicas=num_replicas, epoch=epoch,
                             cost_model=cost_model, speeds=speeds, supervised_lengths=self.supervised_lengths,
@@ -154,7 +157,7 @@ class MixtureBatchSampler(BalancedBatchSampler):
         return self._mixture
 
     def _build_inputs(self, lengths: np.ndarray, settings: BatchingSettings, supervised_lengths: Any) -> PlanInputs:
-        base = PlanInputs.build(lengths, settings, supervised_lengths)
+        base = PlanInputs.build(lengths, settings, supervised_lengths, self.num_replicas)
         # base.settings: static shapes resolved once over every sample (packing's document cap, padded_shapes=K)
         inputs = _MixtureInputs(np.asarray(base.lengths, dtype=np.int64), base.settings, base.eligible, None,
                                 base.supervised_lengths, base.lengths_sha256, layout=self.layout, mixture=self.mixture)

@@ -192,7 +192,7 @@ class BalancedBatchSampler(DistributedSampler):
 
     def _build_inputs(self, lengths: np.ndarray, settings: BatchingSettings, supervised_lengths: Any) -> PlanInputs:
         """The inputs every plan of this sampler is made from (a subclass may plan otherwise)."""
-        return PlanInputs.build(lengths, settings, supervised_lengths)
+        return PlanInputs.build(lengths, settings, supervised_lengths, self.num_replicas)
 
     # -- what the plans are made of ------------------------------------------------------------------
     @property

@@ -15,7 +15,8 @@ every rank. Layout (version :data:`STATE_VERSION`)::
      "cost_model": cost_model.to_dict(), "rank_speeds": [float] | None, "first_rank_speeds": [float] | None,
      "pending": None | {"cost_model": cost_model.to_dict(), "rank_speeds": [float] | None},
      "cost_model_class": "lit_balance.CostModel" | "module.QualifiedName",
-     "segment_max_tokens": [int | [int, ...], ...], "skip_micro_steps": [[first, end], ...]}
+     "segment_max_tokens": [int | [int, ...], ...], "segment_padded_shapes": [[[rows, length], ...], ...],
+     "skip_micro_steps": [[first, end], ...]}
 
 ``skip_micro_steps`` (present only when the epoch skips optimizer steps, :meth:`BalancedBatchSampler.skip_steps`)
 holds the skipped ranges as epoch micro-steps of the plan (``[first, end)``, multiples of ``accumulate_grad_batches``):
@@ -25,6 +26,13 @@ micro-steps a training loop counts (Lightning's ``batch_idx``, ``batches_consume
 
 ``segment_max_tokens`` (present only when an earlier segment of the epoch ran on ranks of other per-rank budgets)
 holds each segment's ``max_tokens``; without it every segment ran with ``settings["max_tokens"]``.
+``segment_padded_shapes`` (present only when an earlier segment of the epoch ran with other ``padded_shapes``) holds
+each segment's shapes; without it every segment ran with ``settings["padded_shapes"]``.
+
+Rule for ``padded_shapes`` on a resume: the shapes an int ``K`` chooses depend on the number of ranks (their rows fill
+the micro-batches every rank runs, :func:`~lit_balance.plan.shapes.choose_padded_shapes`), so on another number of
+ranks they may change, as ``max_tokens`` may: the rest of the epoch is planned with the new shapes, the segments
+before with those they ran with. On the same number of ranks they must equal the saved ones.
 
 Rule for ``max_tokens`` on a resume: on the same number of ranks it must equal the saved value (one int or the same
 list). On another number of ranks it may change (per-rank budgets need a list of the new length): the rest of the
@@ -62,8 +70,9 @@ STATE_VERSION = 1
 STATE_KEYS = ("version", "epoch", "segments", "num_samples", "lengths_sha256", "settings", "cost_model",
               "rank_speeds", "first_rank_speeds", "pending")
 #: Keys a state dict may lack: ``cost_model_class`` (absent: :class:`~lit_balance.CostModel`),
-#: ``segment_max_tokens`` (absent: every segment of the epoch ran with the saved settings' ``max_tokens``).
-OPTIONAL_STATE_KEYS = ("cost_model_class", "segment_max_tokens", "skip_micro_steps")
+#: ``segment_max_tokens`` (absent: every segment of the epoch ran with the saved settings' ``max_tokens``),
+#: ``segment_padded_shapes`` (absent: every segment ran with the saved settings' ``padded_shapes``).
+OPTIONAL_STATE_KEYS = ("cost_model_class", "segment_max_tokens", "skip_micro_steps", "segment_padded_shapes")
 
 Speeds = np.ndarray | None
 
@@ -100,6 +109,8 @@ class ReplayRecord:
             segment ran with other budgets than the sampler's, else None (every segment ran with the sampler's).
         skips: ``((first, end), ...)`` sorted, disjoint ranges of epoch micro-steps (plan numbering) that are consumed
             without being trained (:meth:`BalancedBatchSampler.skip_steps`); empty: none.
+        segment_padded_shapes: each segment's ``padded_shapes`` (a tuple of ``(rows, length)``) when an earlier
+            segment ran with other shapes than the sampler's, else None (every segment ran with the sampler's).
     """
 
     epoch: int
@@ -110,6 +121,7 @@ class ReplayRecord:
     pending: tuple[CostModelProtocol, Speeds] | None = None
     segment_max_tokens: tuple | None = None
     skips: tuple[tuple[int, int], ...] = ()
+    segment_padded_shapes: tuple | None = None
 
     @property
     def offset(self) -> int:
@@ -124,7 +136,7 @@ class ReplayRecord:
     def key(self) -> tuple:
         """A hashable summary of everything the plan of the record's epoch depends on."""
         return (self.epoch, self.segments, self.cost_model, _plain_tuple(self.rank_speeds),
-                _plain_tuple(self.first_speeds), self.segment_max_tokens)
+                _plain_tuple(self.first_speeds), self.segment_max_tokens, self.segment_padded_shapes)
 
     def to_epoch(self, epoch: int) -> ReplayRecord:
         """The record at the start of ``epoch`` (unchanged for the current one): the pending cost model and speeds
@@ -136,7 +148,8 @@ class ReplayRecord:
 
     def fresh(self) -> ReplayRecord:
         """The same epoch run from its start on the sampler's own ranks (a later pass over the epoch)."""
-        return dataclasses.replace(self, segments=(), first_speeds=None, segment_max_tokens=None, skips=())
+        return dataclasses.replace(self, segments=(), first_speeds=None, segment_max_tokens=None, skips=(),
+                                   segment_padded_shapes=None)
 
 
 @dataclass(frozen=True)
@@ -238,12 +251,15 @@ def build_state(inputs: PlanInputs, record: ReplayRecord, num_replicas: int, con
     epoch, cost_model, speeds, pending = record.epoch, record.cost_model, record.rank_speeds, record.pending
     first_speeds = record.first_speeds if len(record.segments) > 1 else speeds
     segment_max_tokens = record.segment_max_tokens if len(record.segments) > 1 else None
+    segment_shapes = record.segment_padded_shapes if len(record.segments) > 1 else None
     if consumed >= plan_micro_steps:  # the epoch is done: the state is the start of the next one
         epoch, segments = epoch + 1, [[num_replicas, 0]]
-        first_speeds = segment_max_tokens = None
+        first_speeds = segment_max_tokens = segment_shapes = None
         if pending is not None:
             (cost_model, speeds), pending = pending, None
     extra = {} if segment_max_tokens is None else {"segment_max_tokens": [_plain_budget(b) for b in segment_max_tokens]}
+    if segment_shapes is not None:
+        extra["segment_padded_shapes"] = [[[int(r), int(t)] for r, t in shapes] for shapes in segment_shapes]
     if record.skips and epoch == record.epoch:  # skipped ranges belong to their epoch
         extra["skip_micro_steps"] = [[int(a), int(b)] for a, b in record.skips]
     return {
@@ -314,8 +330,12 @@ def _check_identity(state_dict: dict[str, Any], inputs: PlanInputs, resized: boo
     if not isinstance(saved, dict) or set(saved) != set(now):
         got = sorted(saved) if isinstance(saved, dict) else saved
         raise InputValueError(f"sampler state_dict settings must have keys {sorted(now)}, got {got}")
+    # on another number of ranks, max_tokens may change, and so may the shapes an int padded_shapes chose (checked
+    # as shapes by _segment_shapes)
+    shapes_change = resized and isinstance(saved.get("padded_shapes"), list) and isinstance(now["padded_shapes"], list)
     differences = {k: (saved[k], now[k]) for k in now
-                   if saved[k] != now[k] and not (k == "max_tokens" and resized)}
+                   if saved[k] != now[k] and not (k == "max_tokens" and resized)
+                   and not (k == "padded_shapes" and shapes_change)}
     if differences:
         diff = "; ".join(f"{k}: saved {old!r}, now {new!r}" for k, (old, new) in differences.items())
         wanted = ", ".join(f"{k}={old!r}" for k, (old, _) in differences.items())
@@ -413,8 +433,10 @@ def parse_state(state_dict: Any, inputs: PlanInputs, *, num_replicas: int, cost_
     first = state_dict["first_rank_speeds"]
     first_speeds = None if first is None else check_speeds(first, segments[0][0])
     budgets = _segment_budgets(state_dict, len(segments))
+    shapes = _segment_shapes(state_dict, len(segments), inputs)
     if resized:
         budgets.append(inputs.settings.max_tokens)
+        shapes.append(inputs.settings.padded_shapes)
         if len(segments) == 1:
             first_speeds = None if speeds is None else check_speeds(speeds, segments[0][0])
         segments.append([num_replicas, 0])
@@ -427,11 +449,34 @@ def parse_state(state_dict: Any, inputs: PlanInputs, *, num_replicas: int, cost_
     for (replicas, _), budget in zip(segments, budgets):  # each segment's budgets fit its ranks
         inputs.settings.replace(max_tokens=budget).rank_max_tokens(replicas)
     same = all(b == inputs.settings.max_tokens for b in budgets)
+    same_shapes = all(s == inputs.settings.padded_shapes for s in shapes)
     skips = check_skips(state_dict.get("skip_micro_steps", []), inputs.settings.accumulate_grad_batches)
     return ReplayRecord(epoch=epoch, segments=tuple((r, c) for r, c in segments), cost_model=cost_model,
                         rank_speeds=rank_speeds, first_speeds=first_speeds if len(segments) > 1 else None,
                         pending=pending, segment_max_tokens=None if same or len(segments) < 2 else tuple(budgets),
-                        skips=skips)
+                        skips=skips,
+                        segment_padded_shapes=None if same_shapes or len(segments) < 2 else tuple(shapes))
+
+
+def _segment_shapes(state_dict: dict[str, Any], num_segments: int, inputs: PlanInputs) -> list:
+    """Each saved segment's ``padded_shapes`` (None or a tuple of ``(rows, length)``): ``segment_padded_shapes``, else
+    the saved settings', each checked as shapes of this sampler's budget."""
+    raw = state_dict.get("segment_padded_shapes")
+    if raw is None:
+        raw = [state_dict["settings"].get("padded_shapes")] * num_segments
+    elif not isinstance(raw, list) or len(raw) != num_segments:
+        raise InputValueError(f"sampler state_dict segment_padded_shapes must be a list of one padded_shapes per "
+                              f"segment ({num_segments}), got {raw!r}")
+    if inputs.settings.padded_shapes is None or all(s == inputs.settings.padded_shapes for s in raw):
+        return [inputs.settings.padded_shapes] * num_segments
+    out = []
+    for shapes in raw:  # shapes of another number of ranks (an int padded_shapes chose them): valid shapes
+        try:
+            out.append(inputs.settings.replace(padded_shapes=shapes).padded_shapes)
+        except (TypeError, ValueError) as exc:
+            raise InputValueError(f"sampler state_dict padded_shapes must be (rows, length) pairs within max_tokens, "
+                                  f"got {shapes!r}: {exc}", parameter="padded_shapes") from exc
+    return out
 
 
 def _segment_budgets(state_dict: dict[str, Any], num_segments: int) -> list:
@@ -451,18 +496,19 @@ def _segment_plan(inputs: PlanInputs, record: ReplayRecord, segments: tuple[tupl
     """The plan segment ``i`` of the epoch ran (or runs) on, given the samples still eligible then."""
     replicas, epoch, cost_model = segments[i][0], record.epoch, record.cost_model
     budget = None if record.segment_max_tokens is None else record.segment_max_tokens[i]
+    shapes = None if record.segment_padded_shapes is None else record.segment_padded_shapes[i]
     if i == 0:
         speeds = record.rank_speeds if len(segments) <= 1 else record.first_speeds
         return inputs.plan(epoch, replicas, eligible=eligible, speeds=speeds, cost_model=cost_model,
-                           max_tokens=budget)
+                           max_tokens=budget, padded_shapes=shapes)
     # The rest of the epoch on new ranks: at least as many micro-steps as a whole epoch on them has, counting
     # those consumed before, so the epoch is never shorter than the next (a training loop that fixed its
     # epoch length at the resume keeps every micro-batch of later epochs).
     full = inputs.plan(epoch, replicas, eligible=inputs.eligible, speeds=None, cost_model=cost_model,
-                       max_tokens=budget).num_micro_steps
+                       max_tokens=budget, padded_shapes=shapes).num_micro_steps
     earlier = sum(consumed for _, consumed in segments[:i])
     return inputs.plan(epoch, replicas, eligible=eligible, speeds=None, cost_model=cost_model,
-                       min_steps=max(0, full - earlier), max_tokens=budget)
+                       min_steps=max(0, full - earlier), max_tokens=budget, padded_shapes=shapes)
 
 
 def _micro_step_sums(plan: EpochPlan, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 
 from lit_balance import (BalancedBatchSampler, BatchingSettings, MicroBatchDataset, PadFieldsCollator,
                          balanced_dataloader, item_lengths)
+from lit_balance.data.dataset import KnownLengths
 from lit_balance.data.loader import MicroBatchItems
 from lit_balance.plan import MicroBatch
 
@@ -132,6 +135,53 @@ def test_item_lengths_from_a_field_an_int_field_several_fields_or_a_function():
     assert item_lengths(items, ["input_ids", "labels"]).tolist() == [3, 2]
     assert item_lengths(items, lambda item: len(item["labels"]) + 1).tolist() == [2, 3]
     assert item_lengths(items, "input_ids").dtype == np.int64
+
+
+class _Items:
+    """Items of a map-style dataset that count how often they are read."""
+
+    def __init__(self, lengths):
+        self.items = [{"input_ids": list(range(1, n + 1)), "labels": [1] * n} for n in lengths]
+        self.reads = 0
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return self.items[i]
+
+
+class _DeclaresLengths(_Items, KnownLengths):
+    """Declares that it knows its lengths (as a store's TokenDataset does)."""
+
+    def lengths_of(self, fields):
+        return np.array([len(item["input_ids"]) for item in self.items]) if set(fields) <= {"input_ids"} else None
+
+
+class _HasLengthsOf(_Items):
+    """Has a lengths_of method with the same signature, but declares nothing (and would lie)."""
+
+    def lengths_of(self, fields):
+        return np.full(len(self), 99)
+
+
+class _LooksLikeHuggingFace(_Items):
+    """Has a Hugging Face dataset's column_names and with_format, but is not one."""
+
+    column_names = ["input_ids", "labels"]
+
+    def with_format(self, kind):
+        raise AssertionError("read as Arrow columns")
+
+
+def test_item_lengths_asks_only_a_dataset_that_declares_its_lengths():
+    declared = _DeclaresLengths([3, 1, 4])
+    assert item_lengths(declared, "input_ids").tolist() == [3, 1, 4] and declared.reads == 0  # no item read
+    assert item_lengths(declared, ["input_ids", "labels"]).tolist() == [3, 1, 4] and declared.reads == 3  # it did not
+    # know them: read
+    for undeclared in (_HasLengthsOf([3, 1, 4]), _LooksLikeHuggingFace([3, 1, 4])):  # a method or columns alone
+        assert item_lengths(undeclared, "input_ids").tolist() == [3, 1, 4] and undeclared.reads == 3  # decide nothing
 
 
 @pytest.mark.parametrize(("items", "length", "error", "match"), [
@@ -278,7 +328,7 @@ def test_source_target_micro_batches_keep_each_fields_padded_slots_within_max_to
 
 
 # --------------------------------------------------------------------------------- Hugging Face datasets
-def test_hugging_face_dataset_lengths_read_in_arrow_equal_the_item_by_item_reading():
+def test_hugging_face_dataset_lengths_read_in_arrow_equal_the_item_by_item_reading(monkeypatch):
     datasets = pytest.importorskip("datasets")
     rng = np.random.default_rng(4)
     items = [{"input_ids": rng.integers(5, 50, size=int(rng.integers(1, 30))).tolist(),
@@ -288,6 +338,12 @@ def test_hugging_face_dataset_lengths_read_in_arrow_equal_the_item_by_item_readi
     rows = [ds[i] for i in range(len(ds))]
     for length in ("input_ids", ["input_ids", "labels"], "n", ["n", "input_ids"]):
         assert item_lengths(ds, length).tolist() == item_lengths(rows, length).tolist()
+    # recognised by its class, datasets.Dataset: its columns are read in Arrow, no item is read
+    loader_module = importlib.import_module("lit_balance.data.loader")
+    want, read = item_lengths(rows, ["input_ids", "labels"]).tolist(), []
+    monkeypatch.setattr(loader_module, "_length_function", lambda length: lambda item, i: read.append(i))
+    assert item_lengths(ds, ["input_ids", "labels"]).tolist() == want and read == []
+    monkeypatch.undo()
     # and the whole path: a micro-batch fetched with the dataset's __getitems__
     train = MicroBatchDataset(ds, ["input_ids", "labels"])
     sampler = BalancedBatchSampler(train.lengths, max_tokens=64, num_replicas=1, rank=0)

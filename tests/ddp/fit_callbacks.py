@@ -21,9 +21,10 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
-from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset
+from lit_balance import BalancedBatchSampler, PadCollator, TokenDataset, use_training_sampler
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.callbacks import AdaptiveGradAccumulation, PaddingRatioMonitor, StragglerMonitor, TimingWindow
+from lit_balance.data.training_sampler import training_sampler_of
 
 from launch import run_as_ranks  # launch.py (the repository root)
 
@@ -60,6 +61,8 @@ class Data(L.LightningDataModule):
                                             accumulate_grad_batches=self.acc)
 
     def train_dataloader(self):
+        # a plain DataLoader: the callbacks and the loss read the sampler this hands to the Trainer
+        use_training_sampler(self.trainer, self.sampler)
         return DataLoader(self.ds, sampler=self.sampler, batch_size=None, collate_fn=PadCollator(0))
 
 
@@ -149,6 +152,7 @@ def main():
         "history": acc_cb.history if acc_cb else None,
         "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
         "final_accumulate_grad_batches": trainer.accumulate_grad_batches,
+        "handed_over": training_sampler_of(trainer) is data.sampler,  # what the callbacks and the loss read
         # the last epoch's gathered local-backward seconds, [world_size, micro-batches] (NaN: synced backward)
         "backward_s": TimingWindow.concatenate(monitor.epoch_windows).backward_s.tolist(),
     }

@@ -28,6 +28,7 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("mode", MODES)
 def test_micro_batches_per_optimizer_step_equal_accumulate_grad_batches_on_every_rank(runs, mode):
     _, ranks = runs[mode]
+    assert ranks[0]["handed_over"] and ranks[1]["handed_over"]  # the callbacks read the plain loader's sampler
     assert ranks[0]["steps"] == ranks[1]["steps"]  # same windows, same values, on both ranks
     assert ranks[0]["zero_grads"] == ranks[1]["zero_grads"]
     num_batches = ranks[0]["num_batches"]

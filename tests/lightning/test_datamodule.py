@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from lit_balance import IGNORE_INDEX, BalancedTextDataModule
 from lit_balance.data.sources import builtin as corpus_module
+from lit_balance.data.training_sampler import training_sampler_of
 from lit_balance.data.tokenizer import TokenizerAdapter, builtin_tokenizer
 from lit_balance.demo import DemoTransformerLM
 
@@ -767,6 +768,7 @@ def test_short_fit(tmp_path):
     assert trainer.world_size == 1
     assert dm.train_sampler.num_replicas == 1
     assert trainer.train_dataloader.sampler is dm.train_sampler
+    assert training_sampler_of(trainer) is dm.train_sampler  # handed to the Trainer for the callbacks and the loss
     loss = trainer.callback_metrics["train/loss"]
     assert math.isfinite(float(loss)) and float(loss) > 0
     assert len(model.seen) == 3

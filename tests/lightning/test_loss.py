@@ -171,6 +171,19 @@ def test_micro_batches_of_one_step_must_agree():
         sl.micro_batch(module, {"step_supervised_tokens": 4}, module.theta * 1.0, 1)
 
 
+@pytest.mark.parametrize(("planned_for", "mode"), [(2, "plan"), (1, "all_reduce"), (None, "plan")])
+def test_a_training_sampler_planned_for_other_steps_than_the_trainers_selects_the_all_reduce_path(planned_for, mode):
+    from lit_balance import BalancedBatchSampler, use_training_sampler
+
+    module = FakeModule(1, 2, FakeStrategy())  # Trainer(accumulate_grad_batches=2)
+    if planned_for is not None:  # None: nothing handed over, the plan's step totals are taken as they come
+        use_training_sampler(module._trainer, BalancedBatchSampler([3, 5, 2], max_tokens=8, num_replicas=1, rank=0,
+                                                                   accumulate_grad_batches=planned_for))
+    sl = StepTokenLoss()
+    sl.micro_batch(module, {"step_supervised_tokens": 3}, module.theta * 1.0, 1)
+    assert sl.mode == mode
+
+
 def test_adaptive_accumulation_selects_the_all_reduce_path():
     from lit_balance.callbacks import AdaptiveGradAccumulation
 

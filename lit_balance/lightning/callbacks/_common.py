@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from lit_balance.data.collate import IGNORE_INDEX
+from lit_balance.data.training_sampler import HAND_OVER_ADVICE, training_sampler_of
 from lit_balance.errors import InputTypeError
 from lit_balance.sampler.sampler import BalancedBatchSampler
 from lit_balance.world import data_parallel_world
@@ -55,10 +56,24 @@ def gather_same_everywhere(trainer: L.Trainer, local: torch.Tensor) -> torch.Ten
     return out.cpu()
 
 
-def train_sampler(trainer: L.Trainer) -> Any:
-    """The training loader's ``sampler`` (the :class:`lit_balance.BalancedBatchSampler`), or None."""
-    loader = getattr(trainer, "train_dataloader", None)
-    return getattr(loader, "sampler", None)
+def train_sampler(trainer: L.Trainer) -> BalancedBatchSampler | None:
+    """The training sampler handed to ``trainer`` (:func:`lit_balance.data.training_sampler.training_sampler_of`: by
+    the DataModule, a :class:`~lit_balance.BalancedDataLoader` given ``trainer=``, or
+    :func:`~lit_balance.use_training_sampler`), or None when none was."""
+    return training_sampler_of(trainer)
+
+
+def needed_sampler(trainer: L.Trainer, owner: str) -> BalancedBatchSampler:
+    """:func:`train_sampler`, for a callback that cannot work without it.
+
+    Raises:
+        RuntimeError: no training sampler was handed to ``trainer`` (naming ``owner`` and how to hand one over).
+    """
+    sampler = training_sampler_of(trainer)
+    if sampler is None:
+        raise RuntimeError(f"{owner} reads the training sampler's plan, and no lit_balance.BalancedBatchSampler was "
+                           f"handed to the Trainer: {HAND_OVER_ADVICE}, or remove {owner}")
+    return sampler
 
 
 def batch_fields(batch: Any, keys: tuple[str, ...], owner: str) -> list[Any]:
@@ -83,15 +98,12 @@ def batch_fields(batch: Any, keys: tuple[str, ...], owner: str) -> list[Any]:
                        "them, or remove the callback") from None
 
 
-def mixture_sampler(trainer: L.Trainer) -> Any:
-    """The training loader's sampler when it blends several components (its ``num_components``; every
+def mixture_sampler(trainer: L.Trainer) -> BalancedBatchSampler | None:
+    """The training sampler (:func:`train_sampler`) when it blends several components (its ``num_components``; every
     :class:`~lit_balance.BalancedBatchSampler` answers ``mixture``, ``num_components`` and ``component_of``), or None
-    for one corpus or another sampler. The same on every rank (the same plan)."""
-    loader = getattr(trainer, "train_dataloader", None)
-    for sampler in (getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
-        if isinstance(sampler, BalancedBatchSampler) and sampler.num_components > 1:
-            return sampler
-    return None
+    for one corpus or when no sampler was handed over. The same on every rank (the same plan)."""
+    sampler = training_sampler_of(trainer)
+    return sampler if sampler is not None and sampler.num_components > 1 else None
 
 
 def row_tokens(batch: Any, owner: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -19,20 +19,16 @@ from lit_balance.world import data_parallel_world
 __all__ = ["AdaptiveGradAccumulation", "plan_step_tokens"]
 
 
-def plan_step_tokens(sampler: Any) -> np.ndarray | None:
-    """Global real tokens of each micro-step of the sampler's current epoch (fill rows excluded), or None.
+def plan_step_tokens(sampler: BalancedBatchSampler | None) -> np.ndarray | None:
+    """Global real tokens of each micro-step of the sampler's current epoch (fill rows excluded), or None without a
+    sampler.
 
     ``out[t]`` sums, over all ranks, the real tokens of the micro-batch each rank runs at micro-step ``t`` of
-    the epoch, Lightning's ``batch_idx`` (int64 ``[len(sampler)]``). After a resume on another number of
-    ranks, the micro-steps before the cut are those the old ranks ran. Every rank computes it alike, without
-    communication. Any other object with ``plan()`` and ``lengths`` is read from ``plan()`` alone.
+    the epoch, Lightning's ``batch_idx`` (int64 ``[len(sampler)]``; :meth:`BalancedBatchSampler.micro_step_totals`).
+    After a resume on another number of ranks, the micro-steps before the cut are those the old ranks ran. Every rank
+    computes it alike, without communication.
     """
-    if isinstance(sampler, BalancedBatchSampler):
-        return sampler.micro_step_totals()[0]
-    if not (hasattr(sampler, "plan") and hasattr(sampler, "lengths")):
-        return None
-    plan = sampler.plan()
-    return plan.real_tokens_per_batch(sampler.lengths)[plan.assignment].sum(axis=1).astype(np.int64)
+    return None if sampler is None else sampler.micro_step_totals()[0]
 
 
 class AdaptiveGradAccumulation(L.Callback):
@@ -51,9 +47,11 @@ class AdaptiveGradAccumulation(L.Callback):
 
     **Same value on every rank.** Decisions use only what every rank knows alike: the sampler's global plan
     (real tokens of every rank's micro-batch at every step, :func:`plan_step_tokens`), and the timings that
-    :class:`StragglerMonitor` has gathered (identical on every rank). A sampler without a plan falls back to
-    the real tokens actually seen, summed over the data-parallel ranks
-    (:func:`lit_balance.world.data_parallel_world`) by one all-reduce per optimizer step.
+    :class:`StragglerMonitor` has gathered (identical on every rank). The sampler is the one handed to the Trainer
+    (by :class:`~lit_balance.BalancedTextDataModule`, ``balanced_dataloader(..., trainer=self.trainer)`` or
+    :func:`~lit_balance.use_training_sampler`); when none was (a loader of another sampler), the real tokens actually
+    seen are summed over the data-parallel ranks (:func:`lit_balance.world.data_parallel_world`) by one all-reduce per
+    optimizer step instead.
 
     **Policy.** Let ``m`` be the mean global real tokens per micro-step over the next ``lookahead``
     micro-steps. Tokens alone ask for ``k_tok = round(target / m)``; by default that is the value.
@@ -201,7 +199,7 @@ class AdaptiveGradAccumulation(L.Callback):
     # -- decisions ---------------------------------------------------------------------------------------
     def _mean_tokens(self, trainer: L.Trainer, batch_idx: int) -> float | None:
         sampler = train_sampler(trainer)
-        epoch = getattr(sampler, "epoch", None)
+        epoch = None if sampler is None else sampler.epoch
         if self._tokens is None or self._tokens_epoch != epoch:
             self._tokens = plan_step_tokens(sampler)
             self._tokens_epoch = epoch

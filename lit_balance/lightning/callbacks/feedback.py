@@ -12,9 +12,10 @@ import torch
 
 from lit_balance._checks import MIN_RANK_SPEED_RATIO, check_bool, check_int, check_number
 from lit_balance.errors import InputTypeError, InputValueError
-from lit_balance.lightning.callbacks._common import emit, train_sampler
+from lit_balance.lightning.callbacks._common import emit, needed_sampler
 from lit_balance.lightning.callbacks.straggler import StragglerMonitor, TimingWindow
 from lit_balance.plan.cost import CostModel, CostModelProtocol
+from lit_balance.sampler.sampler import BalancedBatchSampler
 from lit_balance.world import data_parallel_world
 
 __all__ = ["CostModelFeedback", "fit_cost_and_speeds"]
@@ -45,24 +46,19 @@ def _coefficients(cost_model: Any, names: tuple[str, ...]) -> list[float]:
     return [float(v) for v in values.values()]
 
 
-def _fitted_class(sampler: Any) -> tuple[type, tuple[str, ...]]:
+def _fitted_class(sampler: BalancedBatchSampler) -> tuple[type, tuple[str, ...]]:
     """The class the sampler's cost model is refitted with, and its coefficients' names (its ``to_dict()`` keys).
-
-    :class:`CostModel` for a sampler without ``cost_model``.
 
     Raises:
         TypeError: the cost model's class has no ``fit``, or its ``to_dict()`` is not of real numbers.
     """
-    model = getattr(sampler, "cost_model", None)
-    if model is None:
-        model = CostModel()
+    model = sampler.cost_model
     cost_class = type(model)
     if not callable(getattr(cost_class, "fit", None)):
         raise InputTypeError(_no_fit_message(cost_class), parameter="cost_model")
     names = tuple(model.to_dict())
     _coefficients(model, names)
     return cost_class, names
-
 
 
 def fit_cost_and_speeds(window: TimingWindow, *, cost_class: type = CostModel, iterations: int = 5,
@@ -144,15 +140,15 @@ class CostModelFeedback(L.Callback):
     rank's relative speed (:func:`fit_cost_and_speeds`) on data-parallel rank 0, broadcasts them over the
     data-parallel ranks (:func:`lit_balance.world.data_parallel_world`; one broadcast per epoch, so every rank hands
     the sampler bit-identical numbers and computes the same plan), and calls
-    ``sampler.set_cost_model(cost_model, rank_speeds)`` on the training sampler
-    (``trainer.train_dataloader.sampler``). The sampler uses them from the next epoch's plan on; the
+    ``sampler.set_cost_model(cost_model, rank_speeds)`` on the training sampler handed to the Trainer (by
+    :class:`~lit_balance.BalancedTextDataModule`, ``balanced_dataloader(..., trainer=self.trainer)`` or
+    :func:`~lit_balance.use_training_sampler`). The sampler uses them from the next epoch's plan on; the
     current epoch's plan never changes, so mid-epoch resume stays exact.
 
     **Which cost model.** The fit is of the class of the sampler's cost model (``type(sampler.cost_model)``, its
     classmethod ``fit``, as :meth:`lit_balance.CostModel.fit`), so a custom cost model
     (:class:`lit_balance.plan.CostModelBase` subclass) stays one across epochs and resume; its ``to_dict()`` values
-    are the fitted coefficients (real numbers), broadcast, smoothed and rebuilt with ``from_dict``. A sampler
-    without ``cost_model`` is fitted with :class:`lit_balance.CostModel`.
+    are the fitted coefficients (real numbers), broadcast, smoothed and rebuilt with ``from_dict``.
 
     Logs ``balance/rank_speed_rank{r}`` and ``balance/cost_{name}`` per coefficient of the fitted model's
     ``to_dict()``: for :class:`lit_balance.CostModel`, ``balance/cost_linear``, ``balance/cost_quadratic``,
@@ -189,7 +185,8 @@ class CostModelFeedback(L.Callback):
             on every rank) a fit whose ``to_dict()`` is not of the sampler's cost model's coefficients.
         ValueError: ``min_samples < 3``; ``smoothing`` or ``speed_tolerance`` outside ``[0, 1)`` (or NaN).
         RuntimeError: (at fit start) no StragglerMonitor in the Trainer's callbacks; ``fit_speeds=True`` without
-            ``Trainer(reload_dataloaders_every_n_epochs=1)``.
+            ``Trainer(reload_dataloaders_every_n_epochs=1)``; no training sampler handed to the Trainer (naming the
+            ways to hand one over).
 
     Example:
         >>> from lit_balance.callbacks import StragglerMonitor
@@ -209,7 +206,6 @@ class CostModelFeedback(L.Callback):
         #: ``(cost_model, rank_speeds)`` handed to the sampler at the last epoch end, or None.
         self.last_fit: tuple[CostModelProtocol, list[float] | None] | None = None
         self._monitor: StragglerMonitor | None = None
-        self._warned = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         monitors = [c for c in trainer.callbacks if isinstance(c, StragglerMonitor)]
@@ -223,7 +219,8 @@ class CostModelFeedback(L.Callback):
                 f"epoch length only when it reloads the train dataloader, and reload_dataloaders_every_n_epochs is "
                 f"{reload}: pass Trainer(reload_dataloaders_every_n_epochs=1), or CostModelFeedback(fit_speeds=False)"
             )
-        _fitted_class(train_sampler(trainer))  # a cost model that cannot be refitted fails now, not after an epoch
+        # no sampler to hand the fit to, or a cost model that cannot be refitted, fails now, not after an epoch
+        _fitted_class(needed_sampler(trainer, "CostModelFeedback"))
         self._monitor = monitors[0]
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -234,7 +231,7 @@ class CostModelFeedback(L.Callback):
         if not monitor.epoch_windows:
             return
         window = TimingWindow.concatenate(monitor.epoch_windows)
-        sampler = train_sampler(trainer)
+        sampler = needed_sampler(trainer, "CostModelFeedback")  # the loader may be rebuilt every epoch
         cost_class, names = _fitted_class(sampler)
         world = data_parallel_world(trainer)
         payload = torch.zeros(1 + len(names) + window.num_replicas, dtype=torch.float64)  # [status, *coefs, *speeds]
@@ -253,12 +250,6 @@ class CostModelFeedback(L.Callback):
         if cost is None:
             return
         speeds = self._planned_speeds(trainer, fitted_speeds) if self.fit_speeds else None
-        if not hasattr(sampler, "set_cost_model"):
-            if not self._warned and trainer.is_global_zero:
-                warnings.warn(f"CostModelFeedback: the training sampler ({type(sampler).__name__}) has no "
-                              "set_cost_model(); timings are measured but not fed back", RuntimeWarning, stacklevel=2)
-            self._warned = True
-            return
         sampler.set_cost_model(cost, speeds)
         self.last_fit = (cost, speeds)
         metrics = {f"balance/cost_{name}": value for name, value in zip(names, coefs)}

@@ -11,7 +11,7 @@ import torch
 
 from lit_balance.errors import InputValueError
 from lit_balance.sampler.state import plan_micro_step
-from lit_balance.lightning.callbacks._common import batch_fields, gather, train_sampler
+from lit_balance.lightning.callbacks._common import batch_fields, gather, needed_sampler
 from lit_balance.world import data_parallel_world
 
 __all__ = ["LedgerCheck", "LedgerMismatchError"]
@@ -53,6 +53,9 @@ class LedgerCheck(L.Callback):
             the ledger.
         ValueError: the ledger was written for other settings (naming each), ``every_n_steps`` below 1.
         KeyError, TypeError: batches without ``indices`` / ``is_fill``.
+        RuntimeError: (at the epoch the ledger is of) no training sampler was handed to the Trainer (by
+            :class:`~lit_balance.BalancedTextDataModule`, ``balanced_dataloader(..., trainer=self.trainer)`` or
+            :func:`~lit_balance.use_training_sampler`).
 
     Example:
         >>> from lit_balance.callbacks import LedgerCheck
@@ -89,7 +92,7 @@ class LedgerCheck(L.Callback):
         table, header = read_ledger(self.ledger, columns=["micro_step", "rank", "sample", "fill"], rank=world.rank)
         if int(header["epoch"]) != int(trainer.current_epoch):
             return
-        sampler = train_sampler(trainer)
+        sampler = needed_sampler(trainer, "LedgerCheck")
         check_ledger_header(header, ledger_header(sampler), source=f"the ledger {self.ledger}")
         self._epoch, self._acc, self._rank = int(header["epoch"]), int(header["accumulate_grad_batches"]), world.rank
         self._optimizer_step0 = int(header["first_optimizer_step"])

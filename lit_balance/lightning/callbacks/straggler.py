@@ -201,8 +201,9 @@ class StragglerMonitor(L.Callback):
         warn_after: windows in a row with the same slowest rank above ``warn_ratio`` before warning.
         cost_model: cost of a micro-batch for ``balance/cost_rank{r}``: any cost model
             (:class:`lit_balance.plan.cost.CostModelProtocol`, e.g. a :class:`lit_balance.plan.CostModelBase`
-            subclass); default: the training sampler's ``cost_model`` of each epoch if it has one, else
-            :class:`lit_balance.plan.cost.CostModel()` (padded slots).
+            subclass); default: the ``cost_model`` of each epoch of the training sampler handed to the Trainer
+            (:func:`lit_balance.use_training_sampler`; the DataModule and ``balanced_dataloader(...,
+            trainer=self.trainer)`` hand theirs over), else :class:`lit_balance.plan.cost.CostModel()` (padded slots).
         synchronize: synchronize CUDA at the ends of the timed intervals.
         clock: seconds, monotonic (default :func:`time.perf_counter`); tests inject a fake one.
 
@@ -273,8 +274,9 @@ class StragglerMonitor(L.Callback):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         cost = self.cost_model
-        if cost is None:  # the sampler's cost model of this epoch, or padded slots
-            cost = check_cost_model(getattr(train_sampler(trainer), "cost_model", None),
+        if cost is None:  # the training sampler's cost model of this epoch, or padded slots without one
+            sampler = train_sampler(trainer)
+            cost = check_cost_model(None if sampler is None else sampler.cost_model,
                                     parameter="the training sampler's cost_model")
         self._cost = cost
         self.epoch_windows = []

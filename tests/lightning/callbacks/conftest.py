@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.profilers import PassThroughProfiler
 from scipy.optimize import nnls
 
+from lit_balance import use_training_sampler
 from lit_balance.plan.cost import CostModelBase
 
 
@@ -70,6 +71,8 @@ class Clock:
 
 def make_trainer(*, rank=0, world_size=1, others=None, sampler=None, callbacks=(), log_every_n_steps=50,
                  num_training_batches=1000, reload_dataloaders_every_n_epochs=1):
+    """A fake Trainer; ``sampler`` (a BalancedBatchSampler, or None) is handed to it as its training sampler, as the
+    DataModule and ``balanced_dataloader(..., trainer=...)`` do (its loader holds it too)."""
     logger = RecordingLogger()
     trainer = SimpleNamespace(
         world_size=world_size, global_rank=rank, is_global_zero=rank == 0, global_step=0,
@@ -79,6 +82,8 @@ def make_trainer(*, rank=0, world_size=1, others=None, sampler=None, callbacks=(
         num_training_batches=num_training_batches, reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs,
         profiler=PassThroughProfiler(), lightning_module=None,
     )
+    if sampler is not None:
+        use_training_sampler(trainer, sampler)
     return trainer, logger
 
 

@@ -11,16 +11,25 @@ from hypothesis import strategies as st
 
 from lit_balance.callbacks import AdaptiveGradAccumulation, StragglerMonitor, TimingWindow
 from lit_balance.lightning.callbacks.accumulation import plan_step_tokens
-from lit_balance.plan import EpochPlan
+from lit_balance import BalancedBatchSampler
+
+
+class ScriptedPlan(BalancedBatchSampler):
+    """A training sampler whose plan totals are scripted: rank r runs tokens_per_rank[s][r] real tokens at micro-step
+    s (what :meth:`BalancedBatchSampler.micro_step_totals` answers, the one thing the callback asks of the plan)."""
+
+    def __init__(self, tokens_per_rank):
+        t = np.asarray(tokens_per_rank, dtype=np.int64)
+        super().__init__(t.reshape(-1), int(t.max()), num_replicas=t.shape[1], rank=0)
+        self._totals = t.sum(axis=1)
+
+    def micro_step_totals(self):
+        return self._totals.copy(), np.full(self._totals.shape, self.num_replicas, dtype=np.int64)
 
 
 def fake_sampler(tokens_per_rank):
     """A sampler whose plan gives rank r, at micro-step s, one row of tokens_per_rank[s][r] tokens."""
-    t = np.asarray(tokens_per_rank, dtype=np.int64)
-    steps, ranks = t.shape
-    plan = EpochPlan(rows=np.arange(t.size), is_fill=np.zeros(t.size, bool), batch_offsets=np.arange(t.size + 1),
-                     assignment=np.arange(t.size).reshape(steps, ranks), dropped=np.zeros(0, np.int64))
-    return SimpleNamespace(plan=lambda: plan, lengths=t.reshape(-1), epoch=0)
+    return ScriptedPlan(tokens_per_rank)
 
 
 def run_epoch(cb, trainer, n, real=10):
@@ -142,9 +151,9 @@ def test_straggler_timings_raise_accumulation_until_imbalance_averages_out():
     assert [acc for _, _, acc, _ in default.history] == [1] * 8
 
 
-def test_without_a_plan_it_all_reduces_the_tokens_seen():
+def test_without_a_training_sampler_handed_over_it_all_reduces_the_tokens_seen():
     cb = AdaptiveGradAccumulation(target_tokens_per_step=60)
-    trainer, _ = make_trainer(world_size=2, sampler=object(), callbacks=[cb])
+    trainer, _ = make_trainer(world_size=2, sampler=None, callbacks=[cb])  # e.g. a DataLoader of another sampler
     cb.on_train_start(trainer, MODULE)
     check_aligned(run_epoch(cb, trainer, 6))  # 10 tokens per rank per micro-batch: 20 global (fake reduce x2)
     assert cb.history[0] == (0, 0, 1, 20)  # nothing known before the first step
@@ -181,12 +190,17 @@ def test_rejects_bad_arguments(kwargs, error, match):
         AdaptiveGradAccumulation(**kwargs)
 
 
-def test_plan_step_tokens_excludes_fill_rows():
-    plan = EpochPlan(rows=np.array([0, 1, 2, 0]), is_fill=np.array([False, False, False, True]),
-                     batch_offsets=np.array([0, 2, 3, 4]), assignment=np.array([[0, 1], [2, 2]]),
-                     dropped=np.zeros(0, np.int64))
-    sampler = SimpleNamespace(plan=lambda: plan, lengths=np.array([5, 7, 11]))
-    assert plan_step_tokens(sampler).tolist() == [12 + 11, 0 + 0]
+def test_plan_step_tokens_sum_every_ranks_real_tokens_per_micro_step_without_fill_rows():
+    lengths = [200, 190, 180, 170]  # one document per micro-batch: 4 micro-batches on 3 ranks, two of them fill rows
+    samplers = [BalancedBatchSampler(lengths, 256, num_replicas=3, rank=r, seed=2) for r in range(3)]
+    plan = samplers[0].plan()
+    assert plan.is_fill.any()  # the plan fills some rows: they carry no real tokens
+    want = np.zeros(len(samplers[0]), dtype=np.int64)
+    for sampler in samplers:
+        for t, micro_batch in enumerate(sampler):
+            want[t] += sum(lengths[i] for i, fill in zip(micro_batch, micro_batch.is_fill) if not fill)
+    assert all(plan_step_tokens(s).tolist() == want.tolist() for s in samplers)  # the same on every rank
+    assert plan_step_tokens(None) is None  # no sampler, no plan
 
 
 def test_state_dict_restores_the_value_in_use():

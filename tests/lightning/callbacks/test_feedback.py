@@ -110,8 +110,11 @@ def test_too_few_timings_raise():
         fit_cost_and_speeds(synthetic_window([1.0, 1.0], n=5), min_samples=8)
 
 
-class RecordingSampler:
-    def __init__(self):
+class RecordingSampler(BalancedBatchSampler):
+    """A training sampler that records what it is handed instead of planning with it."""
+
+    def __init__(self, cost_model=None):
+        super().__init__(np.full(40, 16), 64, num_replicas=2, rank=0, cost_model=cost_model)
         self.calls = []
 
     def set_cost_model(self, cost_model, rank_speeds=None):
@@ -139,20 +142,20 @@ def test_hands_the_fit_to_the_sampler_and_logs_it():
     assert sampler.calls[-1][1] is None
 
 
-def test_needs_a_monitor_and_warns_about_a_sampler_without_feedback():
+def test_needs_a_monitor_and_a_training_sampler_handed_to_the_trainer():
     feedback = CostModelFeedback()
     trainer, _ = make_trainer(callbacks=[feedback])
     with pytest.raises(RuntimeError, match="needs a StragglerMonitor"):
         feedback.on_train_start(trainer, MODULE)
     monitor = StragglerMonitor()
-    trainer, _ = make_trainer(world_size=2, sampler=object(), callbacks=[monitor, feedback])
-    feedback.on_train_start(trainer, MODULE)
-    monitor.epoch_windows = [synthetic_window([1.0, 1.0])]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        feedback.on_train_epoch_end(trainer, MODULE)
-    assert any("has no set_cost_model" in str(w.message) for w in caught)
-    assert feedback.last_fit is None
+    # a loader over a BalancedBatchSampler that nobody handed to the Trainer: refused at fit start, naming the ways
+    trainer, _ = make_trainer(world_size=2, callbacks=[monitor, feedback])
+    trainer.train_dataloader.sampler = RecordingSampler()
+    with pytest.raises(RuntimeError, match=r"CostModelFeedback reads the training sampler's plan, and no "
+                                           r"lit_balance.BalancedBatchSampler was handed to the Trainer: .*"
+                                           r"use_training_sampler\(self.trainer, sampler\)"):
+        feedback.on_train_start(trainer, MODULE)
+    assert feedback.last_fit is None and trainer.train_dataloader.sampler.calls == []
 
 
 def test_no_fit_from_too_few_timings_leaves_the_sampler_alone():
@@ -446,8 +449,7 @@ def test_a_fit_of_another_shape_fails_on_every_rank_alike():
         return sent[0]
 
     for rank in (0, 1):
-        sampler = RecordingSampler()
-        sampler.cost_model = Changing()
+        sampler = RecordingSampler(cost_model=Changing())
         monitor, feedback = StragglerMonitor(), CostModelFeedback()
         trainer, _ = make_trainer(rank=rank, world_size=2, sampler=sampler, callbacks=[monitor, feedback])
         trainer.strategy.broadcast = broadcast

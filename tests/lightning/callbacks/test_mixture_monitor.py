@@ -8,6 +8,7 @@ from conftest import MODULE, batch, make_trainer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lit_balance import BalancedBatchSampler
 from lit_balance.callbacks import MixtureMonitor
 from lit_balance.data.collate import IGNORE_INDEX, PackedCollator, PadCollator
 from lit_balance.lightning.callbacks._common import row_tokens
@@ -144,8 +145,10 @@ def test_a_checkpoint_saved_between_gathers_logs_and_writes_every_step_it_holds(
     assert [step for step, _ in logs[0].calls] == [0, 1, 2, 3, 4, 5] and logs[0].saved == 6
 
 
-def test_a_single_corpus_logs_nothing_and_gathers_nothing():
-    trainer, logger = make_trainer(rank=0, world_size=2, sampler=object())
+@pytest.mark.parametrize("handed", ["one corpus", "nothing"])
+def test_a_single_corpus_logs_nothing_and_gathers_nothing(handed):
+    one = BalancedBatchSampler(LENGTHS, max_tokens=40, num_replicas=2, rank=0) if handed == "one corpus" else None
+    trainer, logger = make_trainer(rank=0, world_size=2, sampler=one)
     cb = MixtureMonitor(log_every_n_steps=1)
     cb.on_train_epoch_start(trainer, MODULE)
     for k in range(4):
