@@ -51,7 +51,6 @@ _EXPORTS = {
     "plan_length_warmup": "lit_balance.plan.warmup",
     "PieceMicroBatch": "lit_balance.plan.types",
     "PieceDataset": "lit_balance.data.pieces",
-    "LengthWarmupSampler": "lit_balance.sampler.warmup",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -84,7 +83,6 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs
     from lit_balance.plan.warmup import LengthWarmupPlan, plan_length_warmup  # noqa: F401
     from lit_balance.plan.types import PieceMicroBatch  # noqa: F401
     from lit_balance.data.pieces import PieceDataset  # noqa: F401
-    from lit_balance.sampler.warmup import LengthWarmupSampler  # noqa: F401
     from lit_balance.schedule import Schedule  # noqa: F401
 
 
