@@ -64,8 +64,9 @@ def test_plans_and_collated_batches_lose_no_token_and_keep_each_step_within_its_
         assert (covered[d, :n] == 1).all() and (covered[d, n:] == 0).all()
 
 
-def test_the_training_loader_reads_pieces_and_the_state_saves_the_schedule(tmp_path):
-    dm = _dm(tmp_path)
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_the_training_loader_reads_pieces_and_the_state_saves_the_schedule(tmp_path, num_workers):
+    dm = _dm(tmp_path, num_workers=num_workers)
     dm.setup("fit")
     batches = list(dm.train_dataloader())
     assert len(batches) == len(dm.train_sampler)

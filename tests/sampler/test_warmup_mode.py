@@ -253,3 +253,21 @@ def test_a_state_resumes_only_with_its_schedule():
     plain = BalancedBatchSampler(lengths, settings=s, num_replicas=2, rank=0).state_dict(1)
     with pytest.raises(ValueError, match="saved without a length warm-up.*max_length_schedule"):
         _sampler(lengths, s, 16, 2, 0).load_state_dict(plain)
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_per_rank_budgets_hold_with_every_token_once(packing):
+    """max_tokens per rank (a list): each rank's micro-batches within its own budget, every token once."""
+    lengths = np.random.default_rng(0).integers(1, 400, 200)
+    budgets = [128, 256]
+    samplers = [BalancedBatchSampler(lengths, max_tokens=budgets, num_replicas=2, rank=r, packing=packing,
+                                     max_length_schedule=[[0, 32], [5, 200]]) for r in range(2)]
+    assert len(samplers[0]) == len(samplers[1])
+    trained = np.zeros(lengths.size, dtype=np.int64)
+    for r, sampler in enumerate(samplers):
+        for mb in sampler:
+            pieces = np.array(mb.piece_length)
+            assert (pieces.sum() if packing else pieces.size * pieces.max()) <= budgets[r]
+            np.add.at(trained, np.array(mb)[~np.array(mb.is_fill, dtype=bool)],
+                      pieces[~np.array(mb.is_fill, dtype=bool)])
+    assert (trained == lengths).all()
