@@ -151,6 +151,11 @@ def ledger_columns(sampler: Any, *, dataset: Any = None, epoch: int | None = Non
         ``store_file`` are int32 codes into ``dictionaries["component"]`` / ``dictionaries["store_file"]``.
     """
     epoch = sampler.epoch if epoch is None else int(epoch)
+    if sampler.plan_pieces(epoch) is not None:
+        raise InputValueError("the ledger lists whole documents per micro-batch, and under a length warm-up "
+                              "(max_length_schedule) the plan's rows are pieces of documents: leave the ledger "
+                              "(LedgerCheck, lit-balance plan --ledger) out of a run with max_length_schedule, or "
+                              "leave max_length_schedule unset", parameter="max_length_schedule")
     acc = int(sampler.settings.accumulate_grad_batches)
     current = epoch == sampler.epoch
     base = int(sampler.first_plan_micro_step) if current else 0

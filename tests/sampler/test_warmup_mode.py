@@ -271,3 +271,17 @@ def test_per_rank_budgets_hold_with_every_token_once(packing):
             np.add.at(trained, np.array(mb)[~np.array(mb.is_fill, dtype=bool)],
                       pieces[~np.array(mb.is_fill, dtype=bool)])
     assert (trained == lengths).all()
+
+
+def test_the_plan_report_counts_pieces_and_the_ledger_refuses_naming_the_warm_up():
+    from lit_balance.ledger import ledger_columns
+    from lit_balance.report.figures import plan_report
+
+    lengths = np.random.default_rng(1).integers(1, 300, 120)
+    sampler = _sampler(lengths, BatchingSettings(max_tokens=128), [[0, 32], [4, 128]], 2, 0)
+    report = plan_report(None, 128, num_replicas=2, sampler=sampler)
+    assert int(report.lengths.sum()) == int(lengths.sum())  # the report's samples are the pieces: every token
+    assert int(report.lengths.max()) <= 128 and report.lengths.size == sampler.plan_pieces()[0].size
+    assert report.balanced.padding_ratio < 0.2
+    with pytest.raises(ValueError, match=r"ledger.*max_length_schedule"):
+        ledger_columns(sampler)
