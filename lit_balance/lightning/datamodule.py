@@ -825,6 +825,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         the loss that read it.
         """
         self._plan(measure=True)
+        self._check_epoch_reload()
         if self._train_sampler_state is not None and self.train_sampler is not None:
             if self._saved_data is not None:
                 check_saved_data(self._saved_data, data_identity(self))
@@ -845,6 +846,27 @@ class BalancedTextDataModule(L.LightningDataModule):
         if trainer is not None:  # the training sampler of the callbacks and the loss
             use_training_sampler(trainer, self.train_sampler)
         return loader
+
+    def _check_epoch_reload(self) -> None:
+        """Under a length warm-up every epoch has its own number of micro-batches (each is cut to the steps it falls
+        on), and Lightning fixes an epoch's length when it loads the loader: refuse a run of more than one epoch that
+        does not reload the loader every epoch.
+
+        Raises:
+            ValueError: ``max_length_schedule`` with a Trainer whose ``max_epochs`` is not 1 and whose
+                ``reload_dataloaders_every_n_epochs`` is not 1, naming both.
+        """
+        trainer = self.trainer
+        if self.max_length_schedule is None or trainer is None or trainer.max_epochs == 1:
+            return
+        reload = trainer.reload_dataloaders_every_n_epochs
+        if reload != 1:
+            raise InputValueError(
+                f"max_length_schedule gives every epoch its own number of micro-batches, and Lightning fixes an "
+                f"epoch's length when it loads the training loader, which reload_dataloaders_every_n_epochs={reload} "
+                f"does not do every epoch (max_epochs={trainer.max_epochs}): pass "
+                "Trainer(reload_dataloaders_every_n_epochs=1), or max_epochs=1",
+                parameter="reload_dataloaders_every_n_epochs")
 
     def _train_items(self) -> Any:
         """What the training loader reads: the training split, or under a length warm-up its documents' pieces

@@ -176,7 +176,8 @@ class LengthWarmupPlans:
             rows.append(step_rows[:consumed].astype(np.int64))
             warmup = self._plan(inputs, record.epoch, after, warmup.first_step + consumed // acc,
                                 remaining_spans(warmup, consumed // acc), settings, record.cost_model)
-        self._starts[record.epoch + 1] = warmup.first_step + warmup.num_steps
+        # the next epoch starts where this one ends, as it ran (the first replay of an epoch is the one that runs)
+        self._starts.setdefault(record.epoch + 1, warmup.first_step + warmup.num_steps)
         earlier_tokens, earlier_rows = np.concatenate(tokens), np.concatenate(rows)
         return Replay(warmup.plan, earlier_tokens, earlier_rows, earlier_tokens - earlier_rows,
                       pieces=(warmup.piece_doc, warmup.piece_start, warmup.piece_length))
@@ -206,7 +207,7 @@ class LengthWarmupPlans:
                 f"({self.schedule.interpolation}); resume with the saved max_length_schedule",
                 parameter="max_length_schedule")
         start = check_int("first_optimizer_step", state["first_optimizer_step"], 0, "optimizer steps count from 0")
-        self._starts = {int(record.epoch): start}
+        self._starts = {0: 0, int(record.epoch): start}
 
 
 def plans_for(max_length_schedule: Any) -> SamplePlans | LengthWarmupPlans:

@@ -3,6 +3,7 @@ state and fingerprint; the settings it cannot be crossed with are refused naming
 
 from __future__ import annotations
 
+import lightning as L
 import numpy as np
 import pytest
 
@@ -114,3 +115,52 @@ def test_a_schedule_above_the_budget_is_refused_naming_it(tmp_path):
     dm = _dm(tmp_path, max_length_schedule=[[0, 64], [4, 512]])
     with pytest.raises(ValueError, match=r"max_length_schedule \(at optimizer step 4\).*512.*max_tokens=256"):
         dm.setup("fit")
+
+
+class _Pieces(L.Callback):
+    """Each epoch's real rows as ``(document, first token id, length, optimizer step of the run)``."""
+
+    def __init__(self) -> None:
+        self.epochs: dict[int, list] = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        rows = self.epochs.setdefault(trainer.current_epoch, [])
+        for i, (doc, fill) in enumerate(zip(batch["indices"].tolist(), batch["is_fill"].tolist())):
+            if not fill:
+                rows.append((doc, int(batch["input_ids"][i, 0]) - 1, int(batch["attention_mask"][i].sum()),
+                             trainer.global_step - 1))  # the step this micro-batch was just trained in
+
+
+def _trainer(tmp_path, **kwargs):
+    return L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path, **kwargs)
+
+
+def test_a_fit_of_two_epochs_trains_every_token_once_per_epoch_each_epoch_cut_at_its_own_steps(tmp_path):
+    from lit_balance.demo import DemoTransformerLM
+
+    docs = [np.arange(1, n + 1).tolist() for n in np.random.default_rng(4).integers(1, 300, 40).tolist()]
+    dm = _dm(tmp_path, docs=docs, vocab_size=301, max_length_schedule=[[0, 16], [12, 64], [24, 256]])
+    model = DemoTransformerLM(vocab_size=301, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
+    record = _Pieces()
+    trainer = _trainer(tmp_path, max_epochs=2, reload_dataloaders_every_n_epochs=1, callbacks=[record])
+    trainer.fit(model, datamodule=dm)
+    lengths = dm.train_dataset.lengths
+    for epoch in (0, 1):
+        covered = np.zeros((lengths.size, int(lengths.max())), dtype=np.int64)
+        for doc, start, n, step in record.epochs[epoch]:
+            covered[doc, start:start + n] += 1
+            assert n <= int(dm.max_length_schedule.value_at(step)), (epoch, step, n)
+        for d, n in enumerate(lengths.tolist()):
+            assert (covered[d, :n] == 1).all() and (covered[d, n:] == 0).all(), (epoch, d)
+    steps = [[step for *_, step in record.epochs[e]] for e in (0, 1)]
+    assert steps[1][0] == steps[0][-1] + 1  # the schedule goes on across the epochs
+    assert max(n for _, _, n, _ in record.epochs[1]) > 64  # past step 24: longer pieces
+
+
+def test_a_run_of_several_epochs_without_reloading_the_loader_is_refused_naming_both(tmp_path):
+    dm = _dm(tmp_path)
+    dm.trainer = _trainer(tmp_path, max_epochs=3)
+    dm.setup("fit")
+    with pytest.raises(ValueError, match=r"max_length_schedule.*reload_dataloaders_every_n_epochs=0.*max_epochs=3"):
+        dm.train_dataloader()

@@ -285,3 +285,21 @@ def test_the_plan_report_counts_pieces_and_the_ledger_refuses_naming_the_warm_up
     assert report.balanced.padding_ratio < 0.2
     with pytest.raises(ValueError, match=r"ledger.*max_length_schedule"):
         ledger_columns(sampler)
+
+
+def test_the_epoch_after_a_resume_on_another_world_size_starts_where_it_ended():
+    lengths = np.random.default_rng(2).integers(1, 200, 150)
+    s = BatchingSettings(max_tokens=64, accumulate_grad_batches=2)
+    schedule = [[0, 16], [6, 32], [40, 64]]
+    state = _sampler(lengths, s, schedule, 2, 0).state_dict(4)  # 2 optimizer steps on 2 ranks
+    later = _sampler(lengths, s, schedule, 3, 1)
+    later.load_state_dict(state)
+    steps = 2 + -(-later.plan().num_micro_steps // 2)  # the epoch's optimizer steps as it ran: 2, then 3 ranks
+    end = later.state_dict(len(later))  # the whole epoch consumed: the next one's start
+    assert end["epoch"] == 1 and end["first_optimizer_step"] == steps
+    later.set_epoch(1)
+    assert later.state_dict(0)["first_optimizer_step"] == steps
+    fresh = _sampler(lengths, s, schedule, 3, 1)
+    fresh.load_state_dict(end)  # a checkpoint at the epoch's end resumes the next epoch at that step
+    assert len(fresh) == len(later)  # epochs differ in length under a warm-up: read len() after set_epoch
+    assert list(fresh) == list(later)
