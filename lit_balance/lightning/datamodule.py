@@ -53,6 +53,7 @@ from lit_balance.plan.budget_search import ProbeLayout
 from lit_balance.plan.cost import CostModel, check_cost_model
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.shapes import resolve_split_shapes
+from lit_balance.plan.mixture_schedule import check_weights_schedule
 from lit_balance.sampler.mixture import MixtureBatchSampler
 from lit_balance.sampler.plans import LengthWarmupPlans
 from lit_balance.sampler.sampler import BalancedBatchSampler
@@ -234,6 +235,13 @@ class BalancedTextDataModule(L.LightningDataModule):
             documents whole) and one corpus; not with ``static_packing``, ``padded_shapes``, ``drop_last``,
             ``too_long`` other than ``"error"`` or masked labels (each refused naming both settings). Values within
             ``[1, max_tokens]``. None (the default): whole documents (up to ``max_length``).
+        weights_schedule: the mixture's weights per optimizer step of the run (a mixture of two or more components):
+            a :class:`~lit_balance.Schedule` whose values name every component, a list of ``[step, {name: weight}]``
+            points, or ``{"points": ..., "unit": "steps" | "tokens", "interpolation": "constant" | "linear"}``. Every
+            optimizer step holds each component within one boundary document of the share the schedule gives that
+            step; saved in the checkpoint, where a resume may change only points at or after the resume step
+            (``docs/schedules.md``). None (the default): the mixture's fixed weights. Not with
+            ``largest_first``.
 
     Attributes:
         mixture: the blend of named components (:class:`~lit_balance.Mixture`; one corpus: ``Mixture.of(corpus)``,
@@ -306,6 +314,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         allow_tokenizer_mismatch: bool = False,
         skip_steps: list[tuple[int, int]] | None = None,
         max_length_schedule: dict[str, Any] | list[Any] | int | None = None,
+        weights_schedule: dict[str, Any] | list[Any] | None = None,
     ) -> None:
         super().__init__()
         #: Optimizer steps of the run whose documents are left out (``(a, b)`` pairs, ``a .. b - 1``), or None.
@@ -337,6 +346,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         check_distinct_components(self.mixture.names, self.sources, self.mixture.corpora)
         #: The length warm-up (:class:`~lit_balance.Schedule` of the longest row per optimizer step), or None.
         self.max_length_schedule = self._check_length_schedule(max_length_schedule, max_length)
+        #: The mixture's weights per optimizer step (:class:`~lit_balance.Schedule`), or None for fixed weights.
+        self.weights_schedule = self._check_weights_schedule(weights_schedule, settings, largest_first)
         self.max_documents = max_documents
         self._val_fractions = [resolve_val_fraction(val_fraction, s.split_sizes) for s in self.sources]
         #: Share of each component held out for validation (0.0 when a component brings its own validation split;
@@ -449,6 +460,22 @@ class BalancedTextDataModule(L.LightningDataModule):
                 "(max_length_schedule) splits them into pieces instead: leave too_long at 'error' or leave "
                 "max_length_schedule unset", parameter="too_long")
         return LengthWarmupPlans(schedule).schedule
+
+    def _check_weights_schedule(self, schedule: Any, settings: BatchingSettings | None,
+                                largest_first: bool | None) -> Any:
+        """The weight schedule checked against the mixture's components, before any token is read."""
+        if schedule is None:
+            return None
+        if len(self.mixture.names) < 2:
+            raise InputValueError(f"weights_schedule sets the shares of a mixture's components, but the corpus is one "
+                                  f"component ({list(self.mixture.names)}); pass a Mixture of two or more components "
+                                  "as the corpus, or leave weights_schedule unset", parameter="weights_schedule")
+        schedule = check_weights_schedule(schedule, self.mixture.names)
+        if largest_first or (settings is not None and settings.largest_first):
+            raise InputValueError("largest_first=True moves the step of the longest document first, but a "
+                                  "weights_schedule plans every optimizer step with its own shares in order; set "
+                                  "largest_first=False or leave weights_schedule unset", parameter="largest_first")
+        return schedule
 
     # ---- the corpus -------------------------------------------------------------------------------------------------
     def _resolve_tokenizer(self, tokenizer: Any, vocab_size: Any, pad_token_id: Any) -> TokenizerAdapter:
@@ -776,7 +803,8 @@ class BalancedTextDataModule(L.LightningDataModule):
             return BalancedBatchSampler(train.lengths, settings=settings, num_replicas=num_replicas, rank=rank,
                                         max_length_schedule=self.max_length_schedule, **kwargs)
         return MixtureBatchSampler(train.lengths, train.layout.sizes, self.mixture.settings, settings=settings,
-                                   num_replicas=num_replicas, rank=rank, **kwargs)
+                                   num_replicas=num_replicas, rank=rank, weights_schedule=self.weights_schedule,
+                                   **kwargs)
 
     def component_tokens(self, indices: Any, is_fill: Any, lengths: Any) -> np.ndarray:
         """int64 ``[num_components]``: real tokens of each component among a batch's rows (``indices``, ``is_fill``

@@ -261,11 +261,17 @@ class MixturePlan:
         chosen: bool ``[num_samples]``: the samples this epoch reads.
         step_units: int64 ``[num_optimizer_steps, num_components]``: units (the mixture's unit) of each component in
             each optimizer step, fill rows excluded.
+        step_targets: float64 ``[num_optimizer_steps, num_components]``: each step's scheduled shares, with a weight
+            schedule (:mod:`lit_balance.plan.mixture_schedule`); None for fixed weights.
+        carry: float64 ``[num_components]``: each component's deficit at the epoch's end (units its schedule asked
+            of it minus those it got), carried into the next epoch; None for fixed weights.
     """
 
     plan: EpochPlan
     chosen: np.ndarray
     step_units: np.ndarray
+    step_targets: np.ndarray | None = None
+    carry: np.ndarray | None = None
 
 
 def mixture_units(mixture: MixtureSettings, lengths: np.ndarray, supervised: np.ndarray | None) -> np.ndarray:
@@ -379,7 +385,7 @@ def _descending(key: np.ndarray) -> np.ndarray:
 def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSettings, settings: BatchingSettings, *,
                  num_replicas: int, epoch: int, cost_model: CostModelProtocol, speeds: np.ndarray | None = None,
                  supervised_lengths: np.ndarray | None = None, eligible: np.ndarray | None = None,
-                 plan_exactly: np.ndarray | None = None) -> MixturePlan:
+                 plan_exactly: np.ndarray | None = None, step_shares: Any = None) -> MixturePlan:
     """Plan one mixture epoch for all ranks (pure: the same inputs give the same plan on every rank).
 
     Every optimizer step ``g`` holds, of each component ``c``, units ``u_c`` with ``|u_c - s_c * U| <= B_g`` (``U``
@@ -407,6 +413,9 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
         eligible: bool ``[num_samples]`` of samples that may be read (None: all).
         plan_exactly: bool ``[num_samples]``: plan exactly these samples, without selection (the rest of an epoch
             resumed on new ranks), or None to select the epoch's samples.
+        step_shares: a :class:`~lit_balance.plan.mixture_schedule.StepShares` (weights per optimizer step from a
+            schedule, where the epoch starts in the run, the deficits carried in), or None for the mixture's fixed
+            weights. Steps then keep their order (``shuffle`` shuffles the streams only).
 
     Returns:
         The :class:`MixturePlan`; every optimizer step has ``accumulate_grad_batches`` micro-steps of
@@ -414,11 +423,23 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
 
     Raises:
         RuntimeError: a step that does not fit its micro-batches although its fit test passed (a bug).
+        ValueError: ``step_shares`` with ``largest_first`` (the steps of a schedule keep their order).
     """
+    if step_shares is not None and settings.largest_first:
+        raise InputValueError("largest_first=True moves the step of the longest document first, but a "
+                              "weights_schedule plans every optimizer step with its own shares in order; set "
+                              "largest_first=False or give fixed weights", parameter="largest_first")
     lengths = np.asarray(lengths, dtype=np.int64)
     units = mixture_units(mixture, lengths, supervised_lengths)
     seed, acc = int(settings.seed), settings.accumulate_grad_batches
-    if plan_exactly is None:
+    from lit_balance.plan import mixture_schedule as scheduled  # imports nothing from here
+
+    if plan_exactly is None and step_shares is not None:
+        chosen = scheduled.select_scheduled(
+            units, layout, mixture, step_shares, seed=seed, epoch=epoch, eligible=eligible,
+            tokens_per_step=float(np.sum(settings.rank_max_tokens(num_replicas))) * acc * _FILL_START["padded"],
+            tokens_per_unit=float(lengths.sum()) / max(float(units.sum()), 1.0))
+    elif plan_exactly is None:
         chosen = select_epoch(units, layout, mixture, seed=seed, epoch=epoch, eligible=eligible)
     else:
         chosen = np.asarray(plan_exactly, dtype=bool)
@@ -431,7 +452,14 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
     streams = _streams(chosen, layout, k, padded, planner.row_buckets, settings.shuffle, rng)
     if not any(s.size for s in streams):
         return MixturePlan(empty_plan(num_replicas, acc), chosen, np.zeros((0, k), dtype=np.int64))
-    walk = _Walk(streams, units, lengths)
+    if step_shares is None:
+        walk = _Walk(streams, units, lengths)
+    else:  # a walk merged again where the step's shares change, cut where the epoch ends
+        n_docs, ok = layout.num_documents, np.ones(layout.num_documents, dtype=bool) if eligible is None else eligible
+        longest = np.array([float(units[:n_docs][o:e][ok[:n_docs][o:e]].max(initial=0))
+                            for o, e in zip(layout.offsets[:-1], layout.offsets[1:])])
+        walk = scheduled.ScheduledWalk(_Walk, streams, step_shares, units, lengths, exact=plan_exactly is not None,
+                                       longest=longest)
     step_settings = settings.replace(shuffle=False, largest_first=False)
     num_micro = num_replicas * acc
     speeds = np.ones(num_replicas) if speeds is None else np.asarray(speeds, dtype=np.float64)
@@ -446,8 +474,13 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
     steps: list[tuple[int, int, EpochPlan | None]] = []  # (start, end, plan or None: batched below)
     sorted_members: list[np.ndarray] = []
     budgets: list[int] = []  # of the steps batched together: each micro-batch's budget
+    unit_rows: list[np.ndarray] = []  # each step's units per component
     a, n = 0, walk.size
     while a < n:
+        if step_shares is not None:  # the step's shares: the walk merged again where they change; or the epoch ends
+            n = walk.begin_step(a, len(steps), capacity * fill)
+            if a >= n:
+                break
         budget, room, shrunk = settings.max_tokens, capacity, 0
         while True:
             b = walk.end(a, walk.within(a, fill * room))
@@ -483,14 +516,25 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
             members = walk.merged[a:b]
             values = key[members]
         steps.append((a, b, plan))
+        unit_rows.append(walk.units(a, b))
         if plan is None:
             sorted_members.append(members[np.argsort(-values, kind="stable")])
             budgets.append(budget)
         a = b
+    if not steps:  # a schedule whose components ran out before the epoch's first step
+        _, carry = walk.finish(0)
+        return MixturePlan(empty_plan(num_replicas, acc), np.zeros_like(chosen), np.zeros((0, k), dtype=np.int64),
+                           np.zeros((0, k)), carry)
     parts = _parts(steps, sorted_members, budgets, walk, lengths, settings, num_replicas, cost_model, planner)
-    step_units = np.stack([walk.units(s, e) for s, e, _ in steps]).astype(np.int64)
+    step_units = np.stack(unit_rows).astype(np.int64)
     order = np.arange(len(parts))
-    if settings.shuffle:
+    targets = carry = None
+    if step_shares is not None:  # the steps of a schedule keep their order; the epoch holds what they planned
+        order_walked, carry = walk.finish(a)
+        chosen = np.zeros_like(chosen)
+        chosen[order_walked] = True
+        targets = np.stack(walk.targets)
+    if settings.shuffle and step_shares is None:
         order = np.random.default_rng(np.random.SeedSequence([seed, int(epoch), 0x6F7264])).permutation(len(parts))
     if settings.largest_first:
         longest = int(np.argmax([int(lengths[p[0]].max()) for p in parts]))
@@ -500,7 +544,7 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
     plan = _concat([parts[i] for i in order], num_replicas, acc)
     if not settings.per_rank and bool(np.all(speeds == speeds[0])):
         plan = _even_epoch(plan, lengths, planner, settings, cost_model)
-    return MixturePlan(plan, chosen, step_units[order])
+    return MixturePlan(plan, chosen, step_units[order], None if targets is None else targets[order], carry)
 
 
 def _even_epoch(plan: EpochPlan, lengths: np.ndarray, planner: Any, settings: BatchingSettings,
@@ -570,18 +614,24 @@ class _Walk:
     ``u_c = s_c * U + D_c(a) - D_c(b)``.
     """
 
-    def __init__(self, streams: Sequence[np.ndarray], units: np.ndarray, lengths: np.ndarray) -> None:
+    def __init__(self, streams: Sequence[np.ndarray], units: np.ndarray, lengths: np.ndarray,
+                 shares: np.ndarray | None = None, carry: np.ndarray | None = None) -> None:
         per = [units[s].astype(np.float64) for s in streams]
         totals = np.array([u.sum() for u in per])
         grand = float(totals.sum())
         self.shares = totals / grand if grand > 0 else np.zeros(len(per))
+        if shares is not None:  # a step's scheduled shares, from deficits carried in (lit_balance.plan.mixture_schedule)
+            self.shares = np.asarray(shares, dtype=np.float64)
+        self.carry = None if carry is None else np.asarray(carry, dtype=np.float64)
         tags = []
         for c, u in enumerate(per):
             if self.shares[c] > 0:
-                tags.append((np.cumsum(u) - 0.5 * u) / self.shares[c])
+                due = np.cumsum(u) - 0.5 * u
+                tags.append((due if self.carry is None else due - self.carry[c]) / self.shares[c])
             else:  # no units: spread evenly over the walk
                 tags.append((np.arange(u.size) + 0.5) * (max(grand, 1.0) / max(u.size, 1)))
         order = np.argsort(np.concatenate(tags), kind="stable")  # k sorted runs: a merge; ties by component
+        self.tags = None if shares is None else np.concatenate(tags)[order]  # a schedule's walk cuts by them
         # gathers from the streams' own arrays (each read in order) rather than from the samples at random
         self.merged = np.concatenate(streams)[order]
         self.comp = np.repeat(np.arange(len(per), dtype=np.int8 if len(per) < 128 else np.int64),
@@ -602,7 +652,16 @@ class _Walk:
         self.adjacent = np.concatenate([np.maximum(np.concatenate([[0.0], u]), np.concatenate([u, [0.0]]))
                                         for u in per])
         self.starts = starts.astype(np.int64)
+        self.stream_sizes = [u.size for u in per]
         self._last: tuple = (-1, None, None)  # the last end found, and its errors (the next step's start)
+
+    def deficits(self, p: int) -> np.ndarray:
+        """float64 ``[k]``: each component's error ``D_c(p)`` at prefix ``p`` (its carried deficit included)."""
+        return self._errors(np.array([p]))[0][0]
+
+    def cut(self, p: int) -> None:
+        """End the walk at prefix ``p`` (the epoch ends there)."""
+        self.size = int(p)
 
     def defer(self, a: int, b: int, tokens: float) -> int:
         """Let the step from ``a`` fill up to ``tokens`` past a next document that does not fit: when the document
@@ -644,12 +703,13 @@ class _Walk:
     def within(self, a: int, tokens: float) -> int:
         """The last prefix after ``a`` whose tokens from ``a`` are at most ``tokens`` (at least ``a + 1``)."""
         limit = np.int64(int(self.t[a]) + int(math.floor(tokens)))  # an int: a float would convert the array
-        return max(int(np.searchsorted(self.t, limit, side="right")) - 1, a + 1)
+        return min(max(int(np.searchsorted(self.t, limit, side="right")) - 1, a + 1), self.size)
 
     def _errors(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(D [len(p), k], boundary document [len(p)])`` at prefixes ``p``."""
         at = self.count[p] + self.starts
-        return self.shares * self.x[p][:, None] - self.cum[at], self.adjacent[at].max(axis=1)
+        d = self.shares * self.x[p][:, None] - self.cum[at]
+        return (d if self.carry is None else d + self.carry), self.adjacent[at].max(axis=1)
 
     def end(self, a: int, last: int) -> int:
         """The last prefix in ``a + 1 .. last`` that keeps the step's bounds (``a + 1`` always does: one document

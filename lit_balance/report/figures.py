@@ -272,7 +272,9 @@ def mixture_shares(sampler: Any, plan: EpochPlan | None = None) -> dict[str, Any
         plan: its plan of an epoch (default ``sampler.plan()``).
 
     Returns:
-        Plain Python: ``names``, ``unit``, ``target`` (``[components]``, the mixture's shares), ``step_units``
+        Plain Python: ``names``, ``unit``, ``target`` (``[components]``, the mixture's shares; under a weight schedule
+        the mean of the steps' scheduled shares), ``step_targets`` (``[steps][components]``, each step's scheduled
+        shares, which the deviations are taken from; None for fixed weights), ``step_units``
         (``[steps][components]``, ints, global), ``step_shares`` (``[steps][components]``: each step's units over its
         total), ``epoch_shares`` (``[components]``), and per component the deviation of a step's share from its
         target in percentage points: ``max_deviation_pp`` and ``p95_deviation_pp`` (the 95th percentile over steps).
@@ -302,9 +304,16 @@ def mixture_shares(sampler: Any, plan: EpochPlan | None = None) -> dict[str, Any
     totals = step_units.sum(axis=1, keepdims=True)
     step_shares = step_units / np.maximum(totals, 1)
     target = np.asarray(mix.shares, dtype=np.float64)
-    deviation = 100.0 * np.abs(step_shares - target)[totals[:, 0] > 0]
+    scheduled = sampler.step_targets() if plan is sampler.plan() else None  # a weight schedule: per step
+    if scheduled is not None and scheduled.shape == step_shares.shape:
+        target = scheduled.mean(axis=0) if num_steps else target
+        deviation = 100.0 * np.abs(step_shares - scheduled)[totals[:, 0] > 0]
+    else:
+        scheduled = None
+        deviation = 100.0 * np.abs(step_shares - target)[totals[:, 0] > 0]
     epoch_units = step_units.sum(axis=0)
     return {"names": list(mix.names), "unit": mix.unit, "target": target.tolist(),
+            "step_targets": None if scheduled is None else scheduled.tolist(),
             "step_units": step_units.tolist(), "step_shares": step_shares.tolist(),
             "epoch_shares": (epoch_units / max(int(epoch_units.sum()), 1)).tolist(),
             "max_deviation_pp": deviation.max(axis=0).tolist() if deviation.size else [0.0] * num_components,

@@ -6,19 +6,21 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from lit_balance.errors import InputValueError
 from lit_balance.plan.cost import CostModelProtocol
-from lit_balance.plan.mixture import (MixtureLayout, MixtureSettings, mixture_units, plan_mixture,
+from lit_balance.plan.mixture import (MixtureLayout, MixtureSettings, MixturePlan, mixture_units, plan_mixture,
                                       select_epoch)
+from lit_balance.plan.mixture_schedule import StepShares, check_weights_schedule
 from lit_balance.plan.settings import DEFAULT_PLAN_WINDOW, BatchingSettings
 from lit_balance.plan.types import EpochPlan
 from lit_balance.sampler.inputs import PlanInputs
 from lit_balance.sampler.sampler import BalancedBatchSampler
+from lit_balance.schedule import Schedule
 
 __all__ = ["MixtureBatchSampler"]
 
@@ -72,12 +74,98 @@ class _MixtureInputs(PlanInputs):
 
     layout: MixtureLayout | None = None
     mixture: MixtureSettings | None = None
+    schedule: Any = None  # the weight schedule (lit_balance.schedule.Schedule), or None for fixed weights
+    starts: dict = field(default_factory=dict, repr=False)  # epoch -> (first step, tokens before, carry)
+    # a resumed epoch: (epoch, segments ((num_replicas, micro-steps consumed), ...), the schedule it began with)
+    cut: Any = None
+    _chain: dict = field(default_factory=dict, repr=False)  # the cut epoch's plans per segment, once
+    ends: dict = field(default_factory=dict, repr=False)  # where each whole-epoch plan ended, by its inputs
 
     def chosen(self, epoch: int) -> np.ndarray:
         """bool ``[num_samples]``: the samples ``epoch`` reads."""
+        if self.schedule is not None:
+            raise RuntimeError("a mixture with a weight schedule selects its samples while it plans the epoch")
         units = mixture_units(self.mixture, self.lengths, self.supervised_lengths)
         return select_epoch(units, self.layout, self.mixture, seed=self.settings.seed, epoch=epoch,
                             eligible=self.eligible)
+
+    def step_shares(self, epoch: int, num_replicas: int, cost_model: CostModelProtocol) -> StepShares | None:
+        """Where ``epoch`` starts in the run (its first optimizer step, the tokens before it, each component's
+        carried deficit) under the weight schedule; the epochs before it are planned once to learn it (on
+        ``num_replicas`` ranks), unless a resume state gave it. None without a schedule."""
+        if self.schedule is None:
+            return None
+        if not self.starts:
+            self.starts[0] = (0, 0, None)
+        if epoch not in self.starts:
+            e = max((k for k in self.starts if k < epoch), default=0)
+            while e < epoch:
+                if self.cut is not None and self.cut[0] == e:  # a resumed epoch ends where its last segment does
+                    _, mp, shares = self.segments_chain(cost_model)[-1]
+                else:
+                    mp, shares = self.plan_whole(e, num_replicas, cost_model), self.step_shares(e, num_replicas,
+                                                                                                  cost_model)
+                self.starts[e + 1] = _end_of(mp, shares, self.lengths)
+                e += 1
+        first, tokens, carry = self.starts[epoch]
+        schedule = self.cut[2] if self.cut is not None and self.cut[0] == epoch else self.schedule
+        return StepShares(schedule, self.mixture.names, first, tokens, carry)
+
+    def segments_chain(self, cost_model: CostModelProtocol) -> list[tuple[np.ndarray | None, MixturePlan,
+                                                                              StepShares]]:
+        """The resumed epoch (:attr:`cut`) segment by segment: ``(samples still to plan, plan, shares)`` each. The
+        first segment's plan is the whole epoch under the schedule it began with; each later one plans exactly the
+        samples its predecessors left, on its ranks, from the step after the cut, with the deficits at the cut and
+        the current schedule."""
+        epoch, segments, _ = self.cut
+        if self._chain.get("key") == (epoch, segments, cost_model):
+            return self._chain["value"]
+        k = len(self.mixture.names)
+        units = mixture_units(self.mixture, self.lengths, self.supervised_lengths)
+        acc = self.settings.accumulate_grad_batches
+        shares = self.step_shares(epoch, segments[0][0], cost_model)
+        mp = plan_mixture(self.lengths, self.layout, self.mixture, self.settings, num_replicas=segments[0][0],
+                          epoch=epoch, cost_model=cost_model, supervised_lengths=self.supervised_lengths,
+                          eligible=self.eligible, step_shares=shares)
+        out = [(self.eligible, mp, shares)]
+        eligible = self.eligible
+        for i in range(1, len(segments)):
+            consumed = int(segments[i - 1][1])
+            seen = np.zeros(self.num_samples, dtype=bool)
+            mp.plan.mark_rows(consumed, seen)
+            got = _micro_step_units(mp, units, self.layout, consumed, k)  # [consumed, k]
+            step = np.arange(consumed) // acc
+            asked = mp.step_targets[step] * got.sum(axis=1, keepdims=True)
+            carry = shares.initial_carry + (asked - got).sum(axis=0)
+            tokens = int(_micro_step_tokens(mp, self.lengths)[:consumed].sum())
+            shares = StepShares(self.schedule, self.mixture.names, shares.first_step + -(-consumed // acc),
+                                shares.tokens_before + tokens, tuple(float(x) for x in carry))
+            eligible = (np.ones(self.num_samples, dtype=bool) if eligible is None else eligible) & ~seen
+            mp = plan_mixture(self.lengths, self.layout, self.mixture, self.settings, num_replicas=segments[i][0],
+                              epoch=epoch, cost_model=cost_model, supervised_lengths=self.supervised_lengths,
+                              eligible=self.eligible, plan_exactly=mp.chosen & eligible, step_shares=shares)
+            out.append((eligible, mp, shares))
+        self._chain.clear()
+        self._chain.update(key=(epoch, segments, cost_model), value=out)
+        return out
+
+    def plan_whole(self, epoch: int, num_replicas: int, cost_model: CostModelProtocol,
+                   speeds: np.ndarray | None = None, settings: BatchingSettings | None = None) -> MixturePlan:
+        """The mixture plan of the whole ``epoch`` (with a schedule, where it ends is kept: :meth:`ended`)."""
+        shares = self.step_shares(epoch, num_replicas, cost_model)
+        mp = plan_mixture(self.lengths, self.layout, self.mixture, settings or self.settings,
+                          num_replicas=num_replicas, epoch=epoch, cost_model=cost_model, speeds=speeds,
+                          supervised_lengths=self.supervised_lengths, eligible=self.eligible, step_shares=shares)
+        if shares is not None:
+            own = settings is None or settings == self.settings
+            self.ends[_end_key(epoch, num_replicas, speeds, cost_model, None if own else settings)] = _end_of(
+                mp, shares, self.lengths)
+        return mp
+
+    def ended(self, epoch: int, num_replicas: int, speeds: Any, cost_model: CostModelProtocol) -> tuple | None:
+        """Where ``epoch`` ended as planned with these ranks, speeds and cost model (the plan the sampler ran), or
+        None when it was not planned so."""
+        return self.ends.get(_end_key(epoch, num_replicas, speeds, cost_model, None))
 
     def plan(self, epoch: int, num_replicas: int, *, eligible: np.ndarray | None, speeds: np.ndarray | None,
              cost_model: CostModelProtocol, min_steps: int = 0,
@@ -88,10 +176,48 @@ class _MixtureInputs(PlanInputs):
             settings = settings.replace(max_tokens=max_tokens)
         if padded_shapes is not None and padded_shapes != settings.padded_shapes:
             settings = settings.replace(padded_shapes=padded_shapes)
-        exactly = None if eligible is self.eligible else self.chosen(epoch) & eligible
+        if eligible is self.eligible:
+            return self.plan_whole(epoch, num_replicas, cost_model, speeds, settings).plan
+        if self.schedule is not None:  # a later segment of the resumed epoch
+            if self.cut is not None and self.cut[0] == epoch:
+                for remaining, mp, _ in self.segments_chain(cost_model)[1:]:
+                    if np.array_equal(remaining, eligible):
+                        return mp.plan
+            raise RuntimeError(f"no segment of the resumed epoch {epoch} plans these samples (a bug)")
+        exactly = self.chosen(epoch) & eligible
         return plan_mixture(self.lengths, self.layout, self.mixture, settings, num_replicas=num_replicas, epoch=epoch,
                             cost_model=cost_model, speeds=speeds, supervised_lengths=self.supervised_lengths,
                             eligible=self.eligible, plan_exactly=exactly).plan
+
+
+def _end_key(epoch: int, num_replicas: int, speeds: Any, cost_model: Any, settings: Any) -> tuple:
+    return (int(epoch), int(num_replicas), None if speeds is None else tuple(float(x) for x in speeds), cost_model,
+            settings)
+
+
+def _end_of(mp: MixturePlan, shares: StepShares, lengths: np.ndarray) -> tuple:
+    """``(first step, tokens before, carry)`` of the epoch after the one ``mp`` plans from ``shares``."""
+    return (shares.first_step + int(mp.step_units.shape[0]), shares.tokens_before + _real_tokens(mp, lengths),
+            tuple(float(x) for x in mp.carry))
+
+
+def _micro_step_units(mp: MixturePlan, units: np.ndarray, layout: MixtureLayout, upto: int, k: int) -> np.ndarray:
+    """float64 ``[upto, k]``: each component's units (fill rows excluded) at micro-steps ``0 .. upto - 1``, all
+    ranks."""
+    plan = mp.plan
+    out = np.zeros((upto, k))
+    for t in range(upto):
+        for b in plan.assignment[t]:
+            rows, fill = plan.batch(int(b))
+            rows = rows[~fill]
+            np.add.at(out[t], layout.component_of(rows), units[rows])
+    return out
+
+
+def _real_tokens(mp: MixturePlan, lengths: np.ndarray) -> int:
+    """Real tokens (fill rows excluded) of a mixture plan, all ranks."""
+    plan = mp.plan
+    return int(np.asarray(lengths)[plan.rows[~plan.is_fill]].sum())
 
 
 class MixtureBatchSampler(BalancedBatchSampler):
@@ -114,6 +240,10 @@ class MixtureBatchSampler(BalancedBatchSampler):
         sizes: documents per component, in order.
         mixture: the :class:`~lit_balance.plan.mixture.MixtureSettings` (names, weights, unit, epoch length).
         supervised_lengths: int ``[N]`` next-token targets per document, or None.
+        weights_schedule: the mixture's weights per optimizer step of the run, a
+            :class:`~lit_balance.schedule.Schedule` whose values name every component (or what
+            :meth:`Schedule.of <lit_balance.schedule.Schedule.of>` takes), or None for the fixed weights of
+            ``mixture`` (:mod:`lit_balance.plan.mixture_schedule`; docs/schedules.md).
         **kwargs: as :class:`~lit_balance.BalancedBatchSampler` (``settings`` or its keywords, ``num_replicas``,
             ``rank``, ``cost_model``, ``rank_speeds``).
 
@@ -132,7 +262,8 @@ class MixtureBatchSampler(BalancedBatchSampler):
     """
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, sizes: Sequence[int], mixture: MixtureSettings,
-                 max_tokens: int | None = None, *, supervised_lengths: Any = None, **kwargs: Any) -> None:
+                 max_tokens: int | None = None, *, supervised_lengths: Any = None, weights_schedule: Any = None,
+                 **kwargs: Any) -> None:
         if not isinstance(mixture, MixtureSettings):
             raise InputValueError(f"mixture must be a lit_balance.plan.mixture.MixtureSettings, got "
                                   f"{type(mixture).__name__}", parameter="mixture")
@@ -144,6 +275,8 @@ class MixtureBatchSampler(BalancedBatchSampler):
             raise InputValueError(f"the components' sizes {sizes.tolist()} sum to {int(sizes.sum())} documents, but "
                                   f"lengths holds {len(lengths)}", parameter="sizes")
         _check_sample_space(np.asarray(lengths), sizes, mixture, supervised_lengths, _plan_window(kwargs))
+        self._weights_schedule = None if weights_schedule is None else check_weights_schedule(weights_schedule,
+                                                                                              mixture.names)
         self.layout = MixtureLayout(sizes, mixture.max_repetition)
         self._mixture = mixture
         lengths = self.layout.tile(np.asarray(lengths))
@@ -159,10 +292,57 @@ class MixtureBatchSampler(BalancedBatchSampler):
     def _build_inputs(self, lengths: np.ndarray, settings: BatchingSettings, supervised_lengths: Any) -> PlanInputs:
         base = PlanInputs.build(lengths, settings, supervised_lengths, self.num_replicas)
         # base.settings: static shapes resolved once over every sample (packing's document cap, padded_shapes=K)
+        schedule = self._weights_schedule
         inputs = _MixtureInputs(np.asarray(base.lengths, dtype=np.int64), base.settings, base.eligible, None,
-                                base.supervised_lengths, base.lengths_sha256, layout=self.layout, mixture=self.mixture)
-        inputs.chosen(0)  # an unreachable share or an empty component is an error now, before any token is read
+                                base.supervised_lengths, base.lengths_sha256, layout=self.layout, mixture=self.mixture,
+                                schedule=schedule)
+        if schedule is None:
+            inputs.chosen(0)  # an unreachable share or an empty component is an error now, before any token is read
+        else:
+            _check_scheduled(inputs, schedule)
         return inputs
+
+    def set_epoch(self, epoch: int) -> None:
+        """As :meth:`BalancedBatchSampler.set_epoch`; under a weight schedule, moving to the next epoch first keeps
+        where the current one ended as this sampler planned it (its ranks, rank speeds and cost model), so the next
+        epoch's steps continue the run's step count."""
+        inputs = self._inputs
+        if self._weights_schedule is not None and epoch == self.epoch + 1 and not (
+                inputs.cut is not None and inputs.cut[0] == self.epoch):  # a resumed epoch ends as its last segment
+            record = self._record
+            end = inputs.ended(self.epoch, self.num_replicas, record.rank_speeds, record.cost_model)
+            if end is not None and inputs.starts.get(epoch) != end:  # a preview planned otherwise gives way
+                for later in [e for e in inputs.starts if e >= epoch]:
+                    del inputs.starts[later]
+                inputs.starts[epoch] = end
+        super().set_epoch(epoch)
+
+    @property
+    def weights_schedule(self) -> Any:
+        """The weight schedule (:class:`~lit_balance.schedule.Schedule`), or None for fixed weights."""
+        return self._weights_schedule
+
+    def step_targets(self, epoch: int | None = None) -> np.ndarray | None:
+        """float64 ``[optimizer steps, num_components]``: each step's scheduled shares (None for fixed weights): of
+        the whole epoch on this sampler's ranks, or, for an epoch resumed from a state whose rest is planned anew
+        (on other ranks, or under an edited schedule), of the steps planned after the cut."""
+        if self._weights_schedule is None:
+            return None
+        epoch = self.epoch if epoch is None else epoch
+        cut = self._inputs.cut
+        if cut is not None and cut[0] == epoch and len(cut[1]) > 1:
+            return self._inputs.segments_chain(self.cost_model)[-1][1].step_targets
+        speeds = self.rank_speeds if epoch == self.epoch else None
+        return self._inputs.plan_whole(epoch, self.num_replicas, self.cost_model, speeds).step_targets
+
+    def schedule_start(self, epoch: int | None = None) -> tuple[int, int, tuple[float, ...] | None]:
+        """``(first optimizer step, real tokens before, carried deficits)`` of ``epoch`` in the run under the weight
+        schedule ((0, 0, None) without one). For an epoch after the current one this plans the epochs between with the
+        current cost model and rank speeds: a preview, which :meth:`set_epoch` replaces by where the epoch the sampler
+        ran ended."""
+        epoch = self.epoch if epoch is None else epoch
+        shares = self._inputs.step_shares(epoch, self.num_replicas, self.cost_model)
+        return (0, 0, None) if shares is None else (shares.first_step, shares.tokens_before, shares.carry)
 
     def component_of(self, indices: np.ndarray) -> np.ndarray:
         """int64: the component (position in ``mixture.names``) of each sample index."""
@@ -176,9 +356,16 @@ class MixtureBatchSampler(BalancedBatchSampler):
         return located[:, 0], located[:, 1], indices // max(self.layout.num_documents, 1)
 
     def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
-        """As :meth:`BalancedBatchSampler.state_dict`, with the mixture's settings under ``"mixture"``."""
+        """As :meth:`BalancedBatchSampler.state_dict`, with the mixture's settings under ``"mixture"``; with a weight
+        schedule also ``"weights_schedule"`` (:meth:`Schedule.to_dict <lit_balance.schedule.Schedule.to_dict>`) and
+        ``"schedule_start"``, where the state's epoch starts in the run: ``[first optimizer step, real tokens
+        before, carried deficits]``."""
         state = super().state_dict(batches_consumed)
         state["mixture"] = self.mixture.to_dict()
+        if self._weights_schedule is not None:
+            first, tokens, carry = self.schedule_start(state["epoch"])
+            state["weights_schedule"] = self._weights_schedule.to_dict()
+            state["schedule_start"] = [int(first), int(tokens), None if carry is None else [float(x) for x in carry]]
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -196,6 +383,8 @@ class MixtureBatchSampler(BalancedBatchSampler):
             raise InputValueError("cannot resume a MixtureBatchSampler from a state without 'mixture' (saved by a "
                                   "sampler of one corpus?)")
         state = dict(state_dict)
+        saved_schedule, saved_start = state.pop("weights_schedule", None), state.pop("schedule_start", None)
+        restore_starts = self._resume_schedule(state, saved_schedule, saved_start)
         saved = state.pop("mixture")
         mine = self.mixture
         try:
@@ -220,4 +409,101 @@ class MixtureBatchSampler(BalancedBatchSampler):
             super().load_state_dict(state)
         except BaseException:
             self._mixture, self._inputs = before
+            restore_starts()
             raise
+
+    def _resume_schedule(self, state: dict[str, Any], saved: Any, start: Any) -> Any:
+        """Check the saved weight schedule against this sampler's and plan the resumed epoch from where it starts in
+        the run; returns a function that undoes it (for a state refused later). A schedule edited after the resume
+        point within the resumed epoch makes the rest of the epoch a new segment on the same ranks (``state``'s
+        segments rewritten), planned with the new schedule from the step after the cut.
+
+        Raises:
+            ValueError: a schedule on one side only; an edit of the schedule at a step the run has trained (naming
+                the first differing point); a malformed ``schedule_start``.
+        """
+        mine = self._weights_schedule
+        if (saved is None) != (mine is None):
+            raise InputValueError(
+                f"cannot resume: the state was saved {'without' if saved is None else 'with'} a weights_schedule and "
+                f"this sampler has {'one' if mine is not None else 'none'}; resume with the same kind of weights",
+                parameter="weights_schedule")
+        if mine is None:
+            return lambda: None
+        saved = Schedule.from_dict(saved)
+        if not (isinstance(start, list) and len(start) == 3):
+            raise InputValueError(f"sampler state_dict schedule_start must be [first step, tokens before, carry], got "
+                                  f"{start!r}")
+        epoch = int(state.get("epoch", 0))
+        carry = None if start[2] is None else tuple(float(x) for x in start[2])
+        segments = [[int(r), int(c)] for r, c in (state.get("segments") or [[self.num_replicas, 0]])]
+        consumed = sum(c for _, c in segments)
+        if consumed == 0:  # the epoch not begun: it starts on this sampler's ranks
+            segments = state["segments"] = [[self.num_replicas, 0]]
+        elif segments[-1][0] != self.num_replicas:
+            segments = segments + [[self.num_replicas, 0]]  # as parse_state makes it: the rest on the new ranks
+        inputs = self._inputs
+        before = (dict(inputs.starts), inputs.schedule, inputs.cut)
+
+        def restore() -> None:
+            object.__setattr__(inputs, "schedule", before[1])
+            object.__setattr__(inputs, "cut", before[2])
+            inputs.starts.clear()
+            inputs.starts.update(before[0])
+            inputs._chain.clear()
+
+        try:
+            object.__setattr__(inputs, "schedule", mine)
+            object.__setattr__(inputs, "cut", (epoch, tuple(tuple(x) for x in segments), saved))
+            inputs.starts.clear()
+            inputs.starts[epoch] = (int(start[0]), int(start[1]), carry)
+            inputs._chain.clear()
+            # where the run stands: after the micro-steps consumed (a step begun counts as trained)
+            chain = inputs.segments_chain(self.cost_model) if consumed else None
+            now = (int(start[0]), int(start[1])) if not consumed else _position_after(
+                chain[-1][1], chain[-1][2], segments[-1][1], self.settings.accumulate_grad_batches, inputs.lengths)
+            now = now[0] if saved.unit == "steps" else now[1]
+            saved.check_unchanged_before(mine, now)
+            if consumed and len(segments) == 1 and saved != mine:
+                # the rest of the epoch under the new schedule: a new segment on the same ranks from the cut
+                segments = state["segments"] = [[self.num_replicas, segments[0][1]], [self.num_replicas, 0]]
+                object.__setattr__(inputs, "cut", (epoch, tuple(tuple(x) for x in segments), saved))
+                inputs._chain.clear()
+        except BaseException:
+            restore()
+            raise
+        return restore
+
+
+def _position_after(mp: MixturePlan, shares: StepShares, consumed: int, acc: int,
+                    lengths: np.ndarray) -> tuple[int, int]:
+    """``(optimizer step, tokens trained)`` of the run after ``consumed`` micro-steps of ``mp`` (which starts at
+    ``shares``); a step begun counts as trained."""
+    tokens = int(_micro_step_tokens(mp, lengths)[:consumed].sum())
+    return shares.first_step + -(-consumed // acc), shares.tokens_before + tokens
+
+
+def _check_scheduled(inputs: _MixtureInputs, schedule: Schedule) -> None:
+    """Refuse, before any token is read, a component that a weight schedule gives a positive weight but that has
+    nothing to read, and ``largest_first`` beside a schedule."""
+    if inputs.settings.largest_first:
+        raise InputValueError("largest_first=True moves the step of the longest document first, but a "
+                              "weights_schedule plans every optimizer step with its own shares in order; set "
+                              "largest_first=False or give fixed weights", parameter="largest_first")
+    units = mixture_units(inputs.mixture, inputs.lengths, inputs.supervised_lengths)
+    n, offsets = inputs.layout.num_documents, inputs.layout.offsets
+    ok = np.ones(n, dtype=bool) if inputs.eligible is None else inputs.eligible[:n]
+    for c, name in enumerate(inputs.mixture.names):
+        total = int(units[:n][offsets[c]:offsets[c + 1]][ok[offsets[c]:offsets[c + 1]]].sum())
+        weight = max(value[name] for value in schedule.values)
+        if weight > 0 and total <= 0:
+            raise InputValueError(f"component {name!r} has weight {weight} in the weights_schedule but no "
+                                  f"{inputs.mixture.unit} to read ({int(inputs.layout.sizes[c])} documents after "
+                                  "too_long); give it documents or a weight of 0 at every point",
+                                  parameter="weights_schedule")
+
+
+def _micro_step_tokens(mp: MixturePlan, lengths: np.ndarray) -> np.ndarray:
+    """int64 ``[micro-steps]``: real tokens of every rank at each micro-step of a mixture plan."""
+    plan = mp.plan
+    return plan.real_tokens_per_batch(np.asarray(lengths))[plan.assignment].sum(axis=1).astype(np.int64)

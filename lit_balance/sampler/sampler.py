@@ -225,6 +225,11 @@ class BalancedBatchSampler(DistributedSampler):
         sample of one corpus."""
         return np.zeros(np.asarray(indices).shape[0], dtype=np.int64)
 
+    def step_targets(self, epoch: int | None = None) -> np.ndarray | None:
+        """float64 ``[optimizer steps, num_components]``: each step's scheduled shares under a weight schedule
+        (:class:`~lit_balance.sampler.mixture.MixtureBatchSampler`); None for fixed weights, as here."""
+        return None
+
     def locate(self, indices: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(component, document, copy)``, int64 ``[len(indices)]`` each: the component (position in
         ``mixture.names``) of each sample index, the document's index in that component, and which read of the

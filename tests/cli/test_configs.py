@@ -203,7 +203,8 @@ def _mixture_overrides(tmp_path: Path) -> list[str]:
 
 
 #: every data config that reads a store (the datatrove one needs no vocab_size), and the mixture's components
-BUILD_OVERRIDES = {**STORE_CONFIGS, "datatrove": _datatrove_overrides, "mixture": _mixture_overrides}
+BUILD_OVERRIDES = {**STORE_CONFIGS, "datatrove": _datatrove_overrides, "mixture": _mixture_overrides,
+                   "mixture_schedule": _mixture_overrides}
 
 
 @pytest.mark.parametrize("option", sorted(STORE_CONFIGS))
