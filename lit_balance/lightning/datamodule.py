@@ -743,7 +743,9 @@ class BalancedTextDataModule(L.LightningDataModule):
             that world size), ``optimizer_steps``, ...; ``summary["distributed_sampler"]`` the fixed-batch-size
             comparison; with several components ``summary["mixture"]``
             (:func:`lit_balance.report.figures.mixture_shares`: ``names``, ``unit``, ``target``, ``step_units``,
-            ``step_shares``, ``max_deviation_pp``, ...; and ``max_step_deviation``, per component, as a fraction).
+            ``step_shares``, ``max_deviation_pp``, ...; and ``max_step_deviation``, per component, as a fraction);
+            under a length warm-up ``summary["max_length_schedule"]`` (the schedule's ``to_dict()``), the samples
+            counted being the pieces.
 
         Raises:
             ValueError, TypeError: as :meth:`setup`, or a bad ``num_replicas`` / ``accumulate_grad_batches``.
@@ -764,6 +766,8 @@ class BalancedTextDataModule(L.LightningDataModule):
                               sampler=sampler).summary()
         if "mixture" in summary:
             summary["mixture"]["max_step_deviation"] = [pp / 100 for pp in summary["mixture"]["max_deviation_pp"]]
+        if self.max_length_schedule is not None:  # the plan's samples are pieces of documents
+            summary["max_length_schedule"] = self.max_length_schedule.to_dict()
         return summary
 
     def training_sampler(self, settings: BatchingSettings, num_replicas: int, *, rank: int = 0,

@@ -164,3 +164,14 @@ def test_a_run_of_several_epochs_without_reloading_the_loader_is_refused_naming_
     dm.setup("fit")
     with pytest.raises(ValueError, match=r"max_length_schedule.*reload_dataloaders_every_n_epochs=0.*max_epochs=3"):
         dm.train_dataloader()
+
+
+def test_the_plan_summary_plans_the_pieces_and_names_the_schedule(tmp_path):
+    dm = _dm(tmp_path)
+    summary = dm.plan_summary(num_replicas=2)
+    assert summary["max_length_schedule"]["points"] == [[0, 32], [6, 96], [12, 256]]
+    sampler = dm.training_sampler(dm.settings, 2) if dm.train_dataset is not None else None
+    assert sampler is None  # plan_summary changes nothing on the DataModule
+    dm.setup("fit")
+    pieces = dm.training_sampler(dm.settings, 2).plan_pieces()[0].size
+    assert summary["num_samples"] == pieces > len(dm.train_dataset)
