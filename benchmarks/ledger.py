@@ -1,5 +1,7 @@
 """The ledger's cost: writing it for 1M and 10M documents on 8 ranks (time, documents per second, file size), and
-LedgerCheck's time per optimizer step over the step time of the fit of :mod:`benchmarks.bench_callbacks`.
+LedgerCheck's time per optimizer step over the step time of the fit of :mod:`benchmarks.bench_callbacks`, checking
+against a ledger and recording for a later ``lit-balance ledger check`` (``record=``, its file written at the epoch's
+end included).
 
 Run: ``python -m benchmarks.ledger`` (smallest: ``--documents 20000 --fit-docs 300 --reps 1``). The planning of an
 epoch in windows (``plan_parts()``, which training pays anyway) is timed apart and left out of ``ledger_docs_per_s``;
@@ -52,11 +54,13 @@ def _timer(callback: L.Callback, hooks: tuple[str, ...]) -> list[float]:
     return total
 
 
-def fit(args: argparse.Namespace, dm, ledger: Path | None) -> tuple[float, float, float, int]:
-    """``(fit s, LedgerCheck's s reading the ledger, its s in the per-step hooks, optimizer steps)`` of one epoch."""
+def fit(args: argparse.Namespace, dm, ledger: Path | None, record: Path | None = None
+        ) -> tuple[float, float, float, int]:
+    """``(fit s, LedgerCheck's s reading the ledger, its s in the per-step hooks, optimizer steps)`` of one epoch;
+    with ``record``, LedgerCheck records instead of checking (the per-step hooks then include writing the record)."""
     torch.manual_seed(0)
     model = DemoTransformerLM(512, d_model=64, num_heads=4, num_layers=2, dim_feedforward=256)
-    callbacks = [] if ledger is None else [LedgerCheck(ledger)]
+    callbacks = [LedgerCheck(ledger, record=record)] if ledger is not None or record is not None else []
     load, steps = ([_timer(callbacks[0], hooks) for hooks in (("on_train_epoch_start",), (
         "on_train_batch_start", "on_train_batch_end", "on_train_epoch_end"))] if callbacks else ([0.0], [0.0]))
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, callbacks=callbacks, logger=False,
@@ -82,13 +86,18 @@ def main(argv: list[str] | None = None) -> dict:
         dm.setup("fit")
         write_ledger(Path(tmp) / "fit.parquet", dm.train_sampler)
         fit(args, dm, None)  # warm-up: imports, allocator, kernels
-        pairs = [(fit(args, dm, None), fit(args, dm, Path(tmp) / "fit.parquet")) for _ in range(args.reps)]
-    steps, step_s = pairs[0][0][3], [base[0] / base[3] for base, _ in pairs]
-    check_s, load_s = [c[2] / c[3] for _, c in pairs], [c[1] for _, c in pairs]
+        triples = [(fit(args, dm, None), fit(args, dm, Path(tmp) / "fit.parquet"),
+                    fit(args, dm, None, record=Path(tmp) / f"record{i}")) for i in range(args.reps)]
+    steps, step_s = triples[0][0][3], [base[0] / base[3] for base, _, _ in triples]
+    check_s, load_s = [c[2] / c[3] for _, c, _ in triples], [c[1] for _, c, _ in triples]
+    record_s = [r[2] / r[3] for _, _, r in triples]
     ratios = [c / s for c, s in zip(check_s, step_s)]
+    record_ratios = [r / s for r, s in zip(record_s, step_s)]
     line = (f"LedgerCheck: {1e6 * statistics.median(check_s):.0f} us per optimizer step = "
             f"{100 * statistics.median(ratios):.3f} % of a step ({1e3 * statistics.median(step_s):.1f} ms, {steps} "
-            f"steps), and {1e3 * statistics.median(load_s):.0f} ms per epoch reading the ledger (median of {args.reps})")
+            f"steps), and {1e3 * statistics.median(load_s):.0f} ms per epoch reading the ledger; recording "
+            f"(record=, its file included): {1e6 * statistics.median(record_s):.0f} us per optimizer step = "
+            f"{100 * statistics.median(record_ratios):.3f} % of a step (median of {args.reps})")
     table = markdown_table(["documents (8 ranks)", "plan s", "ledger s", "M documents/s", "MB", "bytes/row"],
                            [[f"{r['documents']:,}", f"{r['plan_s']:.2f}", f"{r['ledger_s']:.2f}",
                              f"{r['ledger_docs_per_s'] / 1e6:.2f}", f"{r['bytes'] / 1e6:.1f}",
@@ -97,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
     return write_report(args.output_dir, "benchmarks.ledger", argv, {
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "writing": rows,
         "fit_optimizer_steps": steps, "step_s": step_s, "check_s_per_step": check_s, "check_step_ratio": ratios,
-        "check_load_s": load_s}, markdown=table)
+        "check_load_s": load_s, "record_s_per_step": record_s, "record_step_ratio": record_ratios}, markdown=table)
 
 
 if __name__ == "__main__":

@@ -23,9 +23,10 @@ useful_fraction`: padded slots padded, tokens packed).
   on average, what a user can do by hand): the per-step deviation left is the draws' own.
 
 Three scales against one corpus: components of document medians 30, 300 and 3,000 tokens (log-normal, sigma 0.7,
-8 to 8,192 tokens), target shares 0.5 / 0.2 / 0.3, ``max_tokens=8192``, at 8 and 64 ranks and accumulation 1 and 4,
-padded and packed: the mixture's U, its worst step's U and the epoch's rank imbalance (the costliest rank's cost
-over the mean), beside the same chosen documents planned as one corpus (:func:`lit_balance.plan.plan_epoch`), in the
+8 to 8,192 tokens; documents in proportion 0.5 / 0.2 / 0.3), target shares 0.5 / 0.2 / 0.3 and 0.05 / 0.05 / 0.9,
+``max_tokens=8192``, at 8 and 64 ranks and accumulation 1 and 4, padded and packed: the mixture's U, its worst step's
+U, the epoch's rank imbalance (the costliest rank's cost over the mean), its optimizer steps and its planning CPU
+seconds, beside the same chosen documents planned as one corpus (:func:`lit_balance.plan.plan_epoch`), in the
 same run (with ``--baseline``, also that revision's mixture plan).
 
 The planning time of a mixture epoch (padded and packed) is measured at each ``--timing-documents`` size, wall and
@@ -158,6 +159,7 @@ def baseline_planner(revision: str) -> Any:
 
 
 SCALE_MEDIANS, SCALE_TARGETS, SCALE_MAX_TOKENS = (30, 300, 3000), (0.5, 0.2, 0.3), 8192
+SCALE_WEIGHTS = ((0.5, 0.2, 0.3), (0.05, 0.05, 0.9))  # the mixtures planned over those documents
 
 
 def scales_corpus(num_documents: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -186,36 +188,45 @@ def three_scales(num_documents: int, planner: Any = None) -> list[dict]:
 
     sizes, lengths = scales_corpus(num_documents)
     layout = MixtureLayout(sizes)
-    mixture = MixtureSettings(NAMES, SCALE_TARGETS)
     out = []
-    for ranks in (8, 64):
-        for acc in (1, 4):
-            for packing in (False, True):
-                settings = BatchingSettings(max_tokens=SCALE_MAX_TOKENS, accumulate_grad_batches=acc, packing=packing)
-                layout_planner = planner_for(settings)
-                row = {"ranks": ranks, "accumulate_grad_batches": acc, "packing": packing}
-                for name, plan_fn in (("mixture", plan_mixture), ("baseline", planner)):
-                    if plan_fn is None:
-                        continue
-                    mp = plan_fn(lengths, layout, mixture, settings, num_replicas=ranks, epoch=0,
-                                 cost_model=CostModel())
-                    row[name] = _figures(plan_stats(mp.plan, lengths, planner=layout_planner,
-                                                    accumulate_grad_batches=acc), ranks)
-                    if name == "mixture":
-                        chosen = mp.chosen
-                        row["micro_batches_per_step"] = ranks * acc
-                one = plan_epoch(lengths, settings, num_replicas=ranks, epoch=0, eligible=chosen)
-                row["one_corpus"] = _figures(plan_stats(one, lengths, planner=layout_planner,
+    for weights in SCALE_WEIGHTS:
+        mixture = MixtureSettings(NAMES, weights)
+        for ranks in (8, 64):
+            for acc in (1, 4):
+                for packing in (False, True):
+                    settings = BatchingSettings(max_tokens=SCALE_MAX_TOKENS, accumulate_grad_batches=acc,
+                                                packing=packing)
+                    layout_planner = planner_for(settings)
+                    row = {"weights": list(weights), "ranks": ranks, "accumulate_grad_batches": acc,
+                           "packing": packing, "micro_batches_per_step": ranks * acc}
+                    for name, plan_fn in (("mixture", plan_mixture), ("baseline", planner)):
+                        if plan_fn is None:
+                            continue
+                        start = time.process_time()
+                        mp = plan_fn(lengths, layout, mixture, settings, num_replicas=ranks, epoch=0,
+                                     cost_model=CostModel())
+                        cpu = time.process_time() - start
+                        row[name] = _figures(plan_stats(mp.plan, lengths, planner=layout_planner,
                                                         accumulate_grad_batches=acc), ranks)
-                out.append(row)
+                        row[name]["cpu_s"] = cpu
+                        row[name]["steps"] = int(mp.step_units.shape[0])
+                        if name == "mixture":
+                            chosen = mp.chosen
+                    one = plan_epoch(lengths, settings, num_replicas=ranks, epoch=0, eligible=chosen)
+                    row["one_corpus"] = _figures(plan_stats(one, lengths, planner=layout_planner,
+                                                            accumulate_grad_batches=acc), ranks)
+                    row["one_corpus"]["steps"] = -(-one.num_micro_steps // acc)
+                    out.append(row)
     return out
 
 
 def _scales_row(r: dict, baseline: str | None) -> str:
-    cells = [f"{r['ranks']}", f"{r['accumulate_grad_batches']}", "packed" if r["packing"] else "padded"]
+    cells = [" / ".join(f"{w:g}" for w in r["weights"]), f"{r['ranks']}", f"{r['accumulate_grad_batches']}",
+             "packed" if r["packing"] else "padded"]
     for name in ("mixture", "one_corpus") + (("baseline",) if baseline else ()):
         f = r[name]
-        cells.append(f"{f['U']:.4f} / {f['worst_step_balance']:.3f} / {f['rank_imbalance']:.4f}")
+        cells.append(f"{f['U']:.4f} / {f['worst_step_balance']:.3f} / {f['rank_imbalance']:.4f} / {f['steps']}")
+    cells.append(f"{r['mixture']['cpu_s']:.2f}" + (f" / {r['baseline']['cpu_s']:.2f}" if baseline else ""))
     return "| " + " | ".join(cells) + " |"
 
 
@@ -258,12 +269,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         lines += ["", f"{name.split()[0]}: token shares over the epoch " + " / ".join(f"{100 * s:.0f}" for s in share)]
     scales = three_scales(args.scales_documents, old) if args.scales_documents else []
     if scales:
-        head = "| ranks | accumulation | layout | mixture U / worst step / rank imbalance | one corpus |"
-        lines += ["", f"three scales ({args.scales_documents} documents; medians {list(SCALE_MEDIANS)} tokens; targets "
-                  f"{list(SCALE_TARGETS)}; max_tokens={SCALE_MAX_TOKENS}): the mixture against the same chosen "
-                  "documents planned as one corpus" + (f", and the mixture of {args.baseline}" if old else ""), "",
-                  head + (f" {args.baseline} mixture |" if old else ""),
-                  "|---|---|---|---|---|" + ("---|" if old else ""),
+        head = ("| targets | ranks | accumulation | layout | mixture U / worst step / rank imbalance / steps | "
+                "one corpus |")
+        cpu = "mixture CPU s" + (f" (this / {args.baseline})" if old else "")
+        lines += ["", f"three scales ({args.scales_documents} documents; medians {list(SCALE_MEDIANS)} tokens; "
+                  f"documents in proportion {list(SCALE_TARGETS)}; max_tokens={SCALE_MAX_TOKENS}): the mixture against "
+                  "the same chosen documents planned as one corpus" +
+                  (f", and the mixture of {args.baseline}" if old else ""), "",
+                  head + (f" {args.baseline} mixture |" if old else "") + f" {cpu} |",
+                  "|---|---|---|---|---|---|---|" + ("---|" if old else ""),
                   *(_scales_row(r, args.baseline if old else None) for r in scales)]
     lines += ["", f"planning time of one epoch: medians of {args.repeats} runs, the revisions alternating (wall and CPU "
               "seconds, and CPU seconds per million chosen documents; goal 0.6 s per million)", "",

@@ -109,6 +109,9 @@ def train(cfg: DictConfig) -> None:
               + (f", measured before the first epoch\n(memory_limit {dm.memory_limit} bytes, memory_fraction "
                  f"{dm.memory_fraction})" if dm.max_tokens == "auto" else "")
               + f" | max_length {dm.max_length} tokens\ncorpus: {dm.corpus_description}", flush=True)
+    elif trainer.is_global_zero and dm.stream is not None:  # a stream: no plan before training (docs/streams.md)
+        print(f"{world} | per-rank budget {dm.max_tokens} per micro-batch | max_length {dm.max_length} tokens\n"
+              f"corpus: {dm.stream.description}, planned window by window while training", flush=True)
     elif trainer.is_global_zero:
         unit = "tokens per packed row" if dm.packing else "padded slots"
         global_budget = sum(dm.settings.rank_max_tokens(num_replicas)) * trainer.accumulate_grad_batches
@@ -136,10 +139,16 @@ def train(cfg: DictConfig) -> None:
         if stopped_by:
             print(f"stopped by {stopped_by} at optimizer step {trainer.global_step} of {trainer.max_steps}, on every "
                   "rank", flush=True)
+        if dm.stream is not None:
+            state = dm.stream.batches.state_dict()
+            counts = (f"stream: pass {state['epoch']}, window {state['window']}, {state['start']} documents before it"
+                      f"{' (its end)' if state['finished'] else ''}\n")
+        else:
+            counts = (f"train documents {len(dm.train_dataset)} | empty after tokenization, dropped: "
+                      f"{dm.num_empty_documents}\nmicro-batches per rank per epoch {len(sampler)} | fill rows this "
+                      f"epoch {sampler.num_fill_rows}\n")
         print(
-            f"train documents {len(dm.train_dataset)} | empty after tokenization, dropped: {dm.num_empty_documents}\n"
-            f"micro-batches per rank per epoch {len(sampler)} | fill rows this epoch {sampler.num_fill_rows}\n"
-            f"last train/loss {metrics['train/loss']:.3f} | "
+            counts + f"last train/loss {metrics['train/loss']:.3f} | "
             + (f"val/loss {metrics['val/loss']:.3f} | " if "val/loss" in metrics else "validation not run | ")
             + f"script wall time {time.perf_counter() - _START:.1f} s",
             flush=True,

@@ -1,8 +1,9 @@
 """The layering of the package: each subpackage imports only those below it, no import cycle, no heavy import.
 
 The layers, bottom up (``LAYERS``): the base modules (``errors``, ``_checks``, ``_fingerprint``, ``schedule``: NumPy
-only; ``world``: torch), ``plan`` (NumPy only), ``sampler`` (torch, no Lightning), ``data`` (torch, no Lightning) and
-``report`` (no Lightning), ``lightning``, ``demo``, then the ``callbacks`` re-export and ``cli`` on top. The static
+only; ``world``: torch), ``plan`` (NumPy only), ``sampler`` (torch, no Lightning), ``data`` (torch, no Lightning),
+``report`` (no Lightning) and ``stream`` (torch, no Lightning), ``lightning``, ``demo``, then the ``callbacks``
+re-export and ``cli`` on top. The static
 check reads every ``import`` statement of every module (also those inside functions; not those under
 ``if TYPE_CHECKING:``) and every import by a literal name (``importlib.import_module("lit_balance.x")``,
 ``import_module(...)``, ``__import__(...)``) with :mod:`ast`, so a cycle hidden behind ``importlib`` counts; the runtime
@@ -35,7 +36,9 @@ LAYERS = {
     "sampler": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan"},
     "data": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan", "sampler"},
     "report": {"errors", "schedule", "_checks", "_fingerprint", "plan", "sampler"},
-    "lightning": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan", "sampler", "data", "report"},
+    "stream": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan", "sampler", "data"},
+    "lightning": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan", "sampler", "data", "report",
+                  "stream"},
     "demo": {"errors", "schedule", "_checks", "_fingerprint", "world", "plan", "lightning"},
     "callbacks": {"lightning"},
     "ledger": {"lightning"},
@@ -62,6 +65,7 @@ FORBIDDEN = {
     "sampler": {"lightning", "pytorch_lightning", "torchmetrics", "matplotlib", "rich"},
     "data": {"lightning", "pytorch_lightning", "torchmetrics", "matplotlib", "rich"},
     "report": {"lightning", "pytorch_lightning", "torchmetrics"},
+    "stream": {"lightning", "pytorch_lightning", "torchmetrics", "matplotlib", "rich"},
 }
 
 

@@ -17,6 +17,7 @@ from lit_balance.errors import InputError
 from lit_balance.ledger import check_ledger_header, ledger_columns, ledger_header, read_ledger, write_datamodule_ledger
 from lit_balance.plan.mixture import MixtureSettings
 from lit_balance.sampler.mixture import MixtureBatchSampler
+from lit_balance.sampler.state import plan_micro_step
 
 
 def _ranks(lengths, num_replicas, kwargs, state=None, skip=None):
@@ -134,7 +135,6 @@ def test_the_skip_is_saved_in_the_state_and_restored_on_the_same_world():
     ([(2, 2)], r"skip_steps range \(2, 2\).*reversed or empty"),
     ([(-1, 2)], r"skip_steps range \(-1, 2\).*negative"),
     ([(0, 3), (2, 4)], r"skip_steps ranges \(0, 3\) and \(2, 4\) overlap"),
-    ([(99, 100)], r"skip_steps range \(99, 100\) does not start in epoch 0, whose optimizer steps are \[0, 8\)"),
 ])
 def test_bad_ranges_are_refused_naming_skip_steps(skip, match):
     with pytest.raises(ValueError, match=match):
@@ -167,7 +167,8 @@ def test_a_new_range_that_overlaps_a_saved_one_is_refused():
     resumed = _sampler()
     resumed.load_state_dict(state)
     resumed.skip_steps([(4, 6)])  # the saved range, given again
-    with pytest.raises(ValueError, match=r"skip_steps ranges overlap: micro-steps \[4, 6\) and \[5, 7\)"):
+    with pytest.raises(ValueError, match=r"skip_steps ranges overlap: optimizer steps \[4, 6\) and \[5, 7\) of the "
+                                         r"run, one given or saved in the checkpoint"):
         resumed.skip_steps([(5, 7)])
     assert resumed.skip_micro_steps == ((4, 6),)
 
@@ -239,10 +240,10 @@ class _SaveAt(L.Callback):
             trainer.should_stop = True
 
 
-def _fit(tmp_path, dm, callbacks, max_steps=-1, ckpt_path=None):
+def _fit(tmp_path, dm, callbacks, max_steps=-1, ckpt_path=None, max_epochs=1):
     L.seed_everything(0, verbose=False)
     model = DemoTransformerLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=max_steps, logger=False,
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, max_steps=max_steps, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0, limit_val_batches=0, accumulate_grad_batches=2, callbacks=callbacks,
                         default_root_dir=tmp_path)
@@ -320,3 +321,155 @@ def test_a_datamodule_refuses_a_range_in_the_past_of_the_checkpoint_before_readi
 def test_a_datamodule_refuses_bad_skip_steps_at_construction(tmp_path, skip, error):
     with pytest.raises(error, match="skip_steps"):
         BalancedTextDataModule(["a b c"] * 4, max_tokens=64, skip_steps=skip, cache_dir=tmp_path)
+
+
+def _run_epochs(samplers, epochs, acc):
+    """Iterate ``samplers`` (one per rank) through ``epochs`` (the first continues where they stand) and return
+    ``[(optimizer step of the run, (micro-batch of rank 0, ...)), ...]`` in running order, numbered as the ledger does
+    (the plan's steps, skipped ones counted)."""
+    out = []
+    for i, epoch in enumerate(epochs):
+        for s in samplers:
+            s.set_epoch(epoch)
+        first, skips = samplers[0].first_optimizer_step, samplers[0].skip_micro_steps
+        start = samplers[0].start_micro_step if i == 0 else 0
+        steps = _steps(samplers)
+        out += [(first + plan_micro_step(skips, start + t) // acc, step) for t, step in enumerate(steps)]
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(**SETUP)
+def test_ranges_in_any_epoch_and_across_an_epochs_end_leave_out_exactly_those_steps_also_after_a_second_restart(
+        lengths, worlds, acc, packing, window, mixture, data):
+    r1, r2, r3 = worlds
+    kwargs = dict(max_tokens=64, accumulate_grad_batches=acc, packing=packing, seed=3, drop_last=False,
+                  mixture=mixture)
+    if window is not None and not mixture:
+        kwargs["plan_window"] = window
+    first = _ranks(lengths, r1, kwargs)
+    stop1 = data.draw(st.integers(0, len(first[0]) - 1), label="stop1")
+    state1 = first[0].state_dict(batches_consumed=stop1)
+    plain = _run_epochs(_ranks(lengths, r2, kwargs, state1), [0, 1, 2], acc)  # the run without skips
+    resume = -(-stop1 // acc)
+    last = plain[-1][0] + 1
+    assert [s for s, _ in plain] == sorted(s for s, _ in plain) and plain[0][0] >= resume - 1
+    cuts = sorted(data.draw(st.lists(st.integers(resume, last + 2), min_size=2, max_size=6, unique=True),
+                            label="range ends"))
+    ranges = [(a, b) for a, b in zip(cuts[::2], cuts[1::2])]
+    skipped = _ranks(lengths, r2, kwargs, state1, skip=ranges)
+    trained = _run_epochs(skipped, [0, 1, 2], acc)
+    out = lambda step: any(a <= step < b for a, b in ranges)  # noqa: E731
+    assert trained == [(s, step) for s, step in plain if not out(s)]
+
+    # a second restart inside epoch 1 on a third world, the ranges not given again: they still hold
+    again = _ranks(lengths, r2, kwargs, state1, skip=ranges)
+    for s in again:
+        s.set_epoch(1)
+    trained1 = len(again[0])
+    stop2 = data.draw(st.integers(0, trained1), label="stop2 (trained micro-steps of epoch 1)")
+    state2 = again[0].state_dict(batches_consumed=stop2)
+    position = min(plan_micro_step(again[0].skip_micro_steps, stop2),
+                   again[0].first_plan_micro_step + sum(p.num_micro_steps for p in again[0].plan_parts()))
+    reference = _ranks(lengths, r2, kwargs, state1)  # the run without skips, at the same plan position
+    for s in reference:
+        s.set_epoch(1)
+    state_ref = reference[0].state_dict(batches_consumed=position)
+    epochs = [state2["epoch"], *range(state2["epoch"] + 1, 3)]
+    expected = [(s, step) for s, step in _run_epochs(_ranks(lengths, r3, kwargs, state_ref), epochs, acc)
+                if not out(s)]
+    assert _run_epochs(_ranks(lengths, r3, kwargs, state2), epochs, acc) == expected
+
+
+def test_the_sampler_counts_the_runs_optimizer_steps_over_epochs_and_saves_them():
+    s = _sampler(accumulate_grad_batches=3)  # 8 micro-steps an epoch on 2 ranks: 3 optimizer steps (the last short)
+    assert s.first_optimizer_step == 0
+    s.set_epoch(1)
+    assert s.first_optimizer_step == 3
+    s.set_epoch(3)
+    assert s.first_optimizer_step == 9
+    state = s.state_dict(batches_consumed=len(s))  # the end of epoch 3: the start of epoch 4
+    assert state["epoch"] == 4 and state["first_optimizer_step"] == 12
+    s.set_epoch(0)
+    assert s.first_optimizer_step == 0
+    fresh = _sampler(accumulate_grad_batches=3)
+    fresh.load_state_dict(state)
+    assert fresh.first_optimizer_step == 12
+    fresh.skip_steps([(13, 14)])  # step 1 of epoch 4
+    assert fresh.skip_micro_steps == ((3, 6),)
+
+
+def test_a_range_across_an_epochs_end_skips_the_end_of_one_and_the_start_of_the_next():
+    s = _sampler(accumulate_grad_batches=2)  # 4 optimizer steps an epoch
+    batches = [list(mb) for mb in s]
+    s.skip_steps([(3, 5)])  # the last step of epoch 0, the first of epoch 1
+    assert [list(mb) for mb in s] == batches[:6]
+    s.set_epoch(1)
+    assert s.skip_micro_steps == ((0, 2),) and [list(mb) for mb in s] == batches[2:]
+    s.set_epoch(2)
+    assert s.skip_micro_steps == () and len(s) == 8
+
+
+def test_a_state_saved_without_the_runs_steps_in_a_later_epoch_needs_first_optimizer_step():
+    s = _sampler()
+    s.set_epoch(1)
+    state = s.state_dict(batches_consumed=2)
+    assert state["first_optimizer_step"] == 8
+    del state["first_optimizer_step"]  # as a checkpoint saved before the sampler counted them
+    fresh = _sampler()
+    fresh.load_state_dict(state)
+    assert fresh.first_optimizer_step is None
+    with pytest.raises(ValueError, match=r"does not know how many ran before epoch 1.*pass first_optimizer_step"):
+        fresh.skip_steps([(10, 11)])
+    fresh.skip_steps([(10, 11)], first_optimizer_step=8)
+    assert fresh.skip_micro_steps == ((2, 3),)
+
+
+class _ReceivedEpochs(L.Callback):
+    def __init__(self):
+        self.batches = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.batches.append((trainer.current_epoch, batch["indices"].tolist()))
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_fit_skips_ranges_in_a_later_epoch_and_across_an_epochs_end_as_the_ledgers_of_those_epochs_say(
+        tmp_path, resume):
+    texts = [" ".join(["word"] * (1 + (i * 7) % 23)) for i in range(80)]
+    kwargs = dict(max_tokens=64, val_fraction=0.1, cache_dir=tmp_path / "cache", seed=2, shuffle=True)
+    whole = _ReceivedEpochs()
+    _fit(tmp_path, BalancedTextDataModule(texts, **kwargs), [whole], max_epochs=2)
+    per_epoch = [[b for e, b in whole.batches if e == epoch] for epoch in (0, 1)]
+    steps0 = -(-len(per_epoch[0]) // 2)  # optimizer steps of epoch 0 (accumulate_grad_batches=2)
+    assert len(per_epoch[1]) > 8 and steps0 > 3
+    skip = [(steps0 - 1, steps0 + 1), (steps0 + 3, steps0 + 4)]  # across the epoch's end; inside epoch 1
+    ckpt = tmp_path / "mid.ckpt"
+    if resume:
+        _fit(tmp_path, BalancedTextDataModule(texts, **kwargs), [_SaveAt(ckpt, 1)], max_epochs=2)  # after step 0
+    record = tmp_path / "received"
+    skipped = _ReceivedEpochs()
+    dm = BalancedTextDataModule(texts, skip_steps=skip, **kwargs)
+    _fit(tmp_path, dm, [skipped, LedgerCheck(record=record)], max_epochs=2, ckpt_path=ckpt if resume else None)
+    n0 = len(per_epoch[0])
+    keep0 = [b for t, b in enumerate(per_epoch[0]) if not steps0 - 1 <= t // 2 < steps0]
+    keep1 = [b for t, b in enumerate(per_epoch[1]) if t // 2 not in (0, 3)]
+    start = 2 if resume else 0
+    assert [b for e, b in skipped.batches if e == 0] == keep0[start:] and n0 > len(keep0)
+    assert [b for e, b in skipped.batches if e == 1] == keep1
+
+    # the ledger of each epoch, written before training, names the run's steps and leaves the skipped ones out
+    from lit_balance.lightning.ledger_record import check_record
+    plan = BalancedTextDataModule(texts, skip_steps=skip, **kwargs)
+    plan.prepare_data()
+    plan.setup("fit")
+    for epoch in (0, 1):
+        ledger = tmp_path / f"epoch{epoch}.parquet"
+        header = write_datamodule_ledger(ledger, plan, num_replicas=1, accumulate_grad_batches=2, epoch=epoch)
+        assert header["first_optimizer_step"] == (0 if epoch == 0 else steps0)
+        table, _ = read_ledger(ledger)
+        steps = set(table.column("optimizer_step").to_pylist())
+        assert not steps & {steps0 - 1, steps0, steps0 + 3}
+        result = check_record([record], ledger)
+        assert result.ok and result.micro_batches == len(keep0 if epoch == 0 else keep1) - (start if epoch == 0
+                                                                                            else 0)

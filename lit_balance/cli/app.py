@@ -31,6 +31,7 @@ from lit_balance.cli.messages import (
     install_hint,
     mark_run,
 )
+from lit_balance.cli.ledger import ledger_parser, run_ledger
 from lit_balance.cli.plan import plan_parser, run_plan
 from lit_balance.cli.tokenize import run_tokenize, tokenize_parser
 from lit_balance.errors import InputValueError
@@ -48,6 +49,7 @@ OTHER_SUBCOMMANDS = {
     "plan": "Plan one epoch without training and report padding, balance and cost",
     "configs": "Write the shipped configs (conf/) and recipes (recipes/) into a directory",
     "tokenize": "Tokenize a JSONL/Parquet corpus into a datatrove token store (datatrove's executor)",
+    "ledger": "Check the record of what each rank received against a ledger (ledger check RECORD --ledger PATH)",
 }
 
 
@@ -113,7 +115,7 @@ class LitBalanceCLI(LightningCLI):
         action = getattr(self.parser, "subcommands_action", None)
         if add_subcommands and action is not None:
             for name, parser in (("plan", plan_parser()), ("configs", configs_parser()),
-                                 ("tokenize", tokenize_parser())):
+                                 ("tokenize", tokenize_parser()), ("ledger", ledger_parser())):
                 action.add_subcommand(name, parser, help=OTHER_SUBCOMMANDS[name])
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -263,6 +265,8 @@ class SubcommandRun:
         config: the parsed options, as LightningCLI's ``config``: ``subcommand`` and, under its name, its options.
         plan_summary: after ``plan``, its summary (:func:`~lit_balance.cli.plan.run_plan`), else None.
         tokenize_result: after ``tokenize``, what it wrote (:func:`~lit_balance.cli.tokenize.run_tokenize`), else None.
+        ledger_check: after ``ledger check``, the :class:`~lit_balance.lightning.ledger_record.RecordCheck` (all
+            matched; a mismatch exits with status 1), else None.
         lines: after ``configs``, the lines it printed (:func:`write_configs`), else None.
     """
 
@@ -270,6 +274,7 @@ class SubcommandRun:
     config: Namespace
     plan_summary: dict[str, Any] | None = None
     tokenize_result: Any = None
+    ledger_check: Any = None
     lines: list[str] | None = None
 
 
@@ -327,7 +332,8 @@ def _run_other(subcommand: str, args: list[str]) -> SubcommandRun:
     A bad setting or input file (a lit_balance check raised): one line naming the flag, exit status 2, no traceback
     (``JSONARGPARSE_DEBUG=true`` raises instead); any other error keeps its traceback.
     """
-    builders = {"plan": lambda: plan_parser(fit_parser()), "configs": configs_parser, "tokenize": tokenize_parser}
+    builders = {"plan": lambda: plan_parser(fit_parser()), "configs": configs_parser, "tokenize": tokenize_parser,
+                "ledger": ledger_parser}
     parser = builders[subcommand]()
     parser.prog = f"lit-balance {subcommand}"
     config = parser.parse_args(args)
@@ -337,6 +343,8 @@ def _run_other(subcommand: str, args: list[str]) -> SubcommandRun:
             run.plan_summary = run_plan(config)
         elif subcommand == "tokenize":
             run.tokenize_result = run_tokenize(config)
+        elif subcommand == "ledger":
+            run.ledger_check = run_ledger(config)
         else:
             run.lines = write_configs(config.directory, overwrite=config.overwrite)
     except INPUT_ERRORS as error:

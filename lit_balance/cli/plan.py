@@ -22,6 +22,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from lit_balance._checks import MAX_TOKENS_LIMIT, check_int
 from lit_balance.cli.messages import ErrorFirstParser, flag_names, plan_flag
+from lit_balance.data.sources import CorpusSource
 from lit_balance.errors import InputError, InputTypeError, InputValueError
 from lit_balance.lightning.datamodule import DEFAULT_MAX_TOKENS, BalancedTextDataModule
 from lit_balance.plan.cost import CostModel
@@ -422,15 +423,21 @@ def _datamodule(cfg: Namespace, values: dict[str, Any]) -> BalancedTextDataModul
                              "arguments: lit-balance fit --print_config, under data)", parameter="data_kwargs")
     common = {"max_length": cfg.max_length, "val_fraction": cfg.val_fraction, "text_key": cfg.text_key,
               "cache_dir": cfg.cache_dir, **extra}
+    corpus = _corpus(cfg.corpus)
+    if isinstance(corpus, CorpusSource) and corpus.streamed:
+        raise InputValueError(f"lit-balance plan previews the plan of a finite corpus before training, and the corpus "
+                              f"is a stream ({corpus.description}), planned window by window while training "
+                              "(docs/streams.md): plan a finite part of it instead (--corpus with its files)",
+                              parameter="corpus")
     if values["max_tokens"] == "auto":
         batching = {k: v for k, v in values.items() if k in taken}  # the layout the probe measures
-        dm = BalancedTextDataModule(_corpus(cfg.corpus), cfg.tokenizer, **batching, memory_limit=cfg.memory_limit,
+        dm = BalancedTextDataModule(corpus, cfg.tokenizer, **batching, memory_limit=cfg.memory_limit,
                                     memory_fraction=cfg.memory_fraction, **common)
     else:
         settings = BatchingSettings.from_dict(values)
         if settings.per_rank:  # the split does not depend on the budgets; only documents no rank holds are refused
             settings = settings.replace(max_tokens=settings.largest_max_tokens)
-        dm = BalancedTextDataModule(_corpus(cfg.corpus), cfg.tokenizer, settings=settings, **common)
+        dm = BalancedTextDataModule(corpus, cfg.tokenizer, settings=settings, **common)
     dm.prepare_data()  # tokenizes into the cache, with a progress bar, unless cached
     dm.setup("fit")
     return dm

@@ -27,7 +27,7 @@ from lit_balance.errors import InputTypeError
 from lit_balance.sampler.sampler import BalancedBatchSampler
 
 __all__ = ["HAND_OVER_ADVICE", "offer_training_loader", "training_loaders", "training_sampler_of",
-           "use_training_sampler"]
+           "training_stream_of", "use_training_sampler", "use_training_stream"]
 
 #: How to hand a training sampler to a Trainer, for the messages of what needs one.
 HAND_OVER_ADVICE = ("train with BalancedTextDataModule, or build the training loader with balanced_dataloader(..., "
@@ -43,9 +43,10 @@ class _HandOver:
     def __init__(self) -> None:
         self.sampler: BalancedBatchSampler | None = None
         self.loaders: list[weakref.ref] = []
+        self.stream: str | None = None  # what the Trainer trains from when it is a stream (no plan of the epoch)
 
     def __getstate__(self) -> dict[str, Any]:  # a weak reference does not pickle; a spawned process builds its loaders
-        return {"sampler": self.sampler, "loaders": []}
+        return {"sampler": self.sampler, "loaders": [], "stream": self.stream}
 
 
 def _record(trainer: Any, create: bool) -> _HandOver | None:
@@ -86,7 +87,31 @@ def use_training_sampler(trainer: Any, sampler: BalancedBatchSampler | None) -> 
     if sampler is not None and not isinstance(sampler, BalancedBatchSampler):
         raise InputTypeError(f"use_training_sampler takes the training loader's lit_balance.BalancedBatchSampler (or "
                              f"None), got {type(sampler).__name__}", parameter="sampler")
-    _record(trainer, create=True).sampler = sampler
+    record = _record(trainer, create=True)
+    record.sampler, record.stream = sampler, None
+
+
+def use_training_stream(trainer: Any, description: str) -> None:
+    """Tell ``trainer`` that it trains from a stream (``description``, e.g. ``"stream of 3 file(s): ..."``), planned
+    window by window: there is no training sampler and no plan of the epoch, and what needs one says so by name
+    (:func:`training_stream_of`). :class:`~lit_balance.BalancedTextDataModule` calls it for a stream corpus; it lasts
+    until :func:`use_training_sampler` is called.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> trainer = SimpleNamespace(train_dataloader=None)
+        >>> use_training_stream(trainer, "stream of 1 file(s): a.jsonl")
+        >>> training_sampler_of(trainer), training_stream_of(trainer)
+        (None, 'stream of 1 file(s): a.jsonl')
+    """
+    record = _record(trainer, create=True)
+    record.sampler, record.stream = None, str(description)
+
+
+def training_stream_of(trainer: Any) -> str | None:
+    """What ``trainer`` trains from when it is a stream (:func:`use_training_stream`), else None."""
+    record = _record(trainer, create=False)
+    return None if record is None else record.stream
 
 
 def offer_training_loader(trainer: Any, loader: Any) -> None:
@@ -120,7 +145,7 @@ def training_sampler_of(trainer: Any) -> BalancedBatchSampler | None:
     The same on every rank when every rank hands over alike (each rank's sampler plans the same epoch).
     """
     record = _record(trainer, create=False)
-    if record is None:
+    if record is None or record.stream is not None:
         return None
     if record.sampler is not None:
         return record.sampler

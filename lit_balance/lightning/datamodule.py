@@ -42,6 +42,7 @@ from lit_balance.lightning.budget import DEFAULT_MEMORY_FRACTION, TokenBudget, f
 from lit_balance.lightning.meters import CPU_MMAP_THRESHOLD
 from lit_balance.lightning.dm_settings import DEFAULT_MAX_TOKENS, auto_budget, batching_settings
 from lit_balance.lightning.rank_errors import share_failure
+from lit_balance.lightning.stream_data import stream_component
 from lit_balance.lightning.resume_checks import (
     TrainLoader,
     check_saved_data,
@@ -144,7 +145,8 @@ class BalancedTextDataModule(L.LightningDataModule):
     the same token counts; validation batches are packed too.
 
     Args:
-        corpus: None or ``"stdlib_docstrings"`` for the built-in corpus; a list of strings (documents);
+        corpus: None or ``"stdlib_docstrings"`` for the built-in corpus; a :class:`~lit_balance.stream.StreamCorpus`
+            (a stream of unknown length, planned window by window while training; see ``window_documents``); a list of strings (documents);
             a path or list of paths to UTF-8 text files (one document per non-blank line) or ``.jsonl``
             files (one object per line: text under ``text_key``, or a prompt–completion record with
             ``prompt`` and ``completion``); a list of token-id sequences; or a Hugging Face
@@ -223,8 +225,9 @@ class BalancedTextDataModule(L.LightningDataModule):
             (inclusive-exclusive, counted from the start of training as the ledger's ``optimizer_step``), typically on
             a resume after a loss spike (:meth:`BalancedBatchSampler.skip_steps`, ``docs/ledger.md``). Applied once per
             fit, after a checkpoint is restored and before any batch is read; every other step trains what the plan
-            has there, on any number of ranks, and the ranges are saved in the checkpoint. Ranges must lie in the first
-            epoch and start at or after the step the checkpoint resumes at. None (the default): nothing skipped.
+            has there, on any number of ranks, and the ranges are saved in the checkpoint. Ranges may lie in any epoch
+            (or across an epoch's end) and must start at or after the step the checkpoint resumes at. None (the
+            default): nothing skipped.
         max_length_schedule: a length warm-up that loses no tokens (``docs/schedules.md``): the longest training row
             per optimizer step of the run, a :class:`~lit_balance.Schedule` in steps, a list of ``[step, max_length]``
             points, or ``{"points": ..., "interpolation": "constant" | "linear"}`` (a linear one rounded down to whole
@@ -242,8 +245,19 @@ class BalancedTextDataModule(L.LightningDataModule):
             step; saved in the checkpoint, where a resume may change only points at or after the resume step
             (``docs/schedules.md``). None (the default): the mixture's fixed weights. Not with
             ``largest_first``.
+        window_documents: with a stream corpus (a :class:`~lit_balance.stream.StreamCorpus`, docs/streams.md):
+            documents read, exchanged and planned together, global (the same on any number of ranks and when
+            resuming); None: 4096. A stream is trained window by window while training: no cache, no pass before
+            training, no ``len()``; the run ends at the stream's end or ``max_steps``. A number beside a finite corpus
+            is a ValueError.
+        val_documents: with a stream corpus: its first documents held out for validation (read by every rank at
+            ``setup``, never trained); None: none.
+        val_corpus: with a stream corpus: a finite validation corpus instead (anything ``corpus`` takes but a
+            mixture or a stream; tokenized into the cache by ``prepare_data``). Not beside ``val_documents``.
 
     Attributes:
+        stream: the :class:`~lit_balance.lightning.stream_data.StreamComponent` of a stream corpus (its description,
+            its ``batches`` once training started), or None for a finite corpus.
         mixture: the blend of named components (:class:`~lit_balance.Mixture`; one corpus: ``Mixture.of(corpus)``,
             one component ``train``).
         sources: one :class:`~lit_balance.data.sources.CorpusSource` per component, in order (``source``: the first).
@@ -315,6 +329,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         skip_steps: list[tuple[int, int]] | None = None,
         max_length_schedule: dict[str, Any] | list[Any] | int | None = None,
         weights_schedule: dict[str, Any] | list[Any] | None = None,
+        window_documents: int | None = None,
+        val_documents: int | None = None,
+        val_corpus: Any = None,
     ) -> None:
         super().__init__()
         #: Optimizer steps of the run whose documents are left out (``(a, b)`` pairs, ``a .. b - 1``), or None.
@@ -348,8 +365,15 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.max_length_schedule = self._check_length_schedule(max_length_schedule, max_length)
         #: The mixture's weights per optimizer step (:class:`~lit_balance.Schedule`), or None for fixed weights.
         self.weights_schedule = self._check_weights_schedule(weights_schedule, settings, largest_first)
+        #: The stream and its validation when the corpus is a stream (docs/streams.md), else None.
+        self.stream = stream_component(
+            self.mixture.names, self.sources, self.mixture.plain, settings=self._settings, batching=self._batching,
+            auto=self.auto_budget is not None, num_workers=self.num_workers, val_fraction=val_fraction,
+            skip_steps=self.skip_steps, window_documents=window_documents, val_documents=val_documents,
+            val_corpus=val_corpus, text_key=text_key, txt_documents=txt_documents)
         self.max_documents = max_documents
-        self._val_fractions = [resolve_val_fraction(val_fraction, s.split_sizes) for s in self.sources]
+        self._val_fractions = [0.0 if s.streamed else resolve_val_fraction(val_fraction, s.split_sizes)
+                               for s in self.sources]
         #: Share of each component held out for validation (0.0 when a component brings its own validation split;
         #: the largest over the components).
         self.val_fraction = max(self._val_fractions)
@@ -480,6 +504,10 @@ class BalancedTextDataModule(L.LightningDataModule):
     # ---- the corpus -------------------------------------------------------------------------------------------------
     def _resolve_tokenizer(self, tokenizer: Any, vocab_size: Any, pad_token_id: Any) -> TokenizerAdapter:
         """The one tokenizer (and vocabulary) of every component, checked now: the components must agree."""
+        if self.stream is not None:
+            return self.stream.tokenizer(tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
+                                         add_special_tokens=self.add_special_tokens,
+                                         allow_tokenizer_mismatch=self.allow_tokenizer_mismatch)
         adapters = [corpus_tokenizer(s, tokenizer, vocab_size=vocab_size, pad_token_id=pad_token_id,
                                      add_special_tokens=self.add_special_tokens,
                                      allow_tokenizer_mismatch=self.allow_tokenizer_mismatch) for s in self.sources]
@@ -491,7 +519,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         return tuple(open_corpus(s, self.tokenizer, self.cache_dir, progress=True) for s in self.sources)
 
     def prepare_data(self) -> None:
-        """Tokenize every component into the cache (once per node; other ranks wait at Lightning's barrier)."""
+        """Tokenize every component into the cache (once per node; other ranks wait at Lightning's barrier); a stream
+        is read while training (only its finite ``val_corpus`` is tokenized here)."""
+        if self.stream is not None:
+            return self.stream.prepare_data(self)
         self._tokenized()
 
     def _world(self) -> DataParallelWorld:
@@ -573,6 +604,12 @@ class BalancedTextDataModule(L.LightningDataModule):
         """
         error: BaseException | None = None
         fields = None
+        if self.stream is not None:  # validation only: the stream is read window by window while training
+            try:
+                fields = self.stream.setup(self)
+            except Exception as exc:  # noqa: BLE001  as below
+                error = exc
+            return check_ranks_agree(self.trainer, fields, error)
         try:
             self.corpora, self._train_splits, self.train_dataset, self._val_splits = self._splits()  # built once
             self.corpus = _Corpora.of(self.corpora)
@@ -758,6 +795,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         """
         from lit_balance.report import plan_report
 
+        if self.stream is not None:
+            raise RuntimeError(f"a stream ({self.stream.description}) has no plan before training: it is planned window "
+                               "by window while training (docs/streams.md)")
         settings = self.settings.replace(accumulate_grad_batches=accumulate_grad_batches)
         cost_model = self.cost_model if self.cost_model is not None else CostModel()
         sampler = self._training_sampler(self._splits().train_dataset, settings, num_replicas, rank=0,
@@ -791,6 +831,9 @@ class BalancedTextDataModule(L.LightningDataModule):
             RuntimeError: called before :meth:`setup`.
             ValueError: as the sampler.
         """
+        if self.stream is not None:
+            raise RuntimeError(f"a stream ({self.stream.description}) has no training sampler: it is planned window by "
+                               "window while training (docs/streams.md)")
         if self.train_dataset is None:
             raise RuntimeError("training_sampler needs the training split: call setup() first")
         return self._training_sampler(self.train_dataset, settings, num_replicas, rank=rank, cost_model=cost_model)
@@ -856,6 +899,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         training sampler is handed to the Trainer (:func:`~lit_balance.use_training_sampler`) for the callbacks and
         the loss that read it.
         """
+        if self.stream is not None:
+            return self.stream.train_loader(self)
         self._plan(measure=True)
         self._check_epoch_reload()
         if self._train_sampler_state is not None and self.train_sampler is not None:
@@ -908,14 +953,9 @@ class BalancedTextDataModule(L.LightningDataModule):
         return PieceDataset(self.train_dataset)
 
     def _apply_skip_steps(self) -> None:
-        """Hand :attr:`skip_steps` to the training sampler (after a restored position, before any batch is read)."""
-        sampler = self.train_sampler
-        if sampler.epoch != 0:
-            raise InputValueError(
-                f"skip_steps={self.skip_steps} counts optimizer steps from the start of training, and this "
-                f"DataModule places them in the first epoch only, but the run resumes in epoch {sampler.epoch}: "
-                "those steps have trained already; remove skip_steps", parameter="skip_steps")
-        sampler.skip_steps(self.skip_steps, first_optimizer_step=0)
+        """Hand :attr:`skip_steps` to the training sampler (after a restored position, before any batch is read); the
+        sampler keeps them for every later epoch and saves them."""
+        self.train_sampler.skip_steps(self.skip_steps)
         self._skip_pending = False
 
     def __getstate__(self) -> dict[str, Any]:  # pickled for ddp_spawn: a weak reference does not pickle
@@ -945,6 +985,8 @@ class BalancedTextDataModule(L.LightningDataModule):
             with ``max_tokens="auto"`` also ``"token_budget"`` (:meth:`AutoTokenBudget.state_dict`): a resume plans
             with it instead of probing again.
         """
+        if self.stream is not None:
+            return self.stream.state_dict(self)
         if self.train_sampler is None:
             return {}
         consumed = self._consumed()
@@ -971,6 +1013,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         if not isinstance(state_dict, Mapping):
             raise InputTypeError(f"BalancedTextDataModule.load_state_dict expects the dict returned by state_dict() "
                                  f"(key 'train_sampler'), got {state_dict!r} of type {type(state_dict).__name__}")
+        if self.stream is not None:
+            return self.stream.load_state_dict(self, state_dict)
         unknown = set(state_dict) - {"train_sampler", "data", "token_budget"}
         if unknown:
             raise InputValueError(f"BalancedTextDataModule state_dict has unknown keys {sorted(unknown)}")
@@ -985,6 +1029,8 @@ class BalancedTextDataModule(L.LightningDataModule):
     def val_dataloader(self) -> list[DataLoader]:
         """One loader of validation micro-batches (this rank's, unshuffled) per component with validation documents,
         named by :attr:`val_names` in order; ``[]`` without validation."""
+        if self.stream is not None:
+            return self.stream.val_loaders(self)
         if all(f == 0 and s.split_sizes is None for f, s in zip(self._val_fractions, self.sources)):
             return []
         if self.train_dataset is None:

@@ -4,7 +4,7 @@ The plan of an epoch is a pure function of (lengths, settings, seed, epoch, num_
 what each rank reads at each micro-step is known without a GPU and without running anything. :func:`ledger_columns`
 lays it out as one row per document per micro-batch, built with NumPy from the plan's arrays (no Python loop per
 document); :func:`write_ledger` writes it as Parquet (pyarrow, the ``stores`` extra) with a JSON header of the
-settings and fingerprints in the schema metadata (key ``lit_balance.ledger``); :func:`read_ledger` reads it back and
+settings and fingerprints in the file's key-value metadata (key ``lit_balance.ledger``); :func:`read_ledger` reads it back and
 :func:`check_ledger_header` compares a header with a run. :class:`lit_balance.callbacks.LedgerCheck` checks, while
 training, that every rank received exactly the ledger's documents.
 
@@ -72,7 +72,17 @@ def _import_pyarrow() -> Any:
     return pa
 
 
-def ledger_header(sampler: Any, *, epoch: int | None = None, first_optimizer_step: int = 0,
+def _first_step(sampler: Any, epoch: int, first_optimizer_step: int | None) -> int:
+    """The run's optimizer steps before ``epoch``: as given, else the sampler's count (0 where it has none)."""
+    if first_optimizer_step is not None:
+        return int(first_optimizer_step)
+    if epoch != sampler.epoch:
+        return 0
+    counted = sampler.first_optimizer_step
+    return 0 if counted is None else int(counted)
+
+
+def ledger_header(sampler: Any, *, epoch: int | None = None, first_optimizer_step: int | None = None,
                   data: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ledger's header: the settings and fingerprints of ``sampler``'s plan of ``epoch``, plain JSON types.
 
@@ -86,6 +96,7 @@ def ledger_header(sampler: Any, *, epoch: int | None = None, first_optimizer_ste
         skipped ranges as epoch micro-steps of the plan, ``skip_steps`` as optimizer steps of the run (``[a, b)``).
     """
     epoch = sampler.epoch if epoch is None else int(epoch)
+    first_optimizer_step = _first_step(sampler, epoch, first_optimizer_step)
     settings = sampler.settings
     acc = int(settings.accumulate_grad_batches)
     current = epoch == sampler.epoch
@@ -129,8 +140,45 @@ def _part_columns(plan: Any, base: int, acc: int) -> dict[str, np.ndarray]:
             "sample": plan.rows[at], "fill": plan.is_fill[at]}
 
 
+def _ledger_parts(sampler: Any, epoch: int | None, first_optimizer_step: int | None) -> Any:
+    """Yield the ledger's columns (the sampler's, without the dataset's) one part of the epoch's plan at a time (one
+    window of an epoch planned in windows), in running order."""
+    epoch = sampler.epoch if epoch is None else int(epoch)
+    first_optimizer_step = _first_step(sampler, epoch, first_optimizer_step)
+    acc = int(sampler.settings.accumulate_grad_batches)
+    current = epoch == sampler.epoch
+    base = int(sampler.first_plan_micro_step) if current else 0
+    skips = sampler.skip_micro_steps if current else ()
+    lengths, supervised_lengths = np.asarray(sampler.lengths), sampler.supervised_lengths
+    for plan in sampler.plan_parts(epoch):
+        columns = _part_columns(plan, base, acc)
+        base += plan.num_micro_steps
+        plan_step = columns["micro_step"]
+        if skips:  # skipped steps are absent; micro_step counts what trains (Lightning's batch_idx)
+            keep = np.ones(plan_step.shape[0], dtype=bool)
+            trained = plan_step.copy()
+            for a, b in skips:
+                keep &= (plan_step < a) | (plan_step >= b)
+                trained -= np.clip(plan_step - a, 0, b - a)
+            columns = {k: v[keep] for k, v in columns.items()}
+            plan_step, columns["micro_step"] = plan_step[keep], trained[keep]
+        sample, fill = columns.pop("sample"), columns.pop("fill")
+        n = sample.shape[0]
+        component, document, copy = sampler.locate(sample)
+        tokens = lengths[sample].astype(np.int32)
+        supervised = (tokens - 1) if supervised_lengths is None else \
+            np.asarray(supervised_lengths)[sample].astype(np.int32)
+        micro_step = columns.pop("micro_step")
+        yield {"epoch": np.full(n, epoch, dtype=np.int32),
+               "optimizer_step": plan_step // acc + int(first_optimizer_step), "micro_step": micro_step, **columns,
+               "sample": sample, "component": component.astype(np.int32), "document": document,
+               "copy": copy.astype(np.int16), "tokens": tokens,
+               "supervised_tokens": np.where(fill, 0, supervised).astype(np.int32), "fill": fill,
+               "repeated": fill | (copy > 0)}
+
+
 def ledger_columns(sampler: Any, *, dataset: Any = None, epoch: int | None = None,
-                   first_optimizer_step: int = 0) -> tuple[dict[str, np.ndarray], dict[str, tuple[str, ...]]]:
+                   first_optimizer_step: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, tuple[str, ...]]]:
     """The ledger of ``sampler``'s plan of ``epoch`` as NumPy columns (see the module's table).
 
     Every rank's micro-batches, as the sampler plans them (the same on every rank); after
@@ -144,51 +192,21 @@ def ledger_columns(sampler: Any, *, dataset: Any = None, epoch: int | None = Non
             document comes from (``document_origins``); None: the sampler's columns only.
         epoch: the epoch (default: the sampler's).
         first_optimizer_step: optimizer steps of the run before this epoch (the ``optimizer_step`` of the epoch's
-            first step).
+            first step); default: the sampler's count (:attr:`~lit_balance.BalancedBatchSampler.first_optimizer_step`,
+            0 where it has none).
 
     Returns:
         ``(columns, dictionaries)``: ``columns`` maps each column's name to an array ``[num_rows]``; ``component`` and
         ``store_file`` are int32 codes into ``dictionaries["component"]`` / ``dictionaries["store_file"]``.
     """
-    epoch = sampler.epoch if epoch is None else int(epoch)
     if sampler.plan_pieces(epoch) is not None:
         raise InputValueError("the ledger lists whole documents per micro-batch, and under a length warm-up "
                               "(max_length_schedule) the plan's rows are pieces of documents: leave the ledger "
                               "(LedgerCheck, lit-balance plan --ledger) out of a run with max_length_schedule, or "
                               "leave max_length_schedule unset", parameter="max_length_schedule")
-    acc = int(sampler.settings.accumulate_grad_batches)
-    current = epoch == sampler.epoch
-    base = int(sampler.first_plan_micro_step) if current else 0
-    skips = sampler.skip_micro_steps if current else ()
-    parts = []
-    for plan in sampler.plan_parts(epoch):
-        parts.append(_part_columns(plan, base, acc))
-        base += plan.num_micro_steps
-    columns = {k: np.concatenate([p[k] for p in parts]) if len(parts) != 1 else parts[0][k] for k in parts[0]}
-    if skips:  # skipped steps are absent; micro_step counts what trains (Lightning's batch_idx)
-        plan_step = columns["micro_step"]
-        keep = np.ones(plan_step.shape[0], dtype=bool)
-        trained = plan_step.copy()
-        for a, b in skips:
-            keep &= (plan_step < a) | (plan_step >= b)
-            trained -= np.clip(plan_step - a, 0, b - a)
-        columns = {k: v[keep] for k, v in columns.items()}
-        columns["plan_micro_step"], columns["micro_step"] = plan_step[keep], trained[keep]
-    else:
-        columns["plan_micro_step"] = columns["micro_step"]
-    sample, fill = columns.pop("sample"), columns.pop("fill")
-    n = sample.shape[0]
-    component, document, copy = sampler.locate(sample)
-    tokens = np.asarray(sampler.lengths)[sample].astype(np.int32)
-    supervised = sampler.supervised_lengths
-    supervised = (tokens - 1) if supervised is None else np.asarray(supervised)[sample].astype(np.int32)
-    micro_step, plan_step = columns.pop("micro_step"), columns.pop("plan_micro_step")
-    out = {"epoch": np.full(n, epoch, dtype=np.int32),
-           "optimizer_step": plan_step // acc + int(first_optimizer_step), "micro_step": micro_step, **columns,
-           "sample": sample, "component": component.astype(np.int32), "document": document,
-           "copy": copy.astype(np.int16), "tokens": tokens,
-           "supervised_tokens": np.where(fill, 0, supervised).astype(np.int32), "fill": fill,
-           "repeated": fill | (copy > 0)}
+    parts = list(_ledger_parts(sampler, epoch, first_optimizer_step))
+    out = {k: np.concatenate([p[k] for p in parts]) if len(parts) != 1 else parts[0][k] for k in parts[0]}
+    sample, tokens = out["sample"], out["tokens"]
     dictionaries = {"component": tuple(sampler.mixture.names)}
     if dataset is not None:
         origins, files = dataset.document_origins(sample)
@@ -199,7 +217,7 @@ def ledger_columns(sampler: Any, *, dataset: Any = None, epoch: int | None = Non
 
 
 def write_ledger(path: str | os.PathLike, sampler: Any, *, dataset: Any = None, epoch: int | None = None,
-                 first_optimizer_step: int = 0, data: Mapping[str, Any] | None = None,
+                 first_optimizer_step: int | None = None, data: Mapping[str, Any] | None = None,
                  compression: str = "zstd") -> dict[str, Any]:
     """Write the ledger of ``sampler``'s plan of ``epoch`` to ``path`` (Parquet), for every rank at once.
 
@@ -223,30 +241,46 @@ def write_ledger(path: str | os.PathLike, sampler: Any, *, dataset: Any = None, 
         10
     """
     pa = _import_pyarrow()
-    columns, dictionaries = ledger_columns(sampler, dataset=dataset, epoch=epoch,
-                                           first_optimizer_step=first_optimizer_step)
     header = ledger_header(sampler, epoch=epoch, first_optimizer_step=first_optimizer_step, data=data)
-    arrays, names = [], []
-    for name, values in columns.items():
-        if name in dictionaries:
-            arrays.append(pa.DictionaryArray.from_arrays(pa.array(values, type=pa.int32()),
-                                                         pa.array(list(dictionaries[name]), type=pa.string())))
-        else:
-            arrays.append(pa.array(values))
-        names.append(name)
-    header["rows"] = len(arrays[0]) if arrays else 0
-    table = pa.Table.from_arrays(arrays, names=names).replace_schema_metadata(
-        {LEDGER_KEY: json.dumps(header).encode()})
-    # integers delta-encoded (steps, ranks and rows run in order), no dictionary tried on columns of many values
-    encoding = {name: "DELTA_BINARY_PACKED" for name, values in columns.items()
-                if name not in dictionaries and values.dtype.kind in "iu"}
-    pa.parquet.write_table(table, str(path), compression=compression, use_dictionary=list(dictionaries),
-                           column_encoding=encoding)
+    if dataset is None:  # window by window, one row group each: no copy of the whole ledger in memory
+        parts = ((part, {"component": tuple(sampler.mixture.names)})
+                 for part in _ledger_parts(sampler, epoch, first_optimizer_step))
+    else:
+        parts = iter([ledger_columns(sampler, dataset=dataset, epoch=epoch,
+                                     first_optimizer_step=first_optimizer_step)])
+    rows, writer = 0, None
+    partial = f"{os.fspath(path)}.partial"
+    try:
+        for columns, dictionaries in parts:
+            arrays = [pa.DictionaryArray.from_arrays(pa.array(values, type=pa.int32()),
+                                                     pa.array(list(dictionaries[name]), type=pa.string()))
+                      if name in dictionaries else pa.array(values) for name, values in columns.items()]
+            table = pa.Table.from_arrays(arrays, names=list(columns))
+            if writer is None:
+                # integers delta-encoded (steps, ranks and rows run in order), no dictionary tried on columns of many
+                # values
+                encoding = {name: "DELTA_BINARY_PACKED" for name, values in columns.items()
+                            if name not in dictionaries and values.dtype.kind in "iu"}
+                writer = pa.parquet.ParquetWriter(partial, table.schema, compression=compression,
+                                                  use_dictionary=list(dictionaries), column_encoding=encoding)
+            writer.write_table(table)
+            rows += table.num_rows
+        header["rows"] = rows
+        writer.add_key_value_metadata({LEDGER_KEY: json.dumps(header).encode()})
+        writer.close()
+        writer = None
+        os.replace(partial, path)
+    finally:
+        if writer is not None:
+            writer.close()
+        if os.path.exists(partial):
+            os.remove(partial)
     return header
 
 
 def write_datamodule_ledger(path: str | os.PathLike, datamodule: Any, *, num_replicas: int,
-                            accumulate_grad_batches: int = 1, epoch: int = 0, first_optimizer_step: int = 0,
+                            accumulate_grad_batches: int = 1, epoch: int = 0,
+                            first_optimizer_step: int | None = None,
                             sampler_state: Mapping[str, Any] | None = None,
                             compression: str = "zstd") -> dict[str, Any]:
     """Write the ledger of a :class:`~lit_balance.BalancedTextDataModule`'s training split for ``num_replicas`` ranks
@@ -282,8 +316,12 @@ def write_datamodule_ledger(path: str | os.PathLike, datamodule: Any, *, num_rep
         sampler.load_state_dict(dict(sampler_state))
     else:
         sampler.set_epoch(epoch)
-    if datamodule.skip_steps is not None and sampler.epoch == 0:  # as the fit applies them (first epoch only)
-        sampler.skip_steps(datamodule.skip_steps)
+    if datamodule.skip_steps is not None:  # as the fit applies them
+        ranges = datamodule.skip_steps
+        first = sampler.first_optimizer_step if first_optimizer_step is None else int(first_optimizer_step)
+        if sampler_state is None and first is not None:  # an epoch's start: the earlier steps ran in earlier epochs
+            ranges = [(max(a, first), b) for a, b in ranges if b > first]
+        sampler.skip_steps(ranges, first_optimizer_step=first_optimizer_step)
     return write_ledger(path, sampler, dataset=datamodule.train_dataset, first_optimizer_step=first_optimizer_step,
                         data=data_identity(datamodule), compression=compression)
 
@@ -297,7 +335,7 @@ def read_ledger(path: str | os.PathLike, *, columns: list[str] | None = None,
         ValueError: the file is not a ledger (no header), or one of another version, naming the file.
     """
     pa = _import_pyarrow()
-    metadata = pa.parquet.read_schema(str(path)).metadata or {}
+    metadata = pa.parquet.read_metadata(str(path)).metadata or {}  # the file's key-value metadata
     if LEDGER_KEY not in metadata:
         raise InputValueError(f"{path} is not a ledger: its Parquet schema has no {LEDGER_KEY.decode()!r} header; "
                               "write it with lit_balance.ledger.write_ledger or lit-balance plan --ledger",

@@ -30,15 +30,24 @@ settings, mixture, seed, epoch, ranks):
    each component has exactly its share of the chosen units, which the selection puts within one document of its
    weight. A step's size starts at the micro-batches' capacity (``num_replicas * accumulate_grad_batches``
    budgets) times a fill ratio that adapts: a step whose documents do not fit its micro-batches is made 2 %
-   smaller and formed again, and each step that fits lets the next be 0.2 % larger. With one micro-batch per rank
-   and step (``accumulate_grad_batches=1``, where a rank's one micro-batch is all it runs in the step), three more
-   rules keep every rank busy for as long as the costliest: the step's room is ``num_replicas`` times the costliest
-   micro-batch its longest document can be in (:meth:`~lit_balance.plan.epoch.Planner.step_budget`: padded, as many
-   rows of that length as ``max_tokens`` holds, so a step of 4,500-token documents under ``max_tokens=8192`` is cut
-   into micro-batches of 4,500 slots, not left beside micro-batches of 8,192); a next document too large for the room
-   left moves later in the walk, past the documents of other components that fill it (never past one of its own, so
-   each stream keeps its order, and the step's bounds are checked as for any other end); and a step that fits is
-   grown by 4, 2 and 1 % of its room where the larger step still fits.
+   smaller and formed again, and each step that fits lets the next be 0.2 % larger. The step's room is its
+   micro-batches times the costliest micro-batch its longest document can be in
+   (:meth:`~lit_balance.plan.epoch.Planner.step_budget`: padded, as many rows of that length as ``max_tokens``
+   holds, so a step of 4,500-token documents under ``max_tokens=8192`` is cut into micro-batches of 4,500 slots, not
+   left beside micro-batches of 8,192). With one micro-batch per rank and step (``accumulate_grad_batches=1``, where
+   a rank's one micro-batch is all it runs in the step), two more rules keep every rank busy for as long as the
+   costliest: a next document too large for the room left moves later in the walk, past the documents of other
+   components that fill it (never past one of its own, so each stream keeps its order, and the step's bounds are
+   checked as for any other end); and a step that fits is grown by 4, 2 and 1 % of its room where the larger step
+   still fits. Padded (rows of similar length share a micro-batch), a step of two to four components
+   (:data:`_WHOLE_COMPONENTS`) is then **rounded to whole micro-batches per component**: each component's documents
+   from its cut, longest first, make full micro-batches of the step's budget, and a step that ends part-way through
+   one leaves it part-filled (its rank idles, or shorter rows pad to its length). Every choice of, per component, one
+   micro-batch fewer, the micro-batch boundary before the end, the end itself, or the boundary after it is tried at
+   once (:func:`_whole`); of those that need no more micro-batches than the step has, keep the step's bounds and
+   leave every error within one boundary document (so the next step starts within reach of its shares), the one of
+   most tokens is kept, and the walk is regrouped to it (documents move across the step's end only, and each stream
+   keeps its order).
 3. **Micro-batches.** Whether a step fits is known without planning it, and the micro-batches of all steps are then
    formed at once (:mod:`lit_balance.plan.mixture_batches`: NumPy over the steps, a few hundred times faster than a
    planner call per step), exactly ``num_replicas * accumulate_grad_batches`` per step within the budget, with the
@@ -58,6 +67,7 @@ planned at most once per epoch and the sampler's resume (which marks the samples
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import re
@@ -85,6 +95,7 @@ _BIG_STEP_TOKENS, _BIG_STEP_SHARE = 256 * 1024, 0.02
 _DEFER_LOOK = 4096  # a document that does not fit its step moves past at most this many walk positions
 _BUDGET_TRIES = 3  # a step's room shrinks to what its longest document allows at most this many times
 _GROW = (0.04, 0.02, 0.01)  # a step that fits: larger ones tried, by these shares of its room more
+_WHOLE_COMPONENTS = 4  # steps rounded to whole micro-batches per component up to this many components (4**k tries)
 
 
 @dataclass(frozen=True)
@@ -471,6 +482,10 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
     # one micro-batch per rank and step: each is all a rank runs in its step, so a step is sized to the micro-batch
     # of its longest document and filled to its room (with accumulation, a rank's micro-batches even each other out)
     single = fast and acc == 1
+    # rows of similar length share a micro-batch: each component's documents in a step are rounded to whole
+    # micro-batches where the share bound allows (a few components: every rounding is tried); under a weight schedule
+    # the walk is merged again where the shares change, and steps are not rounded
+    whole = fast and planner.row_buckets and 1 < k <= _WHOLE_COMPONENTS and step_shares is None
     steps: list[tuple[int, int, EpochPlan | None]] = []  # (start, end, plan or None: batched below)
     sorted_members: list[np.ndarray] = []
     budgets: list[int] = []  # of the steps batched together: each micro-batch's budget
@@ -490,12 +505,12 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
             members = walk.merged[a:b]
             if fast:  # fewer documents than micro-batches: one each (_parts), which fits
                 values = key[members]
-                least = planner.step_budget(int(values.max()), settings) if single else budget
+                least = planner.step_budget(int(values.max()), settings)
                 if least < budget and shrunk < _BUDGET_TRIES:
                     # the micro-batch of the step's longest document costs at most `least`: the step's room is
                     # what every rank can hold alongside it, and a smaller step is formed
                     budget, shrunk = least, shrunk + 1
-                    room = float(num_replicas) * budget
+                    room = float(num_micro) * budget
                     continue
                 fits = b - a < num_micro or planner.step_fits(values, num_micro, settings, budget)
                 plan = None
@@ -513,6 +528,9 @@ def plan_mixture(lengths: np.ndarray, layout: MixtureLayout, mixture: MixtureSet
         fill = min(fill * _FILL_GROW, 1.0)
         if plan is None and b - a >= num_micro and single:
             b = _grow(walk, a, b, room, key, planner, settings, num_micro, budget)
+        if plan is None and whole:
+            b = _whole(walk, a, b, key, planner, settings, num_micro, budget)
+        if plan is None:
             members = walk.merged[a:b]
             values = key[members]
         steps.append((a, b, plan))
@@ -575,6 +593,90 @@ def _even_epoch(plan: EpochPlan, lengths: np.ndarray, planner: Any, settings: Ba
     rows = np.arange(num_micro_steps)[:, None]
     new[rows, target[step_of]] = old[rows, costliest[step_of]]
     return dataclasses.replace(plan, assignment=new)
+
+
+def _whole(walk: _Walk, a: int, b: int, key: np.ndarray, planner: Any, settings: BatchingSettings, num_micro: int,
+           budget: int) -> int:
+    """The end of the step from ``a`` (formed as ``a:b``) with each component's documents rounded to whole
+    micro-batches where the step's bounds allow, the walk regrouped to it; ``b`` when no rounding fits better.
+
+    A component's documents from its cut at ``a``, in stream order (longest first), make full micro-batches of
+    ``budget`` slots (as many rows as the first, longest, allows). The step ``a:b`` ends part-way through one of
+    each component's micro-batches; left so, each such part-filled micro-batch holds its rank for less than the
+    others (or pads shorter rows to its length). Every choice of, per component, one micro-batch fewer, the
+    micro-batch boundary before ``b``, the count at ``b`` itself, or the boundary after ``b`` is tried at once; of those
+    that need at most ``num_micro`` micro-batches, keep the step's bounds (:meth:`_Walk.end`'s rules, at the new
+    cuts) and leave every component's error within the boundary document (the next step, formed on the walk, must
+    reach its shares from there), the one of most tokens is kept (on a tie, the fewest part-filled micro-batches),
+    if it holds at least the tokens of ``a:b`` and fits (:meth:`~lit_balance.plan.epoch.Planner.step_fits`).
+    """
+    k = walk.count.shape[1]
+    row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
+    start = walk.count[a].astype(np.int64)
+    at_b = walk.count[b].astype(np.int64)
+    options = np.empty((k, 4), dtype=np.int64)  # per component: counts at four candidate cuts (stream positions)
+    chunks = np.empty((k, 4), dtype=np.int64)  # micro-batches each needs
+    # rows of a micro-batch starting at each position of every component's run up to its count at b: as many as its
+    # first document allows, then as many as the longest of those allows (streams are longest first only up to the
+    # shuffle's jitter); all components at once
+    sizes = np.array([s.size for s in walk.streams], dtype=np.int64)
+    lens = np.minimum(sizes, at_b + 1) - start
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    w = key[np.concatenate([walk.streams[c][start[c]:start[c] + lens[c]] for c in range(k)])]
+    local = np.arange(w.size) - np.repeat(offsets[:-1], lens)
+    first = np.maximum(np.minimum(budget // w, row_cap), 1)
+    ends = np.minimum(local + first, np.repeat(lens, lens)) + np.repeat(offsets[:-1], lens)
+    windows = np.stack([np.arange(w.size), ends], axis=1).reshape(-1)  # [start, end) of each, in turn
+    longest = np.maximum.reduceat(np.append(w, 0), windows)[::2] if w.size else w  # (a sentinel past the end)
+    jump = (local + np.maximum(np.minimum(budget // longest, row_cap), 1)).tolist()
+    for c in range(k):
+        p, q, size = int(start[c]), int(at_b[c]), int(sizes[c])
+        base = int(offsets[c])
+        bounds = [p]
+        pos = p
+        while pos < size and pos <= q:
+            pos = min(p + jump[base + pos - p], size)
+            bounds.append(pos)
+        i = max(j for j, v in enumerate(bounds) if v <= q)  # boundaries[i] <= q < boundaries[i + 1] (or the end)
+        below = bounds[i - 1] if i >= 1 else bounds[i]
+        after = bounds[i + 1] if i + 1 < len(bounds) else bounds[i]
+        options[c] = (below, bounds[i], q, after)
+        chunks[c] = (max(i - 1, 0), i, i + (q > bounds[i]), i + (after > bounds[i]))
+    grid = _grid(k)
+    counts = options[np.arange(k), grid]  # [4**k, k]
+    need = chunks[np.arange(k), grid].sum(axis=1)
+    at = counts + walk.starts
+    units = walk.cum[at]
+    x = units.sum(axis=1)
+    tokens = walk.cum_tokens[at].sum(axis=1) - float(walk.cum_tokens[start + walk.starts].sum())
+    d = walk.shares * x[:, None] - units
+    edge = walk.adjacent[at].max(axis=1)
+    da, ea = walk._errors(np.array([a]))
+    dev = np.abs(d - da).max(axis=1)
+    ok = (need <= num_micro) & (counts >= start).all(axis=1) & (counts.sum(axis=1) > start.sum())
+    ok &= dev <= np.maximum(edge, ea) * (1 + 1e-12) + 1e-9
+    ok &= np.abs(d).max(axis=1) <= np.maximum(edge, ea)  # the next step starts from these errors: within reach
+    big = tokens >= _BIG_STEP_TOKENS
+    ok &= ~big | (dev <= _BIG_STEP_SHARE * (x - float(walk.x[a])) + 1e-9)
+    if not ok.any():
+        return b
+    partial = (counts != options[np.arange(k), 1]).sum(axis=1) - (counts == options[np.arange(k), 0]).sum(axis=1)
+    score = np.where(ok, tokens, -np.inf)
+    best = np.flatnonzero(score >= score.max() - 1e-9)
+    choice = counts[best[np.argmin(partial[best])]]
+    if np.array_equal(choice, at_b) or tokens[best[0]] < walk.tokens(a, b):
+        return b
+    members = np.concatenate([walk.streams[c][start[c]:choice[c]] for c in range(k)])
+    if not planner.step_fits(key[members], num_micro, settings, budget):
+        return b
+    end = walk.regroup(a, b, choice - start)
+    return b if end is None else end
+
+
+@functools.lru_cache(maxsize=None)
+def _grid(k: int) -> np.ndarray:
+    """int64 ``[4**k, k]``: every choice of one of four options per component."""
+    return np.stack(np.meshgrid(*[np.arange(4)] * k, indexing="ij"), axis=-1).reshape(-1, k)
 
 
 def _grow(walk: _Walk, a: int, b: int, room: float, key: np.ndarray, planner: Any, settings: BatchingSettings,
@@ -652,6 +754,9 @@ class _Walk:
         self.adjacent = np.concatenate([np.maximum(np.concatenate([[0.0], u]), np.concatenate([u, [0.0]]))
                                         for u in per])
         self.starts = starts.astype(np.int64)
+        self.streams = list(streams)
+        self.cum_tokens = self.cum if units is lengths else np.concatenate(
+            [np.concatenate([[0.0], np.cumsum(lengths[s].astype(np.float64))]) for s in streams])
         self.stream_sizes = [u.size for u in per]
         self._last: tuple = (-1, None, None)  # the last end found, and its errors (the next step's start)
 
@@ -691,6 +796,39 @@ class _Walk:
         onehot = self.comp[b:b + k + 1][:, None] == np.arange(self.count.shape[1])
         self.count[b + 1:b + k + 2] = self.count[b] + np.cumsum(onehot, axis=0)
         return b + k
+
+    def regroup(self, a: int, b: int, counts: np.ndarray) -> int | None:
+        """Make the step from ``a`` hold exactly ``counts[c]`` documents of each component ``c`` (int64 ``[k]``; the
+        step ``a:b`` holds others): the last documents of a component beyond its count move after the step, and the
+        next documents of a component short of its count (found within :data:`_DEFER_LOOK` positions after ``b``) move
+        into it; everything else keeps its place and every stream its order. Returns the step's new end, or None
+        (nothing moved) when a document to move in is not within reach."""
+        have = self.count[b].astype(np.int64) - self.count[a]
+        need = np.asarray(counts, dtype=np.int64)
+        e = b
+        for c in np.flatnonzero(need > have):
+            extra = int(need[c] - have[c])
+            pos = np.flatnonzero(self.comp[b:min(self.size, b + _DEFER_LOOK)] == c)
+            if pos.size < extra:
+                return None
+            e = max(e, b + int(pos[extra - 1]) + 1)
+        comp = self.comp[a:e].astype(np.int64)
+        occurrence = np.empty(e - a, dtype=np.int64)  # each position's rank within its component in the segment
+        for c in range(need.size):
+            mine = np.flatnonzero(comp == c)
+            occurrence[mine] = np.arange(mine.size)
+        inside = occurrence < need[comp]
+        idx = a + np.concatenate([np.flatnonzero(inside), np.flatnonzero(~inside)])
+        if self._tokens is self._units:
+            self._tokens = self._units.copy()
+        for array in (self.merged, self.comp, self._units, self._tokens):
+            array[a:e] = array[idx]
+        self.x[a + 1:e + 1] = self.x[a] + np.cumsum(self._units[a:e])
+        self.t[a + 1:e + 1] = self.t[a] + np.cumsum(self._tokens[a:e])
+        onehot = self.comp[a:e][:, None] == np.arange(self.count.shape[1])
+        self.count[a + 1:e + 1] = self.count[a] + np.cumsum(onehot, axis=0)
+        self._last = (-1, None, None)
+        return a + int(need.sum())
 
     def tokens(self, a: int, b: int) -> int:
         """Tokens of the walk's positions ``a:b``."""

@@ -8,7 +8,9 @@ array is stored, so a window's members cost memory proportional to the window). 
 :func:`~lit_balance.plan_epoch`, which varies its batch composition and order by epoch. Each window's
 plan has every guarantee of a whole-epoch plan (budget, equal counts on every rank, coverage, determinism), and
 its number of micro-steps depends only on the window's lengths and the settings, so the epoch's length
-(their sum) is known before any window is planned and is the same every epoch (with equal rank speeds).
+(their sum) is known without planning any window and is the same every epoch (with equal rank speeds). Windows are
+counted when first needed, in the epoch's order: the first micro-batch counts and plans the first window, and the
+epoch's length counts the rest when it is first asked (:class:`WindowedPlan`).
 
 Worked example (``plan_window=4``, 10 samples, so 3 windows of 3, 3 and 4 samples)::
 
@@ -161,8 +163,15 @@ class _Window:
 class WindowedPlan:
     """An epoch's plan made window by window, when it is reached; the same global plan on every rank.
 
-    Micro-step ``s`` of the epoch belongs to the window ``order[j]`` with ``starts[j] <= s < starts[j + 1]``.
+    Micro-step ``s`` of the epoch belongs to the window ``order[j]`` with ``start(j) <= s < start(j + 1)``.
     Only the windows being read are held in memory (with those an optimizer step straddles).
+
+    A window's micro-step count depends only on its samples and the settings, so with equal rank speeds windows are
+    counted when they are first needed, in the epoch's order: the first micro-batch needs the first window only
+    (its members drawn, counted and planned), and :attr:`num_micro_steps` (the sampler's ``len()``) counts the rest.
+    Counts are kept in ``count_cache`` for every later epoch. A resumed epoch re-planned over new ranks
+    (``min_steps``) and unequal rank speeds count every window when the plan is built, as those counts depend on each
+    other (the rest of a resumed epoch) or are learnt by planning.
 
     Args:
         lengths: int ``[num_samples]`` tokens per sample (any integer dtype; a memory map is read window by window).
@@ -187,50 +196,109 @@ class WindowedPlan:
         self.num_replicas, self.epoch = int(num_replicas), int(epoch)
         self.cost_model, self.rank_speeds = cost_model, rank_speeds
         self.accumulate_grad_batches = settings.accumulate_grad_batches
-        uniform = rank_speeds is None or bool(np.all(rank_speeds == rank_speeds[0]))
+        self._eligible, self._base_eligible = eligible, base_eligible
+        self._cache = count_cache if count_cache is not None else {}
         self._masks: dict[int, np.ndarray | None] = {}
         self._plan_args: dict[int, tuple[int, int | None]] = {}  # (min_steps, num_batches) to plan with
-        cache = count_cache if count_cache is not None else {}
-        counts = np.zeros(windows.num_windows, dtype=np.int64)
-        for j in range(windows.num_windows):
-            key = (self.num_replicas, j)
-            if eligible is None and base_eligible is None and key in cache:  # every sample, counted before
-                self._masks[j] = None
-                counts[j], self._plan_args[j] = cache[key]
-                continue
-            members = windows.members(j)
-            base = None if base_eligible is None else base_eligible[members]
-            mask = base if eligible is None else eligible[members]
-            whole = eligible is None or np.array_equal(mask, base if base is not None else np.ones_like(mask))
-            self._masks[j] = None if mask is None or bool(mask.all()) else mask
-            if whole and key in cache:
-                counts[j], self._plan_args[j] = cache[key]
-                continue
-            counts[j], self._plan_args[j] = self._count(j, members, 0)
-            if whole:
-                cache[key] = (int(counts[j]), self._plan_args[j])
+        self._counts = np.full(windows.num_windows, -1, dtype=np.int64)  # by window id; -1: not counted yet
+        self._drawn: tuple[int, np.ndarray] | None = None  # the members drawn last (a window counted, then planned)
         first = None
         if settings.largest_first:
             longest = _longest(lengths, eligible if eligible is not None else base_eligible)
             first = None if longest is None else windows.window_of(longest)
         self.order = windows.order(epoch, settings, first)
+        self._starts = [0]  # micro-step at which each position of the order starts, for the positions counted
+        uniform = rank_speeds is None or bool(np.all(rank_speeds == rank_speeds[0]))
+        if min_steps > 0 or not uniform:
+            self._count_all(int(min_steps), uniform)
+        self._planned: dict[int, _Window] = {}
+
+    def _count_all(self, min_steps: int, uniform: bool) -> None:
+        """Count every window now: the rest of a resumed epoch grows windows until it has ``min_steps``; unequal
+        speeds count each window by planning it."""
+        counts = self._counts
+        for j in range(self.windows.num_windows):
+            self._count_window(j)
         nonempty = [int(j) for j in self.order if self._has_samples(int(j))]
         for j in nonempty:  # the rest of a resumed epoch: windows grow, first to last, until it is long enough
-            deficit = int(min_steps) - int(counts.sum())
+            deficit = min_steps - int(counts.sum())
             if deficit <= 0:
                 break
-            counts[j], self._plan_args[j] = self._count(j, windows.members(j), int(counts[j]) + deficit)
+            counts[j], self._plan_args[j] = self._count(j, self._members(j), int(counts[j]) + deficit)
         if not uniform:  # unequal speeds can lengthen a window's plan: count by planning each one
-            for j in range(windows.num_windows):
+            for j in range(self.windows.num_windows):
                 counts[j] = self._plan_local(j)[0].num_micro_steps if self._has_samples(j) else 0
-        self.counts = counts  # by window id
-        self.starts = np.concatenate([[0], np.cumsum(counts[self.order])]).astype(np.int64)
-        self._planned: dict[int, _Window] = {}
+        self._starts = [0, *np.cumsum(counts[self.order]).tolist()]
+
+    def _members(self, j: int) -> np.ndarray:
+        """int64: window ``j``'s members (the last window's drawn are kept: counting it comes right before planning
+        it)."""
+        if self._drawn is None or self._drawn[0] != j:
+            self._drawn = None  # the window held before is let go first: one window's members in memory
+            self._drawn = (j, self.windows.members(j))
+        return self._drawn[1]
+
+    def _count_window(self, j: int) -> int:
+        """Micro-steps of window ``j`` (counted now unless known), its mask of samples to plan set."""
+        if self._counts[j] >= 0:
+            return int(self._counts[j])
+        key = (self.num_replicas, j)
+        eligible, base_eligible, cache = self._eligible, self._base_eligible, self._cache
+        if eligible is None and base_eligible is None and key in cache:  # every sample, counted before
+            self._masks[j] = None
+            self._counts[j], self._plan_args[j] = cache[key]
+            return int(self._counts[j])
+        members = self._members(j)
+        base = None if base_eligible is None else base_eligible[members]
+        mask = base if eligible is None else eligible[members]
+        whole = eligible is None or np.array_equal(mask, base if base is not None else np.ones_like(mask))
+        self._masks[j] = None if mask is None or bool(mask.all()) else mask
+        if whole and key in cache:
+            self._counts[j], self._plan_args[j] = cache[key]
+            return int(self._counts[j])
+        self._counts[j], self._plan_args[j] = self._count(j, members, 0)
+        if whole:
+            cache[key] = (int(self._counts[j]), self._plan_args[j])
+        return int(self._counts[j])
+
+    def _count_through(self, position: int) -> None:
+        """Count the windows of the order up to ``position`` (inclusive; clipped to the last)."""
+        last = min(int(position), self.order.shape[0] - 1)
+        while len(self._starts) <= last + 1:
+            self._starts.append(self._starts[-1] + self._count_window(int(self.order[len(self._starts) - 1])))
+
+    def _count_until(self, step: int) -> None:
+        """Count windows of the order until those counted hold micro-step ``step`` (or every window is counted)."""
+        while self._starts[-1] <= step and len(self._starts) <= self.order.shape[0]:
+            self._count_through(len(self._starts) - 1)
+
+    def start(self, position: int) -> int:
+        """Micro-step of the epoch at which the ``position``-th window of the order starts (``position`` may be the
+        number of windows: the epoch's end); counts the windows before it that are not counted yet."""
+        self._count_through(int(position) - 1)
+        return int(self._starts[position])
+
+    @property
+    def starts(self) -> np.ndarray:
+        """int64 ``[num_windows + 1]``: :meth:`start` of every position of the order (counts every window)."""
+        self._count_through(self.order.shape[0] - 1)
+        return np.asarray(self._starts, dtype=np.int64)
+
+    @property
+    def counts(self) -> np.ndarray:
+        """int64 ``[num_windows]``: micro-steps of each window, by window id (counts every window)."""
+        self._count_through(self.order.shape[0] - 1)
+        return self._counts
+
+    def has_micro_steps(self) -> bool:
+        """Whether the epoch has a micro-step: windows are counted, in order, until one has."""
+        self._count_until(0)
+        return self._starts[-1] > 0
 
     @property
     def num_micro_steps(self) -> int:
-        """Micro-steps of the epoch: micro-batches per rank (the same on every rank)."""
-        return int(self.starts[-1])
+        """Micro-steps of the epoch: micro-batches per rank (the same on every rank). Counts every window."""
+        return self.start(self.order.shape[0])
 
     def _count(self, j: int, members: np.ndarray, min_steps: int) -> tuple[int, tuple[int, int | None]]:
         """``(micro-steps, (min_steps, num_batches) to plan with)`` of window ``j``, equal rank speeds, any epoch."""
@@ -243,7 +311,7 @@ class WindowedPlan:
         return mask is None or bool(mask.any())
 
     def _plan_local(self, j: int) -> tuple[EpochPlan, np.ndarray, np.ndarray]:
-        members = self.windows.members(j)
+        members = self._members(j)
         local = np.asarray(self.lengths[members], dtype=np.int64)
         settings = self.settings.replace(seed=self.windows.window_seed(self.settings.seed, j))
         plan = plan_epoch(local, settings, num_replicas=self.num_replicas, epoch=self.epoch, eligible=self._masks[j],
@@ -257,14 +325,16 @@ class WindowedPlan:
         held = self._planned.get(position)
         if held is not None:
             return held
+        self._count_through(position)
         if not self._has_samples(j):
             plan = empty_plan(self.num_replicas, self.accumulate_grad_batches)
             held = _Window(plan, np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64))
         else:
             local_plan, members, local = self._plan_local(j)
-            if local_plan.num_micro_steps != self.counts[j]:
+            self._drawn = None  # planned: its members are held in the plan now
+            if local_plan.num_micro_steps != self._counts[j]:
                 raise RuntimeError(f"window {j} of epoch {self.epoch} planned {local_plan.num_micro_steps} "
-                                   f"micro-steps, but its count was {int(self.counts[j])}: the windowed plan is "
+                                   f"micro-steps, but its count was {int(self._counts[j])}: the windowed plan is "
                                    "inconsistent")
             a = local_plan.assignment
             step_tokens = local_plan.real_tokens_per_batch(local)[a].sum(axis=1).astype(np.int64)
@@ -285,24 +355,27 @@ class WindowedPlan:
         return held
 
     def _positions(self, lo: int, hi: int) -> range:
-        """Positions in the epoch's order of the windows that hold micro-steps ``[lo, hi)``."""
-        first = int(np.searchsorted(self.starts, lo, side="right")) - 1
-        last = int(np.searchsorted(self.starts, max(hi, lo + 1) - 1, side="right")) - 1
+        """Positions in the epoch's order of the windows that hold micro-steps ``[lo, hi)`` (counting windows until
+        those counted reach ``hi``)."""
+        self._count_until(max(hi, lo + 1) - 1)
+        starts = np.asarray(self._starts, dtype=np.int64)
+        first = int(np.searchsorted(starts, lo, side="right")) - 1
+        last = int(np.searchsorted(starts, max(hi, lo + 1) - 1, side="right")) - 1
         return range(max(first, 0), min(last, self.order.shape[0] - 1) + 1)
 
     def release_before(self, step: int) -> None:
         """Forget the plans of windows that end at or before micro-step ``step`` (memory)."""
-        for position in [p for p in self._planned if self.starts[p + 1] <= step]:
+        for position in [p for p in self._planned if self._starts[p + 1] <= step]:
             del self._planned[position]
 
     def step_sums(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """int64 ``[hi - lo]`` each: real tokens, rows and next-token targets (``supervised_lengths``), summed over
-        the ranks, of micro-steps ``[lo, hi)``."""
+        """int64 ``[min(hi, num_micro_steps) - lo]`` each: real tokens, rows and next-token targets
+        (``supervised_lengths``), summed over the ranks, of micro-steps ``[lo, hi)`` (those before the epoch's end)."""
         parts: list[list[np.ndarray]] = [[np.zeros(0, np.int64)] for _ in range(3)]
         if hi > lo:
             for position in self._positions(lo, hi):
-                held, start = self.window(position), int(self.starts[position])
-                a, b = max(lo, start) - start, min(hi, int(self.starts[position + 1])) - start
+                held, start = self.window(position), self.start(position)
+                a, b = max(lo, start) - start, min(hi, self.start(position + 1)) - start
                 for part, sums in zip(parts, (held.step_tokens, held.step_rows, held.step_supervised)):
                     part.append(sums[a:b])
         tokens, rows, supervised = (np.concatenate(part) for part in parts)
@@ -316,8 +389,8 @@ class WindowedPlan:
         """
         parts: list[list[np.ndarray]] = [[np.zeros(0, np.int64)] for _ in range(3)]
         for position in self._positions(0, consumed) if consumed else ():
-            held, start = self.window(position), int(self.starts[position])
-            upto = min(consumed, int(self.starts[position + 1])) - start
+            held, start = self.window(position), self.start(position)
+            upto = min(consumed, self.start(position + 1)) - start
             held.plan.mark_rows(upto, seen)
             for part, sums in zip(parts, (held.step_tokens, held.step_rows, held.step_supervised)):
                 part.append(sums[:upto])

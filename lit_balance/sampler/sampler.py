@@ -197,7 +197,9 @@ class BalancedBatchSampler(DistributedSampler):
         self._reader: Any = None  # the BalancedDataLoader that iterates this sampler, a weak reference (see _read_by)
         self._warned_ahead = False
         self._skip_request: tuple | None = None  # (epoch, ranges, first_optimizer_step) given to skip_steps
-        if self._epoch_length() == 0:
+        # (steps, epoch): the current epoch's first step is steps plus whole plans of the epochs from that one; or None
+        self._first_step_lazy: tuple | None = None
+        if not self._has_micro_steps():
             raise InputValueError(
                 f"drop_last=True with {self._inputs.num_samples - self.num_skipped} sample(s) and "
                 f"num_replicas={self.num_replicas} leaves no micro-batch for any rank; set drop_last=False",
@@ -332,7 +334,7 @@ class BalancedBatchSampler(DistributedSampler):
             return
         for position in range(segment.order.shape[0]):
             yield segment.window(position).plan
-            segment.release_before(int(segment.starts[position + 1]))
+            segment.release_before(segment.start(position + 1))
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to plan; with ``shuffle=True`` each epoch has its own composition and order.
@@ -345,12 +347,64 @@ class BalancedBatchSampler(DistributedSampler):
             ValueError: ``epoch`` is negative.
         """
         epoch = check_int("epoch", epoch, 0, "epochs count from 0")
-        if epoch != self.epoch:
-            self._skip_request = None  # skipped steps belong to their epoch
-            self._cursor = 0
-            self._resume_pending = False
-            self._pass = None  # what the last pass handed out was of the previous epoch
-        self._record = self._record.to_epoch(epoch)
+        if epoch == self.epoch:
+            return
+        self._skip_request = None  # given for the resume of another epoch
+        self._cursor = 0
+        self._resume_pending = False
+        self._pass = None  # what the last pass handed out was of the previous epoch
+        if epoch == self.epoch + 1 and (self._record.segments or self._record.pending is not None):
+            # the next epoch after a resume or with pending speeds: the current plan is at hand
+            first_step = self._resolve_first_step()
+            if first_step is not None:
+                first_step += sampler_state.epoch_optimizer_steps(
+                    self._record.earlier + self._segment().num_micro_steps, self.settings.accumulate_grad_batches)
+            lazy = None
+        else:  # counted when asked: whole plans of the epochs before it, from the current one's end or from 0
+            lazy, first_step = (0, 0), None
+            if epoch > self.epoch:
+                lazy = (self._resolve_first_step(), self.epoch)
+                if self._record.segments and lazy[0] is not None:  # a resumed epoch: its steps as it runs
+                    lazy = (lazy[0] + sampler_state.epoch_optimizer_steps(
+                        self._record.earlier + self._segment().num_micro_steps, self.settings.accumulate_grad_batches),
+                        self.epoch + 1)
+        record = dataclasses.replace(self._record.to_epoch(epoch), first_step=first_step)
+        self._record, self._first_step_lazy = record, lazy
+        if record.run_skips:  # the part of the run's skipped steps in this epoch
+            first_step = self._resolve_first_step()
+            if first_step is not None:
+                self._record = dataclasses.replace(self._record, skips=sampler_state.epoch_skips(
+                    self._record.run_skips, first_step, self.settings.accumulate_grad_batches,
+                    self._segment().num_micro_steps))
+
+    def _resolve_first_step(self) -> int | None:
+        """The current epoch's first optimizer step of the run, counting the whole plans of the epochs it was moved
+        past by :meth:`set_epoch` (on this number of ranks) when they were not run."""
+        lazy = getattr(self, "_first_step_lazy", None)
+        if lazy is None:
+            return self._record.first_step
+        first_step, start = lazy
+        if first_step is not None:
+            for e in range(start, self.epoch):
+                first_step += sampler_state.epoch_optimizer_steps(self._planned_micro_steps(e),
+                                                                  self.settings.accumulate_grad_batches)
+        self._first_step_lazy = None
+        self._record = dataclasses.replace(self._record, first_step=first_step)
+        return first_step
+
+    def _planned_micro_steps(self, epoch: int) -> int:
+        """Micro-steps of the whole plan of ``epoch`` on this sampler's ranks (not its current record)."""
+        record = ReplayRecord(epoch=epoch, segments=(), cost_model=self._record.cost_model,
+                              rank_speeds=self._record.rank_speeds)
+        return self._plans.replay(self._inputs, record, self.num_replicas).plan.num_micro_steps
+
+    @property
+    def first_optimizer_step(self) -> int | None:
+        """Optimizer steps of the run before the current epoch, as the ledger numbers them (skipped ones counted): the
+        ``optimizer_step`` of the epoch's first step. Counted as the sampler moves through epochs (:meth:`set_epoch`)
+        and saved in :meth:`state_dict`; moving to an earlier epoch counts whole plans of the epochs before it on this
+        number of ranks. None when unknown (a state saved in a later epoch before this was kept)."""
+        return self._resolve_first_step()
 
     def set_cost_model(self, cost_model: CostModelProtocol, rank_speeds: Sequence[float] | None = None) -> None:
         """Hand over a (measured) cost model and per-rank relative speeds for the NEXT epoch's plan.
@@ -386,11 +440,21 @@ class BalancedBatchSampler(DistributedSampler):
         loop that counts batches from the start of the epoch ends it at the right place. A training loop that
         reads it before :meth:`set_epoch` (Lightning does, when it loads the train dataloader) gets the previous
         epoch's length; when the epoch that then runs is longer than the length reported before the pass began
-        (rank speeds from :meth:`set_cost_model`), its first ``next()`` warns once, naming the fix.
+        (rank speeds from :meth:`set_cost_model`), its first ``next()`` warns once, naming the fix. An epoch planned in
+        windows counts, at the first read, the windows not counted yet (:class:`~lit_balance.plan.windows.WindowedPlan`:
+        the first micro-batch needs only the first window's count).
         """
         length = self._epoch_length()
         self._reported_length = length
         return length
+
+    def _has_micro_steps(self) -> bool:
+        """Whether the current epoch has a micro-step to train; an epoch planned in windows counts its windows only
+        until one has (the first, unless ``drop_last`` empties it)."""
+        segment = self._segment()
+        if isinstance(segment, WindowedPlan) and not self._record.skips and not self._record.earlier:
+            return segment.has_micro_steps()
+        return self._epoch_length() > 0
 
     def _epoch_length(self) -> int:
         """Micro-steps this rank trains in the current epoch: the plan's, less the skipped ones."""
@@ -416,31 +480,32 @@ class BalancedBatchSampler(DistributedSampler):
         :attr:`first_micro_step`, which does not count skipped micro-steps."""
         return self._record.earlier
 
-    def skip_steps(self, skip_steps: Sequence[Sequence[int]], *, first_optimizer_step: int = 0) -> None:
+    def skip_steps(self, skip_steps: Sequence[Sequence[int]], *, first_optimizer_step: int | None = None) -> None:
         """Leave out the documents of optimizer steps ``[a, b)`` of the run: the sampler consumes their micro-batches
         without yielding them, so every later step trains exactly what the plan has there.
 
         Steps are counted over the run from the start of training, as the ledger's ``optimizer_step`` numbers them
         (:mod:`lit_balance.ledger`): the epoch's optimizer step ``k`` (micro-steps ``k * accumulate_grad_batches`` to
         ``(k + 1) * accumulate_grad_batches - 1`` of the plan, on every rank) is step ``first_optimizer_step + k`` of
-        the run. Ranges are inclusive-exclusive. The skipped micro-steps are not yielded, so a training loop's counts
-        (Lightning's ``batch_idx`` and ``global_step``, :meth:`__len__`, ``batches_consumed``) do not count them: the
-        ``global_step`` after a skip is the plan's step less the steps skipped. The ranges are saved in
-        :meth:`state_dict` (epoch micro-steps of the plan) and hold on any later resume, on any number of ranks; giving
-        a saved range again is allowed. Call it before iterating (after :meth:`load_state_dict` or before: a later
-        :meth:`load_state_dict` of the same epoch applies them again to its position, as a training loop that restores
-        the sampler through its loader does); the ranges apply to the current epoch only.
+        the run. Ranges are inclusive-exclusive and may lie in any epoch: the current one, a later one (applied when
+        :meth:`set_epoch` reaches it), or across an epoch's end (its steps in each epoch). The skipped micro-steps are
+        not yielded, so a training loop's counts (Lightning's ``batch_idx`` and ``global_step``, :meth:`__len__`,
+        ``batches_consumed``) do not count them: the ``global_step`` after a skip is the plan's step less the steps
+        skipped. The ranges are saved in :meth:`state_dict` and hold on any later resume, on any number of ranks;
+        giving a saved range again is allowed. Call it before iterating (after :meth:`load_state_dict` or before: a
+        later :meth:`load_state_dict` of the same epoch applies them again to its position, as a training loop that
+        restores the sampler through its loader does).
 
         Args:
             skip_steps: ``[(a, b), ...]`` ints, ``0 <= a < b``, disjoint: optimizer steps ``a .. b - 1`` of the run.
-            first_optimizer_step: optimizer steps of the run before the current epoch.
+            first_optimizer_step: optimizer steps of the run before the current epoch; default
+                :attr:`first_optimizer_step`, which the sampler counts.
 
         Raises:
             TypeError: ``skip_steps`` not a list of pairs of ints.
-            ValueError: a range reversed or empty, negative, overlapping another, starting outside the current epoch
-                (one that ends past the epoch's last step skips to its end), or
-                starting before the position the sampler resumes at (a range in the past of the checkpoint), naming
-                the range and the resume step.
+            ValueError: a range reversed or empty, negative, overlapping another (given or saved), or starting before
+                the position the sampler resumes at (a range in the past of the checkpoint), naming the range and the
+                resume step; the run's steps before the epoch unknown and ``first_optimizer_step`` not given.
 
         Example:
             >>> s = BalancedBatchSampler([10] * 16, max_tokens=20, num_replicas=2, rank=0, shuffle=False)
@@ -451,44 +516,47 @@ class BalancedBatchSampler(DistributedSampler):
             (2, [[0, 1], [12, 13]])
         """
         acc = self.settings.accumulate_grad_batches
-        first = check_int("first_optimizer_step", first_optimizer_step, 0, "optimizer steps before the epoch")
+        if first_optimizer_step is None:
+            first = self._resolve_first_step()
+            if first is None:
+                raise InputValueError(
+                    f"skip_steps counts optimizer steps of the run, but this sampler does not know how many ran before "
+                    f"epoch {self.epoch} (its state was saved without them); pass first_optimizer_step",
+                    parameter="skip_steps")
+        else:
+            first = check_int("first_optimizer_step", first_optimizer_step, 0, "optimizer steps before the epoch")
         ranges = sampler_state.check_skip_steps(skip_steps)
         end = self._record.earlier + self._segment().num_micro_steps
         position = self._record.earlier + self._offset()
         resume_step = first + -(-position // acc)
-        last_step = first + -(-end // acc)
-        saved = set(self._record.skips)
-        skips = set(saved)
+        saved = set(self._record.run_skips) if first == self._resolve_first_step() else set()
+        merged = set(saved)
         for a, b in ranges:
-            lo, hi = (a - first) * acc, (b - first) * acc
-            if (lo, hi) in saved:  # given again: already part of the saved state
+            if (a, b) in saved:  # given again: already part of the saved state
                 continue
-            if a < first or a >= last_step:
-                raise InputValueError(
-                    f"skip_steps range ({a}, {b}) does not start in epoch {self.epoch}, whose optimizer steps are "
-                    f"[{first}, {last_step}) of the run (first_optimizer_step={first}); give ranges that start in the "
-                    "epoch the run resumes", parameter="skip_steps")
-            if lo < position:
+            if a < resume_step:
                 raise InputValueError(
                     f"skip_steps range ({a}, {b}) starts in the past of the checkpoint: the run resumes at optimizer "
                     f"step {resume_step}, so steps before it have trained already; give ranges that start at step "
                     f"{resume_step} or later", parameter="skip_steps")
-            skips.add((lo, hi))
-        ordered = tuple(sorted(skips))
+            merged.add((a, b))
+        ordered = tuple(sorted(merged))
         for (a0, b0), (a1, b1) in zip(ordered, ordered[1:]):
             if a1 < b0:
                 raise InputValueError(
-                    f"skip_steps ranges overlap: micro-steps [{a0}, {b0}) and [{a1}, {b1}) of epoch {self.epoch} "
-                    f"(optimizer steps [{first + a0 // acc}, {first + -(-b0 // acc)}) and [{first + a1 // acc}, "
-                    f"{first + -(-b1 // acc)})), one given or saved in the checkpoint; give disjoint ranges",
-                    parameter="skip_steps")
-        self._record = dataclasses.replace(self._record, skips=ordered)
-        self._skip_request = (self.epoch, tuple(ranges), first)
+                    f"skip_steps ranges overlap: optimizer steps [{a0}, {b0}) and [{a1}, {b1}) of the run, one given "
+                    "or saved in the checkpoint; give disjoint ranges", parameter="skip_steps")
+        self._record = dataclasses.replace(self._record, run_skips=ordered, first_step=first,
+                                           skips=sampler_state.epoch_skips(ordered, first, acc, end))
+        self._skip_request = (self.epoch, tuple(ranges), first_optimizer_step)
 
     def _check_length(self) -> None:
         """Warn (once) when the epoch about to run is longer than the ``len()`` reported before this pass began."""
-        reported, length = getattr(self, "_length_at_iter", None), self._epoch_length()
-        if reported is None or length <= reported or getattr(self, "_warned_length", False):
+        reported = getattr(self, "_length_at_iter", None)
+        if reported is None or getattr(self, "_warned_length", False):  # no length to compare: nothing is counted
+            return
+        length = self._epoch_length()
+        if length <= reported:
             return
         self._warned_length = True
         warnings.warn(
@@ -571,29 +639,30 @@ class BalancedBatchSampler(DistributedSampler):
         self._resume_pending = False
         self._cursor = start
         earlier, accumulate = earlier_tokens.shape[0], self.settings.accumulate_grad_batches
-        total = earlier + plan.num_micro_steps
-        skipped = self._skipped_mask(earlier, plan.num_micro_steps)
+        # Windows are counted as they are reached (the first micro-batch needs the first window only).
         for position in range(plan.order.shape[0]):
-            first, end = max(int(plan.starts[position]), start), int(plan.starts[position + 1])
+            base, end = plan.start(position), plan.start(position + 1)
+            first = max(base, start)
             if first >= end:
                 continue
-            # the optimizer steps (Lightning's accumulation windows, counted in epoch micro-steps) of these steps
+            skipped = self._skipped_mask(earlier + base, end - base)
+            # the optimizer steps (Lightning's accumulation windows, counted in epoch micro-steps) of these steps,
+            # cut at the epoch's end (step_sums stops there)
             lo = (earlier + first) // accumulate * accumulate
-            hi = min(-(-(earlier + end) // accumulate) * accumulate, total)
+            hi = -(-(earlier + end) // accumulate) * accumulate
             plan.release_before(max(lo - earlier, 0))
             tokens, rows, supervised = plan.step_sums(max(lo - earlier, 0), hi - earlier)
             tokens = np.concatenate([earlier_tokens[lo:earlier], tokens])
             rows = np.concatenate([earlier_rows[lo:earlier], rows])
             supervised = np.concatenate([earlier_supervised[lo:earlier], supervised])
-            cuts = np.arange(0, hi - lo, accumulate)
+            cuts = np.arange(0, tokens.shape[0], accumulate)
             group_tokens = np.add.reduceat(tokens, cuts).tolist()
             group_rows = np.add.reduceat(rows, cuts).tolist()
             group_supervised = np.add.reduceat(supervised, cuts).tolist()
             held = plan.window(position).plan
             column = held.assignment[:, self.rank].tolist()
-            base = int(plan.starts[position])
             for s in range(first, end):
-                if skipped[s]:  # a skipped optimizer step: consumed, never trained
+                if skipped[s - base]:  # a skipped optimizer step: consumed, never trained
                     continue
                 idx, fill = held.batch(column[s - base])
                 g = (earlier + s - lo) // accumulate
@@ -684,6 +753,7 @@ class BalancedBatchSampler(DistributedSampler):
 
     def _build_state(self, consumed: int) -> dict[str, Any]:
         """The state with ``consumed`` micro-steps of the current plan consumed."""
+        self._resolve_first_step()
         state = sampler_state.build_state(self._inputs, self._record, self.num_replicas, consumed,
                                           self._segment().num_micro_steps)
         return {**state, **self._plans.state(self._inputs, self._record, self.num_replicas, state["epoch"])}
@@ -717,7 +787,12 @@ class BalancedBatchSampler(DistributedSampler):
                 f"the saved state consumed {consumed} micro-steps of epoch {record.epoch}, but its plan has "
                 f"only {plan_steps}: the state does not belong to this sampler's plan"
             )
+        if record.run_skips and record.first_step is not None:  # the part of the run's skipped steps in this epoch
+            end = record.earlier + plan_steps
+            record = dataclasses.replace(record, skips=sampler_state.epoch_skips(
+                record.run_skips, record.first_step, self.settings.accumulate_grad_batches, end))
         self._record, self._replayed = record, None
+        self._first_step_lazy = None
         self._cursor = consumed
         self._resume_pending = True
         self._pass = None

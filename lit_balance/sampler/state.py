@@ -16,11 +16,15 @@ every rank. Layout (version :data:`STATE_VERSION`)::
      "pending": None | {"cost_model": cost_model.to_dict(), "rank_speeds": [float] | None},
      "cost_model_class": "lit_balance.CostModel" | "module.QualifiedName",
      "segment_max_tokens": [int | [int, ...], ...], "segment_padded_shapes": [[[rows, length], ...], ...],
-     "skip_micro_steps": [[first, end], ...]}
+     "skip_micro_steps": [[first, end], ...], "skip_steps": [[a, b], ...], "first_optimizer_step": int | None}
 
-``skip_micro_steps`` (present only when the epoch skips optimizer steps, :meth:`BalancedBatchSampler.skip_steps`)
-holds the skipped ranges as epoch micro-steps of the plan (``[first, end)``, multiples of ``accumulate_grad_batches``):
-those micro-steps are consumed without being yielded. Positions in ``segments`` count them (plan micro-steps); the
+``skip_steps`` (present only when the run skips optimizer steps, :meth:`BalancedBatchSampler.skip_steps`) holds every
+range given so far as optimizer steps of the run (``[a, b)``, any epoch, past ones included, so a range given again
+after a further restart is recognised); ``first_optimizer_step`` the optimizer steps of the run before the current
+epoch (the plan's: skipped ones counted; None when the sampler was moved to the epoch without the ones before it).
+States without them were saved in epoch 0 or without skips. ``skip_micro_steps`` (present only when the epoch skips
+optimizer steps) holds the current epoch's part of those ranges as epoch micro-steps of the plan (``[first, end)``,
+multiples of ``accumulate_grad_batches``): those micro-steps are consumed without being yielded. Positions in ``segments`` count them (plan micro-steps); the
 micro-steps a training loop counts (Lightning's ``batch_idx``, ``batches_consumed``, ``len()``) do not
 (:func:`trained_micro_step`, :func:`plan_micro_step`).
 
@@ -60,8 +64,8 @@ from lit_balance.plan.windows import WindowedPlan
 from lit_balance.sampler.inputs import PlanInputs
 
 __all__ = ["OPTIONAL_STATE_KEYS", "STATE_KEYS", "STATE_VERSION", "Replay", "ReplayRecord", "SettingsMismatchError",
-           "build_state", "check_skip_steps", "check_skips", "class_name", "micro_step_totals", "parse_state",
-           "plan_micro_step", "replay", "trained_micro_step", "window_supervised_tokens", "window_totals"]
+           "build_state", "check_skip_steps", "check_skips", "class_name", "epoch_optimizer_steps", "epoch_skips",
+           "micro_step_totals", "parse_state", "plan_micro_step", "replay", "trained_micro_step", "window_supervised_tokens", "window_totals"]
 
 #: Version of the state dict's layout.
 STATE_VERSION = 1
@@ -72,10 +76,9 @@ STATE_KEYS = ("version", "epoch", "segments", "num_samples", "lengths_sha256", "
 #: Keys a state dict may lack: ``cost_model_class`` (absent: :class:`~lit_balance.CostModel`),
 #: ``segment_max_tokens`` (absent: every segment of the epoch ran with the saved settings' ``max_tokens``),
 #: ``segment_padded_shapes`` (absent: every segment ran with the saved settings' ``padded_shapes``).
-#: ``max_length_schedule`` and ``first_optimizer_step`` (a length warm-up only: the schedule and the run's optimizer
-#: step at which the saved epoch starts; :mod:`lit_balance.sampler.warmup`).
+#: ``max_length_schedule`` (a length warm-up only: its schedule, :mod:`lit_balance.sampler.plans`).
 OPTIONAL_STATE_KEYS = ("cost_model_class", "segment_max_tokens", "skip_micro_steps", "segment_padded_shapes",
-                       "max_length_schedule", "first_optimizer_step")
+                       "skip_steps", "first_optimizer_step", "max_length_schedule")
 
 Speeds = np.ndarray | None
 
@@ -111,7 +114,11 @@ class ReplayRecord:
         segment_max_tokens: each segment's ``max_tokens`` (an int or a tuple of per-rank budgets) when an earlier
             segment ran with other budgets than the sampler's, else None (every segment ran with the sampler's).
         skips: ``((first, end), ...)`` sorted, disjoint ranges of epoch micro-steps (plan numbering) that are consumed
-            without being trained (:meth:`BalancedBatchSampler.skip_steps`); empty: none.
+            without being trained (:meth:`BalancedBatchSampler.skip_steps`): the current epoch's part of
+            ``run_skips``; empty: none.
+        run_skips: ``((a, b), ...)`` sorted, disjoint ranges of optimizer steps of the run given to skip, any epoch.
+        first_step: optimizer steps of the run before the current epoch (the plans' steps, skipped ones counted), or
+            None when unknown (the sampler was moved to the epoch without the ones before it).
         segment_padded_shapes: each segment's ``padded_shapes`` (a tuple of ``(rows, length)``) when an earlier
             segment ran with other shapes than the sampler's, else None (every segment ran with the sampler's).
     """
@@ -125,6 +132,8 @@ class ReplayRecord:
     segment_max_tokens: tuple | None = None
     skips: tuple[tuple[int, int], ...] = ()
     segment_padded_shapes: tuple | None = None
+    run_skips: tuple[tuple[int, int], ...] = ()
+    first_step: int | None = 0
 
     @property
     def offset(self) -> int:
@@ -147,7 +156,8 @@ class ReplayRecord:
         if epoch == self.epoch:
             return self
         cost_model, speeds = self.pending if self.pending is not None else (self.cost_model, self.rank_speeds)
-        return ReplayRecord(epoch=epoch, segments=(), cost_model=cost_model, rank_speeds=speeds)
+        return ReplayRecord(epoch=epoch, segments=(), cost_model=cost_model, rank_speeds=speeds,
+                            run_skips=self.run_skips, first_step=None)
 
     def fresh(self) -> ReplayRecord:
         """The same epoch run from its start on the sampler's own ranks (a later pass over the epoch)."""
@@ -201,6 +211,26 @@ def plan_micro_step(skips: tuple[tuple[int, int], ...], trained: int) -> int:
         if first <= position:
             position += end - first
     return position
+
+
+def epoch_skips(run_skips: tuple[tuple[int, int], ...], first_step: int | None, accumulate: int,
+                end: int) -> tuple[tuple[int, int], ...]:
+    """The part of the run's skipped optimizer steps ``run_skips`` that falls in an epoch whose first optimizer step of
+    the run is ``first_step`` and whose plan has ``end`` micro-steps: ``((first, end), ...)`` epoch micro-steps of the
+    plan (a range begun in an earlier epoch starts at 0; one that ends past the epoch keeps its end)."""
+    if first_step is None:
+        return ()
+    out = []
+    for a, b in run_skips:
+        lo, hi = max(a - first_step, 0) * accumulate, (b - first_step) * accumulate
+        if hi > 0 and lo < end:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def epoch_optimizer_steps(micro_steps: int, accumulate: int) -> int:
+    """Optimizer steps of an epoch of ``micro_steps`` plan micro-steps: the last window may be short."""
+    return -(-int(micro_steps) // int(accumulate))
 
 
 def check_skip_steps(skip_steps: Any) -> list[tuple[int, int]]:
@@ -263,7 +293,11 @@ def build_state(inputs: PlanInputs, record: ReplayRecord, num_replicas: int, con
     first_speeds = record.first_speeds if len(record.segments) > 1 else speeds
     segment_max_tokens = record.segment_max_tokens if len(record.segments) > 1 else None
     segment_shapes = record.segment_padded_shapes if len(record.segments) > 1 else None
+    first_step = record.first_step
     if consumed >= plan_micro_steps:  # the epoch is done: the state is the start of the next one
+        if first_step is not None:
+            first_step += epoch_optimizer_steps(record.earlier + plan_micro_steps,
+                                                inputs.settings.accumulate_grad_batches)
         epoch, segments = epoch + 1, [[num_replicas, 0]]
         first_speeds = segment_max_tokens = segment_shapes = None
         if pending is not None:
@@ -271,8 +305,12 @@ def build_state(inputs: PlanInputs, record: ReplayRecord, num_replicas: int, con
     extra = {} if segment_max_tokens is None else {"segment_max_tokens": [_plain_budget(b) for b in segment_max_tokens]}
     if segment_shapes is not None:
         extra["segment_padded_shapes"] = [[[int(r), int(t)] for r, t in shapes] for shapes in segment_shapes]
-    if record.skips and epoch == record.epoch:  # skipped ranges belong to their epoch
+    if record.skips and epoch == record.epoch:  # the epoch's part of the skipped ranges
         extra["skip_micro_steps"] = [[int(a), int(b)] for a, b in record.skips]
+    if record.run_skips:
+        extra["skip_steps"] = [[int(a), int(b)] for a, b in record.run_skips]
+    if record.run_skips or first_step != 0:
+        extra["first_optimizer_step"] = None if first_step is None else int(first_step)
     return {
         "version": STATE_VERSION,
         "epoch": int(epoch),
@@ -461,11 +499,21 @@ def parse_state(state_dict: Any, inputs: PlanInputs, *, num_replicas: int, cost_
         inputs.settings.replace(max_tokens=budget).rank_max_tokens(replicas)
     same = all(b == inputs.settings.max_tokens for b in budgets)
     same_shapes = all(s == inputs.settings.padded_shapes for s in shapes)
-    skips = check_skips(state_dict.get("skip_micro_steps", []), inputs.settings.accumulate_grad_batches)
+    accumulate = inputs.settings.accumulate_grad_batches
+    skips = check_skips(state_dict.get("skip_micro_steps", []), accumulate)
+    first_step = state_dict.get("first_optimizer_step", 0 if epoch == 0 else None)
+    if first_step is not None:
+        first_step = check_int("first_optimizer_step", first_step, 0, "a sampler state_dict's optimizer steps before "
+                               "its epoch")
+    if "skip_steps" in state_dict:
+        run_skips = tuple(check_skip_steps(state_dict["skip_steps"]))
+    else:  # saved before skips were kept for the run: the epoch's ones
+        base = 0 if first_step is None else first_step
+        run_skips = tuple((base + a // accumulate, base + epoch_optimizer_steps(b, accumulate)) for a, b in skips)
     return ReplayRecord(epoch=epoch, segments=tuple((r, c) for r, c in segments), cost_model=cost_model,
                         rank_speeds=rank_speeds, first_speeds=first_speeds if len(segments) > 1 else None,
                         pending=pending, segment_max_tokens=None if same or len(segments) < 2 else tuple(budgets),
-                        skips=skips,
+                        skips=skips, run_skips=run_skips, first_step=first_step,
                         segment_padded_shapes=None if same_shapes or len(segments) < 2 else tuple(shapes))
 
 

@@ -23,6 +23,8 @@ def test_the_ledger_benchmark_reports_writing_and_checking_costs(tmp_path):
         assert r["bytes"] > 0 and r["ledger_docs_per_s"] > 0
     assert report["fit_optimizer_steps"] > 0
     assert len(report["check_step_ratio"]) == 1 and report["check_step_ratio"][0] > 0
+    assert len(report["record_step_ratio"]) == 1 and report["record_step_ratio"][0] > 0
     written = json.loads((tmp_path / "results.json").read_text())
     assert written["command"].startswith("python -m benchmarks.ledger --documents 3000 20000")
-    assert "LedgerCheck:" in (tmp_path / "results.md").read_text()
+    markdown = (tmp_path / "results.md").read_text()
+    assert "LedgerCheck:" in markdown and "recording" in markdown

@@ -29,8 +29,9 @@ def test_the_mixture_plan_keeps_each_steps_shares_and_u_where_sample_weighting_d
     # three scales: every ranks x accumulation x layout measured beside one corpus of the same documents; at 8 ranks
     # (enough steps at this size) the epoch's cost per rank as even as one corpus's
     scales = report["three_scales"]
-    assert {(r["ranks"], r["accumulate_grad_batches"], r["packing"]) for r in scales} == {
-        (ranks, acc, packing) for ranks in (8, 64) for acc in (1, 4) for packing in (False, True)}
+    assert sorted((tuple(r["weights"]), r["ranks"], r["accumulate_grad_batches"], r["packing"]) for r in scales) == \
+        sorted((weights, ranks, acc, packing) for weights in bench.SCALE_WEIGHTS for ranks in (8, 64)
+               for acc in (1, 4) for packing in (False, True))
     for r in scales:
         if r["ranks"] == 8:
             assert r["mixture"]["rank_imbalance"] <= r["one_corpus"]["rank_imbalance"] + 0.01, r

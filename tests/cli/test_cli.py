@@ -453,7 +453,7 @@ def test_abbreviated_flags_are_rejected(tmp_path, monkeypatch, capsys):
     (["plan", "--max-tokenz=3"], "lit-balance plan: error: unrecognized arguments: --max-tokenz=3",
      "did you mean --max-tokens?"),
     (["fitt"], ("lit-balance: error: argument subcommand: invalid choice: 'fitt' (choose from 'fit', 'validate', "
-                "'test', 'predict', 'plan', 'configs', 'tokenize')"), "did you mean fit?"),
+                "'test', 'predict', 'plan', 'configs', 'tokenize', 'ledger')"), "did you mean fit?"),
     (["fit", "--xyzzy=1"], "lit-balance fit: error: unrecognized arguments: --xyzzy=1", None),
 ])
 def test_a_mistyped_flag_is_one_line_with_a_suggestion(capsys, args, error, close):

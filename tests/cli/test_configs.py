@@ -202,9 +202,30 @@ def _mixture_overrides(tmp_path: Path) -> list[str]:
     return paths
 
 
-#: every data config that reads a store (the datatrove one needs no vocab_size), and the mixture's components
+def _stream_overrides(tmp_path: Path) -> list[str]:
+    """A glob of two JSONL files as the stream's source."""
+    for k in range(2):
+        (tmp_path / f"part{k}.jsonl").write_text("".join(f'{{"text": "document {k} {i} {"word " * (i % 29 + 1)}"}}\n'
+                                                         for i in range(150)))
+    return [f"data.corpus.source={tmp_path}/part*.jsonl"]
+
+
+#: every data config that reads a store (the datatrove one needs no vocab_size), the mixture's components, the stream
 BUILD_OVERRIDES = {**STORE_CONFIGS, "datatrove": _datatrove_overrides, "mixture": _mixture_overrides,
-                   "mixture_schedule": _mixture_overrides}
+                   "mixture_schedule": _mixture_overrides, "stream": _stream_overrides}
+
+
+def test_data_stream_config_reads_its_files_window_by_window(tmp_path):
+    cfg = _compose(["data=stream", *_stream_overrides(tmp_path), "data.window_documents=64", "data.val_documents=10"])
+    dm = instantiate(cfg.data, cache_dir=str(tmp_path / "cache"))
+    dm.prepare_data()
+    dm.setup("fit")
+    trained = [i for b in dm.train_dataloader() for i, f in zip(b["indices"].tolist(), b["is_fill"].tolist())
+               if not f]
+    assert sorted(trained) == list(range(10, 300)) and dm.stream.source.files == (
+        str(tmp_path / "part0.jsonl"), str(tmp_path / "part1.jsonl"))
+    assert sum(len(b["indices"]) for b in dm.val_dataloader()[0]) == 10  # the first 10 documents validate
+    assert not (tmp_path / "cache").exists()  # nothing tokenized before training or cached
 
 
 @pytest.mark.parametrize("option", sorted(STORE_CONFIGS))

@@ -383,3 +383,23 @@ def test_the_resume_command_keeps_every_override_quoted_for_the_shell():
     assert hydra_resume_command("r.py", overrides, "l.ckpt", max_steps=24, config_dir="my_conf",
                                 config_name="mine").split()[2:6] == ["--config-dir", "my_conf", "--config-name", "mine"]
     assert hydra_resume_command("r.py", overrides, "l.ckpt", max_steps=24).endswith(" ckpt_path=l.ckpt trainer.max_steps=24")
+
+
+@pytest.mark.ddp
+@pytest.mark.e2e
+def test_train_recipe_trains_from_a_stream_of_jsonl_files_with_data_stream(tmp_path):
+    for k, count in enumerate((120, 12, 100)):  # one file 10x shorter
+        (tmp_path / f"part{k}.jsonl").write_text("".join(
+            json.dumps({"text": f"document {k} {i} " + "word " * (i % 31 + 1)}) + "\n" for i in range(count)))
+    overrides = ["experiment=smoke", "data=stream", "data.corpus.source=part*.jsonl", "data.window_documents=64",
+                 "data.val_documents=16", "trainer.enable_progress_bar=false"]
+    proc = subprocess.run([sys.executable, str(RECIPE), *overrides], check=False, capture_output=True, text=True,
+                          timeout=300, env=_env(tmp_path), cwd=tmp_path)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-5000:]
+    assert "corpus: stream of 3 file(s): part0.jsonl, part1.jsonl, part2.jsonl, windows of 64 documents" in out
+    rows = _table(out)
+    assert rows["0"][0] == rows["1"][0] == "3"  # 3 optimizer steps of one micro-batch, on both ranks
+    assert re.search(r"stream: pass 0, window \d+, \d+ documents before it\n", out)
+    assert re.search(r"last train/loss \d+\.\d+ \| val/loss \d+\.\d+", out)  # validated on the held-out documents
+    assert not (tmp_path / "default_cache").exists()  # nothing tokenized before training or cached

@@ -6,8 +6,11 @@ KIND is ``plain`` or ``mixture``, LAYOUT ``padded`` or ``packed``; DATA_DIR hold
 the tokenization cache (test_ledger_ddp.py writes them). PHASE ``stop`` trains STOP_AT micro-batches per rank, saves
 OUT_DIR/mid.ckpt and raises at the next training_step; ``resume`` continues from mid.ckpt on DEVICES ranks; ``skip``
 does the same with ``skip_steps=[SKIP_STEPS]`` (those optimizer steps of the run left out); ``swap``
-runs the epoch with rank 1's dataset handing sample DELIVERED where the plan has PLANNED. Every phase checks against
-OUT_DIR/ledger.parquet (written beforehand by the test). Each rank writes OUT_DIR/{phase}_rank{r}.json: per trained
+runs the epoch with rank 1's dataset handing sample DELIVERED where the plan has PLANNED; ``epochs`` continues from
+mid.ckpt on DEVICES ranks for two epochs with ``skip_steps`` the JSON list PLANNED (optimizer steps of the run, any
+epoch), recorded only (no ledger while training). Every phase checks against
+OUT_DIR/ledger.parquet (written beforehand by the test) and records what it received in OUT_DIR/received
+(``LedgerCheck(record=...)``, for ``lit-balance ledger check``). Each rank writes OUT_DIR/{phase}_rank{r}.json: per trained
 micro-batch its batch_idx, indices and is_fill, and the LedgerMismatchError message if one stopped it.
 """
 
@@ -47,7 +50,7 @@ class Recorder(L.Callback):
         self.out, self.stop, self.batches = out, stop, []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.batches.append([batch_idx, batch["indices"].tolist(), batch["is_fill"].tolist()])
+        self.batches.append([batch_idx, batch["indices"].tolist(), batch["is_fill"].tolist(), trainer.current_epoch])
         if self.stop and batch_idx == STOP_AT - 1:
             trainer.save_checkpoint(self.out / "mid.ckpt")
 
@@ -77,21 +80,24 @@ class Swap(L.Callback):
 def main() -> None:
     out, data, kind, layout, phase, devices = (Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4],
                                                sys.argv[5], int(sys.argv[6]))
-    dm = datamodule(data, kind, layout, skip_steps=[SKIP_STEPS] if phase == "skip" else None)
+    skip = [SKIP_STEPS] if phase == "skip" else json.loads(sys.argv[7]) if phase == "epochs" else None
+    dm = datamodule(data, kind, layout, skip_steps=skip)
     model = StoppingLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
     model.stop = phase == "stop"
     recorder = Recorder(out, stop=phase == "stop")
-    callbacks = [recorder, LedgerCheck(out / "ledger.parquet")]
+    callbacks = [recorder, LedgerCheck(None if phase == "epochs" else out / "ledger.parquet",
+                                       record=out / "received")]
     if phase == "swap":
         callbacks.append(Swap(int(sys.argv[7]), int(sys.argv[8])))
     strategy = DDPStrategy(timeout=timedelta(seconds=60)) if devices > 1 else "auto"
-    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=1, logger=False,
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=2 if phase == "epochs" else 1,
+                        logger=False,
                         accumulate_grad_batches=ACCUMULATE, callbacks=callbacks, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=out,
                         num_sanity_val_steps=0)
     mismatch = None
     try:
-        trainer.fit(model, datamodule=dm, ckpt_path=out / "mid.ckpt" if phase in ("resume", "skip") else None)
+        trainer.fit(model, datamodule=dm, ckpt_path=out / "mid.ckpt" if phase in ("resume", "skip", "epochs") else None)
     except LedgerMismatchError as error:
         if phase != "swap":
             raise

@@ -93,14 +93,17 @@ def runs(request, data, tmp_path_factory):
                                 accumulate_grad_batches=fit.ACCUMULATE, sampler_state=state)
     run_scripts(SCRIPT, {layout: [resume, data, kind, layout, "resume", 3] for layout, (_, resume) in dirs.items()},
                 TIMEOUT_S)
+    from lit_balance.lightning.ledger_record import check_record
+
     return {layout: (_ledger_rows(stop / "ledger.parquet"), _read(stop, "stop", 2),
-                     _ledger_rows(resume / "ledger.parquet"), _read(resume, "resume", 3))
+                     _ledger_rows(resume / "ledger.parquet"), _read(resume, "resume", 3),
+                     [check_record([d / "received"], d / "ledger.parquet") for d in (stop, resume)])
             for layout, (stop, resume) in dirs.items()}
 
 
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_each_rank_trains_exactly_the_ledgers_micro_batches_before_and_after_a_resume_on_three_ranks(runs, layout):
-    (full, header2), stopped, (rest, header3), resumed = runs[layout]
+    (full, header2), stopped, (rest, header3), resumed, checks = runs[layout]
     stop_at = _fit_ledger().STOP_AT
     assert header2["num_replicas"] == 2 and header3["num_replicas"] == 3 and header3["first_micro_step"] == stop_at
     for rank, record in enumerate(stopped):
@@ -117,6 +120,11 @@ def test_each_rank_trains_exactly_the_ledgers_micro_batches_before_and_after_a_r
     first_part = [r for r in full if r["micro_step"] < stop_at]
     assert documents(first_part) + documents(rest) == documents(full)
     assert max(documents(full).values()) == 1
+    # what every rank recorded (LedgerCheck(record=...)) passes lit-balance ledger check against both ledgers
+    stopped_check, resumed_check = checks
+    assert stopped_check.ok and stopped_check.ranks == (0, 1) and stopped_check.micro_batches == 2 * stop_at
+    assert resumed_check.ok and resumed_check.ranks == (0, 1, 2)
+    assert resumed_check.micro_batches == 3 * (header3["micro_steps"] - stop_at)
 
 
 @pytest.fixture(scope="module")
@@ -131,11 +139,16 @@ def swapped(data, tmp_path_factory):
     planned = next(r["sample"] for r in rows if r["micro_step"] == 2 and r["rank"] == 1)
     delivered = next(r["sample"] for r in rows if r["micro_step"] == 2 and r["rank"] == 0)
     run_scripts(SCRIPT, {"swap": [out, data, "mixture", "packed", "swap", 2, planned, delivered]}, TIMEOUT_S)
-    return _read(out, "swap", 2), planned, delivered
+    from lit_balance.lightning.ledger_record import check_record
+
+    return _read(out, "swap", 2), planned, delivered, check_record([out / "received"], out / "ledger.parquet")
 
 
 def test_a_document_swapped_in_one_ranks_loader_stops_every_rank_naming_the_step_and_rank(swapped):
-    records, planned, delivered = swapped
+    records, planned, delivered, check = swapped
+    # the record written as the error stopped the ranks names the same step, rank and document
+    assert [(m.optimizer_step, m.micro_step, m.rank, m.row, m.expected, m.received) for m in check.mismatches] == \
+        [(1, 2, 1, 0, planned, delivered)]
     for record in records:
         assert record["mismatch"] is not None
         assert (f"optimizer step 1 (epoch 0, micro-step 2, micro-batch 0 of the step), rank 1, row 0: the rank "
@@ -187,3 +200,46 @@ def test_a_resume_on_three_ranks_with_skip_steps_trains_the_plan_less_those_step
     skipped_rows = [r for r in plain if a <= r["optimizer_step"] < b]
     assert skipped_rows and documents([r for r in full if r["micro_step"] < fit.STOP_AT]) + documents(rest) + \
         documents(skipped_rows) == documents(full)
+
+
+@pytest.fixture(scope="module")
+def epochs(data, tmp_path_factory):
+    """A 2-rank run stopped after two optimizer steps, resumed on 3 ranks for two epochs with skip ranges across the
+    first epoch's end and inside the second, recorded; the ledgers of both epochs on 3 ranks with those ranges."""
+    from lit_balance.ledger import write_datamodule_ledger
+    from lit_balance.lightning.ledger_record import check_record
+
+    fit = _fit_ledger()
+    stop, resume = tmp_path_factory.mktemp("epochs_stop"), tmp_path_factory.mktemp("epochs_resume")
+    write_datamodule_ledger(stop / "ledger.parquet", _datamodule(data, "mixture", "packed"), num_replicas=2,
+                            accumulate_grad_batches=fit.ACCUMULATE)
+    run_scripts(SCRIPT, {"stop": [stop, data, "mixture", "packed", "stop", 2]}, TIMEOUT_S)
+    shutil.copy(stop / "mid.ckpt", resume / "mid.ckpt")
+    state = torch.load(resume / "mid.ckpt", weights_only=True)["BalancedTextDataModule"]["train_sampler"]
+    plain = write_datamodule_ledger(resume / "plain.parquet", _datamodule(data, "mixture", "packed"), num_replicas=3,
+                                    accumulate_grad_batches=fit.ACCUMULATE, sampler_state=state)
+    e0 = plain["optimizer_steps"]  # the first epoch's optimizer steps of the run
+    skip = [[e0 - 1, e0 + 1], [e0 + 2, e0 + 3]]
+    ledger0 = write_datamodule_ledger(resume / "epoch0.parquet", _datamodule(data, "mixture", "packed", skip),
+                                      num_replicas=3, accumulate_grad_batches=fit.ACCUMULATE, sampler_state=state)
+    ledger1 = write_datamodule_ledger(resume / "epoch1.parquet", _datamodule(data, "mixture", "packed", skip),
+                                      num_replicas=3, accumulate_grad_batches=fit.ACCUMULATE, epoch=1,
+                                      first_optimizer_step=e0)
+    run_scripts(SCRIPT, {"epochs": [resume, data, "mixture", "packed", "epochs", 3, json.dumps(skip)]}, TIMEOUT_S)
+    return (e0, skip, ledger0, ledger1, _ledger_rows(resume / "epoch1.parquet")[0], _read(resume, "epochs", 3),
+            [check_record([resume / "received"], resume / f"epoch{e}.parquet") for e in (0, 1)])
+
+
+def test_skip_ranges_across_an_epochs_end_and_in_a_later_epoch_hold_on_three_real_ranks_as_the_ledgers_say(epochs):
+    e0, skip, ledger0, ledger1, rows1, records, checks = epochs
+    assert ledger0["skip_steps"] == [[e0 - 1, e0 + 1]] and ledger1["first_optimizer_step"] == e0
+    assert ledger1["skip_steps"] == [[e0, e0 + 1], [e0 + 2, e0 + 3]]
+    assert not {r["optimizer_step"] for r in rows1} & {e0, e0 + 2} and min(r["optimizer_step"] for r in rows1) == e0 + 1
+    for check in checks:  # every rank's record of each epoch is the ledger's, micro-batch by micro-batch
+        assert check.ok and check.ranks == (0, 1, 2)
+    assert checks[1].micro_batches == 3 * ledger1["micro_steps"]
+    for rank, record in enumerate(records):
+        second = {b[0]: (b[1], b[2]) for b in record["batches"] if b[3] == 1}
+        assert second == _by_step(rows1, rank)
+        # Lightning counts what trained: the plans' steps of both epochs less the three skipped
+        assert record["global_step"] == e0 + ledger1["optimizer_steps"] - 3

@@ -84,7 +84,8 @@ def test_every_step_keeps_its_scheduled_shares_and_tiny_weights_add_up_over_the_
             # the epoch's last step: the document after a stream's last cut went back to the pool (the epoch ended
             # before it), so it is not among the chosen ones the helper sees; any document bounds it
             bound[-1] = max(bound[-1], longest.max())
-            assert (deviation <= bound + 1e-6).all(), (deviation, bound)
+            # a weight of 1e-6 asks a millionth of a step's tokens: the bound holds to a thousandth of a token
+            assert (deviation <= bound + 1e-3).all(), (deviation, bound)
         assert (deviation <= longest.max() + 1e-6).all()
         got += units.sum(axis=0)
         asked += (mp.step_targets * total).sum(axis=0)

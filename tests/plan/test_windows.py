@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lit_balance import BalancedBatchSampler, BatchingSettings, CostModel
@@ -284,3 +284,59 @@ def test_window_membership_is_the_recorded_permutation(num_samples, plan_window,
         h.update(w.members(j).astype("<i8").tobytes())
     assert h.hexdigest() == digest
     assert [w.window_of(i) for i in (0, num_samples // 3, num_samples - 1)] == windows_of
+
+
+@settings(deadline=None, max_examples=40)
+@given(lengths=st.lists(st.integers(1, 700), min_size=20, max_size=300), num_replicas=st.integers(1, 4),
+       plan_window=st.integers(5, 60), epoch=st.integers(0, 2), accumulate=st.integers(1, 3), packing=st.booleans(),
+       drop_last=st.booleans(), shuffle=st.booleans())
+def test_the_first_micro_batch_counts_the_windows_it_needs_only(lengths, num_replicas, plan_window, epoch, accumulate,
+                                                               packing, drop_last, shuffle):
+    """Windows are counted when first needed: building the sampler and its first micro-batch draw the members of the
+    first windows of the epoch's order only (the first with a micro-step, and those the optimizer step holding its
+    last micro-step reaches, for the step sums), len() read afterwards counts the rest, and the epoch is the one a
+    sampler whose len() was read first yields (equal counts on every rank)."""
+    assume(len(lengths) > plan_window)
+    kwargs = {"plan_window": plan_window, "seed": 3, "accumulate_grad_batches": accumulate, "packing": packing,
+              "drop_last": drop_last, "shuffle": shuffle, "too_long": "skip"}  # lengths above 512 are skipped
+    drawn = []
+    members = PlanWindows.members
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PlanWindows, "members", lambda self, j: drawn.append(int(j)) or members(self, j))
+        try:
+            lazy = _samplers(lengths, num_replicas, **kwargs)
+        except ValueError as exc:  # every sample skipped, or drop_last leaves nothing
+            assert "leaves no micro-batch" in str(exc) or "too_long='skip' leaves none" in str(exc)
+            return
+        built = set(drawn)
+        drawn.clear()
+        for s in lazy:
+            s.set_epoch(epoch)
+        iterators = [iter(s) for s in lazy]
+        firsts = [next(it, None) for it in iterators[:1]]
+
+    reference = _samplers(lengths, num_replicas, **kwargs)[0]
+
+    def prefix(e, whole_steps):  # the windows of epoch e's order up to its first with a micro-step, and with
+        # whole_steps, up to the end of the optimizer step holding that window's last micro-step (its step sums)
+        starts = np.cumsum([0] + [part.num_micro_steps for part in reference.plan_parts(e)])
+        order = reference.windows.order(e, reference.settings).tolist()
+        end = int(starts[np.searchsorted(starts, 0, side="right")]) if starts[-1] else 0
+        upto = -(-end // accumulate) * accumulate - 1 if whole_steps else 0
+        return order, set(order[:max(int(np.searchsorted(starts, upto, side="right")), 1)])
+
+    order, needed = prefix(epoch, True)
+    assert set(drawn) <= needed
+    assert built <= prefix(0, False)[1]  # building counts windows until one has a micro-step
+    if len(needed) < len(order):
+        assert len(set(drawn)) < len(order)
+    out = [[b for b in firsts if b is not None] + list(iterators[0])] + [list(it) for it in iterators[1:]]
+    assert {len(o) for o in out} == {len(lazy[0])} == {len(s) for s in lazy}
+    counted = _samplers(lengths, num_replicas, **kwargs)
+    assert {len(s) for s in counted} == {len(lazy[0])}  # len() before iterating, as Lightning reads it
+    assert _epoch(counted, epoch) == out
+
+
+def test_drop_last_with_every_window_empty_is_refused_at_construction():
+    with pytest.raises(ValueError, match="leaves no micro-batch for any rank; set drop_last=False"):
+        BalancedBatchSampler([10] * 9, MAX_TOKENS, num_replicas=4, rank=0, plan_window=3, drop_last=True)

@@ -132,6 +132,11 @@ def resolve_corpus(corpus: Any = None, *, text_key: str = "text", txt_documents:
     txt_documents = check_txt_documents(txt_documents)
     if is_datasets_object(corpus):
         return HuggingFaceSource(corpus, text_key, max_documents=max_documents)
+    if max_documents is not None and isinstance(corpus, CorpusSource) and corpus.streamed:
+        raise InputValueError(f"max_documents={max_documents!r} bounds a Hugging Face IterableDataset read into the "
+                              f"cache, but {corpus.description} is a StreamCorpus, read window by window while "
+                              "training to its end: leave max_documents=None (end the run earlier with "
+                              "Trainer(max_steps=...))", parameter="max_documents")
     if max_documents is not None:
         what = "a CorpusSource" if isinstance(corpus, CorpusSource) else "this corpus"
         raise InputValueError(f"max_documents={max_documents!r} bounds a Hugging Face IterableDataset (a stream), but "

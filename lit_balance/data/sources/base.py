@@ -258,6 +258,13 @@ class CorpusSource(abc.ABC):
         return False
 
     @property
+    def streamed(self) -> bool:
+        """Whether the corpus is a stream of unknown length, planned window by window while training
+        (:class:`~lit_balance.stream.StreamCorpus`), rather than tokenized into the cache and planned whole (False, the
+        default)."""
+        return False
+
+    @property
     def split_sizes(self) -> tuple[int, int] | None:
         """``(training documents, validation documents)`` when the corpus brings its own validation split
         (the training documents come first), else None."""

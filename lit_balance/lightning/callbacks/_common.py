@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from lit_balance.data.collate import IGNORE_INDEX
-from lit_balance.data.training_sampler import HAND_OVER_ADVICE, training_sampler_of
+from lit_balance.data.training_sampler import HAND_OVER_ADVICE, training_sampler_of, training_stream_of
 from lit_balance.errors import InputTypeError
 from lit_balance.sampler.sampler import BalancedBatchSampler
 from lit_balance.world import data_parallel_world
@@ -70,6 +70,11 @@ def needed_sampler(trainer: L.Trainer, owner: str) -> BalancedBatchSampler:
         RuntimeError: no training sampler was handed to ``trainer`` (naming ``owner`` and how to hand one over).
     """
     sampler = training_sampler_of(trainer)
+    stream = training_stream_of(trainer)
+    if sampler is None and stream is not None:
+        raise RuntimeError(f"{owner} reads the training sampler's plan of the epoch, and the Trainer trains from a "
+                           f"stream ({stream}), planned window by window with no plan of the epoch: remove {owner} "
+                           "(docs/streams.md lists the callbacks that work with a stream)")
     if sampler is None:
         raise RuntimeError(f"{owner} reads the training sampler's plan, and no lit_balance.BalancedBatchSampler was "
                            f"handed to the Trainer: {HAND_OVER_ADVICE}, or remove {owner}")

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from lit_balance._checks import check_int, check_number
+from lit_balance.data.training_sampler import training_stream_of
 from lit_balance.errors import InputValueError
 from lit_balance.lightning.callbacks._common import batch_fields, emit, train_sampler
 from lit_balance.lightning.callbacks.straggler import StragglerMonitor, step_imbalance
@@ -159,6 +160,12 @@ class AdaptiveGradAccumulation(L.Callback):
         if trainer.accumulate_grad_batches != 1:
             raise InputValueError(f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) conflicts with "
                                   "AdaptiveGradAccumulation, which sets it; leave the Trainer's value at 1")
+        stream = training_stream_of(trainer)
+        if stream is not None:
+            raise InputValueError(f"AdaptiveGradAccumulation changes accumulate_grad_batches while training, and the "
+                                  f"Trainer trains from a stream ({stream}) whose windows are planned to whole "
+                                  "optimizer steps of a fixed accumulate_grad_batches: remove AdaptiveGradAccumulation "
+                                  "and set Trainer(accumulate_grad_batches=...)", parameter="callbacks")
         others = [type(c).__name__ for c in trainer.callbacks
                   if c is not self and (isinstance(c, AdaptiveGradAccumulation)
                                         or type(c).__name__ == "GradientAccumulationScheduler")]

@@ -39,6 +39,13 @@ class LedgerCheck(L.Callback):
     epoch's end each rank also checks that it ran every micro-step of the ledger from where the pass started. Other
     epochs than the ledger's are not checked.
 
+    With ``record=DIR`` each rank also keeps, per micro-batch it trained (its training step ended), the hash of what it
+    received and the indices
+    (:mod:`lit_balance.lightning.ledger_record`), and writes them at the end of each pass over an epoch (also a pass cut
+    short by ``max_steps`` or an error) to ``DIR/epochE-fromM-rankR.parquet``, for ``lit-balance ledger check DIR
+    --ledger LEDGER`` after training; with ``ledger=None`` it only records (no ledger needed while training, no
+    collective).
+
     Args:
         ledger: the ledger's Parquet file (:func:`lit_balance.ledger.write_ledger`, ``lit-balance plan --ledger``) of
             the run's epoch, number of ranks and ``accumulate_grad_batches``; after a resume on another number of
@@ -46,12 +53,14 @@ class LedgerCheck(L.Callback):
             ``sampler_state``).
         every_n_steps: optimizer steps between the gathers of differences (1: a difference stops the run at the end of
             its optimizer step).
+        record: a directory where every rank writes what it received, for a later check; None: no record.
 
     Raises:
         LedgerMismatchError: on every rank, at the first gather after a rank received other documents than the ledger
             says (naming the optimizer step, micro-step, rank, row and both sample indices), or missed micro-steps of
             the ledger.
-        ValueError: the ledger was written for other settings (naming each), ``every_n_steps`` below 1.
+        ValueError: the ledger was written for other settings (naming each), ``every_n_steps`` below 1, neither
+            ``ledger`` nor ``record`` given.
         KeyError, TypeError: batches without ``indices`` / ``is_fill``.
         RuntimeError: (at the epoch the ledger is of) no training sampler was handed to the Trainer (by
             :class:`~lit_balance.BalancedTextDataModule`, ``balanced_dataloader(..., trainer=self.trainer)`` or
@@ -60,13 +69,20 @@ class LedgerCheck(L.Callback):
     Example:
         >>> from lit_balance.callbacks import LedgerCheck
         >>> callback = LedgerCheck("ledger.parquet")  # Trainer(callbacks=[callback])
+        >>> recorder = LedgerCheck(record="received/")  # then: lit-balance ledger check received/ --ledger L.parquet
     """
 
-    def __init__(self, ledger: str | os.PathLike, *, every_n_steps: int = 1) -> None:
+    def __init__(self, ledger: str | os.PathLike | None = None, *, every_n_steps: int = 1,
+                 record: str | os.PathLike | None = None) -> None:
         if not isinstance(every_n_steps, int) or isinstance(every_n_steps, bool) or every_n_steps < 1:
             raise InputValueError(f"every_n_steps must be an int >= 1 (optimizer steps between checks), got "
                                   f"{every_n_steps!r}", parameter="every_n_steps")
-        self.ledger = os.fspath(ledger)
+        if ledger is None and record is None:
+            raise InputValueError("LedgerCheck needs a ledger to compare with (ledger=PATH), a directory to record "
+                                  "what each rank received (record=DIR), or both; got neither", parameter="ledger")
+        self.ledger = None if ledger is None else os.fspath(ledger)
+        self.record = None if record is None else os.fspath(record)
+        self._recorded: dict[str, Any] | None = None  # this pass's record: header, micro-steps, samples, fill
         self.every_n_steps = every_n_steps
         self._expected: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
         self._epoch: int | None = None
@@ -86,9 +102,18 @@ class LedgerCheck(L.Callback):
         ``on_train_epoch_start``: then at its first micro-batch)."""
         from lit_balance.lightning.ledger import check_ledger_header, ledger_header, read_ledger
 
+        self._write_record()  # a pass that ended without on_train_epoch_end (a restarted loop)
         self._loaded_for = int(trainer.current_epoch)
         self._expected, self._first, self._seen = None, None, set()
         world = data_parallel_world(trainer)
+        if self.record is not None:
+            sampler = needed_sampler(trainer, "LedgerCheck")
+            header = ledger_header(sampler)
+            self._recorded = {"header": header, "rank": world.rank, "acc": int(header["accumulate_grad_batches"]),
+                              "skips": tuple((int(a), int(b)) for a, b in header["skip_micro_steps"]),
+                              "micro": [], "samples": [], "fill": []}
+        if self.ledger is None:
+            return
         table, header = read_ledger(self.ledger, columns=["micro_step", "rank", "sample", "fill"], rank=world.rank)
         if int(header["epoch"]) != int(trainer.current_epoch):
             return
@@ -109,11 +134,15 @@ class LedgerCheck(L.Callback):
                              batch_idx: int) -> None:
         if self._loaded_for != int(trainer.current_epoch):
             self._load(trainer)
-        if self._expected is None:
+        if self._expected is None and self._recorded is None:
             return
         indices, is_fill = batch_fields(batch, ("indices", "is_fill"), "LedgerCheck")
-        got = torch.as_tensor(indices).cpu().numpy().astype(np.int64, copy=False).reshape(-1)
-        got_fill = torch.as_tensor(is_fill).cpu().numpy().astype(bool, copy=False).reshape(-1)
+        got = torch.as_tensor(indices).cpu().numpy().astype(np.int64, copy=True).reshape(-1)
+        got_fill = torch.as_tensor(is_fill).cpu().numpy().astype(bool, copy=True).reshape(-1)
+        if self._recorded is not None:  # recorded once its training step ends (a failed step did not train)
+            self._recorded["pending"] = (int(batch_idx), got, got_fill)
+        if self._expected is None:
+            return
         self._seen.add(int(batch_idx))
         if self._first is not None:
             return
@@ -129,6 +158,12 @@ class LedgerCheck(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        recorded = self._recorded
+        if recorded is not None and recorded.get("pending") is not None:
+            micro, got, got_fill = recorded.pop("pending")
+            recorded["micro"].append(micro)
+            recorded["samples"].append(got)
+            recorded["fill"].append(got_fill)
         if self._expected is None:
             return
         step_end = (batch_idx + 1) % self._acc == 0
@@ -136,6 +171,7 @@ class LedgerCheck(L.Callback):
             self._gather(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write_record()
         if self._expected is None:
             return
         if self._first is None and self._seen:
@@ -145,6 +181,27 @@ class LedgerCheck(L.Callback):
                 self._first = [missed[0], 0, int(self._expected[missed[0]][0][0]), _NONE, 0, 0]
         self._gather(trainer)
         self._expected = None
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write_record()  # a pass not written at its epoch's end
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._write_record()
+
+    def _write_record(self) -> None:
+        """Write this rank's record of the pass now ending (nothing when no micro-batch was received); it is
+        ``complete`` when it ran the epoch's last micro-step (not when ``max_steps`` or an error cut it short)."""
+        from lit_balance.lightning.ledger_record import record_file_name, write_record
+
+        recorded, self._recorded = self._recorded, None
+        if recorded is None or not recorded["micro"]:
+            return
+        acc, skips, micro = recorded["acc"], recorded["skips"], recorded["micro"]
+        header = {**recorded["header"], "complete": micro[-1] == int(recorded["header"]["micro_steps"]) - 1}
+        steps = [int(header["first_optimizer_step"]) + plan_micro_step(skips, m) // acc for m in micro]
+        name = record_file_name(header["epoch"], recorded["rank"], micro[0])
+        write_record(os.path.join(self.record, name), header, micro, steps, recorded["rank"], recorded["samples"],
+                     recorded["fill"])
 
     def _gather(self, trainer: L.Trainer) -> None:
         mine = [1, self._rank, *self._first] if self._first is not None else [0, self._rank] + [_NONE] * 6
