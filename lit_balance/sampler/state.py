@@ -175,7 +175,7 @@ class Replay:
             rows and next-token targets (fill rows excluded, summed over that segment's ranks) of every micro-step
             the earlier segments consumed, in epoch order (empty for an epoch of one segment).
         pieces: ``(doc, start, length)``, int64 ``[num_pieces]`` each, when the plan's rows are pieces of documents
-            (a length warm-up, :mod:`lit_balance.sampler.warmup`): row ``p`` is tokens ``[start[p], start[p] +
+            (a length warm-up, :mod:`lit_balance.sampler.plans`): row ``p`` is tokens ``[start[p], start[p] +
             length[p])`` of document ``doc[p]``; None when its rows are whole samples.
     """
 
