@@ -51,7 +51,6 @@ _EXPORTS = {
     "plan_length_warmup": "lit_balance.plan.warmup",
     "PieceMicroBatch": "lit_balance.plan.types",
     "PieceDataset": "lit_balance.data.pieces",
-    "LengthWarmupSampler": "lit_balance.sampler.warmup",
     "TokenStepPlan": "lit_balance.plan.step_tokens",
     "plan_tokens_per_step": "lit_balance.plan.step_tokens",
     "TokensPerStepSampler": "lit_balance.sampler.step_tokens",
@@ -87,7 +86,6 @@ if TYPE_CHECKING:  # static names for type checkers and IDEs
     from lit_balance.plan.warmup import LengthWarmupPlan, plan_length_warmup  # noqa: F401
     from lit_balance.plan.types import PieceMicroBatch  # noqa: F401
     from lit_balance.data.pieces import PieceDataset  # noqa: F401
-    from lit_balance.sampler.warmup import LengthWarmupSampler  # noqa: F401
     from lit_balance.schedule import Schedule  # noqa: F401
     from lit_balance.plan.step_tokens import TokenStepPlan, plan_tokens_per_step  # noqa: F401
     from lit_balance.sampler.step_tokens import TokensPerStepSampler  # noqa: F401

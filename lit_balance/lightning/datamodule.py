@@ -28,6 +28,7 @@ from lit_balance.data.collate import PackedCollator, PadCollator, collator_for
 from lit_balance.data.corpus_tokenizer import check_cache_dir, corpus_tokenizer
 from lit_balance.data.dataset import TokenDataset
 from lit_balance.data.mixture import Mixture, MixtureDataset, check_distinct_components
+from lit_balance.data.pieces import PieceDataset
 from lit_balance.data.sources import resolve_corpus
 from lit_balance.data.splits import check_supervised_targets, check_too_long, resolve_val_fraction, split_corpus
 from lit_balance.data.stores import TokenizedCorpus
@@ -55,8 +56,10 @@ from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.shapes import resolve_split_shapes
 from lit_balance.plan.mixture_schedule import check_weights_schedule
 from lit_balance.sampler.mixture import MixtureBatchSampler
+from lit_balance.sampler.plans import LengthWarmupPlans
 from lit_balance.sampler.sampler import BalancedBatchSampler
 from lit_balance.sampler.state import SettingsMismatchError, check_skip_steps
+from lit_balance.schedule import Schedule
 from lit_balance.world import DataParallelWorld, data_parallel_world
 
 __all__ = ["DEFAULT_MAX_TOKENS", "BalancedTextDataModule", "fit_batches_consumed"]
@@ -225,6 +228,16 @@ class BalancedTextDataModule(L.LightningDataModule):
             has there, on any number of ranks, and the ranges are saved in the checkpoint. Ranges may lie in any epoch
             (or across an epoch's end) and must start at or after the step the checkpoint resumes at. None (the
             default): nothing skipped.
+        max_length_schedule: a length warm-up that loses no tokens (``docs/schedules.md``): the longest training row
+            per optimizer step of the run, a :class:`~lit_balance.Schedule` in steps, a list of ``[step, max_length]``
+            points, or ``{"points": ..., "interpolation": "constant" | "linear"}`` (a linear one rounded down to whole
+            tokens). A document longer than its step's value is trained as pieces of at most that many tokens, each a
+            document of its own (a padded row, or a packed segment with position ids from 0), so every token is
+            trained once per epoch; the budget and equal counts hold. Saved in the checkpoint; a resume (on any
+            number of ranks, at an optimizer step's end) needs the same schedule. Needs ``max_length=None`` (the
+            documents whole) and one corpus; not with ``static_packing``, ``padded_shapes``, ``drop_last``,
+            ``too_long`` other than ``"error"`` or masked labels (each refused naming both settings). Values within
+            ``[1, max_tokens]``. None (the default): whole documents (up to ``max_length``).
         weights_schedule: the mixture's weights per optimizer step of the run (a mixture of two or more components):
             a :class:`~lit_balance.Schedule` whose values name every component, a list of ``[step, {name: weight}]``
             points, or ``{"points": ..., "unit": "steps" | "tokens", "interpolation": "constant" | "linear"}``. Every
@@ -314,6 +327,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         cpu_mmap_threshold: int | None = CPU_MMAP_THRESHOLD,
         allow_tokenizer_mismatch: bool = False,
         skip_steps: list[tuple[int, int]] | None = None,
+        max_length_schedule: dict[str, Any] | list[Any] | int | None = None,
         weights_schedule: dict[str, Any] | list[Any] | None = None,
         window_documents: int | None = None,
         val_documents: int | None = None,
@@ -347,6 +361,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         self.sources = [resolve_corpus(c, text_key=text_key, txt_documents=txt_documents, max_documents=bound)
                         for c, bound in zip(self.mixture.corpora, self.mixture.max_documents)]
         check_distinct_components(self.mixture.names, self.sources, self.mixture.corpora)
+        #: The length warm-up (:class:`~lit_balance.Schedule` of the longest row per optimizer step), or None.
+        self.max_length_schedule = self._check_length_schedule(max_length_schedule, max_length)
         #: The mixture's weights per optimizer step (:class:`~lit_balance.Schedule`), or None for fixed weights.
         self.weights_schedule = self._check_weights_schedule(weights_schedule, settings, largest_first)
         #: The stream and its validation when the corpus is a stream (docs/streams.md), else None.
@@ -439,6 +455,35 @@ class BalancedTextDataModule(L.LightningDataModule):
     plan_window = _setting("plan_window")
     packing = _setting("packing")
     accumulate_grad_batches = _setting("accumulate_grad_batches")  # the Trainer's is used under a Trainer
+
+    def _check_length_schedule(self, schedule: Any, max_length: int | None) -> Schedule | None:
+        """The length warm-up's schedule checked against the other settings, before any token is read."""
+        if schedule is None:
+            return None
+        if max_length is not None:
+            raise InputValueError(
+                f"max_length_schedule splits long documents into pieces instead of cutting them, but "
+                f"max_length={max_length} truncates every document first: set max_length=None (the schedule's values "
+                "are the longest rows) or leave max_length_schedule unset", parameter="max_length")
+        if not self.mixture.plain:
+            raise InputValueError(
+                f"max_length_schedule is planned for one corpus, but the corpus is a mixture of components "
+                f"{list(self.mixture.names)}: train one corpus, or leave max_length_schedule unset",
+                parameter="max_length_schedule")
+        for name in ("static_packing", "padded_shapes", "drop_last"):
+            value = self._batching.get(name)
+            if value not in (None, False):
+                raise InputValueError(
+                    f"{name}={value!r} cannot be planned with a length warm-up (max_length_schedule): "
+                    + ("it leaves documents out, and the warm-up trains every token" if name == "drop_last" else
+                       "it fixes the micro-batches' shapes, and the warm-up cuts each step's pieces to its own "
+                       "length") + f"; leave {name} unset or leave max_length_schedule unset", parameter=name)
+        if self._batching.get("too_long", "error") != "error":
+            raise InputValueError(
+                f"too_long={self._batching['too_long']!r} skips or cuts long documents, and a length warm-up "
+                "(max_length_schedule) splits them into pieces instead: leave too_long at 'error' or leave "
+                "max_length_schedule unset", parameter="too_long")
+        return LengthWarmupPlans(schedule).schedule
 
     def _check_weights_schedule(self, schedule: Any, settings: BatchingSettings | None,
                                 largest_first: bool | None) -> Any:
@@ -613,7 +658,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         validation documents, and the collator, over the split, with the budget known (:meth:`_plan`); the too-long
         and supervised-target checks run on every component."""
         train, names = self.train_dataset, self.mixture.names
-        if self.too_long == "error":
+        if self.too_long == "error" and self.max_length_schedule is None:  # a warm-up splits long documents
             for part in self.corpora:
                 check_too_long(part, self.max_length, self.pad_to_multiple_of, self.settings.largest_max_tokens)
         world = self._world()
@@ -658,7 +703,9 @@ class BalancedTextDataModule(L.LightningDataModule):
             corpus_lengths=self.corpus.lengths, tokenizer_fingerprint=self.tokenizer.fingerprint,
             max_length=self.max_length, seed=self.seed, val_fraction=self.val_fraction,
             settings={**self._batching, "max_tokens": self.max_tokens, "accumulate_grad_batches": accumulate,
-                      "mixture": self.mixture.settings.to_dict()},
+                      "mixture": self.mixture.settings.to_dict(),
+                      **({} if self.max_length_schedule is None else
+                         {"max_length_schedule": self.max_length_schedule.to_dict()})},
             train_lengths=self.train_dataset.lengths, train_lengths_sha256=sampler.lengths_sha256 if same else None,
             val_lengths=None if not vals else vals[0] if len(vals) == 1 else np.concatenate(
                 [np.asarray(v, dtype=np.int64) for v in vals]))
@@ -733,7 +780,9 @@ class BalancedTextDataModule(L.LightningDataModule):
             that world size), ``optimizer_steps``, ...; ``summary["distributed_sampler"]`` the fixed-batch-size
             comparison; with several components ``summary["mixture"]``
             (:func:`lit_balance.report.figures.mixture_shares`: ``names``, ``unit``, ``target``, ``step_units``,
-            ``step_shares``, ``max_deviation_pp``, ...; and ``max_step_deviation``, per component, as a fraction).
+            ``step_shares``, ``max_deviation_pp``, ...; and ``max_step_deviation``, per component, as a fraction);
+            under a length warm-up ``summary["max_length_schedule"]`` (the schedule's ``to_dict()``), the samples
+            counted being the pieces.
 
         Raises:
             ValueError, TypeError: as :meth:`setup`, or a bad ``num_replicas`` / ``accumulate_grad_batches``.
@@ -757,6 +806,8 @@ class BalancedTextDataModule(L.LightningDataModule):
                               sampler=sampler).summary()
         if "mixture" in summary:
             summary["mixture"]["max_step_deviation"] = [pp / 100 for pp in summary["mixture"]["max_deviation_pp"]]
+        if self.max_length_schedule is not None:  # the plan's samples are pieces of documents
+            summary["max_length_schedule"] = self.max_length_schedule.to_dict()
         return summary
 
     def training_sampler(self, settings: BatchingSettings, num_replicas: int, *, rank: int = 0,
@@ -797,7 +848,7 @@ class BalancedTextDataModule(L.LightningDataModule):
             kwargs["cost_model"] = cost_model
         if self.mixture.plain:
             return BalancedBatchSampler(train.lengths, settings=settings, num_replicas=num_replicas, rank=rank,
-                                        **kwargs)
+                                        max_length_schedule=self.max_length_schedule, **kwargs)
         return MixtureBatchSampler(train.lengths, train.layout.sizes, self.mixture.settings, settings=settings,
                                    num_replicas=num_replicas, rank=rank, weights_schedule=self.weights_schedule,
                                    **kwargs)
@@ -851,6 +902,7 @@ class BalancedTextDataModule(L.LightningDataModule):
         if self.stream is not None:
             return self.stream.train_loader(self)
         self._plan(measure=True)
+        self._check_epoch_reload()
         if self._train_sampler_state is not None and self.train_sampler is not None:
             if self._saved_data is not None:
                 check_saved_data(self._saved_data, data_identity(self))
@@ -866,11 +918,39 @@ class BalancedTextDataModule(L.LightningDataModule):
             # Lightning reads len(loader) before it calls set_epoch; select the new epoch first, so that its
             # length counts a cost model or rank speeds handed over for it (unequal speeds can lengthen it).
             self.train_sampler.set_epoch(int(trainer.current_epoch))
-        loader = self._loader(self.train_dataset, self.train_sampler, TrainLoader, batches_consumed=self._consumed)
+        loader = self._loader(self._train_items(), self.train_sampler, TrainLoader, batches_consumed=self._consumed)
         self._train_loader = weakref.ref(loader)
         if trainer is not None:  # the training sampler of the callbacks and the loss
             use_training_sampler(trainer, self.train_sampler)
         return loader
+
+    def _check_epoch_reload(self) -> None:
+        """Under a length warm-up every epoch has its own number of micro-batches (each is cut to the steps it falls
+        on), and Lightning fixes an epoch's length when it loads the loader: refuse a run of more than one epoch that
+        does not reload the loader every epoch.
+
+        Raises:
+            ValueError: ``max_length_schedule`` with a Trainer whose ``max_epochs`` is not 1 and whose
+                ``reload_dataloaders_every_n_epochs`` is not 1, naming both.
+        """
+        trainer = self.trainer
+        if self.max_length_schedule is None or trainer is None or trainer.max_epochs == 1:
+            return
+        reload = trainer.reload_dataloaders_every_n_epochs
+        if reload != 1:
+            raise InputValueError(
+                f"max_length_schedule gives every epoch its own number of micro-batches, and Lightning fixes an "
+                f"epoch's length when it loads the training loader, which reload_dataloaders_every_n_epochs={reload} "
+                f"does not do every epoch (max_epochs={trainer.max_epochs}): pass "
+                "Trainer(reload_dataloaders_every_n_epochs=1), or max_epochs=1",
+                parameter="reload_dataloaders_every_n_epochs")
+
+    def _train_items(self) -> Any:
+        """What the training loader reads: the training split, or under a length warm-up its documents' pieces
+        (:class:`~lit_balance.data.pieces.PieceDataset`: each row of a micro-batch the tokens its piece names)."""
+        if self.max_length_schedule is None or self.train_dataset is None:
+            return self.train_dataset
+        return PieceDataset(self.train_dataset)
 
     def _apply_skip_steps(self) -> None:
         """Hand :attr:`skip_steps` to the training sampler (after a restored position, before any batch is read); the

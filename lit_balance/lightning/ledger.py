@@ -199,6 +199,11 @@ def ledger_columns(sampler: Any, *, dataset: Any = None, epoch: int | None = Non
         ``(columns, dictionaries)``: ``columns`` maps each column's name to an array ``[num_rows]``; ``component`` and
         ``store_file`` are int32 codes into ``dictionaries["component"]`` / ``dictionaries["store_file"]``.
     """
+    if sampler.plan_pieces(epoch) is not None:
+        raise InputValueError("the ledger lists whole documents per micro-batch, and under a length warm-up "
+                              "(max_length_schedule) the plan's rows are pieces of documents: leave the ledger "
+                              "(LedgerCheck, lit-balance plan --ledger) out of a run with max_length_schedule, or "
+                              "leave max_length_schedule unset", parameter="max_length_schedule")
     parts = list(_ledger_parts(sampler, epoch, first_optimizer_step))
     out = {k: np.concatenate([p[k] for p in parts]) if len(parts) != 1 else parts[0][k] for k in parts[0]}
     sample, tokens = out["sample"], out["tokens"]

@@ -225,7 +225,8 @@ def plan_report(
                               f"{sampler.num_replicas} ranks; pass the sampler's", parameter="num_replicas")
     settings = sampler.settings
     sampler.set_epoch(epoch)
-    planned = sampler.lengths
+    pieces = sampler.plan_pieces()  # under a length warm-up the plan's rows are pieces of documents
+    planned = sampler.lengths if pieces is None else pieces[2]
     pad, accumulate = settings.pad_to_multiple_of, settings.accumulate_grad_batches
     planner = planner_for(settings)
     plan = sampler.plan()

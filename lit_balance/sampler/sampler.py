@@ -18,10 +18,11 @@ from lit_balance.errors import InputTypeError, InputValueError
 from lit_balance.plan.cost import CostModelProtocol, check_cost_model
 from lit_balance.plan.mixture import MixtureSettings
 from lit_balance.plan.settings import TOO_LONG_POLICIES, BatchingSettings, delegate_settings
-from lit_balance.plan.types import EpochPlan, MicroBatch
+from lit_balance.plan.types import EpochPlan, MicroBatch, PieceMicroBatch
 from lit_balance.plan.windows import PlanWindows, WindowedPlan
 from lit_balance.sampler import state as sampler_state  # the resume state: build, parse, replay
 from lit_balance.sampler.inputs import PlanInputs
+from lit_balance.sampler.plans import plans_for
 from lit_balance.sampler.state import STATE_VERSION, ReplayRecord
 from lit_balance.world import check_defaulted_world, resolve_world
 
@@ -114,6 +115,16 @@ class BalancedBatchSampler(DistributedSampler):
             sum over its optimizer step (all ranks) as ``step_supervised_tokens``, the exact plan divisor of
             :class:`lit_balance.lightning.loss.StepTokenLoss`. None (the default): every token but a row's first is a
             target, ``lengths - 1``. Does not change the plan.
+        max_length_schedule: a length warm-up that loses no tokens (:mod:`lit_balance.plan.warmup`): the longest row
+            per optimizer step of the run, a :class:`~lit_balance.Schedule` in steps (a linear one rounded down to
+            whole tokens) or what :meth:`Schedule.of <lit_balance.Schedule.of>` reads (an int, ``[[step, length],
+            ...]``). A document longer than its step's value is trained as pieces of at most that many tokens, each a
+            row of its own: the sampler then yields :class:`~lit_balance.plan.types.PieceMicroBatch` es (document
+            indices with ``piece_start`` and ``piece_length``; read them with :class:`~lit_balance.PieceDataset`),
+            :meth:`plan`'s rows are pieces, and the state saves the schedule. Every token of every document once per
+            epoch; the budget, equal counts and resume (on any number of ranks, at an optimizer step's end) hold as
+            without it. Not with ``drop_last``, ``too_long`` other than ``"error"``, static shapes, masked labels or
+            rank speeds. None (the default): whole documents.
         **settings_kwargs: settings by name (``shuffle=False``, ``seed=3``, ...), as for ``settings``.
 
     Attributes:
@@ -156,8 +167,10 @@ class BalancedBatchSampler(DistributedSampler):
         cost_model: CostModelProtocol | None = None,
         rank_speeds: Sequence[float] | None = None,
         supervised_lengths: Sequence[int] | np.ndarray | torch.Tensor | None = None,
+        max_length_schedule: Any = None,
         **settings_kwargs: Any,
     ) -> None:
+        self._plans = plans_for(max_length_schedule)  # whole samples, or pieces under a length warm-up
         lengths = check_lengths(lengths, keep_dtype=True)  # the lengths' own errors first, before any setting
         if max_tokens is not None or settings is None:
             settings_kwargs["max_tokens"] = max_tokens
@@ -194,7 +207,7 @@ class BalancedBatchSampler(DistributedSampler):
 
     def _build_inputs(self, lengths: np.ndarray, settings: BatchingSettings, supervised_lengths: Any) -> PlanInputs:
         """The inputs every plan of this sampler is made from (a subclass may plan otherwise)."""
-        return PlanInputs.build(lengths, settings, supervised_lengths, self.num_replicas)
+        return self._plans.inputs(lengths, settings, supervised_lengths, self.num_replicas)
 
     # -- what the plans are made of ------------------------------------------------------------------
     @property
@@ -282,7 +295,7 @@ class BalancedBatchSampler(DistributedSampler):
                                   rank_speeds=record.rank_speeds)
         key = record.key()
         if self._replayed is None or self._replayed[0] != key:
-            self._replayed = (key, sampler_state.replay(self._inputs, record, self.num_replicas))
+            self._replayed = (key, self._plans.replay(self._inputs, record, self.num_replicas))
         return self._replayed[1]
 
     def _segment(self, epoch: int | None = None) -> EpochPlan | WindowedPlan:
@@ -300,6 +313,13 @@ class BalancedBatchSampler(DistributedSampler):
         """
         segment = self._segment(epoch)
         return segment.materialise() if isinstance(segment, WindowedPlan) else segment
+
+    def plan_pieces(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Under a length warm-up (``max_length_schedule``), ``(doc, start, length)``, int64 ``[num_pieces]`` each: row
+        ``p`` of :meth:`plan` (of ``epoch``, default the current one) is tokens ``[start[p], start[p] + length[p])``
+        of document ``doc[p]``. None when the plan's rows are whole samples."""
+        epoch = None if epoch is None else check_int("epoch", epoch, 0, "epochs count from 0")
+        return self._replay(epoch).pieces
 
     def plan_parts(self, epoch: int | None = None) -> Iterator[EpochPlan]:
         """Yield the global plan of ``epoch`` in the parts it is made of, in the order the epoch runs them.
@@ -376,7 +396,7 @@ class BalancedBatchSampler(DistributedSampler):
         """Micro-steps of the whole plan of ``epoch`` on this sampler's ranks (not its current record)."""
         record = ReplayRecord(epoch=epoch, segments=(), cost_model=self._record.cost_model,
                               rank_speeds=self._record.rank_speeds)
-        return sampler_state.replay(self._inputs, record, self.num_replicas).plan.num_micro_steps
+        return self._plans.replay(self._inputs, record, self.num_replicas).plan.num_micro_steps
 
     @property
     def first_optimizer_step(self) -> int | None:
@@ -601,8 +621,14 @@ class BalancedBatchSampler(DistributedSampler):
                 continue
             idx, fill = plan.batch(int(column[s]))
             self._cursor = s + 1
-            yield _SentMicroBatch(idx, fill, int(step_tokens[earlier + s]), int(step_rows[earlier + s]),
-                                  int(step_supervised[earlier + s]), trace=trace)
+            totals = (int(step_tokens[earlier + s]), int(step_rows[earlier + s]), int(step_supervised[earlier + s]))
+            if replayed.pieces is None:
+                yield _SentMicroBatch(idx, fill, *totals, trace=trace)
+            else:  # a length warm-up: the rows are pieces of documents
+                doc, piece_start, piece_length = replayed.pieces
+                yield _SentPieceMicroBatch(doc[idx], fill, step_real_tokens=totals[0], step_rows=totals[1],
+                                           step_supervised_tokens=totals[2], piece_start=piece_start[idx],
+                                           piece_length=piece_length[idx], trace=trace)
 
     def _iterate_windows(self, trace: _Pass) -> Iterator[MicroBatch]:
         """This rank's micro-batches of an epoch planned in windows: each window is planned when it is reached."""
@@ -728,8 +754,9 @@ class BalancedBatchSampler(DistributedSampler):
     def _build_state(self, consumed: int) -> dict[str, Any]:
         """The state with ``consumed`` micro-steps of the current plan consumed."""
         self._resolve_first_step()
-        return sampler_state.build_state(self._inputs, self._record, self.num_replicas, consumed,
-                                         self._segment().num_micro_steps)
+        state = sampler_state.build_state(self._inputs, self._record, self.num_replicas, consumed,
+                                          self._segment().num_micro_steps)
+        return {**state, **self._plans.state(self._inputs, self._record, self.num_replicas, state["epoch"])}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next iterator yields exactly the micro-batches an
@@ -753,7 +780,8 @@ class BalancedBatchSampler(DistributedSampler):
         record = sampler_state.parse_state(state_dict, self._inputs, num_replicas=self.num_replicas,
                                            cost_class=type(self.cost_model))
         consumed = record.offset
-        plan_steps = sampler_state.replay(self._inputs, record, self.num_replicas).plan.num_micro_steps
+        self._plans.load_state(state_dict, record)
+        plan_steps = self._plans.replay(self._inputs, record, self.num_replicas).plan.num_micro_steps
         if consumed > plan_steps:  # checked before anything changes: a state that does not fit leaves the sampler
             raise InputValueError(
                 f"the saved state consumed {consumed} micro-steps of epoch {record.epoch}, but its plan has "
@@ -840,25 +868,32 @@ class _Pass:
         self.sent_to_workers = False
 
 
+def _rebuild(cls: type, items: list, state: dict[str, Any]) -> MicroBatch:
+    """A plain micro-batch of class ``cls`` with ``items`` and attributes ``state`` (what a sent one pickles to)."""
+    plain = cls.__new__(cls)
+    plain.extend(items)
+    plain.__dict__.update(state)
+    return plain
+
+
 class _SentMicroBatch(MicroBatch):
     """A micro-batch as the sampler yields it: pickling it (a DataLoader sends it to a worker process) marks its pass
     as read by workers, and it arrives there as a plain :class:`MicroBatch`; a copy is a plain one too."""
+
+    _plain_class: type = MicroBatch
 
     def __init__(self, *args: Any, trace: _Pass | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._trace = trace
 
     def _plain(self) -> MicroBatch:
-        plain = MicroBatch.__new__(MicroBatch)
-        plain.extend(self)
-        plain.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_trace"})
-        return plain
+        return _rebuild(self._plain_class, list(self), {k: v for k, v in self.__dict__.items() if k != "_trace"})
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         trace = self.__dict__.get("_trace")
         if trace is not None:
             trace.sent_to_workers = True
-        return MicroBatch, (list(self),), {k: v for k, v in self.__dict__.items() if k != "_trace"}
+        return _rebuild, (self._plain_class, list(self), {k: v for k, v in self.__dict__.items() if k != "_trace"})
 
     def __copy__(self) -> MicroBatch:
         return self._plain()
@@ -866,3 +901,9 @@ class _SentMicroBatch(MicroBatch):
     def __deepcopy__(self, memo: dict) -> MicroBatch:
         return copy.deepcopy(self._plain(), memo)
 
+
+
+class _SentPieceMicroBatch(_SentMicroBatch, PieceMicroBatch):
+    """A :class:`~lit_balance.plan.types.PieceMicroBatch` as the sampler yields it (see :class:`_SentMicroBatch`)."""
+
+    _plain_class = PieceMicroBatch

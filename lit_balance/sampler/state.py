@@ -76,8 +76,9 @@ STATE_KEYS = ("version", "epoch", "segments", "num_samples", "lengths_sha256", "
 #: Keys a state dict may lack: ``cost_model_class`` (absent: :class:`~lit_balance.CostModel`),
 #: ``segment_max_tokens`` (absent: every segment of the epoch ran with the saved settings' ``max_tokens``),
 #: ``segment_padded_shapes`` (absent: every segment ran with the saved settings' ``padded_shapes``).
+#: ``max_length_schedule`` (a length warm-up only: its schedule, :mod:`lit_balance.sampler.plans`).
 OPTIONAL_STATE_KEYS = ("cost_model_class", "segment_max_tokens", "skip_micro_steps", "segment_padded_shapes",
-                       "skip_steps", "first_optimizer_step")
+                       "skip_steps", "first_optimizer_step", "max_length_schedule")
 
 Speeds = np.ndarray | None
 
@@ -173,12 +174,20 @@ class Replay:
         earlier_tokens, earlier_rows, earlier_supervised: int64 ``[earlier micro-steps]`` each: the real tokens,
             rows and next-token targets (fill rows excluded, summed over that segment's ranks) of every micro-step
             the earlier segments consumed, in epoch order (empty for an epoch of one segment).
+        pieces: ``(doc, start, length)``, int64 ``[num_pieces]`` each, when the plan's rows are pieces of documents
+            (a length warm-up, :mod:`lit_balance.sampler.plans`): row ``p`` is tokens ``[start[p], start[p] +
+            length[p])`` of document ``doc[p]``; None when its rows are whole samples.
     """
 
     plan: EpochPlan | WindowedPlan
     earlier_tokens: np.ndarray
     earlier_rows: np.ndarray
     earlier_supervised: np.ndarray
+    pieces: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def row_lengths(self, inputs: PlanInputs) -> np.ndarray:
+        """int ``[rows]``: tokens of each sample the plan's rows index (its pieces', or ``inputs.lengths``)."""
+        return inputs.lengths if self.pieces is None else self.pieces[2]
 
 
 def _plain(speeds: Speeds) -> list[float] | None:
@@ -569,10 +578,11 @@ def _micro_step_sums(plan: EpochPlan, lengths: np.ndarray) -> tuple[np.ndarray, 
     return tokens.astype(np.int64), rows.astype(np.int64)
 
 
-def _micro_step_supervised(plan: EpochPlan, inputs: PlanInputs) -> np.ndarray:
-    """int64 ``[num_micro_steps]``: next-token targets (fill rows excluded) at each micro-step, over its ranks."""
+def _micro_step_supervised(plan: EpochPlan, inputs: PlanInputs, lengths: np.ndarray | None = None) -> np.ndarray:
+    """int64 ``[num_micro_steps]``: next-token targets (fill rows excluded) at each micro-step, over its ranks
+    (``lengths``: of the samples the plan's rows index, default ``inputs.lengths``)."""
     if inputs.supervised_lengths is None:  # every token but a row's first is a target
-        tokens, rows = _micro_step_sums(plan, inputs.lengths)
+        tokens, rows = _micro_step_sums(plan, inputs.lengths if lengths is None else lengths)
         return tokens - rows
     return plan.real_tokens_per_batch(inputs.supervised_lengths)[plan.assignment].sum(axis=1).astype(np.int64)
 
@@ -629,7 +639,7 @@ def micro_step_totals(inputs: PlanInputs, replayed: Replay) -> tuple[np.ndarray,
     if isinstance(plan, WindowedPlan):
         step_tokens, step_rows, _ = plan.step_sums(0, plan.num_micro_steps)
     else:
-        step_tokens, step_rows = _micro_step_sums(plan, inputs.lengths)
+        step_tokens, step_rows = _micro_step_sums(plan, replayed.row_lengths(inputs))
     return (np.concatenate([replayed.earlier_tokens, step_tokens]),
             np.concatenate([replayed.earlier_rows, step_rows]))
 
@@ -670,5 +680,6 @@ def window_supervised_tokens(inputs: PlanInputs, replayed: Replay, plan: EpochPl
         int64 ``[micro-steps of the epoch]``: at epoch micro-step ``t``, the targets of every micro-batch of all
         ranks in the window ``t // accumulate_grad_batches``.
     """
-    steps = np.concatenate([replayed.earlier_supervised, _micro_step_supervised(plan, inputs)])
+    steps = np.concatenate([replayed.earlier_supervised,
+                            _micro_step_supervised(plan, inputs, replayed.row_lengths(inputs))])
     return _per_window(steps, inputs.settings.accumulate_grad_batches)

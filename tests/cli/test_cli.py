@@ -634,3 +634,15 @@ def test_skip_steps_is_a_datamodule_argument_of_the_cli(tmp_path, monkeypatch):
                         args=["--config", str(FIT_CPU), "--data.skip_steps", "[[3, 5], [8, 9]]"], run=False,
                         seed_everything_default=0)
     assert cli.datamodule.skip_steps == [(3, 5), (8, 9)]
+
+
+def test_max_length_schedule_is_a_datamodule_argument_of_the_cli(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    cli = LitBalanceCLI(DemoTransformerLM, BalancedTextDataModule,
+                        args=["--config", str(FIT_CPU), "--data.max_length", "null",
+                              "--data.max_length_schedule", "[[0, 32], [10, 128]]"], run=False,
+                        seed_everything_default=0)
+    assert cli.datamodule.max_length_schedule.points_as_given() == [(0, 32), (10, 128)]
+    with pytest.raises(SystemExit):
+        LitBalanceCLI(DemoTransformerLM, BalancedTextDataModule, args=["--help"], run=False)
+    assert "--data.max_length_schedule" in capsys.readouterr().out

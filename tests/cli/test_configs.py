@@ -300,3 +300,14 @@ def test_data_skip_steps_reaches_the_datamodule_from_a_hydra_override(tmp_path, 
     bad = _compose(["data=files", f"data.corpus={corpus_file}", "data.skip_steps=[[5,3]]"])
     with pytest.raises(InstantiationException, match=r"skip_steps range \(5, 3\)"):
         instantiate(bad.data, cache_dir=str(tmp_path / "cache"))
+
+
+def test_data_max_length_schedule_reaches_the_datamodule_from_a_hydra_override(tmp_path, corpus_file):
+    assert _compose(["data=files", f"data.corpus={corpus_file}"]).data.max_length_schedule is None
+    cfg = _compose(["data=files", f"data.corpus={corpus_file}", "data.max_length=null",
+                    "data.max_length_schedule=[[0,32],[10,128]]"])
+    dm = instantiate(cfg.data, cache_dir=str(tmp_path / "cache"))
+    assert dm.max_length_schedule.points_as_given() == [(0, 32), (10, 128)]
+    kept = _compose(["data=files", f"data.corpus={corpus_file}", "data.max_length_schedule=[[0,32]]"])
+    with pytest.raises(InstantiationException, match=r"max_length=\d+.*max_length=None"):
+        instantiate(kept.data, cache_dir=str(tmp_path / "cache"))

@@ -104,6 +104,10 @@ SAMPLERS_TO_TEST = [
     ("per_rank_packed_speeds", _sampler(budgets=PER_RANK, speeds=PER_RANK_SPEEDS, packing=True), 3, 3),
     ("per_rank_packed_world_2_to_3_no_shuffle", _sampler(budgets=PER_RANK, packing=True, shuffle=False), 2, 3),
     ("per_rank_packed_world_3_to_2", _sampler(budgets=PER_RANK, packing=True), 3, 2),
+    # a length warm-up (rows are pieces of documents; its resume on other ranks: tests/sampler/test_warmup_mode.py)
+    ("length_warmup", _sampler(max_length_schedule=[[0, 32], [3, 128], [40, 512]]), 2, 2),
+    ("length_warmup_packed_accumulate_2",
+     _sampler(max_length_schedule=[[0, 64], [20, 512]], packing=True, accumulate_grad_batches=2), 2, 2),
 ]
 EPOCH = 1  # a later epoch, so that the saved epoch is carried over
 
@@ -158,6 +162,9 @@ def test_resume_mid_epoch_continues_the_uninterrupted_run(make, old, new, cut):
             assert heads[r] + rests[r] == full[r]
             assert [(b.is_fill, b.step_real_tokens, b.step_rows) for b in heads[r] + rests[r]] == [
                 (b.is_fill, b.step_real_tokens, b.step_rows) for b in full[r]]
+            # a length warm-up's rows are pieces: the same pieces too
+            assert [getattr(b, "piece_start", None) for b in heads[r] + rests[r]] == [
+                getattr(b, "piece_start", None) for b in full[r]]
     else:
         assert len(after[0]) == k + len(rests[0])
         lengths = np.asarray(after[0].lengths)

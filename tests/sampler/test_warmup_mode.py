@@ -1,5 +1,6 @@
-"""LengthWarmupSampler and PieceDataset: every rank's collated micro-batches hold every token of the data once, each
-piece a document of its own (position ids, cu_seq_lens, labels), and a resume on another world size goes on."""
+"""BalancedBatchSampler(max_length_schedule=...) and PieceDataset: every rank's collated micro-batches hold every token
+of the data once, each piece a document of its own (position ids, cu_seq_lens, labels), and a resume on another world
+size goes on."""
 
 import pickle
 
@@ -9,11 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from lit_balance import BatchingSettings, TokenDataset
+from lit_balance import BalancedBatchSampler, BatchingSettings, Schedule, TokenDataset
 from lit_balance.data.collate import IGNORE_INDEX, collator_for
 from lit_balance.data.pieces import PieceDataset
 from lit_balance.plan.types import PieceMicroBatch
-from lit_balance.sampler.warmup import LengthWarmupSampler
 
 
 def _corpus(lengths, seed=0, labels=False):
@@ -25,7 +25,17 @@ def _corpus(lengths, seed=0, labels=False):
 
 
 def _schedule(values, every):
-    return lambda step: values[min(step // every, len(values) - 1)]
+    """A piecewise-constant schedule: ``values[i]`` from optimizer step ``i * every`` on."""
+    return Schedule([(i * every, v) for i, v in enumerate(values)])
+
+
+def _sampler(lengths, s, schedule, num_replicas, rank):
+    return BalancedBatchSampler(lengths, settings=s, num_replicas=num_replicas, rank=rank,
+                                max_length_schedule=schedule)
+
+
+def _limit(schedule, step):
+    return int(schedule.value_at(step))
 
 
 def _run(samplers, dataset, collate, covered, stop=None):
@@ -55,8 +65,7 @@ def test_collated_batches_train_every_token_once_each_piece_a_document(lengths, 
     dataset, tokens, offsets = _corpus(lengths, labels=labels)
     s = BatchingSettings(max_tokens=64, packing=packing, accumulate_grad_batches=acc)
     schedule = _schedule(values, 2)
-    samplers = [LengthWarmupSampler(lengths, s, schedule, num_replicas=num_replicas, rank=r, min_chunk_steps=1)
-                for r in range(num_replicas)]
+    samplers = [_sampler(lengths, s, schedule, num_replicas, r) for r in range(num_replicas)]
     assert len({len(x) for x in samplers}) == 1  # equal counts
     pieces = PieceDataset(dataset)
     collate = collator_for(s, pad_token_id=0)
@@ -64,15 +73,15 @@ def test_collated_batches_train_every_token_once_each_piece_a_document(lengths, 
     batches = _run(samplers, pieces, collate, covered)
     for d, n in enumerate(lengths.tolist()):
         assert (covered[d, :n] == 1).all() and (covered[d, n:] == 0).all()
-    plan = samplers[0].plan()
+    plan, (_, _, piece_length) = samplers[0].plan(), samplers[0].plan_pieces()
     real = 0
     for r, mine in enumerate(batches):
         assert len(mine) == len(samplers[r])
         for s_idx, batch in enumerate(mine):
-            limit = schedule(s_idx // acc)
+            limit = _limit(schedule, s_idx // acc)
             assert batch["num_padded_tokens"] <= 64  # the budget
-            assert batch["step_real_tokens"] == int(plan.plan.real_tokens_per_batch(plan.piece_length)[
-                plan.plan.assignment[(s_idx // acc) * acc:(s_idx // acc + 1) * acc].reshape(-1)].sum())
+            assert batch["step_real_tokens"] == int(plan.real_tokens_per_batch(piece_length)[
+                plan.assignment[(s_idx // acc) * acc:(s_idx // acc + 1) * acc].reshape(-1)].sum())
             fill = batch["is_fill"]
             if packing:
                 cu = batch["cu_seq_lens_q"].tolist()
@@ -117,7 +126,7 @@ def test_piece_micro_batches_survive_dataloader_workers():
     lengths = np.array([90, 30, 5, 64, 7])
     dataset, tokens, offsets = _corpus(lengths)
     s = BatchingSettings(max_tokens=64, packing=True)
-    sampler = LengthWarmupSampler(lengths, s, [16, 32], num_replicas=1, rank=0)
+    sampler = _sampler(lengths, s, [[0, 16], [1, 32]], 1, 0)
     mb = next(iter(sampler))
     assert pickle.loads(pickle.dumps(mb)).piece_length == mb.piece_length
     loader = DataLoader(PieceDataset(dataset), sampler=sampler, batch_size=None, num_workers=1,
@@ -140,19 +149,19 @@ def test_resume_mid_stage_on_another_world_size(worlds, packing):
     covered = np.zeros((lengths.size, int(lengths.max())), dtype=np.int64)
     state, step = None, 0
     for i, world in enumerate(worlds):
-        samplers = [LengthWarmupSampler(lengths, s, schedule, num_replicas=world, rank=r, min_chunk_steps=1)
-                    for r in range(world)]
+        samplers = [_sampler(lengths, s, schedule, world, r) for r in range(world)]
         if state is not None:
             for sampler in samplers:
                 sampler.load_state_dict(state)
-            assert samplers[0].plan().first_step == step  # the schedule goes on at the step reached
+            assert samplers[0].state_dict()["first_optimizer_step"] == 0  # the epoch's start, saved
+            assert samplers[0].first_micro_step == step * acc  # the schedule goes on at the step reached
         last = i == len(worlds) - 1
         stop = None if last else acc * 3  # three optimizer steps, inside the 2nd stage
         batches = _run(samplers, pieces, collate, covered, stop)
         for mine in batches:
             for j, batch in enumerate(mine):
                 width = batch["cu_seq_lens_q"].diff().max() if packing else batch["attention_mask"].sum(1).max()
-                assert int(width) <= schedule(step + j // acc)
+                assert int(width) <= _limit(schedule, step + j // acc)
         if not last:
             states = [sampler.state_dict(sampler.start_micro_step + stop) for sampler in samplers]
             assert all(st_ == states[0] for st_ in states)  # the same on every rank
@@ -165,12 +174,12 @@ def test_resume_mid_stage_on_another_world_size(worlds, packing):
 def test_resume_inside_an_optimizer_step_on_another_world_size_is_refused():
     lengths = np.arange(1, 60)
     s = BatchingSettings(max_tokens=64, accumulate_grad_batches=2)
-    sampler = LengthWarmupSampler(lengths, s, 16, num_replicas=2, rank=0)
+    sampler = _sampler(lengths, s, 16, 2, 0)
     state = sampler.state_dict(1)
-    other = LengthWarmupSampler(lengths, s, 16, num_replicas=3, rank=0)
+    other = _sampler(lengths, s, 16, 3, 0)
     with pytest.raises(ValueError, match="inside an optimizer step of accumulate_grad_batches=2"):
         other.load_state_dict(state)
-    same = LengthWarmupSampler(lengths, s, 16, num_replicas=2, rank=0)
+    same = _sampler(lengths, s, 16, 2, 0)
     same.load_state_dict(state)
     assert len(same) == len(sampler) and same.start_micro_step == 1  # counted from the epoch's start
     assert list(same) == list(sampler)[1:]  # the first pass goes on from the position
@@ -181,12 +190,12 @@ def test_resume_inside_an_optimizer_step_on_another_world_size_is_refused():
 def test_len_counts_the_micro_steps_the_earlier_ranks_ran():
     lengths = np.arange(1, 200)
     s = BatchingSettings(max_tokens=64, accumulate_grad_batches=2)
-    first = LengthWarmupSampler(lengths, s, [16, 32, 64], num_replicas=2, rank=1)
+    first = _sampler(lengths, s, [[0, 16], [1, 32], [2, 64]], 2, 1)
     state = first.state_dict(4)
-    later = LengthWarmupSampler(lengths, s, [16, 32, 64], num_replicas=3, rank=2)
+    later = _sampler(lengths, s, [[0, 16], [1, 32], [2, 64]], 3, 2)
     later.load_state_dict(state)
     assert later.first_micro_step == later.start_micro_step == 4
-    assert len(later) == 4 + later.plan().plan.num_micro_steps == 4 + len(list(later))
+    assert len(later) == 4 + later.plan().num_micro_steps == 4 + len(list(later))
     assert later.state_dict(5)["segments"] == [[2, 4], [3, 1]]
     with pytest.raises(ValueError, match="batches_consumed"):
         later.state_dict(3)  # before this world's plan began
@@ -195,17 +204,102 @@ def test_len_counts_the_micro_steps_the_earlier_ranks_ran():
 def test_later_epochs_start_where_the_earlier_ended():
     lengths = np.full(50, 40)
     s = BatchingSettings(max_tokens=64)
-    sampler = LengthWarmupSampler(lengths, s, lambda g: 16 if g < 200 else 64, num_replicas=2, rank=0)
-    first = sampler.plan()
+    sampler = _sampler(lengths, s, [[0, 16], [20, 64]], 2, 0)
+    first_steps = len(sampler)  # accumulate_grad_batches=1: a micro-step is an optimizer step
+    assert int(sampler.plan_pieces()[2].max()) == 16 and first_steps < 20  # the first epoch stays below step 20
     sampler.set_epoch(1)
-    second = sampler.plan()
-    assert second.first_step == first.num_steps
-    assert second.step_max_length.max() <= 16 or first.num_steps + second.num_steps > 200
+    assert sampler.state_dict(0)["first_optimizer_step"] == first_steps  # the second starts where the first ended
+    piece_length = sampler.plan_pieces()[2]
+    assert 16 in piece_length and 40 in piece_length  # cut until step 20, whole documents after it
 
 
 def test_bad_schedules_are_refused_before_planning():
     s = BatchingSettings(max_tokens=64)
     with pytest.raises(ValueError, match=r"max_length_schedule.*65.*max_tokens=64"):
-        LengthWarmupSampler([100], s, [65], num_replicas=1, rank=0)
+        _sampler([100], s, [[0, 16], [9, 65]], 1, 0)
     with pytest.raises(ValueError, match=r"max_length_schedule.*0"):
-        LengthWarmupSampler([100], s, lambda g: 0, num_replicas=1, rank=0)
+        _sampler([100], s, 0, 1, 0)
+    with pytest.raises(ValueError, match=r"max_length_schedule.*unit='steps'"):
+        _sampler([100], s, Schedule([(0, 16)], unit="tokens"), 1, 0)
+
+
+@pytest.mark.parametrize("setting, value", [("drop_last", True), ("too_long", "skip"), ("padded_shapes", 2),
+                                            ("static_packing", True)])
+def test_settings_that_leave_tokens_out_or_fix_shapes_are_refused_naming_both(setting, value):
+    extra = {"packing": True} if setting == "static_packing" else {}
+    s = BatchingSettings(max_tokens=64, **extra, **{setting: value})
+    with pytest.raises(ValueError, match=rf"{setting}.*max_length_schedule"):
+        _sampler(np.arange(1, 50), s, 16, 2, 0)
+
+
+def test_masked_labels_and_rank_speeds_are_refused_naming_both():
+    s = BatchingSettings(max_tokens=64)
+    with pytest.raises(ValueError, match=r"masked labels.*max_length_schedule"):
+        BalancedBatchSampler(np.arange(2, 50), settings=s, num_replicas=1, rank=0, max_length_schedule=16,
+                             supervised_lengths=np.ones(48, dtype=np.int64))
+    with pytest.raises(ValueError, match=r"rank_speeds.*max_length_schedule"):
+        BalancedBatchSampler(np.arange(2, 50), settings=s, num_replicas=2, rank=0, max_length_schedule=16,
+                             rank_speeds=[1.0, 0.5])
+
+
+def test_a_state_resumes_only_with_its_schedule():
+    lengths = np.arange(1, 65)
+    s = BatchingSettings(max_tokens=64)
+    state = _sampler(lengths, s, [[0, 16], [4, 64]], 2, 0).state_dict(3)
+    with pytest.raises(ValueError, match=r"checkpoint's max_length_schedule is \[\(0, 16.*4, 64.*this sampler's is"):
+        _sampler(lengths, s, [[0, 16], [5, 64]], 2, 0).load_state_dict(state)
+    with pytest.raises(ValueError, match="saved with a length warm-up.*max_length_schedule"):
+        BalancedBatchSampler(lengths, settings=s, num_replicas=2, rank=0).load_state_dict(state)
+    plain = BalancedBatchSampler(lengths, settings=s, num_replicas=2, rank=0).state_dict(1)
+    with pytest.raises(ValueError, match="saved without a length warm-up.*max_length_schedule"):
+        _sampler(lengths, s, 16, 2, 0).load_state_dict(plain)
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_per_rank_budgets_hold_with_every_token_once(packing):
+    """max_tokens per rank (a list): each rank's micro-batches within its own budget, every token once."""
+    lengths = np.random.default_rng(0).integers(1, 400, 200)
+    budgets = [128, 256]
+    samplers = [BalancedBatchSampler(lengths, max_tokens=budgets, num_replicas=2, rank=r, packing=packing,
+                                     max_length_schedule=[[0, 32], [5, 200]]) for r in range(2)]
+    assert len(samplers[0]) == len(samplers[1])
+    trained = np.zeros(lengths.size, dtype=np.int64)
+    for r, sampler in enumerate(samplers):
+        for mb in sampler:
+            pieces = np.array(mb.piece_length)
+            assert (pieces.sum() if packing else pieces.size * pieces.max()) <= budgets[r]
+            np.add.at(trained, np.array(mb)[~np.array(mb.is_fill, dtype=bool)],
+                      pieces[~np.array(mb.is_fill, dtype=bool)])
+    assert (trained == lengths).all()
+
+
+def test_the_plan_report_counts_pieces_and_the_ledger_refuses_naming_the_warm_up():
+    from lit_balance.ledger import ledger_columns
+    from lit_balance.report.figures import plan_report
+
+    lengths = np.random.default_rng(1).integers(1, 300, 120)
+    sampler = _sampler(lengths, BatchingSettings(max_tokens=128), [[0, 32], [4, 128]], 2, 0)
+    report = plan_report(None, 128, num_replicas=2, sampler=sampler)
+    assert int(report.lengths.sum()) == int(lengths.sum())  # the report's samples are the pieces: every token
+    assert int(report.lengths.max()) <= 128 and report.lengths.size == sampler.plan_pieces()[0].size
+    assert report.balanced.padding_ratio < 0.2
+    with pytest.raises(ValueError, match=r"ledger.*max_length_schedule"):
+        ledger_columns(sampler)
+
+
+def test_the_epoch_after_a_resume_on_another_world_size_starts_where_it_ended():
+    lengths = np.random.default_rng(2).integers(1, 200, 150)
+    s = BatchingSettings(max_tokens=64, accumulate_grad_batches=2)
+    schedule = [[0, 16], [6, 32], [40, 64]]
+    state = _sampler(lengths, s, schedule, 2, 0).state_dict(4)  # 2 optimizer steps on 2 ranks
+    later = _sampler(lengths, s, schedule, 3, 1)
+    later.load_state_dict(state)
+    steps = 2 + -(-later.plan().num_micro_steps // 2)  # the epoch's optimizer steps as it ran: 2, then 3 ranks
+    end = later.state_dict(len(later))  # the whole epoch consumed: the next one's start
+    assert end["epoch"] == 1 and end["first_optimizer_step"] == steps
+    later.set_epoch(1)
+    assert later.state_dict(0)["first_optimizer_step"] == steps
+    fresh = _sampler(lengths, s, schedule, 3, 1)
+    fresh.load_state_dict(end)  # a checkpoint at the epoch's end resumes the next epoch at that step
+    assert len(fresh) == len(later)  # epochs differ in length under a warm-up: read len() after set_epoch
+    assert list(fresh) == list(later)
