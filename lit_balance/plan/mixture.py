@@ -650,8 +650,8 @@ def _whole(walk: _Walk, a: int, b: int, key: np.ndarray, planner: Any, settings:
     tokens = walk.cum_tokens[at4].reshape(-1)[grid].sum(axis=1) - float(walk.cum_tokens[begin].sum())
     d = walk.shares * x[:, None] - units
     edge = walk.adjacent[at4].reshape(-1)[grid].max(axis=1)
-    da, ea = walk._errors(np.array([a]))
-    dev = np.abs(d - da).max(axis=1)
+    da, ea = walk._error_at(a)
+    dev = np.abs(d - np.array(da)).max(axis=1)
     reach = np.maximum(edge, ea)
     ok = need <= num_micro
     ok &= (options > np.array(start)[:, None]).reshape(-1)[grid].any(axis=1)  # not every component at its cut
@@ -766,6 +766,8 @@ class _Walk:
         self.stream_sizes = [u.size for u in per]
         self._last: tuple = (-1, None, None)  # the last end found, and its errors (the next step's start)
         self._keys: tuple = (None, None)  # a per-sample key and its values in each stream's order
+        self._starts, self._shares = self.starts.tolist(), self.shares.tolist()  # for the errors of one prefix
+        self._carry = None if self.carry is None else self.carry.tolist()
 
     def stream_keys(self, key: np.ndarray) -> list[np.ndarray]:
         """``key`` (``[num_samples]``) of each stream's documents in stream order (gathered once per ``key``)."""
@@ -862,14 +864,38 @@ class _Walk:
         d = self.shares * self.x[p][:, None] - self.cum[at]
         return (d if self.carry is None else d + self.carry), self.adjacent[at].max(axis=1)
 
+    def _error_at(self, p: int) -> tuple[list[float], float]:
+        """``(D [k], boundary document)`` at prefix ``p`` as Python floats: :meth:`_errors` of one prefix, without
+        array calls (the same float operations, so the same values)."""
+        x = float(self.x[p])
+        cum, adjacent = self.cum, self.adjacent
+        at = [n + s for n, s in zip(self.count[p].tolist(), self._starts)]
+        d = [s * x - float(cum[i]) for s, i in zip(self._shares, at)]
+        if self._carry is not None:
+            d = [v + c for v, c in zip(d, self._carry)]
+        return d, max(float(adjacent[i]) for i in at)
+
     def end(self, a: int, last: int) -> int:
         """The last prefix in ``a + 1 .. last`` that keeps the step's bounds (``a + 1`` always does: one document
         ``l`` moves each error by at most ``l``)."""
         if self._last[0] == a:
             da, ea = self._last[1], self._last[2]
         else:
-            da, ea = self._errors(np.array([a]))
-        first = last  # the last first, then the few before it: one of them nearly always keeps the bounds
+            da, ea = self._error_at(a)
+        # `last` first (one prefix, in plain floats), then the few before it: one of them nearly always keeps the bounds
+        d, edge = self._error_at(last)
+        dev = max(abs(v - w) for v, w in zip(d, da))
+        ok = dev <= max(edge, ea) * (1 + 1e-12) + 1e-9
+        if ok and int(self.t[last]) - int(self.t[a]) >= _BIG_STEP_TOKENS:
+            ok = dev <= _BIG_STEP_SHARE * (float(self.x[last]) - float(self.x[a])) + 1e-9
+        if ok:
+            self._last = (last, d, edge)
+            return last
+        if last == a + 1:
+            self._last = (-1, None, None)
+            return a + 1
+        first, last = max(a + 1, last - 64), last - 1
+        da = np.array(da)
         while True:
             p = np.arange(first, last + 1)
             d, edge = self._errors(p)
@@ -880,13 +906,12 @@ class _Walk:
             good = np.flatnonzero(ok)
             if good.size:
                 j = good[-1]
-                self._last = (int(p[j]), d[j:j + 1], edge[j:j + 1])
+                self._last = (int(p[j]), d[j].tolist(), float(edge[j]))
                 return int(p[j])
             if first == a + 1:
                 self._last = (-1, None, None)
                 return a + 1
             first, last = max(a + 1, first - max(64, 4 * (last + 1 - first))), first - 1
-
 
 def _parts(steps: Sequence[tuple[int, int, EpochPlan | None]], sorted_members: Sequence[np.ndarray],
            budgets: Sequence[int], walk: _Walk,
