@@ -628,11 +628,14 @@ def _whole(walk: _Walk, a: int, b: int, key: np.ndarray, planner: Any, settings:
         pos = 0
         while pos < n:
             v = w[pos]
-            rows = max(min(budget // v if v else 0, row_cap), 1)
-            longest = max(w[pos:min(pos + rows, n)]) if rows > 1 else v
-            if longest != v:
-                rows = max(min(budget // longest if longest else 0, row_cap), 1)
-            pos = min(pos + rows, last)
+            rows = budget // v if v else 0
+            rows = row_cap if rows > row_cap else (rows if rows > 1 else 1)
+            if rows > 1:
+                longest = max(w[pos:pos + rows])  # (a slice past n ends at n)
+                if longest != v:
+                    rows = budget // longest
+                    rows = row_cap if rows > row_cap else (rows if rows > 1 else 1)
+            pos = pos + rows if pos + rows < last else last
             bounds.append(p + pos)
         i = len(bounds) - 1 if bounds[-1] <= q else len(bounds) - 2  # bounds[i] <= q < bounds[i + 1] (or the end)
         below = bounds[i - 1] if i >= 1 else bounds[i]
@@ -654,7 +657,7 @@ def _whole(walk: _Walk, a: int, b: int, key: np.ndarray, planner: Any, settings:
     dev = np.abs(d - np.array(da)).max(axis=1)
     reach = np.maximum(edge, ea)
     ok = need <= num_micro
-    ok &= (options > np.array(start)[:, None]).reshape(-1)[grid].any(axis=1)  # not every component at its cut
+    ok &= counts.sum(axis=1) > sum(start)  # not every component at its cut (no count is below it)
     ok &= dev <= reach * (1 + 1e-12) + 1e-9
     ok &= np.abs(d).max(axis=1) <= reach  # the next step starts from these errors: within reach
     big = tokens >= _BIG_STEP_TOKENS
