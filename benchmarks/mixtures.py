@@ -73,6 +73,8 @@ def corpus(num_documents: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def _deviation(step_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """Per component: max and p95 of |share - target| over steps of at least 256k real tokens; how many steps."""
     big = step_tokens[step_tokens.sum(axis=1) >= 256 * 1024]
+    if not big.shape[0]:  # steps of fewer token slots (fewer ranks or micro-batches than the table's)
+        return np.full(3, np.nan), np.full(3, np.nan), 0
     dev = np.abs(big / big.sum(axis=1, keepdims=True) - np.asarray(TARGETS))
     return dev.max(axis=0), np.percentile(dev, 95, axis=0), int(big.shape[0])
 
