@@ -4,6 +4,8 @@ Run:
     python -m benchmarks.mixtures                                  # 300k documents; planning time at 1M and 10M
     python -m benchmarks.mixtures --documents 60000 --timing-documents 1000000 --baseline 747dc57
     python -m benchmarks.mixtures --scales-documents 1000000 --baseline main   # three scales, this against main
+    python -m benchmarks.mixtures --documents 40000 --scales-documents 0 --timing-documents 1000000 \
+        --timing-settings 8x4 8x1 64x4 64x1 --baseline main                # planning time at 8 and 64 ranks
 
 Three components with document medians of about 300, 900 and 3,000 tokens (log-normal, sigma 0.7, 8 to 8,192 tokens),
 target shares 0.6 / 0.1 / 0.3 by tokens, 8 ranks, optimizer steps of 512k token slots (``max_tokens=16384`` per
@@ -29,8 +31,9 @@ U, the epoch's rank imbalance (the costliest rank's cost over the mean), its opt
 seconds, beside the same chosen documents planned as one corpus (:func:`lit_balance.plan.plan_epoch`), in the
 same run (with ``--baseline``, also that revision's mixture plan).
 
-The planning time of a mixture epoch (padded and packed) is measured at each ``--timing-documents`` size, wall and
-CPU seconds (CPU time is steadier on a shared machine), with ``--baseline REVISION`` also for that revision's
+The planning time of a mixture epoch (padded and packed) is measured at each ``--timing-documents`` size and each
+``--timing-settings`` ranks and accumulation (default 8x4, the table's), wall and CPU seconds (CPU time is steadier
+on a shared machine), with ``--baseline REVISION`` also for that revision's
 ``plan_mixture`` on the same corpora in the same process.
 """
 
@@ -70,20 +73,24 @@ def corpus(num_documents: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def _deviation(step_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """Per component: max and p95 of |share - target| over steps of at least 256k real tokens; how many steps."""
     big = step_tokens[step_tokens.sum(axis=1) >= 256 * 1024]
+    if not big.shape[0]:  # steps of fewer token slots (fewer ranks or micro-batches than the table's)
+        return np.full(3, np.nan), np.full(3, np.nan), 0
     dev = np.abs(big / big.sum(axis=1, keepdims=True) - np.asarray(TARGETS))
     return dev.max(axis=0), np.percentile(dev, 95, axis=0), int(big.shape[0])
 
 
-def ours(sizes: np.ndarray, lengths: np.ndarray, packing: bool, planner: Any = None) -> dict:
-    """This library's mixture plan (``planner``: a ``plan_mixture`` of another revision, or None for this one)."""
+def ours(sizes: np.ndarray, lengths: np.ndarray, packing: bool, planner: Any = None, ranks: int = RANKS,
+         acc: int = ACC) -> dict:
+    """This library's mixture plan (``planner``: a ``plan_mixture`` of another revision, or None for this one) at
+    ``ranks`` ranks and ``acc`` micro-batches per rank and step."""
     layout = MixtureLayout(sizes)
-    settings = BatchingSettings(max_tokens=MAX_TOKENS, accumulate_grad_batches=ACC, packing=packing)
+    settings = BatchingSettings(max_tokens=MAX_TOKENS, accumulate_grad_batches=acc, packing=packing)
     mixture = MixtureSettings(NAMES, TARGETS)
     start, cpu = time.perf_counter(), time.process_time()
-    mp = (planner or plan_mixture)(lengths, layout, mixture, settings, num_replicas=RANKS, epoch=0,
+    mp = (planner or plan_mixture)(lengths, layout, mixture, settings, num_replicas=ranks, epoch=0,
                                    cost_model=CostModel())
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
-    stats = plan_stats(mp.plan, lengths, planner=planner_for(settings), accumulate_grad_batches=ACC)
+    stats = plan_stats(mp.plan, lengths, planner=planner_for(settings), accumulate_grad_batches=acc)
     worst, p95, steps = _deviation(mp.step_units.astype(np.float64))
     return {"max": worst, "p95": p95, "steps": steps, "U": stats.useful_fraction, "seconds": seconds,
             "cpu_seconds": cpu_seconds, "documents": int(mp.chosen.sum())}
@@ -241,6 +248,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--timing-documents", type=int, nargs="+", default=[1_000_000, 10_000_000],
                         help="documents of the timed plans (one or more sizes)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each plan (the median is reported)")
+    parser.add_argument("--timing-settings", nargs="+", default=[f"{RANKS}x{ACC}"], metavar="RANKSxACCUMULATION",
+                        help="ranks and accumulate_grad_batches of the timed plans, e.g. 8x4 8x1 64x4 64x1")
     parser.add_argument("--baseline", default=None, metavar="REVISION",
                         help="also time plan_mixture of this git revision, side by side on the same corpora")
     parser.add_argument("--scales-documents", type=int, default=1_000_000,
@@ -248,6 +257,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--output-dir", type=Path, default=Path("outputs/mixtures"),
                         help="where the dated report (results.json, results.md) is written")
     args = parser.parse_args(argv)
+    timed = []
+    for value in args.timing_settings:
+        try:
+            ranks, acc = (int(v) for v in value.lower().split("x"))
+        except ValueError:
+            parser.error(f"--timing-settings takes RANKSxACCUMULATION pairs such as 8x4, got {value!r}")
+        timed.append((ranks, acc))
     old = baseline_planner(args.baseline) if args.baseline else None
     sizes, lengths = corpus(args.documents)
     layout = MixtureLayout(sizes)
@@ -281,26 +297,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   *(_scales_row(r, args.baseline if old else None) for r in scales)]
     lines += ["", f"planning time of one epoch: medians of {args.repeats} runs, the revisions alternating (wall and CPU "
               "seconds, and CPU seconds per million chosen documents; goal 0.6 s per million)", "",
-              "| documents | chosen | plan | revision | wall s | CPU s | CPU s per million |",
-              "|---|---|---|---|---|---|---|"]
+              "| documents | chosen | ranks | accumulation | plan | revision | wall s | CPU s | CPU s per million |",
+              "|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     timing = []
     for count in args.timing_documents:
         sizes, lengths = corpus(count, seed=1)
-        for packing in (False, True):
+        for (ranks, acc), packing in ((t, packing) for packing in (False, True) for t in timed):
             runs = [("this", None)] + ([(args.baseline, old)] if old else [])
             times: dict[str, list[tuple[float, float, int]]] = {revision: [] for revision, _ in runs}
             for _ in range(args.repeats):
                 for revision, planner in runs:
-                    r = ours(sizes, lengths, packing, planner)
+                    r = ours(sizes, lengths, packing, planner, ranks, acc)
                     times[revision].append((r["seconds"], r["cpu_seconds"], r["documents"]))
             for revision, measured in times.items():
                 wall, cpu = (float(np.median([m[i] for m in measured])) for i in (0, 1))
                 chosen = measured[0][2]
-                timing.append({"documents": count, "chosen": chosen, "packing": packing, "revision": revision,
-                               "wall_s": wall, "cpu_s": cpu, "cpu_s_per_million": cpu / chosen * 1e6})
-                lines.append(f"| {count:,} | {chosen:,} | {'packed' if packing else 'padded'} | {revision} | "
-                             f"{wall:.2f} | {cpu:.2f} | {cpu / chosen * 1e6:.2f} |")
+                timing.append({"documents": count, "chosen": chosen, "ranks": ranks, "accumulate_grad_batches": acc,
+                               "packing": packing, "revision": revision, "wall_s": wall, "cpu_s": cpu,
+                               "cpu_s_per_million": cpu / chosen * 1e6})
+                lines.append(f"| {count:,} | {chosen:,} | {ranks} | {acc} | {'packed' if packing else 'padded'} | "
+                             f"{revision} | {wall:.2f} | {cpu:.2f} | {cpu / chosen * 1e6:.2f} |")
                 print(lines[-1], flush=True)
     results = {"settings": vars(args), "rows": {name: {k: np.asarray(v).tolist() for k, v in r.items()} for name, r in rows.items()},
                "three_scales": scales, "planning_time": timing}

@@ -612,71 +612,80 @@ def _whole(walk: _Walk, a: int, b: int, key: np.ndarray, planner: Any, settings:
     """
     k = walk.count.shape[1]
     row_cap = settings.max_batch_size if settings.max_batch_size is not None else settings.max_tokens
-    start = walk.count[a].astype(np.int64)
-    at_b = walk.count[b].astype(np.int64)
-    options = np.empty((k, 4), dtype=np.int64)  # per component: counts at four candidate cuts (stream positions)
-    chunks = np.empty((k, 4), dtype=np.int64)  # micro-batches each needs
-    # rows of a micro-batch starting at each position of every component's run up to its count at b: as many as its
-    # first document allows, then as many as the longest of those allows (streams are longest first only up to the
-    # shuffle's jitter); all components at once
-    sizes = np.array([s.size for s in walk.streams], dtype=np.int64)
-    lens = np.minimum(sizes, at_b + 1) - start
-    offsets = np.concatenate([[0], np.cumsum(lens)])
-    w = key[np.concatenate([walk.streams[c][start[c]:start[c] + lens[c]] for c in range(k)])]
-    local = np.arange(w.size) - np.repeat(offsets[:-1], lens)
-    first = np.maximum(np.minimum(budget // w, row_cap), 1)
-    ends = np.minimum(local + first, np.repeat(lens, lens)) + np.repeat(offsets[:-1], lens)
-    windows = np.stack([np.arange(w.size), ends], axis=1).reshape(-1)  # [start, end) of each, in turn
-    longest = np.maximum.reduceat(np.append(w, 0), windows)[::2] if w.size else w  # (a sentinel past the end)
-    jump = (local + np.maximum(np.minimum(budget // longest, row_cap), 1)).tolist()
+    start = walk.count[a].tolist()
+    at_b = walk.count[b].tolist()
+    stream_keys = walk.stream_keys(key)
+    options, chunks = [], []  # per component: counts at four candidate cuts (stream positions); micro-batches each
     for c in range(k):
-        p, q, size = int(start[c]), int(at_b[c]), int(sizes[c])
-        base = int(offsets[c])
+        # micro-batches from the component's cut at a, in stream order, up to its count at b: each holds as many rows
+        # as its first document allows, then as many as the longest of those allows (streams are longest first only
+        # up to the shuffle's jitter); documents past the first after b are not looked at
+        p, q, size = start[c], at_b[c], walk.stream_sizes[c]
+        n = min(size, q + 1) - p
+        w = stream_keys[c][p:p + n].tolist()
+        last = size - p
         bounds = [p]
-        pos = p
-        while pos < size and pos <= q:
-            pos = min(p + jump[base + pos - p], size)
-            bounds.append(pos)
-        i = max(j for j, v in enumerate(bounds) if v <= q)  # boundaries[i] <= q < boundaries[i + 1] (or the end)
+        pos = 0
+        while pos < n:
+            v = w[pos]
+            rows = budget // v if v else 0
+            rows = row_cap if rows > row_cap else (rows if rows > 1 else 1)
+            if rows > 1:
+                longest = max(w[pos:pos + rows])  # (a slice past n ends at n)
+                if longest != v:
+                    rows = budget // longest
+                    rows = row_cap if rows > row_cap else (rows if rows > 1 else 1)
+            pos = pos + rows if pos + rows < last else last
+            bounds.append(p + pos)
+        i = len(bounds) - 1 if bounds[-1] <= q else len(bounds) - 2  # bounds[i] <= q < bounds[i + 1] (or the end)
         below = bounds[i - 1] if i >= 1 else bounds[i]
         after = bounds[i + 1] if i + 1 < len(bounds) else bounds[i]
-        options[c] = (below, bounds[i], q, after)
-        chunks[c] = (max(i - 1, 0), i, i + (q > bounds[i]), i + (after > bounds[i]))
-    grid = _grid(k)
-    counts = options[np.arange(k), grid]  # [4**k, k]
-    need = chunks[np.arange(k), grid].sum(axis=1)
-    at = counts + walk.starts
-    units = walk.cum[at]
+        options.append((below, bounds[i], q, after))
+        chunks.append((max(i - 1, 0), i, i + (q > bounds[i]), i + (after > bounds[i])))
+    grid = _grid(k)  # flat indices into [k, 4]: every choice of one of four options per component
+    options = np.array(options, dtype=np.int64)
+    counts = options.reshape(-1)[grid]  # [4**k, k]
+    need = np.array(chunks, dtype=np.int64).reshape(-1)[grid].sum(axis=1)
+    at4 = options + walk.starts[:, None]
+    units = walk.cum[at4].reshape(-1)[grid]
     x = units.sum(axis=1)
-    tokens = walk.cum_tokens[at].sum(axis=1) - float(walk.cum_tokens[start + walk.starts].sum())
+    begin = np.array(start, dtype=np.int64) + walk.starts
+    tokens = walk.cum_tokens[at4].reshape(-1)[grid].sum(axis=1) - float(walk.cum_tokens[begin].sum())
     d = walk.shares * x[:, None] - units
-    edge = walk.adjacent[at].max(axis=1)
-    da, ea = walk._errors(np.array([a]))
-    dev = np.abs(d - da).max(axis=1)
-    ok = (need <= num_micro) & (counts >= start).all(axis=1) & (counts.sum(axis=1) > start.sum())
-    ok &= dev <= np.maximum(edge, ea) * (1 + 1e-12) + 1e-9
-    ok &= np.abs(d).max(axis=1) <= np.maximum(edge, ea)  # the next step starts from these errors: within reach
+    edge = walk.adjacent[at4].reshape(-1)[grid].max(axis=1)
+    da, ea = walk._error_at(a)
+    dev = np.abs(d - np.array(da)).max(axis=1)
+    reach = np.maximum(edge, ea)
+    ok = need <= num_micro
+    ok &= counts.sum(axis=1) > sum(start)  # not every component at its cut (no count is below it)
+    ok &= dev <= reach * (1 + 1e-12) + 1e-9
+    ok &= np.abs(d).max(axis=1) <= reach  # the next step starts from these errors: within reach
     big = tokens >= _BIG_STEP_TOKENS
     ok &= ~big | (dev <= _BIG_STEP_SHARE * (x - float(walk.x[a])) + 1e-9)
     if not ok.any():
         return b
-    partial = (counts != options[np.arange(k), 1]).sum(axis=1) - (counts == options[np.arange(k), 0]).sum(axis=1)
     score = np.where(ok, tokens, -np.inf)
     best = np.flatnonzero(score >= score.max() - 1e-9)
-    choice = counts[best[np.argmin(partial[best])]]
-    if np.array_equal(choice, at_b) or tokens[best[0]] < walk.tokens(a, b):
+    if best.size == 1:
+        choice = counts[best[0]]
+    else:  # on a tie, the fewest part-filled micro-batches
+        partial = (counts[best] != options[:, 1]).sum(axis=1) - (counts[best] == options[:, 0]).sum(axis=1)
+        choice = counts[best[np.argmin(partial)]]
+    if tokens[best[0]] < walk.tokens(a, b) or choice.tolist() == at_b:
         return b
-    members = np.concatenate([walk.streams[c][start[c]:choice[c]] for c in range(k)])
-    if not planner.step_fits(key[members], num_micro, settings, budget):
+    members = np.concatenate([stream_keys[c][start[c]:choice[c]] for c in range(k)])
+    if not planner.step_fits(members, num_micro, settings, budget):
         return b
-    end = walk.regroup(a, b, choice - start)
+    end = walk.regroup(a, b, choice - np.array(start, dtype=np.int64))
     return b if end is None else end
 
 
 @functools.lru_cache(maxsize=None)
 def _grid(k: int) -> np.ndarray:
-    """int64 ``[4**k, k]``: every choice of one of four options per component."""
-    return np.stack(np.meshgrid(*[np.arange(4)] * k, indexing="ij"), axis=-1).reshape(-1, k)
+    """int64 ``[4**k, k]``: every choice of one of four options per component, as flat indices into a ``[k, 4]``
+    array of per-component options."""
+    choice = np.stack(np.meshgrid(*[np.arange(4)] * k, indexing="ij"), axis=-1).reshape(-1, k)
+    return choice + 4 * np.arange(k)
 
 
 def _grow(walk: _Walk, a: int, b: int, room: float, key: np.ndarray, planner: Any, settings: BatchingSettings,
@@ -759,6 +768,15 @@ class _Walk:
             [np.concatenate([[0.0], np.cumsum(lengths[s].astype(np.float64))]) for s in streams])
         self.stream_sizes = [u.size for u in per]
         self._last: tuple = (-1, None, None)  # the last end found, and its errors (the next step's start)
+        self._keys: tuple = (None, None)  # a per-sample key and its values in each stream's order
+        self._starts, self._shares = self.starts.tolist(), self.shares.tolist()  # for the errors of one prefix
+        self._carry = None if self.carry is None else self.carry.tolist()
+
+    def stream_keys(self, key: np.ndarray) -> list[np.ndarray]:
+        """``key`` (``[num_samples]``) of each stream's documents in stream order (gathered once per ``key``)."""
+        if self._keys[0] is not key:
+            self._keys = (key, [key[s] for s in self.streams])
+        return self._keys[1]
 
     def deficits(self, p: int) -> np.ndarray:
         """float64 ``[k]``: each component's error ``D_c(p)`` at prefix ``p`` (its carried deficit included)."""
@@ -849,14 +867,38 @@ class _Walk:
         d = self.shares * self.x[p][:, None] - self.cum[at]
         return (d if self.carry is None else d + self.carry), self.adjacent[at].max(axis=1)
 
+    def _error_at(self, p: int) -> tuple[list[float], float]:
+        """``(D [k], boundary document)`` at prefix ``p`` as Python floats: :meth:`_errors` of one prefix, without
+        array calls (the same float operations, so the same values)."""
+        x = float(self.x[p])
+        cum, adjacent = self.cum, self.adjacent
+        at = [n + s for n, s in zip(self.count[p].tolist(), self._starts)]
+        d = [s * x - float(cum[i]) for s, i in zip(self._shares, at)]
+        if self._carry is not None:
+            d = [v + c for v, c in zip(d, self._carry)]
+        return d, max(float(adjacent[i]) for i in at)
+
     def end(self, a: int, last: int) -> int:
         """The last prefix in ``a + 1 .. last`` that keeps the step's bounds (``a + 1`` always does: one document
         ``l`` moves each error by at most ``l``)."""
         if self._last[0] == a:
             da, ea = self._last[1], self._last[2]
         else:
-            da, ea = self._errors(np.array([a]))
-        first = last  # the last first, then the few before it: one of them nearly always keeps the bounds
+            da, ea = self._error_at(a)
+        # `last` first (one prefix, in plain floats), then the few before it: one of them nearly always keeps the bounds
+        d, edge = self._error_at(last)
+        dev = max(abs(v - w) for v, w in zip(d, da))
+        ok = dev <= max(edge, ea) * (1 + 1e-12) + 1e-9
+        if ok and int(self.t[last]) - int(self.t[a]) >= _BIG_STEP_TOKENS:
+            ok = dev <= _BIG_STEP_SHARE * (float(self.x[last]) - float(self.x[a])) + 1e-9
+        if ok:
+            self._last = (last, d, edge)
+            return last
+        if last == a + 1:
+            self._last = (-1, None, None)
+            return a + 1
+        first, last = max(a + 1, last - 64), last - 1
+        da = np.array(da)
         while True:
             p = np.arange(first, last + 1)
             d, edge = self._errors(p)
@@ -867,13 +909,12 @@ class _Walk:
             good = np.flatnonzero(ok)
             if good.size:
                 j = good[-1]
-                self._last = (int(p[j]), d[j:j + 1], edge[j:j + 1])
+                self._last = (int(p[j]), d[j].tolist(), float(edge[j]))
                 return int(p[j])
             if first == a + 1:
                 self._last = (-1, None, None)
                 return a + 1
             first, last = max(a + 1, first - max(64, 4 * (last + 1 - first))), first - 1
-
 
 def _parts(steps: Sequence[tuple[int, int, EpochPlan | None]], sorted_members: Sequence[np.ndarray],
            budgets: Sequence[int], walk: _Walk,
