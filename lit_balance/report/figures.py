@@ -286,7 +286,7 @@ def mixture_shares(sampler: Any, plan: EpochPlan | None = None) -> dict[str, Any
         ...                         num_replicas=1, rank=0, shuffle=False)
         >>> shares = mixture_shares(s)
         >>> shares["step_units"], shares["max_deviation_pp"]
-        ([[10, 20], [30, 0], [0, 20]], [50.0, 50.0])
+        ([[0, 40], [40, 0]], [50.0, 50.0])
     """
     plan = sampler.plan() if plan is None else plan
     mix = sampler.mixture

@@ -258,7 +258,7 @@ class MixtureBatchSampler(BalancedBatchSampler):
         >>> s = MixtureBatchSampler([10] * 4 + [20] * 2, sizes=[4, 2], mixture=mix, max_tokens=40, num_replicas=1,
         ...                         rank=0, shuffle=False)
         >>> [sorted(b) for b in s]
-        [[0, 4], [1, 2, 3], [5]]
+        [[4, 5], [0, 1, 2, 3]]
     """
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, sizes: Sequence[int], mixture: MixtureSettings,
