@@ -230,6 +230,11 @@ class BalancedTextDataModule(L.LightningDataModule):
             step; saved in the checkpoint, where a resume may change only points at or after the resume step
             (``docs/schedules.md``). None (the default): the mixture's fixed weights. Not with
             ``largest_first``.
+        replace: with ``skip_steps``, the next documents take the skipped steps' places: at each range's first step
+            the documents its steps would train are taken out and the rest of the epoch is planned again, so the run's
+            optimizer steps have no gap and a mixture keeps its shares (``skip_steps(..., replace=True)``,
+            ``docs/ledger.md``). Each range must end in the epoch it starts in; not with ``plan_window`` below the
+            corpus or a ``weights_schedule``. Default False: the skipped steps' micro-batches are consumed untrained.
 
     Attributes:
         mixture: the blend of named components (:class:`~lit_balance.Mixture`; one corpus: ``Mixture.of(corpus)``,
@@ -302,10 +307,21 @@ class BalancedTextDataModule(L.LightningDataModule):
         allow_tokenizer_mismatch: bool = False,
         skip_steps: list[tuple[int, int]] | None = None,
         weights_schedule: dict[str, Any] | list[Any] | None = None,
+        replace: bool = False,
     ) -> None:
         super().__init__()
         #: Optimizer steps of the run whose documents are left out (``(a, b)`` pairs, ``a .. b - 1``), or None.
         self.skip_steps = None if skip_steps is None else check_skip_steps(skip_steps)
+        if not isinstance(replace, bool):
+            raise InputTypeError(f"replace must be True or False (with skip_steps: the next documents take the skipped "
+                                 f"steps' places), got {replace!r} of type {type(replace).__name__}",
+                                 parameter="replace")
+        if replace and not self.skip_steps:
+            raise InputValueError(f"replace=True replaces the documents of skip_steps, but skip_steps is "
+                                  f"{skip_steps!r}; give skip_steps=[(a, b), ...] or leave replace=False",
+                                  parameter="replace")
+        #: Whether the next documents take the places of :attr:`skip_steps`' (``skip_steps(..., replace=True)``).
+        self.replace = replace
         self._skip_pending = self.skip_steps is not None
         if val_fraction is not None:
             resolve_val_fraction(val_fraction)  # its type and range, before the corpus is read
@@ -333,6 +349,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         check_distinct_components(self.mixture.names, self.sources, self.mixture.corpora)
         #: The mixture's weights per optimizer step (:class:`~lit_balance.Schedule`), or None for fixed weights.
         self.weights_schedule = self._check_weights_schedule(weights_schedule, settings, largest_first)
+        if replace and self.weights_schedule is not None:
+            raise InputValueError("replace=True (skip_steps' documents replaced by the next ones) is not supported with "
+                                  "a weights_schedule: the re-planned rest would need the schedule's shares from the "
+                                  "range on; pass replace=False or leave weights_schedule unset", parameter="replace")
         self.max_documents = max_documents
         self._val_fractions = [resolve_val_fraction(val_fraction, s.split_sizes) for s in self.sources]
         #: Share of each component held out for validation (0.0 when a component brings its own validation split;
@@ -831,7 +851,7 @@ class BalancedTextDataModule(L.LightningDataModule):
     def _apply_skip_steps(self) -> None:
         """Hand :attr:`skip_steps` to the training sampler (after a restored position, before any batch is read); the
         sampler keeps them for every later epoch and saves them."""
-        self.train_sampler.skip_steps(self.skip_steps)
+        self.train_sampler.skip_steps(self.skip_steps, replace=self.replace)
         self._skip_pending = False
 
     def __getstate__(self) -> dict[str, Any]:  # pickled for ddp_spawn: a weak reference does not pickle
