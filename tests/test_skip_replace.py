@@ -208,3 +208,40 @@ def test_a_saved_range_of_the_other_replace_is_refused():
 def test_the_datamodule_refuses_replace_without_skip_steps(kwargs, match):
     with pytest.raises((TypeError, ValueError), match=match):
         BalancedTextDataModule("synthetic:tiny", max_tokens=256, **kwargs)
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_a_fit_resumed_with_replace_trains_the_replanned_rest_as_its_ledger_says(tmp_path, packing):
+    from tests.test_skip_steps import _fit, _Received, _SaveAt
+    from lit_balance.callbacks import LedgerCheck
+    from lit_balance.ledger import read_ledger, write_datamodule_ledger
+    import torch
+
+    texts = [" ".join(["word"] * (1 + (i * 7) % 23)) for i in range(80)]
+    kwargs = dict(max_tokens=64, val_fraction=0.1, packing=packing, cache_dir=tmp_path / "cache", seed=2)
+    whole = _Received()
+    _fit(tmp_path, BalancedTextDataModule(texts, **kwargs), [whole])
+    plan = [indices for _, indices in whole.batches]
+    ckpt = tmp_path / "mid.ckpt"
+    _fit(tmp_path, BalancedTextDataModule(texts, **kwargs), [_SaveAt(ckpt, 3)])  # after optimizer steps 0 and 1
+    dm = BalancedTextDataModule(texts, skip_steps=[(3, 5)], replace=True, **kwargs)
+    dm.prepare_data()
+    dm.setup("fit")
+    state = torch.load(ckpt, weights_only=True)["BalancedTextDataModule"]["train_sampler"]
+    ledger = tmp_path / "rest.parquet"
+    header = write_datamodule_ledger(ledger, dm, num_replicas=1, accumulate_grad_batches=2, sampler_state=state)
+    assert header["replaced_steps"] == [[3, 5]] and header["skip_steps"] == []
+    resumed = _Received()
+    trainer = _fit(tmp_path, BalancedTextDataModule(texts, skip_steps=[(3, 5)], replace=True, **kwargs),
+                   [resumed, LedgerCheck(ledger)], ckpt_path=ckpt)
+    got = [indices for _, indices in resumed.batches]
+    assert got[:2] == plan[4:6]  # step 2 as planned
+    taken = {i for mb in plan[6:10] for i in mb}  # the plan's steps 3 and 4
+    before = {i for mb in plan[:6] for i in mb}
+    after = [i for mb in got[2:] for i in mb]
+    assert after and not taken & set(after) and len(after) == len(set(after))
+    assert set(after) == {i for mb in plan for i in mb} - taken - before  # every other document once
+    assert [i for i, _ in resumed.batches] == list(range(4, 4 + len(got)))  # no gap in batch_idx
+    table, _ = read_ledger(ledger)
+    steps = sorted(set(table.column("optimizer_step").to_numpy().tolist()))
+    assert steps == list(range(len(steps))) and trainer.global_step == steps[-1] + 1  # no gap
