@@ -350,9 +350,10 @@ class BalancedTextDataModule(L.LightningDataModule):
         #: The mixture's weights per optimizer step (:class:`~lit_balance.Schedule`), or None for fixed weights.
         self.weights_schedule = self._check_weights_schedule(weights_schedule, settings, largest_first)
         if replace and self.weights_schedule is not None:
-            raise InputValueError("replace=True (skip_steps' documents replaced by the next ones) is not supported with "
-                                  "a weights_schedule: the re-planned rest would need the schedule's shares from the "
-                                  "range on; pass replace=False or leave weights_schedule unset", parameter="replace")
+            raise InputValueError("replace=True (skip_steps' documents replaced by the next ones) is not supported "
+                                  "with a weights_schedule: the re-planned rest would need the schedule's shares from "
+                                  "the range on; pass replace=False or leave weights_schedule unset",
+                                  parameter="replace")
         self.max_documents = max_documents
         self._val_fractions = [resolve_val_fraction(val_fraction, s.split_sizes) for s in self.sources]
         #: Share of each component held out for validation (0.0 when a component brings its own validation split;

@@ -66,7 +66,8 @@ from lit_balance.sampler.inputs import PlanInputs
 __all__ = ["OPTIONAL_STATE_KEYS", "STATE_KEYS", "STATE_VERSION", "Replay", "ReplayRecord", "SettingsMismatchError",
            "build_state", "check_skip_steps", "check_skips", "class_name", "concat_plans", "epoch_optimizer_steps",
            "epoch_replaced", "epoch_skips", "replace_chain",
-           "micro_step_totals", "parse_state", "plan_micro_step", "replay", "trained_micro_step", "window_supervised_tokens", "window_totals"]
+           "micro_step_totals", "parse_state", "plan_micro_step", "replay", "trained_micro_step",
+           "window_supervised_tokens", "window_totals"]
 
 #: Version of the state dict's layout.
 STATE_VERSION = 1
@@ -269,8 +270,9 @@ def replace_chain(inputs: PlanInputs, record: ReplayRecord, plan: EpochPlan, eli
         replan: ``eligible -> EpochPlan``: the plan of the rest of the epoch on the segment's ranks.
         stop: the epoch micro-step where the segment ended (a resume on other ranks followed), or None for the
             current segment: a range starting there or later is the next segment's.
-        strict: ranges ``(first, end)`` (those given now) refused when they run past the end of their epoch; others (the epoch was
-            planned anew since, e.g. on more ranks, and ends earlier) it takes out the rest of the epoch only.
+        strict: ranges ``(first, end)`` (those given now) refused when they run past the end of their epoch; another
+            range that does (the epoch was planned anew since, e.g. on more ranks, and ends earlier) takes out the
+            rest of the epoch only.
 
     Returns:
         ``(plan, drops)``: the plan as it runs (the first micro-steps of each re-planned part in turn), and for each

@@ -248,8 +248,8 @@ def test_skip_ranges_across_an_epochs_end_and_in_a_later_epoch_hold_on_three_rea
 @pytest.fixture(scope="module")
 def replaced(data, tmp_path_factory):
     """A 2-rank mixture run stopped after two optimizer steps, resumed on 3 ranks with skip_steps=[SKIP_STEPS],
-    replace=True: the 2-rank ledger, the 3-rank ledgers of the rest without the skip and with it replaced, and what every
-    rank trained."""
+    replace=True: the 2-rank ledger, the 3-rank ledgers of the rest without the skip and with it replaced, and what
+    every rank trained."""
     from lit_balance.ledger import write_datamodule_ledger
 
     fit = _fit_ledger()
