@@ -254,6 +254,11 @@ class BalancedTextDataModule(L.LightningDataModule):
             ``setup``, never trained); None: none.
         val_corpus: with a stream corpus: a finite validation corpus instead (anything ``corpus`` takes but a
             mixture or a stream; tokenized into the cache by ``prepare_data``). Not beside ``val_documents``.
+        replace: with ``skip_steps``, the next documents take the skipped steps' places: at each range's first step
+            the documents its steps would train are taken out and the rest of the epoch is planned again, so the run's
+            optimizer steps have no gap and a mixture keeps its shares (``skip_steps(..., replace=True)``,
+            ``docs/ledger.md``). Each range must end in the epoch it starts in; not with ``plan_window`` below the
+            corpus or a ``weights_schedule``. Default False: the skipped steps' micro-batches are consumed untrained.
 
     Attributes:
         stream: the :class:`~lit_balance.lightning.stream_data.StreamComponent` of a stream corpus (its description,
@@ -332,10 +337,21 @@ class BalancedTextDataModule(L.LightningDataModule):
         window_documents: int | None = None,
         val_documents: int | None = None,
         val_corpus: Any = None,
+        replace: bool = False,
     ) -> None:
         super().__init__()
         #: Optimizer steps of the run whose documents are left out (``(a, b)`` pairs, ``a .. b - 1``), or None.
         self.skip_steps = None if skip_steps is None else check_skip_steps(skip_steps)
+        if not isinstance(replace, bool):
+            raise InputTypeError(f"replace must be True or False (with skip_steps: the next documents take the skipped "
+                                 f"steps' places), got {replace!r} of type {type(replace).__name__}",
+                                 parameter="replace")
+        if replace and not self.skip_steps:
+            raise InputValueError(f"replace=True replaces the documents of skip_steps, but skip_steps is "
+                                  f"{skip_steps!r}; give skip_steps=[(a, b), ...] or leave replace=False",
+                                  parameter="replace")
+        #: Whether the next documents take the places of :attr:`skip_steps`' (``skip_steps(..., replace=True)``).
+        self.replace = replace
         self._skip_pending = self.skip_steps is not None
         if val_fraction is not None:
             resolve_val_fraction(val_fraction)  # its type and range, before the corpus is read
@@ -371,6 +387,11 @@ class BalancedTextDataModule(L.LightningDataModule):
             auto=self.auto_budget is not None, num_workers=self.num_workers, val_fraction=val_fraction,
             skip_steps=self.skip_steps, window_documents=window_documents, val_documents=val_documents,
             val_corpus=val_corpus, text_key=text_key, txt_documents=txt_documents)
+        if replace and self.weights_schedule is not None:
+            raise InputValueError("replace=True (skip_steps' documents replaced by the next ones) is not supported "
+                                  "with a weights_schedule: the re-planned rest would need the schedule's shares from "
+                                  "the range on; pass replace=False or leave weights_schedule unset",
+                                  parameter="replace")
         self.max_documents = max_documents
         self._val_fractions = [0.0 if s.streamed else resolve_val_fraction(val_fraction, s.split_sizes)
                                for s in self.sources]
@@ -955,7 +976,7 @@ class BalancedTextDataModule(L.LightningDataModule):
     def _apply_skip_steps(self) -> None:
         """Hand :attr:`skip_steps` to the training sampler (after a restored position, before any batch is read); the
         sampler keeps them for every later epoch and saves them."""
-        self.train_sampler.skip_steps(self.skip_steps)
+        self.train_sampler.skip_steps(self.skip_steps, replace=self.replace)
         self._skip_pending = False
 
     def __getstate__(self) -> dict[str, Any]:  # pickled for ddp_spawn: a weak reference does not pickle

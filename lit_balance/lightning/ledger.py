@@ -58,9 +58,9 @@ LEDGER_KEY = b"lit_balance.ledger"
 LEDGER_VERSION = 1
 #: Header entries a run must match for its ledger to describe it (what :func:`check_ledger_header` compares).
 _RUN_KEYS = ("epoch", "num_replicas", "accumulate_grad_batches", "first_micro_step", "micro_steps", "num_samples",
-             "lengths_sha256", "settings", "mixture", "skip_micro_steps")
+             "lengths_sha256", "settings", "mixture", "skip_micro_steps", "replaced_steps")
 #: What a header written before an entry existed means by its absence.
-_ABSENT = {"skip_micro_steps": []}
+_ABSENT = {"skip_micro_steps": [], "replaced_steps": []}
 
 
 def _import_pyarrow() -> Any:
@@ -89,11 +89,14 @@ def ledger_header(sampler: Any, *, epoch: int | None = None, first_optimizer_ste
     Returns:
         ``{"version", "epoch", "num_replicas", "accumulate_grad_batches", "first_micro_step", "micro_steps",
         "first_optimizer_step", "optimizer_steps", "num_samples", "lengths_sha256", "settings", "mixture",
-        "rank_speeds", "cost_model", "data", "skip_micro_steps", "skip_steps"}``; ``first_micro_step`` is the
+        "rank_speeds", "cost_model", "data", "skip_micro_steps", "skip_steps", "replaced_steps"}``;
+        ``first_micro_step`` is the
         micro-step at which this world size's plan starts (above 0 after a resume on another number of ranks: the
         micro-steps before it ran on the old ranks and are not in this ledger); ``micro_steps`` the epoch's micro-steps
         trained (``len(sampler)``); ``optimizer_steps`` the plan's, skipped ones counted; ``skip_micro_steps`` the
-        skipped ranges as epoch micro-steps of the plan, ``skip_steps`` as optimizer steps of the run (``[a, b)``).
+        skipped ranges as epoch micro-steps of the plan, ``skip_steps`` as optimizer steps of the run (``[a, b)``);
+        ``replaced_steps`` the ranges of ``skip_steps(..., replace=True)`` replaced in the epoch (optimizer steps of the
+        run ``[a, b)``: from ``a`` on, the rows are the re-planned rest, numbered without a gap).
     """
     epoch = sampler.epoch if epoch is None else int(epoch)
     first_optimizer_step = _first_step(sampler, epoch, first_optimizer_step)
@@ -118,6 +121,8 @@ def ledger_header(sampler: Any, *, epoch: int | None = None, first_optimizer_ste
         "skip_micro_steps": skips,
         "skip_steps": [[int(first_optimizer_step) + a // acc, int(first_optimizer_step) + -(-b // acc)]
                        for a, b in skips],
+        "replaced_steps": [[int(first_optimizer_step) + a // acc, int(first_optimizer_step) + b // acc]
+                           for a, b in (getattr(sampler, "replaced_micro_steps", ()) if current else ())],
     }
 
 
@@ -321,7 +326,10 @@ def write_datamodule_ledger(path: str | os.PathLike, datamodule: Any, *, num_rep
         first = sampler.first_optimizer_step if first_optimizer_step is None else int(first_optimizer_step)
         if sampler_state is None and first is not None:  # an epoch's start: the earlier steps ran in earlier epochs
             ranges = [(max(a, first), b) for a, b in ranges if b > first]
-        sampler.skip_steps(ranges, first_optimizer_step=first_optimizer_step)
+        replace = bool(getattr(datamodule, "replace", False))
+        if replace and sampler_state is None and first is not None:  # ranges begun before the epoch were replaced
+            ranges = [(a, b) for a, b in datamodule.skip_steps if a >= first]
+        sampler.skip_steps(ranges, first_optimizer_step=first_optimizer_step, replace=replace)
     return write_ledger(path, sampler, dataset=datamodule.train_dataset, first_optimizer_step=first_optimizer_step,
                         data=data_identity(datamodule), compression=compression)
 

@@ -370,7 +370,10 @@ class BalancedBatchSampler(DistributedSampler):
                         self.epoch + 1)
         record = dataclasses.replace(self._record.to_epoch(epoch), first_step=first_step)
         self._record, self._first_step_lazy = record, lazy
-        if record.run_skips:  # the part of the run's skipped steps in this epoch
+        if record.run_skips and record.replace:  # the ranges that start in this epoch or later
+            self._record = dataclasses.replace(self._record, replaced=sampler_state.epoch_replaced(
+                record.run_skips, self._resolve_first_step(), self.settings.accumulate_grad_batches))
+        elif record.run_skips:  # the part of the run's skipped steps in this epoch
             first_step = self._resolve_first_step()
             if first_step is not None:
                 self._record = dataclasses.replace(self._record, skips=sampler_state.epoch_skips(
@@ -475,12 +478,21 @@ class BalancedBatchSampler(DistributedSampler):
         return self._record.skips
 
     @property
+    def replaced_micro_steps(self) -> tuple[tuple[int, int], ...]:
+        """``((first, end), ...)``: with ``skip_steps(..., replace=True)``, the ranges replaced in the current epoch as
+        epoch micro-steps (``[first, end)``, sorted): at ``first`` the documents of ``end - first`` micro-steps were
+        taken out and the rest of the epoch planned again; empty otherwise."""
+        end = self._record.earlier + self._segment().num_micro_steps
+        return tuple((a, b) for a, b in self._record.replaced if a < end)
+
+    @property
     def first_plan_micro_step(self) -> int:
         """Epoch micro-step of the plan (skipped ones counted) at which this world size's plan starts: as
         :attr:`first_micro_step`, which does not count skipped micro-steps."""
         return self._record.earlier
 
-    def skip_steps(self, skip_steps: Sequence[Sequence[int]], *, first_optimizer_step: int | None = None) -> None:
+    def skip_steps(self, skip_steps: Sequence[Sequence[int]], *, first_optimizer_step: int | None = None,
+                   replace: bool = False) -> None:
         """Leave out the documents of optimizer steps ``[a, b)`` of the run: the sampler consumes their micro-batches
         without yielding them, so every later step trains exactly what the plan has there.
 
@@ -500,12 +512,22 @@ class BalancedBatchSampler(DistributedSampler):
             skip_steps: ``[(a, b), ...]`` ints, ``0 <= a < b``, disjoint: optimizer steps ``a .. b - 1`` of the run.
             first_optimizer_step: optimizer steps of the run before the current epoch; default
                 :attr:`first_optimizer_step`, which the sampler counts.
+            replace: the next documents take the skipped steps' places: at a range's first step ``a`` the documents
+                steps ``a .. b - 1`` would train (as the run numbers its steps then) are taken out and the rest of the
+                epoch is planned again over what is left (on the ranks running then; a mixture keeps its shares), so
+                the run's optimizer steps have no gap: step ``a`` trains what the re-planned rest starts with and the
+                epoch ends earlier. The same value for every range of the run (saved in :meth:`state_dict`). Each
+                range must end in the epoch it starts in (as planned when it is given; where a later restart on
+                other ranks ends the epoch earlier, the range takes out the rest of the epoch only); not with an epoch
+                planned in windows (``plan_window``) or a mixture's weight schedule.
 
         Raises:
             TypeError: ``skip_steps`` not a list of pairs of ints.
             ValueError: a range reversed or empty, negative, overlapping another (given or saved), or starting before
                 the position the sampler resumes at (a range in the past of the checkpoint), naming the range and the
-                resume step; the run's steps before the epoch unknown and ``first_optimizer_step`` not given.
+                resume step; the run's steps before the epoch unknown and ``first_optimizer_step`` not given; with
+                ``replace=True``: a range that runs past its epoch's end, an epoch planned in windows, a weight
+                schedule, or saved ranges of the other ``replace``.
 
         Example:
             >>> s = BalancedBatchSampler([10] * 16, max_tokens=20, num_replicas=2, rank=0, shuffle=False)
@@ -515,6 +537,20 @@ class BalancedBatchSampler(DistributedSampler):
             >>> len(s), list(s)
             (2, [[0, 1], [12, 13]])
         """
+        if not isinstance(replace, (bool, np.bool_)):
+            raise InputTypeError(f"skip_steps replace must be True or False, got {replace!r} of type "
+                                 f"{type(replace).__name__}", parameter="replace")
+        replace = bool(replace)
+        if replace and self.windows is not None:
+            raise InputValueError(
+                f"skip_steps with replace=True cannot re-plan an epoch planned in windows: plan_window="
+                f"{self.settings.plan_window} is below the {self._inputs.num_samples} samples; raise plan_window to at "
+                "least the number of samples, or pass replace=False", parameter="replace")
+        if replace and getattr(self, "_weights_schedule", None) is not None:
+            raise InputValueError(
+                "skip_steps with replace=True is not supported with a mixture's weights_schedule (the re-planned rest "
+                "would need the schedule's shares from the range on); pass replace=False or fixed weights",
+                parameter="replace")
         acc = self.settings.accumulate_grad_batches
         if first_optimizer_step is None:
             first = self._resolve_first_step()
@@ -546,9 +582,27 @@ class BalancedBatchSampler(DistributedSampler):
                 raise InputValueError(
                     f"skip_steps ranges overlap: optimizer steps [{a0}, {b0}) and [{a1}, {b1}) of the run, one given "
                     "or saved in the checkpoint; give disjoint ranges", parameter="skip_steps")
-        self._record = dataclasses.replace(self._record, run_skips=ordered, first_step=first,
-                                           skips=sampler_state.epoch_skips(ordered, first, acc, end))
-        self._skip_request = (self.epoch, tuple(ranges), first_optimizer_step)
+        if saved and self._record.replace != replace:
+            raise InputValueError(
+                f"skip_steps replace={replace}, but the checkpoint's ranges {sorted(saved)} were saved with "
+                f"replace={self._record.replace}; a run skips all its ranges one way: pass "
+                f"replace={self._record.replace}", parameter="replace")
+        if replace:
+            before = (self._record, self._replayed)
+            self._record = dataclasses.replace(self._record, run_skips=ordered, first_step=first, skips=(),
+                                               replace=True,
+                                               replaced=sampler_state.epoch_replaced(ordered, first, acc))
+            try:  # the re-planned epoch now, so a range past the epoch's end is refused before anything runs
+                given = [r for r in ranges if r not in saved]  # a saved range was checked when it was given
+                sampler_state.replay(self._inputs, self._record, self.num_replicas,
+                                     strict=set(sampler_state.epoch_replaced(tuple(given), first, acc)))
+            except Exception:
+                self._record, self._replayed = before
+                raise
+        else:
+            self._record = dataclasses.replace(self._record, run_skips=ordered, first_step=first,
+                                               skips=sampler_state.epoch_skips(ordered, first, acc, end))
+        self._skip_request = (self.epoch, tuple(ranges), first_optimizer_step, replace)
 
     def _check_length(self) -> None:
         """Warn (once) when the epoch about to run is longer than the ``len()`` reported before this pass began."""
@@ -787,8 +841,8 @@ class BalancedBatchSampler(DistributedSampler):
                 f"the saved state consumed {consumed} micro-steps of epoch {record.epoch}, but its plan has "
                 f"only {plan_steps}: the state does not belong to this sampler's plan"
             )
-        if record.run_skips and record.first_step is not None:  # the part of the run's skipped steps in this epoch
-            end = record.earlier + plan_steps
+        if record.run_skips and record.first_step is not None and not record.replace:
+            end = record.earlier + plan_steps  # the part of the run's skipped steps in this epoch
             record = dataclasses.replace(record, skips=sampler_state.epoch_skips(
                 record.run_skips, record.first_step, self.settings.accumulate_grad_batches, end))
         self._record, self._replayed = record, None
@@ -798,7 +852,8 @@ class BalancedBatchSampler(DistributedSampler):
         self._pass = None
         request = getattr(self, "_skip_request", None)
         if request is not None and request[0] == record.epoch:  # given for this resume: they hold whichever restore
-            self.skip_steps(request[1], first_optimizer_step=request[2])  # (DataModule's or loader's) comes last
+            self.skip_steps(request[1], first_optimizer_step=request[2],  # (DataModule's or loader's) comes last
+                            replace=request[3] if len(request) > 3 else False)
 
     @property
     def first_micro_step(self) -> int:

@@ -64,8 +64,10 @@ from lit_balance.plan.windows import WindowedPlan
 from lit_balance.sampler.inputs import PlanInputs
 
 __all__ = ["OPTIONAL_STATE_KEYS", "STATE_KEYS", "STATE_VERSION", "Replay", "ReplayRecord", "SettingsMismatchError",
-           "build_state", "check_skip_steps", "check_skips", "class_name", "epoch_optimizer_steps", "epoch_skips",
-           "micro_step_totals", "parse_state", "plan_micro_step", "replay", "trained_micro_step", "window_supervised_tokens", "window_totals"]
+           "build_state", "check_skip_steps", "check_skips", "class_name", "concat_plans", "epoch_optimizer_steps",
+           "epoch_replaced", "epoch_skips", "replace_chain",
+           "micro_step_totals", "parse_state", "plan_micro_step", "replay", "trained_micro_step",
+           "window_supervised_tokens", "window_totals"]
 
 #: Version of the state dict's layout.
 STATE_VERSION = 1
@@ -78,7 +80,7 @@ STATE_KEYS = ("version", "epoch", "segments", "num_samples", "lengths_sha256", "
 #: ``segment_padded_shapes`` (absent: every segment ran with the saved settings' ``padded_shapes``).
 #: ``max_length_schedule`` (a length warm-up only: its schedule, :mod:`lit_balance.sampler.plans`).
 OPTIONAL_STATE_KEYS = ("cost_model_class", "segment_max_tokens", "skip_micro_steps", "segment_padded_shapes",
-                       "skip_steps", "first_optimizer_step", "max_length_schedule")
+                       "skip_steps", "first_optimizer_step", "max_length_schedule", "skip_replace")
 
 Speeds = np.ndarray | None
 
@@ -119,6 +121,11 @@ class ReplayRecord:
         run_skips: ``((a, b), ...)`` sorted, disjoint ranges of optimizer steps of the run given to skip, any epoch.
         first_step: optimizer steps of the run before the current epoch (the plans' steps, skipped ones counted), or
             None when unknown (the sampler was moved to the epoch without the ones before it).
+        replace: ``run_skips`` are replaced (``skip_steps(..., replace=True)``): their documents are taken out and the
+            rest of the epoch is planned again (:func:`replace_chain`), so no step is skipped (``skips`` stays empty).
+        replaced: with ``replace``, the current epoch's ranges as epoch micro-steps ``(first, end)`` (those that start
+            in it): at ``first`` the documents of the micro-steps ``first .. end - 1`` of the plan running then are
+            taken out and the rest of the epoch is planned again.
         segment_padded_shapes: each segment's ``padded_shapes`` (a tuple of ``(rows, length)``) when an earlier
             segment ran with other shapes than the sampler's, else None (every segment ran with the sampler's).
     """
@@ -134,6 +141,8 @@ class ReplayRecord:
     segment_padded_shapes: tuple | None = None
     run_skips: tuple[tuple[int, int], ...] = ()
     first_step: int | None = 0
+    replace: bool = False
+    replaced: tuple[tuple[int, int], ...] = ()
 
     @property
     def offset(self) -> int:
@@ -148,7 +157,7 @@ class ReplayRecord:
     def key(self) -> tuple:
         """A hashable summary of everything the plan of the record's epoch depends on."""
         return (self.epoch, self.segments, self.cost_model, _plain_tuple(self.rank_speeds),
-                _plain_tuple(self.first_speeds), self.segment_max_tokens, self.segment_padded_shapes)
+                _plain_tuple(self.first_speeds), self.segment_max_tokens, self.segment_padded_shapes, self.replaced)
 
     def to_epoch(self, epoch: int) -> ReplayRecord:
         """The record at the start of ``epoch`` (unchanged for the current one): the pending cost model and speeds
@@ -157,7 +166,7 @@ class ReplayRecord:
             return self
         cost_model, speeds = self.pending if self.pending is not None else (self.cost_model, self.rank_speeds)
         return ReplayRecord(epoch=epoch, segments=(), cost_model=cost_model, rank_speeds=speeds,
-                            run_skips=self.run_skips, first_step=None)
+                            run_skips=self.run_skips, first_step=None, replace=self.replace)
 
     def fresh(self) -> ReplayRecord:
         """The same epoch run from its start on the sampler's own ranks (a later pass over the epoch)."""
@@ -226,6 +235,89 @@ def epoch_skips(run_skips: tuple[tuple[int, int], ...], first_step: int | None, 
         if hi > 0 and lo < end:
             out.append((lo, hi))
     return tuple(out)
+
+
+def epoch_replaced(run_skips: tuple[tuple[int, int], ...], first_step: int | None,
+                   accumulate: int) -> tuple[tuple[int, int], ...]:
+    """With ``replace``, the ranges of ``run_skips`` that start in or after an epoch whose first optimizer step of the
+    run is ``first_step``, as epoch micro-steps ``((first, end), ...)``; a range that started in an earlier epoch was
+    replaced there."""
+    if first_step is None:
+        return ()
+    return tuple(((a - first_step) * accumulate, (b - first_step) * accumulate)
+                 for a, b in run_skips if a >= first_step)
+
+
+def concat_plans(parts: list[tuple[EpochPlan, int]], num_replicas: int, accumulate: int) -> EpochPlan:
+    """One :class:`EpochPlan` running the first ``n`` micro-steps of each plan of ``parts`` (``(plan, n)`` pairs) one
+    after the other; ``dropped`` is the last plan's."""
+    rows, fills, sizes, steps = [], [], [], 0
+    for plan, n in parts:
+        batches = plan.assignment[:n].reshape(-1)
+        lo, hi = plan.batch_offsets[batches], plan.batch_offsets[batches + 1]
+        size = hi - lo
+        at = np.repeat(lo - np.concatenate([[0], np.cumsum(size)[:-1]]), size) + np.arange(int(size.sum()))
+        rows.append(plan.rows[at])
+        fills.append(plan.is_fill[at])
+        sizes.append(size)
+        steps += n
+    size = np.concatenate(sizes).astype(np.int64)
+    return EpochPlan(rows=np.concatenate(rows).astype(np.int64), is_fill=np.concatenate(fills).astype(bool),
+                     batch_offsets=np.concatenate([[0], np.cumsum(size)]).astype(np.int64),
+                     assignment=np.arange(steps * num_replicas, dtype=np.int64).reshape(steps, num_replicas),
+                     dropped=parts[-1][0].dropped, accumulate_grad_batches=accumulate)
+
+
+def replace_chain(inputs: PlanInputs, record: ReplayRecord, plan: EpochPlan, eligible: np.ndarray | None, start: int,
+                  replan: Any, stop: int | None = None,
+                  strict: Any = ()) -> tuple[EpochPlan, list[tuple[int, np.ndarray]]]:
+    """A segment's plan with the record's replaced ranges applied: at each range's first micro-step the documents of
+    its micro-steps are taken out and the rest is planned again (``replan(eligible)``) over what is left.
+
+    Args:
+        plan: the segment's plan, starting at epoch micro-step ``start``, over ``eligible`` samples.
+        replan: ``eligible -> EpochPlan``: the plan of the rest of the epoch on the segment's ranks.
+        stop: the epoch micro-step where the segment ended (a resume on other ranks followed), or None for the
+            current segment: a range starting there or later is the next segment's.
+        strict: ranges ``(first, end)`` (those given now) refused when they run past the end of their epoch; another
+            range that does (the epoch was planned anew since, e.g. on more ranks, and ends earlier) takes out the
+            rest of the epoch only.
+
+    Returns:
+        ``(plan, drops)``: the plan as it runs (the first micro-steps of each re-planned part in turn), and for each
+        range applied, its first epoch micro-step and the bool ``[num_samples]`` mask of the documents taken out.
+
+    Raises:
+        ValueError: ``strict`` and a range that runs past the end of the epoch it starts in.
+    """
+    if not record.replaced:
+        return plan, []
+    accumulate = inputs.settings.accumulate_grad_batches
+    parts, drops, begin = [], [], start
+    for lo, hi in record.replaced:
+        if lo < begin:
+            continue  # applied by an earlier segment
+        if lo >= begin + plan.num_micro_steps or (stop is not None and lo >= stop):
+            break  # past the epoch's end (a later epoch's), or after the segment ended
+        end = begin + plan.num_micro_steps
+        if (lo, hi) in strict and hi > -(-end // accumulate) * accumulate:  # the last step of the epoch may be short
+            raise InputValueError(
+                f"skip_steps range of epoch micro-steps [{lo}, {hi}) with replace=True runs past the end of epoch "
+                f"{record.epoch} (micro-step {end}): with replace=True a range must end in the epoch it starts in; "
+                "split it at the epoch's end or pass replace=False", parameter="skip_steps")
+        parts.append((plan, lo - begin))
+        seen = np.zeros(inputs.num_samples, dtype=bool)
+        plan.mark_rows(lo - begin, seen)
+        taken = np.zeros(inputs.num_samples, dtype=bool)
+        plan.mark_rows(hi - begin, taken)
+        taken &= ~seen
+        drops.append((lo, taken))
+        seen |= taken
+        eligible = (np.ones(inputs.num_samples, dtype=bool) if eligible is None else eligible) & ~seen
+        plan = replan(eligible) if eligible.any() else empty_plan(int(plan.assignment.shape[1]), accumulate)
+        begin = lo
+    parts.append((plan, plan.num_micro_steps))
+    return concat_plans(parts, int(plan.assignment.shape[1]), accumulate), drops
 
 
 def epoch_optimizer_steps(micro_steps: int, accumulate: int) -> int:
@@ -309,6 +401,8 @@ def build_state(inputs: PlanInputs, record: ReplayRecord, num_replicas: int, con
         extra["skip_micro_steps"] = [[int(a), int(b)] for a, b in record.skips]
     if record.run_skips:
         extra["skip_steps"] = [[int(a), int(b)] for a, b in record.run_skips]
+        if record.replace:
+            extra["skip_replace"] = True
     if record.run_skips or first_step != 0:
         extra["first_optimizer_step"] = None if first_step is None else int(first_step)
     return {
@@ -510,10 +604,16 @@ def parse_state(state_dict: Any, inputs: PlanInputs, *, num_replicas: int, cost_
     else:  # saved before skips were kept for the run: the epoch's ones
         base = 0 if first_step is None else first_step
         run_skips = tuple((base + a // accumulate, base + epoch_optimizer_steps(b, accumulate)) for a, b in skips)
+    replace = state_dict.get("skip_replace", False)
+    if type(replace) is not bool:
+        raise InputValueError(f"sampler state_dict skip_replace must be a bool, got {replace!r}",
+                              parameter="skip_steps")
+    replaced = epoch_replaced(run_skips, first_step, accumulate) if replace else ()
     return ReplayRecord(epoch=epoch, segments=tuple((r, c) for r, c in segments), cost_model=cost_model,
                         rank_speeds=rank_speeds, first_speeds=first_speeds if len(segments) > 1 else None,
                         pending=pending, segment_max_tokens=None if same or len(segments) < 2 else tuple(budgets),
-                        skips=skips, run_skips=run_skips, first_step=first_step,
+                        skips=() if replace else skips, run_skips=run_skips, first_step=first_step,
+                        replace=replace, replaced=replaced,
                         segment_padded_shapes=None if same_shapes or len(segments) < 2 else tuple(shapes))
 
 
@@ -566,8 +666,24 @@ def _segment_plan(inputs: PlanInputs, record: ReplayRecord, segments: tuple[tupl
     full = inputs.plan(epoch, replicas, eligible=inputs.eligible, speeds=None, cost_model=cost_model,
                        max_tokens=budget, padded_shapes=shapes).num_micro_steps
     earlier = sum(consumed for _, consumed in segments[:i])
+    # micro-steps whose documents replaced ranges took out before: the epoch is that much shorter
+    earlier += sum(hi - lo for lo, hi in record.replaced if lo < earlier)
     return inputs.plan(epoch, replicas, eligible=eligible, speeds=None, cost_model=cost_model,
                        min_steps=max(0, full - earlier), max_tokens=budget, padded_shapes=shapes)
+
+
+def _replanner(inputs: PlanInputs, record: ReplayRecord, segments: tuple[tuple[int, int], ...], i: int) -> Any:
+    """``eligible -> EpochPlan``: the rest of the epoch planned again on segment ``i``'s ranks (its speeds, budgets
+    and shapes) after a replaced range."""
+    replicas = segments[i][0]
+    budget = None if record.segment_max_tokens is None else record.segment_max_tokens[i]
+    shapes = None if record.segment_padded_shapes is None else record.segment_padded_shapes[i]
+    speeds = (record.rank_speeds if len(segments) <= 1 else record.first_speeds) if i == 0 else None
+
+    def replan(eligible: np.ndarray) -> EpochPlan:
+        return inputs.plan(record.epoch, replicas, eligible=eligible, speeds=speeds, cost_model=record.cost_model,
+                           max_tokens=budget, padded_shapes=shapes)
+    return replan
 
 
 def _micro_step_sums(plan: EpochPlan, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -587,8 +703,11 @@ def _micro_step_supervised(plan: EpochPlan, inputs: PlanInputs, lengths: np.ndar
     return plan.real_tokens_per_batch(inputs.supervised_lengths)[plan.assignment].sum(axis=1).astype(np.int64)
 
 
-def replay(inputs: PlanInputs, record: ReplayRecord, num_replicas: int) -> Replay:
+def replay(inputs: PlanInputs, record: ReplayRecord, num_replicas: int, strict: Any = ()) -> Replay:
     """Plan of the record's current segment, and what its earlier segments ran before it.
+
+    ``strict``: replaced ranges ``(first, end)`` of the current segment refused when they run past the epoch's end
+    (:func:`replace_chain`).
 
     Each earlier segment's plan, rebuilt as it ran, removes what it consumed from the samples still to plan.
 
@@ -602,6 +721,12 @@ def replay(inputs: PlanInputs, record: ReplayRecord, num_replicas: int) -> Repla
     supervised: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
     for i in range(len(segments)):
         plan = _segment_plan(inputs, record, segments, i, eligible)
+        drops: list = []
+        if record.replaced:  # replaced ranges: the rest of the epoch is planned again at each one's start
+            start = sum(c for _, c in segments[:i])
+            stop = None if i == len(segments) - 1 else start + segments[i][1]
+            plan, drops = replace_chain(inputs, record, plan, eligible, start, _replanner(inputs, record, segments, i),
+                                        stop, strict=strict if stop is None else ())
         if i == len(segments) - 1:
             break
         consumed = segments[i][1]
@@ -617,6 +742,10 @@ def replay(inputs: PlanInputs, record: ReplayRecord, num_replicas: int) -> Repla
             step_tokens, step_rows = _micro_step_sums(plan, inputs.lengths)
             step_supervised = _micro_step_supervised(plan, inputs)
             plan.mark_rows(consumed, seen)
+            start = sum(c for _, c in segments[:i])
+            for first, taken in drops:  # documents taken out before the segment ended: never trained
+                if first < start + consumed:
+                    seen |= taken
         tokens.append(step_tokens[:consumed])
         rows.append(step_rows[:consumed])
         supervised.append(step_supervised[:consumed])

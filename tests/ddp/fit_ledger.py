@@ -5,7 +5,8 @@ Run: python tests/ddp/fit_ledger.py OUT_DIR DATA_DIR KIND LAYOUT PHASE DEVICES [
 KIND is ``plain`` or ``mixture``, LAYOUT ``padded`` or ``packed``; DATA_DIR holds ``web.jsonl`` and ``code.jsonl`` and
 the tokenization cache (test_ledger_ddp.py writes them). PHASE ``stop`` trains STOP_AT micro-batches per rank, saves
 OUT_DIR/mid.ckpt and raises at the next training_step; ``resume`` continues from mid.ckpt on DEVICES ranks; ``skip``
-does the same with ``skip_steps=[SKIP_STEPS]`` (those optimizer steps of the run left out); ``swap``
+does the same with ``skip_steps=[SKIP_STEPS]`` (those optimizer steps of the run left out), ``replace`` with
+``skip_steps=[SKIP_STEPS], replace=True`` (the next documents take their places); ``swap``
 runs the epoch with rank 1's dataset handing sample DELIVERED where the plan has PLANNED; ``epochs`` continues from
 mid.ckpt on DEVICES ranks for two epochs with ``skip_steps`` the JSON list PLANNED (optimizer steps of the run, any
 epoch), recorded only (no ledger while training). Every phase checks against
@@ -34,7 +35,7 @@ SKIP_STEPS = (3, 4)  # optimizer step 3 of the run (after the stop at step 2) le
 TOKENIZER = Path(__file__).resolve().parents[2] / "lit_balance/data/tokenizer/tokenizer.json"
 
 
-def datamodule(data: Path, kind: str, layout: str, skip_steps=None) -> BalancedTextDataModule:
+def datamodule(data: Path, kind: str, layout: str, skip_steps=None, replace=False) -> BalancedTextDataModule:
     """The DataModule every phase and the test's ledger use."""
     if kind == "plain":
         corpus = data / "web.jsonl"
@@ -42,7 +43,8 @@ def datamodule(data: Path, kind: str, layout: str, skip_steps=None) -> BalancedT
         corpus = Mixture({"web": {"corpus": data / "web.jsonl", "weight": 0.6},
                           "code": {"corpus": data / "code.jsonl", "weight": 0.4}})
     return BalancedTextDataModule(corpus, str(TOKENIZER), max_tokens=96, max_length=40, val_fraction=0,
-                                  packing=layout == "packed", cache_dir=data / "cache", seed=7, skip_steps=skip_steps)
+                                  packing=layout == "packed", cache_dir=data / "cache", seed=7, skip_steps=skip_steps,
+                                  replace=replace)
 
 
 class Recorder(L.Callback):
@@ -80,8 +82,8 @@ class Swap(L.Callback):
 def main() -> None:
     out, data, kind, layout, phase, devices = (Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4],
                                                sys.argv[5], int(sys.argv[6]))
-    skip = [SKIP_STEPS] if phase == "skip" else json.loads(sys.argv[7]) if phase == "epochs" else None
-    dm = datamodule(data, kind, layout, skip_steps=skip)
+    skip = [SKIP_STEPS] if phase in ("skip", "replace") else json.loads(sys.argv[7]) if phase == "epochs" else None
+    dm = datamodule(data, kind, layout, skip_steps=skip, replace=phase == "replace")
     model = StoppingLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
     model.stop = phase == "stop"
     recorder = Recorder(out, stop=phase == "stop")
@@ -97,7 +99,8 @@ def main() -> None:
                         num_sanity_val_steps=0)
     mismatch = None
     try:
-        trainer.fit(model, datamodule=dm, ckpt_path=out / "mid.ckpt" if phase in ("resume", "skip", "epochs") else None)
+        resumed = phase in ("resume", "skip", "replace", "epochs")
+        trainer.fit(model, datamodule=dm, ckpt_path=out / "mid.ckpt" if resumed else None)
     except LedgerMismatchError as error:
         if phase != "swap":
             raise

@@ -42,8 +42,8 @@ def data(tmp_path_factory):
     return root
 
 
-def _datamodule(data, kind, layout, skip_steps=None):
-    dm = _fit_ledger().datamodule(data, kind, layout, skip_steps=skip_steps)
+def _datamodule(data, kind, layout, skip_steps=None, replace=False):
+    dm = _fit_ledger().datamodule(data, kind, layout, skip_steps=skip_steps, replace=replace)
     dm.prepare_data()
     dm.setup("fit")
     return dm
@@ -243,3 +243,48 @@ def test_skip_ranges_across_an_epochs_end_and_in_a_later_epoch_hold_on_three_rea
         assert second == _by_step(rows1, rank)
         # Lightning counts what trained: the plans' steps of both epochs less the three skipped
         assert record["global_step"] == e0 + ledger1["optimizer_steps"] - 3
+
+
+@pytest.fixture(scope="module")
+def replaced(data, tmp_path_factory):
+    """A 2-rank mixture run stopped after two optimizer steps, resumed on 3 ranks with skip_steps=[SKIP_STEPS],
+    replace=True: the 2-rank ledger, the 3-rank ledgers of the rest without the skip and with it replaced, and what
+    every rank trained."""
+    from lit_balance.ledger import write_datamodule_ledger
+
+    fit = _fit_ledger()
+    stop, resume = tmp_path_factory.mktemp("replace_stop"), tmp_path_factory.mktemp("replace_resume")
+    write_datamodule_ledger(stop / "ledger.parquet", _datamodule(data, "mixture", "packed"), num_replicas=2,
+                            accumulate_grad_batches=fit.ACCUMULATE)
+    run_scripts(SCRIPT, {"stop": [stop, data, "mixture", "packed", "stop", 2]}, TIMEOUT_S)
+    shutil.copy(stop / "mid.ckpt", resume / "mid.ckpt")
+    state = torch.load(resume / "mid.ckpt", weights_only=True)["BalancedTextDataModule"]["train_sampler"]
+    write_datamodule_ledger(resume / "plain.parquet", _datamodule(data, "mixture", "packed"), num_replicas=3,
+                            accumulate_grad_batches=fit.ACCUMULATE, sampler_state=state)
+    write_datamodule_ledger(resume / "ledger.parquet",
+                            _datamodule(data, "mixture", "packed", [fit.SKIP_STEPS], replace=True),
+                            num_replicas=3, accumulate_grad_batches=fit.ACCUMULATE, sampler_state=state)
+    run_scripts(SCRIPT, {"replace": [resume, data, "mixture", "packed", "replace", 3]}, TIMEOUT_S)
+    return (_ledger_rows(stop / "ledger.parquet"), _ledger_rows(resume / "plain.parquet"),
+            _ledger_rows(resume / "ledger.parquet"), _read(resume, "replace", 3))
+
+
+def test_a_resume_on_three_ranks_with_replace_trains_the_replanned_rest_as_the_ledger_says(replaced):
+    (full, _), (plain, _), (rest, header), resumed = replaced
+    fit = _fit_ledger()
+    a, b = fit.SKIP_STEPS
+    assert header["replaced_steps"] == [[a, b]] and header["skip_steps"] == []
+    for rank, record in enumerate(resumed):  # LedgerCheck passed on every rank, and each trained the ledger's rows
+        assert record["mismatch"] is None
+        assert {x[0]: (x[1], x[2]) for x in record["batches"]} == _by_step(rest, rank)
+    steps = sorted({r["optimizer_step"] for r in rest})
+    assert steps == list(range(steps[0], steps[-1] + 1)) and a in steps  # no gap: step a trains the next documents
+    assert all(record["global_step"] == steps[-1] + 1 for record in resumed)
+    # the replaced steps' documents never train; every other document of the epoch trains once
+    documents = lambda rows: Counter((r["component"], r["document"]) for r in rows if not r["fill"])  # noqa: E731
+    taken = documents([r for r in plain if a <= r["optimizer_step"] < b])
+    before = documents([r for r in full if r["micro_step"] < fit.STOP_AT])
+    trained = documents(rest)
+    assert taken and not set(taken) & set(trained) and max(trained.values()) == 1
+    assert set(before) | set(trained) | set(taken) == set(documents(full))
+    assert not set(before) & set(trained)
