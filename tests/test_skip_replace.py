@@ -245,3 +245,18 @@ def test_a_fit_resumed_with_replace_trains_the_replanned_rest_as_its_ledger_says
     table, _ = read_ledger(ledger)
     steps = sorted(set(table.column("optimizer_step").to_numpy().tolist()))
     assert steps == list(range(len(steps))) and trainer.global_step == steps[-1] + 1  # no gap
+
+
+def test_replace_refuses_a_length_warm_up_and_a_weights_schedule_naming_both_settings():
+    warm = BalancedBatchSampler([10] * 16, max_tokens=20, num_replicas=2, rank=0, shuffle=False,
+                                max_length_schedule=[[0, 5], [2, 10]])
+    with pytest.raises(ValueError, match=r"replace=True.*max_length_schedule"):
+        warm.skip_steps([(1, 2)], replace=True)
+    warm.skip_steps([(1, 2)])  # without replace the warm-up's steps are skipped as any
+    mixed = MixtureBatchSampler([10] * 16, [8, 8], MixtureSettings(("a", "b"), (1, 1)), max_tokens=20,
+                                num_replicas=2, rank=0, weights_schedule=[[0, {"a": 1, "b": 1}], [2, {"a": 1, "b": 3}]])
+    with pytest.raises(ValueError, match=r"replace=True.*weights_schedule"):
+        mixed.skip_steps([(1, 2)], replace=True)
+    with pytest.raises(ValueError, match=r"replace=True.*max_length_schedule"):
+        BalancedTextDataModule(["one two three"] * 20, max_tokens=256, max_length=None, skip_steps=[(1, 2)],
+                               replace=True, max_length_schedule=[[0, 64], [4, 128]])

@@ -146,7 +146,8 @@ class BalancedTextDataModule(L.LightningDataModule):
 
     Args:
         corpus: None or ``"stdlib_docstrings"`` for the built-in corpus; a :class:`~lit_balance.stream.StreamCorpus`
-            (a stream of unknown length, planned window by window while training; see ``window_documents``); a list of strings (documents);
+            (a stream of unknown length, planned window by window while training; see ``window_documents``); a list
+            of strings (documents);
             a path or list of paths to UTF-8 text files (one document per non-blank line) or ``.jsonl``
             files (one object per line: text under ``text_key``, or a prompt–completion record with
             ``prompt`` and ``completion``); a list of token-id sequences; or a Hugging Face
@@ -387,6 +388,10 @@ class BalancedTextDataModule(L.LightningDataModule):
             auto=self.auto_budget is not None, num_workers=self.num_workers, val_fraction=val_fraction,
             skip_steps=self.skip_steps, window_documents=window_documents, val_documents=val_documents,
             val_corpus=val_corpus, text_key=text_key, txt_documents=txt_documents)
+        if replace and self.max_length_schedule is not None:
+            raise InputValueError("replace=True (skip_steps' documents replaced by the next ones) is not supported "
+                                  "with a length warm-up (max_length_schedule): pass replace=False or leave "
+                                  "max_length_schedule unset", parameter="replace")
         if replace and self.weights_schedule is not None:
             raise InputValueError("replace=True (skip_steps' documents replaced by the next ones) is not supported "
                                   "with a weights_schedule: the re-planned rest would need the schedule's shares from "
@@ -817,8 +822,8 @@ class BalancedTextDataModule(L.LightningDataModule):
         from lit_balance.report import plan_report
 
         if self.stream is not None:
-            raise RuntimeError(f"a stream ({self.stream.description}) has no plan before training: it is planned window "
-                               "by window while training (docs/streams.md)")
+            raise RuntimeError(f"a stream ({self.stream.description}) has no plan before training: it is planned "
+                               "window by window while training (docs/streams.md)")
         settings = self.settings.replace(accumulate_grad_batches=accumulate_grad_batches)
         cost_model = self.cost_model if self.cost_model is not None else CostModel()
         sampler = self._training_sampler(self._splits().train_dataset, settings, num_replicas, rank=0,

@@ -7,8 +7,8 @@ else (position, equal counts, skipped steps, the state's other keys, resume on a
 sampler's own, the same for both.
 
 A length warm-up (:mod:`lit_balance.plan.warmup`): while the schedule's ``max_length`` is below a document's length,
-the document is trained as pieces of at most ``max_length`` tokens, each a row of its own, so no token is lost. Optimizer
-steps count from the start of the run: the state saves the schedule and the run's step at which the saved epoch
+the document is trained as pieces of at most ``max_length`` tokens, each a row of its own, so no token is lost.
+Optimizer steps count from the start of the run: the state saves the schedule and the run's step at which the saved epoch
 starts, so a resume on any number of ranks plans the rest of the epoch (the tokens not yet trained) from the step
 reached, with the same schedule.
 """
@@ -35,6 +35,9 @@ __all__ = ["LengthWarmupPlans", "SamplePlans", "plans_for"]
 
 class SamplePlans:
     """Plans of whole samples: the sampler's default."""
+
+    #: ``skip_steps(..., replace=True)`` re-plans the rest of an epoch of these plans.
+    replaces_skipped_steps = True
 
     def inputs(self, lengths: np.ndarray, settings: BatchingSettings, supervised_lengths: Any,
                num_replicas: int) -> PlanInputs:
@@ -76,6 +79,9 @@ class LengthWarmupPlans:
     Raises:
         TypeError, ValueError: as :class:`~lit_balance.Schedule`; a schedule in tokens or of named values.
     """
+
+    #: The rest of a warm-up epoch is not re-planned for ``skip_steps(..., replace=True)``.
+    replaces_skipped_steps = False
 
     def __init__(self, max_length_schedule: Any, min_chunk_steps: int = DEFAULT_MIN_CHUNK_STEPS) -> None:
         self.schedule = Schedule.of(max_length_schedule, name="max_length_schedule")

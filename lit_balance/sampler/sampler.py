@@ -154,6 +154,9 @@ class BalancedBatchSampler(DistributedSampler):
         [[0], [2], [4]]
     """
 
+    #: The mixture's weights per optimizer step (:class:`~lit_balance.Schedule`, set by a mixture sampler given
+    #: ``weights_schedule``), or None: fixed weights, or one corpus.
+    _weights_schedule: Any = None
 
     def __init__(
         self,
@@ -546,7 +549,11 @@ class BalancedBatchSampler(DistributedSampler):
                 f"skip_steps with replace=True cannot re-plan an epoch planned in windows: plan_window="
                 f"{self.settings.plan_window} is below the {self._inputs.num_samples} samples; raise plan_window to at "
                 "least the number of samples, or pass replace=False", parameter="replace")
-        if replace and getattr(self, "_weights_schedule", None) is not None:
+        if replace and not self._plans.replaces_skipped_steps:
+            raise InputValueError(
+                "skip_steps with replace=True cannot re-plan the pieces of a length warm-up (max_length_schedule); "
+                "pass replace=False or leave max_length_schedule unset", parameter="replace")
+        if replace and self._weights_schedule is not None:
             raise InputValueError(
                 "skip_steps with replace=True is not supported with a mixture's weights_schedule (the re-planned rest "
                 "would need the schedule's shares from the range on); pass replace=False or fixed weights",
