@@ -122,7 +122,7 @@ def ledger_header(sampler: Any, *, epoch: int | None = None, first_optimizer_ste
         "skip_steps": [[int(first_optimizer_step) + a // acc, int(first_optimizer_step) + -(-b // acc)]
                        for a, b in skips],
         "replaced_steps": [[int(first_optimizer_step) + a // acc, int(first_optimizer_step) + b // acc]
-                           for a, b in (getattr(sampler, "replaced_micro_steps", ()) if current else ())],
+                           for a, b in (sampler.replaced_micro_steps if current else ())],
     }
 
 
@@ -326,7 +326,7 @@ def write_datamodule_ledger(path: str | os.PathLike, datamodule: Any, *, num_rep
         first = sampler.first_optimizer_step if first_optimizer_step is None else int(first_optimizer_step)
         if sampler_state is None and first is not None:  # an epoch's start: the earlier steps ran in earlier epochs
             ranges = [(max(a, first), b) for a, b in ranges if b > first]
-        replace = bool(getattr(datamodule, "replace", False))
+        replace = bool(datamodule.replace)
         if replace and sampler_state is None and first is not None:  # ranges begun before the epoch were replaced
             ranges = [(a, b) for a, b in datamodule.skip_steps if a >= first]
         sampler.skip_steps(ranges, first_optimizer_step=first_optimizer_step, replace=replace)
