@@ -15,30 +15,13 @@ from lit_balance.callbacks import LedgerCheck, LedgerMismatchError
 from lit_balance.demo import DemoTransformerLM
 from lit_balance.errors import InputError
 from lit_balance.ledger import check_ledger_header, ledger_columns, ledger_header, read_ledger, write_datamodule_ledger
-from lit_balance.plan.mixture import MixtureSettings
-from lit_balance.sampler.mixture import MixtureBatchSampler
+from skip_ranks import sampler_ranks  # tests/skip_ranks.py
 from lit_balance.sampler.state import plan_micro_step
 
 
 def _ranks(lengths, num_replicas, kwargs, state=None, skip=None):
-    """One sampler per rank, resumed from ``state`` and given ``skip`` (optimizer steps of the run); ``kwargs`` with
-    ``mixture=True``: a blend of two components (the first half of the lengths and the rest, weights 3:1)."""
-    out = []
-    kwargs = dict(kwargs)
-    blend = kwargs.pop("mixture", False)
-    for rank in range(num_replicas):
-        if blend:
-            half = len(lengths) // 2
-            s = MixtureBatchSampler(lengths, sizes=[half, len(lengths) - half], mixture=MixtureSettings(
-                ("web", "code"), (3, 1)), num_replicas=num_replicas, rank=rank, **kwargs)
-        else:
-            s = BalancedBatchSampler(lengths, num_replicas=num_replicas, rank=rank, **kwargs)
-        if state is not None:
-            s.load_state_dict(state)
-        if skip is not None:
-            s.skip_steps(skip)
-        out.append(s)
-    return out
+    """One sampler per rank (:func:`skip_ranks.sampler_ranks`), skipping without replacing."""
+    return sampler_ranks(lengths, num_replicas, kwargs, state, skip)
 
 
 def _steps(samplers):
