@@ -55,6 +55,7 @@ from lit_balance.plan.cost import CostModel, check_cost_model
 from lit_balance.plan.settings import BatchingSettings
 from lit_balance.plan.shapes import resolve_split_shapes
 from lit_balance.plan.mixture_schedule import check_weights_schedule
+from lit_balance.plan.warmup import check_warmup_settings
 from lit_balance.sampler.mixture import MixtureBatchSampler
 from lit_balance.sampler.plans import LengthWarmupPlans
 from lit_balance.sampler.sampler import BalancedBatchSampler
@@ -496,19 +497,8 @@ class BalancedTextDataModule(L.LightningDataModule):
                 f"max_length_schedule is planned for one corpus, but the corpus is a mixture of components "
                 f"{list(self.mixture.names)}: train one corpus, or leave max_length_schedule unset",
                 parameter="max_length_schedule")
-        for name in ("static_packing", "padded_shapes", "drop_last"):
-            value = self._batching.get(name)
-            if value not in (None, False):
-                raise InputValueError(
-                    f"{name}={value!r} cannot be planned with a length warm-up (max_length_schedule): "
-                    + ("it leaves documents out, and the warm-up trains every token" if name == "drop_last" else
-                       "it fixes the micro-batches' shapes, and the warm-up cuts each step's pieces to its own "
-                       "length") + f"; leave {name} unset or leave max_length_schedule unset", parameter=name)
-        if self._batching.get("too_long", "error") != "error":
-            raise InputValueError(
-                f"too_long={self._batching['too_long']!r} skips or cuts long documents, and a length warm-up "
-                "(max_length_schedule) splits them into pieces instead: leave too_long at 'error' or leave "
-                "max_length_schedule unset", parameter="too_long")
+        check_warmup_settings(**{name: self._batching.get(name) for name in ("static_packing", "padded_shapes",
+                                                                             "drop_last", "too_long")})
         return LengthWarmupPlans(schedule).schedule
 
     def _check_weights_schedule(self, schedule: Any, settings: BatchingSettings | None,

@@ -154,6 +154,29 @@ class LengthWarmupPlan:
         return int(self.step_max_length.shape[0])
 
 
+
+def check_warmup_settings(*, static_packing: Any, padded_shapes: Any, drop_last: Any, too_long: Any) -> None:
+    """Refuse the batching settings a length warm-up cannot plan (given as set, before or after they are resolved).
+
+    Raises:
+        ValueError: ``static_packing`` or ``padded_shapes`` (fixed shapes, where each step's pieces have their own
+            length), ``drop_last=True`` (samples left out, where the warm-up trains every token), ``too_long`` other
+            than ``"error"`` (long documents skipped or cut, where the warm-up splits them), each naming the setting and
+            ``max_length_schedule``.
+    """
+    for name, value in (("static_packing", static_packing), ("padded_shapes", padded_shapes),
+                        ("drop_last", drop_last)):
+        if value not in (None, False):
+            raise InputValueError(
+                f"{name}={value!r} cannot be planned with a length warm-up (max_length_schedule): "
+                + ("it leaves documents out, and the warm-up trains every token" if name == "drop_last" else
+                   "it fixes the micro-batches' shapes, and the warm-up cuts each step's pieces to its own length")
+                + f"; leave {name} unset or leave max_length_schedule unset", parameter=name)
+    if too_long not in (None, "error"):
+        raise InputValueError(f"too_long={too_long!r} skips or cuts long documents, and a length warm-up "
+                              "(max_length_schedule) splits them into pieces instead: leave too_long at 'error' or "
+                              "leave max_length_schedule unset", parameter="too_long")
+
 def plan_length_warmup(
     lengths: np.ndarray,
     settings: BatchingSettings,
@@ -195,14 +218,8 @@ def plan_length_warmup(
         >>> wp.piece_length.tolist(), wp.step_max_length.tolist()
         ([4, 4, 3, 4, 1], [4, 4, 4])
     """
-    if settings.drop_last:
-        raise InputValueError("drop_last=True leaves samples out, and a length warm-up (max_length_schedule) trains "
-                              "every token: set drop_last=False or leave max_length_schedule unset",
-                              parameter="drop_last")
-    if settings.too_long != "error":
-        raise InputValueError(f"too_long={settings.too_long!r} skips or cuts long documents, and a length warm-up "
-                              "(max_length_schedule) splits them into pieces instead: leave too_long at 'error' or "
-                              "leave max_length_schedule unset", parameter="too_long")
+    check_warmup_settings(static_packing=settings.static_packing, padded_shapes=settings.padded_shapes,
+                          drop_last=settings.drop_last, too_long=settings.too_long)
     num_replicas = check_int("num_replicas", num_replicas, 1, "pass the world size")
     epoch = check_int("epoch", epoch, 0, "epochs count from 0")
     first_step = check_int("first_step", first_step, 0, "optimizer steps count from 0")

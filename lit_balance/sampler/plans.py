@@ -23,8 +23,8 @@ from lit_balance._checks import check_int
 from lit_balance._fingerprint import sha256_of_int64
 from lit_balance.errors import InputValueError
 from lit_balance.plan.settings import BatchingSettings
-from lit_balance.plan.warmup import (DEFAULT_MIN_CHUNK_STEPS, LengthWarmupPlan, max_length_function,
-                                     plan_length_warmup, remaining_spans)
+from lit_balance.plan.warmup import (DEFAULT_MIN_CHUNK_STEPS, LengthWarmupPlan, check_warmup_settings,
+                                     max_length_function, plan_length_warmup, remaining_spans)
 from lit_balance.sampler import state as sampler_state
 from lit_balance.sampler.inputs import PlanInputs
 from lit_balance.sampler.state import Replay, ReplayRecord
@@ -102,26 +102,13 @@ class LengthWarmupPlans:
                 ``drop_last=True`` or ``too_long`` other than ``"error"``, each naming the setting and
                 ``max_length_schedule``; a schedule value outside ``[1, max_tokens]``.
         """
-        for name, on in (("static_packing", settings.static_packing),
-                         ("padded_shapes", settings.padded_shapes is not None)):
-            if on:
-                raise InputValueError(
-                    f"{name} fixes the shapes of the micro-batches, but a length warm-up (max_length_schedule) cuts "
-                    f"each optimizer step's pieces to its own length, whose shapes no fixed set holds: leave {name} "
-                    "unset or leave max_length_schedule unset", parameter=name)
+        check_warmup_settings(static_packing=settings.static_packing, padded_shapes=settings.padded_shapes,
+                              drop_last=settings.drop_last, too_long=settings.too_long)
         if supervised_lengths is not None:
             raise InputValueError(
                 "masked labels (supervised_lengths: prompt-completion records) are not planned under a length "
                 "warm-up (max_length_schedule): a piece's targets are not counted yet; train on plain texts or leave "
                 "max_length_schedule unset", parameter="max_length_schedule")
-        if settings.drop_last:
-            raise InputValueError("drop_last=True leaves samples out, and a length warm-up (max_length_schedule) "
-                                  "trains every token: set drop_last=False or leave max_length_schedule unset",
-                                  parameter="drop_last")
-        if settings.too_long != "error":
-            raise InputValueError(f"too_long={settings.too_long!r} skips or cuts long documents, and a length warm-up "
-                                  "(max_length_schedule) splits them into pieces instead: leave too_long at 'error' "
-                                  "or leave max_length_schedule unset", parameter="too_long")
         max_length_function(self.schedule, settings)  # every point within the budget, before any token is read
         lengths = np.asarray(lengths).astype(np.int64)
         return PlanInputs(lengths, settings, None, None, None, sha256_of_int64(lengths))
