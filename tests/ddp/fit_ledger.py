@@ -25,7 +25,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from lit_balance import BalancedTextDataModule, Mixture
 from lit_balance.callbacks import LedgerCheck, LedgerMismatchError
-from lit_balance.demo import DemoTransformerLM
+from stopping_lm import StoppingLM  # tests/ddp/stopping_lm.py
 
 from launch import run_as_ranks  # launch.py (the repository root)
 
@@ -57,15 +57,6 @@ class Recorder(L.Callback):
             trainer.save_checkpoint(self.out / "mid.ckpt")
 
 
-class StoppingLM(DemoTransformerLM):
-    stop = False
-
-    def training_step(self, batch, batch_idx):
-        if self.stop and batch_idx == STOP_AT:
-            raise RuntimeError("simulated stop inside training_step")
-        return super().training_step(batch, batch_idx)
-
-
 class Swap(L.Callback):
     """On rank 1, the training dataset hands ``delivered``'s item where the plan has ``planned`` (a loader bug)."""
 
@@ -84,8 +75,7 @@ def main() -> None:
                                                sys.argv[5], int(sys.argv[6]))
     skip = [SKIP_STEPS] if phase in ("skip", "replace") else json.loads(sys.argv[7]) if phase == "epochs" else None
     dm = datamodule(data, kind, layout, skip_steps=skip, replace=phase == "replace")
-    model = StoppingLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
-    model.stop = phase == "stop"
+    model = StoppingLM(dm.vocab_size, stop_at=STOP_AT if phase == "stop" else None)
     recorder = Recorder(out, stop=phase == "stop")
     callbacks = [recorder, LedgerCheck(None if phase == "epochs" else out / "ledger.parquet",
                                        record=out / "received")]

@@ -22,7 +22,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lit_balance import BalancedTextDataModule, Mixture
 from lit_balance.callbacks import MixtureMonitor
 from lit_balance.data.stores import ArrowSource, MegatronSource
-from lit_balance.demo import DemoTransformerLM
+from stopping_lm import StoppingLM  # tests/ddp/stopping_lm.py
 
 from launch import run_as_ranks  # launch.py (the repository root)
 
@@ -64,15 +64,6 @@ class ListLogger(Logger):
         pass
 
 
-class StoppingLM(DemoTransformerLM):
-    stop = False
-
-    def training_step(self, batch, batch_idx):
-        if self.stop and batch_idx == STOP_AT:
-            raise RuntimeError("simulated stop inside training_step")
-        return super().training_step(batch, batch_idx)
-
-
 def main() -> None:
     out, data, phase, devices = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     layout = LAYOUTS[sys.argv[5] if len(sys.argv) > 5 else "padded"]
@@ -81,8 +72,7 @@ def main() -> None:
                        "jsonl": {"corpus": data / "docs.jsonl", "weight": 0.3}})
     dm = BalancedTextDataModule(mixture, str(TOKENIZER), max_tokens=160, max_length=40, val_fraction=0.1,
                                 num_workers=1, cache_dir=out / "cache", seed=11, **layout)
-    model = StoppingLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
-    model.stop = phase == "stop"
+    model = StoppingLM(dm.vocab_size, stop_at=STOP_AT if phase == "stop" else None)
     recorder = Recorder(out, stop=phase == "stop")
     strategy = DDPStrategy(timeout=timedelta(seconds=60)) if devices > 1 else "auto"
     logger = ListLogger()

@@ -18,7 +18,7 @@ import numpy as np
 from lightning.pytorch.strategies import DDPStrategy
 
 from lit_balance import BalancedTextDataModule, Mixture
-from lit_balance.demo import DemoTransformerLM
+from stopping_lm import StoppingLM  # tests/ddp/stopping_lm.py
 
 from launch import run_as_ranks  # launch.py (the repository root)
 
@@ -47,15 +47,6 @@ class Recorder(L.Callback):
             trainer.save_checkpoint(self.out / "mid.ckpt")
 
 
-class StoppingLM(DemoTransformerLM):
-    stop = False
-
-    def training_step(self, batch, batch_idx):
-        if self.stop and batch_idx == STOP_AT:
-            raise RuntimeError("simulated stop inside training_step")
-        return super().training_step(batch, batch_idx)
-
-
 def main() -> None:
     out, phase, devices = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     mixture = Mixture({"short": {"corpus": _docs(120, 4, 20, 0), "weight": 1},
@@ -63,8 +54,7 @@ def main() -> None:
     dm = BalancedTextDataModule(mixture, vocab_size=100, pad_token_id=0, max_tokens=192, max_length=64,
                                 val_fraction=0.0, num_workers=0, cache_dir=out / "cache", seed=11,
                                 weights_schedule=SCHEDULE)
-    model = StoppingLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
-    model.stop = phase == "stop"
+    model = StoppingLM(dm.vocab_size, stop_at=STOP_AT if phase == "stop" else None)
     recorder = Recorder(out, stop=phase == "stop")
     strategy = DDPStrategy(timeout=timedelta(seconds=60)) if devices > 1 else "auto"
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=1, logger=False,

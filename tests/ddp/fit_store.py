@@ -17,7 +17,7 @@ import lightning as L
 from lightning.pytorch.strategies import DDPStrategy
 
 from lit_balance import BalancedTextDataModule
-from lit_balance.demo import DemoTransformerLM
+from stopping_lm import StoppingLM  # tests/ddp/stopping_lm.py
 
 from launch import run_as_ranks  # launch.py (the repository root)
 
@@ -49,21 +49,11 @@ class Recorder(L.Callback):
             trainer.save_checkpoint(self.out / "mid.ckpt")
 
 
-class StoppingLM(DemoTransformerLM):
-    stop = False
-
-    def training_step(self, batch, batch_idx):
-        if self.stop and batch_idx == STOP_AT:
-            raise RuntimeError("simulated stop inside training_step")
-        return super().training_step(batch, batch_idx)
-
-
 def main() -> None:
     out, kind, path, phase, devices = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
     dm = BalancedTextDataModule(source_for(kind, path), vocab_size=VOCAB, pad_token_id=0, max_tokens=128,
                                 max_length=40, val_fraction=0.0, num_workers=1, cache_dir=out / "cache", seed=11)
-    model = StoppingLM(vocab_size=dm.vocab_size, d_model=16, num_heads=2, num_layers=1, dim_feedforward=32)
-    model.stop = phase == "stop"
+    model = StoppingLM(dm.vocab_size, stop_at=STOP_AT if phase == "stop" else None)
     recorder = Recorder(out, stop=phase == "stop")
     strategy = DDPStrategy(timeout=timedelta(seconds=60)) if devices > 1 else "auto"
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, callbacks=[recorder], max_epochs=1,
