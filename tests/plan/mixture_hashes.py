@@ -11,7 +11,6 @@ weight schedule (two epochs in a row, the second starting where the first ended)
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 from pathlib import Path
@@ -21,6 +20,7 @@ import numpy as np
 from lit_balance import BatchingSettings, CostModel, Schedule
 from lit_balance.plan.mixture import MixtureLayout, MixtureSettings, plan_mixture
 from lit_balance.plan.mixture_schedule import StepShares
+from plan_hashes import digest  # tests/plan/plan_hashes.py
 
 LENGTHS = Path(__file__).resolve().parents[2] / "lit_balance" / "data" / "lengths"
 
@@ -84,17 +84,6 @@ def _schedule(name: str) -> Schedule:
                     interpolation="linear", name="weights_schedule")
 
 
-def _digest(*parts) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        if isinstance(part, np.ndarray):
-            h.update(str(part.dtype).encode() + str(part.shape).encode())
-            h.update(np.ascontiguousarray(part).tobytes())
-        else:
-            h.update(json.dumps(part, sort_keys=True, default=str).encode())
-    return h.hexdigest()
-
-
 def hashes() -> dict[str, str]:
     components = _components()
     out = {}
@@ -113,7 +102,7 @@ def hashes() -> dict[str, str]:
                 parts += [mp.step_targets, mp.carry]
                 first, tokens = first + mp.step_units.shape[0], tokens + int(mp.step_units.sum())
                 carry = tuple(mp.carry.tolist())
-        out["|".join(str(v) for v in case)] = _digest(*parts)
+        out["|".join(str(v) for v in case)] = digest(*parts)
     return out
 
 

@@ -30,7 +30,8 @@ def _corpora() -> dict[str, np.ndarray]:
             "uniform300": rng.integers(1, 200, 300)}
 
 
-def _digest(*parts) -> str:
+def digest(*parts) -> str:
+    """sha256 of arrays (dtype, shape and bytes) and JSON-able values, in order."""
     h = hashlib.sha256()
     for part in parts:
         if isinstance(part, np.ndarray):
@@ -74,7 +75,7 @@ def hashes() -> dict[str, str]:
                 parts.append([list(b) for b in sampler])
                 if i % 4 == 0:
                     parts.append(plan_report(lengths, settings=s, num_replicas=num_replicas, epoch=1).summary())
-                out[key] = _digest(*parts)
+                out[key] = digest(*parts)
     return out
 
 
